@@ -1,0 +1,50 @@
+// ggml tensor types that can appear in GGUF files, and dequantization of the ones we support.
+//
+// Supported (dequantized to fp32 at load): F32, F16, BF16, Q8_0, Q4_0, Q4_1. Any other type that a
+// file names is a clear error (Unimplemented naming the type), never a crash.
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_GGML_TYPE_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_GGML_TYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lazyattn {
+
+// Values are the on-disk ids of ggml's `enum ggml_type`.
+enum class GgmlType : uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
+  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15,
+  kI8 = 24, kI16 = 25, kI32 = 26, kI64 = 27, kF64 = 28, kBF16 = 30,
+};
+
+// Name as ggml prints it ("Q4_1"), or "type<N>" for an id we do not know.
+std::string_view GgmlTypeName(GgmlType type);
+
+// Block geometry: `block_elements` values are stored in `block_bytes` bytes. NotFound/Unimplemented
+// for ids we do not know the geometry of.
+struct GgmlBlockLayout {
+  int64_t block_elements;
+  int64_t block_bytes;
+};
+absl::StatusOr<GgmlBlockLayout> GgmlLayout(GgmlType type);
+
+// Bytes taken by `num_elements` values of `type`; InvalidArgument if not a whole number of blocks.
+absl::StatusOr<size_t> GgmlRowBytes(GgmlType type, int64_t num_elements);
+
+bool GgmlIsDequantizable(GgmlType type);
+
+// Converts `num_elements` values stored as `type` at `src` into fp32 at `dst`.
+// Precondition: `src` holds GgmlRowBytes(type, num_elements) bytes.
+absl::Status DequantizeToF32(GgmlType type, const void* src, int64_t num_elements, float* dst);
+
+// Scalar conversions shared by the loaders (IEEE half and bfloat16).
+float HalfToFloat(uint16_t h);
+float Bf16ToFloat(uint16_t b);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_GGML_TYPE_H_
