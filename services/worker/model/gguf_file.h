@@ -4,8 +4,9 @@
 // - Open() validates the whole header, metadata and tensor directory up front: magic, version (2 or
 //   3), every length against the file size, tensor types, tensor extents and alignment. A file that
 //   passes Open() can be read with no further bounds checks; a bad one yields an absl::Status
-//   (InvalidArgument / DataLoss / NotFound) whose message names the file and the offending key or
-//   tensor. Nothing here aborts.
+//   (InvalidArgument / DataLoss / NotFound, or Unimplemented for a tensor type id whose block
+//   layout is unknown) whose message names the file and the offending key or tensor. Nothing here
+//   aborts.
 // - The GgufFile owns the mapping; TensorInfo::data and string_views point into it and live as
 //   long as the GgufFile.
 // - Dimensions are in GGUF (ggml) order: dims[0] is the contiguous (fastest) dimension. A 2-D
