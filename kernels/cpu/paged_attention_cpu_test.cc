@@ -1,0 +1,144 @@
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/include/paged_attention.h"
+
+namespace lazyattn {
+namespace {
+
+// A request built of segments (documents, then the query's own tokens), each starting on a fresh
+// block, stored the way the engine stores them: K rotated at segment-local positions.
+struct Segment {
+  int length;
+};
+
+struct Scenario {
+  int num_heads, num_kv_heads, head_dim;
+  std::vector<Segment> segments;
+  int num_queries;  // the last `num_queries` tokens of the last segment are the queries
+};
+
+// Reference: plain causal attention over the whole sequence with K rotated at GLOBAL positions.
+void DenseReference(const std::vector<float>& q_global, const std::vector<float>& k_global,
+                    const std::vector<float>& v, int total, int first_query, int nq, int H, int KH,
+                    int d, std::vector<float>& out) {
+  out.assign(size_t(nq) * H * d, 0);
+  for (int i = 0; i < nq; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const int kh = h / (H / KH);
+      std::vector<double> s(first_query + i + 1);
+      double mx = -1e300;
+      for (int j = 0; j <= first_query + i; ++j) {
+        double dot = 0;
+        for (int x = 0; x < d; ++x)
+          dot += double{q_global[(size_t(i) * H + h) * d + x]} * k_global[(size_t(j) * KH + kh) * d + x];
+        s[j] = dot / std::sqrt(double(d));
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int j = 0; j <= first_query + i; ++j)
+        for (int x = 0; x < d; ++x)
+          out[(size_t(i) * H + h) * d + x] += s[j] / sum * v[(size_t(j) * KH + kh) * d + x];
+    }
+  }
+}
+
+void RunScenario(const Scenario& sc, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0, 1);
+  const int H = sc.num_heads, KH = sc.num_kv_heads, d = sc.head_dim, B = kDefaultKvBlockSize;
+  int total = 0;
+  for (auto& s : sc.segments) total += s.length;
+  RopeTable rope(RopeParams{.head_dim = d, .theta = 10000}, total + 1);
+
+  std::vector<float> k_raw(size_t(total) * KH * d), v(size_t(total) * KH * d),
+      q_raw(size_t(sc.num_queries) * H * d);
+  for (float& x : k_raw) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  for (float& x : q_raw) x = dist(rng);
+
+  // Paged storage with shuffled physical blocks: K rotated at local positions.
+  PagedKvShape shape{.num_kv_heads = KH, .head_dim = d, .block_size = B};
+  int num_blocks = 0;
+  for (auto& s : sc.segments) num_blocks += (s.length + B - 1) / B;
+  std::vector<uint32_t> physical(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) physical[i] = i;
+  std::shuffle(physical.begin(), physical.end(), rng);
+  std::vector<float> k_pool(num_blocks * shape.block_stride(), NAN),
+      v_pool(num_blocks * shape.block_stride(), NAN);
+  std::vector<KvBlockEntry> table;
+  std::vector<float> k_global = k_raw;
+  int token = 0, logical = 0;
+  for (auto& s : sc.segments) {
+    const int delta = token;
+    for (int local = 0; local < s.length; ++local, ++token) {
+      std::vector<float> k_local(&k_raw[size_t(token) * KH * d], &k_raw[size_t(token + 1) * KH * d]);
+      for (int h = 0; h < KH; ++h) {
+        RopeRotateHeadCpu(&k_local[h * d], local, rope);
+        RopeRotateHeadCpu(&k_global[(size_t(token) * KH + h) * d], token, rope);
+      }
+      const int64_t slot = int64_t{physical[logical + local / B]} * B + local % B;
+      PagedKvWriteCpu(k_local.data(), &v[size_t(token) * KH * d], 1, &slot, shape, k_pool.data(),
+                      v_pool.data());
+    }
+    for (int b = 0; b < (s.length + B - 1) / B; ++b) {
+      const int valid = std::min(B, s.length - b * B);
+      table.push_back(PackKvBlockEntry(physical[logical + b], delta, valid));
+    }
+    logical += (s.length + B - 1) / B;
+  }
+  const int first_query = total - sc.num_queries;
+  std::vector<float> q_global = q_raw;
+  for (int i = 0; i < sc.num_queries; ++i)
+    for (int h = 0; h < H; ++h) RopeRotateHeadCpu(&q_global[(size_t(i) * H + h) * d], first_query + i, rope);
+
+  std::vector<float> out(q_global.size(), NAN);
+  PagedAttentionCpu({.q = q_global.data(), .num_queries = sc.num_queries, .num_heads = H,
+                     .first_query_index = first_query, .block_table = table.data(),
+                     .num_blocks = static_cast<int>(table.size()), .k_pool = k_pool.data(),
+                     .v_pool = v_pool.data(), .shape = shape, .scale = 1.0f / std::sqrt(float(d)),
+                     .rope = &rope, .out = out.data()});
+  std::vector<float> ref;
+  DenseReference(q_global, k_global, v, total, first_query, sc.num_queries, H, KH, d, ref);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-4) << "element " << i;
+}
+
+TEST(PagedAttentionCpuTest, SingleSegmentCausalPrefill) {
+  RunScenario({.num_heads = 4, .num_kv_heads = 2, .head_dim = 16, .segments = {{37}},
+               .num_queries = 37}, 1);
+}
+
+TEST(PagedAttentionCpuTest, DeferredRotationEqualsGlobalRotation) {
+  // Documents of odd lengths with partial last blocks, then a question; queries cover several
+  // chunks of the CPU implementation.
+  RunScenario({.num_heads = 8, .num_kv_heads = 2, .head_dim = 32,
+               .segments = {{1}, {17}, {100}, {7}, {16}, {200}}, .num_queries = 150}, 2);
+}
+
+TEST(PagedAttentionCpuTest, DecodeSingleQuery) {
+  RunScenario({.num_heads = 4, .num_kv_heads = 4, .head_dim = 64,
+               .segments = {{33}, {16}, {5}}, .num_queries = 1}, 3);
+}
+
+TEST(PagedAttentionCpuTest, DeltaBeyondSixteenBits) {
+  // A document placed after 70,000 tokens: deltas must not be truncated to 16 bits.
+  RunScenario({.num_heads = 2, .num_kv_heads = 1, .head_dim = 16,
+               .segments = {{70000}, {20}, {3}}, .num_queries = 3}, 4);
+}
+
+TEST(KvBlockEntryTest, PacksAndUnpacksFullRanges) {
+  const KvBlockEntry e = PackKvBlockEntry(0xfffffffe, kMaxKvDelta, 255);
+  EXPECT_EQ(KvEntryBlock(e), 0xfffffffeu);
+  EXPECT_EQ(KvEntryDelta(e), kMaxKvDelta);
+  EXPECT_EQ(KvEntryValid(e), 255u);
+  const KvBlockEntry f = PackKvBlockEntry(7, 131072, 16);
+  EXPECT_EQ(KvEntryBlock(f), 7u);
+  EXPECT_EQ(KvEntryDelta(f), 131072u);
+  EXPECT_EQ(KvEntryValid(f), 16u);
+}
+
+}  // namespace
+}  // namespace lazyattn
