@@ -1,0 +1,39 @@
+#include "services/worker/model/model_loader.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "services/worker/model/gguf_file.h"
+#include "services/worker/model/tokenizer/tokenizer_spec.h"
+
+namespace lazyattn {
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path) {
+  ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(model_path));
+  TokenizerSpec spec;
+  if (format == ModelFormat::kGguf) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model_path));
+    ASSIGN_OR_RETURN(spec, TokenizerSpecFromGguf(*file));
+  } else {
+    namespace fs = std::filesystem;
+    const fs::path dir =
+        fs::is_directory(model_path) ? fs::path(model_path) : fs::path(model_path).parent_path();
+    ASSIGN_OR_RETURN(spec, TokenizerSpecFromTokenizerJson((dir / "tokenizer.json").string()));
+  }
+  return Tokenizer::Create(std::move(spec));
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+  LoadedModel m;
+  ASSIGN_OR_RETURN(m.weights, LoadModelWeights(path));
+  ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(path));
+  if (m.tokenizer->vocab_size() > m.weights->config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": the tokenizer has ", m.tokenizer->vocab_size(), " tokens but the model only ",
+        m.weights->config.vocab_size, " embeddings"));
+  }
+  return m;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,29 @@
+// Loads everything a worker needs from one model path: the fp32 weights and the tokenizer
+// (GGUF metadata, or tokenizer.json beside an HF config.json).
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_MODEL_LOADER_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_MODEL_LOADER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/worker/model/model_weights.h"
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+namespace lazyattn {
+
+struct LoadedModel {
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// Errors name the file and what is wrong in it (see LoadModelWeights and the tokenizer adapters).
+// The tokenizer's vocabulary must not exceed the model's (a smaller one is allowed: models pad
+// their embedding matrices).
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_MODEL_LOADER_H_

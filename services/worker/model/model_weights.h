@@ -1,0 +1,60 @@
+// fp32 weights of a llama-architecture model in the canonical layout, loaded from GGUF or HF
+// safetensors.
+//
+// Canonical layout (what every backend consumes):
+// - matrices row-major [out_features][in_features];
+// - Q and K projection rows in the half-split RoPE layout (HF's): within a head, dimension i pairs
+//   with i + head_dim/2. GGUF files of llama-arch models store Q/K rows permuted so that adjacent
+//   rows pair; the GGUF loader undoes that permutation.
+// - Q, K and V projections fused into one [q_size + 2 kv_size][hidden] matrix (Q rows, then K, then
+//   V), gate and up fused into one [2 intermediate][hidden] matrix (gate rows, then up), so each is
+//   one GEMM.
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_MODEL_WEIGHTS_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_MODEL_WEIGHTS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/worker/model/model_config.h"
+
+namespace lazyattn {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [hidden]
+  std::vector<float> wqkv;       // [q_size + 2 kv_size][hidden]
+  std::vector<float> wo;         // [hidden][q_size]
+  std::vector<float> ffn_norm;   // [hidden]
+  std::vector<float> w_gate_up;  // [2 intermediate][hidden]
+  std::vector<float> w_down;     // [hidden][intermediate]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::vector<float> token_embedding;  // [vocab][hidden]
+  std::vector<float> output_norm;      // [hidden]
+  std::vector<float> lm_head;          // [vocab][hidden]; empty when tied to the embedding
+  std::vector<LayerWeights> layers;
+
+  const float* lm_head_data() const {
+    return lm_head.empty() ? token_embedding.data() : lm_head.data();
+  }
+};
+
+// Which on-disk format `path` names: a `.gguf` file, or an HF model directory (config.json and
+// *.safetensors; the path may also name the config.json itself).
+enum class ModelFormat { kGguf, kHfSafetensors };
+absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
+
+// Loads and dequantizes every tensor, checks every shape against the config. Errors name the file
+// and the tensor (missing, wrong shape, unsupported type).
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path);
+
+// The GGUF Q/K row permutation's inverse, exposed for tests: `rows` = n_heads * head_dim rows of
+// `cols` values, permuted as llama.cpp's converter does, are rewritten in half-split order.
+void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_MODEL_WEIGHTS_H_
