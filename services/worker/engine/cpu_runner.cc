@@ -1,0 +1,137 @@
+#include "services/worker/engine/cpu_runner.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/include/embedding.h"
+#include "kernels/include/gemm.h"
+#include "kernels/include/paged_attention.h"
+#include "kernels/include/rms_norm.h"
+#include "kernels/include/swiglu.h"
+
+namespace lazyattn {
+
+CpuRunner::CpuRunner(const ModelWeights* weights)
+    : weights_(weights), rope_(weights->config.rope, weights->config.max_positions) {}
+
+absl::Status CpuRunner::Validate(std::span<const ForwardChunk> chunks,
+                                 const KvCacheCpu& kv) const {
+  const ModelConfig& c = config();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ForwardChunk& ch = chunks[i];
+    auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(absl::StrCat("forward chunk ", i, ": ", what));
+    };
+    if (ch.tokens.empty()) return bad("no tokens");
+    if (ch.kv_slots.size() != ch.tokens.size()) return bad("kv_slots size differs from tokens");
+    for (int32_t t : ch.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+    for (int64_t s : ch.kv_slots) {
+      if (s < 0 || s >= kv.num_blocks() * kv.shape().block_size) return bad("kv slot out of range");
+    }
+    if (ch.segment_delta < 0 || ch.local_start < 0 ||
+        ch.segment_delta + ch.local_start + static_cast<int64_t>(ch.tokens.size()) >
+            c.max_positions) {
+      return bad(absl::StrCat("positions exceed the model's context of ", c.max_positions));
+    }
+    int64_t keys = 0;
+    for (KvBlockEntry e : ch.block_table) {
+      if (KvEntryBlock(e) >= kv.num_blocks()) return bad("block table names a block out of range");
+      if (KvEntryDelta(e) >= c.max_positions) return bad("block delta past the model's context");
+      keys += KvEntryValid(e);
+    }
+    if (ch.first_query_index < 0 ||
+        ch.first_query_index + static_cast<int64_t>(ch.tokens.size()) > keys) {
+      return bad("block table does not cover the chunk's own tokens");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChunk> chunks,
+                                                      KvCacheCpu& kv) {
+  if (absl::Status s = Validate(chunks, kv); !s.ok()) return s;
+  const ModelConfig& c = config();
+  const ModelWeights& w = *weights_;
+  const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int64_t qkv_width = Q + 2 * KV;
+
+  int64_t rows = 0;
+  for (const auto& ch : chunks) rows += static_cast<int64_t>(ch.tokens.size());
+  std::vector<float> x(rows * H), h(rows * H), qkv(rows * qkv_width), attn(rows * Q),
+      gate_up(rows * 2 * I), act(rows * I), k_local(KV), q_pos_rotated;
+
+  int64_t row = 0;
+  for (const auto& ch : chunks) {
+    EmbeddingGatherCpu(w.token_embedding.data(), H, ch.tokens.data(),
+                       static_cast<int>(ch.tokens.size()), &x[row * H]);
+    row += static_cast<int64_t>(ch.tokens.size());
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    RmsNormCpu(x.data(), L.attn_norm.data(), static_cast<int>(rows), static_cast<int>(H),
+               c.rms_norm_eps, h.data());
+    LinearCpu(h.data(), L.wqkv.data(), rows, H, qkv_width, qkv.data());
+    row = 0;
+    for (const auto& ch : chunks) {
+      const int n = static_cast<int>(ch.tokens.size());
+      std::vector<float> q(int64_t{n} * Q), k(int64_t{n} * KV), v(int64_t{n} * KV);
+      for (int t = 0; t < n; ++t) {
+        const float* src = &qkv[(row + t) * qkv_width];
+        std::copy(src, src + Q, &q[t * Q]);
+        std::copy(src + Q, src + Q + KV, &k[t * KV]);
+        std::copy(src + Q + KV, src + Q + 2 * KV, &v[t * KV]);
+        const int64_t local = ch.local_start + t;
+        for (int hd = 0; hd < c.num_heads; ++hd) {
+          RopeRotateHeadCpu(&q[t * Q + int64_t{hd} * c.head_dim], ch.segment_delta + local, rope_);
+        }
+        for (int hd = 0; hd < c.num_kv_heads; ++hd) {
+          RopeRotateHeadCpu(&k[t * KV + int64_t{hd} * c.head_dim], local, rope_);
+        }
+      }
+      PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
+      PagedAttentionCpu({.q = q.data(),
+                         .num_queries = n,
+                         .num_heads = c.num_heads,
+                         .first_query_index = ch.first_query_index,
+                         .block_table = ch.block_table.data(),
+                         .num_blocks = static_cast<int>(ch.block_table.size()),
+                         .k_pool = kv.k(l),
+                         .v_pool = kv.v(l),
+                         .shape = kv.shape(),
+                         .scale = scale,
+                         .rope = &rope_,
+                         .out = &attn[row * Q]});
+      row += n;
+    }
+    LinearCpu(attn.data(), L.wo.data(), rows, Q, H, x.data(), /*accumulate=*/true);
+    RmsNormCpu(x.data(), L.ffn_norm.data(), static_cast<int>(rows), static_cast<int>(H),
+               c.rms_norm_eps, h.data());
+    LinearCpu(h.data(), L.w_gate_up.data(), rows, H, 2 * I, gate_up.data());
+    SwiGluCpu(gate_up.data(), rows, I, act.data());
+    LinearCpu(act.data(), L.w_down.data(), rows, I, H, x.data(), /*accumulate=*/true);
+  }
+
+  // LM head only for the rows that need logits.
+  std::vector<float> last;
+  row = 0;
+  for (const auto& ch : chunks) {
+    const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    const int64_t first = ch.logits_for_all_tokens ? row : row + n - 1;
+    last.insert(last.end(), &x[first * H], &x[(row + n) * H]);
+    row += n;
+  }
+  const int64_t out_rows = static_cast<int64_t>(last.size()) / H;
+  RmsNormCpu(last.data(), w.output_norm.data(), static_cast<int>(out_rows), static_cast<int>(H),
+             c.rms_norm_eps, last.data());
+  std::vector<float> logits(out_rows * c.vocab_size);
+  LinearCpu(last.data(), w.lm_head_data(), out_rows, H, c.vocab_size, logits.data());
+  return logits;
+}
+
+}  // namespace lazyattn

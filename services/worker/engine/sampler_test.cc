@@ -1,0 +1,76 @@
+#include "services/worker/engine/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+TEST(SamplerTest, GreedyTakesArgmaxLowestIdOnTies) {
+  Sampler s(SamplingParams{});
+  EXPECT_EQ(s.Sample(std::vector<float>{0.1f, 3.0f, -2.0f, 3.0f}), 1);
+}
+
+TEST(SamplerTest, TopKOneIsGreedyAtAnyTemperature) {
+  Sampler s(SamplingParams{.temperature = 5.0f, .top_k = 1, .seed = 7});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.Sample(std::vector<float>{0.0f, 0.5f, 0.4f}), 1);
+}
+
+TEST(SamplerTest, TopPKeepsSmallestSetReachingP) {
+  // probs ~ {0.64, 0.24, 0.09, 0.03}; top_p 0.8 keeps ids 0 and 1 only.
+  const std::vector<float> logits = {std::log(0.64f), std::log(0.24f), std::log(0.09f),
+                                     std::log(0.03f)};
+  Sampler s(SamplingParams{.temperature = 1.0f, .top_p = 0.8f, .seed = 1});
+  std::map<int, int> counts;
+  for (int i = 0; i < 4000; ++i) ++counts[s.Sample(logits)];
+  EXPECT_EQ(counts.count(2), 0u);
+  EXPECT_EQ(counts.count(3), 0u);
+  // Renormalised: 0.64 / 0.88 = 0.727.
+  EXPECT_NEAR(counts[0] / 4000.0, 0.727, 0.03);
+}
+
+TEST(SamplerTest, TemperatureOneMatchesSoftmax) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  Sampler s(SamplingParams{.temperature = 1.0f, .seed = 3});
+  std::vector<int> counts(3);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[s.Sample(logits)];
+  const double z = 1 + std::exp(1.0) + std::exp(2.0);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(counts[i] / double(n), std::exp(double(i)) / z, 0.015);
+}
+
+TEST(SamplerTest, SameSeedSameSequence) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.7f);
+  Sampler a(SamplingParams{.temperature = 1.0f, .seed = 42}),
+      b(SamplingParams{.temperature = 1.0f, .seed = 42}),
+      c(SamplingParams{.temperature = 1.0f, .seed = 43});
+  std::vector<int> sa, sb, sc;
+  for (int i = 0; i < 32; ++i) {
+    sa.push_back(a.Sample(logits));
+    sb.push_back(b.Sample(logits));
+    sc.push_back(c.Sample(logits));
+  }
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(sa, sc);
+}
+
+TEST(SamplerTest, ValidationNamesTheField) {
+  EXPECT_TRUE(ValidateSamplingParams(SamplingParams{}, 10).ok());
+  auto msg = [](SamplingParams p) { return std::string(ValidateSamplingParams(p, 10).message()); };
+  EXPECT_NE(msg({.temperature = -1}).find("temperature"), std::string::npos);
+  EXPECT_NE(msg({.top_k = -3}).find("top_k"), std::string::npos);
+  EXPECT_NE(msg({.top_p = 0}).find("top_p"), std::string::npos);
+  EXPECT_NE(msg({.top_p = 1.5f}).find("top_p"), std::string::npos);
+  EXPECT_NE(msg({.max_tokens = 0}).find("max_tokens"), std::string::npos);
+  EXPECT_NE(msg({.stop = {""}}).find("stop"), std::string::npos);
+  EXPECT_NE(msg({.stop_token_ids = {10}}).find("stop_token_ids"), std::string::npos);
+  EXPECT_EQ(ValidateSamplingParams({.temperature = NAN}, 10).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lazyattn
