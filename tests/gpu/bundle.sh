@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Packs the GPU test binaries and benchmark programs built HERE (nvcc compiles sm_90 without a
+# GPU) together with the shared libraries they need into .device-carry/, because the GPU machine
+# has no package registry to install Debian's -dev packages from. Carry .device-carry to the GPU
+# machine and run tests/gpu/run.sh there.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$repo"
+tools/build -DLAZYATTN_CUDA=ON >/dev/null
+carry="$repo/.device-carry"
+rm -rf "$carry"
+mkdir -p "$carry/bin" "$carry/lib"
+# GPU tests are the CTest tests labelled "gpu".
+mapfile -t gpu_tests < <(ctest --test-dir build -L gpu -N -V 2>/dev/null |
+  sed -n 's/^[0-9]*: Test command: \([^ ]*\).*/\1/p' | sort -u)
+for bin in "${gpu_tests[@]}" build/bin/*; do
+  [ -x "$bin" ] || continue
+  cp "$bin" "$carry/bin/"
+  # Every shared library but glibc's own, which the GPU machine's (newer) glibc provides.
+  ldd "$bin" | awk '/=> \//{print $3}' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+    xargs -r -I{} cp -Lu {} "$carry/lib/"
+done
+du -sh "$carry"
