@@ -1,0 +1,529 @@
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/worker/model/tokenizer/unicode.h"
+
+namespace lazyattn {
+namespace {
+
+// Debian's Abseil has its own absl::string_view (not std::string_view); convert explicitly.
+inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Token texts llama.cpp (llama_vocab::impl::load) recognizes by name. All of them are forced to be
+// control tokens; the end-of-generation ones stop generation.
+constexpr std::string_view kEotNames[] = {
+    "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>",    "<EOT>",      "_<EOT>",  "[EOT]",         "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+};
+constexpr std::string_view kEomNames[] = {"<|eom_id|>"};
+constexpr std::string_view kEogNames[] = {
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+};
+// Fill-in-the-middle tokens: control; pad/repo/file-separator also end generation.
+constexpr std::string_view kFimOtherNames[] = {
+    "<|fim_prefix|>", "<fim-prefix>",    "<fim_prefix>",    "<｜fim▁begin｜>", "<PRE>",
+    "▁<PRE>",         "<|code_prefix|>", "<|prefix|>",      "<|fim_suffix|>",  "<fim-suffix>",
+    "<fim_suffix>",   "<｜fim▁hole｜>",  "<SUF>",           "▁<SUF>",          "<|code_suffix|>",
+    "<|suffix|>",     "<|fim_middle|>",  "<fim-middle>",    "<fim_middle>",    "<｜fim▁end｜>",
+    "<MID>",          "▁<MID>",          "<|code_middle|>", "<|middle|>",
+};
+constexpr std::string_view kFimEogNames[] = {
+    "<|fim_pad|>",  "<fim-pad>",     "<fim_pad>",  "<PAD>",  "[PAD]",       // pad
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",  // repo
+    "<|file_sep|>",                                                         // file separator
+};
+
+// GPT-2's bytes_to_unicode(): printable bytes map to themselves, the others to U+0100 upwards.
+std::array<uint32_t, 256> BytesToUnicode() {
+  std::array<uint32_t, 256> map{};
+  std::array<bool, 256> direct{};
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) map[b] = direct[b] ? static_cast<uint32_t>(b) : next++;
+  return map;
+}
+
+uint64_t PairKey(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+}  // namespace
+
+// Scratch buffers for one Encode call, reused across words.
+struct Tokenizer::Workspace {
+  struct Node {
+    int32_t id;  // symbol id; -1 once merged into its left neighbour
+    int32_t prev;
+    int32_t next;
+  };
+  struct Candidate {
+    int32_t rank;
+    int32_t left;
+    int32_t right;
+    int32_t left_id;
+    int32_t right_id;
+    int32_t result;
+  };
+  // Max-heap order: lowest rank first, then leftmost (llama.cpp's llm_bigram_bpe::comparator).
+  struct Lower {
+    bool operator()(const Candidate& a, const Candidate& b) const {
+      return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+    }
+  };
+  std::vector<uint32_t> cps;
+  std::vector<CodepointSpan> spans;
+  std::vector<int32_t> symbols;
+  std::vector<Node> nodes;
+  std::vector<Candidate> heap;
+  std::string word;
+};
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec) {
+  std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
+  absl::Status status = tokenizer->Init(std::move(spec));
+  if (!status.ok()) return status;
+  return tokenizer;
+}
+
+int32_t Tokenizer::InternSymbol(const std::string& text) {
+  auto it = token_to_id_.find(text);
+  if (it != token_to_id_.end()) return it->second;
+  auto [vit, inserted] =
+      virtual_to_id_.try_emplace(text, vocab_size() + static_cast<int32_t>(virtual_to_id_.size()));
+  return vit->second;
+}
+
+absl::Status Tokenizer::Init(TokenizerSpec spec) {
+  const std::string where = spec.source.empty() ? "tokenizer spec" : spec.source;
+  if (spec.model != "gpt2") {
+    return absl::UnimplementedError(
+        absl::StrCat(where, ": tokenizer model \"", spec.model,
+                     "\" is not supported (only \"gpt2\", byte-level BPE)"));
+  }
+  absl::StatusOr<PreTokenizerType> pre = PreTokenizerTypeFromName(spec.pre);
+  if (!pre.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", pre.status().message()));
+  }
+  pre_ = *pre;
+  // llama.cpp sets ignore_merges for the llama-bpe family: a word that is a token is not merged.
+  ignore_merges_ = pre_ == PreTokenizerType::kLlama3;
+  if (spec.tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": empty vocabulary"));
+  }
+  if (spec.tokens.size() > static_cast<size_t>(INT32_MAX / 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": vocabulary too large"));
+  }
+  if (!spec.token_types.empty() && spec.token_types.size() < spec.tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", spec.token_types.size(), " token types for ", spec.tokens.size(), " tokens"));
+  }
+
+  const int32_t n = static_cast<int32_t>(spec.tokens.size());
+  tokens_ = std::move(spec.tokens);
+  token_to_id_.reserve(n);
+  attrs_.assign(n, kAttrNormal);
+  for (int32_t id = 0; id < n; ++id) {
+    std::string& text = tokens_[id];
+    if (text.empty()) text = absl::StrCat("[EMPTY_", id, "]");  // as llama.cpp
+    auto [it, inserted] = token_to_id_.try_emplace(text, id);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate token \"", text,
+                                                     "\" (ids ", it->second, " and ", id, ")"));
+    }
+    if (!spec.token_types.empty()) {
+      switch (static_cast<TokenType>(spec.token_types[id])) {
+        case TokenType::kUnknown:
+          attrs_[id] = kAttrUnknown;
+          break;
+        case TokenType::kUnused:
+          attrs_[id] = kAttrUnused;
+          break;
+        case TokenType::kNormal:
+          attrs_[id] = kAttrNormal;
+          break;
+        case TokenType::kControl:
+          attrs_[id] = kAttrControl;
+          break;
+        case TokenType::kUserDefined:
+          attrs_[id] = kAttrUserDefined;
+          break;
+        case TokenType::kByte:
+          attrs_[id] = kAttrByte;
+          break;
+        default:
+          attrs_[id] = kAttrUndefined;
+          break;
+      }
+    }
+  }
+
+  // Special ids: out of range means absent (llama.cpp warns and ignores them).
+  const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : -1; };
+  bos_id_ = in_range(spec.bos_id);
+  eos_id_ = in_range(spec.eos_id);
+  unk_id_ = in_range(spec.unk_id);
+  pad_id_ = in_range(spec.pad_id);
+  eot_id_ = in_range(spec.eot_id);
+  eom_id_ = in_range(spec.eom_id);
+  add_bos_ = spec.add_bos;
+  add_eos_ = spec.add_eos;
+  if (add_bos_ && bos_id_ < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": add_bos is set but there is no valid BOS token id"));
+  }
+  if (add_eos_ && eos_id_ < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": add_eos is set but there is no valid EOS token id"));
+  }
+  chat_template_ = std::move(spec.chat_template);
+
+  // Tokens recognized by name (llama.cpp's workaround for converters that lose the metadata).
+  const auto find = [this](std::string_view text) -> int32_t {
+    auto it = token_to_id_.find(Sv(text));
+    return it == token_to_id_.end() ? -1 : it->second;
+  };
+  const auto force_control = [this](int32_t id) {
+    attrs_[id] = static_cast<uint8_t>(attrs_[id] | kAttrControl);
+  };
+  if (eot_id_ < 0) {
+    for (std::string_view name : kEotNames) {
+      if ((eot_id_ = find(name)) >= 0) break;
+    }
+  }
+  if (eom_id_ < 0) {
+    for (std::string_view name : kEomNames) {
+      if ((eom_id_ = find(name)) >= 0) break;
+    }
+  }
+  for (std::string_view name : kFimOtherNames) {
+    if (int32_t id = find(name); id >= 0) force_control(id);
+  }
+  for (std::string_view name : kFimEogNames) {
+    if (int32_t id = find(name); id >= 0) {
+      force_control(id);
+      eog_ids_.insert(id);
+    }
+  }
+  for (std::string_view name : kEogNames) {
+    if (int32_t id = find(name); id >= 0) {
+      force_control(id);
+      eog_ids_.insert(id);
+    }
+  }
+  for (int32_t id : {eos_id_, eot_id_, eom_id_}) {
+    if (id >= 0) eog_ids_.insert(id);
+  }
+  if (eot_id_ >= 0) force_control(eot_id_);
+  if (eom_id_ >= 0) force_control(eom_id_);
+
+  // Byte alphabet and merges.
+  const std::array<uint32_t, 256> byte_to_cp = BytesToUnicode();
+  std::array<int16_t, 512> cp_to_byte;
+  cp_to_byte.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    byte_chars_[b].clear();
+    AppendUtf8(byte_to_cp[b], &byte_chars_[b]);
+    cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
+    byte_symbol_[b] = InternSymbol(byte_chars_[b]);
+  }
+  merges_.reserve(spec.merges.size());
+  for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+    const auto& [left, right] = spec.merges[rank];
+    if (left.empty() || right.empty()) continue;
+    const int32_t l = InternSymbol(left);
+    const int32_t r = InternSymbol(right);
+    const int32_t result = InternSymbol(left + right);
+    merges_.try_emplace(PairKey(l, r), Merge{static_cast<int32_t>(rank), result});
+  }
+  // A merge result that is not a token is emitted the way llama.cpp does: one lookup per byte of
+  // its byte-level text, keeping the bytes that happen to be tokens.
+  virtual_fallback_.assign(virtual_to_id_.size(), {});
+  for (const auto& [text, id] : virtual_to_id_) {
+    std::vector<int32_t>& ids = virtual_fallback_[id - n];
+    for (char c : text) {
+      if (int32_t t = find(std::string_view(&c, 1)); t >= 0) ids.push_back(t);
+    }
+  }
+
+  // Decoded bytes of every token.
+  pieces_.resize(n);
+  for (int32_t id = 0; id < n; ++id) {
+    const uint8_t attr = attrs_[id];
+    const std::string& text = tokens_[id];
+    std::string& piece = pieces_[id];
+    if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
+      piece = text;
+    } else if (attr & kAttrNormal) {
+      size_t pos = 0;
+      while (pos < text.size()) {
+        const uint32_t cp = DecodeUtf8Lenient(text, &pos);
+        if (cp < cp_to_byte.size() && cp_to_byte[cp] >= 0) {
+          piece.push_back(static_cast<char>(cp_to_byte[cp]));
+        } else {
+          AppendUtf8(cp, &piece);  // not a byte-level character: keep it as is
+        }
+      }
+    } else if (attr & kAttrByte) {
+      // <0xXX>
+      unsigned value = 0;
+      bool ok = text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>';
+      for (size_t i = 3; ok && i < 5; ++i) {
+        const char c = text[i];
+        const int digit = (c >= '0' && c <= '9')   ? c - '0'
+                          : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                          : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                                   : -1;
+        ok = digit >= 0;
+        value = value * 16 + static_cast<unsigned>(digit);
+      }
+      piece = ok ? std::string(1, static_cast<char>(value)) : text;
+    }
+    // Unused / undefined tokens decode to nothing, as in llama.cpp.
+  }
+
+  // Special tokens for partitioning: longest first (llama.cpp sorts by length only; ties by id
+  // here so that the order is deterministic).
+  for (int32_t id = 0; id < n; ++id) {
+    if (attrs_[id] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) {
+      special_tokens_.push_back(id);
+    }
+  }
+  std::stable_sort(special_tokens_.begin(), special_tokens_.end(),
+                   [this](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  return absl::OkStatus();
+}
+
+void Tokenizer::EmitSymbol(int32_t symbol, std::vector<int32_t>* out) const {
+  if (symbol < vocab_size()) {
+    out->push_back(symbol);
+  } else {
+    const std::vector<int32_t>& ids = virtual_fallback_[symbol - vocab_size()];
+    out->insert(out->end(), ids.begin(), ids.end());
+  }
+}
+
+void Tokenizer::EncodeWord(Workspace* ws, std::vector<int32_t>* out) const {
+  const std::vector<int32_t>& symbols = ws->symbols;
+  const int32_t count = static_cast<int32_t>(symbols.size());
+  if (count == 1) {
+    EmitSymbol(symbols[0], out);
+    return;
+  }
+  auto& nodes = ws->nodes;
+  auto& heap = ws->heap;
+  nodes.resize(count);
+  for (int32_t i = 0; i < count; ++i) nodes[i] = {symbols[i], i - 1, i + 1 < count ? i + 1 : -1};
+  heap.clear();
+  const Workspace::Lower lower;
+  const auto try_add = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const int32_t lid = nodes[left].id;
+    const int32_t rid = nodes[right].id;
+    auto it = merges_.find(PairKey(lid, rid));
+    if (it == merges_.end()) return;
+    heap.push_back({it->second.rank, left, right, lid, rid, it->second.result});
+    std::push_heap(heap.begin(), heap.end(), lower);
+  };
+  for (int32_t i = 0; i + 1 < count; ++i) try_add(i, i + 1);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), lower);
+    const Workspace::Candidate c = heap.back();
+    heap.pop_back();
+    Workspace::Node& left = nodes[c.left];
+    Workspace::Node& right = nodes[c.right];
+    // Stale: one side was merged away or grew since the candidate was queued.
+    if (left.id != c.left_id || right.id != c.right_id || left.next != c.right) continue;
+    left.id = c.result;
+    right.id = -1;
+    left.next = right.next;
+    if (right.next >= 0) nodes[right.next].prev = c.left;
+    try_add(left.prev, c.left);
+    try_add(c.left, left.next);
+  }
+  for (int32_t i = 0; i >= 0; i = nodes[i].next) EmitSymbol(nodes[i].id, out);
+}
+
+void Tokenizer::EncodeRaw(std::string_view text, Workspace* ws, std::vector<int32_t>* out) const {
+  ws->cps.clear();
+  size_t pos = 0;
+  while (pos < text.size()) ws->cps.push_back(DecodeUtf8Lenient(text, &pos));
+  ws->spans.clear();
+  SplitWords(pre_, ws->cps, &ws->spans);
+  std::string utf8;
+  for (const CodepointSpan& span : ws->spans) {
+    ws->symbols.clear();
+    utf8.clear();
+    for (size_t i = span.begin; i < span.end; ++i) AppendUtf8(ws->cps[i], &utf8);
+    for (unsigned char b : utf8) ws->symbols.push_back(byte_symbol_[b]);
+    if (ignore_merges_) {
+      ws->word.clear();
+      for (unsigned char b : utf8) ws->word += byte_chars_[b];
+      auto it = token_to_id_.find(ws->word);
+      if (it != token_to_id_.end()) {
+        out->push_back(it->second);
+        continue;
+      }
+    }
+    EncodeWord(ws, out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+  std::vector<int32_t> out;
+  if (text.empty()) return out;
+  struct Fragment {
+    int32_t token;  // -1: raw text [begin, end)
+    size_t begin;
+    size_t end;
+  };
+  std::vector<Fragment> fragments = {{-1, 0, text.size()}};
+  std::vector<Fragment> next;
+  for (int32_t id : special_tokens_) {
+    if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
+    const std::string& needle = tokens_[id];
+    bool found = false;
+    for (const Fragment& f : fragments) {
+      if (f.token < 0 && text.substr(0, f.end).find(needle, f.begin) != std::string_view::npos) {
+        found = true;
+        break;
+      }
+    }
+    if (!found) continue;
+    next.clear();
+    for (const Fragment& f : fragments) {
+      if (f.token >= 0) {
+        next.push_back(f);
+        continue;
+      }
+      const std::string_view region = text.substr(0, f.end);
+      size_t pos = f.begin;
+      while (true) {
+        const size_t match = region.find(needle, pos);
+        if (match == std::string_view::npos) break;
+        if (match > pos) next.push_back({-1, pos, match});
+        next.push_back({id, match, match + needle.size()});
+        pos = match + needle.size();
+      }
+      if (pos < f.end) next.push_back({-1, pos, f.end});
+    }
+    fragments.swap(next);
+  }
+  Workspace ws;
+  out.reserve(text.size() / 3 + 8);
+  for (const Fragment& f : fragments) {
+    if (f.token >= 0) {
+      out.push_back(f.token);
+    } else {
+      EncodeRaw(text.substr(f.begin, f.end - f.begin), &ws, &out);
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithSpecials(std::string_view text,
+                                                   bool parse_special) const {
+  std::vector<int32_t> ids = Encode(text, parse_special);
+  if (add_bos_ && (ids.empty() || ids.front() != bos_id_)) ids.insert(ids.begin(), bos_id_);
+  if (add_eos_) ids.push_back(eos_id_);
+  return ids;
+}
+
+absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
+                                              bool render_special) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (!IsValid(id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")"));
+    }
+    if (!render_special && IsControl(id)) continue;
+    out += pieces_[id];
+  }
+  return out;
+}
+
+std::string_view Tokenizer::TokenPiece(int32_t id) const {
+  return IsValid(id) ? std::string_view(pieces_[id]) : std::string_view();
+}
+
+std::string_view Tokenizer::TokenText(int32_t id) const {
+  return IsValid(id) ? std::string_view(tokens_[id]) : std::string_view();
+}
+
+std::optional<int32_t> Tokenizer::TokenId(std::string_view token_text) const {
+  auto it = token_to_id_.find(Sv(token_text));
+  if (it == token_to_id_.end()) return std::nullopt;
+  return it->second;
+}
+
+TokenType Tokenizer::token_type(int32_t id) const {
+  if (!IsValid(id)) return TokenType::kUndefined;
+  const uint8_t a = attrs_[id];
+  if (a & kAttrControl) return TokenType::kControl;
+  if (a & kAttrUserDefined) return TokenType::kUserDefined;
+  if (a & kAttrUnknown) return TokenType::kUnknown;
+  if (a & kAttrNormal) return TokenType::kNormal;
+  if (a & kAttrByte) return TokenType::kByte;
+  if (a & kAttrUnused) return TokenType::kUnused;
+  return TokenType::kUndefined;
+}
+
+bool Tokenizer::IsControl(int32_t id) const {
+  return IsValid(id) && (attrs_[id] & (kAttrControl | kAttrUnknown)) != 0;
+}
+
+absl::StatusOr<std::string> StreamingDecoder::Push(int32_t id) {
+  if (!tokenizer_->IsValid(id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token id ", id, " is outside the vocabulary [0, ", tokenizer_->vocab_size(), ")"));
+  }
+  if (!options_.render_special && tokenizer_->IsControl(id)) return std::string();
+  pending_ += tokenizer_->TokenPiece(id);
+  return TakeComplete(Utf8CompletePrefixLength(pending_));
+}
+
+std::string StreamingDecoder::Flush() { return TakeComplete(pending_.size()); }
+
+std::string StreamingDecoder::TakeComplete(size_t n) {
+  std::string out;
+  if (options_.replace_invalid) {
+    // Lenient decoding turns every byte that is not part of a well-formed sequence into U+FFFD.
+    const std::string_view head(pending_.data(), n);
+    size_t pos = 0;
+    while (pos < head.size()) AppendUtf8(DecodeUtf8Lenient(head, &pos), &out);
+  } else {
+    out.assign(pending_, 0, n);
+  }
+  pending_.erase(0, n);
+  return out;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,173 @@
+// Byte-level BPE tokenizer (GPT-2 style, as used by SmolLM2 and Llama-3), matching llama.cpp's
+// llama_tokenize / llama_detokenize token for token.
+//
+// Contract:
+// - Create() validates the spec and fails with a Status (never aborts): UnimplementedError for a
+//   model type other than "gpt2", InvalidArgumentError for an unknown pre-tokenizer, an empty or
+//   duplicated vocabulary, a token_type array shorter than the vocabulary, or add_bos/add_eos
+//   without the id. Special ids outside the vocabulary are treated as absent (as llama.cpp does).
+// - A Tokenizer is immutable after Create(); all methods are const and thread-safe.
+// - Encode() accepts any bytes. Text that is not valid UTF-8 is tokenized as llama.cpp does: each
+//   offending byte stands for U+FFFD. Encode never adds BOS/EOS; EncodeWithSpecials() does.
+// - Encode() cost is linear in the text (times log of the word length for BPE), plus one substring
+//   scan of the text per special token when parsing special tokens.
+// - Decode() returns the exact bytes of the tokens (the GPT-2 byte-level mapping inverted); unlike
+//   llama.cpp it never "cleans up" spaces, so Decode(Encode(s)) == s for valid UTF-8 s.
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "services/worker/model/tokenizer/pre_tokenizer.h"
+#include "services/worker/model/tokenizer/tokenizer_spec.h"
+
+namespace lazyattn {
+
+class Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(TokenizerSpec spec);
+
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Tokenizes `text` with no BOS/EOS added (llama_tokenize with add_special=false).
+  // parse_special=true: occurrences of control, user-defined and unknown tokens in the text become
+  //   those tokens (longest token text first, as llama.cpp partitions).
+  // parse_special=false: the text is literal, except that user-defined tokens are still split out
+  //   (llama.cpp and HF tokenizers do the same).
+  std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
+
+  // Encode() plus the model's own specials (llama_tokenize with add_special=true): BOS first when
+  // add_bos() (unless the text already tokenized to a leading BOS, e.g. a chat template that
+  // renders <|begin_of_text|>), EOS last when add_eos().
+  std::vector<int32_t> EncodeWithSpecials(std::string_view text, bool parse_special) const;
+
+  // Concatenated bytes of the tokens. With render_special=false, control and unknown tokens render
+  // as nothing (llama.cpp's unparse_special=false). InvalidArgument for an id outside the
+  // vocabulary.
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
+                                     bool render_special = true) const;
+
+  // The bytes token `id` decodes to (control tokens as their text); empty for an invalid id.
+  std::string_view TokenPiece(int32_t id) const;
+  // The vocabulary entry of `id` (byte-level form for normal tokens); empty for an invalid id.
+  std::string_view TokenText(int32_t id) const;
+  // Exact lookup of a vocabulary entry (byte-level form for normal tokens).
+  std::optional<int32_t> TokenId(std::string_view token_text) const;
+  TokenType token_type(int32_t id) const;
+
+  bool IsValid(int32_t id) const { return id >= 0 && id < vocab_size(); }
+  // Control or unknown (rendered only when render_special).
+  bool IsControl(int32_t id) const;
+  // End of generation: eos, eot, eom and the tokens llama.cpp recognizes by name (<|im_end|>,
+  // <|eot_id|>, <|endoftext|>, ...).
+  bool IsEndOfGeneration(int32_t id) const { return eog_ids_.contains(id); }
+  const absl::flat_hash_set<int32_t>& end_of_generation_ids() const { return eog_ids_; }
+
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }
+  int32_t eom_id() const { return eom_id_; }
+  int32_t unk_id() const { return unk_id_; }
+  int32_t pad_id() const { return pad_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+  PreTokenizerType pre_tokenizer() const { return pre_; }
+  const std::string& chat_template() const { return chat_template_; }
+
+ private:
+  // Token attribute bits (llama.cpp's llama_token_attr subset).
+  enum Attr : uint8_t {
+    kAttrUndefined = 0,
+    kAttrUnknown = 1 << 0,
+    kAttrUnused = 1 << 1,
+    kAttrNormal = 1 << 2,
+    kAttrControl = 1 << 3,
+    kAttrUserDefined = 1 << 4,
+    kAttrByte = 1 << 5,
+  };
+  struct Merge {
+    int32_t rank;
+    int32_t result;  // symbol id
+  };
+  struct Workspace;
+
+  Tokenizer() = default;
+  absl::Status Init(TokenizerSpec spec);
+  // Symbol ids: vocabulary ids, or vocab_size() + k for strings that occur in merges or the byte
+  // alphabet without being in the vocabulary.
+  int32_t InternSymbol(const std::string& text);
+  void EncodeRaw(std::string_view text, Workspace* ws, std::vector<int32_t>* out) const;
+  void EncodeWord(Workspace* ws, std::vector<int32_t>* out) const;
+  void EmitSymbol(int32_t symbol, std::vector<int32_t>* out) const;
+
+  PreTokenizerType pre_ = PreTokenizerType::kGpt2;
+  bool ignore_merges_ = false;
+  std::vector<std::string> tokens_;
+  std::vector<uint8_t> attrs_;
+  std::vector<std::string> pieces_;  // decoded bytes per token
+  absl::flat_hash_map<std::string, int32_t> token_to_id_;
+  // Virtual symbols (not in the vocabulary) and what llama.cpp emits for them.
+  absl::flat_hash_map<std::string, int32_t> virtual_to_id_;
+  std::vector<std::vector<int32_t>> virtual_fallback_;
+  absl::flat_hash_map<uint64_t, Merge> merges_;
+  std::array<int32_t, 256> byte_symbol_{};
+  std::array<std::string, 256> byte_chars_;  // GPT-2 bytes_to_unicode, UTF-8
+  // Control / user-defined / unknown token ids, longest text first (ties by id).
+  std::vector<int32_t> special_tokens_;
+  absl::flat_hash_set<int32_t> eog_ids_;
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  int32_t eot_id_ = -1;
+  int32_t eom_id_ = -1;
+  int32_t unk_id_ = -1;
+  int32_t pad_id_ = -1;
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+  std::string chat_template_;
+};
+
+// Incremental detokenizer for streaming generation: feed one id at a time, get back only complete
+// UTF-8. Bytes of a multi-byte character split across tokens are held back until the token that
+// completes them arrives. Bytes that can never become valid UTF-8 are passed through as they are
+// (or as U+FFFD with replace_invalid), so output is never stuck.
+class StreamingDecoder {
+ public:
+  struct Options {
+    bool render_special = true;    // as in Tokenizer::Decode
+    bool replace_invalid = false;  // emit U+FFFD for each byte that can never be valid UTF-8
+  };
+  // `tokenizer` must outlive the decoder.
+  explicit StreamingDecoder(const Tokenizer* tokenizer) : StreamingDecoder(tokenizer, Options{}) {}
+  StreamingDecoder(const Tokenizer* tokenizer, Options options)
+      : tokenizer_(tokenizer), options_(options) {}
+
+  // Appends token `id`; returns the text completed by it (possibly empty). InvalidArgument (and no
+  // state change) for an id outside the vocabulary.
+  absl::StatusOr<std::string> Push(int32_t id);
+  // Returns whatever is held back (an incomplete trailing sequence) and clears it.
+  std::string Flush();
+  void Reset() { pending_.clear(); }
+  size_t pending_bytes() const { return pending_.size(); }
+
+ private:
+  std::string TakeComplete(size_t n);
+  const Tokenizer* tokenizer_;
+  Options options_;
+  std::string pending_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
