@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Packs the GPU test binaries and benchmark programs built HERE (nvcc compiles sm_90 without a
 # GPU) together with the shared libraries they need into .device-carry/, because the GPU machine
-# has no package registry to install Debian's -dev packages from. Carry .device-carry to the GPU
-# machine and run tests/gpu/run.sh there.
+# has no package registry to install Debian's -dev packages from. Carry the folder to the GPU
+# machine and run `tests/gpu/run.sh FOLDER` there.
+#   LAZYATTN_BUILD_DIR  build folder (default build-gpu)
+#   LAZYATTN_CARRY_DIR  output folder (default .device-carry; any /.device-carry* is git-ignored)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
-tools/build -DLAZYATTN_CUDA=ON >/dev/null
-carry="$repo/.device-carry"
+build="${LAZYATTN_BUILD_DIR:-build-gpu}"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYATTN_CUDA=ON >/dev/null
+cmake --build "$build" -j 2
+carry="$repo/${LAZYATTN_CARRY_DIR:-.device-carry}"
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib"
 # GPU tests are the CTest tests labelled "gpu".
-mapfile -t gpu_tests < <(ctest --test-dir build -L gpu -N -V 2>/dev/null |
+mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N -V 2>/dev/null |
   sed -n 's/^[0-9]*: Test command: \([^ ]*\).*/\1/p' | sort -u)
-for bin in "${gpu_tests[@]}" build/bin/*; do
+for bin in "${gpu_tests[@]}" "$build"/bin/*; do
   [ -x "$bin" ] || continue
   cp "$bin" "$carry/bin/"
   # Every shared library but glibc's own, which the GPU machine's (newer) glibc provides.

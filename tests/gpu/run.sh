@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, from the repository root, after tests/gpu/bundle.sh made .device-carry/
-# here and the device call carried it: every GPU test binary, with its log written to $OUT.
+# Runs on the GPU machine, from the repository root, after tests/gpu/bundle.sh made the carry
+# folder here and the device call carried it: every GPU test binary, logs written to $OUT.
+#   tests/gpu/run.sh [CARRY_DIR (default .device-carry)] [gtest filter]
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
-out="${OUT:-$repo/.device-carry/out}"
+carry="${1:-.device-carry}"
+filter="${2:-*}"
+out="${OUT:-$repo/$carry/out}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$repo/.device-carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$repo/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
-for test in .device-carry/bin/*_test; do
+for test in "$carry"/bin/*_test; do
   [ -x "$test" ] || continue
   name="$(basename "$test")"
   echo "=== $name"
-  if ! "$test" --gtest_color=no 2>&1 | tee "$out/$name.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED'; then
+  if ! "$test" --gtest_color=no --gtest_filter="$filter" 2>&1 | tee "$out/$name.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED'; then
     status=1
   fi
   grep -q '^\[  FAILED' "$out/$name.log" && status=1
