@@ -1,0 +1,91 @@
+// CPU backend throughput on a real model: prefill tokens/s for an N-token prompt and decode
+// tokens/s over M generated tokens, median of R runs. Prints a table and one JSON line (for
+// tools/bench/cpu-vs-llamacpp, which puts it beside llama.cpp's numbers in docs/benchmarks.md).
+//
+//   lazyattn-bench-cpu --model PATH [--prompt-tokens 512] [--decode-tokens 128] [--repeats 3]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "services/worker/engine/generator.h"
+#include "services/worker/model/model_loader.h"
+#include "tools/cli/cli_args.h"
+
+namespace lazyattn {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Run(int argc, char** argv) {
+  CliArgs args;
+  args.Declare("model", CliArgs::Kind::kValue, "a .gguf file or an HF model directory");
+  args.Declare("prompt-tokens", CliArgs::Kind::kValue, "prompt length (default 512)");
+  args.Declare("decode-tokens", CliArgs::Kind::kValue, "generated tokens per run (default 128)");
+  args.Declare("repeats", CliArgs::Kind::kValue, "runs; the median is reported (default 3)");
+  if (absl::Status s = args.Parse(argc, argv, 1); !s.ok() || !args.Has("model")) {
+    std::cerr << "usage: lazyattn-bench-cpu --model PATH [flags]\n" << args.Help();
+    return 2;
+  }
+  const int64_t n_prompt = args.Int("prompt-tokens", 512).value_or(512);
+  const int64_t n_decode = args.Int("decode-tokens", 128).value_or(128);
+  const int64_t repeats = std::max<int64_t>(1, args.Int("repeats", 3).value_or(3));
+
+  auto model = LoadModel(args.String("model"));
+  if (!model.ok()) {
+    std::cerr << model.status().message() << "\n";
+    return 1;
+  }
+  // A natural-text prompt of exactly n_prompt tokens.
+  const std::string paragraph =
+      "The history of computing is a story of abstractions built on abstractions. Engineers "
+      "learned to hide the details of circuits behind instructions, instructions behind "
+      "languages, and languages behind libraries, so that each generation could think about "
+      "larger problems. ";
+  std::vector<int32_t> prompt;
+  while (static_cast<int64_t>(prompt.size()) < n_prompt) {
+    auto ids = model->tokenizer->Encode(paragraph, false);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  }
+  prompt.resize(n_prompt);
+
+  CpuRunner runner(model->weights.get());
+  KvCacheCpu kv(model->weights->config, (n_prompt + n_decode) / kDefaultKvBlockSize + 2);
+  Generator generator(&runner, model->tokenizer.get(), &kv, /*prefill_chunk_tokens=*/512);
+  std::vector<double> prefill_tps, decode_tps;
+  for (int64_t r = 0; r < repeats; ++r) {
+    auto result = generator.Generate(
+        prompt, SamplingParams{.max_tokens = static_cast<int>(n_decode), .ignore_eos = true});
+    if (!result.ok()) {
+      std::cerr << result.status().message() << "\n";
+      return 1;
+    }
+    // TTFT here is the prefill (plus one sampling): prompt tokens per second of it.
+    prefill_tps.push_back(n_prompt / (result->ttft_ms / 1000.0));
+    decode_tps.push_back(result->decode_tokens_per_s);
+  }
+  const double prefill = Median(prefill_tps), decode = Median(decode_tps);
+  std::printf("| engine | prompt tokens | prefill tokens/s | decode tokens | decode tokens/s |\n");
+  std::printf("|---|---|---|---|---|\n");
+  std::printf("| lazyattn cpu (fp32, OpenBLAS) | %lld | %.1f | %lld | %.2f |\n",
+              static_cast<long long>(n_prompt), prefill, static_cast<long long>(n_decode), decode);
+  nlohmann::json out = {{"engine", "lazyattn-cpu"},
+                        {"prompt_tokens", n_prompt},
+                        {"decode_tokens", n_decode},
+                        {"repeats", repeats},
+                        {"threads", std::thread::hardware_concurrency()},
+                        {"prefill_tokens_per_s", prefill},
+                        {"decode_tokens_per_s", decode}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace lazyattn
+
+int main(int argc, char** argv) { return lazyattn::Run(argc, argv); }
