@@ -1,0 +1,91 @@
+#include "common/document_key.h"
+
+#include <openssl/evp.h>
+
+#include <array>
+#include <cstdio>
+
+namespace lazyattn {
+namespace {
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_, data, n); }
+  // Length-prefixed field: distinct field boundaries give distinct byte streams.
+  void Field(std::string_view bytes) {
+    const uint64_t n = bytes.size();
+    Update(&n, sizeof(n));
+    Update(bytes.data(), bytes.size());
+  }
+  std::array<uint8_t, 32> Finish() {
+    std::array<uint8_t, 32> out{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_, out.data(), &len);
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+DocumentKey KeyFrom(const std::array<uint8_t, 32>& d) {
+  DocumentKey k;
+  for (int i = 0; i < 8; ++i) {
+    k.hi = (k.hi << 8) | d[i];
+    k.lo = (k.lo << 8) | d[8 + i];
+  }
+  return k;
+}
+
+DocumentKey Key(std::string_view model_fp, std::string_view tokenizer_fp, std::string_view kind,
+                std::string_view content) {
+  Sha256 h;
+  h.Field("lazyattn-doc-v1");
+  h.Field(model_fp);
+  h.Field(tokenizer_fp);
+  h.Field(kind);
+  h.Field(content);
+  return KeyFrom(h.Finish());
+}
+
+}  // namespace
+
+std::string DocumentKey::ToHex() const {
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+DocumentKey DocumentKeyFromText(std::string_view model_fp, std::string_view tokenizer_fp,
+                                std::string_view text) {
+  return Key(model_fp, tokenizer_fp, "text", text);
+}
+
+DocumentKey DocumentKeyFromTokens(std::string_view model_fp, std::string_view tokenizer_fp,
+                                  const std::vector<int32_t>& ids) {
+  std::string bytes;
+  bytes.reserve(ids.size() * 4);
+  for (int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+  }
+  return Key(model_fp, tokenizer_fp, "tokens", bytes);
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  Sha256 h;
+  h.Update(bytes.data(), bytes.size());
+  const auto d = h.Finish();
+  std::string hex;
+  char buf[3];
+  for (uint8_t b : d) {
+    std::snprintf(buf, sizeof(buf), "%02x", b);
+    hex += buf;
+  }
+  return hex;
+}
+
+}  // namespace lazyattn

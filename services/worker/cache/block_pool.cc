@@ -1,0 +1,83 @@
+#include "services/worker/cache/block_pool.h"
+
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+
+namespace lazyattn {
+
+BlockPool::BlockPool(int64_t num_blocks) : ref_count_(num_blocks, 0), cached_(num_blocks, false) {
+  free_.reserve(num_blocks);
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<BlockId>(b));
+}
+
+std::optional<BlockId> BlockPool::Allocate() {
+  if (free_.empty()) return std::nullopt;
+  const BlockId b = free_.back();
+  free_.pop_back();
+  ref_count_[b] = 1;
+  ++num_referenced_;
+  return b;
+}
+
+void BlockPool::Ref(BlockId b) {
+  assert(!is_free(b));
+  if (ref_count_[b]++ == 0) {
+    ++num_referenced_;
+    if (cached_[b]) --num_cached_unreferenced_;
+  }
+}
+
+void BlockPool::Unref(BlockId b) {
+  assert(ref_count_[b] > 0);
+  if (--ref_count_[b] > 0) return;
+  --num_referenced_;
+  if (cached_[b]) {
+    ++num_cached_unreferenced_;
+  } else {
+    Release(b);
+  }
+}
+
+void BlockPool::SetCached(BlockId b, bool cached) {
+  if (cached_[b] == cached) return;
+  cached_[b] = cached;
+  if (ref_count_[b] > 0) return;
+  if (cached) {
+    ++num_cached_unreferenced_;  // precondition: a block being cached is not free (caller holds it)
+  } else {
+    --num_cached_unreferenced_;
+    Release(b);
+  }
+}
+
+void BlockPool::Release(BlockId b) { free_.push_back(b); }
+
+absl::Status BlockPool::CheckInvariant() const {
+  int64_t referenced = 0, cached_unref = 0, free_count = 0;
+  std::vector<bool> on_free_list(ref_count_.size(), false);
+  for (BlockId b : free_) {
+    if (on_free_list[b]) return absl::InternalError(absl::StrCat("block ", b, " freed twice"));
+    on_free_list[b] = true;
+  }
+  for (size_t b = 0; b < ref_count_.size(); ++b) {
+    if (ref_count_[b] < 0) return absl::InternalError(absl::StrCat("block ", b, " negative refs"));
+    const bool free = ref_count_[b] == 0 && !cached_[b];
+    if (free != on_free_list[b]) {
+      return absl::InternalError(absl::StrCat("block ", b, free ? " leaked (free but not on the list)"
+                                                                : " on the free list but in use"));
+    }
+    if (ref_count_[b] > 0) ++referenced;
+    else if (cached_[b]) ++cached_unref;
+    else ++free_count;
+  }
+  if (referenced != num_referenced_ || cached_unref != num_cached_unreferenced_ ||
+      free_count + referenced + cached_unref != num_blocks()) {
+    return absl::InternalError(absl::StrCat("block counts drifted: referenced ", referenced, "/",
+                                            num_referenced_, ", cached ", cached_unref, "/",
+                                            num_cached_unreferenced_, ", free ", free_count));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lazyattn

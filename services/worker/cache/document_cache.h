@@ -1,0 +1,93 @@
+// Cache of documents' KV blocks: one entry per document key (mode `lazy`: valid at any position),
+// or per (document key, global offset) (mode `block`: K was rotated at that offset).
+//
+// Ownership: an entry's blocks are marked cached in the BlockPool; requests that use an entry pin
+// its blocks with BlockPool::Ref and unpin with Unref. Only entries none of whose blocks is pinned
+// can be evicted. Eviction is least-recently-used: RAG popularity is skewed (Zipf), and recency
+// tracks the hot set well; a frequency-aware policy can replace EvictOne() behind this interface.
+//
+// Plain C++, not thread-safe (the engine loop owns it); the trace simulator links it too.
+#ifndef LAZYATTN_SERVICES_WORKER_CACHE_DOCUMENT_CACHE_H_
+#define LAZYATTN_SERVICES_WORKER_CACHE_DOCUMENT_CACHE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/document_key.h"
+#include "services/worker/cache/block_pool.h"
+
+namespace lazyattn {
+
+// A document's cache identity. offset == kAnyOffset for position-agnostic (lazy) entries.
+struct DocCacheKey {
+  static constexpr int64_t kAnyOffset = -1;
+  DocumentKey doc;
+  int64_t offset = kAnyOffset;
+  bool operator==(const DocCacheKey&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const DocCacheKey& k) {
+    return H::combine(std::move(h), k.doc, k.offset);
+  }
+};
+
+struct CachedDocument {
+  std::vector<BlockId> blocks;
+  int64_t num_tokens = 0;
+  uint64_t last_use = 0;  // logical clock of the last lookup or insert
+  int64_t hits = 0;
+};
+
+class DocumentCache {
+ public:
+  // Observer of what enters and leaves the cache (the worker publishes these to kvdir).
+  using Listener = std::function<void(const DocCacheKey& key, int64_t num_tokens, bool stored)>;
+
+  explicit DocumentCache(BlockPool* pool) : pool_(pool) {}
+  ~DocumentCache();  // releases every entry's blocks to the pool
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
+
+  // The entry, or nullptr. A hit refreshes its LRU position and counts a hit.
+  const CachedDocument* Lookup(const DocCacheKey& key);
+  // Any entry of `doc` at another offset (mode `block` copies it rather than recomputing).
+  const CachedDocument* FindAnyOffset(const DocumentKey& doc, DocCacheKey* found_key);
+  bool Contains(const DocCacheKey& key) const { return entries_.contains(key); }
+
+  // Adds a computed document. The blocks must be held by the caller (referenced); the cache marks
+  // them cached, so the caller's later Unref leaves them cached-unreferenced. Returns false (and
+  // takes nothing) if the key is already present.
+  bool Insert(const DocCacheKey& key, std::vector<BlockId> blocks, int64_t num_tokens);
+
+  // Evicts the least recently used entry whose blocks are all unpinned; returns the number of
+  // blocks freed (0 when nothing can be evicted). `last_use` of that entry is reported through
+  // OldestEvictable() so the engine can choose between caches.
+  int64_t EvictOne();
+  std::optional<uint64_t> OldestEvictable() const;
+
+  int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t num_blocks() const { return num_blocks_; }
+  uint64_t Tick() { return ++clock_; }
+  // For invariant checks: every cached block of every entry.
+  void ForEachBlock(const std::function<void(BlockId)>& fn) const;
+
+ private:
+  struct Slot {
+    CachedDocument doc;
+    std::list<DocCacheKey>::iterator lru;
+  };
+  bool Evictable(const CachedDocument& d) const;
+
+  BlockPool* pool_;
+  absl::flat_hash_map<DocCacheKey, Slot> entries_;
+  std::list<DocCacheKey> lru_;  // front = least recently used
+  int64_t num_blocks_ = 0;
+  uint64_t clock_ = 0;
+  Listener listener_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_CACHE_DOCUMENT_CACHE_H_

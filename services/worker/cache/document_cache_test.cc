@@ -1,0 +1,61 @@
+#include "services/worker/cache/document_cache.h"
+
+#include "gtest/gtest.h"
+#include "services/worker/cache/kv_cache_manager.h"
+
+namespace lazyattn {
+namespace {
+
+DocCacheKey Key(int i, int64_t offset = DocCacheKey::kAnyOffset) {
+  return {DocumentKeyFromText("m", "t", std::to_string(i)), offset};
+}
+
+std::vector<BlockId> Take(KvCacheManager& m, int n) {
+  std::vector<BlockId> blocks;
+  for (int i = 0; i < n; ++i) blocks.push_back(*m.Allocate());
+  return blocks;
+}
+
+TEST(DocumentCacheTest, LruEvictionSkipsPinnedEntries) {
+  KvCacheManager m(6, 16);
+  std::vector<std::pair<DocCacheKey, bool>> events;
+  m.documents().set_listener([&](const DocCacheKey& k, int64_t, bool stored) {
+    events.push_back({k, stored});
+  });
+  for (int d = 0; d < 3; ++d) {
+    auto blocks = Take(m, 2);
+    ASSERT_TRUE(m.documents().Insert(Key(d), blocks, 20));
+    for (BlockId b : blocks) m.pool().Unref(b);  // the encoding sequence is done
+  }
+  EXPECT_EQ(m.pool().num_free(), 0);
+  // Doc 0 is the oldest, but a request pins it: eviction takes doc 1 instead.
+  const CachedDocument* d0 = m.documents().Lookup(Key(0));
+  ASSERT_NE(d0, nullptr);
+  EXPECT_EQ(d0->hits, 1);
+  for (BlockId b : d0->blocks) m.pool().Ref(b);
+  m.documents().Lookup(Key(2));  // refresh doc 2
+  auto b = m.Allocate();
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(m.documents().Contains(Key(1)));
+  EXPECT_TRUE(m.documents().Contains(Key(0)));
+  EXPECT_TRUE(m.documents().Contains(Key(2)));
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events.back().first, Key(1));
+  EXPECT_FALSE(events.back().second);
+  EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
+}
+
+TEST(DocumentCacheTest, BlockModeKeysCarryTheOffset) {
+  KvCacheManager m(8, 16);
+  auto blocks = Take(m, 2);
+  ASSERT_TRUE(m.documents().Insert(Key(7, 100), blocks, 20));
+  EXPECT_EQ(m.documents().Lookup(Key(7, 200)), nullptr);
+  EXPECT_EQ(m.documents().Lookup(Key(7)), nullptr);
+  DocCacheKey found;
+  ASSERT_NE(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
+  EXPECT_EQ(found.offset, 100);
+  EXPECT_FALSE(m.documents().Insert(Key(7, 100), {}, 0)) << "duplicate insert accepted";
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,50 @@
+#include "services/worker/cache/prefix_cache.h"
+
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "services/worker/cache/kv_cache_manager.h"
+
+namespace lazyattn {
+namespace {
+
+TEST(PrefixCacheTest, MatchesWholeBlocksOfTheLongestCachedPrefix) {
+  KvCacheManager m(16, 4);
+  std::vector<int32_t> a(10);
+  std::iota(a.begin(), a.end(), 0);  // 0..9: two full blocks and a partial one
+  std::vector<BlockId> blocks = {*m.Allocate(), *m.Allocate(), *m.Allocate()};
+  m.prefixes().Insert(a, blocks, m.Tick());
+  EXPECT_EQ(m.prefixes().num_blocks(), 2);  // the partial block is not shared
+  for (BlockId b : blocks) m.pool().Unref(b);
+  EXPECT_TRUE(m.pool().is_free(blocks[2]));
+
+  std::vector<int32_t> b = {0, 1, 2, 3, 4, 5, 6, 99, 8, 9};  // diverges inside block 2
+  auto match = m.prefixes().MatchAndPin(b, 100, m.Tick());
+  EXPECT_EQ(match.num_tokens, 4);
+  ASSERT_EQ(match.blocks.size(), 1u);
+  EXPECT_EQ(match.blocks[0], blocks[0]);
+  EXPECT_EQ(m.pool().ref_count(blocks[0]), 1);
+  // max_tokens caps the match (the last prompt token is always computed).
+  auto capped = m.prefixes().MatchAndPin(a, 7, m.Tick());
+  EXPECT_EQ(capped.num_tokens, 4);
+  for (BlockId x : match.blocks) m.pool().Unref(x);
+  for (BlockId x : capped.blocks) m.pool().Unref(x);
+  EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
+}
+
+TEST(PrefixCacheTest, EvictsLeavesFirstAndNeverPinnedOnes) {
+  KvCacheManager m(3, 2);
+  std::vector<int32_t> t = {1, 2, 3, 4};
+  std::vector<BlockId> blocks = {*m.Allocate(), *m.Allocate()};
+  m.prefixes().Insert(t, blocks, m.Tick());
+  for (BlockId b : blocks) m.pool().Unref(b);
+  auto pin = m.prefixes().MatchAndPin(t, 2, m.Tick());  // pins the root block only
+  ASSERT_EQ(pin.blocks.size(), 1u);
+  EXPECT_TRUE(m.Allocate());  // the free block
+  EXPECT_TRUE(m.Allocate());  // evicts the leaf {3, 4}
+  EXPECT_FALSE(m.Allocate()) << "evicted a pinned block";
+  EXPECT_EQ(m.prefixes().num_blocks(), 1);
+}
+
+}  // namespace
+}  // namespace lazyattn
