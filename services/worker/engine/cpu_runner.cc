@@ -32,9 +32,9 @@ absl::Status CpuRunner::Validate(std::span<const ForwardChunk> chunks,
     for (int64_t s : ch.kv_slots) {
       if (s < 0 || s >= kv.num_blocks() * kv.shape().block_size) return bad("kv slot out of range");
     }
-    if (ch.segment_delta < 0 || ch.local_start < 0 ||
-        ch.segment_delta + ch.local_start + static_cast<int64_t>(ch.tokens.size()) >
-            c.max_positions) {
+    const int64_t end = ch.local_start + static_cast<int64_t>(ch.tokens.size());
+    if (ch.segment_delta < 0 || ch.local_start < 0 || ch.k_rotation_base < 0 ||
+        ch.segment_delta + end > c.max_positions || ch.k_rotation_base + end > c.max_positions) {
       return bad(absl::StrCat("positions exceed the model's context of ", c.max_positions));
     }
     int64_t keys = 0;
@@ -91,7 +91,8 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
           RopeRotateHeadCpu(&q[t * Q + int64_t{hd} * c.head_dim], ch.segment_delta + local, rope_);
         }
         for (int hd = 0; hd < c.num_kv_heads; ++hd) {
-          RopeRotateHeadCpu(&k[t * KV + int64_t{hd} * c.head_dim], local, rope_);
+          RopeRotateHeadCpu(&k[t * KV + int64_t{hd} * c.head_dim], ch.k_rotation_base + local,
+                            rope_);
         }
       }
       PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
@@ -123,9 +124,10 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
   for (const auto& ch : chunks) {
     const int64_t n = static_cast<int64_t>(ch.tokens.size());
     const int64_t first = ch.logits_for_all_tokens ? row : row + n - 1;
-    last.insert(last.end(), &x[first * H], &x[(row + n) * H]);
+    if (ch.emit_logits) last.insert(last.end(), &x[first * H], &x[(row + n) * H]);
     row += n;
   }
+  if (last.empty()) return std::vector<float>{};
   const int64_t out_rows = static_cast<int64_t>(last.size()) / H;
   RmsNormCpu(last.data(), w.output_norm.data(), static_cast<int>(out_rows), static_cast<int>(H),
              c.rms_norm_eps, last.data());

@@ -5,8 +5,9 @@
 // attention runs per chunk over that chunk's block table.
 //
 // Deferred RoPE (DESIGN.md section 2): a token at segment-local position m of a segment that starts
-// at global position delta has its K rotated by m (and cached so, valid at any placement) and its
-// Q rotated by delta + m. The chunk's block table carries each block's delta.
+// at global position delta has its Q rotated by delta + m and its K by k_rotation_base + m (m alone
+// for position-agnostic KV, valid at any placement). The chunk's block table carries each block's
+// delta, applied to K at attention time.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_CPU_RUNNER_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_CPU_RUNNER_H_
 
@@ -27,14 +28,19 @@ struct ForwardChunk {
   std::span<const int32_t> tokens;
   int64_t segment_delta = 0;  // global position of the segment's first token
   int64_t local_start = 0;    // segment-local position of tokens[0]
+  // K is written rotated at k_rotation_base + local: 0 for position-agnostic KV (mode lazy; the
+  // table's delta rotates it later), segment_delta for KV stored at global positions.
+  int64_t k_rotation_base = 0;
   // KV slot (block * block_size + slot) of each token; its K/V is written there this step.
   std::span<const int64_t> kv_slots;
   // Everything the chunk attends to, in sequence order, including the blocks its own tokens are
   // written to. tokens[0] has sequence index `first_query_index` in this table.
   std::span<const KvBlockEntry> block_table;
   int64_t first_query_index = 0;
-  // Logits for every token of the chunk (tests, scoring) or only for the last one (generation).
+  // Logits for every token of the chunk (tests, scoring) or only for the last one (generation),
+  // or none (document encoding, prefix computation: the LM head runs only where we sample).
   bool logits_for_all_tokens = false;
+  bool emit_logits = true;
 };
 
 class CpuRunner {

@@ -5,53 +5,17 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "services/worker/engine/testing_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 
 namespace lazyattn {
 namespace {
 
-// GPT-2's byte-to-character map, so a 256-token byte vocabulary is a valid byte-level BPE vocab.
-std::string ByteChar(int b) {
-  int cp = b;
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-  if (!printable) {
-    int n = 0;
-    for (int x = 0; x < b; ++x) {
-      const bool p = (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE);
-      if (!p) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
-// 256 byte tokens, then <eos> (id 256) and filler tokens up to the tiny model's 300.
-std::unique_ptr<Tokenizer> ByteTokenizer() {
-  TokenizerSpec spec;
-  spec.pre = "gpt2";
-  for (int b = 0; b < 256; ++b) spec.tokens.push_back(ByteChar(b));
-  spec.tokens.push_back("<eos>");
-  for (int i = 257; i < 300; ++i) spec.tokens.push_back("<unused" + std::to_string(i) + ">");
-  spec.token_types.assign(300, static_cast<int32_t>(TokenType::kNormal));
-  for (int i = 256; i < 300; ++i) spec.token_types[i] = static_cast<int32_t>(TokenType::kControl);
-  spec.eos_id = 256;
-  auto t = Tokenizer::Create(std::move(spec));
-  EXPECT_TRUE(t.ok()) << t.status();
-  return std::move(*t);
-}
-
 class GeneratorTest : public ::testing::Test {
  protected:
   GeneratorTest()
       : weights_(MakeRandomWeights(TinyTestConfig(), 21)),
-        tokenizer_(ByteTokenizer()),
+        tokenizer_(MakeByteTokenizer()),
         runner_(weights_.get()),
         kv_(weights_->config, 32),
         generator_(&runner_, tokenizer_.get(), &kv_, /*prefill_chunk_tokens=*/8) {}

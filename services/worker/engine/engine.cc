@@ -1,0 +1,105 @@
+#include "services/worker/engine/engine.h"
+
+#include "services/worker/model/model_fingerprint.h"
+
+namespace lazyattn {
+
+Engine::Engine(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options,
+               RequestLimits limits)
+    : weights_(weights),
+      tokenizer_(tokenizer),
+      limits_(limits),
+      identity_{ModelFingerprint(*weights), TokenizerFingerprint(*tokenizer)},
+      core_(weights, tokenizer, options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  // Requests still in the inbox never reached the core.
+  for (auto& [id, p] : inbox_) {
+    if (p.callbacks.on_done) p.callbacks.on_done(absl::UnavailableError("engine shut down"), {});
+  }
+}
+
+absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
+  auto prepared = PrepareRequest(request, *tokenizer_, weights_->config, identity_, limits_);
+  if (!prepared.ok()) return prepared.status();
+  prepared->callbacks = std::move(callbacks);
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("engine shut down");
+    id = next_id_++;
+    inbox_.emplace_back(id, std::move(*prepared));
+    idle_ = false;
+  }
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::Cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+KvBlockCounts Engine::blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocks_;
+}
+
+absl::Status Engine::WaitIdleAndCheck() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return idle_ || stop_; });
+  // The loop thread is parked on cv_ with the lock released and no work: the core is quiescent.
+  return core_.cache().CheckInvariant();
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::vector<std::pair<uint64_t, PreparedRequest>> incoming;
+    std::vector<uint64_t> cancels;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!core_.HasWork() && inbox_.empty() && cancels_.empty() && !stop_) {
+        idle_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty(); });
+      }
+      if (stop_) return;
+      incoming.swap(inbox_);
+      cancels.swap(cancels_);
+      idle_ = false;
+    }
+    for (auto& [id, p] : incoming) core_.Add(std::move(p), id);
+    for (uint64_t id : cancels) core_.Cancel(id);
+    const bool progressed = core_.Step(absl::Now());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = core_.stats();
+      const BlockPool& pool = core_.cache().pool();
+      blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
+                 pool.num_cached_unreferenced()};
+    }
+    if (!progressed && core_.HasWork()) {
+      // Nothing could run (e.g. waiting on a deadline): avoid spinning.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+  }
+}
+
+}  // namespace lazyattn

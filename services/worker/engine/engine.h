@@ -1,0 +1,69 @@
+// The serving engine: one loop thread that owns an EngineCore, and a thread-safe submission API.
+// Requests are validated and tokenized on the submitting thread; tokens stream back through the
+// request's callbacks, which run on the engine thread.
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/request_prep.h"
+
+namespace lazyattn {
+
+struct KvBlockCounts {
+  int64_t total = 0, free = 0, referenced = 0, cached = 0;
+};
+
+class Engine {
+ public:
+  // Borrowed pointers must outlive the engine. Starts the loop thread.
+  Engine(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options,
+         RequestLimits limits = {});
+  // Stops the loop; unfinished requests end with Unavailable.
+  ~Engine();
+
+  // Validates and queues. Errors (InvalidArgument naming the field) are returned here and the
+  // callbacks are not called; otherwise on_done is called exactly once, later.
+  absl::StatusOr<uint64_t> Submit(const EngineRequest& request, RequestCallbacks callbacks);
+  // Ends the request with Cancelled and frees its blocks (no effect once it finished).
+  void Cancel(uint64_t id);
+
+  EngineStats stats() const;
+  KvBlockCounts blocks() const;
+  // Waits until no request is queued or running, then checks the KV invariants.
+  absl::Status WaitIdleAndCheck();
+  const ModelIdentity& identity() const { return identity_; }
+  const ModelConfig& config() const { return weights_->config; }
+
+ private:
+  void Loop();
+
+  const ModelWeights* weights_;
+  const Tokenizer* tokenizer_;
+  const RequestLimits limits_;
+  const ModelIdentity identity_;
+  EngineCore core_;  // touched only by the loop thread (and by WaitIdleAndCheck when idle)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<uint64_t, PreparedRequest>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool idle_ ABSL_GUARDED_BY(mu_) = true;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  KvBlockCounts blocks_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_H_

@@ -1,0 +1,120 @@
+// The serving engine's single-threaded core: continuous batching over a paged KV cache with the
+// four cache modes. Engine (engine.h) runs it on its own thread; tests step it directly.
+//
+// Each Step():
+//  1. ends requests that were cancelled or whose deadline passed (their blocks are released);
+//  2. admits waiting requests (FCFS) while the KV pool can hold their prompts: reuses the system
+//     prefix from the radix tree, looks documents up in the document cache (pinning hits), and
+//     joins or starts one encoding job per missing document, so two requests that need the same
+//     uncached document encode it once; mode `block` copies a document cached at another offset
+//     and re-rotates it instead of recomputing;
+//  3. fills a token budget: one token per decoding request, then chunks of document encodings,
+//     prefix tails and query prefills (chunked prefill), in arrival order;
+//  4. when blocks run out, preempts the most recently admitted request (its blocks are released,
+//     it is re-queued and later recomputed from its prompt plus what it generated);
+//  5. runs one forward pass over all chunks, samples, streams tokens, finishes requests.
+//
+// Not thread-safe.
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/document_key.h"
+#include "services/worker/cache/kv_cache_manager.h"
+#include "services/worker/engine/cpu_runner.h"
+#include "services/worker/engine/engine_stats.h"
+#include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/engine/request.h"
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+namespace lazyattn {
+
+struct EngineOptions {
+  int64_t num_kv_blocks = 1024;
+  int max_batch_tokens = 512;  // tokens per forward step (chunked prefill budget)
+  int max_running = 64;        // requests admitted at once
+  bool keep_first_logits = false;
+};
+
+// A tokenized request (Engine::Submit tokenizes and validates).
+struct PreparedRequest {
+  std::vector<int32_t> system_prefix;
+  struct Document {
+    std::string id;
+    DocumentKey key;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Document> documents;
+  std::vector<int32_t> question;
+  CacheMode mode = CacheMode::kLazy;
+  SamplingParams sampling;
+  absl::Time deadline = absl::InfiniteFuture();
+  RequestCallbacks callbacks;
+  int64_t prompt_tokens() const;
+};
+
+class EngineCore {
+ public:
+  // Borrowed pointers must outlive the core.
+  EngineCore(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options);
+  ~EngineCore();  // fails every unfinished request with Unavailable
+
+  // Blocks a prompt plus its generation budget needs at most (for admission control).
+  int64_t BlocksNeeded(const PreparedRequest& r) const;
+  // Queues a request under `id` (0: the core picks one); returns the id. A request that can never
+  // fit ends at once through on_done with ResourceExhausted.
+  uint64_t Add(PreparedRequest request, uint64_t id = 0);
+  void Cancel(uint64_t id);
+
+  // One scheduling round and forward pass. Returns false when there was nothing to do.
+  bool Step(absl::Time now);
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  // The earliest deadline among queued and running requests (for the engine thread's sleep).
+  absl::Time NextDeadline() const;
+
+  const EngineStats& stats() const { return stats_; }
+  KvCacheManager& cache() { return cache_; }
+  const ModelConfig& config() const { return runner_.config(); }
+  int block_size() const { return cache_.block_size(); }
+
+ private:
+  struct Request;
+  struct Segment;
+  struct EncodeJob;
+
+  enum class DocOutcome { kHit, kCopy, kEncode };
+  void Admit(absl::Time now);
+  bool TryAdmit(Request& r);
+  DocOutcome AcquireDocument(Request& r, Segment& seg);
+  bool EnsureBlocks(std::vector<BlockId>& blocks, int64_t tokens, Request* owner);
+  bool PreemptNewest(const Request* keep);
+  void Release(Request& r);
+  void Finish(Request& r, const absl::Status& status);
+  void SampleAndEmit(Request& r, std::span<const float> logits, absl::Time now);
+  void CompleteJob(EncodeJob& job);
+  void OnPrefillDone(Request& r, std::span<const float> logits, absl::Time now);
+  std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
+
+  const ModelWeights* weights_;
+  const Tokenizer* tokenizer_;
+  EngineOptions options_;
+  CpuRunner runner_;
+  KvCacheCpu kv_;
+  KvCacheManager cache_;
+  EngineStats stats_;
+  uint64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Request>> waiting_;
+  std::vector<std::unique_ptr<Request>> running_;  // admission order
+  absl::flat_hash_map<DocCacheKey, std::unique_ptr<EncodeJob>> jobs_;
+  std::vector<EncodeJob*> job_order_;  // FIFO of jobs_ values
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_

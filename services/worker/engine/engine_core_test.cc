@@ -1,0 +1,257 @@
+// The cache modes computed by the engine core on a tiny random model: equalities between modes,
+// reuse, and what happens to blocks.
+#include "services/worker/engine/engine_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "services/worker/engine/request_prep.h"
+#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/random_weights.h"
+
+namespace lazyattn {
+namespace {
+
+struct Outcome {
+  absl::Status status;
+  RequestResult result;
+};
+
+class EngineCoreTest : public ::testing::Test {
+ protected:
+  void Init(int64_t max_positions = 4096, int64_t blocks = 256, int max_batch_tokens = 64) {
+    ModelConfig c = TinyTestConfig();
+    c.max_positions = max_positions;
+    weights_ = MakeRandomWeights(c, 3);
+    tokenizer_ = MakeByteTokenizer();
+    identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
+    core_ = std::make_unique<EngineCore>(
+        weights_.get(), tokenizer_.get(),
+        EngineOptions{.num_kv_blocks = blocks, .max_batch_tokens = max_batch_tokens,
+                      .keep_first_logits = true});
+  }
+  void SetUp() override { Init(); }
+
+  static std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % 256);
+    return t;
+  }
+
+  EngineRequest Request(const std::vector<int>& doc_ids, CacheMode mode, int max_tokens = 8) {
+    EngineRequest r;
+    r.system_prefix = "You answer from the documents.\n";
+    for (int d : doc_ids) {
+      r.documents.push_back({.id = "doc" + std::to_string(d),
+                             .token_ids = RandomTokens(17 + 13 * d, 100 + d)});
+    }
+    r.question = "Which document mentions it?";
+    r.mode = mode;
+    r.sampling = {.max_tokens = max_tokens, .ignore_eos = true};
+    return r;
+  }
+
+  // Queues requests and steps the core until all are done.
+  std::vector<Outcome> Run(const std::vector<EngineRequest>& requests) {
+    std::vector<Outcome> out(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto p = PrepareRequest(requests[i], *tokenizer_, weights_->config, identity_, {});
+      EXPECT_TRUE(p.ok()) << p.status();
+      p->callbacks.on_done = [&out, i](const absl::Status& s, const RequestResult& r) {
+        out[i] = {s, r};
+      };
+      core_->Add(std::move(*p));
+    }
+    int guard = 0;
+    while (core_->HasWork() && ++guard < 100000) core_->Step(absl::Now());
+    EXPECT_FALSE(core_->HasWork()) << "engine did not drain";
+    EXPECT_TRUE(core_->cache().CheckInvariant().ok()) << core_->cache().CheckInvariant();
+    return out;
+  }
+  Outcome RunOne(const EngineRequest& r) { return Run({r})[0]; }
+
+  static float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float m = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+    return m;
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelIdentity identity_;
+  std::unique_ptr<EngineCore> core_;
+};
+
+// Tolerance for two fp32 computations of the same function whose rotations differ in order
+// (rotate-once-at-write vs rotate-at-attention) on a random 2-layer model with logits ~O(1).
+constexpr float kModeTolerance = 1e-4f;
+
+TEST_F(EngineCoreTest, LazyAndBlockAgreeColdAndWarmInRandomOrders) {
+  std::mt19937 rng(7);
+  std::vector<int> docs = {0, 1, 2, 3, 4};
+  for (int round = 0; round < 4; ++round) {  // round 0 is cold; later rounds hit the caches
+    std::shuffle(docs.begin(), docs.end(), rng);
+    const Outcome lazy = RunOne(Request(docs, CacheMode::kLazy));
+    const Outcome block = RunOne(Request(docs, CacheMode::kBlock));
+    ASSERT_TRUE(lazy.status.ok() && block.status.ok()) << lazy.status << block.status;
+    EXPECT_LT(MaxDiff(lazy.result.first_logits, block.result.first_logits), kModeTolerance)
+        << "round " << round;
+    EXPECT_EQ(lazy.result.token_ids, block.result.token_ids) << "round " << round;
+    if (round > 0) EXPECT_EQ(lazy.result.usage.documents_hit, 5) << "lazy reuses any order";
+  }
+  const auto& lazy = core_->stats().mode(CacheMode::kLazy);
+  EXPECT_EQ(lazy.doc_lookups, 20);
+  EXPECT_EQ(lazy.doc_hits, 15);
+}
+
+TEST_F(EngineCoreTest, LazyWarmEqualsLazyCold) {
+  const Outcome cold = RunOne(Request({0, 1, 2}, CacheMode::kLazy));
+  const Outcome warm = RunOne(Request({0, 1, 2}, CacheMode::kLazy));
+  ASSERT_TRUE(cold.status.ok() && warm.status.ok());
+  EXPECT_EQ(cold.result.usage.documents_hit, 0);
+  EXPECT_EQ(warm.result.usage.documents_hit, 3);
+  EXPECT_GT(warm.result.usage.cached_tokens, cold.result.usage.cached_tokens);
+  // Same KV, same computation: bit-identical up to chunk boundaries of the query prefill.
+  EXPECT_LT(MaxDiff(cold.result.first_logits, warm.result.first_logits), 1e-5f);
+  EXPECT_EQ(cold.result.token_ids, warm.result.token_ids);
+}
+
+TEST_F(EngineCoreTest, PrefixEqualsFullAndReusesThePrompt) {
+  const Outcome full = RunOne(Request({0, 1}, CacheMode::kFull));
+  const Outcome prefix_cold = RunOne(Request({0, 1}, CacheMode::kPrefix));
+  const Outcome prefix_warm = RunOne(Request({0, 1}, CacheMode::kPrefix));
+  ASSERT_TRUE(full.status.ok() && prefix_cold.status.ok() && prefix_warm.status.ok());
+  EXPECT_LT(MaxDiff(full.result.first_logits, prefix_cold.result.first_logits), 1e-5f);
+  EXPECT_LT(MaxDiff(full.result.first_logits, prefix_warm.result.first_logits), 1e-4f);
+  EXPECT_EQ(full.result.token_ids, prefix_warm.result.token_ids);
+  // The warm prefix request reuses every whole block of its prompt but the last token's.
+  const int64_t prompt = prefix_warm.result.usage.prompt_tokens;
+  EXPECT_EQ(prefix_warm.result.usage.cached_tokens, (prompt - 1) / 16 * 16);
+  // Swapping the documents defeats prefix caching beyond the system prompt.
+  const Outcome swapped = RunOne(Request({1, 0}, CacheMode::kPrefix));
+  EXPECT_LT(swapped.result.usage.cached_tokens, 48);
+}
+
+TEST_F(EngineCoreTest, FullModeSharesOnlyTheSystemPrefix) {
+  RunOne(Request({0}, CacheMode::kFull));
+  const Outcome again = RunOne(Request({0}, CacheMode::kFull));
+  // "You answer from the documents.\n" is 31 bytes: one whole block of 16 is shared.
+  EXPECT_EQ(again.result.usage.cached_tokens, 16);
+}
+
+TEST_F(EngineCoreTest, BlockModeCopiesADocumentSeenAtAnotherOffset) {
+  RunOne(Request({0, 1}, CacheMode::kBlock));
+  const Outcome moved = RunOne(Request({1, 0}, CacheMode::kBlock));
+  const Outcome lazy = RunOne(Request({1, 0}, CacheMode::kLazy));
+  ASSERT_TRUE(moved.status.ok());
+  EXPECT_EQ(core_->stats().mode(CacheMode::kBlock).doc_copies, 2);
+  EXPECT_EQ(moved.result.usage.documents_hit, 0);
+  EXPECT_LT(MaxDiff(moved.result.first_logits, lazy.result.first_logits), kModeTolerance);
+}
+
+TEST_F(EngineCoreTest, ConcurrentRequestsEncodeASharedDocumentOnce) {
+  const auto out = Run({Request({4, 5}, CacheMode::kLazy), Request({5, 4}, CacheMode::kLazy),
+                        Request({4}, CacheMode::kLazy)});
+  for (const auto& o : out) EXPECT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(core_->stats().encode_jobs, 2);
+}
+
+TEST_F(EngineCoreTest, DocumentsPastSixteenBitOffsetsMatchBlockMode) {
+  // 64 documents of 1,100 tokens put the last ones past position 65,535; the 16-bit offsets of the
+  // paper's reference implementation would wrap there.
+  Init(/*max_positions=*/80000, /*blocks=*/4800, /*max_batch_tokens=*/4096);
+  EngineRequest r;
+  for (int d = 0; d < 64; ++d) {
+    r.documents.push_back({.token_ids = RandomTokens(1100, 1000 + d)});
+  }
+  r.question = "?";
+  r.sampling = {.max_tokens = 4, .ignore_eos = true};
+  r.mode = CacheMode::kLazy;
+  const Outcome lazy = RunOne(r);
+  r.mode = CacheMode::kBlock;
+  const Outcome block = RunOne(r);
+  ASSERT_TRUE(lazy.status.ok() && block.status.ok()) << lazy.status << block.status;
+  EXPECT_GT(lazy.result.usage.prompt_tokens, 70000);
+  EXPECT_LT(MaxDiff(lazy.result.first_logits, block.result.first_logits), kModeTolerance);
+  EXPECT_EQ(lazy.result.token_ids, block.result.token_ids);
+}
+
+TEST_F(EngineCoreTest, SmallBudgetEvictsAndPreemptsWithoutLeaks) {
+  // 40 blocks: a request needs ~12; several at once must evict documents and preempt.
+  Init(4096, /*blocks=*/40, /*max_batch_tokens=*/32);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(Request({i % 5, (i + 2) % 5}, CacheMode::kLazy, 40));
+  const auto out = Run(reqs);
+  for (const auto& o : out) {
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.token_ids.size(), 40u);
+  }
+  EXPECT_GT(core_->stats().preemptions, 0);
+  // Preempted requests recompute and continue: same tokens as when run alone.
+  Init(4096, 400, 32);
+  EXPECT_EQ(RunOne(reqs[7]).result.token_ids, out[7].result.token_ids);
+}
+
+TEST_F(EngineCoreTest, RequestThatCanNeverFitIsRejected) {
+  Init(4096, /*blocks=*/8);
+  const Outcome o = RunOne(Request({9}, CacheMode::kLazy, 200));
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(o.status.message().find("KV blocks"), std::string::npos) << o.status;
+}
+
+TEST_F(EngineCoreTest, CancelAndDeadlineFreeEveryBlock) {
+  EngineRequest slow = Request({0, 1}, CacheMode::kLazy, 1000);
+  EngineRequest late = Request({2}, CacheMode::kLazy, 1000);
+  late.deadline = absl::Now() + absl::Milliseconds(20);
+  std::vector<Outcome> out(2);
+  for (int i = 0; i < 2; ++i) {
+    auto p = PrepareRequest(i == 0 ? slow : late, *tokenizer_, weights_->config, identity_, {});
+    ASSERT_TRUE(p.ok());
+    p->callbacks.on_done = [&out, i](const absl::Status& s, const RequestResult& r) {
+      out[i] = {s, r};
+    };
+    core_->Add(std::move(*p), i + 1);
+  }
+  for (int i = 0; i < 5; ++i) core_->Step(absl::Now());
+  core_->Cancel(1);
+  while (core_->HasWork()) core_->Step(absl::Now());
+  EXPECT_EQ(out[0].status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(out[1].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GT(out[0].result.token_ids.size(), 0u) << "partial output is reported";
+  EXPECT_EQ(core_->cache().pool().num_referenced(), 0);
+  EXPECT_TRUE(core_->cache().CheckInvariant().ok());
+}
+
+TEST_F(EngineCoreTest, BadInputIsRejectedNamingTheField) {
+  auto prep = [&](const EngineRequest& r) {
+    return PrepareRequest(r, *tokenizer_, weights_->config, identity_, {.max_documents = 4});
+  };
+  EngineRequest r = Request({0}, CacheMode::kLazy);
+  r.documents[0] = {.id = "empty", .text = ""};
+  EXPECT_NE(prep(r).status().message().find("documents[0] (id \"empty\"): empty"),
+            std::string::npos) << prep(r).status();
+  r = Request({0, 1, 2, 3, 4}, CacheMode::kLazy);
+  EXPECT_NE(prep(r).status().message().find("documents: 5 documents exceed the limit of 4"),
+            std::string::npos);
+  r = Request({0}, CacheMode::kLazy);
+  r.documents[0].token_ids = std::vector<int32_t>(5000, 1);
+  EXPECT_NE(prep(r).status().message().find("exceed the model's context"), std::string::npos);
+  r.documents[0].token_ids = std::vector<int32_t>{1, 999};
+  EXPECT_NE(prep(r).status().message().find("token_ids[1] = 999"), std::string::npos);
+  r = Request({0}, CacheMode::kLazy);
+  r.question = "";
+  EXPECT_NE(prep(r).status().message().find("question"), std::string::npos);
+  r = Request({0}, CacheMode::kLazy);
+  r.sampling.top_p = 2;
+  EXPECT_NE(prep(r).status().message().find("top_p"), std::string::npos);
+  EXPECT_EQ(ParseCacheMode("radix").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ParseCacheMode("radix").status().message().find("radix"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,39 @@
+// Counters of the engine, by cache mode, for the worker's metrics. Formulas (ratios are derived
+// from counters, as Prometheus wants them):
+//   document hit ratio (tokens)  = doc_hit_tokens / doc_lookup_tokens
+//   prefill reuse ratio          = prefill_tokens_reused / (prefill_tokens_reused + computed)
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_STATS_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_STATS_H_
+
+#include <array>
+#include <cstdint>
+
+#include "services/worker/cache/cache_mode.h"
+
+namespace lazyattn {
+
+struct ModeCounters {
+  int64_t requests = 0;
+  int64_t doc_lookups = 0;        // documents looked up in the document cache
+  int64_t doc_hits = 0;           // ... found there (mode block: at the same offset)
+  int64_t doc_copies = 0;         // mode block: found at another offset and copied
+  int64_t doc_lookup_tokens = 0;
+  int64_t doc_hit_tokens = 0;
+  int64_t prefill_tokens_computed = 0;  // prompt and document tokens run through the model
+  int64_t prefill_tokens_reused = 0;    // prompt tokens whose KV came from a cache
+};
+
+struct EngineStats {
+  std::array<ModeCounters, 4> by_mode{};  // indexed by static_cast<int>(CacheMode)
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t requests_ok = 0;
+  int64_t requests_failed = 0;
+  int64_t encode_jobs = 0;  // document encodings run (one per missing document, shared)
+  ModeCounters& mode(CacheMode m) { return by_mode[static_cast<int>(m)]; }
+  const ModeCounters& mode(CacheMode m) const { return by_mode[static_cast<int>(m)]; }
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_STATS_H_

@@ -1,0 +1,120 @@
+// The threaded engine: many submitting threads, streaming, cancellation, shutdown.
+#include "services/worker/engine/engine.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/random_weights.h"
+
+namespace lazyattn {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  EngineTest() : weights_(MakeRandomWeights(TinyTestConfig(), 5)), tokenizer_(MakeByteTokenizer()) {}
+  EngineRequest Request(int i, int max_tokens) {
+    EngineRequest r;
+    r.system_prefix = "system: be brief\n";
+    for (int d = 0; d < 3; ++d) {
+      r.documents.push_back({.text = "document number " + std::to_string((i + d) % 6) +
+                                     " says something about topic " + std::to_string(d)});
+    }
+    r.question = "question " + std::to_string(i);
+    r.mode = static_cast<CacheMode>(i % 4);
+    r.sampling = {.temperature = 0.7f, .seed = static_cast<uint64_t>(i), .max_tokens = max_tokens,
+                  .ignore_eos = true};
+    return r;
+  }
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+TEST_F(EngineTest, ManyThreadsSubmitAndEveryRequestEnds) {
+  Engine engine(weights_.get(), tokenizer_.get(), {.num_kv_blocks = 60, .max_batch_tokens = 48});
+  constexpr int kThreads = 6, kPerThread = 5;
+  std::atomic<int> ok{0}, failed{0}, tokens{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kPerThread; ++k) {
+        absl::Notification done;
+        RequestCallbacks cb;
+        cb.on_token = [&](int32_t, std::string_view) { ++tokens; };
+        cb.on_done = [&](const absl::Status& s, const RequestResult& r) {
+          (s.ok() && r.token_ids.size() == 12u ? ok : failed)++;
+          done.Notify();
+        };
+        auto id = engine.Submit(Request(t * kPerThread + k, 12), std::move(cb));
+        ASSERT_TRUE(id.ok()) << id.status();
+        done.WaitForNotification();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), kThreads * kPerThread);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GE(tokens.load(), kThreads * kPerThread * 12);
+  EXPECT_TRUE(engine.WaitIdleAndCheck().ok()) << engine.WaitIdleAndCheck();
+  EXPECT_EQ(engine.blocks().referenced, 0);
+  EXPECT_EQ(engine.stats().requests_ok, kThreads * kPerThread);
+}
+
+TEST_F(EngineTest, CancelFromAnotherThreadEndsTheStream) {
+  Engine engine(weights_.get(), tokenizer_.get(), {.num_kv_blocks = 200});
+  absl::Notification first_token, done;
+  absl::Status status;
+  RequestCallbacks cb;
+  cb.on_token = [&](int32_t, std::string_view) {
+    if (!first_token.HasBeenNotified()) first_token.Notify();
+  };
+  cb.on_done = [&](const absl::Status& s, const RequestResult&) {
+    status = s;
+    done.Notify();
+  };
+  auto id = engine.Submit(Request(1, 3000), std::move(cb));
+  ASSERT_TRUE(id.ok());
+  first_token.WaitForNotification();
+  engine.Cancel(*id);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(engine.WaitIdleAndCheck().ok());
+  EXPECT_EQ(engine.blocks().referenced, 0);
+}
+
+TEST_F(EngineTest, InvalidRequestFailsAtSubmitAndShutdownEndsTheRest) {
+  auto engine = std::make_unique<Engine>(weights_.get(), tokenizer_.get(),
+                                         EngineOptions{.num_kv_blocks = 1000});
+  EngineRequest bad = Request(0, 4);
+  bad.sampling.temperature = -1;
+  bool called = false;
+  RequestCallbacks cb;
+  cb.on_done = [&](const absl::Status&, const RequestResult&) { called = true; };
+  EXPECT_EQ(engine->Submit(bad, cb).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(called);
+  std::atomic<int> unavailable{0}, finished{0}, started{0};
+  absl::Notification all_started;
+  for (int i = 0; i < 4; ++i) {
+    RequestCallbacks c;
+    auto first = std::make_shared<std::atomic<bool>>(false);
+    c.on_token = [&, first](int32_t, std::string_view) {
+      if (!first->exchange(true) && ++started == 4) all_started.Notify();
+    };
+    c.on_done = [&](const absl::Status& s, const RequestResult&) {
+      ++finished;
+      if (s.code() == absl::StatusCode::kUnavailable) ++unavailable;
+    };
+    ASSERT_TRUE(engine->Submit(Request(i, 3000), c).ok());
+  }
+  // All four are generating inside the engine when it shuts down.
+  ASSERT_TRUE(all_started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  engine.reset();
+  EXPECT_EQ(finished.load(), 4);
+  EXPECT_EQ(unavailable.load(), 4);
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,72 @@
+// What the engine accepts and reports: a RAG request (system prefix, documents, question), its
+// streaming callbacks and its result.
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "services/worker/cache/cache_mode.h"
+#include "services/worker/engine/sampler.h"
+
+namespace lazyattn {
+
+// A document as text (tokenized alone, without BOS, special-token text kept literal) or as token
+// ids. `id` is the client's name for it, echoed in errors.
+struct EngineDocument {
+  std::string id;
+  std::string text;
+  std::optional<std::vector<int32_t>> token_ids;
+};
+
+struct EngineRequest {
+  // Text before the documents (e.g. a chat template's system turn and the start of the user turn).
+  // Tokenized with special tokens parsed; BOS added when the model wants it. Shared through the
+  // prefix tree in every mode.
+  std::string system_prefix;
+  std::vector<EngineDocument> documents;
+  // Text after the documents (the question and the end of the user turn), special tokens parsed.
+  std::string question;
+  CacheMode mode = CacheMode::kLazy;
+  SamplingParams sampling;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct RequestUsage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;    // prompt tokens whose KV came from a cache
+  int64_t computed_tokens = 0;  // prompt tokens this request computed (incl. documents it encoded)
+  int64_t documents = 0;
+  int64_t documents_hit = 0;    // documents found in the cache (any mode's notion of a hit)
+  int64_t completion_tokens = 0;
+};
+
+struct RequestResult {
+  std::vector<int32_t> token_ids;  // generated; the EOS/stop token that ended it is left out
+  std::string text;
+  std::string finish_reason;       // "stop" or "length"
+  RequestUsage usage;
+  double ttft_ms = 0;
+  double decode_tokens_per_s = 0;
+  int preemptions = 0;
+  std::vector<float> first_logits;  // kept only when EngineOptions::keep_first_logits
+};
+
+struct RequestCallbacks {
+  // Each generated token and the text it completes (may be empty while a UTF-8 sequence or a
+  // possible stop string is incomplete). Called on the engine thread: keep it short.
+  std::function<void(int32_t id, std::string_view text)> on_token;
+  // Exactly once: OK with the result, or the error (InvalidArgument, ResourceExhausted, Cancelled,
+  // DeadlineExceeded, Unavailable at shutdown). `result` carries what was generated so far.
+  std::function<void(const absl::Status& status, const RequestResult& result)> on_done;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_H_

@@ -1,0 +1,75 @@
+#include "services/worker/engine/request_prep.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace lazyattn {
+namespace {
+
+std::string DocName(size_t i, const EngineDocument& d) {
+  return d.id.empty() ? absl::StrCat("documents[", i, "]")
+                      : absl::StrCat("documents[", i, "] (id \"", d.id, "\")");
+}
+
+}  // namespace
+
+absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const Tokenizer& tok,
+                                               const ModelConfig& config,
+                                               const ModelIdentity& identity,
+                                               const RequestLimits& limits) {
+  RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, config.vocab_size));
+  if (static_cast<int>(req.documents.size()) > limits.max_documents) {
+    return absl::InvalidArgumentError(absl::StrCat("documents: ", req.documents.size(),
+                                                   " documents exceed the limit of ",
+                                                   limits.max_documents));
+  }
+  PreparedRequest p;
+  p.mode = req.mode;
+  p.sampling = req.sampling;
+  p.deadline = req.deadline;
+  p.system_prefix = tok.EncodeWithSpecials(req.system_prefix, /*parse_special=*/true);
+  if (req.system_prefix.empty()) p.system_prefix.clear();  // no lone BOS without a prefix
+  for (size_t i = 0; i < req.documents.size(); ++i) {
+    const EngineDocument& d = req.documents[i];
+    PreparedRequest::Document doc;
+    doc.id = d.id;
+    if (d.token_ids) {
+      doc.tokens = *d.token_ids;
+      for (size_t j = 0; j < doc.tokens.size(); ++j) {
+        if (doc.tokens[j] < 0 || doc.tokens[j] >= config.vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              DocName(i, d), ".token_ids[", j, "] = ", doc.tokens[j],
+              " is outside the vocabulary [0, ", config.vocab_size, ")"));
+        }
+      }
+      doc.key = DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
+                                      doc.tokens);
+    } else {
+      // Documents are data: special-token text inside them stays literal.
+      doc.tokens = tok.Encode(d.text, /*parse_special=*/false);
+      doc.key = DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint,
+                                    d.text);
+    }
+    if (doc.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": empty document"));
+    }
+    if (static_cast<int64_t>(doc.tokens.size()) >= config.max_positions) {
+      return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": ", doc.tokens.size(),
+                                                     " tokens exceed the model's context of ",
+                                                     config.max_positions));
+    }
+    p.documents.push_back(std::move(doc));
+  }
+  p.question = tok.Encode(req.question, /*parse_special=*/true);
+  if (p.question.empty()) {
+    return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");
+  }
+  if (p.prompt_tokens() >= config.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", p.prompt_tokens(),
+                                                   " tokens leave no room in the model's context of ",
+                                                   config.max_positions));
+  }
+  return p;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,36 @@
+// Validation and tokenization of an EngineRequest, on the submitting thread (so bad input fails
+// fast with a message naming the field, and large documents do not stall the engine loop).
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_PREP_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_PREP_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/request.h"
+#include "services/worker/model/model_config.h"
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+namespace lazyattn {
+
+struct RequestLimits {
+  int max_documents = 64;
+};
+
+struct ModelIdentity {
+  std::string model_fingerprint;
+  std::string tokenizer_fingerprint;
+};
+
+// InvalidArgument naming the field: more documents than the limit, an empty document or question,
+// token ids outside the vocabulary, a document or prompt longer than the model's context, bad
+// sampling values.
+absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& request,
+                                               const Tokenizer& tokenizer,
+                                               const ModelConfig& config,
+                                               const ModelIdentity& identity,
+                                               const RequestLimits& limits);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_REQUEST_PREP_H_
