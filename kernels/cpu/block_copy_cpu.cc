@@ -4,18 +4,24 @@
 
 namespace lazyattn {
 
-void KvBlockCopyRerotateCpu(const KvBlockCopy* copies, int num_copies, int64_t delta,
-                            const PagedKvShape& shape, const RopeTable& rope, float* k_pool,
-                            float* v_pool) {
-  const int64_t stride = shape.block_stride();
-  for (int c = 0; c < num_copies; ++c) {
-    float* k_dst = k_pool + copies[c].dst * stride;
-    std::memcpy(k_dst, k_pool + copies[c].src * stride, stride * sizeof(float));
-    std::memcpy(v_pool + copies[c].dst * stride, v_pool + copies[c].src * stride,
-                stride * sizeof(float));
-    if (delta == 0) continue;
-    for (int64_t row = 0; row < int64_t{shape.num_kv_heads} * shape.block_size; ++row) {
-      RopeRotateHeadCpu(k_dst + row * shape.head_dim, delta, rope);
+void BlockCopyRerotateCpu(const BlockCopy* copies, int num_copies, int num_layers,
+                          int64_t layer_stride, const PagedKvShape& shape, const RopeTable& rope,
+                          float* k_pool, float* v_pool) {
+  for (int l = 0; l < num_layers; ++l) {
+    float* kl = k_pool + l * layer_stride;
+    float* vl = v_pool + l * layer_stride;
+    for (int c = 0; c < num_copies; ++c) {
+      const BlockCopy& cp = copies[c];
+      std::memcpy(vl + shape.offset(cp.dst, 0, 0), vl + shape.offset(cp.src, 0, 0),
+                  shape.block_stride() * sizeof(float));
+      std::memcpy(kl + shape.offset(cp.dst, 0, 0), kl + shape.offset(cp.src, 0, 0),
+                  shape.block_stride() * sizeof(float));
+      if (cp.delta == 0) continue;
+      for (int h = 0; h < shape.num_kv_heads; ++h) {
+        for (int s = 0; s < shape.block_size; ++s) {
+          RopeRotateHeadCpu(kl + shape.offset(cp.dst, h, s), cp.delta, rope);
+        }
+      }
     }
   }
 }

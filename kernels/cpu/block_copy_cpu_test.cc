@@ -1,3 +1,4 @@
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -7,31 +8,61 @@
 namespace lazyattn {
 namespace {
 
-TEST(KvBlockCopyRerotateCpuTest, CopyAtNewOffsetEqualsEncodingThere) {
-  const PagedKvShape shape{.num_kv_heads = 2, .head_dim = 16, .block_size = 16};
-  RopeTable rope(RopeParams{.head_dim = 16, .theta = 10000}, 100000);
-  std::mt19937 rng(1);
+// The copy must place each key exactly where encoding it at the new position would have: a key
+// rotated at local position p, copied with delta, equals the raw key rotated at p + delta.
+TEST(BlockCopyCpuTest, CopiedKeysEqualKeysRotatedAtTheNewPosition) {
+  std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> dist(0, 1);
-  std::vector<float> raw(shape.block_stride());
-  for (float& x : raw) x = dist(rng);
-  // Block 0: keys rotated at global positions 70000 + slot; block 2 expected at 300 + slot.
-  std::vector<float> k(4 * shape.block_stride(), NAN), v(4 * shape.block_stride(), NAN),
-      expected = raw;
-  std::copy(raw.begin(), raw.end(), k.begin());
-  std::copy(raw.begin(), raw.end(), v.begin());
-  for (int h = 0; h < 2; ++h) {
-    for (int s = 0; s < 16; ++s) {
-      RopeRotateHeadCpu(&k[shape.offset(0, h, s)], 70000 + s, rope);
-      RopeRotateHeadCpu(&expected[shape.offset(0, h, s)], 300 + s, rope);
+  const int d = 64, kv_heads = 3, layers = 2, pool_blocks = 6;
+  PagedKvShape shape{.num_kv_heads = kv_heads, .head_dim = d, .block_size = 16};
+  const int64_t layer_stride = pool_blocks * shape.block_stride();
+  RopeTable rope(RopeParams{.head_dim = d, .theta = 500000}, 200000);
+  std::vector<float> raw_k(layers * layer_stride), k(layers * layer_stride),
+      v(layers * layer_stride);
+  for (float& x : raw_k) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  // Block b holds positions 16 * b + slot (a document at offset 0).
+  k = raw_k;
+  for (int l = 0; l < layers; ++l)
+    for (int b = 0; b < pool_blocks; ++b)
+      for (int h = 0; h < kv_heads; ++h)
+        for (int s = 0; s < 16; ++s)
+          RopeRotateHeadCpu(&k[l * layer_stride + shape.offset(b, h, s)], 16 * b + s, rope);
+  const std::vector<float> v_before = v;
+  const std::vector<BlockCopy> copies = {{0, 3, 123457}, {1, 4, -16}, {2, 5, 0}};
+  BlockCopyRerotateCpu(copies.data(), int(copies.size()), layers, layer_stride, shape, rope,
+                       k.data(), v.data());
+  for (const BlockCopy& c : copies) {
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < kv_heads; ++h) {
+        for (int s = 0; s < 16; ++s) {
+          std::vector<float> want(&raw_k[l * layer_stride + shape.offset(c.src, h, s)],
+                                  &raw_k[l * layer_stride + shape.offset(c.src, h, s)] + d);
+          RopeRotateHeadCpu(want.data(), 16 * c.src + s + c.delta, rope);
+          const float* got = &k[l * layer_stride + shape.offset(c.dst, h, s)];
+          const float* vs = &v_before[l * layer_stride + shape.offset(c.src, h, s)];
+          const float* vd = &v[l * layer_stride + shape.offset(c.dst, h, s)];
+          for (int x = 0; x < d; ++x) {
+            // Two fp32 rotations against one: a few ulp of |k| ~ 1 (angles up to ~1.2e5 rad
+            // come from the double table, so no angle error).
+            ASSERT_NEAR(got[x], want[x], 2e-5) << "layer " << l << " head " << h << " slot " << s;
+            ASSERT_EQ(vd[x], vs[x]);
+          }
+        }
+      }
     }
   }
-  const KvBlockCopy copy{.src = 0, .dst = 2};
-  KvBlockCopyRerotateCpu(&copy, 1, 300 - 70000, shape, rope, k.data(), v.data());
-  for (int64_t i = 0; i < shape.block_stride(); ++i) {
-    ASSERT_NEAR(k[2 * shape.block_stride() + i], expected[i], 2e-4) << i;
-    ASSERT_EQ(v[2 * shape.block_stride() + i], raw[i]) << i;
-  }
-  EXPECT_TRUE(std::isnan(k[shape.block_stride()])) << "wrote outside the destination block";
+  // Sources untouched.
+  for (int l = 0; l < layers; ++l)
+    for (int b = 0; b < 3; ++b)
+      for (int h = 0; h < kv_heads; ++h)
+        for (int s = 0; s < 16; ++s) {
+          std::vector<float> want(&raw_k[l * layer_stride + shape.offset(b, h, s)],
+                                  &raw_k[l * layer_stride + shape.offset(b, h, s)] + d);
+          RopeRotateHeadCpu(want.data(), 16 * b + s, rope);
+          for (int x = 0; x < d; ++x)
+            ASSERT_EQ(k[l * layer_stride + shape.offset(b, h, s) + x], want[x]);
+        }
 }
 
 }  // namespace

@@ -1,6 +1,14 @@
-// Copy of KV blocks with re-rotation of K: mode `block` reuses a document cached at global offset
-// o1 for a request that places it at o2 by copying its blocks and rotating every key by
-// o2 - o1 (R_{o2-o1} R_{o1+m} k = R_{o2+m} k). V is copied unchanged. (CPU twin.)
+// Copy of KV blocks with re-rotation of K: the `block` cache mode's copy of a cached document to
+// a new global offset (DESIGN.md section 3). The lazy mode never needs it; it exists so the two
+// modes can be measured side by side.
+//
+// For each copy and every layer, KV head and slot of the block:
+//   K[dst] = R_delta K[src]      (keys cached at position p now sit at p + delta)
+//   V[dst] = V[src]
+// All block_size slots are copied, valid or not. delta may be negative (moving a document
+// earlier); |delta| < rope.max_positions(). Layer l's pools start at pool + l * layer_stride
+// elements, each laid out [block][kv_head][slot][head_dim] (kernels/include/paged_attention.h).
+// Preconditions: src != dst, and no block is both a source and a destination in one call.
 #ifndef LAZYATTN_KERNELS_INCLUDE_BLOCK_COPY_H_
 #define LAZYATTN_KERNELS_INCLUDE_BLOCK_COPY_H_
 
@@ -11,15 +19,16 @@
 
 namespace lazyattn {
 
-struct KvBlockCopy {
-  uint32_t src;
-  uint32_t dst;  // must differ from every src of the same call
+struct BlockCopy {
+  uint32_t src = 0;
+  uint32_t dst = 0;
+  int32_t delta = 0;
 };
 
-// One layer's pools. `delta` may be negative; |delta| < rope.max_positions().
-void KvBlockCopyRerotateCpu(const KvBlockCopy* copies, int num_copies, int64_t delta,
-                            const PagedKvShape& shape, const RopeTable& rope, float* k_pool,
-                            float* v_pool);
+// CPU twin (fp32), the reference for the CUDA kernel.
+void BlockCopyRerotateCpu(const BlockCopy* copies, int num_copies, int num_layers,
+                          int64_t layer_stride, const PagedKvShape& shape, const RopeTable& rope,
+                          float* k_pool, float* v_pool);
 
 }  // namespace lazyattn
 
