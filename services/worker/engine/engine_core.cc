@@ -369,9 +369,9 @@ void EngineCore::Finish(Request& r, const absl::Status& status) {
 void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits, absl::Time now) {
   RequestResult& res = r.result;
   const int32_t id = r.sampler->Sample(logits);
-  if (res.ttft_ms == 0) {
-    r.first_token = now;
-    res.ttft_ms = absl::ToDoubleMilliseconds(now - r.submitted);
+  if (res.token_ids.empty() && r.first_token == absl::Time()) {
+    r.first_token = absl::Now();  // after this step's forward pass, not at its start
+    res.ttft_ms = absl::ToDoubleMilliseconds(r.first_token - r.submitted);
     if (options_.keep_first_logits) res.first_logits.assign(logits.begin(), logits.end());
   }
   auto finish = [&](const char* reason) {

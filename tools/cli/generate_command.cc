@@ -1,0 +1,94 @@
+// `lazyattn generate`: one request through the engine, streamed to stdout.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "nlohmann/json.hpp"
+#include "tools/cli/cli_engine.h"
+#include "tools/cli/commands.h"
+
+namespace lazyattn {
+
+int GenerateCommand(int argc, char** argv) {
+  CliArgs args;
+  args.Declare("model", CliArgs::Kind::kValue, "a .gguf file or an HF model directory");
+  args.Declare("prompt", CliArgs::Kind::kValue, "the question (the user message with --chat)");
+  args.Declare("chat", CliArgs::Kind::kSwitch, "wrap the prompt in the model's chat template");
+  args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
+  args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
+  args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
+  args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
+  args.Declare("json", CliArgs::Kind::kSwitch, "print one JSON object with ids, text and timings");
+  args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
+  DeclareSamplingFlags(args);
+  if (absl::Status s = args.Parse(argc, argv, 2); !s.ok()) {
+    std::cerr << "lazyattn generate: " << s.message() << "\n" << args.Help();
+    return 2;
+  }
+  if (args.Has("help")) {
+    std::cout << "lazyattn generate flags:\n" << args.Help();
+    return 0;
+  }
+  if (!args.Has("model") || !args.Has("prompt")) {
+    std::cerr << "lazyattn generate: --model and --prompt are required\n" << args.Help();
+    return 2;
+  }
+  auto sampling = SamplingFromArgs(args);
+  auto mode = ParseCacheMode(args.String("mode", "lazy"));
+  auto budget = args.Int("kv-budget", int64_t{512} << 20);
+  for (const absl::Status& s : {sampling.status(), mode.status(), budget.status()}) {
+    if (!s.ok()) return CliFail(s, 2);
+  }
+
+  auto model = LoadModel(args.String("model"));
+  if (!model.ok()) return CliFail(model.status());
+  auto parts = BuildPrompt(*model->tokenizer, args.Has("chat"), args.String("system"),
+                           args.String("prompt"));
+  if (!parts.ok()) return CliFail(parts.status());
+  EngineRequest request{.system_prefix = parts->system_prefix,
+                        .question = parts->question,
+                        .mode = *mode,
+                        .sampling = *sampling};
+  for (const std::string& path : args.Strings("doc")) {
+    auto text = ReadFile(path);
+    if (!text.ok()) return CliFail(text.status(), 2);
+    request.documents.push_back({.id = path, .text = *text});
+  }
+
+  Engine engine(model->weights.get(), model->tokenizer.get(),
+                {.num_kv_blocks = KvBlocksForBudget(model->weights->config, *budget)});
+  const bool json = args.Has("json");
+  absl::Notification done;
+  absl::Status status;
+  RequestResult result;
+  RequestCallbacks callbacks{
+      .on_token =
+          [&](int32_t, std::string_view text) {
+            if (!json) std::cout << text << std::flush;
+          },
+      .on_done =
+          [&](const absl::Status& s, const RequestResult& r) {
+            status = s;
+            result = r;
+            done.Notify();
+          }};
+  auto id = engine.Submit(request, std::move(callbacks));
+  if (!id.ok()) return CliFail(id.status(), 2);
+  done.WaitForNotification();
+  if (!status.ok()) return CliFail(status);
+  if (json) {
+    std::cout << ResultJson(result, args.String("model"), *mode)
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  } else {
+    std::cout << std::endl;
+    std::cerr << absl::StrCat("[", result.usage.prompt_tokens, " prompt tokens (",
+                              result.usage.cached_tokens, " cached), ", result.token_ids.size(),
+                              " generated, finish ", result.finish_reason, ", TTFT ",
+                              result.ttft_ms, " ms, decode ", result.decode_tokens_per_s,
+                              " tokens/s]\n");
+  }
+  return 0;
+}
+
+}  // namespace lazyattn
