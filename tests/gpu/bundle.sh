@@ -20,9 +20,11 @@ mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N -V 2>/dev/null |
 for bin in "${gpu_tests[@]}" "$build"/bin/*; do
   [ -x "$bin" ] || continue
   cp "$bin" "$carry/bin/"
-  # Every shared library but glibc's own, which the GPU machine's (newer) glibc provides.
+  # Every shared library but those the GPU machine has in newer or identical versions: glibc's,
+  # the C++ runtime (Ubuntu 24.04's is newer than Debian 12's) and cuBLAS (541 MB, far over the
+  # carry limit; run.sh points at the machine's CUDA install).
   ldd "$bin" | awk '/=> \//{print $3}' |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcublas[^/]*)\.so' |
     xargs -r -I{} cp -Lu {} "$carry/lib/"
 done
 du -sh "$carry"

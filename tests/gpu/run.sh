@@ -9,7 +9,9 @@ carry="${1:-.device-carry}"
 filter="${2:-*}"
 out="${OUT:-$repo/$carry/out}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$repo/$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS comes from the machine's own CUDA install (bundle.sh does not carry it).
+cuda_lib="$(ls -d /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null | head -n 1)"
+export LD_LIBRARY_PATH="$repo/$carry/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 for test in "$carry"/bin/*_test; do

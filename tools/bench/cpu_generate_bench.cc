@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
-#include "services/worker/engine/generator.h"
+#include "services/worker/engine/engine.h"
 #include "services/worker/model/model_loader.h"
 #include "tools/cli/cli_args.h"
 
@@ -54,15 +54,23 @@ int Run(int argc, char** argv) {
   }
   prompt.resize(n_prompt);
 
-  CpuRunner runner(model->weights.get());
-  KvCacheCpu kv(model->weights->config, (n_prompt + n_decode) / kDefaultKvBlockSize + 2);
-  Generator generator(&runner, model->tokenizer.get(), &kv, /*prefill_chunk_tokens=*/512);
+  // Mode full and a fresh prompt each run (first token varied), so nothing is reused.
+  Engine engine(model->weights.get(), model->tokenizer.get(),
+                {.num_kv_blocks = (n_prompt + n_decode) / kDefaultKvBlockSize + 2,
+                 .max_batch_tokens = static_cast<int>(std::max<int64_t>(n_prompt, 1))});
   std::vector<double> prefill_tps, decode_tps;
   for (int64_t r = 0; r < repeats; ++r) {
-    auto result = generator.Generate(
-        prompt, SamplingParams{.max_tokens = static_cast<int>(n_decode), .ignore_eos = true});
+    prompt[0] = static_cast<int32_t>(1000 + r);
+    auto result = engine.Run({.question_token_ids = prompt,
+                              .mode = CacheMode::kFull,
+                              .sampling = {.max_tokens = static_cast<int>(n_decode),
+                                           .ignore_eos = true}});
     if (!result.ok()) {
       std::cerr << result.status().message() << "\n";
+      return 1;
+    }
+    if (result->usage.cached_tokens != 0) {
+      std::cerr << "benchmark prompt was served from cache\n";
       return 1;
     }
     // TTFT here is the prefill (plus one sampling): prompt tokens per second of it.

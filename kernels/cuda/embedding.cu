@@ -1,0 +1,44 @@
+#include "kernels/cuda/embedding.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace lazyattn {
+namespace {
+
+// One CTA per token; 16-byte copies when rows are 16-byte aligned.
+__global__ void EmbeddingKernel(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
+                                const int32_t* ids, __nv_bfloat16* out) {
+  const int t = blockIdx.x;
+  const int32_t id = ids[t];
+  const bool ok = id >= 0 && id < vocab;
+  __nv_bfloat16* dst = out + int64_t(t) * dim;
+  if (dim % 8 == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(table + (ok ? int64_t(id) * dim : 0));
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = threadIdx.x; i < dim / 8; i += blockDim.x) {
+      d4[i] = ok ? src[i] : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      dst[i] = ok ? table[int64_t(id) * dim + i] : __float2bfloat16_rn(0.f);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
+                                 const int32_t* ids, int n, __nv_bfloat16* out,
+                                 cudaStream_t stream) {
+  if (n < 0 || vocab <= 0 || dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding: n ", n, ", vocab ", vocab, ", dim ", dim));
+  }
+  if (n == 0) return absl::OkStatus();
+  EmbeddingKernel<<<n, 128, 0, stream>>>(table, vocab, dim, ids, out);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace lazyattn

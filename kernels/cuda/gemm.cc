@@ -1,0 +1,133 @@
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace lazyattn {
+namespace {
+
+absl::Status CublasStatus(cublasStatus_t s, const char* call, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed at gemm.cc:", line, ": ",
+                                          cublasLtGetStatusName(s), ": ",
+                                          cublasLtGetStatusString(s)));
+}
+
+#define RETURN_IF_CUBLAS_ERROR(call)                                                  \
+  do {                                                                                \
+    ::absl::Status st_ = CublasStatus((call), #call, __LINE__);                       \
+    if (!st_.ok()) return st_;                                                        \
+  } while (0)
+
+int Alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(size_t workspace_bytes) {
+  std::unique_ptr<CublasLtGemm> g(new CublasLtGemm());
+  cublasLtHandle_t h = nullptr;
+  RETURN_IF_CUBLAS_ERROR(cublasLtCreate(&h));
+  g->handle_ = h;
+  g->workspace_bytes_ = workspace_bytes;
+  if (workspace_bytes > 0) RETURN_IF_CUDA_ERROR(cudaMalloc(&g->workspace_, workspace_bytes));
+  return g;
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  plans_.clear();
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  const auto [rows, in, out, type, accumulate, align] = key;
+  auto plan = std::make_unique<Plan>();
+  // Row-major y = x W^T is column-major y^T = W x^T: with W^T stored column-major (K x N, ld K)
+  // transposed, and x^T column-major (K x M, ld K) as is.
+  const cudaDataType_t y_type = type == int(GemmOutputType::kFp32) ? CUDA_R_32F : CUDA_R_16BF;
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &ta, sizeof(ta)));
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &tb, sizeof(tb)));
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, in, out, in));
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, in, rows, in));
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&plan->c, y_type, out, rows, out));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  const uint32_t al = uint32_t(align);
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
+    }
+  }
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op, plan->a,
+                                        plan->b, plan->c, plan->c, pref, 1, &result, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  RETURN_IF_CUBLAS_ERROR(st);
+  if (found == 0) {
+    return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for ", rows, "x", in,
+                                            " * ", out, "x", in, "^T"));
+  }
+  plan->algo = result.algo;
+  const Plan* p = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return p;
+}
+
+absl::Status CublasLtGemm::Linear(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
+                                  int64_t in, int64_t out, void* y, GemmOutputType y_type,
+                                  bool accumulate, cudaStream_t stream) {
+  if (rows < 0 || in <= 0 || out <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: rows ", rows, ", in ", in, ", out ", out));
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (x == nullptr || w == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("gemm: a required pointer is null");
+  }
+  const int align = std::min({Alignment(x), Alignment(w), Alignment(y)});
+  auto plan = GetPlan(Key{rows, in, out, int(y_type), accumulate, align});
+  if (!plan.ok()) return plan.status();
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const Plan& p = **plan;
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, w,
+                                        p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
+                                        workspace_bytes_, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,60 @@
+// Linear layers on the GPU through cuBLASLt: y = x W^T (+ y), bf16 operands, fp32 accumulation.
+// Same convention as the CPU twin LinearCpu (kernels/include/gemm.h): W row-major
+// [out_features][in_features], x [rows][in_features], y [rows][out_features], all row-major and
+// contiguous.
+//
+// The handle, the workspace and, per shape, the matmul descriptors and the heuristic's algorithm
+// are created once and reused. Not thread-safe: one CublasLtGemm per thread (or per stream).
+#ifndef LAZYATTN_KERNELS_CUDA_GEMM_H_
+#define LAZYATTN_KERNELS_CUDA_GEMM_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lazyattn {
+
+enum class GemmOutputType { kBf16, kFp32 };
+
+class CublasLtGemm {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create(
+      size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // y[rows][out] = x[rows][in] * w[out][in]^T, plus y when accumulate (y's type either way).
+  // Pointers are device pointers, 16-byte aligned. InvalidArgument on bad sizes; Internal with
+  // cuBLAS's status string when cuBLASLt refuses.
+  absl::Status Linear(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, int64_t in,
+                      int64_t out, void* y, GemmOutputType y_type, bool accumulate,
+                      cudaStream_t stream);
+
+  // Number of cached shapes (for tests).
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  struct Plan;
+  // (rows, in, out, y type, accumulate, pointer alignment)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int>;
+  CublasLtGemm() = default;
+  absl::StatusOr<const Plan*> GetPlan(const Key& key);
+
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_KERNELS_CUDA_GEMM_H_

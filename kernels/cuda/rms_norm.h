@@ -1,0 +1,29 @@
+// RMSNorm on bf16 rows (CUDA), optionally fused with the residual add that precedes it.
+// CPU twin: RmsNormCpu (kernels/include/rms_norm.h). fp32 arithmetic, bf16 storage.
+#ifndef LAZYATTN_KERNELS_CUDA_RMS_NORM_H_
+#define LAZYATTN_KERNELS_CUDA_RMS_NORM_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace lazyattn {
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight. x, out: [rows][dim] (may alias).
+absl::Status RmsNormCuda(const __nv_bfloat16* x, const __nv_bfloat16* weight, int64_t rows,
+                         int dim, float eps, __nv_bfloat16* out, cudaStream_t stream);
+
+// The pre-norm residual step of a transformer layer, in one pass:
+//   residual[r] = bf16(residual[r] + x[r]);  out[r] = RmsNorm(residual[r]) * weight
+// (the norm reads the rounded sum, so out == RmsNormCuda(residual) exactly as stored).
+// out may alias x, not residual.
+absl::Status FusedAddRmsNormCuda(const __nv_bfloat16* x, __nv_bfloat16* residual,
+                                 const __nv_bfloat16* weight, int64_t rows, int dim, float eps,
+                                 __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_KERNELS_CUDA_RMS_NORM_H_

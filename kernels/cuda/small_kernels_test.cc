@@ -1,0 +1,134 @@
+// RMSNorm (plain and fused with the residual add), SwiGLU and the embedding gather against their
+// CPU twins, on the same bf16 inputs, over odd sizes.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/swiglu.h"
+#include "kernels/include/embedding.h"
+#include "kernels/include/rms_norm.h"
+#include "kernels/include/swiglu.h"
+
+namespace lazyattn {
+namespace {
+
+using testing::Bf16BitsToFloat;
+using testing::DeviceBuffer;
+using testing::FloatToBf16Bits;
+using testing::RoundBf16;
+
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = FloatToBf16Bits(normal(rng));
+  return v;
+}
+std::vector<float> ToFloat(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = Bf16BitsToFloat(b[i]);
+  return f;
+}
+__nv_bfloat16* Bf(DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.get()); }
+
+// Tolerance of a kernel that computes in fp32 and rounds once to bf16: half a bf16 ulp (2^-8
+// relative) plus fp32 reduction-order noise, 1e-3 of the output's RMS, per element; 5e-3
+// relative L2 overall.
+TEST(RmsNormCudaTest, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  for (auto [rows, dim] : {std::pair{1, 1}, {7, 19}, {19, 99}, {3, 4096}, {64, 4096}, {2, 8191}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
+    const auto x = RandomBf16(size_t(rows) * dim, rng, 3.0f), w = RandomBf16(dim, rng);
+    DeviceBuffer<uint16_t> dx, dw, dout(x.size());
+    dx.Upload(x);
+    dw.Upload(w);
+    dout.Poison();
+    ASSERT_TRUE(RmsNormCuda(Bf(dx), Bf(dw), rows, dim, 1e-5f, Bf(dout), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> want(x.size());
+    const auto xf = ToFloat(x), wf = ToFloat(w);
+    RmsNormCpu(xf.data(), wf.data(), rows, dim, 1e-5f, want.data());
+    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want,
+                                  {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
+
+    // Fused: residual += x (rounded to bf16), out = norm(residual); in place on x for out.
+    const auto res = RandomBf16(x.size(), rng, 3.0f);
+    DeviceBuffer<uint16_t> dres;
+    dres.Upload(res);
+    ASSERT_TRUE(
+        FusedAddRmsNormCuda(Bf(dx), Bf(dres), Bf(dw), rows, dim, 1e-5f, Bf(dx), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> sum(x.size());
+    const auto rf = ToFloat(res);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = RoundBf16(rf[i] + xf[i]);
+    const auto got_res = ToFloat(dres.Download());
+    for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(got_res[i], sum[i]) << "residual " << i;
+    RmsNormCpu(sum.data(), wf.data(), rows, dim, 1e-5f, want.data());
+    EXPECT_TRUE(testing::AllClose(ToFloat(dx.Download()), want,
+                                  {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
+  }
+}
+
+TEST(SwiGluCudaTest, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  for (auto [rows, dim] : {std::pair{1, 1}, {7, 19}, {99, 1000}, {5, 14336}}) {
+    const auto gu = RandomBf16(size_t(rows) * 2 * dim, rng, 4.0f);
+    DeviceBuffer<uint16_t> dgu, dout(size_t(rows) * dim);
+    dgu.Upload(gu);
+    dout.Poison();
+    ASSERT_TRUE(SwiGluCuda(Bf(dgu), rows, dim, Bf(dout), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> want(size_t(rows) * dim);
+    const auto gf = ToFloat(gu);
+    SwiGluCpu(gf.data(), rows, dim, want.data());
+    // One bf16 rounding of an fp32 value (expf differs from std::exp by a few ulp).
+    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want, {1e-6, 1.0 / 256 + 1e-5, 5e-3}))
+        << rows << "x" << dim;
+  }
+}
+
+TEST(EmbeddingCudaTest, GathersRowsAndZeroesBadIds) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  std::mt19937 rng(seed);
+  for (int dim : {7, 64, 4096}) {
+    const int vocab = 1000, n = 37;
+    const auto table = RandomBf16(size_t(vocab) * dim, rng);
+    std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+    std::vector<int32_t> ids(n);
+    for (auto& x : ids) x = id(rng);
+    ids[3] = -1;
+    ids[4] = vocab;
+    DeviceBuffer<uint16_t> dt, dout(size_t(n) * dim);
+    DeviceBuffer<int32_t> di;
+    dt.Upload(table);
+    di.Upload(ids);
+    dout.Poison();
+    ASSERT_TRUE(EmbeddingGatherCuda(Bf(dt), vocab, dim, di.get(), n, Bf(dout), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dout.Download();
+    std::vector<int32_t> valid_ids = ids;
+    valid_ids[3] = valid_ids[4] = 0;
+    std::vector<float> want(size_t(n) * dim);
+    const auto tf = ToFloat(table);
+    EmbeddingGatherCpu(tf.data(), dim, valid_ids.data(), n, want.data());
+    for (int t = 0; t < n; ++t) {
+      for (int x = 0; x < dim; ++x) {
+        const float g = Bf16BitsToFloat(got[size_t(t) * dim + x]);
+        ASSERT_EQ(g, (t == 3 || t == 4) ? 0.f : want[size_t(t) * dim + x]) << t << "," << x;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn
