@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "services/worker/engine/generator.h"
+#include "services/worker/engine/engine.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/tokenizer/chat_template.h"
 
@@ -69,30 +69,33 @@ TEST_F(GoldenGenerationTest, ChatTemplateRendersLikeTheModelsJinjaTemplate) {
 
 TEST_F(GoldenGenerationTest, GreedyContinuationsAndFirstLogitsMatchLlamaCpp) {
   const Tokenizer& tok = *model_->tokenizer;
-  CpuRunner runner(model_->weights.get());
-  KvCacheCpu kv(model_->weights->config, 256);
-  Generator generator(&runner, &tok, &kv);
+  Engine engine(model_->weights.get(), &tok,
+                {.num_kv_blocks = 256, .keep_first_logits = true});
   float worst_logit_diff = 0;
   int runs = 0;
   for (const auto& run : (*golden_)["runs"]) {
     SCOPED_TRACE(run["name"].get<std::string>() + "/" + run["mode"].get<std::string>());
-    const auto prompt_ids = tok.Encode(run["prompt_text"].get<std::string>(), true);
-    ASSERT_EQ(prompt_ids, run["prompt_ids"].get<std::vector<int32_t>>());
+    const std::string prompt = run["prompt_text"].get<std::string>();
+    ASSERT_EQ(tok.Encode(prompt, true), run["prompt_ids"].get<std::vector<int32_t>>());
 
-    // 32 greedy tokens, continuing through end-of-generation tokens as the reference did.
+    // 32 greedy tokens, continuing through end-of-generation tokens as the reference did. The
+    // prompt is the question of a request without documents, computed in mode full.
     const auto no_stop = run["greedy_ids_no_stop"].get<std::vector<int32_t>>();
-    auto result = generator.Generate(
-        prompt_ids, SamplingParams{.max_tokens = static_cast<int>(no_stop.size()),
-                                   .ignore_eos = true});
+    EngineRequest request{.question = prompt,
+                          .mode = CacheMode::kFull,
+                          .sampling = {.max_tokens = static_cast<int>(no_stop.size()),
+                                       .ignore_eos = true}};
+    auto result = engine.Run(request);
     ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->usage.prompt_tokens, static_cast<int64_t>(run["prompt_ids"].size()));
     EXPECT_EQ(result->token_ids, no_stop);
 
     // Where the reference met an end-of-generation token, we stop there too (and, like vLLM,
     // leave that token out of the result).
     if (run["stopped_at_eog"].get<bool>()) {
       const auto golden_ids = run["greedy_ids"].get<std::vector<int32_t>>();
-      auto stopped = generator.Generate(
-          prompt_ids, SamplingParams{.max_tokens = static_cast<int>(no_stop.size())});
+      request.sampling.ignore_eos = false;
+      auto stopped = engine.Run(request);
       ASSERT_TRUE(stopped.ok()) << stopped.status();
       EXPECT_EQ(stopped->finish_reason, "stop");
       EXPECT_EQ(stopped->token_ids,

@@ -1,5 +1,6 @@
 #include "services/worker/engine/engine.h"
 
+#include "absl/synchronization/notification.h"
 #include "services/worker/model/model_fingerprint.h"
 
 namespace lazyattn {
@@ -49,6 +50,24 @@ void Engine::Cancel(uint64_t id) {
     cancels_.push_back(id);
   }
   cv_.notify_all();
+}
+
+absl::StatusOr<RequestResult> Engine::Run(
+    const EngineRequest& request, std::function<void(int32_t, std::string_view)> on_token) {
+  absl::Notification done;
+  absl::Status status;
+  RequestResult result;
+  RequestCallbacks callbacks{.on_token = std::move(on_token),
+                             .on_done = [&](const absl::Status& s, const RequestResult& r) {
+                               status = s;
+                               result = r;
+                               done.Notify();
+                             }};
+  auto id = Submit(request, std::move(callbacks));
+  if (!id.ok()) return id.status();
+  done.WaitForNotification();
+  if (!status.ok()) return status;
+  return result;
 }
 
 EngineStats Engine::stats() const {

@@ -35,6 +35,10 @@ class Engine {
   absl::StatusOr<uint64_t> Submit(const EngineRequest& request, RequestCallbacks callbacks);
   // Ends the request with Cancelled and frees its blocks (no effect once it finished).
   void Cancel(uint64_t id);
+  // Submits and waits for the end: the result, or the request's error.
+  absl::StatusOr<RequestResult> Run(
+      const EngineRequest& request,
+      std::function<void(int32_t id, std::string_view text)> on_token = {});
 
   EngineStats stats() const;
   KvBlockCounts blocks() const;

@@ -227,6 +227,84 @@ TEST_F(EngineCoreTest, CancelAndDeadlineFreeEveryBlock) {
   EXPECT_TRUE(core_->cache().CheckInvariant().ok());
 }
 
+// Greedy continuation computed by hand: one full forward pass per step, no KV reuse, no batching.
+std::vector<int32_t> NaiveGreedy(const ModelWeights& w, std::vector<int32_t> seq, int steps) {
+  CpuRunner runner(&w);
+  std::vector<int32_t> out;
+  for (int s = 0; s < steps; ++s) {
+    KvCacheCpu kv(w.config, 64);
+    std::vector<int64_t> slots(seq.size());
+    std::vector<KvBlockEntry> table;
+    for (size_t i = 0; i < seq.size(); ++i) slots[i] = static_cast<int64_t>(i);
+    for (size_t b = 0; b * 16 < seq.size(); ++b) {
+      table.push_back(PackKvBlockEntry(b, 0, std::min<size_t>(16, seq.size() - b * 16)));
+    }
+    ForwardChunk ch{.tokens = seq, .kv_slots = slots, .block_table = table};
+    auto logits = runner.Forward(std::span(&ch, 1), kv);
+    EXPECT_TRUE(logits.ok());
+    out.push_back(ArgMax(*logits));
+    seq.push_back(out.back());
+  }
+  return out;
+}
+
+TEST_F(EngineCoreTest, GreedyMatchesStepByStepRecomputationInEveryMode) {
+  // Chunked prefill (budget 64 < prompt), paged decode, batching: same tokens as recomputing
+  // the whole sequence at every step. Without documents every mode is plain causal attention.
+  EngineRequest r;
+  r.question_token_ids = RandomTokens(150, 9);
+  r.sampling = {.max_tokens = 12, .ignore_eos = true};
+  const auto expected = NaiveGreedy(*weights_, *r.question_token_ids, 12);
+  for (CacheMode mode : {CacheMode::kFull, CacheMode::kPrefix, CacheMode::kBlock, CacheMode::kLazy}) {
+    r.mode = mode;
+    const Outcome o = RunOne(r);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.token_ids, expected) << CacheModeName(mode);
+    EXPECT_EQ(o.result.finish_reason, "length");
+  }
+}
+
+TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
+  EngineRequest r = Request({0}, CacheMode::kLazy, 20);
+  r.sampling.temperature = 0.8f;
+  r.sampling.seed = 9;
+  auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+  ASSERT_TRUE(p.ok());
+  std::string streamed;
+  Outcome out;
+  p->callbacks.on_token = [&](int32_t, std::string_view text) { streamed += text; };
+  p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
+  core_->Add(std::move(*p));
+  while (core_->HasWork()) core_->Step(absl::Now());
+  ASSERT_TRUE(out.status.ok());
+  EXPECT_EQ(out.result.token_ids.size(), 20u);
+  EXPECT_EQ(streamed, out.result.text);
+  auto decoded = tokenizer_->Decode(out.result.token_ids);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(out.result.text, *decoded);
+}
+
+TEST_F(EngineCoreTest, StopTokensAndStopStringsEndGeneration) {
+  EngineRequest r = Request({1}, CacheMode::kLazy, 16);
+  const Outcome full = RunOne(r);
+  ASSERT_GE(full.result.token_ids.size(), 4u);
+  // A stop token ends generation before it (it is not returned).
+  r.sampling.stop_token_ids = {full.result.token_ids[2]};
+  Outcome o = RunOne(r);
+  const auto first = std::find(full.result.token_ids.begin(), full.result.token_ids.end(),
+                               full.result.token_ids[2]);
+  EXPECT_EQ(o.result.token_ids, std::vector<int32_t>(full.result.token_ids.begin(), first));
+  EXPECT_EQ(o.result.finish_reason, "stop");
+  // A stop string cuts the text before it.
+  ASSERT_GE(full.result.text.size(), 4u);
+  const std::string stop = full.result.text.substr(2, 2);
+  r.sampling.stop_token_ids.clear();
+  r.sampling.stop = {stop};
+  o = RunOne(r);
+  EXPECT_EQ(o.result.finish_reason, "stop");
+  EXPECT_EQ(o.result.text, full.result.text.substr(0, full.result.text.find(stop)));
+}
+
 TEST_F(EngineCoreTest, BadInputIsRejectedNamingTheField) {
   auto prep = [&](const EngineRequest& r) {
     return PrepareRequest(r, *tokenizer_, weights_->config, identity_, {.max_documents = 4});

@@ -31,8 +31,10 @@ struct EngineRequest {
   // prefix tree in every mode.
   std::string system_prefix;
   std::vector<EngineDocument> documents;
-  // Text after the documents (the question and the end of the user turn), special tokens parsed.
+  // Text after the documents (the question and the end of the user turn), special tokens parsed;
+  // or, when set, the question as token ids.
   std::string question;
+  std::optional<std::vector<int32_t>> question_token_ids;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
   absl::Time deadline = absl::InfiniteFuture();

@@ -27,8 +27,9 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   p.mode = req.mode;
   p.sampling = req.sampling;
   p.deadline = req.deadline;
+  // The prompt starts with the system prefix, so BOS (for models that want it) goes there, even
+  // when the prefix text is empty.
   p.system_prefix = tok.EncodeWithSpecials(req.system_prefix, /*parse_special=*/true);
-  if (req.system_prefix.empty()) p.system_prefix.clear();  // no lone BOS without a prefix
   for (size_t i = 0; i < req.documents.size(); ++i) {
     const EngineDocument& d = req.documents[i];
     PreparedRequest::Document doc;
@@ -60,7 +61,17 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
     }
     p.documents.push_back(std::move(doc));
   }
-  p.question = tok.Encode(req.question, /*parse_special=*/true);
+  if (req.question_token_ids) {
+    p.question = *req.question_token_ids;
+    for (size_t j = 0; j < p.question.size(); ++j) {
+      if (p.question[j] < 0 || p.question[j] >= config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("question_token_ids[", j, "] = ",
+                                                       p.question[j], " is outside the vocabulary"));
+      }
+    }
+  } else {
+    p.question = tok.Encode(req.question, /*parse_special=*/true);
+  }
   if (p.question.empty()) {
     return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");
   }
