@@ -1,0 +1,51 @@
+// gRPC plumbing shared by the three servers and their clients: status conversion, server options
+// (listen address, message limits, optional TLS) and the standard services every server exposes
+// (grpc.health.v1 and server reflection).
+#ifndef LAZYATTN_COMMON_GRPC_UTIL_H_
+#define LAZYATTN_COMMON_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lazyattn {
+
+// Same code, same message (the two enums share their numbering).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+struct TlsOptions {
+  std::string cert_file;     // PEM; empty: plaintext
+  std::string key_file;      // PEM, servers
+  std::string ca_file;       // PEM; servers: require client certificates signed by it (mTLS)
+};
+
+struct ServerOptions {
+  std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
+  int max_message_bytes = 64 << 20;
+  TlsOptions tls;
+};
+
+struct BuiltServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // the bound port
+};
+
+// Registers `services`, turns on the health service (SERVING for "" and each service name) and
+// reflection, applies limits and TLS, binds and starts. Unavailable naming the address if binding
+// fails; InvalidArgument naming the file if a TLS file cannot be read.
+absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
+                                            const std::vector<grpc::Service*>& services);
+
+// A channel to `address` with the same limits and (client side) TLS.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const TlsOptions& tls,
+                                                           int max_message_bytes = 64 << 20);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_COMMON_GRPC_UTIL_H_
