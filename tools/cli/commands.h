@@ -15,6 +15,11 @@ namespace lazyattn {
 int GenerateCommand(int argc, char** argv);
 int ReplayCommand(int argc, char** argv);
 
+// Invalid input (exit status 2) rather than a failure of the engine.
+inline bool IsUsageError(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInvalidArgument;
+}
+
 // Prints "lazyattn: <message>" to stderr and returns `code`.
 int CliFail(const absl::Status& status, int code = 1);
 

@@ -2,7 +2,6 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/cli_engine.h"
 #include "tools/cli/commands.h"
@@ -58,34 +57,20 @@ int GenerateCommand(int argc, char** argv) {
   Engine engine(model->weights.get(), model->tokenizer.get(),
                 {.num_kv_blocks = KvBlocksForBudget(model->weights->config, *budget)});
   const bool json = args.Has("json");
-  absl::Notification done;
-  absl::Status status;
-  RequestResult result;
-  RequestCallbacks callbacks{
-      .on_token =
-          [&](int32_t, std::string_view text) {
-            if (!json) std::cout << text << std::flush;
-          },
-      .on_done =
-          [&](const absl::Status& s, const RequestResult& r) {
-            status = s;
-            result = r;
-            done.Notify();
-          }};
-  auto id = engine.Submit(request, std::move(callbacks));
-  if (!id.ok()) return CliFail(id.status(), 2);
-  done.WaitForNotification();
-  if (!status.ok()) return CliFail(status);
+  auto result = engine.Run(request, [&](int32_t, std::string_view text) {
+    if (!json) std::cout << text << std::flush;
+  });
+  if (!result.ok()) return CliFail(result.status(), IsUsageError(result.status()) ? 2 : 1);
   if (json) {
-    std::cout << ResultJson(result, args.String("model"), *mode)
+    std::cout << ResultJson(*result, args.String("model"), *mode)
                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
   } else {
     std::cout << std::endl;
-    std::cerr << absl::StrCat("[", result.usage.prompt_tokens, " prompt tokens (",
-                              result.usage.cached_tokens, " cached), ", result.token_ids.size(),
-                              " generated, finish ", result.finish_reason, ", TTFT ",
-                              result.ttft_ms, " ms, decode ", result.decode_tokens_per_s,
+    std::cerr << absl::StrCat("[", result->usage.prompt_tokens, " prompt tokens (",
+                              result->usage.cached_tokens, " cached), ", result->token_ids.size(),
+                              " generated, finish ", result->finish_reason, ", TTFT ",
+                              result->ttft_ms, " ms, decode ", result->decode_tokens_per_s,
                               " tokens/s]\n");
   }
   return 0;
