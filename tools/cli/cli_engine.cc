@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "services/worker/model/tokenizer/chat_template.h"
 
 namespace lazyattn {
 
@@ -34,30 +33,6 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args) {
   p.stop = args.Strings("stop");
   p.ignore_eos = args.Has("ignore-eos");
   return p;
-}
-
-int64_t KvBlocksForBudget(const ModelConfig& c, int64_t budget_bytes) {
-  const int64_t bytes_per_block = int64_t{2} * c.num_layers * c.kv_size() *
-                                  static_cast<int64_t>(sizeof(float)) * kDefaultKvBlockSize;
-  return std::max<int64_t>(1, budget_bytes / bytes_per_block);
-}
-
-absl::StatusOr<PromptParts> BuildPrompt(const Tokenizer& tokenizer, bool chat,
-                                        const std::string& system, const std::string& question) {
-  if (!chat) return PromptParts{system, question};
-  ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::FromJinja(tokenizer.chat_template()));
-  // Render with a marker as the user message and cut there: documents go in front of the question
-  // inside the user turn.
-  const std::string marker = "\x01lazyattn-user-content\x01";
-  std::vector<ChatMessage> messages;
-  if (!system.empty()) messages.push_back({"system", system});
-  messages.push_back({"user", marker});
-  ASSIGN_OR_RETURN(std::string rendered, tmpl.Apply(messages, /*add_generation_prompt=*/true));
-  const size_t at = rendered.find(marker);
-  if (at == std::string::npos) {
-    return absl::InternalError("chat template dropped the user message");
-  }
-  return PromptParts{rendered.substr(0, at), question + rendered.substr(at + marker.size())};
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/worker/engine/chat_prompt.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/model/model_loader.h"
 #include "tools/cli/cli_args.h"
 
@@ -18,18 +20,8 @@ namespace lazyattn {
 void DeclareSamplingFlags(CliArgs& args);
 absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args);
 
-// Blocks for a KV budget in bytes (fp32 K and V of every layer, 16-token blocks).
-int64_t KvBlocksForBudget(const ModelConfig& config, int64_t budget_bytes);
-
-// The request text around the documents. With a chat template: the system turn and the start of
-// the user turn go before the documents, the question and the assistant header after them, so the
-// documents sit inside the user message. Without: `system` before, `question` after, verbatim.
-struct PromptParts {
-  std::string system_prefix;
-  std::string question;
-};
-absl::StatusOr<PromptParts> BuildPrompt(const Tokenizer& tokenizer, bool chat,
-                                        const std::string& system, const std::string& question);
+// KvBlocksForBudget (kv_cache_cpu.h) and BuildPrompt (chat_prompt.h) live with the engine: the
+// worker service shares them.
 
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 

@@ -14,6 +14,7 @@ namespace lazyattn {
 // Each returns the process exit status: 0 success, 1 failure, 2 usage error.
 int GenerateCommand(int argc, char** argv);
 int ReplayCommand(int argc, char** argv);
+int ClientCommand(int argc, char** argv);
 
 // Invalid input (exit status 2) rather than a failure of the engine.
 inline bool IsUsageError(const absl::Status& s) {

@@ -5,6 +5,7 @@
 //                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...
 //                     [--ignore-eos] [--json]
 //   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--kv-budget BYTES] [--json]
+//   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
 //
 // Exit status: 0 on success, 2 for a usage error, 1 otherwise.
 #include <iostream>
@@ -45,6 +46,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   answer --prompt (optionally over --doc files) with the model at --model\n"
     "  replay     run a JSONL file of requests through one engine and report cache hits\n"
+    "  client     send one request to a cluster's router (lazyattn.v1.Inference)\n"
     "run `lazyattn COMMAND --help` for the flags of a command\n";
 
 }  // namespace
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "generate") return lazyattn::GenerateCommand(argc, argv);
   if (command == "replay") return lazyattn::ReplayCommand(argc, argv);
+  if (command == "client") return lazyattn::ClientCommand(argc, argv);
   std::cerr << "lazyattn: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }

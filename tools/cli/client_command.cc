@@ -1,0 +1,123 @@
+// `lazyattn client`: one request to a cluster's router over gRPC (lazyattn.v1.Inference), with the
+// same flags as `generate`; the text streams to stdout.
+#include <iostream>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "tools/cli/cli_engine.h"
+#include "tools/cli/commands.h"
+
+namespace lazyattn {
+namespace {
+
+v1::CacheMode ToProtoMode(CacheMode m) {
+  switch (m) {
+    case CacheMode::kFull: return v1::CACHE_MODE_FULL;
+    case CacheMode::kPrefix: return v1::CACHE_MODE_PREFIX;
+    case CacheMode::kBlock: return v1::CACHE_MODE_BLOCK;
+    case CacheMode::kLazy: return v1::CACHE_MODE_LAZY;
+  }
+  return v1::CACHE_MODE_UNSPECIFIED;
+}
+
+}  // namespace
+
+int ClientCommand(int argc, char** argv) {
+  CliArgs args;
+  args.Declare("router", CliArgs::Kind::kValue, "the router's HOST:PORT");
+  args.Declare("prompt", CliArgs::Kind::kValue, "the question (the user message with --chat)");
+  args.Declare("chat", CliArgs::Kind::kSwitch, "apply the model's chat template (on the worker)");
+  args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
+  args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
+  args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
+  args.Declare("timeout", CliArgs::Kind::kValue, "deadline in seconds (default 120)");
+  args.Declare("json", CliArgs::Kind::kSwitch, "print the final message as JSON");
+  args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
+  DeclareSamplingFlags(args);
+  if (absl::Status s = args.Parse(argc, argv, 2); !s.ok()) {
+    std::cerr << "lazyattn client: " << s.message() << "\n" << args.Help();
+    return 2;
+  }
+  if (args.Has("help")) {
+    std::cout << "lazyattn client flags:\n" << args.Help();
+    return 0;
+  }
+  if (!args.Has("router") || !args.Has("prompt")) {
+    std::cerr << "lazyattn client: --router and --prompt are required\n" << args.Help();
+    return 2;
+  }
+  auto sampling = SamplingFromArgs(args);
+  auto mode = ParseCacheMode(args.String("mode", "lazy"));
+  auto timeout = args.Double("timeout", 120);
+  for (const absl::Status& s : {sampling.status(), mode.status(), timeout.status()}) {
+    if (!s.ok()) return CliFail(s, 2);
+  }
+  v1::GenerateRequest request;
+  request.set_system(args.String("system"));
+  request.set_question(args.String("prompt"));
+  request.set_chat(args.Has("chat"));
+  request.set_cache_mode(ToProtoMode(*mode));
+  for (const std::string& path : args.Strings("doc")) {
+    auto text = ReadFile(path);
+    if (!text.ok()) return CliFail(text.status(), 2);
+    v1::Document* d = request.add_documents();
+    d->set_id(path);
+    d->set_text(*text);
+  }
+  v1::SamplingParams* sp = request.mutable_sampling();
+  sp->set_temperature(sampling->temperature);
+  sp->set_top_k(sampling->top_k);
+  sp->set_top_p(sampling->top_p);
+  sp->set_seed(sampling->seed);
+  sp->set_max_tokens(sampling->max_tokens);
+  for (const auto& s : sampling->stop) sp->add_stop(s);
+  sp->set_ignore_eos(sampling->ignore_eos);
+
+  auto channel = MakeChannel(args.String("router"), TlsOptions{});
+  if (!channel.ok()) return CliFail(channel.status());
+  auto stub = v1::Inference::NewStub(*channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000)));
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  v1::Final final;
+  const bool json = args.Has("json");
+  while (reader->Read(&response)) {
+    if (response.has_token() && !json) std::cout << response.token().text() << std::flush;
+    if (response.has_final()) final = response.final();
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    std::cerr << "\nlazyattn client: " << status.error_message() << " (code "
+              << status.error_code() << ")\n";
+    return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? 2 : 1;
+  }
+  const v1::Usage& u = final.usage();
+  if (json) {
+    nlohmann::json out = {{"text", final.text()},
+                          {"finish_reason", final.finish_reason()},
+                          {"worker", final.worker()},
+                          {"attempts", final.attempts()},
+                          {"ttft_ms", final.ttft_ms()},
+                          {"prompt_tokens", u.prompt_tokens()},
+                          {"cached_tokens", u.cached_tokens()},
+                          {"computed_tokens", u.computed_tokens()},
+                          {"completion_tokens", u.completion_tokens()},
+                          {"documents", u.documents()},
+                          {"documents_hit", u.documents_hit()}};
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << std::endl;
+    std::cerr << absl::StrCat("[worker ", final.worker(), ", documents hit ", u.documents_hit(),
+                              "/", u.documents(), ", ", u.cached_tokens(), "/", u.prompt_tokens(),
+                              " prompt tokens cached, TTFT ", final.ttft_ms(), " ms]\n");
+  }
+  return 0;
+}
+
+}  // namespace lazyattn
