@@ -1,0 +1,213 @@
+#include "services/kvdir/index/directory_index.h"
+
+#include <algorithm>
+
+namespace lazyattn::kvdir {
+
+int64_t DirectoryIndex::Holding::tokens() const {
+  int64_t t = 0;
+  for (const auto& [offset, tokens] : offsets) t = std::max(t, tokens);
+  return t;
+}
+
+DirectoryIndex::DirectoryIndex(absl::Duration lease) : lease_(lease) {}
+
+HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
+                                  absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  HelloResult result;
+  auto [it, inserted] = workers_.try_emplace(status.worker_id());
+  Worker& w = it->second;
+  if (inserted) {
+    w.handle = next_handle_++;
+  } else if (w.epoch != epoch) {
+    DropEntries(w);
+    result.entries_dropped = true;
+  }
+  w.status = status;
+  w.epoch = epoch;
+  w.session = next_session_++;
+  w.last_seq = seq;
+  w.awaiting_snapshot = true;
+  w.lease_expiry = now + lease_;
+  w.last_seen = now;
+  result.session = w.session;
+  return result;
+}
+
+DirectoryIndex::Worker* DirectoryIndex::OwnedWorker(const std::string& worker_id,
+                                                    uint64_t session) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.session != session || session == 0) return nullptr;
+  return &it->second;
+}
+
+ApplyResult DirectoryIndex::Advance(Worker& w, uint64_t seq, absl::Time now) {
+  ApplyResult result{ApplyOutcome::kApplied, w.last_seq};
+  w.lease_expiry = now + lease_;
+  w.last_seen = now;
+  if (!w.awaiting_snapshot && seq != w.last_seq + 1) {
+    w.awaiting_snapshot = true;
+    result.outcome = ApplyOutcome::kGap;
+  }
+  w.last_seq = seq;
+  return result;
+}
+
+ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t session, uint64_t seq,
+                                       const DocEvent& event, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Worker* w = OwnedWorker(worker_id, session);
+  if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
+  const bool was_awaiting = w->awaiting_snapshot;
+  ApplyResult result = Advance(*w, seq, now);
+  if (result.outcome == ApplyOutcome::kGap) return result;
+  if (was_awaiting) return {ApplyOutcome::kAwaitingSnapshot, result.last_seq};
+  if (event.kind == DocEventKind::kStored) {
+    Store(*w, event.entry);
+  } else {
+    Evict(*w, event.entry);
+  }
+  return result;
+}
+
+ApplyResult DirectoryIndex::Heartbeat(const std::string& worker_id, uint64_t session, uint64_t seq,
+                                      const v1::WorkerLoad& load, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Worker* w = OwnedWorker(worker_id, session);
+  if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
+  *w->status.mutable_load() = load;
+  return Advance(*w, seq, now);
+}
+
+ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t session,
+                                          uint64_t seq, absl::Span<const DocEntry> entries,
+                                          const v1::WorkerLoad* load, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Worker* w = OwnedWorker(worker_id, session);
+  if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
+  ApplyResult result{ApplyOutcome::kApplied, w->last_seq};
+  DropEntries(*w);
+  for (const DocEntry& e : entries) Store(*w, e);
+  if (load != nullptr) *w->status.mutable_load() = *load;
+  w->awaiting_snapshot = false;
+  w->last_seq = seq;
+  w->lease_expiry = now + lease_;
+  w->last_seen = now;
+  return result;
+}
+
+void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  if (Worker* w = OwnedWorker(worker_id, session)) w->session = 0;
+}
+
+std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> expired;
+  for (auto& [id, w] : workers_) {
+    if (w.lease_expiry <= now) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    auto it = workers_.find(id);
+    DropEntries(it->second);
+    workers_.erase(it);
+  }
+  return expired;
+}
+
+void DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
+  Holders& holders = docs_[entry.key];
+  auto h = std::find_if(holders.begin(), holders.end(),
+                        [&](const Holding& x) { return x.worker == w.handle; });
+  if (h == holders.end()) {
+    holders.push_back(Holding{w.handle, {}});
+    h = holders.end() - 1;
+    w.keys.insert(entry.key);
+  }
+  for (auto& [offset, tokens] : h->offsets) {
+    if (offset == entry.offset) {
+      tokens = entry.tokens;
+      return;
+    }
+  }
+  h->offsets.emplace_back(entry.offset, entry.tokens);
+  ++entries_;
+}
+
+void DirectoryIndex::Evict(Worker& w, const DocEntry& entry) {
+  auto d = docs_.find(entry.key);
+  if (d == docs_.end()) return;
+  Holders& holders = d->second;
+  auto h = std::find_if(holders.begin(), holders.end(),
+                        [&](const Holding& x) { return x.worker == w.handle; });
+  if (h == holders.end()) return;
+  auto o = std::find_if(h->offsets.begin(), h->offsets.end(),
+                        [&](const auto& p) { return p.first == entry.offset; });
+  if (o == h->offsets.end()) return;
+  h->offsets.erase(o);
+  --entries_;
+  if (!h->offsets.empty()) return;
+  holders.erase(h);
+  w.keys.erase(entry.key);
+  if (holders.empty()) docs_.erase(d);
+}
+
+void DirectoryIndex::DropEntries(Worker& w) {
+  for (const DocumentKey& key : w.keys) {
+    auto d = docs_.find(key);
+    if (d == docs_.end()) continue;
+    Holders& holders = d->second;
+    auto h = std::find_if(holders.begin(), holders.end(),
+                          [&](const Holding& x) { return x.worker == w.handle; });
+    if (h != holders.end()) {
+      entries_ -= static_cast<int64_t>(h->offsets.size());
+      holders.erase(h);
+    }
+    if (holders.empty()) docs_.erase(d);
+  }
+  w.keys.clear();
+}
+
+std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey> keys,
+                                                    absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Worker*> live;
+  live.reserve(workers_.size());
+  for (const auto& [id, w] : workers_) {
+    if (w.lease_expiry > now) live.push_back(&w);
+  }
+  std::sort(live.begin(), live.end(), [](const Worker* a, const Worker* b) {
+    return a->status.worker_id() < b->status.worker_id();
+  });
+  std::vector<WorkerResidency> out(live.size());
+  // Handle -> slot in `out`; a handful of workers, so a flat map beats anything cleverer.
+  absl::flat_hash_map<WorkerHandle, size_t> slot;
+  slot.reserve(live.size());
+  for (size_t i = 0; i < live.size(); ++i) {
+    out[i].status = live[i]->status;
+    out[i].last_seen = live[i]->last_seen;
+    out[i].resident.assign(keys.size(), false);
+    slot.emplace(live[i]->handle, i);
+  }
+  if (keys.empty() || live.empty()) return out;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    auto d = docs_.find(keys[k]);
+    if (d == docs_.end()) continue;
+    for (const Holding& h : d->second) {
+      auto s = slot.find(h.worker);
+      if (s == slot.end()) continue;  // lease passed, not swept yet
+      out[s->second].resident[k] = true;
+      out[s->second].resident_tokens += h.tokens();
+    }
+  }
+  return out;
+}
+
+IndexStats DirectoryIndex::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return IndexStats{static_cast<int64_t>(workers_.size()), static_cast<int64_t>(docs_.size()),
+                    entries_};
+}
+
+}  // namespace lazyattn::kvdir

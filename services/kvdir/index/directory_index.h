@@ -1,0 +1,186 @@
+// The KV directory's index: which documents' KV sits in which worker's memory, and which workers
+// are alive. Soft state, rebuilt from the workers' event streams (DESIGN.md section 4).
+//
+// Per worker the index keeps its status (identity, address, model, latest load), the epoch of the
+// worker process, the stream session that currently owns it, the last sequence number applied,
+// whether a snapshot is awaited, its lease expiry and when it was last heard from. Per document
+// key it keeps, per worker, the cached entries by offset (-1 = position-agnostic/lazy entry; mode
+// block entries exist per offset) with their token counts.
+//
+// Sequence numbers: every message a worker sends on its stream carries `seq`, from 1, counting all
+// message kinds. After a Hello the index expects the next message to carry Hello's seq + 1. An
+// event or heartbeat whose seq is not last + 1 is a gap: the index returns kGap and ignores the
+// worker's events (heartbeats still renew the lease) until a snapshot arrives, which replaces the
+// worker's entries whatever its seq. A Hello always leaves the worker awaiting a snapshot (the
+// service asks for one with reason "reconnect"); a Hello with a new epoch also drops the worker's
+// entries at once, because a restarted worker's cache is empty.
+//
+// Sessions: each Hello opens a new session; every later call names the session it comes from. A
+// call from a session that no longer owns the worker (a newer Hello took over, or the lease
+// expired and the worker was removed) returns kNoSession and changes nothing; the stream should
+// end and the worker say Hello again.
+//
+// Leases: every message from the owning session renews the lease to now + lease. Closing the
+// stream does not end the lease; the worker stays live (and keeps its entries) until the lease
+// passes, so a quick reconnect loses nothing. ExpireLeases removes workers whose lease has passed,
+// with all their entries; Lookup already hides them before the sweep.
+//
+// Time is passed in by the caller (absl::Time), so tests drive a fake clock.
+// Thread-safe: one mutex guards everything; every public method takes it once.
+#ifndef LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_
+#define LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/document_key.h"
+#include "lazyattn/v1/worker.pb.h"
+
+namespace lazyattn::kvdir {
+
+// Offset of a position-agnostic (lazy) entry.
+inline constexpr int64_t kLazyOffset = -1;
+
+struct DocEntry {
+  DocumentKey key;
+  int64_t tokens = 0;  // >= 0
+  int64_t offset = kLazyOffset;
+};
+
+enum class DocEventKind { kStored, kEvicted };
+
+struct DocEvent {
+  DocEventKind kind = DocEventKind::kStored;
+  // kStored: adds or replaces the (key, offset) entry. kEvicted: removes the (key, offset) entry
+  // (tokens unused); evicting an entry the index does not hold is not an error.
+  DocEntry entry;
+};
+
+enum class ApplyOutcome {
+  kApplied,           // the message was applied
+  kGap,               // seq != last + 1: the caller asks for a snapshot; events ignored until then
+  kAwaitingSnapshot,  // an event that arrived while a snapshot is awaited: ignored
+  kNoSession,         // the session no longer owns the worker: nothing changed
+};
+
+struct ApplyResult {
+  ApplyOutcome outcome = ApplyOutcome::kApplied;
+  uint64_t last_seq = 0;  // the worker's last seq before this message (for the gap message)
+};
+
+struct HelloResult {
+  uint64_t session = 0;          // pass to every later call from the same stream
+  bool entries_dropped = false;  // a new epoch: the worker's entries were removed
+};
+
+// One live worker as Lookup and ListWorkers report it.
+struct WorkerResidency {
+  v1::WorkerStatus status;      // from Hello, with the latest load (heartbeat or snapshot)
+  int64_t resident_tokens = 0;  // sum over the requested keys (each occurrence) of the tokens held
+  std::vector<bool> resident;   // per requested key, in request order
+  absl::Time last_seen;         // the last message from the worker
+};
+
+struct IndexStats {
+  int64_t workers = 0;    // registered workers (including any whose lease passed but not swept)
+  int64_t documents = 0;  // distinct document keys held by at least one worker
+  int64_t entries = 0;    // (worker, key, offset) entries
+};
+
+class DirectoryIndex {
+ public:
+  // `lease`: how long a worker stays live after its last message. Must be positive.
+  explicit DirectoryIndex(absl::Duration lease);
+
+  DirectoryIndex(const DirectoryIndex&) = delete;
+  DirectoryIndex& operator=(const DirectoryIndex&) = delete;
+
+  absl::Duration lease() const { return lease_; }
+
+  // Registers or re-registers the worker named by status.worker_id (must be non-empty) with a new
+  // session, seq as its last seq, a fresh lease, awaiting a snapshot. A different epoch than the
+  // registered one drops the worker's entries.
+  HelloResult Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  ApplyResult ApplyEvent(const std::string& worker_id, uint64_t session, uint64_t seq,
+                         const DocEvent& event, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Renews the lease and records the load, even while a snapshot is awaited; a seq gap still
+  // returns kGap (a message was lost, maybe an event).
+  ApplyResult Heartbeat(const std::string& worker_id, uint64_t session, uint64_t seq,
+                        const v1::WorkerLoad& load, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Replaces all of the worker's entries with `entries` (a repeated (key, offset) keeps the last)
+  // and ends any wait for a snapshot, whatever its seq. `load` may be null (keep the last one).
+  ApplyResult ApplySnapshot(const std::string& worker_id, uint64_t session, uint64_t seq,
+                            absl::Span<const DocEntry> entries, const v1::WorkerLoad* load,
+                            absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The session's stream closed. The worker keeps its entries until its lease passes.
+  void Disconnect(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes every worker whose lease expiry is <= now, with all its entries. Returns their ids.
+  std::vector<std::string> ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every worker whose lease has not passed at `now` (sorted by worker id), with, for `keys`,
+  // which of them it holds (any offset) and the sum of their tokens. A key held at several
+  // offsets counts once per occurrence in `keys`, with its largest token count.
+  std::vector<WorkerResidency> Lookup(absl::Span<const DocumentKey> keys, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  using WorkerHandle = uint32_t;
+
+  // One worker's entries for one document: (offset, tokens) pairs, usually one.
+  struct Holding {
+    WorkerHandle worker = 0;
+    absl::InlinedVector<std::pair<int64_t, int64_t>, 1> offsets;
+    int64_t tokens() const;
+  };
+  using Holders = absl::InlinedVector<Holding, 2>;
+
+  struct Worker {
+    WorkerHandle handle = 0;
+    v1::WorkerStatus status;
+    uint64_t epoch = 0;
+    uint64_t session = 0;  // 0: no stream owns it
+    uint64_t last_seq = 0;
+    bool awaiting_snapshot = true;
+    absl::Time lease_expiry;
+    absl::Time last_seen;
+    absl::flat_hash_set<DocumentKey> keys;  // documents this worker holds (keys of docs_)
+  };
+
+  // The worker if `session` owns it, else null.
+  Worker* OwnedWorker(const std::string& worker_id, uint64_t session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Common seq bookkeeping of heartbeats and events: renews the lease, detects a gap.
+  ApplyResult Advance(Worker& w, uint64_t seq, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Evict(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration lease_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DocumentKey, Holders> docs_ ABSL_GUARDED_BY(mu_);
+  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
+  WorkerHandle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace lazyattn::kvdir
+
+#endif  // LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_

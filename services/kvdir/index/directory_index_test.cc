@@ -1,0 +1,270 @@
+#include "services/kvdir/index/directory_index.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace lazyattn::kvdir {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kLease = absl::Seconds(3);
+
+DocumentKey Key(uint64_t n) { return DocumentKey{n, ~n}; }
+
+v1::WorkerStatus Status(const std::string& id) {
+  v1::WorkerStatus s;
+  s.set_worker_id(id);
+  s.set_address(id + ".local:7000");
+  return s;
+}
+
+DocEvent Stored(uint64_t key, int64_t tokens, int64_t offset = kLazyOffset) {
+  return DocEvent{DocEventKind::kStored, DocEntry{Key(key), tokens, offset}};
+}
+DocEvent Evicted(uint64_t key, int64_t offset = kLazyOffset) {
+  return DocEvent{DocEventKind::kEvicted, DocEntry{Key(key), 0, offset}};
+}
+
+// A worker that said Hello (seq 1) and sent an empty snapshot (seq 2): ready for events at seq 3.
+class IndexTest : public ::testing::Test {
+ protected:
+  uint64_t Join(const std::string& id, uint64_t epoch = 7) {
+    const uint64_t session = index_.Hello(Status(id), epoch, 1, now_).session;
+    EXPECT_EQ(index_.ApplySnapshot(id, session, 2, {}, nullptr, now_).outcome,
+              ApplyOutcome::kApplied);
+    return session;
+  }
+  // id -> resident_tokens for `keys`.
+  std::vector<std::pair<std::string, int64_t>> Tokens(const std::vector<DocumentKey>& keys) {
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const WorkerResidency& r : index_.Lookup(keys, now_)) {
+      out.emplace_back(r.status.worker_id(), r.resident_tokens);
+    }
+    return out;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index_{kLease};
+};
+
+using Pair = std::pair<std::string, int64_t>;
+
+TEST_F(IndexTest, StoredEventsAreVisibleAndEvictionRemovesThem) {
+  const uint64_t s = Join("w1");
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 3, Stored(1, 100), now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 4, Stored(2, 50), now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_THAT(Tokens({Key(1), Key(2), Key(3)}), ElementsAre(Pair("w1", 150)));
+  EXPECT_EQ(index_.Stats().documents, 2);
+
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 5, Evicted(1), now_).outcome, ApplyOutcome::kApplied);
+  const auto r = index_.Lookup({Key(1), Key(2)}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_THAT(r[0].resident, ElementsAre(false, true));
+  EXPECT_EQ(r[0].resident_tokens, 50);
+  EXPECT_EQ(index_.Stats().documents, 1);
+  EXPECT_EQ(index_.Stats().entries, 1);
+}
+
+TEST_F(IndexTest, LookupSumsTokensPerWorkerAndListsWorkersHoldingNothing) {
+  const uint64_t a = Join("a");
+  const uint64_t b = Join("b");
+  Join("c");
+  index_.ApplyEvent("a", a, 3, Stored(1, 100), now_);
+  index_.ApplyEvent("a", a, 4, Stored(2, 30), now_);
+  index_.ApplyEvent("b", b, 3, Stored(2, 30), now_);
+  index_.ApplyEvent("b", b, 4, Stored(3, 7), now_);
+
+  const std::vector<DocumentKey> keys = {Key(2), Key(1), Key(9), Key(3)};
+  const auto r = index_.Lookup(keys, now_);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].status.worker_id(), "a");
+  EXPECT_EQ(r[0].resident_tokens, 130);
+  EXPECT_THAT(r[0].resident, ElementsAre(true, true, false, false));
+  EXPECT_EQ(r[1].status.worker_id(), "b");
+  EXPECT_EQ(r[1].resident_tokens, 37);
+  EXPECT_THAT(r[1].resident, ElementsAre(true, false, false, true));
+  EXPECT_EQ(r[2].status.worker_id(), "c");
+  EXPECT_EQ(r[2].resident_tokens, 0);
+  EXPECT_THAT(r[2].resident, ElementsAre(false, false, false, false));
+  EXPECT_EQ(r[2].status.address(), "c.local:7000");
+}
+
+TEST_F(IndexTest, EntriesPerOffsetCountOnceAndEvictPerOffset) {
+  const uint64_t s = Join("w1");
+  index_.ApplyEvent("w1", s, 3, Stored(1, 64, /*offset=*/0), now_);
+  index_.ApplyEvent("w1", s, 4, Stored(1, 64, /*offset=*/128), now_);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 64)));
+  EXPECT_EQ(index_.Stats().entries, 2);
+  index_.ApplyEvent("w1", s, 5, Evicted(1, /*offset=*/0), now_);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 64)));
+  index_.ApplyEvent("w1", s, 6, Evicted(1, /*offset=*/kLazyOffset), now_);  // not held: no-op
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 64)));
+  index_.ApplyEvent("w1", s, 7, Evicted(1, /*offset=*/128), now_);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
+  EXPECT_EQ(index_.Stats().documents, 0);
+}
+
+TEST_F(IndexTest, RepeatedKeyInLookupCountsEachOccurrence) {
+  const uint64_t s = Join("w1");
+  index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_);
+  EXPECT_THAT(Tokens({Key(1), Key(1)}), ElementsAre(Pair("w1", 20)));
+}
+
+TEST_F(IndexTest, SequenceGapIgnoresEventsUntilSnapshot) {
+  const uint64_t s = Join("w1");
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_).outcome, ApplyOutcome::kApplied);
+  const ApplyResult gap = index_.ApplyEvent("w1", s, 5, Stored(2, 20), now_);
+  EXPECT_EQ(gap.outcome, ApplyOutcome::kGap);
+  EXPECT_EQ(gap.last_seq, 3u);
+  // In sequence again, but a snapshot is awaited: ignored, and no second gap is reported.
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 6, Stored(3, 30), now_).outcome,
+            ApplyOutcome::kAwaitingSnapshot);
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 9, Stored(4, 40), now_).outcome,
+            ApplyOutcome::kAwaitingSnapshot);
+  EXPECT_THAT(Tokens({Key(1), Key(2), Key(3), Key(4)}), ElementsAre(Pair("w1", 10)));
+
+  const std::vector<DocEntry> snap = {{Key(2), 20, kLazyOffset}, {Key(3), 30, kLazyOffset}};
+  EXPECT_EQ(index_.ApplySnapshot("w1", s, 10, snap, nullptr, now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 11, Stored(4, 40), now_).outcome, ApplyOutcome::kApplied);
+  const auto r = index_.Lookup({Key(1), Key(2), Key(3), Key(4)}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_THAT(r[0].resident, ElementsAre(false, true, true, true));
+  EXPECT_EQ(r[0].resident_tokens, 90);
+}
+
+TEST_F(IndexTest, RepeatedOrOldSeqIsAGap) {
+  const uint64_t s = Join("w1");
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 3, Stored(2, 10), now_).outcome, ApplyOutcome::kGap);
+}
+
+TEST_F(IndexTest, HeartbeatGapIsReportedAndHeartbeatsRenewWhileAwaiting) {
+  const uint64_t s = Join("w1");
+  v1::WorkerLoad load;
+  load.set_running_requests(3);
+  EXPECT_EQ(index_.Heartbeat("w1", s, 3, load, now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.Heartbeat("w1", s, 5, load, now_).outcome, ApplyOutcome::kGap);
+  load.set_running_requests(4);
+  now_ += kLease - absl::Milliseconds(1);
+  EXPECT_EQ(index_.Heartbeat("w1", s, 6, load, now_).outcome, ApplyOutcome::kApplied);
+  now_ += kLease - absl::Milliseconds(1);  // alive only thanks to the last heartbeat
+  const auto r = index_.Lookup({}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status.load().running_requests(), 4);
+}
+
+TEST_F(IndexTest, HelloAwaitsSnapshotAndSnapshotReplacesEntries) {
+  const uint64_t s = index_.Hello(Status("w1"), 7, 1, now_).session;
+  // Before the snapshot arrives, events are ignored (the snapshot will include them).
+  EXPECT_EQ(index_.ApplyEvent("w1", s, 2, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kAwaitingSnapshot);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
+
+  const std::vector<DocEntry> first = {{Key(1), 10, kLazyOffset}, {Key(2), 20, kLazyOffset}};
+  v1::WorkerLoad load;
+  load.set_free_blocks(99);
+  index_.ApplySnapshot("w1", s, 3, first, &load, now_);
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("w1", 30)));
+
+  // A second snapshot replaces everything: key 1 is gone, key 3 appears; a repeated entry keeps
+  // the last token count.
+  const std::vector<DocEntry> second = {
+      {Key(2), 20, kLazyOffset}, {Key(3), 5, kLazyOffset}, {Key(3), 6, kLazyOffset}};
+  index_.ApplySnapshot("w1", s, 4, second, nullptr, now_);
+  const auto r = index_.Lookup({Key(1), Key(2), Key(3)}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_THAT(r[0].resident, ElementsAre(false, true, true));
+  EXPECT_EQ(r[0].resident_tokens, 26);
+  EXPECT_EQ(r[0].status.load().free_blocks(), 99);  // null load kept the last one
+  EXPECT_EQ(index_.Stats().documents, 2);
+  EXPECT_EQ(index_.Stats().entries, 2);
+}
+
+TEST_F(IndexTest, SnapshotOfOneWorkerLeavesOthersAlone) {
+  const uint64_t a = Join("a");
+  const uint64_t b = Join("b");
+  index_.ApplyEvent("a", a, 3, Stored(1, 10), now_);
+  index_.ApplyEvent("b", b, 3, Stored(1, 10), now_);
+  index_.ApplySnapshot("a", a, 4, {}, nullptr, now_);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("a", 0), Pair("b", 10)));
+}
+
+TEST_F(IndexTest, NewEpochDropsEntriesSameEpochKeepsThemUntilSnapshot) {
+  uint64_t s = Join("w1", /*epoch=*/7);
+  index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_);
+
+  // Reconnect, same process: entries stay (probably still right) until the snapshot arrives.
+  HelloResult hello = index_.Hello(Status("w1"), 7, 1, now_);
+  EXPECT_FALSE(hello.entries_dropped);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 10)));
+
+  // Restarted process: its cache is empty, so are its entries, at once.
+  hello = index_.Hello(Status("w1"), 8, 1, now_);
+  EXPECT_TRUE(hello.entries_dropped);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
+  EXPECT_EQ(index_.Stats().documents, 0);
+  EXPECT_EQ(index_.Stats().workers, 1);
+}
+
+TEST_F(IndexTest, OlderSessionIsIgnoredAfterANewHello) {
+  const uint64_t old_session = Join("w1");
+  const uint64_t new_session = index_.Hello(Status("w1"), 7, 1, now_).session;
+  EXPECT_NE(old_session, new_session);
+  EXPECT_EQ(index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kNoSession);
+  EXPECT_EQ(index_.Heartbeat("w1", old_session, 3, {}, now_).outcome, ApplyOutcome::kNoSession);
+  EXPECT_EQ(index_.ApplySnapshot("w1", old_session, 3, {}, nullptr, now_).outcome,
+            ApplyOutcome::kNoSession);
+  // The old stream closing does not touch the new session.
+  index_.Disconnect("w1", old_session);
+  EXPECT_EQ(index_.ApplySnapshot("w1", new_session, 2, {}, nullptr, now_).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.ApplyEvent("unknown", new_session, 3, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kNoSession);
+}
+
+TEST_F(IndexTest, LeaseExpiryRemovesWorkerAndAllItsEntries) {
+  const uint64_t a = Join("a");
+  const uint64_t b = Join("b");
+  index_.ApplyEvent("a", a, 3, Stored(1, 10), now_);
+  index_.ApplyEvent("a", a, 4, Stored(2, 20), now_);
+  index_.ApplyEvent("b", b, 3, Stored(2, 20), now_);
+  index_.Disconnect("a", a);  // the stream closed; the lease still runs
+
+  now_ += kLease / 2;
+  index_.Heartbeat("b", b, 4, {}, now_);
+  EXPECT_THAT(index_.ExpireLeases(now_), IsEmpty());
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("a", 30), Pair("b", 20)));
+
+  now_ += kLease / 2;  // a's lease ends exactly now; b's runs another half lease
+  // Lookup hides an expired worker even before the sweep.
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("b", 20)));
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("a"));
+  EXPECT_EQ(index_.Stats().workers, 1);
+  EXPECT_EQ(index_.Stats().documents, 1);
+  EXPECT_EQ(index_.Stats().entries, 1);
+  // The expired worker's stream (had it stayed open) no longer owns anything.
+  EXPECT_EQ(index_.ApplyEvent("a", a, 5, Stored(3, 1), now_).outcome, ApplyOutcome::kNoSession);
+
+  now_ += kLease;
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("b"));
+  EXPECT_THAT(index_.Lookup({Key(2)}, now_), IsEmpty());
+  EXPECT_EQ(index_.Stats().documents, 0);
+}
+
+TEST_F(IndexTest, ReturningWorkerAfterExpiryStartsEmpty) {
+  const uint64_t s = Join("w1");
+  index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_);
+  now_ += kLease;
+  index_.ExpireLeases(now_);
+  Join("w1");
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir

@@ -1,0 +1,55 @@
+#include "services/kvdir/kvdir_config.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+absl::StatusOr<int64_t> IntInRange(const YamlConfig& config, const std::string& key,
+                                   int64_t fallback, int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(const int64_t value, config.Int(key, fallback));
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": ", key, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
+  KvdirOptions o;
+  ASSIGN_OR_RETURN(o.listen_address, config.String("server.listen", o.listen_address));
+  if (o.listen_address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": server.listen: must not be empty"));
+  }
+  ASSIGN_OR_RETURN(o.tls.cert_file, config.String("server.tls.cert_file", ""));
+  ASSIGN_OR_RETURN(o.tls.key_file, config.String("server.tls.key_file", ""));
+  ASSIGN_OR_RETURN(o.tls.ca_file, config.String("server.tls.ca_file", ""));
+  if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": server.tls: cert_file and key_file must be set together"));
+  }
+  if (!o.tls.ca_file.empty() && o.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
+  }
+  ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", o.metrics_address));
+  ASSIGN_OR_RETURN(const int64_t max_keys, IntInRange(config, "limits.max_keys_per_lookup",
+                                                      o.limits.max_keys_per_lookup, 1, 1 << 20));
+  o.limits.max_keys_per_lookup = static_cast<int>(max_keys);
+  ASSIGN_OR_RETURN(
+      const int64_t max_bytes,
+      IntInRange(config, "limits.max_message_bytes", o.limits.max_message_bytes, 4096, INT32_MAX));
+  o.limits.max_message_bytes = static_cast<int>(max_bytes);
+  ASSIGN_OR_RETURN(o.lease_ms, IntInRange(config, "lease_ms", o.lease_ms, 50, 3'600'000));
+  RETURN_IF_ERROR(config.Finish());
+  return o;
+}
+
+}  // namespace lazyattn::kvdir

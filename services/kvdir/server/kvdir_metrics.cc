@@ -1,0 +1,66 @@
+#include "services/kvdir/server/kvdir_metrics.h"
+
+namespace lazyattn::kvdir {
+
+KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
+    : workers_alive_(prometheus::BuildGauge()
+                         .Name("lazyattn_kvdir_workers_alive")
+                         .Help("Workers registered in the directory (lease not yet swept)")
+                         .Register(registry)
+                         .Add({})),
+      documents_tracked_(prometheus::BuildGauge()
+                             .Name("lazyattn_kvdir_documents_tracked")
+                             .Help("Distinct document keys held by at least one worker")
+                             .Register(registry)
+                             .Add({})),
+      events_family_(prometheus::BuildCounter()
+                         .Name("lazyattn_kvdir_events_applied_total")
+                         .Help("Worker cache events applied to the index, by kind")
+                         .Register(registry)),
+      events_stored_(events_family_.Add({{"kind", "stored"}})),
+      events_evicted_(events_family_.Add({{"kind", "evicted"}})),
+      snapshots_family_(prometheus::BuildCounter()
+                            .Name("lazyattn_kvdir_snapshots_total")
+                            .Help("Snapshots requested from workers (by reason) and applied")
+                            .Register(registry)),
+      snapshots_requested_reconnect_(snapshots_family_.Add({{"stage", "requested_reconnect"}})),
+      snapshots_requested_gap_(snapshots_family_.Add({{"stage", "requested_gap"}})),
+      snapshots_applied_(snapshots_family_.Add({{"stage", "applied"}})),
+      leases_expired_(
+          prometheus::BuildCounter()
+              .Name("lazyattn_kvdir_leases_expired_total")
+              .Help("Workers removed, with all their entries, because their lease passed")
+              .Register(registry)
+              .Add({})),
+      lookup_duration_(prometheus::BuildHistogram()
+                           .Name("lazyattn_kvdir_lookup_duration_seconds")
+                           .Help("Time to answer a Lookup from the index")
+                           .Register(registry)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{
+                                        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                        1e-3, 2.5e-3, 5e-3, 1e-2})) {}
+
+void KvdirMetrics::SetIndexStats(const IndexStats& stats) {
+  workers_alive_.Set(static_cast<double>(stats.workers));
+  documents_tracked_.Set(static_cast<double>(stats.documents));
+}
+
+void KvdirMetrics::EventApplied(DocEventKind kind) {
+  (kind == DocEventKind::kStored ? events_stored_ : events_evicted_).Increment();
+}
+
+void KvdirMetrics::SnapshotRequested(bool gap) {
+  (gap ? snapshots_requested_gap_ : snapshots_requested_reconnect_).Increment();
+}
+
+void KvdirMetrics::SnapshotApplied() { snapshots_applied_.Increment(); }
+
+void KvdirMetrics::LeasesExpired(int64_t workers) {
+  leases_expired_.Increment(static_cast<double>(workers));
+}
+
+void KvdirMetrics::ObserveLookup(absl::Duration d) {
+  lookup_duration_.Observe(absl::ToDoubleSeconds(d));
+}
+
+}  // namespace lazyattn::kvdir

@@ -1,0 +1,51 @@
+// The directory's Prometheus metrics. Families and their labelled children are built once here;
+// the service only bumps the cached children (CONVENTIONS: never Family::Add per request).
+//
+//   lazyattn_kvdir_workers_alive                 gauge: registered workers (set by the sweeper)
+//   lazyattn_kvdir_documents_tracked             gauge: distinct document keys held by any worker
+//   lazyattn_kvdir_events_applied_total{kind}    counter: stored / evicted events applied
+//   lazyattn_kvdir_snapshots_total{stage}        counter: requested_reconnect, requested_gap,
+//                                                applied
+//   lazyattn_kvdir_leases_expired_total          counter: workers removed by lease expiry
+//   lazyattn_kvdir_lookup_duration_seconds       histogram: Lookup handling time (index only)
+#ifndef LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
+#define LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/time/time.h"
+#include "services/kvdir/index/directory_index.h"
+
+namespace lazyattn::kvdir {
+
+class KvdirMetrics {
+ public:
+  explicit KvdirMetrics(prometheus::Registry& registry);
+
+  void SetIndexStats(const IndexStats& stats);
+  void EventApplied(DocEventKind kind);
+  void SnapshotRequested(bool gap);
+  void SnapshotApplied();
+  void LeasesExpired(int64_t workers);
+  void ObserveLookup(absl::Duration d);
+
+ private:
+  prometheus::Gauge& workers_alive_;
+  prometheus::Gauge& documents_tracked_;
+  prometheus::Family<prometheus::Counter>& events_family_;
+  prometheus::Counter& events_stored_;
+  prometheus::Counter& events_evicted_;
+  prometheus::Family<prometheus::Counter>& snapshots_family_;
+  prometheus::Counter& snapshots_requested_reconnect_;
+  prometheus::Counter& snapshots_requested_gap_;
+  prometheus::Counter& snapshots_applied_;
+  prometheus::Counter& leases_expired_;
+  prometheus::Histogram& lookup_duration_;
+};
+
+}  // namespace lazyattn::kvdir
+
+#endif  // LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_

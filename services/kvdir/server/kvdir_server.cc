@@ -1,0 +1,103 @@
+#include "services/kvdir/server/kvdir_server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+absl::Status Validate(const KvdirOptions& o) {
+  if (o.listen_address.empty()) return absl::InvalidArgumentError("listen_address: empty");
+  if (o.lease_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ms: must be > 0, got ", o.lease_ms));
+  }
+  if (o.limits.max_keys_per_lookup <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("limits.max_keys_per_lookup: must be > 0, got ",
+                                                   o.limits.max_keys_per_lookup));
+  }
+  if (o.limits.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limits.max_message_bytes: must be > 0, got ", o.limits.max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Workers leave within lease + one tick of their last message; Lookup hides them at once anyway.
+absl::Duration SweepInterval(int64_t lease_ms) {
+  return std::clamp(absl::Milliseconds(lease_ms) / 4, absl::Milliseconds(10),
+                    absl::Milliseconds(250));
+}
+
+}  // namespace
+
+KvdirServer::KvdirServer(const KvdirOptions& options)
+    : options_(options),
+      registry_(std::make_shared<prometheus::Registry>()),
+      metrics_(*registry_),
+      index_(absl::Milliseconds(options.lease_ms)),
+      service_(ServiceContext{&index_, &metrics_, options.lease_ms,
+                              options.limits.max_keys_per_lookup}) {}
+
+absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  std::unique_ptr<KvdirServer> server(new KvdirServer(options));
+  if (!options.metrics_address.empty()) {
+    auto endpoint = MetricsEndpoint::Start(options.metrics_address, server->registry_);
+    if (!endpoint.ok()) return endpoint.status();
+    server->metrics_endpoint_ = std::move(*endpoint);
+  }
+  ServerOptions grpc_options;
+  grpc_options.listen_address = options.listen_address;
+  grpc_options.max_message_bytes = options.limits.max_message_bytes;
+  grpc_options.tls = options.tls;
+  auto built = StartGrpcServer(grpc_options, {&server->service_});
+  if (!built.ok()) return built.status();
+  server->server_ = std::move(built->server);
+  server->port_ = built->port;
+  server->sweeper_ = std::thread([s = server.get()] { s->SweepLoop(); });
+  return server;
+}
+
+KvdirServer::~KvdirServer() { Shutdown(); }
+
+int KvdirServer::metrics_port() const {
+  return metrics_endpoint_ == nullptr ? 0 : metrics_endpoint_->port();
+}
+
+void KvdirServer::SweepLoop() {
+  const absl::Duration interval = SweepInterval(options_.lease_ms);
+  while (true) {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), interval)) return;
+    }
+    const std::vector<std::string> expired = index_.ExpireLeases(absl::Now());
+    for (const std::string& id : expired) {
+      std::cerr << "lazyattn-kvdir: lease of worker " << id
+                << " expired; its entries are dropped\n";
+    }
+    if (!expired.empty()) metrics_.LeasesExpired(static_cast<int64_t>(expired.size()));
+    metrics_.SetIndexStats(index_.Stats());
+  }
+}
+
+void KvdirServer::Shutdown() {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+  if (server_ != nullptr) {
+    // Publish streams never end on their own: after the grace period gRPC cancels them, their
+    // reactors finish, and Shutdown returns once every reactor is done.
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    server_->Wait();
+  }
+}
+
+}  // namespace lazyattn::kvdir

@@ -1,0 +1,82 @@
+// The lazyattn-kvdir server: the KvDirectory gRPC service over a DirectoryIndex, a lease sweeper
+// thread and the /metrics endpoint.
+//
+//   KvdirOptions options;
+//   options.listen_address = "127.0.0.1:0";
+//   ASSIGN_OR_RETURN(auto server, KvdirServer::Create(options));
+//   ... server->port() ...
+//   server.reset();  // or Shutdown(): stops the sweeper, ends open streams, stops serving
+#ifndef LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_SERVER_H_
+#define LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_SERVER_H_
+
+#include <prometheus/registry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
+#include "common/metrics.h"
+#include "services/kvdir/index/directory_index.h"
+#include "services/kvdir/server/kvdir_metrics.h"
+#include "services/kvdir/server/kvdir_service.h"
+
+namespace lazyattn::kvdir {
+
+struct KvdirOptions {
+  // Socket. Port 0 picks a free port (see KvdirServer::port / metrics_port).
+  std::string listen_address = "127.0.0.1:7100";
+  std::string metrics_address = "127.0.0.1:9100";  // empty: no /metrics endpoint
+  // TLS (empty cert_file: plaintext; ca_file: require client certificates signed by it).
+  TlsOptions tls;
+  struct Limits {
+    int max_keys_per_lookup = 1024;    // more: INVALID_ARGUMENT naming `keys`
+    int max_message_bytes = 64 << 20;  // both directions; bounds a worker's snapshot
+  } limits;
+  // A worker stays live this long after its last message (heartbeats renew it).
+  int64_t lease_ms = 3000;
+};
+
+class KvdirServer {
+ public:
+  // InvalidArgument naming the option for a bad value; Unavailable naming the address when the
+  // gRPC or metrics address cannot be bound; InvalidArgument naming a TLS file it cannot read.
+  static absl::StatusOr<std::unique_ptr<KvdirServer>> Create(const KvdirOptions& options);
+
+  ~KvdirServer();
+  KvdirServer(const KvdirServer&) = delete;
+  KvdirServer& operator=(const KvdirServer&) = delete;
+
+  int port() const { return port_; }  // the bound gRPC port
+  int metrics_port() const;           // 0 without a metrics endpoint
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Idempotent. Stops the sweeper, cancels open Publish streams (workers reconnect elsewhere or
+  // later), waits briefly for in-flight lookups, and stops serving.
+  void Shutdown();
+
+ private:
+  explicit KvdirServer(const KvdirOptions& options);
+  void SweepLoop();
+
+  const KvdirOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  KvdirMetrics metrics_;
+  DirectoryIndex index_;
+  KvdirService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+
+  absl::Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread sweeper_;
+};
+
+}  // namespace lazyattn::kvdir
+
+#endif  // LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_SERVER_H_

@@ -1,0 +1,397 @@
+// The directory over real gRPC on 127.0.0.1 (port 0): a test client plays a worker on a Publish
+// stream and a router on Lookup / ListWorkers. Stream handling is asynchronous to lookups, so
+// checks that depend on it wait in a bounded loop; ordering on the stream makes a later message's
+// visibility prove that earlier ones were handled.
+#include "services/kvdir/server/kvdir_server.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "lazyattn/v1/kvdir.grpc.pb.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWaitLimit = absl::Seconds(3);
+
+// Polls `cond` every 2 ms until it holds or kWaitLimit passes.
+bool WaitFor(const std::function<bool()>& cond) {
+  const absl::Time deadline = absl::Now() + kWaitLimit;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return cond();
+}
+
+v1::DocKey Key(uint64_t n) {
+  v1::DocKey k;
+  k.set_hi(n);
+  k.set_lo(~n);
+  return k;
+}
+
+v1::DocEntry Entry(uint64_t key, int64_t tokens, int64_t offset = -1) {
+  v1::DocEntry e;
+  *e.mutable_key() = Key(key);
+  e.set_tokens(tokens);
+  e.set_offset(offset);
+  return e;
+}
+
+// A worker's side of Publish, with the sync client API and a deadline so nothing hangs.
+class FakeWorker {
+ public:
+  FakeWorker(v1::KvDirectory::Stub* stub, std::string id) : id_(std::move(id)) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    stream_ = stub->Publish(&ctx_);
+  }
+
+  bool Send(v1::WorkerMessage m) {
+    m.set_seq(next_seq_++);
+    return stream_->Write(m);
+  }
+  void SkipSeq() { ++next_seq_; }
+  uint64_t next_seq() const { return next_seq_; }
+
+  bool Hello(uint64_t epoch = 1) {
+    v1::WorkerMessage m;
+    m.mutable_hello()->mutable_status()->set_worker_id(id_);
+    m.mutable_hello()->mutable_status()->set_address(id_ + ":7000");
+    m.mutable_hello()->set_epoch(epoch);
+    return Send(m);
+  }
+  bool Stored(uint64_t key, int64_t tokens) {
+    v1::WorkerMessage m;
+    m.mutable_event()->set_kind(v1::DocEvent::STORED);
+    *m.mutable_event()->mutable_entry() = Entry(key, tokens);
+    return Send(m);
+  }
+  bool Heartbeat(int32_t running = 0) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->mutable_load()->set_running_requests(running);
+    return Send(m);
+  }
+  bool Snapshot(const std::vector<v1::DocEntry>& entries) {
+    v1::WorkerMessage m;
+    v1::Snapshot* snapshot = m.mutable_snapshot();  // set even when empty
+    for (const auto& e : entries) *snapshot->add_entries() = e;
+    return Send(m);
+  }
+  // Hello, then the LeaseGrant and SnapshotRequest it brings, then the snapshot.
+  void Join(const std::vector<v1::DocEntry>& entries) {
+    ASSERT_TRUE(Hello());
+    v1::DirectoryMessage m;
+    ASSERT_TRUE(Read(&m));
+    ASSERT_TRUE(m.has_lease());
+    ASSERT_TRUE(Read(&m));
+    ASSERT_TRUE(m.has_snapshot_request());
+    ASSERT_TRUE(Snapshot(entries));
+  }
+
+  bool Read(v1::DirectoryMessage* m) { return stream_->Read(m); }
+
+  // Half-closes, drains what kvdir still sends, returns the stream's final status.
+  grpc::Status Close() {
+    stream_->WritesDone();
+    return Drain();
+  }
+  // Waits for kvdir to end the stream.
+  grpc::Status Drain() {
+    v1::DirectoryMessage m;
+    while (stream_->Read(&m)) {
+    }
+    return stream_->Finish();
+  }
+
+ private:
+  std::string id_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>> stream_;
+  uint64_t next_seq_ = 1;
+};
+
+class KvdirServerTest : public ::testing::Test {
+ protected:
+  void Start(int64_t lease_ms = 3000, int max_keys = 1024) {
+    KvdirOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "";
+    options.lease_ms = lease_ms;
+    options.limits.max_keys_per_lookup = max_keys;
+    auto server = KvdirServer::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::KvDirectory::NewStub(channel_);
+  }
+
+  grpc::Status Lookup(const std::vector<uint64_t>& keys, v1::LookupResponse* response) {
+    v1::LookupRequest request;
+    for (uint64_t k : keys) *request.add_keys() = Key(k);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub_->Lookup(&ctx, request, response);
+  }
+  // worker id -> resident tokens of `keys`; empty on an RPC error.
+  std::vector<std::pair<std::string, int64_t>> Tokens(const std::vector<uint64_t>& keys) {
+    v1::LookupResponse response;
+    std::vector<std::pair<std::string, int64_t>> out;
+    if (!Lookup(keys, &response).ok()) return out;
+    for (const auto& w : response.workers()) {
+      out.emplace_back(w.worker().worker_id(), w.resident_tokens());
+    }
+    return out;
+  }
+  std::vector<std::string> LiveWorkers() {
+    v1::ListWorkersResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    std::vector<std::string> out;
+    if (!stub_->ListWorkers(&ctx, {}, &response).ok()) return {"<rpc failed>"};
+    for (const auto& w : response.workers()) out.push_back(w.worker().worker_id());
+    return out;
+  }
+  // The value of a counter or gauge child with the given label (or the unlabelled one).
+  double MetricValue(const std::string& name, const std::string& label_value = "") {
+    for (const prometheus::MetricFamily& f : server_->registry()->Collect()) {
+      if (f.name != name) continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        if (!label_value.empty() && (m.label.empty() || m.label[0].value != label_value)) continue;
+        return f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+      }
+    }
+    return -1;
+  }
+
+  std::unique_ptr<KvdirServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvDirectory::Stub> stub_;
+};
+
+using Pair = std::pair<std::string, int64_t>;
+
+TEST_F(KvdirServerTest, HelloGetsLeaseGrantThenReconnectSnapshotRequest) {
+  Start(/*lease_ms=*/3000);
+  FakeWorker w(stub_.get(), "w1");
+  ASSERT_TRUE(w.Hello());
+  v1::DirectoryMessage m;
+  ASSERT_TRUE(w.Read(&m));
+  ASSERT_TRUE(m.has_lease()) << m.DebugString();
+  EXPECT_EQ(m.lease().lease_ms(), 3000);
+  ASSERT_TRUE(w.Read(&m));
+  ASSERT_TRUE(m.has_snapshot_request()) << m.DebugString();
+  EXPECT_EQ(m.snapshot_request().reason(), "reconnect");
+  EXPECT_THAT(LiveWorkers(), ElementsAre("w1"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_snapshots_total", "requested_reconnect"), 1);
+  EXPECT_TRUE(w.Close().ok());
+}
+
+TEST_F(KvdirServerTest, SnapshotAndEventsAreVisibleInLookup) {
+  Start();
+  FakeWorker a(stub_.get(), "a");
+  FakeWorker b(stub_.get(), "b");
+  a.Join({Entry(1, 100)});
+  b.Join({});
+  ASSERT_TRUE(a.Stored(2, 50));
+  ASSERT_TRUE(b.Stored(2, 50));
+  ASSERT_TRUE(WaitFor([&] {
+    return Tokens({1, 2, 3}) == std::vector<Pair>{{"a", 150}, {"b", 50}};
+  })) << "a holds 1 and 2, b holds 2";
+
+  v1::LookupResponse response;
+  ASSERT_TRUE(Lookup({3, 2, 1}, &response).ok());
+  ASSERT_EQ(response.workers_size(), 2);
+  EXPECT_EQ(response.workers(0).worker().address(), "a:7000");
+  EXPECT_THAT(response.workers(0).resident(), ElementsAre(false, true, true));
+  EXPECT_THAT(response.workers(1).resident(), ElementsAre(false, true, false));
+  EXPECT_GT(response.workers(0).last_seen_unix_ms(), 0);
+  EXPECT_TRUE(WaitFor([&] {
+    return MetricValue("lazyattn_kvdir_events_applied_total", "stored") == 2 &&
+           MetricValue("lazyattn_kvdir_snapshots_total", "applied") == 2 &&
+           MetricValue("lazyattn_kvdir_documents_tracked") == 2 &&
+           MetricValue("lazyattn_kvdir_workers_alive") == 2;
+  }));
+
+  // Heartbeats carry the load that routers read.
+  ASSERT_TRUE(a.Heartbeat(/*running=*/5));
+  EXPECT_TRUE(WaitFor([&] {
+    v1::LookupResponse r;
+    return Lookup({}, &r).ok() && r.workers_size() == 2 &&
+           r.workers(0).worker().load().running_requests() == 5;
+  }));
+  EXPECT_TRUE(a.Close().ok());
+  EXPECT_TRUE(b.Close().ok());
+}
+
+TEST_F(KvdirServerTest, SequenceGapTriggersSnapshotRequestAndSnapshotRepairs) {
+  Start();
+  FakeWorker w(stub_.get(), "w1");
+  w.Join({});
+  ASSERT_TRUE(w.Stored(1, 10));  // seq 3
+  w.SkipSeq();                   // seq 4 lost
+  ASSERT_TRUE(w.Stored(2, 20));  // seq 5: a gap
+  v1::DirectoryMessage m;
+  ASSERT_TRUE(w.Read(&m));
+  ASSERT_TRUE(m.has_snapshot_request()) << m.DebugString();
+  EXPECT_EQ(m.snapshot_request().reason(), "sequence gap after 3, got 5");
+  ASSERT_TRUE(w.Stored(3, 30));  // seq 6: ignored until the snapshot
+
+  ASSERT_TRUE(w.Snapshot({Entry(2, 20)}));  // what the worker really holds
+  ASSERT_TRUE(w.Stored(4, 40));             // applied again after the snapshot
+  ASSERT_TRUE(WaitFor([&] { return Tokens({4}) == std::vector<Pair>{{"w1", 40}}; }));
+  v1::LookupResponse response;
+  ASSERT_TRUE(Lookup({1, 2, 3, 4}, &response).ok());
+  ASSERT_EQ(response.workers_size(), 1);
+  EXPECT_THAT(response.workers(0).resident(), ElementsAre(false, true, false, true));
+  EXPECT_EQ(response.workers(0).resident_tokens(), 60);
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_snapshots_total", "requested_gap"), 1);
+  EXPECT_TRUE(w.Close().ok());
+}
+
+TEST_F(KvdirServerTest, ClosedStreamAndLeaseExpiryRemoveTheWorker) {
+  Start(/*lease_ms=*/200);
+  FakeWorker w(stub_.get(), "w1");
+  w.Join({Entry(1, 100)});
+  // Heartbeat while waiting so a slow machine cannot let the short lease lapse here.
+  ASSERT_TRUE(WaitFor([&] {
+    w.Heartbeat();
+    return Tokens({1}) == std::vector<Pair>{{"w1", 100}};
+  }));
+  EXPECT_TRUE(w.Close().ok());
+
+  EXPECT_TRUE(WaitFor([&] { return LiveWorkers().empty(); })) << "lease never expired";
+  EXPECT_TRUE(Tokens({1}).empty());
+  // The sweeper removed the entries too, not only hid the worker.
+  EXPECT_TRUE(WaitFor([&] {
+    return MetricValue("lazyattn_kvdir_leases_expired_total") == 1 &&
+           MetricValue("lazyattn_kvdir_documents_tracked") == 0 &&
+           MetricValue("lazyattn_kvdir_workers_alive") == 0;
+  }));
+}
+
+TEST_F(KvdirServerTest, ReconnectingWorkerIsRebuiltFromItsSnapshot) {
+  Start();
+  {
+    FakeWorker w(stub_.get(), "w1");
+    w.Join({Entry(1, 10)});
+    ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+    EXPECT_TRUE(w.Close().ok());
+  }
+  FakeWorker again(stub_.get(), "w1");
+  again.Join({Entry(2, 20)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({2}) == std::vector<Pair>{{"w1", 20}}; }));
+  EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 0)));
+  EXPECT_TRUE(again.Close().ok());
+}
+
+TEST_F(KvdirServerTest, NewerStreamForTheSameWorkerAbortsTheOlderOne) {
+  Start();
+  FakeWorker old_stream(stub_.get(), "w1");
+  old_stream.Join({});
+  FakeWorker new_stream(stub_.get(), "w1");
+  new_stream.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+  old_stream.Heartbeat();
+  const grpc::Status s = old_stream.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("say hello"));
+  EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 10)));  // the new stream is untouched
+  EXPECT_TRUE(new_stream.Close().ok());
+}
+
+TEST_F(KvdirServerTest, LookupWithTooManyKeysIsInvalidArgumentNamingKeys) {
+  Start(/*lease_ms=*/3000, /*max_keys=*/4);
+  v1::LookupResponse response;
+  EXPECT_TRUE(Lookup({1, 2, 3, 4}, &response).ok());
+  const grpc::Status s = Lookup({1, 2, 3, 4, 5}, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("keys"));
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 4"));
+}
+
+TEST_F(KvdirServerTest, FirstMessageMustBeHello) {
+  Start();
+  FakeWorker w(stub_.get(), "w1");
+  w.Heartbeat();
+  const grpc::Status s = w.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("hello"));
+}
+
+TEST_F(KvdirServerTest, MalformedMessagesEndTheStreamNamingTheField) {
+  Start();
+  {
+    FakeWorker w(stub_.get(), "");
+    w.Hello();
+    const grpc::Status s = w.Drain();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("hello.status.worker_id"));
+  }
+  {
+    FakeWorker w(stub_.get(), "w1");
+    w.Join({});
+    v1::WorkerMessage m;
+    m.mutable_event()->set_kind(v1::DocEvent::KIND_UNSPECIFIED);
+    w.Send(m);
+    const grpc::Status s = w.Drain();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("event.kind"));
+  }
+  {
+    FakeWorker w(stub_.get(), "w2");
+    w.Join({Entry(1, 10), Entry(2, -5)});
+    const grpc::Status s = w.Drain();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("snapshot.entries[1].tokens"));
+  }
+  // Both workers stay registered (their leases run), holding nothing: no bad entry was applied.
+  EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 0), Pair("w2", 0)));
+}
+
+TEST_F(KvdirServerTest, ShutdownEndsOpenStreamsSoWorkersReconnect) {
+  Start();
+  FakeWorker w(stub_.get(), "w1");
+  w.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+  const absl::Time start = absl::Now();
+  server_->Shutdown();  // must not wait for the worker to hang up
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_FALSE(w.Drain().ok());
+}
+
+TEST_F(KvdirServerTest, BadOptionsAreRejectedNamingTheOption) {
+  KvdirOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  options.lease_ms = 0;
+  auto server = KvdirServer::Create(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("lease_ms"));
+}
+
+TEST_F(KvdirServerTest, MetricsEndpointBindsAnOsChosenPort) {
+  KvdirOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "127.0.0.1:0";
+  auto server = KvdirServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_GT((*server)->metrics_port(), 0);
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir

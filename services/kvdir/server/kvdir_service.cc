@@ -1,0 +1,50 @@
+#include "services/kvdir/server/kvdir_service.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/kvdir/server/proto_convert.h"
+#include "services/kvdir/server/publish_reactor.h"
+
+namespace lazyattn::kvdir {
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::Publish(
+    grpc::CallbackServerContext* /*context*/) {
+  return new PublishReactor(ctx_);
+}
+
+grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,
+                                               const v1::LookupRequest* request,
+                                               v1::LookupResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->keys_size() > ctx_.max_keys_per_lookup) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("keys: ", request->keys_size(), " keys, at most ",
+                                              ctx_.max_keys_per_lookup, " per lookup")));
+    return reactor;
+  }
+  const absl::Time start = absl::Now();
+  std::vector<DocumentKey> keys;
+  keys.reserve(request->keys_size());
+  for (const v1::DocKey& k : request->keys()) keys.push_back(KeyFromProto(k));
+  std::vector<WorkerResidency> workers = ctx_.index->Lookup(keys, start);
+  response->mutable_workers()->Reserve(static_cast<int>(workers.size()));
+  for (WorkerResidency& w : workers) ResidencyToProto(std::move(w), response->add_workers());
+  ctx_.metrics->ObserveLookup(absl::Now() - start);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvdirService::ListWorkers(grpc::CallbackServerContext* context,
+                                                    const v1::ListWorkersRequest* /*request*/,
+                                                    v1::ListWorkersResponse* response) {
+  std::vector<WorkerResidency> workers = ctx_.index->Lookup({}, absl::Now());
+  response->mutable_workers()->Reserve(static_cast<int>(workers.size()));
+  for (WorkerResidency& w : workers) ResidencyToProto(std::move(w), response->add_workers());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace lazyattn::kvdir

@@ -1,0 +1,180 @@
+#include "services/kvdir/server/publish_reactor.h"
+
+#include <iostream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "services/kvdir/server/proto_convert.h"
+
+namespace lazyattn::kvdir {
+
+PublishReactor::PublishReactor(const ServiceContext& ctx) : ctx_(ctx) { StartRead(&in_); }
+
+void PublishReactor::OnReadDone(bool ok) {
+  if (!ok) {  // the worker half-closed, went away, or the server is shutting down
+    Close(grpc::Status::OK);
+    return;
+  }
+  const absl::Status status = Handle(in_);
+  if (!status.ok()) {
+    Close(ToGrpcStatus(status));
+    return;
+  }
+  StartRead(&in_);
+}
+
+absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
+  if (msg.has_hello()) return HandleHello(msg);
+  if (msg.body_case() == v1::WorkerMessage::BODY_NOT_SET) {
+    return absl::InvalidArgumentError(
+        "body: empty WorkerMessage (expected hello, event, "
+        "heartbeat or snapshot)");
+  }
+  if (session_ == 0) {
+    return absl::FailedPreconditionError("the first message on a Publish stream must be hello");
+  }
+  const absl::Time now = absl::Now();
+  DirectoryIndex& index = *ctx_.index;
+  switch (msg.body_case()) {
+    case v1::WorkerMessage::kEvent: {
+      auto event = EventFromProto(msg.event());
+      if (!event.ok()) return event.status();
+      const ApplyResult r = index.ApplyEvent(worker_id_, session_, msg.seq(), *event, now);
+      if (r.outcome == ApplyOutcome::kApplied) ctx_.metrics->EventApplied(event->kind);
+      return AfterApply(r, msg.seq());
+    }
+    case v1::WorkerMessage::kHeartbeat:
+      return AfterApply(
+          index.Heartbeat(worker_id_, session_, msg.seq(), msg.heartbeat().load(), now), msg.seq());
+    case v1::WorkerMessage::kSnapshot: {
+      const v1::Snapshot& snap = msg.snapshot();
+      std::vector<DocEntry> entries;
+      entries.reserve(snap.entries_size());
+      for (int i = 0; i < snap.entries_size(); ++i) {
+        auto e = EntryFromProto(snap.entries(i), absl::StrCat("snapshot.entries[", i, "]"));
+        if (!e.ok()) return e.status();
+        entries.push_back(*e);
+      }
+      const ApplyResult r = index.ApplySnapshot(worker_id_, session_, msg.seq(), entries,
+                                                snap.has_load() ? &snap.load() : nullptr, now);
+      if (r.outcome == ApplyOutcome::kApplied) ctx_.metrics->SnapshotApplied();
+      return AfterApply(r, msg.seq());
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("body: unknown WorkerMessage body ", msg.body_case()));
+  }
+}
+
+absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
+  const v1::Hello& hello = msg.hello();
+  const std::string& id = hello.status().worker_id();
+  if (id.empty()) {
+    return absl::InvalidArgumentError("hello.status.worker_id: must not be empty");
+  }
+  if (!worker_id_.empty() && id != worker_id_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
+  }
+  const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now());
+  worker_id_ = id;
+  session_ = r.session;
+  std::cerr << "lazyattn-kvdir: hello from worker " << id << " at " << hello.status().address()
+            << " (epoch " << hello.epoch()
+            << (r.entries_dropped ? ", new epoch: entries dropped)" : ")") << "\n";
+  v1::DirectoryMessage lease;
+  lease.mutable_lease()->set_lease_ms(ctx_.lease_ms);
+  Send(std::move(lease));
+  RequestSnapshot("reconnect", /*gap=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq) {
+  switch (result.outcome) {
+    case ApplyOutcome::kApplied:
+    case ApplyOutcome::kAwaitingSnapshot:
+      return absl::OkStatus();
+    case ApplyOutcome::kGap:
+      RequestSnapshot(absl::StrCat("sequence gap after ", result.last_seq, ", got ", seq),
+                      /*gap=*/true);
+      return absl::OkStatus();
+    case ApplyOutcome::kNoSession:
+      session_ = 0;
+      return absl::AbortedError(absl::StrCat(
+          "this stream no longer owns worker ", worker_id_,
+          " (its lease expired or a newer stream said hello); reconnect and say hello"));
+  }
+  return absl::OkStatus();
+}
+
+void PublishReactor::RequestSnapshot(const std::string& reason, bool gap) {
+  v1::DirectoryMessage m;
+  m.mutable_snapshot_request()->set_reason(reason);
+  Send(std::move(m));
+  ctx_.metrics->SnapshotRequested(gap);
+}
+
+void PublishReactor::Send(v1::DirectoryMessage msg) {
+  const v1::DirectoryMessage* next = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_wanted_) return;
+    out_.push_back(std::move(msg));  // deque: references to queued elements stay valid
+    if (writing_) return;
+    writing_ = true;
+    next = &out_.front();
+  }
+  StartWrite(next);
+}
+
+void PublishReactor::OnWriteDone(bool ok) {
+  const v1::DirectoryMessage* next = nullptr;
+  bool finish = false;
+  grpc::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (!ok) out_.clear();  // the stream is broken; the read side will see it too
+    if (!out_.empty()) {
+      next = &out_.front();
+    } else {
+      writing_ = false;
+      if (finish_wanted_ && !finished_) {
+        finished_ = true;
+        finish = true;
+        status = final_status_;
+      }
+    }
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish) Finish(status);
+}
+
+void PublishReactor::Close(const grpc::Status& status) {
+  if (session_ != 0) {
+    ctx_.index->Disconnect(worker_id_, session_);
+    session_ = 0;
+  }
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_wanted_) return;
+    finish_wanted_ = true;
+    final_status_ = status;
+    if (!writing_) {
+      finished_ = true;
+      finish = true;
+    }
+  }
+  if (finish) Finish(status);
+}
+
+void PublishReactor::OnDone() {
+  if (session_ != 0) ctx_.index->Disconnect(worker_id_, session_);
+  delete this;
+}
+
+}  // namespace lazyattn::kvdir

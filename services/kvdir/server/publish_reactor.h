@@ -1,0 +1,71 @@
+// One worker's Publish stream (gRPC callback API). The worker sends Hello first, then events,
+// heartbeats and snapshots, each with the next `seq`. kvdir answers:
+//   - after Hello: a LeaseGrant (lease_ms), then a SnapshotRequest with reason "reconnect";
+//   - on a sequence gap: a SnapshotRequest with reason "sequence gap after N, got M" (events are
+//     ignored until the snapshot arrives).
+// The stream ends with
+//   - OK when the worker half-closes;
+//   - INVALID_ARGUMENT naming the field for a malformed message (empty body, bad kind, negative
+//     tokens, missing key, empty worker_id, a second Hello naming another worker);
+//   - FAILED_PRECONDITION when the first message is not Hello;
+//   - ABORTED when the stream no longer owns its worker (a newer stream said Hello for the same
+//     worker id, or the lease expired): the worker should reconnect and say Hello.
+// Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
+//
+// Threading: reads are sequential (one outstanding read), so the read side (Handle and the
+// session fields) needs no lock; replies go through a queue under mu_ because OnWriteDone runs
+// concurrently with OnReadDone. gRPC calls (StartWrite, Finish) are made outside mu_.
+#ifndef LAZYATTN_SERVICES_KVDIR_SERVER_PUBLISH_REACTOR_H_
+#define LAZYATTN_SERVICES_KVDIR_SERVER_PUBLISH_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "lazyattn/v1/kvdir.pb.h"
+#include "services/kvdir/server/service_context.h"
+
+namespace lazyattn::kvdir {
+
+class PublishReactor final
+    : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage> {
+ public:
+  // Starts reading at once. Deletes itself in OnDone.
+  explicit PublishReactor(const ServiceContext& ctx);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  absl::Status Handle(const v1::WorkerMessage& msg);
+  absl::Status HandleHello(const v1::WorkerMessage& msg);
+  // Acts on what the index said about a message; an error ends the stream.
+  absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
+  void RequestSnapshot(const std::string& reason, bool gap);
+  void Send(v1::DirectoryMessage msg);
+  // Leaves the session and finishes the stream once queued replies are written.
+  void Close(const grpc::Status& status);
+
+  const ServiceContext ctx_;
+  v1::WorkerMessage in_;
+  // Read side only (see the threading note).
+  std::string worker_id_;
+  uint64_t session_ = 0;
+
+  absl::Mutex mu_;
+  std::deque<v1::DirectoryMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::kvdir
+
+#endif  // LAZYATTN_SERVICES_KVDIR_SERVER_PUBLISH_REACTOR_H_
