@@ -1,0 +1,123 @@
+// lazyattn-router --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT] [--kvdir HOST:PORT]
+//
+// The public entry point of a LazyAttention cluster (docs/router.md). Exits non-zero with a
+// message naming the key for a bad configuration; prints "lazyattn-router listening on HOST:PORT"
+// once serving; shuts down cleanly on SIGTERM or SIGINT. Exit status 2: bad command line or
+// configuration; 1: the server could not start.
+#include <pthread.h>
+
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/metrics.h"
+#include "common/yaml_config.h"
+#include "services/router/server/router_config.h"
+#include "services/router/server/router_server.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: lazyattn-router --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
+    "                       [--kvdir HOST:PORT]\n"
+    "  --config   the router's YAML configuration (keys: docs/router.md)\n"
+    "  --listen   overrides server.listen\n"
+    "  --metrics  overrides metrics.listen (empty: no metrics endpoint)\n"
+    "  --kvdir    overrides kvdir.address (empty: no directory)\n";
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path;
+  lazyattn::router::FlagOverrides overrides;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    std::string name = arg, value;
+    bool has_value = false;
+    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    if (name != "--config" && name != "--listen" && name != "--metrics" && name != "--kvdir") {
+      std::cerr << "lazyattn-router: unknown argument " << arg << "\n" << kUsage;
+      return 2;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        std::cerr << "lazyattn-router: " << name << " needs a value\n" << kUsage;
+        return 2;
+      }
+      value = argv[++i];
+    }
+    if (name == "--config") config_path = value;
+    if (name == "--listen") overrides.listen = value;
+    if (name == "--metrics") overrides.metrics = value;
+    if (name == "--kvdir") overrides.kvdir = value;
+  }
+  if (config_path.empty()) {
+    std::cerr << "lazyattn-router: --config is required\n" << kUsage;
+    return 2;
+  }
+
+  lazyattn::YamlConfig config;
+  if (absl::Status s = config.LoadFile(config_path); !s.ok()) {
+    std::cerr << "lazyattn-router: " << s.message() << "\n";
+    return 2;
+  }
+  auto options = lazyattn::router::RouterOptionsFromYaml(config, overrides);
+  if (!options.ok()) {
+    std::cerr << "lazyattn-router: " << options.status().message() << "\n";
+    return 2;
+  }
+
+  // Signals go to sigwait below, not to whichever gRPC thread happens to run.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<lazyattn::MetricsEndpoint> metrics;
+  if (!options->metrics_address.empty()) {
+    auto endpoint = lazyattn::MetricsEndpoint::Start(options->metrics_address, registry);
+    if (!endpoint.ok()) {
+      std::cerr << "lazyattn-router: " << endpoint.status().message() << "\n";
+      return 1;
+    }
+    metrics = std::move(*endpoint);
+  }
+  auto server = lazyattn::router::RouterServer::Create(*options, registry);
+  if (!server.ok()) {
+    std::cerr << "lazyattn-router: " << server.status().message() << "\n";
+    return 1;
+  }
+  if (metrics != nullptr) {
+    std::cout << "lazyattn-router metrics on http://" << HostOf(options->metrics_address) << ":"
+              << metrics->port() << "/metrics\n";
+  }
+  std::cout << "lazyattn-router listening on " << HostOf(options->server.listen_address) << ":"
+            << (*server)->port() << std::endl;
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::cerr << "lazyattn-router: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ", shutting down\n";
+  (*server)->Shutdown(absl::Seconds(5));
+  server->reset();
+  metrics.reset();
+  return 0;
+}

@@ -1,0 +1,72 @@
+// Puts the routing pieces together for one request: predicted hits (the directory's residency plus
+// the router's own speculative entries), load (the worker's reported queue, or the router's own
+// in-flight count when that is larger, since heartbeats lag), circuit breakers, and the policy.
+//
+// Position independence: a document's KV is reusable at any position, so a worker's predicted
+// hits are the tokens of the request's documents it holds, as a set; the order of the documents in
+// the request (and in the directory's answer) does not enter.
+#ifndef LAZYATTN_SERVICES_ROUTER_POLICY_WORKER_SELECTOR_H_
+#define LAZYATTN_SERVICES_ROUTER_POLICY_WORKER_SELECTOR_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/document_key.h"
+#include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/routing_policy.h"
+#include "services/router/policy/speculative_entries.h"
+
+namespace lazyattn::router {
+
+// One distinct document of the request.
+struct DocumentRef {
+  DocumentKey key;
+  int64_t estimated_tokens = 0;  // exact for token documents, bytes / bytes-per-token for text
+};
+
+// One live worker, as the directory (or the worker itself) last reported it.
+struct WorkerObservation {
+  std::string id;
+  int64_t queued_prefill_tokens = 0;
+  int64_t requests = 0;         // running + waiting, as reported
+  int64_t router_inflight = 0;  // requests this router has sent there and not seen finish
+  int64_t resident_tokens = 0;  // tokens of the request's documents the directory says it holds
+  std::vector<bool> resident;   // per DocumentRef, same order; empty when unknown
+};
+
+struct Selection {
+  std::vector<size_t> order;                  // indices into the observations, best first
+  std::vector<int64_t> predicted_hit_tokens;  // per observation
+  bool imbalance_fallback = false;
+  bool breaker_panic = false;  // every breaker was open: all workers offered anyway
+};
+
+class WorkerSelector {
+ public:
+  WorkerSelector(const PolicyOptions& policy, const SpeculativeOptions& speculative,
+                 const CircuitBreakerOptions& breakers)
+      : policy_(policy), speculative_(speculative), breakers_(breakers) {}
+
+  // Thread-safe. Workers whose breaker is open are left out of the order, unless all are (then
+  // every worker is offered: a possibly-recovered worker beats a certain failure).
+  Selection Select(std::span<const WorkerObservation> workers, std::span<const DocumentRef> docs,
+                   absl::Time now);
+  // Records speculative entries for the worker a request was sent to.
+  void RecordChoice(std::span<const DocumentRef> docs, const std::string& worker, absl::Time now);
+
+  RoutingPolicy& policy() { return policy_; }
+  SpeculativeEntries& speculative() { return speculative_; }
+  CircuitBreakers& breakers() { return breakers_; }
+
+ private:
+  RoutingPolicy policy_;
+  SpeculativeEntries speculative_;
+  CircuitBreakers breakers_;
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_POLICY_WORKER_SELECTOR_H_

@@ -1,0 +1,161 @@
+#include "services/router/policy/worker_selector.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lazyattn::router {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+// A tiny directory: which worker holds which documents (and how many tokens each).
+struct Directory {
+  std::map<std::string, std::map<DocumentKey, int64_t>> held;
+
+  std::vector<WorkerObservation> Observe(const std::vector<DocumentRef>& docs) const {
+    std::vector<WorkerObservation> out;
+    for (const auto& [worker, keys] : held) {
+      WorkerObservation obs{.id = worker};
+      for (const DocumentRef& d : docs) {
+        auto it = keys.find(d.key);
+        obs.resident.push_back(it != keys.end());
+        if (it != keys.end()) obs.resident_tokens += it->second;
+      }
+      out.push_back(obs);
+    }
+    return out;
+  }
+};
+
+DocumentRef Doc(const std::string& text, int64_t tokens) {
+  return {DocumentKeyFromText("model-fp", "tok-fp", text), tokens};
+}
+
+WorkerSelector MakeSelector(PolicyKind kind = PolicyKind::kCacheAware) {
+  PolicyOptions p;
+  p.kind = kind;
+  return WorkerSelector(p, {.ttl = absl::Seconds(2), .max_keys = 1000},
+                        {.failure_threshold = 2, .open_duration = absl::Seconds(5)});
+}
+
+TEST(WorkerSelectorTest, CacheAwarePicksTheHolderWhateverTheDocumentOrder) {
+  const DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200), c = Doc("gamma", 250);
+  Directory dir;
+  dir.held["w0"] = {{a.key, 300}, {b.key, 200}};  // 500 tokens of {a, b}
+  dir.held["w1"] = {{c.key, 250}};
+  dir.held["w2"] = {};
+  WorkerSelector selector = MakeSelector();
+
+  const std::vector<std::vector<DocumentRef>> orders = {{a, b}, {b, a}, {b, c, a}, {a, c, b}};
+  for (const auto& docs : orders) {
+    auto obs = dir.Observe(docs);
+    Selection s = selector.Select(obs, docs, kT0);
+    ASSERT_FALSE(s.order.empty());
+    EXPECT_EQ(obs[s.order[0]].id, "w0");
+    EXPECT_EQ(s.predicted_hit_tokens[s.order[0]], 500);
+  }
+  // Only c: w1 holds it.
+  std::vector<DocumentRef> only_c = {c};
+  auto obs = dir.Observe(only_c);
+  EXPECT_EQ(obs[selector.Select(obs, only_c, kT0).order[0]].id, "w1");
+}
+
+TEST(WorkerSelectorTest, LoadComesFromTheRouterWhenHeartbeatsLag) {
+  WorkerSelector selector = MakeSelector(PolicyKind::kLeastLoaded);
+  std::vector<WorkerObservation> obs = {{.id = "w0", .requests = 0, .router_inflight = 3},
+                                        {.id = "w1", .requests = 1}};
+  EXPECT_EQ(obs[selector.Select(obs, {}, kT0).order[0]].id, "w1");
+}
+
+TEST(WorkerSelectorTest, SpeculativeEntrySteersABurstUntilItExpires) {
+  const std::vector<DocumentRef> docs = {Doc("new-1", 400), Doc("new-2", 600)};
+  const std::vector<DocumentRef> reversed = {docs[1], docs[0]};
+  Directory dir;  // nobody holds them yet: the workers' events have not arrived
+  dir.held["w0"] = {};
+  dir.held["w1"] = {};
+  dir.held["w2"] = {};
+  WorkerSelector selector = MakeSelector();
+
+  auto obs = dir.Observe(docs);
+  Selection first = selector.Select(obs, docs, kT0);
+  const std::string chosen = obs[first.order[0]].id;
+  EXPECT_EQ(first.predicted_hit_tokens[first.order[0]], 0);
+  selector.RecordChoice(docs, chosen, kT0);
+
+  for (int i = 1; i <= 6; ++i) {
+    const auto& burst_docs = i % 2 ? reversed : docs;
+    auto o = dir.Observe(burst_docs);
+    Selection s = selector.Select(o, burst_docs, kT0 + absl::Milliseconds(100 * i));
+    EXPECT_EQ(o[s.order[0]].id, chosen) << "request " << i;
+    EXPECT_EQ(s.predicted_hit_tokens[s.order[0]], 1000);
+  }
+
+  // After the TTL nothing steers: idle workers rotate, so the next three go to three workers.
+  std::set<std::string> after;
+  for (int i = 0; i < 3; ++i) {
+    Selection s = selector.Select(obs, docs, kT0 + absl::Seconds(3));
+    after.insert(obs[s.order[0]].id);
+    EXPECT_EQ(s.predicted_hit_tokens[s.order[0]], 0);
+  }
+  EXPECT_EQ(after.size(), 3u);
+}
+
+TEST(WorkerSelectorTest, SpeculationDoesNotDoubleCountConfirmedDocuments) {
+  const std::vector<DocumentRef> docs = {Doc("x", 100), Doc("y", 50)};
+  Directory dir;
+  dir.held["w0"] = {{docs[0].key, 120}};  // the directory knows x precisely
+  WorkerSelector selector = MakeSelector();
+  selector.RecordChoice(docs, "w0", kT0);
+  auto obs = dir.Observe(docs);
+  Selection s = selector.Select(obs, docs, kT0);
+  EXPECT_EQ(s.predicted_hit_tokens[0], 120 + 50);
+}
+
+TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
+  const DocumentRef a = Doc("alpha", 300);
+  Directory dir;
+  dir.held["w0"] = {{a.key, 300}};
+  dir.held["w1"] = {};
+  WorkerSelector selector = MakeSelector();
+  selector.breakers().RecordFailure("w0", kT0);
+  selector.breakers().RecordFailure("w0", kT0);
+
+  std::vector<DocumentRef> docs = {a};
+  auto obs = dir.Observe(docs);
+  Selection s = selector.Select(obs, docs, kT0 + absl::Seconds(1));
+  ASSERT_EQ(s.order.size(), 1u);
+  EXPECT_EQ(obs[s.order[0]].id, "w1");
+
+  // Open period over: w0 is offered again (first, it holds the document) and gets the probe.
+  const absl::Time t1 = kT0 + absl::Seconds(5);
+  s = selector.Select(obs, docs, t1);
+  ASSERT_EQ(s.order.size(), 2u);
+  EXPECT_EQ(obs[s.order[0]].id, "w0");
+  EXPECT_TRUE(selector.breakers().TryAcquire("w0", t1));
+  s = selector.Select(obs, docs, t1);  // while the probe is out, others go elsewhere
+  ASSERT_EQ(s.order.size(), 1u);
+  EXPECT_EQ(obs[s.order[0]].id, "w1");
+  selector.breakers().RecordSuccess("w0");
+  s = selector.Select(obs, docs, t1);
+  EXPECT_EQ(obs[s.order[0]].id, "w0");
+}
+
+TEST(WorkerSelectorTest, AllBreakersOpenOffersEveryWorker) {
+  WorkerSelector selector = MakeSelector();
+  for (const char* w : {"w0", "w1"}) {
+    selector.breakers().RecordFailure(w, kT0);
+    selector.breakers().RecordFailure(w, kT0);
+  }
+  std::vector<WorkerObservation> obs = {{.id = "w0"}, {.id = "w1"}};
+  Selection s = selector.Select(obs, {}, kT0);
+  EXPECT_TRUE(s.breaker_panic);
+  EXPECT_EQ(s.order.size(), 2u);
+}
+
+}  // namespace
+}  // namespace lazyattn::router

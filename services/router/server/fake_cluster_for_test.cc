@@ -1,0 +1,232 @@
+#include "services/router/server/fake_cluster_for_test.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace lazyattn::router::testing {
+namespace {
+
+std::unique_ptr<grpc::Server> StartOnLocalhost(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  auto server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+}  // namespace
+
+DocumentKey TextKey(const std::string& text) {
+  return DocumentKeyFromText(kModelFp, kTokenizerFp, text);
+}
+
+// --- FakeWorker ------------------------------------------------------------------------------
+
+FakeWorker::FakeWorker(std::string id) : id_(std::move(id)) {}
+FakeWorker::~FakeWorker() { Stop(); }
+
+void FakeWorker::Start() { server_ = StartOnLocalhost(this, &address_); }
+
+void FakeWorker::Stop() {
+  Unblock();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
+}
+
+lazyattn::v1::WorkerStatus FakeWorker::Status() const {
+  lazyattn::v1::WorkerStatus s;
+  s.set_worker_id(id_);
+  s.set_address(address_);
+  auto* m = s.mutable_model();
+  m->set_name("fake-model");
+  m->set_model_fingerprint(kModelFp);
+  m->set_tokenizer_fingerprint(kTokenizerFp);
+  m->set_vocab_size(1000);
+  m->set_max_context_tokens(8192);
+  m->set_max_documents(32);
+  m->set_chat_template("smollm2");
+  return s;
+}
+
+void FakeWorker::SetScript(const Script& script) {
+  absl::MutexLock lock(&mu_);
+  script_ = script;
+}
+
+void FakeWorker::Unblock() {
+  absl::MutexLock lock(&mu_);
+  unblocked_ = true;
+}
+
+int FakeWorker::generate_calls() const {
+  absl::MutexLock lock(&mu_);
+  return generate_calls_;
+}
+
+int FakeWorker::prefetch_calls() const {
+  absl::MutexLock lock(&mu_);
+  return prefetch_calls_;
+}
+
+lazyattn::v1::GenerateRequest FakeWorker::last_request() const {
+  absl::MutexLock lock(&mu_);
+  return last_request_;
+}
+
+bool FakeWorker::WaitForCalls(int n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generate_calls_ >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+bool FakeWorker::WaitForCancellation(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto seen = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancellations_ > 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
+}
+
+grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
+                                  const lazyattn::v1::GenerateRequest* request,
+                                  grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) {
+  Script script;
+  {
+    absl::MutexLock lock(&mu_);
+    ++generate_calls_;
+    last_request_ = *request;
+    script = script_;
+  }
+  if (script.fail_before_first_token != grpc::StatusCode::OK) {
+    return grpc::Status(script.fail_before_first_token, "scripted failure before the first token");
+  }
+  if (script.block) {
+    absl::MutexLock lock(&mu_);
+    while (!unblocked_ && !context->IsCancelled()) {
+      mu_.AwaitWithTimeout(absl::Condition(&unblocked_), absl::Milliseconds(5));
+    }
+    if (context->IsCancelled()) {
+      ++cancellations_;
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < script.tokens.size(); ++i) {
+    if (script.fail_after_tokens >= 0 && static_cast<int>(i) == script.fail_after_tokens) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted crash mid-stream");
+    }
+    lazyattn::v1::GenerateResponse r;
+    r.mutable_token()->set_token_id(static_cast<int32_t>(100 + i));
+    r.mutable_token()->set_text(script.tokens[i]);
+    text += script.tokens[i];
+    if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+  }
+  lazyattn::v1::GenerateResponse last;
+  auto* final = last.mutable_final();
+  final->set_finish_reason("stop");
+  final->set_text(text);
+  final->set_worker("worker-internal-name");
+  final->set_ttft_ms(1.5);
+  final->mutable_usage()->set_documents(request->documents_size());
+  final->mutable_usage()->set_completion_tokens(static_cast<int64_t>(script.tokens.size()));
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeWorker::Prefetch(grpc::ServerContext*,
+                                  const lazyattn::v1::PrefetchRequest* request,
+                                  lazyattn::v1::PrefetchResponse* response) {
+  Script script;
+  {
+    absl::MutexLock lock(&mu_);
+    ++prefetch_calls_;
+    script = script_;
+  }
+  if (script.fail_before_first_token != grpc::StatusCode::OK) {
+    return grpc::Status(script.fail_before_first_token, "scripted prefetch failure");
+  }
+  response->add_workers(id_);
+  for (const auto& d : request->documents())
+    response->set_computed_tokens(response->computed_tokens() +
+                                  static_cast<int64_t>(d.text().size()));
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeWorker::Status(grpc::ServerContext*, const lazyattn::v1::WorkerStatusRequest*,
+                                lazyattn::v1::WorkerStatus* response) {
+  *response = Status();
+  return grpc::Status::OK;
+}
+
+// --- FakeKvdir -------------------------------------------------------------------------------
+
+FakeKvdir::~FakeKvdir() { Stop(); }
+
+void FakeKvdir::Start() { server_ = StartOnLocalhost(this, &address_); }
+
+void FakeKvdir::Stop() {
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
+}
+
+void FakeKvdir::SetWorkers(const std::vector<lazyattn::v1::WorkerStatus>& workers) {
+  absl::MutexLock lock(&mu_);
+  workers_ = workers;
+}
+
+void FakeKvdir::Hold(const std::string& worker_id, const std::string& text, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  held_[worker_id][TextKey(text)] = tokens;
+}
+
+void FakeKvdir::SetHang(bool hang) {
+  absl::MutexLock lock(&mu_);
+  hang_ = hang;
+}
+
+int FakeKvdir::lookups() const {
+  absl::MutexLock lock(&mu_);
+  return lookups_;
+}
+
+grpc::Status FakeKvdir::Lookup(grpc::ServerContext* context,
+                               const lazyattn::v1::LookupRequest* request,
+                               lazyattn::v1::LookupResponse* response) {
+  bool hang;
+  {
+    absl::MutexLock lock(&mu_);
+    ++lookups_;
+    hang = hang_;
+  }
+  if (hang) {
+    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "hung until the deadline");
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& status : workers_) {
+    auto* w = response->add_workers();
+    *w->mutable_worker() = status;
+    const auto& held = held_[status.worker_id()];
+    for (const auto& key : request->keys()) {
+      auto it = held.find(DocumentKey{key.hi(), key.lo()});
+      w->add_resident(it != held.end());
+      if (it != held.end()) w->set_resident_tokens(w->resident_tokens() + it->second);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeKvdir::ListWorkers(grpc::ServerContext*, const lazyattn::v1::ListWorkersRequest*,
+                                    lazyattn::v1::ListWorkersResponse* response) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& status : workers_) *response->add_workers()->mutable_worker() = status;
+  return grpc::Status::OK;
+}
+
+}  // namespace lazyattn::router::testing

@@ -1,0 +1,116 @@
+// Test doubles for the router's tests: a fake worker (Worker service) and a fake KV directory
+// (KvDirectory service), each a real gRPC server on 127.0.0.1 with an OS-chosen port. Their
+// behaviour is scripted by the test; they record what they received.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_FAKE_CLUSTER_FOR_TEST_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_FAKE_CLUSTER_FOR_TEST_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/document_key.h"
+#include "lazyattn/v1/kvdir.grpc.pb.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+
+namespace lazyattn::router::testing {
+
+inline constexpr char kModelFp[] = "fake-model-fp";
+inline constexpr char kTokenizerFp[] = "fake-tokenizer-fp";
+
+DocumentKey TextKey(const std::string& text);
+
+class FakeWorker final : public lazyattn::v1::Worker::Service {
+ public:
+  struct Script {
+    std::vector<std::string> tokens = {"Hello", ",", " world"};
+    // Non-OK: returned before any token.
+    grpc::StatusCode fail_before_first_token = grpc::StatusCode::OK;
+    // >= 0: after this many tokens, fail with UNAVAILABLE.
+    int fail_after_tokens = -1;
+    // Wait for Unblock() (or the call's cancellation) before the first token.
+    bool block = false;
+  };
+
+  explicit FakeWorker(std::string id);
+  ~FakeWorker() override;
+
+  // Starts serving on 127.0.0.1:0.
+  void Start();
+  void Stop();
+  const std::string& id() const { return id_; }
+  const std::string& address() const { return address_; }
+  lazyattn::v1::WorkerStatus Status() const;
+
+  void SetScript(const Script& script);
+  void Unblock();
+  int generate_calls() const;
+  int prefetch_calls() const;
+  lazyattn::v1::GenerateRequest last_request() const;
+  // Waits (up to `timeout`) until `n` Generate calls have arrived / a call saw its cancellation.
+  bool WaitForCalls(int n, absl::Duration timeout) const;
+  bool WaitForCancellation(absl::Duration timeout) const;
+
+  grpc::Status Generate(grpc::ServerContext* context, const lazyattn::v1::GenerateRequest* request,
+                        grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) override;
+  grpc::Status Prefetch(grpc::ServerContext* context, const lazyattn::v1::PrefetchRequest* request,
+                        lazyattn::v1::PrefetchResponse* response) override;
+  grpc::Status Status(grpc::ServerContext* context,
+                      const lazyattn::v1::WorkerStatusRequest* request,
+                      lazyattn::v1::WorkerStatus* response) override;
+
+ private:
+  const std::string id_;
+  std::string address_;
+  std::unique_ptr<grpc::Server> server_;
+
+  mutable absl::Mutex mu_;
+  Script script_ ABSL_GUARDED_BY(mu_);
+  bool unblocked_ ABSL_GUARDED_BY(mu_) = false;
+  int generate_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int prefetch_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancellations_ ABSL_GUARDED_BY(mu_) = 0;
+  lazyattn::v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
+ public:
+  FakeKvdir() = default;
+  ~FakeKvdir() override;
+
+  void Start();
+  void Stop();
+  const std::string& address() const { return address_; }
+
+  void SetWorkers(const std::vector<lazyattn::v1::WorkerStatus>& workers);
+  // `worker_id` holds the document with `text`, of `tokens` tokens.
+  void Hold(const std::string& worker_id, const std::string& text, int64_t tokens);
+  // Lookups wait until their deadline passes (a directory that hangs).
+  void SetHang(bool hang);
+  int lookups() const;
+
+  grpc::Status Lookup(grpc::ServerContext* context, const lazyattn::v1::LookupRequest* request,
+                      lazyattn::v1::LookupResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const lazyattn::v1::ListWorkersRequest* request,
+                           lazyattn::v1::ListWorkersResponse* response) override;
+
+ private:
+  std::string address_;
+  std::unique_ptr<grpc::Server> server_;
+
+  mutable absl::Mutex mu_;
+  std::vector<lazyattn::v1::WorkerStatus> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<DocumentKey, int64_t>> held_ ABSL_GUARDED_BY(mu_);
+  bool hang_ ABSL_GUARDED_BY(mu_) = false;
+  int lookups_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lazyattn::router::testing
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_FAKE_CLUSTER_FOR_TEST_H_

@@ -1,0 +1,309 @@
+#include "services/router/server/forwarding_call.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace lazyattn::router {
+
+using lazyattn::v1::Final;
+using lazyattn::v1::GenerateRequest;
+using lazyattn::v1::GenerateResponse;
+
+namespace {
+
+std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
+
+}  // namespace
+
+// --- WorkerAttempt -------------------------------------------------------------------------------
+
+WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
+                             std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
+                             std::unique_ptr<grpc::ClientContext> context)
+    : call_(call),
+      worker_(std::move(worker)),
+      stub_(std::move(stub)),
+      context_(std::move(context)) {}
+
+void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request) {
+  self_ = std::move(self);
+  stub_->async()->Generate(context_.get(), request, this);
+  AddHold();
+  StartRead(&message_);
+  StartCall();
+}
+
+void WorkerAttempt::ReadNext() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || !hold_ || read_outstanding_) return;
+    read_outstanding_ = true;
+  }
+  StartRead(&message_);
+}
+
+void WorkerAttempt::Cancel() {
+  bool remove_hold = false;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (hold_ && !read_outstanding_) {
+      hold_ = false;
+      remove_hold = true;
+    }
+  }
+  context_->TryCancel();
+  if (remove_hold) RemoveHold();
+}
+
+void WorkerAttempt::OnReadDone(bool ok) {
+  bool remove_hold = false;
+  bool deliver = false;
+  {
+    absl::MutexLock lock(&mu_);
+    read_outstanding_ = false;
+    if (!ok || cancelled_) {
+      remove_hold = hold_;
+      hold_ = false;
+    } else {
+      deliver = true;
+    }
+  }
+  if (remove_hold) RemoveHold();
+  if (deliver) call_->OnWorkerMessage(this, message_);
+}
+
+void WorkerAttempt::OnDone(const grpc::Status& status) {
+  std::shared_ptr<WorkerAttempt> keep = std::move(self_);
+  call_->OnAttemptDone(this, status);  // may end the call: nothing here touches it afterwards
+}
+
+// --- ForwardingCall ------------------------------------------------------------------------------
+
+ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
+                               const GenerateRequest* request)
+    : router_(router), server_context_(server_context), request_(request), started_(absl::Now()) {}
+
+void ForwardingCall::Begin() {
+  std::vector<DocumentRef> docs =
+      router_->DocumentRefs(request_->documents(), request_->cache_mode());
+  router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
+}
+
+void ForwardingCall::OnPlan(RoutePlan plan) {
+  router_->metrics().ObserveRouting(absl::Now() - started_);
+  {
+    absl::MutexLock lock(&mu_);
+    plan_ = std::move(plan);
+  }
+  StartNextAttempt();
+}
+
+grpc::Status ForwardingCall::ExhaustedStatus() const {
+  if (failures_.empty()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no live workers: the directory lists none and no static worker is "
+                        "configured");
+  }
+  return grpc::Status(last_code_, absl::StrCat("no worker could serve the request (", attempts_,
+                                               attempts_ == 1 ? " attempt" : " attempts",
+                                               "): ", absl::StrJoin(failures_, "; ")));
+}
+
+void ForwardingCall::StartNextAttempt() {
+  std::shared_ptr<WorkerAttempt> attempt;
+  int64_t predicted_hits = 0;
+  int attempt_number = 0;
+  std::vector<DocumentRef> docs;
+  grpc::Status failure;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    const int max_attempts = router_->options().routing.max_attempts;
+    if (cancelled_) {
+      failure = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    } else {
+      while (attempt == nullptr && next_worker_ < plan_.workers.size() &&
+             attempts_ < max_attempts) {
+        const size_t index = next_worker_++;
+        const WorkerInfo& w = plan_.workers[index];
+        if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) {
+          // Opened (or its probe taken) since the plan was made.
+          failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
+          continue;
+        }
+        auto stub = router_->registry().Stub(w.address);
+        if (!stub.ok()) {
+          router_->selector().breakers().Release(w.id);
+          failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
+          continue;
+        }
+        ++attempts_;
+        attempt = std::make_shared<WorkerAttempt>(
+            this, w, *stub, grpc::ClientContext::FromCallbackServerContext(*server_context_));
+        current_ = attempt;
+        tokens_ = 0;
+        final_.reset();
+        predicted_hits = plan_.predicted_hits[index];
+        attempt_number = attempts_;
+        docs = plan_.docs;
+      }
+      if (attempt == nullptr) failure = ExhaustedStatus();
+    }
+  }
+  if (attempt == nullptr) {
+    End(failure, std::nullopt);
+    return;
+  }
+  const std::string& id = attempt->worker().id;
+  router_->metrics().CountSelection(id);
+  if (attempt_number == 1) {
+    router_->metrics().AddPredictedHitTokens(predicted_hits);
+  } else {
+    router_->metrics().CountRetry();
+  }
+  router_->registry().AddInflight(id, 1);
+  router_->selector().RecordChoice(docs, id, absl::Now());
+  attempt->Start(attempt, request_);
+}
+
+void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateResponse& message) {
+  if (message.has_token()) {
+    bool deliver = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_ && !ended_) {
+        ++tokens_;
+        write_pending_ = true;
+        deliver = true;
+      }
+    }
+    if (deliver) {
+      DeliverToken(message);
+    } else {
+      attempt->Cancel();
+    }
+    return;
+  }
+  if (message.has_final()) {
+    absl::MutexLock lock(&mu_);
+    final_ = message.final();
+  }
+  attempt->ReadNext();
+}
+
+void ForwardingCall::ClientWriteDone(bool ok) {
+  std::shared_ptr<WorkerAttempt> attempt;
+  bool cancel = false;
+  std::optional<std::pair<grpc::Status, std::optional<Final>>> end;
+  {
+    absl::MutexLock lock(&mu_);
+    write_pending_ = false;
+    if (deferred_end_.has_value()) {
+      end = std::move(deferred_end_);
+      deferred_end_.reset();
+    } else {
+      if (!ok) cancelled_ = true;  // the client's stream is gone
+      cancel = cancelled_;
+      attempt = current_;
+    }
+  }
+  if (end.has_value()) {
+    DeliverEnd(end->first, end->second.has_value() ? &*end->second : nullptr);
+    return;
+  }
+  if (attempt == nullptr) return;
+  if (cancel) {
+    attempt->Cancel();
+  } else {
+    attempt->ReadNext();
+  }
+}
+
+void ForwardingCall::ClientCancelled() {
+  std::shared_ptr<WorkerAttempt> attempt;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    attempt = current_;
+  }
+  if (attempt != nullptr) attempt->Cancel();
+}
+
+void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& worker_status) {
+  const WorkerInfo& w = attempt->worker();
+  router_->registry().AddInflight(w.id, -1);
+  auto& breakers = router_->selector().breakers();
+  grpc::Status status = worker_status;
+  std::optional<Final> final;
+  bool retry = false;
+  {
+    absl::MutexLock lock(&mu_);
+    current_.reset();
+    if (status.ok() && !final_.has_value()) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "the worker ended its stream without a final message");
+    }
+    if (status.ok()) {
+      breakers.RecordSuccess(w.id);
+      final = std::move(final_);
+      final->set_worker(w.id);
+      final->set_attempts(attempts_);
+    } else {
+      const grpc::StatusCode code = status.error_code();
+      if (IsWorkerFault(code) && !cancelled_) {
+        breakers.RecordFailure(w.id, absl::Now());
+      } else {
+        breakers.Release(w.id);
+      }
+      if (cancelled_) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      } else if (tokens_ > 0 && StreamsToClient()) {
+        status = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("worker ", w.id, " (", w.address, ") failed after ", tokens_,
+                         " tokens were streamed: ", CodeText(code), ": ", status.error_message(),
+                         "; not retried on another worker because output had been sent"));
+      } else {
+        const bool deadline_passed =
+            server_context_->deadline() <= std::chrono::system_clock::now();
+        last_code_ = code;
+        failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", CodeText(code), ": ",
+                                         status.error_message()));
+        if (IsRetryable(code) && !deadline_passed) {
+          retry = true;
+          if (tokens_ > 0) DiscardPartial();
+        } else if (code != grpc::StatusCode::INVALID_ARGUMENT &&
+                   code != grpc::StatusCode::DEADLINE_EXCEEDED) {
+          status = grpc::Status(
+              code, absl::StrCat("worker ", w.id, " (", w.address, "): ", status.error_message()));
+        }
+      }
+    }
+  }
+  if (retry) {
+    StartNextAttempt();
+  } else {
+    End(status, std::move(final));
+  }
+}
+
+void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    router_->metrics().CountRequest(status.error_code());
+    if (write_pending_) {
+      deferred_end_.emplace(std::move(status), std::move(final));
+      return;
+    }
+  }
+  DeliverEnd(status, final.has_value() ? &*final : nullptr);
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,138 @@
+// One Generate or Complete call at the router: route, forward to a worker's Worker.Generate with
+// the callback client API, relay its tokens, fail over.
+//
+// Flow: Begin() -> PlanAsync (kvdir lookup, <= lookup_timeout) -> attempt on the best worker ->
+// each token is handed to the sink (DeliverToken); the next read from the worker starts only when
+// the sink is done with it (ClientWriteDone), so a slow client slows its own worker stream through
+// gRPC flow control and the router buffers at most one message per call.
+//
+// Failover: a worker that fails before its first token (UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED;
+// connection failures are UNAVAILABLE) is replaced by the next worker of the plan, up to
+// routing.max_attempts. After tokens reached the client, a failure ends the call with UNAVAILABLE
+// saying so (a unary Complete has sent nothing yet, so it may still fail over). Final.worker and
+// Final.attempts are filled in by the router.
+//
+// Cancellation and deadlines: each worker call's ClientContext is made from the server context, so
+// the client's deadline and cancellation propagate; OnCancel also cancels the worker call at once.
+//
+// Lifetime: the reactor (subclass) deletes itself in OnDone, which gRPC runs only after Finish;
+// DeliverEnd (which calls Finish) runs only after the lookup callback and the current attempt's
+// OnDone, so no callback outlives the call. Attempts are shared_ptr-owned (they keep themselves
+// until their OnDone) so a concurrent Cancel never touches a freed attempt.
+//
+// Lock order: ForwardingCall::mu_, then the components' own locks (registry, breakers, metrics).
+// gRPC operations (StartRead/StartWrite/Finish/TryCancel) are never started under mu_.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_FORWARDING_CALL_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_FORWARDING_CALL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/server/router_context.h"
+
+namespace lazyattn::router {
+
+class ForwardingCall;
+
+// One Worker.Generate call. Holds itself alive from Start to OnDone.
+class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateResponse> {
+ public:
+  WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
+                std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
+                std::unique_ptr<grpc::ClientContext> context);
+
+  void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request);
+  // The previous message was consumed: read the next one.
+  void ReadNext();
+  // Cancels the worker call; idempotent, safe at any time.
+  void Cancel();
+  const WorkerInfo& worker() const { return worker_; }
+
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  ForwardingCall* const call_;
+  const WorkerInfo worker_;
+  std::shared_ptr<lazyattn::v1::Worker::Stub> stub_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  lazyattn::v1::GenerateResponse message_;
+  std::shared_ptr<WorkerAttempt> self_;
+
+  absl::Mutex mu_;
+  // One hold covers the read flow (reads are started from the server side's OnWriteDone, outside
+  // this reactor's reactions); it is removed once no more reads will be started.
+  bool hold_ ABSL_GUARDED_BY(mu_) = true;
+  bool read_outstanding_ ABSL_GUARDED_BY(mu_) = true;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class ForwardingCall {
+ public:
+  virtual ~ForwardingCall() = default;
+
+ protected:
+  ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
+                 const lazyattn::v1::GenerateRequest* request);
+
+  // Validation and admission passed: route and forward. Called once.
+  void Begin();
+  // The sink finished with the last token (ok: it reached the client's stream).
+  void ClientWriteDone(bool ok);
+  void ClientCancelled();
+
+  // Sink: hand one token message to the client, then call ClientWriteDone.
+  virtual void DeliverToken(const lazyattn::v1::GenerateResponse& token) = 0;
+  // Sink: end the call; `final` is set exactly when status is OK. Must be the sink's last act.
+  virtual void DeliverEnd(const grpc::Status& status, const lazyattn::v1::Final* final) = 0;
+  // Whether delivered tokens are visible to the client (stream) or buffered (unary).
+  virtual bool StreamsToClient() const = 0;
+  // A buffering sink drops what it collected from a failed attempt.
+  virtual void DiscardPartial() {}
+
+  RouterContext* router() const { return router_; }
+
+ private:
+  friend class WorkerAttempt;
+
+  void OnPlan(RoutePlan plan);
+  void StartNextAttempt();
+  void OnWorkerMessage(WorkerAttempt* attempt, const lazyattn::v1::GenerateResponse& message);
+  void OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& status);
+  void End(grpc::Status status, std::optional<lazyattn::v1::Final> final);
+  grpc::Status ExhaustedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  RouterContext* const router_;
+  grpc::CallbackServerContext* const server_context_;
+  const lazyattn::v1::GenerateRequest* const request_;
+  const absl::Time started_;
+
+  absl::Mutex mu_;
+  RoutePlan plan_ ABSL_GUARDED_BY(mu_);
+  size_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  int attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<WorkerAttempt> current_ ABSL_GUARDED_BY(mu_);
+  int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;  // delivered from the current attempt
+  std::optional<lazyattn::v1::Final> final_ ABSL_GUARDED_BY(mu_);
+  grpc::StatusCode last_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  // An end that arrived while a write was in flight; delivered from ClientWriteDone.
+  std::optional<std::pair<grpc::Status, std::optional<lazyattn::v1::Final>>> deferred_end_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_FORWARDING_CALL_H_

@@ -1,0 +1,163 @@
+#include "services/router/server/inference_service.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "services/router/server/forwarding_call.h"
+#include "services/router/server/prefetch_call.h"
+#include "services/router/server/request_validator.h"
+
+namespace lazyattn::router {
+namespace {
+
+using lazyattn::v1::CompleteResponse;
+using lazyattn::v1::Final;
+using lazyattn::v1::GenerateRequest;
+using lazyattn::v1::GenerateResponse;
+
+// Validation and admission shared by Generate and Complete; an error status means "finish now".
+grpc::Status Admit(RouterContext* router, const GenerateRequest& request, bool* admitted) {
+  const auto model = router->registry().Model();
+  absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
+                                               model.has_value() ? model->vocab_size() : 0);
+  if (!valid.ok()) return ToGrpcStatus(valid);
+  if (!router->TryAdmit()) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("router busy: ", router->options().max_inflight_requests,
+                                     " requests in flight (limits.max_inflight_requests); "
+                                     "retry later"));
+  }
+  *admitted = true;
+  return grpc::Status::OK;
+}
+
+class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
+                              public ForwardingCall {
+ public:
+  GenerateReactor(RouterContext* router, grpc::CallbackServerContext* context,
+                  const GenerateRequest* request)
+      : ForwardingCall(router, context, request) {
+    grpc::Status s = Admit(router, *request, &admitted_);
+    if (!s.ok()) {
+      router->metrics().CountRequest(s.error_code());
+      Finish(s);
+      return;
+    }
+    Begin();
+  }
+
+  void OnWriteDone(bool ok) override { ClientWriteDone(ok); }
+  void OnCancel() override { ClientCancelled(); }
+  void OnDone() override {
+    if (admitted_) router()->Release();
+    delete this;
+  }
+
+ private:
+  void DeliverToken(const GenerateResponse& token) override {
+    out_ = token;
+    StartWrite(&out_);
+  }
+  void DeliverEnd(const grpc::Status& status, const Final* final) override {
+    if (status.ok() && final != nullptr) {
+      out_.Clear();
+      *out_.mutable_final() = *final;
+      StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      Finish(status);
+    }
+  }
+  bool StreamsToClient() const override { return true; }
+
+  GenerateResponse out_;
+  bool admitted_ = false;
+};
+
+class CompleteReactor final : public grpc::ServerUnaryReactor, public ForwardingCall {
+ public:
+  CompleteReactor(RouterContext* router, grpc::CallbackServerContext* context,
+                  const GenerateRequest* request, CompleteResponse* response)
+      : ForwardingCall(router, context, request), response_(response) {
+    grpc::Status s = Admit(router, *request, &admitted_);
+    if (!s.ok()) {
+      router->metrics().CountRequest(s.error_code());
+      Finish(s);
+      return;
+    }
+    Begin();
+  }
+
+  void OnCancel() override { ClientCancelled(); }
+  void OnDone() override {
+    if (admitted_) router()->Release();
+    delete this;
+  }
+
+ private:
+  void DeliverToken(const GenerateResponse& token) override {
+    text_ += token.token().text();
+    token_ids_.push_back(token.token().token_id());
+    ClientWriteDone(true);
+  }
+  void DeliverEnd(const grpc::Status& status, const Final* final) override {
+    if (status.ok() && final != nullptr) {
+      response_->set_text(final->text().empty() ? text_ : final->text());
+      response_->mutable_token_ids()->Assign(token_ids_.begin(), token_ids_.end());
+      *response_->mutable_final() = *final;
+    }
+    Finish(status);
+  }
+  bool StreamsToClient() const override { return false; }
+  void DiscardPartial() override {
+    text_.clear();
+    token_ids_.clear();
+  }
+
+  CompleteResponse* const response_;
+  std::string text_;
+  std::vector<int32_t> token_ids_;
+  bool admitted_ = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const GenerateRequest* request) {
+  return new GenerateReactor(router_, context, request);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Complete(grpc::CallbackServerContext* context,
+                                                     const GenerateRequest* request,
+                                                     CompleteResponse* response) {
+  return new CompleteReactor(router_, context, request, response);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Prefetch(grpc::CallbackServerContext* context,
+                                                     const lazyattn::v1::PrefetchRequest* request,
+                                                     lazyattn::v1::PrefetchResponse* response) {
+  return new PrefetchReactor(router_, context, request, response);
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(
+    grpc::CallbackServerContext* context, const lazyattn::v1::GetModelInfoRequest* /*request*/,
+    lazyattn::v1::ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auto model = router_->registry().Model();
+  if (!model.has_value()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live worker has reported its model yet"));
+    return reactor;
+  }
+  *response = *model;
+  response->set_workers(router_->registry().LiveCount());
+  const int limit = router_->options().limits.max_documents;
+  response->set_max_documents(model->max_documents() > 0 ? std::min(model->max_documents(), limit)
+                                                         : limit);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace lazyattn::router

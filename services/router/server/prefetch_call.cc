@@ -1,0 +1,179 @@
+#include "services/router/server/prefetch_call.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_util.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+
+namespace lazyattn::router {
+
+using lazyattn::v1::PrefetchRequest;
+using lazyattn::v1::PrefetchResponse;
+
+struct PrefetchReactor::WorkerCall {
+  WorkerInfo worker;
+  std::shared_ptr<lazyattn::v1::Worker::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> context;
+  PrefetchResponse response;
+};
+
+PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerContext* context,
+                                 const PrefetchRequest* request, PrefetchResponse* response)
+    : router_(router), context_(context), request_(request), response_(response) {
+  const auto model = router->registry().Model();
+  absl::Status valid = ValidatePrefetchRequest(*request, router->options().limits,
+                                               model.has_value() ? model->vocab_size() : 0);
+  if (!valid.ok()) {
+    Finish(ToGrpcStatus(valid));
+    return;
+  }
+  if (!router->TryAdmit()) {
+    Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("router busy: ", router->options().max_inflight_requests,
+                                     " requests in flight (limits.max_inflight_requests); "
+                                     "retry later")));
+    return;
+  }
+  admitted_ = true;
+  worker_request_ = *request;
+  worker_request_.set_replicas(0);
+  const auto mode = request->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK
+                        ? lazyattn::v1::CACHE_MODE_BLOCK
+                        : lazyattn::v1::CACHE_MODE_LAZY;
+  router->PlanAsync(router->DocumentRefs(request->documents(), mode),
+                    [this](RoutePlan plan) { OnPlan(std::move(plan)); });
+}
+
+std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextCallsLocked() {
+  std::vector<std::shared_ptr<WorkerCall>> out;
+  const absl::Time now = absl::Now();
+  while (!cancelled_ && succeeded_ + outstanding_ < wanted_ &&
+         next_worker_ < plan_.workers.size()) {
+    const WorkerInfo& w = plan_.workers[next_worker_++];
+    if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) continue;
+    auto stub = router_->registry().Stub(w.address);
+    if (!stub.ok()) {
+      router_->selector().breakers().Release(w.id);
+      failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
+      continue;
+    }
+    auto call = std::make_shared<WorkerCall>();
+    call->worker = w;
+    call->stub = *stub;
+    call->context = grpc::ClientContext::FromCallbackServerContext(*context_);
+    ++outstanding_;
+    active_.push_back(call);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls) {
+  // Once the last call is started the reactor may finish on another thread: only locals below.
+  RouterContext* const router = router_;
+  const PrefetchRequest* const request = &worker_request_;
+  std::vector<DocumentRef> docs;
+  if (!calls.empty()) {
+    absl::MutexLock lock(&mu_);
+    docs = plan_.docs;
+  }
+  for (const auto& call : calls) {
+    router->metrics().CountSelection(call->worker.id);
+    router->registry().AddInflight(call->worker.id, 1);
+    router->selector().RecordChoice(docs, call->worker.id, absl::Now());
+  }
+  for (const auto& call : calls) {
+    call->stub->async()->Prefetch(call->context.get(), request, &call->response,
+                                  [this, call](grpc::Status s) { OnWorkerDone(call, s); });
+  }
+}
+
+void PrefetchReactor::OnPlan(RoutePlan plan) {
+  std::vector<std::shared_ptr<WorkerCall>> calls;
+  bool nothing = false;
+  {
+    absl::MutexLock lock(&mu_);
+    plan_ = std::move(plan);
+    wanted_ = request_->replicas() == 0 ? 1 : static_cast<size_t>(request_->replicas());
+    calls = NextCallsLocked();
+    nothing = calls.empty();
+  }
+  if (nothing) {
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no live workers: the directory lists none and no static worker is "
+                        "configured"));
+    return;
+  }
+  Launch(calls);
+}
+
+void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
+                                   const grpc::Status& status) {
+  router_->registry().AddInflight(call->worker.id, -1);
+  auto& breakers = router_->selector().breakers();
+  std::vector<std::shared_ptr<WorkerCall>> more;
+  std::optional<grpc::Status> final_status;
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    active_.erase(std::find(active_.begin(), active_.end(), call));
+    if (status.ok()) {
+      breakers.RecordSuccess(call->worker.id);
+      ++succeeded_;
+      response_->add_workers(call->worker.id);
+      response_->set_computed_tokens(response_->computed_tokens() +
+                                     call->response.computed_tokens());
+      response_->set_cached_tokens(response_->cached_tokens() + call->response.cached_tokens());
+    } else {
+      if (IsWorkerFault(status.error_code()) && !cancelled_) {
+        breakers.RecordFailure(call->worker.id, absl::Now());
+      } else {
+        breakers.Release(call->worker.id);
+      }
+      last_code_ = status.error_code();
+      failures_.push_back(
+          absl::StrCat(call->worker.id, " (", call->worker.address, "): ", status.error_message()));
+      if (IsRetryable(status.error_code())) {
+        more = NextCallsLocked();
+        for (size_t i = 0; i < more.size(); ++i) router_->metrics().CountRetry();
+      }
+    }
+    if (outstanding_ == 0) {
+      if (succeeded_ > 0) {
+        final_status = grpc::Status::OK;
+      } else if (cancelled_) {
+        final_status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      } else if (last_code_ == grpc::StatusCode::INVALID_ARGUMENT) {
+        final_status = grpc::Status(last_code_, status.error_message());
+      } else {
+        final_status =
+            grpc::Status(last_code_, absl::StrCat("no worker could prefetch the documents: ",
+                                                  absl::StrJoin(failures_, "; ")));
+      }
+    }
+  }
+  if (final_status.has_value()) {
+    Finish(*final_status);
+  } else {
+    Launch(more);
+  }
+}
+
+void PrefetchReactor::OnCancel() {
+  std::vector<std::shared_ptr<WorkerCall>> active;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    active = active_;
+  }
+  for (const auto& call : active) call->context->TryCancel();
+}
+
+void PrefetchReactor::OnDone() {
+  if (admitted_) router_->Release();
+  delete this;
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,60 @@
+// Prefetch at the router: routed like Generate (same documents, same policy), then Worker.Prefetch
+// on the best `replicas` workers (0: the one a Generate would use), concurrently. A worker that
+// fails is replaced by the next one of the plan; the answer lists the workers that succeeded and
+// fails only if none did.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_PREFETCH_CALL_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_PREFETCH_CALL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "lazyattn/v1/inference.pb.h"
+#include "services/router/server/router_context.h"
+
+namespace lazyattn::router {
+
+class PrefetchReactor final : public grpc::ServerUnaryReactor {
+ public:
+  PrefetchReactor(RouterContext* router, grpc::CallbackServerContext* context,
+                  const lazyattn::v1::PrefetchRequest* request,
+                  lazyattn::v1::PrefetchResponse* response);
+
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  struct WorkerCall;
+
+  void OnPlan(RoutePlan plan);
+  // Starts calls until `wanted_` are in flight or done; false when nothing could be started.
+  std::vector<std::shared_ptr<WorkerCall>> NextCallsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls);
+  void OnWorkerDone(const std::shared_ptr<WorkerCall>& call, const grpc::Status& status);
+
+  RouterContext* const router_;
+  grpc::CallbackServerContext* const context_;
+  const lazyattn::v1::PrefetchRequest* const request_;
+  lazyattn::v1::PrefetchResponse* const response_;
+  lazyattn::v1::PrefetchRequest worker_request_;
+  bool admitted_ = false;
+
+  absl::Mutex mu_;
+  RoutePlan plan_ ABSL_GUARDED_BY(mu_);
+  size_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t wanted_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<WorkerCall>> active_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  grpc::StatusCode last_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_PREFETCH_CALL_H_

@@ -1,0 +1,195 @@
+#include "services/router/server/router_config.h"
+
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace lazyattn::router {
+namespace {
+
+absl::Status OutOfRange(const YamlConfig& config, const std::string& key, const std::string& lo,
+                        const std::string& hi, const std::string& value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(config.source(), ": ", key, ": must be in [", lo, ", ", hi, "], got ", value));
+}
+
+absl::StatusOr<int64_t> IntIn(const YamlConfig& config, const std::string& key, int64_t fallback,
+                              int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(int64_t v, config.Int(key, fallback));
+  if (v < lo || v > hi) {
+    return OutOfRange(config, key, absl::StrCat(lo), absl::StrCat(hi), absl::StrCat(v));
+  }
+  return v;
+}
+
+absl::StatusOr<double> DoubleIn(const YamlConfig& config, const std::string& key, double fallback,
+                                double lo, double hi) {
+  ASSIGN_OR_RETURN(double v, config.Double(key, fallback));
+  if (!(v >= lo && v <= hi)) {
+    return OutOfRange(config, key, absl::StrCat(lo), absl::StrCat(hi), absl::StrCat(v));
+  }
+  return v;
+}
+
+absl::StatusOr<absl::Duration> MillisIn(const YamlConfig& config, const std::string& key,
+                                        absl::Duration fallback, int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(int64_t ms, IntIn(config, key, absl::ToInt64Milliseconds(fallback), lo, hi));
+  return absl::Milliseconds(ms);
+}
+
+absl::Status CheckAddress(const YamlConfig& config, const std::string& key,
+                          const std::string& address, bool may_be_empty) {
+  if (address.empty()) {
+    if (may_be_empty) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": ", key, ": must not be empty"));
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": ", key, ": expected host:port, got \"", address, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
+                                                    const FlagOverrides& overrides) {
+  RouterOptions o;
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+
+  // server
+  ASSIGN_OR_RETURN(o.server.listen_address, config.String("server.listen", "127.0.0.1:7000"));
+  if (overrides.listen.has_value()) o.server.listen_address = *overrides.listen;
+  RETURN_IF_ERROR(CheckAddress(config, "server.listen", o.server.listen_address, false));
+  ASSIGN_OR_RETURN(o.server.tls.cert_file, config.String("server.tls.cert_file", ""));
+  ASSIGN_OR_RETURN(o.server.tls.key_file, config.String("server.tls.key_file", ""));
+  ASSIGN_OR_RETURN(o.server.tls.ca_file, config.String("server.tls.ca_file", ""));
+  if (o.server.tls.cert_file.empty() != o.server.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": server.tls: cert_file and key_file must be set together"));
+  }
+  if (!o.server.tls.ca_file.empty() && o.server.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
+  }
+  ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9000"));
+  if (overrides.metrics.has_value()) o.metrics_address = *overrides.metrics;
+  RETURN_IF_ERROR(CheckAddress(config, "metrics.listen", o.metrics_address, true));
+
+  // kvdir
+  ASSIGN_OR_RETURN(o.kvdir.address, config.String("kvdir.address", ""));
+  if (overrides.kvdir.has_value()) o.kvdir.address = *overrides.kvdir;
+  RETURN_IF_ERROR(CheckAddress(config, "kvdir.address", o.kvdir.address, true));
+  ASSIGN_OR_RETURN(o.kvdir.lookup_timeout,
+                   MillisIn(config, "kvdir.lookup_timeout_ms", o.kvdir.lookup_timeout, 1, 10000));
+  ASSIGN_OR_RETURN(o.kvdir.refresh_interval, MillisIn(config, "kvdir.refresh_interval_ms",
+                                                      o.kvdir.refresh_interval, 10, 600000));
+  ASSIGN_OR_RETURN(o.kvdir.list_timeout,
+                   MillisIn(config, "kvdir.list_timeout_ms", o.kvdir.list_timeout, 1, 60000));
+  ASSIGN_OR_RETURN(o.kvdir.forget_after,
+                   MillisIn(config, "kvdir.forget_after_ms", o.kvdir.forget_after, 100, 3600000));
+
+  // static workers
+  ASSIGN_OR_RETURN(o.workers, config.StringList("workers"));
+  for (size_t i = 0; i < o.workers.size(); ++i) {
+    RETURN_IF_ERROR(CheckAddress(config, absl::StrCat("workers[", i, "]"), o.workers[i], false));
+  }
+  if (o.kvdir.address.empty() && o.workers.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(),
+                     ": kvdir.address: no directory and no static workers; set one of "
+                     "kvdir.address or workers"));
+  }
+
+  // client TLS (calls to kvdir and the workers)
+  ASSIGN_OR_RETURN(o.client_tls.ca_file, config.String("client_tls.ca_file", ""));
+  ASSIGN_OR_RETURN(o.client_tls.cert_file, config.String("client_tls.cert_file", ""));
+  ASSIGN_OR_RETURN(o.client_tls.key_file, config.String("client_tls.key_file", ""));
+  if (o.client_tls.cert_file.empty() != o.client_tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": client_tls: cert_file and key_file must be set together"));
+  }
+  if (!o.client_tls.cert_file.empty() && o.client_tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": client_tls.ca_file: required with a client certificate"));
+  }
+
+  // routing
+  RoutingOptions& r = o.routing;
+  ASSIGN_OR_RETURN(const std::string policy, config.String("routing.policy", "cache_aware"));
+  auto kind = ParsePolicyKind(policy);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(), ": routing.policy: ", kind.status().message()));
+  }
+  r.policy.kind = *kind;
+  ASSIGN_OR_RETURN(r.policy.queued_token_weight, DoubleIn(config, "routing.queued_token_weight",
+                                                          r.policy.queued_token_weight, 0, 1000));
+  ASSIGN_OR_RETURN(
+      r.policy.running_request_tokens,
+      IntIn(config, "routing.running_request_tokens", r.policy.running_request_tokens, 0, 1 << 24));
+  ASSIGN_OR_RETURN(r.policy.imbalance_ratio,
+                   DoubleIn(config, "routing.imbalance_ratio", r.policy.imbalance_ratio, 1, 1e6));
+  ASSIGN_OR_RETURN(r.policy.imbalance_min_tokens,
+                   IntIn(config, "routing.imbalance_min_tokens", r.policy.imbalance_min_tokens, 0,
+                         int64_t{1} << 40));
+  ASSIGN_OR_RETURN(r.speculative.ttl,
+                   MillisIn(config, "routing.speculative_ttl_ms", r.speculative.ttl, 0, 600000));
+  ASSIGN_OR_RETURN(r.speculative.max_keys, IntIn(config, "routing.speculative_max_keys",
+                                                 r.speculative.max_keys, 0, 100000000));
+  ASSIGN_OR_RETURN(r.bytes_per_token,
+                   DoubleIn(config, "routing.bytes_per_token", r.bytes_per_token, 0.1, 1000));
+  ASSIGN_OR_RETURN(const int64_t attempts,
+                   IntIn(config, "routing.max_attempts", r.max_attempts, 1, 100));
+  r.max_attempts = static_cast<int>(attempts);
+  ASSIGN_OR_RETURN(const int64_t threshold, IntIn(config, "circuit_breaker.failure_threshold",
+                                                  r.breaker.failure_threshold, 1, 1000000));
+  r.breaker.failure_threshold = static_cast<int>(threshold);
+  ASSIGN_OR_RETURN(r.breaker.open_duration, MillisIn(config, "circuit_breaker.open_ms",
+                                                     r.breaker.open_duration, 1, 3600000));
+
+  // limits
+  RequestLimits& l = o.limits;
+  ASSIGN_OR_RETURN(const int64_t message_bytes, IntIn(config, "limits.max_message_bytes",
+                                                      o.server.max_message_bytes, 1024, kMaxInt));
+  o.server.max_message_bytes = static_cast<int>(message_bytes);
+  ASSIGN_OR_RETURN(const int64_t inflight, IntIn(config, "limits.max_inflight_requests",
+                                                 o.max_inflight_requests, 1, 1000000));
+  o.max_inflight_requests = static_cast<int>(inflight);
+  ASSIGN_OR_RETURN(const int64_t max_documents,
+                   IntIn(config, "limits.max_documents", l.max_documents, 1, 100000));
+  l.max_documents = static_cast<int>(max_documents);
+  ASSIGN_OR_RETURN(l.max_document_bytes,
+                   IntIn(config, "limits.max_document_bytes", l.max_document_bytes, 1, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_document_tokens,
+                   IntIn(config, "limits.max_document_tokens", l.max_document_tokens, 1, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_document_id_bytes, IntIn(config, "limits.max_document_id_bytes",
+                                                  l.max_document_id_bytes, 0, 1 << 20));
+  ASSIGN_OR_RETURN(l.max_system_bytes,
+                   IntIn(config, "limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_question_bytes,
+                   IntIn(config, "limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
+  ASSIGN_OR_RETURN(const int64_t max_tokens,
+                   IntIn(config, "limits.max_tokens", l.max_tokens, 1, 1 << 24));
+  l.max_tokens = static_cast<int>(max_tokens);
+  ASSIGN_OR_RETURN(const int64_t stops,
+                   IntIn(config, "limits.max_stop_strings", l.max_stop_strings, 0, 1024));
+  l.max_stop_strings = static_cast<int>(stops);
+  ASSIGN_OR_RETURN(l.max_stop_bytes,
+                   IntIn(config, "limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));
+  ASSIGN_OR_RETURN(const int64_t stop_ids,
+                   IntIn(config, "limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
+  l.max_stop_token_ids = static_cast<int>(stop_ids);
+  ASSIGN_OR_RETURN(const int64_t replicas, IntIn(config, "limits.max_prefetch_replicas",
+                                                 l.max_prefetch_replicas, 1, 10000));
+  l.max_prefetch_replicas = static_cast<int>(replicas);
+
+  RETURN_IF_ERROR(config.Finish());
+  return o;
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,122 @@
+#include "services/router/server/router_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace lazyattn::router {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<RouterOptions> Parse(const std::string& yaml, const FlagOverrides& flags = {}) {
+  YamlConfig config;
+  absl::Status s = config.LoadString(yaml, "router.yaml");
+  if (!s.ok()) return s;
+  return RouterOptionsFromYaml(config, flags);
+}
+
+TEST(RouterConfigTest, DefaultsAndEveryKey) {
+  auto o = Parse(R"(
+server:
+  listen: 0.0.0.0:7000
+metrics:
+  listen: ""
+kvdir:
+  address: kvdir:50060
+  lookup_timeout_ms: 40
+  refresh_interval_ms: 250
+  list_timeout_ms: 300
+  forget_after_ms: 5000
+workers: [w0:1, w1:2]
+routing:
+  policy: least_loaded
+  queued_token_weight: 0.5
+  running_request_tokens: 10
+  imbalance_ratio: 3
+  imbalance_min_tokens: 100
+  speculative_ttl_ms: 1500
+  speculative_max_keys: 10
+  bytes_per_token: 3.5
+  max_attempts: 2
+circuit_breaker:
+  failure_threshold: 4
+  open_ms: 1000
+limits:
+  max_message_bytes: 1048576
+  max_inflight_requests: 8
+  max_documents: 16
+  max_document_bytes: 1000
+  max_document_tokens: 500
+  max_document_id_bytes: 32
+  max_system_bytes: 100
+  max_question_bytes: 200
+  max_tokens: 50
+  max_stop_strings: 4
+  max_stop_bytes: 8
+  max_stop_token_ids: 3
+  max_prefetch_replicas: 2
+)");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->server.listen_address, "0.0.0.0:7000");
+  EXPECT_EQ(o->metrics_address, "");
+  EXPECT_EQ(o->kvdir.address, "kvdir:50060");
+  EXPECT_EQ(o->kvdir.lookup_timeout, absl::Milliseconds(40));
+  EXPECT_EQ(o->kvdir.forget_after, absl::Seconds(5));
+  EXPECT_THAT(o->workers, ElementsAre("w0:1", "w1:2"));
+  EXPECT_EQ(o->routing.policy.kind, PolicyKind::kLeastLoaded);
+  EXPECT_EQ(o->routing.policy.running_request_tokens, 10);
+  EXPECT_EQ(o->routing.speculative.ttl, absl::Milliseconds(1500));
+  EXPECT_EQ(o->routing.max_attempts, 2);
+  EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
+  EXPECT_EQ(o->server.max_message_bytes, 1048576);
+  EXPECT_EQ(o->max_inflight_requests, 8);
+  EXPECT_EQ(o->limits.max_documents, 16);
+  EXPECT_EQ(o->limits.max_prefetch_replicas, 2);
+
+  auto d = Parse("kvdir:\n  address: 127.0.0.1:50060\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->routing.policy.kind, PolicyKind::kCacheAware);
+  EXPECT_EQ(d->kvdir.lookup_timeout, absl::Milliseconds(50));
+  EXPECT_EQ(d->max_inflight_requests, 256);
+}
+
+TEST(RouterConfigTest, ErrorsNameTheKey) {
+  auto error = [](const std::string& yaml) {
+    auto o = Parse(yaml);
+    return o.ok() ? std::string("ok") : std::string(o.status().message());
+  };
+  EXPECT_THAT(error("kvdir: {address: k:1}\nroutng: {policy: round_robin}\n"),
+              HasSubstr("unknown key routng"));
+  EXPECT_THAT(error("kvdir: {address: k:1, lookup_timeout: 5}\n"),
+              HasSubstr("kvdir.lookup_timeout"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {policy: random}\n"),
+              HasSubstr("routing.policy: unknown policy \"random\""));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nlimits: {max_documents: 0}\n"),
+              HasSubstr("limits.max_documents: must be in [1, 100000], got 0"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nlimits: {max_inflight_requests: lots}\n"),
+              HasSubstr("limits.max_inflight_requests: expected an integer, got \"lots\""));
+  EXPECT_THAT(error("kvdir: {address: nocolon}\n"), HasSubstr("kvdir.address: expected host:port"));
+  EXPECT_THAT(error("workers: [\"a:1\", \"\"]\n"), HasSubstr("workers[1]: must not be empty"));
+  EXPECT_THAT(error("server: {listen: \"0.0.0.0:1\"}\n"),
+              HasSubstr("no directory and no static workers"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {imbalance_ratio: 0.5}\n"),
+              HasSubstr("routing.imbalance_ratio"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nserver: {tls: {cert_file: a.pem}}\n"),
+              HasSubstr("server.tls: cert_file and key_file must be set together"));
+}
+
+TEST(RouterConfigTest, FlagsOverrideTheirKeys) {
+  FlagOverrides flags;
+  flags.listen = "127.0.0.1:0";
+  flags.metrics = "";
+  flags.kvdir = "127.0.0.1:9";
+  auto o = Parse("server: {listen: \"0.0.0.0:1\"}\n", flags);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->server.listen_address, "127.0.0.1:0");
+  EXPECT_EQ(o->metrics_address, "");
+  EXPECT_EQ(o->kvdir.address, "127.0.0.1:9");
+}
+
+}  // namespace
+}  // namespace lazyattn::router

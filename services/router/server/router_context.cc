@@ -1,0 +1,172 @@
+#include "services/router/server/router_context.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/document_key.h"
+
+namespace lazyattn::router {
+
+using lazyattn::v1::CacheMode;
+using lazyattn::v1::Document;
+using lazyattn::v1::LookupResponse;
+
+bool IsRetryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         code == grpc::StatusCode::ABORTED;
+}
+
+bool IsWorkerFault(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::DATA_LOSS;
+}
+
+RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry& registry)
+    : options_(options),
+      registry_(options.workers, options.client_tls, options.server.max_message_bytes,
+                options.kvdir.forget_after),
+      selector_(options.routing.policy, options.routing.speculative, options.routing.breaker),
+      metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))) {
+  if (!options.kvdir.address.empty()) {
+    auto channel =
+        MakeChannel(options.kvdir.address, options.client_tls, options.server.max_message_bytes);
+    if (channel.ok()) {
+      kvdir_ = lazyattn::v1::KvDirectory::NewStub(*channel);
+    } else {
+      std::cerr << "lazyattn-router: kvdir channel: " << channel.status().message()
+                << "; routing by load only\n";
+    }
+  }
+}
+
+bool RouterContext::TryAdmit() {
+  int n = inflight_.load(std::memory_order_relaxed);
+  while (n < options_.max_inflight_requests) {
+    if (inflight_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+void RouterContext::Release() { inflight_.fetch_sub(1, std::memory_order_acq_rel); }
+
+std::vector<DocumentRef> RouterContext::DocumentRefs(
+    const google::protobuf::RepeatedPtrField<Document>& documents, CacheMode mode) const {
+  std::vector<DocumentRef> refs;
+  if (mode == lazyattn::v1::CACHE_MODE_FULL || mode == lazyattn::v1::CACHE_MODE_PREFIX) {
+    return refs;
+  }
+  auto model = registry_.Model();
+  if (!model.has_value()) return refs;
+  const std::string& mfp = model->model_fingerprint();
+  const std::string& tfp = model->tokenizer_fingerprint();
+  absl::flat_hash_set<DocumentKey> seen;
+  const double bytes_per_token = std::max(options_.routing.bytes_per_token, 1e-3);
+  for (const Document& doc : documents) {
+    DocumentRef ref;
+    if (doc.has_tokens()) {
+      const auto& ids = doc.tokens().ids();
+      ref.key = DocumentKeyFromTokens(mfp, tfp, std::vector<int32_t>(ids.begin(), ids.end()));
+      ref.estimated_tokens = ids.size();
+    } else {
+      ref.key = DocumentKeyFromText(mfp, tfp, doc.text());
+      ref.estimated_tokens =
+          static_cast<int64_t>(std::ceil(static_cast<double>(doc.text().size()) / bytes_per_token));
+    }
+    if (seen.insert(ref.key).second) refs.push_back(ref);
+  }
+  return refs;
+}
+
+void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done) {
+  if (kvdir_ == nullptr || docs.empty() ||
+      options_.routing.policy.kind != PolicyKind::kCacheAware) {
+    done(Plan(std::move(docs), nullptr, absl::Now()));
+    return;
+  }
+  struct Op {
+    grpc::ClientContext ctx;
+    lazyattn::v1::LookupRequest request;
+    LookupResponse response;
+  };
+  auto op = std::make_shared<Op>();
+  op->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.kvdir.lookup_timeout));
+  for (const DocumentRef& d : docs) {
+    auto* key = op->request.add_keys();
+    key->set_hi(d.key.hi);
+    key->set_lo(d.key.lo);
+  }
+  Op* raw = op.get();
+  kvdir_->async()->Lookup(
+      &raw->ctx, &raw->request, &raw->response,
+      [this, op = std::move(op), docs = std::move(docs),
+       done = std::move(done)](grpc::Status status) mutable {
+        done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now()));
+      });
+}
+
+RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupResponse* lookup,
+                              absl::Time now) {
+  RoutePlan plan;
+  plan.docs = std::move(docs);
+  absl::flat_hash_map<std::string, const lazyattn::v1::WorkerResidency*> residency;
+  if (lookup != nullptr) {
+    plan.directory_answered = true;
+    registry_.ObserveDirectory(lookup->workers(), now);
+    for (const auto& w : lookup->workers()) residency[w.worker().address()] = &w;
+  }
+  std::vector<WorkerInfo> workers = registry_.Snapshot();
+  std::vector<WorkerObservation> observations;
+  observations.reserve(workers.size());
+  for (const WorkerInfo& w : workers) {
+    const auto& load = w.status.load();
+    WorkerObservation obs{
+        .id = w.id,
+        .queued_prefill_tokens = load.queued_prefill_tokens(),
+        .requests = static_cast<int64_t>(load.running_requests()) + load.waiting_requests(),
+        .router_inflight = registry_.Inflight(w.id),
+    };
+    auto it = residency.find(w.address);
+    if (it != residency.end()) {
+      obs.resident_tokens = it->second->resident_tokens();
+      if (static_cast<size_t>(it->second->resident_size()) == plan.docs.size()) {
+        obs.resident.assign(it->second->resident().begin(), it->second->resident().end());
+      }
+    }
+    observations.push_back(std::move(obs));
+  }
+  Selection selection = selector_.Select(observations, plan.docs, now);
+  plan.breaker_panic = selection.breaker_panic;
+  plan.workers.reserve(selection.order.size());
+  for (size_t i : selection.order) {
+    plan.workers.push_back(workers[i]);
+    plan.predicted_hits.push_back(selection.predicted_hit_tokens[i]);
+  }
+  return plan;
+}
+
+void RouterContext::RefreshWorkers() {
+  if (kvdir_ != nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.kvdir.list_timeout));
+    lazyattn::v1::ListWorkersResponse response;
+    grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
+    if (s.ok()) registry_.ObserveDirectory(response.workers(), absl::Now());
+  }
+  for (const std::string& address : registry_.static_addresses()) {
+    auto stub = registry_.Stub(address);
+    if (!stub.ok()) {
+      registry_.ObserveStatic(address, nullptr);
+      continue;
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.kvdir.list_timeout));
+    lazyattn::v1::WorkerStatus status;
+    grpc::Status s = (*stub)->Status(&ctx, lazyattn::v1::WorkerStatusRequest(), &status);
+    registry_.ObserveStatic(address, s.ok() ? &status : nullptr);
+  }
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,81 @@
+// State shared by every call the router serves, and the routing step they all use:
+// document keys -> kvdir Lookup (bounded by a short deadline, asynchronous) -> WorkerSelector.
+//
+// Lock order: none held across calls into another component; each component locks only itself.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_CONTEXT_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_CONTEXT_H_
+
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "lazyattn/v1/inference.pb.h"
+#include "lazyattn/v1/kvdir.grpc.pb.h"
+#include "services/router/policy/worker_selector.h"
+#include "services/router/server/router_metrics.h"
+#include "services/router/server/router_options.h"
+#include "services/router/server/worker_registry.h"
+
+namespace lazyattn::router {
+
+// The outcome of routing one request.
+struct RoutePlan {
+  std::vector<WorkerInfo> workers;      // best first; breaker-open workers left out
+  std::vector<int64_t> predicted_hits;  // per entry of `workers`
+  std::vector<DocumentRef> docs;        // distinct documents used for routing
+  bool directory_answered = false;
+  bool breaker_panic = false;  // every breaker was open: try them all regardless
+};
+
+class RouterContext {
+ public:
+  RouterContext(const RouterOptions& options, prometheus::Registry& registry);
+
+  const RouterOptions& options() const { return options_; }
+  WorkerRegistry& registry() { return registry_; }
+  WorkerSelector& selector() { return selector_; }
+  RouterMetrics& metrics() { return metrics_; }
+
+  // Backpressure: at most max_inflight_requests admitted calls at once.
+  bool TryAdmit();
+  void Release();
+
+  // The distinct documents of a request, keyed with the served model's fingerprints. Empty when
+  // no worker has reported its model yet, or for cache modes that do not reuse documents
+  // (FULL, PREFIX): those route by load.
+  std::vector<DocumentRef> DocumentRefs(
+      const google::protobuf::RepeatedPtrField<lazyattn::v1::Document>& documents,
+      lazyattn::v1::CacheMode mode) const;
+
+  // Routes asynchronously: asks kvdir (when configured, the policy is cache_aware and there are
+  // documents) with the lookup deadline, then ranks. `done` runs exactly once, on a gRPC thread
+  // or inline; a directory failure only means no residency information.
+  void PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done);
+  RoutePlan Plan(std::vector<DocumentRef> docs, const lazyattn::v1::LookupResponse* lookup,
+                 absl::Time now);
+
+  // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
+  void RefreshWorkers();
+
+ private:
+  const RouterOptions options_;
+  WorkerRegistry registry_;
+  WorkerSelector selector_;
+  RouterMetrics metrics_;
+  std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
+  std::atomic<int> inflight_{0};
+};
+
+// Why a worker call failed: which failures may go to another worker, which count against the
+// worker's circuit breaker.
+bool IsRetryable(grpc::StatusCode code);
+bool IsWorkerFault(grpc::StatusCode code);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_CONTEXT_H_

@@ -1,0 +1,83 @@
+#include "services/router/server/router_metrics.h"
+
+namespace lazyattn::router {
+namespace {
+
+const char* CodeName(int code) {
+  if (code < 0 || code > 16) code = 2;
+  static const char* const kNames[] = {"ok",
+                                       "cancelled",
+                                       "unknown",
+                                       "invalid_argument",
+                                       "deadline_exceeded",
+                                       "not_found",
+                                       "already_exists",
+                                       "permission_denied",
+                                       "resource_exhausted",
+                                       "failed_precondition",
+                                       "aborted",
+                                       "out_of_range",
+                                       "unimplemented",
+                                       "internal",
+                                       "unavailable",
+                                       "data_loss",
+                                       "unauthenticated"};
+  return kNames[code];
+}
+
+}  // namespace
+
+const char* StatusCodeLabel(grpc::StatusCode code) { return CodeName(static_cast<int>(code)); }
+
+RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& policy) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("lazyattn_router_requests_total")
+                       .Help("Generate and Complete requests by routing policy and final status")
+                       .Register(registry);
+  for (int c = 0; c < kCodes; ++c) {
+    requests_[c] = &requests.Add({{"policy", policy}, {"status", CodeName(c)}});
+  }
+  routing_ = &prometheus::BuildHistogram()
+                  .Name("lazyattn_router_routing_duration_seconds")
+                  .Help(
+                      "Time from request arrival to the choice of a worker (kvdir lookup "
+                      "included)")
+                  .Register(registry)
+                  .Add({}, prometheus::Histogram::BucketBoundaries{0.00005, 0.0001, 0.00025, 0.0005,
+                                                                   0.001, 0.0025, 0.005, 0.01,
+                                                                   0.025, 0.05, 0.1, 0.25});
+  predicted_hits_ = &prometheus::BuildCounter()
+                         .Name("lazyattn_router_predicted_hit_tokens_total")
+                         .Help("Document tokens predicted to be cached on the chosen workers")
+                         .Register(registry)
+                         .Add({});
+  retries_ = &prometheus::BuildCounter()
+                  .Name("lazyattn_router_retries_total")
+                  .Help("Requests sent to another worker after a failure before the first token")
+                  .Register(registry)
+                  .Add({});
+  selections_family_ = &prometheus::BuildCounter()
+                            .Name("lazyattn_router_worker_selections_total")
+                            .Help("Attempts sent to each worker")
+                            .Register(registry);
+}
+
+void RouterMetrics::CountRequest(grpc::StatusCode code) {
+  const int c = static_cast<int>(code);
+  requests_[(c >= 0 && c < kCodes) ? c : static_cast<int>(grpc::StatusCode::UNKNOWN)]->Increment();
+}
+
+void RouterMetrics::CountSelection(const std::string& worker) {
+  prometheus::Counter* counter;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = selections_.find(worker);
+    if (it == selections_.end()) {
+      it = selections_.emplace(worker, &selections_family_->Add({{"worker", worker}})).first;
+    }
+    counter = it->second;
+  }
+  counter->Increment();
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,58 @@
+// The router's Prometheus metrics (names per CONVENTIONS). Families are built once here; labelled
+// children are created up front (status codes) or once per worker id and cached, never per request.
+//
+//   lazyattn_router_requests_total{policy,status}   Generate and Complete requests by final gRPC
+//                                                   status ("ok", "unavailable", ...)
+//   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
+//   included) lazyattn_router_predicted_hit_tokens_total      predicted cached tokens on the chosen
+//   workers lazyattn_router_retries_total                   attempts beyond the first (failover)
+//   lazyattn_router_worker_selections_total{worker} attempts sent to each worker
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
+
+#include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace lazyattn::router {
+
+// "ok", "invalid_argument", ... (the label value of a status code).
+const char* StatusCodeLabel(grpc::StatusCode code);
+
+class RouterMetrics {
+ public:
+  RouterMetrics(prometheus::Registry& registry, const std::string& policy);
+
+  void CountRequest(grpc::StatusCode code);
+  void ObserveRouting(absl::Duration d) { routing_->Observe(absl::ToDoubleSeconds(d)); }
+  void AddPredictedHitTokens(int64_t tokens) {
+    if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
+  }
+  void CountRetry() { retries_->Increment(); }
+  void CountSelection(const std::string& worker);
+
+ private:
+  static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
+  std::array<prometheus::Counter*, kCodes> requests_{};
+  prometheus::Histogram* routing_;
+  prometheus::Counter* predicted_hits_;
+  prometheus::Counter* retries_;
+  prometheus::Family<prometheus::Counter>* selections_family_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, prometheus::Counter*> selections_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_

@@ -1,0 +1,50 @@
+#include "services/router/server/router_server.h"
+
+#include <chrono>
+
+namespace lazyattn::router {
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
+    const RouterOptions& options, std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<RouterServer> server(new RouterServer());
+  server->registry_ =
+      registry != nullptr ? std::move(registry) : std::make_shared<prometheus::Registry>();
+  server->context_ = std::make_unique<RouterContext>(options, *server->registry_);
+  server->service_ = std::make_unique<InferenceService>(server->context_.get());
+  server->context_->RefreshWorkers();
+  auto built = StartGrpcServer(options.server, {server->service_.get()});
+  if (!built.ok()) return built.status();
+  server->server_ = std::move(built->server);
+  server->port_ = built->port;
+  server->refresher_ = std::thread([s = server.get()] { s->RefreshLoop(); });
+  return server;
+}
+
+RouterServer::~RouterServer() { Shutdown(); }
+
+void RouterServer::RefreshLoop() {
+  const absl::Duration interval = context_->options().kvdir.refresh_interval;
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval)) break;
+    mu_.Unlock();
+    context_->RefreshWorkers();
+    mu_.Lock();
+  }
+}
+
+void RouterServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stopping_ = true;
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    server_->Wait();
+  }
+  if (refresher_.joinable()) refresher_.join();
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,123 @@
+#include "services/router/server/worker_registry.h"
+
+#include <algorithm>
+
+namespace lazyattn::router {
+
+WorkerRegistry::WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
+                               int max_message_bytes, absl::Duration forget_after)
+    : static_addresses_(std::move(static_addresses)),
+      client_tls_(std::move(client_tls)),
+      max_message_bytes_(max_message_bytes),
+      forget_after_(forget_after) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& address : static_addresses_) {
+    Entry& e = by_address_[address];
+    e.is_static = true;
+    e.info.id = address;
+    e.info.address = address;
+  }
+}
+
+void WorkerRegistry::ObserveDirectory(
+    const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
+    absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : workers) {
+    const auto& status = w.worker();
+    if (status.address().empty()) continue;
+    Entry& e = by_address_[status.address()];
+    e.from_directory = true;
+    e.last_listed = now;
+    e.info.address = status.address();
+    e.info.id = status.worker_id().empty() ? status.address() : status.worker_id();
+    e.info.status = status;
+    e.info.reported = true;
+  }
+  for (auto it = by_address_.begin(); it != by_address_.end();) {
+    Entry& e = it->second;
+    if (e.from_directory && e.last_listed + forget_after_ <= now) {
+      if (e.is_static) {
+        e.from_directory = false;  // back to what the Status polls say
+        ++it;
+      } else {
+        stubs_.erase(it->first);
+        by_address_.erase(it++);
+      }
+    } else {
+      ++it;
+    }
+  }
+}
+
+void WorkerRegistry::ObserveStatic(const std::string& address,
+                                   const lazyattn::v1::WorkerStatus* status) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_address_.find(address);
+  if (it == by_address_.end()) return;
+  Entry& e = it->second;
+  if (e.from_directory) return;  // the directory's view is at least as fresh
+  if (status == nullptr) {
+    e.info.reported = false;
+    return;
+  }
+  e.info.status = *status;
+  e.info.id = status->worker_id().empty() ? address : status->worker_id();
+  e.info.reported = true;
+}
+
+std::vector<WorkerInfo> WorkerRegistry::Snapshot() const {
+  std::vector<WorkerInfo> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.reserve(by_address_.size());
+    for (const auto& [address, e] : by_address_) out.push_back(e.info);
+  }
+  std::sort(out.begin(), out.end(), [](const WorkerInfo& a, const WorkerInfo& b) {
+    return a.id != b.id ? a.id < b.id : a.address < b.address;
+  });
+  return out;
+}
+
+std::optional<lazyattn::v1::ModelInfo> WorkerRegistry::Model() const {
+  for (const WorkerInfo& w : Snapshot()) {
+    if (w.reported && w.status.has_model() && !w.status.model().model_fingerprint().empty()) {
+      return w.status.model();
+    }
+  }
+  return std::nullopt;
+}
+
+int WorkerRegistry::LiveCount() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [address, e] : by_address_) n += e.info.reported ? 1 : 0;
+  return n;
+}
+
+absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub(
+    const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto it = stubs_.find(address);
+  if (it != stubs_.end()) return it->second;
+  auto channel = MakeChannel(address, client_tls_, max_message_bytes_);
+  if (!channel.ok()) return channel.status();
+  std::shared_ptr<lazyattn::v1::Worker::Stub> stub = lazyattn::v1::Worker::NewStub(*channel);
+  stubs_.emplace(address, stub);
+  return stub;
+}
+
+void WorkerRegistry::AddInflight(const std::string& id, int delta) {
+  absl::MutexLock lock(&mu_);
+  int64_t& n = inflight_[id];
+  n += delta;
+  if (n <= 0) inflight_.erase(id);
+}
+
+int64_t WorkerRegistry::Inflight(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = inflight_.find(id);
+  return it == inflight_.end() ? 0 : it->second;
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,82 @@
+// The router's view of the workers: those the KV directory lists (refreshed by ListWorkers and by
+// every Lookup answer) plus the static addresses from the configuration (polled with
+// Worker.Status). It survives the directory going away: the last known list stays in use
+// ("load-only routing from the last known workers"). A directory worker the directory stops
+// listing is forgotten after `forget_after`, counted only while the directory answers.
+//
+// Also keeps one channel per worker address and the router's own in-flight count per worker.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "lazyattn/v1/kvdir.pb.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+
+namespace lazyattn::router {
+
+struct WorkerInfo {
+  std::string id;                     // worker_id when known, else the address
+  std::string address;                // host:port
+  lazyattn::v1::WorkerStatus status;  // last reported (load, model); empty when never reported
+  bool reported = false;              // status came from the directory or a Status poll
+};
+
+class WorkerRegistry {
+ public:
+  WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
+                 int max_message_bytes, absl::Duration forget_after);
+
+  // A full answer from the directory (ListWorkers or Lookup): updates status and load.
+  void ObserveDirectory(
+      const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
+      absl::Time now);
+  // A Status poll of a static worker; nullptr when it failed.
+  void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status);
+
+  // Every known worker, sorted by id.
+  std::vector<WorkerInfo> Snapshot() const;
+  // The model of the first reported worker (by id) that carries fingerprints.
+  std::optional<lazyattn::v1::ModelInfo> Model() const;
+  int LiveCount() const;
+
+  absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(const std::string& address);
+
+  void AddInflight(const std::string& id, int delta);
+  int64_t Inflight(const std::string& id) const;
+
+  const std::vector<std::string>& static_addresses() const { return static_addresses_; }
+
+ private:
+  struct Entry {
+    WorkerInfo info;
+    bool from_directory = false;
+    bool is_static = false;
+    absl::Time last_listed = absl::InfinitePast();
+  };
+
+  const std::vector<std::string> static_addresses_;
+  const TlsOptions client_tls_;
+  const int max_message_bytes_;
+  const absl::Duration forget_after_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> by_address_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<lazyattn::v1::Worker::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
