@@ -12,6 +12,14 @@ Engine::Engine(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOp
       limits_(limits),
       identity_{ModelFingerprint(*weights), TokenizerFingerprint(*tokenizer)},
       core_(weights, tokenizer, options) {
+  const BlockPool& pool = core_.cache().pool();
+  blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
+             pool.num_cached_unreferenced()};
+  // Before the loop starts: afterwards the document cache belongs to the loop thread.
+  core_.cache().documents().set_listener(
+      [this](const DocCacheKey& key, int64_t tokens, bool stored) {
+        cache_mirror_.Apply(key, tokens, stored);
+      });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -80,6 +88,16 @@ KvBlockCounts Engine::blocks() const {
   return blocks_;
 }
 
+EngineLoad Engine::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineLoad load = load_;
+  for (const auto& [id, p] : inbox_) {
+    ++load.waiting;
+    load.queued_prefill_tokens += p.prompt_tokens();
+  }
+  return load;
+}
+
 absl::Status Engine::WaitIdleAndCheck() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return idle_ || stop_; });
@@ -112,6 +130,7 @@ void Engine::Loop() {
       const BlockPool& pool = core_.cache().pool();
       blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
                  pool.num_cached_unreferenced()};
+      load_ = core_.Load();
     }
     if (!progressed && core_.HasWork()) {
       // Nothing could run (e.g. waiting on a deadline): avoid spinning.

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "services/worker/engine/cache_events.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
 
@@ -42,6 +43,15 @@ class Engine {
 
   EngineStats stats() const;
   KvBlockCounts blocks() const;
+  // As of the last step, plus requests submitted since.
+  EngineLoad load() const;
+
+  // Document cache stores and evictions (see cache_events.h). The listener runs on the engine
+  // thread: it must only queue the event. Replaces any previous listener.
+  void set_cache_listener(CacheMirror::Listener listener) {
+    cache_mirror_.set_listener(std::move(listener));
+  }
+  CacheSnapshot CachedDocuments() const { return cache_mirror_.Snapshot(); }
   // Waits until no request is queued or running, then checks the KV invariants.
   absl::Status WaitIdleAndCheck();
   const ModelIdentity& identity() const { return identity_; }
@@ -54,6 +64,9 @@ class Engine {
   const Tokenizer* tokenizer_;
   const RequestLimits limits_;
   const ModelIdentity identity_;
+  // Fed by core_'s document cache on the loop thread; its own lock. Declared before core_ so it
+  // outlives it.
+  CacheMirror cache_mirror_;
   EngineCore core_;  // touched only by the loop thread (and by WaitIdleAndCheck when idle)
 
   mutable std::mutex mu_;
@@ -65,6 +78,7 @@ class Engine {
   bool idle_ ABSL_GUARDED_BY(mu_) = true;
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   KvBlockCounts blocks_ ABSL_GUARDED_BY(mu_);
+  EngineLoad load_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -99,6 +99,9 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
   }
   r->result.usage.prompt_tokens = r->prepared.prompt_tokens();
   r->result.usage.documents = static_cast<int64_t>(r->prepared.documents.size());
+  for (const auto& d : r->prepared.documents) {
+    r->result.usage.document_tokens += static_cast<int64_t>(d.tokens.size());
+  }
   id = r->id;
   const int64_t needed = BlocksNeeded(r->prepared);
   if (needed > options_.num_kv_blocks) {
@@ -128,6 +131,26 @@ absl::Time EngineCore::NextDeadline() const {
   return t;
 }
 
+EngineLoad EngineCore::Load() const {
+  EngineLoad load;
+  load.running = static_cast<int>(running_.size());
+  load.waiting = static_cast<int>(waiting_.size());
+  for (const auto& r : waiting_) {
+    load.queued_prefill_tokens +=
+        r->prepared.prompt_tokens() + static_cast<int64_t>(r->result.token_ids.size());
+  }
+  for (const auto& r : running_) {
+    if (r->phase != Request::Phase::kPrefill) continue;
+    for (const Segment& s : r->segments) {
+      if (s.job == nullptr) load.queued_prefill_tokens += s.length() - s.ready;
+    }
+  }
+  for (const EncodeJob* job : job_order_) {
+    load.queued_prefill_tokens += static_cast<int64_t>(job->token_storage.size()) - job->ready;
+  }
+  return load;
+}
+
 // --- Admission ------------------------------------------------------------------------------
 
 void EngineCore::Admit(absl::Time now) {
@@ -149,6 +172,7 @@ bool EngineCore::TryAdmit(Request& r) {
   RequestUsage& usage = r.result.usage;
   usage.cached_tokens = 0;
   usage.documents_hit = 0;
+  usage.document_cached_tokens = 0;
 
   // The query segment carries what was generated before a preemption: it is recomputed.
   std::vector<DocOutcome> outcomes;  // per segment, documents only
@@ -245,6 +269,7 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, Segment& s) {
     for (BlockId b : s.blocks) cache_.pool().Ref(b);
     s.ready = s.length();
     r.result.usage.cached_tokens += s.length();
+    r.result.usage.document_cached_tokens += s.length();
     ++r.result.usage.documents_hit;
     return DocOutcome::kHit;
   }
@@ -275,6 +300,7 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, Segment& s) {
         s.blocks = dst;  // the request keeps the references Allocate gave it
         s.ready = s.length();
         r.result.usage.cached_tokens += s.length();
+        r.result.usage.document_cached_tokens += s.length();
       } else {
         for (BlockId b : dst) cache_.pool().Unref(b);
       }

@@ -79,6 +79,7 @@ class EngineCore {
   absl::Time NextDeadline() const;
 
   const EngineStats& stats() const { return stats_; }
+  EngineLoad Load() const;
   KvCacheManager& cache() { return cache_; }
   const ModelConfig& config() const { return runner_.config(); }
   int block_size() const { return cache_.block_size(); }

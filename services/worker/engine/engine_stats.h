@@ -34,6 +34,15 @@ struct EngineStats {
   const ModeCounters& mode(CacheMode m) const { return by_mode[static_cast<int>(m)]; }
 };
 
+// What is queued or running now (gauges, for the worker's load report).
+struct EngineLoad {
+  int running = 0;  // admitted requests
+  int waiting = 0;  // submitted, not admitted yet (also preempted ones)
+  // Prompt tokens still to compute: waiting requests' whole prompts (plus what a preempted one had
+  // generated), the unfinished segments of admitted ones, each document encoding counted once.
+  int64_t queued_prefill_tokens = 0;
+};
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_STATS_H_

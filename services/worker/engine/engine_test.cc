@@ -2,11 +2,13 @@
 #include "services/worker/engine/engine.h"
 
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/engine/testing_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 
@@ -114,6 +116,53 @@ TEST_F(EngineTest, InvalidRequestFailsAtSubmitAndShutdownEndsTheRest) {
   engine.reset();
   EXPECT_EQ(finished.load(), 4);
   EXPECT_EQ(unavailable.load(), 4);
+}
+
+TEST_F(EngineTest, CacheEventsMatchTheSnapshotAndLoadDrainsToZero) {
+  Engine engine(weights_.get(), tokenizer_.get(), {.num_kv_blocks = 200});
+  EXPECT_EQ(engine.blocks().total, 200);  // known before the first step
+  EXPECT_EQ(engine.blocks().free, 200);
+  std::mutex mu;
+  std::vector<CacheEvent> events;
+  engine.set_cache_listener([&](const CacheEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  });
+  EngineRequest r = Request(0, 4);
+  r.mode = CacheMode::kLazy;
+  auto result = engine.Run(r);
+  ASSERT_TRUE(result.ok()) << result.status();
+  int64_t doc_tokens = 0;
+  for (const EngineDocument& d : r.documents) {
+    doc_tokens += static_cast<int64_t>(tokenizer_->Encode(d.text, false).size());
+  }
+  EXPECT_EQ(result->usage.document_tokens, doc_tokens);
+  EXPECT_EQ(result->usage.document_cached_tokens, 0);
+  auto again = engine.Run(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->usage.document_cached_tokens, again->usage.document_tokens);
+
+  const CacheSnapshot snap = engine.CachedDocuments();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(events.size(), 3u);  // three documents stored once, nothing evicted
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_TRUE(events[i].stored);
+    EXPECT_EQ(events[i].version, i + 1);
+    EXPECT_EQ(events[i].key.offset, DocCacheKey::kAnyOffset);
+  }
+  EXPECT_EQ(snap.version, 3u);
+  EXPECT_EQ(snap.documents.size(), 3u);
+  EXPECT_TRUE(engine.WaitIdleAndCheck().ok());
+  const EngineLoad load = engine.load();
+  EXPECT_EQ(load.running, 0);
+  EXPECT_EQ(load.waiting, 0);
+  EXPECT_EQ(load.queued_prefill_tokens, 0);
+}
+
+TEST(KvBlocksForBudgetTest, CountsFp32KeysAndValuesOfEveryLayer) {
+  // Tiny config: 2 layers x (2 kv heads x 16 dims) x K and V x 4 bytes x 16 tokens = 8 KiB.
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 8192 * 10), 10);
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 100), 1);  // at least one
 }
 
 }  // namespace

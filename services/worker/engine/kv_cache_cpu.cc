@@ -1,5 +1,7 @@
 #include "services/worker/engine/kv_cache_cpu.h"
 
+#include <algorithm>
+
 namespace lazyattn {
 
 KvCacheCpu::KvCacheCpu(const ModelConfig& config, int64_t num_blocks, int block_size)
@@ -26,5 +28,11 @@ std::optional<uint32_t> KvCacheCpu::Allocate() {
 }
 
 void KvCacheCpu::Free(uint32_t block) { free_.push_back(block); }
+
+int64_t KvBlocksForBudget(const ModelConfig& c, int64_t budget_bytes, int block_size) {
+  const int64_t bytes_per_block = int64_t{2} * c.num_layers * c.kv_size() *
+                                  static_cast<int64_t>(sizeof(float)) * block_size;
+  return std::max<int64_t>(1, budget_bytes / bytes_per_block);
+}
 
 }  // namespace lazyattn

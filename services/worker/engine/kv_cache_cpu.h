@@ -39,6 +39,11 @@ class KvCacheCpu {
   std::vector<uint32_t> free_;
 };
 
+// Blocks that fit a KV budget in bytes: fp32 K and V of every layer, `block_size` tokens a block;
+// at least 1.
+int64_t KvBlocksForBudget(const ModelConfig& config, int64_t budget_bytes,
+                          int block_size = kDefaultKvBlockSize);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_ENGINE_KV_CACHE_CPU_H_

@@ -46,6 +46,10 @@ struct RequestUsage {
   int64_t computed_tokens = 0;  // prompt tokens this request computed (incl. documents it encoded)
   int64_t documents = 0;
   int64_t documents_hit = 0;    // documents found in the cache (any mode's notion of a hit)
+  // Modes block and lazy: tokens of all documents, and of those whose KV came from the document
+  // cache (a hit, or in mode block a copy from another offset) rather than being computed.
+  int64_t document_tokens = 0;
+  int64_t document_cached_tokens = 0;
   int64_t completion_tokens = 0;
 };
 

@@ -1,0 +1,181 @@
+// lazyattn-worker --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT] [--kvdir HOST:PORT]
+//                 [--worker-id ID]
+//
+// Loads the model, serves lazyattn.v1.Worker and publishes the document cache to kvdir until
+// SIGTERM or SIGINT. Once serving it prints
+//   lazyattn-worker listening on HOST:PORT
+// on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a bad
+// command line, configuration or model, 1 when the server cannot start.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/yaml_config.h"
+#include "services/worker/model/model_loader.h"
+#include "services/worker/server/worker_config.h"
+#include "services/worker/server/worker_server.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: lazyattn-worker --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
+    "                       [--kvdir HOST:PORT] [--worker-id ID]\n"
+    "  --config     the YAML configuration (keys: docs/worker.md)\n"
+    "  --listen     overrides server.listen (port 0: the OS picks one)\n"
+    "  --metrics    overrides metrics.listen (\"\" turns the /metrics endpoint off)\n"
+    "  --kvdir      overrides kvdir.address (\"\" runs standalone)\n"
+    "  --worker-id  overrides worker.id\n";
+
+struct Flag {
+  bool set = false;
+  std::string value;
+};
+
+struct Flags {
+  std::string config;
+  Flag listen, metrics, kvdir, worker_id;
+};
+
+// Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
+std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      *help = true;
+      return "";
+    }
+    std::string value;
+    bool has_value = false;
+    if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    std::string* target = nullptr;
+    Flag* flag = nullptr;
+    if (arg == "--config") {
+      target = &flags->config;
+    } else if (arg == "--listen") {
+      flag = &flags->listen;
+    } else if (arg == "--metrics") {
+      flag = &flags->metrics;
+    } else if (arg == "--kvdir") {
+      flag = &flags->kvdir;
+    } else if (arg == "--worker-id") {
+      flag = &flags->worker_id;
+    } else {
+      return absl::StrCat("unknown flag ", arg);
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) return absl::StrCat(arg, ": missing value");
+      value = argv[++i];
+    }
+    if (flag != nullptr) {
+      flag->set = true;
+      target = &flag->value;
+    }
+    *target = value;
+  }
+  if (flags->config.empty()) return "--config: required";
+  if (flags->listen.set && flags->listen.value.empty()) return "--listen: must not be empty";
+  return "";
+}
+
+// "HOST:PORT" with the bound port in place of the configured one (which may be 0).
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  return absl::StrCat(host, ":", port);
+}
+
+// SIGTERM/SIGINT -> one byte on a pipe that main() waits on. A handler rather than sigwait: the
+// BLAS library starts its threads before main() could block the signals in them.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnStopSignal(int signal_number) {
+  const unsigned char b = static_cast<unsigned char>(signal_number);
+  const int saved = errno;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  bool help = false;
+  if (const std::string error = ParseFlags(argc, argv, &flags, &help); !error.empty()) {
+    std::cerr << "lazyattn-worker: " << error << "\n" << kUsage;
+    return 2;
+  }
+  if (help) {
+    std::cout << kUsage;
+    return 0;
+  }
+
+  lazyattn::YamlConfig yaml;
+  absl::Status status = yaml.LoadFile(flags.config);
+  absl::StatusOr<lazyattn::WorkerConfig> config =
+      status.ok() ? lazyattn::WorkerConfigFromYaml(yaml)
+                  : absl::StatusOr<lazyattn::WorkerConfig>(status);
+  if (!config.ok()) {
+    std::cerr << "lazyattn-worker: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (flags.listen.set) config->server.grpc.listen_address = flags.listen.value;
+  if (flags.metrics.set) config->server.metrics_address = flags.metrics.value;
+  if (flags.kvdir.set) config->kvdir.address = flags.kvdir.value;
+  if (flags.worker_id.set) config->server.service.worker_id = flags.worker_id.value;
+
+  if (pipe(g_signal_pipe) != 0) {
+    std::cerr << "lazyattn-worker: pipe: " << strerror(errno) << "\n";
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::cerr << "lazyattn-worker: loading " << config->model_path << " (backend "
+            << config->backend << ")\n";
+  auto model = lazyattn::LoadModel(config->model_path);
+  if (!model.ok()) {
+    std::cerr << "lazyattn-worker: model.path: " << model.status().message() << "\n";
+    return 2;
+  }
+  const lazyattn::WorkerServerOptions options =
+      lazyattn::ServerOptionsFor(*config, model->weights->config);
+  auto server =
+      lazyattn::WorkerServer::Create(options, model->weights.get(), model->tokenizer.get());
+  if (!server.ok()) {
+    std::cerr << "lazyattn-worker: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << "lazyattn-worker: worker " << (*server)->worker_id() << ", "
+            << options.engine.num_kv_blocks << " KV blocks, "
+            << (options.kvdir ? absl::StrCat("publishing to kvdir at ", options.kvdir->address)
+                              : std::string("standalone (no kvdir)"))
+            << "\n";
+  if ((*server)->metrics_port() != 0) {
+    std::cout << "lazyattn-worker metrics on http://"
+              << WithPort(options.metrics_address, (*server)->metrics_port()) << "/metrics"
+              << std::endl;
+  }
+  std::cout << "lazyattn-worker listening on "
+            << WithPort(options.grpc.listen_address, (*server)->port()) << std::endl;
+
+  unsigned char signal_number = 0;
+  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
+  }
+  std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", shutting down\n";
+  server->reset();
+  std::cerr << "lazyattn-worker: stopped\n";
+  return 0;
+}

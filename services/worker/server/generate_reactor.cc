@@ -1,0 +1,207 @@
+#include "services/worker/server/generate_reactor.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+
+namespace lazyattn {
+namespace {
+
+const grpc::Status& ShuttingDown() {
+  static const grpc::Status s(grpc::StatusCode::UNAVAILABLE, "worker shutting down");
+  return s;
+}
+
+}  // namespace
+
+GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                                 const v1::GenerateRequest& request)
+    : ctx_(ctx), arrival_(absl::Now()), deadline_(DeadlineOf(call->deadline())) {
+  auto reject = [&](const grpc::Status& status) {
+    ctx_.metrics->CountRequest(status.error_code());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine_done_ = true;  // never submitted
+      finish_wanted_ = finished_ = true;
+    }
+    Finish(status);
+  };
+  if (ctx_.tracker->draining()) {
+    reject(ShuttingDown());
+    return;
+  }
+  auto converted = EngineRequestFromProto(request, *ctx_.tokenizer, ctx_.engine->config(),
+                                          ctx_.convert);
+  if (!converted.ok()) {
+    reject(ToGrpcStatus(converted.status()));
+    return;
+  }
+  converted->deadline = deadline_;
+
+  refs_.fetch_add(1);  // the engine's: on_done may run before Submit returns
+  RequestCallbacks callbacks{
+      .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
+      .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
+  auto id = ctx_.engine->Submit(*converted, std::move(callbacks));
+  if (!id.ok()) {
+    refs_.fetch_sub(1);  // callbacks are not called when Submit fails
+    reject(ToGrpcStatus(id.status()));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = true;
+    engine_id_ = *id;
+    if (!engine_done_) {
+      if (!ctx_.tracker->Track(*id)) {  // shutdown began after the check above
+        AbortLocked(ShuttingDown());
+        cancel_engine_ = true;
+      }
+      if (cancel_engine_) ctx_.engine->Cancel(*id);
+    }
+  }
+  Pump();
+}
+
+void GenerateReactor::OnToken(int32_t id, std::string_view text) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id >= 0) {
+      const absl::Time now = absl::Now();
+      if (ttft_ms_ < 0) {
+        ttft_ms_ = absl::ToDoubleMilliseconds(now - arrival_);
+        ctx_.metrics->ObserveTtft(ttft_ms_ / 1000);
+      } else {
+        ctx_.metrics->ObserveInterToken(absl::ToDoubleSeconds(now - last_token_));
+      }
+      last_token_ = now;
+    }
+    if (finish_wanted_) return;  // the call is ending; nothing more goes out
+    if (static_cast<int>(queue_.size()) >= ctx_.max_buffered_tokens) {
+      overflowed_ = true;
+      AbortLocked(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("client too slow: more than ", ctx_.max_buffered_tokens,
+                       " generated tokens waiting to be sent; the request was cancelled")));
+      CancelEngineLocked();
+    } else {
+      v1::TokenChunk* chunk = queue_.emplace_back().mutable_token();
+      chunk->set_token_id(id);
+      chunk->set_text(ToValidUtf8(text));
+    }
+  }
+  Pump();
+}
+
+void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResult& result) {
+  grpc::StatusCode counted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_done_ = true;
+    if (submitted_) ctx_.tracker->Untrack(engine_id_);
+    grpc::Status final_status = ToGrpcStatus(status);
+    if (status.ok()) {
+      if (ttft_ms_ < 0) ttft_ms_ = absl::ToDoubleMilliseconds(absl::Now() - arrival_);
+    } else if (absl::IsCancelled(status) && !client_cancelled_ && !overflowed_ &&
+               ctx_.tracker->draining()) {
+      final_status = ShuttingDown();  // the router may retry elsewhere
+    }
+    if (!finish_wanted_) {
+      if (status.ok()) {
+        v1::Final* f = queue_.emplace_back().mutable_final();
+        f->set_finish_reason(result.finish_reason);
+        UsageToProto(result.usage, f->mutable_usage());
+        f->set_ttft_ms(ttft_ms_);
+        f->set_worker(ctx_.worker_id);
+        f->set_attempts(1);
+        f->set_text(ToValidUtf8(result.text));
+      }
+      finish_wanted_ = true;
+      final_status_ = final_status;
+    }
+    if (overflowed_) {
+      counted = grpc::StatusCode::RESOURCE_EXHAUSTED;
+    } else if (client_cancelled_) {
+      // The client's own deadline fires a little before ours (ours counts from arrival).
+      counted = absl::Now() >= deadline_ - absl::Milliseconds(100)
+                    ? grpc::StatusCode::DEADLINE_EXCEEDED
+                    : grpc::StatusCode::CANCELLED;
+    } else {
+      counted = final_status_.error_code();
+    }
+  }
+  ctx_.metrics->CountRequest(counted);
+  Pump();
+  Unref();
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {  // the stream is broken: the client went away
+      client_cancelled_ = true;
+      AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
+      CancelEngineLocked();
+    }
+  }
+  Pump();
+}
+
+void GenerateReactor::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_cancelled_ = true;
+    AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    CancelEngineLocked();
+  }
+  Pump();
+}
+
+void GenerateReactor::OnDone() { Unref(); }
+
+void GenerateReactor::Pump() {
+  const v1::GenerateResponse* next = nullptr;
+  bool finish = false;
+  grpc::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || finished_) return;
+    if (!queue_.empty()) {
+      in_flight_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      next = &in_flight_;
+    } else if (finish_wanted_) {
+      finished_ = true;
+      finish = true;
+      status = final_status_;
+    }
+  }
+  if (next != nullptr) StartWrite(next);
+  if (finish) Finish(status);
+}
+
+void GenerateReactor::AbortLocked(const grpc::Status& status) {
+  queue_.clear();
+  if (finish_wanted_) return;
+  finish_wanted_ = true;
+  final_status_ = status;
+}
+
+void GenerateReactor::CancelEngineLocked() {
+  if (engine_done_) return;
+  if (submitted_) {
+    ctx_.engine->Cancel(engine_id_);
+  } else {
+    cancel_engine_ = true;  // the constructor cancels once Submit has returned the id
+  }
+}
+
+void GenerateReactor::Unref() {
+  if (refs_.fetch_sub(1) == 1) delete this;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,80 @@
+// One Worker.Generate call (gRPC callback API): converts and submits the request to the engine,
+// streams each generated token as a TokenChunk, then a Final with usage and timing.
+//
+// The engine thread never waits for the client: its callbacks append to a per-call queue and start
+// a write only when none is in flight. When a client falls more than
+// ServiceContext::max_buffered_tokens chunks behind, its request is cancelled and the call ends
+// with RESOURCE_EXHAUSTED. Client cancellation (and the gRPC deadline, which gRPC turns into a
+// cancellation) cancels the engine request, which frees its KV blocks; the engine also gets the
+// deadline itself.
+//
+// A text-only chunk with token_id -1 may come last: text the engine held back (an incomplete UTF-8
+// sequence or a possible stop string) and released when generation ended.
+//
+// Lifetime: the reactor deletes itself when gRPC has called OnDone and the engine has called
+// on_done (two references). Threading: gRPC reactions and engine callbacks run on different
+// threads; shared state is under mu_, and gRPC operations (StartWrite, Finish) are started outside
+// it. Lock order: mu_, then RequestTracker's lock and the engine's submission lock.
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string_view>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "lazyattn/v1/inference.pb.h"
+#include "services/worker/server/service_context.h"
+
+namespace lazyattn {
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  // Validates and submits at once; an invalid request finishes with INVALID_ARGUMENT.
+  GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
+                  const v1::GenerateRequest& request);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  void OnToken(int32_t id, std::string_view text);                     // engine thread
+  void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread
+  // Starts the next write, or Finish once the queue is empty and the end is known.
+  void Pump();
+  // Ends the call with `status` after the write in flight (queued chunks are dropped).
+  void AbortLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unref();
+
+  const ServiceContext ctx_;
+  const absl::Time arrival_;
+  const absl::Time deadline_;
+  std::atomic<int> refs_{1};  // gRPC's; the engine's is added on submission
+
+  std::mutex mu_;
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse in_flight_ ABSL_GUARDED_BY(mu_);  // the message being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;  // after the queue drains
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish called
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancel_engine_ ABSL_GUARDED_BY(mu_) = false;  // wanted before the id was known
+  bool client_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool overflowed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  double ttft_ms_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_

@@ -1,0 +1,296 @@
+#include "services/worker/server/kvdir_publisher.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace lazyattn {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Like MakeChannel (common/grpc_util.h), plus gRPC's own reconnect backoff bounded by ours: with
+// gRPC's defaults (up to 120 s) a restarted kvdir would stay unreached long after it is back.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeKvdirChannel(const KvdirPublisherOptions& o) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!o.tls.ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    auto ca = ReadPem(o.tls.ca_file, "kvdir.tls.ca_file");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    if (!o.tls.cert_file.empty()) {
+      auto cert = ReadPem(o.tls.cert_file, "kvdir.tls.cert_file");
+      if (!cert.ok()) return cert.status();
+      auto key = ReadPem(o.tls.key_file, "kvdir.tls.key_file");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    creds = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(o.max_message_bytes);
+  args.SetMaxSendMessageSize(o.max_message_bytes);
+  const int min_ms = static_cast<int>(absl::ToInt64Milliseconds(o.min_backoff));
+  const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, min_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, min_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+  return grpc::CreateCustomChannel(o.address, creds, args);
+}
+
+uint64_t RandomEpoch() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  return r == 0 ? 1 : r;
+}
+
+void ToProto(const DocCacheKey& key, int64_t tokens, v1::DocEntry* out) {
+  out->mutable_key()->set_hi(key.doc.hi);
+  out->mutable_key()->set_lo(key.doc.lo);
+  out->set_tokens(tokens);
+  out->set_offset(key.offset);
+}
+
+std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvdirPublisher>> KvdirPublisher::Create(
+    const KvdirPublisherOptions& options, PublisherSource source) {
+  if (options.address.empty()) return absl::InvalidArgumentError("kvdir.address: empty");
+  if (options.lease < absl::Milliseconds(3)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvdir.lease_ms: ", absl::ToInt64Milliseconds(options.lease),
+                     " is too short (heartbeats go every lease/3)"));
+  }
+  if (options.min_backoff <= absl::ZeroDuration() || options.max_backoff < options.min_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kvdir.reconnect_min_ms / reconnect_max_ms: need 0 < min <= max, got ",
+        absl::ToInt64Milliseconds(options.min_backoff), " and ",
+        absl::ToInt64Milliseconds(options.max_backoff)));
+  }
+  if (options.max_queued_events < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvdir.max_queued_events: ", options.max_queued_events, " must be >= 1"));
+  }
+  auto channel = MakeKvdirChannel(options);
+  if (!channel.ok()) return channel.status();
+  KvdirPublisherOptions o = options;
+  if (o.epoch == 0) o.epoch = RandomEpoch();
+  return std::unique_ptr<KvdirPublisher>(
+      new KvdirPublisher(o, std::move(source), *std::move(channel)));
+}
+
+KvdirPublisher::KvdirPublisher(const KvdirPublisherOptions& options, PublisherSource source,
+                               std::shared_ptr<grpc::Channel> channel)
+    : options_(options),
+      source_(std::move(source)),
+      stub_(v1::KvDirectory::NewStub(std::move(channel))),
+      lease_(options.lease) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+KvdirPublisher::~KvdirPublisher() { Stop(); }
+
+void KvdirPublisher::OnCacheEvent(const CacheEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Not connected: kvdir asks for a snapshot after the next Hello. Snapshot pending: it is taken
+  // after this event, so it covers it.
+  if (!connected_ || snapshot_wanted_) {
+    ++stats_.events_dropped;
+    return;
+  }
+  if (static_cast<int>(queue_.size()) >= options_.max_queued_events) {
+    stats_.events_dropped += static_cast<int64_t>(queue_.size()) + 1;
+    queue_.clear();
+    snapshot_wanted_ = true;
+  } else {
+    queue_.push_back(event);
+  }
+  cv_.notify_all();
+}
+
+void KvdirPublisher::Stop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!thread_.joinable()) return;
+  stop_ = true;
+  cv_.notify_all();
+  // The publisher thread half-closes and waits for kvdir to end the stream; a stream stuck in a
+  // write (kvdir not reading) is cancelled after a grace period.
+  if (!cv_.wait_for(lock, std::chrono::seconds(2), [&] { return call_ == nullptr; })) {
+    call_->TryCancel();
+  }
+  lock.unlock();
+  thread_.join();
+}
+
+KvdirPublisher::Stats KvdirPublisher::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void KvdirPublisher::Run() {
+  absl::Duration backoff = options_.min_backoff;
+  while (true) {
+    const bool hello_sent = RunStream();
+    if (hello_sent) backoff = options_.min_backoff;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) return;
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
+    if (stop_) return;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+bool KvdirPublisher::RunStream() {
+  grpc::ClientContext call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    call_ = &call;
+    stream_ended_ = false;
+    snapshot_wanted_ = false;
+    queue_.clear();
+  }
+  auto stream = stub_->Publish(&call);
+  uint64_t seq = 0;
+  auto send = [&](v1::WorkerMessage& m) {
+    m.set_seq(++seq);
+    return stream->Write(m);
+  };
+
+  v1::WorkerMessage hello;
+  *hello.mutable_hello()->mutable_status() = source_.status();
+  hello.mutable_hello()->set_epoch(options_.epoch);
+  bool ok = send(hello);
+  const bool hello_sent = ok;
+  std::thread reader;
+  if (ok) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      connected_ = true;
+      stats_.connected = true;
+      ++stats_.connections;
+    }
+    reader = std::thread([this, s = stream.get()] { ReadLoop(s); });
+    if (reported_unreachable_) {
+      std::cerr << "lazyattn-worker: connected to kvdir at " << options_.address << "\n";
+      reported_unreachable_ = false;
+    }
+  }
+
+  uint64_t covered = 0;  // events up to this version are in a snapshot already sent
+  absl::Time next_heartbeat = absl::Now();
+  while (ok) {
+    std::deque<CacheEvent> events;
+    bool snapshot = false;
+    bool heartbeat = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, ToChrono(next_heartbeat), [&] {
+        return stop_ || stream_ended_ || !queue_.empty() || snapshot_wanted_;
+      });
+      if (stop_ || stream_ended_) break;
+      snapshot = snapshot_wanted_;
+      snapshot_wanted_ = false;  // cleared before the snapshot is taken: later events queue
+      events.swap(queue_);
+      const absl::Time now = absl::Now();
+      if (now >= next_heartbeat) {
+        heartbeat = true;
+        next_heartbeat = now + lease_ / 3;
+      }
+    }
+    if (snapshot) {
+      const CacheSnapshot snap = source_.snapshot();
+      covered = std::max(covered, snap.version);
+      v1::WorkerMessage m;
+      v1::Snapshot* s = m.mutable_snapshot();
+      for (const CachedDocumentInfo& d : snap.documents) ToProto(d.key, d.num_tokens, s->add_entries());
+      *s->mutable_load() = source_.load();
+      ok = send(m);
+      if (ok) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.snapshots_sent;
+      }
+    }
+    int64_t sent = 0;
+    for (const CacheEvent& e : events) {
+      if (!ok) break;
+      if (e.version <= covered) continue;
+      v1::WorkerMessage m;
+      m.mutable_event()->set_kind(e.stored ? v1::DocEvent::STORED : v1::DocEvent::EVICTED);
+      ToProto(e.key, e.num_tokens, m.mutable_event()->mutable_entry());
+      ok = send(m);
+      sent += ok ? 1 : 0;
+    }
+    if (ok && heartbeat) {
+      v1::WorkerMessage m;
+      *m.mutable_heartbeat()->mutable_load() = source_.load();
+      ok = send(m);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.events_sent += sent;
+    if (ok && heartbeat) ++stats_.heartbeats_sent;
+  }
+
+  bool stopping;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    connected_ = false;
+    stats_.connected = false;
+    stats_.events_dropped += static_cast<int64_t>(queue_.size());
+    queue_.clear();
+    stopping = stop_;
+    if (stopping && ok) {
+      lock.unlock();
+      stream->WritesDone();  // kvdir ends the stream with OK on a half-close
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stream_ended_; });
+    }
+  }
+  call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
+  if (reader.joinable()) reader.join();
+  const grpc::Status status = stream->Finish();
+  if (!stopping && (hello_sent || !reported_unreachable_)) {
+    std::cerr << "lazyattn-worker: "
+              << (hello_sent ? "lost the kvdir stream to " : "cannot reach kvdir at ")
+              << options_.address << " ("
+              << (status.ok() ? "OK" : absl::StrCat(status.error_code(), ": ",
+                                                    status.error_message()))
+              << "); retrying with backoff up to "
+              << absl::FormatDuration(options_.max_backoff) << "\n";
+    reported_unreachable_ = !hello_sent;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  call_ = nullptr;
+  cv_.notify_all();
+  return hello_sent;
+}
+
+void KvdirPublisher::ReadLoop(
+    grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>* stream) {
+  v1::DirectoryMessage m;
+  while (stream->Read(&m)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (m.has_snapshot_request()) snapshot_wanted_ = true;
+    if (m.has_lease() && m.lease().lease_ms() > 0) lease_ = absl::Milliseconds(m.lease().lease_ms());
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stream_ended_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,111 @@
+// The worker's side of KvDirectory.Publish: tells kvdir which documents this worker holds.
+//
+// Protocol (proto/lazyattn/v1/kvdir.proto): on each connection the worker sends Hello{status,
+// epoch}, then DocEvent STORED/EVICTED for every document cache change, a Heartbeat{load} every
+// lease/3, and a Snapshot{entries, load} whenever kvdir sends a SnapshotRequest (kvdir asks after
+// every Hello) or when events had to be dropped. Every message carries `seq`, 1 for the Hello of
+// a connection and +1 per message after it. A LeaseGrant from kvdir sets the lease. When the
+// stream fails the publisher reconnects with exponential backoff (min_backoff doubling up to
+// max_backoff, reset after a connection whose Hello went through) and a new Hello.
+//
+// Threading: OnCacheEvent is called on the engine thread and only appends to a bounded queue;
+// one publisher thread owns the stream and does all writes, and one reader thread per connection
+// blocks in Read. When the queue is full, or while kvdir is unreachable, events are dropped and a
+// snapshot replaces them (CacheSnapshot versions say which queued events a snapshot covers).
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_KVDIR_PUBLISHER_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_KVDIR_PUBLISHER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "lazyattn/v1/kvdir.grpc.pb.h"
+#include "services/worker/engine/cache_events.h"
+
+namespace lazyattn {
+
+struct KvdirPublisherOptions {
+  std::string address;  // kvdir host:port
+  TlsOptions tls;       // client side: ca_file (and cert/key for mTLS); empty: plaintext
+  int max_message_bytes = 64 << 20;
+  absl::Duration lease = absl::Seconds(3);  // until kvdir grants one; heartbeats every lease/3
+  absl::Duration min_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  int max_queued_events = 4096;
+  uint64_t epoch = 0;  // 0: a random one (it must change when the worker restarts)
+};
+
+// What the publisher reports, read on the publisher thread.
+struct PublisherSource {
+  std::function<v1::WorkerStatus()> status;  // for Hello
+  std::function<v1::WorkerLoad()> load;      // for Heartbeat and Snapshot
+  std::function<CacheSnapshot()> snapshot;   // every cached document
+};
+
+class KvdirPublisher {
+ public:
+  // InvalidArgument naming the option for a bad value or an unreadable TLS file. Starts the thread;
+  // a kvdir that is down is not an error (the publisher keeps trying).
+  static absl::StatusOr<std::unique_ptr<KvdirPublisher>> Create(
+      const KvdirPublisherOptions& options, PublisherSource source);
+  ~KvdirPublisher();  // Stop()
+  KvdirPublisher(const KvdirPublisher&) = delete;
+  KvdirPublisher& operator=(const KvdirPublisher&) = delete;
+
+  // Never blocks on the network; safe from any thread (the engine's cache listener).
+  void OnCacheEvent(const CacheEvent& event);
+  // Half-closes the stream (kvdir sees a clean end), waits briefly for kvdir to close it, then
+  // stops. Idempotent.
+  void Stop();
+
+  struct Stats {
+    bool connected = false;
+    int64_t connections = 0;     // streams whose Hello was written
+    int64_t events_sent = 0;
+    int64_t events_dropped = 0;
+    int64_t snapshots_sent = 0;
+    int64_t heartbeats_sent = 0;
+  };
+  Stats stats() const;
+  uint64_t epoch() const { return options_.epoch; }
+
+ private:
+  KvdirPublisher(const KvdirPublisherOptions& options, PublisherSource source,
+                 std::shared_ptr<grpc::Channel> channel);
+  void Run();
+  // One connection: returns when the stream failed or Stop() was called. True if Hello went out.
+  bool RunStream();
+  void ReadLoop(grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>* stream);
+
+  const KvdirPublisherOptions options_;
+  const PublisherSource source_;
+  std::unique_ptr<v1::KvDirectory::Stub> stub_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the live stream's context
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;  // accepting events into the queue
+  bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw the stream end
+  std::deque<CacheEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool snapshot_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  bool reported_unreachable_ = false;  // publisher thread only: log one line per outage
+  std::thread thread_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_KVDIR_PUBLISHER_H_

@@ -1,0 +1,287 @@
+// KvdirPublisher against a fake kvdir on 127.0.0.1: Hello, events with contiguous sequence numbers,
+// snapshots on request and on queue overflow, heartbeats, reconnection after a kvdir restart; and
+// a WorkerServer publishing its engine's document cache.
+#include "services/worker/server/kvdir_publisher.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "gtest/gtest.h"
+#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/server/testing_fake_kvdir.h"
+#include "services/worker/server/worker_server.h"
+
+namespace lazyattn {
+namespace {
+
+using testing::FakeKvdir;
+using Messages = std::vector<v1::WorkerMessage>;
+
+DocCacheKey Key(uint64_t n, int64_t offset = DocCacheKey::kAnyOffset) {
+  return {.doc = {.hi = n, .lo = n * 7}, .offset = offset};
+}
+
+int Count(const Messages& ms, v1::WorkerMessage::BodyCase body) {
+  int n = 0;
+  for (const auto& m : ms) n += m.body_case() == body ? 1 : 0;
+  return n;
+}
+
+// Messages after the last Hello (the current connection).
+Messages LastConnection(const Messages& ms) {
+  size_t start = 0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i].has_hello()) start = i;
+  }
+  return Messages(ms.begin() + static_cast<long>(start), ms.end());
+}
+
+// Sequence numbers of one connection: 1, 2, 3, ...
+void ExpectContiguousSeq(const Messages& connection) {
+  for (size_t i = 0; i < connection.size(); ++i) {
+    EXPECT_EQ(connection[i].seq(), i + 1) << "message " << i;
+  }
+}
+
+class KvdirPublisherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kvdir_.Start());
+    mirror_.set_listener([this](const CacheEvent& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (publisher_ != nullptr) publisher_->OnCacheEvent(e);
+    });
+  }
+  void TearDown() override {
+    mirror_.set_listener({});
+    publisher_.reset();
+  }
+
+  void StartPublisher(int max_queued_events = 4096) {
+    KvdirPublisherOptions o;
+    o.address = kvdir_.address();
+    o.lease = absl::Milliseconds(300);  // heartbeats every 100 ms
+    o.min_backoff = absl::Milliseconds(20);
+    o.max_backoff = absl::Milliseconds(200);
+    o.max_queued_events = max_queued_events;
+    PublisherSource source{
+        .status =
+            [] {
+              v1::WorkerStatus s;
+              s.set_worker_id("w1");
+              s.set_address("127.0.0.1:1234");
+              return s;
+            },
+        .load =
+            [this] {
+              std::unique_lock<std::mutex> lock(gate_mu_);
+              if (gate_closed_) {
+                blocked_in_load_ = true;
+                gate_cv_.notify_all();
+                gate_cv_.wait(lock, [&] { return !gate_closed_; });
+                blocked_in_load_ = false;
+              }
+              v1::WorkerLoad l;
+              l.set_free_blocks(7);
+              return l;
+            },
+        .snapshot = [this] { return mirror_.Snapshot(); }};
+    auto p = KvdirPublisher::Create(o, source);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    publisher_ = std::move(*p);
+  }
+
+  bool WaitConnected() {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!publisher_->stats().connected) {
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
+
+  // Waits until the publisher thread is blocked in load().
+  bool WaitBlockedInLoad() {
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    return gate_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return blocked_in_load_; });
+  }
+
+  void SetGate(bool closed) {
+    {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      gate_closed_ = closed;
+    }
+    gate_cv_.notify_all();
+  }
+
+  FakeKvdir kvdir_;
+  CacheMirror mirror_;  // stands in for the engine's document cache
+  std::mutex mu_;
+  std::unique_ptr<KvdirPublisher> publisher_;
+  // Closed: the publisher thread blocks when it asks for the load (to make it fall behind).
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_closed_ = false;
+  bool blocked_in_load_ = false;
+};
+
+TEST_F(KvdirPublisherTest, HelloEventsSnapshotOnRequestAndHeartbeats) {
+  StartPublisher();
+  ASSERT_TRUE(kvdir_.WaitFor([](const Messages& ms) { return !ms.empty(); }));
+  const v1::WorkerMessage hello = kvdir_.messages().front();
+  ASSERT_TRUE(hello.has_hello());
+  EXPECT_EQ(hello.seq(), 1u);
+  EXPECT_EQ(hello.hello().status().worker_id(), "w1");
+  EXPECT_EQ(hello.hello().epoch(), publisher_->epoch());
+  EXPECT_NE(hello.hello().epoch(), 0u);
+  ASSERT_TRUE(WaitConnected());
+
+  mirror_.Apply(Key(1), 40, /*stored=*/true);
+  mirror_.Apply(Key(2, 16), 25, /*stored=*/true);
+  mirror_.Apply(Key(1), 40, /*stored=*/false);
+  ASSERT_TRUE(kvdir_.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kEvent) == 3; }));
+  Messages ms = kvdir_.messages();
+  std::vector<v1::DocEvent> events;
+  for (const auto& m : ms) {
+    if (m.has_event()) events.push_back(m.event());
+  }
+  EXPECT_EQ(events[0].kind(), v1::DocEvent::STORED);
+  EXPECT_EQ(events[0].entry().key().hi(), 1u);
+  EXPECT_EQ(events[0].entry().key().lo(), 7u);
+  EXPECT_EQ(events[0].entry().tokens(), 40);
+  EXPECT_EQ(events[0].entry().offset(), -1);
+  EXPECT_EQ(events[1].entry().offset(), 16);
+  EXPECT_EQ(events[2].kind(), v1::DocEvent::EVICTED);
+
+  ASSERT_TRUE(kvdir_.RequestSnapshot("test"));
+  ASSERT_TRUE(kvdir_.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kSnapshot) == 1; }));
+  ASSERT_TRUE(kvdir_.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kHeartbeat) >= 2; }));
+  ms = kvdir_.messages();
+  ExpectContiguousSeq(ms);
+  for (const auto& m : ms) {
+    if (m.has_snapshot()) {
+      ASSERT_EQ(m.snapshot().entries_size(), 1);  // key 1 was evicted
+      EXPECT_EQ(m.snapshot().entries(0).key().hi(), 2u);
+      EXPECT_EQ(m.snapshot().entries(0).tokens(), 25);
+      EXPECT_EQ(m.snapshot().load().free_blocks(), 7);
+    }
+    if (m.has_heartbeat()) {
+      EXPECT_EQ(m.heartbeat().load().free_blocks(), 7);
+    }
+  }
+  EXPECT_EQ(publisher_->stats().events_sent, 3);
+  EXPECT_EQ(publisher_->stats().events_dropped, 0);
+}
+
+TEST_F(KvdirPublisherTest, QueueOverflowDropsEventsAndSendsASnapshotInstead) {
+  StartPublisher(/*max_queued_events=*/4);
+  ASSERT_TRUE(WaitConnected());
+  // Block the publisher thread in its next heartbeat so that it falls behind.
+  SetGate(true);
+  ASSERT_TRUE(WaitBlockedInLoad());
+  for (uint64_t i = 1; i <= 10; ++i) mirror_.Apply(Key(i), static_cast<int64_t>(i), true);
+  EXPECT_GT(publisher_->stats().events_dropped, 0);
+  SetGate(false);
+  ASSERT_TRUE(kvdir_.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kSnapshot) == 1; }));
+  mirror_.Apply(Key(11), 11, true);  // after the snapshot: sent as an event
+  ASSERT_TRUE(kvdir_.WaitFor([](const Messages& ms) {
+    return !ms.empty() && ms.back().has_event() && ms.back().event().entry().key().hi() == 11;
+  }));
+  const Messages ms = kvdir_.messages();
+  ExpectContiguousSeq(ms);
+  for (const auto& m : ms) {
+    if (m.has_snapshot()) {
+      EXPECT_EQ(m.snapshot().entries_size(), 10);
+    }
+  }
+}
+
+TEST_F(KvdirPublisherTest, ReconnectsWithANewHelloAfterKvdirRestarts) {
+  StartPublisher();
+  ASSERT_TRUE(WaitConnected());
+  mirror_.Apply(Key(1), 40, true);
+  ASSERT_TRUE(kvdir_.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kEvent) == 1; }));
+  const uint64_t epoch = publisher_->epoch();
+  const int port = kvdir_.port();
+  kvdir_.Stop();
+  FakeKvdir restarted;
+  ASSERT_TRUE(restarted.Start(port));
+  ASSERT_TRUE(restarted.WaitFor([](const Messages& ms) { return !ms.empty(); }));
+  const v1::WorkerMessage hello = restarted.messages().front();
+  ASSERT_TRUE(hello.has_hello());
+  EXPECT_EQ(hello.seq(), 1u);
+  EXPECT_EQ(hello.hello().epoch(), epoch);  // same process: same epoch
+  // The restarted kvdir rebuilds its view from a snapshot.
+  ASSERT_TRUE(restarted.RequestSnapshot("reconnect"));
+  ASSERT_TRUE(restarted.WaitFor([](const Messages& ms) {
+    for (const auto& m : ms) {
+      if (m.has_snapshot()) return m.snapshot().entries_size() == 1;
+    }
+    return false;
+  }));
+  ExpectContiguousSeq(LastConnection(restarted.messages()));
+  EXPECT_GE(publisher_->stats().connections, 2);
+  mirror_.set_listener({});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    publisher_.reset();  // closes the stream while `restarted` is still up
+  }
+}
+
+TEST(WorkerServerKvdirTest, PublishesTheEngineDocumentCache) {
+  FakeKvdir kvdir;
+  ASSERT_TRUE(kvdir.Start());
+  auto weights = MakeRandomWeights(TinyTestConfig(), 3);
+  auto tokenizer = MakeByteTokenizer();
+  WorkerServerOptions o;
+  o.grpc.listen_address = "127.0.0.1:0";
+  o.metrics_address = "";
+  o.engine = {.num_kv_blocks = 256, .max_batch_tokens = 64};
+  o.service.worker_id = "w-publish";
+  o.kvdir.emplace();
+  o.kvdir->address = kvdir.address();
+  o.kvdir->min_backoff = absl::Milliseconds(20);
+  auto server = WorkerServer::Create(o, weights.get(), tokenizer.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(kvdir.WaitFor([](const Messages& ms) { return !ms.empty(); }));
+  const v1::WorkerMessage hello = kvdir.messages().front();
+  ASSERT_TRUE(hello.has_hello());
+  EXPECT_EQ(hello.hello().status().worker_id(), "w-publish");
+  EXPECT_EQ(hello.hello().status().address(), (*server)->address());
+  EXPECT_EQ(hello.hello().status().load().total_blocks(), 256);
+  EXPECT_FALSE(hello.hello().status().model().model_fingerprint().empty());
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!(*server)->publisher()->stats().connected && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+
+  EngineRequest r;
+  r.documents = {{.text = "first document text"}, {.text = "second document, a bit longer"}};
+  r.question = "q";
+  r.sampling.max_tokens = 2;
+  ASSERT_TRUE((*server)->engine().Run(r).ok());
+  ASSERT_TRUE(kvdir.WaitFor(
+      [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kEvent) == 2; }));
+  int64_t tokens = 0;
+  for (const auto& m : kvdir.messages()) {
+    if (!m.has_event()) continue;
+    EXPECT_EQ(m.event().kind(), v1::DocEvent::STORED);
+    EXPECT_EQ(m.event().entry().offset(), -1);  // lazy: any position
+    tokens += m.event().entry().tokens();
+  }
+  EXPECT_EQ(tokens, static_cast<int64_t>(std::string("first document text").size() +
+                                         std::string("second document, a bit longer").size()));
+  ExpectContiguousSeq(kvdir.messages());
+  server->reset();  // half-closes the stream before the fake goes away
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,162 @@
+#include "services/worker/server/request_convert.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "services/worker/engine/chat_prompt.h"
+
+namespace lazyattn {
+namespace {
+
+absl::Status DocumentsFromProto(
+    const google::protobuf::RepeatedPtrField<v1::Document>& docs,
+    std::vector<EngineDocument>* out) {
+  out->reserve(docs.size());
+  for (int i = 0; i < docs.size(); ++i) {
+    const v1::Document& d = docs[i];
+    EngineDocument doc;
+    doc.id = d.id();
+    switch (d.content_case()) {
+      case v1::Document::kText:
+        doc.text = d.text();
+        break;
+      case v1::Document::kTokens:
+        doc.token_ids.emplace(d.tokens().ids().begin(), d.tokens().ids().end());
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "documents[", i, "]", d.id().empty() ? "" : absl::StrCat(" (id \"", d.id(), "\")"),
+            ": no content (set text or tokens)"));
+    }
+    out->push_back(std::move(doc));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
+                                                 const ModelConfig& config,
+                                                 const ConvertOptions& options) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();  // proto3 default 0 means off
+  p.seed = s.seed();
+  p.max_tokens = s.max_tokens() == 0 ? options.default_max_tokens : s.max_tokens();
+  p.stop.assign(s.stop().begin(), s.stop().end());
+  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  p.ignore_eos = s.ignore_eos();
+  // Validated here too so the error names the request field ("sampling.top_k = -1: ...").
+  absl::Status st = ValidateSamplingParams(p, config.vocab_size);
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<CacheMode> CacheModeFromProto(int mode) {
+  switch (mode) {
+    case v1::CACHE_MODE_UNSPECIFIED:
+    case v1::CACHE_MODE_LAZY:
+      return CacheMode::kLazy;
+    case v1::CACHE_MODE_FULL:
+      return CacheMode::kFull;
+    case v1::CACHE_MODE_PREFIX:
+      return CacheMode::kPrefix;
+    case v1::CACHE_MODE_BLOCK:
+      return CacheMode::kBlock;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cache_mode: unknown value ", mode,
+                                                 " (expected FULL, PREFIX, BLOCK or LAZY)"));
+}
+
+absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& request,
+                                                     const Tokenizer& tokenizer,
+                                                     const ModelConfig& config,
+                                                     const ConvertOptions& options) {
+  EngineRequest r;
+  ASSIGN_OR_RETURN(r.mode, CacheModeFromProto(request.cache_mode()));
+  ASSIGN_OR_RETURN(r.sampling, SamplingFromProto(request.sampling(), config, options));
+  RETURN_IF_ERROR(DocumentsFromProto(request.documents(), &r.documents));
+  if (request.question().empty()) {
+    // Checked before the chat template adds its text around the question.
+    return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");
+  }
+  auto parts = BuildPrompt(tokenizer, request.chat(), request.system(), request.question());
+  if (!parts.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat: the model's chat template cannot be used: ", parts.status().message()));
+  }
+  r.system_prefix = std::move(parts->system_prefix);
+  r.question = std::move(parts->question);
+  return r;
+}
+
+absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& request) {
+  EngineRequest r;
+  ASSIGN_OR_RETURN(r.mode, CacheModeFromProto(request.cache_mode()));
+  if (r.mode != CacheMode::kLazy && r.mode != CacheMode::kBlock) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache_mode: prefetch caches documents in mode LAZY or BLOCK, not ",
+        v1::CacheMode_Name(request.cache_mode())));
+  }
+  if (request.documents().empty()) {
+    return absl::InvalidArgumentError("documents: nothing to prefetch");
+  }
+  RETURN_IF_ERROR(DocumentsFromProto(request.documents(), &r.documents));
+  // The engine needs a query to finish the request; one token is enough.
+  r.question.assign(1, '\n');  // (not = "\n": GCC 12 warns -Wrestrict, a false positive)
+  r.sampling.max_tokens = 1;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::string ToValidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (RFC 3629 table)
+    if (c < 0x80) {
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlongs
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlongs
+      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char b = p[i + k];
+      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+    }
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");  // U+FFFD for this byte; resynchronize at the next one
+      ++i;
+    }
+  }
+  return out;
+}
+
+void UsageToProto(const RequestUsage& u, v1::Usage* out) {
+  out->set_prompt_tokens(u.prompt_tokens);
+  out->set_cached_tokens(u.cached_tokens);
+  out->set_computed_tokens(u.computed_tokens);
+  out->set_completion_tokens(u.completion_tokens);
+  out->set_documents(u.documents);
+  out->set_documents_hit(u.documents_hit);
+}
+
+}  // namespace lazyattn

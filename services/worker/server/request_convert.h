@@ -1,0 +1,48 @@
+// The worker's side of the RPC boundary: lazyattn.v1 requests to EngineRequests, engine results to
+// lazyattn.v1 messages. Checks what only the wire format can get wrong (an unknown cache mode, a
+// document with no content, proto defaults such as max_tokens 0); the engine's Submit validates the
+// rest (document count, empty documents, token id ranges, sampling ranges, context length), and
+// every error is InvalidArgument naming the request field.
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_REQUEST_CONVERT_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_REQUEST_CONVERT_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "lazyattn/v1/inference.pb.h"
+#include "services/worker/engine/request.h"
+#include "services/worker/model/model_config.h"
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+namespace lazyattn {
+
+struct ConvertOptions {
+  int default_max_tokens = 128;  // for SamplingParams.max_tokens == 0
+};
+
+// CACHE_MODE_UNSPECIFIED means lazy (the server's default).
+absl::StatusOr<CacheMode> CacheModeFromProto(int mode);
+
+// With `chat`, system and question are placed around the documents by the model's chat template
+// (BuildPrompt); InvalidArgument naming `chat` when the model has no usable template.
+absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& request,
+                                                     const Tokenizer& tokenizer,
+                                                     const ModelConfig& config,
+                                                     const ConvertOptions& options);
+
+// A request that computes and caches `request.documents` without generating: an empty system
+// prefix, the documents, a one-token question and max_tokens 1. Mode lazy (default) or block;
+// InvalidArgument naming `cache_mode` otherwise.
+absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& request);
+
+void UsageToProto(const RequestUsage& usage, v1::Usage* out);
+
+// `text` with every byte that is not part of a well-formed UTF-8 sequence replaced by U+FFFD.
+// Proto3 string fields must hold valid UTF-8 (a client's parser rejects the message otherwise),
+// while a model can generate any byte sequence: every generated text crosses the wire through this.
+std::string ToValidUtf8(std::string_view text);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_REQUEST_CONVERT_H_

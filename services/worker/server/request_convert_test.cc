@@ -1,0 +1,104 @@
+// Proto -> EngineRequest conversion: proto defaults, wire-only errors, chat prompts, prefetch.
+#include "services/worker/server/request_convert.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/random_weights.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RequestConvertTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Tokenizer> tokenizer_ = MakeByteTokenizer();
+  ModelConfig config_ = TinyTestConfig();
+};
+
+TEST_F(RequestConvertTest, ProtoDefaultsBecomeServerDefaults) {
+  v1::GenerateRequest r;
+  r.set_system("sys");
+  r.add_documents()->set_text("doc");
+  r.add_documents()->mutable_tokens()->add_ids(65);
+  r.mutable_documents(1)->set_id("b");
+  r.set_question("q?");
+  auto e = EngineRequestFromProto(r, *tokenizer_, config_, {.default_max_tokens = 77});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->mode, CacheMode::kLazy);
+  EXPECT_EQ(e->sampling.max_tokens, 77);
+  EXPECT_EQ(e->sampling.top_p, 1.0f);
+  EXPECT_EQ(e->system_prefix, "sys");
+  EXPECT_EQ(e->question, "q?");
+  ASSERT_EQ(e->documents.size(), 2u);
+  EXPECT_EQ(e->documents[0].text, "doc");
+  EXPECT_FALSE(e->documents[0].token_ids.has_value());
+  EXPECT_EQ(e->documents[1].id, "b");
+  EXPECT_EQ(*e->documents[1].token_ids, std::vector<int32_t>{65});
+}
+
+TEST_F(RequestConvertTest, CacheModes) {
+  EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_FULL), CacheMode::kFull);
+  EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_PREFIX), CacheMode::kPrefix);
+  EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_BLOCK), CacheMode::kBlock);
+  EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_UNSPECIFIED), CacheMode::kLazy);
+  auto bad = CacheModeFromProto(9);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("cache_mode"));
+}
+
+TEST_F(RequestConvertTest, DocumentWithoutContentNamesItsIndexAndId) {
+  v1::GenerateRequest r;
+  r.add_documents()->set_text("ok");
+  r.add_documents()->set_id("policy");
+  r.set_question("q");
+  auto e = EngineRequestFromProto(r, *tokenizer_, config_, {});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("documents[1] (id \"policy\")"));
+}
+
+TEST_F(RequestConvertTest, PrefetchIsOneTokenOverTheDocuments) {
+  v1::PrefetchRequest p;
+  p.add_documents()->set_text("doc");
+  p.set_cache_mode(v1::CACHE_MODE_BLOCK);
+  auto e = PrefetchEngineRequest(p);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->mode, CacheMode::kBlock);
+  EXPECT_EQ(e->sampling.max_tokens, 1);
+  EXPECT_TRUE(e->system_prefix.empty());
+  EXPECT_EQ(e->documents.size(), 1u);
+  EXPECT_EQ(PrefetchEngineRequest(v1::PrefetchRequest()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  p.set_cache_mode(v1::CACHE_MODE_PREFIX);
+  EXPECT_THAT(PrefetchEngineRequest(p).status().message(), HasSubstr("cache_mode"));
+}
+
+TEST_F(RequestConvertTest, UsageFieldsMap) {
+  RequestUsage u{.prompt_tokens = 10, .cached_tokens = 4, .computed_tokens = 6, .documents = 2,
+                 .documents_hit = 1, .completion_tokens = 3};
+  v1::Usage p;
+  UsageToProto(u, &p);
+  EXPECT_EQ(p.prompt_tokens(), 10);
+  EXPECT_EQ(p.cached_tokens(), 4);
+  EXPECT_EQ(p.computed_tokens(), 6);
+  EXPECT_EQ(p.documents(), 2);
+  EXPECT_EQ(p.documents_hit(), 1);
+  EXPECT_EQ(p.completion_tokens(), 3);
+}
+
+TEST(ToValidUtf8Test, KeepsValidTextAndReplacesEachBadByte) {
+  EXPECT_EQ(ToValidUtf8("plain ascii"), "plain ascii");
+  EXPECT_EQ(ToValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(ToValidUtf8("a\xFF" "b"), "a" + fffd + "b");
+  EXPECT_EQ(ToValidUtf8("\xE2\x82"), fffd + fffd);          // truncated sequence
+  EXPECT_EQ(ToValidUtf8("\xC0\xAF"), fffd + fffd);          // overlong
+  EXPECT_EQ(ToValidUtf8("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate
+  EXPECT_EQ(ToValidUtf8("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // > U+10FFFF
+  EXPECT_EQ(ToValidUtf8(std::string("\0x", 2)), std::string("\0x", 2));
+}
+
+}  // namespace
+}  // namespace lazyattn

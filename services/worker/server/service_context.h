@@ -1,0 +1,37 @@
+// What the worker's RPC handlers share (borrowed pointers; the WorkerServer owns them and keeps
+// them alive until every RPC and every engine request has ended).
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_
+
+#include <chrono>
+#include <string>
+
+#include "absl/time/time.h"
+#include "services/worker/engine/engine.h"
+#include "services/worker/server/request_convert.h"
+#include "services/worker/server/request_tracker.h"
+#include "services/worker/server/worker_metrics.h"
+
+namespace lazyattn {
+
+struct ServiceContext {
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  WorkerMetrics* metrics = nullptr;
+  RequestTracker* tracker = nullptr;
+  ConvertOptions convert;
+  // Generated tokens a stream may hold for a slow client before its request is cancelled with
+  // RESOURCE_EXHAUSTED (the engine thread never waits for a client).
+  int max_buffered_tokens = 1024;
+  std::string worker_id;
+};
+
+// The call's gRPC deadline as an absl::Time (InfiniteFuture when the call has none).
+inline absl::Time DeadlineOf(std::chrono::system_clock::time_point deadline) {
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_

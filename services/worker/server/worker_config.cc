@@ -1,0 +1,139 @@
+#include "services/worker/server/worker_config.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "services/worker/engine/kv_cache_cpu.h"
+
+namespace lazyattn {
+namespace {
+
+absl::StatusOr<int64_t> IntInRange(const YamlConfig& config, const std::string& key,
+                                   int64_t fallback, int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(const int64_t value, config.Int(key, fallback));
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": must be in [",
+                                                   lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
+absl::Status Error(const YamlConfig& config, const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": ", what));
+}
+
+}  // namespace
+
+WorkerServerOptions ServerOptionsFor(const WorkerConfig& config, const ModelConfig& model) {
+  WorkerServerOptions o = config.server;
+  o.engine.num_kv_blocks = KvBlocksForBudget(model, config.kv_budget_bytes);
+  if (!config.kvdir.address.empty()) {
+    o.kvdir = config.kvdir;
+    o.kvdir->max_message_bytes = o.grpc.max_message_bytes;
+  }
+  return o;
+}
+
+absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
+  WorkerConfig c;
+  WorkerServerOptions& o = c.server;
+
+  // Model and backend.
+  ASSIGN_OR_RETURN(c.model_path, config.String("model.path", ""));
+  if (c.model_path.empty()) return Error(config, "model.path", "required");
+  ASSIGN_OR_RETURN(o.service.model_name, config.String("model.name", ""));
+  ASSIGN_OR_RETURN(c.backend, config.String("backend", "cpu"));
+  if (c.backend == "auto") {
+    c.backend = "cpu";  // the only backend this worker has today
+  } else if (c.backend == "cuda") {
+    return Error(config, "backend",
+                 "\"cuda\" is not built into this worker yet; use \"cpu\" or \"auto\"");
+  } else if (c.backend != "cpu") {
+    return Error(config, "backend",
+                 absl::StrCat("unknown backend \"", c.backend, "\" (expected cpu, cuda or auto)"));
+  }
+
+  // Identity.
+  ASSIGN_OR_RETURN(o.service.worker_id, config.String("worker.id", ""));
+  ASSIGN_OR_RETURN(o.advertise_address, config.String("worker.advertise_address", ""));
+
+  // Socket and TLS.
+  ASSIGN_OR_RETURN(o.grpc.listen_address, config.String("server.listen", "127.0.0.1:7200"));
+  if (o.grpc.listen_address.empty()) return Error(config, "server.listen", "must not be empty");
+  ASSIGN_OR_RETURN(o.grpc.tls.cert_file, config.String("server.tls.cert_file", ""));
+  ASSIGN_OR_RETURN(o.grpc.tls.key_file, config.String("server.tls.key_file", ""));
+  ASSIGN_OR_RETURN(o.grpc.tls.ca_file, config.String("server.tls.ca_file", ""));
+  if (o.grpc.tls.cert_file.empty() != o.grpc.tls.key_file.empty()) {
+    return Error(config, "server.tls", "cert_file and key_file must be set together");
+  }
+  if (!o.grpc.tls.ca_file.empty() && o.grpc.tls.cert_file.empty()) {
+    return Error(config, "server.tls.ca_file", "needs cert_file and key_file (server TLS)");
+  }
+
+  // Engine.
+  ASSIGN_OR_RETURN(c.kv_budget_bytes, IntInRange(config, "engine.kv_budget_bytes",
+                                                 c.kv_budget_bytes, 1 << 20, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(const int64_t batch, IntInRange(config, "engine.max_batch_tokens",
+                                                   o.engine.max_batch_tokens, 1, 1 << 20));
+  o.engine.max_batch_tokens = static_cast<int>(batch);
+  ASSIGN_OR_RETURN(const int64_t running, IntInRange(config, "engine.max_running",
+                                                     o.engine.max_running, 1, 1 << 16));
+  o.engine.max_running = static_cast<int>(running);
+  o.engine.num_kv_blocks = 0;  // from kv_budget_bytes once the model is loaded
+
+  // Limits.
+  ASSIGN_OR_RETURN(const int64_t docs, IntInRange(config, "limits.max_documents",
+                                                  o.limits.max_documents, 1, 4096));
+  o.limits.max_documents = static_cast<int>(docs);
+  ASSIGN_OR_RETURN(const int64_t msg, IntInRange(config, "limits.max_message_bytes",
+                                                 o.grpc.max_message_bytes, 4096, INT32_MAX));
+  o.grpc.max_message_bytes = static_cast<int>(msg);
+  ASSIGN_OR_RETURN(const int64_t def_tokens, IntInRange(config, "limits.default_max_tokens",
+                                                        o.service.default_max_tokens, 1, 1 << 20));
+  o.service.default_max_tokens = static_cast<int>(def_tokens);
+  ASSIGN_OR_RETURN(const int64_t buffered,
+                   IntInRange(config, "limits.max_buffered_tokens", o.service.max_buffered_tokens,
+                              1, 1 << 20));
+  o.service.max_buffered_tokens = static_cast<int>(buffered);
+  ASSIGN_OR_RETURN(const int64_t grace_ms, IntInRange(config, "limits.shutdown_grace_ms",
+                                                      5000, 0, 600'000));
+  o.shutdown_grace = absl::Milliseconds(grace_ms);
+
+  // kvdir (optional).
+  KvdirPublisherOptions& k = c.kvdir;
+  ASSIGN_OR_RETURN(k.address, config.String("kvdir.address", ""));
+  ASSIGN_OR_RETURN(const int64_t lease, IntInRange(config, "kvdir.lease_ms", 3000, 30, 3'600'000));
+  k.lease = absl::Milliseconds(lease);
+  ASSIGN_OR_RETURN(const int64_t min_ms,
+                   IntInRange(config, "kvdir.reconnect_min_ms", 100, 1, 600'000));
+  ASSIGN_OR_RETURN(const int64_t max_ms,
+                   IntInRange(config, "kvdir.reconnect_max_ms", 5000, 1, 600'000));
+  if (max_ms < min_ms) {
+    return Error(config, "kvdir.reconnect_max_ms",
+                 absl::StrCat(max_ms, " is below kvdir.reconnect_min_ms ", min_ms));
+  }
+  k.min_backoff = absl::Milliseconds(min_ms);
+  k.max_backoff = absl::Milliseconds(max_ms);
+  ASSIGN_OR_RETURN(const int64_t queued, IntInRange(config, "kvdir.max_queued_events",
+                                                    k.max_queued_events, 1, 1 << 24));
+  k.max_queued_events = static_cast<int>(queued);
+  ASSIGN_OR_RETURN(k.tls.ca_file, config.String("kvdir.tls.ca_file", ""));
+  ASSIGN_OR_RETURN(k.tls.cert_file, config.String("kvdir.tls.cert_file", ""));
+  ASSIGN_OR_RETURN(k.tls.key_file, config.String("kvdir.tls.key_file", ""));
+  if (k.tls.cert_file.empty() != k.tls.key_file.empty()) {
+    return Error(config, "kvdir.tls", "cert_file and key_file must be set together");
+  }
+  if (!k.tls.cert_file.empty() && k.tls.ca_file.empty()) {
+    return Error(config, "kvdir.tls.cert_file", "client certificates need ca_file (TLS)");
+  }
+
+  // Metrics.
+  ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9200"));
+
+  RETURN_IF_ERROR(config.Finish());
+  return c;
+}
+
+}  // namespace lazyattn

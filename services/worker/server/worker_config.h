@@ -1,0 +1,38 @@
+// lazyattn-worker's YAML configuration (every key, default and meaning: docs/worker.md), read
+// into WorkerConfig and validated in one place. The KV block count depends on the model, so the
+// budget in bytes is kept here and turned into blocks once the model is loaded (KvBlocksForBudget).
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_WORKER_CONFIG_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_WORKER_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/yaml_config.h"
+#include "services/worker/model/model_config.h"
+#include "services/worker/server/worker_server.h"
+
+namespace lazyattn {
+
+struct WorkerConfig {
+  std::string model_path;
+  std::string backend = "cpu";  // what runs the model: "cpu" ("auto" resolves to it for now)
+  int64_t kv_budget_bytes = int64_t{512} << 20;
+  // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.
+  WorkerServerOptions server;
+  // kvdir.address empty: standalone (the --kvdir flag may set it).
+  KvdirPublisherOptions kvdir;
+};
+
+// InvalidArgument naming the key (and the bad value) for a wrong type, an out-of-range value, an
+// inconsistent TLS setting, an unknown backend or an unknown key. backend `cuda` is an error (not
+// built into this worker yet).
+absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config);
+
+// The server's options for a loaded model: KV blocks from the byte budget, and the publisher when
+// a kvdir address is set.
+WorkerServerOptions ServerOptionsFor(const WorkerConfig& config, const ModelConfig& model);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_WORKER_CONFIG_H_

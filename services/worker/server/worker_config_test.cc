@@ -1,0 +1,109 @@
+// lazyattn-worker's YAML configuration: defaults, every key read, errors naming the key.
+#include "services/worker/server/worker_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/worker/model/random_weights.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<WorkerConfig> Parse(const std::string& yaml) {
+  YamlConfig config;
+  if (absl::Status s = config.LoadString(yaml, "worker.yaml"); !s.ok()) return s;
+  return WorkerConfigFromYaml(config);
+}
+
+TEST(WorkerConfigTest, MinimalConfigGetsDefaults) {
+  auto c = Parse("model:\n  path: models/m.gguf\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_path, "models/m.gguf");
+  EXPECT_EQ(c->backend, "cpu");
+  EXPECT_EQ(c->kv_budget_bytes, int64_t{512} << 20);
+  EXPECT_EQ(c->server.grpc.listen_address, "127.0.0.1:7200");
+  EXPECT_EQ(c->server.metrics_address, "127.0.0.1:9200");
+  EXPECT_TRUE(c->kvdir.address.empty());
+  const WorkerServerOptions o = ServerOptionsFor(*c, TinyTestConfig());
+  EXPECT_FALSE(o.kvdir.has_value());  // standalone
+  EXPECT_GT(o.engine.num_kv_blocks, 0);
+}
+
+TEST(WorkerConfigTest, EveryKey) {
+  auto c = Parse(R"(
+model: {path: m.gguf, name: smollm2}
+backend: auto
+worker: {id: w7, advertise_address: "worker-7.svc:7200"}
+server:
+  listen: 0.0.0.0:7300
+  tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
+engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8}
+limits:
+  max_documents: 16
+  max_message_bytes: 1048576
+  default_max_tokens: 64
+  max_buffered_tokens: 32
+  shutdown_grace_ms: 250
+kvdir:
+  address: kvdir:7100
+  lease_ms: 900
+  reconnect_min_ms: 50
+  reconnect_max_ms: 800
+  max_queued_events: 100
+  tls: {ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}
+metrics: {listen: ""}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->backend, "cpu");  // auto: the only backend built in
+  EXPECT_EQ(c->server.service.model_name, "smollm2");
+  EXPECT_EQ(c->server.service.worker_id, "w7");
+  EXPECT_EQ(c->server.advertise_address, "worker-7.svc:7200");
+  EXPECT_EQ(c->server.grpc.listen_address, "0.0.0.0:7300");
+  EXPECT_EQ(c->server.grpc.tls.ca_file, "ca.pem");
+  EXPECT_EQ(c->kv_budget_bytes, 1048576);
+  EXPECT_EQ(c->server.engine.max_batch_tokens, 256);
+  EXPECT_EQ(c->server.engine.max_running, 8);
+  EXPECT_EQ(c->server.limits.max_documents, 16);
+  EXPECT_EQ(c->server.grpc.max_message_bytes, 1048576);
+  EXPECT_EQ(c->server.service.default_max_tokens, 64);
+  EXPECT_EQ(c->server.service.max_buffered_tokens, 32);
+  EXPECT_EQ(c->server.shutdown_grace, absl::Milliseconds(250));
+  EXPECT_EQ(c->kvdir.lease, absl::Milliseconds(900));
+  EXPECT_EQ(c->kvdir.min_backoff, absl::Milliseconds(50));
+  EXPECT_EQ(c->kvdir.max_backoff, absl::Milliseconds(800));
+  EXPECT_EQ(c->kvdir.max_queued_events, 100);
+  EXPECT_EQ(c->kvdir.tls.cert_file, "c.pem");
+  EXPECT_TRUE(c->server.metrics_address.empty());
+  const WorkerServerOptions o = ServerOptionsFor(*c, TinyTestConfig());
+  ASSERT_TRUE(o.kvdir.has_value());
+  EXPECT_EQ(o.kvdir->address, "kvdir:7100");
+  EXPECT_EQ(o.kvdir->max_message_bytes, 1048576);
+  // 1 MiB over fp32 K+V of 2 layers x 2 heads x 16 dims x 16 tokens (8 KiB a block).
+  EXPECT_EQ(o.engine.num_kv_blocks, 128);
+}
+
+TEST(WorkerConfigTest, ErrorsNameTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"backend: cpu\n", "model.path"},
+      {"model: {path: m}\nbackend: cuda\n", "backend"},
+      {"model: {path: m}\nbackend: tpu\n", "backend"},
+      {"model: {path: m}\nengine: {max_running: 0}\n", "engine.max_running"},
+      {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
+      {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
+      {"model: {path: m}\nkvdir: {reconnect_min_ms: 500, reconnect_max_ms: 100}\n",
+       "kvdir.reconnect_max_ms"},
+      {"model: {path: m}\nserver: {tls: {cert_file: c.pem}}\n", "server.tls"},
+      {"model: {path: m}\nserver: {listen: \"\"}\n", "server.listen"},
+      {"model: {path: m}\nengine: {max_batch_token: 5}\n", "engine.max_batch_token"},
+      {"model: {path: m}\nkvdir_address: x\n", "kvdir_address"},
+  };
+  for (const auto& [yaml, key] : cases) {
+    auto c = Parse(yaml);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(c.status().message(), HasSubstr(key)) << yaml;
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,82 @@
+// The worker's Prometheus metrics. Families and their labelled children are built once here; the
+// request path only bumps cached children (CONVENTIONS: never Family::Add per request).
+//
+//   lazyattn_worker_ttft_seconds                        histogram: arrival at the worker to the
+//                                                       first generated token
+//   lazyattn_worker_inter_token_seconds                 histogram: between consecutive tokens
+//   lazyattn_worker_requests_total{status}              counter: Generate requests by final gRPC
+//                                                       status ("ok", "invalid_argument", ...)
+//   lazyattn_worker_document_lookup_tokens_total{mode}  counter: document tokens looked up in the
+//                                                       document cache (modes block, lazy)
+//   lazyattn_worker_document_hit_tokens_total{mode}     counter: ... found there. Hit ratio =
+//                                                       rate(hit) / rate(lookup), in PromQL
+//   lazyattn_worker_prefill_tokens_total{kind}          counter: prompt tokens computed / reused
+//   lazyattn_worker_kv_blocks{state}                    gauge: free, referenced (pinned by running
+//                                                       requests), cached (evictable)
+//   lazyattn_worker_queue_length                        gauge: requests waiting for admission
+//   lazyattn_worker_running_requests                    gauge: requests admitted
+//   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
+//   lazyattn_worker_kvdir_events_dropped_total          counter: cache events not sent (queue full
+//                                                       or kvdir unreachable; a snapshot follows)
+//
+// Engine counters and gauges are copied in by Refresh() (the engine keeps its own counters; a
+// periodic refresh turns their growth into counter increments).
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_WORKER_METRICS_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_WORKER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/base/thread_annotations.h"
+#include "services/worker/engine/engine.h"
+
+namespace lazyattn {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void ObserveTtft(double seconds) { ttft_->Observe(seconds); }
+  void ObserveInterToken(double seconds) { inter_token_->Observe(seconds); }
+  void CountRequest(grpc::StatusCode code);
+
+  struct PublisherCounts {
+    bool connected = false;
+    int64_t events_dropped = 0;  // monotonic
+  };
+  // Thread-safe; counters advance by the growth since the previous call.
+  void Refresh(const EngineStats& stats, const KvBlockCounts& blocks, const EngineLoad& load,
+               const PublisherCounts& publisher);
+
+ private:
+  // Built once in the constructor; owned by the registry.
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* inter_token_ = nullptr;
+  std::array<prometheus::Counter*, 17> requests_{};      // by grpc::StatusCode (0..16)
+  std::array<prometheus::Counter*, 4> lookup_tokens_{};  // by CacheMode
+  std::array<prometheus::Counter*, 4> hit_tokens_{};
+  prometheus::Counter* prefill_computed_ = nullptr;
+  prometheus::Counter* prefill_reused_ = nullptr;
+  prometheus::Gauge* blocks_free_ = nullptr;
+  prometheus::Gauge* blocks_referenced_ = nullptr;
+  prometheus::Gauge* blocks_cached_ = nullptr;
+  prometheus::Gauge* queue_length_ = nullptr;
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* kvdir_connected_ = nullptr;
+  prometheus::Counter* kvdir_events_dropped_ = nullptr;
+
+  std::mutex mu_;
+  EngineStats last_stats_ ABSL_GUARDED_BY(mu_);
+  int64_t last_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_WORKER_METRICS_H_

@@ -1,0 +1,146 @@
+#include "services/worker/server/worker_server.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace lazyattn {
+namespace {
+
+absl::Status Validate(const WorkerServerOptions& o) {
+  auto positive = [](const char* name, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(name, ": must be > 0, got ", v));
+  };
+  if (o.grpc.listen_address.empty()) return absl::InvalidArgumentError("listen_address: empty");
+  for (absl::Status s : {positive("engine.num_kv_blocks", o.engine.num_kv_blocks),
+                         positive("engine.max_batch_tokens", o.engine.max_batch_tokens),
+                         positive("engine.max_running", o.engine.max_running),
+                         positive("limits.max_documents", o.limits.max_documents),
+                         positive("service.default_max_tokens", o.service.default_max_tokens),
+                         positive("service.max_buffered_tokens", o.service.max_buffered_tokens),
+                         positive("grpc.max_message_bytes", o.grpc.max_message_bytes)}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string AdvertisedAddress(const std::string& listen_address, int port) {
+  const size_t colon = listen_address.rfind(':');
+  std::string host = colon == std::string::npos ? listen_address : listen_address.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {};
+    host = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "localhost";
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+WorkerServer::WorkerServer(const WorkerServerOptions& options, const ModelWeights* weights,
+                           const Tokenizer* tokenizer)
+    : options_(options),
+      registry_(std::make_shared<prometheus::Registry>()),
+      metrics_(std::make_unique<WorkerMetrics>(*registry_)),
+      engine_(std::make_unique<Engine>(weights, tokenizer, options.engine, options.limits)) {
+  WorkerServiceOptions service = options.service;
+  service.max_documents = options.limits.max_documents;
+  service_ = std::make_unique<WorkerService>(engine_.get(), tokenizer, metrics_.get(), service);
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
+    const WorkerServerOptions& options, const ModelWeights* weights, const Tokenizer* tokenizer) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  std::unique_ptr<WorkerServer> server(new WorkerServer(options, weights, tokenizer));
+  if (!options.metrics_address.empty()) {
+    auto endpoint = MetricsEndpoint::Start(options.metrics_address, server->registry_);
+    if (!endpoint.ok()) return endpoint.status();
+    server->metrics_endpoint_ = std::move(*endpoint);
+  }
+  auto built = StartGrpcServer(options.grpc, {server->service_.get()});
+  if (!built.ok()) return built.status();
+  server->server_ = std::move(built->server);
+  server->port_ = built->port;
+  server->address_ = options.advertise_address.empty()
+                         ? AdvertisedAddress(options.grpc.listen_address, built->port)
+                         : options.advertise_address;
+  server->worker_id_ =
+      options.service.worker_id.empty() ? server->address_ : options.service.worker_id;
+  server->service_->set_identity(server->worker_id_, server->address_);
+
+  if (options.kvdir.has_value()) {
+    WorkerService* service = server->service_.get();
+    Engine* engine = server->engine_.get();
+    PublisherSource source{
+        .status = [service] { return service->CurrentStatus(); },
+        .load = [service] { return service->CurrentLoad(); },
+        .snapshot = [engine] { return engine->CachedDocuments(); }};
+    auto publisher = KvdirPublisher::Create(*options.kvdir, std::move(source));
+    if (!publisher.ok()) return publisher.status();
+    server->publisher_ = std::move(*publisher);
+    KvdirPublisher* p = server->publisher_.get();
+    engine->set_cache_listener([p](const CacheEvent& e) { p->OnCacheEvent(e); });
+  }
+  server->refresher_ = std::thread([s = server.get()] { s->RefreshLoop(); });
+  return server;
+}
+
+WorkerServer::~WorkerServer() {
+  Shutdown();
+  // Engine first: it ends its last requests (their reactors reach metrics_ and service_).
+  engine_.reset();
+  service_.reset();
+}
+
+int WorkerServer::metrics_port() const {
+  return metrics_endpoint_ == nullptr ? 0 : metrics_endpoint_->port();
+}
+
+void WorkerServer::RefreshMetrics() {
+  WorkerMetrics::PublisherCounts publisher;
+  if (publisher_ != nullptr) {
+    const KvdirPublisher::Stats s = publisher_->stats();
+    publisher = {.connected = s.connected, .events_dropped = s.events_dropped};
+  }
+  metrics_->Refresh(engine_->stats(), engine_->blocks(), engine_->load(), publisher);
+}
+
+void WorkerServer::RefreshLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    RefreshMetrics();
+    lock.lock();
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.metrics_refresh),
+                 [&] { return stopping_; });
+  }
+}
+
+void WorkerServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+  if (server_ != nullptr) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    service_->Drain();
+    // Calls end as soon as the engine has processed the cancellations; after the grace period
+    // gRPC cancels whatever is left. Shutdown returns once every reactor is done.
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+    server_->Wait();
+  }
+  if (publisher_ != nullptr) {
+    engine_->set_cache_listener({});
+    publisher_->Stop();
+  }
+  RefreshMetrics();
+  metrics_endpoint_.reset();
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,105 @@
+// The lazyattn-worker server: the engine, the Worker gRPC service, the kvdir publisher (optional)
+// and the /metrics endpoint, with one shutdown path.
+//
+//   WorkerServerOptions options;
+//   options.grpc.listen_address = "127.0.0.1:0";
+//   ASSIGN_OR_RETURN(auto server, WorkerServer::Create(options, weights, tokenizer));
+//   ... server->address() ...
+//   server.reset();  // or Shutdown()
+#ifndef LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_
+#define LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <prometheus/registry.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "common/metrics.h"
+#include "services/worker/engine/engine.h"
+#include "services/worker/server/kvdir_publisher.h"
+#include "services/worker/server/worker_metrics.h"
+#include "services/worker/server/worker_service.h"
+
+namespace lazyattn {
+
+struct WorkerServerOptions {
+  // Socket, message limits and TLS of the Worker service. Port 0 picks a free port.
+  ServerOptions grpc;
+  // Where the router reaches this worker (sent to kvdir). Empty: the listen host and the bound
+  // port, with this machine's hostname for a wildcard host (0.0.0.0, [::]).
+  std::string advertise_address;
+  std::string metrics_address;  // empty: no /metrics endpoint
+  EngineOptions engine;
+  RequestLimits limits;
+  WorkerServiceOptions service;  // worker_id empty: the advertised address
+  std::optional<KvdirPublisherOptions> kvdir;  // unset: standalone, nothing is published
+  // Shutdown: how long calls may take to end after their requests were cancelled.
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  absl::Duration metrics_refresh = absl::Seconds(1);
+};
+
+class WorkerServer {
+ public:
+  // Borrowed model pointers must outlive the server. InvalidArgument naming the option for a bad
+  // value; Unavailable naming the address when a port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerServerOptions& options,
+                                                              const ModelWeights* weights,
+                                                              const Tokenizer* tokenizer);
+  ~WorkerServer();  // Shutdown()
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // Idempotent. Marks the health service NOT_SERVING, refuses new calls, cancels running requests
+  // (their calls end with UNAVAILABLE), stops the gRPC server, closes the kvdir stream.
+  void Shutdown();
+
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }  // advertised host:port
+  const std::string& worker_id() const { return worker_id_; }
+  int metrics_port() const;
+  Engine& engine() { return *engine_; }
+  WorkerService& service() { return *service_; }
+  KvdirPublisher* publisher() { return publisher_.get(); }  // null when standalone
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // Copies the engine's counters and gauges into the metrics (also done periodically).
+  void RefreshMetrics();
+
+ private:
+  WorkerServer(const WorkerServerOptions& options, const ModelWeights* weights,
+               const Tokenizer* tokenizer);
+  void RefreshLoop();
+
+  const WorkerServerOptions options_;
+  // Destroyed in reverse: reactors finishing late (after the gRPC server stopped) still reach the
+  // metrics, the service's request tracker and the engine.
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<KvdirPublisher> publisher_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  int port_ = 0;
+  std::string address_;
+  std::string worker_id_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread refresher_;
+};
+
+// "HOST:PORT" of `listen_address` with `port`; a wildcard host becomes this machine's hostname.
+std::string AdvertisedAddress(const std::string& listen_address, int port);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_

@@ -1,0 +1,412 @@
+// The Worker service over a real gRPC server on 127.0.0.1 and a random model: streaming, document
+// reuse in any order, validation, cancellation, deadlines, Prefetch, Status and shutdown.
+#include "services/worker/server/worker_service.h"
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/server/worker_server.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Big enough that one decode step takes a while on a CPU (a long generation lasts seconds), so
+// cancellations and deadlines land mid-stream.
+ModelConfig SlowTestConfig() {
+  ModelConfig c = TinyTestConfig();
+  c.name = "slow-test";
+  c.hidden_size = 512;
+  c.intermediate_size = 1024;
+  c.num_layers = 4;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.rope = RopeParams{.head_dim = 64, .theta = 10000};
+  return c;
+}
+
+// Value of a counter or gauge child, or -1 when absent.
+double MetricValue(prometheus::Registry& registry, const std::string& name,
+                   const std::map<std::string, std::string>& labels) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::map<std::string, std::string> have;
+      for (const auto& l : m.label) have[l.name] = l.value;
+      if (have != labels) continue;
+      return f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  return -1;
+}
+
+v1::Document TextDoc(const std::string& text) {
+  v1::Document d;
+  d.set_text(text);
+  return d;
+}
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<v1::TokenChunk> chunks;
+  std::optional<v1::Final> final;
+  std::string text;  // of the chunks
+};
+
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tiny_weights_ = MakeRandomWeights(TinyTestConfig(), 11).release();
+    slow_weights_ = MakeRandomWeights(SlowTestConfig(), 12).release();
+    tokenizer_ = MakeByteTokenizer().release();
+  }
+  static void TearDownTestSuite() {
+    delete tiny_weights_;
+    delete slow_weights_;
+    delete tokenizer_;
+  }
+
+  void StartServer(bool slow = false, int max_documents = 4, int max_buffered_tokens = 1024) {
+    WorkerServerOptions o;
+    o.grpc.listen_address = "127.0.0.1:0";
+    o.metrics_address = "";
+    o.engine = {.num_kv_blocks = 512, .max_batch_tokens = 64, .max_running = 8};
+    o.limits.max_documents = max_documents;
+    o.service.worker_id = "worker-under-test";
+    o.service.max_buffered_tokens = max_buffered_tokens;
+    o.shutdown_grace = absl::Seconds(2);
+    auto server = WorkerServer::Create(o, slow ? slow_weights_ : tiny_weights_, tokenizer_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Worker::NewStub(channel_);
+  }
+
+  static v1::GenerateRequest Request(std::vector<std::string> docs, int max_tokens) {
+    v1::GenerateRequest r;
+    r.set_system("system: answer from the documents\n");
+    for (const std::string& d : docs) *r.add_documents() = TextDoc(d);
+    r.set_question("what do they say?");
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    r.mutable_sampling()->set_ignore_eos(true);
+    r.set_cache_mode(v1::CACHE_MODE_LAZY);
+    return r;
+  }
+
+  StreamResult Generate(const v1::GenerateRequest& request) {
+    grpc::ClientContext ctx;
+    StreamResult out;
+    auto reader = stub_->Generate(&ctx, request);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+      if (m.has_token()) {
+        out.chunks.push_back(m.token());
+        out.text += m.token().text();
+      } else if (m.has_final()) {
+        out.final = m.final();
+      }
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  v1::WorkerStatus Status() {
+    grpc::ClientContext ctx;
+    v1::WorkerStatus s;
+    EXPECT_TRUE(stub_->Status(&ctx, {}, &s).ok());
+    return s;
+  }
+
+  // Every engine request ended and the KV pool is back to idle: nothing referenced, invariants.
+  void ExpectIdle() {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (server_->service().in_flight() > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(server_->service().in_flight(), 0u);
+    ASSERT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+    const v1::WorkerStatus s = Status();
+    EXPECT_EQ(s.referenced_blocks(), 0);
+    EXPECT_EQ(s.load().running_requests(), 0);
+    EXPECT_EQ(s.load().waiting_requests(), 0);
+    EXPECT_EQ(s.load().queued_prefill_tokens(), 0);
+  }
+
+  double Requests(const std::string& status) {
+    return MetricValue(*server_->registry(), "lazyattn_worker_requests_total",
+                       {{"status", status}});
+  }
+
+  static ModelWeights* tiny_weights_;
+  static ModelWeights* slow_weights_;
+  static Tokenizer* tokenizer_;
+  std::unique_ptr<WorkerServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+ModelWeights* WorkerServiceTest::tiny_weights_ = nullptr;
+ModelWeights* WorkerServiceTest::slow_weights_ = nullptr;
+Tokenizer* WorkerServiceTest::tokenizer_ = nullptr;
+
+const std::vector<std::string> kDocs = {
+    "The warehouse in Lyon ships orders within two days.",
+    "Returns are accepted for thirty days with a receipt.",
+    "Support answers by email from nine to five on weekdays."};
+
+TEST_F(WorkerServiceTest, StreamsTokensThenFinalWithUsage) {
+  StartServer();
+  const StreamResult r = Generate(Request(kDocs, 8));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  int tokens = 0;
+  for (const v1::TokenChunk& c : r.chunks) tokens += c.token_id() >= 0 ? 1 : 0;
+  EXPECT_EQ(tokens, 8);
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->finish_reason(), "length");
+  EXPECT_EQ(r.final->worker(), "worker-under-test");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_EQ(r.final->text(), r.text);
+  EXPECT_GT(r.final->ttft_ms(), 0);
+  const v1::Usage& u = r.final->usage();
+  EXPECT_EQ(u.completion_tokens(), 8);
+  EXPECT_EQ(u.documents(), 3);
+  EXPECT_EQ(u.documents_hit(), 0);
+  EXPECT_GT(u.prompt_tokens(), 150);  // three byte-tokenized documents
+  EXPECT_EQ(u.prompt_tokens(), u.cached_tokens() + u.computed_tokens());
+  ExpectIdle();
+  server_->RefreshMetrics();
+  EXPECT_EQ(Requests("ok"), 1);
+  EXPECT_GT(MetricValue(*server_->registry(), "lazyattn_worker_prefill_tokens_total",
+                        {{"kind", "computed"}}),
+            150);
+}
+
+TEST_F(WorkerServiceTest, SameDocumentsInAnotherOrderHitTheCache) {
+  StartServer();
+  const StreamResult first = Generate(Request(kDocs, 4));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const StreamResult second = Generate(Request({kDocs[2], kDocs[0], kDocs[1]}, 4));
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  ASSERT_TRUE(second.final.has_value());
+  const v1::Usage& u = second.final->usage();
+  EXPECT_EQ(u.documents_hit(), 3);
+  int64_t doc_tokens = 0;
+  for (const std::string& d : kDocs) doc_tokens += static_cast<int64_t>(d.size());  // bytes
+  EXPECT_GE(u.cached_tokens(), doc_tokens);
+  ExpectIdle();
+  const v1::WorkerStatus s = Status();
+  EXPECT_EQ(s.cached_documents(), 3);
+  EXPECT_GT(s.cached_blocks(), 0);
+  server_->RefreshMetrics();
+  EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_document_hit_tokens_total",
+                        {{"mode", "lazy"}}),
+            static_cast<double>(doc_tokens));
+  EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_document_lookup_tokens_total",
+                        {{"mode", "lazy"}}),
+            2.0 * doc_tokens);
+}
+
+TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
+  StartServer(/*slow=*/false, /*max_documents=*/4);
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> mutate;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"too many documents",
+       [](v1::GenerateRequest& r) {
+         for (int i = 0; i < 3; ++i) *r.add_documents() = TextDoc("more");
+       },
+       "documents"},
+      {"empty document", [](v1::GenerateRequest& r) { r.mutable_documents(1)->set_text(""); },
+       "documents[1]"},
+      {"document without content",
+       [](v1::GenerateRequest& r) { r.mutable_documents(0)->clear_content(); }, "documents[0]"},
+      {"token id out of range",
+       [](v1::GenerateRequest& r) {
+         auto* ids = r.mutable_documents(2)->mutable_tokens()->mutable_ids();
+         ids->Add(5);
+         ids->Add(300);
+       },
+       "documents[2].token_ids[1]"},
+      {"negative temperature",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); },
+       "sampling.temperature"},
+      {"negative top_k", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-2); },
+       "sampling.top_k"},
+      {"top_p above 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); },
+       "sampling.top_p"},
+      {"negative max_tokens",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(-1); },
+       "sampling.max_tokens"},
+      {"unknown cache mode",
+       [](v1::GenerateRequest& r) { r.set_cache_mode(static_cast<v1::CacheMode>(42)); },
+       "cache_mode"},
+      {"empty question", [](v1::GenerateRequest& r) { r.clear_question(); }, "question"},
+      {"chat without a template", [](v1::GenerateRequest& r) { r.set_chat(true); }, "chat"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request(kDocs, 4);
+    c.mutate(r);
+    const StreamResult out = Generate(r);
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_THAT(out.status.error_message(), HasSubstr(c.field)) << c.name;
+    EXPECT_TRUE(out.chunks.empty()) << c.name;
+  }
+  EXPECT_EQ(Requests("invalid_argument"), static_cast<double>(cases.size()));
+  // The worker still serves.
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, ClientCancellationMidStreamFreesEveryBlock) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (tokens < 2 && reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  ASSERT_EQ(tokens, 2);
+  EXPECT_GT(Status().referenced_blocks(), 0);  // the request holds its KV while it runs
+  ctx.TryCancel();
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectIdle();
+  EXPECT_EQ(Requests("cancelled"), 1);  // ended by the cancellation, not by finishing
+  EXPECT_EQ(Requests("ok"), 0);
+}
+
+TEST_F(WorkerServiceTest, ASlowClientIsCutOffWithoutBlockingOtherStreams) {
+  StartServer(/*slow=*/false, /*max_documents=*/4, /*max_buffered_tokens=*/16);
+  // A client that announces a tiny receive window and does not read: the worker's writes stall,
+  // generated tokens pile up in the call's queue, and the call is cut off at 16.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto slow_channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                                grpc::InsecureChannelCredentials(), args);
+  auto slow_stub = v1::Worker::NewStub(slow_channel);
+  grpc::ClientContext ctx;
+  auto reader = slow_stub->Generate(&ctx, Request(kDocs, 3500));
+  // Meanwhile another client is served normally.
+  const StreamResult other = Generate(Request(kDocs, 8));
+  EXPECT_TRUE(other.status.ok()) << other.status.error_message();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Requests("resource_exhausted") < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Requests("resource_exhausted"), 1);
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("client too slow"));
+  EXPECT_LT(tokens, 3500);
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, DeadlineEndsTheRequestAndFreesItsBlocks) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  bool final = false;
+  while (reader->Read(&m)) {
+    tokens += m.has_token() ? 1 : 0;
+    final = final || m.has_final();
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_FALSE(final);
+  EXPECT_LT(tokens, 3000);
+  ExpectIdle();
+  EXPECT_EQ(Requests("deadline_exceeded"), 1);
+}
+
+TEST_F(WorkerServiceTest, PrefetchComputesOnceThenReportsCachedTokens) {
+  StartServer();
+  v1::PrefetchRequest p;
+  *p.add_documents() = TextDoc(kDocs[0]);
+  *p.add_documents() = TextDoc(kDocs[1]);
+  const int64_t tokens = static_cast<int64_t>(kDocs[0].size() + kDocs[1].size());
+  {
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse r;
+    ASSERT_TRUE(stub_->Prefetch(&ctx, p, &r).ok());
+    EXPECT_EQ(r.computed_tokens(), tokens);
+    EXPECT_EQ(r.cached_tokens(), 0);
+    EXPECT_THAT(r.workers(), ::testing::ElementsAre("worker-under-test"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse r;
+    ASSERT_TRUE(stub_->Prefetch(&ctx, p, &r).ok());
+    EXPECT_EQ(r.computed_tokens(), 0);
+    EXPECT_EQ(r.cached_tokens(), tokens);
+  }
+  const StreamResult g = Generate(Request({kDocs[1], kDocs[2], kDocs[0]}, 2));
+  ASSERT_TRUE(g.final.has_value()) << g.status.error_message();
+  EXPECT_EQ(g.final->usage().documents_hit(), 2);
+  {
+    p.set_cache_mode(v1::CACHE_MODE_FULL);
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse r;
+    const grpc::Status s = stub_->Prefetch(&ctx, p, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("cache_mode"));
+  }
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, StatusReportsIdentityModelAndLoad) {
+  StartServer();
+  const v1::WorkerStatus s = Status();
+  EXPECT_EQ(s.worker_id(), "worker-under-test");
+  EXPECT_EQ(s.address(), absl::StrCat("127.0.0.1:", server_->port()));
+  EXPECT_EQ(s.model().name(), "tiny-test");
+  EXPECT_EQ(s.model().vocab_size(), 300);
+  EXPECT_EQ(s.model().max_documents(), 4);
+  EXPECT_EQ(s.model().model_fingerprint(), server_->engine().identity().model_fingerprint);
+  EXPECT_EQ(s.load().total_blocks(), 512);
+  EXPECT_EQ(s.load().free_blocks(), 512);
+  EXPECT_EQ(s.referenced_blocks(), 0);
+  EXPECT_EQ(s.cached_documents(), 0);
+}
+
+TEST_F(WorkerServiceTest, ShutdownEndsRunningStreamsWithUnavailable) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  std::thread stopper([&] { server_->Shutdown(); });
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status s = reader->Finish();
+  stopper.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+  EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+}
+
+}  // namespace
+}  // namespace lazyattn
