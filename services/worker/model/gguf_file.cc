@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "services/worker/model/mapped_file.h"
 
 namespace lazyattn {
 namespace {
@@ -435,41 +436,15 @@ class GgufParser {
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::FailedPreconditionError(msg);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < kFixedHeaderBytes) {
-    ::close(fd);
-    return absl::DataLossError(
-        absl::StrCat(path, ": truncated: ", size, " bytes is shorter than the GGUF header"));
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // The mapping keeps the file referenced.
-  if (map == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(map_err)));
-  }
-  file->map_ = static_cast<const uint8_t*>(map);
-  file->map_size_ = size;
+  ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path, kFixedHeaderBytes, "the GGUF header"));
+  file->map_ = file->mapping_.data();
+  file->map_size_ = file->mapping_.size();
   GgufParser parser(file.get());
-  RETURN_IF_ERROR(parser.Parse());  // ~GgufFile unmaps on failure.
+  RETURN_IF_ERROR(parser.Parse());  // ~GgufFile releases the mapping on failure.
   return file;
 }
 
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-}
+GgufFile::~GgufFile() = default;
 
 bool GgufFile::Has(std::string_view key) const { return metadata_.find(key) != metadata_.end(); }
 

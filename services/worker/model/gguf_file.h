@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/worker/model/mapped_file.h"
 #include "services/worker/model/ggml_type.h"
 
 namespace lazyattn {
@@ -74,8 +75,9 @@ class GgufFile {
   GgufFile() = default;
   std::string path_;
   uint32_t version_ = 0;
-  const uint8_t* map_ = nullptr;
-  size_t map_size_ = 0;
+  MappedFile mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_.data(), kept short for the parser
+  size_t map_size_ = 0;           // mapping_.size()
   std::map<std::string, GgufValue, std::less<>> metadata_;
   std::vector<GgufTensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;

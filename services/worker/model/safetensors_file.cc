@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "services/worker/model/mapped_file.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/ggml_type.h"
 
@@ -73,40 +74,14 @@ bool AsCount(const nlohmann::json& j, int64_t* out) {
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(msg);
-    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-    return absl::FailedPreconditionError(msg);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < kLengthPrefixBytes) {
-    ::close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": truncated: ", size,
-                                            " bytes is shorter than the 8-byte header length"));
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // The mapping keeps the file referenced.
-  if (map == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(map_err)));
-  }
-  file->map_ = static_cast<const uint8_t*>(map);
-  file->map_size_ = size;
-  RETURN_IF_ERROR(file->ParseHeader());  // ~SafetensorsFile unmaps on failure.
+  ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path, kLengthPrefixBytes, "the 8-byte header length"));
+  file->map_ = file->mapping_.data();
+  file->map_size_ = file->mapping_.size();
+  RETURN_IF_ERROR(file->ParseHeader());  // ~SafetensorsFile releases the mapping on failure.
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 absl::Status SafetensorsFile::ParseHeader() {
   uint64_t header_len;

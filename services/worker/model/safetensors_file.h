@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/worker/model/mapped_file.h"
 
 namespace lazyattn {
 
@@ -84,8 +85,9 @@ class SafetensorsFile {
   absl::Status ParseHeader();
 
   std::string path_;
-  const uint8_t* map_ = nullptr;
-  size_t map_size_ = 0;
+  MappedFile mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_.data(), kept short for the parser
+  size_t map_size_ = 0;           // mapping_.size()
   std::vector<Tensor> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };

@@ -1,0 +1,39 @@
+// A whole file mapped read-only (the model readers parse in place, without copying).
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_MAPPED_FILE_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_MAPPED_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace lazyattn {
+
+class MappedFile {
+ public:
+  // NotFound / PermissionDenied / FailedPrecondition when the file cannot be opened,
+  // InvalidArgument when it is not a regular file, DataLoss when it is shorter than `min_bytes`
+  // (the message says "shorter than <too_short_what>"), Internal when mmap fails. Messages start
+  // with the path.
+  static absl::StatusOr<MappedFile> Open(const std::string& path, size_t min_bytes,
+                                         const std::string& too_short_what);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_MAPPED_FILE_H_
