@@ -73,6 +73,19 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// The same with an L2 eviction policy. K/V are streamed once per launch: evicting them first keeps
+// the block tables and the cos/sin rows in L2 across launches (measured on the H200, B=1 16K
+// without rotation: 26.9 -> 25.5 us; docs/kernels.md).
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes,
+                                          uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes), "l"(policy));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
@@ -120,13 +133,21 @@ __device__ __forceinline__ void QFragsFromWords(const uint4 (&qw)[2][D / 32],
 // q' = R_{-delta} q from the ORIGINAL q words. cs/sn hold cos/sin of frequencies
 // 32i + 8t + e (i < D/64, e < 8): exactly the first-half dims this lane owns; dim x pairs with
 // x + D/2, i.e. chunk i with chunk i + D/64 of the same lane.
+// Row g+8 is rotated only when the tile has more than 8 query heads (`two_rows`, warp-uniform);
+// otherwise it is padding (zeros) and is passed through, which halves the work for GQA <= 8.
 template <int D>
 __device__ __forceinline__ void RotateQ(const uint4 (&qo)[2][D / 32], const float (&cs)[D / 8],
-                                        const float (&sn)[D / 8], uint32_t (&qa)[D / 16][4]) {
+                                        const float (&sn)[D / 8], bool two_rows,
+                                        uint32_t (&qa)[D / 16][4]) {
   constexpr int kHalf = D / 64;
   uint4 qw[2][D / 32];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    if (r == 1 && !two_rows) {
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) qw[1][i] = qo[1][i];
+      break;
+    }
 #pragma unroll
     for (int i = 0; i < kHalf; ++i) {
       uint32_t lo[4], hi[4];
@@ -220,15 +241,17 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
   uint64_t win_issue = 0, win_compute = 0;
   uint32_t issued_delta = kNoDelta, cur_delta = kNoDelta;
   int issue_stage = 0;
+  const uint64_t kv_policy = EvictFirstPolicy();
 
+  auto load_window = [&](int kk) {
+    const int idx = kk + lane;
+    win_issue = idx < nk ? __ldg(reinterpret_cast<const unsigned long long*>(table) + first +
+                                 int64_t(kWarps) * idx)
+                         : 0ull;
+  };
   auto issue = [&](int kk) {
     if (kk < nk) {
-      if ((kk & 31) == 0) {
-        const int idx = kk + lane;
-        win_issue = idx < nk ? __ldg(reinterpret_cast<const unsigned long long*>(table) + first +
-                                     int64_t(kWarps) * idx)
-                             : 0ull;
-      }
+      if ((kk & 31) == 0 && kk > 0) load_window(kk);  // the first window is loaded up front
       const uint64_t e = __shfl_sync(0xffffffffu, win_issue, kk & 31);
       const uint32_t valid = KvEntryValid(e);
       const int64_t off = int64_t(KvEntryBlock(e)) * block_stride + kv_head * head_stride;
@@ -242,13 +265,13 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
         const int row = lin / T::kChunks, chunk = lin % T::kChunks;
         const uint32_t bytes = row < int(valid) ? 16u : 0u;
         CpAsync16(kdst + row * (D * 2) + ((chunk ^ ((row & 1) << 2)) << 4), ksrc + lin * 16,
-                  bytes);
+                  bytes, kv_policy);
         CpAsync16(vdst + row * (D * 2) + ((chunk ^ (((row >> 1) & 3) << 1)) << 4),
-                  vsrc + lin * 16, bytes);
+                  vsrc + lin * 16, bytes, kv_policy);
       }
       if (kRotate) {
         // A block whose delta differs from the previous one brings its cos/sin row along in the
-        // same copy group (the first block's row is read in the prologue instead).
+        // same copy group (the first block's row is loaded before the first copies instead).
         const uint32_t delta = KvEntryDelta(e);
         if (delta != issued_delta) {
           issued_delta = delta;
@@ -266,17 +289,18 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
     issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
   };
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-
-  // The first block's query rotation overlaps the first blocks' loads instead of following them.
+  // The first block's cos/sin row is requested as soon as its table entry is in, before the
+  // first copies are issued, and the rotation follows them: it overlaps the first loads.
+  load_window(0);
+  float cs0[D / 8], sn0[D / 8];
   if (kRotate && nk > 0) {
     cur_delta = KvEntryDelta(__shfl_sync(0xffffffffu, win_issue, 0));
     const int64_t pos = min(int64_t(cur_delta), p.rope_max_positions - 1);
-    float cs[D / 8], sn[D / 8];
-    LoadCosSin<D>(p.rope_cos + pos * (D / 2), p.rope_sin + pos * (D / 2), t, cs, sn);
-    RotateQ<D>(qo, cs, sn, qa);
+    LoadCosSin<D>(p.rope_cos + pos * (D / 2), p.rope_sin + pos * (D / 2), t, cs0, sn0);
   }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  if (kRotate && nk > 0) RotateQ<D>(qo, cs0, sn0, two_rows, qa);
 
   int stage = 0;
   for (int k = 0; k < nk; ++k) {
@@ -295,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
         float cs[D / 8], sn[D / 8];
         const float* rc = reinterpret_cast<const float*>(st + 2 * T::kTileBytes);
         LoadCosSin<D>(rc, rc + D / 2, t, cs, sn);
-        RotateQ<D>(qo, cs, sn, qa);
+        RotateQ<D>(qo, cs, sn, two_rows, qa);
       }
     }
 

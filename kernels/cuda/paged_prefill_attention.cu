@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -654,6 +655,49 @@ absl::Status DispatchRotation(const PagedPrefillPlan& plan, const Params& params
   return absl::InvalidArgumentError("unknown PrefillRotation");
 }
 
+// Split-KV boundaries of one query tile's key range [0, tiles): at most `max_splits` ranges of at
+// most `max_len` tiles each. kRotateQ rotates a CTA's Q rows in place for the first delta of its
+// range (cheap), but rebuilds them from global memory at every later change of delta (measured
+// ~1 tile of work each). So a range costs its tiles plus one per change of delta after its first
+// entry, and the ranges minimize the largest cost: where the tile budget allows, a range starts
+// at a segment start instead of just before it. change_inner[j] counts the changes between the
+// entries of tile j, change_start[j] is 1 when tile j's first entry starts a new segment. Greedy
+// partition (optimal for a given cost bound) plus a binary search on the bound. Returns the
+// first tile of each range.
+std::vector<int> SplitRanges(const std::vector<int>& change_inner,
+                             const std::vector<int>& change_start, int tiles, int max_splits,
+                             int max_len) {
+  auto partition = [&](int64_t bound) {
+    std::vector<int> begins = {0};
+    int64_t cost = 1 + change_inner[0];
+    for (int j = 1; j < tiles; ++j) {
+      const int64_t c = 1 + change_inner[j] + change_start[j];
+      if (j - begins.back() >= max_len || cost + c > bound) {
+        begins.push_back(j);
+        cost = 1 + change_inner[j];
+      } else {
+        cost += c;
+      }
+    }
+    return begins;
+  };
+  int64_t lo = 1, hi = max_len;
+  for (int j = 0; j < tiles; ++j) {
+    lo = std::max<int64_t>(lo, 1 + change_inner[j]);
+    hi += change_inner[j] + change_start[j];
+  }
+  // hi is feasible: with it only max_len binds, which gives ceil(tiles / max_len) <= max_splits.
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<int>(partition(mid).size()) <= max_splits) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return partition(hi);
+}
+
 }  // namespace
 
 absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
@@ -685,6 +729,8 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
   };
   std::vector<Tile> tiles;
   std::vector<int64_t> key_start;
+  // Per sequence and K tile: changes of delta inside the tile, and whether it starts a segment.
+  std::vector<std::vector<int>> change_inner(num_seqs), change_start(num_seqs);
   int64_t total_entries = 0, q_total = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const PagedPrefillSequence& sq = seqs[s];
@@ -733,6 +779,13 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
       w[3] = static_cast<int32_t>(keys);
       key_start[b] = keys;
       keys += valid;
+      if (b % kEntriesPerTile == 0) {
+        change_inner[s].push_back(0);
+        change_start[s].push_back(0);
+      }
+      if (b > 0 && KvEntryDelta(e) != KvEntryDelta(sq.block_table[b - 1])) {
+        (b % kEntriesPerTile == 0 ? change_start[s] : change_inner[s]).back() += 1;
+      }
     }
     if (keys + sq.first_query_index + sq.num_queries > INT32_MAX / 2) {
       return absl::InvalidArgumentError(absl::StrCat("paged prefill: sequence ", s, " too long"));
@@ -779,11 +832,19 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
       work.push_back({t.seq, t.m_tok0, t.n_tok, 0, t.tiles, -1});
       continue;
     }
+    // No range longer than the even split's, so the rotation-free kernel never loses.
+    const std::vector<int> begins =
+        SplitRanges(change_inner[t.seq], change_start[t.seq], t.tiles, splits, per_split);
+    splits = static_cast<int>(begins.size());
+    if (splits <= 1) {
+      work.push_back({t.seq, t.m_tok0, t.n_tok, 0, t.tiles, -1});
+      continue;
+    }
     const int base = num_partials_;
     num_partials_ += splits;
     for (int k = 0; k < splits; ++k) {
-      work.push_back({t.seq, t.m_tok0, t.n_tok, k * per_split,
-                      std::min(t.tiles, (k + 1) * per_split), base + k});
+      work.push_back({t.seq, t.m_tok0, t.n_tok, begins[k], k + 1 < splits ? begins[k + 1] : t.tiles,
+                      base + k});
     }
     combine.insert(combine.end(), {t.seq, t.m_tok0, t.n_tok, base, splits, 0, 0, 0});
   }

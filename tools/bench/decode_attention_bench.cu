@@ -12,7 +12,11 @@
 // triton.testing.do_bench does; an engine replays decode steps from CUDA graphs), and the median
 // over many launches is reported. sdpa_decode_baseline.py times PyTorch the same way. Launches
 // rotate over several copies of the inputs whose total exceeds 4x the L2, so no launch is served
-// from L2.
+// from L2: launch i (rotating and non-rotating interleaved, alternating which goes first) reads
+// copy i % copies. (Until
+// 2026-11-29 both variants of one round read the same copy, so at sizes that fit in the L2 the
+// non-rotating launch re-read what the rotating one had just brought into it: that inflated the
+// "rotation cost" at small sizes, e.g. +22 % at B=8 1K; see docs/kernels.md.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -184,14 +188,17 @@ int Main(int argc, char** argv) {
       auto plan = PlanPagedDecode(args_for(0, true), **ws);
       CHECK_OK(plan.status());
       for (int i = 0; i < 3; ++i) {
-        CHECK_OK(PagedDecodeAttention(args_for(i % sets, true), **ws, stream));
-        CHECK_OK(PagedDecodeAttention(args_for(i % sets, false), **ws, stream));
+        CHECK_OK(PagedDecodeAttention(args_for((2 * i) % sets, true), **ws, stream));
+        CHECK_OK(PagedDecodeAttention(args_for((2 * i + 1) % sets, false), **ws, stream));
       }
-      // The two variants interleaved, so clock and thermal drift hit them alike.
+      // The two variants interleaved, so clock and thermal drift hit them alike, and which one
+      // goes first alternates between rounds, so an order effect cancels.
       std::vector<float> t_rot, t_plain;
       for (int r = 0; r < runs; ++r) {
-        for (int variant = 0; variant < 2; ++variant) {
-          const PagedDecodeArgs a = args_for(r % sets, variant == 0);
+        for (int k = 0; k < 2; ++k) {
+          const int variant = (r & 1) ? 1 - k : k;
+          // Each launch reads the next copy: never the data the previous launch left in L2.
+          const PagedDecodeArgs a = args_for((2 * r + k) % sets, variant == 0);
           Spin<<<1, 1, 0, stream>>>(spin_cycles);
           CHECK_CUDA(cudaEventRecord(ev0, stream));
           CHECK_OK(PagedDecodeAttention(a, **ws, stream));
