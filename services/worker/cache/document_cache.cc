@@ -19,14 +19,10 @@ const CachedDocument* DocumentCache::Lookup(const DocCacheKey& key) {
 }
 
 const CachedDocument* DocumentCache::FindAnyOffset(const DocumentKey& doc, DocCacheKey* found) {
-  // Entries of one document are few; a scan keeps the index simple. (Mode `block` only.)
-  for (auto& [key, slot] : entries_) {
-    if (key.doc == doc) {
-      *found = key;
-      return Lookup(key);
-    }
-  }
-  return nullptr;
+  auto it = offsets_.find(doc);
+  if (it == offsets_.end() || it->second.empty()) return nullptr;
+  *found = {doc, *it->second.begin()};
+  return Lookup(*found);
 }
 
 bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks,
@@ -35,6 +31,7 @@ bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks,
   for (BlockId b : blocks) pool_->SetCached(b, true);
   num_blocks_ += static_cast<int64_t>(blocks.size());
   lru_.push_back(key);
+  offsets_[key.doc].insert(key.offset);
   Slot slot{.doc = {.blocks = std::move(blocks), .num_tokens = num_tokens, .last_use = Tick()},
             .lru = std::prev(lru_.end())};
   entries_.emplace(key, std::move(slot));
@@ -66,6 +63,10 @@ int64_t DocumentCache::EvictOne() {
     const int64_t freed = static_cast<int64_t>(e->second.doc.blocks.size());
     for (BlockId b : e->second.doc.blocks) pool_->SetCached(b, false);
     num_blocks_ -= freed;
+    if (auto o = offsets_.find(key.doc); o != offsets_.end()) {
+      o->second.erase(key.offset);
+      if (o->second.empty()) offsets_.erase(o);
+    }
     lru_.erase(it);
     entries_.erase(e);
     if (listener_) listener_(key, tokens, /*stored=*/false);

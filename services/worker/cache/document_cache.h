@@ -14,6 +14,7 @@
 #include <functional>
 #include <list>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -52,7 +53,8 @@ class DocumentCache {
 
   // The entry, or nullptr. A hit refreshes its LRU position and counts a hit.
   const CachedDocument* Lookup(const DocCacheKey& key);
-  // Any entry of `doc` at another offset (mode `block` copies it rather than recomputing).
+  // An entry of `doc` at another offset (mode `block` copies it rather than recomputing): the
+  // one at the lowest offset, a position-agnostic entry (offset -1) first. Deterministic.
   const CachedDocument* FindAnyOffset(const DocumentKey& doc, DocCacheKey* found_key);
   bool Contains(const DocCacheKey& key) const { return entries_.contains(key); }
 
@@ -82,6 +84,7 @@ class DocumentCache {
 
   BlockPool* pool_;
   absl::flat_hash_map<DocCacheKey, Slot> entries_;
+  absl::flat_hash_map<DocumentKey, std::set<int64_t>> offsets_;  // cached offsets per document
   std::list<DocCacheKey> lru_;  // front = least recently used
   int64_t num_blocks_ = 0;
   uint64_t clock_ = 0;

@@ -55,6 +55,13 @@ TEST(DocumentCacheTest, BlockModeKeysCarryTheOffset) {
   ASSERT_NE(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
   EXPECT_EQ(found.offset, 100);
   EXPECT_FALSE(m.documents().Insert(Key(7, 100), {}, 0)) << "duplicate insert accepted";
+  // With several offsets cached, the lowest is chosen, a position-agnostic entry first.
+  ASSERT_TRUE(m.documents().Insert(Key(7, 40), {*m.Allocate()}, 10));
+  ASSERT_NE(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
+  EXPECT_EQ(found.offset, 40);
+  ASSERT_TRUE(m.documents().Insert(Key(7), {*m.Allocate()}, 10));
+  ASSERT_NE(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
+  EXPECT_EQ(found.offset, DocCacheKey::kAnyOffset);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ PrefixCache::Match PrefixCache::MatchAndPin(std::span<const int32_t> tokens, int
     auto it = node->children.find(key);
     if (it == node->children.end()) break;
     node = it->second.get();
-    node->last_use = now;
+    Touch(node, now);
     pool_->Ref(node->block);
     match.blocks.push_back(node->block);
     match.num_tokens += block_size_;
@@ -53,22 +53,29 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const BlockI
       child->parent = node;
       pool_->SetCached(blocks[i], true);
       ++num_nodes_;
+      if (node != &root_ && node->children.empty()) RemoveLeaf(node);
+      child->last_use = now;
+      AddLeaf(child.get());
       it = node->children.emplace(std::move(key), std::move(child)).first;
     }
     node = it->second.get();
-    node->last_use = now;
+    Touch(node, now);
   }
 }
 
+void PrefixCache::Touch(Node* n, uint64_t now) {
+  if (n->last_use == now) return;
+  const bool leaf = n->children.empty();
+  if (leaf) RemoveLeaf(n);
+  n->last_use = now;
+  if (leaf) AddLeaf(n);
+}
+
 const PrefixCache::Node* PrefixCache::OldestEvictableLeaf() const {
-  const Node* oldest = nullptr;
-  Walk(root_, [&](const Node& n) {
-    if (n.children.empty() && pool_->ref_count(n.block) == 0 &&
-        (oldest == nullptr || n.last_use < oldest->last_use)) {
-      oldest = &n;
-    }
-  });
-  return oldest;
+  for (const auto& [last_use, n] : leaves_) {
+    if (pool_->ref_count(n->block) == 0) return n;
+  }
+  return nullptr;
 }
 
 std::optional<uint64_t> PrefixCache::OldestEvictable() const {
@@ -82,7 +89,10 @@ int64_t PrefixCache::EvictOne() {
   if (leaf == nullptr) return 0;
   pool_->SetCached(leaf->block, false);
   --num_nodes_;
-  leaf->parent->children.erase(leaf->tokens);  // destroys the leaf
+  Node* parent = leaf->parent;
+  RemoveLeaf(const_cast<Node*>(leaf));
+  parent->children.erase(leaf->tokens);  // destroys the leaf
+  if (parent != &root_ && parent->children.empty()) AddLeaf(parent);
   return 1;
 }
 

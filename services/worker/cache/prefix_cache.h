@@ -16,6 +16,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -55,11 +57,18 @@ class PrefixCache {
     uint64_t last_use = 0;
   };
   const Node* OldestEvictableLeaf() const;
+  // Leaves ordered by last use, so eviction looks at the oldest first instead of walking the
+  // tree: it skips only leaves pinned by running requests. Interior nodes join when their last
+  // child goes.
+  void AddLeaf(Node* n) { leaves_.emplace(n->last_use, n); }
+  void RemoveLeaf(Node* n) { leaves_.erase({n->last_use, n}); }
+  void Touch(Node* n, uint64_t now);
 
   BlockPool* pool_;
   int block_size_;
   Node root_;
   int64_t num_nodes_ = 0;
+  std::set<std::pair<uint64_t, Node*>> leaves_;
 };
 
 }  // namespace lazyattn

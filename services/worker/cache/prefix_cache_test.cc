@@ -48,3 +48,26 @@ TEST(PrefixCacheTest, EvictsLeavesFirstAndNeverPinnedOnes) {
 
 }  // namespace
 }  // namespace lazyattn
+
+namespace lazyattn {
+namespace {
+
+TEST(PrefixCacheTest, EvictsLeastRecentlyUsedLeafAmongMany) {
+  // Three branches of two blocks each; touching a branch protects it from the next eviction.
+  KvCacheManager m(6, 2);
+  std::vector<std::vector<int32_t>> prompts = {{1, 1, 1, 1}, {2, 2, 2, 2}, {3, 3, 3, 3}};
+  std::vector<std::vector<BlockId>> blocks;
+  for (const auto& p : prompts) {
+    blocks.push_back({*m.Allocate(), *m.Allocate()});
+    m.prefixes().Insert(p, blocks.back(), m.Tick());
+    for (BlockId b : blocks.back()) m.pool().Unref(b);
+  }
+  auto touch = m.prefixes().MatchAndPin(prompts[0], 4, m.Tick());  // branch 1 becomes newest
+  for (BlockId b : touch.blocks) m.pool().Unref(b);
+  EXPECT_EQ(m.prefixes().EvictOne(), 1);  // branch 2's leaf, the oldest now
+  EXPECT_EQ(m.prefixes().MatchAndPin(prompts[1], 4, m.Tick()).num_tokens, 2);
+  EXPECT_EQ(m.prefixes().MatchAndPin(prompts[0], 4, m.Tick()).num_tokens, 4);
+}
+
+}  // namespace
+}  // namespace lazyattn
