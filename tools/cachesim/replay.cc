@@ -21,15 +21,8 @@ class Replayer {
  public:
   Replayer(const Trace& trace, const ReplayOptions& options)
       : trace_(trace), o_(options), kv_(options.num_blocks, options.block_size) {
-    kv_.documents().set_listener([this](const DocCacheKey& key, int64_t, bool stored) {
-      if (stored) {
-        offsets_[key.doc].insert(key.offset);
-        return;
-      }
-      ++stats_.evicted_docs;
-      auto it = offsets_.find(key.doc);
-      it->second.erase(key.offset);
-      if (it->second.empty()) offsets_.erase(it);
+    kv_.documents().set_listener([this](const DocCacheKey&, int64_t, bool stored) {
+      if (!stored) ++stats_.evicted_docs;
     });
     int64_t longest = 0;
     for (const TraceRequest& r : trace.requests) longest = std::max(longest, r.system_tokens);
@@ -59,11 +52,6 @@ class Replayer {
   std::vector<int32_t> system_;
   std::vector<BlockId> held_;  // one reference each, dropped when the request finishes
   absl::flat_hash_map<int64_t, DocumentKey> keys_;
-  // Offsets at which each document is cached, kept from the cache's own store/evict events. Mode
-  // `block` picks its copy source here (the lowest offset) rather than with
-  // DocumentCache::FindAnyOffset, whose answer follows hash-map iteration order and so changes
-  // from run to run (Abseil seeds its hash per process).
-  absl::flat_hash_map<DocumentKey, std::set<int64_t>> offsets_;
   ReplayStats stats_;
   int64_t failed_allocations_ = 0;
 };
@@ -157,9 +145,10 @@ ReplayStats Replayer::RunDocuments(int64_t i, uint64_t now) {
       continue;
     }
     bool copy = false;
-    if (auto it = offsets_.find(key.doc); !lazy && it != offsets_.end()) {
-      // Reading the source refreshes it, as FindAnyOffset would.
-      if (const CachedDocument* src = kv_.documents().Lookup({key.doc, *it->second.begin()})) {
+    DocCacheKey source;
+    if (!lazy) {
+      // The engine's copy source: the same document at its lowest cached offset.
+      if (const CachedDocument* src = kv_.documents().FindAnyOffset(key.doc, &source)) {
         Pin(src->blocks);
         copy = true;
       }
