@@ -104,6 +104,17 @@ void RunScenario(const Scenario& sc, uint32_t seed) {
   std::vector<float> ref;
   DenseReference(q_global, k_global, v, total, first_query, sc.num_queries, H, KH, d, ref);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-4) << "element " << i;
+  if (sc.num_queries == 1) {
+    // The decode schedule (query rotated backward once per segment) computes the same function.
+    std::vector<float> dec(q_global.size(), NAN);
+    PagedDecodeAttentionCpu({.q = q_global.data(), .num_queries = 1, .num_heads = H,
+                             .first_query_index = first_query, .block_table = table.data(),
+                             .num_blocks = static_cast<int>(table.size()),
+                             .k_pool = k_pool.data(), .v_pool = v_pool.data(), .shape = shape,
+                             .scale = 1.0f / std::sqrt(float(d)), .rope = &rope,
+                             .out = dec.data()});
+    for (size_t i = 0; i < dec.size(); ++i) ASSERT_NEAR(dec[i], ref[i], 2e-4) << "decode " << i;
+  }
 }
 
 TEST(PagedAttentionCpuTest, SingleSegmentCausalPrefill) {
@@ -127,6 +138,11 @@ TEST(PagedAttentionCpuTest, DeltaBeyondSixteenBits) {
   // A document placed after 70,000 tokens: deltas must not be truncated to 16 bits.
   RunScenario({.num_heads = 2, .num_kv_heads = 1, .head_dim = 16,
                .segments = {{70000}, {20}, {3}}, .num_queries = 3}, 4);
+}
+
+TEST(PagedAttentionCpuTest, DecodeScheduleAtLargeOffsets) {
+  RunScenario({.num_heads = 4, .num_kv_heads = 2, .head_dim = 16,
+               .segments = {{66000}, {40}, {1}}, .num_queries = 1}, 5);
 }
 
 TEST(KvBlockEntryTest, PacksAndUnpacksFullRanges) {

@@ -49,6 +49,13 @@ struct PagedAttentionArgs {
 // Prefill form: each key is rotated forward by its block's delta, then softmax(q.k * scale) v.
 void PagedAttentionCpu(const PagedAttentionArgs& args);
 
+// Decode form, for one query token (args.num_queries == 1) that sees every key of the table: the
+// query is rotated BACKWARD by a block's delta instead of rotating the block's keys forward
+// ((R_-delta q).k~ = q.(R_delta k~)), and only when delta changes from the previous block,
+// always from the original q so rounding cannot accumulate. The same function as the prefill
+// form; this is the CPU twin of the CUDA decode kernel's schedule.
+void PagedDecodeAttentionCpu(const PagedAttentionArgs& args);
+
 // Writes `n` new tokens' K and V (k/v: [n][num_kv_heads][head_dim], K already rotated at its
 // segment-local position) into the slots `slots[t]` = block * block_size + slot_in_block.
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,

@@ -10,6 +10,15 @@
 #include "kernels/include/swiglu.h"
 
 namespace lazyattn {
+namespace {
+
+int64_t TableKeys(std::span<const KvBlockEntry> table) {
+  int64_t keys = 0;
+  for (KvBlockEntry e : table) keys += KvEntryValid(e);
+  return keys;
+}
+
+}  // namespace
 
 CpuRunner::CpuRunner(const ModelWeights* weights)
     : weights_(weights), rope_(weights->config.rope, weights->config.max_positions) {}
@@ -96,7 +105,10 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
         }
       }
       PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
-      PagedAttentionCpu({.q = q.data(),
+      // A lone token that sees the whole table is a decode step: rotate q per segment instead
+      // of every key (the CUDA decode kernel's schedule; the same function).
+      const bool decode = n == 1 && ch.first_query_index + 1 == TableKeys(ch.block_table);
+      (decode ? PagedDecodeAttentionCpu : PagedAttentionCpu)({.q = q.data(),
                          .num_queries = n,
                          .num_heads = c.num_heads,
                          .first_query_index = ch.first_query_index,
