@@ -153,7 +153,7 @@ EngineLoad EngineCore::Load() const {
 
 // --- Admission ------------------------------------------------------------------------------
 
-void EngineCore::Admit(absl::Time now) {
+void EngineCore::Admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
     Request& r = *waiting_.front();
     if (!TryAdmit(r)) break;
@@ -392,7 +392,7 @@ void EngineCore::Finish(Request& r, const absl::Status& status) {
 
 // --- Sampling ----------------------------------------------------------------------------------
 
-void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits, absl::Time now) {
+void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits) {
   RequestResult& res = r.result;
   const int32_t id = r.sampler->Sample(logits);
   if (res.token_ids.empty() && r.first_token == absl::Time()) {
@@ -434,7 +434,7 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits, absl::
   r.phase = Request::Phase::kDecode;
 }
 
-void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits, absl::Time now) {
+void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits) {
   Segment& q = r.query();
   const PreparedRequest& p = r.prepared;
   // Share what later requests can reuse: the whole prompt in mode prefix, the system prefix in
@@ -447,7 +447,7 @@ void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits, absl::
                              std::span(q.blocks).first(std::min<size_t>(q.blocks.size(), shareable / block_size())),
                              cache_.Tick());
   }
-  SampleAndEmit(r, logits, now);
+  SampleAndEmit(r, logits);
 }
 
 void EngineCore::CompleteJob(EncodeJob& job) {
@@ -499,7 +499,7 @@ bool EngineCore::Step(absl::Time now) {
   std::erase_if(waiting_, [](const auto& r) { return r->phase == Request::Phase::kDone; });
 
   // 2. Admission.
-  Admit(now);
+  Admit();
 
   // 3. Plan the batch.
   struct Planned {
@@ -643,7 +643,7 @@ bool EngineCore::Step(absl::Time now) {
     Segment& s = r.segments[p.segment];
     s.ready += n;
     if (p.decode) {
-      SampleAndEmit(r, out, now);
+      SampleAndEmit(r, out);
       continue;
     }
     stats_.mode(r.prepared.mode).prefill_tokens_computed += n;
@@ -651,7 +651,7 @@ bool EngineCore::Step(absl::Time now) {
     if (s.kind == Segment::Kind::kPrefix) {
       cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick());
     } else if (s.kind == Segment::Kind::kQuery) {
-      OnPrefillDone(r, out, now);
+      OnPrefillDone(r, out);
     }
   }
   std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });

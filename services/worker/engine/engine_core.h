@@ -90,16 +90,16 @@ class EngineCore {
   struct EncodeJob;
 
   enum class DocOutcome { kHit, kCopy, kEncode };
-  void Admit(absl::Time now);
+  void Admit();
   bool TryAdmit(Request& r);
   DocOutcome AcquireDocument(Request& r, Segment& seg);
   bool EnsureBlocks(std::vector<BlockId>& blocks, int64_t tokens, Request* owner);
   bool PreemptNewest(const Request* keep);
   void Release(Request& r);
   void Finish(Request& r, const absl::Status& status);
-  void SampleAndEmit(Request& r, std::span<const float> logits, absl::Time now);
+  void SampleAndEmit(Request& r, std::span<const float> logits);
   void CompleteJob(EncodeJob& job);
-  void OnPrefillDone(Request& r, std::span<const float> logits, absl::Time now);
+  void OnPrefillDone(Request& r, std::span<const float> logits);
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
 
   const ModelWeights* weights_;
