@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
 namespace {
@@ -64,10 +65,6 @@ struct KernelParams {
   bool out_fp32;
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte async copy; src_bytes 0 fills the destination with zeros (slots past `valid`).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -86,25 +83,11 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(src_bytes), "l"(policy));
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ float Bf16Lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float Bf16Hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
@@ -334,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
         const int chunk = 4 * i + t;
         const uint4 kv = *reinterpret_cast<const uint4*>(st + row * (D * 2) +
                                                          ((chunk ^ ((row & 1) << 2)) << 4));
-        Mma(s[q], qa[2 * i], kv.x, kv.y);
-        Mma(s[q], qa[2 * i + 1], kv.z, kv.w);
+        Mma16816(s[q], qa[2 * i], kv.x, kv.y);
+        Mma16816(s[q], qa[2 * i + 1], kv.z, kv.w);
       }
     }
 
@@ -397,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
       }
     }
 #pragma unroll
-    for (int n = 0; n < T::kNTiles; ++n) Mma(o[n], pa, bv[0][n], bv[1][n]);
+    for (int n = 0; n < T::kNTiles; ++n) Mma16816(o[n], pa, bv[0][n], bv[1][n]);
 
     __syncwarp();  // every lane is done with this stage before it is refilled
     stage = stage + 1 == kStages ? 0 : stage + 1;
