@@ -102,7 +102,9 @@ TEST_F(EngineCoreTest, LazyAndBlockAgreeColdAndWarmInRandomOrders) {
     EXPECT_LT(MaxDiff(lazy.result.first_logits, block.result.first_logits), kModeTolerance)
         << "round " << round;
     EXPECT_EQ(lazy.result.token_ids, block.result.token_ids) << "round " << round;
-    if (round > 0) EXPECT_EQ(lazy.result.usage.documents_hit, 5) << "lazy reuses any order";
+    if (round > 0) {
+      EXPECT_EQ(lazy.result.usage.documents_hit, 5) << "lazy reuses any order";
+    }
   }
   const auto& lazy = core_->stats().mode(CacheMode::kLazy);
   EXPECT_EQ(lazy.doc_lookups, 20);
