@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
+#include "kernels/include/block_copy.h"
 #include "kernels/include/embedding.h"
 #include "kernels/include/gemm.h"
 #include "kernels/include/paged_attention.h"
@@ -15,39 +15,7 @@ CpuRunner::CpuRunner(const ModelWeights* weights)
 
 absl::Status CpuRunner::Validate(std::span<const ForwardChunk> chunks,
                                  const KvCacheCpu& kv) const {
-  const ModelConfig& c = config();
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const ForwardChunk& ch = chunks[i];
-    auto bad = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat("forward chunk ", i, ": ", what));
-    };
-    if (ch.tokens.empty()) return bad("no tokens");
-    if (ch.kv_slots.size() != ch.tokens.size()) return bad("kv_slots size differs from tokens");
-    for (int32_t t : ch.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-    for (int64_t s : ch.kv_slots) {
-      if (s < 0 || s >= kv.num_blocks() * kv.shape().block_size) return bad("kv slot out of range");
-    }
-    const int64_t end = ch.local_start + static_cast<int64_t>(ch.tokens.size());
-    if (ch.segment_delta < 0 || ch.local_start < 0 || ch.k_rotation_base < 0 ||
-        ch.segment_delta + end > c.max_positions || ch.k_rotation_base + end > c.max_positions) {
-      return bad(absl::StrCat("positions exceed the model's context of ", c.max_positions));
-    }
-    int64_t keys = 0;
-    for (KvBlockEntry e : ch.block_table) {
-      if (KvEntryBlock(e) >= kv.num_blocks()) return bad("block table names a block out of range");
-      if (KvEntryDelta(e) >= c.max_positions) return bad("block delta past the model's context");
-      keys += KvEntryValid(e);
-    }
-    if (ch.first_query_index < 0 ||
-        ch.first_query_index + static_cast<int64_t>(ch.tokens.size()) > keys) {
-      return bad("block table does not cover the chunk's own tokens");
-    }
-  }
-  return absl::OkStatus();
+  return ValidateForwardChunks(chunks, config(), kv.num_blocks(), kv.shape().block_size);
 }
 
 absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChunk> chunks,
@@ -136,6 +104,22 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
   std::vector<float> logits(out_rows * c.vocab_size);
   LinearCpu(last.data(), w.lm_head_data(), out_rows, H, c.vocab_size, logits.data());
   return logits;
+}
+
+CpuModelRunner::CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks)
+    : runner_(weights), kv_(weights->config, num_kv_blocks) {}
+
+absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    if (c.src >= kv_.num_blocks() || c.dst >= kv_.num_blocks() || c.src == c.dst) {
+      return absl::InvalidArgumentError("block copy names a block out of range or onto itself");
+    }
+  }
+  for (int l = 0; l < config().num_layers; ++l) {  // the CPU pools are one array per layer
+    BlockCopyRerotateCpu(copies.data(), static_cast<int>(copies.size()), /*num_layers=*/1,
+                         /*layer_stride=*/0, kv_.shape(), runner_.rope(), kv_.k(l), kv_.v(l));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lazyattn

@@ -1,17 +1,23 @@
 #include "services/worker/engine/engine.h"
 
 #include "absl/synchronization/notification.h"
+#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/model/model_fingerprint.h"
 
 namespace lazyattn {
 
 Engine::Engine(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options,
                RequestLimits limits)
-    : weights_(weights),
+    : Engine(std::make_unique<CpuModelRunner>(weights, options.num_kv_blocks),
+             ModelFingerprint(*weights), tokenizer, options, limits) {}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, std::string model_fingerprint,
+               const Tokenizer* tokenizer, EngineOptions options, RequestLimits limits)
+    : config_(runner->config()),
       tokenizer_(tokenizer),
       limits_(limits),
-      identity_{ModelFingerprint(*weights), TokenizerFingerprint(*tokenizer)},
-      core_(weights, tokenizer, options) {
+      identity_{std::move(model_fingerprint), TokenizerFingerprint(*tokenizer)},
+      core_(std::move(runner), tokenizer, options) {
   const BlockPool& pool = core_.cache().pool();
   blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
              pool.num_cached_unreferenced()};
@@ -37,7 +43,7 @@ Engine::~Engine() {
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
-  auto prepared = PrepareRequest(request, *tokenizer_, weights_->config, identity_, limits_);
+  auto prepared = PrepareRequest(request, *tokenizer_, config_, identity_, limits_);
   if (!prepared.ok()) return prepared.status();
   prepared->callbacks = std::move(callbacks);
   uint64_t id;

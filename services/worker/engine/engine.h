@@ -25,7 +25,12 @@ struct KvBlockCounts {
 
 class Engine {
  public:
-  // Borrowed pointers must outlive the engine. Starts the loop thread.
+  // Runs on `runner` (any backend). `model_fingerprint` (ModelFingerprint of the weights it
+  // serves) keys its cached documents. The tokenizer must outlive the engine. Starts the loop
+  // thread.
+  Engine(std::unique_ptr<ModelRunner> runner, std::string model_fingerprint,
+         const Tokenizer* tokenizer, EngineOptions options, RequestLimits limits = {});
+  // The CPU backend over `weights` (borrowed, must outlive the engine).
   Engine(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options,
          RequestLimits limits = {});
   // Stops the loop; unfinished requests end with Unavailable.
@@ -55,12 +60,12 @@ class Engine {
   // Waits until no request is queued or running, then checks the KV invariants.
   absl::Status WaitIdleAndCheck();
   const ModelIdentity& identity() const { return identity_; }
-  const ModelConfig& config() const { return weights_->config; }
+  const ModelConfig& config() const { return config_; }
 
  private:
   void Loop();
 
-  const ModelWeights* weights_;
+  const ModelConfig config_;
   const Tokenizer* tokenizer_;
   const RequestLimits limits_;
   const ModelIdentity identity_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/include/block_copy.h"
+#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/stop_matcher.h"
 
 namespace lazyattn {
@@ -60,14 +61,19 @@ struct EngineCore::Request {
   Segment& query() { return segments.back(); }
 };
 
-EngineCore::EngineCore(const ModelWeights* weights, const Tokenizer* tokenizer,
+EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
                        EngineOptions options)
-    : weights_(weights),
+    : runner_(std::move(runner)),
       tokenizer_(tokenizer),
       options_(options),
-      runner_(weights),
-      kv_(weights->config, options.num_kv_blocks),
-      cache_(options.num_kv_blocks, kDefaultKvBlockSize) {}
+      cache_(runner_->num_kv_blocks(), kDefaultKvBlockSize) {
+  options_.num_kv_blocks = runner_->num_kv_blocks();
+}
+
+EngineCore::EngineCore(const ModelWeights* weights, const Tokenizer* tokenizer,
+                       EngineOptions options)
+    : EngineCore(std::make_unique<CpuModelRunner>(weights, options.num_kv_blocks), tokenizer,
+                 options) {}
 
 EngineCore::~EngineCore() {
   for (auto& r : running_) Finish(*r, absl::UnavailableError("engine shut down"));
@@ -292,10 +298,10 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, Segment& s) {
         const int64_t from = found.offset == DocCacheKey::kAnyOffset ? 0 : found.offset;
         const int32_t delta = static_cast<int32_t>(s.offset - from);
         for (size_t i = 0; i < src.size(); ++i) copies.push_back({src[i], dst[i], delta});
-        for (int l = 0; l < config().num_layers; ++l) {  // the CPU pools are one array per layer
-          BlockCopyRerotateCpu(copies.data(), static_cast<int>(copies.size()), /*num_layers=*/1,
-                               /*layer_stride=*/0, kv_.shape(), runner_.rope(), kv_.k(l), kv_.v(l));
-        }
+        // A failed copy (device error) falls back to encoding the document.
+        ok = runner_->CopyBlocks(copies).ok();
+      }
+      if (ok) {
         cache_.documents().Insert(s.cache_key, dst, s.length());
         s.blocks = dst;  // the request keeps the references Allocate gave it
         s.ready = s.length();
@@ -616,7 +622,7 @@ bool EngineCore::Step(absl::Time now) {
     p.chunk.block_table = p.table;
     chunks.push_back(p.chunk);
   }
-  auto logits = runner_.Forward(chunks, kv_);
+  auto logits = runner_->Forward(chunks);
   if (!logits.ok()) {
     for (Planned& p : plan) {
       if (p.request && p.request->phase != Request::Phase::kDone) Finish(*p.request, logits.status());

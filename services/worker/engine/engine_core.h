@@ -27,16 +27,16 @@
 #include "absl/status/status.h"
 #include "common/document_key.h"
 #include "services/worker/cache/kv_cache_manager.h"
-#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_stats.h"
-#include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/engine/model_runner.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/model/model_weights.h"
 #include "services/worker/model/tokenizer/tokenizer.h"
 
 namespace lazyattn {
 
 struct EngineOptions {
-  int64_t num_kv_blocks = 1024;
+  int64_t num_kv_blocks = 1024;  // CPU backend built from weights; a given runner brings its own
   int max_batch_tokens = 512;  // tokens per forward step (chunked prefill budget)
   int max_running = 64;        // requests admitted at once
   bool keep_first_logits = false;
@@ -61,7 +61,11 @@ struct PreparedRequest {
 
 class EngineCore {
  public:
-  // Borrowed pointers must outlive the core.
+  // Runs on `runner` (any backend); its KV storage sizes the block pool. Borrowed pointers must
+  // outlive the core.
+  EngineCore(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
+             EngineOptions options);
+  // The CPU backend with options.num_kv_blocks blocks.
   EngineCore(const ModelWeights* weights, const Tokenizer* tokenizer, EngineOptions options);
   ~EngineCore();  // fails every unfinished request with Unavailable
 
@@ -81,7 +85,8 @@ class EngineCore {
   const EngineStats& stats() const { return stats_; }
   EngineLoad Load() const;
   KvCacheManager& cache() { return cache_; }
-  const ModelConfig& config() const { return runner_.config(); }
+  const ModelConfig& config() const { return runner_->config(); }
+  const ModelRunner& runner() const { return *runner_; }
   int block_size() const { return cache_.block_size(); }
 
  private:
@@ -102,11 +107,9 @@ class EngineCore {
   void OnPrefillDone(Request& r, std::span<const float> logits);
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
 
-  const ModelWeights* weights_;
+  std::unique_ptr<ModelRunner> runner_;
   const Tokenizer* tokenizer_;
   EngineOptions options_;
-  CpuRunner runner_;
-  KvCacheCpu kv_;
   KvCacheManager cache_;
   EngineStats stats_;
   uint64_t next_id_ = 1;

@@ -1,6 +1,7 @@
 // The cache modes computed by the engine core on a tiny random model: equalities between modes,
 // reuse, and what happens to blocks.
 #include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/cpu_runner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/model_loader.h"
 

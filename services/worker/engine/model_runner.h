@@ -1,0 +1,73 @@
+// What the engine needs from a backend: one forward step over a batch of chunks, and the block
+// copy of the `block` cache mode, on KV storage the backend owns. The CPU backend (fp32, OpenBLAS)
+// and the CUDA backend (bf16, fused kernels) implement it; EngineCore never knows which it has.
+//
+// Deferred RoPE (DESIGN.md section 2): a token at segment-local position m of a segment that starts
+// at global position delta has its Q rotated by delta + m and its K by k_rotation_base + m (m alone
+// for position-agnostic KV, valid at any placement). The chunk's block table carries each block's
+// delta, applied to K at attention time.
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_MODEL_RUNNER_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/include/block_copy.h"
+#include "kernels/include/kv_block_entry.h"
+#include "services/worker/model/model_config.h"
+
+namespace lazyattn {
+
+// A run of consecutive tokens of one segment of one sequence.
+struct ForwardChunk {
+  std::span<const int32_t> tokens;
+  int64_t segment_delta = 0;  // global position of the segment's first token
+  int64_t local_start = 0;    // segment-local position of tokens[0]
+  // K is written rotated at k_rotation_base + local: 0 for position-agnostic KV (mode lazy; the
+  // table's delta rotates it later), segment_delta for KV stored at global positions.
+  int64_t k_rotation_base = 0;
+  // KV slot (block * block_size + slot) of each token; its K/V is written there this step.
+  std::span<const int64_t> kv_slots;
+  // Everything the chunk attends to, in sequence order, including the blocks its own tokens are
+  // written to. tokens[0] has sequence index `first_query_index` in this table.
+  std::span<const KvBlockEntry> block_table;
+  int64_t first_query_index = 0;
+  // Logits for every token of the chunk (tests, scoring) or only for the last one (generation),
+  // or none (document encoding, prefix computation: the LM head runs only where we sample).
+  bool logits_for_all_tokens = false;
+  bool emit_logits = true;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // "cpu" or "cuda" (for logs and metrics).
+  virtual std::string backend_name() const = 0;
+  // Physical KV blocks of kDefaultKvBlockSize tokens the backend's storage holds; block ids in
+  // chunks and copies are below it.
+  virtual int64_t num_kv_blocks() const = 0;
+
+  // Runs the chunks, writes their K/V, and returns the fp32 logits rows requested, in chunk
+  // order: [rows][vocab]. InvalidArgument (naming the chunk) for token ids out of the vocabulary,
+  // positions past the model's context, or slot/table sizes that do not match; the KV storage is
+  // untouched then. Internal for a device failure.
+  virtual absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardChunk> chunks) = 0;
+
+  // K[dst] = R_delta K[src], V[dst] = V[src] for every layer (kernels/include/block_copy.h).
+  virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
+};
+
+// Checks what every backend must refuse before touching its storage (the InvalidArgument cases
+// of Forward). `num_kv_blocks` bounds block ids and slots.
+absl::Status ValidateForwardChunks(std::span<const ForwardChunk> chunks, const ModelConfig& config,
+                                   int64_t num_kv_blocks, int block_size = kDefaultKvBlockSize);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_MODEL_RUNNER_H_
