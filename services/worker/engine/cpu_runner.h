@@ -32,8 +32,9 @@ class CpuRunner {
   const RopeTable& rope() const { return rope_; }
 
   // Runs the chunks, writes their K/V into `kv`, and returns the logits rows requested, in chunk
-  // order: [rows][vocab]. InvalidArgument (naming the chunk) for token ids out of the vocabulary,
-  // positions past the RoPE table, or slot/table sizes that do not match.
+  // order: [rows][vocab] (ForwardChunk::greedy is ignored: every row comes back).
+  // InvalidArgument (naming the chunk) for token ids out of the vocabulary, positions past the
+  // RoPE table, or slot/table sizes that do not match.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardChunk> chunks,
                                              KvCacheCpu& kv);
 
@@ -52,8 +53,10 @@ class CpuModelRunner final : public ModelRunner {
   const ModelConfig& config() const override { return runner_.config(); }
   std::string backend_name() const override { return "cpu"; }
   int64_t num_kv_blocks() const override { return kv_.num_blocks(); }
-  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardChunk> chunks) override {
-    return runner_.Forward(chunks, kv_);
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    auto logits = runner_.Forward(chunks, kv_);
+    if (!logits.ok()) return logits.status();
+    return SplitGreedyRows(chunks, std::move(*logits), config().vocab_size);
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
 

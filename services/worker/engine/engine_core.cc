@@ -398,9 +398,10 @@ void EngineCore::Finish(Request& r, const absl::Status& status) {
 
 // --- Sampling ----------------------------------------------------------------------------------
 
-void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits) {
+void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
+                               std::optional<int32_t> chosen) {
   RequestResult& res = r.result;
-  const int32_t id = r.sampler->Sample(logits);
+  const int32_t id = chosen ? *chosen : r.sampler->Sample(logits);
   if (res.token_ids.empty() && r.first_token == absl::Time()) {
     r.first_token = absl::Now();  // after this step's forward pass, not at its start
     res.ttft_ms = absl::ToDoubleMilliseconds(r.first_token - r.submitted);
@@ -440,7 +441,8 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits) {
   r.phase = Request::Phase::kDecode;
 }
 
-void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits) {
+void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits,
+                               std::optional<int32_t> chosen) {
   Segment& q = r.query();
   const PreparedRequest& p = r.prepared;
   // Share what later requests can reuse: the whole prompt in mode prefix, the system prefix in
@@ -453,7 +455,7 @@ void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits) {
                              std::span(q.blocks).first(std::min<size_t>(q.blocks.size(), shareable / block_size())),
                              cache_.Tick());
   }
-  SampleAndEmit(r, logits);
+  SampleAndEmit(r, logits, chosen);
 }
 
 void EngineCore::CompleteJob(EncodeJob& job) {
@@ -542,6 +544,9 @@ bool EngineCore::Step(absl::Time now) {
     p.chunk.first_query_index = before + s.ready;
     p.chunk.tokens = std::span(s.tokens).subspan(s.ready, n);
     p.chunk.emit_logits = s.kind == Segment::Kind::kQuery && s.ready + n == s.length();
+    // Greedy requests need only the argmax, unless the first step's logits are to be kept.
+    p.chunk.greedy = r.prepared.sampling.temperature == 0 &&
+                     !(options_.keep_first_logits && r.result.token_ids.empty());
     r.scheduled = true;
     plan.push_back(std::move(p));
     budget -= n;
@@ -633,11 +638,16 @@ bool EngineCore::Step(absl::Time now) {
 
   // 5. Results.
   const int64_t V = config().vocab_size;
-  int64_t row = 0;
+  int64_t row = 0, greedy_row = 0;
   for (Planned& p : plan) {
     const int64_t n = static_cast<int64_t>(p.chunk.tokens.size());
     std::span<const float> out;
-    if (p.chunk.emit_logits) out = std::span<const float>(*logits).subspan(row++ * V, V);
+    std::optional<int32_t> chosen;
+    if (p.chunk.emit_logits && p.chunk.greedy) {
+      chosen = logits->greedy_ids[greedy_row++];
+    } else if (p.chunk.emit_logits) {
+      out = std::span<const float>(logits->logits).subspan(row++ * V, V);
+    }
     if (p.job != nullptr) {
       p.job->ready += n;
       stats_.mode(p.job->mode).prefill_tokens_computed += n;
@@ -649,7 +659,7 @@ bool EngineCore::Step(absl::Time now) {
     Segment& s = r.segments[p.segment];
     s.ready += n;
     if (p.decode) {
-      SampleAndEmit(r, out);
+      SampleAndEmit(r, out, chosen);
       continue;
     }
     stats_.mode(r.prepared.mode).prefill_tokens_computed += n;
@@ -657,7 +667,7 @@ bool EngineCore::Step(absl::Time now) {
     if (s.kind == Segment::Kind::kPrefix) {
       cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick());
     } else if (s.kind == Segment::Kind::kQuery) {
-      OnPrefillDone(r, out);
+      OnPrefillDone(r, out, chosen);
     }
   }
   std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });

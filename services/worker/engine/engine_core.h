@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -102,9 +103,10 @@ class EngineCore {
   bool PreemptNewest(const Request* keep);
   void Release(Request& r);
   void Finish(Request& r, const absl::Status& status);
-  void SampleAndEmit(Request& r, std::span<const float> logits);
+  // Emits `chosen` when the runner already picked it (greedy), else samples from `logits`.
+  void SampleAndEmit(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
   void CompleteJob(EncodeJob& job);
-  void OnPrefillDone(Request& r, std::span<const float> logits);
+  void OnPrefillDone(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
 
   std::unique_ptr<ModelRunner> runner_;

@@ -1,8 +1,36 @@
 #include "services/worker/engine/model_runner.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace lazyattn {
+
+ForwardOutput SplitGreedyRows(std::span<const ForwardChunk> chunks, std::vector<float> logits,
+                              int64_t vocab_size) {
+  bool any_greedy = false;
+  for (const ForwardChunk& ch : chunks) any_greedy |= ch.emit_logits && ch.greedy;
+  ForwardOutput out;
+  if (!any_greedy) {
+    out.logits = std::move(logits);
+    return out;
+  }
+  int64_t row = 0;
+  for (const ForwardChunk& ch : chunks) {
+    if (!ch.emit_logits) continue;
+    const int64_t rows = ch.logits_for_all_tokens ? static_cast<int64_t>(ch.tokens.size()) : 1;
+    for (int64_t r = 0; r < rows; ++r, ++row) {
+      const float* begin = logits.data() + row * vocab_size;
+      if (ch.greedy) {
+        out.greedy_ids.push_back(
+            static_cast<int32_t>(std::max_element(begin, begin + vocab_size) - begin));
+      } else {
+        out.logits.insert(out.logits.end(), begin, begin + vocab_size);
+      }
+    }
+  }
+  return out;
+}
 
 absl::Status ValidateForwardChunks(std::span<const ForwardChunk> chunks, const ModelConfig& c,
                                    int64_t num_kv_blocks, int block_size) {

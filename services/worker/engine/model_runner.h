@@ -40,6 +40,18 @@ struct ForwardChunk {
   // or none (document encoding, prefix computation: the LM head runs only where we sample).
   bool logits_for_all_tokens = false;
   bool emit_logits = true;
+  // Only the argmax of this chunk's logits rows is needed (greedy sampling): the runner returns
+  // the token id instead of the row, so a GPU backend copies 4 bytes back, not vocab_size floats.
+  bool greedy = false;
+};
+
+// What one step returns, for the rows that need logits (chunks with emit_logits; every token of
+// a logits_for_all_tokens chunk, else its last), in chunk order: a greedy chunk's rows give their
+// argmax (lowest id among equal maxima) in `greedy_ids`, every other row its fp32 logits in
+// `logits` ([rows][vocab]).
+struct ForwardOutput {
+  std::vector<float> logits;
+  std::vector<int32_t> greedy_ids;
 };
 
 class ModelRunner {
@@ -53,15 +65,20 @@ class ModelRunner {
   // chunks and copies are below it.
   virtual int64_t num_kv_blocks() const = 0;
 
-  // Runs the chunks, writes their K/V, and returns the fp32 logits rows requested, in chunk
-  // order: [rows][vocab]. InvalidArgument (naming the chunk) for token ids out of the vocabulary,
+  // Runs the chunks, writes their K/V, and returns the logits rows (or greedy ids) requested.
+  // InvalidArgument (naming the chunk) for token ids out of the vocabulary,
   // positions past the model's context, or slot/table sizes that do not match; the KV storage is
   // untouched then. Internal for a device failure.
-  virtual absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardChunk> chunks) = 0;
+  virtual absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) = 0;
 
   // K[dst] = R_delta K[src], V[dst] = V[src] for every layer (kernels/include/block_copy.h).
   virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
 };
+
+// Splits the logits of every requested row (chunk order, [rows][vocab]) into a ForwardOutput:
+// greedy chunks' rows become their argmax. For backends that compute every row on the host.
+ForwardOutput SplitGreedyRows(std::span<const ForwardChunk> chunks, std::vector<float> logits,
+                              int64_t vocab_size);
 
 // Checks what every backend must refuse before touching its storage (the InvalidArgument cases
 // of Forward). `num_kv_blocks` bounds block ids and slots.
