@@ -30,6 +30,42 @@ int Alignment(const void* p) {
   return a;
 }
 
+// The fastest of `candidates` for y = x w^T, timed on the caller's stream into a scratch y.
+absl::StatusOr<cublasLtMatmulAlgo_t> FastestAlgo(
+    cublasLtHandle_t handle, void* workspace, size_t workspace_bytes, cublasLtMatmulDesc_t op,
+    cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+    const cublasLtMatmulHeuristicResult_t* candidates, int count, void* scratch,
+    const __nv_bfloat16* x, const __nv_bfloat16* w, cudaStream_t stream) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const float alpha = 1.0f, beta = 0.0f;
+  float best_ms = 0;
+  int best = 0;
+  for (int i = 0; i < count; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(handle, op, &alpha, w, a, x, b, &beta, scratch, c, scratch, c,
+                            &candidates[i].algo, workspace, workspace_bytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skip algorithms that refuse
+    cudaEventRecord(start, stream);
+    constexpr int kReps = 4;
+    for (int r = 0; r < kReps; ++r) run();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i == 0 || ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return candidates[best].algo;
+}
+
 }  // namespace
 
 struct CublasLtGemm::Plan {
@@ -57,10 +93,14 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(size_t worksp
 CublasLtGemm::~CublasLtGemm() {
   plans_.clear();
   if (workspace_ != nullptr) cudaFree(workspace_);
+  if (tune_scratch_ != nullptr) cudaFree(tune_scratch_);
   if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const Key& key) {
+absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const Key& key,
+                                                                const __nv_bfloat16* x,
+                                                                const __nv_bfloat16* w,
+                                                                cudaStream_t stream) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   const auto [rows, in, out, type, accumulate, align] = key;
   auto plan = std::make_unique<Plan>();
@@ -90,11 +130,14 @@ absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const Key& key) 
       st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
     }
   }
-  cublasLtMatmulHeuristicResult_t result = {};
+  constexpr int kCandidates = 6;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  const bool tune = autotune_ && rows <= kAutotuneMaxRows;
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
     st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op, plan->a,
-                                        plan->b, plan->c, plan->c, pref, 1, &result, &found);
+                                        plan->b, plan->c, plan->c, pref, tune ? kCandidates : 1,
+                                        results, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   RETURN_IF_CUBLAS_ERROR(st);
@@ -102,7 +145,23 @@ absl::StatusOr<const CublasLtGemm::Plan*> CublasLtGemm::GetPlan(const Key& key) 
     return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for ", rows, "x", in,
                                             " * ", out, "x", in, "^T"));
   }
-  plan->algo = result.algo;
+  plan->algo = results[0].algo;
+  if (tune && found > 1) {
+    const size_t y_bytes = static_cast<size_t>(rows * out) * (y_type == CUDA_R_32F ? 4 : 2);
+    if (y_bytes > tune_scratch_bytes_) {
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream));  // the old scratch may be in use
+      if (tune_scratch_ != nullptr) cudaFree(tune_scratch_);
+      tune_scratch_ = nullptr;
+      tune_scratch_bytes_ = 0;
+      RETURN_IF_CUDA_ERROR(cudaMalloc(&tune_scratch_, y_bytes));
+      tune_scratch_bytes_ = y_bytes;
+    }
+    auto fastest = FastestAlgo(static_cast<cublasLtHandle_t>(handle_), workspace_,
+                               workspace_bytes_, plan->op, plan->a, plan->b, plan->c, results,
+                               found, tune_scratch_, x, w, stream);
+    if (!fastest.ok()) return fastest.status();
+    plan->algo = *fastest;
+  }
   const Plan* p = plan.get();
   plans_.emplace(key, std::move(plan));
   return p;
@@ -120,7 +179,7 @@ absl::Status CublasLtGemm::Linear(const __nv_bfloat16* x, const __nv_bfloat16* w
     return absl::InvalidArgumentError("gemm: a required pointer is null");
   }
   const int align = std::min({Alignment(x), Alignment(w), Alignment(y)});
-  auto plan = GetPlan(Key{rows, in, out, int(y_type), accumulate, align});
+  auto plan = GetPlan(Key{rows, in, out, int(y_type), accumulate, align}, x, w, stream);
   if (!plan.ok()) return plan.status();
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const Plan& p = **plan;

@@ -39,6 +39,13 @@ class CublasLtGemm {
                       int64_t out, void* y, GemmOutputType y_type, bool accumulate,
                       cudaStream_t stream);
 
+  // Autotuning (on by default): the first call of a shape with at most kAutotuneMaxRows rows
+  // times up to 6 of cuBLASLt's heuristic candidates (into a scratch output, so the caller's y is
+  // untouched) and keeps the fastest. The heuristic's first pick is often a poor fit for the
+  // skinny products of decode steps. Must not be first called for a shape during stream capture.
+  static constexpr int64_t kAutotuneMaxRows = 1024;
+  void set_autotune(bool on) { autotune_ = on; }
+
   // Number of cached shapes (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
@@ -47,11 +54,15 @@ class CublasLtGemm {
   // (rows, in, out, y type, accumulate, pointer alignment)
   using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, int>;
   CublasLtGemm() = default;
-  absl::StatusOr<const Plan*> GetPlan(const Key& key);
+  absl::StatusOr<const Plan*> GetPlan(const Key& key, const __nv_bfloat16* x,
+                                      const __nv_bfloat16* w, cudaStream_t stream);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool autotune_ = true;
+  void* tune_scratch_ = nullptr;  // output of the timing runs
+  size_t tune_scratch_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

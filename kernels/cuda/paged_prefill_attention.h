@@ -87,6 +87,8 @@ class PagedPrefillPlan {
   absl::Status Upload(void* device_metadata, cudaStream_t stream) const;
 
   int64_t metadata_bytes() const { return static_cast<int64_t>(words_.size()) * 4; }
+  // The metadata_bytes() that Upload() copies, for callers that pack it into their own upload.
+  const int32_t* metadata() const { return words_.data(); }
   int64_t workspace_bytes() const;
   int64_t total_queries() const { return total_queries_; }
   const PagedPrefillShape& shape() const { return shape_; }
