@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/yaml_config.h"
+#include "services/worker/engine/runner_factory.h"
+#include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/server/worker_config.h"
 #include "services/worker/server/worker_server.h"
@@ -150,10 +152,21 @@ int main(int argc, char** argv) {
     std::cerr << "lazyattn-worker: model.path: " << model.status().message() << "\n";
     return 2;
   }
-  const lazyattn::WorkerServerOptions options =
+  // The CUDA backend copies the weights to the GPU; the CPU backend keeps using `model`.
+  auto runner = lazyattn::CreateModelRunner(
+      model->weights.get(), {.backend = *lazyattn::ParseBackend(config->backend),
+                             .kv_budget_bytes = config->kv_budget_bytes});
+  if (!runner.ok()) {
+    std::cerr << "lazyattn-worker: backend: " << runner.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << "lazyattn-worker: backend " << (*runner)->backend_name() << "\n";
+  lazyattn::WorkerServerOptions options =
       lazyattn::ServerOptionsFor(*config, model->weights->config);
-  auto server =
-      lazyattn::WorkerServer::Create(options, model->weights.get(), model->tokenizer.get());
+  options.engine.num_kv_blocks = (*runner)->num_kv_blocks();
+  auto server = lazyattn::WorkerServer::Create(options, std::move(*runner),
+                                               lazyattn::ModelFingerprint(*model->weights),
+                                               model->tokenizer.get());
   if (!server.ok()) {
     std::cerr << "lazyattn-worker: " << server.status().message() << "\n";
     return 1;

@@ -1,10 +1,13 @@
 #include "tools/cli/cli_engine.h"
 
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "services/worker/engine/runner_factory.h"
+#include "services/worker/model/model_fingerprint.h"
 
 namespace lazyattn {
 
@@ -33,6 +36,27 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args) {
   p.stop = args.Strings("stop");
   p.ignore_eos = args.Has("ignore-eos");
   return p;
+}
+
+void DeclareBackendFlags(CliArgs& args) {
+  args.Declare("backend", CliArgs::Kind::kValue,
+               "cpu, cuda, or auto (the GPU when one is visible; default)");
+  args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> EngineFromArgs(const CliArgs& args,
+                                                        const LoadedModel& model) {
+  ASSIGN_OR_RETURN(const Backend backend, ParseBackend(args.String("backend", "auto")));
+  ASSIGN_OR_RETURN(const int64_t budget, args.Int("kv-budget", int64_t{512} << 20));
+  if (budget < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError("--kv-budget must be at least 1 MiB");
+  }
+  ASSIGN_OR_RETURN(auto runner, CreateModelRunner(model.weights.get(),
+                                                  {.backend = backend, .kv_budget_bytes = budget}));
+  std::cerr << "lazyattn: backend " << runner->backend_name() << ", " << runner->num_kv_blocks()
+            << " KV blocks\n";
+  return std::make_unique<Engine>(std::move(runner), ModelFingerprint(*model.weights),
+                                  model.tokenizer.get(), EngineOptions{});
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

@@ -20,6 +20,12 @@ namespace lazyattn {
 void DeclareSamplingFlags(CliArgs& args);
 absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args);
 
+// Declares --backend (cpu | cuda | auto, default auto) and --kv-budget BYTES (default 512 MiB).
+void DeclareBackendFlags(CliArgs& args);
+// An engine over the loaded model on the backend the flags pick. The model must outlive it.
+absl::StatusOr<std::unique_ptr<Engine>> EngineFromArgs(const CliArgs& args,
+                                                        const LoadedModel& model);
+
 // KvBlocksForBudget (kv_cache_cpu.h) and BuildPrompt (chat_prompt.h) live with the engine: the
 // worker service shares them.
 

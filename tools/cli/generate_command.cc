@@ -16,7 +16,7 @@ int GenerateCommand(int argc, char** argv) {
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
   args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
   args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
-  args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
+  DeclareBackendFlags(args);
   args.Declare("json", CliArgs::Kind::kSwitch, "print one JSON object with ids, text and timings");
   args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
   DeclareSamplingFlags(args);
@@ -34,8 +34,7 @@ int GenerateCommand(int argc, char** argv) {
   }
   auto sampling = SamplingFromArgs(args);
   auto mode = ParseCacheMode(args.String("mode", "lazy"));
-  auto budget = args.Int("kv-budget", int64_t{512} << 20);
-  for (const absl::Status& s : {sampling.status(), mode.status(), budget.status()}) {
+  for (const absl::Status& s : {sampling.status(), mode.status()}) {
     if (!s.ok()) return CliFail(s, 2);
   }
 
@@ -54,8 +53,9 @@ int GenerateCommand(int argc, char** argv) {
     request.documents.push_back({.id = path, .text = *text});
   }
 
-  Engine engine(model->weights.get(), model->tokenizer.get(),
-                {.num_kv_blocks = KvBlocksForBudget(model->weights->config, *budget)});
+  auto engine_or = EngineFromArgs(args, *model);
+  if (!engine_or.ok()) return CliFail(engine_or.status(), IsUsageError(engine_or.status()) ? 2 : 1);
+  Engine& engine = **engine_or;
   const bool json = args.Has("json");
   auto result = engine.Run(request, [&](int32_t, std::string_view text) {
     if (!json) std::cout << text << std::flush;

@@ -1,10 +1,12 @@
 // `lazyattn`: the command-line front end of the engine.
 //
 //   lazyattn generate --model PATH --prompt TEXT [--chat] [--system TEXT] [--doc FILE]...
-//                     [--mode full|prefix|block|lazy] [--kv-budget BYTES] [--max-tokens N]
+//                     [--mode full|prefix|block|lazy] [--backend cpu|cuda|auto]
+//                     [--kv-budget BYTES] [--max-tokens N]
 //                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...
 //                     [--ignore-eos] [--json]
-//   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--kv-budget BYTES] [--json]
+//   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--backend B]
+//                   [--kv-budget BYTES] [--json]
 //   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
 //
 // Exit status: 0 on success, 2 for a usage error, 1 otherwise.

@@ -92,7 +92,7 @@ int ReplayCommand(int argc, char** argv) {
   args.Declare("requests", CliArgs::Kind::kValue, "JSONL file, one request per line");
   args.Declare("chat", CliArgs::Kind::kSwitch, "wrap each question in the chat template");
   args.Declare("mode", CliArgs::Kind::kValue, "default cache mode (default lazy)");
-  args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
+  DeclareBackendFlags(args);
   args.Declare("concurrency", CliArgs::Kind::kValue, "requests in flight at once (default 1)");
   args.Declare("json", CliArgs::Kind::kSwitch, "one JSON line per request, then a summary line");
   args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
@@ -111,9 +111,8 @@ int ReplayCommand(int argc, char** argv) {
   }
   auto sampling = SamplingFromArgs(args);
   auto mode = ParseCacheMode(args.String("mode", "lazy"));
-  auto budget = args.Int("kv-budget", int64_t{512} << 20);
   auto concurrency = args.Int("concurrency", 1);
-  for (const absl::Status& s : {sampling.status(), mode.status(), budget.status(),
+  for (const absl::Status& s : {sampling.status(), mode.status(),
                                 concurrency.status()}) {
     if (!s.ok()) return CliFail(s, 2);
   }
@@ -134,8 +133,9 @@ int ReplayCommand(int argc, char** argv) {
     requests.push_back(std::move(*r));
   }
 
-  Engine engine(model->weights.get(), model->tokenizer.get(),
-                {.num_kv_blocks = KvBlocksForBudget(model->weights->config, *budget)});
+  auto engine_or = EngineFromArgs(args, *model);
+  if (!engine_or.ok()) return CliFail(engine_or.status(), IsUsageError(engine_or.status()) ? 2 : 1);
+  Engine& engine = **engine_or;
   const bool as_json = args.Has("json");
   std::mutex mu;
   std::vector<double> ttfts;

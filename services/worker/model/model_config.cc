@@ -180,9 +180,16 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(const std::string& path) {
     // where windowed and full attention are the same function.
     c.max_positions = sw->get<int64_t>();
   }
-  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
+  // transformers 5 writes theta and scaling together as `rope_parameters` (and no longer
+  // rope_theta / rope_scaling); older files have the two separate keys.
+  const char* scaling_key = "rope_scaling";
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && rp->is_object()) {
+    RETURN_IF_ERROR(ReadField(*rp, "rope_theta", &c.rope.theta, false));
+    scaling_key = "rope_parameters";
+  }
+  if (auto rs = j.find(scaling_key); rs != j.end() && !rs->is_null()) {
     if (!rs->is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": rope_scaling must be an object"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", scaling_key, " must be an object"));
     }
     std::string type = rs->value("rope_type", rs->value("type", std::string()));
     if (type == "llama3") {
@@ -195,7 +202,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(const std::string& path) {
                                 &s.original_max_positions, true));
     } else if (type != "default") {
       return absl::UnimplementedError(absl::StrCat(
-          path, ": rope_scaling.rope_type = \"", type, "\" is not supported (llama3 or none)"));
+          path, ": ", scaling_key, ".rope_type = \"", type,
+          "\" is not supported (llama3 or default)"));
     }
   }
   RETURN_IF_ERROR(ValidateModelConfig(c));

@@ -164,6 +164,41 @@ TEST(TinyModelRopeTest, Llama3RopeScalingComesThroughBothFormats) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * b[i]) << i;
 }
 
+// transformers 5 writes {"rope_parameters": {"rope_theta", "rope_type", ...}} instead of
+// rope_theta and rope_scaling; both spellings must give the same configuration.
+TEST(HfConfigTest, RopeParametersOfTransformers5ReadLikeRopeScaling) {
+  const std::string dir = ::testing::TempDir();
+  const nlohmann::json base = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                               {"vocab_size", 300},
+                               {"hidden_size", 64}, {"intermediate_size", 128},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2}, {"max_position_embeddings", 4096}};
+  const nlohmann::json scaling = {{"rope_type", "llama3"}, {"factor", 8.0},
+                                  {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 1024}};
+  nlohmann::json v4 = base, v5 = base;
+  v4["rope_theta"] = 500000.0;
+  v4["rope_scaling"] = scaling;
+  v5["rope_parameters"] = scaling;
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  auto read = [&](const nlohmann::json& j, const std::string& name) {
+    const std::string path = dir + "/" + name + ".json";
+    std::ofstream(path) << j.dump();
+    return ModelConfigFromHfJson(path);
+  };
+  auto a = read(v4, "config_v4"), b = read(v5, "config_v5");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->rope.theta, 500000.0);
+  EXPECT_EQ(b->rope.scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(b->rope.scaling.original_max_positions, 1024);
+  EXPECT_EQ(RopeInverseFrequencies(a->rope), RopeInverseFrequencies(b->rope));
+  v5["rope_parameters"]["rope_type"] = "yarn";
+  auto c = read(v5, "config_yarn");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(c.status().message().find("rope_parameters.rope_type"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTinyModels, TinyModelTest,
                          ::testing::Values("tiny-llama", "tiny-llama-untied", "tiny-llama3-rope"));
 

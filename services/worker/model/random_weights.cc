@@ -1,6 +1,9 @@
 #include "services/worker/model/random_weights.h"
 
 #include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 namespace lazyattn {
 namespace {
@@ -32,6 +35,45 @@ std::unique_ptr<ModelWeights> MakeRandomWeights(const ModelConfig& c, uint64_t s
     Fill(L.w_down, H * I, rng, 0, stddev);
   }
   return w;
+}
+
+absl::StatusOr<ModelConfig> NamedModelShape(std::string_view name) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.name = std::string(name);
+  c.rms_norm_eps = 1e-5f;
+  c.tie_word_embeddings = false;
+  if (name == "llama3-8b" || name == "llama3-8b-2l") {
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = name == "llama3-8b" ? 32 : 2;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope = RopeParams{.head_dim = 128,
+                        .theta = 500000,
+                        .scaling = {.type = RopeScaling::Type::kLlama3,
+                                    .factor = 8,
+                                    .low_freq_factor = 1,
+                                    .high_freq_factor = 4,
+                                    .original_max_positions = 8192}};
+    c.max_positions = 131072;
+  } else if (name == "small") {
+    c.vocab_size = 1024;
+    c.hidden_size = 512;
+    c.intermediate_size = 1408;
+    c.num_layers = 4;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.rope = RopeParams{.head_dim = 64, .theta = 10000};
+    c.max_positions = 4096;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model shape \"", std::string(name), "\" (known: llama3-8b, llama3-8b-2l, small)"));
+  }
+  return c;
 }
 
 ModelConfig TinyTestConfig() {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/engine/runner_factory.h"
 
 namespace lazyattn {
 namespace {
@@ -45,14 +46,14 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   if (c.model_path.empty()) return Error(config, "model.path", "required");
   ASSIGN_OR_RETURN(o.service.model_name, config.String("model.name", ""));
   ASSIGN_OR_RETURN(c.backend, config.String("backend", "cpu"));
-  if (c.backend == "auto") {
-    c.backend = "cpu";  // the only backend this worker has today
-  } else if (c.backend == "cuda") {
-    return Error(config, "backend",
-                 "\"cuda\" is not built into this worker yet; use \"cpu\" or \"auto\"");
-  } else if (c.backend != "cpu") {
+  if (c.backend != "cpu" && c.backend != "cuda" && c.backend != "auto") {
     return Error(config, "backend",
                  absl::StrCat("unknown backend \"", c.backend, "\" (expected cpu, cuda or auto)"));
+  }
+  if (c.backend == "cuda" && !CudaBackendBuiltIn()) {
+    return Error(config, "backend",
+                 "\"cuda\" is not built into this worker (it was compiled without nvcc); use "
+                 "\"cpu\" or \"auto\"");
   }
 
   // Identity.

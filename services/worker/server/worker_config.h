@@ -16,7 +16,7 @@ namespace lazyattn {
 
 struct WorkerConfig {
   std::string model_path;
-  std::string backend = "cpu";  // what runs the model: "cpu" ("auto" resolves to it for now)
+  std::string backend = "cpu";  // what runs the model: "cpu", "cuda" or "auto" (runner_factory.h)
   int64_t kv_budget_bytes = int64_t{512} << 20;
   // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.
   WorkerServerOptions server;
@@ -25,8 +25,8 @@ struct WorkerConfig {
 };
 
 // InvalidArgument naming the key (and the bad value) for a wrong type, an out-of-range value, an
-// inconsistent TLS setting, an unknown backend or an unknown key. backend `cuda` is an error (not
-// built into this worker yet).
+// inconsistent TLS setting, an unknown backend or an unknown key. backend `cuda` is an error in a
+// build without the CUDA backend.
 absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config);
 
 // The server's options for a loaded model: KV blocks from the byte budget, and the publisher when

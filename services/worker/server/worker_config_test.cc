@@ -3,6 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/random_weights.h"
 
 namespace lazyattn {
@@ -55,7 +56,7 @@ kvdir:
 metrics: {listen: ""}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->backend, "cpu");  // auto: the only backend built in
+  EXPECT_EQ(c->backend, "auto");  // resolved when the runner is made (runner_factory.h)
   EXPECT_EQ(c->server.service.model_name, "smollm2");
   EXPECT_EQ(c->server.service.worker_id, "w7");
   EXPECT_EQ(c->server.advertise_address, "worker-7.svc:7200");
@@ -86,7 +87,6 @@ metrics: {listen: ""}
 TEST(WorkerConfigTest, ErrorsNameTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"backend: cpu\n", "model.path"},
-      {"model: {path: m}\nbackend: cuda\n", "backend"},
       {"model: {path: m}\nbackend: tpu\n", "backend"},
       {"model: {path: m}\nengine: {max_running: 0}\n", "engine.max_running"},
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
@@ -102,6 +102,19 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
     auto c = Parse(yaml);
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
     EXPECT_THAT(c.status().message(), HasSubstr(key)) << yaml;
+  }
+}
+
+// `cuda` is accepted exactly when this binary has the CUDA backend (a GPU is needed only later,
+// when the runner is made).
+TEST(WorkerConfigTest, CudaBackendNeedsItToBeBuiltIn) {
+  auto c = Parse("model: {path: m}\nbackend: cuda\n");
+  if (CudaBackendBuiltIn()) {
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->backend, "cuda");
+  } else {
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), HasSubstr("backend"));
   }
 }
 

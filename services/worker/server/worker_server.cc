@@ -40,12 +40,12 @@ std::string AdvertisedAddress(const std::string& listen_address, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-WorkerServer::WorkerServer(const WorkerServerOptions& options, const ModelWeights* weights,
+WorkerServer::WorkerServer(const WorkerServerOptions& options, std::unique_ptr<Engine> engine,
                            const Tokenizer* tokenizer)
     : options_(options),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(std::make_unique<WorkerMetrics>(*registry_)),
-      engine_(std::make_unique<Engine>(weights, tokenizer, options.engine, options.limits)) {
+      engine_(std::move(engine)) {
   WorkerServiceOptions service = options.service;
   service.max_documents = options.limits.max_documents;
   service_ = std::make_unique<WorkerService>(engine_.get(), tokenizer, metrics_.get(), service);
@@ -54,7 +54,26 @@ WorkerServer::WorkerServer(const WorkerServerOptions& options, const ModelWeight
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
     const WorkerServerOptions& options, const ModelWeights* weights, const Tokenizer* tokenizer) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
-  std::unique_ptr<WorkerServer> server(new WorkerServer(options, weights, tokenizer));
+  return Start(std::unique_ptr<WorkerServer>(new WorkerServer(
+      options, std::make_unique<Engine>(weights, tokenizer, options.engine, options.limits),
+      tokenizer)));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
+    const WorkerServerOptions& options, std::unique_ptr<ModelRunner> runner,
+    std::string model_fingerprint, const Tokenizer* tokenizer) {
+  if (runner == nullptr) return absl::InvalidArgumentError("worker server: no model runner");
+  WorkerServerOptions o = options;
+  o.engine.num_kv_blocks = runner->num_kv_blocks();
+  if (absl::Status s = Validate(o); !s.ok()) return s;
+  auto engine = std::make_unique<Engine>(std::move(runner), std::move(model_fingerprint), tokenizer,
+                                         o.engine, o.limits);
+  return Start(std::unique_ptr<WorkerServer>(new WorkerServer(o, std::move(engine), tokenizer)));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
+    std::unique_ptr<WorkerServer> server) {
+  const WorkerServerOptions& options = server->options_;
   if (!options.metrics_address.empty()) {
     auto endpoint = MetricsEndpoint::Start(options.metrics_address, server->registry_);
     if (!endpoint.ok()) return endpoint.status();

@@ -53,6 +53,12 @@ class WorkerServer {
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerServerOptions& options,
                                                               const ModelWeights* weights,
                                                               const Tokenizer* tokenizer);
+  // Serves from `runner` (any backend; its KV storage replaces options.engine.num_kv_blocks).
+  // `model_fingerprint` is ModelFingerprint() of the weights the runner holds.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerServerOptions& options,
+                                                              std::unique_ptr<ModelRunner> runner,
+                                                              std::string model_fingerprint,
+                                                              const Tokenizer* tokenizer);
   ~WorkerServer();  // Shutdown()
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;
@@ -73,8 +79,9 @@ class WorkerServer {
   void RefreshMetrics();
 
  private:
-  WorkerServer(const WorkerServerOptions& options, const ModelWeights* weights,
+  WorkerServer(const WorkerServerOptions& options, std::unique_ptr<Engine> engine,
                const Tokenizer* tokenizer);
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(std::unique_ptr<WorkerServer> server);
   void RefreshLoop();
 
   const WorkerServerOptions options_;

@@ -1,0 +1,579 @@
+#include "services/worker/cuda/cuda_model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/block_copy_rerotate.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_info.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/paged_decode_attention.h"
+#include "kernels/cuda/paged_prefill_attention.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope_kv_append.h"
+#include "kernels/cuda/rope_table_cuda.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/swiglu.h"
+
+namespace lazyattn {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// A device (or pinned host) allocation that only grows. Growing drops the old contents, so the
+// caller grows only between steps, after the stream is idle.
+class Buffer {
+ public:
+  explicit Buffer(bool pinned_host = false) : pinned_host_(pinned_host) {}
+  ~Buffer() { Release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Bumped by every (re)allocation of any buffer: what was captured with older pointers is stale.
+  static int64_t generation() { return generation_; }
+
+  absl::Status Reserve(int64_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    ++generation_;
+    Release();
+    bytes = std::max<int64_t>(bytes, 4096);
+    const cudaError_t e =
+        pinned_host_ ? cudaMallocHost(&ptr_, bytes) : cudaMalloc(&ptr_, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      ptr_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes >> 20, " MiB of ",
+                                                       pinned_host_ ? "pinned host" : "GPU",
+                                                       " memory for a forward step"));
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as(int64_t byte_offset = 0) const {
+    return reinterpret_cast<T*>(static_cast<char*>(ptr_) + byte_offset);
+  }
+
+ private:
+  void Release() {
+    if (ptr_ != nullptr) pinned_host_ ? cudaFreeHost(ptr_) : cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  static inline int64_t generation_ = 0;  // runners live on one engine thread each
+  bool pinned_host_;
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// A decode-only step's shape: everything its launches depend on besides buffer contents.
+struct GraphKey {
+  int batch = 0;
+  int table_width = 0;  // blocks per row of the decode tables (bucketed)
+  bool rotate = false;
+  bool greedy = false;
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
+
+constexpr int kGraphBlockBucket = 64;  // table width granularity of decode graphs (1,024 tokens)
+constexpr size_t kMaxGraphs = 512;
+
+// A one-token chunk whose query sees every key of its table: the decode kernel's case.
+bool IsDecodeChunk(const ForwardChunk& ch) {
+  if (ch.tokens.size() != 1 || ch.block_table.empty()) return false;
+  int64_t keys = 0;
+  for (KvBlockEntry e : ch.block_table) keys += KvEntryValid(e);
+  return ch.first_query_index == keys - 1;
+}
+
+}  // namespace
+
+struct CudaModelRunner::State {
+  cudaStream_t stream = nullptr;
+  int sm_count = 0;
+  std::unique_ptr<DeviceRopeTable> rope;
+  std::unique_ptr<CublasLtGemm> gemm;
+  std::unique_ptr<PagedDecodeWorkspace> decode_workspace;
+  Buffer k_pool, v_pool;  // [layer][block][kv_head][16][head_dim]
+  int64_t layer_stride = 0;  // elements
+  // Per-step buffers, grown on demand.
+  int64_t row_capacity = 0, logit_row_capacity = 0;
+  Buffer x, h, qkv, q_rot, attn, gate_up, act;  // activations [rows][...]
+  Buffer last_hidden, logits;                   // [logit rows][hidden], [logit rows][vocab] fp32
+  Buffer host_logits{/*pinned_host=*/true};
+  Buffer sampled, host_sampled{/*pinned_host=*/true};  // greedy ids [logit rows]
+  Buffer metadata, host_metadata{/*pinned_host=*/true};
+  Buffer prefill_workspace;
+  // Decode graphs. A shape runs eagerly the first time (cuBLASLt picks its algorithms, kernels
+  // set their attributes), is captured the second time and replayed from then on.
+  using StepProfile = CudaModelRunner::StepProfile;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int seen = 0;
+  };
+  std::map<GraphKey, Graph> graphs;
+  int64_t graph_launches = 0, graph_captures = 0;
+  bool profiling = false;
+  cudaEvent_t step_start = nullptr, step_end = nullptr;
+  StepProfile profile;
+
+  void ClearGraphs() {
+    for (auto& [key, g] : graphs) {
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    }
+    graphs.clear();
+  }
+
+  absl::Status RunGraph(const GraphKey& key, const std::function<absl::Status()>& enqueue) {
+    if (graphs.size() >= kMaxGraphs && !graphs.contains(key)) ClearGraphs();
+    Graph& g = graphs[key];
+    if (g.exec == nullptr && ++g.seen < 2) return enqueue();
+    if (g.exec == nullptr) {
+      cudaGraph_t graph = nullptr;
+      RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const absl::Status captured = enqueue();
+      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+      if (!captured.ok()) {
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        return captured;
+      }
+      RETURN_IF_CUDA_ERROR(ended);
+      const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      RETURN_IF_CUDA_ERROR(made);
+      ++graph_captures;
+    }
+    ++graph_launches;
+    RETURN_IF_CUDA_ERROR(cudaGraphLaunch(g.exec, stream));
+    return absl::OkStatus();
+  }
+
+  ~State() {
+    if (stream != nullptr) {
+      cudaStreamSynchronize(stream);
+      ClearGraphs();
+      cudaStreamDestroy(stream);
+    }
+    if (step_start != nullptr) cudaEventDestroy(step_start);
+    if (step_end != nullptr) cudaEventDestroy(step_end);
+  }
+};
+
+int64_t CudaKvBytesPerBlock(const ModelConfig& c) {
+  return int64_t{2} * c.num_layers * c.kv_size() * kDefaultKvBlockSize *
+         static_cast<int64_t>(sizeof(bf16));
+}
+
+CudaModelRunner::~CudaModelRunner() = default;
+
+void CudaModelRunner::set_profiling(bool on) {
+  State& s = *state_;
+  if (on && s.step_start == nullptr) {
+    cudaEventCreate(&s.step_start);
+    cudaEventCreate(&s.step_end);
+  }
+  s.profiling = on && s.step_start != nullptr;
+  s.profile = {};
+}
+
+CudaModelRunner::StepProfile CudaModelRunner::profile() const { return state_->profile; }
+
+int64_t CudaModelRunner::graph_launches() const { return state_->graph_launches; }
+int64_t CudaModelRunner::graph_captures() const { return state_->graph_captures; }
+
+int64_t CudaModelRunner::kv_pool_bytes() const {
+  return num_kv_blocks_ * CudaKvBytesPerBlock(config());
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    std::unique_ptr<CudaModelWeights> weights, const CudaRunnerOptions& options) {
+  if (weights == nullptr) return absl::InvalidArgumentError("cuda runner: no weights");
+  const ModelConfig& c = weights->config();
+  if (c.head_dim != 64 && c.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend supports head_dim 64 and 128; model ", c.name, " has ", c.head_dim));
+  }
+  ASSIGN_OR_RETURN(const DeviceInfo info, QueryDevice(options.device));
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
+  auto r = std::unique_ptr<CudaModelRunner>(new CudaModelRunner());
+  r->weights_ = std::move(weights);
+  r->device_ = options.device;
+  r->use_graphs_ = options.cuda_graphs;
+  r->num_kv_blocks_ = options.num_kv_blocks > 0
+                          ? options.num_kv_blocks
+                          : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
+  if (r->num_kv_blocks_ < 1 || r->num_kv_blocks_ > (int64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV budget of ", options.kv_budget_bytes, " bytes holds ", r->num_kv_blocks_,
+        " blocks (one block of ", c.name, " takes ", CudaKvBytesPerBlock(c), " bytes)"));
+  }
+  r->state_ = std::make_unique<State>();
+  State& s = *r->state_;
+  s.sm_count = info.sm_count;
+  RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  ASSIGN_OR_RETURN(s.rope, DeviceRopeTable::Create(RopeTable(c.rope, c.max_positions)));
+  ASSIGN_OR_RETURN(s.gemm, CublasLtGemm::Create());
+  ASSIGN_OR_RETURN(s.decode_workspace, PagedDecodeWorkspace::Create(options.device));
+  s.layer_stride = r->num_kv_blocks_ * c.kv_size() * kDefaultKvBlockSize;
+  const int64_t pool_bytes = s.layer_stride * c.num_layers * static_cast<int64_t>(sizeof(bf16));
+  RETURN_IF_ERROR(s.k_pool.Reserve(pool_bytes));
+  RETURN_IF_ERROR(s.v_pool.Reserve(pool_bytes));
+  // Unwritten slots are never read (tables count only valid ones), but zeros keep a bad table
+  // from feeding NaN garbage into a softmax.
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.k_pool.as<void>(), 0, pool_bytes, s.stream));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.v_pool.as<void>(), 0, pool_bytes, s.stream));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  return r;
+}
+
+absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    if (c.src >= num_kv_blocks_ || c.dst >= num_kv_blocks_ || c.src == c.dst) {
+      return absl::InvalidArgumentError("block copy names a block out of range or onto itself");
+    }
+    if (std::abs(int64_t{c.delta}) >= config().max_positions) {
+      return absl::InvalidArgumentError("block copy delta past the model's context");
+    }
+  }
+  if (copies.empty()) return absl::OkStatus();
+  State& s = *state_;
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  const int64_t bytes = static_cast<int64_t>(copies.size_bytes());
+  RETURN_IF_ERROR(s.host_metadata.Reserve(bytes));
+  RETURN_IF_ERROR(s.metadata.Reserve(bytes));
+  std::memcpy(s.host_metadata.as<void>(), copies.data(), bytes);
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_metadata.as<void>(), bytes,
+                                       cudaMemcpyHostToDevice, s.stream));
+  const ModelConfig& c = config();
+  RETURN_IF_ERROR(BlockCopyRerotate({.copies = s.metadata.as<BlockCopy>(),
+                                     .num_copies = static_cast<int>(copies.size()),
+                                     .num_layers = c.num_layers,
+                                     .layer_stride = s.layer_stride,
+                                     .num_kv_heads = c.num_kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .rope = s.rope->view(),
+                                     .k_pool = s.k_pool.as<bf16>(),
+                                     .v_pool = s.v_pool.as<bf16>()},
+                                    s.stream));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardChunk> chunks) {
+  const auto entered = std::chrono::steady_clock::now();
+  const ModelConfig& c = config();
+  RETURN_IF_ERROR(ValidateForwardChunks(chunks, c, num_kv_blocks_));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].k_rotation_base > chunks[i].segment_delta) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward chunk ", i, ": k_rotation_base past the segment's offset"));
+    }
+  }
+  if (chunks.empty()) return ForwardOutput{};
+  State& s = *state_;
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+
+  // --- Host: the step's metadata, rows in device order (decode chunks first). ---
+  std::vector<size_t> order;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (IsDecodeChunk(chunks[i])) order.push_back(i);
+  }
+  const int num_decode = static_cast<int>(order.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!IsDecodeChunk(chunks[i])) order.push_back(i);
+  }
+  int64_t rows = 0;
+  for (const ForwardChunk& ch : chunks) rows += static_cast<int64_t>(ch.tokens.size());
+  std::vector<int32_t> tokens, local, deltas;
+  std::vector<int64_t> slots;
+  std::vector<int64_t> chunk_row(chunks.size());
+  tokens.reserve(rows);
+  local.reserve(rows);
+  deltas.reserve(rows);
+  slots.reserve(rows);
+  bool any_delta = false;
+  int max_decode_blocks = 0;
+  for (size_t i : order) {
+    const ForwardChunk& ch = chunks[i];
+    chunk_row[i] = static_cast<int64_t>(tokens.size());
+    for (size_t t = 0; t < ch.tokens.size(); ++t) {
+      tokens.push_back(ch.tokens[t]);
+      // K at k_rotation_base + local, Q at segment_delta + local (RopeKvAppend's convention).
+      local.push_back(static_cast<int32_t>(ch.k_rotation_base + ch.local_start + t));
+      deltas.push_back(static_cast<int32_t>(ch.segment_delta - ch.k_rotation_base));
+      slots.push_back(ch.kv_slots[t]);
+    }
+    for (KvBlockEntry e : ch.block_table) any_delta |= KvEntryDelta(e) != 0;
+  }
+  for (int d = 0; d < num_decode; ++d) {
+    max_decode_blocks =
+        std::max(max_decode_blocks, static_cast<int>(chunks[order[d]].block_table.size()));
+  }
+  // Decode-only steps replay a CUDA graph per (batch, table width, ...): the table width is
+  // rounded up so one graph serves kGraphBlockBucket blocks of growth (rows are zero-padded and
+  // the kernel stops at each sequence's own block count).
+  const bool decode_only = num_decode == static_cast<int>(chunks.size());
+  if (decode_only && use_graphs_) {
+    max_decode_blocks = (max_decode_blocks + kGraphBlockBucket - 1) / kGraphBlockBucket *
+                        kGraphBlockBucket;
+  }
+  std::vector<KvBlockEntry> decode_tables(static_cast<size_t>(num_decode) * max_decode_blocks, 0);
+  std::vector<int32_t> decode_num_blocks(num_decode);
+  for (int d = 0; d < num_decode; ++d) {
+    const auto& table = chunks[order[d]].block_table;
+    std::copy(table.begin(), table.end(), decode_tables.begin() + int64_t{d} * max_decode_blocks);
+    decode_num_blocks[d] = static_cast<int32_t>(table.size());
+  }
+  std::vector<int32_t> logit_rows;  // chunk order
+  std::vector<bool> row_greedy;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ForwardChunk& ch = chunks[i];
+    if (!ch.emit_logits) continue;
+    const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    for (int64_t t = ch.logits_for_all_tokens ? 0 : n - 1; t < n; ++t) {
+      logit_rows.push_back(static_cast<int32_t>(chunk_row[i] + t));
+      row_greedy.push_back(ch.greedy);
+    }
+  }
+  const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
+  const int64_t greedy_rows = std::count(row_greedy.begin(), row_greedy.end(), true);
+  // Temperature 0 everywhere: SampleTokensCuda's greedy rule (lowest id among equal maxima).
+  const std::vector<SamplingRowParams> greedy_params(greedy_rows > 0 ? out_rows : 0);
+
+  PagedPrefillPlan plan;
+  const int num_prefill = static_cast<int>(chunks.size()) - num_decode;
+  if (num_prefill > 0) {
+    std::vector<PagedPrefillSequence> seqs;
+    for (size_t k = num_decode; k < order.size(); ++k) {
+      const ForwardChunk& ch = chunks[order[k]];
+      seqs.push_back({.num_queries = static_cast<int>(ch.tokens.size()),
+                      .first_query_index = ch.first_query_index,
+                      .block_table = ch.block_table.data(),
+                      .num_blocks = static_cast<int>(ch.block_table.size())});
+    }
+    RETURN_IF_ERROR(plan.Build({.num_heads = c.num_heads,
+                                .num_kv_heads = c.num_kv_heads,
+                                .head_dim = c.head_dim,
+                                .num_pool_blocks = num_kv_blocks_},
+                               seqs.data(), num_prefill,
+                               {.sm_count = s.sm_count, .rope_max_positions = c.max_positions}));
+  }
+
+  // One metadata buffer, one upload.
+  struct Section {
+    const void* src;
+    int64_t bytes;
+    int64_t offset = 0;
+  };
+  Section sec[] = {{tokens.data(), rows * 4},
+                   {local.data(), rows * 4},
+                   {deltas.data(), rows * 4},
+                   {slots.data(), rows * 8},
+                   {logit_rows.data(), out_rows * 4},
+                   {decode_tables.data(), static_cast<int64_t>(decode_tables.size()) * 8},
+                   {decode_num_blocks.data(), int64_t{num_decode} * 4},
+                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
+                   {greedy_params.data(),
+                    static_cast<int64_t>(greedy_params.size() * sizeof(SamplingRowParams))}};
+  int64_t meta_bytes = 0;
+  for (Section& x : sec) {
+    x.offset = meta_bytes;
+    meta_bytes += Align16(x.bytes);
+  }
+
+  // --- Buffers (grown only while the stream is idle: every step ends synchronized). ---
+  const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
+  const int64_t generation_before = Buffer::generation();
+  if (rows > s.row_capacity) {
+    const int64_t cap = std::max<int64_t>(rows, 256);
+    for (auto [buf, width] : {std::pair{&s.x, H}, {&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
+                              {&s.attn, Q}, {&s.gate_up, 2 * I}, {&s.act, I}}) {
+      RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
+    }
+    s.row_capacity = cap;
+  }
+  if (out_rows > s.logit_row_capacity) {
+    const int64_t cap = std::max<int64_t>(out_rows, 64);
+    RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
+    RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(s.host_logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+    RETURN_IF_ERROR(s.host_sampled.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+    s.logit_row_capacity = cap;
+  }
+  RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  RETURN_IF_ERROR(s.host_metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
+  if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
+  for (const Section& x : sec) {
+    if (x.bytes > 0) std::memcpy(s.host_metadata.as<char>(x.offset), x.src, x.bytes);
+  }
+
+  cudaStream_t st = s.stream;
+  // Everything from the embedding to the greedy ids: the part a CUDA graph replays.
+  auto enqueue_compute = [&]() -> absl::Status {
+    const auto* d_tokens = s.metadata.as<int32_t>(sec[0].offset);
+    const auto* d_local = s.metadata.as<int32_t>(sec[1].offset);
+    const auto* d_deltas = s.metadata.as<int32_t>(sec[2].offset);
+    const auto* d_slots = s.metadata.as<int64_t>(sec[3].offset);
+    const auto* d_logit_rows = s.metadata.as<int32_t>(sec[4].offset);
+    const auto* d_tables = s.metadata.as<KvBlockEntry>(sec[5].offset);
+    const auto* d_num_blocks = s.metadata.as<int32_t>(sec[6].offset);
+    const void* d_plan = s.metadata.as<void>(sec[7].offset);
+    const auto* d_sampling = s.metadata.as<SamplingRowParams>(sec[8].offset);
+    bf16 *x = s.x.as<bf16>(), *h = s.h.as<bf16>(), *qkv = s.qkv.as<bf16>(),
+         *q_rot = s.q_rot.as<bf16>(), *attn = s.attn.as<bf16>(), *gu = s.gate_up.as<bf16>(),
+         *act = s.act.as<bf16>();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    CublasLtGemm& gemm = *s.gemm;
+
+    RETURN_IF_ERROR(EmbeddingGatherCuda(weights_->token_embedding(), V, H, d_tokens,
+                                        static_cast<int>(rows), x, st));
+    for (int l = 0; l < c.num_layers; ++l) {
+      const CudaLayerWeights& L = weights_->layer(l);
+      bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
+      bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
+      RETURN_IF_ERROR(RmsNormCuda(x, L.attn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
+                                  /*accumulate=*/false, st));
+      RETURN_IF_ERROR(RopeKvAppend({.q = qkv,
+                                    .q_row_stride = qkv_width,
+                                    .k = qkv + Q,
+                                    .k_row_stride = qkv_width,
+                                    .v = qkv + Q + KV,
+                                    .v_row_stride = qkv_width,
+                                    .num_tokens = static_cast<int>(rows),
+                                    .num_heads = c.num_heads,
+                                    .num_kv_heads = c.num_kv_heads,
+                                    .head_dim = c.head_dim,
+                                    .local_positions = d_local,
+                                    .deltas = d_deltas,
+                                    .slots = d_slots,
+                                    .rope = s.rope->view(),
+                                    .q_out = q_rot,
+                                    .k_pool = k_pool,
+                                    .v_pool = v_pool},
+                                   st));
+      if (num_decode > 0) {
+        RETURN_IF_ERROR(PagedDecodeAttention({.q = q_rot,
+                                              .k_pool = k_pool,
+                                              .v_pool = v_pool,
+                                              .block_tables = d_tables,
+                                              .num_blocks = d_num_blocks,
+                                              .batch = num_decode,
+                                              .num_heads = c.num_heads,
+                                              .num_kv_heads = c.num_kv_heads,
+                                              .head_dim = c.head_dim,
+                                              .max_blocks_per_seq = max_decode_blocks,
+                                              .scale = scale,
+                                              .rotate = any_delta,
+                                              .rope = s.rope->view(),
+                                              .out = attn,
+                                              .out_type = DecodeOutputType::kBf16},
+                                             *s.decode_workspace, st));
+      }
+      if (num_prefill > 0) {
+        RETURN_IF_ERROR(PagedPrefillAttention(
+            plan,
+            {.q = q_rot + int64_t{num_decode} * Q,
+             .k_pool = k_pool,
+             .v_pool = v_pool,
+             .rope_cos = s.rope->view().cos,
+             .rope_sin = s.rope->view().sin,
+             .scale = scale,
+             .out = attn + int64_t{num_decode} * Q,
+             .device_metadata = d_plan,
+             .workspace = s.prefill_workspace.as<void>()},
+            any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
+      }
+      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kBf16,
+                                  /*accumulate=*/true, st));
+      RETURN_IF_ERROR(RmsNormCuda(x, L.ffn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(gemm.Linear(h, L.w_gate_up, rows, H, 2 * I, gu, GemmOutputType::kBf16,
+                                  /*accumulate=*/false, st));
+      RETURN_IF_ERROR(SwiGluCuda(gu, rows, I, act, st));
+      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kBf16,
+                                  /*accumulate=*/true, st));
+    }
+    if (out_rows > 0) {
+      // The residual rows that sample, gathered like embedding rows, then norm and LM head.
+      bf16* last = s.last_hidden.as<bf16>();
+      RETURN_IF_ERROR(
+          EmbeddingGatherCuda(x, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
+      RETURN_IF_ERROR(
+          RmsNormCuda(last, weights_->output_norm(), out_rows, static_cast<int>(H), c.rms_norm_eps,
+                      last, st));
+      RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
+                                  GemmOutputType::kFp32, /*accumulate=*/false, st));
+      if (greedy_rows > 0) {
+        RETURN_IF_ERROR(SampleTokensCuda(s.logits.as<float>(), V, static_cast<int>(out_rows),
+                                         static_cast<int>(V), d_sampling, s.sampled.as<int32_t>(),
+                                         st));
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  absl::Status status = [&]() -> absl::Status {
+    if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_start, st));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_metadata.as<void>(),
+                                         meta_bytes, cudaMemcpyHostToDevice, st));
+    if (decode_only && use_graphs_) {
+      const GraphKey key{num_decode, max_decode_blocks, any_delta, greedy_rows > 0};
+      RETURN_IF_ERROR(s.RunGraph(key, enqueue_compute));
+    } else {
+      RETURN_IF_ERROR(enqueue_compute());
+    }
+    if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_end, st));
+    if (out_rows > 0) {
+      if (greedy_rows > 0) {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.host_sampled.as<void>(), s.sampled.as<void>(),
+                                             out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                             st));
+      }
+      // Whole rows only where the engine samples on the host, packed in order.
+      int64_t packed = 0;
+      for (int64_t r = 0; r < out_rows; ++r) {
+        if (row_greedy[r]) continue;
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.host_logits.as<float>() + packed * V,
+                                             s.logits.as<float>() + r * V, V * sizeof(float),
+                                             cudaMemcpyDeviceToHost, st));
+        ++packed;
+      }
+    }
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st));
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    cudaStreamSynchronize(s.stream);  // leave no launch reading buffers that may be regrown
+    return status;
+  }
+  if (s.profiling) {
+    float gpu_ms = 0;
+    cudaEventElapsedTime(&gpu_ms, s.step_start, s.step_end);
+    ++s.profile.steps;
+    s.profile.gpu_ms += gpu_ms;
+    s.profile.forward_wall_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - entered)
+            .count();
+  }
+  ForwardOutput output;
+  const float* host = s.host_logits.as<float>();
+  output.logits.assign(host, host + (out_rows - greedy_rows) * V);
+  for (int64_t r = 0; r < out_rows; ++r) {
+    if (row_greedy[r]) output.greedy_ids.push_back(s.host_sampled.as<int32_t>()[r]);
+  }
+  return output;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,95 @@
+// The CUDA backend: one forward step of a llama-architecture model on one GPU, bf16 weights and a
+// paged bf16 KV pool in HBM, behind the same ModelRunner interface as the CPU backend.
+//
+// A step is a fixed sequence of launches on the runner's stream:
+//   metadata upload (one copy: token ids, positions, slots, decode tables, the prefill plan,
+//   the rows that need logits), embedding gather, then per layer
+//     RMSNorm -> QKV GEMM -> RoPE + KV append -> decode attention (one-token sequences that see
+//     their whole table) and paged prefill attention (everything else) -> O GEMM (+= residual)
+//     -> RMSNorm -> gate|up GEMM -> SwiGLU -> down GEMM (+= residual),
+//   and the LM head only over the rows that sample (fp32 logits); greedy rows are reduced to their
+//   argmax on the GPU and only the ids come back, other rows come back whole.
+// Rows are ordered decode-first inside the step so both attention kernels see contiguous
+// queries; the logits come back in chunk order.
+//
+// Deferred RoPE is exactly the CPU backend's (model_runner.h): lazy-mode chunks carry deltas in
+// their tables, which both attention kernels apply by rotating the query backward once per
+// document (kernels/cuda/paged_*_attention.h). A step whose tables hold only zero deltas runs the kernels'
+// no-rotation form.
+//
+// Not thread-safe (one engine thread drives it). Forward and CopyBlocks return once the GPU is
+// done with the step.
+#ifndef LAZYATTN_SERVICES_WORKER_CUDA_CUDA_MODEL_RUNNER_H_
+#define LAZYATTN_SERVICES_WORKER_CUDA_CUDA_MODEL_RUNNER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/worker/cuda/cuda_model_weights.h"
+#include "services/worker/engine/model_runner.h"
+
+namespace lazyattn {
+
+struct CudaRunnerOptions {
+  int device = 0;
+  // HBM for K and V of every layer (bf16); the pool gets as many 16-token blocks as fit.
+  int64_t kv_budget_bytes = int64_t{1} << 30;
+  int64_t num_kv_blocks = 0;  // > 0: exactly this many blocks, ignoring the budget
+  // Replay decode-only steps as CUDA graphs (one per batch size and table width bucket): one
+  // launch instead of ~10 per layer.
+  bool cuda_graphs = true;
+};
+
+// Bytes one 16-token block of K and V takes across all layers (bf16).
+int64_t CudaKvBytesPerBlock(const ModelConfig& config);
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  // Takes the weights (already on `options.device`), allocates the KV pool and the RoPE table.
+  // ResourceExhausted when the pool does not fit; Unavailable without a usable GPU.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      std::unique_ptr<CudaModelWeights> weights, const CudaRunnerOptions& options);
+  ~CudaModelRunner() override;
+
+  const ModelConfig& config() const override { return weights_->config(); }
+  std::string backend_name() const override { return "cuda"; }
+  int64_t num_kv_blocks() const override { return num_kv_blocks_; }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override;
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
+
+  int64_t weight_bytes() const { return weights_->bytes(); }
+  int64_t kv_pool_bytes() const;
+  // Where a step's time goes, when profiling is on (CUDA events around the step's GPU work;
+  // benchmarks read it to separate GPU time from host overhead). Reset by set_profiling.
+  struct StepProfile {
+    int64_t steps = 0;
+    double forward_wall_ms = 0;  // Forward() from entry to return
+    double gpu_ms = 0;           // metadata upload to the last kernel
+  };
+  void set_profiling(bool on);
+  StepProfile profile() const;
+
+  // Decode steps replayed from graphs, and graphs captured, so far.
+  int64_t graph_launches() const;
+  int64_t graph_captures() const;
+
+ private:
+  struct State;  // device buffers, workspaces, stream (CUDA types kept out of this header)
+  CudaModelRunner() = default;
+
+  std::unique_ptr<CudaModelWeights> weights_;
+  int device_ = 0;
+  bool use_graphs_ = true;
+  int64_t num_kv_blocks_ = 0;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_CUDA_CUDA_MODEL_RUNNER_H_

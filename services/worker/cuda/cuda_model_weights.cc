@@ -1,0 +1,130 @@
+#include "services/worker/cuda/cuda_model_weights.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "services/worker/cuda/weight_fill.h"
+
+namespace lazyattn {
+namespace {
+
+constexpr int64_t kAlignElements = 128;  // 256 bytes: what cuBLASLt and 16-byte loads want
+
+int64_t AlignUp(int64_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; }
+
+// Every tensor of the model in allocation order, as (pointer slot, element count).
+struct TensorSlot {
+  __nv_bfloat16** ptr;
+  int64_t elements;
+};
+
+}  // namespace
+
+CudaModelWeights::~CudaModelWeights() {
+  if (memory_ != nullptr) cudaFree(memory_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Allocate(
+    const ModelConfig& c) {
+  RETURN_IF_ERROR(ValidateModelConfig(c));
+  auto w = std::unique_ptr<CudaModelWeights>(new CudaModelWeights());
+  w->config_ = c;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
+  std::vector<__nv_bfloat16*> layer_ptrs(6 * static_cast<size_t>(c.num_layers));
+  std::vector<TensorSlot> slots = {{&w->token_embedding_, c.vocab_size * H},
+                                   {&w->output_norm_, H}};
+  if (!c.tie_word_embeddings) slots.push_back({&w->lm_head_, c.vocab_size * H});
+  for (int l = 0; l < c.num_layers; ++l) {
+    __nv_bfloat16** p = &layer_ptrs[6 * static_cast<size_t>(l)];
+    slots.insert(slots.end(), {{p + 0, H}, {p + 1, (Q + 2 * KV) * H}, {p + 2, H * Q},
+                               {p + 3, H}, {p + 4, 2 * I * H}, {p + 5, H * I}});
+  }
+  int64_t elements = 0;
+  for (const TensorSlot& s : slots) elements += AlignUp(s.elements);
+  w->bytes_ = elements * static_cast<int64_t>(sizeof(__nv_bfloat16));
+  if (cudaMalloc(&w->memory_, w->bytes_) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free allocation error
+    w->memory_ = nullptr;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", w->bytes_ >> 20, " MiB of GPU memory for the weights of ", c.name));
+  }
+  auto* base = static_cast<__nv_bfloat16*>(w->memory_);
+  int64_t at = 0;
+  for (const TensorSlot& s : slots) {
+    *s.ptr = base + at;
+    at += AlignUp(s.elements);
+  }
+  if (c.tie_word_embeddings) w->lm_head_ = w->token_embedding_;
+  w->layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    __nv_bfloat16** p = &layer_ptrs[6 * static_cast<size_t>(l)];
+    w->layers_[l] = {p[0], p[1], p[2], p[3], p[4], p[5]};
+  }
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Upload(
+    const ModelWeights& host) {
+  ASSIGN_OR_RETURN(auto w, Allocate(host.config));
+  // fp32 goes up in slices through one device staging buffer and is rounded on the GPU.
+  constexpr int64_t kStageElements = int64_t{16} << 20;
+  float* stage = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&stage), kStageElements * sizeof(float)));
+  auto upload = [&](const std::vector<float>& src, const __nv_bfloat16* dst) -> absl::Status {
+    for (int64_t at = 0; at < static_cast<int64_t>(src.size()); at += kStageElements) {
+      const int64_t n = std::min<int64_t>(kStageElements, static_cast<int64_t>(src.size()) - at);
+      RETURN_IF_CUDA_ERROR(cudaMemcpy(stage, src.data() + at, n * sizeof(float),
+                                      cudaMemcpyHostToDevice));
+      RETURN_IF_ERROR(ConvertF32ToBf16(stage, n, const_cast<__nv_bfloat16*>(dst) + at, nullptr));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(upload(host.token_embedding, w->token_embedding_));
+    RETURN_IF_ERROR(upload(host.output_norm, w->output_norm_));
+    if (!host.config.tie_word_embeddings) RETURN_IF_ERROR(upload(host.lm_head, w->lm_head_));
+    for (int l = 0; l < host.config.num_layers; ++l) {
+      const LayerWeights& L = host.layers[l];
+      const CudaLayerWeights& D = w->layers_[l];
+      RETURN_IF_ERROR(upload(L.attn_norm, D.attn_norm));
+      RETURN_IF_ERROR(upload(L.wqkv, D.wqkv));
+      RETURN_IF_ERROR(upload(L.wo, D.wo));
+      RETURN_IF_ERROR(upload(L.ffn_norm, D.ffn_norm));
+      RETURN_IF_ERROR(upload(L.w_gate_up, D.w_gate_up));
+      RETURN_IF_ERROR(upload(L.w_down, D.w_down));
+    }
+    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    return absl::OkStatus();
+  }();
+  cudaFree(stage);
+  if (!status.ok()) return status;
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Random(const ModelConfig& c,
+                                                                          uint64_t seed,
+                                                                          float stddev) {
+  ASSIGN_OR_RETURN(auto w, Allocate(c));
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
+  uint64_t stream_id = 0;
+  auto fill = [&](const __nv_bfloat16* p, int64_t n, float mean, float sd) {
+    return FillNormalBf16(const_cast<__nv_bfloat16*>(p), n, seed, stream_id++, mean, sd, nullptr);
+  };
+  RETURN_IF_ERROR(fill(w->token_embedding_, c.vocab_size * H, 0, stddev));
+  RETURN_IF_ERROR(fill(w->output_norm_, H, 1, 0.1f));
+  if (!c.tie_word_embeddings) RETURN_IF_ERROR(fill(w->lm_head_, c.vocab_size * H, 0, stddev));
+  for (const CudaLayerWeights& D : w->layers_) {
+    RETURN_IF_ERROR(fill(D.attn_norm, H, 1, 0.1f));
+    RETURN_IF_ERROR(fill(D.wqkv, (Q + 2 * KV) * H, 0, stddev));
+    RETURN_IF_ERROR(fill(D.wo, H * Q, 0, stddev));
+    RETURN_IF_ERROR(fill(D.ffn_norm, H, 1, 0.1f));
+    RETURN_IF_ERROR(fill(D.w_gate_up, 2 * I * H, 0, stddev));
+    RETURN_IF_ERROR(fill(D.w_down, H * I, 0, stddev));
+  }
+  RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+  return w;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,81 @@
+// `lazyattn-logits`: the last position's logits of one prompt, for comparisons against other
+// implementations (tests/gpu/hf_logits_check.py runs it beside HF transformers).
+//
+//   lazyattn-logits --model PATH --tokens 1,2,3 --out FILE [--backend cpu|cuda|auto]
+//
+// Runs the prompt as one chunk in mode `full` (no cache) straight through the backend's runner
+// and writes vocab_size little-endian float32 values to FILE. Exit status: 0, 2 usage, 1 failure.
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "services/worker/engine/runner_factory.h"
+#include "services/worker/model/model_weights.h"
+#include "tools/cli/cli_args.h"
+
+namespace lazyattn {
+namespace {
+
+int Fail(const absl::Status& s, int code) {
+  std::cerr << "lazyattn-logits: " << s.message() << "\n";
+  return code;
+}
+
+int Main(int argc, char** argv) {
+  CliArgs args;
+  args.Declare("model", CliArgs::Kind::kValue, "a .gguf file or an HF model directory");
+  args.Declare("tokens", CliArgs::Kind::kValue, "comma-separated prompt token ids");
+  args.Declare("out", CliArgs::Kind::kValue, "file for the float32 logits");
+  args.Declare("backend", CliArgs::Kind::kValue, "cpu, cuda or auto (default)");
+  if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) return Fail(s, 2);
+  if (!args.Has("model") || !args.Has("tokens") || !args.Has("out")) {
+    std::cerr << "lazyattn-logits: --model, --tokens and --out are required\n" << args.Help();
+    return 2;
+  }
+  std::vector<int32_t> tokens;
+  for (absl::string_view piece : absl::StrSplit(args.String("tokens"), ',')) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return Fail(absl::InvalidArgumentError("--tokens: not an integer list"), 2);
+    }
+    tokens.push_back(id);
+  }
+  auto backend = ParseBackend(args.String("backend", "auto"));
+  if (!backend.ok()) return Fail(backend.status(), 2);
+  auto weights = LoadModelWeights(args.String("model"));
+  if (!weights.ok()) return Fail(weights.status(), 1);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t blocks = (n + kDefaultKvBlockSize - 1) / kDefaultKvBlockSize;
+  auto runner = CreateModelRunner(
+      weights->get(), {.backend = *backend,
+                       .kv_budget_bytes = std::max<int64_t>(blocks, 1) * 4 * (int64_t{1} << 20)});
+  if (!runner.ok()) return Fail(runner.status(), 1);
+  if ((*runner)->num_kv_blocks() < blocks) {
+    return Fail(absl::ResourceExhaustedError("KV pool too small for the prompt"), 1);
+  }
+  std::vector<int64_t> slots(n);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::vector<KvBlockEntry> table;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t valid = std::min<int64_t>(kDefaultKvBlockSize, n - b * kDefaultKvBlockSize);
+    table.push_back(PackKvBlockEntry(static_cast<uint32_t>(b), 0, static_cast<uint32_t>(valid)));
+  }
+  const ForwardChunk chunk{.tokens = tokens, .kv_slots = slots, .block_table = table};
+  auto logits = (*runner)->Forward(std::span(&chunk, 1));
+  if (!logits.ok()) return Fail(logits.status(), 1);
+  std::ofstream out(args.String("out"), std::ios::binary);
+  out.write(reinterpret_cast<const char*>(logits->logits.data()),
+            static_cast<std::streamsize>(logits->logits.size() * sizeof(float)));
+  if (!out) return Fail(absl::InternalError("cannot write " + args.String("out")), 1);
+  std::cerr << "lazyattn-logits: backend " << (*runner)->backend_name() << ", " << n
+            << " tokens, " << logits->logits.size() << " logits\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace lazyattn
+
+int main(int argc, char** argv) { return lazyattn::Main(argc, argv); }
