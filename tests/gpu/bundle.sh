@@ -2,7 +2,7 @@
 # Packs the GPU test binaries and benchmark programs built HERE (nvcc compiles sm_90 without a
 # GPU) together with the shared libraries they need into .device-carry/, because the GPU machine
 # has no package registry to install Debian's -dev packages from. Carry the folder to the GPU
-# machine and run `tests/gpu/run.sh FOLDER` there.
+# machine and run `tests/gpu/device.sh` (or `tests/gpu/run.sh FOLDER`) there.
 #   LAZYATTN_BUILD_DIR  build folder (default build-gpu)
 #   LAZYATTN_CARRY_DIR  output folder (default .device-carry; any /.device-carry* is git-ignored)
 set -euo pipefail
@@ -29,4 +29,9 @@ for bin in "${gpu_tests[@]}" "$build"/bin/*; do
     grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcublas[^/]*)\.so' |
     xargs -r -I{} cp -Lu {} "$carry/lib/"
 done
+# xz-compressed: the libraries (OpenBLAS, gRPC for the CLI) would not fit the 64 MiB a device
+# call carries otherwise. tests/gpu/device.sh and run.sh unpack it.
+tar -C "$carry" -cf - bin lib | xz -T2 -6 > "$carry.tar.xz.tmp"
+rm -rf "$carry/bin" "$carry/lib"
+mv "$carry.tar.xz.tmp" "$carry/bundle.tar.xz"
 du -sh "$carry"

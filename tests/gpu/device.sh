@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs, in one command (after tests/gpu/bundle.sh packed the carry
+# folder here and the device call carried it):
+#   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (default all)
+#   tests  every GPU test binary (tests/gpu/run.sh)
+#   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu (when the model came along)
+#   hf     our logits against HF transformers on random Llama models (tests/gpu/hf_logits_check.py)
+#   bench  the attention kernel benchmarks against PyTorch SDPA (tests/gpu/bench.sh)
+#   engine the CUDA backend end to end on llama3-8b random weights (lazyattn-bench-engine)
+#   hfbase HF transformers on the same shapes (tools/bench/hf_rag_baseline.py)
+# Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
+# Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
+# LAZYATTN_ENGINE_TIMEOUT (seconds, default 420). Every step has a time limit so the logs always
+# come back.
+set -uo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$repo"
+parts="${1:-tests,cli,hf,bench,engine,hfbase}"
+carry="${LAZYATTN_CARRY:-.device-carry}"
+final_out="${OUT:-$repo/$carry/out}"
+logs="$(mktemp -d)"
+export OUT="$logs" PYTHONUNBUFFERED=1
+cuda_lib="$(ls -d /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null | head -n 1)"
+export LD_LIBRARY_PATH="$repo/$carry/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -f "$carry/bundle.tar.xz" ] && [ ! -d "$carry/bin" ]; then
+  python3 -m tarfile -e "$carry/bundle.tar.xz" "$carry"  # xz may be absent there; Python has lzma
+fi
+# SmolLM2 (98 MB) is larger than one call may carry: tests/gpu/split-model.sh cuts it into
+# .device-carry-model-a/ and -b/, carried by two calls in a row (the second while the machine is
+# still warm). Only a complete, checksum-verified file is used; otherwise its tests skip.
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$model" ] && compgen -G ".device-carry-model-*/part-*" >/dev/null; then
+  mkdir -p models && cat .device-carry-model-*/part-* > "$model.tmp"
+  want="$(python3 -c 'import json; print(json.load(open("tests/data/generation_golden.json"))["model_sha256"])')"
+  if [ "$(sha256sum "$model.tmp" | cut -d" " -f1)" = "$want" ]; then
+    mv "$model.tmp" "$model"
+  else
+    echo "SmolLM2 parts incomplete (the machine was not warm for both calls): its tests skip"
+    rm -f "$model.tmp"
+  fi
+fi
+status=0
+has() { [[ ",$parts," == *",$1,"* ]]; }
+date -u +"%F %T UTC" | tee "$logs/date.txt"
+if has tests; then timeout 300 tests/gpu/run.sh "$carry" || status=1; fi
+if has cli && [ -f "$model" ]; then
+  echo "=== lazyattn generate --backend cuda (SmolLM2, 2 documents)"
+  printf 'The Amstel river flows through Amsterdam and gave the city its name.\n' > /tmp/doc1.txt
+  printf 'Amsterdam has more than 1,500 bridges over its canals.\n' > /tmp/doc2.txt
+  for backend in cuda cpu; do
+    timeout 120 "$carry/bin/lazyattn" generate --model "$model" --backend "$backend" --chat \
+      --doc /tmp/doc1.txt --doc /tmp/doc2.txt --prompt "Which river gave Amsterdam its name?" \
+      --max-tokens 40 --json 2>&1 | tee "$logs/generate-$backend.log" || status=1
+  done
+fi
+if has hf; then
+  for shape in small llama3-8b-2l; do
+    echo "=== HF transformers logits check: $shape"
+    timeout 240 python3 tests/gpu/hf_logits_check.py --shape "$shape" --workdir "/tmp/hfcheck-$shape" \
+      --logits-tool "$carry/bin/lazyattn-logits" --device cuda --backend cuda 2>&1 |
+      tee "$logs/hf-$shape.log" || status=1
+  done
+fi
+if has bench; then timeout 480 tests/gpu/bench.sh "$carry" || status=1; fi
+if has engine; then
+  echo "=== lazyattn-bench-engine"
+  # shellcheck disable=SC2086
+  timeout "${LAZYATTN_ENGINE_TIMEOUT:-420}" "$carry/bin/lazyattn-bench-engine" ${LAZYATTN_ENGINE_ARGS:-} 2>&1 | tee "$logs/bench-engine.log" ||
+    status=1
+fi
+if has hfbase; then
+  echo "=== HF transformers baseline (llama3-8b, sdpa, bf16)"
+  timeout 300 python3 tools/bench/hf_rag_baseline.py --shape llama3-8b --device cuda \
+    --out "$logs/hf-baseline.json" 2>&1 | tee "$logs/hf-baseline.log" || status=1
+fi
+mkdir -p "$final_out"
+tar -C "$logs" -czf "$final_out/gpu-logs.tgz" .
+grep -h -E '^\[  (PASSED|FAILED) |^(PASS|FAIL)' "$logs"/*.log > "$final_out/summary.txt" 2>/dev/null
+exit $status
