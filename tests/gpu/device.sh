@@ -54,7 +54,7 @@ if has cli && [ -f "$model" ]; then
   done
 fi
 if has hf; then
-  for shape in small llama3-8b-2l; do
+  for shape in small llama3-8b-2l smollm2; do
     echo "=== HF transformers logits check: $shape"
     timeout 240 python3 tests/gpu/hf_logits_check.py --shape "$shape" --workdir "/tmp/hfcheck-$shape" \
       --logits-tool "$carry/bin/lazyattn-logits" --device cuda --backend cuda 2>&1 |

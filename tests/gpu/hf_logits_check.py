@@ -38,6 +38,11 @@ SHAPES = {
     "llama3-8b": LLAMA3_8B,
     # Full layer shapes at a fraction of the cost: catches shape-specific kernel paths quickly.
     "llama3-8b-2l": dict(LLAMA3_8B, num_hidden_layers=2),
+    # SmolLM2-135M's architecture: 30 layers, GQA group 3, tied embeddings.
+    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    rope_theta=100000.0, max_position_embeddings=8192,
+                    tie_word_embeddings=True),
 }
 
 # Thresholds against the fp32 reference (see module docstring for why bf16 noise is the scale).
@@ -46,8 +51,10 @@ MIN_COSINE, MAX_ERR_OVER_STD = 0.999, 0.1
 
 def make_config(shape):
     # Deep copy: LlamaConfig edits the rope_scaling dict it is given in place.
-    return LlamaConfig(**copy.deepcopy(SHAPES[shape]), rms_norm_eps=1e-5,
-                       tie_word_embeddings=False, attn_implementation="sdpa")
+    spec = copy.deepcopy(SHAPES[shape])
+    tie = spec.pop("tie_word_embeddings", False)
+    return LlamaConfig(**spec, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                       attn_implementation="sdpa")
 
 
 def build_model(config, device, seed):
@@ -168,8 +175,11 @@ def main():
     if not mine["top1_equal"]:
         print(f"top-1 differs: ref {mine['top1_ref']} vs ours {mine['top1_got']}, "
               f"ours sits {mine['top1_gap_over_std']:.3g} std below the reference max")
-    ok = (mine["cosine"] >= MIN_COSINE and mine["max_abs_err_over_std"] <= MAX_ERR_OVER_STD
-          and mine["top1_equal"])
+    # The fixed thresholds suit shallow models; a deep model's own bf16 noise (HF bf16 vs HF
+    # fp32) can exceed them, and then matching that noise within 2x is what bf16 can promise.
+    near_floor = within_2x and (1 - mine["cosine"]) <= 2 * (1 - floor["cosine"])
+    ok = mine["top1_equal"] and (near_floor or (mine["cosine"] >= MIN_COSINE and
+                                                mine["max_abs_err_over_std"] <= MAX_ERR_OVER_STD))
     result = {"shape": a.shape, "backend": a.backend, "device": a.device, "seed": a.seed,
               "tokens": a.tokens, "torch_version": torch.__version__,
               "transformers_version": transformers.__version__,
