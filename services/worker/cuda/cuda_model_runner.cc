@@ -1,6 +1,7 @@
 #include "services/worker/cuda/cuda_model_runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -37,11 +38,11 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   // Bumped by every (re)allocation of any buffer: what was captured with older pointers is stale.
-  static int64_t generation() { return generation_; }
+  static int64_t generation() { return generation_.load(std::memory_order_relaxed); }
 
   absl::Status Reserve(int64_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_relaxed);
     Release();
     bytes = std::max<int64_t>(bytes, 4096);
     const cudaError_t e =
@@ -67,7 +68,7 @@ class Buffer {
     ptr_ = nullptr;
     bytes_ = 0;
   }
-  static inline int64_t generation_ = 0;  // runners live on one engine thread each
+  static inline std::atomic<int64_t> generation_{0};  // shared by every runner's thread
   bool pinned_host_;
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;
