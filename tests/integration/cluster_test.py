@@ -7,7 +7,8 @@
 Scenarios:
   routing     the same Zipf stream of RAG requests (documents in random orders) on 3 workers with
               cache_aware and with round_robin: cache_aware's cluster hit ratio must be clearly
-              higher; both are printed.
+              higher; both are printed. Every process serves /metrics (OS-chosen ports); a
+              worker's is scraped.
   failover    kill the worker that holds a request's documents: the next request is served by
               another worker (failover before the first token); the killed worker's documents
               stop counting as hits.
@@ -21,11 +22,13 @@ import importlib.machinery
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 cluster = importlib.machinery.SourceFileLoader("cluster", os.path.join(REPO, "tools", "cluster")).load_module()
@@ -52,11 +55,14 @@ class Cluster:
         self.args, self.tmp, self.procs = args, tmp, {}
         self.kvdir_port = kvdir_port or free_port()
         self.lease_ms = lease_ms
-        self._write("kvdir.yaml", f"lease_ms: {lease_ms}\nmetrics:\n  listen: ''\n")
-        self._write("worker.yaml", f"model:\n  path: {MODEL}\nbackend: cpu\nengine:\n"
-                    f"  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\nmetrics:\n  listen: ''\n")
+        # Every process serves /metrics on an OS-chosen port, as in a real deployment: a metrics
+        # endpoint that cannot start must fail these tests.
+        self._write("kvdir.yaml", f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
+        self._write("worker.yaml", f"model:\n  path: {MODEL}\nbackend: auto\nengine:\n"
+                    f"  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\n"
+                    "metrics:\n  listen: 127.0.0.1:0\n")
         self._write("router.yaml", f"routing:\n  policy: {policy}\nkvdir:\n  refresh_interval_ms: 100\n"
-                    "metrics:\n  listen: ''\n")
+                    "metrics:\n  listen: 127.0.0.1:0\n")
         self.start_kvdir()
         for i in range(workers):
             self.start_worker(i)
@@ -152,6 +158,16 @@ def run_stream(c, stream):
     return hit / total
 
 
+def scrape_worker_metrics(c, name):
+    """The worker's /metrics text, from the URL it printed at start."""
+    log = open(c.procs[name].log_path).read()
+    m = re.search(r"metrics on (http://\S+/metrics)", log)
+    if not m:
+        return ""
+    with urllib.request.urlopen(m.group(1), timeout=5) as r:
+        return r.read().decode()
+
+
 def test_routing(args, tmp):
     docs = make_docs(tmp, 24)
     stream = zipf_stream(docs, 40, 3, 1.1, seed=5)
@@ -160,6 +176,10 @@ def test_routing(args, tmp):
         c = Cluster(args, tempfile.mkdtemp(dir=tmp), 3, policy)
         try:
             ratios[policy] = run_stream(c, stream)
+            if policy == "cache_aware":
+                text = scrape_worker_metrics(c, "worker-0")
+                check("metrics: a worker's /metrics serves its request counters",
+                      "lazyattn_worker_" in text, f"{len(text)} bytes")
         finally:
             c.stop()
     # One cache holding everything would miss only each document's first use.
