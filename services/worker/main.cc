@@ -18,6 +18,8 @@
 #include "common/yaml_config.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/server/worker_config.h"
 #include "services/worker/server/worker_server.h"
@@ -99,6 +101,49 @@ std::string WithPort(const std::string& address, int port) {
 // BLAS library starts its threads before main() could block the signals in them.
 int g_signal_pipe[2] = {-1, -1};
 
+// What the worker serves: a runner on the configured backend, its tokenizer and fingerprint.
+struct ServedModel {
+  lazyattn::ModelConfig config;
+  std::unique_ptr<lazyattn::Tokenizer> tokenizer;
+  std::unique_ptr<lazyattn::ModelWeights> host_weights;  // the CPU backend borrows them
+  std::unique_ptr<lazyattn::ModelRunner> runner;
+  std::string fingerprint;
+};
+
+// model.path is a file or directory (LoadModel), or random:SHAPE[:SEED] (runner_factory.h).
+// Errors name the key they come from.
+absl::StatusOr<ServedModel> LoadServedModel(const lazyattn::WorkerConfig& config) {
+  const lazyattn::RunnerOptions runner_options{.backend = *lazyattn::ParseBackend(config.backend),
+                                               .kv_budget_bytes = config.kv_budget_bytes};
+  auto named = [](absl::string_view key, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
+  };
+  ServedModel m;
+  if (lazyattn::IsRandomModelPath(config.model_path)) {
+    auto spec = lazyattn::ParseRandomModelPath(config.model_path);
+    if (!spec.ok()) return named("model.path", spec.status());
+    m.config = spec->config;
+    m.tokenizer = lazyattn::MakeByteTokenizer();
+    m.fingerprint = lazyattn::RandomModelFingerprint(
+        *spec, lazyattn::ResolveBackend(runner_options.backend));
+    auto runner = lazyattn::CreateRandomModelRunner(*spec, runner_options);
+    if (!runner.ok()) return named("backend", runner.status());
+    m.runner = std::move(*runner);
+    return m;
+  }
+  auto model = lazyattn::LoadModel(config.model_path);
+  if (!model.ok()) return named("model.path", model.status());
+  m.config = model->weights->config;
+  m.fingerprint = lazyattn::ModelFingerprint(*model->weights);
+  m.tokenizer = std::move(model->tokenizer);
+  m.host_weights = std::move(model->weights);
+  // The CUDA backend copies the weights to the GPU; the CPU backend keeps using them.
+  auto runner = lazyattn::CreateModelRunner(m.host_weights.get(), runner_options);
+  if (!runner.ok()) return named("backend", runner.status());
+  m.runner = std::move(*runner);
+  return m;
+}
+
 void OnStopSignal(int signal_number) {
   const unsigned char b = static_cast<unsigned char>(signal_number);
   const int saved = errno;
@@ -147,26 +192,18 @@ int main(int argc, char** argv) {
 
   std::cerr << "lazyattn-worker: loading " << config->model_path << " (backend "
             << config->backend << ")\n";
-  auto model = lazyattn::LoadModel(config->model_path);
-  if (!model.ok()) {
-    std::cerr << "lazyattn-worker: model.path: " << model.status().message() << "\n";
-    return 2;
+  auto served = LoadServedModel(*config);
+  if (!served.ok()) {
+    const bool bad_model = served.status().code() == absl::StatusCode::kInvalidArgument ||
+                           served.status().code() == absl::StatusCode::kNotFound;
+    std::cerr << "lazyattn-worker: " << served.status().message() << "\n";
+    return bad_model ? 2 : 1;
   }
-  // The CUDA backend copies the weights to the GPU; the CPU backend keeps using `model`.
-  auto runner = lazyattn::CreateModelRunner(
-      model->weights.get(), {.backend = *lazyattn::ParseBackend(config->backend),
-                             .kv_budget_bytes = config->kv_budget_bytes});
-  if (!runner.ok()) {
-    std::cerr << "lazyattn-worker: backend: " << runner.status().message() << "\n";
-    return 1;
-  }
-  std::cerr << "lazyattn-worker: backend " << (*runner)->backend_name() << "\n";
-  lazyattn::WorkerServerOptions options =
-      lazyattn::ServerOptionsFor(*config, model->weights->config);
-  options.engine.num_kv_blocks = (*runner)->num_kv_blocks();
-  auto server = lazyattn::WorkerServer::Create(options, std::move(*runner),
-                                               lazyattn::ModelFingerprint(*model->weights),
-                                               model->tokenizer.get());
+  std::cerr << "lazyattn-worker: backend " << served->runner->backend_name() << "\n";
+  lazyattn::WorkerServerOptions options = lazyattn::ServerOptionsFor(*config, served->config);
+  options.engine.num_kv_blocks = served->runner->num_kv_blocks();
+  auto server = lazyattn::WorkerServer::Create(options, std::move(served->runner),
+                                               served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {
     std::cerr << "lazyattn-worker: " << server.status().message() << "\n";
     return 1;

@@ -34,7 +34,7 @@
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/cuda/weight_fill.h"
 #include "services/worker/engine/engine.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 #include "tools/cli/cli_args.h"
 

@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "services/worker/engine/engine_core.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 #include "tools/cli/cli_args.h"
 

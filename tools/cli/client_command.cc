@@ -9,10 +9,10 @@
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/cli_engine.h"
+#include "tools/cli/client_common.h"
 #include "tools/cli/commands.h"
 
 namespace lazyattn {
-namespace {
 
 v1::CacheMode ToProtoMode(CacheMode m) {
   switch (m) {
@@ -23,8 +23,6 @@ v1::CacheMode ToProtoMode(CacheMode m) {
   }
   return v1::CACHE_MODE_UNSPECIFIED;
 }
-
-}  // namespace
 
 int ClientCommand(int argc, char** argv) {
   CliArgs args;

@@ -15,6 +15,7 @@ namespace lazyattn {
 int GenerateCommand(int argc, char** argv);
 int ReplayCommand(int argc, char** argv);
 int ClientCommand(int argc, char** argv);
+int TraceCommand(int argc, char** argv);
 
 // Invalid input (exit status 2) rather than a failure of the engine.
 inline bool IsUsageError(const absl::Status& s) {

@@ -8,6 +8,7 @@
 //   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--backend B]
 //                   [--kv-budget BYTES] [--json]
 //   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
+//   lazyattn trace --router HOST:PORT [--requests N] [--rate R] [--dist zipf:A|uniform] ...
 //
 // Exit status: 0 on success, 2 for a usage error, 1 otherwise.
 #include <iostream>
@@ -49,6 +50,7 @@ constexpr char kUsage[] =
     "  generate   answer --prompt (optionally over --doc files) with the model at --model\n"
     "  replay     run a JSONL file of requests through one engine and report cache hits\n"
     "  client     send one request to a cluster's router (lazyattn.v1.Inference)\n"
+    "  trace      replay a Poisson trace of RAG requests against a router; report TTFT and hits\n"
     "run `lazyattn COMMAND --help` for the flags of a command\n";
 
 }  // namespace
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return lazyattn::GenerateCommand(argc, argv);
   if (command == "replay") return lazyattn::ReplayCommand(argc, argv);
   if (command == "client") return lazyattn::ClientCommand(argc, argv);
+  if (command == "trace") return lazyattn::TraceCommand(argc, argv);
   std::cerr << "lazyattn: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }

@@ -17,7 +17,7 @@
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/runner_factory.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"

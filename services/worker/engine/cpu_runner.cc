@@ -109,6 +109,11 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
 CpuModelRunner::CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks)
     : runner_(weights), kv_(weights->config, num_kv_blocks) {}
 
+CpuModelRunner::CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks)
+    : owned_weights_(std::move(weights)),
+      runner_(owned_weights_.get()),
+      kv_(owned_weights_->config, num_kv_blocks) {}
+
 absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) {
     if (c.src >= kv_.num_blocks() || c.dst >= kv_.num_blocks() || c.src == c.dst) {

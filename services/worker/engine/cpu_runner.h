@@ -49,6 +49,8 @@ class CpuModelRunner final : public ModelRunner {
  public:
   // `weights` must outlive the runner; `num_kv_blocks` fp32 blocks are allocated now.
   CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks);
+  // Owns the weights (random-weight models that nothing else holds).
+  CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks);
 
   const ModelConfig& config() const override { return runner_.config(); }
   std::string backend_name() const override { return "cpu"; }
@@ -61,6 +63,7 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
 
  private:
+  std::unique_ptr<ModelWeights> owned_weights_;  // null when borrowed; before runner_
   CpuRunner runner_;
   KvCacheCpu kv_;
 };

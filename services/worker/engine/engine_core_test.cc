@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "services/worker/engine/request_prep.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
 

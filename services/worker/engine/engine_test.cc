@@ -9,7 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/kv_cache_cpu.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 
 namespace lazyattn {

@@ -1,11 +1,15 @@
 #include "services/worker/engine/runner_factory.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/document_key.h"
 #include "common/status_macros.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/model/random_weights.h"
 
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
 #include "services/worker/cuda/cuda_model_runner.h"
 #endif
@@ -61,6 +65,60 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
         absl::StrCat("backend cuda: no CUDA device ", options.device, " is visible"));
   }
   ASSIGN_OR_RETURN(auto gpu_weights, CudaModelWeights::Upload(*weights));
+  ASSIGN_OR_RETURN(auto runner,
+                   CudaModelRunner::Create(std::move(gpu_weights),
+                                           {.device = options.device,
+                                            .kv_budget_bytes = options.kv_budget_bytes}));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+#else
+  return absl::FailedPreconditionError(
+      "backend cuda: this build has no CUDA backend (built without nvcc)");
+#endif
+}
+
+bool IsRandomModelPath(std::string_view path) { return path.substr(0, 7) == "random:"; }
+
+absl::StatusOr<RandomModelSpec> ParseRandomModelPath(std::string_view path) {
+  if (!IsRandomModelPath(path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", std::string(path), "\" is not a random:SHAPE[:SEED] model path"));
+  }
+  std::string_view rest = path.substr(7);
+  RandomModelSpec spec;
+  const size_t colon = rest.find(':');
+  if (colon != std::string_view::npos) {
+    const std::string seed(rest.substr(colon + 1));
+    if (!absl::SimpleAtoi(seed, &spec.seed)) {
+      return absl::InvalidArgumentError(absl::StrCat("random model seed \"", seed,
+                                                     "\" is not a non-negative integer"));
+    }
+    rest = rest.substr(0, colon);
+  }
+  ASSIGN_OR_RETURN(spec.config, NamedModelShape(rest));
+  return spec;
+}
+
+std::string RandomModelFingerprint(const RandomModelSpec& spec, Backend resolved_backend) {
+  return Sha256Hex(absl::StrCat("random-weights:", spec.config.name, ":", spec.seed, ":",
+                                BackendName(resolved_backend)));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const RandomModelSpec& spec,
+                                                                     const RunnerOptions& options) {
+  const Backend backend = ResolveBackend(options.backend);
+  if (backend == Backend::kCpu) {
+    // HF's initialisation scale; MakeRandomWeights draws QKV at 4x its stddev.
+    auto weights = MakeRandomWeights(spec.config, spec.seed, 0.02f);
+    const int64_t blocks = KvBlocksForBudget(spec.config, options.kv_budget_bytes);
+    return std::make_unique<CpuModelRunner>(std::move(weights), blocks);
+  }
+#ifdef LAZYATTN_WITH_CUDA_BACKEND
+  if (CudaDeviceCount() <= options.device) {
+    return absl::UnavailableError(
+        absl::StrCat("backend cuda: no CUDA device ", options.device, " is visible"));
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
+  ASSIGN_OR_RETURN(auto gpu_weights, CudaModelWeights::Random(spec.config, spec.seed));
   ASSIGN_OR_RETURN(auto runner,
                    CudaModelRunner::Create(std::move(gpu_weights),
                                            {.device = options.device,

@@ -40,6 +40,22 @@ struct RunnerOptions {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeights* weights,
                                                                const RunnerOptions& options);
 
+// A model path `random:SHAPE` or `random:SHAPE:SEED` (shapes: NamedModelShape): weights drawn
+// from the seed (default 1), generated on the GPU by the CUDA backend (so llama3-8b needs no
+// 32 GB of host memory) and on the host by the CPU backend, served with the byte tokenizer
+// (byte_tokenizer.h). For benchmarks and cluster runs that need no download.
+struct RandomModelSpec {
+  ModelConfig config;
+  uint64_t seed = 1;
+};
+bool IsRandomModelPath(std::string_view path);
+// InvalidArgument naming the shape or the seed when they do not parse.
+absl::StatusOr<RandomModelSpec> ParseRandomModelPath(std::string_view path);
+// Different for every shape, seed and backend (the two backends draw different numbers).
+std::string RandomModelFingerprint(const RandomModelSpec& spec, Backend resolved_backend);
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const RandomModelSpec& spec,
+                                                                     const RunnerOptions& options);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_ENGINE_RUNNER_FACTORY_H_

@@ -3,6 +3,7 @@
 #include "services/worker/engine/runner_factory.h"
 
 #include "gtest/gtest.h"
+#include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/model/random_weights.h"
 
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
@@ -49,6 +50,30 @@ TEST(RunnerFactoryTest, CudaWithoutAGpuIsAClearError) {
                                                          : absl::StatusCode::kFailedPrecondition;
   EXPECT_EQ(runner.status().code(), expected) << runner.status();
   EXPECT_NE(runner.status().message().find("cuda"), std::string::npos);
+}
+
+TEST(RunnerFactoryTest, RandomModelPathsParseAndServeOnTheCpu) {
+  EXPECT_TRUE(IsRandomModelPath("random:small"));
+  EXPECT_FALSE(IsRandomModelPath("models/x.gguf"));
+  auto spec = ParseRandomModelPath("random:small:7");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->config.name, "small");
+  EXPECT_EQ(spec->seed, 7u);
+  EXPECT_EQ(ParseRandomModelPath("random:small")->seed, 1u);
+  for (const char* bad : {"random:nope", "random:small:x", "random:small:-1", "small"}) {
+    auto r = ParseRandomModelPath(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(RandomModelFingerprint(*spec, Backend::kCpu),
+            RandomModelFingerprint(*spec, Backend::kCuda));
+  EXPECT_NE(RandomModelFingerprint(*spec, Backend::kCpu),
+            RandomModelFingerprint(*ParseRandomModelPath("random:small:8"), Backend::kCpu));
+  auto runner = CreateRandomModelRunner(*spec, {.backend = Backend::kCpu,
+                                                .kv_budget_bytes = 4 << 20});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_EQ((*runner)->backend_name(), "cpu");
+  EXPECT_EQ((*runner)->config().hidden_size, 512);
+  EXPECT_EQ((*runner)->num_kv_blocks(), KvBlocksForBudget(spec->config, 4 << 20));
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "gtest/gtest.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 #include "services/worker/server/testing_fake_kvdir.h"
 #include "services/worker/server/worker_server.h"

@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 #include "services/worker/server/worker_server.h"
 

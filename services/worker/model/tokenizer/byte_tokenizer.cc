@@ -1,4 +1,4 @@
-#include "services/worker/engine/testing_tokenizer.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 #include <string>
 

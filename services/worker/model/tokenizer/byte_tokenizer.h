@@ -1,0 +1,18 @@
+// A byte-level tokenizer over 300 ids (256 bytes, <eos> = 256, 43 control fillers): the tokenizer
+// of random-weight models (tests, and workers serving `random:` model shapes for benchmarks),
+// whose vocabularies are at least 300 ids. Text round-trips exactly; ids 257-299 never appear in
+// encoded text.
+#ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_BYTE_TOKENIZER_H_
+#define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_BYTE_TOKENIZER_H_
+
+#include <memory>
+
+#include "services/worker/model/tokenizer/tokenizer.h"
+
+namespace lazyattn {
+
+std::unique_ptr<Tokenizer> MakeByteTokenizer();
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_BYTE_TOKENIZER_H_
