@@ -15,6 +15,8 @@ Scenarios:
   kvdir       kill kvdir: requests are still served (load-only routing); restart it on the same
               port: workers reconnect, send snapshots, and cache-aware routing returns.
   validation  malformed and out-of-range requests get INVALID_ARGUMENT naming the field.
+  trace       `lazyattn trace` (Poisson arrivals, token-id documents) against workers serving
+              random:small weights: every request completes and documents hit the caches.
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
@@ -51,14 +53,14 @@ def free_port():
 
 
 class Cluster:
-    def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600):
+    def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL):
         self.args, self.tmp, self.procs = args, tmp, {}
         self.kvdir_port = kvdir_port or free_port()
         self.lease_ms = lease_ms
         # Every process serves /metrics on an OS-chosen port, as in a real deployment: a metrics
         # endpoint that cannot start must fail these tests.
         self._write("kvdir.yaml", f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
-        self._write("worker.yaml", f"model:\n  path: {MODEL}\nbackend: auto\nengine:\n"
+        self._write("worker.yaml", f"model:\n  path: {model}\nbackend: auto\nengine:\n"
                     f"  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\n"
                     "metrics:\n  listen: 127.0.0.1:0\n")
         self._write("router.yaml", f"routing:\n  policy: {policy}\nkvdir:\n  refresh_interval_ms: 100\n"
@@ -255,13 +257,33 @@ def test_validation(args, tmp):
         c.stop()
 
 
+def test_trace(args, tmp):
+    """`lazyattn trace` through the router to workers serving random:small weights."""
+    c = Cluster(args, tempfile.mkdtemp(dir=tmp), 2, "cache_aware", model="random:small")
+    try:
+        p = subprocess.run([f"{args.bin_dir}/lazyattn", "trace", "--router", c.router,
+                            "--requests", "16", "--rate", "8", "--pool", "8", "--doc-tokens", "48",
+                            "--docs-per-request", "2", "--max-tokens", "4", "--dist", "zipf:1.1"],
+                           capture_output=True, text=True, timeout=300)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        r = json.loads(lines[-1]) if lines else {}
+        check("trace: 16 Poisson-arrival RAG requests to random:small workers all complete",
+              p.returncode == 0 and r.get("failed") == 0 and
+              sum(r.get("per_worker", {}).values()) == 16, p.stderr.strip()[-300:] or str(r))
+        # 2 of 8 documents per request, Zipf 1.1: most documents repeat within 16 requests.
+        check("trace: documents are served from the workers' caches",
+              r.get("doc_hit_ratio", 0) > 0.3, f"hit ratio {r.get('doc_hit_ratio')}")
+    finally:
+        c.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", default=os.path.join(REPO, "build", "bin"))
     args = ap.parse_args()
     os.chdir(REPO)
     with tempfile.TemporaryDirectory() as tmp:
-        for test in (test_validation, test_failover_and_kvdir, test_routing):
+        for test in (test_validation, test_failover_and_kvdir, test_routing, test_trace):
             try:
                 test(args, tmp)
             except Exception as e:  # a scenario that could not run is a failure, never a skip
