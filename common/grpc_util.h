@@ -38,6 +38,11 @@ struct BuiltServer {
 // Registers `services`, turns on the health service (SERVING for "" and each service name) and
 // reflection, applies limits and TLS, binds and starts. Unavailable naming the address if binding
 // fails; InvalidArgument naming the file if a TLS file cannot be read.
+// Keeps gRPC's process-global callback completion queue alive until exit (see grpc_util.cc for
+// the race it avoids). StartGrpcServer and MakeChannel call it; call it before creating channels
+// with grpc::CreateChannel directly. Idempotent and thread-safe.
+void KeepCallbackQueueAlive();
+
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 
