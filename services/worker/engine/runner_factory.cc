@@ -52,6 +52,35 @@ Backend ResolveBackend(Backend backend) {
   return Backend::kCpu;
 }
 
+namespace {
+
+#ifdef LAZYATTN_WITH_CUDA_BACKEND
+// The CUDA backend on options.device with the weights `make_weights` puts there (called with that
+// device current). Unavailable without such a device.
+template <typename MakeWeights>
+absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunnerWith(const RunnerOptions& options,
+                                                            MakeWeights make_weights) {
+  if (CudaDeviceCount() <= options.device) {
+    return absl::UnavailableError(
+        absl::StrCat("backend cuda: no CUDA device ", options.device, " is visible"));
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
+  ASSIGN_OR_RETURN(auto gpu_weights, make_weights());
+  ASSIGN_OR_RETURN(auto runner,
+                   CudaModelRunner::Create(std::move(gpu_weights),
+                                           {.device = options.device,
+                                            .kv_budget_bytes = options.kv_budget_bytes}));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+#else
+absl::Status NoCudaBackend() {
+  return absl::FailedPreconditionError(
+      "backend cuda: this build has no CUDA backend (built without nvcc)");
+}
+#endif
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeights* weights,
                                                                const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
@@ -60,19 +89,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
         weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes));
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
-  if (CudaDeviceCount() <= options.device) {
-    return absl::UnavailableError(
-        absl::StrCat("backend cuda: no CUDA device ", options.device, " is visible"));
-  }
-  ASSIGN_OR_RETURN(auto gpu_weights, CudaModelWeights::Upload(*weights));
-  ASSIGN_OR_RETURN(auto runner,
-                   CudaModelRunner::Create(std::move(gpu_weights),
-                                           {.device = options.device,
-                                            .kv_budget_bytes = options.kv_budget_bytes}));
-  return std::unique_ptr<ModelRunner>(std::move(runner));
+  return CudaRunnerWith(options, [weights] { return CudaModelWeights::Upload(*weights); });
 #else
-  return absl::FailedPreconditionError(
-      "backend cuda: this build has no CUDA backend (built without nvcc)");
+  return NoCudaBackend();
 #endif
 }
 
@@ -113,20 +132,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
     return std::make_unique<CpuModelRunner>(std::move(weights), blocks);
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
-  if (CudaDeviceCount() <= options.device) {
-    return absl::UnavailableError(
-        absl::StrCat("backend cuda: no CUDA device ", options.device, " is visible"));
-  }
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
-  ASSIGN_OR_RETURN(auto gpu_weights, CudaModelWeights::Random(spec.config, spec.seed));
-  ASSIGN_OR_RETURN(auto runner,
-                   CudaModelRunner::Create(std::move(gpu_weights),
-                                           {.device = options.device,
-                                            .kv_budget_bytes = options.kv_budget_bytes}));
-  return std::unique_ptr<ModelRunner>(std::move(runner));
+  return CudaRunnerWith(
+      options, [&spec] { return CudaModelWeights::Random(spec.config, spec.seed); });
 #else
-  return absl::FailedPreconditionError(
-      "backend cuda: this build has no CUDA backend (built without nvcc)");
+  return NoCudaBackend();
 #endif
 }
 
