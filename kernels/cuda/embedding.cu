@@ -26,7 +26,45 @@ __global__ void EmbeddingKernel(const __nv_bfloat16* table, int64_t vocab, int64
   }
 }
 
+template <typename From>
+__global__ void GatherToF32Kernel(const From* table, int64_t vocab, int64_t dim,
+                                  const int32_t* ids, float* out) {
+  const int t = blockIdx.x;
+  const int32_t id = ids[t];
+  const bool ok = id >= 0 && id < vocab;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    out[int64_t(t) * dim + i] = ok ? static_cast<float>(table[int64_t(id) * dim + i]) : 0.f;
+  }
+}
+
+absl::Status CheckGather(int n, int64_t vocab, int64_t dim) {
+  if (n < 0 || vocab <= 0 || dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather: n ", n, ", rows ", vocab, ", dim ", dim));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status EmbeddingGatherToF32Cuda(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
+                                      const int32_t* ids, int n, float* out,
+                                      cudaStream_t stream) {
+  if (absl::Status s = CheckGather(n, vocab, dim); !s.ok()) return s;
+  if (n == 0) return absl::OkStatus();
+  GatherToF32Kernel<<<n, 256, 0, stream>>>(table, vocab, dim, ids, out);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status GatherRowsF32Cuda(const float* rows, int64_t num_rows, int64_t dim,
+                               const int32_t* ids, int n, float* out, cudaStream_t stream) {
+  if (absl::Status s = CheckGather(n, num_rows, dim); !s.ok()) return s;
+  if (n == 0) return absl::OkStatus();
+  GatherToF32Kernel<<<n, 256, 0, stream>>>(rows, num_rows, dim, ids, out);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
 
 absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
                                  const int32_t* ids, int n, __nv_bfloat16* out,

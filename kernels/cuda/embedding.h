@@ -17,6 +17,14 @@ absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int6
                                  const int32_t* ids, int n, __nv_bfloat16* out,
                                  cudaStream_t stream);
 
+// The same gather into fp32 rows (the start of an fp32 residual stream).
+absl::Status EmbeddingGatherToF32Cuda(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
+                                      const int32_t* ids, int n, float* out, cudaStream_t stream);
+
+// Row gather of an fp32 matrix: out[t] = rows[ids[t]] (zeros for an id outside [0, num_rows)).
+absl::Status GatherRowsF32Cuda(const float* rows, int64_t num_rows, int64_t dim,
+                               const int32_t* ids, int n, float* out, cudaStream_t stream);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_EMBEDDING_H_

@@ -47,6 +47,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    RmsNormF32Kernel(const float* x, const __nv_bfloat16* weight, int dim, float eps,
+                     __nv_bfloat16* out) {
+  const int64_t base = int64_t(blockIdx.x) * dim;
+  float sum_sq = 0.f;
+  for (int i = threadIdx.x; i < dim; i += kThreads) sum_sq += x[base + i] * x[base + i];
+  const float inv = rsqrtf(BlockSum(sum_sq) / dim + eps);
+  for (int i = threadIdx.x; i < dim; i += kThreads) {
+    out[base + i] = __float2bfloat16_rn(x[base + i] * inv * __bfloat162float(weight[i]));
+  }
+}
+
 absl::Status Check(int64_t rows, int dim) {
   if (rows < 0 || rows > 0x7fffffff || dim <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("rms norm: rows ", rows, ", dim ", dim));
@@ -72,6 +84,15 @@ absl::Status FusedAddRmsNormCuda(const __nv_bfloat16* x, __nv_bfloat16* residual
   if (rows == 0) return absl::OkStatus();
   if (out == residual) return absl::InvalidArgumentError("fused add+rms norm: out aliases residual");
   RmsNormKernel<true><<<rows, kThreads, 0, stream>>>(x, residual, weight, dim, eps, out);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormF32ToBf16Cuda(const float* x, const __nv_bfloat16* weight, int64_t rows,
+                                  int dim, float eps, __nv_bfloat16* out, cudaStream_t stream) {
+  if (absl::Status s = Check(rows, dim); !s.ok()) return s;
+  if (rows == 0) return absl::OkStatus();
+  RmsNormF32Kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, weight, dim, eps, out);
   RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -24,6 +24,12 @@ absl::Status FusedAddRmsNormCuda(const __nv_bfloat16* x, __nv_bfloat16* residual
                                  const __nv_bfloat16* weight, int64_t rows, int dim, float eps,
                                  __nv_bfloat16* out, cudaStream_t stream);
 
+// RMSNorm of an fp32 residual stream into bf16: out[r] = bf16(x[r] / sqrt(mean(x[r]^2) + eps) *
+// weight). Keeping the residual in fp32 (only GEMM inputs are bf16) stops models with large
+// activation outliers from losing their small channels to bf16 rounding at every residual add.
+absl::Status RmsNormF32ToBf16Cuda(const float* x, const __nv_bfloat16* weight, int64_t rows,
+                                  int dim, float eps, __nv_bfloat16* out, cudaStream_t stream);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_RMS_NORM_H_

@@ -75,6 +75,63 @@ TEST(RmsNormCudaTest, MatchesCpuTwin) {
   }
 }
 
+// The fp32-residual forms: RMSNorm from fp32 rows, the embedding gather into fp32 and the fp32
+// row gather (exact: a copy). Same tolerance as above for the norm.
+TEST(RmsNormCudaTest, Fp32ResidualFormsMatchCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  for (auto [rows, dim] : {std::pair{1, 1}, {7, 19}, {3, 4096}, {5, 8191}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
+    std::normal_distribution<float> normal(0, 3.0f);
+    std::vector<float> x(size_t(rows) * dim);
+    for (float& v : x) v = normal(rng);
+    const auto w = RandomBf16(dim, rng);
+    DeviceBuffer<float> dx, drows(x.size());
+    DeviceBuffer<uint16_t> dw, dout(x.size());
+    dx.Upload(x);
+    dw.Upload(w);
+    dout.Poison();
+    ASSERT_TRUE(RmsNormF32ToBf16Cuda(dx.get(), Bf(dw), rows, dim, 1e-5f, Bf(dout), nullptr).ok());
+    std::vector<float> want(x.size());
+    const auto wf = ToFloat(w);
+    RmsNormCpu(x.data(), wf.data(), rows, dim, 1e-5f, want.data());
+    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want,
+                                  {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
+
+    // Rows gathered in reverse, plus an out-of-range id that must give zeros.
+    std::vector<int32_t> ids(rows);
+    for (int r = 0; r < rows; ++r) ids[r] = rows - 1 - r;
+    ids[0] = rows == 1 ? -1 : ids[0];
+    DeviceBuffer<int32_t> dids;
+    dids.Upload(ids);
+    drows.Poison();
+    ASSERT_TRUE(GatherRowsF32Cuda(dx.get(), rows, dim, dids.get(), rows, drows.get(), nullptr).ok());
+    const auto got = drows.Download();
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        const float expect = ids[r] < 0 ? 0.f : x[size_t(ids[r]) * dim + i];
+        ASSERT_EQ(got[size_t(r) * dim + i], expect) << "row " << r << " dim " << i;
+      }
+    }
+    // The bf16 table gathered into fp32 is exact too.
+    DeviceBuffer<uint16_t> dtable;
+    const auto table = RandomBf16(size_t(rows) * dim, rng);
+    dtable.Upload(table);
+    drows.Poison();
+    ASSERT_TRUE(EmbeddingGatherToF32Cuda(Bf(dtable), rows, dim, dids.get(), rows, drows.get(),
+                                         nullptr).ok());
+    const auto got_emb = drows.Download();
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < dim; ++i) {
+        const float expect = ids[r] < 0 ? 0.f : Bf16BitsToFloat(table[size_t(ids[r]) * dim + i]);
+        ASSERT_EQ(got_emb[size_t(r) * dim + i], expect) << "row " << r << " dim " << i;
+      }
+    }
+  }
+}
+
 TEST(SwiGluCudaTest, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();

@@ -108,8 +108,9 @@ struct CudaModelRunner::State {
   int64_t layer_stride = 0;  // elements
   // Per-step buffers, grown on demand.
   int64_t row_capacity = 0, logit_row_capacity = 0;
-  Buffer x, h, qkv, q_rot, attn, gate_up, act;  // activations [rows][...]
-  Buffer last_hidden, logits;                   // [logit rows][hidden], [logit rows][vocab] fp32
+  Buffer x, h, qkv, q_rot, attn, gate_up, act;  // activations [rows][...]; x (residual) fp32
+  // Sampling rows: residual (fp32), normalized (bf16) and their fp32 logits [rows][vocab].
+  Buffer last_residual, last_hidden, logits;
   Buffer host_logits{/*pinned_host=*/true};
   Buffer sampled, host_sampled{/*pinned_host=*/true};  // greedy ids [logit rows]
   Buffer metadata, host_metadata{/*pinned_host=*/true};
@@ -397,15 +398,17 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
   const int64_t generation_before = Buffer::generation();
   if (rows > s.row_capacity) {
     const int64_t cap = std::max<int64_t>(rows, 256);
-    for (auto [buf, width] : {std::pair{&s.x, H}, {&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
+    for (auto [buf, width] : {std::pair{&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
                               {&s.attn, Q}, {&s.gate_up, 2 * I}, {&s.act, I}}) {
       RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
     }
+    RETURN_IF_ERROR(s.x.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
     s.row_capacity = cap;
   }
   if (out_rows > s.logit_row_capacity) {
     const int64_t cap = std::max<int64_t>(out_rows, 64);
     RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
+    RETURN_IF_ERROR(s.last_residual.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.host_logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
@@ -432,19 +435,21 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     const auto* d_num_blocks = s.metadata.as<int32_t>(sec[6].offset);
     const void* d_plan = s.metadata.as<void>(sec[7].offset);
     const auto* d_sampling = s.metadata.as<SamplingRowParams>(sec[8].offset);
-    bf16 *x = s.x.as<bf16>(), *h = s.h.as<bf16>(), *qkv = s.qkv.as<bf16>(),
+    float* x = s.x.as<float>();  // the residual stream stays fp32
+    bf16 *h = s.h.as<bf16>(), *qkv = s.qkv.as<bf16>(),
          *q_rot = s.q_rot.as<bf16>(), *attn = s.attn.as<bf16>(), *gu = s.gate_up.as<bf16>(),
          *act = s.act.as<bf16>();
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     CublasLtGemm& gemm = *s.gemm;
 
-    RETURN_IF_ERROR(EmbeddingGatherCuda(weights_->token_embedding(), V, H, d_tokens,
-                                        static_cast<int>(rows), x, st));
+    RETURN_IF_ERROR(EmbeddingGatherToF32Cuda(weights_->token_embedding(), V, H, d_tokens,
+                                             static_cast<int>(rows), x, st));
     for (int l = 0; l < c.num_layers; ++l) {
       const CudaLayerWeights& L = weights_->layer(l);
       bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
       bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
-      RETURN_IF_ERROR(RmsNormCuda(x, L.attn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(
+          RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(RopeKvAppend({.q = qkv,
@@ -497,23 +502,24 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
              .workspace = s.prefill_workspace.as<void>()},
             any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
       }
-      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kBf16,
+      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kFp32,
                                   /*accumulate=*/true, st));
-      RETURN_IF_ERROR(RmsNormCuda(x, L.ffn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(
+          RmsNormF32ToBf16Cuda(x, L.ffn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(gemm.Linear(h, L.w_gate_up, rows, H, 2 * I, gu, GemmOutputType::kBf16,
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(SwiGluCuda(gu, rows, I, act, st));
-      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kBf16,
+      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kFp32,
                                   /*accumulate=*/true, st));
     }
     if (out_rows > 0) {
       // The residual rows that sample, gathered like embedding rows, then norm and LM head.
       bf16* last = s.last_hidden.as<bf16>();
-      RETURN_IF_ERROR(
-          EmbeddingGatherCuda(x, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
-      RETURN_IF_ERROR(
-          RmsNormCuda(last, weights_->output_norm(), out_rows, static_cast<int>(H), c.rms_norm_eps,
-                      last, st));
+      float* last_residual = s.last_residual.as<float>();
+      RETURN_IF_ERROR(GatherRowsF32Cuda(x, rows, H, d_logit_rows, static_cast<int>(out_rows),
+                                        last_residual, st));
+      RETURN_IF_ERROR(RmsNormF32ToBf16Cuda(last_residual, weights_->output_norm(), out_rows,
+                                           static_cast<int>(H), c.rms_norm_eps, last, st));
       RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
                                   GemmOutputType::kFp32, /*accumulate=*/false, st));
       if (greedy_rows > 0) {

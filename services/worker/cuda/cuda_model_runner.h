@@ -7,6 +7,8 @@
 //     RMSNorm -> QKV GEMM -> RoPE + KV append -> decode attention (one-token sequences that see
 //     their whole table) and paged prefill attention (everything else) -> O GEMM (+= residual)
 //     -> RMSNorm -> gate|up GEMM -> SwiGLU -> down GEMM (+= residual),
+//   with the residual stream in fp32 (GEMM inputs, K/V and other activations are bf16): on
+//   SmolLM2 a bf16 residual alone turns a greedy continuation at its third token,
 //   and the LM head only over the rows that sample (fp32 logits); greedy rows are reduced to their
 //   argmax on the GPU and only the ids come back, other rows come back whole.
 // Rows are ordered decode-first inside the step so both attention kernels see contiguous
