@@ -21,10 +21,6 @@ absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int6
 absl::Status EmbeddingGatherToF32Cuda(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
                                       const int32_t* ids, int n, float* out, cudaStream_t stream);
 
-// Row gather of an fp32 matrix: out[t] = rows[ids[t]] (zeros for an id outside [0, num_rows)).
-absl::Status GatherRowsF32Cuda(const float* rows, int64_t num_rows, int64_t dim,
-                               const int32_t* ids, int n, float* out, cudaStream_t stream);
-
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_EMBEDDING_H_

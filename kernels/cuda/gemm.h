@@ -40,9 +40,12 @@ class CublasLtGemm {
                       cudaStream_t stream);
 
   // Autotuning (on by default): the first call of a shape with at most kAutotuneMaxRows rows
-  // times up to 6 of cuBLASLt's heuristic candidates (into a scratch output, so the caller's y is
-  // untouched) and keeps the fastest. The heuristic's first pick is often a poor fit for the
-  // skinny products of decode steps. Must not be first called for a shape during stream capture.
+  // times up to 16 of cuBLASLt's heuristic candidates (into a scratch output, so the caller's y
+  // is untouched), each run with the weights flushed out of L2 as they are inside a forward
+  // step, and keeps the fastest. The heuristic's first pick is often a poor fit for the skinny
+  // products of decode steps. Row counts share one timing per power-of-two bucket (the first
+  // shape of a bucket is timed; later ones reuse its pick when cuBLASLt accepts it for their
+  // size). Must not be first called for a shape during stream capture.
   static constexpr int64_t kAutotuneMaxRows = 1024;
   void set_autotune(bool on) { autotune_ = on; }
 
@@ -62,8 +65,11 @@ class CublasLtGemm {
   size_t workspace_bytes_ = 0;
   bool autotune_ = true;
   void* tune_scratch_ = nullptr;  // output of the timing runs
+  static constexpr size_t kFlushBytes = size_t{128} << 20;  // > 2x the largest L2 (H200: 50 MB)
+  void* flush_ = nullptr;         // overwritten before each timing run
   size_t tune_scratch_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, const Plan*> tuned_;  // the timed plan of each row bucket (owned by plans_)
 };
 
 }  // namespace lazyattn

@@ -30,6 +30,16 @@ absl::Status FusedAddRmsNormCuda(const __nv_bfloat16* x, __nv_bfloat16* residual
 absl::Status RmsNormF32ToBf16Cuda(const float* x, const __nv_bfloat16* weight, int64_t rows,
                                   int dim, float eps, __nv_bfloat16* out, cudaStream_t stream);
 
+// The fp32 residual step and the next norm in one pass:
+//   residual[r] += delta[r] (fp32, stored);  out[r] = bf16(RmsNorm(residual[r]) * weight).
+// The layer's output projections then write plain fp32 products instead of adding into the
+// residual inside the GEMM (inside a batch-1 decode step on the H200, cuBLASLt's accumulating
+// kernel for the 4096 x 4096 o projection took 26 us, the plain one for the larger qkv
+// projection 16.5 us). delta must not alias residual.
+absl::Status AddRmsNormF32ToBf16Cuda(float* residual, const float* delta,
+                                     const __nv_bfloat16* weight, int64_t rows, int dim, float eps,
+                                     __nv_bfloat16* out, cudaStream_t stream);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_RMS_NORM_H_

@@ -8,47 +8,56 @@ namespace {
 
 constexpr int kBlockSize = 16;
 
-// One CTA per token; threads stride over (head, frequency) pairs of q and k, then over v.
-__global__ void RopeKvAppendKernel(const RopeKvAppendArgs a) {
+constexpr int kThreads = 256;
+
+// Grid: x = token, y = a slice of kThreads work items of that token. An item is one rotation
+// pair of a q or k head (frequency f and f + head_dim / 2) or one 8-value (16-byte) piece of a
+// v head (single values when head_dim % 8 != 0). One item per thread and no loop: a one-token
+// decode step then costs about one memory round trip (positions, then cos/sin and the inputs),
+// instead of one per loop iteration of a single CTA.
+__global__ void __launch_bounds__(kThreads) RopeKvAppendKernel(const RopeKvAppendArgs a) {
   const int t = blockIdx.x;
+  const int item = blockIdx.y * kThreads + threadIdx.x;
   const int half = a.head_dim / 2;
-  const int64_t local = a.local_positions[t];
-  const int64_t last = a.rope.max_positions - 1;
-  const int64_t qpos = min(local + a.deltas[t], last), kpos = min(local, last);
+  const int q_pairs = a.num_heads * half, k_pairs = a.num_kv_heads * half;
+  const int v_piece = a.head_dim % 8 == 0 ? 8 : 1;
+  const int v_items = a.num_kv_heads * a.head_dim / v_piece;
+  if (item >= q_pairs + k_pairs + v_items) return;
   const int64_t slot = a.slots[t];
   const int64_t block = slot >= 0 ? slot / kBlockSize : 0;
   const int offset = slot >= 0 ? int(slot % kBlockSize) : 0;
 
-  const int q_pairs = a.num_heads * half, k_pairs = a.num_kv_heads * half;
-  for (int i = threadIdx.x; i < q_pairs + k_pairs; i += blockDim.x) {
-    const bool is_q = i < q_pairs;
-    const int j = is_q ? i : i - q_pairs;
-    const int h = j / half, f = j % half;
-    const int64_t pos = is_q ? qpos : kpos;
-    const float c = a.rope.cos[pos * half + f], s = a.rope.sin[pos * half + f];
-    const __nv_bfloat16* src =
-        is_q ? a.q + t * a.q_row_stride + h * a.head_dim : a.k + t * a.k_row_stride + h * a.head_dim;
-    const float x1 = __bfloat162float(src[f]), x2 = __bfloat162float(src[f + half]);
-    const __nv_bfloat16 y1 = __float2bfloat16_rn(x1 * c - x2 * s);
-    const __nv_bfloat16 y2 = __float2bfloat16_rn(x1 * s + x2 * c);
-    if (is_q) {
-      __nv_bfloat16* dst = a.q_out + (int64_t(t) * a.num_heads + h) * a.head_dim;
-      dst[f] = y1;
-      dst[f + half] = y2;
-    } else if (slot >= 0) {
-      __nv_bfloat16* dst =
-          a.k_pool + ((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim;
-      dst[f] = y1;
-      dst[f + half] = y2;
-    }
-  }
-  if (slot < 0) return;
-  const int v_elems = a.num_kv_heads * a.head_dim;
-  for (int i = threadIdx.x; i < v_elems; i += blockDim.x) {
+  if (item >= q_pairs + k_pairs) {  // v: a plain copy into the pool
+    if (slot < 0) return;
+    const int i = (item - q_pairs - k_pairs) * v_piece;
     const int h = i / a.head_dim, x = i % a.head_dim;
-    a.v_pool[((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim + x] =
-        a.v[t * a.v_row_stride + i];
+    __nv_bfloat16* dst = a.v_pool + ((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim + x;
+    const __nv_bfloat16* src = a.v + t * a.v_row_stride + i;
+    if (v_piece == 8) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      *dst = *src;
+    }
+    return;
   }
+  const bool is_q = item < q_pairs;
+  if (!is_q && slot < 0) return;
+  const int j = is_q ? item : item - q_pairs;
+  const int h = j / half, f = j % half;
+  const int64_t local = a.local_positions[t];
+  const int64_t last = a.rope.max_positions - 1;
+  const int64_t pos = is_q ? min(local + a.deltas[t], last) : min(local, last);
+  const float c = a.rope.cos[pos * half + f], s = a.rope.sin[pos * half + f];
+  const __nv_bfloat16* src =
+      is_q ? a.q + t * a.q_row_stride + h * a.head_dim : a.k + t * a.k_row_stride + h * a.head_dim;
+  const float x1 = __bfloat162float(src[f]), x2 = __bfloat162float(src[f + half]);
+  const __nv_bfloat16 y1 = __float2bfloat16_rn(x1 * c - x2 * s);
+  const __nv_bfloat16 y2 = __float2bfloat16_rn(x1 * s + x2 * c);
+  __nv_bfloat16* dst =
+      is_q ? a.q_out + (int64_t(t) * a.num_heads + h) * a.head_dim
+           : a.k_pool + ((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim;
+  dst[f] = y1;
+  dst[f + half] = y2;
 }
 
 }  // namespace
@@ -72,7 +81,15 @@ absl::Status RopeKvAppend(const RopeKvAppendArgs& a, cudaStream_t stream) {
   if (a.q == a.q_out && a.q_row_stride != int64_t{a.num_heads} * a.head_dim) {
     return absl::InvalidArgumentError("rope/kv append: in place needs a contiguous q");
   }
-  RopeKvAppendKernel<<<a.num_tokens, 256, 0, stream>>>(a);
+  if (a.head_dim % 8 == 0 &&
+      (a.v_row_stride % 8 != 0 || reinterpret_cast<uintptr_t>(a.v) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(a.v_pool) % 16 != 0)) {
+    return absl::InvalidArgumentError("rope/kv append: v rows must be 16-byte aligned");
+  }
+  const int items = (a.num_heads + a.num_kv_heads) * (a.head_dim / 2) +
+                    a.num_kv_heads * a.head_dim / (a.head_dim % 8 == 0 ? 8 : 1);
+  const dim3 grid(a.num_tokens, (items + kThreads - 1) / kThreads);
+  RopeKvAppendKernel<<<grid, kThreads, 0, stream>>>(a);
   RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

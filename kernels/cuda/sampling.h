@@ -36,6 +36,19 @@ absl::Status SampleTokensCuda(const float* logits, int64_t row_stride, int rows,
                               const SamplingRowParams* params, int32_t* out_ids,
                               cudaStream_t stream);
 
+// Greedy rows only, spread over the whole card: the same argmax as SampleTokensCuda's greedy rule
+// (the lowest id among equal maxima, NaN lowest), found by many CTAs per row instead of one (one
+// CTA reads a 128K vocabulary in ~24 us; the GPU's decode step has no time for that). Each CTA
+// folds its slice into packed[row] with a 64-bit atomicMax of (order key << 32 | ~id), so the
+// result does not depend on the order CTAs finish in. packed: device [rows], cleared by this
+// call (a memset on the stream); the id is GreedyIdFromPacked(packed[row]).
+absl::Status GreedyArgmaxCuda(const float* logits, int64_t row_stride, int rows, int vocab,
+                              uint64_t* packed, cudaStream_t stream);
+
+inline int32_t GreedyIdFromPacked(uint64_t packed) {
+  return static_cast<int32_t>(~static_cast<uint32_t>(packed));
+}
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_SAMPLING_H_

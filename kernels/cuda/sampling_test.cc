@@ -95,6 +95,22 @@ TEST(SamplingCudaTest, GreedyEqualsCpuArgmaxWithTies) {
       ASSERT_EQ(got[r], CpuArgMax(&logits[size_t(r) * vocab], vocab)) << "vocab " << vocab
                                                                         << " row " << r;
     }
+    // The many-CTA greedy argmax: the same ids, here with a row stride past the vocabulary.
+    const int stride = vocab + 4;
+    std::vector<float> padded(size_t(rows) * stride, 1e30f);  // never read: past the vocab
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(&logits[size_t(r) * vocab], vocab, &padded[size_t(r) * stride]);
+    }
+    DeviceBuffer<float> dl;
+    dl.Upload(padded);
+    DeviceBuffer<uint64_t> packed(rows);
+    packed.Poison();
+    ASSERT_TRUE(GreedyArgmaxCuda(dl.get(), stride, rows, vocab, packed.get(), nullptr).ok());
+    const auto keys = packed.Download();
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(GreedyIdFromPacked(keys[r]), CpuArgMax(&logits[size_t(r) * vocab], vocab))
+          << "greedy argmax, vocab " << vocab << " row " << r;
+    }
   }
 }
 

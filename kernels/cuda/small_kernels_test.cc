@@ -75,14 +75,16 @@ TEST(RmsNormCudaTest, MatchesCpuTwin) {
   }
 }
 
-// The fp32-residual forms: RMSNorm from fp32 rows, the embedding gather into fp32 and the fp32
-// row gather (exact: a copy). Same tolerance as above for the norm.
+// The fp32-residual forms: RMSNorm from fp32 rows, alone and fused with the residual add, and
+// the embedding gather into fp32 (exact: a copy). Same tolerance as above for the norm.
 TEST(RmsNormCudaTest, Fp32ResidualFormsMatchCpuTwin) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  for (auto [rows, dim] : {std::pair{1, 1}, {7, 19}, {3, 4096}, {5, 8191}}) {
+  // 576: SmolLM2's width; 4096 fills the registers exactly; 16384 runs past them (the re-read
+  // loop); 19 and 8191 take the scalar path.
+  for (auto [rows, dim] : {std::pair{1, 1}, {7, 19}, {2, 576}, {3, 4096}, {2, 16384}, {5, 8191}}) {
     SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
     std::normal_distribution<float> normal(0, 3.0f);
     std::vector<float> x(size_t(rows) * dim);
@@ -100,22 +102,34 @@ TEST(RmsNormCudaTest, Fp32ResidualFormsMatchCpuTwin) {
     EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want,
                                   {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
 
+    // The fused residual step: x += delta (exactly the fp32 sum), then the norm of the sum.
+    {
+      std::vector<float> delta(x.size());
+      for (float& v : delta) v = normal(rng);
+      DeviceBuffer<float> dres, ddelta;
+      dres.Upload(x);
+      ddelta.Upload(delta);
+      dout.Poison();
+      ASSERT_TRUE(AddRmsNormF32ToBf16Cuda(dres.get(), ddelta.get(), Bf(dw), rows, dim, 1e-5f,
+                                          Bf(dout), nullptr)
+                      .ok());
+      std::vector<float> sum(x.size());
+      for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + delta[i];
+      const auto got_sum = dres.Download();
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got_sum[i], sum[i]) << "element " << i;
+      std::vector<float> want_sum(x.size());
+      RmsNormCpu(sum.data(), wf.data(), rows, dim, 1e-5f, want_sum.data());
+      EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want_sum,
+                                    {1e-3 * testing::Rms(want_sum), 1.0 / 256, 5e-3}));
+    }
+
     // Rows gathered in reverse, plus an out-of-range id that must give zeros.
     std::vector<int32_t> ids(rows);
     for (int r = 0; r < rows; ++r) ids[r] = rows - 1 - r;
     ids[0] = rows == 1 ? -1 : ids[0];
     DeviceBuffer<int32_t> dids;
     dids.Upload(ids);
-    drows.Poison();
-    ASSERT_TRUE(GatherRowsF32Cuda(dx.get(), rows, dim, dids.get(), rows, drows.get(), nullptr).ok());
-    const auto got = drows.Download();
-    for (int r = 0; r < rows; ++r) {
-      for (int i = 0; i < dim; ++i) {
-        const float expect = ids[r] < 0 ? 0.f : x[size_t(ids[r]) * dim + i];
-        ASSERT_EQ(got[size_t(r) * dim + i], expect) << "row " << r << " dim " << i;
-      }
-    }
-    // The bf16 table gathered into fp32 is exact too.
+    // The bf16 table gathered into fp32 is exact.
     DeviceBuffer<uint16_t> dtable;
     const auto table = RandomBf16(size_t(rows) * dim, rng);
     dtable.Upload(table);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -108,11 +109,13 @@ struct CudaModelRunner::State {
   int64_t layer_stride = 0;  // elements
   // Per-step buffers, grown on demand.
   int64_t row_capacity = 0, logit_row_capacity = 0;
-  Buffer x, h, qkv, q_rot, attn, gate_up, act;  // activations [rows][...]; x (residual) fp32
-  // Sampling rows: residual (fp32), normalized (bf16) and their fp32 logits [rows][vocab].
-  Buffer last_residual, last_hidden, logits;
+  // Activations [rows][...]. The residual stream x and the output projections' products (delta,
+  // added into x by the next norm) are fp32; the rest bf16.
+  Buffer x, delta, h, qkv, q_rot, attn, gate_up, act;
+  // Sampling rows: normalized (bf16) and their fp32 logits [rows][vocab].
+  Buffer last_hidden, logits;
   Buffer host_logits{/*pinned_host=*/true};
-  Buffer sampled, host_sampled{/*pinned_host=*/true};  // greedy ids [logit rows]
+  Buffer sampled, host_sampled{/*pinned_host=*/true};  // packed argmax keys [logit rows]
   Buffer metadata, host_metadata{/*pinned_host=*/true};
   Buffer prefill_workspace;
   // Decode graphs. A shape runs eagerly the first time (cuBLASLt picks its algorithms, kernels
@@ -127,6 +130,7 @@ struct CudaModelRunner::State {
   bool profiling = false;
   cudaEvent_t step_start = nullptr, step_end = nullptr;
   StepProfile profile;
+  std::optional<std::chrono::steady_clock::time_point> last_return;  // while profiling
 
   void ClearGraphs() {
     for (auto& [key, g] : graphs) {
@@ -185,6 +189,7 @@ void CudaModelRunner::set_profiling(bool on) {
   }
   s.profiling = on && s.step_start != nullptr;
   s.profile = {};
+  s.last_return.reset();
 }
 
 CudaModelRunner::StepProfile CudaModelRunner::profile() const { return state_->profile; }
@@ -234,7 +239,47 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.k_pool.as<void>(), 0, pool_bytes, s.stream));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.v_pool.as<void>(), 0, pool_bytes, s.stream));
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  if (options.warm_up_gemms) RETURN_IF_ERROR(r->WarmUpGemms());
   return r;
+}
+
+// cuBLASLt's autotuning (one timing per power-of-two row bucket and shape, gemm.h) runs inside
+// the first step that meets a new bucket, stalling that step by tens of milliseconds; a decode
+// batch that grows by one request would pay it in the middle of serving. So every bucket up to
+// kWarmRows (LM head: up to kWarmLogitRows) is tuned here, on scratch buffers and layer 0's
+// weights, with the step's own output types.
+absl::Status CudaModelRunner::WarmUpGemms() {
+  constexpr int64_t kWarmRows = 1024, kWarmLogitRows = 256;
+  const ModelConfig& c = config();
+  State& s = *state_;
+  const int64_t H = c.hidden_size, Q = c.q_size(), I = c.intermediate_size;
+  const int64_t qkv_width = Q + 2 * c.kv_size();
+  Buffer in, out;
+  RETURN_IF_ERROR(in.Reserve(kWarmRows * std::max({H, Q, I}) * int64_t{sizeof(bf16)}));
+  RETURN_IF_ERROR(out.Reserve(std::max(kWarmRows * std::max({qkv_width, 2 * I, H}),
+                                       kWarmLogitRows * c.vocab_size) *
+                              int64_t{sizeof(float)}));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(in.as<void>(), 0, kWarmRows * std::max({H, Q, I}) * 2,
+                                       s.stream));
+  const CudaLayerWeights& L = weights_->layer(0);
+  const bf16* x = in.as<bf16>();
+  for (int64_t rows = 1; rows <= kWarmRows; rows *= 2) {
+    CublasLtGemm& g = *s.gemm;
+    RETURN_IF_ERROR(g.Linear(x, L.wqkv, rows, H, qkv_width, out.as<void>(), GemmOutputType::kBf16,
+                             false, s.stream));
+    RETURN_IF_ERROR(
+        g.Linear(x, L.wo, rows, Q, H, out.as<void>(), GemmOutputType::kFp32, false, s.stream));
+    RETURN_IF_ERROR(g.Linear(x, L.w_gate_up, rows, H, 2 * I, out.as<void>(),
+                             GemmOutputType::kBf16, false, s.stream));
+    RETURN_IF_ERROR(
+        g.Linear(x, L.w_down, rows, I, H, out.as<void>(), GemmOutputType::kFp32, false, s.stream));
+    if (rows <= kWarmLogitRows) {
+      RETURN_IF_ERROR(g.Linear(x, weights_->lm_head(), rows, H, c.vocab_size, out.as<void>(),
+                               GemmOutputType::kFp32, false, s.stream));
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
@@ -348,8 +393,6 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
   }
   const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
   const int64_t greedy_rows = std::count(row_greedy.begin(), row_greedy.end(), true);
-  // Temperature 0 everywhere: SampleTokensCuda's greedy rule (lowest id among equal maxima).
-  const std::vector<SamplingRowParams> greedy_params(greedy_rows > 0 ? out_rows : 0);
 
   PagedPrefillPlan plan;
   const int num_prefill = static_cast<int>(chunks.size()) - num_decode;
@@ -383,9 +426,7 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                    {logit_rows.data(), out_rows * 4},
                    {decode_tables.data(), static_cast<int64_t>(decode_tables.size()) * 8},
                    {decode_num_blocks.data(), int64_t{num_decode} * 4},
-                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
-                   {greedy_params.data(),
-                    static_cast<int64_t>(greedy_params.size() * sizeof(SamplingRowParams))}};
+                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0}};
   int64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.offset = meta_bytes;
@@ -403,16 +444,16 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
       RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
     }
     RETURN_IF_ERROR(s.x.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(s.delta.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
     s.row_capacity = cap;
   }
   if (out_rows > s.logit_row_capacity) {
     const int64_t cap = std::max<int64_t>(out_rows, 64);
     RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
-    RETURN_IF_ERROR(s.last_residual.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.host_logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
-    RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
-    RETURN_IF_ERROR(s.host_sampled.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+    RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
+    RETURN_IF_ERROR(s.host_sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
     s.logit_row_capacity = cap;
   }
   RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
@@ -434,7 +475,6 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     const auto* d_tables = s.metadata.as<KvBlockEntry>(sec[5].offset);
     const auto* d_num_blocks = s.metadata.as<int32_t>(sec[6].offset);
     const void* d_plan = s.metadata.as<void>(sec[7].offset);
-    const auto* d_sampling = s.metadata.as<SamplingRowParams>(sec[8].offset);
     float* x = s.x.as<float>();  // the residual stream stays fp32
     bf16 *h = s.h.as<bf16>(), *qkv = s.qkv.as<bf16>(),
          *q_rot = s.q_rot.as<bf16>(), *attn = s.attn.as<bf16>(), *gu = s.gate_up.as<bf16>(),
@@ -444,12 +484,16 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
 
     RETURN_IF_ERROR(EmbeddingGatherToF32Cuda(weights_->token_embedding(), V, H, d_tokens,
                                              static_cast<int>(rows), x, st));
+    float* delta = s.delta.as<float>();
+    const int dim = static_cast<int>(H);
     for (int l = 0; l < c.num_layers; ++l) {
       const CudaLayerWeights& L = weights_->layer(l);
       bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
       bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
-      RETURN_IF_ERROR(
-          RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+      // x += the previous layer's down projection (none before layer 0), then the norm.
+      RETURN_IF_ERROR(l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, c.rms_norm_eps, h, st)
+                             : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim,
+                                                       c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(RopeKvAppend({.q = qkv,
@@ -502,35 +546,35 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
              .workspace = s.prefill_workspace.as<void>()},
             any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
       }
-      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kFp32,
-                                  /*accumulate=*/true, st));
+      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, delta, GemmOutputType::kFp32,
+                                  /*accumulate=*/false, st));
       RETURN_IF_ERROR(
-          RmsNormF32ToBf16Cuda(x, L.ffn_norm, rows, static_cast<int>(H), c.rms_norm_eps, h, st));
+          AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(gemm.Linear(h, L.w_gate_up, rows, H, 2 * I, gu, GemmOutputType::kBf16,
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(SwiGluCuda(gu, rows, I, act, st));
-      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kFp32,
-                                  /*accumulate=*/true, st));
+      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, delta, GemmOutputType::kFp32,
+                                  /*accumulate=*/false, st));
     }
     if (out_rows > 0) {
-      // The residual rows that sample, gathered like embedding rows, then norm and LM head.
+      // The last residual step and the final norm over every row (one launch, cheap next to
+      // the step), then the rows that sample, gathered like embedding rows, into the LM head.
       bf16* last = s.last_hidden.as<bf16>();
-      float* last_residual = s.last_residual.as<float>();
-      RETURN_IF_ERROR(GatherRowsF32Cuda(x, rows, H, d_logit_rows, static_cast<int>(out_rows),
-                                        last_residual, st));
-      RETURN_IF_ERROR(RmsNormF32ToBf16Cuda(last_residual, weights_->output_norm(), out_rows,
-                                           static_cast<int>(H), c.rms_norm_eps, last, st));
+      RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, weights_->output_norm(), rows, dim,
+                                              c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(
+          EmbeddingGatherCuda(h, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
       RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
                                   GemmOutputType::kFp32, /*accumulate=*/false, st));
-      if (greedy_rows > 0) {
-        RETURN_IF_ERROR(SampleTokensCuda(s.logits.as<float>(), V, static_cast<int>(out_rows),
-                                         static_cast<int>(V), d_sampling, s.sampled.as<int32_t>(),
-                                         st));
+      if (greedy_rows > 0) {  // every row's argmax; only the greedy ones are read
+        RETURN_IF_ERROR(GreedyArgmaxCuda(s.logits.as<float>(), V, static_cast<int>(out_rows),
+                                         static_cast<int>(V), s.sampled.as<uint64_t>(), st));
       }
     }
     return absl::OkStatus();
   };
 
+  auto enqueued = entered;
   absl::Status status = [&]() -> absl::Status {
     if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_start, st));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_metadata.as<void>(),
@@ -542,10 +586,11 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
       RETURN_IF_ERROR(enqueue_compute());
     }
     if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_end, st));
+    enqueued = std::chrono::steady_clock::now();
     if (out_rows > 0) {
       if (greedy_rows > 0) {
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.host_sampled.as<void>(), s.sampled.as<void>(),
-                                             out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                             out_rows * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                              st));
       }
       // Whole rows only where the engine samples on the host, packed in order.
@@ -566,19 +611,24 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     return status;
   }
   if (s.profiling) {
+    using Ms = std::chrono::duration<double, std::milli>;
+    const auto now = std::chrono::steady_clock::now();
     float gpu_ms = 0;
     cudaEventElapsedTime(&gpu_ms, s.step_start, s.step_end);
     ++s.profile.steps;
     s.profile.gpu_ms += gpu_ms;
-    s.profile.forward_wall_ms +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - entered)
-            .count();
+    s.profile.forward_wall_ms += Ms(now - entered).count();
+    s.profile.enqueue_ms += Ms(enqueued - entered).count();
+    if (s.last_return) s.profile.between_ms += Ms(entered - *s.last_return).count();
+    s.last_return = now;
   }
   ForwardOutput output;
   const float* host = s.host_logits.as<float>();
   output.logits.assign(host, host + (out_rows - greedy_rows) * V);
   for (int64_t r = 0; r < out_rows; ++r) {
-    if (row_greedy[r]) output.greedy_ids.push_back(s.host_sampled.as<int32_t>()[r]);
+    if (row_greedy[r]) {
+      output.greedy_ids.push_back(GreedyIdFromPacked(s.host_sampled.as<uint64_t>()[r]));
+    }
   }
   return output;
 }

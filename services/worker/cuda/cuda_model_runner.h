@@ -46,6 +46,9 @@ struct CudaRunnerOptions {
   // Replay decode-only steps as CUDA graphs (one per batch size and table width bucket): one
   // launch instead of ~10 per layer.
   bool cuda_graphs = true;
+  // Tune cuBLASLt for every row bucket of the model's GEMMs at creation (about a second for an
+  // 8B model) instead of inside the first steps that need them.
+  bool warm_up_gemms = true;
 };
 
 // Bytes one 16-token block of K and V takes across all layers (bf16).
@@ -72,7 +75,9 @@ class CudaModelRunner final : public ModelRunner {
   struct StepProfile {
     int64_t steps = 0;
     double forward_wall_ms = 0;  // Forward() from entry to return
+    double enqueue_ms = 0;       // Forward() from entry until every launch is queued
     double gpu_ms = 0;           // metadata upload to the last kernel
+    double between_ms = 0;       // from one Forward's return to the next one's entry (the engine)
   };
   void set_profiling(bool on);
   StepProfile profile() const;
@@ -84,6 +89,7 @@ class CudaModelRunner final : public ModelRunner {
  private:
   struct State;  // device buffers, workspaces, stream (CUDA types kept out of this header)
   CudaModelRunner() = default;
+  absl::Status WarmUpGemms();
 
   std::unique_ptr<CudaModelWeights> weights_;
   int device_ = 0;
