@@ -19,8 +19,12 @@ mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N -V 2>/dev/null |
   sed -n 's/^[0-9]*: Test command: \([^ ]*\).*/\1/p' | sort -u)
 for bin in "${gpu_tests[@]}" "$build"/bin/*; do
   [ -x "$bin" ] || continue
-  # Only programs that use the GPU (the carry limit is 64 MiB; the services need gRPC's libraries).
-  ldd "$bin" | grep -q libcudart || continue
+  # Only programs that use the GPU, plus the cluster's other two services for the multi-GPU run
+  # (tools/cluster-trace); the carry limit is 64 MiB, and the services need gRPC's libraries.
+  case "$(basename "$bin")" in
+    lazyattn-kvdir | lazyattn-router) ;;
+    *) ldd "$bin" | grep -q libcudart || continue ;;
+  esac
   cp "$bin" "$carry/bin/"
   # Every shared library but those the GPU machine has in newer or identical versions: glibc's,
   # the C++ runtime (Ubuntu 24.04's is newer than Debian 12's) and cuBLAS (541 MB, far over the

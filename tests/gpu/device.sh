@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one command (after tests/gpu/bundle.sh packed the carry
 # folder here and the device call carried it):
-#   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (default all)
+#   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (the
+#   default), cluster and ncu (only when named)
 #   tests  every GPU test binary (tests/gpu/run.sh)
 #   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu (when the model came along)
 #   hf     our logits against HF transformers on random Llama models (tests/gpu/hf_logits_check.py)
 #   bench  the attention kernel benchmarks against PyTorch SDPA (tests/gpu/bench.sh)
 #   engine the CUDA backend end to end on llama3-8b random weights (lazyattn-bench-engine)
 #   hfbase HF transformers on the same shapes (tools/bench/hf_rag_baseline.py)
+#   cluster tools/cluster-trace on this machine: kvdir, the router and one CUDA worker per GPU
+#          serving random:llama3-8b (issue 7's run; LAZYATTN_CLUSTER_ARGS adds flags)
+#   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
+#          from Nsight Compute with the clocks and caches left alone; summed per kernel name
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
 # Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
 # LAZYATTN_ENGINE_TIMEOUT (seconds, default 420). Every step has a time limit so the logs always
@@ -67,6 +72,24 @@ if has engine; then
   # shellcheck disable=SC2086
   timeout "${LAZYATTN_ENGINE_TIMEOUT:-420}" "$carry/bin/lazyattn-bench-engine" ${LAZYATTN_ENGINE_ARGS:-} 2>&1 | tee "$logs/bench-engine.log" ||
     status=1
+fi
+if has cluster; then
+  echo "=== tools/cluster-trace, one worker per GPU"
+  gpus="$(nvidia-smi -L | wc -l)"
+  # shellcheck disable=SC2086
+  timeout "${LAZYATTN_CLUSTER_TIMEOUT:-540}" python3 tools/cluster-trace --bin-dir "$carry/bin" \
+    --workers "$gpus" --gpus "$gpus" --backend cuda --model random:llama3-8b \
+    --out "$logs/cluster-trace.json" ${LAZYATTN_CLUSTER_ARGS:-} 2>&1 | tee "$logs/cluster-trace.log" ||
+    status=1
+fi
+if has ncu; then
+  echo "=== ncu: kernel durations inside decode steps"
+  ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)"
+  timeout 400 "$ncu_bin" --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --log-file "$logs/ncu-decode.csv" \
+    "$carry/bin/lazyattn-bench-engine" --parts decode --batches 32 --profile-decode-steps 2 \
+    2>&1 | tail -n 30 | tee "$logs/ncu-run.log" || status=1
+  python3 tests/gpu/ncu_summary.py "$logs/ncu-decode.csv" 2>&1 | tee "$logs/ncu-summary.log"
 fi
 if has hfbase; then
   echo "=== HF transformers baseline (llama3-8b, sdpa, bf16)"

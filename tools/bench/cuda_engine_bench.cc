@@ -6,7 +6,11 @@
 //   lazyattn-bench-engine [--shape llama3-8b] [--parts gemm,ttft,decode,serving]
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
-//                         [--serving-kv-gib 12]
+//                         [--serving-kv-gib 12] [--profile-decode-steps N]
+//
+// --profile-decode-steps N brackets N steady-state steps of every decode run with
+// cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
+// kernels' durations inside real steps, where the timed-alone table above has warm caches.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -16,11 +20,12 @@
 #include <random>
 #include <thread>
 
+#include <cuda_profiler_api.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/status_macros.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "kernels/cuda/cuda_check.h"
@@ -91,15 +96,15 @@ EngineRequest RagRequest(const std::vector<int>& docs, int doc_tokens, int quest
 absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
   std::cout << "\n### RAG TTFT (5 documents x 4,096 tokens + 64-token question, 128 output "
                "tokens; documents reordered between requests)\n\n"
-            << "| mode | cold ms | 3 of 5 cached ms | all cached ms | decode tok/s |\n"
-            << "|---|---|---|---|---|\n";
+            << "| mode | cold ms | 3 of 5 cached ms | all cached ms | decode tok/s | "
+               "all cached, its step: GPU / Forward / launch ms |\n|---|---|---|---|---|---|\n";
   constexpr int kRepeats = 3;
   for (CacheMode mode : {CacheMode::kFull, CacheMode::kPrefix, CacheMode::kBlock,
                          CacheMode::kLazy}) {
     ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 64));
     // Warm-up (cuBLAS plans, first-touch allocations) on documents used nowhere else.
     RETURN_IF_ERROR(engine->Run(RagRequest({900, 901, 902, 903, 904}, 4096, 0, mode, 8)).status());
-    std::vector<double> cold, partial, warm, decode;
+    std::vector<double> cold, partial, warm, decode, step_gpu, step_wall, step_launch;
     for (int rep = 0; rep < kRepeats; ++rep) {
       const int base = 10 * rep;  // fresh documents every repeat
       const int q = 100 + 3 * rep;
@@ -113,14 +118,28 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
       partial.push_back(r2.ttft_ms);
       warm.push_back(r3.ttft_ms);
       decode.push_back(r1.decode_tokens_per_s);
+      // Where an all-cached TTFT goes: the same documents once more, one output token, so the
+      // runner's profile holds exactly the step that makes the first token.
+      b.runner->set_profiling(true);
+      ASSIGN_OR_RETURN(auto r4, engine->Run(RagRequest({base + 2, base + 5, base + 1, base + 4,
+                                                        base + 3}, 4096, q + 3, mode, 1)));
+      const CudaModelRunner::StepProfile prof = b.runner->profile();
+      b.runner->set_profiling(false);
+      step_gpu.push_back(prof.steps ? prof.gpu_ms / prof.steps : 0);
+      step_wall.push_back(prof.steps ? prof.forward_wall_ms / prof.steps : 0);
+      step_launch.push_back(prof.steps ? prof.enqueue_ms / prof.steps : 0);
     }
     const auto med = [](std::vector<double> v) { return Percentile(std::move(v), 0.5); };
     std::cout << absl::StrCat("| ", std::string(CacheModeName(mode)), " | ", med(cold), " | ", med(partial),
-                              " | ", med(warm), " | ", med(decode), " |\n");
+                              " | ", med(warm), " | ", med(decode), " | ", med(step_gpu), " / ",
+                              med(step_wall), " / ", med(step_launch), " |\n");
     out["ttft"][std::string(CacheModeName(mode))] = {{"cold_ms", med(cold)},
                                                     {"three_cached_ms", med(partial)},
                                                     {"all_cached_ms", med(warm)},
-                                                    {"decode_tok_s", med(decode)}};
+                                                    {"decode_tok_s", med(decode)},
+                                                    {"all_cached_step_gpu_ms", med(step_gpu)},
+                                                    {"all_cached_step_forward_ms", med(step_wall)},
+                                                    {"all_cached_step_launch_ms", med(step_launch)}};
   }
   return absl::OkStatus();
 }
@@ -130,6 +149,7 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
 struct TraceResult {
   std::vector<RequestResult> results;
   std::vector<absl::Time> token_times;  // every streamed token
+  std::vector<absl::Time> first_token;  // per request
   absl::Time start, end;
   absl::Time first_done = absl::InfiniteFuture();
   int failures = 0;
@@ -137,22 +157,26 @@ struct TraceResult {
 
 TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
                      const std::vector<double>& arrival,
-                     std::function<void()> on_all_started = {}) {
+                     std::function<void()> on_all_started = {},
+                     std::function<void()> on_token_after_start = {}) {
   TraceResult t;
   std::mutex mu;
   std::condition_variable cv;
   int done = 0;
   size_t started = 0;
   t.results.resize(requests.size());
+  t.first_token.resize(requests.size(), absl::InfiniteFuture());
   t.start = absl::Now();
   for (size_t i = 0; i < requests.size(); ++i) {
     const absl::Time at = t.start + absl::Seconds(arrival[i]);
     if (absl::Now() < at) absl::SleepFor(at - absl::Now());
     RequestCallbacks cb;
-    cb.on_token = [&, first = true](int32_t, std::string_view) mutable {
+    cb.on_token = [&, i, first = true](int32_t, std::string_view) mutable {
       std::lock_guard<std::mutex> lock(mu);
       t.token_times.push_back(absl::Now());
+      if (first) t.first_token[i] = t.token_times.back();
       // Runs on the engine thread between steps: safe to touch the runner.
+      if (started == requests.size() && on_token_after_start) on_token_after_start();
       if (first && ++started == requests.size() && on_all_started) on_all_started();
       first = false;
     };
@@ -177,9 +201,11 @@ TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
 }
 
 // --- Decode: batch 1 at 20K context, batch 32 at 2K, and the largest batch that fits. ---
-absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches, json& out) {
+absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
+                       int profile_steps, json& out) {
   std::cout << "\n### Decode\n\n| batch | context | step ms | output tok/s | GPU ms/step | "
-               "runner wall ms/step | CUDA graph replays |\n|---|---|---|---|---|---|---|\n";
+               "runner wall ms/step | launch ms/step | engine ms between steps | "
+               "CUDA graph replays |\n|---|---|---|---|---|---|---|---|---|\n";
   ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 512));
   auto one = [&](int batch, int context, int steps) -> absl::Status {
     std::vector<EngineRequest> reqs;
@@ -191,16 +217,30 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     }
     b.runner->set_profiling(false);
     const int64_t replays_before = b.runner->graph_launches();
-    const TraceResult t = RunTrace(*engine, reqs, std::vector<double>(batch, 0.0), [&] {
-      b.runner->set_profiling(true);  // from the first all-decode step on
-    });
+    // The profiler window counts tokens of the whole batch: it opens after two all-decode steps
+    // (the eager one, which autotunes new GEMM shapes, and the graph capture) and stays open
+    // for `profile_steps` steps of `batch` tokens.
+    int64_t skip_tokens = -1, window_tokens = -1;
+    const TraceResult t = RunTrace(
+        *engine, reqs, std::vector<double>(batch, 0.0),
+        [&] {
+          b.runner->set_profiling(true);  // from the first all-decode step on
+          if (profile_steps > 0) skip_tokens = int64_t{2} * batch;
+        },
+        [&] {
+          if (skip_tokens > 0 && --skip_tokens == 0) {
+            cudaProfilerStart();
+            window_tokens = int64_t{profile_steps} * batch;
+          } else if (window_tokens > 0 && --window_tokens == 0) {
+            cudaProfilerStop();
+          }
+        });
+    if (window_tokens > 0) cudaProfilerStop();
     if (t.failures > 0) return absl::InternalError(absl::StrCat(t.failures, " requests failed"));
     // Steady state: every request decoding, from the last first token to the first request
     // that finishes (earlier starters finish earlier; the tail has a smaller batch).
     absl::Time all_started = t.start;
-    for (const RequestResult& r : t.results) {
-      all_started = std::max(all_started, t.start + absl::Milliseconds(r.ttft_ms));
-    }
+    for (absl::Time at : t.first_token) all_started = std::max(all_started, at);
     int64_t tokens = 0;
     for (absl::Time at : t.token_times) tokens += at > all_started && at < t.first_done;
     const double seconds = absl::ToDoubleSeconds(t.first_done - all_started);
@@ -209,11 +249,15 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     const CudaModelRunner::StepProfile prof = b.runner->profile();
     const double gpu_ms = prof.steps ? prof.gpu_ms / prof.steps : 0;
     const double wall_ms = prof.steps ? prof.forward_wall_ms / prof.steps : 0;
+    const double launch_ms = prof.steps ? prof.enqueue_ms / prof.steps : 0;
+    const double between_ms = prof.steps > 1 ? prof.between_ms / (prof.steps - 1) : 0;
     const int64_t replays = b.runner->graph_launches() - replays_before;
     std::cout << absl::StrCat("| ", batch, " | ", context, " | ", step_ms, " | ", tok_s, " | ",
-                              gpu_ms, " | ", wall_ms, " | ", replays, " |\n");
+                              gpu_ms, " | ", wall_ms, " | ", launch_ms, " | ", between_ms, " | ",
+                              replays, " |\n");
     out["decode"].push_back({{"batch", batch}, {"context", context}, {"step_ms", step_ms},
                              {"tok_s", tok_s}, {"gpu_ms", gpu_ms}, {"runner_wall_ms", wall_ms},
+                             {"launch_ms", launch_ms}, {"engine_between_ms", between_ms},
                              {"graph_replays", replays}});
     return absl::OkStatus();
   };
@@ -295,66 +339,74 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
   return absl::OkStatus();
 }
 
-// --- The decode step's GEMMs alone: cuBLASLt's first heuristic pick against the autotuned one. ---
+// --- The decode step's GEMMs alone, cuBLASLt with the autotuned algorithm. ---
+// "Cold" rotates over copies of the weights that together exceed the 50 MB L2, as inside a step
+// where each layer's weights are read once; "warm" repeats one copy (the o projection's 33.5 MB
+// then sit in L2, which is how a timed-alone loop flatters it).
 absl::Status RunGemms(const ModelConfig& c, json& out) {
   std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
-            << "| rows | product | heuristic us | autotuned us | autotuned weight TB/s |\n"
-            << "|---|---|---|---|---|\n";
+            << "| rows | product | warm us | cold us | cold weight TB/s |\n|---|---|---|---|---|\n";
   struct Shape {
     const char* name;
     int64_t in, out;
     GemmOutputType type;
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size;
+  // Output types as in the runner: the o and down projections add into the fp32 residual.
   const Shape shapes[] = {{"qkv", H, c.q_size() + 2 * c.kv_size(), GemmOutputType::kBf16},
-                          {"o", c.q_size(), H, GemmOutputType::kBf16},
+                          {"o", c.q_size(), H, GemmOutputType::kFp32},
                           {"gate_up", H, 2 * I, GemmOutputType::kBf16},
-                          {"down", I, H, GemmOutputType::kBf16},
+                          {"down", I, H, GemmOutputType::kFp32},
                           {"lm_head", H, c.vocab_size, GemmOutputType::kFp32}};
-  ASSIGN_OR_RETURN(auto heuristic, CublasLtGemm::Create());
   ASSIGN_OR_RETURN(auto tuned, CublasLtGemm::Create());
-  heuristic->set_autotune(false);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  for (int64_t rows : {1, 32, 240}) {
+  for (int64_t rows : {1, 8, 32, 64, 240}) {
     for (const Shape& sh : shapes) {
-      __nv_bfloat16 *x = nullptr, *w = nullptr;
+      const int64_t w_bytes = sh.in * sh.out * 2;
+      const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{256} << 20) / w_bytes + 1));
+      __nv_bfloat16* x = nullptr;
+      std::vector<__nv_bfloat16*> w(copies, nullptr);
       void* y = nullptr;
       RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&x), rows * sh.in * 2));
-      RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&w), sh.in * sh.out * 2));
       RETURN_IF_CUDA_ERROR(cudaMalloc(&y, rows * sh.out * 4));
       RETURN_IF_ERROR(FillNormalBf16(x, rows * sh.in, 1, 0, 0, 1, nullptr));
-      RETURN_IF_ERROR(FillNormalBf16(w, sh.in * sh.out, 1, 1, 0, 0.02f, nullptr));
-      double us[2] = {0, 0};
-      for (int k = 0; k < 2; ++k) {
-        CublasLtGemm& g = k == 0 ? *heuristic : *tuned;
-        RETURN_IF_ERROR(g.Linear(x, w, rows, sh.in, sh.out, y, sh.type, false, nullptr));
-        constexpr int kReps = 20;
+      for (int k = 0; k < copies; ++k) {
+        RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&w[k]), w_bytes));
+        RETURN_IF_ERROR(FillNormalBf16(w[k], sh.in * sh.out, 1, 1 + k, 0, 0.02f, nullptr));
+      }
+      auto time_us = [&](bool cold) -> absl::StatusOr<double> {
+        auto run = [&](int r) {
+          return tuned->Linear(x, w[cold ? r % copies : 0], rows, sh.in, sh.out, y, sh.type, true,
+                               nullptr);
+        };
+        RETURN_IF_ERROR(run(0));  // autotuning on the first call
+        constexpr int kReps = 24;
         cudaEventRecord(start);
-        for (int r = 0; r < kReps; ++r) {
-          RETURN_IF_ERROR(g.Linear(x, w, rows, sh.in, sh.out, y, sh.type, false, nullptr));
-        }
+        for (int r = 0; r < kReps; ++r) RETURN_IF_ERROR(run(r + 1));
         cudaEventRecord(stop);
-        cudaEventSynchronize(stop);
+        RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop));
         float ms = 0;
         cudaEventElapsedTime(&ms, start, stop);
-        us[k] = 1000.0 * ms / kReps;
-      }
-      const double tbs = sh.in * sh.out * 2 / (us[1] * 1e-6) / 1e12;
-      std::cout << absl::StrCat("| ", rows, " | ", sh.name, " ", sh.in, "->", sh.out, " | ", us[0],
-                                " | ", us[1], " | ", tbs, " |\n");
-      out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"heuristic_us", us[0]},
-                             {"autotuned_us", us[1]}, {"weight_tbs", tbs}});
+        return 1000.0 * ms / kReps;
+      };
+      ASSIGN_OR_RETURN(const double warm, time_us(false));
+      ASSIGN_OR_RETURN(const double cold, time_us(true));
+      const double tbs = w_bytes / (cold * 1e-6) / 1e12;
+      std::cout << absl::StrCat("| ", rows, " | ", sh.name, " ", sh.in, "->", sh.out, " | ", warm,
+                                " | ", cold, " | ", tbs, " |\n");
+      out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"warm_us", warm},
+                             {"cold_us", cold}, {"cold_weight_tbs", tbs}});
       cudaFree(x);
-      cudaFree(w);
+      for (auto* p : w) cudaFree(p);
       cudaFree(y);
     }
   }
   // The other launches of a decode step, one layer's worth each (plus the once-per-step ones).
   std::cout << "\n### Decode-step kernels besides the GEMMs (us per launch)\n\n"
-            << "| rows | rms_norm | rope_kv_append | decode attention (2K ctx) | swiglu | "
-               "greedy sampling (vocab) |\n|---|---|---|---|---|---|\n";
+            << "| rows | rms_norm (fp32 in) | rope_kv_append | decode attention (2K ctx) | swiglu | "
+               "greedy argmax (vocab) | one-CTA sampler, greedy |\n|---|---|---|---|---|---|---|\n";
   for (int rows : {1, 32, 240}) {
     const int64_t Q = c.q_size(), KV = c.kv_size(), qkv_w = Q + 2 * KV;
     const int blocks_per_seq = 2048 / 16;
@@ -402,8 +454,9 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
       cudaEventElapsedTime(&ms, start, stop);
       return 1000.0 * ms / kReps;
     };
+    auto* residual = static_cast<float*>(alloc(rows * H * 4));
     ASSIGN_OR_RETURN(const double norm_us, time([&] {
-      return RmsNormCuda(x, norm_w, rows, static_cast<int>(H), 1e-5f, y, nullptr);
+      return RmsNormF32ToBf16Cuda(residual, norm_w, rows, static_cast<int>(H), 1e-5f, y, nullptr);
     }));
     ASSIGN_OR_RETURN(const double rope_us, time([&] {
       return RopeKvAppend({.q = x, .q_row_stride = qkv_w, .k = x + Q, .k_row_stride = qkv_w,
@@ -429,11 +482,17 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
       return SampleTokensCuda(logits, c.vocab_size, rows, static_cast<int>(c.vocab_size), params,
                               ids, nullptr);
     }));
+    auto* packed = static_cast<uint64_t*>(alloc(rows * 8));
+    ASSIGN_OR_RETURN(const double argmax_us, time([&] {
+      return GreedyArgmaxCuda(logits, c.vocab_size, rows, static_cast<int>(c.vocab_size), packed,
+                              nullptr);
+    }));
     std::cout << absl::StrCat("| ", rows, " | ", norm_us, " | ", rope_us, " | ", attn_us, " | ",
-                              swiglu_us, " | ", sample_us, " |\n");
+                              swiglu_us, " | ", argmax_us, " | ", sample_us, " |\n");
     out["kernels"].push_back({{"rows", rows}, {"rms_norm_us", norm_us},
                               {"rope_kv_append_us", rope_us}, {"decode_attention_2k_us", attn_us},
-                              {"swiglu_us", swiglu_us}, {"greedy_sampling_us", sample_us}});
+                              {"swiglu_us", swiglu_us}, {"greedy_argmax_us", argmax_us},
+                              {"one_cta_sampler_us", sample_us}});
     for (void* p : allocs) cudaFree(p);
   }
   cudaEventDestroy(start);
@@ -451,6 +510,8 @@ int Main(int argc, char** argv) {
   args.Declare("serving-requests", CliArgs::Kind::kValue, "requests per trace (default 60)");
   args.Declare("serving-rates", CliArgs::Kind::kValue, "arrival rates, req/s (default 2,6)");
   args.Declare("serving-kv-gib", CliArgs::Kind::kValue, "KV budget of the trace (default 12)");
+  args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
+               "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << s.message() << "\n" << args.Help();
     return 2;
@@ -480,7 +541,8 @@ int Main(int argc, char** argv) {
   if (status.ok() && parts.find("gemm") != std::string::npos) status = RunGemms(b.config, out);
   if (status.ok() && parts.find("ttft") != std::string::npos) status = RunTtft(b, budget, out);
   if (status.ok() && parts.find("decode") != std::string::npos) {
-    status = RunDecode(b, budget, batches, out);
+    status = RunDecode(b, budget, batches,
+                       static_cast<int>(args.Int("profile-decode-steps", 0).value_or(0)), out);
   }
   if (status.ok() && parts.find("serving") != std::string::npos) {
     status = RunServing(b, args.Int("serving-kv-gib", 12).value_or(12) * gib,

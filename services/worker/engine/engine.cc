@@ -43,9 +43,11 @@ Engine::~Engine() {
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
+  const absl::Time submitted = absl::Now();
   auto prepared = PrepareRequest(request, *tokenizer_, config_, identity_, limits_);
   if (!prepared.ok()) return prepared.status();
   prepared->callbacks = std::move(callbacks);
+  prepared->submitted = submitted;
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -94,7 +94,8 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
   auto r = std::make_unique<Request>();
   r->id = id != 0 ? id : next_id_++;
   r->prepared = std::move(prepared);
-  r->submitted = absl::Now();
+  r->submitted = r->prepared.submitted == absl::InfinitePast() ? absl::Now()
+                                                                : r->prepared.submitted;
   const SamplingParams& sp = r->prepared.sampling;
   r->sampler = std::make_unique<Sampler>(sp);
   r->decoder = std::make_unique<StreamingDecoder>(tokenizer_);

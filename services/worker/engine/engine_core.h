@@ -56,6 +56,9 @@ struct PreparedRequest {
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
   absl::Time deadline = absl::InfiniteFuture();
+  // When the caller handed the request over (Engine::Submit sets it); TTFT counts from here, so
+  // time spent in the inbox while the loop runs a step is included. Unset: when the core adds it.
+  absl::Time submitted = absl::InfinitePast();
   RequestCallbacks callbacks;
   int64_t prompt_tokens() const;
 };
