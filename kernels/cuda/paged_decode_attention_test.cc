@@ -401,11 +401,12 @@ TEST_F(DecodeTest, DeferredRotationEqualsGlobalRotation) {
     SCOPED_TRACE(::testing::Message() << "d " << d);
     // Both against the same fp32 reference: a and b start from different bf16 roundings of K
     // (rotated before vs after rounding), so comparing them directly would need twice the
-    // bf16 tolerance of either.
-    EXPECT_TRUE(DecodeClose(a, want, d));
-    // K rotated at positions up to 200,000 and only then rounded to bf16 carries a little more
-    // error than local K (seen once on the H200: one element 5% over the element bound, worst-row
-    // relative L2 7.4e-3), so the global baseline gets 1.5x the element slack.
+    // bf16 tolerance of either. Each carries one rounding the twin does not: the rotating kernel
+    // rounds q rotated back by deltas up to 200,000 to bf16, the global baseline rounds K rotated
+    // at those positions. Both get 1.5x the element slack (seen on the H200: the baseline once 5%
+    // over the plain element bound, worst-row relative L2 7.4e-3; the rotating kernel once 15%
+    // over, seed 3941222009, worst-row relative L2 1.2e-2, within the 3e-2 row bound).
+    EXPECT_TRUE(DecodeClose(a, want, d, nullptr, 1.5));
     EXPECT_TRUE(DecodeClose(b, want, d, nullptr, 1.5));
     // And rotation matters: ignoring the deltas on local K is far off.
     RunOptions wrong;
