@@ -151,6 +151,10 @@ void RouterContext::RefreshWorkers() {
   if (kvdir_ != nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.kvdir.list_timeout));
+    // Ride out a connection that is still coming up (or failed once) until the deadline instead
+    // of failing fast: a router whose first listing fails knows no workers until the next
+    // refresh, and answers "no live workers" meanwhile (seen once in 765 loaded test runs).
+    ctx.set_wait_for_ready(true);
     lazyattn::v1::ListWorkersResponse response;
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
     if (s.ok()) registry_.ObserveDirectory(response.workers(), absl::Now());
