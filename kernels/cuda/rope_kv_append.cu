@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(kThreads) RopeKvAppendKernel(const RopeKvAppen
     if (slot < 0) return;
     const int i = (item - q_pairs - k_pairs) * v_piece;
     const int h = i / a.head_dim, x = i % a.head_dim;
-    __nv_bfloat16* dst = a.v_pool + ((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim + x;
+    __nv_bfloat16* dst =
+        a.v_pool + ((block * a.num_kv_heads + h) * kBlockSize + offset) * a.head_dim + x;
     const __nv_bfloat16* src = a.v + t * a.v_row_stride + i;
     if (v_piece == 8) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);

@@ -328,7 +328,8 @@ absl::Status GreedyArgmaxCuda(const float* logits, int64_t row_stride, int rows,
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(packed, 0, size_t(rows) * sizeof(uint64_t), stream));
   constexpr int kMaxGridRows = 65535;  // gridDim.y
   for (int first = 0; first < rows; first += kMaxGridRows) {
-    const dim3 grid((vocab + kArgmaxPerCta - 1) / kArgmaxPerCta, std::min(kMaxGridRows, rows - first));
+    const dim3 grid((vocab + kArgmaxPerCta - 1) / kArgmaxPerCta,
+                    std::min(kMaxGridRows, rows - first));
     GreedyArgmaxKernel<<<grid, kArgmaxThreads, 0, stream>>>(
         logits + int64_t(first) * row_stride, row_stride, vocab,
         reinterpret_cast<unsigned long long*>(packed + first));

@@ -259,12 +259,12 @@ absl::Status CudaModelRunner::WarmUpGemms() {
   RETURN_IF_ERROR(out.Reserve(std::max(kWarmRows * std::max({qkv_width, 2 * I, H}),
                                        kWarmLogitRows * c.vocab_size) *
                               int64_t{sizeof(float)}));
-  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(in.as<void>(), 0, kWarmRows * std::max({H, Q, I}) * 2,
-                                       s.stream));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(
+      in.as<void>(), 0, kWarmRows * std::max({H, Q, I}) * int64_t{sizeof(bf16)}, s.stream));
   const CudaLayerWeights& L = weights_->layer(0);
   const bf16* x = in.as<bf16>();
+  CublasLtGemm& g = *s.gemm;
   for (int64_t rows = 1; rows <= kWarmRows; rows *= 2) {
-    CublasLtGemm& g = *s.gemm;
     RETURN_IF_ERROR(g.Linear(x, L.wqkv, rows, H, qkv_width, out.as<void>(), GemmOutputType::kBf16,
                              false, s.stream));
     RETURN_IF_ERROR(
@@ -491,9 +491,9 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
       bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
       bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
       // x += the previous layer's down projection (none before layer 0), then the norm.
-      RETURN_IF_ERROR(l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, c.rms_norm_eps, h, st)
-                             : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim,
-                                                       c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(
+          l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, c.rms_norm_eps, h, st)
+                 : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(RopeKvAppend({.q = qkv,
