@@ -434,7 +434,8 @@ TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
               << gpu_token << "): the CUDA token is the CPU's rank " << rank << " by " << margin
               << " logits; first-step max error " << d.max_abs << "\n";
     EXPECT_LE(rank, 5) << "parted at token " << part << " on a token outside the CPU's top 5";
-    EXPECT_LT(margin, d.max_abs) << "parted at token " << part << " where the CPU was not near a tie";
+    EXPECT_LT(margin, d.max_abs)
+        << "parted at token " << part << " where the CPU was not near a tie";
   }
   EXPECT_GE(runs, 12);
   std::cout << "SmolLM2 cuda vs cpu: " << runs << " prompts, worst first-step rel_err " << worst

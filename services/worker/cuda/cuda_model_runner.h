@@ -46,8 +46,8 @@ struct CudaRunnerOptions {
   // Replay decode-only steps as CUDA graphs (one per batch size and table width bucket): one
   // launch instead of ~10 per layer.
   bool cuda_graphs = true;
-  // Tune cuBLASLt for every row bucket of the model's GEMMs at creation (about a second for an
-  // 8B model) instead of inside the first steps that need them.
+  // Tune cuBLASLt for every row bucket of the model's GEMMs at creation instead of inside the
+  // first steps that need them (tens of milliseconds each).
   bool warm_up_gemms = true;
 };
 
