@@ -9,8 +9,9 @@ cd "$repo"
 carry="${1:-.device-carry}"
 out="${OUT:-$repo/$carry/out}"
 mkdir -p "$out"
-cuda_lib="$(ls -d /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null | head -n 1)"
-export LD_LIBRARY_PATH="$repo/$carry/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=tests/gpu/carry_env.sh
+source tests/gpu/carry_env.sh
+use_carry "$repo" "$carry"
 export PYTHONUNBUFFERED=1
 date -u +"%F %T UTC" | tee "$out/bench-date.txt"
 for bench in decode prefill; do

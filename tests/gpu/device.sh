@@ -25,11 +25,9 @@ carry="${LAZYATTN_CARRY:-.device-carry}"
 final_out="${OUT:-$repo/$carry/out}"
 logs="$(mktemp -d)"
 export OUT="$logs" PYTHONUNBUFFERED=1
-cuda_lib="$(ls -d /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null | head -n 1)"
-export LD_LIBRARY_PATH="$repo/$carry/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if [ -f "$carry/bundle.tar.xz" ] && [ ! -d "$carry/bin" ]; then
-  python3 -m tarfile -e "$carry/bundle.tar.xz" "$carry"  # xz may be absent there; Python has lzma
-fi
+# shellcheck source=tests/gpu/carry_env.sh
+source tests/gpu/carry_env.sh
+use_carry "$repo" "$carry"
 # SmolLM2 (98 MB) is larger than one call may carry: tests/gpu/split-model.sh cuts it into
 # .device-carry-model-a/ and -b/, carried by two calls in a row (the second while the machine is
 # still warm). Only a complete, checksum-verified file is used; otherwise its tests skip.

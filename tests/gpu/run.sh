@@ -9,12 +9,9 @@ carry="${1:-.device-carry}"
 filter="${2:-*}"
 out="${OUT:-$repo/$carry/out}"
 mkdir -p "$out"
-if [ -f "$carry/bundle.tar.xz" ] && [ ! -d "$carry/bin" ]; then
-  python3 -m tarfile -e "$carry/bundle.tar.xz" "$carry"  # xz may be absent there; Python has lzma
-fi
-# cuBLAS comes from the machine's own CUDA install (bundle.sh does not carry it).
-cuda_lib="$(ls -d /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null | head -n 1)"
-export LD_LIBRARY_PATH="$repo/$carry/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=tests/gpu/carry_env.sh
+source tests/gpu/carry_env.sh
+use_carry "$repo" "$carry"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 for test in "$carry"/bin/*_test; do
