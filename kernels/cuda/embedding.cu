@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_overlap.cuh"
 
 namespace lazyattn {
 namespace {
@@ -9,6 +10,10 @@ namespace {
 // One CTA per token; 16-byte copies when rows are 16-byte aligned.
 __global__ void EmbeddingKernel(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
                                 const int32_t* ids, __nv_bfloat16* out) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   const int t = blockIdx.x;
   const int32_t id = ids[t];
   const bool ok = id >= 0 && id < vocab;
@@ -81,8 +86,8 @@ absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int6
         absl::StrCat("embedding: n ", n, ", vocab ", vocab, ", dim ", dim));
   }
   if (n == 0) return absl::OkStatus();
-  EmbeddingKernel<<<n, 128, 0, stream>>>(table, vocab, dim, ids, out);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(
+      LaunchOverlapped(EmbeddingKernel, dim3(n), dim3(128), 0, stream, table, vocab, dim, ids, out));
   return absl::OkStatus();
 }
 

@@ -5,6 +5,10 @@
 //
 // The handle, the workspace and, per shape, the matmul descriptors and the heuristic's algorithm
 // are created once and reused. Not thread-safe: one CublasLtGemm per thread (or per stream).
+//
+// One-row products (decode at batch 1) go to SkinnyLinearCuda (kernels/cuda/skinny_linear.h)
+// instead, where it supports the shape: a weight stream on CUDA cores, launched to overlap the
+// kernel before it, which cuBLASLt's kernels cannot (docs/benchmarks.md times both).
 #ifndef LAZYATTN_KERNELS_CUDA_GEMM_H_
 #define LAZYATTN_KERNELS_CUDA_GEMM_H_
 
@@ -49,6 +53,16 @@ class CublasLtGemm {
   static constexpr int64_t kAutotuneMaxRows = 1024;
   void set_autotune(bool on) { autotune_ = on; }
 
+  // act[r][i] = silu(gate) * up of y = x W^T, for W = [gate rows; up rows] ([2 * inter][in]).
+  // One fused pass where the skinny path applies; otherwise Linear into `gate_up_scratch`
+  // ([rows][2 * inter] bf16) and SwiGluCuda.
+  absl::Status LinearSwiGlu(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, int64_t rows,
+                            int64_t in, int64_t inter, __nv_bfloat16* gate_up_scratch,
+                            __nv_bfloat16* act, cudaStream_t stream);
+
+  // Whether one-row products use the skinny kernel (on by default; off to time cuBLASLt).
+  void set_skinny(bool on) { skinny_ = on; }
+
   // Number of cached shapes (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
@@ -64,9 +78,10 @@ class CublasLtGemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   bool autotune_ = true;
+  bool skinny_ = true;
   void* tune_scratch_ = nullptr;  // output of the timing runs
   static constexpr size_t kFlushBytes = size_t{128} << 20;  // > 2x the largest L2 (H200: 50 MB)
-  void* flush_ = nullptr;         // overwritten before each timing run
+  void* flush_ = nullptr;         // read before each timing run (evicts the weights)
   size_t tune_scratch_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, const Plan*> tuned_;  // the timed plan of each row bucket (owned by plans_)

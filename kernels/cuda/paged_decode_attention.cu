@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/launch_overlap.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
@@ -172,6 +173,10 @@ __device__ __forceinline__ void LoadCosSin(const float* cos_row, const float* si
 template <int D, bool kRotate>
 __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
     PagedDecodeKernel(const KernelParams p) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();  // the o projection may then load its weights during the merge
   using T = Traits<D>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -670,8 +675,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, PagedDecodeWorkspace
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.out_fp32 = a.out_type == DecodeOutputType::kFp32;
   const dim3 grid(plan->num_splits, a.num_kv_heads * p.head_tiles, a.batch);
-  k.fn<<<grid, kThreads, k.smem_bytes, stream>>>(p);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(k.fn, grid, dim3(kThreads), k.smem_bytes, stream, p));
   return absl::OkStatus();
 }
 

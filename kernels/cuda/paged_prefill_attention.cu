@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_overlap.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
@@ -130,6 +131,10 @@ __device__ __forceinline__ void Rotate8(uint4& x1, uint4& x2, const float4& c0, 
 
 template <int D, PrefillRotation kRot>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const Params p) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   using S = Smem<D, kRot>;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kHalfChunks = D / 16;
@@ -535,6 +540,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const
 // weight, and the partial rows are read 4 splits at a time so their loads overlap.
 template <int D>
 __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Params p) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   constexpr int kPerLane = D / 32;
   const int* c = p.combine + static_cast<int64_t>(blockIdx.x) * kCombineWords;
   const int seq = c[0], m_tok0 = c[1], n_tok = c[2], base = c[3], splits = c[4];
@@ -611,15 +620,15 @@ absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, cudaStre
   if (!attr_status.ok()) return attr_status;
   const int kv_heads = plan.shape().num_kv_heads;
   if (plan.num_work_items() > 0) {
-    PagedPrefillKernel<D, kRot>
-        <<<dim3(plan.num_work_items(), kv_heads), kThreads, kSmem, stream>>>(params);
-    RETURN_IF_CUDA_ERROR(cudaGetLastError());
+    RETURN_IF_CUDA_ERROR(LaunchOverlapped(PagedPrefillKernel<D, kRot>,
+                                          dim3(plan.num_work_items(), kv_heads), dim3(kThreads),
+                                          kSmem, stream, params));
   }
   if (plan.num_split_groups() > 0) {
-    PagedPrefillCombineKernel<D>
-        <<<dim3(plan.num_split_groups(), kv_heads, kBlockM / (kThreads / 32)), kThreads, 0,
-           stream>>>(params);
-    RETURN_IF_CUDA_ERROR(cudaGetLastError());
+    RETURN_IF_CUDA_ERROR(LaunchOverlapped(
+        PagedPrefillCombineKernel<D>,
+        dim3(plan.num_split_groups(), kv_heads, kBlockM / (kThreads / 32)), dim3(kThreads), 0,
+        stream, params));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_overlap.cuh"
 
 namespace lazyattn {
 namespace {
@@ -62,6 +63,10 @@ __global__ void __launch_bounds__(kThreads)
     RmsNormF32Kernel(float* __restrict__ x, const float* __restrict__ delta,
                      const __nv_bfloat16* __restrict__ weight, int dim, float eps,
                      __nv_bfloat16* __restrict__ out) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   const int64_t base = int64_t(blockIdx.x) * dim;
   if (dim % 4 != 0) {
     float sum_sq = 0.f;
@@ -165,9 +170,9 @@ absl::Status RmsNormF32ToBf16Cuda(const float* x, const __nv_bfloat16* weight, i
   if (absl::Status s = Check(rows, dim); !s.ok()) return s;
   if (rows == 0) return absl::OkStatus();
   // The kernel's x is writable only for the fused form, which this is not.
-  RmsNormF32Kernel<false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      const_cast<float*>(x), nullptr, weight, dim, eps, out);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(RmsNormF32Kernel<false>, dim3(static_cast<unsigned>(rows)),
+                                        dim3(kThreads), 0, stream, const_cast<float*>(x), nullptr,
+                                        weight, dim, eps, out));
   return absl::OkStatus();
 }
 
@@ -177,9 +182,9 @@ absl::Status AddRmsNormF32ToBf16Cuda(float* residual, const float* delta,
   if (absl::Status s = Check(rows, dim); !s.ok()) return s;
   if (rows == 0) return absl::OkStatus();
   if (residual == delta) return absl::InvalidArgumentError("add+rms norm: delta aliases residual");
-  RmsNormF32Kernel<true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      residual, delta, weight, dim, eps, out);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(RmsNormF32Kernel<true>, dim3(static_cast<unsigned>(rows)),
+                                        dim3(kThreads), 0, stream, residual, delta, weight, dim,
+                                        eps, out));
   return absl::OkStatus();
 }
 

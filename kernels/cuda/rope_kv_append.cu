@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_overlap.cuh"
 
 namespace lazyattn {
 namespace {
@@ -16,6 +17,10 @@ constexpr int kThreads = 256;
 // decode step then costs about one memory round trip (positions, then cos/sin and the inputs),
 // instead of one per loop iteration of a single CTA.
 __global__ void __launch_bounds__(kThreads) RopeKvAppendKernel(const RopeKvAppendArgs a) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   const int t = blockIdx.x;
   const int item = blockIdx.y * kThreads + threadIdx.x;
   const int half = a.head_dim / 2;
@@ -90,8 +95,7 @@ absl::Status RopeKvAppend(const RopeKvAppendArgs& a, cudaStream_t stream) {
   const int items = (a.num_heads + a.num_kv_heads) * (a.head_dim / 2) +
                     a.num_kv_heads * a.head_dim / (a.head_dim % 8 == 0 ? 8 : 1);
   const dim3 grid(a.num_tokens, (items + kThreads - 1) / kThreads);
-  RopeKvAppendKernel<<<grid, kThreads, 0, stream>>>(a);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(RopeKvAppendKernel, grid, dim3(kThreads), 0, stream, a));
   return absl::OkStatus();
 }
 

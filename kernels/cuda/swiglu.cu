@@ -4,12 +4,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch_overlap.cuh"
 
 namespace lazyattn {
 namespace {
 
 __global__ void SwiGluKernel(const __nv_bfloat16* gate_up, int64_t rows, int64_t dim,
                              __nv_bfloat16* out) {
+  // Launched overlapped: nothing before the wait reads or writes memory, and the next
+  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
   const int64_t n = rows * dim;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -31,8 +36,8 @@ absl::Status SwiGluCuda(const __nv_bfloat16* gate_up, int64_t rows, int64_t dim,
   const int64_t n = rows * dim;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
-  SwiGluKernel<<<blocks, threads, 0, stream>>>(gate_up, rows, dim, out);
-  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(SwiGluKernel, dim3(static_cast<unsigned>(blocks)),
+                                        dim3(threads), 0, stream, gate_up, rows, dim, out));
   return absl::OkStatus();
 }
 

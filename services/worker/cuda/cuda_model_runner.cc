@@ -229,6 +229,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(s.rope, DeviceRopeTable::Create(RopeTable(c.rope, c.max_positions)));
   ASSIGN_OR_RETURN(s.gemm, CublasLtGemm::Create());
+  s.gemm->set_skinny(options.skinny_gemms);
   ASSIGN_OR_RETURN(s.decode_workspace, PagedDecodeWorkspace::Create(options.device));
   s.layer_stride = r->num_kv_blocks_ * c.kv_size() * kDefaultKvBlockSize;
   const int64_t pool_bytes = s.layer_stride * c.num_layers * static_cast<int64_t>(sizeof(bf16));
@@ -550,9 +551,7 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                   /*accumulate=*/false, st));
       RETURN_IF_ERROR(
           AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, c.rms_norm_eps, h, st));
-      RETURN_IF_ERROR(gemm.Linear(h, L.w_gate_up, rows, H, 2 * I, gu, GemmOutputType::kBf16,
-                                  /*accumulate=*/false, st));
-      RETURN_IF_ERROR(SwiGluCuda(gu, rows, I, act, st));
+      RETURN_IF_ERROR(gemm.LinearSwiGlu(h, L.w_gate_up, rows, H, I, gu, act, st));
       RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, delta, GemmOutputType::kFp32,
                                   /*accumulate=*/false, st));
     }

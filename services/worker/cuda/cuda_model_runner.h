@@ -49,6 +49,10 @@ struct CudaRunnerOptions {
   // Tune cuBLASLt for every row bucket of the model's GEMMs at creation instead of inside the
   // first steps that need them (tens of milliseconds each).
   bool warm_up_gemms = true;
+  // One-row products on the skinny CUDA-core kernel (kernels/cuda/skinny_linear.h) rather than
+  // cuBLASLt; off only to measure what it gains. (The launch overlap of every kernel has its
+  // own switch, LAZYATTN_OVERLAP_LAUNCHES in kernels/cuda/launch_overlap.cuh.)
+  bool skinny_gemms = true;
 };
 
 // Bytes one 16-token block of K and V takes across all layers (bf16).

@@ -1,0 +1,45 @@
+// Linear layers for one row (decode at batch 1): y = x W^T streamed by CUDA cores.
+//
+// Same convention as CublasLtGemm::Linear (kernels/cuda/gemm.h): W row-major [out][in] bf16,
+// x [1][in] bf16, y [1][out] fp32 or bf16, fp32 accumulation. One row makes the product a pass
+// over the weights. One warp per output feature, four 16-byte loads in flight per lane, six
+// CTAs per SM: the 4096 x 6144 and 4096 x 4096 projections of an 8B layer fit in one wave. The
+// kernel is launched overlapped (kernels/cuda/launch_overlap.cuh): it issues its first weight
+// loads while the previous kernel finishes, then waits for it before reading x or y.
+// Measured against cuBLASLt on the H200 in docs/benchmarks.md; at 2-4 rows it was slower than
+// cuBLASLt on every product of that shape, so it takes one row only.
+//
+// CPU twins: LinearCpu (kernels/include/gemm.h), and SwiGluCpu after it for the fused form.
+#ifndef LAZYATTN_KERNELS_CUDA_SKINNY_LINEAR_H_
+#define LAZYATTN_KERNELS_CUDA_SKINNY_LINEAR_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/gemm.h"
+
+namespace lazyattn {
+
+// Whether SkinnyLinearCuda takes this product: one row, `in` a multiple of 8, x and w 16-byte
+// aligned, `out` within 32-bit range.
+bool SkinnyLinearSupports(int64_t rows, int64_t in, int64_t out, const void* x, const void* w);
+
+// y = x W^T (+ y when accumulate). InvalidArgument where SkinnyLinearSupports is false.
+absl::Status SkinnyLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
+                              int64_t in, int64_t out, void* y, GemmOutputType y_type,
+                              bool accumulate, cudaStream_t stream);
+
+// The Llama MLP's first half in one pass: act[i] = silu(x . w[i]) * (x . w[inter + i]) for
+// w_gate_up [2 * inter][in] (gate rows, then up rows), act bf16 [1][inter]. Gate and up stay
+// fp32 up to the product (SwiGluCuda reads them rounded to bf16), and the [2 * inter] gate/up
+// row is never written.
+absl::Status SkinnyLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
+                                    int64_t rows, int64_t in, int64_t inter,
+                                    __nv_bfloat16* act, cudaStream_t stream);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_KERNELS_CUDA_SKINNY_LINEAR_H_

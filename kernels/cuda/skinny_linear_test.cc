@@ -1,0 +1,211 @@
+#include "kernels/cuda/skinny_linear.h"
+
+#include <cuda_runtime.h>
+
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/include/gemm.h"
+#include "kernels/include/rms_norm.h"
+#include "kernels/include/swiglu.h"
+
+namespace lazyattn {
+namespace {
+
+using testing::Bf16BitsToFloat;
+using testing::DeviceBuffer;
+using testing::FloatToBf16Bits;
+
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> normal(0, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = FloatToBf16Bits(normal(rng));
+  return v;
+}
+
+std::vector<float> ToFloat(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16BitsToFloat(v[i]);
+  return f;
+}
+
+const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<const __nv_bfloat16*>(b.get());
+}
+
+// Against LinearCpu on the same bf16 inputs. The kernel sums each lane's strided products and
+// then the warp's lanes, OpenBLAS another order: ~1e-6 relative in fp32. A bf16 output adds half
+// an ulp, and with accumulate the rounded sum of two values: the tolerances of gemm_test.cc.
+TEST(SkinnyLinearTest, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  struct Shape {
+    int in, out;
+  };
+  // in: one partial pass of a warp (8, 576), exact passes (4096), many passes with a partial
+  // last (14,344); out: under one CTA (7), a partial last CTA (99), many CTAs (6144).
+  const int rows = 1;
+  for (Shape s : {Shape{8, 7}, Shape{576, 99}, Shape{4096, 6144}, Shape{14344, 99}}) {
+    for (bool fp32 : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << s.in << "x" << s.out << " fp32 "
+                                          << fp32 << " accumulate " << accumulate);
+        const auto x = RandomBf16(size_t(rows) * s.in, rng);
+        const auto w = RandomBf16(size_t(s.out) * s.in, rng);
+        std::vector<float> y0(size_t(rows) * s.out);
+        for (auto& v : y0) v = testing::RoundBf16(std::normal_distribution<float>(0, 10)(rng));
+        DeviceBuffer<uint16_t> dx, dw, dy16;
+        DeviceBuffer<float> dy32;
+        dx.Upload(x);
+        dw.Upload(w);
+        std::vector<uint16_t> y0b(y0.size());
+        for (size_t i = 0; i < y0.size(); ++i) y0b[i] = FloatToBf16Bits(y0[i]);
+        if (fp32) {
+          dy32.Upload(y0);
+          if (!accumulate) dy32.Poison();
+        } else {
+          dy16.Upload(y0b);
+          if (!accumulate) dy16.Poison();
+        }
+        void* y = fp32 ? static_cast<void*>(dy32.get()) : static_cast<void*>(dy16.get());
+        const absl::Status st = SkinnyLinearCuda(
+            AsBf16(dx), AsBf16(dw), rows, s.in, s.out, y,
+            fp32 ? GemmOutputType::kFp32 : GemmOutputType::kBf16, accumulate, nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> want = y0;
+        const auto xf = ToFloat(x), wf = ToFloat(w);
+        LinearCpu(xf.data(), wf.data(), rows, s.in, s.out, want.data(), accumulate);
+        const std::vector<float> got = fp32 ? dy32.Download() : ToFloat(dy16.Download());
+        const double rms = testing::Rms(want);
+        EXPECT_TRUE(testing::AllClose(got, want,
+                                      fp32 ? testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}
+                                           : testing::Tolerance{1e-2 * rms, 1.0 / 128, 5e-3}));
+      }
+    }
+  }
+}
+
+// The fused gate/up product against LinearCpu then SwiGluCpu in fp32: one bf16 rounding of the
+// output (the CPU twin rounds nothing), so half a bf16 ulp plus the fp32 reordering above.
+TEST(SkinnyLinearTest, SwiGluMatchesCpuTwins) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int rows = 1;
+  for (int inter : {3, 1536, 14336}) {
+    const int in = 576;
+    SCOPED_TRACE(::testing::Message() << "inter " << inter);
+    // Small weights keep gate and up near the curved part of silu.
+    const auto x = RandomBf16(size_t(rows) * in, rng);
+    const auto w = RandomBf16(size_t(2 * inter) * in, rng, 0.05f);
+    DeviceBuffer<uint16_t> dx, dw, dact(size_t(rows) * inter);
+    dx.Upload(x);
+    dw.Upload(w);
+    dact.Poison();
+    const absl::Status st =
+        SkinnyLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), rows, in, inter,
+                               reinterpret_cast<__nv_bfloat16*>(dact.get()), nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const auto xf = ToFloat(x), wf = ToFloat(w);
+    std::vector<float> gate_up(size_t(rows) * 2 * inter), want(size_t(rows) * inter);
+    LinearCpu(xf.data(), wf.data(), rows, in, 2 * inter, gate_up.data());
+    SwiGluCpu(gate_up.data(), rows, inter, want.data());
+    const double rms = testing::Rms(want);
+    EXPECT_TRUE(testing::AllClose(ToFloat(dact.Download()), want,
+                                  testing::Tolerance{1e-3 * rms, 1.0 / 256 + 1e-4, 3e-3}));
+  }
+}
+
+// Launched overlapped (the default) the kernel starts during the previous kernel's tail and must
+// still read that kernel's output: an RMSNorm writes x (and lets dependents launch at its start), the product
+// reads it, 50 times in a row with fresh inputs, eagerly and replayed from a captured graph.
+// A missing wait shows as stale or poisoned x.
+TEST(SkinnyLinearTest, OverlappedLaunchWaitsForItsInput) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int dim = 4096, out = 4096;
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto w = RandomBf16(size_t(out) * dim, rng, 0.02f);
+  const auto norm_w = RandomBf16(dim, rng);
+  DeviceBuffer<uint16_t> dw, dnorm, dh(dim);
+  DeviceBuffer<float> dx(dim), dy(out);
+  dw.Upload(w);
+  dnorm.Upload(norm_w);
+  auto enqueue = [&]() -> absl::Status {
+    absl::Status st = RmsNormF32ToBf16Cuda(dx.get(), AsBf16(dnorm), 1, dim, 1e-5f,
+                                           reinterpret_cast<__nv_bfloat16*>(dh.get()), stream);
+    if (!st.ok()) return st;
+    return SkinnyLinearCuda(AsBf16(dh), AsBf16(dw), 1, dim, out, dy.get(),
+                            GemmOutputType::kFp32, false, stream);
+  };
+  cudaGraphExec_t exec = nullptr;
+  {
+    cudaGraph_t graph = nullptr;
+    CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status st = enqueue();
+    CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+  }
+  const auto wf = ToFloat(w), nf = ToFloat(norm_w);
+  for (int i = 0; i < 50; ++i) {
+    const bool graph = i % 2 == 1;
+    SCOPED_TRACE(::testing::Message() << "run " << i << (graph ? " (graph)" : " (eager)"));
+    std::vector<float> x(dim);
+    std::normal_distribution<float> normal(0, 1);
+    for (auto& v : x) v = normal(rng);
+    CUDA_ASSERT(cudaMemcpyAsync(dx.get(), x.data(), dim * sizeof(float), cudaMemcpyHostToDevice,
+                                stream));
+    CUDA_ASSERT(cudaMemsetAsync(dh.get(), 0xff, dim * 2, stream));  // poisoned x of the product
+    CUDA_ASSERT(cudaMemsetAsync(dy.get(), 0xff, out * 4, stream));
+    if (graph) {
+      CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    } else {
+      const absl::Status st = enqueue();
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    std::vector<float> h(dim), want(out);
+    RmsNormCpu(x.data(), nf.data(), 1, dim, 1e-5f, h.data());
+    for (auto& v : h) v = testing::RoundBf16(v);  // the kernel stores h in bf16
+    LinearCpu(h.data(), wf.data(), 1, dim, out, want.data());
+    const double rms = testing::Rms(want);
+    // h may differ from the CPU's by one bf16 rounding in a few elements: 1e-2 of the rms.
+    ASSERT_TRUE(testing::AllClose(dy.Download(), want, testing::Tolerance{1e-2 * rms, 1e-2, 3e-3}));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+}
+
+TEST(SkinnyLinearTest, RejectsWhatItDoesNotTake) {
+  SKIP_WITHOUT_GPU();
+  DeviceBuffer<uint16_t> x(64), w(64 * 8);
+  DeviceBuffer<float> y(64);
+  auto call = [&](int64_t rows, int64_t in, const void* xp) {
+    return SkinnyLinearCuda(static_cast<const __nv_bfloat16*>(xp), AsBf16(w), rows, in, 8,
+                            y.get(), GemmOutputType::kFp32, false, nullptr)
+        .code();
+  };
+  EXPECT_EQ(call(2, 64, x.get()), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(0, 64, x.get()), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(1, 60, x.get()), absl::StatusCode::kInvalidArgument);  // not 16-byte rows
+  EXPECT_EQ(call(1, 64, x.get() + 1), absl::StatusCode::kInvalidArgument);  // misaligned
+  EXPECT_FALSE(SkinnyLinearSupports(1, 64, 8, nullptr, reinterpret_cast<void*>(8)));
+  EXPECT_TRUE(SkinnyLinearSupports(1, 64, 8, x.get(), w.get()));
+}
+
+}  // namespace
+}  // namespace lazyattn
