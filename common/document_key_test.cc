@@ -27,5 +27,15 @@ TEST(DocumentKeyTest, TokenAndTextDocumentsNeverCollide) {
   EXPECT_NE(DocumentKeyFromTokens("m", "t", {1, 2, 3}), DocumentKeyFromTokens("m", "t", {1, 2, 4}));
 }
 
+// The key is part of the cluster's protocol (workers and the KV directory must agree): pinned to
+// SHA-256 over length-prefixed fields, as Python's hashlib computes it:
+//   f = lambda b: struct.pack('<Q', len(b)) + b
+//   sha256(f(b'lazyattn-doc-v1') + f(b'm') + f(b't') + f(b'tokens') +
+//          f(b''.join(struct.pack('<i', i) for i in ids))).digest()[:16]
+TEST(DocumentKeyTest, TokenKeyMatchesItsSpecification) {
+  EXPECT_EQ(DocumentKeyFromTokens("m", "t", {1, 2, 3, -1, 70000}).ToHex(),
+            "5264097c5201f577bff9fb86f8859d4a");
+}
+
 }  // namespace
 }  // namespace lazyattn
