@@ -22,7 +22,7 @@ for bin in "${gpu_tests[@]}" "$build"/bin/*; do
   # Only programs that use the GPU, plus the cluster's other two services for the multi-GPU run
   # (tools/cluster-trace); the carry limit is 64 MiB, and the services need gRPC's libraries.
   case "$(basename "$bin")" in
-    lazyattn-kvdir | lazyattn-router) ;;
+    lazyattn-kvdir | lazyattn-router | lazyattn-bench-engine-overhead) ;;
     *) ldd "$bin" | grep -q libcudart || continue ;;
   esac
   cp "$bin" "$carry/bin/"

@@ -68,13 +68,15 @@ struct Bench {
   ModelConfig config;
   std::unique_ptr<Tokenizer> tokenizer = MakeByteTokenizer();
   int max_batch_tokens = 8192;
+  bool skinny_gemms = true;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
   absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(int64_t kv_budget, int max_running) {
     ASSIGN_OR_RETURN(auto weights, CudaModelWeights::Random(config, /*seed=*/1));
     ASSIGN_OR_RETURN(auto runner, CudaModelRunner::Create(std::move(weights),
-                                                          {.kv_budget_bytes = kv_budget}));
+                                                          {.kv_budget_bytes = kv_budget,
+                                                           .skinny_gemms = skinny_gemms}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
                                     EngineOptions{.max_batch_tokens = max_batch_tokens,
@@ -339,13 +341,15 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
   return absl::OkStatus();
 }
 
-// --- The decode step's GEMMs alone, cuBLASLt with the autotuned algorithm. ---
+// --- The decode step's GEMMs alone: what the runner uses (the skinny kernel for 1-4 rows,
+// cuBLASLt with the autotuned algorithm above), and cuBLASLt alone for the skinny rows. ---
 // "Cold" rotates over copies of the weights that together exceed the 50 MB L2, as inside a step
 // where each layer's weights are read once; "warm" repeats one copy (the o projection's 33.5 MB
 // then sit in L2, which is how a timed-alone loop flatters it).
 absl::Status RunGemms(const ModelConfig& c, json& out) {
   std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
-            << "| rows | product | warm us | cold us | cold weight TB/s |\n|---|---|---|---|---|\n";
+            << "| rows | product | warm us | cold us | cold weight TB/s | cuBLASLt cold us |\n"
+            << "|---|---|---|---|---|---|\n";
   struct Shape {
     const char* name;
     int64_t in, out;
@@ -359,6 +363,8 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
                           {"down", I, H, GemmOutputType::kFp32},
                           {"lm_head", H, c.vocab_size, GemmOutputType::kFp32}};
   ASSIGN_OR_RETURN(auto tuned, CublasLtGemm::Create());
+  ASSIGN_OR_RETURN(auto cublas_only, CublasLtGemm::Create());
+  cublas_only->set_skinny(false);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
@@ -376,10 +382,10 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
         RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&w[k]), w_bytes));
         RETURN_IF_ERROR(FillNormalBf16(w[k], sh.in * sh.out, 1, 1 + k, 0, 0.02f, nullptr));
       }
-      auto time_us = [&](bool cold) -> absl::StatusOr<double> {
+      auto time_us = [&](bool cold, CublasLtGemm* gemm) -> absl::StatusOr<double> {
         auto run = [&](int r) {
-          return tuned->Linear(x, w[cold ? r % copies : 0], rows, sh.in, sh.out, y, sh.type, true,
-                               nullptr);
+          return gemm->Linear(x, w[cold ? r % copies : 0], rows, sh.in, sh.out, y, sh.type, true,
+                              nullptr);
         };
         RETURN_IF_ERROR(run(0));  // autotuning on the first call
         constexpr int kReps = 24;
@@ -391,13 +397,18 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
         cudaEventElapsedTime(&ms, start, stop);
         return 1000.0 * ms / kReps;
       };
-      ASSIGN_OR_RETURN(const double warm, time_us(false));
-      ASSIGN_OR_RETURN(const double cold, time_us(true));
+      ASSIGN_OR_RETURN(const double warm, time_us(false, tuned.get()));
+      ASSIGN_OR_RETURN(const double cold, time_us(true, tuned.get()));
+      double cublas_cold = cold;
+      if (rows == 1) {
+        ASSIGN_OR_RETURN(cublas_cold, time_us(true, cublas_only.get()));
+      }
       const double tbs = w_bytes / (cold * 1e-6) / 1e12;
       std::cout << absl::StrCat("| ", rows, " | ", sh.name, " ", sh.in, "->", sh.out, " | ", warm,
-                                " | ", cold, " | ", tbs, " |\n");
+                                " | ", cold, " | ", tbs, " | ", cublas_cold, " |\n");
       out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"warm_us", warm},
-                             {"cold_us", cold}, {"cold_weight_tbs", tbs}});
+                             {"cold_us", cold}, {"cold_weight_tbs", tbs},
+                             {"cublaslt_cold_us", cublas_cold}});
       cudaFree(x);
       for (auto* p : w) cudaFree(p);
       cudaFree(y);
@@ -512,6 +523,9 @@ int Main(int argc, char** argv) {
   args.Declare("serving-kv-gib", CliArgs::Kind::kValue, "KV budget of the trace (default 12)");
   args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
+  args.Declare("no-skinny", CliArgs::Kind::kSwitch, "one-row GEMMs on cuBLASLt (to compare)");
+  args.Declare("no-overlap", CliArgs::Kind::kSwitch,
+               "launch kernels without programmatic dependent launch (to compare)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << s.message() << "\n" << args.Help();
     return 2;
@@ -523,6 +537,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   b.config = *config;
+  b.skinny_gemms = !args.Has("no-skinny");
+  // Read once, at the first launch (kernels/cuda/launch_overlap.cuh).
+  if (args.Has("no-overlap")) setenv("LAZYATTN_OVERLAP_LAUNCHES", "0", /*overwrite=*/1);
   const std::string parts = args.String("parts", "gemm,ttft,decode,serving");
   const int64_t gib = int64_t{1} << 30;
   const int64_t budget = args.Int("kv-budget-gib", 64).value_or(64) * gib;
