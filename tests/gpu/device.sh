@@ -6,6 +6,8 @@
 #   tests  every GPU test binary (tests/gpu/run.sh)
 #   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu (when the model came along)
 #   hf     our logits against HF transformers on random Llama models (tests/gpu/hf_logits_check.py)
+#          and, when SmolLM2 and the gguf wheel (.whl/, tests/gpu/fetch-wheels.sh) came along,
+#          on the real SmolLM2 GGUF's golden prompts (tests/gpu/hf_gguf_check.py)
 #   bench  the attention kernel benchmarks against PyTorch SDPA (tests/gpu/bench.sh)
 #   engine the CUDA backend end to end on llama3-8b random weights (lazyattn-bench-engine)
 #   hfbase HF transformers on the same shapes (tools/bench/hf_rag_baseline.py)
@@ -44,6 +46,11 @@ if [ ! -f "$model" ] && compgen -G ".device-carry-model-*/part-*" >/dev/null; th
 fi
 status=0
 has() { [[ ",$parts," == *",$1,"* ]]; }
+# Carried wheels (the machine cannot download): installed beside the image's packages.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 date -u +"%F %T UTC" | tee "$logs/date.txt"
 if has tests; then timeout 300 tests/gpu/run.sh "$carry" || status=1; fi
 if has cli && [ -f "$model" ]; then
@@ -63,6 +70,12 @@ if has hf; then
       --logits-tool "$carry/bin/lazyattn-logits" --device cuda --backend cuda 2>&1 |
       tee "$logs/hf-$shape.log" || status=1
   done
+fi
+if has hf && [ -f "$model" ] && python3 -c 'import gguf' 2>/dev/null; then
+  echo "=== HF transformers logits check: SmolLM2 GGUF, golden prompts"
+  timeout 300 python3 tests/gpu/hf_gguf_check.py --model "$model" \
+    --logits-tool "$carry/bin/lazyattn-logits" --out "$logs/hf-gguf.json" 2>&1 |
+    tee "$logs/hf-gguf.log" || status=1
 fi
 if has bench; then timeout 480 tests/gpu/bench.sh "$carry" || status=1; fi
 if has engine; then
