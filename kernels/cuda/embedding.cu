@@ -10,8 +10,7 @@ namespace {
 // One CTA per token; 16-byte copies when rows are 16-byte aligned.
 __global__ void EmbeddingKernel(const __nv_bfloat16* table, int64_t vocab, int64_t dim,
                                 const int32_t* ids, __nv_bfloat16* out) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   const int t = blockIdx.x;
@@ -86,8 +85,8 @@ absl::Status EmbeddingGatherCuda(const __nv_bfloat16* table, int64_t vocab, int6
         absl::StrCat("embedding: n ", n, ", vocab ", vocab, ", dim ", dim));
   }
   if (n == 0) return absl::OkStatus();
-  RETURN_IF_CUDA_ERROR(
-      LaunchOverlapped(EmbeddingKernel, dim3(n), dim3(128), 0, stream, table, vocab, dim, ids, out));
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(EmbeddingKernel, dim3(n), dim3(128), 0, stream, table,
+                                        vocab, dim, ids, out));
   return absl::OkStatus();
 }
 

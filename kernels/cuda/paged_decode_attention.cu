@@ -173,8 +173,7 @@ __device__ __forceinline__ void LoadCosSin(const float* cos_row, const float* si
 template <int D, bool kRotate>
 __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
     PagedDecodeKernel(const KernelParams p) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();  // the o projection may then load its weights during the merge
   using T = Traits<D>;

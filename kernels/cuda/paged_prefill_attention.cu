@@ -131,8 +131,7 @@ __device__ __forceinline__ void Rotate8(uint4& x1, uint4& x2, const float4& c0, 
 
 template <int D, PrefillRotation kRot>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const Params p) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   using S = Smem<D, kRot>;
@@ -540,8 +539,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const
 // weight, and the partial rows are read 4 splits at a time so their loads overlap.
 template <int D>
 __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Params p) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   constexpr int kPerLane = D / 32;

@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kThreads)
     RmsNormF32Kernel(float* __restrict__ x, const float* __restrict__ delta,
                      const __nv_bfloat16* __restrict__ weight, int dim, float eps,
                      __nv_bfloat16* __restrict__ out) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   const int64_t base = int64_t(blockIdx.x) * dim;

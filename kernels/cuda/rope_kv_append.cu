@@ -17,8 +17,7 @@ constexpr int kThreads = 256;
 // decode step then costs about one memory round trip (positions, then cos/sin and the inputs),
 // instead of one per loop iteration of a single CTA.
 __global__ void __launch_bounds__(kThreads) RopeKvAppendKernel(const RopeKvAppendArgs a) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   const int t = blockIdx.x;

@@ -125,10 +125,10 @@ TEST(SkinnyLinearTest, SwiGluMatchesCpuTwins) {
   }
 }
 
-// Launched overlapped (the default) the kernel starts during the previous kernel's tail and must
-// still read that kernel's output: an RMSNorm writes x (and lets dependents launch at its start), the product
-// reads it, 50 times in a row with fresh inputs, eagerly and replayed from a captured graph.
-// A missing wait shows as stale or poisoned x.
+// Launched overlapped (the default), the kernel starts during the previous kernel's tail and
+// must still read that kernel's output: an RMSNorm (which lets dependents launch once it runs)
+// writes x, the product reads it, 50 times with fresh inputs, eagerly and replayed from a
+// captured graph. A missing wait shows as stale or poisoned x.
 TEST(SkinnyLinearTest, OverlappedLaunchWaitsForItsInput) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
@@ -184,7 +184,8 @@ TEST(SkinnyLinearTest, OverlappedLaunchWaitsForItsInput) {
     LinearCpu(h.data(), wf.data(), 1, dim, out, want.data());
     const double rms = testing::Rms(want);
     // h may differ from the CPU's by one bf16 rounding in a few elements: 1e-2 of the rms.
-    ASSERT_TRUE(testing::AllClose(dy.Download(), want, testing::Tolerance{1e-2 * rms, 1e-2, 3e-3}));
+    ASSERT_TRUE(
+        testing::AllClose(dy.Download(), want, testing::Tolerance{1e-2 * rms, 1e-2, 3e-3}));
   }
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(stream);

@@ -11,8 +11,7 @@ namespace {
 
 __global__ void SwiGluKernel(const __nv_bfloat16* gate_up, int64_t rows, int64_t dim,
                              __nv_bfloat16* out) {
-  // Launched overlapped: nothing before the wait reads or writes memory, and the next
-  // kernel may launch only once this one runs (a trigger before the wait would cascade).
+  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   const int64_t n = rows * dim;

@@ -69,7 +69,9 @@ int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
   Engine engine(std::move(runner), "null", &tokenizer,
                 EngineOptions{.max_batch_tokens = 8192, .max_running = 64});
   using Clock = std::chrono::steady_clock;
-  const auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+  const auto us = [](Clock::duration d) {
+    return std::chrono::duration<double, std::micro>(d).count();
+  };
   std::vector<double> ttft, prep, pickup;
   for (int rep = 0; rep <= kRepeats; ++rep) {
     EngineRequest r{.mode = CacheMode::kLazy, .sampling = {.max_tokens = 1, .ignore_eos = true}};
@@ -108,7 +110,8 @@ int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
     return v[v.size() / 2];
   };
   std::cout << "\n| all-cached RAG request (5 x 4,096 + 64 tokens), null runner | TTFT us | "
-               "Submit (prepare, key hashing) us | Submit return to Forward us |\n|---|---|---|---|\n"
+               "Submit (prepare, key hashing) us | Forward entry minus Submit return us (< 0: picked up first) |\n"
+            << "|---|---|---|---|\n"
             << "| p50 | " << median(ttft) << " | " << median(prep) << " | " << median(pickup)
             << " |\n";
   return 0;
