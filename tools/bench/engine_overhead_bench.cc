@@ -110,7 +110,8 @@ int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
     return v[v.size() / 2];
   };
   std::cout << "\n| all-cached RAG request (5 x 4,096 + 64 tokens), null runner | TTFT us | "
-               "Submit (prepare, key hashing) us | Forward entry minus Submit return us (< 0: picked up first) |\n"
+               "Submit (prepare, key hashing) us | "
+            << "Forward entry minus Submit return us (< 0: picked up first) |\n"
             << "|---|---|---|---|\n"
             << "| p50 | " << median(ttft) << " | " << median(prep) << " | " << median(pickup)
             << " |\n";
