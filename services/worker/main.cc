@@ -105,7 +105,7 @@ int g_signal_pipe[2] = {-1, -1};
 struct ServedModel {
   lazyattn::ModelConfig config;
   std::unique_ptr<lazyattn::Tokenizer> tokenizer;
-  std::unique_ptr<lazyattn::ModelWeights> host_weights;  // the CPU backend borrows them
+  std::unique_ptr<lazyattn::ModelWeights> host_weights;  // the CPU backend borrows them; else null
   std::unique_ptr<lazyattn::ModelRunner> runner;
   std::string fingerprint;
 };
@@ -141,6 +141,9 @@ absl::StatusOr<ServedModel> LoadServedModel(const lazyattn::WorkerConfig& config
   auto runner = lazyattn::CreateModelRunner(m.host_weights.get(), runner_options);
   if (!runner.ok()) return named("backend", runner.status());
   m.runner = std::move(*runner);
+  // Only the CPU runner reads the host copy (fp32, 4 bytes a parameter: 32 GB for an 8B model)
+  // after this; a GPU worker would otherwise hold it for its whole life.
+  if (m.runner->backend_name() != "cpu") m.host_weights.reset();
   return m;
 }
 
