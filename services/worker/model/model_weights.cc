@@ -31,81 +31,101 @@ absl::Status CheckShape(const std::string& file, const std::string& name,
                                                  ShapeString(expected)));
 }
 
-// Reads everything through `read` with the tensor names of one format.
+// The tensor names of one file format.
 struct TensorNames {
   std::string embedding, output_norm, lm_head;
   std::function<std::string(int layer, std::string_view part)> layer;
 };
 
-absl::Status AssembleWeights(ModelWeights& w, const TensorNames& names, const TensorReader& read,
-                             bool gguf_rope_layout) {
-  const ModelConfig& c = w.config;
+// Every tensor of a Llama checkpoint and where it lands (fused QKV and gate|up matrices).
+std::vector<WeightPlacement> Placements(const ModelConfig& c, const TensorNames& names,
+                                        bool gguf_rope_layout) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
-  w.token_embedding.resize(c.vocab_size * H);
-  RETURN_IF_ERROR(read(names.embedding, {c.vocab_size, H}, w.token_embedding.data()));
-  w.output_norm.resize(H);
-  RETURN_IF_ERROR(read(names.output_norm, {H}, w.output_norm.data()));
+  std::vector<WeightPlacement> p = {
+      {.name = names.embedding, .shape = {c.vocab_size, H}, .slot = WeightSlot::kTokenEmbedding},
+      {.name = names.output_norm, .shape = {H}, .slot = WeightSlot::kOutputNorm}};
   if (!c.tie_word_embeddings) {
-    w.lm_head.resize(c.vocab_size * H);
-    RETURN_IF_ERROR(read(names.lm_head, {c.vocab_size, H}, w.lm_head.data()));
+    p.push_back({.name = names.lm_head, .shape = {c.vocab_size, H}, .slot = WeightSlot::kLmHead});
   }
-  w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights& L = w.layers[l];
-    auto n = [&](std::string_view part) { return names.layer(l, part); };
-    L.attn_norm.resize(H);
-    RETURN_IF_ERROR(read(n("attn_norm"), {H}, L.attn_norm.data()));
-    L.wqkv.resize((Q + 2 * KV) * H);
-    RETURN_IF_ERROR(read(n("q"), {Q, H}, L.wqkv.data()));
-    RETURN_IF_ERROR(read(n("k"), {KV, H}, L.wqkv.data() + Q * H));
-    RETURN_IF_ERROR(read(n("v"), {KV, H}, L.wqkv.data() + (Q + KV) * H));
-    if (gguf_rope_layout) {
-      UnpermuteGgufRopeRows(L.wqkv.data(), c.num_heads, c.head_dim, H);
-      UnpermuteGgufRopeRows(L.wqkv.data() + Q * H, c.num_kv_heads, c.head_dim, H);
+    auto add = [&](std::string_view part, std::vector<int64_t> shape, WeightSlot slot,
+                   int64_t offset = 0, int rope_heads = 0) {
+      p.push_back({.name = names.layer(l, part), .shape = std::move(shape), .slot = slot,
+                   .layer = l, .offset = offset,
+                   .rope_heads = gguf_rope_layout ? rope_heads : 0});
+    };
+    add("attn_norm", {H}, WeightSlot::kAttnNorm);
+    add("q", {Q, H}, WeightSlot::kWqkv, 0, c.num_heads);
+    add("k", {KV, H}, WeightSlot::kWqkv, Q * H, c.num_kv_heads);
+    add("v", {KV, H}, WeightSlot::kWqkv, (Q + KV) * H);
+    add("o", {H, Q}, WeightSlot::kWo);
+    add("ffn_norm", {H}, WeightSlot::kFfnNorm);
+    add("gate", {I, H}, WeightSlot::kGateUp);
+    add("up", {I, H}, WeightSlot::kGateUp, I * H);
+    add("down", {H, I}, WeightSlot::kDown);
+  }
+  return p;
+}
+
+std::vector<float>& SlotVector(ModelWeights& w, WeightSlot slot, int layer) {
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return w.token_embedding;
+    case WeightSlot::kOutputNorm: return w.output_norm;
+    case WeightSlot::kLmHead: return w.lm_head;
+    case WeightSlot::kAttnNorm: return w.layers[layer].attn_norm;
+    case WeightSlot::kWqkv: return w.layers[layer].wqkv;
+    case WeightSlot::kWo: return w.layers[layer].wo;
+    case WeightSlot::kFfnNorm: return w.layers[layer].ffn_norm;
+    case WeightSlot::kGateUp: return w.layers[layer].w_gate_up;
+    case WeightSlot::kDown: return w.layers[layer].w_down;
+  }
+  return w.token_embedding;  // unreachable
+}
+
+// Reads every placed tensor through `read` into its slot.
+absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>& placements,
+                             const TensorReader& read) {
+  const ModelConfig& c = w.config;
+  w.layers.resize(c.num_layers);
+  for (const WeightPlacement& p : placements) {
+    std::vector<float>& dst = SlotVector(w, p.slot, p.layer);
+    dst.resize(WeightSlotElements(c, p.slot));
+    RETURN_IF_ERROR(read(p.name, p.shape, dst.data() + p.offset));
+    if (p.rope_heads > 0) {
+      UnpermuteGgufRopeRows(dst.data() + p.offset, p.rope_heads, c.head_dim, p.shape.back());
     }
-    L.wo.resize(H * Q);
-    RETURN_IF_ERROR(read(n("o"), {H, Q}, L.wo.data()));
-    L.ffn_norm.resize(H);
-    RETURN_IF_ERROR(read(n("ffn_norm"), {H}, L.ffn_norm.data()));
-    L.w_gate_up.resize(2 * I * H);
-    RETURN_IF_ERROR(read(n("gate"), {I, H}, L.w_gate_up.data()));
-    RETURN_IF_ERROR(read(n("up"), {I, H}, L.w_gate_up.data() + I * H));
-    L.w_down.resize(H * I);
-    RETURN_IF_ERROR(read(n("down"), {H, I}, L.w_down.data()));
   }
   return absl::OkStatus();
+}
+
+const TensorNames& GgufNames() {
+  static const std::map<std::string_view, std::string> kParts = {
+      {"attn_norm", "attn_norm"}, {"q", "attn_q"},     {"k", "attn_k"},
+      {"v", "attn_v"},            {"o", "attn_output"}, {"ffn_norm", "ffn_norm"},
+      {"gate", "ffn_gate"},       {"up", "ffn_up"},     {"down", "ffn_down"}};
+  static const TensorNames names{.embedding = "token_embd.weight",
+                                 .output_norm = "output_norm.weight",
+                                 .lm_head = "output.weight",
+                                 .layer = [](int l, std::string_view part) {
+                                   return absl::StrCat("blk.", l, ".", kParts.at(part), ".weight");
+                                 }};
+  return names;
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   auto w = std::make_unique<ModelWeights>();
-  ASSIGN_OR_RETURN(w->config, ModelConfigFromGguf(*file));
+  ASSIGN_OR_RETURN(w->config, GgufModelConfig(*file));
   TensorReader read = [&](const std::string& name, std::vector<int64_t> shape,
                           float* dst) -> absl::Status {
     ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(name));
     std::vector<int64_t> row_major(t->dims.rbegin(), t->dims.rend());
     RETURN_IF_ERROR(CheckShape(path, name, shape, row_major));
     absl::Status s = DequantizeToF32(t->type, t->data, t->num_elements, dst);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": tensor ", name, ": ", s.message()));
-    return absl::OkStatus();
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(path, ": tensor ", name, ": ", s.message()));
   };
-  static const std::map<std::string_view, std::string> kParts = {
-      {"attn_norm", "attn_norm"}, {"q", "attn_q"},     {"k", "attn_k"},
-      {"v", "attn_v"},            {"o", "attn_output"}, {"ffn_norm", "ffn_norm"},
-      {"gate", "ffn_gate"},       {"up", "ffn_up"},     {"down", "ffn_down"}};
-  TensorNames names{.embedding = "token_embd.weight",
-                    .output_norm = "output_norm.weight",
-                    .lm_head = "output.weight",
-                    .layer = [](int l, std::string_view part) {
-                      return absl::StrCat("blk.", l, ".", kParts.at(part), ".weight");
-                    }};
-  RETURN_IF_ERROR(AssembleWeights(*w, names, read, /*gguf_rope_layout=*/true));
-  // Llama-3 rope scaling travels as per-frequency divisors.
-  if (auto freqs = file->FindTensor("rope_freqs.weight"); freqs.ok()) {
-    std::vector<float> factors(w->config.head_dim / 2);
-    RETURN_IF_ERROR(read("rope_freqs.weight", {w->config.head_dim / 2}, factors.data()));
-    w->config.rope.freq_factors.assign(factors.begin(), factors.end());
-  }
+  RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), read));
   return w;
 }
 
@@ -149,7 +169,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
                     .layer = [](int l, std::string_view part) {
                       return absl::StrCat("model.layers.", l, ".", kParts.at(part), ".weight");
                     }};
-  RETURN_IF_ERROR(AssembleWeights(*w, names, read, /*gguf_rope_layout=*/false));
+  RETURN_IF_ERROR(AssembleWeights(*w, Placements(w->config, names, /*gguf_rope_layout=*/false),
+                                  read));
   return w;
 }
 
@@ -170,6 +191,47 @@ void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols)
     }
     std::memcpy(base, head.data(), head.size() * sizeof(float));
   }
+}
+
+int64_t WeightSlotElements(const ModelConfig& c, WeightSlot slot) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return c.vocab_size * H;
+    case WeightSlot::kOutputNorm: return H;
+    case WeightSlot::kLmHead: return c.tie_word_embeddings ? 0 : c.vocab_size * H;
+    case WeightSlot::kAttnNorm: return H;
+    case WeightSlot::kWqkv: return (Q + 2 * KV) * H;
+    case WeightSlot::kWo: return H * Q;
+    case WeightSlot::kFfnNorm: return H;
+    case WeightSlot::kGateUp: return 2 * I * H;
+    case WeightSlot::kDown: return H * I;
+  }
+  return 0;
+}
+
+std::vector<WeightPlacement> GgufWeightPlacements(const ModelConfig& config) {
+  return Placements(config, GgufNames(), /*gguf_rope_layout=*/true);
+}
+
+absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
+  ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromGguf(file));
+  // Llama-3 rope scaling travels as per-frequency divisors.
+  if (auto freqs = file.FindTensor("rope_freqs.weight"); freqs.ok()) {
+    const GgufTensorInfo& t = **freqs;
+    if (t.num_elements != config.head_dim / 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor rope_freqs.weight has ", t.num_elements,
+                       " values, expected ", config.head_dim / 2));
+    }
+    std::vector<float> factors(t.num_elements);
+    absl::Status s = DequantizeToF32(t.type, t.data, t.num_elements, factors.data());
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(file.path(), ": tensor rope_freqs.weight: ",
+                                                 s.message()));
+    }
+    config.rope.freq_factors.assign(factors.begin(), factors.end());
+  }
+  return config;
 }
 
 absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {

@@ -55,6 +55,32 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string
 // `cols` values, permuted as llama.cpp's converter does, are rewritten in half-split order.
 void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols);
 
+// The destination tensors of ModelWeights' layout (per layer from kAttnNorm on).
+enum class WeightSlot { kTokenEmbedding, kOutputNorm, kLmHead, kAttnNorm, kWqkv, kWo, kFfnNorm,
+                        kGateUp, kDown };
+
+// Elements of `slot` in ModelWeights' layout (0 for kLmHead when the embedding is tied).
+int64_t WeightSlotElements(const ModelConfig& config, WeightSlot slot);
+
+// Where one tensor of a GGUF file lands: its name and row-major shape in the file, the slot (and
+// layer, -1 for model-level slots) and the first element it fills there. `rope_heads` > 0: its
+// rows come in llama.cpp's interleaved RoPE order, `rope_heads` heads of head_dim rows, and are
+// put back in half-split order (UnpermuteGgufRopeRows). Every loader of GGUF files (the host's,
+// and the GPU's in services/worker/cuda) places tensors by this one list.
+struct WeightPlacement {
+  std::string name;
+  std::vector<int64_t> shape;
+  WeightSlot slot;
+  int layer = -1;
+  int64_t offset = 0;
+  int rope_heads = 0;
+};
+std::vector<WeightPlacement> GgufWeightPlacements(const ModelConfig& config);
+
+class GgufFile;
+// The config of a GGUF model, Llama-3 RoPE frequency factors (rope_freqs.weight) included.
+absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_MODEL_MODEL_WEIGHTS_H_

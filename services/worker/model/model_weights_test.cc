@@ -1,7 +1,9 @@
 #include "services/worker/model/model_weights.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -9,6 +11,7 @@
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/model_loader.h"
+#include "services/worker/model/random_weights.h"
 
 namespace lazyattn {
 namespace {
@@ -26,6 +29,34 @@ TEST(UnpermuteGgufRopeRowsTest, InvertsTheConvertersPermutation) {
   UnpermuteGgufRopeRows(gguf.data(), heads, d, cols);
   for (int r = 0; r < heads * d; ++r)
     for (int c = 0; c < cols; ++c) EXPECT_EQ(gguf[r * cols + c], float(r * 10 + c)) << r;
+}
+
+// The GGUF placement list fills every element of every slot exactly once, tied or not.
+TEST(GgufWeightPlacementsTest, CoverEverySlotOnce) {
+  for (bool tied : {true, false}) {
+    ModelConfig c = TinyTestConfig();
+    c.tie_word_embeddings = tied;
+    std::map<std::pair<int, int>, std::vector<int>> filled;  // (slot, layer) -> per element
+    int rope_tensors = 0;
+    for (const WeightPlacement& p : GgufWeightPlacements(c)) {
+      auto& cover = filled[{static_cast<int>(p.slot), p.layer}];
+      cover.resize(WeightSlotElements(c, p.slot));
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      ASSERT_LE(p.offset + n, static_cast<int64_t>(cover.size())) << p.name;
+      for (int64_t i = 0; i < n; ++i) ++cover[p.offset + i];
+      if (p.rope_heads > 0) {
+        ++rope_tensors;
+        EXPECT_EQ(p.rope_heads * int64_t{c.head_dim}, p.shape[0]) << p.name;
+      }
+    }
+    EXPECT_EQ(rope_tensors, 2 * c.num_layers);  // q and k of every layer
+    EXPECT_EQ(filled.size(), 2u + (tied ? 0u : 1u) + 6u * c.num_layers);
+    for (const auto& [key, cover] : filled) {
+      EXPECT_TRUE(std::all_of(cover.begin(), cover.end(), [](int k) { return k == 1; }))
+          << "slot " << key.first << " layer " << key.second;
+    }
+  }
 }
 
 TEST(LoadModelWeightsTest, ClearErrorsForMissingOrUnknownPaths) {
