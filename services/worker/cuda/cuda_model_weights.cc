@@ -3,9 +3,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
+#include "services/worker/cuda/gguf_dequantize.h"
 #include "services/worker/cuda/weight_fill.h"
+#include "services/worker/model/ggml_type.h"
+#include "services/worker/model/gguf_file.h"
 
 namespace lazyattn {
 namespace {
@@ -101,6 +105,76 @@ absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Upload(
   cudaFree(stage);
   if (!status.ok()) return status;
   return w;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::LoadGguf(
+    const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(const ModelConfig config, GgufModelConfig(*file));
+  const std::vector<WeightPlacement> placements = GgufWeightPlacements(config);
+  // Every tensor checked before any upload, and the staging buffer sized to the largest.
+  std::vector<const GgufTensorInfo*> tensors;
+  size_t staging_bytes = 0;
+  for (const WeightPlacement& p : placements) {
+    ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(p.name));
+    const std::vector<int64_t> row_major(t->dims.rbegin(), t->dims.rend());
+    if (row_major != p.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", p.name, " has shape [",
+                                                     absl::StrJoin(row_major, ", "),
+                                                     "], expected [",
+                                                     absl::StrJoin(p.shape, ", "), "]"));
+    }
+    if (!GgmlIsDequantizable(t->type)) {
+      return absl::UnimplementedError(absl::StrCat(path, ": tensor ", p.name,
+                                                   ": dequantizing ggml type ",
+                                                   std::string(GgmlTypeName(t->type)),
+                                                   " is not supported"));
+    }
+    ASSIGN_OR_RETURN(const size_t bytes, GgmlRowBytes(t->type, t->num_elements));
+    staging_bytes = std::max(staging_bytes, bytes);
+    tensors.push_back(t);
+  }
+  ASSIGN_OR_RETURN(auto w, Allocate(config));
+  void* staging = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&staging, std::max<size_t>(staging_bytes, 16)));
+  absl::Status status = [&]() -> absl::Status {
+    for (size_t i = 0; i < placements.size(); ++i) {
+      const WeightPlacement& p = placements[i];
+      const GgufTensorInfo& t = *tensors[i];
+      ASSIGN_OR_RETURN(const size_t bytes, GgmlRowBytes(t.type, t.num_elements));
+      // Synchronous on the legacy stream: the previous tensor's kernel has read the staging
+      // buffer before it is overwritten.
+      RETURN_IF_CUDA_ERROR(cudaMemcpy(staging, t.data, bytes, cudaMemcpyHostToDevice));
+      const int64_t cols = p.shape.back(), rows = t.num_elements / cols;
+      absl::Status s = DequantizeGgufToBf16(static_cast<uint32_t>(t.type), staging, rows, cols,
+                                            p.rope_heads > 0 ? config.head_dim : 0,
+                                            w->Slot(p.slot, p.layer) + p.offset, nullptr);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(path, ": tensor ", p.name, ": ", s.message()));
+      }
+    }
+    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
+    return absl::OkStatus();
+  }();
+  cudaFree(staging);
+  if (!status.ok()) return status;
+  return w;
+}
+
+__nv_bfloat16* CudaModelWeights::Slot(WeightSlot slot, int layer) {
+  auto mut = [](const __nv_bfloat16* p) { return const_cast<__nv_bfloat16*>(p); };
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return token_embedding_;
+    case WeightSlot::kOutputNorm: return output_norm_;
+    case WeightSlot::kLmHead: return lm_head_;
+    case WeightSlot::kAttnNorm: return mut(layers_[layer].attn_norm);
+    case WeightSlot::kWqkv: return mut(layers_[layer].wqkv);
+    case WeightSlot::kWo: return mut(layers_[layer].wo);
+    case WeightSlot::kFfnNorm: return mut(layers_[layer].ffn_norm);
+    case WeightSlot::kGateUp: return mut(layers_[layer].w_gate_up);
+    case WeightSlot::kDown: return mut(layers_[layer].w_down);
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Random(const ModelConfig& c,

@@ -1,9 +1,10 @@
 // A model's weights in GPU memory: bf16, in the canonical layout of model_weights.h (fused QKV
 // and gate|up matrices, half-split Q/K rows), in one device allocation.
 //
-// Two sources: the fp32 weights a loader produced (GGUF of any supported type, safetensors),
-// converted to bf16 on the GPU; or random weights of a given shape generated on the GPU from a
-// seed, so 8B-sized benchmarks need neither a download nor 32 GB of host memory.
+// Three sources: the fp32 weights a loader produced (GGUF of any supported type, safetensors),
+// converted to bf16 on the GPU; a GGUF file's tensors as stored, dequantized on the GPU; or
+// random weights of a given shape generated on the GPU from a seed, so 8B-sized benchmarks need
+// neither a download nor 32 GB of host memory.
 #ifndef LAZYATTN_SERVICES_WORKER_CUDA_CUDA_MODEL_WEIGHTS_H_
 #define LAZYATTN_SERVICES_WORKER_CUDA_CUDA_MODEL_WEIGHTS_H_
 
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,6 +35,12 @@ class CudaModelWeights {
  public:
   // Converts and uploads `host` to the current device; synchronous.
   static absl::StatusOr<std::unique_ptr<CudaModelWeights>> Upload(const ModelWeights& host);
+  // Reads a GGUF file's tensors as stored (quantized or not) and dequantizes them to bf16 on the
+  // current device (DequantizeGgufToBf16), one tensor at a time through a staging buffer: the
+  // host holds the mapped file only, never an fp32 copy (4 bytes a parameter). The same bf16
+  // values as Upload(*LoadModelWeights(path)); errors name the file and the tensor as
+  // LoadModelWeights does. Synchronous.
+  static absl::StatusOr<std::unique_ptr<CudaModelWeights>> LoadGguf(const std::string& path);
   // Normal(0, stddev) matrices and embedding, norm weights Normal(1, 0.1), deterministic in
   // `seed` (each tensor has its own counter stream); synchronous. The config must pass
   // ValidateModelConfig.
@@ -54,6 +62,8 @@ class CudaModelWeights {
   CudaModelWeights() = default;
   // Lays out every tensor in one allocation; the pointers above point into it.
   static absl::StatusOr<std::unique_ptr<CudaModelWeights>> Allocate(const ModelConfig& config);
+  // The device tensor of `slot` (of `layer` for per-layer slots), writable.
+  __nv_bfloat16* Slot(WeightSlot slot, int layer);
 
   ModelConfig config_;
   void* memory_ = nullptr;
