@@ -1,37 +1,119 @@
 #include "services/worker/model/model_fingerprint.h"
 
 #include <algorithm>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/document_key.h"
+#include "common/status_macros.h"
+#include "services/worker/model/ggml_type.h"
+#include "services/worker/model/gguf_file.h"
 
 namespace lazyattn {
 namespace {
 
-void AppendSample(const std::vector<float>& v, std::string& out) {
-  constexpr size_t kSample = 4096;
-  const size_t head = std::min(kSample, v.size());
-  out.append(reinterpret_cast<const char*>(v.data()), head * sizeof(float));
-  const size_t tail_start = v.size() - std::min(kSample, v.size());
-  out.append(reinterpret_cast<const char*>(v.data() + tail_start), (v.size() - tail_start) * sizeof(float));
+constexpr int64_t kSample = 4096;  // values fingerprinted at each end of every tensor
+
+// The first and the last min(kSample, n) values of an n-value tensor, as raw fp32 bytes.
+void AppendSample(std::span<const float> head, std::span<const float> tail, std::string& out) {
+  out.append(reinterpret_cast<const char*>(head.data()), head.size() * sizeof(float));
+  out.append(reinterpret_cast<const char*>(tail.data()), tail.size() * sizeof(float));
 }
 
-}  // namespace
+// Every tensor of the layout in fingerprint order: (slot, layer).
+std::vector<std::pair<WeightSlot, int>> SlotOrder(const ModelConfig& c) {
+  std::vector<std::pair<WeightSlot, int>> order = {{WeightSlot::kTokenEmbedding, -1},
+                                                   {WeightSlot::kOutputNorm, -1},
+                                                   {WeightSlot::kLmHead, -1}};
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (WeightSlot s : {WeightSlot::kAttnNorm, WeightSlot::kWqkv, WeightSlot::kWo,
+                         WeightSlot::kFfnNorm, WeightSlot::kGateUp, WeightSlot::kDown}) {
+      order.emplace_back(s, l);
+    }
+  }
+  return order;
+}
 
-std::string ModelFingerprint(const ModelWeights& w) {
-  const ModelConfig& c = w.config;
+std::string ConfigBytes(const ModelConfig& c) {
   std::string bytes = absl::StrCat("llama|", c.vocab_size, "|", c.hidden_size, "|",
                                    c.intermediate_size, "|", c.num_layers, "|", c.num_heads, "|",
                                    c.num_kv_heads, "|", c.head_dim, "|", c.rms_norm_eps, "|",
                                    c.rope.theta, "|", c.max_positions, "|");
   for (double f : RopeInverseFrequencies(c.rope)) absl::StrAppend(&bytes, f, ",");
-  AppendSample(w.token_embedding, bytes);
-  AppendSample(w.output_norm, bytes);
-  AppendSample(w.lm_head, bytes);
-  for (const LayerWeights& l : w.layers) {
-    for (const auto* v : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.w_gate_up, &l.w_down}) {
-      AppendSample(*v, bytes);
+  return bytes;
+}
+
+const std::vector<float>& HostSlot(const ModelWeights& w, WeightSlot slot, int layer) {
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return w.token_embedding;
+    case WeightSlot::kOutputNorm: return w.output_norm;
+    case WeightSlot::kLmHead: return w.lm_head;
+    case WeightSlot::kAttnNorm: return w.layers[layer].attn_norm;
+    case WeightSlot::kWqkv: return w.layers[layer].wqkv;
+    case WeightSlot::kWo: return w.layers[layer].wo;
+    case WeightSlot::kFfnNorm: return w.layers[layer].ffn_norm;
+    case WeightSlot::kGateUp: return w.layers[layer].w_gate_up;
+    case WeightSlot::kDown: return w.layers[layer].w_down;
+  }
+  return w.token_embedding;  // unreachable
+}
+
+// Values [begin, end) of a slot as the host loader would hold them, read from the file: only the
+// rows (for RoPE-ordered tensors, the whole heads) of the placed tensors that cover the range
+// are dequantized.
+absl::StatusOr<std::vector<float>> SlotValues(const GgufFile& file, const ModelConfig& c,
+                                              const std::vector<WeightPlacement>& placements,
+                                              WeightSlot slot, int layer, int64_t begin,
+                                              int64_t end) {
+  std::vector<float> out(end - begin);
+  for (const WeightPlacement& p : placements) {
+    if (p.slot != slot || p.layer != layer) continue;
+    const int64_t cols = p.shape.back(), rows = p.shape.size() == 2 ? p.shape[0] : 1;
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + rows * cols);
+    if (lo >= hi) continue;
+    // Whole rows, widened to whole heads where rows move within a head.
+    const int64_t group = p.rope_heads > 0 ? c.head_dim : 1;
+    const int64_t first = (lo - p.offset) / cols / group * group;
+    const int64_t last = ((hi - p.offset - 1) / cols / group + 1) * group;  // exclusive
+    ASSIGN_OR_RETURN(const GgufTensorInfo* t, file.FindTensor(p.name));
+    ASSIGN_OR_RETURN(const size_t row_bytes, GgmlRowBytes(t->type, cols));
+    std::vector<float> part((last - first) * cols);
+    const auto* rows_data = static_cast<const uint8_t*>(t->data) + first * row_bytes;
+    RETURN_IF_ERROR(DequantizeToF32(t->type, rows_data, (last - first) * cols, part.data()));
+    if (p.rope_heads > 0) {
+      UnpermuteGgufRopeRows(part.data(), static_cast<int>((last - first) / c.head_dim), c.head_dim,
+                            cols);
     }
+    const int64_t part_begin = p.offset + first * cols;
+    std::copy(part.begin() + (lo - part_begin), part.begin() + (hi - part_begin),
+              out.begin() + (lo - begin));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ModelFingerprint(const ModelWeights& w) {
+  std::string bytes = ConfigBytes(w.config);
+  for (const auto& [slot, layer] : SlotOrder(w.config)) {
+    const std::vector<float>& v = HostSlot(w, slot, layer);
+    const int64_t n = static_cast<int64_t>(v.size()), k = std::min(kSample, n);
+    AppendSample(std::span(v).first(k), std::span(v).last(k), bytes);
+  }
+  return Sha256Hex(bytes);
+}
+
+absl::StatusOr<std::string> GgufModelFingerprint(const GgufFile& file) {
+  ASSIGN_OR_RETURN(const ModelConfig c, GgufModelConfig(file));
+  const std::vector<WeightPlacement> placements = GgufWeightPlacements(c);
+  std::string bytes = ConfigBytes(c);
+  for (const auto& [slot, layer] : SlotOrder(c)) {
+    const int64_t n = WeightSlotElements(c, slot), k = std::min(kSample, n);
+    ASSIGN_OR_RETURN(auto head, SlotValues(file, c, placements, slot, layer, 0, k));
+    ASSIGN_OR_RETURN(auto tail, SlotValues(file, c, placements, slot, layer, n - k, n));
+    AppendSample(head, tail, bytes);
   }
   return Sha256Hex(bytes);
 }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "services/worker/model/model_weights.h"
 #include "services/worker/model/tokenizer/tokenizer.h"
 
@@ -13,6 +14,11 @@ namespace lazyattn {
 // Over the configuration and a sample of every weight tensor (its first and last 4,096 values):
 // cheap on 16 GB of weights, and any two checkpoints we could serve differ there.
 std::string ModelFingerprint(const ModelWeights& weights);
+
+// ModelFingerprint of the weights LoadModelWeights would read from a GGUF file, computed from the
+// file without them: only the rows that hold the sampled values are dequantized. For loaders that
+// never hold fp32 weights on the host (CudaModelWeights::LoadGguf).
+absl::StatusOr<std::string> GgufModelFingerprint(const GgufFile& file);
 
 // Over the vocabulary (every token's text and type), the pre-tokenizer and the special ids.
 std::string TokenizerFingerprint(const Tokenizer& tokenizer);

@@ -10,6 +10,8 @@
 #include "nlohmann/json.hpp"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/model/gguf_file.h"
+#include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
 
@@ -56,6 +58,35 @@ TEST(GgufWeightPlacementsTest, CoverEverySlotOnce) {
       EXPECT_TRUE(std::all_of(cover.begin(), cover.end(), [](int k) { return k == 1; }))
           << "slot " << key.first << " layer " << key.second;
     }
+  }
+}
+
+// The fingerprint read straight from a GGUF file equals the one over the loaded weights, for
+// every GGUF the tests carry (F32, F16, Q8_0, Q4_0; tied and untied; Llama-3 RoPE) and SmolLM2's
+// Q4_1 when tools/fetch-model has fetched it.
+TEST(GgufModelFingerprintTest, EqualsTheFingerprintOfTheLoadedWeights) {
+  std::vector<std::string> paths;
+  if (std::filesystem::exists("tests/data/tiny")) {
+    for (const auto& dir : std::filesystem::directory_iterator("tests/data/tiny")) {
+      if (!dir.is_directory()) continue;
+      for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+        if (f.path().extension() == ".gguf") paths.push_back(f.path().string());
+      }
+    }
+  }
+  ASSERT_GE(paths.size(), 4u) << "tests/data/tiny holds the tiny models' GGUF files";
+  if (std::filesystem::exists("models/SmolLM2-135M-Instruct.Q4_1.gguf")) {
+    paths.push_back("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  }
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    auto weights = LoadModelWeights(path);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto file = GgufFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto fingerprint = GgufModelFingerprint(**file);
+    ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
+    EXPECT_EQ(*fingerprint, ModelFingerprint(**weights));
   }
 }
 
