@@ -2,7 +2,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "services/worker/cuda/gguf_dequantize.h"
 #include "services/worker/model/ggml_type.h"
 #include "services/worker/model/model_weights.h"
+#include "services/worker/model/test_gguf_files.h"
 
 namespace lazyattn {
 namespace {
@@ -111,17 +111,8 @@ std::vector<uint16_t> Download(const __nv_bfloat16* p, int64_t n) {
 // same config and the same bf16 weights as the host loader's fp32 uploaded with Upload.
 TEST(CudaModelWeightsTest, GgufOnTheGpuEqualsTheHostLoader) {
   SKIP_WITHOUT_GPU();
-  std::vector<std::string> paths;
-  for (const auto& dir : std::filesystem::directory_iterator("tests/data/tiny")) {
-    if (!dir.is_directory()) continue;
-    for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-      if (f.path().extension() == ".gguf") paths.push_back(f.path().string());
-    }
-  }
+  const std::vector<std::string> paths = testing::TestGgufFiles();
   ASSERT_GE(paths.size(), 4u) << "tests/data/tiny holds the tiny models' GGUF files";
-  if (std::filesystem::exists("models/SmolLM2-135M-Instruct.Q4_1.gguf")) {
-    paths.push_back("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  }
   for (const std::string& path : paths) {
     SCOPED_TRACE(path);
     auto host = LoadModelWeights(path);

@@ -45,21 +45,6 @@ std::string ConfigBytes(const ModelConfig& c) {
   return bytes;
 }
 
-const std::vector<float>& HostSlot(const ModelWeights& w, WeightSlot slot, int layer) {
-  switch (slot) {
-    case WeightSlot::kTokenEmbedding: return w.token_embedding;
-    case WeightSlot::kOutputNorm: return w.output_norm;
-    case WeightSlot::kLmHead: return w.lm_head;
-    case WeightSlot::kAttnNorm: return w.layers[layer].attn_norm;
-    case WeightSlot::kWqkv: return w.layers[layer].wqkv;
-    case WeightSlot::kWo: return w.layers[layer].wo;
-    case WeightSlot::kFfnNorm: return w.layers[layer].ffn_norm;
-    case WeightSlot::kGateUp: return w.layers[layer].w_gate_up;
-    case WeightSlot::kDown: return w.layers[layer].w_down;
-  }
-  return w.token_embedding;  // unreachable
-}
-
 // Values [begin, end) of a slot as the host loader would hold them, read from the file: only the
 // rows (for RoPE-ordered tensors, the whole heads) of the placed tensors that cover the range
 // are dequantized.
@@ -98,7 +83,7 @@ absl::StatusOr<std::vector<float>> SlotValues(const GgufFile& file, const ModelC
 std::string ModelFingerprint(const ModelWeights& w) {
   std::string bytes = ConfigBytes(w.config);
   for (const auto& [slot, layer] : SlotOrder(w.config)) {
-    const std::vector<float>& v = HostSlot(w, slot, layer);
+    const std::vector<float>& v = WeightSlotVector(w, slot, layer);
     const int64_t n = static_cast<int64_t>(v.size()), k = std::min(kSample, n);
     AppendSample(std::span(v).first(k), std::span(v).last(k), bytes);
   }

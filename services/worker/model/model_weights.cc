@@ -67,28 +67,13 @@ std::vector<WeightPlacement> Placements(const ModelConfig& c, const TensorNames&
   return p;
 }
 
-std::vector<float>& SlotVector(ModelWeights& w, WeightSlot slot, int layer) {
-  switch (slot) {
-    case WeightSlot::kTokenEmbedding: return w.token_embedding;
-    case WeightSlot::kOutputNorm: return w.output_norm;
-    case WeightSlot::kLmHead: return w.lm_head;
-    case WeightSlot::kAttnNorm: return w.layers[layer].attn_norm;
-    case WeightSlot::kWqkv: return w.layers[layer].wqkv;
-    case WeightSlot::kWo: return w.layers[layer].wo;
-    case WeightSlot::kFfnNorm: return w.layers[layer].ffn_norm;
-    case WeightSlot::kGateUp: return w.layers[layer].w_gate_up;
-    case WeightSlot::kDown: return w.layers[layer].w_down;
-  }
-  return w.token_embedding;  // unreachable
-}
-
 // Reads every placed tensor through `read` into its slot.
 absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>& placements,
                              const TensorReader& read) {
   const ModelConfig& c = w.config;
   w.layers.resize(c.num_layers);
   for (const WeightPlacement& p : placements) {
-    std::vector<float>& dst = SlotVector(w, p.slot, p.layer);
+    std::vector<float>& dst = WeightSlotVector(w, p.slot, p.layer);
     dst.resize(WeightSlotElements(c, p.slot));
     RETURN_IF_ERROR(read(p.name, p.shape, dst.data() + p.offset));
     if (p.rope_heads > 0) {
@@ -191,6 +176,25 @@ void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols)
     }
     std::memcpy(base, head.data(), head.size() * sizeof(float));
   }
+}
+
+std::vector<float>& WeightSlotVector(ModelWeights& w, WeightSlot slot, int layer) {
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return w.token_embedding;
+    case WeightSlot::kOutputNorm: return w.output_norm;
+    case WeightSlot::kLmHead: return w.lm_head;
+    case WeightSlot::kAttnNorm: return w.layers[layer].attn_norm;
+    case WeightSlot::kWqkv: return w.layers[layer].wqkv;
+    case WeightSlot::kWo: return w.layers[layer].wo;
+    case WeightSlot::kFfnNorm: return w.layers[layer].ffn_norm;
+    case WeightSlot::kGateUp: return w.layers[layer].w_gate_up;
+    case WeightSlot::kDown: return w.layers[layer].w_down;
+  }
+  return w.token_embedding;  // unreachable
+}
+
+const std::vector<float>& WeightSlotVector(const ModelWeights& w, WeightSlot slot, int layer) {
+  return WeightSlotVector(const_cast<ModelWeights&>(w), slot, layer);
 }
 
 int64_t WeightSlotElements(const ModelConfig& c, WeightSlot slot) {

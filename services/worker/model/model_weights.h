@@ -62,6 +62,11 @@ enum class WeightSlot { kTokenEmbedding, kOutputNorm, kLmHead, kAttnNorm, kWqkv,
 // Elements of `slot` in ModelWeights' layout (0 for kLmHead when the embedding is tied).
 int64_t WeightSlotElements(const ModelConfig& config, WeightSlot slot);
 
+// The host tensor of `slot` (of `layer` for per-layer slots).
+std::vector<float>& WeightSlotVector(ModelWeights& weights, WeightSlot slot, int layer);
+const std::vector<float>& WeightSlotVector(const ModelWeights& weights, WeightSlot slot,
+                                           int layer);
+
 // Where one tensor of a GGUF file lands: its name and row-major shape in the file, the slot (and
 // layer, -1 for model-level slots) and the first element it fills there. `rope_heads` > 0: its
 // rows come in llama.cpp's interleaved RoPE order, `rope_heads` heads of head_dim rows, and are

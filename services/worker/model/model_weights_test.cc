@@ -14,6 +14,7 @@
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/test_gguf_files.h"
 
 namespace lazyattn {
 namespace {
@@ -65,19 +66,8 @@ TEST(GgufWeightPlacementsTest, CoverEverySlotOnce) {
 // every GGUF the tests carry (F32, F16, Q8_0, Q4_0; tied and untied; Llama-3 RoPE) and SmolLM2's
 // Q4_1 when tools/fetch-model has fetched it.
 TEST(GgufModelFingerprintTest, EqualsTheFingerprintOfTheLoadedWeights) {
-  std::vector<std::string> paths;
-  if (std::filesystem::exists("tests/data/tiny")) {
-    for (const auto& dir : std::filesystem::directory_iterator("tests/data/tiny")) {
-      if (!dir.is_directory()) continue;
-      for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-        if (f.path().extension() == ".gguf") paths.push_back(f.path().string());
-      }
-    }
-  }
+  const std::vector<std::string> paths = testing::TestGgufFiles();
   ASSERT_GE(paths.size(), 4u) << "tests/data/tiny holds the tiny models' GGUF files";
-  if (std::filesystem::exists("models/SmolLM2-135M-Instruct.Q4_1.gguf")) {
-    paths.push_back("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  }
   for (const std::string& path : paths) {
     SCOPED_TRACE(path);
     auto weights = LoadModelWeights(path);
