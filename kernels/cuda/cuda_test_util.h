@@ -41,6 +41,19 @@ inline float Bf16BitsToFloat(uint16_t h) {
 inline float RoundBf16(float f) { return Bf16BitsToFloat(FloatToBf16Bits(f)); }
 inline constexpr uint16_t kBf16NaN = 0x7fc0;
 
+// n bf16 values drawn from Normal(0, scale), as raw bits.
+inline std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = FloatToBf16Bits(normal(rng));
+  return v;
+}
+inline std::vector<float> Bf16ToFloats(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = Bf16BitsToFloat(b[i]);
+  return f;
+}
+
 // Fresh seed per run (printed on failure through SCOPED_TRACE by callers).
 inline uint32_t FreshSeed() { return std::random_device{}(); }
 

@@ -16,22 +16,11 @@
 namespace lazyattn {
 namespace {
 
-using testing::Bf16BitsToFloat;
 using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
 
-std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.f) {
-  std::normal_distribution<float> normal(0, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& e : v) e = FloatToBf16Bits(normal(rng));
-  return v;
-}
-
-std::vector<float> ToFloat(const std::vector<uint16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16BitsToFloat(v[i]);
-  return f;
-}
+using testing::RandomBf16;
+using testing::Bf16ToFloats;
 
 const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
   return reinterpret_cast<const __nv_bfloat16*>(b.get());
@@ -80,9 +69,9 @@ TEST(SkinnyLinearTest, MatchesCpuTwin) {
         ASSERT_TRUE(st.ok()) << st;
         CUDA_ASSERT(cudaDeviceSynchronize());
         std::vector<float> want = y0;
-        const auto xf = ToFloat(x), wf = ToFloat(w);
+        const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
         LinearCpu(xf.data(), wf.data(), rows, s.in, s.out, want.data(), accumulate);
-        const std::vector<float> got = fp32 ? dy32.Download() : ToFloat(dy16.Download());
+        const std::vector<float> got = fp32 ? dy32.Download() : Bf16ToFloats(dy16.Download());
         const double rms = testing::Rms(want);
         EXPECT_TRUE(testing::AllClose(got, want,
                                       fp32 ? testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}
@@ -115,12 +104,12 @@ TEST(SkinnyLinearTest, SwiGluMatchesCpuTwins) {
                                reinterpret_cast<__nv_bfloat16*>(dact.get()), nullptr);
     ASSERT_TRUE(st.ok()) << st;
     CUDA_ASSERT(cudaDeviceSynchronize());
-    const auto xf = ToFloat(x), wf = ToFloat(w);
+    const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
     std::vector<float> gate_up(size_t(rows) * 2 * inter), want(size_t(rows) * inter);
     LinearCpu(xf.data(), wf.data(), rows, in, 2 * inter, gate_up.data());
     SwiGluCpu(gate_up.data(), rows, inter, want.data());
     const double rms = testing::Rms(want);
-    EXPECT_TRUE(testing::AllClose(ToFloat(dact.Download()), want,
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dact.Download()), want,
                                   testing::Tolerance{1e-3 * rms, 1.0 / 256 + 1e-4, 3e-3}));
   }
 }
@@ -160,7 +149,7 @@ TEST(SkinnyLinearTest, OverlappedLaunchWaitsForItsInput) {
     CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
   }
-  const auto wf = ToFloat(w), nf = ToFloat(norm_w);
+  const auto wf = Bf16ToFloats(w), nf = Bf16ToFloats(norm_w);
   for (int i = 0; i < 50; ++i) {
     const bool graph = i % 2 == 1;
     SCOPED_TRACE(::testing::Message() << "run " << i << (graph ? " (graph)" : " (eager)"));

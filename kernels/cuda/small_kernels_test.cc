@@ -21,17 +21,8 @@ using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
 using testing::RoundBf16;
 
-std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = FloatToBf16Bits(normal(rng));
-  return v;
-}
-std::vector<float> ToFloat(const std::vector<uint16_t>& b) {
-  std::vector<float> f(b.size());
-  for (size_t i = 0; i < b.size(); ++i) f[i] = Bf16BitsToFloat(b[i]);
-  return f;
-}
+using testing::RandomBf16;
+using testing::Bf16ToFloats;
 __nv_bfloat16* Bf(DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.get()); }
 
 // Tolerance of a kernel that computes in fp32 and rounds once to bf16: half a bf16 ulp (2^-8
@@ -52,9 +43,9 @@ TEST(RmsNormCudaTest, MatchesCpuTwin) {
     ASSERT_TRUE(RmsNormCuda(Bf(dx), Bf(dw), rows, dim, 1e-5f, Bf(dout), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> want(x.size());
-    const auto xf = ToFloat(x), wf = ToFloat(w);
+    const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
     RmsNormCpu(xf.data(), wf.data(), rows, dim, 1e-5f, want.data());
-    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want,
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dout.Download()), want,
                                   {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
 
     // Fused: residual += x (rounded to bf16), out = norm(residual); in place on x for out.
@@ -65,12 +56,12 @@ TEST(RmsNormCudaTest, MatchesCpuTwin) {
         FusedAddRmsNormCuda(Bf(dx), Bf(dres), Bf(dw), rows, dim, 1e-5f, Bf(dx), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> sum(x.size());
-    const auto rf = ToFloat(res);
+    const auto rf = Bf16ToFloats(res);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = RoundBf16(rf[i] + xf[i]);
-    const auto got_res = ToFloat(dres.Download());
+    const auto got_res = Bf16ToFloats(dres.Download());
     for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(got_res[i], sum[i]) << "residual " << i;
     RmsNormCpu(sum.data(), wf.data(), rows, dim, 1e-5f, want.data());
-    EXPECT_TRUE(testing::AllClose(ToFloat(dx.Download()), want,
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dx.Download()), want,
                                   {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
   }
 }
@@ -97,9 +88,9 @@ TEST(RmsNormCudaTest, Fp32ResidualFormsMatchCpuTwin) {
     dout.Poison();
     ASSERT_TRUE(RmsNormF32ToBf16Cuda(dx.get(), Bf(dw), rows, dim, 1e-5f, Bf(dout), nullptr).ok());
     std::vector<float> want(x.size());
-    const auto wf = ToFloat(w);
+    const auto wf = Bf16ToFloats(w);
     RmsNormCpu(x.data(), wf.data(), rows, dim, 1e-5f, want.data());
-    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want,
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dout.Download()), want,
                                   {1e-3 * testing::Rms(want), 1.0 / 256, 5e-3}));
 
     // The fused residual step: x += delta (exactly the fp32 sum), then the norm of the sum.
@@ -119,7 +110,7 @@ TEST(RmsNormCudaTest, Fp32ResidualFormsMatchCpuTwin) {
       for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got_sum[i], sum[i]) << "element " << i;
       std::vector<float> want_sum(x.size());
       RmsNormCpu(sum.data(), wf.data(), rows, dim, 1e-5f, want_sum.data());
-      EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want_sum,
+      EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dout.Download()), want_sum,
                                     {1e-3 * testing::Rms(want_sum), 1.0 / 256, 5e-3}));
     }
 
@@ -159,10 +150,10 @@ TEST(SwiGluCudaTest, MatchesCpuTwin) {
     ASSERT_TRUE(SwiGluCuda(Bf(dgu), rows, dim, Bf(dout), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> want(size_t(rows) * dim);
-    const auto gf = ToFloat(gu);
+    const auto gf = Bf16ToFloats(gu);
     SwiGluCpu(gf.data(), rows, dim, want.data());
     // One bf16 rounding of an fp32 value (expf differs from std::exp by a few ulp).
-    EXPECT_TRUE(testing::AllClose(ToFloat(dout.Download()), want, {1e-6, 1.0 / 256 + 1e-5, 5e-3}))
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dout.Download()), want, {1e-6, 1.0 / 256 + 1e-5, 5e-3}))
         << rows << "x" << dim;
   }
 }
@@ -190,7 +181,7 @@ TEST(EmbeddingCudaTest, GathersRowsAndZeroesBadIds) {
     std::vector<int32_t> valid_ids = ids;
     valid_ids[3] = valid_ids[4] = 0;
     std::vector<float> want(size_t(n) * dim);
-    const auto tf = ToFloat(table);
+    const auto tf = Bf16ToFloats(table);
     EmbeddingGatherCpu(tf.data(), dim, valid_ids.data(), n, want.data());
     for (int t = 0; t < n; ++t) {
       for (int x = 0; x < dim; ++x) {
