@@ -17,10 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/yaml_config.h"
 #include "services/worker/engine/runner_factory.h"
-#include "services/worker/model/model_fingerprint.h"
-#include "services/worker/model/random_weights.h"
-#include "services/worker/model/tokenizer/byte_tokenizer.h"
-#include "services/worker/model/model_loader.h"
 #include "services/worker/server/worker_config.h"
 #include "services/worker/server/worker_server.h"
 
@@ -101,50 +97,20 @@ std::string WithPort(const std::string& address, int port) {
 // BLAS library starts its threads before main() could block the signals in them.
 int g_signal_pipe[2] = {-1, -1};
 
-// What the worker serves: a runner on the configured backend, its tokenizer and fingerprint.
-struct ServedModel {
-  lazyattn::ModelConfig config;
-  std::unique_ptr<lazyattn::Tokenizer> tokenizer;
-  std::unique_ptr<lazyattn::ModelWeights> host_weights;  // the CPU backend borrows them; else null
-  std::unique_ptr<lazyattn::ModelRunner> runner;
-  std::string fingerprint;
-};
-
-// model.path is a file or directory (LoadModel), or random:SHAPE[:SEED] (runner_factory.h).
-// Errors name the key they come from.
-absl::StatusOr<ServedModel> LoadServedModel(const lazyattn::WorkerConfig& config) {
-  const lazyattn::RunnerOptions runner_options{.backend = *lazyattn::ParseBackend(config.backend),
-                                               .kv_budget_bytes = config.kv_budget_bytes};
-  auto named = [](absl::string_view key, const absl::Status& s) {
+// The model of model.path on the configured backend (LoadServedModel: a GGUF file on cuda is
+// dequantized on the GPU without an fp32 host copy). Errors name the key they come from.
+absl::StatusOr<lazyattn::ServedModel> LoadWorkerModel(const lazyattn::WorkerConfig& config) {
+  const lazyattn::ServedModelOptions options{
+      .runner = {.backend = *lazyattn::ParseBackend(config.backend),
+                 .kv_budget_bytes = config.kv_budget_bytes}};
+  lazyattn::ModelLoadStage stage = lazyattn::ModelLoadStage::kModel;
+  auto served = lazyattn::LoadServedModel(config.model_path, options, &stage);
+  if (!served.ok()) {
+    const absl::Status& s = served.status();
+    const char* key = stage == lazyattn::ModelLoadStage::kModel ? "model.path" : "backend";
     return absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
-  };
-  ServedModel m;
-  if (lazyattn::IsRandomModelPath(config.model_path)) {
-    auto spec = lazyattn::ParseRandomModelPath(config.model_path);
-    if (!spec.ok()) return named("model.path", spec.status());
-    m.config = spec->config;
-    m.tokenizer = lazyattn::MakeByteTokenizer();
-    m.fingerprint = lazyattn::RandomModelFingerprint(
-        *spec, lazyattn::ResolveBackend(runner_options.backend));
-    auto runner = lazyattn::CreateRandomModelRunner(*spec, runner_options);
-    if (!runner.ok()) return named("backend", runner.status());
-    m.runner = std::move(*runner);
-    return m;
   }
-  auto model = lazyattn::LoadModel(config.model_path);
-  if (!model.ok()) return named("model.path", model.status());
-  m.config = model->weights->config;
-  m.fingerprint = lazyattn::ModelFingerprint(*model->weights);
-  m.tokenizer = std::move(model->tokenizer);
-  m.host_weights = std::move(model->weights);
-  // The CUDA backend copies the weights to the GPU; the CPU backend keeps using them.
-  auto runner = lazyattn::CreateModelRunner(m.host_weights.get(), runner_options);
-  if (!runner.ok()) return named("backend", runner.status());
-  m.runner = std::move(*runner);
-  // Only the CPU runner reads the host copy (fp32, 4 bytes a parameter: 32 GB for an 8B model)
-  // after this; a GPU worker would otherwise hold it for its whole life.
-  if (m.runner->backend_name() != "cpu") m.host_weights.reset();
-  return m;
+  return served;
 }
 
 void OnStopSignal(int signal_number) {
@@ -195,7 +161,7 @@ int main(int argc, char** argv) {
 
   std::cerr << "lazyattn-worker: loading " << config->model_path << " (backend "
             << config->backend << ")\n";
-  auto served = LoadServedModel(*config);
+  auto served = LoadWorkerModel(*config);
   if (!served.ok()) {
     const bool bad_model = served.status().code() == absl::StatusCode::kInvalidArgument ||
                            served.status().code() == absl::StatusCode::kNotFound;

@@ -6,8 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "services/worker/engine/runner_factory.h"
-#include "services/worker/model/model_fingerprint.h"
 
 namespace lazyattn {
 
@@ -44,23 +42,35 @@ void DeclareBackendFlags(CliArgs& args) {
   args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> EngineFromArgs(const CliArgs& args,
-                                                        const LoadedModel& model) {
+absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_code) {
+  *exit_code = 2;
   ASSIGN_OR_RETURN(const Backend backend, ParseBackend(args.String("backend", "auto")));
   ASSIGN_OR_RETURN(const int64_t budget, args.Int("kv-budget", int64_t{512} << 20));
   if (budget < (int64_t{1} << 20)) {
     return absl::InvalidArgumentError("--kv-budget must be at least 1 MiB");
   }
-  ASSIGN_OR_RETURN(auto runner, CreateModelRunner(model.weights.get(),
-                                                  {.backend = backend, .kv_budget_bytes = budget}));
-  std::cerr << "lazyattn: backend " << runner->backend_name() << ", " << runner->num_kv_blocks()
-            << " KV blocks\n";
+  ModelLoadStage stage = ModelLoadStage::kModel;
+  absl::StatusOr<ServedModel> model = LoadServedModel(
+      args.String("model"), {.runner = {.backend = backend, .kv_budget_bytes = budget}}, &stage);
+  if (!model.ok()) {
+    const bool usage = stage == ModelLoadStage::kBackend &&
+                       model.status().code() == absl::StatusCode::kInvalidArgument;
+    *exit_code = usage ? 2 : 1;
+    return model.status();
+  }
+  *exit_code = 0;
+  std::cerr << "lazyattn: backend " << model->runner->backend_name() << ", "
+            << model->runner->num_kv_blocks() << " KV blocks\n";
+  return model;
+}
+
+std::unique_ptr<Engine> EngineFor(ServedModel& model) {
   // A GPU step is cheap per token only when it is large (chunked prefill of 8,192 tokens, as the
   // H200 benchmarks use); the CPU keeps the engine's default.
   EngineOptions options;
-  if (runner->backend_name() == "cuda") options.max_batch_tokens = 8192;
-  return std::make_unique<Engine>(std::move(runner), ModelFingerprint(*model.weights),
-                                  model.tokenizer.get(), options);
+  if (model.runner->backend_name() == "cuda") options.max_batch_tokens = 8192;
+  return std::make_unique<Engine>(std::move(model.runner), model.fingerprint, model.tokenizer.get(),
+                                  options);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

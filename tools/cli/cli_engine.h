@@ -11,7 +11,7 @@
 #include "services/worker/engine/chat_prompt.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/kv_cache_cpu.h"
-#include "services/worker/model/model_loader.h"
+#include "services/worker/engine/runner_factory.h"
 #include "tools/cli/cli_args.h"
 
 namespace lazyattn {
@@ -22,9 +22,14 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args);
 
 // Declares --backend (cpu | cuda | auto, default auto) and --kv-budget BYTES (default 512 MiB).
 void DeclareBackendFlags(CliArgs& args);
-// An engine over the loaded model on the backend the flags pick. The model must outlive it.
-absl::StatusOr<std::unique_ptr<Engine>> EngineFromArgs(const CliArgs& args,
-                                                        const LoadedModel& model);
+// The model of --model on the backend --backend and --kv-budget pick (LoadServedModel: a GGUF
+// file on cuda is dequantized on the GPU without an fp32 host copy). On failure `exit_code` is
+// set to the command's exit status: 2 for a usage error (a bad flag, or a backend the flags
+// cannot have), 1 otherwise (a model that cannot be loaded, no GPU).
+absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_code);
+// An engine over the model's runner (moved out of `model`), its fingerprint and its tokenizer.
+// `model` must outlive the engine (the CPU runner borrows its host weights).
+std::unique_ptr<Engine> EngineFor(ServedModel& model);
 
 // KvBlocksForBudget (kv_cache_cpu.h) and BuildPrompt (chat_prompt.h) live with the engine: the
 // worker service shares them.

@@ -38,8 +38,9 @@ int GenerateCommand(int argc, char** argv) {
     if (!s.ok()) return CliFail(s, 2);
   }
 
-  auto model = LoadModel(args.String("model"));
-  if (!model.ok()) return CliFail(model.status());
+  int load_exit = 0;
+  auto model = ServedModelFromArgs(args, &load_exit);
+  if (!model.ok()) return CliFail(model.status(), load_exit);
   auto parts = BuildPrompt(*model->tokenizer, args.Has("chat"), args.String("system"),
                            args.String("prompt"));
   if (!parts.ok()) return CliFail(parts.status());
@@ -53,9 +54,8 @@ int GenerateCommand(int argc, char** argv) {
     request.documents.push_back({.id = path, .text = *text});
   }
 
-  auto engine_or = EngineFromArgs(args, *model);
-  if (!engine_or.ok()) return CliFail(engine_or.status(), IsUsageError(engine_or.status()) ? 2 : 1);
-  Engine& engine = **engine_or;
+  const std::unique_ptr<Engine> engine_ptr = EngineFor(*model);
+  Engine& engine = *engine_ptr;
   const bool json = args.Has("json");
   auto result = engine.Run(request, [&](int32_t, std::string_view text) {
     if (!json) std::cout << text << std::flush;

@@ -13,7 +13,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "services/worker/engine/runner_factory.h"
-#include "services/worker/model/model_weights.h"
 #include "tools/cli/cli_args.h"
 
 namespace lazyattn {
@@ -45,15 +44,17 @@ int Main(int argc, char** argv) {
   }
   auto backend = ParseBackend(args.String("backend", "auto"));
   if (!backend.ok()) return Fail(backend.status(), 2);
-  auto weights = LoadModelWeights(args.String("model"));
-  if (!weights.ok()) return Fail(weights.status(), 1);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t blocks = (n + kDefaultKvBlockSize - 1) / kDefaultKvBlockSize;
-  auto runner = CreateModelRunner(
-      weights->get(), {.backend = *backend,
-                       .kv_budget_bytes = std::max<int64_t>(blocks, 1) * 4 * (int64_t{1} << 20)});
-  if (!runner.ok()) return Fail(runner.status(), 1);
-  if ((*runner)->num_kv_blocks() < blocks) {
+  // No tokenizer: the prompt comes as ids, and HF directories made for the check carry none.
+  auto model = LoadServedModel(
+      args.String("model"),
+      {.runner = {.backend = *backend,
+                  .kv_budget_bytes = std::max<int64_t>(blocks, 1) * 4 * (int64_t{1} << 20)},
+       .load_tokenizer = false});
+  if (!model.ok()) return Fail(model.status(), 1);
+  ModelRunner* runner = model->runner.get();
+  if (runner->num_kv_blocks() < blocks) {
     return Fail(absl::ResourceExhaustedError("KV pool too small for the prompt"), 1);
   }
   std::vector<int64_t> slots(n);
@@ -64,14 +65,14 @@ int Main(int argc, char** argv) {
     table.push_back(PackKvBlockEntry(static_cast<uint32_t>(b), 0, static_cast<uint32_t>(valid)));
   }
   const ForwardChunk chunk{.tokens = tokens, .kv_slots = slots, .block_table = table};
-  auto logits = (*runner)->Forward(std::span(&chunk, 1));
+  auto logits = runner->Forward(std::span(&chunk, 1));
   if (!logits.ok()) return Fail(logits.status(), 1);
   std::ofstream out(args.String("out"), std::ios::binary);
   out.write(reinterpret_cast<const char*>(logits->logits.data()),
             static_cast<std::streamsize>(logits->logits.size() * sizeof(float)));
   if (!out) return Fail(absl::InternalError("cannot write " + args.String("out")), 1);
-  std::cerr << "lazyattn-logits: backend " << (*runner)->backend_name() << ", " << n
-            << " tokens, " << logits->logits.size() << " logits\n";
+  std::cerr << "lazyattn-logits: backend " << runner->backend_name() << ", " << n << " tokens, "
+            << logits->logits.size() << " logits\n";
   return 0;
 }
 

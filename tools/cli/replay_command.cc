@@ -118,8 +118,9 @@ int ReplayCommand(int argc, char** argv) {
   }
   if (*concurrency < 1) return CliFail(absl::InvalidArgumentError("--concurrency must be >= 1"), 2);
 
-  auto model = LoadModel(args.String("model"));
-  if (!model.ok()) return CliFail(model.status());
+  int load_exit = 0;
+  auto model = ServedModelFromArgs(args, &load_exit);
+  if (!model.ok()) return CliFail(model.status(), load_exit);
   std::ifstream in(args.String("requests"));
   if (!in) return CliFail(absl::NotFoundError("cannot read " + args.String("requests")), 2);
   std::vector<EngineRequest> requests;
@@ -133,9 +134,8 @@ int ReplayCommand(int argc, char** argv) {
     requests.push_back(std::move(*r));
   }
 
-  auto engine_or = EngineFromArgs(args, *model);
-  if (!engine_or.ok()) return CliFail(engine_or.status(), IsUsageError(engine_or.status()) ? 2 : 1);
-  Engine& engine = **engine_or;
+  const std::unique_ptr<Engine> engine_ptr = EngineFor(*model);
+  Engine& engine = *engine_ptr;
   const bool as_json = args.Has("json");
   std::mutex mu;
   std::vector<double> ttfts;

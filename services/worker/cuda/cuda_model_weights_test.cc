@@ -1,4 +1,4 @@
-// The GPU's GGUF loader against the host's: bf16 weights equal bit for bit.
+// The GPU's GGUF dequantization against the host's: bf16 values equal bit for bit.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -12,7 +12,6 @@
 #include "services/worker/cuda/gguf_dequantize.h"
 #include "services/worker/model/ggml_type.h"
 #include "services/worker/model/model_weights.h"
-#include "services/worker/model/test_gguf_files.h"
 
 namespace lazyattn {
 namespace {
@@ -100,63 +99,8 @@ TEST(DequantizeGgufToBf16Test, MatchesTheHostBitForBit) {
             absl::StatusCode::kInvalidArgument);  // not whole blocks
 }
 
-std::vector<uint16_t> Download(const __nv_bfloat16* p, int64_t n) {
-  std::vector<uint16_t> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-
-// Every GGUF the tests carry (tests/data/tiny: F32, F16, Q8_0 and Q4_0 tensors, tied and untied,
-// Llama-3 RoPE factors; SmolLM2's Q4_1 when tests/gpu/run.sh unpacked it): LoadGguf gives the
-// same config and the same bf16 weights as the host loader's fp32 uploaded with Upload.
-TEST(CudaModelWeightsTest, GgufOnTheGpuEqualsTheHostLoader) {
-  SKIP_WITHOUT_GPU();
-  const std::vector<std::string> paths = testing::TestGgufFiles();
-  ASSERT_GE(paths.size(), 4u) << "tests/data/tiny holds the tiny models' GGUF files";
-  for (const std::string& path : paths) {
-    SCOPED_TRACE(path);
-    auto host = LoadModelWeights(path);
-    ASSERT_TRUE(host.ok()) << host.status();
-    auto uploaded = CudaModelWeights::Upload(**host);
-    auto loaded = CudaModelWeights::LoadGguf(path);
-    ASSERT_TRUE(uploaded.ok()) << uploaded.status();
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    const ModelConfig& c = (*host)->config;
-    EXPECT_EQ((*loaded)->config().num_layers, c.num_layers);
-    EXPECT_EQ((*loaded)->config().vocab_size, c.vocab_size);
-    EXPECT_EQ((*loaded)->config().rope.freq_factors, c.rope.freq_factors);
-    EXPECT_EQ((*loaded)->bytes(), (*uploaded)->bytes());
-    const CudaModelWeights& a = **uploaded;
-    const CudaModelWeights& b = **loaded;
-    auto same = [&](const __nv_bfloat16* x, const __nv_bfloat16* y, WeightSlot slot,
-                    const std::string& what) {
-      const int64_t n = WeightSlotElements(c, slot == WeightSlot::kLmHead && c.tie_word_embeddings
-                                                  ? WeightSlot::kTokenEmbedding
-                                                  : slot);
-      const auto hx = Download(x, n), hy = Download(y, n);
-      for (int64_t i = 0; i < n; ++i) {
-        if (hx[i] != hy[i]) {
-          ADD_FAILURE() << what << ": element " << i << " differs (" << hx[i] << " uploaded, "
-                        << hy[i] << " loaded on the GPU)";
-          return;
-        }
-      }
-    };
-    same(a.token_embedding(), b.token_embedding(), WeightSlot::kTokenEmbedding, "embedding");
-    same(a.output_norm(), b.output_norm(), WeightSlot::kOutputNorm, "output norm");
-    same(a.lm_head(), b.lm_head(), WeightSlot::kLmHead, "lm head");
-    for (int l = 0; l < c.num_layers; ++l) {
-      const CudaLayerWeights &x = a.layer(l), &y = b.layer(l);
-      const std::string at = " of layer " + std::to_string(l);
-      same(x.attn_norm, y.attn_norm, WeightSlot::kAttnNorm, "attn norm" + at);
-      same(x.wqkv, y.wqkv, WeightSlot::kWqkv, "wqkv" + at);
-      same(x.wo, y.wo, WeightSlot::kWo, "wo" + at);
-      same(x.ffn_norm, y.ffn_norm, WeightSlot::kFfnNorm, "ffn norm" + at);
-      same(x.w_gate_up, y.w_gate_up, WeightSlot::kGateUp, "gate/up" + at);
-      same(x.w_down, y.w_down, WeightSlot::kDown, "down" + at);
-    }
-  }
-}
+// The whole GGUF loader against the host loader, through LoadGgufModelToGpu (which calls
+// LoadGguf): cuda_model_loader_test.cc.
 
 TEST(CudaModelWeightsTest, GgufErrorsNameTheFile) {
   SKIP_WITHOUT_GPU();

@@ -6,11 +6,15 @@
 #include "common/status_macros.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
+#include "services/worker/cuda/cuda_model_loader.h"
 #include "services/worker/cuda/cuda_model_runner.h"
 #endif
 
@@ -137,6 +141,82 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
 #else
   return NoCudaBackend();
 #endif
+}
+
+absl::StatusOr<ModelLoadPath> ChooseModelLoadPath(const std::string& path,
+                                                  Backend resolved_backend) {
+  if (IsRandomModelPath(path)) return ModelLoadPath::kRandom;
+  ASSIGN_OR_RETURN(const ModelFormat format, DetectModelFormat(path));
+  return format == ModelFormat::kGguf && resolved_backend == Backend::kCuda
+             ? ModelLoadPath::kGgufToGpu
+             : ModelLoadPath::kHostWeights;
+}
+
+absl::StatusOr<ServedModel> LoadServedModel(const std::string& path,
+                                            const ServedModelOptions& options,
+                                            ModelLoadStage* failed_stage) {
+  auto fail = [failed_stage](ModelLoadStage stage, absl::Status status) {
+    if (failed_stage != nullptr) *failed_stage = stage;
+    return status;
+  };
+  const Backend backend = ResolveBackend(options.runner.backend);
+  const absl::StatusOr<ModelLoadPath> how = ChooseModelLoadPath(path, backend);
+  if (!how.ok()) return fail(ModelLoadStage::kModel, how.status());
+  ServedModel m;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner;
+  switch (*how) {
+    case ModelLoadPath::kRandom: {
+      const absl::StatusOr<RandomModelSpec> spec = ParseRandomModelPath(path);
+      if (!spec.ok()) return fail(ModelLoadStage::kModel, spec.status());
+      m.fingerprint = RandomModelFingerprint(*spec, backend);
+      if (options.load_tokenizer) m.tokenizer = MakeByteTokenizer();
+      runner = CreateRandomModelRunner(*spec, options.runner);
+      break;
+    }
+    case ModelLoadPath::kHostWeights: {
+      if (options.load_tokenizer) {
+        absl::StatusOr<LoadedModel> model = LoadModel(path);
+        if (!model.ok()) return fail(ModelLoadStage::kModel, model.status());
+        m.host_weights = std::move(model->weights);
+        m.tokenizer = std::move(model->tokenizer);
+      } else {
+        absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(path);
+        if (!weights.ok()) return fail(ModelLoadStage::kModel, weights.status());
+        m.host_weights = std::move(*weights);
+      }
+      m.fingerprint = ModelFingerprint(*m.host_weights);
+      runner = CreateModelRunner(m.host_weights.get(), options.runner);
+      // Only the CPU runner reads the host copy (fp32, 4 bytes a parameter: 32 GB for an 8B
+      // model) after this; a GPU process would otherwise hold it for its whole life.
+      if (backend != Backend::kCpu) m.host_weights.reset();
+      break;
+    }
+    case ModelLoadPath::kGgufToGpu: {
+#ifdef LAZYATTN_WITH_CUDA_BACKEND
+      // Called by CudaRunnerWith once the device is checked and current.
+      bool loading_failed = false;
+      auto load = [&]() -> absl::StatusOr<std::unique_ptr<CudaModelWeights>> {
+        absl::StatusOr<CudaLoadedModel> loaded = LoadGgufModelToGpu(path, options.load_tokenizer);
+        if (!loaded.ok()) {
+          loading_failed = true;
+          return loaded.status();
+        }
+        m.tokenizer = std::move(loaded->tokenizer);
+        m.fingerprint = std::move(loaded->fingerprint);
+        return std::move(loaded->weights);
+      };
+      runner = CudaRunnerWith(options.runner, load);
+      if (!runner.ok() && loading_failed) return fail(ModelLoadStage::kModel, runner.status());
+#else
+      runner = NoCudaBackend();
+#endif
+      break;
+    }
+  }
+  if (!runner.ok()) return fail(ModelLoadStage::kBackend, runner.status());
+  m.runner = std::move(*runner);
+  m.config = m.runner->config();
+  return m;
 }
 
 }  // namespace lazyattn

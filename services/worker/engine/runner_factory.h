@@ -1,5 +1,6 @@
 // Picks and builds a worker's backend: `cpu`, `cuda`, or `auto` (the CUDA backend when it is
-// built in and a GPU is visible, the CPU backend otherwise).
+// built in and a GPU is visible, the CPU backend otherwise), and loads a model path onto it
+// (LoadServedModel: what the worker, `lazyattn generate/replay` and lazyattn-logits call).
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_RUNNER_FACTORY_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_RUNNER_FACTORY_H_
 
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "services/worker/engine/model_runner.h"
 #include "services/worker/model/model_weights.h"
+#include "services/worker/model/tokenizer/tokenizer.h"
 
 namespace lazyattn {
 
@@ -55,6 +57,52 @@ absl::StatusOr<RandomModelSpec> ParseRandomModelPath(std::string_view path);
 std::string RandomModelFingerprint(const RandomModelSpec& spec, Backend resolved_backend);
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const RandomModelSpec& spec,
                                                                      const RunnerOptions& options);
+
+// How LoadServedModel loads a model path on a resolved backend (kCpu or kCuda).
+enum class ModelLoadPath {
+  kRandom,       // random:SHAPE[:SEED], generated where the backend runs
+  kHostWeights,  // LoadModel's fp32 host weights: the CPU backend borrows them, the CUDA backend
+                 // uploads them (safetensors on cuda, anything on cpu)
+  kGgufToGpu,    // a GGUF file on cuda: dequantized on the GPU as stored, no fp32 host copy
+                 // (LoadGgufModelToGpu in services/worker/cuda/cuda_model_loader.h)
+};
+// Errors: DetectModelFormat's for a path that is not random:... (NotFound naming a missing path,
+// InvalidArgument for an unknown format); the random spec itself is parsed by LoadServedModel.
+absl::StatusOr<ModelLoadPath> ChooseModelLoadPath(const std::string& path,
+                                                  Backend resolved_backend);
+
+// A model on its backend, ready to serve. `runner` is declared last so that it is destroyed
+// before the host weights it may borrow; an Engine built over it must not outlive the tokenizer
+// or the host weights.
+struct ServedModel {
+  ModelConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when ServedModelOptions::load_tokenizer is false
+  std::string fingerprint;               // ModelFingerprint, or RandomModelFingerprint
+  std::unique_ptr<ModelWeights> host_weights;  // what the CPU runner borrows; null on cuda
+  std::unique_ptr<ModelRunner> runner;
+};
+
+struct ServedModelOptions {
+  RunnerOptions runner;
+  // False skips the tokenizer (for callers that feed token ids: an HF directory then needs no
+  // tokenizer.json).
+  bool load_tokenizer = true;
+};
+
+// Which step LoadServedModel failed in, for callers that report a failure against the setting
+// behind it (the worker's model.path and backend keys): kModel while reading the model (which,
+// for kGgufToGpu, includes its upload), kBackend while choosing the device or building the
+// runner.
+enum class ModelLoadStage { kModel, kBackend };
+
+// Loads `path` (a .gguf file, an HF directory, or random:SHAPE[:SEED]) onto the backend of
+// options.runner by the ChooseModelLoadPath rule. Errors are those of the loader (naming the
+// file) or of the runner factory (FailedPrecondition for cuda in a build without it,
+// Unavailable without a usable GPU, ResourceExhausted when the weights or the KV pool do not
+// fit); never an abort. `failed_stage`, when not null, says where a failure came from.
+absl::StatusOr<ServedModel> LoadServedModel(const std::string& path,
+                                            const ServedModelOptions& options,
+                                            ModelLoadStage* failed_stage = nullptr);
 
 }  // namespace lazyattn
 

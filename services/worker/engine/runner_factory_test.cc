@@ -1,10 +1,20 @@
 // Backend choice without a GPU (CI): names parse, `auto` falls back to the CPU, and `cuda` fails
-// with a clear status instead of crashing. On the GPU machine cuda_backend_test covers `cuda`.
+// with a clear status instead of crashing; which loader a model path takes, and what loading it
+// on the CPU gives. On the GPU machine cuda_backend_test covers `cuda`.
 #include "services/worker/engine/runner_factory.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "gtest/gtest.h"
 #include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/test_gguf_files.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
 #include "kernels/cuda/device_info.h"
@@ -74,6 +84,116 @@ TEST(RunnerFactoryTest, RandomModelPathsParseAndServeOnTheCpu) {
   EXPECT_EQ((*runner)->backend_name(), "cpu");
   EXPECT_EQ((*runner)->config().hidden_size, 512);
   EXPECT_EQ((*runner)->num_kv_blocks(), KvBlocksForBudget(spec->config, 4 << 20));
+}
+
+constexpr char kGguf[] = "tests/data/tiny/tiny-llama/tiny-llama-q8_0.gguf";
+constexpr char kHfDir[] = "tests/data/tiny/tiny-llama/hf-f32";
+
+// Only a GGUF file on the CUDA backend skips the fp32 host weights; random paths need no file.
+TEST(ChooseModelLoadPathTest, GgufOnCudaIsLoadedOnTheGpuAndEverythingElseOnTheHost) {
+  EXPECT_EQ(*ChooseModelLoadPath(kGguf, Backend::kCuda), ModelLoadPath::kGgufToGpu);
+  EXPECT_EQ(*ChooseModelLoadPath(kGguf, Backend::kCpu), ModelLoadPath::kHostWeights);
+  EXPECT_EQ(*ChooseModelLoadPath(kHfDir, Backend::kCuda), ModelLoadPath::kHostWeights);
+  EXPECT_EQ(*ChooseModelLoadPath(std::string(kHfDir) + "/config.json", Backend::kCuda),
+            ModelLoadPath::kHostWeights);
+  EXPECT_EQ(*ChooseModelLoadPath(kHfDir, Backend::kCpu), ModelLoadPath::kHostWeights);
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    EXPECT_EQ(*ChooseModelLoadPath("random:small:3", b), ModelLoadPath::kRandom);
+    EXPECT_EQ(*ChooseModelLoadPath("random:nope", b), ModelLoadPath::kRandom);  // parsed later
+  }
+  for (const std::string& path : testing::TestGgufFiles()) {
+    EXPECT_EQ(*ChooseModelLoadPath(path, Backend::kCuda), ModelLoadPath::kGgufToGpu) << path;
+  }
+}
+
+// A path that is no model fails with the host loader's own status, whatever the backend.
+TEST(ChooseModelLoadPathTest, BadPathsFailAsTheHostLoaderDoes) {
+  const std::string missing = "/nonexistent/model.gguf";
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    auto choice = ChooseModelLoadPath(missing, b);
+    EXPECT_EQ(choice.status(), LoadModelWeights(missing).status());
+    EXPECT_EQ(choice.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_NE(choice.status().message().find(missing), std::string::npos);
+  }
+  auto unknown = ChooseModelLoadPath("tests/data/tiny/golden.json", Backend::kCuda);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("tests/data/tiny/golden.json"), std::string::npos);
+}
+
+// The CPU backend serves a GGUF from the host loader: its tokenizer, its fingerprint, and the
+// weights the runner borrows, kept alive beside it.
+TEST(LoadServedModelTest, CpuServesTheHostLoadersModel) {
+  auto host = LoadModel(kGguf);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto served =
+      LoadServedModel(kGguf, {.runner = {.backend = Backend::kCpu, .kv_budget_bytes = 1 << 20}});
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->runner->backend_name(), "cpu");
+  EXPECT_EQ(served->fingerprint, ModelFingerprint(*host->weights));
+  EXPECT_EQ(served->config.vocab_size, host->weights->config.vocab_size);
+  ASSERT_NE(served->host_weights, nullptr);
+  ASSERT_NE(served->tokenizer, nullptr);
+  EXPECT_EQ(TokenizerFingerprint(*served->tokenizer), TokenizerFingerprint(*host->tokenizer));
+  EXPECT_EQ(served->runner->num_kv_blocks(), KvBlocksForBudget(served->config, 1 << 20));
+
+  auto bare = LoadServedModel(
+      kHfDir,
+      {.runner = {.backend = Backend::kCpu, .kv_budget_bytes = 1 << 20}, .load_tokenizer = false});
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->tokenizer, nullptr);
+  EXPECT_EQ(bare->fingerprint, ModelFingerprint(**LoadModelWeights(kHfDir)));
+}
+
+TEST(LoadServedModelTest, RandomPathsServeWithTheByteTokenizer) {
+  auto served = LoadServedModel("random:small:7",
+                                {.runner = {.backend = Backend::kCpu, .kv_budget_bytes = 4 << 20}});
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->config.name, "small");
+  EXPECT_EQ(served->fingerprint,
+            RandomModelFingerprint(*ParseRandomModelPath("random:small:7"), Backend::kCpu));
+  ASSERT_NE(served->tokenizer, nullptr);
+  EXPECT_EQ(TokenizerFingerprint(*served->tokenizer), TokenizerFingerprint(*MakeByteTokenizer()));
+
+  ModelLoadStage stage = ModelLoadStage::kBackend;
+  auto bad = LoadServedModel("random:nope", {.runner = {.backend = Backend::kCpu}}, &stage);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(stage, ModelLoadStage::kModel);
+}
+
+// Errors say which step failed: a missing or corrupt file is the model's fault on every backend
+// (the CUDA path checks the file before it looks for a device); cuda without a GPU is the
+// backend's.
+TEST(LoadServedModelTest, FailuresNameTheFileOrTheBackend) {
+  for (Backend b : {Backend::kCpu, Backend::kCuda}) {
+    SCOPED_TRACE(BackendName(b));
+    ModelLoadStage stage = ModelLoadStage::kBackend;
+    auto missing = LoadServedModel("/nonexistent/model.gguf", {.runner = {.backend = b}}, &stage);
+    EXPECT_EQ(missing.status(), LoadModel("/nonexistent/model.gguf").status());
+    EXPECT_EQ(stage, ModelLoadStage::kModel);
+  }
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("lazyattn_runner_factory_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string corrupt = (dir / "corrupt.gguf").string();
+  std::ofstream(corrupt) << "GGUF, truncated";
+  ModelLoadStage stage = ModelLoadStage::kBackend;
+  auto bad = LoadServedModel(corrupt, {.runner = {.backend = Backend::kCpu}}, &stage);
+  EXPECT_EQ(bad.status(), LoadModel(corrupt).status());
+  EXPECT_NE(bad.status().message().find(corrupt), std::string::npos) << bad.status();
+  EXPECT_EQ(stage, ModelLoadStage::kModel);
+  std::filesystem::remove_all(dir);
+
+  if (GpuVisible()) return;  // cuda_model_loader_test covers cuda there
+  for (const char* path : {kGguf, kHfDir, "random:small"}) {
+    SCOPED_TRACE(path);
+    stage = ModelLoadStage::kModel;
+    auto no_gpu = LoadServedModel(path, {.runner = {.backend = Backend::kCuda}}, &stage);
+    EXPECT_EQ(no_gpu.status().code(), CudaBackendBuiltIn() ? absl::StatusCode::kUnavailable
+                                                           : absl::StatusCode::kFailedPrecondition)
+        << no_gpu.status();
+    EXPECT_NE(no_gpu.status().message().find("cuda"), std::string::npos);
+    EXPECT_EQ(stage, ModelLoadStage::kBackend);
+  }
 }
 
 }  // namespace

@@ -24,15 +24,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   return Tokenizer::Create(std::move(spec));
 }
 
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& model_path,
+                                                            const ModelConfig& config) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_path));
+  if (tokenizer->vocab_size() > config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_path, ": the tokenizer has ", tokenizer->vocab_size(),
+                     " tokens but the model only ", config.vocab_size, " embeddings"));
+  }
+  return tokenizer;
+}
+
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
   LoadedModel m;
   ASSIGN_OR_RETURN(m.weights, LoadModelWeights(path));
-  ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(path));
-  if (m.tokenizer->vocab_size() > m.weights->config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": the tokenizer has ", m.tokenizer->vocab_size(), " tokens but the model only ",
-        m.weights->config.vocab_size, " embeddings"));
-  }
+  ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFor(path, m.weights->config));
   return m;
 }
 

@@ -24,6 +24,12 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
 
+// LoadTokenizer, checked against the model LoadModel would pair it with: InvalidArgument naming
+// `model_path` when the tokenizer has more tokens than `config` has embeddings. For loaders that
+// build the weights some other way (CudaModelWeights::LoadGguf).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& model_path,
+                                                            const ModelConfig& config);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_MODEL_MODEL_LOADER_H_
