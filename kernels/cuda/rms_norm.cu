@@ -3,22 +3,12 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
+#include "kernels/cuda/rms_norm_row.cuh"
 
 namespace lazyattn {
 namespace {
 
-constexpr int kThreads = 256;
-
-__device__ float BlockSum(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  return total;
-}
+constexpr int kThreads = kRmsNormThreads;
 
 // One CTA per row. Each thread owns the same elements in both passes, so out may alias x (and
 // the fused form re-reads only what it wrote itself).
@@ -41,7 +31,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     sum_sq += v * v;
   }
-  const float inv = rsqrtf(BlockSum(sum_sq) / dim + eps);
+  const float inv = RmsNormInverse(RmsNormBlockSum(sum_sq), dim, eps);
   for (int i = threadIdx.x; i < dim; i += kThreads) {
     out[base + i] =
         __float2bfloat16_rn(__bfloat162float(src[i]) * inv * __bfloat162float(weight[i]));
@@ -77,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       sum_sq += v * v;
     }
-    const float inv = rsqrtf(BlockSum(sum_sq) / dim + eps);
+    const float inv = RmsNormInverse(RmsNormBlockSum(sum_sq), dim, eps);
     for (int i = threadIdx.x; i < dim; i += kThreads) {
       out[base + i] = __float2bfloat16_rn(x[base + i] * inv * __bfloat162float(weight[i]));
     }
@@ -100,12 +90,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < kVecPerThread; ++u) {
     const int i = threadIdx.x + u * kThreads;
     v[u] = i < n4 ? load(i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    sum_sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    sum_sq += SumSquares4(v[u]);
   }
   for (int i = threadIdx.x + kVecPerThread * kThreads; i < n4; i += kThreads) {
     const float4 t = load(i);
     if (kAdd) x4[i] = t;
-    sum_sq += t.x * t.x + t.y * t.y + t.z * t.z + t.w * t.w;
+    sum_sq += SumSquares4(t);
   }
   if (kAdd) {
 #pragma unroll
@@ -114,17 +104,10 @@ __global__ void __launch_bounds__(kThreads)
       if (i < n4) x4[i] = v[u];
     }
   }
-  const float inv = rsqrtf(BlockSum(sum_sq) / dim + eps);
+  const float inv = RmsNormInverse(RmsNormBlockSum(sum_sq), dim, eps);
   auto store = [&](int i, float4 t) {
-    const uint2 wbits = reinterpret_cast<const uint2*>(weight)[i];
-    const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wbits.x));
-    const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wbits.y));
-    const __nv_bfloat162 o01 = __floats2bfloat162_rn(t.x * inv * w01.x, t.y * inv * w01.y);
-    const __nv_bfloat162 o23 = __floats2bfloat162_rn(t.z * inv * w23.x, t.w * inv * w23.y);
-    uint2 bits;
-    bits.x = *reinterpret_cast<const uint32_t*>(&o01);
-    bits.y = *reinterpret_cast<const uint32_t*>(&o23);
-    reinterpret_cast<uint2*>(out + base)[i] = bits;
+    reinterpret_cast<uint2*>(out + base)[i] =
+        RmsNormScale4(t, inv, reinterpret_cast<const uint2*>(weight)[i]);
   };
 #pragma unroll
   for (int u = 0; u < kVecPerThread; ++u) {

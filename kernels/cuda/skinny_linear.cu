@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
+#include "kernels/cuda/rms_norm_row.cuh"
 
 namespace lazyattn {
 namespace {
@@ -21,9 +22,15 @@ constexpr int kThreads = kWarpsPerCta * 32;
 // shallower pipeline.
 constexpr int kDeepLoads = 8, kDeepCtasPerSm = 4;
 constexpr int kWideLoads = 4, kWideCtasPerSm = 6;
+// What a warp does with its dot product(s):
+// - kStore: y[n] = dot (+ y[n]);
+// - kSwiGlu: two rows, n (gate) and out + n (up): y[n] = silu(gate) * up.
+enum class Epilogue { kStore, kSwiGlu };
+
 // The gate/up form loads two rows at kWideLoads each: as many registers as kDeepLoads.
-constexpr int CtasPerSm(int loads, bool swiglu) {
-  return loads * (swiglu ? 2 : 1) == kDeepLoads ? kDeepCtasPerSm : kWideCtasPerSm;
+constexpr int CtasPerSm(int loads, Epilogue e) {
+  return loads * (e == Epilogue::kSwiGlu ? 2 : 1) == kDeepLoads ? kDeepCtasPerSm
+                                                                 : kWideCtasPerSm;
 }
 
 // Weights are read once per step: keep them out of L1, where x is reused by every warp.
@@ -59,28 +66,53 @@ __device__ __forceinline__ float ToFloat(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ void Store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// Warp n computes feature n: with kSwiGlu, features n (gate) and out + n (up), and writes
-// silu(gate) * up. `in_chunks` = in / 8, the 16-byte pieces of a row.
-template <int kLoadsInFlight, bool kSwiGlu, typename OutT>
-__global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kSwiGlu))
-    SkinnyLinearKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int in_chunks,
-                       int out, OutT* __restrict__ y, bool accumulate) {
-  constexpr int kMats = kSwiGlu ? 2 : 1;
+// Where a kernel's input row comes from: a bf16 row in global memory, or (kNormed) an fp32 row
+// that each CTA normalizes into shared memory first, bf16(x / rms(x) * norm_weight), with the
+// arithmetic of RmsNormF32ToBf16Cuda (rms_norm_row.cuh), so the values equal that kernel's
+// output bit for bit.
+struct InputRow {
+  const bf16* x;             // !kNormed
+  const float* x_f32;        // kNormed: [in] fp32
+  const bf16* norm_weight;   // kNormed: [in]
+  float eps;
+};
+
+// The CTA writes the normalized row into `row` (in_chunks 16-byte pieces). Every thread of the
+// CTA must call it (it has barriers).
+__device__ __forceinline__ void NormalizeRowIntoShared(const InputRow& in, int in_chunks,
+                                                       uint4* row) {
+  const int n4 = in_chunks * 2, dim = in_chunks * 8;
+  const float4* x4 = reinterpret_cast<const float4*>(in.x_f32);
+  float sum_sq = 0.f;
+  for (int i = threadIdx.x; i < n4; i += kRmsNormThreads) sum_sq += SumSquares4(x4[i]);
+  const float inv = RmsNormInverse(RmsNormBlockSum(sum_sq), dim, in.eps);
+  const uint2* w2 = reinterpret_cast<const uint2*>(in.norm_weight);
+  uint2* out2 = reinterpret_cast<uint2*>(row);
+  for (int i = threadIdx.x; i < n4; i += kRmsNormThreads) {
+    out2[i] = RmsNormScale4(x4[i], inv, w2[i]);
+  }
+  __syncthreads();
+}
+
+// Warp n computes output feature n (with kSwiGlu, n and out + n) from the row `input` (kNormed:
+// normalized by the CTA into dynamic shared memory first, in_chunks * 16 bytes) and
+// `in_chunks` 16-byte pieces of weights per row; kEpi says what is stored.
+template <int kLoadsInFlight, Epilogue kEpi, bool kNormed, typename OutT>
+__global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kEpi))
+    SkinnyLinearKernel(InputRow input, const bf16* __restrict__ w, int in_chunks, int out,
+                       OutT* __restrict__ y, bool accumulate) {
+  static_assert(!kNormed || kThreads == kRmsNormThreads, "the norm's reduction order");
+  extern __shared__ uint4 normed_row[];
+  constexpr int kMats = kEpi == Epilogue::kSwiGlu ? 2 : 1;
+  constexpr int kStride = 32 * kLoadsInFlight;  // chunks a warp covers per pass
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kWarpsPerCta + threadIdx.x / 32;
-  if (n >= out) {
-    WaitForPrerequisiteGrid();
-    AllowDependentLaunch();
-    return;
-  }
+  const bool active = n < out;
   const uint4* w_row[kMats];
-  w_row[0] = reinterpret_cast<const uint4*>(w) + int64_t{n} * in_chunks;
-  if constexpr (kSwiGlu) w_row[kMats - 1] = w_row[0] + int64_t{out} * in_chunks;
-  const uint4* x_chunks = reinterpret_cast<const uint4*>(x);
-  float acc[kMats] = {};
-  bool waited = false;
-  for (int base = lane; base < in_chunks; base += 32 * kLoadsInFlight) {
-    uint4 wv[kMats][kLoadsInFlight];
+  w_row[0] = reinterpret_cast<const uint4*>(w) + int64_t{active ? n : 0} * in_chunks;
+  if constexpr (kMats == 2) w_row[1] = w_row[0] + int64_t{out} * in_chunks;
+  uint4 wv[kMats][kLoadsInFlight];
+  auto issue = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int c = base + 32 * u;
@@ -89,29 +121,38 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kSwiGlu))
         wv[m][u] = c < in_chunks ? LoadWeights(w_row[m] + c) : make_uint4(0, 0, 0, 0);
       }
     }
-    if (!waited) {  // x is the previous kernel's output
-      WaitForPrerequisiteGrid();
-      AllowDependentLaunch();
-      waited = true;
-    }
+  };
+  // The first weights are not the previous kernel's output: load them before waiting for it.
+  if (active) issue(lane);
+  WaitForPrerequisiteGrid();
+  AllowDependentLaunch();
+  const uint4* x_chunks;
+  if constexpr (kNormed) {
+    NormalizeRowIntoShared(input, in_chunks, normed_row);
+    x_chunks = normed_row;
+  } else {
+    x_chunks = reinterpret_cast<const uint4*>(input.x);
+  }
+  if (!active) return;
+  float acc[kMats] = {};
+  for (int base = lane;;) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int c = base + 32 * u;
       if (c >= in_chunks) break;
-      const uint4 xv = __ldg(x_chunks + c);
+      const uint4 xv = kNormed ? x_chunks[c] : __ldg(x_chunks + c);
 #pragma unroll
       for (int m = 0; m < kMats; ++m) acc[m] = Dot8(wv[m][u], xv, acc[m]);
     }
-  }
-  if (!waited) {  // lanes past a short row
-    WaitForPrerequisiteGrid();
-    AllowDependentLaunch();
+    base += kStride;
+    if (base >= in_chunks) break;
+    issue(base);
   }
 #pragma unroll
   for (int m = 0; m < kMats; ++m) acc[m] = WarpSum(acc[m]);
   if (lane != 0) return;
-  if constexpr (kSwiGlu) {
-    Store(y + n, acc[0] / (1.f + __expf(-acc[0])) * acc[kMats - 1]);
+  if constexpr (kEpi == Epilogue::kSwiGlu) {
+    Store(y + n, acc[0] / (1.f + __expf(-acc[0])) * acc[1]);
   } else {
     Store(y + n, accumulate ? acc[0] + ToFloat(y[n]) : acc[0]);
   }
@@ -131,26 +172,25 @@ absl::StatusOr<int> SmCount() {
   return counts[device];
 }
 
-template <bool kSwiGlu, typename OutT>
-absl::Status Launch(const bf16* x, const bf16* w, int64_t in, int64_t out, OutT* y,
+template <Epilogue kEpi, bool kNormed, typename OutT>
+absl::Status Launch(const InputRow& x, const bf16* w, int64_t in, int64_t out, OutT* y,
                     bool accumulate, cudaStream_t stream) {
   const int64_t ctas = (out + kWarpsPerCta - 1) / kWarpsPerCta;
   ASSIGN_OR_RETURN(const int sms, SmCount());
   const bool wide = ctas > int64_t{sms} * kDeepCtasPerSm && ctas <= int64_t{sms} * kWideCtasPerSm;
   const dim3 grid(static_cast<unsigned>(ctas));
   const int in_chunks = static_cast<int>(in / 8), features = static_cast<int>(out);
-  if constexpr (kSwiGlu) {  // kWideLoads per row, two rows: the deep pipeline's depth
-    RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyLinearKernel<kWideLoads, kSwiGlu, OutT>, grid,
-                                          dim3(kThreads), 0, stream, x, w, in_chunks, features,
-                                          y, accumulate));
+  const size_t smem = kNormed ? static_cast<size_t>(in) * sizeof(bf16) : 0;
+  auto launch = [&](auto kernel) {
+    return LaunchOverlapped(kernel, grid, dim3(kThreads), smem, stream, x, w, in_chunks, features,
+                            y, accumulate);
+  };
+  if constexpr (kEpi == Epilogue::kSwiGlu) {  // kWideLoads per row, two rows: the deep depth
+    RETURN_IF_CUDA_ERROR(launch(SkinnyLinearKernel<kWideLoads, kEpi, kNormed, OutT>));
   } else if (wide) {
-    RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyLinearKernel<kWideLoads, kSwiGlu, OutT>, grid,
-                                          dim3(kThreads), 0, stream, x, w, in_chunks, features,
-                                          y, accumulate));
+    RETURN_IF_CUDA_ERROR(launch(SkinnyLinearKernel<kWideLoads, kEpi, kNormed, OutT>));
   } else {
-    RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyLinearKernel<kDeepLoads, kSwiGlu, OutT>, grid,
-                                          dim3(kThreads), 0, stream, x, w, in_chunks, features,
-                                          y, accumulate));
+    RETURN_IF_CUDA_ERROR(launch(SkinnyLinearKernel<kDeepLoads, kEpi, kNormed, OutT>));
   }
   RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -174,9 +214,11 @@ absl::Status SkinnyLinearCuda(const bf16* x, const bf16* w, int64_t rows, int64_
                                                    ", out ", out, " (or a misaligned pointer)"));
   }
   if (y_type == GemmOutputType::kFp32) {
-    return Launch<false>(x, w, in, out, static_cast<float*>(y), accumulate, stream);
+    return Launch<Epilogue::kStore, false>(InputRow{.x = x}, w, in, out, static_cast<float*>(y),
+                                accumulate, stream);
   }
-  return Launch<false>(x, w, in, out, static_cast<bf16*>(y), accumulate, stream);
+  return Launch<Epilogue::kStore, false>(InputRow{.x = x}, w, in, out, static_cast<bf16*>(y), accumulate,
+                              stream);
 }
 
 absl::Status SkinnyLinearSwiGluCuda(const bf16* x, const bf16* w_gate_up, int64_t rows,
@@ -186,7 +228,39 @@ absl::Status SkinnyLinearSwiGluCuda(const bf16* x, const bf16* w_gate_up, int64_
                                                    in, ", inter ", inter,
                                                    " (or a misaligned pointer)"));
   }
-  return Launch<true>(x, w_gate_up, in, inter, act, false, stream);
+  return Launch<Epilogue::kSwiGlu, false>(InputRow{.x = x}, w_gate_up, in, inter, act, false, stream);
+}
+
+bool SkinnyRmsNormLinearSupports(int64_t in, int64_t out, const float* x, const void* w) {
+  return in <= kMaxNormedIn && SkinnyLinearSupports(1, in, out, x, w);
+}
+
+absl::Status SkinnyRmsNormLinearCuda(const float* x, const bf16* norm_weight, float eps,
+                                     const bf16* w, int64_t in, int64_t out, void* y,
+                                     GemmOutputType y_type, bool accumulate,
+                                     cudaStream_t stream) {
+  if (!SkinnyRmsNormLinearSupports(in, out, x, w) || !Aligned16(norm_weight) || y == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("skinny rms-norm linear: in ", in, ", out ",
+                                                   out, " (or a misaligned pointer)"));
+  }
+  const InputRow row{.x_f32 = x, .norm_weight = norm_weight, .eps = eps};
+  if (y_type == GemmOutputType::kFp32) {
+    return Launch<Epilogue::kStore, true>(row, w, in, out, static_cast<float*>(y), accumulate, stream);
+  }
+  return Launch<Epilogue::kStore, true>(row, w, in, out, static_cast<bf16*>(y), accumulate, stream);
+}
+
+absl::Status SkinnyRmsNormLinearSwiGluCuda(const float* x, const bf16* norm_weight, float eps,
+                                           const bf16* w_gate_up, int64_t in, int64_t inter,
+                                           bf16* act, cudaStream_t stream) {
+  if (!SkinnyRmsNormLinearSupports(in, 2 * inter, x, w_gate_up) || !Aligned16(norm_weight) ||
+      act == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("skinny rms-norm linear swiglu: in ", in,
+                                                   ", inter ", inter,
+                                                   " (or a misaligned pointer)"));
+  }
+  const InputRow row{.x_f32 = x, .norm_weight = norm_weight, .eps = eps};
+  return Launch<Epilogue::kSwiGlu, true>(row, w_gate_up, in, inter, act, false, stream);
 }
 
 }  // namespace lazyattn

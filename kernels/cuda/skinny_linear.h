@@ -40,6 +40,24 @@ absl::Status SkinnyLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16*
                                     int64_t rows, int64_t in, int64_t inter,
                                     __nv_bfloat16* act, cudaStream_t stream);
 
+// The same products with the layer's RMSNorm in front, for an fp32 residual row x:
+//   h = bf16(x / sqrt(mean(x^2) + eps) * norm_weight),  then y = h W^T (+ y) / the SwiGLU form.
+// h equals RmsNormF32ToBf16Cuda's output bit for bit (kernels/cuda/rms_norm_row.cuh), so the
+// results equal that kernel followed by SkinnyLinearCuda / SkinnyLinearSwiGluCuda exactly. Each
+// CTA normalizes the row itself into shared memory (it reads x and the norm weight from L2),
+// which spares a decode step at batch 1 the norm's own launch: two a layer. x may be the y of
+// the previous kernel on the stream (read after the overlapped launch's wait), not this one's.
+// One row; in <= kMaxNormedIn (the row fits the default 48 KB of shared memory).
+inline constexpr int64_t kMaxNormedIn = 24576;
+bool SkinnyRmsNormLinearSupports(int64_t in, int64_t out, const float* x, const void* w);
+absl::Status SkinnyRmsNormLinearCuda(const float* x, const __nv_bfloat16* norm_weight, float eps,
+                                     const __nv_bfloat16* w, int64_t in, int64_t out, void* y,
+                                     GemmOutputType y_type, bool accumulate, cudaStream_t stream);
+absl::Status SkinnyRmsNormLinearSwiGluCuda(const float* x, const __nv_bfloat16* norm_weight,
+                                           float eps, const __nv_bfloat16* w_gate_up, int64_t in,
+                                           int64_t inter, __nv_bfloat16* act,
+                                           cudaStream_t stream);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_SKINNY_LINEAR_H_

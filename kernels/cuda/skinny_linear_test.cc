@@ -180,6 +180,99 @@ TEST(SkinnyLinearTest, OverlappedLaunchWaitsForItsInput) {
   cudaStreamDestroy(stream);
 }
 
+// The forms that normalize their own fp32 input equal RmsNormF32ToBf16Cuda followed by the plain
+// forms bit for bit (the same arithmetic, rms_norm_row.cuh): dims under one pass of the norm's
+// threads (8, 576), the 8B model's 4096, and one past the norm kernel's register-held part
+// (4,104); fp32 accumulate into y, bf16 output, the SwiGLU form. Launched overlapped after a
+// kernel that writes x, as in a step, on a stream that also replays them from a graph.
+TEST(SkinnyLinearTest, RmsNormFormsEqualNormThenProduct) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int dim : {8, 576, 4096, 4104}) {
+    const int out = 1000, inter = 700;
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    std::vector<float> x(dim), y0(out);
+    std::normal_distribution<float> normal(0, 3);
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : y0) v = normal(rng);
+    const auto w = RandomBf16(size_t(2 * inter) * dim, rng, 0.05f);
+    const auto norm_w = RandomBf16(dim, rng);
+    DeviceBuffer<uint16_t> dw, dnorm, dh(dim), dact_ref(inter), dact(inter), dbf_ref(out),
+        dbf(out);
+    DeviceBuffer<float> dx_src, dx(dim), dy0, dy_ref(out), dy(out);
+    dw.Upload(w);
+    dnorm.Upload(norm_w);
+    dx_src.Upload(x);
+    dy0.Upload(y0);
+    const auto* wp = AsBf16(dw);
+    const auto* np = AsBf16(dnorm);
+    auto* h = reinterpret_cast<__nv_bfloat16*>(dh.get());
+    const float eps = 1e-5f;
+    for (auto* b : {&dact_ref, &dact, &dbf_ref, &dbf}) b->Poison();
+    // x is written on the stream right before each fused kernel (a copy, then an RMSNorm that
+    // reads it, so the fused kernel follows a kernel as in a step).
+    auto fresh_x = [&]() {
+      CUDA_ASSERT(cudaMemcpyAsync(dx.get(), dx_src.get(), dim * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream));
+      ASSERT_TRUE(RmsNormF32ToBf16Cuda(dx.get(), np, 1, dim, eps, h, stream).ok());
+    };
+    CUDA_ASSERT(cudaMemcpyAsync(dy_ref.get(), dy0.get(), out * 4, cudaMemcpyDeviceToDevice,
+                                stream));
+    CUDA_ASSERT(cudaMemcpyAsync(dy.get(), dy0.get(), out * 4, cudaMemcpyDeviceToDevice, stream));
+    fresh_x();
+    ASSERT_TRUE(SkinnyLinearCuda(h, wp, 1, dim, out, dy_ref.get(), GemmOutputType::kFp32, true,
+                                 stream).ok());
+    ASSERT_TRUE(SkinnyLinearCuda(h, wp, 1, dim, out, dbf_ref.get(), GemmOutputType::kBf16, false,
+                                 stream).ok());
+    ASSERT_TRUE(SkinnyLinearSwiGluCuda(h, wp, 1, dim, inter,
+                                       reinterpret_cast<__nv_bfloat16*>(dact_ref.get()), stream)
+                    .ok());
+    fresh_x();
+    ASSERT_TRUE(SkinnyRmsNormLinearCuda(dx.get(), np, eps, wp, dim, out, dy.get(),
+                                        GemmOutputType::kFp32, true, stream).ok());
+    fresh_x();
+    ASSERT_TRUE(SkinnyRmsNormLinearCuda(dx.get(), np, eps, wp, dim, out, dbf.get(),
+                                        GemmOutputType::kBf16, false, stream).ok());
+    fresh_x();
+    ASSERT_TRUE(SkinnyRmsNormLinearSwiGluCuda(dx.get(), np, eps, wp, dim, inter,
+                                              reinterpret_cast<__nv_bfloat16*>(dact.get()),
+                                              stream).ok());
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    EXPECT_EQ(dy.Download(), dy_ref.Download());
+    EXPECT_EQ(dbf.Download(), dbf_ref.Download());
+    EXPECT_EQ(dact.Download(), dact_ref.Download());
+    // And the reference itself is a product of the norm: not a pair of equal garbage.
+    std::vector<float> hf(dim), want(out);
+    RmsNormCpu(x.data(), Bf16ToFloats(norm_w).data(), 1, dim, eps, hf.data());
+    for (auto& v : hf) v = testing::RoundBf16(v);
+    LinearCpu(hf.data(), Bf16ToFloats(w).data(), 1, dim, out, want.data());
+    const double rms = testing::Rms(want);
+    EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dbf.Download()), want,
+                                  testing::Tolerance{2e-2 * rms, 1.0 / 64, 5e-3}));
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(SkinnyLinearTest, RmsNormFormsRejectWhatTheyDoNotTake) {
+  SKIP_WITHOUT_GPU();
+  DeviceBuffer<float> x(kMaxNormedIn + 8), y(8);
+  DeviceBuffer<uint16_t> norm(kMaxNormedIn + 8), w((kMaxNormedIn + 8) * 8);
+  auto call = [&](int64_t in, const float* xp) {
+    return SkinnyRmsNormLinearCuda(xp, AsBf16(norm), 1e-5f, AsBf16(w), in, 8, y.get(),
+                                   GemmOutputType::kFp32, false, nullptr)
+        .code();
+  };
+  EXPECT_EQ(call(kMaxNormedIn + 8, x.get()), absl::StatusCode::kInvalidArgument);  // too long
+  EXPECT_EQ(call(60, x.get()), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(call(64, x.get() + 1), absl::StatusCode::kInvalidArgument);  // misaligned
+  EXPECT_EQ(call(64, x.get()), absl::StatusCode::kOk);
+  CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
 TEST(SkinnyLinearTest, RejectsWhatItDoesNotTake) {
   SKIP_WITHOUT_GPU();
   DeviceBuffer<uint16_t> x(64), w(64 * 8);

@@ -17,7 +17,8 @@
 #          from Nsight Compute with the clocks and caches left alone; summed per kernel name
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
 # Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
-# LAZYATTN_ENGINE_TIMEOUT (seconds, default 420). Every step has a time limit so the logs always
+# LAZYATTN_ENGINE_TIMEOUT (seconds, default 420), LAZYATTN_NCU_ARGS (the bench flags ncu runs,
+# default "--parts decode --batches 32"). Every step has a time limit so the logs always
 # come back.
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -98,7 +99,8 @@ if has ncu; then
   ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)"
   timeout 400 "$ncu_bin" --profile-from-start off --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --log-file "$logs/ncu-decode.csv" \
-    "$carry/bin/lazyattn-bench-engine" --parts decode --batches 32 --profile-decode-steps 2 \
+    "$carry/bin/lazyattn-bench-engine" ${LAZYATTN_NCU_ARGS:---parts decode --batches 32} \
+    --profile-decode-steps 2 \
     2>&1 | tail -n 30 | tee "$logs/ncu-run.log" || status=1
   python3 tests/gpu/ncu_summary.py "$logs/ncu-decode.csv" 2>&1 | tee "$logs/ncu-summary.log"
 fi

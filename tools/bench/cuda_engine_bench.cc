@@ -69,6 +69,7 @@ struct Bench {
   std::unique_ptr<Tokenizer> tokenizer = MakeByteTokenizer();
   int max_batch_tokens = 8192;
   bool skinny_gemms = true;
+  bool fused_norms = true;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -76,7 +77,8 @@ struct Bench {
     ASSIGN_OR_RETURN(auto weights, CudaModelWeights::Random(config, /*seed=*/1));
     ASSIGN_OR_RETURN(auto runner, CudaModelRunner::Create(std::move(weights),
                                                           {.kv_budget_bytes = kv_budget,
-                                                           .skinny_gemms = skinny_gemms}));
+                                                           .skinny_gemms = skinny_gemms,
+                                                           .fused_norms = fused_norms}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
                                     EngineOptions{.max_batch_tokens = max_batch_tokens,
@@ -524,6 +526,8 @@ int Main(int argc, char** argv) {
   args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
   args.Declare("no-skinny", CliArgs::Kind::kSwitch, "one-row GEMMs on cuBLASLt (to compare)");
+  args.Declare("no-fused-norms", CliArgs::Kind::kSwitch,
+               "batch 1: RMSNorms as launches of their own (to compare)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
                "launch kernels without programmatic dependent launch (to compare)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
@@ -538,6 +542,7 @@ int Main(int argc, char** argv) {
   }
   b.config = *config;
   b.skinny_gemms = !args.Has("no-skinny");
+  b.fused_norms = !args.Has("no-fused-norms");
   // Read once, at the first launch (kernels/cuda/launch_overlap.cuh).
   if (args.Has("no-overlap")) setenv("LAZYATTN_OVERLAP_LAUNCHES", "0", /*overwrite=*/1);
   const std::string parts = args.String("parts", "gemm,ttft,decode,serving");

@@ -319,6 +319,59 @@ TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
   EXPECT_GE((*graphed)->graph_launches(), 30);
 }
 
+// At batch 1 the norms run inside the skinny products and the residual adds inside the o and
+// down projections (CudaRunnerOptions::fused_norms): the logits must equal the unfused step's
+// bit for bit, over a prompt's first token alone, then 40 tokens (40 rows: unfused in both),
+// then decode steps replayed from graphs.
+TEST(CudaModelRunnerTest, FusedNormsAtBatchOneAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(seed);
+  auto w = HfLikeWeights(SmallConfig(), seed);
+  std::vector<std::unique_ptr<CudaModelRunner>> runners;
+  for (bool fused : {false, true}) {
+    auto gpu = CudaModelWeights::Upload(*w);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto r = CudaModelRunner::Create(std::move(*gpu),
+                                     {.num_kv_blocks = 64, .fused_norms = fused});
+    ASSERT_TRUE(r.ok()) << r.status();
+    runners.push_back(std::move(*r));
+  }
+  std::mt19937 rng(seed);
+  std::vector<int32_t> seq;
+  auto step = [&](int64_t new_tokens, bool greedy) {
+    const int64_t start = static_cast<int64_t>(seq.size());
+    for (int64_t t = 0; t < new_tokens; ++t) seq.push_back(static_cast<int32_t>(rng() % 1024));
+    std::vector<int64_t> slots;
+    for (int64_t t = start; t < start + new_tokens; ++t) slots.push_back(t);
+    std::vector<KvBlockEntry> table;
+    for (int64_t b = 0; b * 16 < start + new_tokens; ++b) {
+      table.push_back(PackKvBlockEntry(
+          static_cast<uint32_t>(b), 0,
+          static_cast<uint32_t>(std::min<int64_t>(16, start + new_tokens - b * 16))));
+    }
+    const ForwardChunk ch{.tokens = std::span(seq).subspan(start),
+                          .local_start = start,
+                          .kv_slots = slots,
+                          .block_table = table,
+                          .first_query_index = start,
+                          .greedy = greedy};
+    auto a = runners[0]->Forward(std::span(&ch, 1));
+    auto b = runners[1]->Forward(std::span(&ch, 1));
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(a->logits, b->logits) << "at " << start;
+    EXPECT_EQ(a->greedy_ids, b->greedy_ids) << "at " << start;
+    if (!greedy) {  // the comparison is of real logits
+      ASSERT_FALSE(a->logits.empty());
+      EXPECT_TRUE(std::isfinite(a->logits[0]));
+    }
+  };
+  step(1, false);
+  step(40, false);
+  for (int i = 0; i < 30; ++i) step(1, i % 3 == 0);  // decode, replayed from graphs
+  EXPECT_GE(runners[1]->graph_launches(), 20);
+}
+
 TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {
   SKIP_WITHOUT_GPU();
   auto w = MakeRandomWeights(SmallConfig(), 3);

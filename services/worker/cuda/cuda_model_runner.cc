@@ -22,6 +22,7 @@
 #include "kernels/cuda/rope_kv_append.h"
 #include "kernels/cuda/rope_table_cuda.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_linear.h"
 #include "kernels/cuda/swiglu.h"
 
 namespace lazyattn {
@@ -215,6 +216,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->weights_ = std::move(weights);
   r->device_ = options.device;
   r->use_graphs_ = options.cuda_graphs;
+  r->fused_norms_ = options.fused_norms && options.skinny_gemms;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
@@ -487,34 +489,45 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                              static_cast<int>(rows), x, st));
     float* delta = s.delta.as<float>();
     const int dim = static_cast<int>(H);
+    const float eps = c.rms_norm_eps;
+    // One row: the norms run inside the skinny kernels that read them, and the projections
+    // that end a residual branch add into x directly (the same fp32 sums as through delta).
+    const bool fused = rows == 1 && fused_norms_ &&
+                       SkinnyRmsNormLinearSupports(H, qkv_width, x, weights_->layer(0).wqkv) &&
+                       SkinnyRmsNormLinearSupports(H, 2 * I, x, weights_->layer(0).w_gate_up);
     for (int l = 0; l < c.num_layers; ++l) {
       const CudaLayerWeights& L = weights_->layer(l);
       bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
       bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
-      // x += the previous layer's down projection (none before layer 0), then the norm.
-      RETURN_IF_ERROR(
-          l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, c.rms_norm_eps, h, st)
-                 : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, c.rms_norm_eps, h, st));
-      RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
-                                  /*accumulate=*/false, st));
-      RETURN_IF_ERROR(RopeKvAppend({.q = qkv,
-                                    .q_row_stride = qkv_width,
-                                    .k = qkv + Q,
-                                    .k_row_stride = qkv_width,
-                                    .v = qkv + Q + KV,
-                                    .v_row_stride = qkv_width,
-                                    .num_tokens = static_cast<int>(rows),
-                                    .num_heads = c.num_heads,
-                                    .num_kv_heads = c.num_kv_heads,
-                                    .head_dim = c.head_dim,
-                                    .local_positions = d_local,
-                                    .deltas = d_deltas,
-                                    .slots = d_slots,
-                                    .rope = s.rope->view(),
-                                    .q_out = q_rot,
-                                    .k_pool = k_pool,
-                                    .v_pool = v_pool},
-                                   st));
+      const RopeKvAppendArgs rope_kv{.q = qkv,
+                                     .q_row_stride = qkv_width,
+                                     .k = qkv + Q,
+                                     .k_row_stride = qkv_width,
+                                     .v = qkv + Q + KV,
+                                     .v_row_stride = qkv_width,
+                                     .num_tokens = static_cast<int>(rows),
+                                     .num_heads = c.num_heads,
+                                     .num_kv_heads = c.num_kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .local_positions = d_local,
+                                     .deltas = d_deltas,
+                                     .slots = d_slots,
+                                     .rope = s.rope->view(),
+                                     .q_out = q_rot,
+                                     .k_pool = k_pool,
+                                     .v_pool = v_pool};
+      if (fused) {
+        RETURN_IF_ERROR(SkinnyRmsNormLinearCuda(x, L.attn_norm, eps, L.wqkv, H, qkv_width, qkv,
+                                                GemmOutputType::kBf16, /*accumulate=*/false, st));
+      } else {
+        // x += the previous layer's down projection (none before layer 0), then the norm.
+        RETURN_IF_ERROR(
+            l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
+                   : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
+        RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
+                                    /*accumulate=*/false, st));
+      }
+      RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
       if (num_decode > 0) {
         RETURN_IF_ERROR(PagedDecodeAttention({.q = q_rot,
                                               .k_pool = k_pool,
@@ -547,10 +560,18 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
              .workspace = s.prefill_workspace.as<void>()},
             any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
       }
+      if (fused) {
+        RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kFp32,
+                                    /*accumulate=*/true, st));
+        RETURN_IF_ERROR(
+            SkinnyRmsNormLinearSwiGluCuda(x, L.ffn_norm, eps, L.w_gate_up, H, I, act, st));
+        RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kFp32,
+                                    /*accumulate=*/true, st));
+        continue;
+      }
       RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, delta, GemmOutputType::kFp32,
                                   /*accumulate=*/false, st));
-      RETURN_IF_ERROR(
-          AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, c.rms_norm_eps, h, st));
+      RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, eps, h, st));
       RETURN_IF_ERROR(gemm.LinearSwiGlu(h, L.w_gate_up, rows, H, I, gu, act, st));
       RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, delta, GemmOutputType::kFp32,
                                   /*accumulate=*/false, st));
@@ -559,10 +580,17 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
       // The last residual step and the final norm over every row (one launch, cheap next to
       // the step), then the rows that sample, gathered like embedding rows, into the LM head.
       bf16* last = s.last_hidden.as<bf16>();
-      RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, weights_->output_norm(), rows, dim,
-                                              c.rms_norm_eps, h, st));
       RETURN_IF_ERROR(
-          EmbeddingGatherCuda(h, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
+          fused ? RmsNormF32ToBf16Cuda(x, weights_->output_norm(), rows, dim, eps, h, st)
+                : AddRmsNormF32ToBf16Cuda(x, delta, weights_->output_norm(), rows, dim, eps, h,
+                                          st));
+      // A lone row is its own logit row: no gather.
+      if (rows == 1) {
+        last = h;
+      } else {
+        RETURN_IF_ERROR(
+            EmbeddingGatherCuda(h, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
+      }
       RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
                                   GemmOutputType::kFp32, /*accumulate=*/false, st));
       if (greedy_rows > 0) {  // every row's argmax; only the greedy ones are read

@@ -53,6 +53,11 @@ struct CudaRunnerOptions {
   // cuBLASLt; off only to measure what it gains. (The launch overlap of every kernel has its
   // own switch, LAZYATTN_OVERLAP_LAUNCHES in kernels/cuda/launch_overlap.cuh.)
   bool skinny_gemms = true;
+  // At batch 1 (one row in the step), each layer's two RMSNorms run inside the skinny kernels
+  // that read their output (SkinnyRmsNormLinearCuda), and the o and down projections add into
+  // the residual themselves: 2 launches a layer fewer, bit-identical results. Needs
+  // skinny_gemms; off only to measure what it gains.
+  bool fused_norms = true;
 };
 
 // Bytes one 16-token block of K and V takes across all layers (bf16).
@@ -98,6 +103,7 @@ class CudaModelRunner final : public ModelRunner {
   std::unique_ptr<CudaModelWeights> weights_;
   int device_ = 0;
   bool use_graphs_ = true;
+  bool fused_norms_ = true;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<State> state_;
 };
