@@ -42,6 +42,19 @@ __device__ __forceinline__ uint4 LoadWeights(const uint4* p) {
   return v;
 }
 
+// A plain load kept ahead of the weight loads that follow it (volatile asm keeps its order
+// among the volatile weight loads; the compiler could otherwise sink it to its use).
+__device__ __forceinline__ float LoadBeforeTheLoop(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float LoadBeforeTheLoop(const bf16* p) {
+  unsigned short bits;
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(bits) : "l"(p));
+  return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
 __device__ __forceinline__ float Dot8(uint4 a, uint4 b, float acc) {
   const auto* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
   const auto* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
@@ -61,8 +74,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ void Store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Store(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 
@@ -111,10 +122,14 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kEpi))
   const uint4* w_row[kMats];
   w_row[0] = reinterpret_cast<const uint4*>(w) + int64_t{active ? n : 0} * in_chunks;
   if constexpr (kMats == 2) w_row[1] = w_row[0] + int64_t{out} * in_chunks;
+  // Software-pipelined in two halves: while one half's loads are consumed, the other half's
+  // are in flight, so a warp never waits with no load outstanding (the long rows of the down
+  // projection take 7 passes). The chunks are consumed in the same order as without it.
+  constexpr int kHalf = kLoadsInFlight / 2;
   uint4 wv[kMats][kLoadsInFlight];
-  auto issue = [&](int base) {
+  auto issue = [&](int half, int base) {
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
+    for (int u = half * kHalf; u < (half + 1) * kHalf; ++u) {
       const int c = base + 32 * u;
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
@@ -123,7 +138,10 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kEpi))
     }
   };
   // The first weights are not the previous kernel's output: load them before waiting for it.
-  if (active) issue(lane);
+  if (active) {
+    issue(0, lane);
+    issue(1, lane);
+  }
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
   const uint4* x_chunks;
@@ -134,19 +152,26 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kEpi))
     x_chunks = reinterpret_cast<const uint4*>(input.x);
   }
   if (!active) return;
+  // The value to accumulate onto, read now: after the loop its latency would end the kernel.
+  float y_old = 0.f;
+  if (kEpi == Epilogue::kStore && accumulate && lane == 0) y_old = LoadBeforeTheLoop(y + n);
   float acc[kMats] = {};
-  for (int base = lane;;) {
+  auto consume = [&](int half, int base) {
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
+    for (int u = half * kHalf; u < (half + 1) * kHalf; ++u) {
       const int c = base + 32 * u;
       if (c >= in_chunks) break;
       const uint4 xv = kNormed ? x_chunks[c] : __ldg(x_chunks + c);
 #pragma unroll
       for (int m = 0; m < kMats; ++m) acc[m] = Dot8(wv[m][u], xv, acc[m]);
     }
-    base += kStride;
-    if (base >= in_chunks) break;
-    issue(base);
+  };
+  for (int base = lane; base < in_chunks; base += kStride) {
+    const bool more = base + kStride < in_chunks;
+    consume(0, base);
+    if (more) issue(0, base + kStride);
+    consume(1, base);
+    if (more) issue(1, base + kStride);
   }
 #pragma unroll
   for (int m = 0; m < kMats; ++m) acc[m] = WarpSum(acc[m]);
@@ -154,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm(kLoadsInFlight, kEpi))
   if constexpr (kEpi == Epilogue::kSwiGlu) {
     Store(y + n, acc[0] / (1.f + __expf(-acc[0])) * acc[1]);
   } else {
-    Store(y + n, accumulate ? acc[0] + ToFloat(y[n]) : acc[0]);
+    Store(y + n, accumulate ? acc[0] + y_old : acc[0]);
   }
 }
 
