@@ -2,10 +2,12 @@
 //
 // Same convention as CublasLtGemm::Linear (kernels/cuda/gemm.h): W row-major [out][in] bf16,
 // x [1][in] bf16, y [1][out] fp32 or bf16, fp32 accumulation. One row makes the product a pass
-// over the weights. One warp per output feature, four 16-byte loads in flight per lane, six
-// CTAs per SM: the 4096 x 6144 and 4096 x 4096 projections of an 8B layer fit in one wave. The
-// kernel is launched overlapped (kernels/cuda/launch_overlap.cuh): it issues its first weight
-// loads while the previous kernel finishes, then waits for it before reading x or y.
+// over the weights. One warp per output feature, 8 16-byte loads per lane at 4 CTAs per SM or
+// 4 at 6 CTAs per SM (the latter where only it fits the grid in one wave, e.g. the 4096 x 6144
+// qkv projection of an 8B layer), issued in two halves so one half is in flight while the other
+// is consumed. The kernel is launched overlapped (kernels/cuda/launch_overlap.cuh): it issues
+// its first weight loads while the previous kernel finishes, then waits for it before reading
+// x or y.
 // Measured against cuBLASLt on the H200 in docs/benchmarks.md; at 2-4 rows it was slower than
 // cuBLASLt on every product of that shape, so it takes one row only.
 //
