@@ -3,15 +3,20 @@
 // floor under any backend's step time. Prints a table.
 //
 //   lazyattn-bench-engine-overhead [--batches 1,32,240] [--context 2048] [--steps 64]
+//                                  [--tokenizer MODEL]
 //
-// Then the host time of an all-documents-cached RAG request (5 x 4,096-token documents and a
+// Then the host time of an all-documents-cached RAG request (5 documents of ~4,096 tokens and a
 // 64-token question, lazy mode, one output token) through the threaded Engine: TTFT from
-// Engine::Submit with a runner that costs nothing, i.e. what a GPU step's TTFT adds to its own.
+// Engine::Submit with a runner that costs nothing, i.e. what a GPU step's TTFT adds to its own;
+// with the documents as token ids, and as text with the engine's token cache off and on
+// (--tokenizer MODEL tokenizes with that model's tokenizer instead of bytes).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <iterator>
 #include <random>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
+#include "services/worker/model/model_loader.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
 #include "tools/cli/cli_args.h"
@@ -62,23 +68,55 @@ std::vector<int32_t> DocumentTokens(int id, int length) {
   return t;
 }
 
-int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
+// A document of about `words` English-like words, the same for the same id.
+std::string DocumentText(int id, int words) {
+  static constexpr const char* kWords[] = {
+      "the",    "river",  "flows",   "through", "a",      "city",    "of",      "bridges",
+      "and",    "its",    "water",   "reaches", "sea",    "after",   "many",    "miles",
+      "north",  "south",  "valley",  "mountain", "rises", "in",      "spring",  "summer",
+      "trade",  "boats",  "carried", "goods",   "ancient", "roman",  "walls",   "1,006"};
+  std::mt19937 rng(7919u * static_cast<uint32_t>(id) + 3);
+  std::string text;
+  for (int w = 0; w < words; ++w) {
+    text += kWords[rng() % std::size(kWords)];
+    text += (w % 17 == 16) ? ".\n" : " ";
+  }
+  return text;
+}
+
+struct RagTiming {
+  double ttft_us = 0, submit_us = 0, pickup_us = 0;
+};
+
+// Medians over 20 all-cached repeats of the request (its documents reordered every time), after
+// one cold use. Documents as token ids, or as text (tokenized by Submit unless the engine's token
+// cache holds them: `token_cache_tokens` 0 turns it off).
+absl::StatusOr<RagTiming> RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer,
+                                      bool text_documents, int64_t token_cache_tokens) {
   constexpr int kDocs = 5, kDocTokens = 4096, kRepeats = 21;
   auto runner = std::make_unique<NullRunner>(config, 8192);
   NullRunner* null_runner = runner.get();
   Engine engine(std::move(runner), "null", &tokenizer,
-                EngineOptions{.max_batch_tokens = 8192, .max_running = 64});
+                EngineOptions{.max_batch_tokens = 8192,
+                              .max_running = 64,
+                              .document_token_cache_tokens = token_cache_tokens});
   using Clock = std::chrono::steady_clock;
   const auto us = [](Clock::duration d) {
     return std::chrono::duration<double, std::micro>(d).count();
   };
+  std::vector<std::string> texts;
+  for (int d = 0; d < kDocs; ++d) texts.push_back(DocumentText(d, kDocTokens * 3 / 4));
   std::vector<double> ttft, prep, pickup;
   for (int rep = 0; rep <= kRepeats; ++rep) {
     EngineRequest r{.mode = CacheMode::kLazy, .sampling = {.max_tokens = 1, .ignore_eos = true}};
     for (int d = 0; d < kDocs; ++d) {
       const int id = (d + rep) % kDocs;  // reordered every time, cached after the first
-      r.documents.push_back({.id = absl::StrCat("doc", id),
-                             .token_ids = DocumentTokens(id, kDocTokens)});
+      if (text_documents) {
+        r.documents.push_back({.id = absl::StrCat("doc", id), .text = texts[id]});
+      } else {
+        r.documents.push_back({.id = absl::StrCat("doc", id),
+                               .token_ids = DocumentTokens(id, kDocTokens)});
+      }
     }
     r.question_token_ids = DocumentTokens(-1 - rep, 64);
     absl::Notification done;
@@ -91,16 +129,13 @@ int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
                                   done.Notify();
                                 }});
     const Clock::time_point submitted = Clock::now();
-    if (!id.ok()) {
-      std::cerr << id.status() << "\n";
-      return 1;
-    }
+    if (!id.ok()) return id.status();
     done.WaitForNotification();
-    if (!status.ok()) {
-      std::cerr << status << "\n";
-      return 1;
-    }
+    if (!status.ok()) return status;
     if (rep == 0) continue;  // the documents' first (cold) use
+    if (result.usage.document_cached_tokens != result.usage.document_tokens) {
+      return absl::InternalError("a repeated request's documents were not all cached");
+    }
     ttft.push_back(result.ttft_ms * 1000);
     prep.push_back(us(submitted - start));
     pickup.push_back(us(null_runner->last_forward.load() - submitted));
@@ -109,12 +144,31 @@ int RagOverhead(const ModelConfig& config, const Tokenizer& tokenizer) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::cout << "\n| all-cached RAG request (5 x 4,096 + 64 tokens), null runner | TTFT us | "
-               "Submit (prepare, key hashing) us | "
-            << "Forward entry minus Submit return us (< 0: picked up first) |\n"
-            << "|---|---|---|---|\n"
-            << "| p50 | " << median(ttft) << " | " << median(prep) << " | " << median(pickup)
-            << " |\n";
+  return RagTiming{median(ttft), median(prep), median(pickup)};
+}
+
+int PrintRagOverhead(const ModelConfig& config, const Tokenizer& tokenizer,
+                     const std::string& tokenizer_name) {
+  std::cout << "\nAll-cached RAG request (5 documents of ~4,096 tokens + a 64-token question), "
+               "null runner, medians of 20:\n\n"
+            << "| tokenizer | documents as | token cache | TTFT us | Submit (prepare, tokenize, "
+               "hash) us | Forward entry minus Submit return us (< 0: picked up first) |\n"
+            << "|---|---|---|---|---|---|\n";
+  struct Variant {
+    bool text;
+    int64_t cache;
+  };
+  const int64_t default_cache = EngineOptions{}.document_token_cache_tokens;
+  for (Variant v : {Variant{false, 0}, Variant{true, 0}, Variant{true, default_cache}}) {
+    auto t = RagOverhead(config, tokenizer, v.text, v.cache);
+    if (!t.ok()) {
+      std::cerr << t.status() << "\n";
+      return 1;
+    }
+    std::cout << "| " << tokenizer_name << " | " << (v.text ? "text" : "token ids") << " | "
+              << (v.text ? (v.cache > 0 ? "on" : "off") : "-") << " | " << t->ttft_us << " | "
+              << t->submit_us << " | " << t->pickup_us << " |\n";
+  }
   return 0;
 }
 
@@ -123,6 +177,8 @@ int Main(int argc, char** argv) {
   args.Declare("batches", CliArgs::Kind::kValue, "decode batch sizes (default 1,32,240)");
   args.Declare("context", CliArgs::Kind::kValue, "prompt tokens per request (default 2048)");
   args.Declare("steps", CliArgs::Kind::kValue, "decode steps timed (default 64)");
+  args.Declare("tokenizer", CliArgs::Kind::kValue,
+               "a GGUF or HF model whose tokenizer tokenizes the text documents (default: bytes)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
     std::cerr << s.message() << "\n" << args.Help();
     return 2;
@@ -165,7 +221,15 @@ int Main(int argc, char** argv) {
   }
   auto llama = NamedModelShape("llama3-8b");
   if (!llama.ok()) return 1;
-  return RagOverhead(*llama, *tokenizer);
+  if (args.Has("tokenizer")) {
+    auto real = LoadTokenizer(args.String("tokenizer", ""));
+    if (!real.ok()) {
+      std::cerr << real.status() << "\n";
+      return 1;
+    }
+    return PrintRagOverhead(*llama, **real, args.String("tokenizer", ""));
+  }
+  return PrintRagOverhead(*llama, *tokenizer, "bytes");
 }
 
 }  // namespace

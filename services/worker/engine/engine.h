@@ -61,6 +61,8 @@ class Engine {
   absl::Status WaitIdleAndCheck();
   const ModelIdentity& identity() const { return identity_; }
   const ModelConfig& config() const { return config_; }
+  // Token ids of text documents tokenized before (Submit skips tokenizing them again).
+  const DocumentTokenCache& token_cache() const { return token_cache_; }
 
  private:
   void Loop();
@@ -69,6 +71,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   const RequestLimits limits_;
   const ModelIdentity identity_;
+  DocumentTokenCache token_cache_;  // its own lock: Submit runs on the callers' threads
   // Fed by core_'s document cache on the loop thread; its own lock. Declared before core_ so it
   // outlives it.
   CacheMirror cache_mirror_;

@@ -41,6 +41,9 @@ struct EngineOptions {
   int max_batch_tokens = 512;  // tokens per forward step (chunked prefill budget)
   int max_running = 64;        // requests admitted at once
   bool keep_first_logits = false;
+  // Engine: token ids of recently tokenized text documents kept for reuse (DocumentTokenCache),
+  // at most this many ids in all (4 bytes each); 0 turns the cache off.
+  int64_t document_token_cache_tokens = int64_t{1} << 22;
 };
 
 // A tokenized request (Engine::Submit tokenizes and validates).

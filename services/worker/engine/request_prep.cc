@@ -16,7 +16,8 @@ std::string DocName(size_t i, const EngineDocument& d) {
 absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const Tokenizer& tok,
                                                const ModelConfig& config,
                                                const ModelIdentity& identity,
-                                               const RequestLimits& limits) {
+                                               const RequestLimits& limits,
+                                               DocumentTokenCache* token_cache) {
   RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, config.vocab_size));
   if (static_cast<int>(req.documents.size()) > limits.max_documents) {
     return absl::InvalidArgumentError(absl::StrCat("documents: ", req.documents.size(),
@@ -46,10 +47,15 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
       doc.key = DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                       doc.tokens);
     } else {
-      // Documents are data: special-token text inside them stays literal.
-      doc.tokens = tok.Encode(d.text, /*parse_special=*/false);
       doc.key = DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                     d.text);
+      if (auto cached = token_cache ? token_cache->Find(doc.key) : std::nullopt) {
+        doc.tokens = std::move(*cached);  // the key names this tokenizer and this exact text
+      } else {
+        // Documents are data: special-token text inside them stays literal.
+        doc.tokens = tok.Encode(d.text, /*parse_special=*/false);
+        if (token_cache != nullptr && !doc.tokens.empty()) token_cache->Insert(doc.key, doc.tokens);
+      }
     }
     if (doc.tokens.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": empty document"));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/worker/engine/document_token_cache.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request.h"
 #include "services/worker/model/model_config.h"
@@ -24,12 +25,14 @@ struct ModelIdentity {
 
 // InvalidArgument naming the field: more documents than the limit, an empty document or question,
 // token ids outside the vocabulary, a document or prompt longer than the model's context, bad
-// sampling values.
+// sampling values. Text documents found in `token_cache` (when given) are not tokenized again;
+// the others are stored there.
 absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& request,
                                                const Tokenizer& tokenizer,
                                                const ModelConfig& config,
                                                const ModelIdentity& identity,
-                                               const RequestLimits& limits);
+                                               const RequestLimits& limits,
+                                               DocumentTokenCache* token_cache = nullptr);
 
 }  // namespace lazyattn
 
