@@ -1,6 +1,9 @@
 #include "common/grpc_util.h"
 
 #include <chrono>
+#include <optional>
+#include <string_view>
+#include <vector>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +12,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace lazyattn {
 namespace {
@@ -115,6 +119,89 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   return grpc::CreateCustomChannel(address, creds, args);
+}
+
+namespace {
+
+// The two messages of grpc.health.v1 in protobuf wire format, written here so the check needs no
+// generated code: HealthCheckRequest {string service = 1}, HealthCheckResponse {ServingStatus
+// status = 1} (SERVING = 1).
+void AppendVarint(uint64_t v, std::string& out) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+bool ReadVarint(std::string_view& in, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(in.front());
+    in.remove_prefix(1);
+    v |= uint64_t{byte & 0x7fu} << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// The status field of a HealthCheckResponse (0, UNKNOWN, when absent); nullopt if malformed.
+std::optional<uint64_t> ServingStatusOf(std::string_view in) {
+  uint64_t status = 0;
+  while (!in.empty()) {
+    uint64_t tag = 0, value = 0;
+    if (!ReadVarint(in, tag)) return std::nullopt;
+    switch (tag & 7) {
+      case 0:  // varint
+        if (!ReadVarint(in, value)) return std::nullopt;
+        if (tag >> 3 == 1) status = value;
+        break;
+      case 2:  // length-delimited: skipped
+        if (!ReadVarint(in, value) || value > in.size()) return std::nullopt;
+        in.remove_prefix(value);
+        break;
+      default:
+        return std::nullopt;
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> CheckGrpcHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                     const std::string& service, absl::Duration timeout) {
+  std::string request;
+  if (!service.empty()) {
+    request.push_back(0x0a);  // field 1, length-delimited
+    AppendVarint(service.size(), request);
+    request += service;
+  }
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1), response_buffer;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                 &response_buffer, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return FromGrpcStatus(status);
+  std::vector<grpc::Slice> slices;
+  if (!response_buffer.Dump(&slices).ok()) {
+    return absl::InternalError("grpc.health.v1 response: unreadable");
+  }
+  std::string response;
+  for (const grpc::Slice& s : slices) {
+    response.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  const std::optional<uint64_t> serving = ServingStatusOf(response);
+  if (!serving) return absl::InternalError("grpc.health.v1 response: malformed");
+  return *serving == 1;
 }
 
 }  // namespace lazyattn

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace lazyattn {
 
@@ -50,6 +51,13 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const TlsOptions& tls,
                                                            int max_message_bytes = 64 << 20);
+
+// grpc.health.v1.Health/Check of `service` ("" = the whole server) over `channel`: true when the
+// server answers SERVING, false for NOT_SERVING or UNKNOWN. The call's own error otherwise
+// (DeadlineExceeded or Unavailable when nothing answers in `timeout`, NotFound for a service the
+// server does not know). For health probes that have no gRPC health client (docker compose).
+absl::StatusOr<bool> CheckGrpcHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                     const std::string& service, absl::Duration timeout);
 
 }  // namespace lazyattn
 

@@ -54,7 +54,7 @@ def free_port():
 
 class Cluster:
     def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL):
-        self.args, self.tmp, self.procs = args, tmp, {}
+        self.args, self.tmp, self.procs, self.addrs = args, tmp, {}, {}
         self.kvdir_port = kvdir_port or free_port()
         self.lease_ms = lease_ms
         # Every process serves /metrics on an OS-chosen port, as in a real deployment: a metrics
@@ -71,7 +71,7 @@ class Cluster:
         self.procs["router"] = cluster.Process("router", [
             f"{args.bin_dir}/lazyattn-router", "--config", f"{tmp}/router.yaml",
             "--listen", "127.0.0.1:0", "--kvdir", self.kvdir_addr], tmp)
-        self.router = self.procs["router"].wait_ready(60)
+        self.router = self.addrs["router"] = self.procs["router"].wait_ready(60)
         self.wait_workers(workers)
 
     def _write(self, name, text):
@@ -86,14 +86,14 @@ class Cluster:
         self.procs["kvdir"] = cluster.Process("kvdir", [
             f"{self.args.bin_dir}/lazyattn-kvdir", "--config", f"{self.tmp}/kvdir.yaml",
             "--listen", self.kvdir_addr], self.tmp)
-        self.procs["kvdir"].wait_ready(60)
+        self.addrs["kvdir"] = self.procs["kvdir"].wait_ready(60)
 
     def start_worker(self, i):
         name = f"worker-{i}"
         self.procs[name] = cluster.Process(name, [
             f"{self.args.bin_dir}/lazyattn-worker", "--config", f"{self.tmp}/worker.yaml",
             "--listen", "127.0.0.1:0", "--kvdir", self.kvdir_addr, "--worker-id", name], self.tmp)
-        self.procs[name].wait_ready(60)
+        self.addrs[name] = self.procs[name].wait_ready(60)
 
     def wait_workers(self, n, timeout=20):
         # The router learns workers from kvdir; a request succeeds once any is known.
@@ -182,6 +182,13 @@ def test_routing(args, tmp):
                 text = scrape_worker_metrics(c, "worker-0")
                 check("metrics: a worker's /metrics serves its request counters",
                       "lazyattn_worker_" in text, f"{len(text)} bytes")
+                # What the compose health checks run (deploy/compose/compose.yaml).
+                for name in ("kvdir", "router", "worker-0"):
+                    p = subprocess.run([f"{args.bin_dir}/lazyattn", "health", "--addr",
+                                        c.addrs[name]], capture_output=True, text=True, timeout=30)
+                    check(f"health: `lazyattn health` reports the {name} SERVING",
+                          p.returncode == 0 and p.stdout.strip() == "SERVING",
+                          f"rc {p.returncode}, {p.stdout.strip()} {p.stderr.strip()}")
         finally:
             c.stop()
     # One cache holding everything would miss only each document's first use.

@@ -51,6 +51,7 @@ constexpr char kUsage[] =
     "  replay     run a JSONL file of requests through one engine and report cache hits\n"
     "  client     send one request to a cluster's router (lazyattn.v1.Inference)\n"
     "  trace      replay a Poisson trace of RAG requests against a router; report TTFT and hits\n"
+    "  health     ask a kvdir, router or worker for its grpc.health.v1 status (exit 0: SERVING)\n"
     "run `lazyattn COMMAND --help` for the flags of a command\n";
 
 }  // namespace
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   if (command == "replay") return lazyattn::ReplayCommand(argc, argv);
   if (command == "client") return lazyattn::ClientCommand(argc, argv);
   if (command == "trace") return lazyattn::TraceCommand(argc, argv);
+  if (command == "health") return lazyattn::HealthCommand(argc, argv);
   std::cerr << "lazyattn: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }
