@@ -87,11 +87,11 @@ TEST(DocumentTokenCacheTest, PrepareRequestReusesIdsOfTextSeenBefore) {
   r.documents.push_back({.text = "the first document"});
   r.documents.push_back({.token_ids = std::vector<int32_t>{5, 6, 7}});
   r.question = "why?";
-  auto first = PrepareRequest(r, *tokenizer, config, identity, {}, &cache);
+  auto first = PrepareRequest(r, *tokenizer, config, identity, {}, {.token_ids = &cache});
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(cache.entries(), 1);
   EXPECT_EQ(cache.misses(), 1);
-  auto second = PrepareRequest(r, *tokenizer, config, identity, {}, &cache);
+  auto second = PrepareRequest(r, *tokenizer, config, identity, {}, {.token_ids = &cache});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(cache.hits(), 1);
   EXPECT_EQ(second->documents[0].tokens, tokenizer->Encode("the first document", false));
@@ -100,7 +100,7 @@ TEST(DocumentTokenCacheTest, PrepareRequestReusesIdsOfTextSeenBefore) {
   EXPECT_EQ(second->documents[1].tokens, (std::vector<int32_t>{5, 6, 7}));
   // Another text is another key.
   r.documents[0].text = "the first document!";
-  auto third = PrepareRequest(r, *tokenizer, config, identity, {}, &cache);
+  auto third = PrepareRequest(r, *tokenizer, config, identity, {}, {.token_ids = &cache});
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(cache.hits(), 1);
   EXPECT_EQ(third->documents[0].tokens, tokenizer->Encode("the first document!", false));

@@ -18,6 +18,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, std::string model_fingerprin
       limits_(limits),
       identity_{std::move(model_fingerprint), TokenizerFingerprint(*tokenizer)},
       token_cache_(options.document_token_cache_tokens),
+      key_memo_(options.document_key_memo_tokens),
       core_(std::move(runner), tokenizer, options) {
   const BlockPool& pool = core_.cache().pool();
   blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
@@ -46,7 +47,8 @@ Engine::~Engine() {
 absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
   const absl::Time submitted = absl::Now();
   auto prepared =
-      PrepareRequest(request, *tokenizer_, config_, identity_, limits_, &token_cache_);
+      PrepareRequest(request, *tokenizer_, config_, identity_, limits_,
+                     {.token_ids = &token_cache_, .keys = &key_memo_});
   if (!prepared.ok()) return prepared.status();
   prepared->callbacks = std::move(callbacks);
   prepared->submitted = submitted;

@@ -63,6 +63,8 @@ class Engine {
   const ModelConfig& config() const { return config_; }
   // Token ids of text documents tokenized before (Submit skips tokenizing them again).
   const DocumentTokenCache& token_cache() const { return token_cache_; }
+  // Keys of token-id documents hashed before (Submit skips hashing them again).
+  const DocumentKeyMemo& key_memo() const { return key_memo_; }
 
  private:
   void Loop();
@@ -72,6 +74,7 @@ class Engine {
   const RequestLimits limits_;
   const ModelIdentity identity_;
   DocumentTokenCache token_cache_;  // its own lock: Submit runs on the callers' threads
+  DocumentKeyMemo key_memo_;        // likewise
   // Fed by core_'s document cache on the loop thread; its own lock. Declared before core_ so it
   // outlives it.
   CacheMirror cache_mirror_;

@@ -44,6 +44,9 @@ struct EngineOptions {
   // Engine: token ids of recently tokenized text documents kept for reuse (DocumentTokenCache),
   // at most this many ids in all (4 bytes each); 0 turns the cache off.
   int64_t document_token_cache_tokens = int64_t{1} << 22;
+  // Engine: keys of recently seen token-id documents kept for reuse (DocumentKeyMemo), at most
+  // this many ids in all; 0 turns the memo off.
+  int64_t document_key_memo_tokens = int64_t{1} << 22;
 };
 
 // A tokenized request (Engine::Submit tokenizes and validates).

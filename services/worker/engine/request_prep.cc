@@ -17,7 +17,8 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
                                                const ModelConfig& config,
                                                const ModelIdentity& identity,
                                                const RequestLimits& limits,
-                                               DocumentTokenCache* token_cache) {
+                                               const PrepMemory& memory) {
+  DocumentTokenCache* const token_cache = memory.token_ids;
   RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, config.vocab_size));
   if (static_cast<int>(req.documents.size()) > limits.max_documents) {
     return absl::InvalidArgumentError(absl::StrCat("documents: ", req.documents.size(),
@@ -44,8 +45,11 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
               " is outside the vocabulary [0, ", config.vocab_size, ")"));
         }
       }
-      doc.key = DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
-                                      doc.tokens);
+      const auto sha256 = [&] {
+        return DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
+                                     doc.tokens);
+      };
+      doc.key = memory.keys != nullptr ? memory.keys->KeyOf(doc.tokens, sha256) : sha256();
     } else {
       doc.key = DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                     d.text);

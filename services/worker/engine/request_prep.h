@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/worker/engine/document_key_memo.h"
 #include "services/worker/engine/document_token_cache.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request.h"
@@ -23,16 +24,21 @@ struct ModelIdentity {
   std::string tokenizer_fingerprint;
 };
 
+// What preparation remembers between requests (each optional).
+struct PrepMemory {
+  DocumentTokenCache* token_ids = nullptr;  // text documents' ids: not tokenized again
+  DocumentKeyMemo* keys = nullptr;          // token-id documents' keys: not hashed again
+};
+
 // InvalidArgument naming the field: more documents than the limit, an empty document or question,
 // token ids outside the vocabulary, a document or prompt longer than the model's context, bad
-// sampling values. Text documents found in `token_cache` (when given) are not tokenized again;
-// the others are stored there.
+// sampling values.
 absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& request,
                                                const Tokenizer& tokenizer,
                                                const ModelConfig& config,
                                                const ModelIdentity& identity,
                                                const RequestLimits& limits,
-                                               DocumentTokenCache* token_cache = nullptr);
+                                               const PrepMemory& memory = {});
 
 }  // namespace lazyattn
 

@@ -1,0 +1,66 @@
+#include "services/worker/engine/document_key_memo.h"
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/types/span.h"
+
+namespace lazyattn {
+
+DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
+                                   const std::function<DocumentKey()>& compute) {
+  const int64_t size = static_cast<int64_t>(tokens.size());
+  if (size == 0 || size > capacity_) return compute();
+  const uint64_t hash = absl::HashOf(absl::MakeConstSpan(tokens));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = index_.find(hash); it != index_.end()) {
+      for (Order::iterator e : it->second) {
+        if (e->tokens == tokens) {
+          ++hits_;
+          order_.splice(order_.begin(), order_, e);
+          return e->key;
+        }
+      }
+    }
+    ++misses_;
+  }
+  const DocumentKey key = compute();
+  absl::MutexLock lock(&mu_);
+  std::vector<Order::iterator>& bucket = index_[hash];
+  for (Order::iterator e : bucket) {
+    if (e->tokens == tokens) return key;  // another thread remembered it meanwhile
+  }
+  order_.push_front(Entry{hash, tokens, key});
+  bucket.push_back(order_.begin());
+  tokens_ += size;
+  while (tokens_ > capacity_) {
+    const Order::iterator last = std::prev(order_.end());
+    auto bucket_it = index_.find(last->hash);
+    auto& entries = bucket_it->second;
+    entries.erase(std::find(entries.begin(), entries.end(), last));
+    if (entries.empty()) index_.erase(bucket_it);
+    tokens_ -= static_cast<int64_t>(last->tokens.size());
+    order_.erase(last);
+  }
+  return key;
+}
+
+int64_t DocumentKeyMemo::tokens() const {
+  absl::MutexLock lock(&mu_);
+  return tokens_;
+}
+
+int64_t DocumentKeyMemo::hits() const {
+  absl::MutexLock lock(&mu_);
+  return hits_;
+}
+
+int64_t DocumentKeyMemo::misses() const {
+  absl::MutexLock lock(&mu_);
+  return misses_;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,125 @@
+// The key memo of token-id documents, alone and behind PrepareRequest.
+#include "services/worker/engine/document_key_memo.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "services/worker/engine/request_prep.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
+
+namespace lazyattn {
+namespace {
+
+std::vector<int32_t> Ids(int n, int32_t first) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+DocumentKey Sha(const std::vector<int32_t>& ids) { return DocumentKeyFromTokens("m", "t", ids); }
+
+TEST(DocumentKeyMemoTest, RemembersKeysOfRepeatedIdsAndComputesTheRest) {
+  DocumentKeyMemo memo(100);
+  int computed = 0;
+  auto key_of = [&](const std::vector<int32_t>& ids) {
+    return memo.KeyOf(ids, [&] {
+      ++computed;
+      return Sha(ids);
+    });
+  };
+  const auto a = Ids(10, 0), b = Ids(10, 1);
+  EXPECT_EQ(key_of(a), Sha(a));
+  EXPECT_EQ(key_of(b), Sha(b));
+  EXPECT_EQ(key_of(a), Sha(a));
+  EXPECT_EQ(key_of(b), Sha(b));
+  EXPECT_EQ(computed, 2);
+  EXPECT_EQ(memo.hits(), 2);
+  EXPECT_EQ(memo.misses(), 2);
+  EXPECT_EQ(memo.tokens(), 20);
+}
+
+TEST(DocumentKeyMemoTest, EvictsLeastRecentlyUsedAndSkipsWhatCannotFit) {
+  DocumentKeyMemo memo(25);
+  int computed = 0;
+  auto key_of = [&](const std::vector<int32_t>& ids) {
+    return memo.KeyOf(ids, [&] {
+      ++computed;
+      return Sha(ids);
+    });
+  };
+  key_of(Ids(10, 0));
+  key_of(Ids(10, 100));
+  key_of(Ids(10, 0));    // now the most recent
+  key_of(Ids(10, 200));  // 30 > 25: Ids(10, 100) goes
+  EXPECT_EQ(memo.tokens(), 20);
+  computed = 0;
+  key_of(Ids(10, 0));
+  EXPECT_EQ(computed, 0);
+  key_of(Ids(10, 100));
+  EXPECT_EQ(computed, 1);
+  computed = 0;
+  EXPECT_EQ(key_of(Ids(30, 0)), Sha(Ids(30, 0)));  // larger than the budget: computed, not kept
+  EXPECT_EQ(key_of(Ids(30, 0)), Sha(Ids(30, 0)));
+  EXPECT_EQ(computed, 2);
+  EXPECT_LE(memo.tokens(), 25);
+}
+
+// Ids that differ in one place get their own key even if they were to share a fast hash: the
+// memo compares the ids (checked here on many near-identical documents).
+TEST(DocumentKeyMemoTest, NearlyEqualDocumentsKeepTheirOwnKeys) {
+  DocumentKeyMemo memo(1 << 20);
+  std::vector<int32_t> base = Ids(4096, 7);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<int32_t> ids = base;
+    ids[i * 13 % ids.size()] ^= 1;
+    EXPECT_EQ(memo.KeyOf(ids, [&] { return Sha(ids); }), Sha(ids)) << i;
+    EXPECT_EQ(memo.KeyOf(ids, [&] { return DocumentKey{}; }), Sha(ids)) << i;  // remembered
+  }
+}
+
+TEST(DocumentKeyMemoTest, ConcurrentUseGivesTheRightKeys) {
+  DocumentKeyMemo memo(400);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 500; ++i) {
+        const auto ids = Ids(10 + (t * 31 + i) % 50, (t * 31 + i) % 61);
+        if (memo.KeyOf(ids, [&] { return Sha(ids); }) != Sha(ids)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(memo.tokens(), 400);
+  EXPECT_EQ(memo.hits() + memo.misses(), 8 * 500);
+}
+
+// Through PrepareRequest: a token-id document's key is the SHA-256 of its ids whether it was
+// remembered or not.
+TEST(DocumentKeyMemoTest, PrepareRequestGivesTheSameKeys) {
+  auto tokenizer = MakeByteTokenizer();
+  const ModelConfig config = TinyTestConfig();
+  const ModelIdentity identity{"model", TokenizerFingerprint(*tokenizer)};
+  DocumentKeyMemo memo(1 << 20);
+  EngineRequest r;
+  r.documents.push_back({.token_ids = Ids(200, 1)});  // ids inside the tiny vocabulary
+  r.documents.push_back({.token_ids = Ids(200, 2)});
+  r.question = "why?";
+  auto plain = PrepareRequest(r, *tokenizer, config, identity, {});
+  auto first = PrepareRequest(r, *tokenizer, config, identity, {}, {.keys = &memo});
+  auto second = PrepareRequest(r, *tokenizer, config, identity, {}, {.keys = &memo});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(first.ok() && second.ok());
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(first->documents[d].key, plain->documents[d].key);
+    EXPECT_EQ(second->documents[d].key, plain->documents[d].key);
+  }
+  EXPECT_EQ(memo.hits(), 2);
+  EXPECT_EQ(memo.misses(), 2);
+}
+
+}  // namespace
+}  // namespace lazyattn
