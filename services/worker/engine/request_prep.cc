@@ -18,7 +18,6 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
                                                const ModelIdentity& identity,
                                                const RequestLimits& limits,
                                                const PrepMemory& memory) {
-  DocumentTokenCache* const token_cache = memory.token_ids;
   RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, config.vocab_size));
   if (static_cast<int>(req.documents.size()) > limits.max_documents) {
     return absl::InvalidArgumentError(absl::StrCat("documents: ", req.documents.size(),
@@ -53,12 +52,13 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
     } else {
       doc.key = DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                     d.text);
-      if (auto cached = token_cache ? token_cache->Find(doc.key) : std::nullopt) {
+      DocumentTokenCache* const cache = memory.token_ids;
+      if (auto cached = cache != nullptr ? cache->Find(doc.key) : std::nullopt) {
         doc.tokens = std::move(*cached);  // the key names this tokenizer and this exact text
       } else {
         // Documents are data: special-token text inside them stays literal.
         doc.tokens = tok.Encode(d.text, /*parse_special=*/false);
-        if (token_cache != nullptr && !doc.tokens.empty()) token_cache->Insert(doc.key, doc.tokens);
+        if (cache != nullptr && !doc.tokens.empty()) cache->Insert(doc.key, doc.tokens);
       }
     }
     if (doc.tokens.empty()) {

@@ -24,7 +24,9 @@ struct ModelIdentity {
   std::string tokenizer_fingerprint;
 };
 
-// What preparation remembers between requests (each optional).
+// What preparation remembers between requests (each optional). The key memo does not know the
+// ModelIdentity its keys were made with: share one only between calls with the same identity
+// (an Engine has one of each).
 struct PrepMemory {
   DocumentTokenCache* token_ids = nullptr;  // text documents' ids: not tokenized again
   DocumentKeyMemo* keys = nullptr;          // token-id documents' keys: not hashed again
