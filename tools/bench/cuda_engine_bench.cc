@@ -17,6 +17,7 @@
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -283,8 +284,8 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
   std::cout << "\n### Serving trace (" << kPool << " documents x " << kDocTokens << " tokens, "
             << kDocsPerRequest << " per request, " << kOutput << " output tokens, " << num_requests
             << " requests, KV budget " << (kv_budget >> 30) << " GiB)\n\n"
-            << "| docs | rate req/s | mode | doc hit ratio | TTFT p50 ms | TTFT p99 ms | "
-               "req/s | output tok/s |\n|---|---|---|---|---|---|---|---|\n";
+            << "| docs | rate req/s | mode | doc hit ratio | TTFT mean ms | TTFT p50 ms | "
+               "TTFT p99 ms | req/s | output tok/s |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const char* dist : {"zipf2.1", "uniform"}) {
     for (double rate : rates) {
       // One trace per (distribution, rate), replayed identically in every mode.
@@ -323,8 +324,11 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
         }
         const double seconds = absl::ToDoubleSeconds(t.end - t.start);
         const double hit_ratio = total_docs > 0 ? double(hits) / total_docs : 0;
+        // The paper compares mean TTFT; the median and p99 show the shape of the distribution.
+        const double ttft_mean =
+            ttft.empty() ? 0 : std::accumulate(ttft.begin(), ttft.end(), 0.0) / ttft.size();
         std::cout << absl::StrCat("| ", dist, " | ", rate, " | ", std::string(CacheModeName(mode)), " | ",
-                                  hit_ratio, " | ", Percentile(ttft, 0.5), " | ",
+                                  hit_ratio, " | ", ttft_mean, " | ", Percentile(ttft, 0.5), " | ",
                                   Percentile(ttft, 0.99), " | ", num_requests / seconds, " | ",
                                   out_tokens / seconds, " |", t.failures ? " failures!" : "",
                                   "\n");
@@ -332,6 +336,7 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
                                   {"rate", rate},
                                   {"mode", std::string(CacheModeName(mode))},
                                   {"doc_hit_ratio", hit_ratio},
+                                  {"ttft_mean_ms", ttft_mean},
                                   {"ttft_p50_ms", Percentile(ttft, 0.5)},
                                   {"ttft_p99_ms", Percentile(ttft, 0.99)},
                                   {"req_s", num_requests / seconds},
