@@ -12,7 +12,13 @@ namespace lazyattn {
 DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
                                    const std::function<DocumentKey()>& compute) {
   const int64_t size = static_cast<int64_t>(tokens.size());
-  if (size == 0 || size > capacity_) return compute();
+  if (size == 0 || size > capacity_) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++misses_;
+    }
+    return compute();
+  }
   const uint64_t hash = absl::HashOf(absl::MakeConstSpan(tokens));
   {
     absl::MutexLock lock(&mu_);

@@ -32,8 +32,8 @@ class DocumentKeyMemo {
                     const std::function<DocumentKey()>& compute);
 
   int64_t tokens() const;
-  int64_t hits() const;
-  int64_t misses() const;
+  int64_t hits() const;    // KeyOf calls answered from memory
+  int64_t misses() const;  // KeyOf calls that ran compute()
 
  private:
   struct Entry {

@@ -91,8 +91,16 @@ absl::StatusOr<RequestResult> Engine::Run(
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  s.text_docs_tokenized = token_cache_.misses();
+  s.text_docs_reused = token_cache_.hits();
+  s.id_docs_hashed = key_memo_.misses();
+  s.id_docs_reused = key_memo_.hits();
+  return s;
 }
 
 KvBlockCounts Engine::blocks() const {

@@ -30,6 +30,10 @@ struct EngineStats {
   int64_t requests_ok = 0;
   int64_t requests_failed = 0;
   int64_t encode_jobs = 0;  // document encodings run (one per missing document, shared)
+  // Request preparation (Engine::Submit): text documents tokenized, or whose ids came from the
+  // token cache; token-id documents hashed (SHA-256), or whose key came from the key memo.
+  int64_t text_docs_tokenized = 0, text_docs_reused = 0;
+  int64_t id_docs_hashed = 0, id_docs_reused = 0;
   ModeCounters& mode(CacheMode m) { return by_mode[static_cast<int>(m)]; }
   const ModeCounters& mode(CacheMode m) const { return by_mode[static_cast<int>(m)]; }
 };

@@ -88,6 +88,15 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                           .Help("1 while the worker's Publish stream to kvdir is up")
                           .Register(registry)
                           .Add({});
+  auto& prep = BuildCounter()
+                   .Name("lazyattn_worker_document_prep_total")
+                   .Help("Documents prepared at submission: text tokenized or its ids reused "
+                         "(token cache), token ids hashed or their key reused (key memo)")
+                   .Register(registry);
+  text_docs_tokenized_ = &prep.Add({{"document", "text"}, {"result", "computed"}});
+  text_docs_reused_ = &prep.Add({{"document", "text"}, {"result", "reused"}});
+  id_docs_hashed_ = &prep.Add({{"document", "token_ids"}, {"result", "computed"}});
+  id_docs_reused_ = &prep.Add({{"document", "token_ids"}, {"result", "reused"}});
   kvdir_events_dropped_ = &BuildCounter()
                                .Name("lazyattn_worker_kvdir_events_dropped_total")
                                .Help("Cache events not sent to kvdir (a snapshot replaced them)")
@@ -117,6 +126,10 @@ void WorkerMetrics::Refresh(const EngineStats& stats, const KvBlockCounts& block
   }
   Advance(prefill_computed_, computed, computed_before);
   Advance(prefill_reused_, reused, reused_before);
+  Advance(text_docs_tokenized_, stats.text_docs_tokenized, last_stats_.text_docs_tokenized);
+  Advance(text_docs_reused_, stats.text_docs_reused, last_stats_.text_docs_reused);
+  Advance(id_docs_hashed_, stats.id_docs_hashed, last_stats_.id_docs_hashed);
+  Advance(id_docs_reused_, stats.id_docs_reused, last_stats_.id_docs_reused);
   last_stats_ = stats;
   blocks_free_->Set(static_cast<double>(blocks.free));
   blocks_referenced_->Set(static_cast<double>(blocks.referenced));

@@ -71,6 +71,10 @@ class WorkerMetrics {
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* kvdir_connected_ = nullptr;
   prometheus::Counter* kvdir_events_dropped_ = nullptr;
+  prometheus::Counter* text_docs_tokenized_ = nullptr;
+  prometheus::Counter* text_docs_reused_ = nullptr;
+  prometheus::Counter* id_docs_hashed_ = nullptr;
+  prometheus::Counter* id_docs_reused_ = nullptr;
 
   std::mutex mu_;
   EngineStats last_stats_ ABSL_GUARDED_BY(mu_);

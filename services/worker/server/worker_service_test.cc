@@ -218,6 +218,13 @@ TEST_F(WorkerServiceTest, SameDocumentsInAnotherOrderHitTheCache) {
   EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_document_lookup_tokens_total",
                         {{"mode", "lazy"}}),
             2.0 * doc_tokens);
+  // The second request's documents were not tokenized again (the engine's token cache).
+  EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_document_prep_total",
+                        {{"document", "text"}, {"result", "computed"}}),
+            3.0);
+  EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_document_prep_total",
+                        {{"document", "text"}, {"result", "reused"}}),
+            3.0);
 }
 
 TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
