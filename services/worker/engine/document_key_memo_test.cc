@@ -20,50 +20,49 @@ std::vector<int32_t> Ids(int n, int32_t first) {
 
 DocumentKey Sha(const std::vector<int32_t>& ids) { return DocumentKeyFromTokens("m", "t", ids); }
 
-TEST(DocumentKeyMemoTest, RemembersKeysOfRepeatedIdsAndComputesTheRest) {
-  DocumentKeyMemo memo(100);
-  int computed = 0;
-  auto key_of = [&](const std::vector<int32_t>& ids) {
+// A memo whose compute() is the SHA-256, counting how often it ran.
+struct CountingMemo {
+  explicit CountingMemo(int64_t capacity) : memo(capacity) {}
+  DocumentKey KeyOf(const std::vector<int32_t>& ids) {
     return memo.KeyOf(ids, [&] {
       ++computed;
       return Sha(ids);
     });
-  };
+  }
+  DocumentKeyMemo memo;
+  int computed = 0;
+};
+
+TEST(DocumentKeyMemoTest, RemembersKeysOfRepeatedIdsAndComputesTheRest) {
+  CountingMemo m(100);
   const auto a = Ids(10, 0), b = Ids(10, 1);
-  EXPECT_EQ(key_of(a), Sha(a));
-  EXPECT_EQ(key_of(b), Sha(b));
-  EXPECT_EQ(key_of(a), Sha(a));
-  EXPECT_EQ(key_of(b), Sha(b));
-  EXPECT_EQ(computed, 2);
-  EXPECT_EQ(memo.hits(), 2);
-  EXPECT_EQ(memo.misses(), 2);
-  EXPECT_EQ(memo.tokens(), 20);
+  EXPECT_EQ(m.KeyOf(a), Sha(a));
+  EXPECT_EQ(m.KeyOf(b), Sha(b));
+  EXPECT_EQ(m.KeyOf(a), Sha(a));
+  EXPECT_EQ(m.KeyOf(b), Sha(b));
+  EXPECT_EQ(m.computed, 2);
+  EXPECT_EQ(m.memo.hits(), 2);
+  EXPECT_EQ(m.memo.misses(), 2);
+  EXPECT_EQ(m.memo.tokens(), 20);
 }
 
 TEST(DocumentKeyMemoTest, EvictsLeastRecentlyUsedAndSkipsWhatCannotFit) {
-  DocumentKeyMemo memo(25);
-  int computed = 0;
-  auto key_of = [&](const std::vector<int32_t>& ids) {
-    return memo.KeyOf(ids, [&] {
-      ++computed;
-      return Sha(ids);
-    });
-  };
-  key_of(Ids(10, 0));
-  key_of(Ids(10, 100));
-  key_of(Ids(10, 0));    // now the most recent
-  key_of(Ids(10, 200));  // 30 > 25: Ids(10, 100) goes
-  EXPECT_EQ(memo.tokens(), 20);
-  computed = 0;
-  key_of(Ids(10, 0));
-  EXPECT_EQ(computed, 0);
-  key_of(Ids(10, 100));
-  EXPECT_EQ(computed, 1);
-  computed = 0;
-  EXPECT_EQ(key_of(Ids(30, 0)), Sha(Ids(30, 0)));  // larger than the budget: computed, not kept
-  EXPECT_EQ(key_of(Ids(30, 0)), Sha(Ids(30, 0)));
-  EXPECT_EQ(computed, 2);
-  EXPECT_LE(memo.tokens(), 25);
+  CountingMemo m(25);
+  m.KeyOf(Ids(10, 0));
+  m.KeyOf(Ids(10, 100));
+  m.KeyOf(Ids(10, 0));    // now the most recent
+  m.KeyOf(Ids(10, 200));  // 30 > 25: Ids(10, 100) goes
+  EXPECT_EQ(m.memo.tokens(), 20);
+  m.computed = 0;
+  m.KeyOf(Ids(10, 0));
+  EXPECT_EQ(m.computed, 0);
+  m.KeyOf(Ids(10, 100));
+  EXPECT_EQ(m.computed, 1);
+  m.computed = 0;
+  EXPECT_EQ(m.KeyOf(Ids(30, 0)), Sha(Ids(30, 0)));  // larger than the budget: computed, not kept
+  EXPECT_EQ(m.KeyOf(Ids(30, 0)), Sha(Ids(30, 0)));
+  EXPECT_EQ(m.computed, 2);
+  EXPECT_LE(m.memo.tokens(), 25);
 }
 
 // Ids that differ in one place get their own key even if they were to share a fast hash: the
