@@ -536,13 +536,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const
 
 // Merges the splits of one query tile: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M).
 // One warp per query row (grid.z walks the tile's rows, 4 per CTA); lane s holds split s's
-// weight, and the partial rows are read 4 splits at a time so their loads overlap.
+// weight. The partial rows of up to kMergeBatch splits are loaded at once, the first batch before
+// the weights are known, so the kernel waits on memory about twice instead of once per 4 splits
+// and once more for the log-sum-exps (a merge of 16 splits is latency-bound, not byte-bound).
+constexpr int kMergeBatch = 16;
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Params p) {
   // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
-  constexpr int kPerLane = D / 32;
+  constexpr int kPerLane = D / 32;  // 4 or 2 floats: one 16- or 8-byte load per partial row
+  using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
+  static_assert(sizeof(Vec) == kPerLane * sizeof(float));
   const int* c = p.combine + static_cast<int64_t>(blockIdx.x) * kCombineWords;
   const int seq = c[0], m_tok0 = c[1], n_tok = c[2], base = c[3], splits = c[4];
   const int kvh = blockIdx.y;
@@ -553,6 +559,16 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Para
   auto prow = [&](int s) {
     return (static_cast<int64_t>(base + s) * p.num_kv_heads + kvh) * kBlockM + row;
   };
+  Vec v[kMergeBatch];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const int s = s0 + j;
+      v[j] = s < splits ? *reinterpret_cast<const Vec*>(p.part_o + prow(s) * D + lane * kPerLane)
+                        : Vec{};
+    }
+  };
+  load_batch(0);
   float lse[kMaxSplits / 32];
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
@@ -571,27 +587,22 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Para
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
   float acc[kPerLane] = {};
-  for (int s0 = 0; s0 < splits; s0 += 4) {
-    float v[4][kPerLane];
-    float w4[4];
+  for (int s0 = 0;;) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kMergeBatch; ++j) {
       const int s = s0 + j;
-      const float wk = __shfl_sync(0xffffffffu, (s & 32) ? wgt[1] : wgt[0], s & 31);
-      w4[j] = s < splits ? wk : 0.f;
+      const float w = __shfl_sync(0xffffffffu, (s & 32) ? wgt[1] : wgt[0], s & 31);
+      // A split with weight 0 (no visible key, or past `splits`) adds nothing, whatever its row
+      // holds: selected away rather than multiplied, as 0 x NaN would not vanish.
+      if (s < splits && w != 0.f) {
+        const float* x = reinterpret_cast<const float*>(&v[j]);
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) v[j][k] = 0.f;
-      if (s < splits && w4[j] != 0.f) {
-        const float* src = p.part_o + prow(s) * D + lane * kPerLane;
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k) v[j][k] = src[k];
+        for (int k = 0; k < kPerLane; ++k) acc[k] += w * x[k];
       }
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) acc[k] += w4[j] * v[j][k];
-    }
+    s0 += kMergeBatch;
+    if (s0 >= splits) break;
+    load_batch(s0);
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   const int tok = row / p.group, h = row - tok * p.group;
