@@ -232,6 +232,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   ASSIGN_OR_RETURN(s.rope, DeviceRopeTable::Create(RopeTable(c.rope, c.max_positions)));
   ASSIGN_OR_RETURN(s.gemm, CublasLtGemm::Create());
   s.gemm->set_skinny(options.skinny_gemms);
+  s.gemm->set_autotune(options.autotune_gemms);
   ASSIGN_OR_RETURN(s.decode_workspace, PagedDecodeWorkspace::Create(options.device));
   s.layer_stride = r->num_kv_blocks_ * c.kv_size() * kDefaultKvBlockSize;
   const int64_t pool_bytes = s.layer_stride * c.num_layers * static_cast<int64_t>(sizeof(bf16));

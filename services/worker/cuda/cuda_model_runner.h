@@ -49,6 +49,11 @@ struct CudaRunnerOptions {
   // Tune cuBLASLt for every row bucket of the model's GEMMs at creation instead of inside the
   // first steps that need them (tens of milliseconds each).
   bool warm_up_gemms = true;
+  // Time cuBLASLt's candidate algorithms per row bucket and keep the fastest (CublasLtGemm's
+  // autotuning). Off: the heuristic's first pick, the same in every runner on the same device;
+  // for tests that compare two runners bit for bit, since two timings can rank near-tied
+  // algorithms with different summation orders differently.
+  bool autotune_gemms = true;
   // One-row products on the skinny CUDA-core kernel (kernels/cuda/skinny_linear.h) rather than
   // cuBLASLt; off only to measure what it gains. (The launch overlap of every kernel has its
   // own switch, LAZYATTN_OVERLAP_LAUNCHES in kernels/cuda/launch_overlap.cuh.)
