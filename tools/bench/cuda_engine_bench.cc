@@ -6,7 +6,7 @@
 //   lazyattn-bench-engine [--shape llama3-8b] [--parts gemm,ttft,decode,serving]
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
-//                         [--serving-kv-gib 12] [--profile-decode-steps N]
+//                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
 // cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/paged_decode_attention.h"
+#include "kernels/cuda/skinny_wgmma_linear.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope_kv_append.h"
 #include "kernels/cuda/rope_table_cuda.h"
@@ -353,10 +354,11 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
 // "Cold" rotates over copies of the weights that together exceed the 50 MB L2, as inside a step
 // where each layer's weights are read once; "warm" repeats one copy (the o projection's 33.5 MB
 // then sit in L2, which is how a timed-alone loop flatters it).
-absl::Status RunGemms(const ModelConfig& c, json& out) {
+absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
   std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
-            << "| rows | product | warm us | cold us | cold weight TB/s | cuBLASLt cold us |\n"
-            << "|---|---|---|---|---|---|\n";
+            << "| rows | product | warm us | cold us | cold weight TB/s | cuBLASLt cold us | "
+               "wgmma swap-AB cold us (work in progress) |\n"
+            << "|---|---|---|---|---|---|---|\n";
   struct Shape {
     const char* name;
     int64_t in, out;
@@ -404,6 +406,26 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
         cudaEventElapsedTime(&ms, start, stop);
         return 1000.0 * ms / kReps;
       };
+      // The few-row wgmma kernel (kernels/cuda/skinny_wgmma_linear.h, work in progress), same
+      // calls, same weights; only with --wgmma-gemm until its test has passed on a GPU.
+      static SkinnyWgmmaWorkspace wgmma_ws;
+      double wgmma_cold = 0;
+      if (with_wgmma && SkinnyWgmmaLinearSupports(rows, sh.in, sh.out, x, w[0], y)) {
+        RETURN_IF_ERROR(wgmma_ws.Init());
+        auto run = [&](int r) {
+          return SkinnyWgmmaLinearCuda(x, w[r % copies], rows, sh.in, sh.out, y, sh.type, true,
+                                       wgmma_ws, nullptr);
+        };
+        RETURN_IF_ERROR(run(0));
+        constexpr int kReps = 24;
+        cudaEventRecord(start);
+        for (int r = 0; r < kReps; ++r) RETURN_IF_ERROR(run(r + 1));
+        cudaEventRecord(stop);
+        RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        wgmma_cold = 1000.0 * ms / kReps;
+      }
       ASSIGN_OR_RETURN(const double warm, time_us(false, tuned.get()));
       ASSIGN_OR_RETURN(const double cold, time_us(true, tuned.get()));
       double cublas_cold = cold;
@@ -412,10 +434,12 @@ absl::Status RunGemms(const ModelConfig& c, json& out) {
       }
       const double tbs = w_bytes / (cold * 1e-6) / 1e12;
       std::cout << absl::StrCat("| ", rows, " | ", sh.name, " ", sh.in, "->", sh.out, " | ", warm,
-                                " | ", cold, " | ", tbs, " | ", cublas_cold, " |\n");
+                                " | ", cold, " | ", tbs, " | ", cublas_cold, " | ",
+                                wgmma_cold > 0 ? absl::StrCat(wgmma_cold) : std::string("-"),
+                                " |\n");
       out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"warm_us", warm},
                              {"cold_us", cold}, {"cold_weight_tbs", tbs},
-                             {"cublaslt_cold_us", cublas_cold}});
+                             {"cublaslt_cold_us", cublas_cold}, {"wgmma_cold_us", wgmma_cold}});
       cudaFree(x);
       for (auto* p : w) cudaFree(p);
       cudaFree(y);
@@ -533,6 +557,8 @@ int Main(int argc, char** argv) {
   args.Declare("no-skinny", CliArgs::Kind::kSwitch, "one-row GEMMs on cuBLASLt (to compare)");
   args.Declare("no-fused-norms", CliArgs::Kind::kSwitch,
                "batch 1: RMSNorms as launches of their own (to compare)");
+  args.Declare("wgmma-gemm", CliArgs::Kind::kSwitch,
+               "gemm part: also time the few-row wgmma kernel (work in progress)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
                "launch kernels without programmatic dependent launch (to compare)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
@@ -565,7 +591,9 @@ int Main(int argc, char** argv) {
   }
   json out = {{"shape", b.config.name}};
   absl::Status status;
-  if (status.ok() && parts.find("gemm") != std::string::npos) status = RunGemms(b.config, out);
+  if (status.ok() && parts.find("gemm") != std::string::npos) {
+    status = RunGemms(b.config, args.Has("wgmma-gemm"), out);
+  }
   if (status.ok() && parts.find("ttft") != std::string::npos) status = RunTtft(b, budget, out);
   if (status.ok() && parts.find("decode") != std::string::npos) {
     status = RunDecode(b, budget, batches,

@@ -1,0 +1,65 @@
+// Few-row linear layers on Hopper tensor cores: y = x W^T (+ y), 1 to 64 rows, bf16 operands,
+// fp32 accumulation. Same convention as LinearCpu (kernels/include/gemm.h): W row-major
+// [out][in], x [rows][in], y [rows][out], all contiguous.
+//
+// Why: at 32-64 rows cuBLASLt's kernels stream the weights at 2.3-3.9 TB/s, limited by the bytes
+// each SM keeps in flight (docs/kernels.md, "Small kernels"), where one row reaches 3.0-4.1 on
+// CUDA cores. This kernel computes y^T = W x^T ("swap AB"): 64 output features are wgmma's
+// 64-row A operand, the rows of x its N (8..64), both K-major in 128-byte-swizzled shared memory
+// filled by TMA through a deep pipeline (one producer warp, one consumer warpgroup). Launched
+// overlapped (launch_overlap.cuh), the producer issues the first weight stages before it waits
+// for the previous kernel, since weights never depend on it.
+//
+// Split K (for products with few output tiles) adds the splits into y in a fixed order, so
+// results are the same from run to run and between a CUDA graph and an eager launch.
+//
+// Needs sm_90a (compiled only for it); SkinnyWgmmaLinearSupports() says whether a call can run.
+// Status: work in progress, not used by the runner, and not yet run on a GPU (written
+// 2026-12-01 when no device time was left): run skinny_wgmma_linear_test first, then
+// `lazyattn-bench-engine --parts gemm --wgmma-gemm` against cuBLASLt.
+#ifndef LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
+#define LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/gemm.h"
+
+namespace lazyattn {
+
+// Scratch the split-K reduction needs: one int counter per 64-feature output tile, zero between
+// calls (each call leaves them zero). One per stream.
+class SkinnyWgmmaWorkspace {
+ public:
+  static constexpr int kMaxTiles = 4096;  // out / 64: up to 262,144 output features
+  SkinnyWgmmaWorkspace() = default;
+  ~SkinnyWgmmaWorkspace();
+  SkinnyWgmmaWorkspace(const SkinnyWgmmaWorkspace&) = delete;
+  SkinnyWgmmaWorkspace& operator=(const SkinnyWgmmaWorkspace&) = delete;
+  absl::Status Init();
+  int* counters() const { return counters_; }
+
+ private:
+  int* counters_ = nullptr;
+};
+
+// Whether SkinnyWgmmaLinearCuda can compute this product: 1 <= rows <= 64, in a multiple of 8
+// (TMA needs 16-byte row strides) and >= 64, 1 <= out <= 262,144, pointers 16-byte aligned, and
+// a device of compute capability 9.0.
+bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void* x,
+                               const void* w, const void* y);
+
+// y[rows][out] = x[rows][in] * w[out][in]^T (+ y when accumulate). `splits` 0 picks the K split
+// from the device (only when y is fp32: a bf16 y is written once); 1 never splits.
+// InvalidArgument where SkinnyWgmmaLinearSupports is false; Internal for CUDA errors.
+absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
+                                   int64_t in, int64_t out, void* y, GemmOutputType y_type,
+                                   bool accumulate, const SkinnyWgmmaWorkspace& workspace,
+                                   cudaStream_t stream, int splits = 0);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_

@@ -1,0 +1,144 @@
+#include "kernels/cuda/skinny_wgmma_linear.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/include/gemm.h"
+
+namespace lazyattn {
+namespace {
+
+using testing::Bf16ToFloats;
+using testing::DeviceBuffer;
+using testing::FloatToBf16Bits;
+using testing::RandomBf16;
+
+const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<const __nv_bfloat16*>(b.get());
+}
+
+struct Case {
+  int rows, in, out;
+  bool fp32, accumulate;
+  int splits;  // 0: the kernel's choice
+};
+
+// Runs one product on fresh random inputs and returns y; `want` gets LinearCpu's answer.
+void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::vector<float>* want,
+         const SkinnyWgmmaWorkspace& ws) {
+  const auto x = RandomBf16(size_t(c.rows) * c.in, rng);
+  const auto w = RandomBf16(size_t(c.out) * c.in, rng);
+  std::vector<float> y0(size_t(c.rows) * c.out);
+  for (auto& v : y0) v = testing::RoundBf16(std::normal_distribution<float>(0, 10)(rng));
+  DeviceBuffer<uint16_t> dx, dw, dy16;
+  DeviceBuffer<float> dy32;
+  dx.Upload(x);
+  dw.Upload(w);
+  if (c.fp32) {
+    dy32.Upload(y0);
+    if (!c.accumulate) dy32.Poison();
+  } else {
+    std::vector<uint16_t> bits(y0.size());
+    for (size_t i = 0; i < y0.size(); ++i) bits[i] = FloatToBf16Bits(y0[i]);
+    dy16.Upload(bits);
+    if (!c.accumulate) dy16.Poison();
+  }
+  void* y = c.fp32 ? static_cast<void*>(dy32.get()) : static_cast<void*>(dy16.get());
+  const absl::Status st = SkinnyWgmmaLinearCuda(
+      AsBf16(dx), AsBf16(dw), c.rows, c.in, c.out, y,
+      c.fp32 ? GemmOutputType::kFp32 : GemmOutputType::kBf16, c.accumulate, ws, nullptr,
+      c.splits);
+  ASSERT_TRUE(st.ok()) << st;
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  *want = y0;
+  const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
+  LinearCpu(xf.data(), wf.data(), c.rows, c.in, c.out, want->data(), c.accumulate);
+  *got = c.fp32 ? dy32.Download() : Bf16ToFloats(dy16.Download());
+}
+
+// Against LinearCpu on the same bf16 inputs, with the tolerances of gemm_test.cc: fp32 sums in
+// another order (~1e-6 relative), and a bf16 output adds half an ulp (with accumulate, the
+// rounded sum of two values). Rows cover each row tile (8, 16, 32, 64) full and partial; out
+// covers a partial 64-feature tile; in a partial 64-element K block; splits 1 to 3.
+TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+    GTEST_SKIP() << "needs a compute capability 9.0 device";
+  }
+  SkinnyWgmmaWorkspace ws;
+  ASSERT_TRUE(ws.Init().ok());
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<Case> cases;
+  for (int rows : {1, 7, 8, 13, 16, 32, 33, 64}) {
+    cases.push_back({rows, 576, 99, true, false, 1});
+    cases.push_back({rows, 4096, 4096, true, true, 0});
+    cases.push_back({rows, 4104, 200, false, false, 1});
+    cases.push_back({rows, 1024, 128, false, true, 1});
+    cases.push_back({rows, 14336, 256, true, false, 3});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " fp32 "
+                                      << c.fp32 << " accumulate " << c.accumulate << " splits "
+                                      << c.splits);
+    std::vector<float> got, want;
+    RunProduct(c, rng, &got, &want, ws);
+    if (::testing::Test::HasFatalFailure()) return;
+    const double rms = testing::Rms(want);
+    EXPECT_TRUE(testing::AllClose(got, want,
+                                  c.fp32 ? testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}
+                                         : testing::Tolerance{1e-2 * rms, 1.0 / 128, 5e-3}));
+  }
+}
+
+// Split K adds the splits in a fixed order: the same inputs give the same bits every time.
+TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+    GTEST_SKIP() << "needs a compute capability 9.0 device";
+  }
+  SkinnyWgmmaWorkspace ws;
+  ASSERT_TRUE(ws.Init().ok());
+  std::mt19937 rng(testing::FreshSeed());
+  const int rows = 32, in = 14336, out = 4096;
+  const auto x = RandomBf16(size_t(rows) * in, rng);
+  const auto w = RandomBf16(size_t(out) * in, rng);
+  DeviceBuffer<uint16_t> dx, dw;
+  DeviceBuffer<float> dy(size_t(rows) * out);
+  dx.Upload(x);
+  dw.Upload(w);
+  std::vector<float> first;
+  for (int run = 0; run < 5; ++run) {
+    dy.Poison();
+    ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), rows, in, out, dy.get(),
+                                      GemmOutputType::kFp32, false, ws, nullptr, 4)
+                    .ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<float> y = dy.Download();
+    if (run == 0) {
+      first = y;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float))) << run;
+    }
+  }
+}
+
+TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {
+  SkinnyWgmmaWorkspace ws;  // not initialized: no split may run
+  EXPECT_FALSE(SkinnyWgmmaLinearSupports(65, 4096, 64, nullptr, nullptr, nullptr));
+  EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 4100, 64, nullptr, nullptr, nullptr));
+  EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 32, 64, nullptr, nullptr, nullptr));
+  EXPECT_EQ(SkinnyWgmmaLinearCuda(nullptr, nullptr, 0, 4096, 64, nullptr, GemmOutputType::kFp32,
+                                  false, ws, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lazyattn
