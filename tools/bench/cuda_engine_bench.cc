@@ -374,6 +374,8 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
   ASSIGN_OR_RETURN(auto tuned, CublasLtGemm::Create());
   ASSIGN_OR_RETURN(auto cublas_only, CublasLtGemm::Create());
   cublas_only->set_skinny(false);
+  SkinnyWgmmaWorkspace wgmma_ws;
+  if (with_wgmma) RETURN_IF_ERROR(wgmma_ws.Init());
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
@@ -391,12 +393,10 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
         RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&w[k]), w_bytes));
         RETURN_IF_ERROR(FillNormalBf16(w[k], sh.in * sh.out, 1, 1 + k, 0, 0.02f, nullptr));
       }
-      auto time_us = [&](bool cold, CublasLtGemm* gemm) -> absl::StatusOr<double> {
-        auto run = [&](int r) {
-          return gemm->Linear(x, w[cold ? r % copies : 0], rows, sh.in, sh.out, y, sh.type, true,
-                              nullptr);
-        };
-        RETURN_IF_ERROR(run(0));  // autotuning on the first call
+      // Mean time of 24 calls after one untimed call (cuBLASLt autotunes there); `run(r)` is
+      // the r-th call.
+      auto mean_us = [&](const std::function<absl::Status(int)>& run) -> absl::StatusOr<double> {
+        RETURN_IF_ERROR(run(0));
         constexpr int kReps = 24;
         cudaEventRecord(start);
         for (int r = 0; r < kReps; ++r) RETURN_IF_ERROR(run(r + 1));
@@ -406,25 +406,20 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
         cudaEventElapsedTime(&ms, start, stop);
         return 1000.0 * ms / kReps;
       };
+      auto time_us = [&](bool cold, CublasLtGemm* gemm) {
+        return mean_us([&](int r) {
+          return gemm->Linear(x, w[cold ? r % copies : 0], rows, sh.in, sh.out, y, sh.type, true,
+                              nullptr);
+        });
+      };
       // The few-row wgmma kernel (kernels/cuda/skinny_wgmma_linear.h, work in progress), same
       // calls, same weights; only with --wgmma-gemm until its test has passed on a GPU.
-      static SkinnyWgmmaWorkspace wgmma_ws;
       double wgmma_cold = 0;
       if (with_wgmma && SkinnyWgmmaLinearSupports(rows, sh.in, sh.out, x, w[0], y)) {
-        RETURN_IF_ERROR(wgmma_ws.Init());
-        auto run = [&](int r) {
-          return SkinnyWgmmaLinearCuda(x, w[r % copies], rows, sh.in, sh.out, y, sh.type, true,
-                                       wgmma_ws, nullptr);
-        };
-        RETURN_IF_ERROR(run(0));
-        constexpr int kReps = 24;
-        cudaEventRecord(start);
-        for (int r = 0; r < kReps; ++r) RETURN_IF_ERROR(run(r + 1));
-        cudaEventRecord(stop);
-        RETURN_IF_CUDA_ERROR(cudaEventSynchronize(stop));
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        wgmma_cold = 1000.0 * ms / kReps;
+        ASSIGN_OR_RETURN(wgmma_cold, mean_us([&](int r) {
+                           return SkinnyWgmmaLinearCuda(x, w[r % copies], rows, sh.in, sh.out, y,
+                                                        sh.type, true, wgmma_ws, nullptr);
+                         }));
       }
       ASSIGN_OR_RETURN(const double warm, time_us(false, tuned.get()));
       ASSIGN_OR_RETURN(const double cold, time_us(true, tuned.get()));
