@@ -1,12 +1,21 @@
 // Few-row linear layers on Hopper tensor cores (skinny_wgmma_linear.h has the contract).
 //
-// CTA = one consumer warpgroup (warps 0-3) + one producer warp (warp 4); it owns 64 output
+// CTA = one consumer warpgroup (warps 0-3) + one producer warp (warp 4); it owns 64 * kM output
 // features (`tile`) and a range of K (`split`). Per stage the producer's lane 0 TMA-loads the
-// 64 x 64 weight tile and the rows x 64 tile of x into 128-byte-swizzled shared memory and
-// arms the stage's "full" mbarrier with their byte count; the consumers wait on it, issue four
+// (64 kM) x 64 weight tile and the rows x 64 tile of x into 128-byte-swizzled shared memory and
+// arms the stage's "full" mbarrier with their byte count; the consumers wait on it, issue 4 kM
 // wgmma m64nNk16 (K = 64), wait for them, and arrive on the stage's "empty" mbarrier, which the
-// producer waits on before it refills the stage. The accumulator is y^T for the tile: 64 x N
-// fp32, N/2 registers a thread.
+// producer waits on before it refills the stage. The accumulator is y^T for the tile: kM blocks
+// of 64 x N fp32, N/2 registers a thread each.
+//
+// Why kM > 1: every CTA reads the whole rows x K-range tile of x, so x's traffic from L2 is
+// (number of tiles) x (size of x); at 64 rows and 64 features that equals the weights' own
+// bytes. Measured on the H200 (2026-12-01), wider tiles paid only where 64-feature tiles
+// outnumber the CTA slots (gate_up, the LM head); elsewhere the extra CTAs of narrow tiles won.
+//
+// Split K: each split stores its fp32 partial tile in the workspace, and the split that arrives
+// last (a per-tile counter) adds all of them in split order and writes y. The order is fixed,
+// so results are the same from run to run, and a bf16 y is rounded once.
 #include "kernels/cuda/skinny_wgmma_linear.h"
 
 #include <cuda.h>
@@ -23,29 +32,45 @@
 namespace lazyattn {
 namespace {
 
-constexpr int kTileN = 64;  // output features per CTA: wgmma's M
+constexpr int kTileM = 64;  // output features per wgmma: its M
 constexpr int kTileK = 64;  // K per stage: one 128-byte swizzle row of bf16
-constexpr int kStages = 8;
-constexpr int kConsumers = 128;  // one warpgroup
+constexpr int kMaxStages = 8;
+// Shared memory for a CTA's pipeline stages, below the 227 KB a CTA may have. Deep pipelines
+// measured best: a 72 KB budget (three CTAs an SM at every row count, 4-6 stages at 32-64 rows)
+// was 0-15 % slower at 32-64 rows and 35 % slower on the unsplit 128-feature tiles
+// (2026-12-01, docs/kernels.md).
+constexpr int kSmemBudget = 200 * 1024;
+
+// Stages of `stage_bytes` each a CTA gets: what the budget holds, 2 to kMaxStages.
+constexpr int StagesFor(int stage_bytes) {
+  const int n = kSmemBudget / stage_bytes;
+  return n < 2 ? 2 : n > kMaxStages ? kMaxStages : n;
+}
+constexpr int kConsumers = 128;          // one warpgroup
 constexpr int kThreads = kConsumers + 32;
 constexpr int kMaxSplits = 8;
+constexpr int64_t kPartialFloats = int64_t{8} << 20;  // 32 MB of split-K partial tiles
 
-template <int kRows>
+template <int kRows, int kM>
 struct Layout {
-  static constexpr int kABytes = kTileN * kTileK * 2;  // weights
-  static constexpr int kBBytes = kRows * kTileK * 2;   // x
+  static constexpr int kFeatures = kTileM * kM;
+  static constexpr int kABytes = kFeatures * kTileK * 2;  // weights
+  static constexpr int kBBytes = kRows * kTileK * 2;      // x
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kStageBytes % 1024 == 0, "swizzled tiles must stay 1024-byte aligned");
+  static constexpr int kStages = StagesFor(kStageBytes);
   static constexpr int kFull = kStages * kStageBytes;  // mbarriers: full[kStages], empty[kStages]
   static constexpr int kEmpty = kFull + kStages * 8;
   static constexpr int kBytes = kEmpty + kStages * 8 + 1024;  // + realignment of the base
+  static constexpr int kAccumulators = kM * kRows / 2;        // fp32 registers a thread
 };
 
 struct Params {
   void* y;
   int rows, in, out, k_blocks, splits;
   bool y_fp32, accumulate;
-  int* counters;
+  int* counters;    // one per tile, zero between calls
+  float* partials;  // [splits][tiles][accumulators][kConsumers] when splits > 1
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -82,14 +107,28 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// TMA: the box at (c0 = k, c1 = row) of `map` into shared memory at `dst`, completing on `bar`.
+// TMA: the box at (c0 = k, c1 = row) of `map` into shared memory at `dst`, completing on `bar`,
+// with an L2 eviction policy (weights are read once: evict first; x is read by every tile:
+// evict last).
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          uint32_t bar) {
+                                          uint32_t bar, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
       : "memory");
+}
+
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ uint64_t EvictLastPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 
 // wgmma shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
@@ -168,18 +207,20 @@ __device__ __forceinline__ int AccFeature(int w, int l, int i) {
 }
 __device__ __forceinline__ int AccRow(int l, int i) { return 8 * (i / 4) + 2 * (l % 4) + (i % 2); }
 
-template <int kRows>
+template <int kRows, int kM>
 __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
     const Params p) {
-  using L = Layout<kRows>;
+  using L = Layout<kRows, kM>;
+  constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
+  __shared__ int is_last_split;
   // Swizzled tiles need 1024-byte alignment; dynamic shared memory only promises 16.
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   const uint32_t base = SmemAddr(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = blockIdx.x, tile = blockIdx.y;
-  const int n0 = tile * kTileN;
+  const int n0 = tile * L::kFeatures;
   const int per = (p.k_blocks + p.splits - 1) / p.splits;
   const int kb_begin = min(p.k_blocks, split * per), kb_end = min(p.k_blocks, kb_begin + per);
   const int steps = kb_end - kb_begin;
@@ -200,24 +241,25 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
 
   if (warp == kConsumers / 32) {  // producer
     if (lane == 0) {
+      const uint64_t weights_policy = EvictFirstPolicy(), x_policy = EvictLastPolicy();
       // Weights first: they never depend on the previous kernel, so their stages are in flight
       // before the wait (launch_overlap.cuh).
       const int first = min(steps, kStages);
       for (int i = 0; i < first; ++i) {
         MbarArriveExpectTx(full(i), L::kStageBytes);
-        TmaLoad2d(a_tile(i), &map_w, (kb_begin + i) * kTileK, n0, full(i));
+        TmaLoad2d(a_tile(i), &map_w, (kb_begin + i) * kTileK, n0, full(i), weights_policy);
       }
       WaitForPrerequisiteGrid();
       AllowDependentLaunch();
       for (int i = 0; i < first; ++i) {
-        TmaLoad2d(b_tile(i), &map_x, (kb_begin + i) * kTileK, 0, full(i));
+        TmaLoad2d(b_tile(i), &map_x, (kb_begin + i) * kTileK, 0, full(i), x_policy);
       }
       for (int i = kStages; i < steps; ++i) {
         const int s = i % kStages;
         MbarWait(empty(s), ((i / kStages) - 1) & 1);
         MbarArriveExpectTx(full(s), L::kStageBytes);
-        TmaLoad2d(a_tile(s), &map_w, (kb_begin + i) * kTileK, n0, full(s));
-        TmaLoad2d(b_tile(s), &map_x, (kb_begin + i) * kTileK, 0, full(s));
+        TmaLoad2d(a_tile(s), &map_w, (kb_begin + i) * kTileK, n0, full(s), weights_policy);
+        TmaLoad2d(b_tile(s), &map_x, (kb_begin + i) * kTileK, 0, full(s), x_policy);
       }
     } else {
       WaitForPrerequisiteGrid();
@@ -229,60 +271,102 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   // Consumers.
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
-  float d[kRows / 2];
+  float d[kM][kRows / 2];
 #pragma unroll
-  for (int i = 0; i < kRows / 2; ++i) d[i] = 0.f;
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) d[m][i] = 0.f;
+  }
   for (int i = 0; i < steps; ++i) {
     const int s = i % kStages;
     MbarWait(full(s), (i / kStages) & 1);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk) {
-      Wgmma<kRows>(d, Desc(a_tile(s) + 32 * kk), Desc(b_tile(s) + 32 * kk));
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        // Feature block m starts 64 swizzled 128-byte rows (8 KB) into the weight tile.
+        Wgmma<kRows>(d[m], Desc(a_tile(s) + m * kTileM * 128 + 32 * kk),
+                     Desc(b_tile(s) + 32 * kk));
+      }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     if (lane == 0) MbarArrive(empty(s));
   }
 
-  // Epilogue: the splits of a tile add into y one after another, in split order.
-  const bool ordered = p.splits > 1;
-  if (ordered && split > 0) {
-    if (threadIdx.x == 0) {
-      int turn = -1;
-      uint32_t polls = 0;
-      do {
-        if (++polls == kMaxPolls) __trap();
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];"
-                     : "=r"(turn)
-                     : "l"(p.counters + tile)
-                     : "memory");
-      } while (turn != split);
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-  }
-  const bool add = p.accumulate || split > 0;
+  if (p.splits > 1) {
+    // Store this split's partial tile (coalesced: element j of every thread is contiguous).
+    const int64_t tile_floats = int64_t{L::kAccumulators} * kConsumers;
+    float* mine = p.partials + (int64_t{split} * gridDim.y + tile) * tile_floats;
 #pragma unroll
-  for (int i = 0; i < kRows / 2; ++i) {
-    const int r = AccRow(lane, i), n = n0 + AccFeature(warp, lane, i);
-    if (r >= p.rows || n >= p.out) continue;
-    const int64_t at = static_cast<int64_t>(r) * p.out + n;
-    if (p.y_fp32) {
-      // Read through L2 (__ldcg): the previous split's sums were written by another SM.
-      float* y = static_cast<float*>(p.y) + at;
-      *y = add ? __ldcg(y) + d[i] : d[i];
-    } else {
-      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.y) + at;
-      *y = __float2bfloat16_rn(add ? __bfloat162float(*y) + d[i] : d[i]);
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        __stcg(mine + (m * (kRows / 2) + i) * kConsumers + threadIdx.x, d[m][i]);
+      }
     }
-  }
-  if (ordered) {
     __threadfence();
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
     if (threadIdx.x == 0) {
-      const int next = split + 1 == p.splits ? 0 : split + 1;  // the last split resets it
-      asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p.counters + tile), "r"(next)
-                   : "memory");
+      const int arrived = atomicAdd(p.counters + tile, 1);
+      is_last_split = arrived == p.splits - 1;
+      if (is_last_split) atomicExch(p.counters + tile, 0);  // zero for the next call
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+    if (!is_last_split) return;
+    __threadfence();
+    // Sum every split's partial in split order, all read back from the workspace (this split's
+    // too, so the accumulators can hold the sum). The inner loop is unrolled, so each split's
+    // loads are in flight together; a loop over splits per element would pay one L2 latency a
+    // load.
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) d[m][i] = 0.f;
+    }
+    for (int s = 0; s < p.splits; ++s) {
+      const float* part = p.partials + (int64_t{s} * gridDim.y + tile) * tile_floats;
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) {
+          d[m][i] += __ldcg(part + (m * (kRows / 2) + i) * kConsumers + threadIdx.x);
+        }
+      }
+    }
+  }
+
+  // Epilogue: y (+)= the tile. All loads of y first, then all stores: interleaved, every load
+  // would wait for the store before it (the compiler cannot prove they differ), one memory
+  // latency per element.
+  auto y_index = [&](int m, int i) -> int64_t {
+    const int r = AccRow(lane, i), n = n0 + m * kTileM + AccFeature(warp, lane, i);
+    return r < p.rows && n < p.out ? static_cast<int64_t>(r) * p.out + n : -1;
+  };
+  if (p.accumulate) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        const int64_t at = y_index(m, i);
+        if (at < 0) continue;
+        d[m][i] += p.y_fp32 ? static_cast<const float*>(p.y)[at]
+                            : __bfloat162float(static_cast<const __nv_bfloat16*>(p.y)[at]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
+      const int64_t at = y_index(m, i);
+      if (at < 0) continue;
+      if (p.y_fp32) {
+        static_cast<float*>(p.y)[at] = d[m][i];
+      } else {
+        static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(d[m][i]);
+      }
     }
   }
 }
@@ -331,32 +415,96 @@ int SmCount() {
   return count;
 }
 
-template <int kRows>
+template <int kRows, int kM>
 absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_x, const Params& p,
                     cudaStream_t stream) {
+  using L = Layout<kRows, kM>;
   static const absl::Status attr = [] {
-    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows>,
+    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows, kM>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Layout<kRows>::kBytes));
+                                              L::kBytes));
     return absl::OkStatus();
   }();
   if (!attr.ok()) return attr;
-  const dim3 grid(p.splits, (p.out + kTileN - 1) / kTileN);
-  RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows>, grid, dim3(kThreads),
-                                        Layout<kRows>::kBytes, stream, map_w, map_x, p));
+  const dim3 grid(p.splits, (p.out + L::kFeatures - 1) / L::kFeatures);
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM>, grid, dim3(kThreads),
+                                        L::kBytes, stream, map_w, map_x, p));
   return absl::OkStatus();
+}
+
+template <int kRows>
+absl::Status LaunchRows(int m, const CUtensorMap& map_w, const CUtensorMap& map_x,
+                        const Params& p, cudaStream_t stream) {
+  switch (m) {
+    case 1:
+      return Launch<kRows, 1>(map_w, map_x, p, stream);
+    case 2:
+      return Launch<kRows, 2>(map_w, map_x, p, stream);
+    default:
+      return Launch<kRows, 4>(map_w, map_x, p, stream);
+  }
+}
+
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// The K splits a tile width allows: enough K blocks per split to fill a pipeline, and partial
+// tiles that fit the workspace.
+int MaxSplits(int m, int row_tile, int64_t in, int64_t out) {
+  const int tiles = CeilDiv(out, kTileM * m);
+  const int64_t tile_floats = int64_t{kTileM} * m * row_tile;
+  const int64_t by_space = kPartialFloats / (tile_floats * tiles);
+  return static_cast<int>(std::clamp<int64_t>(
+      std::min<int64_t>(CeilDiv(in, kTileK) / 4, by_space), 1, kMaxSplits));
+}
+
+// CTAs of one configuration an SM holds: shared memory is what limits them (228 KB an SM, of
+// which each CTA also takes 1 KB for the system).
+int CtasPerSm(int m, int row_tile) {
+  const int stage = (kTileM * m + row_tile) * kTileK * 2;
+  const int stages = StagesFor(stage);
+  const int bytes = stages * (stage + 16) + 1024 + 1024;
+  return std::max(1, 228 * 1024 / bytes);
+}
+
+// Tile width and K splits for a product (the caller's where it gave them): 64-feature tiles
+// with as many K splits as fill every CTA slot once, or, where the 64-feature tiles alone
+// outnumber the slots (gate_up, the LM head), 128-feature tiles unsplit. Derived from timing
+// every cut of the llama3-8b products at 1-64 rows on the H200 (docs/kernels.md); 256-feature
+// tiles, which re-read x least, were never the best: one CTA an SM.
+SkinnyWgmmaConfig Choose(int row_tile, int64_t in, int64_t out, SkinnyWgmmaConfig config) {
+  int features = config.tile_features;
+  if (features == 0) {
+    features = CeilDiv(out, kTileM) > SmCount() * CtasPerSm(1, row_tile) ? 2 * kTileM : kTileM;
+  }
+  const int m = features / kTileM;
+  const int tiles = CeilDiv(out, features);
+  const int max_splits = MaxSplits(m, row_tile, in, out);
+  const int splits = config.splits > 0
+                         ? std::min(config.splits, max_splits)
+                         : std::clamp(SmCount() * CtasPerSm(m, row_tile) / tiles, 1, max_splits);
+  return {.tile_features = features, .splits = splits};
 }
 
 }  // namespace
 
 SkinnyWgmmaWorkspace::~SkinnyWgmmaWorkspace() {
   if (counters_ != nullptr) cudaFree(counters_);
+  if (partials_ != nullptr) cudaFree(partials_);
 }
 
 absl::Status SkinnyWgmmaWorkspace::Init() {
-  if (counters_ != nullptr) return absl::OkStatus();
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&counters_, kMaxTiles * sizeof(int)));
-  RETURN_IF_CUDA_ERROR(cudaMemset(counters_, 0, kMaxTiles * sizeof(int)));
+  if (partials_ == nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&partials_, kPartialFloats * sizeof(float)));
+  }
+  if (counters_ == nullptr) {
+    int* counters = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&counters, kMaxTiles * sizeof(int)));
+    if (const cudaError_t e = cudaMemset(counters, 0, kMaxTiles * sizeof(int)); e != cudaSuccess) {
+      cudaFree(counters);
+      RETURN_IF_CUDA_ERROR(e);
+    }
+    counters_ = counters;  // published only once zeroed: a retry starts over
+  }
   return absl::OkStatus();
 }
 
@@ -373,56 +521,63 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
   }();
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return hopper && rows >= 1 && rows <= 64 && in >= kTileK && in % 8 == 0 && out >= 1 &&
-         (out + kTileN - 1) / kTileN <= SkinnyWgmmaWorkspace::kMaxTiles &&
-         in <= (int64_t{1} << 30) && aligned(x) && aligned(w) && aligned(y);
+         CeilDiv(out, kTileM) <= SkinnyWgmmaWorkspace::kMaxTiles && in <= (int64_t{1} << 30) &&
+         aligned(x) && aligned(w) && aligned(y);
 }
 
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
                                    int64_t in, int64_t out, void* y, GemmOutputType y_type,
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
-                                   cudaStream_t stream, int splits) {
+                                   cudaStream_t stream, SkinnyWgmmaConfig config) {
   if (!SkinnyWgmmaLinearSupports(rows, in, out, x, w, y)) {
     return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: unsupported product ",
                                                    rows, "x", in, " * ", out, "x", in, "^T"));
   }
-  const bool fp32 = y_type == GemmOutputType::kFp32;
-  const int tiles = static_cast<int>((out + kTileN - 1) / kTileN);
-  const int k_blocks = static_cast<int>((in + kTileK - 1) / kTileK);
-  if (splits <= 0) {
-    // Fill the SMs once; a bf16 y is written once, never summed in bf16.
-    splits = fp32 ? std::clamp(SmCount() / tiles, 1, kMaxSplits) : 1;
+  if (config.tile_features != 0 && config.tile_features != 64 && config.tile_features != 128 &&
+      config.tile_features != 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: tile_features must be 64, 128 or 256, not ", config.tile_features));
   }
-  splits = std::clamp(std::min(splits, k_blocks), 1, kMaxSplits);
-  if (splits > 1 && !fp32) {
-    return absl::InvalidArgumentError("skinny wgmma linear: split K needs an fp32 output");
+  if (config.splits < 0 || config.splits > kMaxSplits) {
+    return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: splits must be 0 to ",
+                                                   kMaxSplits, ", not ", config.splits));
   }
-  if (splits > 1 && workspace.counters() == nullptr) {
+  const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  const SkinnyWgmmaConfig chosen = Choose(row_tile, in, out, config);
+  if (chosen.splits > 1 && (workspace.counters() == nullptr || workspace.partials() == nullptr)) {
     return absl::InvalidArgumentError(
         "skinny wgmma linear: split K needs an initialized workspace");
   }
-  const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  const int m = chosen.tile_features / kTileM;
   CUtensorMap map_w, map_x;
-  RETURN_IF_ERROR(MakeMap(&map_w, w, out, in, kTileN));
+  RETURN_IF_ERROR(MakeMap(&map_w, w, out, in, chosen.tile_features));
   RETURN_IF_ERROR(MakeMap(&map_x, x, rows, in, row_tile));
   const Params p{.y = y,
                  .rows = static_cast<int>(rows),
                  .in = static_cast<int>(in),
                  .out = static_cast<int>(out),
-                 .k_blocks = k_blocks,
-                 .splits = splits,
-                 .y_fp32 = fp32,
+                 .k_blocks = CeilDiv(in, kTileK),
+                 .splits = chosen.splits,
+                 .y_fp32 = y_type == GemmOutputType::kFp32,
                  .accumulate = accumulate,
-                 .counters = workspace.counters()};
+                 .counters = workspace.counters(),
+                 .partials = workspace.partials()};
   switch (row_tile) {
     case 8:
-      return Launch<8>(map_w, map_x, p, stream);
+      return LaunchRows<8>(m, map_w, map_x, p, stream);
     case 16:
-      return Launch<16>(map_w, map_x, p, stream);
+      return LaunchRows<16>(m, map_w, map_x, p, stream);
     case 32:
-      return Launch<32>(map_w, map_x, p, stream);
+      return LaunchRows<32>(m, map_w, map_x, p, stream);
     default:
-      return Launch<64>(map_w, map_x, p, stream);
+      return LaunchRows<64>(m, map_w, map_x, p, stream);
   }
+}
+
+SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,
+                                          SkinnyWgmmaConfig config) {
+  const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  return Choose(row_tile, in, out, config);
 }
 
 }  // namespace lazyattn

@@ -4,19 +4,20 @@
 //
 // Why: at 32-64 rows cuBLASLt's kernels stream the weights at 2.3-3.9 TB/s, limited by the bytes
 // each SM keeps in flight (docs/kernels.md, "Small kernels"), where one row reaches 3.0-4.1 on
-// CUDA cores. This kernel computes y^T = W x^T ("swap AB"): 64 output features are wgmma's
-// 64-row A operand, the rows of x its N (8..64), both K-major in 128-byte-swizzled shared memory
-// filled by TMA through a deep pipeline (one producer warp, one consumer warpgroup). Launched
+// CUDA cores. This kernel computes y^T = W x^T ("swap AB"): blocks of 64 output features are
+// wgmma's 64-row A operand, the rows of x its N (8..64), both K-major in 128-byte-swizzled
+// shared memory filled by TMA through a deep pipeline (one producer warp, one consumer
+// warpgroup). A CTA owns 64, 128 or 256 features (wider tiles re-read x fewer times). Launched
 // overlapped (launch_overlap.cuh), the producer issues the first weight stages before it waits
 // for the previous kernel, since weights never depend on it.
 //
-// Split K (for products with few output tiles) adds the splits into y in a fixed order, so
-// results are the same from run to run and between a CUDA graph and an eager launch.
+// Split K (for products with few output tiles) sums the splits' fp32 partials in a fixed order,
+// so results are the same from run to run and between a CUDA graph and an eager launch.
 //
 // Needs sm_90a (compiled only for it); SkinnyWgmmaLinearSupports() says whether a call can run.
-// Status: work in progress, not used by the runner, and not yet run on a GPU (written
-// 2026-12-01 when no device time was left): run skinny_wgmma_linear_test first, then
-// `lazyattn-bench-engine --parts gemm --wgmma-gemm` against cuBLASLt.
+// Status: correct on the H200 (skinny_wgmma_linear_test), but not used by the runner: at 32-64
+// rows it is 2-37 % slower than cuBLASLt, ahead only at 8 rows on some products (docs/kernels.md;
+// `lazyattn-bench-engine --parts gemm --wgmma-gemm` compares them).
 #ifndef LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
 #define LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
 
@@ -30,8 +31,9 @@
 
 namespace lazyattn {
 
-// Scratch the split-K reduction needs: one int counter per 64-feature output tile, zero between
-// calls (each call leaves them zero). One per stream.
+// Scratch the split-K reduction needs: one int counter per output tile, zero between calls (each
+// call leaves them zero), and 32 MB of fp32 partial tiles. One per stream: two calls in flight
+// at once must not share it.
 class SkinnyWgmmaWorkspace {
  public:
   static constexpr int kMaxTiles = 4096;  // out / 64: up to 262,144 output features
@@ -41,9 +43,18 @@ class SkinnyWgmmaWorkspace {
   SkinnyWgmmaWorkspace& operator=(const SkinnyWgmmaWorkspace&) = delete;
   absl::Status Init();
   int* counters() const { return counters_; }
+  float* partials() const { return partials_; }
 
  private:
   int* counters_ = nullptr;
+  float* partials_ = nullptr;
+};
+
+// How a product is cut: output features per CTA and K splits. 0 lets the kernel choose; a
+// splits count the workspace or K cannot hold is lowered.
+struct SkinnyWgmmaConfig {
+  int tile_features = 0;  // 64, 128 or 256
+  int splits = 0;         // 1 to 8
 };
 
 // Whether SkinnyWgmmaLinearCuda can compute this product: 1 <= rows <= 64, in a multiple of 8
@@ -52,13 +63,17 @@ class SkinnyWgmmaWorkspace {
 bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void* x,
                                const void* w, const void* y);
 
-// y[rows][out] = x[rows][in] * w[out][in]^T (+ y when accumulate). `splits` 0 picks the K split
-// from the device (only when y is fp32: a bf16 y is written once); 1 never splits.
-// InvalidArgument where SkinnyWgmmaLinearSupports is false; Internal for CUDA errors.
+// y[rows][out] = x[rows][in] * w[out][in]^T (+ y when accumulate), y fp32 or bf16 (rounded
+// once). InvalidArgument where SkinnyWgmmaLinearSupports is false or `config` is out of range;
+// Internal for CUDA errors.
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
                                    int64_t in, int64_t out, void* y, GemmOutputType y_type,
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
-                                   cudaStream_t stream, int splits = 0);
+                                   cudaStream_t stream, SkinnyWgmmaConfig config = {});
+
+// The cut SkinnyWgmmaLinearCuda makes for this product and `config` (for benchmarks).
+SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,
+                                          SkinnyWgmmaConfig config = {});
 
 }  // namespace lazyattn
 

@@ -25,7 +25,7 @@ const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
 struct Case {
   int rows, in, out;
   bool fp32, accumulate;
-  int splits;  // 0: the kernel's choice
+  SkinnyWgmmaConfig config;  // zeros: the kernel's choice
 };
 
 // Runs one product on fresh random inputs and returns y; `want` gets LinearCpu's answer.
@@ -52,7 +52,7 @@ void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::
   const absl::Status st = SkinnyWgmmaLinearCuda(
       AsBf16(dx), AsBf16(dw), c.rows, c.in, c.out, y,
       c.fp32 ? GemmOutputType::kFp32 : GemmOutputType::kBf16, c.accumulate, ws, nullptr,
-      c.splits);
+      c.config);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_ASSERT(cudaDeviceSynchronize());
   *want = y0;
@@ -64,7 +64,8 @@ void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::
 // Against LinearCpu on the same bf16 inputs, with the tolerances of gemm_test.cc: fp32 sums in
 // another order (~1e-6 relative), and a bf16 output adds half an ulp (with accumulate, the
 // rounded sum of two values). Rows cover each row tile (8, 16, 32, 64) full and partial; out
-// covers a partial 64-feature tile; in a partial 64-element K block; splits 1 to 3.
+// covers partial tiles of each width (64, 128, 256 features); in a partial 64-element K block;
+// splits 1 to 8, into fp32 and bf16 outputs.
 TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
@@ -77,16 +78,20 @@ TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
   std::mt19937 rng(seed);
   std::vector<Case> cases;
   for (int rows : {1, 7, 8, 13, 16, 32, 33, 64}) {
-    cases.push_back({rows, 576, 99, true, false, 1});
-    cases.push_back({rows, 4096, 4096, true, true, 0});
-    cases.push_back({rows, 4104, 200, false, false, 1});
-    cases.push_back({rows, 1024, 128, false, true, 1});
-    cases.push_back({rows, 14336, 256, true, false, 3});
+    cases.push_back({rows, 576, 99, true, false, {64, 1}});
+    cases.push_back({rows, 4096, 4096, true, true, {}});
+    cases.push_back({rows, 4104, 200, false, false, {64, 1}});
+    cases.push_back({rows, 1024, 128, false, true, {128, 1}});
+    cases.push_back({rows, 14336, 256, true, false, {64, 3}});
+    cases.push_back({rows, 2048, 1000, false, true, {128, 3}});
+    cases.push_back({rows, 4096, 300, true, true, {256, 8}});
+    cases.push_back({rows, 1088, 6144, false, false, {256, 2}});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " fp32 "
-                                      << c.fp32 << " accumulate " << c.accumulate << " splits "
-                                      << c.splits);
+                                      << c.fp32 << " accumulate " << c.accumulate << " tile "
+                                      << c.config.tile_features << " splits "
+                                      << c.config.splits);
     std::vector<float> got, want;
     RunProduct(c, rng, &got, &want, ws);
     if (::testing::Test::HasFatalFailure()) return;
@@ -97,7 +102,8 @@ TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
   }
 }
 
-// Split K adds the splits in a fixed order: the same inputs give the same bits every time.
+// Split K adds the splits in a fixed order: the same inputs give the same bits every time,
+// whichever split happens to finish last.
 TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
   SKIP_WITHOUT_GPU();
   if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
@@ -117,7 +123,7 @@ TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
   for (int run = 0; run < 5; ++run) {
     dy.Poison();
     ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), rows, in, out, dy.get(),
-                                      GemmOutputType::kFp32, false, ws, nullptr, 4)
+                                      GemmOutputType::kFp32, false, ws, nullptr, {128, 4})
                     .ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
     const std::vector<float> y = dy.Download();
@@ -136,6 +142,21 @@ TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {
   EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 32, 64, nullptr, nullptr, nullptr));
   EXPECT_EQ(SkinnyWgmmaLinearCuda(nullptr, nullptr, 0, 4096, 64, nullptr, GemmOutputType::kFp32,
                                   false, ws, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) return;  // needs sm_90
+  DeviceBuffer<uint16_t> x(64 * 1024), w(64 * 1024);
+  DeviceBuffer<float> y(64 * 64);
+  for (const SkinnyWgmmaConfig bad : {SkinnyWgmmaConfig{96, 1}, SkinnyWgmmaConfig{64, 9},
+                                      SkinnyWgmmaConfig{64, -1}}) {
+    EXPECT_EQ(SkinnyWgmmaLinearCuda(AsBf16(x), AsBf16(w), 64, 1024, 64, y.get(),
+                                    GemmOutputType::kFp32, false, ws, nullptr, bad)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Split K without an initialized workspace is refused, not run.
+  EXPECT_EQ(SkinnyWgmmaLinearCuda(AsBf16(x), AsBf16(w), 64, 1024, 64, y.get(),
+                                  GemmOutputType::kFp32, false, ws, nullptr, {64, 2})
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -357,8 +357,8 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
 absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
   std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
             << "| rows | product | warm us | cold us | cold weight TB/s | cuBLASLt cold us | "
-               "wgmma swap-AB cold us (work in progress) |\n"
-            << "|---|---|---|---|---|---|---|\n";
+               "wgmma swap-AB cold us (features/splits) | best wgmma cut cold us |\n"
+            << "|---|---|---|---|---|---|---|---|\n";
   struct Shape {
     const char* name;
     int64_t in, out;
@@ -412,14 +412,33 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
                               nullptr);
         });
       };
-      // The few-row wgmma kernel (kernels/cuda/skinny_wgmma_linear.h, work in progress), same
-      // calls, same weights; only with --wgmma-gemm until its test has passed on a GPU.
-      double wgmma_cold = 0;
+      // The few-row wgmma kernel (kernels/cuda/skinny_wgmma_linear.h), same calls, same
+      // weights, with its own choice of cut and with the best of every cut.
+      double wgmma_cold = 0, best_cold = 0;
+      std::string wgmma_cell = "-", best_cell = "-";
       if (with_wgmma && SkinnyWgmmaLinearSupports(rows, sh.in, sh.out, x, w[0], y)) {
-        ASSIGN_OR_RETURN(wgmma_cold, mean_us([&](int r) {
-                           return SkinnyWgmmaLinearCuda(x, w[r % copies], rows, sh.in, sh.out, y,
-                                                        sh.type, true, wgmma_ws, nullptr);
-                         }));
+        auto wgmma_us = [&](SkinnyWgmmaConfig config) {
+          return mean_us([&](int r) {
+            return SkinnyWgmmaLinearCuda(x, w[r % copies], rows, sh.in, sh.out, y, sh.type, true,
+                                         wgmma_ws, nullptr, config);
+          });
+        };
+        auto cut = [&](SkinnyWgmmaConfig asked) {
+          const SkinnyWgmmaConfig c = SkinnyWgmmaChosenConfig(rows, sh.in, sh.out, asked);
+          return absl::StrCat(c.tile_features, "/", c.splits);
+        };
+        ASSIGN_OR_RETURN(wgmma_cold, wgmma_us({}));
+        wgmma_cell = absl::StrCat(wgmma_cold, " (", cut({}), ")");
+        // Every cut, to check the kernel's own choice against the best one.
+        for (int features : {64, 128, 256}) {
+          for (int splits : {1, 2, 3, 4, 6, 8}) {
+            ASSIGN_OR_RETURN(const double us, wgmma_us({features, splits}));
+            if (best_cold == 0 || us < best_cold) {
+              best_cold = us;
+              best_cell = absl::StrCat(us, " (", cut({features, splits}), ")");
+            }
+          }
+        }
       }
       ASSIGN_OR_RETURN(const double warm, time_us(false, tuned.get()));
       ASSIGN_OR_RETURN(const double cold, time_us(true, tuned.get()));
@@ -430,11 +449,11 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
       const double tbs = w_bytes / (cold * 1e-6) / 1e12;
       std::cout << absl::StrCat("| ", rows, " | ", sh.name, " ", sh.in, "->", sh.out, " | ", warm,
                                 " | ", cold, " | ", tbs, " | ", cublas_cold, " | ",
-                                wgmma_cold > 0 ? absl::StrCat(wgmma_cold) : std::string("-"),
-                                " |\n");
+                                wgmma_cell, " | ", best_cell, " |\n");
       out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"warm_us", warm},
                              {"cold_us", cold}, {"cold_weight_tbs", tbs},
-                             {"cublaslt_cold_us", cublas_cold}, {"wgmma_cold_us", wgmma_cold}});
+                             {"cublaslt_cold_us", cublas_cold}, {"wgmma_cold_us", wgmma_cold},
+                             {"wgmma_best_cold_us", best_cold}, {"wgmma_best_cut", best_cell}});
       cudaFree(x);
       for (auto* p : w) cudaFree(p);
       cudaFree(y);
