@@ -37,7 +37,7 @@ constexpr int kTileK = 64;  // K per stage: one 128-byte swizzle row of bf16
 constexpr int kMaxStages = 8;
 // Shared memory for a CTA's pipeline stages, below the 227 KB a CTA may have. Deep pipelines
 // measured best: a 72 KB budget (three CTAs an SM at every row count, 4-6 stages at 32-64 rows)
-// was 0-15 % slower at 32-64 rows and 35 % slower on the unsplit 128-feature tiles
+// was 0-15 % slower at 32-64 rows and 30-34 % slower on the unsplit 128-feature tiles
 // (2026-12-01, docs/kernels.md).
 constexpr int kSmemBudget = 200 * 1024;
 
