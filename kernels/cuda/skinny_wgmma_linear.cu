@@ -10,8 +10,9 @@
 //
 // Why kM > 1: every CTA reads the whole rows x K-range tile of x, so x's traffic from L2 is
 // (number of tiles) x (size of x); at 64 rows and 64 features that equals the weights' own
-// bytes. Measured on the H200 (2026-12-01), wider tiles paid only where 64-feature tiles
-// outnumber the CTA slots (gate_up, the LM head); elsewhere the extra CTAs of narrow tiles won.
+// bytes. Measured on the H200 (2026-12-01, every cut of the llama3-8b products at 1-64 rows),
+// 64-feature tiles were the best cut for 14 of 20 (product, rows) pairs, 128-feature tiles for
+// down at 1-8 rows and gate_up at 8 and 64 rows, 256-feature tiles once (the 8-row LM head).
 //
 // Split K: each split stores its fp32 partial tile in the workspace, and the split that arrives
 // last (a per-tile counter) adds all of them in split order and writes y. The order is fixed,
@@ -36,9 +37,9 @@ constexpr int kTileM = 64;  // output features per wgmma: its M
 constexpr int kTileK = 64;  // K per stage: one 128-byte swizzle row of bf16
 constexpr int kMaxStages = 8;
 // Shared memory for a CTA's pipeline stages, below the 227 KB a CTA may have. Deep pipelines
-// measured best: a 72 KB budget (three CTAs an SM at every row count, 4-6 stages at 32-64 rows)
-// was 0-15 % slower at 32-64 rows and 30-34 % slower on the unsplit 128-feature tiles
-// (2026-12-01, docs/kernels.md).
+// measured best: a 72 KB budget (three 64-feature CTAs an SM at every row count, 4-6 stages at
+// 32-64 rows) was 0-15 % slower on 64-feature tiles at 32-64 rows and 30-34 % slower on the
+// unsplit 128-feature tiles (2026-12-01, docs/kernels.md).
 constexpr int kSmemBudget = 200 * 1024;
 
 // Stages of `stage_bytes` each a CTA gets: what the budget holds, 2 to kMaxStages.
@@ -221,8 +222,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = blockIdx.x, tile = blockIdx.y;
   const int n0 = tile * L::kFeatures;
-  const int per = (p.k_blocks + p.splits - 1) / p.splits;
-  const int kb_begin = min(p.k_blocks, split * per), kb_end = min(p.k_blocks, kb_begin + per);
+  // Splits differ by at most one K block (MaxSplits keeps them at >= 4 blocks on average).
+  const int kb_begin = split * p.k_blocks / p.splits;
+  const int kb_end = (split + 1) * p.k_blocks / p.splits;
   const int steps = kb_end - kb_begin;
   auto full = [&](int s) { return base + L::kFull + 8 * s; };
   auto empty = [&](int s) { return base + L::kEmpty + 8 * s; };
@@ -415,17 +417,32 @@ int SmCount() {
   return count;
 }
 
+// Opts the kernel instance into its shared memory (once) and reports how many of its CTAs an SM
+// holds (0 when the attribute could not be set).
+template <int kRows, int kM>
+int CtasPerSmOf() {
+  static const int ctas = [] {
+    using L = Layout<kRows, kM>;
+    int n = 0;
+    if (cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows, kM>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             L::kBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SkinnyWgmmaKernel<kRows, kM>, kThreads,
+                                                      L::kBytes) != cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  return ctas;
+}
+
 template <int kRows, int kM>
 absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_x, const Params& p,
                     cudaStream_t stream) {
   using L = Layout<kRows, kM>;
-  static const absl::Status attr = [] {
-    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows, kM>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              L::kBytes));
-    return absl::OkStatus();
-  }();
-  if (!attr.ok()) return attr;
+  if (CtasPerSmOf<kRows, kM>() == 0) {
+    return absl::InternalError("skinny wgmma linear: the kernel's shared memory does not fit");
+  }
   const dim3 grid(p.splits, (p.out + L::kFeatures - 1) / L::kFeatures);
   RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM>, grid, dim3(kThreads),
                                         L::kBytes, stream, map_w, map_x, p));
@@ -447,8 +464,8 @@ absl::Status LaunchRows(int m, const CUtensorMap& map_w, const CUtensorMap& map_
 
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// The K splits a tile width allows: enough K blocks per split to fill a pipeline, and partial
-// tiles that fit the workspace.
+// The K splits a tile width allows: at least 4 K blocks per split on average, and partial tiles
+// that fit the workspace.
 int MaxSplits(int m, int row_tile, int64_t in, int64_t out) {
   const int tiles = CeilDiv(out, kTileM * m);
   const int64_t tile_floats = int64_t{kTileM} * m * row_tile;
@@ -457,21 +474,30 @@ int MaxSplits(int m, int row_tile, int64_t in, int64_t out) {
       std::min<int64_t>(CeilDiv(in, kTileK) / 4, by_space), 1, kMaxSplits));
 }
 
-// CTAs of one configuration an SM holds: shared memory is what limits them (228 KB an SM, of
-// which each CTA also takes 1 KB for the system).
+template <int kRows>
+int CtasPerSmRows(int m) {
+  return m == 1   ? CtasPerSmOf<kRows, 1>()
+         : m == 2 ? CtasPerSmOf<kRows, 2>()
+                  : CtasPerSmOf<kRows, 4>();
+}
+
+// CTAs of one configuration an SM holds, from the device (at least 1 for the arithmetic).
 int CtasPerSm(int m, int row_tile) {
-  const int stage = (kTileM * m + row_tile) * kTileK * 2;
-  const int stages = StagesFor(stage);
-  const int bytes = stages * (stage + 16) + 1024 + 1024;
-  return std::max(1, 228 * 1024 / bytes);
+  const int n = row_tile == 8    ? CtasPerSmRows<8>(m)
+                : row_tile == 16 ? CtasPerSmRows<16>(m)
+                : row_tile == 32 ? CtasPerSmRows<32>(m)
+                                 : CtasPerSmRows<64>(m);
+  return std::max(n, 1);
 }
 
 // Tile width and K splits for a product (the caller's where it gave them): 64-feature tiles
 // with as many K splits as fill every CTA slot once, or, where the 64-feature tiles alone
-// outnumber the slots (gate_up, the LM head), 128-feature tiles unsplit. Derived from timing
-// every cut of the llama3-8b products at 1-64 rows on the H200 (docs/kernels.md); 256-feature
-// tiles, which re-read x least, were never the best: one CTA an SM.
-SkinnyWgmmaConfig Choose(int row_tile, int64_t in, int64_t out, SkinnyWgmmaConfig config) {
+// outnumber the slots (gate_up, the LM head), 128-feature tiles unsplit. Timing every cut of
+// the llama3-8b products at 1-64 rows on the H200 put this choice within 0-6 % of the best cut
+// (docs/kernels.md). Without a workspace (`can_split` false) the kernel's own choice never
+// splits.
+SkinnyWgmmaConfig Choose(int row_tile, int64_t in, int64_t out, SkinnyWgmmaConfig config,
+                         bool can_split) {
   int features = config.tile_features;
   if (features == 0) {
     features = CeilDiv(out, kTileM) > SmCount() * CtasPerSm(1, row_tile) ? 2 * kTileM : kTileM;
@@ -479,9 +505,12 @@ SkinnyWgmmaConfig Choose(int row_tile, int64_t in, int64_t out, SkinnyWgmmaConfi
   const int m = features / kTileM;
   const int tiles = CeilDiv(out, features);
   const int max_splits = MaxSplits(m, row_tile, in, out);
-  const int splits = config.splits > 0
-                         ? std::min(config.splits, max_splits)
-                         : std::clamp(SmCount() * CtasPerSm(m, row_tile) / tiles, 1, max_splits);
+  int splits = 1;
+  if (config.splits > 0) {
+    splits = std::min(config.splits, max_splits);
+  } else if (can_split) {
+    splits = std::clamp(SmCount() * CtasPerSm(m, row_tile) / tiles, 1, max_splits);
+  }
   return {.tile_features = features, .splits = splits};
 }
 
@@ -499,7 +528,11 @@ absl::Status SkinnyWgmmaWorkspace::Init() {
   if (counters_ == nullptr) {
     int* counters = nullptr;
     RETURN_IF_CUDA_ERROR(cudaMalloc(&counters, kMaxTiles * sizeof(int)));
-    if (const cudaError_t e = cudaMemset(counters, 0, kMaxTiles * sizeof(int)); e != cudaSuccess) {
+    // cudaMemset may return before the zeros land, and a kernel on a non-blocking stream need
+    // not wait for it: synchronize, so the counters are zero before any call can use them.
+    cudaError_t e = cudaMemset(counters, 0, kMaxTiles * sizeof(int));
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
       cudaFree(counters);
       RETURN_IF_CUDA_ERROR(e);
     }
@@ -520,9 +553,11 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
            major == 9 && minor == 0;
   }();
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return hopper && rows >= 1 && rows <= 64 && in >= kTileK && in % 8 == 0 && out >= 1 &&
-         CeilDiv(out, kTileM) <= SkinnyWgmmaWorkspace::kMaxTiles && in <= (int64_t{1} << 30) &&
-         aligned(x) && aligned(w) && aligned(y);
+  // Sizes are checked as int64 before anything narrows them to int.
+  return hopper && rows >= 1 && rows <= 64 && in >= kTileK && in % 8 == 0 &&
+         in <= (int64_t{1} << 30) && out >= 1 &&
+         out <= int64_t{SkinnyWgmmaWorkspace::kMaxTiles} * kTileM && aligned(x) && aligned(w) &&
+         aligned(y);
 }
 
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
@@ -543,10 +578,11 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
                                                    kMaxSplits, ", not ", config.splits));
   }
   const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
-  const SkinnyWgmmaConfig chosen = Choose(row_tile, in, out, config);
-  if (chosen.splits > 1 && (workspace.counters() == nullptr || workspace.partials() == nullptr)) {
-    return absl::InvalidArgumentError(
-        "skinny wgmma linear: split K needs an initialized workspace");
+  const bool can_split = workspace.counters() != nullptr && workspace.partials() != nullptr;
+  const SkinnyWgmmaConfig chosen = Choose(row_tile, in, out, config, can_split);
+  if (chosen.splits > 1 && !can_split) {
+    return absl::FailedPreconditionError(
+        "skinny wgmma linear: config.splits > 1 needs an initialized workspace");
   }
   const int m = chosen.tile_features / kTileM;
   CUtensorMap map_w, map_x;
@@ -577,7 +613,7 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,
                                           SkinnyWgmmaConfig config) {
   const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
-  return Choose(row_tile, in, out, config);
+  return Choose(row_tile, in, out, config, /*can_split=*/true);
 }
 
 }  // namespace lazyattn

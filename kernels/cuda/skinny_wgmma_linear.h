@@ -64,14 +64,17 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
                                const void* w, const void* y);
 
 // y[rows][out] = x[rows][in] * w[out][in]^T (+ y when accumulate), y fp32 or bf16 (rounded
-// once). InvalidArgument where SkinnyWgmmaLinearSupports is false or `config` is out of range;
-// Internal for CUDA errors.
+// once). Without an initialized workspace the kernel's own choice never splits K.
+// InvalidArgument where SkinnyWgmmaLinearSupports is false or `config` is out of range;
+// FailedPrecondition for config.splits > 1 without an initialized workspace; Internal for CUDA
+// errors.
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
                                    int64_t in, int64_t out, void* y, GemmOutputType y_type,
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
                                    cudaStream_t stream, SkinnyWgmmaConfig config = {});
 
-// The cut SkinnyWgmmaLinearCuda makes for this product and `config` (for benchmarks).
+// The cut SkinnyWgmmaLinearCuda makes for this product and a `config` it accepts, with an
+// initialized workspace (for benchmarks and tests).
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,
                                           SkinnyWgmmaConfig config = {});
 

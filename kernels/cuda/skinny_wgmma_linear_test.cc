@@ -28,26 +28,33 @@ struct Case {
   SkinnyWgmmaConfig config;  // zeros: the kernel's choice
 };
 
+// Elements after y that must come back untouched (they hold a sentinel, or poison when y is).
+constexpr size_t kGuard = 256;
+
 // Runs one product on fresh random inputs and returns y; `want` gets LinearCpu's answer.
 void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::vector<float>* want,
          const SkinnyWgmmaWorkspace& ws) {
   const auto x = RandomBf16(size_t(c.rows) * c.in, rng);
   const auto w = RandomBf16(size_t(c.out) * c.in, rng);
-  std::vector<float> y0(size_t(c.rows) * c.out);
+  const size_t n = size_t(c.rows) * c.out;
+  std::vector<float> y0(n);
   for (auto& v : y0) v = testing::RoundBf16(std::normal_distribution<float>(0, 10)(rng));
   DeviceBuffer<uint16_t> dx, dw, dy16;
   DeviceBuffer<float> dy32;
   dx.Upload(x);
   dw.Upload(w);
   if (c.fp32) {
-    dy32.Upload(y0);
+    std::vector<float> padded = y0;
+    padded.resize(n + kGuard, 12345.f);
+    dy32.Upload(padded);
     if (!c.accumulate) dy32.Poison();
   } else {
-    std::vector<uint16_t> bits(y0.size());
-    for (size_t i = 0; i < y0.size(); ++i) bits[i] = FloatToBf16Bits(y0[i]);
+    std::vector<uint16_t> bits(n + kGuard, 0x4640);  // bf16 12288
+    for (size_t i = 0; i < n; ++i) bits[i] = FloatToBf16Bits(y0[i]);
     dy16.Upload(bits);
     if (!c.accumulate) dy16.Poison();
   }
+  const std::vector<float> guard_before = c.fp32 ? dy32.Download() : Bf16ToFloats(dy16.Download());
   void* y = c.fp32 ? static_cast<void*>(dy32.get()) : static_cast<void*>(dy16.get());
   const absl::Status st = SkinnyWgmmaLinearCuda(
       AsBf16(dx), AsBf16(dw), c.rows, c.in, c.out, y,
@@ -59,13 +66,21 @@ void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::
   const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
   LinearCpu(xf.data(), wf.data(), c.rows, c.in, c.out, want->data(), c.accumulate);
   *got = c.fp32 ? dy32.Download() : Bf16ToFloats(dy16.Download());
+  // Nothing past y was written (compared as bits: the poison is NaN).
+  EXPECT_EQ(0, std::memcmp(got->data() + n, guard_before.data() + n, kGuard * sizeof(float)));
+  got->resize(n);
+  if (c.config.tile_features != 0 && c.config.splits != 0) {
+    const SkinnyWgmmaConfig used = SkinnyWgmmaChosenConfig(c.rows, c.in, c.out, c.config);
+    EXPECT_EQ(used.tile_features, c.config.tile_features);
+    EXPECT_EQ(used.splits, c.config.splits);  // the cases ask only for cuts the kernel can make
+  }
 }
 
 // Against LinearCpu on the same bf16 inputs, with the tolerances of gemm_test.cc: fp32 sums in
 // another order (~1e-6 relative), and a bf16 output adds half an ulp (with accumulate, the
 // rounded sum of two values). Rows cover each row tile (8, 16, 32, 64) full and partial; out
-// covers partial tiles of each width (64, 128, 256 features); in a partial 64-element K block;
-// splits 1 to 8, into fp32 and bf16 outputs.
+// covers partial tiles of each width (64, 128, 256 features); in a partial 64-element K block,
+// also split; splits 1 to 8 (8 over 33 K blocks: uneven splits), into fp32 and bf16 outputs.
 TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
@@ -86,6 +101,8 @@ TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
     cases.push_back({rows, 2048, 1000, false, true, {128, 3}});
     cases.push_back({rows, 4096, 300, true, true, {256, 8}});
     cases.push_back({rows, 1088, 6144, false, false, {256, 2}});
+    cases.push_back({rows, 2112, 200, true, true, {64, 8}});
+    cases.push_back({rows, 4104, 520, true, false, {64, 3}});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " fp32 "
@@ -135,11 +152,51 @@ TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
   }
 }
 
+// Calls queued back to back (launched overlapped, no host synchronization between them) each
+// add x W^T into y: the next call's weight loads start before the previous call ends, and the
+// split-K workspace is reused call after call.
+TEST(SkinnyWgmmaLinearTest, BackToBackCallsAccumulate) {
+  SKIP_WITHOUT_GPU();
+  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+    GTEST_SKIP() << "needs a compute capability 9.0 device";
+  }
+  SkinnyWgmmaWorkspace ws;
+  ASSERT_TRUE(ws.Init().ok());
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int rows = 32, in = 4096, out = 1024, calls = 6;
+  const auto x = RandomBf16(size_t(rows) * in, rng);
+  const auto w = RandomBf16(size_t(out) * in, rng);
+  std::vector<float> want(size_t(rows) * out);
+  for (auto& v : want) v = std::normal_distribution<float>(0, 10)(rng);
+  DeviceBuffer<uint16_t> dx, dw;
+  DeviceBuffer<float> dy;
+  dx.Upload(x);
+  dw.Upload(w);
+  dy.Upload(want);
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int i = 0; i < calls; ++i) {
+    ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), rows, in, out, dy.get(),
+                                      GemmOutputType::kFp32, true, ws, stream, {64, 4})
+                    .ok());
+  }
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+  const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
+  for (int i = 0; i < calls; ++i) LinearCpu(xf.data(), wf.data(), rows, in, out, want.data(), true);
+  const std::vector<float> got = dy.Download();
+  const double rms = testing::Rms(want);
+  EXPECT_TRUE(testing::AllClose(got, want, testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}));
+}
+
 TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {
   SkinnyWgmmaWorkspace ws;  // not initialized: no split may run
   EXPECT_FALSE(SkinnyWgmmaLinearSupports(65, 4096, 64, nullptr, nullptr, nullptr));
   EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 4100, 64, nullptr, nullptr, nullptr));
   EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 32, 64, nullptr, nullptr, nullptr));
+  EXPECT_FALSE(SkinnyWgmmaLinearSupports(1, 4096, int64_t{1} << 38, nullptr, nullptr, nullptr));
   EXPECT_EQ(SkinnyWgmmaLinearCuda(nullptr, nullptr, 0, 4096, 64, nullptr, GemmOutputType::kFp32,
                                   false, ws, nullptr)
                 .code(),
@@ -154,11 +211,16 @@ TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {
                   .code(),
               absl::StatusCode::kInvalidArgument);
   }
-  // Split K without an initialized workspace is refused, not run.
+  // Split K without an initialized workspace is refused, not run; the kernel's own choice then
+  // does not split.
   EXPECT_EQ(SkinnyWgmmaLinearCuda(AsBf16(x), AsBf16(w), 64, 1024, 64, y.get(),
                                   GemmOutputType::kFp32, false, ws, nullptr, {64, 2})
                 .code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(x), AsBf16(w), 64, 1024, 64, y.get(),
+                                    GemmOutputType::kFp32, false, ws, nullptr)
+                  .ok());
+  CUDA_ASSERT(cudaDeviceSynchronize());
 }
 
 }  // namespace

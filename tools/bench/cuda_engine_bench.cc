@@ -415,7 +415,7 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
       // The few-row wgmma kernel (kernels/cuda/skinny_wgmma_linear.h), same calls, same
       // weights, with its own choice of cut and with the best of every cut.
       double wgmma_cold = 0, best_cold = 0;
-      std::string wgmma_cell = "-", best_cell = "-";
+      std::string wgmma_cell = "-", best_cell = "-", best_cut;
       if (with_wgmma && SkinnyWgmmaLinearSupports(rows, sh.in, sh.out, x, w[0], y)) {
         auto wgmma_us = [&](SkinnyWgmmaConfig config) {
           return mean_us([&](int r) {
@@ -435,7 +435,8 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
             ASSIGN_OR_RETURN(const double us, wgmma_us({features, splits}));
             if (best_cold == 0 || us < best_cold) {
               best_cold = us;
-              best_cell = absl::StrCat(us, " (", cut({features, splits}), ")");
+              best_cut = cut({features, splits});
+              best_cell = absl::StrCat(us, " (", best_cut, ")");
             }
           }
         }
@@ -453,7 +454,7 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
       out["gemm"].push_back({{"rows", rows}, {"name", sh.name}, {"warm_us", warm},
                              {"cold_us", cold}, {"cold_weight_tbs", tbs},
                              {"cublaslt_cold_us", cublas_cold}, {"wgmma_cold_us", wgmma_cold},
-                             {"wgmma_best_cold_us", best_cold}, {"wgmma_best_cut", best_cell}});
+                             {"wgmma_best_cold_us", best_cold}, {"wgmma_best_cut", best_cut}});
       cudaFree(x);
       for (auto* p : w) cudaFree(p);
       cudaFree(y);
