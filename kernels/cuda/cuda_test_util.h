@@ -3,6 +3,7 @@
 #ifndef LAZYATTN_KERNELS_CUDA_CUDA_TEST_UTIL_H_
 #define LAZYATTN_KERNELS_CUDA_CUDA_TEST_UTIL_H_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -102,6 +103,11 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   size_t n_ = 0;
 };
+
+// A buffer of bf16 bits as the kernels' bf16 pointer.
+inline const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<const __nv_bfloat16*>(b.get());
+}
 
 // Every element must satisfy |got - want| <= abs_tol + rel_tol * |want| (NaN never passes), and
 // ||got - want|| / ||want|| <= rel_l2. Returns a failure naming the first bad element.

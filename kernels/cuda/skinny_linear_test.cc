@@ -20,11 +20,9 @@ using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
 
 using testing::RandomBf16;
+using testing::AsBf16;
 using testing::Bf16ToFloats;
 
-const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<const __nv_bfloat16*>(b.get());
-}
 
 // Against LinearCpu on the same bf16 inputs. The kernel sums each lane's strided products and
 // then the warp's lanes, OpenBLAS another order: ~1e-6 relative in fp32. A bf16 output adds half

@@ -13,14 +13,11 @@
 namespace lazyattn {
 namespace {
 
+using testing::AsBf16;
 using testing::Bf16ToFloats;
 using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
 using testing::RandomBf16;
-
-const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
-  return reinterpret_cast<const __nv_bfloat16*>(b.get());
-}
 
 struct Case {
   int rows, in, out;
@@ -76,21 +73,30 @@ void RunProduct(const Case& c, std::mt19937& rng, std::vector<float>* got, std::
   }
 }
 
+// The GPU cases: a compute capability 9.0 device, an initialized workspace and a fresh seed.
+class SkinnyWgmmaLinearGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+      GTEST_SKIP() << "needs a compute capability 9.0 device";
+    }
+    ASSERT_TRUE(ws_.Init().ok());
+    seed_ = testing::FreshSeed();
+    rng_.seed(seed_);
+  }
+  SkinnyWgmmaWorkspace ws_;
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
 // Against LinearCpu on the same bf16 inputs, with the tolerances of gemm_test.cc: fp32 sums in
 // another order (~1e-6 relative), and a bf16 output adds half an ulp (with accumulate, the
 // rounded sum of two values). Rows cover each row tile (8, 16, 32, 64) full and partial; out
 // covers partial tiles of each width (64, 128, 256 features); in a partial 64-element K block,
 // also split; splits 1 to 8 (8 over 33 K blocks: uneven splits), into fp32 and bf16 outputs.
-TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
-  SKIP_WITHOUT_GPU();
-  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
-    GTEST_SKIP() << "needs a compute capability 9.0 device";
-  }
-  SkinnyWgmmaWorkspace ws;
-  ASSERT_TRUE(ws.Init().ok());
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+TEST_F(SkinnyWgmmaLinearGpuTest, MatchesCpuTwin) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::vector<Case> cases;
   for (int rows : {1, 7, 8, 13, 16, 32, 33, 64}) {
     cases.push_back({rows, 576, 99, true, false, {64, 1}});
@@ -110,7 +116,7 @@ TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
                                       << c.config.tile_features << " splits "
                                       << c.config.splits);
     std::vector<float> got, want;
-    RunProduct(c, rng, &got, &want, ws);
+    RunProduct(c, rng_, &got, &want, ws_);
     if (::testing::Test::HasFatalFailure()) return;
     const double rms = testing::Rms(want);
     EXPECT_TRUE(testing::AllClose(got, want,
@@ -121,17 +127,11 @@ TEST(SkinnyWgmmaLinearTest, MatchesCpuTwin) {
 
 // Split K adds the splits in a fixed order: the same inputs give the same bits every time,
 // whichever split happens to finish last.
-TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
-  SKIP_WITHOUT_GPU();
-  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
-    GTEST_SKIP() << "needs a compute capability 9.0 device";
-  }
-  SkinnyWgmmaWorkspace ws;
-  ASSERT_TRUE(ws.Init().ok());
-  std::mt19937 rng(testing::FreshSeed());
+TEST_F(SkinnyWgmmaLinearGpuTest, SplitKIsDeterministic) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const int rows = 32, in = 14336, out = 4096;
-  const auto x = RandomBf16(size_t(rows) * in, rng);
-  const auto w = RandomBf16(size_t(out) * in, rng);
+  const auto x = RandomBf16(size_t(rows) * in, rng_);
+  const auto w = RandomBf16(size_t(out) * in, rng_);
   DeviceBuffer<uint16_t> dx, dw;
   DeviceBuffer<float> dy(size_t(rows) * out);
   dx.Upload(x);
@@ -140,7 +140,7 @@ TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
   for (int run = 0; run < 5; ++run) {
     dy.Poison();
     ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), rows, in, out, dy.get(),
-                                      GemmOutputType::kFp32, false, ws, nullptr, {128, 4})
+                                      GemmOutputType::kFp32, false, ws_, nullptr, {128, 4})
                     .ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
     const std::vector<float> y = dy.Download();
@@ -155,21 +155,13 @@ TEST(SkinnyWgmmaLinearTest, SplitKIsDeterministic) {
 // Calls queued back to back (launched overlapped, no host synchronization between them) each
 // add x W^T into y: the next call's weight loads start before the previous call ends, and the
 // split-K workspace is reused call after call.
-TEST(SkinnyWgmmaLinearTest, BackToBackCallsAccumulate) {
-  SKIP_WITHOUT_GPU();
-  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
-    GTEST_SKIP() << "needs a compute capability 9.0 device";
-  }
-  SkinnyWgmmaWorkspace ws;
-  ASSERT_TRUE(ws.Init().ok());
-  const uint32_t seed = testing::FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+TEST_F(SkinnyWgmmaLinearGpuTest, BackToBackCallsAccumulate) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const int rows = 32, in = 4096, out = 1024, calls = 6;
-  const auto x = RandomBf16(size_t(rows) * in, rng);
-  const auto w = RandomBf16(size_t(out) * in, rng);
+  const auto x = RandomBf16(size_t(rows) * in, rng_);
+  const auto w = RandomBf16(size_t(out) * in, rng_);
   std::vector<float> want(size_t(rows) * out);
-  for (auto& v : want) v = std::normal_distribution<float>(0, 10)(rng);
+  for (auto& v : want) v = std::normal_distribution<float>(0, 10)(rng_);
   DeviceBuffer<uint16_t> dx, dw;
   DeviceBuffer<float> dy;
   dx.Upload(x);
@@ -179,7 +171,7 @@ TEST(SkinnyWgmmaLinearTest, BackToBackCallsAccumulate) {
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int i = 0; i < calls; ++i) {
     ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), rows, in, out, dy.get(),
-                                      GemmOutputType::kFp32, true, ws, stream, {64, 4})
+                                      GemmOutputType::kFp32, true, ws_, stream, {64, 4})
                     .ok());
   }
   CUDA_ASSERT(cudaStreamSynchronize(stream));
