@@ -69,6 +69,10 @@ struct Layout {
 struct Params {
   void* y;
   int rows, in, out, k_blocks, splits;
+  // > 0: the SwiGLU form. W is [gate rows; up rows] with `swiglu_inter` rows each, a tile's two
+  // 64-row halves are gate and up rows of the same 64 features, and y = silu(gate) * up, bf16
+  // [rows][swiglu_inter] (`out` is then swiglu_inter).
+  int swiglu_inter;
   bool y_fp32, accumulate;
   int* counters;    // one per tile, zero between calls
   float* partials;  // [splits][tiles][accumulators][kConsumers] when splits > 1
@@ -221,7 +225,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   const uint32_t base = SmemAddr(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = blockIdx.x, tile = blockIdx.y;
-  const int n0 = tile * L::kFeatures;
+  // First output feature of the tile (the SwiGLU form's tile holds 64 features' gate and up).
+  const int n0 = tile * (p.swiglu_inter > 0 ? kTileM : L::kFeatures);
   // Splits differ by at most one K block (MaxSplits keeps them at >= 4 blocks on average).
   const int kb_begin = split * p.k_blocks / p.splits;
   const int kb_end = (split + 1) * p.k_blocks / p.splits;
@@ -244,12 +249,23 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   if (warp == kConsumers / 32) {  // producer
     if (lane == 0) {
       const uint64_t weights_policy = EvictFirstPolicy(), x_policy = EvictLastPolicy();
+      // The SwiGLU form's map has 64-row boxes: gate rows at n0, up rows at inter + n0.
+      auto load_weights = [&](int s, int i) {
+        const int k = (kb_begin + i) * kTileK;
+        if (p.swiglu_inter > 0) {
+          TmaLoad2d(a_tile(s), &map_w, k, n0, full(s), weights_policy);
+          TmaLoad2d(a_tile(s) + kTileM * 128, &map_w, k, p.swiglu_inter + n0, full(s),
+                    weights_policy);
+        } else {
+          TmaLoad2d(a_tile(s), &map_w, k, n0, full(s), weights_policy);
+        }
+      };
       // Weights first: they never depend on the previous kernel, so their stages are in flight
       // before the wait (launch_overlap.cuh).
       const int first = min(steps, kStages);
       for (int i = 0; i < first; ++i) {
         MbarArriveExpectTx(full(i), L::kStageBytes);
-        TmaLoad2d(a_tile(i), &map_w, (kb_begin + i) * kTileK, n0, full(i), weights_policy);
+        load_weights(i, i);
       }
       WaitForPrerequisiteGrid();
       AllowDependentLaunch();
@@ -260,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
         const int s = i % kStages;
         MbarWait(empty(s), ((i / kStages) - 1) & 1);
         MbarArriveExpectTx(full(s), L::kStageBytes);
-        TmaLoad2d(a_tile(s), &map_w, (kb_begin + i) * kTileK, n0, full(s), weights_policy);
+        load_weights(s, i);
         TmaLoad2d(b_tile(s), &map_x, (kb_begin + i) * kTileK, 0, full(s), x_policy);
       }
     } else {
@@ -337,6 +353,20 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
         }
       }
     }
+  }
+
+  if (p.swiglu_inter > 0) {
+    if constexpr (kM == 2) {
+#pragma unroll
+      for (int i = 0; i < kRows / 2; ++i) {
+        const int r = AccRow(lane, i), n = n0 + AccFeature(warp, lane, i);
+        if (r >= p.rows || n >= p.out) continue;
+        const float gate = d[0][i], up = d[1][i];
+        static_cast<__nv_bfloat16*>(p.y)[static_cast<int64_t>(r) * p.out + n] =
+            __float2bfloat16_rn(gate / (1.f + __expf(-gate)) * up);
+      }
+    }
+    return;
   }
 
   // Epilogue: y (+)= the tile. All loads of y first, then all stores: interleaved, every load
@@ -443,7 +473,9 @@ absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_x, const Pa
   if (CtasPerSmOf<kRows, kM>() == 0) {
     return absl::InternalError("skinny wgmma linear: the kernel's shared memory does not fit");
   }
-  const dim3 grid(p.splits, (p.out + L::kFeatures - 1) / L::kFeatures);
+  // The SwiGLU form's tile is 64 features (their gate and up rows fill the 128-row A tile).
+  const int tile_features = p.swiglu_inter > 0 ? kTileM : L::kFeatures;
+  const dim3 grid(p.splits, (p.out + tile_features - 1) / tile_features);
   RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM>, grid, dim3(kThreads),
                                         L::kBytes, stream, map_w, map_x, p));
   return absl::OkStatus();
@@ -560,14 +592,16 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
          aligned(y);
 }
 
-absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
-                                   int64_t in, int64_t out, void* y, GemmOutputType y_type,
-                                   bool accumulate, const SkinnyWgmmaWorkspace& workspace,
-                                   cudaStream_t stream, SkinnyWgmmaConfig config) {
-  if (!SkinnyWgmmaLinearSupports(rows, in, out, x, w, y)) {
-    return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: unsupported product ",
-                                                   rows, "x", in, " * ", out, "x", in, "^T"));
-  }
+namespace {
+
+int RowTile(int64_t rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+
+// Both forms: `out` output features of y, or with swiglu_inter > 0 the SwiGLU form's inter
+// features from 2 * inter weight rows (its tiles are always 128 weight rows).
+absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, int64_t in,
+                 int64_t out, void* y, GemmOutputType y_type, bool accumulate, int64_t swiglu_inter,
+                 const SkinnyWgmmaWorkspace& workspace, cudaStream_t stream,
+                 SkinnyWgmmaConfig config) {
   if (config.tile_features != 0 && config.tile_features != 64 && config.tile_features != 128 &&
       config.tile_features != 256) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -577,7 +611,7 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
     return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: splits must be 0 to ",
                                                    kMaxSplits, ", not ", config.splits));
   }
-  const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  const int row_tile = RowTile(rows);
   const bool can_split = workspace.counters() != nullptr && workspace.partials() != nullptr;
   const SkinnyWgmmaConfig chosen = Choose(row_tile, in, out, config, can_split);
   if (chosen.splits > 1 && !can_split) {
@@ -586,14 +620,15 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
   }
   const int m = chosen.tile_features / kTileM;
   CUtensorMap map_w, map_x;
-  RETURN_IF_ERROR(MakeMap(&map_w, w, out, in, chosen.tile_features));
+  RETURN_IF_ERROR(MakeMap(&map_w, w, out, in, swiglu_inter > 0 ? kTileM : chosen.tile_features));
   RETURN_IF_ERROR(MakeMap(&map_x, x, rows, in, row_tile));
   const Params p{.y = y,
                  .rows = static_cast<int>(rows),
                  .in = static_cast<int>(in),
-                 .out = static_cast<int>(out),
+                 .out = static_cast<int>(swiglu_inter > 0 ? swiglu_inter : out),
                  .k_blocks = CeilDiv(in, kTileK),
                  .splits = chosen.splits,
+                 .swiglu_inter = static_cast<int>(swiglu_inter),
                  .y_fp32 = y_type == GemmOutputType::kFp32,
                  .accumulate = accumulate,
                  .counters = workspace.counters(),
@@ -610,10 +645,37 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
   }
 }
 
+}  // namespace
+
+absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
+                                   int64_t in, int64_t out, void* y, GemmOutputType y_type,
+                                   bool accumulate, const SkinnyWgmmaWorkspace& workspace,
+                                   cudaStream_t stream, SkinnyWgmmaConfig config) {
+  if (!SkinnyWgmmaLinearSupports(rows, in, out, x, w, y)) {
+    return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: unsupported product ",
+                                                   rows, "x", in, " * ", out, "x", in, "^T"));
+  }
+  return Run(x, w, rows, in, out, y, y_type, accumulate, /*swiglu_inter=*/0, workspace, stream,
+             config);
+}
+
+absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
+                                         int64_t rows, int64_t in, int64_t inter,
+                                         __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
+                                         cudaStream_t stream, int splits) {
+  if (inter < 1 || !SkinnyWgmmaLinearSupports(rows, in, 2 * inter, x, w_gate_up, act)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: unsupported SwiGLU product ", rows, "x", in, " * ", 2 * inter, "x",
+        in, "^T"));
+  }
+  return Run(x, w_gate_up, rows, in, 2 * inter, act, GemmOutputType::kBf16,
+             /*accumulate=*/false, inter, workspace, stream,
+             {.tile_features = 2 * kTileM, .splits = splits});
+}
+
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,
                                           SkinnyWgmmaConfig config) {
-  const int row_tile = rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
-  return Choose(row_tile, in, out, config, /*can_split=*/true);
+  return Choose(RowTile(rows), in, out, config, /*can_split=*/true);
 }
 
 }  // namespace lazyattn

@@ -73,6 +73,16 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
                                    cudaStream_t stream, SkinnyWgmmaConfig config = {});
 
+// act[r][i] = silu(gate) * up of y = x W^T for W = [gate rows; up rows] ([2 * inter][in]),
+// act bf16 [rows][inter]: gate and up stay fp32 up to the product (as SkinnyLinearSwiGluCuda;
+// SwiGluCuda after a bf16 Linear reads them rounded), and the [rows][2 * inter] product is never
+// written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
+// SkinnyWgmmaConfig::splits. Errors as SkinnyWgmmaLinearCuda.
+absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
+                                         int64_t rows, int64_t in, int64_t inter,
+                                         __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
+                                         cudaStream_t stream, int splits = 0);
+
 // The cut SkinnyWgmmaLinearCuda makes for this product and a `config` it accepts, with an
 // initialized workspace (for benchmarks and tests).
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,

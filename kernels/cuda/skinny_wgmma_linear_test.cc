@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/include/gemm.h"
+#include "kernels/include/swiglu.h"
 
 namespace lazyattn {
 namespace {
@@ -181,6 +183,49 @@ TEST_F(SkinnyWgmmaLinearGpuTest, BackToBackCallsAccumulate) {
   const std::vector<float> got = dy.Download();
   const double rms = testing::Rms(want);
   EXPECT_TRUE(testing::AllClose(got, want, testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}));
+}
+
+// The SwiGLU form against LinearCpu + SwiGluCpu on the same bf16 inputs: gate and up are fp32
+// sums (~1e-6 relative apart), the product rounded to bf16 once. inter covers a partial
+// 64-feature tile; splits the kernel's choice, 3 (uneven) and 8.
+TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  struct SwiGluCase {
+    int rows, in, inter, splits;
+  };
+  std::vector<SwiGluCase> cases;
+  for (int rows : {1, 8, 17, 32, 64}) {
+    cases.push_back({rows, 4096, 1024, 0});
+    cases.push_back({rows, 576, 200, 3});
+    cases.push_back({rows, 2112, 136, 8});
+  }
+  for (const SwiGluCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " inter " << c.inter
+                                      << " splits " << c.splits);
+    const auto x = RandomBf16(size_t(c.rows) * c.in, rng_);
+    const auto w = RandomBf16(size_t(2 * c.inter) * c.in, rng_);
+    const size_t n = size_t(c.rows) * c.inter;
+    DeviceBuffer<uint16_t> dx, dw, dact;
+    dx.Upload(x);
+    dw.Upload(w);
+    std::vector<uint16_t> act_bits(n + kGuard, 0x4640);  // bf16 12288 past act
+    std::fill_n(act_bits.begin(), n, 0xffff);               // NaN poison in act
+    dact.Upload(act_bits);
+    ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, c.inter,
+                                            reinterpret_cast<__nv_bfloat16*>(dact.get()), ws_, nullptr,
+                                            c.splits)
+                    .ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
+    std::vector<float> gate_up(size_t(c.rows) * 2 * c.inter), want(n);
+    LinearCpu(xf.data(), wf.data(), c.rows, c.in, 2 * c.inter, gate_up.data(), false);
+    SwiGluCpu(gate_up.data(), c.rows, c.inter, want.data());
+    std::vector<float> got = Bf16ToFloats(dact.Download());
+    for (size_t i = n; i < n + kGuard; ++i) ASSERT_EQ(got[i], 12288.f) << "written past act";
+    got.resize(n);
+    EXPECT_TRUE(testing::AllClose(got, want,
+                                  testing::Tolerance{1e-2 * testing::Rms(want), 1.0 / 128, 5e-3}));
+  }
 }
 
 TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {

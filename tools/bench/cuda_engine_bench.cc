@@ -7,6 +7,7 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
+//                         [--wgmma-max-rows N] [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
 // cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
@@ -72,6 +73,8 @@ struct Bench {
   int max_batch_tokens = 8192;
   bool skinny_gemms = true;
   bool fused_norms = true;
+  int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows;
+  CudaRunnerOptions::WgmmaCuts wgmma_cuts;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -80,7 +83,9 @@ struct Bench {
     ASSIGN_OR_RETURN(auto runner, CudaModelRunner::Create(std::move(weights),
                                                           {.kv_budget_bytes = kv_budget,
                                                            .skinny_gemms = skinny_gemms,
-                                                           .fused_norms = fused_norms}));
+                                                           .fused_norms = fused_norms,
+                                                           .wgmma_max_rows = wgmma_max_rows,
+                                                           .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
                                     EngineOptions{.max_batch_tokens = max_batch_tokens,
@@ -573,7 +578,11 @@ int Main(int argc, char** argv) {
   args.Declare("no-fused-norms", CliArgs::Kind::kSwitch,
                "batch 1: RMSNorms as launches of their own (to compare)");
   args.Declare("wgmma-gemm", CliArgs::Kind::kSwitch,
-               "gemm part: also time the few-row wgmma kernel (work in progress)");
+               "gemm part: also time the few-row wgmma kernel");
+  args.Declare("wgmma-max-rows", CliArgs::Kind::kValue,
+               "runner: steps of 2..N rows on the wgmma kernel (0 = none; default the runner's)");
+  args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
+               "runner: wgmma cut per product, product=features/splits (0 = the kernel's)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
                "launch kernels without programmatic dependent launch (to compare)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
@@ -589,6 +598,25 @@ int Main(int argc, char** argv) {
   b.config = *config;
   b.skinny_gemms = !args.Has("no-skinny");
   b.fused_norms = !args.Has("no-fused-norms");
+  b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
+                                          .value_or(b.wgmma_max_rows));
+  for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',
+                                               absl::SkipEmpty())) {
+    const std::vector<std::string> kv = absl::StrSplit(item, absl::ByAnyChar("=/"));
+    int features = 0, splits = 0;
+    SkinnyWgmmaConfig* cut = kv.empty()                 ? nullptr
+                             : kv[0] == "qkv"           ? &b.wgmma_cuts.qkv
+                             : kv[0] == "o"             ? &b.wgmma_cuts.o
+                             : kv[0] == "gate_up"       ? &b.wgmma_cuts.gate_up
+                             : kv[0] == "down"          ? &b.wgmma_cuts.down
+                                                        : nullptr;
+    if (cut == nullptr || kv.size() != 3 || !absl::SimpleAtoi(kv[1], &features) ||
+        !absl::SimpleAtoi(kv[2], &splits)) {
+      std::cerr << "--wgmma-cuts: expected product=features/splits, got " << item << "\n";
+      return 2;
+    }
+    *cut = {.tile_features = features, .splits = splits};
+  }
   // Read once, at the first launch (kernels/cuda/launch_overlap.cuh).
   if (args.Has("no-overlap")) setenv("LAZYATTN_OVERLAP_LAUNCHES", "0", /*overwrite=*/1);
   const std::string parts = args.String("parts", "gemm,ttft,decode,serving");

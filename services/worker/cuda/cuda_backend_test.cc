@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/skinny_wgmma_linear.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -377,6 +378,69 @@ TEST(CudaModelRunnerTest, FusedNormsAtBatchOneAreBitIdentical) {
   step(40, false);
   for (int i = 0; i < 30; ++i) step(1, i % 3 == 0);  // decode, replayed from graphs
   EXPECT_GE(runners[1]->graph_launches(), 20);
+}
+
+// Steps of 2 to 64 rows on the wgmma few-row kernel (CudaRunnerOptions::wgmma_max_rows) give the
+// logits of the cuBLASLt runner up to rounding: the fp32 sums run in another order, and gate/up
+// reach SwiGLU unrounded. rel_err (the file's metric, the cuBLASLt runner as reference) <= 0.05,
+// half the bound this file sets for bf16 against fp32. Rows: a
+// 40-token prompt, then decode batches of 2 and 64 (graphs replay the second time on).
+TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
+  SKIP_WITHOUT_GPU();
+  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+    GTEST_SKIP() << "needs a compute capability 9.0 device";
+  }
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(seed);
+  auto w = HfLikeWeights(SmallConfig(), seed);
+  std::vector<std::unique_ptr<CudaModelRunner>> runners;
+  for (int wgmma_max_rows : {0, 64}) {
+    auto gpu = CudaModelWeights::Upload(*w);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto r = CudaModelRunner::Create(std::move(*gpu),
+                                     {.num_kv_blocks = 512, .wgmma_max_rows = wgmma_max_rows});
+    ASSERT_TRUE(r.ok()) << r.status();
+    runners.push_back(std::move(*r));
+  }
+  const int64_t vocab = SmallConfig().vocab_size;
+  std::mt19937 rng(seed);
+  // Sequence i owns blocks [8 i, 8 i + 8): up to 128 tokens.
+  std::vector<std::vector<int32_t>> seqs(64);
+  auto step = [&](int num_seqs, int64_t new_tokens) {
+    std::vector<std::vector<int64_t>> slots(num_seqs);
+    std::vector<std::vector<KvBlockEntry>> tables(num_seqs);
+    std::vector<ForwardChunk> chunks;
+    for (int i = 0; i < num_seqs; ++i) {
+      const int64_t start = static_cast<int64_t>(seqs[i].size());
+      for (int64_t t = 0; t < new_tokens; ++t) seqs[i].push_back(static_cast<int32_t>(rng() % 1024));
+      for (int64_t t = start; t < start + new_tokens; ++t) slots[i].push_back(8 * 16 * i + t);
+      for (int64_t b = 0; b * 16 < start + new_tokens; ++b) {
+        tables[i].push_back(PackKvBlockEntry(
+            static_cast<uint32_t>(8 * i + b), 0,
+            static_cast<uint32_t>(std::min<int64_t>(16, start + new_tokens - b * 16))));
+      }
+      chunks.push_back({.tokens = std::span(seqs[i]).subspan(start),
+                        .local_start = start,
+                        .kv_slots = slots[i],
+                        .block_table = tables[i],
+                        .first_query_index = start});
+    }
+    auto a = runners[0]->Forward(chunks);
+    auto b = runners[1]->Forward(chunks);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    ASSERT_EQ(a->logits.size(), size_t(num_seqs) * vocab);
+    ASSERT_EQ(b->logits.size(), a->logits.size());
+    for (int i = 0; i < num_seqs; ++i) {
+      const auto d = Compare(std::span(b->logits).subspan(i * vocab, vocab),
+                             std::span(a->logits).subspan(i * vocab, vocab));
+      EXPECT_LE(d.rel_err, 0.05) << "sequence " << i << " of " << num_seqs;
+      EXPECT_GT(d.cosine, 0.999) << "sequence " << i << " of " << num_seqs;
+    }
+  };
+  step(1, 40);
+  for (int i = 0; i < 3; ++i) step(2, 1);
+  for (int i = 0; i < 3; ++i) step(64, 1);
+  EXPECT_GE(runners[1]->graph_launches(), 2);
 }
 
 TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {

@@ -106,6 +106,7 @@ struct CudaModelRunner::State {
   std::unique_ptr<DeviceRopeTable> rope;
   std::unique_ptr<CublasLtGemm> gemm;
   std::unique_ptr<PagedDecodeWorkspace> decode_workspace;
+  std::unique_ptr<SkinnyWgmmaWorkspace> wgmma_workspace;  // with options.wgmma_max_rows
   Buffer k_pool, v_pool;  // [layer][block][kv_head][16][head_dim]
   int64_t layer_stride = 0;  // elements
   // Per-step buffers, grown on demand.
@@ -217,6 +218,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->device_ = options.device;
   r->use_graphs_ = options.cuda_graphs;
   r->fused_norms_ = options.fused_norms && options.skinny_gemms;
+  r->wgmma_max_rows_ = std::clamp(options.wgmma_max_rows, 0, 64);
+  r->wgmma_cuts_ = options.wgmma_cuts;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
@@ -234,6 +237,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   s.gemm->set_skinny(options.skinny_gemms);
   s.gemm->set_autotune(options.autotune_gemms);
   ASSIGN_OR_RETURN(s.decode_workspace, PagedDecodeWorkspace::Create(options.device));
+  if (r->wgmma_max_rows_ >= 2) {
+    s.wgmma_workspace = std::make_unique<SkinnyWgmmaWorkspace>();
+    RETURN_IF_ERROR(s.wgmma_workspace->Init());
+  }
   s.layer_stride = r->num_kv_blocks_ * c.kv_size() * kDefaultKvBlockSize;
   const int64_t pool_bytes = s.layer_stride * c.num_layers * static_cast<int64_t>(sizeof(bf16));
   RETURN_IF_ERROR(s.k_pool.Reserve(pool_bytes));
@@ -485,6 +492,25 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
          *act = s.act.as<bf16>();
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     CublasLtGemm& gemm = *s.gemm;
+    // The layer products of this step: cuBLASLt (or the one-row kernel behind it), or the wgmma
+    // few-row kernel where it is on and supports the product.
+    const bool wgmma = rows >= 2 && rows <= wgmma_max_rows_;
+    auto linear = [&](const bf16* in_x, const bf16* w, int64_t in, int64_t out, void* y,
+                      GemmOutputType type, bool accumulate,
+                      SkinnyWgmmaConfig cut) -> absl::Status {
+      if (wgmma && SkinnyWgmmaLinearSupports(rows, in, out, in_x, w, y)) {
+        return SkinnyWgmmaLinearCuda(in_x, w, rows, in, out, y, type, accumulate,
+                                     *s.wgmma_workspace, st, cut);
+      }
+      return gemm.Linear(in_x, w, rows, in, out, y, type, accumulate, st);
+    };
+    auto linear_swiglu = [&](const bf16* in_x, const bf16* w) -> absl::Status {
+      if (wgmma && SkinnyWgmmaLinearSupports(rows, H, 2 * I, in_x, w, act)) {
+        return SkinnyWgmmaLinearSwiGluCuda(in_x, w, rows, H, I, act, *s.wgmma_workspace, st,
+                                           wgmma_cuts_.gate_up.splits);
+      }
+      return gemm.LinearSwiGlu(in_x, w, rows, H, I, gu, act, st);
+    };
 
     RETURN_IF_ERROR(EmbeddingGatherToF32Cuda(weights_->token_embedding(), V, H, d_tokens,
                                              static_cast<int>(rows), x, st));
@@ -525,8 +551,9 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
         RETURN_IF_ERROR(
             l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
                    : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
-        RETURN_IF_ERROR(gemm.Linear(h, L.wqkv, rows, H, qkv_width, qkv, GemmOutputType::kBf16,
-                                    /*accumulate=*/false, st));
+        RETURN_IF_ERROR(
+            linear(h, L.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16, /*accumulate=*/false,
+                   wgmma_cuts_.qkv));
       }
       RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
       if (num_decode > 0) {
@@ -570,12 +597,14 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                     /*accumulate=*/true, st));
         continue;
       }
-      RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, delta, GemmOutputType::kFp32,
-                                  /*accumulate=*/false, st));
+      RETURN_IF_ERROR(
+          linear(attn, L.wo, Q, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
+                 wgmma_cuts_.o));
       RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, eps, h, st));
-      RETURN_IF_ERROR(gemm.LinearSwiGlu(h, L.w_gate_up, rows, H, I, gu, act, st));
-      RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, delta, GemmOutputType::kFp32,
-                                  /*accumulate=*/false, st));
+      RETURN_IF_ERROR(linear_swiglu(h, L.w_gate_up));
+      RETURN_IF_ERROR(
+          linear(act, L.w_down, I, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
+                 wgmma_cuts_.down));
     }
     if (out_rows > 0) {
       // The last residual step and the final norm over every row (one launch, cheap next to

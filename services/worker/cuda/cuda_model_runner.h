@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/skinny_wgmma_linear.h"
 #include "services/worker/cuda/cuda_model_weights.h"
 #include "services/worker/engine/model_runner.h"
 
@@ -63,6 +64,14 @@ struct CudaRunnerOptions {
   // the residual themselves: 2 launches a layer fewer, bit-identical results. Needs
   // skinny_gemms; off only to measure what it gains.
   bool fused_norms = true;
+  // Steps of 2 to wgmma_max_rows rows (at most 64; 0 = never) run the four layer products on
+  // the wgmma + TMA few-row kernel (kernels/cuda/skinny_wgmma_linear.h), gate/up with SwiGLU
+  // fused, rather than cuBLASLt; `wgmma_cuts` overrides its choice of cut per product (zeros:
+  // the kernel's; gate_up takes only splits).
+  int wgmma_max_rows = 0;
+  struct WgmmaCuts {
+    SkinnyWgmmaConfig qkv, o, gate_up, down;
+  } wgmma_cuts;
 };
 
 // Bytes one 16-token block of K and V takes across all layers (bf16).
@@ -109,6 +118,8 @@ class CudaModelRunner final : public ModelRunner {
   int device_ = 0;
   bool use_graphs_ = true;
   bool fused_norms_ = true;
+  int wgmma_max_rows_ = 0;
+  CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<State> state_;
 };
