@@ -15,9 +15,10 @@
 // so results are the same from run to run and between a CUDA graph and an eager launch.
 //
 // Needs sm_90a (compiled only for it); SkinnyWgmmaLinearSupports() says whether a call can run.
-// Status: correct on the H200 (skinny_wgmma_linear_test), but not used by the runner: at 32-64
-// rows it is 2-37 % slower than cuBLASLt, ahead only at 8 rows on some products (docs/kernels.md;
-// `lazyattn-bench-engine --parts gemm --wgmma-gemm` compares them).
+// Timed alone it trails cuBLASLt at 32-64 rows by 2-37 % (docs/kernels.md; `lazyattn-bench-engine
+// --parts gemm --wgmma-gemm` compares them), but inside a decode step replayed from a graph its
+// early weight loads win: the runner uses it for steps of 2-64 rows
+// (CudaRunnerOptions::wgmma_max_rows).
 #ifndef LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
 #define LAZYATTN_KERNELS_CUDA_SKINNY_WGMMA_LINEAR_H_
 
@@ -74,9 +75,8 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
                                    cudaStream_t stream, SkinnyWgmmaConfig config = {});
 
 // act[r][i] = silu(gate) * up of y = x W^T for W = [gate rows; up rows] ([2 * inter][in]),
-// act bf16 [rows][inter]: gate and up stay fp32 up to the product (as SkinnyLinearSwiGluCuda;
-// SwiGluCuda after a bf16 Linear reads them rounded), and the [rows][2 * inter] product is never
-// written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
+// act bf16 [rows][inter]: gate and up are rounded to bf16 before the product, exactly as
+// SwiGluCuda reads them after a bf16 Linear, but the [rows][2 * inter] product is never written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
 // SkinnyWgmmaConfig::splits. Errors as SkinnyWgmmaLinearCuda.
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,

@@ -185,8 +185,9 @@ TEST_F(SkinnyWgmmaLinearGpuTest, BackToBackCallsAccumulate) {
   EXPECT_TRUE(testing::AllClose(got, want, testing::Tolerance{1e-4 * rms, 1e-4, 1e-4}));
 }
 
-// The SwiGLU form against LinearCpu + SwiGluCpu on the same bf16 inputs: gate and up are fp32
-// sums (~1e-6 relative apart), the product rounded to bf16 once. inter covers a partial
+// The SwiGLU form against LinearCpu + SwiGluCpu on the same bf16 inputs, gate and up rounded to
+// bf16 on both sides: fp32 sums ~1e-6 relative apart may round to neighbouring bf16 values (an
+// ulp, 2^-8 relative, in gate or up), then the product is rounded once more. inter covers a partial
 // 64-feature tile; splits the kernel's choice, 3 (uneven) and 8.
 TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
@@ -219,6 +220,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
     std::vector<float> gate_up(size_t(c.rows) * 2 * c.inter), want(n);
     LinearCpu(xf.data(), wf.data(), c.rows, c.in, 2 * c.inter, gate_up.data(), false);
+    for (float& v : gate_up) v = testing::RoundBf16(v);  // the kernel rounds gate and up
     SwiGluCpu(gate_up.data(), c.rows, c.inter, want.data());
     std::vector<float> got = Bf16ToFloats(dact.Download());
     for (size_t i = n; i < n + kGuard; ++i) ASSERT_EQ(got[i], 12288.f) << "written past act";

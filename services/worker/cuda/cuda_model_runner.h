@@ -66,9 +66,12 @@ struct CudaRunnerOptions {
   bool fused_norms = true;
   // Steps of 2 to wgmma_max_rows rows (at most 64; 0 = never) run the four layer products on
   // the wgmma + TMA few-row kernel (kernels/cuda/skinny_wgmma_linear.h), gate/up with SwiGLU
-  // fused, rather than cuBLASLt; `wgmma_cuts` overrides its choice of cut per product (zeros:
-  // the kernel's; gate_up takes only splits).
-  int wgmma_max_rows = 0;
+  // fused, rather than cuBLASLt, where the device supports it (compute capability 9.0).
+  // Replayed from graphs its weight loads start before the previous kernel ends: batch 32 at 2K
+  // context gained 0.7-3 % in tokens/s, all-cached TTFT (64 rows) was unchanged
+  // (docs/benchmarks.md). `wgmma_cuts` overrides its choice of cut per product (zeros: the
+  // kernel's; gate_up takes only splits).
+  int wgmma_max_rows = 64;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
