@@ -29,6 +29,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
+#include "kernels/cuda/rope_kv_append.h"
 
 namespace lazyattn {
 namespace {
@@ -73,6 +74,10 @@ struct Params {
   // 64-row halves are gate and up rows of the same 64 features, and y = silu(gate) * up, bf16
   // [rows][swiglu_inter] (`out` is then swiglu_inter).
   int swiglu_inter;
+  // For the QKV form (head_dim 128, 128-feature tiles: tile t is head t of [q heads | k heads |
+  // v heads]): the epilogue does RopeKvAppend's work on the tile and writes rope.q_out and the
+  // pool slots; y is not written.
+  RopeKvAppendArgs rope;
   bool y_fp32, accumulate;
   int* counters;    // one per tile, zero between calls
   float* partials;  // [splits][tiles][accumulators][kConsumers] when splits > 1
@@ -216,7 +221,9 @@ __device__ __forceinline__ int AccFeature(int w, int l, int i) {
 }
 __device__ __forceinline__ int AccRow(int l, int i) { return 8 * (i / 4) + 2 * (l % 4) + (i % 2); }
 
-template <int kRows, int kM>
+// kQkvRope: the QKV form's epilogue (Params::rope), its own instantiation so the other forms'
+// code is what it was when measured.
+template <int kRows, int kM, bool kQkvRope>
 __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
     const Params p) {
@@ -359,6 +366,48 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     }
   }
 
+  if constexpr (kQkvRope) {
+    static_assert(kM == 2, "the QKV form's tile is one head of 128 features");
+    // Thread element i holds dims f and f + 64 of head `tile` for row r: a rotation pair.
+    // Each is rounded to bf16 first, the value the unfused path stores in its QKV output,
+    // then rotated in fp32 with the table's cos/sin exactly as RopeKvAppend does.
+    const RopeKvAppendArgs& a = p.rope;
+    constexpr int kHeadDim = 2 * kTileM, kKvBlock = 16;
+    const int64_t last = a.rope.max_positions - 1;
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
+      const int r = AccRow(lane, i), f = AccFeature(warp, lane, i);
+      if (r >= p.rows) continue;
+      const float x1 = RoundToBf16(d[0][i]), x2 = RoundToBf16(d[1][i]);
+      __nv_bfloat16* dst;
+      if (tile < a.num_heads) {  // q: rotated to its global position
+        const int64_t pos = min(int64_t{a.local_positions[r]} + a.deltas[r], last);
+        const float c = a.rope.cos[pos * kTileM + f], s = a.rope.sin[pos * kTileM + f];
+        dst = a.q_out + (int64_t{r} * a.num_heads + tile) * kHeadDim;
+        dst[f] = __float2bfloat16_rn(x1 * c - x2 * s);
+        dst[f + kTileM] = __float2bfloat16_rn(x1 * s + x2 * c);
+        continue;
+      }
+      const int64_t slot = a.slots[r];
+      if (slot < 0) continue;  // padding: no K/V write
+      const int kv = tile - a.num_heads;
+      const int h = kv < a.num_kv_heads ? kv : kv - a.num_kv_heads;
+      const int64_t at =
+          ((slot / kKvBlock * a.num_kv_heads + h) * kKvBlock + slot % kKvBlock) * kHeadDim;
+      if (kv < a.num_kv_heads) {  // k: rotated to its segment-local position
+        const int64_t pos = min(int64_t{a.local_positions[r]}, last);
+        const float c = a.rope.cos[pos * kTileM + f], s = a.rope.sin[pos * kTileM + f];
+        dst = a.k_pool + at;
+        dst[f] = __float2bfloat16_rn(x1 * c - x2 * s);
+        dst[f + kTileM] = __float2bfloat16_rn(x1 * s + x2 * c);
+      } else {  // v: as computed
+        dst = a.v_pool + at;
+        dst[f] = __float2bfloat16_rn(x1);
+        dst[f + kTileM] = __float2bfloat16_rn(x2);
+      }
+    }
+    return;
+  }
   if (p.swiglu_inter > 0) {
     if constexpr (kM == 2) {
 #pragma unroll
@@ -367,8 +416,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
         if (r >= p.rows || n >= p.out) continue;
         // Gate and up rounded to bf16 first, as SwiGluCuda reads them after a bf16 product:
         // the same rounding points as the cuBLASLt path. (Kept in fp32, one SmolLM2 golden
-        // prompt's first-step cosine to the fp32 CPU model fell to 0.99892 against 0.99947 this
-        // way and 0.99985 on cuBLASLt: a model that amplifies any rounding change, docs/kernels.md.)
+        // prompt's first-step cosine to the fp32 CPU model fell to 0.99892, against 0.99947
+        // this way and 0.99985 on cuBLASLt: that model amplifies any change of rounding;
+        // docs/kernels.md.)
         const float gate = RoundToBf16(d[0][i]), up = RoundToBf16(d[1][i]);
         static_cast<__nv_bfloat16*>(p.y)[static_cast<int64_t>(r) * p.out + n] =
             __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
@@ -457,15 +507,16 @@ int SmCount() {
 
 // Opts the kernel instance into its shared memory (once) and reports how many of its CTAs an SM
 // holds (0 when the attribute could not be set).
-template <int kRows, int kM>
+template <int kRows, int kM, bool kQkvRope = false>
 int CtasPerSmOf() {
   static const int ctas = [] {
     using L = Layout<kRows, kM>;
     int n = 0;
-    if (cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows, kM>,
+    if (cudaFuncSetAttribute(SkinnyWgmmaKernel<kRows, kM, kQkvRope>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              L::kBytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SkinnyWgmmaKernel<kRows, kM>, kThreads,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SkinnyWgmmaKernel<kRows, kM, kQkvRope>,
+                                                      kThreads,
                                                       L::kBytes) != cudaSuccess) {
       return 0;
     }
@@ -474,24 +525,25 @@ int CtasPerSmOf() {
   return ctas;
 }
 
-template <int kRows, int kM>
+template <int kRows, int kM, bool kQkvRope = false>
 absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_x, const Params& p,
                     cudaStream_t stream) {
   using L = Layout<kRows, kM>;
-  if (CtasPerSmOf<kRows, kM>() == 0) {
+  if (CtasPerSmOf<kRows, kM, kQkvRope>() == 0) {
     return absl::InternalError("skinny wgmma linear: the kernel's shared memory does not fit");
   }
   // The SwiGLU form's tile is 64 features (their gate and up rows fill the 128-row A tile).
   const int tile_features = p.swiglu_inter > 0 ? kTileM : L::kFeatures;
   const dim3 grid(p.splits, (p.out + tile_features - 1) / tile_features);
-  RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM>, grid, dim3(kThreads),
-                                        L::kBytes, stream, map_w, map_x, p));
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM, kQkvRope>, grid,
+                                        dim3(kThreads), L::kBytes, stream, map_w, map_x, p));
   return absl::OkStatus();
 }
 
 template <int kRows>
-absl::Status LaunchRows(int m, const CUtensorMap& map_w, const CUtensorMap& map_x,
+absl::Status LaunchRows(int m, bool qkv_rope, const CUtensorMap& map_w, const CUtensorMap& map_x,
                         const Params& p, cudaStream_t stream) {
+  if (qkv_rope) return Launch<kRows, 2, true>(map_w, map_x, p, stream);
   switch (m) {
     case 1:
       return Launch<kRows, 1>(map_w, map_x, p, stream);
@@ -608,8 +660,8 @@ int RowTile(int64_t rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 
 // features from 2 * inter weight rows (its tiles are always 128 weight rows).
 absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, int64_t in,
                  int64_t out, void* y, GemmOutputType y_type, bool accumulate, int64_t swiglu_inter,
-                 const SkinnyWgmmaWorkspace& workspace, cudaStream_t stream,
-                 SkinnyWgmmaConfig config) {
+                 const RopeKvAppendArgs* rope, const SkinnyWgmmaWorkspace& workspace,
+                 cudaStream_t stream, SkinnyWgmmaConfig config) {
   if (config.tile_features != 0 && config.tile_features != 64 && config.tile_features != 128 &&
       config.tile_features != 256) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -637,19 +689,20 @@ absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, i
                  .k_blocks = CeilDiv(in, kTileK),
                  .splits = chosen.splits,
                  .swiglu_inter = static_cast<int>(swiglu_inter),
+                 .rope = rope != nullptr ? *rope : RopeKvAppendArgs{},
                  .y_fp32 = y_type == GemmOutputType::kFp32,
                  .accumulate = accumulate,
                  .counters = workspace.counters(),
                  .partials = workspace.partials()};
   switch (row_tile) {
     case 8:
-      return LaunchRows<8>(m, map_w, map_x, p, stream);
+      return LaunchRows<8>(m, rope != nullptr, map_w, map_x, p, stream);
     case 16:
-      return LaunchRows<16>(m, map_w, map_x, p, stream);
+      return LaunchRows<16>(m, rope != nullptr, map_w, map_x, p, stream);
     case 32:
-      return LaunchRows<32>(m, map_w, map_x, p, stream);
+      return LaunchRows<32>(m, rope != nullptr, map_w, map_x, p, stream);
     default:
-      return LaunchRows<64>(m, map_w, map_x, p, stream);
+      return LaunchRows<64>(m, rope != nullptr, map_w, map_x, p, stream);
   }
 }
 
@@ -663,8 +716,8 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
     return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: unsupported product ",
                                                    rows, "x", in, " * ", out, "x", in, "^T"));
   }
-  return Run(x, w, rows, in, out, y, y_type, accumulate, /*swiglu_inter=*/0, workspace, stream,
-             config);
+  return Run(x, w, rows, in, out, y, y_type, accumulate, /*swiglu_inter=*/0, /*rope=*/nullptr,
+             workspace, stream, config);
 }
 
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
@@ -677,8 +730,41 @@ absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bflo
         in, "^T"));
   }
   return Run(x, w_gate_up, rows, in, 2 * inter, act, GemmOutputType::kBf16,
-             /*accumulate=*/false, inter, workspace, stream,
+             /*accumulate=*/false, inter, /*rope=*/nullptr, workspace, stream,
              {.tile_features = 2 * kTileM, .splits = splits});
+}
+
+bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs& a,
+                                const void* x, const void* w_qkv) {
+  return a.head_dim == 2 * kTileM && a.rope.head_dim == a.head_dim && a.rope.cos != nullptr &&
+         a.rope.sin != nullptr && a.rope.max_positions > 0 && a.num_heads > 0 &&
+         a.num_kv_heads > 0 && a.num_tokens == rows && a.local_positions != nullptr &&
+         a.deltas != nullptr && a.slots != nullptr && a.k_pool != nullptr &&
+         a.v_pool != nullptr &&
+         SkinnyWgmmaLinearSupports(rows, in,
+                                   int64_t{a.num_heads + 2 * a.num_kv_heads} * a.head_dim, x,
+                                   w_qkv, a.q_out);
+}
+
+absl::Status SkinnyWgmmaLinearQkvRopeCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_qkv,
+                                          int64_t rows, int64_t in, const RopeKvAppendArgs& rope,
+                                          const SkinnyWgmmaWorkspace& workspace,
+                                          cudaStream_t stream, SkinnyWgmmaConfig config) {
+  if (!SkinnyWgmmaQkvRopeSupports(rows, in, rope, x, w_qkv)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: unsupported QKV + RoPE product: ", rows, " rows, in ", in,
+        ", heads ", rope.num_heads, "/", rope.num_kv_heads, ", head_dim ", rope.head_dim,
+        " (needs head_dim 128 and a complete RopeKvAppendArgs)"));
+  }
+  if (config.tile_features != 0 && config.tile_features != 2 * kTileM) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: the QKV + RoPE form's tiles are one head (128 features), not ",
+        config.tile_features));
+  }
+  const int64_t out = int64_t{rope.num_heads + 2 * rope.num_kv_heads} * rope.head_dim;
+  return Run(x, w_qkv, rows, in, out, rope.q_out, GemmOutputType::kBf16, /*accumulate=*/false,
+             /*swiglu_inter=*/0, &rope, workspace, stream,
+             {.tile_features = 2 * kTileM, .splits = config.splits});
 }
 
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rope_kv_append.h"
 
 namespace lazyattn {
 
@@ -76,12 +77,27 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
 
 // act[r][i] = silu(gate) * up of y = x W^T for W = [gate rows; up rows] ([2 * inter][in]),
 // act bf16 [rows][inter]: gate and up are rounded to bf16 before the product, exactly as
-// SwiGluCuda reads them after a bf16 Linear, but the [rows][2 * inter] product is never written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
+// SwiGluCuda reads them after a bf16 Linear, but the [rows][2 * inter] product is never
+// written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
 // SkinnyWgmmaConfig::splits. Errors as SkinnyWgmmaLinearCuda.
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,
                                          __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
                                          cudaStream_t stream, int splits = 0);
+
+// The QKV projection with RopeKvAppend's work as its epilogue: qkv = x W_qkv^T for W_qkv =
+// [q heads; k heads; v heads] ([(H + 2 KH) * 128][in]), then exactly what RopeKvAppend(rope)
+// does with that bf16 qkv (rope.q/k/v and their strides are ignored): q rotated to delta + local
+// into rope.q_out, k rotated to local and v into the pool slots (none for a negative slot). The
+// qkv rows are never written, and a step saves RopeKvAppend's launch. head_dim 128 only: a
+// 128-feature tile is one head, so each thread holds both dims of its rotation pairs.
+// config.tile_features must be 0 or 128; splits as SkinnyWgmmaConfig::splits.
+bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs& rope,
+                                const void* x, const void* w_qkv);
+absl::Status SkinnyWgmmaLinearQkvRopeCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_qkv,
+                                          int64_t rows, int64_t in, const RopeKvAppendArgs& rope,
+                                          const SkinnyWgmmaWorkspace& workspace,
+                                          cudaStream_t stream, SkinnyWgmmaConfig config = {});
 
 // The cut SkinnyWgmmaLinearCuda makes for this product and a `config` it accepts, with an
 // initialized workspace (for benchmarks and tests).

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/rope_table_cuda.h"
 #include "kernels/include/gemm.h"
+#include "kernels/include/rope.h"
 #include "kernels/include/swiglu.h"
 
 namespace lazyattn {
@@ -212,9 +215,9 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     std::vector<uint16_t> act_bits(n + kGuard, 0x4640);  // bf16 12288 past act
     std::fill_n(act_bits.begin(), n, 0xffff);               // NaN poison in act
     dact.Upload(act_bits);
-    ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, c.inter,
-                                            reinterpret_cast<__nv_bfloat16*>(dact.get()), ws_, nullptr,
-                                            c.splits)
+    auto* act = reinterpret_cast<__nv_bfloat16*>(dact.get());
+    ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, c.inter, act,
+                                            ws_, nullptr, c.splits)
                     .ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
     const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
@@ -227,6 +230,99 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     got.resize(n);
     EXPECT_TRUE(testing::AllClose(got, want,
                                   testing::Tolerance{1e-2 * testing::Rms(want), 1.0 / 128, 5e-3}));
+  }
+}
+
+// The QKV + RoPE form against its definition: the same product written to a bf16 qkv by
+// SkinnyWgmmaLinearCuda with the same cut (so the same fp32 sums), then RopeKvAppend (itself
+// tested against the CPU twins). Both round each qkv value to bf16 and rotate it in fp32 with
+// the same cos/sin; the two compilations may contract a*c - b*s into an FMA differently, so an
+// element may differ by one bf16 rounding: |got - want| <= 2^-7 |want| + 1e-6. Every other pool
+// element must be untouched, and a negative slot writes nothing. GQA 4/2 and 8/8 heads, rows
+// from 1 to 64, positions up to 200,000, splits 1 and 3.
+TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  constexpr int kHeadDim = 128, kPoolBlocks = 9;
+  RopeTable table(RopeParams{.head_dim = kHeadDim, .theta = 500000}, 220000);
+  auto rope = DeviceRopeTable::Create(table);
+  ASSERT_TRUE(rope.ok()) << rope.status();
+  struct QkvCase {
+    int rows, in, heads, kv_heads, splits;
+  };
+  for (const QkvCase c : {QkvCase{1, 576, 4, 2, 1}, QkvCase{7, 576, 4, 2, 3},
+                          QkvCase{32, 1024, 8, 8, 0}, QkvCase{33, 576, 4, 2, 1},
+                          QkvCase{64, 2112, 4, 2, 3}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " heads " << c.heads << "/"
+                                      << c.kv_heads << " splits " << c.splits);
+    const int out = (c.heads + 2 * c.kv_heads) * kHeadDim;
+    const auto x = RandomBf16(size_t(c.rows) * c.in, rng_);
+    const auto w = RandomBf16(size_t(out) * c.in, rng_);
+    std::vector<int32_t> local(c.rows), delta(c.rows);
+    std::vector<int64_t> slots(c.rows);
+    std::vector<int64_t> free_slots(kPoolBlocks * 16);
+    for (size_t i = 0; i < free_slots.size(); ++i) free_slots[i] = int64_t(i);
+    std::shuffle(free_slots.begin(), free_slots.end(), rng_);
+    std::uniform_int_distribution<int> pos(0, 20000), off(0, 180000);
+    for (int r = 0; r < c.rows; ++r) {
+      local[r] = pos(rng_);
+      delta[r] = off(rng_);
+      slots[r] = r == c.rows / 2 && c.rows > 1 ? -1 : free_slots[r];  // one padding row
+    }
+    DeviceBuffer<uint16_t> dx, dw;
+    dx.Upload(x);
+    dw.Upload(w);
+    DeviceBuffer<int32_t> d_local, d_delta;
+    DeviceBuffer<int64_t> d_slots;
+    d_local.Upload(local);
+    d_delta.Upload(delta);
+    d_slots.Upload(slots);
+    const size_t pool = size_t(kPoolBlocks) * c.kv_heads * 16 * kHeadDim;
+    // [0]: the fused form, [1]: GEMM + RopeKvAppend; pools start as the same sentinel.
+    DeviceBuffer<uint16_t> q_out[2], k_pool[2], v_pool[2];
+    for (int v = 0; v < 2; ++v) {
+      q_out[v].Upload(std::vector<uint16_t>(size_t(c.rows) * c.heads * kHeadDim, 0x4640));
+      k_pool[v].Upload(std::vector<uint16_t>(pool, 0x4640));
+      v_pool[v].Upload(std::vector<uint16_t>(pool, 0x4640));
+    }
+    DeviceBuffer<uint16_t> qkv(size_t(c.rows) * out);
+    auto args = [&](int v) {
+      return RopeKvAppendArgs{.q = AsBf16(qkv),
+                              .q_row_stride = out,
+                              .k = AsBf16(qkv) + c.heads * kHeadDim,
+                              .k_row_stride = out,
+                              .v = AsBf16(qkv) + (c.heads + c.kv_heads) * kHeadDim,
+                              .v_row_stride = out,
+                              .num_tokens = c.rows,
+                              .num_heads = c.heads,
+                              .num_kv_heads = c.kv_heads,
+                              .head_dim = kHeadDim,
+                              .local_positions = d_local.get(),
+                              .deltas = d_delta.get(),
+                              .slots = d_slots.get(),
+                              .rope = (*rope)->view(),
+                              .q_out = reinterpret_cast<__nv_bfloat16*>(q_out[v].get()),
+                              .k_pool = reinterpret_cast<__nv_bfloat16*>(k_pool[v].get()),
+                              .v_pool = reinterpret_cast<__nv_bfloat16*>(v_pool[v].get())};
+    };
+    const SkinnyWgmmaConfig cut{.tile_features = 128, .splits = c.splits};
+    ASSERT_TRUE(SkinnyWgmmaQkvRopeSupports(c.rows, c.in, args(0), dx.get(), dw.get()));
+    ASSERT_TRUE(
+        SkinnyWgmmaLinearQkvRopeCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, args(0), ws_, nullptr,
+                                     cut)
+            .ok());
+    ASSERT_TRUE(SkinnyWgmmaLinearCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, out, qkv.get(),
+                                      GemmOutputType::kBf16, false, ws_, nullptr, cut)
+                    .ok());
+    ASSERT_TRUE(RopeKvAppend(args(1), nullptr).ok());
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    for (auto [name, got, want] :
+         {std::tuple{"q_out", &q_out[0], &q_out[1]}, std::tuple{"k_pool", &k_pool[0], &k_pool[1]},
+          std::tuple{"v_pool", &v_pool[0], &v_pool[1]}}) {
+      SCOPED_TRACE(name);
+      EXPECT_TRUE(testing::AllClose(Bf16ToFloats(got->Download()),
+                                    Bf16ToFloats(want->Download()),
+                                    testing::Tolerance{1e-6, 1.0 / 128, 1e-3}));
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
-//                         [--wgmma-max-rows N] [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
+//                         [--wgmma-max-rows N] [--fused-qkv-rope]
+//                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
 // cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
@@ -75,6 +76,7 @@ struct Bench {
   bool fused_norms = true;
   int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows;
   CudaRunnerOptions::WgmmaCuts wgmma_cuts;
+  bool fused_qkv_rope = false;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -85,6 +87,7 @@ struct Bench {
                                                            .skinny_gemms = skinny_gemms,
                                                            .fused_norms = fused_norms,
                                                            .wgmma_max_rows = wgmma_max_rows,
+                                                           .fused_qkv_rope = fused_qkv_rope,
                                                            .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
@@ -581,6 +584,8 @@ int Main(int argc, char** argv) {
                "gemm part: also time the few-row wgmma kernel");
   args.Declare("wgmma-max-rows", CliArgs::Kind::kValue,
                "runner: steps of 2..N rows on the wgmma kernel (0 = none; default the runner's)");
+  args.Declare("fused-qkv-rope", CliArgs::Kind::kSwitch,
+               "runner: RoPE and the K/V append in the wgmma QKV product (head_dim 128)");
   args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
                "runner: wgmma cut per product, product=features/splits (0 = the kernel's)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
@@ -598,6 +603,7 @@ int Main(int argc, char** argv) {
   b.config = *config;
   b.skinny_gemms = !args.Has("no-skinny");
   b.fused_norms = !args.Has("no-fused-norms");
+  b.fused_qkv_rope = args.Has("fused-qkv-rope");
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

@@ -52,8 +52,9 @@ LogitsDiff Compare(std::span<const float> ours, std::span<const float> ref) {
   return d;
 }
 
-std::unique_ptr<ModelRunner> CudaRunnerFor(const ModelWeights& w, int64_t blocks,
-                                           int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows) {
+std::unique_ptr<ModelRunner> CudaRunnerFor(
+    const ModelWeights& w, int64_t blocks,
+    int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows) {
   auto gpu = CudaModelWeights::Upload(w);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (!gpu.ok()) return nullptr;
@@ -382,29 +383,24 @@ TEST(CudaModelRunnerTest, FusedNormsAtBatchOneAreBitIdentical) {
   EXPECT_GE(runners[1]->graph_launches(), 20);
 }
 
-// Steps of 2 to 64 rows on the wgmma few-row kernel (CudaRunnerOptions::wgmma_max_rows) give the
-// logits of the cuBLASLt runner up to rounding: the fp32 sums run in another order, and gate/up
-// reach SwiGLU unrounded. rel_err (the file's metric, the cuBLASLt runner as reference) <= 0.05,
-// half the bound this file sets for bf16 against fp32. Rows: a
-// 40-token prompt, then decode batches of 2 and 64 (graphs replay the second time on).
-TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
-  SKIP_WITHOUT_GPU();
-  if (!SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
-    GTEST_SKIP() << "needs a compute capability 9.0 device";
-  }
+// Runs the same steps on runners built with options `a` and `b` from the same weights and
+// expects the same logits up to rounding: rel_err (the file's metric, `a` as reference) <= 0.05,
+// half the bound this file sets for bf16 against fp32, and cosine > 0.999. Steps: a 40-token
+// prompt, then decode batches of 2 and 64 (graphs replay the second time on).
+void ExpectSameLogits(const ModelConfig& config, CudaRunnerOptions a, CudaRunnerOptions b) {
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(seed);
-  auto w = HfLikeWeights(SmallConfig(), seed);
+  auto w = HfLikeWeights(config, seed);
   std::vector<std::unique_ptr<CudaModelRunner>> runners;
-  for (int wgmma_max_rows : {0, 64}) {
+  for (CudaRunnerOptions options : {a, b}) {
     auto gpu = CudaModelWeights::Upload(*w);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    auto r = CudaModelRunner::Create(std::move(*gpu),
-                                     {.num_kv_blocks = 512, .wgmma_max_rows = wgmma_max_rows});
+    options.num_kv_blocks = 512;
+    auto r = CudaModelRunner::Create(std::move(*gpu), options);
     ASSERT_TRUE(r.ok()) << r.status();
     runners.push_back(std::move(*r));
   }
-  const int64_t vocab = SmallConfig().vocab_size;
+  const int64_t vocab = config.vocab_size;
   std::mt19937 rng(seed);
   // Sequence i owns blocks [8 i, 8 i + 8): up to 128 tokens.
   std::vector<std::vector<int32_t>> seqs(64);
@@ -414,7 +410,9 @@ TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
     std::vector<ForwardChunk> chunks;
     for (int i = 0; i < num_seqs; ++i) {
       const int64_t start = static_cast<int64_t>(seqs[i].size());
-      for (int64_t t = 0; t < new_tokens; ++t) seqs[i].push_back(static_cast<int32_t>(rng() % 1024));
+      for (int64_t t = 0; t < new_tokens; ++t) {
+        seqs[i].push_back(static_cast<int32_t>(rng() % 1024));
+      }
       for (int64_t t = start; t < start + new_tokens; ++t) slots[i].push_back(8 * 16 * i + t);
       for (int64_t b = 0; b * 16 < start + new_tokens; ++b) {
         tables[i].push_back(PackKvBlockEntry(
@@ -427,14 +425,14 @@ TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
                         .block_table = tables[i],
                         .first_query_index = start});
     }
-    auto a = runners[0]->Forward(chunks);
-    auto b = runners[1]->Forward(chunks);
-    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-    ASSERT_EQ(a->logits.size(), size_t(num_seqs) * vocab);
-    ASSERT_EQ(b->logits.size(), a->logits.size());
+    auto ra = runners[0]->Forward(chunks);
+    auto rb = runners[1]->Forward(chunks);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+    ASSERT_EQ(ra->logits.size(), size_t(num_seqs) * vocab);
+    ASSERT_EQ(rb->logits.size(), ra->logits.size());
     for (int i = 0; i < num_seqs; ++i) {
-      const auto d = Compare(std::span(b->logits).subspan(i * vocab, vocab),
-                             std::span(a->logits).subspan(i * vocab, vocab));
+      const auto d = Compare(std::span(rb->logits).subspan(i * vocab, vocab),
+                             std::span(ra->logits).subspan(i * vocab, vocab));
       EXPECT_LE(d.rel_err, 0.05) << "sequence " << i << " of " << num_seqs;
       EXPECT_GT(d.cosine, 0.999) << "sequence " << i << " of " << num_seqs;
     }
@@ -443,6 +441,30 @@ TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
   for (int i = 0; i < 3; ++i) step(2, 1);
   for (int i = 0; i < 3; ++i) step(64, 1);
   EXPECT_GE(runners[1]->graph_launches(), 2);
+}
+
+bool HasWgmma() { return SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr); }
+
+// Steps of 2 to 64 rows on the wgmma few-row kernel (CudaRunnerOptions::wgmma_max_rows) against
+// cuBLASLt: the fp32 sums run in another order.
+TEST(CudaModelRunnerTest, WgmmaGemmsMatchCublasLt) {
+  SKIP_WITHOUT_GPU();
+  if (!HasWgmma()) GTEST_SKIP() << "needs a compute capability 9.0 device";
+  ExpectSameLogits(SmallConfig(), {.wgmma_max_rows = 0}, {.wgmma_max_rows = 64});
+}
+
+// RoPE and the K/V append in the wgmma QKV product (CudaRunnerOptions::fused_qkv_rope) against
+// RopeKvAppend's launch, on a head_dim-128 model: the same bf16 values rotated the same way
+// (an FMA contracted differently may move one rounding).
+TEST(CudaModelRunnerTest, FusedQkvRopeMatchesRopeKvAppend) {
+  SKIP_WITHOUT_GPU();
+  if (!HasWgmma()) GTEST_SKIP() << "needs a compute capability 9.0 device";
+  ModelConfig c = SmallConfig();
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.rope.head_dim = 128;
+  ExpectSameLogits(c, {.wgmma_max_rows = 64}, {.wgmma_max_rows = 64, .fused_qkv_rope = true});
 }
 
 TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {
@@ -533,7 +555,8 @@ TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
     int runs = 0, tokens_equal = 0, first16_equal = 0;
     double worst = 0, worst_cosine = 1;
     for (const auto& run : golden["runs"]) {
-      const std::string name = run["name"].get<std::string>() + "/" + run["mode"].get<std::string>();
+      const std::string name =
+          run["name"].get<std::string>() + "/" + run["mode"].get<std::string>();
       SCOPED_TRACE(name);
       const std::string prompt = run["prompt_text"].get<std::string>();
       EngineRequest request{.question = prompt,

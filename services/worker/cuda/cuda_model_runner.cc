@@ -220,6 +220,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->fused_norms_ = options.fused_norms && options.skinny_gemms;
   r->wgmma_max_rows_ = std::clamp(options.wgmma_max_rows, 0, 64);
   r->wgmma_cuts_ = options.wgmma_cuts;
+  r->fused_qkv_rope_ = options.fused_qkv_rope;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
@@ -543,6 +544,9 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                      .q_out = q_rot,
                                      .k_pool = k_pool,
                                      .v_pool = v_pool};
+      // At 2-64 rows with head_dim 128, RoPE and the K/V append can run in the QKV product.
+      const bool fused_rope = wgmma && fused_qkv_rope_ &&
+                              SkinnyWgmmaQkvRopeSupports(rows, H, rope_kv, h, L.wqkv);
       if (fused) {
         RETURN_IF_ERROR(SkinnyRmsNormLinearCuda(x, L.attn_norm, eps, L.wqkv, H, qkv_width, qkv,
                                                 GemmOutputType::kBf16, /*accumulate=*/false, st));
@@ -551,11 +555,16 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
         RETURN_IF_ERROR(
             l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
                    : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
-        RETURN_IF_ERROR(
-            linear(h, L.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16, /*accumulate=*/false,
-                   wgmma_cuts_.qkv));
+        if (!fused_rope) {
+          RETURN_IF_ERROR(
+              linear(h, L.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16, /*accumulate=*/false,
+                     wgmma_cuts_.qkv));
+        }
       }
-      RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
+      RETURN_IF_ERROR(fused_rope ? SkinnyWgmmaLinearQkvRopeCuda(
+                                       h, L.wqkv, rows, H, rope_kv, *s.wgmma_workspace, st,
+                                       {.splits = wgmma_cuts_.qkv.splits})
+                                 : RopeKvAppend(rope_kv, st));
       if (num_decode > 0) {
         RETURN_IF_ERROR(PagedDecodeAttention({.q = q_rot,
                                               .k_pool = k_pool,

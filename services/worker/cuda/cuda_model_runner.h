@@ -72,6 +72,11 @@ struct CudaRunnerOptions {
   // (docs/benchmarks.md). `wgmma_cuts` overrides its choice of cut per product (zeros: the
   // kernel's; gate_up takes only splits).
   int wgmma_max_rows = 64;
+  // Where the wgmma kernel runs the QKV product and head_dim is 128, RoPE and the K/V append
+  // run in its epilogue (SkinnyWgmmaLinearQkvRopeCuda) instead of RopeKvAppend's launch. Off
+  // until measured on a GPU: a batch-32 decode step spent ~0.08 ms in RopeKvAppend launches
+  // (docs/benchmarks.md, seventh pass).
+  bool fused_qkv_rope = false;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
@@ -122,6 +127,7 @@ class CudaModelRunner final : public ModelRunner {
   bool use_graphs_ = true;
   bool fused_norms_ = true;
   int wgmma_max_rows_ = 0;
+  bool fused_qkv_rope_ = false;
   CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<State> state_;
