@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <tuple>
 #include <random>
@@ -190,7 +191,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, BackToBackCallsAccumulate) {
 
 // The SwiGLU form against LinearCpu + SwiGluCpu on the same bf16 inputs, gate and up rounded to
 // bf16 on both sides: fp32 sums ~1e-6 relative apart may round to neighbouring bf16 values (an
-// ulp, 2^-8 relative, in gate or up), then the product is rounded once more. inter covers a partial
+// ulp, up to 2^-7 relative, in gate or up), then the product is rounded once more (2^-9):
+// 3/256 relative. inter covers a partial
 // 64-feature tile; splits the kernel's choice, 3 (uneven) and 8.
 TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
@@ -229,17 +231,19 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     for (size_t i = n; i < n + kGuard; ++i) ASSERT_EQ(got[i], 12288.f) << "written past act";
     got.resize(n);
     EXPECT_TRUE(testing::AllClose(got, want,
-                                  testing::Tolerance{1e-2 * testing::Rms(want), 1.0 / 128, 5e-3}));
+                                  testing::Tolerance{1e-2 * testing::Rms(want), 3.0 / 256, 5e-3}));
   }
 }
 
 // The QKV + RoPE form against its definition: the same product written to a bf16 qkv by
 // SkinnyWgmmaLinearCuda with the same cut (so the same fp32 sums), then RopeKvAppend (itself
 // tested against the CPU twins). Both round each qkv value to bf16 and rotate it in fp32 with
-// the same cos/sin; the two compilations may contract a*c - b*s into an FMA differently, so an
-// element may differ by one bf16 rounding: |got - want| <= 2^-7 |want| + 1e-6. Every other pool
-// element must be untouched, and a negative slot writes nothing. GQA 4/2 and 8/8 heads, rows
-// from 1 to 64, positions up to 200,000, splits 1 and 3.
+// the same cos/sin. Two compilations could contract a*c - b*s into an FMA differently (both
+// compile to the same instructions today), which near a cancellation moves the fp32 result by an
+// ulp of the products and then its bf16 rounding: |got - want| <= 2^-7 |want| + 2^-20 max|want|.
+// Every other pool element must be untouched, and a negative slot writes nothing. GQA 4/2 and
+// 8/8 heads, rows from 1 to 64, positions up to 200,000 and past the table's end (clamped to its
+// last row), splits 1 and 3 (17 K blocks: uneven).
 TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   constexpr int kHeadDim = 128, kPoolBlocks = 9;
@@ -249,7 +253,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
   struct QkvCase {
     int rows, in, heads, kv_heads, splits;
   };
-  for (const QkvCase c : {QkvCase{1, 576, 4, 2, 1}, QkvCase{7, 576, 4, 2, 3},
+  for (const QkvCase c : {QkvCase{1, 576, 4, 2, 1}, QkvCase{7, 1088, 4, 2, 3},
                           QkvCase{32, 1024, 8, 8, 0}, QkvCase{33, 576, 4, 2, 1},
                           QkvCase{64, 2112, 4, 2, 3}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " heads " << c.heads << "/"
@@ -266,6 +270,11 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
     for (int r = 0; r < c.rows; ++r) {
       local[r] = pos(rng_);
       delta[r] = off(rng_);
+      if (r % 5 == 3) {
+        local[r] = 225000;  // k and q past the table's 220,000 rows
+      } else if (r % 7 == 2) {
+        delta[r] = 219998 - local[r] + r % 4;  // q from its second-last row to past the end
+      }
       slots[r] = r == c.rows / 2 && c.rows > 1 ? -1 : free_slots[r];  // one padding row
     }
     DeviceBuffer<uint16_t> dx, dw;
@@ -319,9 +328,11 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
          {std::tuple{"q_out", &q_out[0], &q_out[1]}, std::tuple{"k_pool", &k_pool[0], &k_pool[1]},
           std::tuple{"v_pool", &v_pool[0], &v_pool[1]}}) {
       SCOPED_TRACE(name);
-      EXPECT_TRUE(testing::AllClose(Bf16ToFloats(got->Download()),
-                                    Bf16ToFloats(want->Download()),
-                                    testing::Tolerance{1e-6, 1.0 / 128, 1e-3}));
+      const std::vector<float> want_values = Bf16ToFloats(want->Download());
+      double max_abs = 0;
+      for (float v : want_values) max_abs = std::max(max_abs, double(std::fabs(v)));
+      EXPECT_TRUE(testing::AllClose(Bf16ToFloats(got->Download()), want_values,
+                                    testing::Tolerance{std::ldexp(max_abs, -20), 1.0 / 128, 1e-3}));
     }
   }
 }

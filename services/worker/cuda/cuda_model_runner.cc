@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -128,7 +129,7 @@ struct CudaModelRunner::State {
     int seen = 0;
   };
   std::map<GraphKey, Graph> graphs;
-  int64_t graph_launches = 0, graph_captures = 0;
+  int64_t graph_launches = 0, graph_captures = 0, fused_qkv_rope_launches = 0;
   bool profiling = false;
   cudaEvent_t step_start = nullptr, step_end = nullptr;
   StepProfile profile;
@@ -198,6 +199,9 @@ CudaModelRunner::StepProfile CudaModelRunner::profile() const { return state_->p
 
 int64_t CudaModelRunner::graph_launches() const { return state_->graph_launches; }
 int64_t CudaModelRunner::graph_captures() const { return state_->graph_captures; }
+int64_t CudaModelRunner::fused_qkv_rope_launches() const {
+  return state_->fused_qkv_rope_launches;
+}
 
 int64_t CudaModelRunner::kv_pool_bytes() const {
   return num_kv_blocks_ * CudaKvBytesPerBlock(config());
@@ -220,6 +224,20 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->fused_norms_ = options.fused_norms && options.skinny_gemms;
   r->wgmma_max_rows_ = std::clamp(options.wgmma_max_rows, 0, 64);
   r->wgmma_cuts_ = options.wgmma_cuts;
+  for (const auto& [name, cut] : {std::pair{"qkv", options.wgmma_cuts.qkv},
+                                  std::pair{"o", options.wgmma_cuts.o},
+                                  std::pair{"gate_up", options.wgmma_cuts.gate_up},
+                                  std::pair{"down", options.wgmma_cuts.down}}) {
+    const bool tile_ok = std::string_view(name) == "gate_up"
+                             ? cut.tile_features == 0 || cut.tile_features == 128
+                             : cut.tile_features == 0 || cut.tile_features == 64 ||
+                                   cut.tile_features == 128 || cut.tile_features == 256;
+    if (!tile_ok || cut.splits < 0 || cut.splits > 8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wgmma_cuts.", name, ": tile_features ", cut.tile_features, " / splits ", cut.splits,
+          " (tile_features 0, 64, 128 or 256, gate_up 0 or 128; splits 0 to 8)"));
+    }
+  }
   r->fused_qkv_rope_ = options.fused_qkv_rope;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
@@ -561,10 +579,14 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                      wgmma_cuts_.qkv));
         }
       }
-      RETURN_IF_ERROR(fused_rope ? SkinnyWgmmaLinearQkvRopeCuda(
-                                       h, L.wqkv, rows, H, rope_kv, *s.wgmma_workspace, st,
-                                       {.splits = wgmma_cuts_.qkv.splits})
-                                 : RopeKvAppend(rope_kv, st));
+      if (fused_rope) {
+        RETURN_IF_ERROR(SkinnyWgmmaLinearQkvRopeCuda(h, L.wqkv, rows, H, rope_kv,
+                                                     *s.wgmma_workspace, st,
+                                                     {.splits = wgmma_cuts_.qkv.splits}));
+        ++s.fused_qkv_rope_launches;
+      } else {
+        RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
+      }
       if (num_decode > 0) {
         RETURN_IF_ERROR(PagedDecodeAttention({.q = q_rot,
                                               .k_pool = k_pool,

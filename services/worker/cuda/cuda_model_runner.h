@@ -116,6 +116,9 @@ class CudaModelRunner final : public ModelRunner {
   // Decode steps replayed from graphs, and graphs captured, so far.
   int64_t graph_launches() const;
   int64_t graph_captures() const;
+  // QKV products enqueued with RoPE and the K/V append in their epilogue (fused_qkv_rope), one
+  // per layer, in eager steps and graph captures (replays enqueue nothing). For tests.
+  int64_t fused_qkv_rope_launches() const;
 
  private:
   struct State;  // device buffers, workspaces, stream (CUDA types kept out of this header)
