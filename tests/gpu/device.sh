@@ -11,6 +11,8 @@
 #   bench  the attention kernel benchmarks against PyTorch SDPA (tests/gpu/bench.sh)
 #   engine the CUDA backend end to end on llama3-8b random weights (lazyattn-bench-engine)
 #   hfbase HF transformers on the same shapes (tools/bench/hf_rag_baseline.py)
+#   ab     whole steps with two sets of bench flags, alternated in one call (tests/gpu/ab.sh;
+#          LAZYATTN_AB_A, LAZYATTN_AB_B, LAZYATTN_AB_PARTS, LAZYATTN_AB_ROUNDS); only when named
 #   cluster tools/cluster-trace on this machine: kvdir, the router and one CUDA worker per GPU
 #          serving random:llama3-8b (issue 7's run; LAZYATTN_CLUSTER_ARGS adds flags)
 #   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
@@ -84,6 +86,10 @@ if has engine; then
   # shellcheck disable=SC2086
   timeout "${LAZYATTN_ENGINE_TIMEOUT:-420}" "$carry/bin/lazyattn-bench-engine" ${LAZYATTN_ENGINE_ARGS:-} 2>&1 | tee "$logs/bench-engine.log" ||
     status=1
+fi
+if has ab; then
+  echo "=== A/B: lazyattn-bench-engine, two sets of flags alternated"
+  OUT="$logs" timeout 580 tests/gpu/ab.sh "$carry" 2>&1 | tee "$logs/ab.log" || status=1
 fi
 if has cluster; then
   echo "=== tools/cluster-trace, one worker per GPU"
