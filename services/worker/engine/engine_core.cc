@@ -481,7 +481,15 @@ void EngineCore::CompleteJob(EncodeJob& job) {
 std::vector<KvBlockEntry> EngineCore::TableFor(const Request& r, size_t seg,
                                                int64_t own_tokens) const {
   const int64_t B = block_size();
+  // Sized once: a decode step rebuilds every running sequence's table (130 entries each at 2K
+  // tokens), and growing them entry by entry was a tenth of the engine's host time per step.
+  size_t entries = 0;
+  for (size_t i = 0; i <= seg; ++i) {
+    const int64_t len = i == seg ? own_tokens : r.segments[i].length();
+    entries += static_cast<size_t>((len + B - 1) / B);
+  }
   std::vector<KvBlockEntry> table;
+  table.reserve(entries);
   for (size_t i = 0; i <= seg; ++i) {
     const Segment& s = r.segments[i];
     const int64_t len = i == seg ? own_tokens : s.length();
