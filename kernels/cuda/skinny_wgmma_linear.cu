@@ -81,6 +81,9 @@ struct Params {
   bool y_fp32, accumulate;
   int* counters;    // one per tile, zero between calls
   float* partials;  // [splits][tiles][accumulators][kConsumers] when splits > 1
+  // Non-null: the weights in PackWeightsForWgmma's layout, read as contiguous 8 KB blocks
+  // (cp.async.bulk) instead of through map_w.
+  const __nv_bfloat16* packed_w;
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -126,6 +129,17 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// A contiguous `bytes` from global `src` into shared memory at `dst`, completing on `bar`, with
+// an L2 eviction policy (no tensor map: the bytes are copied as they lie).
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
 
@@ -263,7 +277,17 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
       // The SwiGLU form's map has 64-row boxes: gate rows at n0, up rows at inter + n0.
       auto load_weights = [&](int s, int i) {
         const int k = (kb_begin + i) * kTileK;
-        if (p.swiglu_inter > 0) {
+        if (p.packed_w != nullptr) {
+          // Block (64-row group g, K block kb) lies at (g * k_blocks + kb) * 8 KB, already in
+          // the 128-byte-swizzled order TMA would write: a plain copy per 64-row group.
+          for (int m = 0; m < kM; ++m) {
+            const int row = p.swiglu_inter > 0 ? (m == 0 ? n0 : p.swiglu_inter + n0)
+                                                : n0 + m * kTileM;
+            const int64_t block = int64_t{row / kTileM} * p.k_blocks + kb_begin + i;
+            BulkLoad(a_tile(s) + m * kTileM * 128, p.packed_w + block * kTileM * kTileK,
+                     kTileM * 128, full(s), weights_policy);
+          }
+        } else if (p.swiglu_inter > 0) {
           TmaLoad2d(a_tile(s), &map_w, k, n0, full(s), weights_policy);
           TmaLoad2d(a_tile(s) + kTileM * 128, &map_w, k, p.swiglu_inter + n0, full(s),
                     weights_policy);
@@ -661,7 +685,15 @@ int RowTile(int64_t rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 
 absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, int64_t in,
                  int64_t out, void* y, GemmOutputType y_type, bool accumulate, int64_t swiglu_inter,
                  const RopeKvAppendArgs* rope, const SkinnyWgmmaWorkspace& workspace,
-                 cudaStream_t stream, SkinnyWgmmaConfig config) {
+                 cudaStream_t stream, SkinnyWgmmaConfig config, const __nv_bfloat16* w_packed) {
+  if (w_packed != nullptr && reinterpret_cast<uintptr_t>(w_packed) % 16 != 0) {
+    return absl::InvalidArgumentError("skinny wgmma linear: packed weights must be 16-byte aligned");
+  }
+  if (w_packed != nullptr && swiglu_inter % kTileM != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: packed gate/up weights need inter a multiple of 64, not ",
+        swiglu_inter));
+  }
   if (config.tile_features != 0 && config.tile_features != 64 && config.tile_features != 128 &&
       config.tile_features != 256) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -693,7 +725,8 @@ absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, i
                  .y_fp32 = y_type == GemmOutputType::kFp32,
                  .accumulate = accumulate,
                  .counters = workspace.counters(),
-                 .partials = workspace.partials()};
+                 .partials = workspace.partials(),
+                 .packed_w = w_packed};
   switch (row_tile) {
     case 8:
       return LaunchRows<8>(m, rope != nullptr, map_w, map_x, p, stream);
@@ -711,19 +744,21 @@ absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, i
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
                                    int64_t in, int64_t out, void* y, GemmOutputType y_type,
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
-                                   cudaStream_t stream, SkinnyWgmmaConfig config) {
+                                   cudaStream_t stream, SkinnyWgmmaConfig config,
+                                   const __nv_bfloat16* w_packed) {
   if (!SkinnyWgmmaLinearSupports(rows, in, out, x, w, y)) {
     return absl::InvalidArgumentError(absl::StrCat("skinny wgmma linear: unsupported product ",
                                                    rows, "x", in, " * ", out, "x", in, "^T"));
   }
   return Run(x, w, rows, in, out, y, y_type, accumulate, /*swiglu_inter=*/0, /*rope=*/nullptr,
-             workspace, stream, config);
+             workspace, stream, config, w_packed);
 }
 
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,
                                          __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
-                                         cudaStream_t stream, int splits) {
+                                         cudaStream_t stream, int splits,
+                                         const __nv_bfloat16* w_packed) {
   if (inter < 1 || !SkinnyWgmmaLinearSupports(rows, in, 2 * inter, x, w_gate_up, act)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skinny wgmma linear: unsupported SwiGLU product ", rows, "x", in, " * ", 2 * inter, "x",
@@ -731,7 +766,7 @@ absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bflo
   }
   return Run(x, w_gate_up, rows, in, 2 * inter, act, GemmOutputType::kBf16,
              /*accumulate=*/false, inter, /*rope=*/nullptr, workspace, stream,
-             {.tile_features = 2 * kTileM, .splits = splits});
+             {.tile_features = 2 * kTileM, .splits = splits}, w_packed);
 }
 
 bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs& a,
@@ -749,7 +784,8 @@ bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs
 absl::Status SkinnyWgmmaLinearQkvRopeCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_qkv,
                                           int64_t rows, int64_t in, const RopeKvAppendArgs& rope,
                                           const SkinnyWgmmaWorkspace& workspace,
-                                          cudaStream_t stream, SkinnyWgmmaConfig config) {
+                                          cudaStream_t stream, SkinnyWgmmaConfig config,
+                                          const __nv_bfloat16* w_packed) {
   if (!SkinnyWgmmaQkvRopeSupports(rows, in, rope, x, w_qkv)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skinny wgmma linear: unsupported QKV + RoPE product: ", rows, " rows, in ", in,
@@ -764,7 +800,49 @@ absl::Status SkinnyWgmmaLinearQkvRopeCuda(const __nv_bfloat16* x, const __nv_bfl
   const int64_t out = int64_t{rope.num_heads + 2 * rope.num_kv_heads} * rope.head_dim;
   return Run(x, w_qkv, rows, in, out, rope.q_out, GemmOutputType::kBf16, /*accumulate=*/false,
              /*swiglu_inter=*/0, &rope, workspace, stream,
-             {.tile_features = 2 * kTileM, .splits = config.splits});
+             {.tile_features = 2 * kTileM, .splits = config.splits}, w_packed);
+}
+
+namespace {
+
+// Element (n, k) of W goes to block (n / 64, k / 64), row n % 64 of 128 bytes, 16-byte chunk
+// (k % 64) / 8 XOR (n % 8): the smem image TMA's 128-byte swizzle gives a 64 x 64 box whose base
+// is 1024-byte aligned. Zeros past out or in, as TMA's out-of-bounds fill.
+__global__ void PackWeightsKernel(const __nv_bfloat16* __restrict__ w, int64_t out, int64_t in,
+                                  int64_t k_blocks, int64_t total,
+                                  __nv_bfloat16* __restrict__ packed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t block = i / (kTileM * kTileK);
+    const int within = static_cast<int>(i % (kTileM * kTileK));
+    const int r = within / kTileK, slot = within % kTileK;  // slot: position in the smem row
+    const int chunk = (slot / 8) ^ (r % 8), e = slot % 8;     // the chunk's source position
+    const int64_t n = block / k_blocks * kTileM + r;
+    const int64_t k = block % k_blocks * kTileK + chunk * 8 + e;
+    packed[i] = n < out && k < in ? w[n * in + k] : __float2bfloat16_rn(0.f);
+  }
+}
+
+}  // namespace
+
+// Groups of 64 rows, padded to whole 256-row tiles: the widest tile's copies stay inside.
+int64_t PackedGroups(int64_t out) { return (out + 4 * kTileM - 1) / (4 * kTileM) * 4; }
+
+int64_t PackedWeightsElements(int64_t out, int64_t in) {
+  return PackedGroups(out) * ((in + kTileK - 1) / kTileK) * kTileM * kTileK;
+}
+
+absl::Status PackWeightsForWgmma(const __nv_bfloat16* w, int64_t out, int64_t in,
+                                 __nv_bfloat16* packed, cudaStream_t stream) {
+  if (w == nullptr || packed == nullptr || out < 1 || in < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pack weights for wgmma: out ", out, ", in ", in, ", pointers required"));
+  }
+  const int64_t blocks = std::min<int64_t>((PackedWeightsElements(out, in) + 255) / 256, 65536);
+  PackWeightsKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      w, out, in, (in + kTileK - 1) / kTileK, PackedWeightsElements(out, in), packed);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 SkinnyWgmmaConfig SkinnyWgmmaChosenConfig(int64_t rows, int64_t in, int64_t out,

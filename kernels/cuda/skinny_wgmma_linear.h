@@ -73,7 +73,8 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
 absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows,
                                    int64_t in, int64_t out, void* y, GemmOutputType y_type,
                                    bool accumulate, const SkinnyWgmmaWorkspace& workspace,
-                                   cudaStream_t stream, SkinnyWgmmaConfig config = {});
+                                   cudaStream_t stream, SkinnyWgmmaConfig config = {},
+                                   const __nv_bfloat16* w_packed = nullptr);
 
 // act[r][i] = silu(gate) * up of y = x W^T for W = [gate rows; up rows] ([2 * inter][in]),
 // act bf16 [rows][inter]: gate and up are rounded to bf16 before the product, exactly as
@@ -83,7 +84,8 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,
                                          __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
-                                         cudaStream_t stream, int splits = 0);
+                                         cudaStream_t stream, int splits = 0,
+                                         const __nv_bfloat16* w_packed = nullptr);
 
 // The QKV projection with RopeKvAppend's work as its epilogue: qkv = x W_qkv^T for W_qkv =
 // [q heads; k heads; v heads] ([(H + 2 KH) * 128][in]), then exactly what RopeKvAppend(rope)
@@ -97,7 +99,20 @@ bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs
 absl::Status SkinnyWgmmaLinearQkvRopeCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_qkv,
                                           int64_t rows, int64_t in, const RopeKvAppendArgs& rope,
                                           const SkinnyWgmmaWorkspace& workspace,
-                                          cudaStream_t stream, SkinnyWgmmaConfig config = {});
+                                          cudaStream_t stream, SkinnyWgmmaConfig config = {},
+                                          const __nv_bfloat16* w_packed = nullptr);
+
+// Packed weights (every function above takes them as an optional last argument, w_packed, read
+// instead of w, which must still be given): W [out][in] cut into 64 x 64 blocks, block (g, kb) of
+// rows 64 g.. and columns 64 kb.. stored contiguously at (g * ceil(in / 64) + kb) * 8 KB, its
+// rows already in the 128-byte-swizzled order the kernel's shared memory wants, zeros past out
+// (rounded up to 256 rows) and in. A weight tile then arrives as one 8 KB copy per 64 rows, where a tensor-map box is 64
+// separate 128-byte pieces of rows in/64 * 8 KB apart. The SwiGLU form needs inter a multiple of
+// 64. Not yet measured on a GPU (CudaRunnerOptions::wgmma_packed_weights).
+int64_t PackedWeightsElements(int64_t out, int64_t in);
+// Writes w's packed form into `packed` (PackedWeightsElements(out, in) elements), on `stream`.
+absl::Status PackWeightsForWgmma(const __nv_bfloat16* w, int64_t out, int64_t in,
+                                 __nv_bfloat16* packed, cudaStream_t stream);
 
 // The cut SkinnyWgmmaLinearCuda makes for this product and a `config` it accepts, with an
 // initialized workspace (for benchmarks and tests).

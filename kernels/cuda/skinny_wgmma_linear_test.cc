@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -335,6 +336,122 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
                                     testing::Tolerance{std::ldexp(max_abs, -20), 1.0 / 128, 1e-3}));
     }
   }
+}
+
+// Packed weights (PackWeightsForWgmma) hold the same values in the order the kernel's shared
+// memory wants, so every form must give the same bits from them as from the tensor map: every
+// row tile, partial 64-row groups and K blocks, each tile width, split and unsplit, the SwiGLU
+// and QKV forms. Also refused: packed gate/up with inter not a multiple of 64.
+TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  auto packed_of = [](const DeviceBuffer<uint16_t>& w, int64_t out, int64_t in) {
+    auto p = std::make_unique<DeviceBuffer<uint16_t>>(PackedWeightsElements(out, in));
+    p->Poison();  // every element must be written, padding included
+    EXPECT_TRUE(PackWeightsForWgmma(AsBf16(w), out, in,
+                                    reinterpret_cast<__nv_bfloat16*>(p->get()), nullptr)
+                    .ok());
+    return p;
+  };
+  struct PlainCase {
+    int rows, in, out;
+    SkinnyWgmmaConfig cut;
+  };
+  for (const PlainCase c :
+       {PlainCase{1, 576, 99, {64, 1}}, PlainCase{8, 4104, 200, {128, 3}},
+        PlainCase{32, 1088, 300, {256, 2}}, PlainCase{33, 4096, 6144, {}},
+        PlainCase{64, 2112, 520, {64, 4}}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " tile "
+                                      << c.cut.tile_features << " splits " << c.cut.splits);
+    DeviceBuffer<uint16_t> x, w;
+    x.Upload(RandomBf16(size_t(c.rows) * c.in, rng_));
+    w.Upload(RandomBf16(size_t(c.out) * c.in, rng_));
+    auto packed = packed_of(w, c.out, c.in);
+    DeviceBuffer<float> y[2];
+    for (int v = 0; v < 2; ++v) {
+      y[v].Resize(size_t(c.rows) * c.out);
+      y[v].Poison();
+      ASSERT_TRUE(SkinnyWgmmaLinearCuda(
+                      AsBf16(x), AsBf16(w), c.rows, c.in, c.out, y[v].get(),
+                      GemmOutputType::kFp32, false, ws_, nullptr, c.cut,
+                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      .ok());
+    }
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<float> a = y[0].Download(), b = y[1].Download();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+  }
+  // The SwiGLU form: inter 192 (3 tiles) and 1024, split and not.
+  for (const auto& [rows, in, inter, splits] :
+       {std::tuple{17, 576, 192, 0}, std::tuple{32, 1088, 1024, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "SwiGLU " << rows << "x" << in << " inter " << inter);
+    DeviceBuffer<uint16_t> x, w, act[2];
+    x.Upload(RandomBf16(size_t(rows) * in, rng_));
+    w.Upload(RandomBf16(size_t(2 * inter) * in, rng_));
+    auto packed = packed_of(w, 2 * inter, in);
+    for (int v = 0; v < 2; ++v) {
+      act[v].Resize(size_t(rows) * inter);
+      act[v].Poison();
+      ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(
+                      AsBf16(x), AsBf16(w), rows, in, inter,
+                      reinterpret_cast<__nv_bfloat16*>(act[v].get()), ws_, nullptr, splits,
+                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      .ok());
+    }
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(act[0].Download(), act[1].Download());
+  }
+  // The QKV form: 4/2 heads of 128, 7 rows.
+  {
+    constexpr int kRows = 7, kIn = 576, kHeads = 4, kKvHeads = 2, kPoolBlocks = 2;
+    const int out = (kHeads + 2 * kKvHeads) * 128;
+    RopeTable table(RopeParams{.head_dim = 128, .theta = 500000}, 4096);
+    auto rope = DeviceRopeTable::Create(table);
+    ASSERT_TRUE(rope.ok()) << rope.status();
+    DeviceBuffer<uint16_t> x, w;
+    x.Upload(RandomBf16(size_t(kRows) * kIn, rng_));
+    w.Upload(RandomBf16(size_t(out) * kIn, rng_));
+    auto packed = packed_of(w, out, kIn);
+    DeviceBuffer<int32_t> local, delta;
+    DeviceBuffer<int64_t> slots;
+    local.Upload({3, 70, 900, 4000, 5, 6, 1});
+    delta.Upload({0, 10, 2000, 90, 0, 7, 3000});
+    slots.Upload({0, 1, 2, -1, 17, 30, 31});
+    const size_t pool = size_t(kPoolBlocks) * kKvHeads * 16 * 128;
+    DeviceBuffer<uint16_t> q_out[2], k_pool[2], v_pool[2];
+    for (int v = 0; v < 2; ++v) {
+      q_out[v].Upload(std::vector<uint16_t>(size_t(kRows) * kHeads * 128, 0x4640));
+      k_pool[v].Upload(std::vector<uint16_t>(pool, 0x4640));
+      v_pool[v].Upload(std::vector<uint16_t>(pool, 0x4640));
+      const RopeKvAppendArgs args{.num_tokens = kRows,
+                                  .num_heads = kHeads,
+                                  .num_kv_heads = kKvHeads,
+                                  .head_dim = 128,
+                                  .local_positions = local.get(),
+                                  .deltas = delta.get(),
+                                  .slots = slots.get(),
+                                  .rope = (*rope)->view(),
+                                  .q_out = reinterpret_cast<__nv_bfloat16*>(q_out[v].get()),
+                                  .k_pool = reinterpret_cast<__nv_bfloat16*>(k_pool[v].get()),
+                                  .v_pool = reinterpret_cast<__nv_bfloat16*>(v_pool[v].get())};
+      ASSERT_TRUE(SkinnyWgmmaLinearQkvRopeCuda(
+                      AsBf16(x), AsBf16(w), kRows, kIn, args, ws_, nullptr, {},
+                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      .ok());
+    }
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(q_out[0].Download(), q_out[1].Download());
+    EXPECT_EQ(k_pool[0].Download(), k_pool[1].Download());
+    EXPECT_EQ(v_pool[0].Download(), v_pool[1].Download());
+  }
+  // Packed gate/up rows must start at a 64-row group: inter 200 is refused.
+  DeviceBuffer<uint16_t> x(8 * 576), w(400 * 576), act(8 * 200);
+  auto packed = packed_of(w, 400, 576);
+  EXPECT_EQ(SkinnyWgmmaLinearSwiGluCuda(AsBf16(x), AsBf16(w), 8, 576, 200,
+                                        reinterpret_cast<__nv_bfloat16*>(act.get()), ws_, nullptr,
+                                        0, reinterpret_cast<const __nv_bfloat16*>(packed->get()))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {

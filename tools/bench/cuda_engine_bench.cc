@@ -7,7 +7,7 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
-//                         [--wgmma-max-rows N] [--fused-qkv-rope]
+//                         [--wgmma-max-rows N] [--fused-qkv-rope] [--wgmma-packed]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -77,6 +77,7 @@ struct Bench {
   int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows;
   CudaRunnerOptions::WgmmaCuts wgmma_cuts;
   bool fused_qkv_rope = false;
+  bool wgmma_packed_weights = false;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -88,6 +89,8 @@ struct Bench {
                                                            .fused_norms = fused_norms,
                                                            .wgmma_max_rows = wgmma_max_rows,
                                                            .fused_qkv_rope = fused_qkv_rope,
+                                                           .wgmma_packed_weights =
+                                                               wgmma_packed_weights,
                                                            .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
@@ -586,6 +589,8 @@ int Main(int argc, char** argv) {
                "runner: steps of 2..N rows on the wgmma kernel (0 = none; default the runner's)");
   args.Declare("fused-qkv-rope", CliArgs::Kind::kSwitch,
                "runner: RoPE and the K/V append in the wgmma QKV product (head_dim 128)");
+  args.Declare("wgmma-packed", CliArgs::Kind::kSwitch,
+               "runner: the wgmma kernel reads a packed copy of the weights (more HBM)");
   args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
                "runner: wgmma cut per product, product=features/splits (0 = the kernel's)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
@@ -604,6 +609,7 @@ int Main(int argc, char** argv) {
   b.skinny_gemms = !args.Has("no-skinny");
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
+  b.wgmma_packed_weights = args.Has("wgmma-packed");
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

@@ -482,6 +482,25 @@ TEST(CudaModelRunnerTest, FusedQkvRopeMatchesRopeKvAppend) {
   EXPECT_EQ(runners[1]->fused_qkv_rope_launches() % c.num_layers, 0);
 }
 
+// The wgmma kernel reading packed weights (CudaRunnerOptions::wgmma_packed_weights) computes
+// the same sums from the same values: logits equal bit for bit (rel_err 0), on the plain and
+// gate/up forms (small model) and the QKV + RoPE form (head_dim 128).
+TEST(CudaModelRunnerTest, WgmmaPackedWeightsGiveTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  if (!HasWgmma()) GTEST_SKIP() << "needs a compute capability 9.0 device";
+  std::vector<std::unique_ptr<CudaModelRunner>> runners;
+  ExpectSameLogits(SmallConfig(), {.wgmma_max_rows = 64},
+                   {.wgmma_max_rows = 64, .wgmma_packed_weights = true}, 0.0, &runners);
+  ModelConfig c = SmallConfig();
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.rope.head_dim = 128;
+  ExpectSameLogits(c, {.wgmma_max_rows = 64, .fused_qkv_rope = true},
+                   {.wgmma_max_rows = 64, .fused_qkv_rope = true, .wgmma_packed_weights = true},
+                   0.0, &runners);
+}
+
 TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {
   SKIP_WITHOUT_GPU();
   auto w = MakeRandomWeights(SmallConfig(), 3);

@@ -108,6 +108,13 @@ struct CudaModelRunner::State {
   std::unique_ptr<CublasLtGemm> gemm;
   std::unique_ptr<PagedDecodeWorkspace> decode_workspace;
   std::unique_ptr<SkinnyWgmmaWorkspace> wgmma_workspace;  // with options.wgmma_max_rows
+  // With options.wgmma_packed_weights: each layer's matrices in PackWeightsForWgmma's layout
+  // (null where the kernel cannot take them packed), all in one allocation.
+  struct PackedLayer {
+    const bf16 *wqkv = nullptr, *wo = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  };
+  std::vector<PackedLayer> packed;
+  Buffer packed_weights;
   Buffer k_pool, v_pool;  // [layer][block][kv_head][16][head_dim]
   int64_t layer_stride = 0;  // elements
   // Per-step buffers, grown on demand.
@@ -269,8 +276,44 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.k_pool.as<void>(), 0, pool_bytes, s.stream));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(s.v_pool.as<void>(), 0, pool_bytes, s.stream));
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  if (options.wgmma_packed_weights && r->wgmma_max_rows_ >= 2 &&
+      SkinnyWgmmaLinearSupports(1, 64, 1, nullptr, nullptr, nullptr)) {
+    RETURN_IF_ERROR(r->PackWeights());
+  }
   if (options.warm_up_gemms) RETURN_IF_ERROR(r->WarmUpGemms());
   return r;
+}
+
+absl::Status CudaModelRunner::PackWeights() {
+  State& s = *state_;
+  const ModelConfig& c = config();
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t qkv = c.q_size() + 2 * c.kv_size();
+  // (out, in) of wqkv, wo, w_gate_up, w_down; packed gate/up rows must start at 64-row groups.
+  const int64_t shapes[4][2] = {{qkv, H}, {H, c.q_size()}, {2 * I, H}, {H, I}};
+  const bool pack[4] = {true, true, I % 64 == 0, true};
+  int64_t per_layer = 0;
+  for (int m = 0; m < 4; ++m) {
+    if (pack[m]) per_layer += PackedWeightsElements(shapes[m][0], shapes[m][1]);
+  }
+  RETURN_IF_ERROR(s.packed_weights.Reserve(per_layer * c.num_layers *
+                                           static_cast<int64_t>(sizeof(bf16))));
+  bf16* next = s.packed_weights.as<bf16>();
+  s.packed.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const CudaLayerWeights& L = weights_->layer(l);
+    const bf16* sources[4] = {L.wqkv, L.wo, L.w_gate_up, L.w_down};
+    const bf16** targets[4] = {&s.packed[l].wqkv, &s.packed[l].wo, &s.packed[l].w_gate_up,
+                               &s.packed[l].w_down};
+    for (int m = 0; m < 4; ++m) {
+      if (!pack[m]) continue;
+      RETURN_IF_ERROR(PackWeightsForWgmma(sources[m], shapes[m][0], shapes[m][1], next, s.stream));
+      *targets[m] = next;
+      next += PackedWeightsElements(shapes[m][0], shapes[m][1]);
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  return absl::OkStatus();
 }
 
 // cuBLASLt's autotuning (one timing per power-of-two row bucket and shape, gemm.h) runs inside
@@ -514,19 +557,20 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     // The layer products of this step: cuBLASLt (or the one-row kernel behind it), or the wgmma
     // few-row kernel where it is on and supports the product.
     const bool wgmma = rows >= 2 && rows <= wgmma_max_rows_;
-    auto linear = [&](const bf16* in_x, const bf16* w, int64_t in, int64_t out, void* y,
-                      GemmOutputType type, bool accumulate,
+    auto linear = [&](const bf16* in_x, const bf16* w, const bf16* w_packed, int64_t in,
+                      int64_t out, void* y, GemmOutputType type, bool accumulate,
                       SkinnyWgmmaConfig cut) -> absl::Status {
       if (wgmma && SkinnyWgmmaLinearSupports(rows, in, out, in_x, w, y)) {
         return SkinnyWgmmaLinearCuda(in_x, w, rows, in, out, y, type, accumulate,
-                                     *s.wgmma_workspace, st, cut);
+                                     *s.wgmma_workspace, st, cut, w_packed);
       }
       return gemm.Linear(in_x, w, rows, in, out, y, type, accumulate, st);
     };
-    auto linear_swiglu = [&](const bf16* in_x, const bf16* w) -> absl::Status {
+    auto linear_swiglu = [&](const bf16* in_x, const bf16* w,
+                             const bf16* w_packed) -> absl::Status {
       if (wgmma && SkinnyWgmmaLinearSupports(rows, H, 2 * I, in_x, w, act)) {
         return SkinnyWgmmaLinearSwiGluCuda(in_x, w, rows, H, I, act, *s.wgmma_workspace, st,
-                                           wgmma_cuts_.gate_up.splits);
+                                           wgmma_cuts_.gate_up.splits, w_packed);
       }
       return gemm.LinearSwiGlu(in_x, w, rows, H, I, gu, act, st);
     };
@@ -543,6 +587,7 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                        SkinnyRmsNormLinearSupports(H, 2 * I, x, weights_->layer(0).w_gate_up);
     for (int l = 0; l < c.num_layers; ++l) {
       const CudaLayerWeights& L = weights_->layer(l);
+      const State::PackedLayer P = s.packed.empty() ? State::PackedLayer{} : s.packed[l];
       bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
       bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
       const RopeKvAppendArgs rope_kv{.q = qkv,
@@ -575,14 +620,15 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                    : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
         if (!fused_rope) {
           RETURN_IF_ERROR(
-              linear(h, L.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16, /*accumulate=*/false,
-                     wgmma_cuts_.qkv));
+              linear(h, L.wqkv, P.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16,
+                     /*accumulate=*/false, wgmma_cuts_.qkv));
         }
       }
       if (fused_rope) {
         RETURN_IF_ERROR(SkinnyWgmmaLinearQkvRopeCuda(h, L.wqkv, rows, H, rope_kv,
                                                      *s.wgmma_workspace, st,
-                                                     {.splits = wgmma_cuts_.qkv.splits}));
+                                                     {.splits = wgmma_cuts_.qkv.splits},
+                                                     P.wqkv));
         ++s.fused_qkv_rope_launches;
       } else {
         RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
@@ -629,13 +675,13 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
         continue;
       }
       RETURN_IF_ERROR(
-          linear(attn, L.wo, Q, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
+          linear(attn, L.wo, P.wo, Q, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
                  wgmma_cuts_.o));
       RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, eps, h, st));
-      RETURN_IF_ERROR(linear_swiglu(h, L.w_gate_up));
+      RETURN_IF_ERROR(linear_swiglu(h, L.w_gate_up, P.w_gate_up));
       RETURN_IF_ERROR(
-          linear(act, L.w_down, I, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
-                 wgmma_cuts_.down));
+          linear(act, L.w_down, P.w_down, I, H, delta, GemmOutputType::kFp32,
+                 /*accumulate=*/false, wgmma_cuts_.down));
     }
     if (out_rows > 0) {
       // The last residual step and the final norm over every row (one launch, cheap next to

@@ -77,6 +77,10 @@ struct CudaRunnerOptions {
   // until measured on a GPU: a batch-32 decode step spent ~0.08 ms in RopeKvAppend launches
   // (docs/benchmarks.md, seventh pass).
   bool fused_qkv_rope = false;
+  // The wgmma kernel reads its weights from a second copy in PackWeightsForWgmma's layout
+  // (contiguous 8 KB blocks instead of 128-byte row pieces 8 KB+ apart), made at creation: as
+  // much HBM again as the layer matrices (14 GB for llama3-8b). Off until measured on a GPU.
+  bool wgmma_packed_weights = false;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
@@ -131,6 +135,7 @@ class CudaModelRunner final : public ModelRunner {
   bool fused_norms_ = true;
   int wgmma_max_rows_ = 0;
   bool fused_qkv_rope_ = false;
+  absl::Status PackWeights();
   CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<State> state_;
