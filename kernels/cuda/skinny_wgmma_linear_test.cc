@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <memory>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -344,12 +344,27 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
 // and QKV forms. Also refused: packed gate/up with inter not a multiple of 64.
 TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  // Packs w on the GPU and checks every element of the result (padding included) against the
+  // layout computed here: block (g, kb) at (g * k_blocks + kb) * 4096, row r of 64, smem slot j
+  // holding column 8 * ((j / 8) ^ (r % 8)) + j % 8 of the block (TMA's 128-byte swizzle).
   auto packed_of = [](const DeviceBuffer<uint16_t>& w, int64_t out, int64_t in) {
     auto p = std::make_unique<DeviceBuffer<uint16_t>>(PackedWeightsElements(out, in));
-    p->Poison();  // every element must be written, padding included
+    p->Poison();
     EXPECT_TRUE(PackWeightsForWgmma(AsBf16(w), out, in,
                                     reinterpret_cast<__nv_bfloat16*>(p->get()), nullptr)
                     .ok());
+    const std::vector<uint16_t> host_w = w.Download(), got = p->Download();
+    const int64_t k_blocks = (in + 63) / 64;
+    EXPECT_EQ(int64_t(got.size()) % (k_blocks * 4096), 0);
+    size_t wrong = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int64_t block = int64_t(i) / 4096, r = int64_t(i) % 4096 / 64, j = int64_t(i) % 64;
+      const int64_t n = block / k_blocks * 64 + r;
+      const int64_t k = block % k_blocks * 64 + 8 * ((j / 8) ^ (r % 8)) + j % 8;
+      const uint16_t want = n < out && k < in ? host_w[n * in + k] : 0;
+      wrong += got[i] != want;
+    }
+    EXPECT_EQ(wrong, 0u) << "of " << got.size() << " packed elements";
     return p;
   };
   struct PlainCase {
@@ -358,6 +373,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
   };
   for (const PlainCase c :
        {PlainCase{1, 576, 99, {64, 1}}, PlainCase{8, 4104, 200, {128, 3}},
+        PlainCase{12, 1024, 4096, {128, 0}},
         PlainCase{32, 1088, 300, {256, 2}}, PlainCase{33, 4096, 6144, {}},
         PlainCase{64, 2112, 520, {64, 4}}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " tile "

@@ -491,6 +491,9 @@ TEST(CudaModelRunnerTest, WgmmaPackedWeightsGiveTheSameLogits) {
   std::vector<std::unique_ptr<CudaModelRunner>> runners;
   ExpectSameLogits(SmallConfig(), {.wgmma_max_rows = 64},
                    {.wgmma_max_rows = 64, .wgmma_packed_weights = true}, 0.0, &runners);
+  ASSERT_EQ(runners.size(), 2u);
+  EXPECT_EQ(runners[0]->packed_weight_bytes(), 0);
+  EXPECT_GT(runners[1]->packed_weight_bytes(), 0);  // the packed path ran
   ModelConfig c = SmallConfig();
   c.num_heads = 4;
   c.num_kv_heads = 2;
@@ -499,6 +502,9 @@ TEST(CudaModelRunnerTest, WgmmaPackedWeightsGiveTheSameLogits) {
   ExpectSameLogits(c, {.wgmma_max_rows = 64, .fused_qkv_rope = true},
                    {.wgmma_max_rows = 64, .fused_qkv_rope = true, .wgmma_packed_weights = true},
                    0.0, &runners);
+  ASSERT_EQ(runners.size(), 2u);
+  EXPECT_GT(runners[1]->packed_weight_bytes(), 0);
+  EXPECT_GE(runners[1]->fused_qkv_rope_launches(), c.num_layers);
 }
 
 TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {

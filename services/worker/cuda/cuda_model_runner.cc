@@ -115,6 +115,7 @@ struct CudaModelRunner::State {
   };
   std::vector<PackedLayer> packed;
   Buffer packed_weights;
+  int64_t packed_bytes = 0;
   Buffer k_pool, v_pool;  // [layer][block][kv_head][16][head_dim]
   int64_t layer_stride = 0;  // elements
   // Per-step buffers, grown on demand.
@@ -209,6 +210,7 @@ int64_t CudaModelRunner::graph_captures() const { return state_->graph_captures;
 int64_t CudaModelRunner::fused_qkv_rope_launches() const {
   return state_->fused_qkv_rope_launches;
 }
+int64_t CudaModelRunner::packed_weight_bytes() const { return state_->packed_bytes; }
 
 int64_t CudaModelRunner::kv_pool_bytes() const {
   return num_kv_blocks_ * CudaKvBytesPerBlock(config());
@@ -296,8 +298,8 @@ absl::Status CudaModelRunner::PackWeights() {
   for (int m = 0; m < 4; ++m) {
     if (pack[m]) per_layer += PackedWeightsElements(shapes[m][0], shapes[m][1]);
   }
-  RETURN_IF_ERROR(s.packed_weights.Reserve(per_layer * c.num_layers *
-                                           static_cast<int64_t>(sizeof(bf16))));
+  s.packed_bytes = per_layer * c.num_layers * static_cast<int64_t>(sizeof(bf16));
+  RETURN_IF_ERROR(s.packed_weights.Reserve(s.packed_bytes));
   bf16* next = s.packed_weights.as<bf16>();
   s.packed.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {

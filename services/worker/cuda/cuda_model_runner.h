@@ -123,6 +123,8 @@ class CudaModelRunner final : public ModelRunner {
   // QKV products enqueued with RoPE and the K/V append in their epilogue (fused_qkv_rope), one
   // per layer, in eager steps and graph captures (replays enqueue nothing). For tests.
   int64_t fused_qkv_rope_launches() const;
+  // Bytes of the packed copy of the layer matrices (wgmma_packed_weights; 0 without it).
+  int64_t packed_weight_bytes() const;
 
  private:
   struct State;  // device buffers, workspaces, stream (CUDA types kept out of this header)
