@@ -108,6 +108,10 @@ class DeviceBuffer {
 inline const __nv_bfloat16* AsBf16(const DeviceBuffer<uint16_t>& b) {
   return reinterpret_cast<const __nv_bfloat16*>(b.get());
 }
+// The same, for a kernel's output.
+inline __nv_bfloat16* AsMutableBf16(DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<__nv_bfloat16*>(b.get());
+}
 
 // Every element must satisfy |got - want| <= abs_tol + rel_tol * |want| (NaN never passes), and
 // ||got - want|| / ||want|| <= rel_l2. Returns a failure naming the first bad element.

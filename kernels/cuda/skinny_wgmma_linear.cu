@@ -403,13 +403,16 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
       const int r = AccRow(lane, i), f = AccFeature(warp, lane, i);
       if (r >= p.rows) continue;
       const float x1 = RoundToBf16(d[0][i]), x2 = RoundToBf16(d[1][i]);
-      __nv_bfloat16* dst;
-      if (tile < a.num_heads) {  // q: rotated to its global position
-        const int64_t pos = min(int64_t{a.local_positions[r]} + a.deltas[r], last);
+      // Dims f and f + 64 of `dst`, rotated to `pos` (clamped to the table's last row).
+      auto store_rotated = [&](__nv_bfloat16* dst, int64_t pos) {
+        pos = min(pos, last);
         const float c = a.rope.cos[pos * kTileM + f], s = a.rope.sin[pos * kTileM + f];
-        dst = a.q_out + (int64_t{r} * a.num_heads + tile) * kHeadDim;
         dst[f] = __float2bfloat16_rn(x1 * c - x2 * s);
         dst[f + kTileM] = __float2bfloat16_rn(x1 * s + x2 * c);
+      };
+      if (tile < a.num_heads) {  // q: rotated to its global position
+        store_rotated(a.q_out + (int64_t{r} * a.num_heads + tile) * kHeadDim,
+                      int64_t{a.local_positions[r]} + a.deltas[r]);
         continue;
       }
       const int64_t slot = a.slots[r];
@@ -419,15 +422,10 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
       const int64_t at =
           ((slot / kKvBlock * a.num_kv_heads + h) * kKvBlock + slot % kKvBlock) * kHeadDim;
       if (kv < a.num_kv_heads) {  // k: rotated to its segment-local position
-        const int64_t pos = min(int64_t{a.local_positions[r]}, last);
-        const float c = a.rope.cos[pos * kTileM + f], s = a.rope.sin[pos * kTileM + f];
-        dst = a.k_pool + at;
-        dst[f] = __float2bfloat16_rn(x1 * c - x2 * s);
-        dst[f + kTileM] = __float2bfloat16_rn(x1 * s + x2 * c);
+        store_rotated(a.k_pool + at, a.local_positions[r]);
       } else {  // v: as computed
-        dst = a.v_pool + at;
-        dst[f] = __float2bfloat16_rn(x1);
-        dst[f + kTileM] = __float2bfloat16_rn(x2);
+        a.v_pool[at + f] = __float2bfloat16_rn(x1);
+        a.v_pool[at + f + kTileM] = __float2bfloat16_rn(x2);
       }
     }
     return;

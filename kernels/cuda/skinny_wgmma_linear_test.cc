@@ -21,6 +21,7 @@ namespace lazyattn {
 namespace {
 
 using testing::AsBf16;
+using testing::AsMutableBf16;
 using testing::Bf16ToFloats;
 using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
@@ -218,7 +219,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     std::vector<uint16_t> act_bits(n + kGuard, 0x4640);  // bf16 12288 past act
     std::fill_n(act_bits.begin(), n, 0xffff);               // NaN poison in act
     dact.Upload(act_bits);
-    auto* act = reinterpret_cast<__nv_bfloat16*>(dact.get());
+    auto* act = AsMutableBf16(dact);
     ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, c.inter, act,
                                             ws_, nullptr, c.splits)
                     .ok());
@@ -310,9 +311,9 @@ TEST_F(SkinnyWgmmaLinearGpuTest, QkvRopeMatchesGemmThenRopeKvAppend) {
                               .deltas = d_delta.get(),
                               .slots = d_slots.get(),
                               .rope = (*rope)->view(),
-                              .q_out = reinterpret_cast<__nv_bfloat16*>(q_out[v].get()),
-                              .k_pool = reinterpret_cast<__nv_bfloat16*>(k_pool[v].get()),
-                              .v_pool = reinterpret_cast<__nv_bfloat16*>(v_pool[v].get())};
+                              .q_out = AsMutableBf16(q_out[v]),
+                              .k_pool = AsMutableBf16(k_pool[v]),
+                              .v_pool = AsMutableBf16(v_pool[v])};
     };
     const SkinnyWgmmaConfig cut{.tile_features = 128, .splits = c.splits};
     ASSERT_TRUE(SkinnyWgmmaQkvRopeSupports(c.rows, c.in, args(0), dx.get(), dw.get()));
@@ -351,7 +352,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
     auto p = std::make_unique<DeviceBuffer<uint16_t>>(PackedWeightsElements(out, in));
     p->Poison();
     EXPECT_TRUE(PackWeightsForWgmma(AsBf16(w), out, in,
-                                    reinterpret_cast<__nv_bfloat16*>(p->get()), nullptr)
+                                    AsMutableBf16(*p), nullptr)
                     .ok());
     const std::vector<uint16_t> host_w = w.Download(), got = p->Download();
     const int64_t k_blocks = (in + 63) / 64;
@@ -389,7 +390,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
       ASSERT_TRUE(SkinnyWgmmaLinearCuda(
                       AsBf16(x), AsBf16(w), c.rows, c.in, c.out, y[v].get(),
                       GemmOutputType::kFp32, false, ws_, nullptr, c.cut,
-                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      v == 1 ? AsBf16(*packed) : nullptr)
                       .ok());
     }
     CUDA_ASSERT(cudaDeviceSynchronize());
@@ -410,8 +411,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
       act[v].Poison();
       ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(
                       AsBf16(x), AsBf16(w), rows, in, inter,
-                      reinterpret_cast<__nv_bfloat16*>(act[v].get()), ws_, nullptr, splits,
-                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      AsMutableBf16(act[v]), ws_, nullptr, splits,
+                      v == 1 ? AsBf16(*packed) : nullptr)
                       .ok());
     }
     CUDA_ASSERT(cudaDeviceSynchronize());
@@ -447,12 +448,12 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
                                   .deltas = delta.get(),
                                   .slots = slots.get(),
                                   .rope = (*rope)->view(),
-                                  .q_out = reinterpret_cast<__nv_bfloat16*>(q_out[v].get()),
-                                  .k_pool = reinterpret_cast<__nv_bfloat16*>(k_pool[v].get()),
-                                  .v_pool = reinterpret_cast<__nv_bfloat16*>(v_pool[v].get())};
+                                  .q_out = AsMutableBf16(q_out[v]),
+                                  .k_pool = AsMutableBf16(k_pool[v]),
+                                  .v_pool = AsMutableBf16(v_pool[v])};
       ASSERT_TRUE(SkinnyWgmmaLinearQkvRopeCuda(
                       AsBf16(x), AsBf16(w), kRows, kIn, args, ws_, nullptr, {},
-                      v == 1 ? reinterpret_cast<const __nv_bfloat16*>(packed->get()) : nullptr)
+                      v == 1 ? AsBf16(*packed) : nullptr)
                       .ok());
     }
     CUDA_ASSERT(cudaDeviceSynchronize());
@@ -464,8 +465,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
   DeviceBuffer<uint16_t> x(8 * 576), w(400 * 576), act(8 * 200);
   auto packed = packed_of(w, 400, 576);
   EXPECT_EQ(SkinnyWgmmaLinearSwiGluCuda(AsBf16(x), AsBf16(w), 8, 576, 200,
-                                        reinterpret_cast<__nv_bfloat16*>(act.get()), ws_, nullptr,
-                                        0, reinterpret_cast<const __nv_bfloat16*>(packed->get()))
+                                        AsMutableBf16(act), ws_, nullptr,
+                                        0, AsBf16(*packed))
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
