@@ -7,7 +7,7 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
-//                         [--wgmma-max-rows N] [--fused-qkv-rope] [--wgmma-packed]
+//                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -20,6 +20,7 @@
 #include <iostream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -77,7 +78,7 @@ struct Bench {
   int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows;
   CudaRunnerOptions::WgmmaCuts wgmma_cuts;
   bool fused_qkv_rope = false;
-  bool wgmma_packed_weights = false;
+  bool wgmma_packed_weights = CudaRunnerOptions{}.wgmma_packed_weights;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -175,7 +176,8 @@ struct TraceResult {
 TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
                      const std::vector<double>& arrival,
                      std::function<void()> on_all_started = {},
-                     std::function<void()> on_token_after_start = {}) {
+                     std::function<void()> on_token_after_start = {},
+                     std::function<void()> on_first_done = {}) {
   TraceResult t;
   std::mutex mu;
   std::condition_variable cv;
@@ -201,6 +203,8 @@ TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
       std::lock_guard<std::mutex> lock(mu);
       if (!s.ok()) ++t.failures;
       t.results[i] = r;
+      // Runs on the engine thread between steps, like on_token.
+      if (t.first_done == absl::InfiniteFuture() && on_first_done) on_first_done();
       t.first_done = std::min(t.first_done, absl::Now());
       ++done;
       cv.notify_all();
@@ -221,8 +225,9 @@ TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
                        int profile_steps, json& out) {
   std::cout << "\n### Decode\n\n| batch | context | step ms | output tok/s | GPU ms/step | "
-               "runner wall ms/step | launch ms/step | engine ms between steps | "
-               "CUDA graph replays |\n|---|---|---|---|---|---|---|---|---|\n";
+               "runner wall ms/step | host prep ms/step | launch ms/step | "
+               "engine ms between steps | CUDA graph replays |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n";
   ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 512));
   auto one = [&](int batch, int context, int steps) -> absl::Status {
     std::vector<EngineRequest> reqs;
@@ -238,6 +243,9 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     // (the eager one, which autotunes new GEMM shapes, and the graph capture) and stays open
     // for `profile_steps` steps of `batch` tokens.
     int64_t skip_tokens = -1, window_tokens = -1;
+    // The runner's profile of the steps with the whole batch decoding: taken when the first
+    // request finishes, before the tail's smaller (faster) steps.
+    std::optional<CudaModelRunner::StepProfile> full_batch_profile;
     const TraceResult t = RunTrace(
         *engine, reqs, std::vector<double>(batch, 0.0),
         [&] {
@@ -251,7 +259,8 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
           } else if (window_tokens > 0 && --window_tokens == 0) {
             cudaProfilerStop();
           }
-        });
+        },
+        [&] { full_batch_profile = b.runner->profile(); });
     if (window_tokens > 0) cudaProfilerStop();
     if (t.failures > 0) return absl::InternalError(absl::StrCat(t.failures, " requests failed"));
     // Steady state: every request decoding, from the last first token to the first request
@@ -263,18 +272,21 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     const double seconds = absl::ToDoubleSeconds(t.first_done - all_started);
     const double tok_s = tokens / seconds;
     const double step_ms = 1000.0 * batch / tok_s;
-    const CudaModelRunner::StepProfile prof = b.runner->profile();
+    const CudaModelRunner::StepProfile prof = full_batch_profile.value_or(b.runner->profile());
     const double gpu_ms = prof.steps ? prof.gpu_ms / prof.steps : 0;
+    const double prep_ms = prof.steps ? prof.prep_ms / prof.steps : 0;
     const double wall_ms = prof.steps ? prof.forward_wall_ms / prof.steps : 0;
     const double launch_ms = prof.steps ? prof.enqueue_ms / prof.steps : 0;
     const double between_ms = prof.steps > 1 ? prof.between_ms / (prof.steps - 1) : 0;
     const int64_t replays = b.runner->graph_launches() - replays_before;
     std::cout << absl::StrCat("| ", batch, " | ", context, " | ", step_ms, " | ", tok_s, " | ",
-                              gpu_ms, " | ", wall_ms, " | ", launch_ms, " | ", between_ms, " | ",
+                              gpu_ms, " | ", wall_ms, " | ", prep_ms, " | ", launch_ms - prep_ms,
+                              " | ", between_ms, " | ",
                               replays, " |\n");
     out["decode"].push_back({{"batch", batch}, {"context", context}, {"step_ms", step_ms},
                              {"tok_s", tok_s}, {"gpu_ms", gpu_ms}, {"runner_wall_ms", wall_ms},
-                             {"launch_ms", launch_ms}, {"engine_between_ms", between_ms},
+                             {"host_prep_ms", prep_ms}, {"launch_ms", launch_ms - prep_ms},
+                             {"engine_between_ms", between_ms},
                              {"graph_replays", replays}});
     return absl::OkStatus();
   };
@@ -589,8 +601,8 @@ int Main(int argc, char** argv) {
                "runner: steps of 2..N rows on the wgmma kernel (0 = none; default the runner's)");
   args.Declare("fused-qkv-rope", CliArgs::Kind::kSwitch,
                "runner: RoPE and the K/V append in the wgmma QKV product (head_dim 128)");
-  args.Declare("wgmma-packed", CliArgs::Kind::kSwitch,
-               "runner: the wgmma kernel reads a packed copy of the weights (more HBM)");
+  args.Declare("no-wgmma-packed", CliArgs::Kind::kSwitch,
+               "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
   args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
                "runner: wgmma cut per product, product=features/splits (0 = the kernel's)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
@@ -609,7 +621,7 @@ int Main(int argc, char** argv) {
   b.skinny_gemms = !args.Has("no-skinny");
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
-  b.wgmma_packed_weights = args.Has("wgmma-packed");
+  b.wgmma_packed_weights = !args.Has("no-wgmma-packed");
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

@@ -489,7 +489,7 @@ TEST(CudaModelRunnerTest, WgmmaPackedWeightsGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   if (!HasWgmma()) GTEST_SKIP() << "needs a compute capability 9.0 device";
   std::vector<std::unique_ptr<CudaModelRunner>> runners;
-  ExpectSameLogits(SmallConfig(), {.wgmma_max_rows = 64},
+  ExpectSameLogits(SmallConfig(), {.wgmma_max_rows = 64, .wgmma_packed_weights = false},
                    {.wgmma_max_rows = 64, .wgmma_packed_weights = true}, 0.0, &runners);
   ASSERT_EQ(runners.size(), 2u);
   EXPECT_EQ(runners[0]->packed_weight_bytes(), 0);
@@ -499,9 +499,10 @@ TEST(CudaModelRunnerTest, WgmmaPackedWeightsGiveTheSameLogits) {
   c.num_kv_heads = 2;
   c.head_dim = 128;
   c.rope.head_dim = 128;
-  ExpectSameLogits(c, {.wgmma_max_rows = 64, .fused_qkv_rope = true},
-                   {.wgmma_max_rows = 64, .fused_qkv_rope = true, .wgmma_packed_weights = true},
-                   0.0, &runners);
+  ExpectSameLogits(
+      c, {.wgmma_max_rows = 64, .fused_qkv_rope = true, .wgmma_packed_weights = false},
+      {.wgmma_max_rows = 64, .fused_qkv_rope = true, .wgmma_packed_weights = true}, 0.0,
+      &runners);
   ASSERT_EQ(runners.size(), 2u);
   EXPECT_GT(runners[1]->packed_weight_bytes(), 0);
   EXPECT_GE(runners[1]->fused_qkv_rope_launches(), c.num_layers);

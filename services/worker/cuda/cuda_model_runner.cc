@@ -298,7 +298,14 @@ absl::Status CudaModelRunner::PackWeights() {
   for (int m = 0; m < 4; ++m) {
     if (pack[m]) per_layer += PackedWeightsElements(shapes[m][0], shapes[m][1]);
   }
-  s.packed_bytes = per_layer * c.num_layers * static_cast<int64_t>(sizeof(bf16));
+  const int64_t bytes = per_layer * c.num_layers * static_cast<int64_t>(sizeof(bf16));
+  size_t free_bytes = 0, total_bytes = 0;
+  RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // A speed-up only: never worth taking the memory the steps themselves need.
+  if (bytes + kPackedWeightsHeadroomBytes > static_cast<int64_t>(free_bytes)) {
+    return absl::OkStatus();
+  }
+  s.packed_bytes = bytes;
   RETURN_IF_ERROR(s.packed_weights.Reserve(s.packed_bytes));
   bf16* next = s.packed_weights.as<bf16>();
   s.packed.resize(c.num_layers);
@@ -710,6 +717,7 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     return absl::OkStatus();
   };
 
+  const auto prepared = std::chrono::steady_clock::now();
   auto enqueued = entered;
   absl::Status status = [&]() -> absl::Status {
     if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_start, st));
@@ -754,6 +762,7 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     ++s.profile.steps;
     s.profile.gpu_ms += gpu_ms;
     s.profile.forward_wall_ms += Ms(now - entered).count();
+    s.profile.prep_ms += Ms(prepared - entered).count();
     s.profile.enqueue_ms += Ms(enqueued - entered).count();
     if (s.last_return) s.profile.between_ms += Ms(entered - *s.last_return).count();
     s.last_return = now;

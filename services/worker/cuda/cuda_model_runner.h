@@ -73,18 +73,25 @@ struct CudaRunnerOptions {
   // kernel's; gate_up takes only splits).
   int wgmma_max_rows = 64;
   // Where the wgmma kernel runs the QKV product and head_dim is 128, RoPE and the K/V append
-  // run in its epilogue (SkinnyWgmmaLinearQkvRopeCuda) instead of RopeKvAppend's launch. Off
-  // until measured on a GPU: a batch-32 decode step spent ~0.08 ms in RopeKvAppend launches
-  // (docs/benchmarks.md, seventh pass).
+  // run in its epilogue (SkinnyWgmmaLinearQkvRopeCuda) instead of RopeKvAppend's launch. Off:
+  // it saves a launch (~0.08 ms a batch-32 step) but the heavier epilogue cost more, batch-32
+  // decode lost 1.5-3.5 % (docs/benchmarks.md, eighth pass); kept to measure again.
   bool fused_qkv_rope = false;
   // The wgmma kernel reads its weights from a second copy in PackWeightsForWgmma's layout
   // (contiguous 8 KB blocks instead of 128-byte row pieces 8 KB+ apart), made at creation: as
-  // much HBM again as the layer matrices (14 GB for llama3-8b). Off until measured on a GPU.
-  bool wgmma_packed_weights = false;
+  // much HBM again as the layer matrices (14 GB for llama3-8b). Batch-32 decode gained 2.4 %
+  // (docs/benchmarks.md, eighth pass). Made only when the card has that much free memory plus
+  // kPackedWeightsHeadroomBytes after the KV pool; otherwise the kernel reads the row-major
+  // weights through its tensor maps and packed_weight_bytes() says 0.
+  bool wgmma_packed_weights = true;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
 };
+
+// Free device memory the packed weight copy must leave for step buffers, cuBLASLt's workspace
+// and the autotuning scratch (CudaRunnerOptions::wgmma_packed_weights).
+inline constexpr int64_t kPackedWeightsHeadroomBytes = int64_t{2} << 30;
 
 // Bytes one 16-token block of K and V takes across all layers (bf16).
 int64_t CudaKvBytesPerBlock(const ModelConfig& config);
@@ -110,6 +117,7 @@ class CudaModelRunner final : public ModelRunner {
   struct StepProfile {
     int64_t steps = 0;
     double forward_wall_ms = 0;  // Forward() from entry to return
+    double prep_ms = 0;          // Forward() from entry to its first CUDA call (host metadata)
     double enqueue_ms = 0;       // Forward() from entry until every launch is queued
     double gpu_ms = 0;           // metadata upload to the last kernel
     double between_ms = 0;       // from one Forward's return to the next one's entry (the engine)
