@@ -64,6 +64,7 @@ struct KernelParams {
   int blocks_per_split, num_splits;
   float scale_log2;
   bool out_fp32;
+  bool early_kv_loads;  // PagedDecodeArgs::early_kv_loads
 };
 
 // 16-byte async copy; src_bytes 0 fills the destination with zeros (slots past `valid`).
@@ -173,9 +174,17 @@ __device__ __forceinline__ void LoadCosSin(const float* cos_row, const float* si
 template <int D, bool kRotate>
 __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
     PagedDecodeKernel(const KernelParams p) {
-  // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
-  WaitForPrerequisiteGrid();
-  AllowDependentLaunch();  // the o projection may then load its weights during the merge
+  // Launched overlapped (launch_overlap.cuh): wait for the kernel before, then let the next one
+  // launch. With early_kv_loads a warp first issues the copies of its first blocks when none of
+  // them is its sequence's last block (the only one the kernel before may be writing).
+  bool waited = false;
+  auto wait_for_prerequisite = [&] {
+    if (waited) return;
+    waited = true;
+    WaitForPrerequisiteGrid();
+    AllowDependentLaunch();  // the o projection may then load its weights during the merge
+  };
+  if (!p.early_kv_loads) wait_for_prerequisite();
   using T = Traits<D>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,16 +195,20 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
 
   const int nb = min(max(p.num_blocks[seq], 0), p.max_blocks);
   const int seq_splits = max(1, (nb + p.blocks_per_split - 1) / p.blocks_per_split);
-  if (split >= seq_splits) return;
+  if (split >= seq_splits) {
+    wait_for_prerequisite();  // so this grid never completes before the kernel it follows
+    return;
+  }
   const int blk_begin = split * p.blocks_per_split;
   const int blk_end = min(nb, blk_begin + p.blocks_per_split);
   const int rows = min(kRowsPerTile, p.group - tile * kRowsPerTile);
   const bool two_rows = rows > 8;
   const int head0 = kv_head * p.group + tile * kRowsPerTile;
 
-  // Original q (bf16 words), rows g and g+8 of the tile; zero for rows past the group.
+  // Original q (bf16 words), rows g and g+8 of the tile; zero for rows past the group. Read
+  // after the wait below: the kernel before writes it.
   uint4 qo[2][T::kQChunks];
-  {
+  auto load_q = [&] {
     const __nv_bfloat16* qb = p.q + (int64_t(seq) * p.num_heads + head0) * D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -207,9 +220,8 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
                        : make_uint4(0, 0, 0, 0);
       }
     }
-  }
+  };
   uint32_t qa[T::kKSteps][4];
-  if (!kRotate) QFragsFromWords<D>(qo, qa);
 
   float o[T::kNTiles][4];
 #pragma unroll
@@ -285,8 +297,15 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
     const int64_t pos = min(int64_t(cur_delta), p.rope_max_positions - 1);
     LoadCosSin<D>(p.rope_cos + pos * (D / 2), p.rope_sin + pos * (D / 2), t, cs0, sn0);
   }
+  // Blocks first + kWarps * s, s < kStages - 1, are the first copies; the last block of the
+  // sequence is nb - 1.
+  const bool early = p.early_kv_loads && first + kWarps * (kStages - 2) < nb - 1;
+  if (!early) wait_for_prerequisite();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
+  wait_for_prerequisite();
+  load_q();
+  if (!kRotate) QFragsFromWords<D>(qo, qa);
   if (kRotate && nk > 0) RotateQ<D>(qo, cs0, sn0, two_rows, qa);
 
   int stage = 0;
@@ -673,6 +692,7 @@ absl::Status PagedDecodeAttention(const PagedDecodeArgs& a, PagedDecodeWorkspace
   p.num_splits = plan->num_splits;
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.out_fp32 = a.out_type == DecodeOutputType::kFp32;
+  p.early_kv_loads = a.early_kv_loads;
   const dim3 grid(plan->num_splits, a.num_kv_heads * p.head_tiles, a.batch);
   RETURN_IF_CUDA_ERROR(LaunchOverlapped(k.fn, grid, dim3(kThreads), k.smem_bytes, stream, p));
   return absl::OkStatus();

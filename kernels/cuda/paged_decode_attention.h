@@ -93,6 +93,11 @@ struct PagedDecodeArgs {
   // 0: choose the split count from the device (fill every SM once); 1: never split;
   // n > 1: split each sequence into about n parts (clamped to the workspace and the table).
   int num_splits = 0;
+  // true: the kernel launched just before this one (launch_overlap.cuh) writes K/V only in
+  // each sequence's last block, and q: a warp then issues its first K/V copies of other blocks
+  // before waiting for that kernel, overlapping its tail (a decode step's K/V append). The
+  // tables and num_blocks must be complete before that kernel starts (a step's metadata is).
+  bool early_kv_loads = false;
 };
 
 // The split the launcher would use for `args` (for tests and benchmarks).

@@ -210,6 +210,7 @@ struct RunOptions {
   bool global_k = false;  // read k_global (with rotate = false)
   int num_splits = 0;
   DecodeOutputType out_type = DecodeOutputType::kFp32;
+  bool early_kv_loads = false;
 };
 
 PagedDecodeArgs MakeArgs(const Problem& p, const DeviceProblem& dp, const RunOptions& o,
@@ -232,6 +233,7 @@ PagedDecodeArgs MakeArgs(const Problem& p, const DeviceProblem& dp, const RunOpt
   a.out = out;
   a.out_type = o.out_type;
   a.num_splits = o.num_splits;
+  a.early_kv_loads = o.early_kv_loads;
   return a;
 }
 
@@ -348,6 +350,7 @@ TEST_F(DecodeTest, ContextSweepMatchesCpuTwin) {
         int used = 0;
         RunOptions o;
         o.num_splits = splits;
+        o.early_kv_loads = splits == 7;  // copies before the wait, with a split-KV merge
         const std::vector<float> got = RunGpu(p, dp, o, &used);
         if (splits == 1) {
           EXPECT_EQ(used, 1);
@@ -365,7 +368,7 @@ TEST_F(DecodeTest, ContextSweepMatchesCpuTwin) {
 }
 
 // Batches of 1, 33 and 256 sequences of random lengths (partial blocks everywhere), Llama-3-8B
-// head shape (32/8, d = 128), bf16 output.
+// head shape (32/8, d = 128), bf16 output; K/V copies issued after and before the wait.
 TEST_F(DecodeTest, BatchSweepMatchesCpuTwin) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   for (int batch : {1, 33, 256}) {
@@ -375,10 +378,14 @@ TEST_F(DecodeTest, BatchSweepMatchesCpuTwin) {
     for (int b = 0; b < batch; ++b) seqs.push_back(MakeSequence(len(rng_), ndocs(rng_), rng_));
     const Problem p = MakeProblem(32, 8, 128, seqs, rng_());
     const DeviceProblem dp(p);
-    RunOptions o;
-    o.out_type = DecodeOutputType::kBf16;
-    SCOPED_TRACE(::testing::Message() << "batch " << batch);
-    ASSERT_TRUE(DecodeClose(RunGpu(p, dp, o), CpuReference(p), 128));
+    const std::vector<float> want = CpuReference(p);
+    for (bool early : {false, true}) {
+      RunOptions o;
+      o.out_type = DecodeOutputType::kBf16;
+      o.early_kv_loads = early;
+      SCOPED_TRACE(::testing::Message() << "batch " << batch << " early_kv_loads " << early);
+      ASSERT_TRUE(DecodeClose(RunGpu(p, dp, o), want, 128));
+    }
   }
 }
 

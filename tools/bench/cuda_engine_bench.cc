@@ -8,6 +8,7 @@
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
+//                         [--no-early-kv-loads]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -79,6 +80,7 @@ struct Bench {
   CudaRunnerOptions::WgmmaCuts wgmma_cuts;
   bool fused_qkv_rope = false;
   bool wgmma_packed_weights = CudaRunnerOptions{}.wgmma_packed_weights;
+  bool early_decode_kv_loads = CudaRunnerOptions{}.early_decode_kv_loads;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -92,6 +94,8 @@ struct Bench {
                                                            .fused_qkv_rope = fused_qkv_rope,
                                                            .wgmma_packed_weights =
                                                                wgmma_packed_weights,
+                                                           .early_decode_kv_loads =
+                                                               early_decode_kv_loads,
                                                            .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
@@ -603,6 +607,8 @@ int Main(int argc, char** argv) {
                "runner: RoPE and the K/V append in the wgmma QKV product (head_dim 128)");
   args.Declare("no-wgmma-packed", CliArgs::Kind::kSwitch,
                "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
+  args.Declare("no-early-kv-loads", CliArgs::Kind::kSwitch,
+               "runner: decode attention waits for the K/V append before any copy (to compare)");
   args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
                "runner: wgmma cut per product, product=features/splits (0 = the kernel's)");
   args.Declare("no-overlap", CliArgs::Kind::kSwitch,
@@ -622,6 +628,7 @@ int Main(int argc, char** argv) {
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
   b.wgmma_packed_weights = !args.Has("no-wgmma-packed");
+  b.early_decode_kv_loads = !args.Has("no-early-kv-loads");
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

@@ -248,6 +248,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     }
   }
   r->fused_qkv_rope_ = options.fused_qkv_rope;
+  r->early_kv_loads_ = options.early_decode_kv_loads;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
@@ -657,7 +658,9 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                               .rotate = any_delta,
                                               .rope = s.rope->view(),
                                               .out = attn,
-                                              .out_type = DecodeOutputType::kBf16},
+                                              .out_type = DecodeOutputType::kBf16,
+                                              // A decode token's K/V goes to its own last block.
+                                              .early_kv_loads = decode_only && early_kv_loads_},
                                              *s.decode_workspace, st));
       }
       if (num_prefill > 0) {

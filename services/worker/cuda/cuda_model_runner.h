@@ -84,6 +84,10 @@ struct CudaRunnerOptions {
   // kPackedWeightsHeadroomBytes after the KV pool; otherwise the kernel reads the row-major
   // weights through its tensor maps and packed_weight_bytes() says 0.
   bool wgmma_packed_weights = true;
+  // In decode-only steps the attention kernel issues its first K/V copies of blocks other than
+  // each sequence's last (the only one the K/V append before it writes) before waiting for that
+  // kernel (PagedDecodeArgs::early_kv_loads). Off only to measure what it gains.
+  bool early_decode_kv_loads = true;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
@@ -145,6 +149,7 @@ class CudaModelRunner final : public ModelRunner {
   bool fused_norms_ = true;
   int wgmma_max_rows_ = 0;
   bool fused_qkv_rope_ = false;
+  bool early_kv_loads_ = false;
   absl::Status PackWeights();
   CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;
