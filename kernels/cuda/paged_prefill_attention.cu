@@ -15,6 +15,9 @@
 // of other deltas masked), so only tiles that straddle a segment boundary take more than one.
 // kRotateK instead rotates each K tile in shared memory before Q K^T; it costs 30-40% (see
 // docs/kernels.md) and is kept for the measurement.
+//
+// This file also holds the plan, the launcher and the merge, which the wgmma kernel
+// (paged_prefill_wgmma.cu, PrefillKernel::kWgmma) shares unchanged.
 #include "kernels/cuda/paged_prefill_attention.h"
 
 #include <cuda_bf16.h>
@@ -26,41 +29,39 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
+#include "kernels/cuda/paged_prefill_internal.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
 namespace {
 
-constexpr int kBlockM = 128;  // query rows per CTA
-constexpr int kBlockN = 64;   // keys per K/V tile
-constexpr int kKvBlock = 16;  // slots per KV block
-constexpr int kEntriesPerTile = kBlockN / kKvBlock;
+// Shared with the wgmma kernel (paged_prefill_internal.cuh).
+using prefill_internal::CpAsync16;
+using prefill_internal::CpAsyncWaitAll;
+using prefill_internal::Exp2;
+using prefill_internal::kBlockM;  // query rows per CTA
+using prefill_internal::kBlockN;  // keys per K/V tile
+using prefill_internal::kCombineWords;
+using prefill_internal::kEntriesPerTile;
+using prefill_internal::kEntryWords;
+using prefill_internal::kKvBlock;  // slots per KV block
+using prefill_internal::kSeqWords;
+using prefill_internal::kWorkWords;
+using prefill_internal::Ldmatrix4;
+using prefill_internal::Params;
+using prefill_internal::Swz;
+using prefill_internal::UnpackBf16;
+
 constexpr int kThreads = 128;
 constexpr int kRowsPerWarp = 32;
-constexpr int kSeqWords = 8, kEntryWords = 4, kWorkWords = 8, kCombineWords = 8;
+// The plan splits KV to fill this many CTAs an SM. The wgmma kernel holds one CTA an SM (two
+// warpgroups, the same 128 rows), so a split plan's grid is about two waves of it.
 constexpr int kCtasPerSm = 2;
 constexpr int kMinTilesPerSplit = 4;
 constexpr int kMaxSplits = 64;  // the merge kernel holds two weights per lane
-
-struct Params {
-  const __nv_bfloat16* __restrict__ q;
-  const __nv_bfloat16* __restrict__ k_pool;
-  const __nv_bfloat16* __restrict__ v_pool;
-  __nv_bfloat16* __restrict__ out;
-  const float* __restrict__ rope_cos;
-  const float* __restrict__ rope_sin;
-  const int* __restrict__ seqs;
-  const int4* __restrict__ entries;
-  const int* __restrict__ work;
-  const int* __restrict__ combine;
-  float* __restrict__ part_o;    // [partial][kv_heads][kBlockM][D]
-  float* __restrict__ part_lse;  // [partial][kv_heads][kBlockM], log2 domain
-  int64_t block_stride;          // elements per physical block (all KV heads)
-  int num_heads, num_kv_heads, group;
-  float scale_log2;
-};
 
 template <int D, PrefillRotation kRot>
 struct Smem {
@@ -77,40 +78,10 @@ struct Smem {
   static constexpr int kBytes = kCs + kCsBytes;
 };
 
-// 16-byte async copy; copies zeros (reads nothing) when !valid.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 __device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] bf16 tile.
-template <int D>
-__device__ __forceinline__ uint32_t Swz(int row, int chunk) {
-  return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
 // Rotates 8 pairs (x1[i], x2[i]) by angles with cos c[i], sin s[i] times `sign`.
@@ -616,7 +587,8 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Para
 }
 
 template <int D, PrefillRotation kRot>
-absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, cudaStream_t stream) {
+absl::Status LaunchMmaSync(const PagedPrefillPlan& plan, const Params& params,
+                           cudaStream_t stream) {
   constexpr int kSmem = Smem<D, kRot>::kBytes;
   static absl::Status attr_status = [] {
     RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(PagedPrefillKernel<D, kRot>,
@@ -627,11 +599,25 @@ absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, cudaStre
     return absl::OkStatus();
   }();
   if (!attr_status.ok()) return attr_status;
+  RETURN_IF_CUDA_ERROR(LaunchOverlapped(PagedPrefillKernel<D, kRot>,
+                                        dim3(plan.num_work_items(), plan.shape().num_kv_heads),
+                                        dim3(kThreads), kSmem, stream, params));
+  return absl::OkStatus();
+}
+
+// The attention kernel (`wgmma`: the sm_90a one, only for the instances it covers), then the
+// merge of the split-KV partials when the plan splits.
+template <int D, PrefillRotation kRot>
+absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, bool wgmma,
+                    cudaStream_t stream) {
   const int kv_heads = plan.shape().num_kv_heads;
   if (plan.num_work_items() > 0) {
-    RETURN_IF_CUDA_ERROR(LaunchOverlapped(PagedPrefillKernel<D, kRot>,
-                                          dim3(plan.num_work_items(), kv_heads), dim3(kThreads),
-                                          kSmem, stream, params));
+    constexpr bool kWgmmaCovers = D == 128 && kRot != PrefillRotation::kRotateK;
+    if (kWgmmaCovers && wgmma) {
+      RETURN_IF_ERROR(prefill_internal::LaunchWgmmaAttention(plan, params, kRot, stream));
+    } else {
+      RETURN_IF_ERROR((LaunchMmaSync<D, kRot>(plan, params, stream)));
+    }
   }
   if (plan.num_split_groups() > 0) {
     RETURN_IF_CUDA_ERROR(LaunchOverlapped(
@@ -644,14 +630,14 @@ absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, cudaStre
 
 template <int D>
 absl::Status DispatchRotation(const PagedPrefillPlan& plan, const Params& params,
-                              PrefillRotation rotation, cudaStream_t stream) {
+                              PrefillRotation rotation, bool wgmma, cudaStream_t stream) {
   switch (rotation) {
     case PrefillRotation::kRotateQ:
-      return Launch<D, PrefillRotation::kRotateQ>(plan, params, stream);
+      return Launch<D, PrefillRotation::kRotateQ>(plan, params, wgmma, stream);
     case PrefillRotation::kRotateK:
-      return Launch<D, PrefillRotation::kRotateK>(plan, params, stream);
+      return Launch<D, PrefillRotation::kRotateK>(plan, params, wgmma, stream);
     case PrefillRotation::kNone:
-      return Launch<D, PrefillRotation::kNone>(plan, params, stream);
+      return Launch<D, PrefillRotation::kNone>(plan, params, wgmma, stream);
   }
   return absl::InvalidArgumentError("unknown PrefillRotation");
 }
@@ -886,6 +872,11 @@ absl::Status PagedPrefillPlan::Upload(void* device_metadata, cudaStream_t stream
   return absl::OkStatus();
 }
 
+bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation) {
+  return head_dim == 128 &&
+         (rotation == PrefillRotation::kRotateQ || rotation == PrefillRotation::kNone);
+}
+
 absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPrefillArgs& args,
                                    PrefillRotation rotation, cudaStream_t stream) {
   if (plan.num_work_items() == 0) return absl::OkStatus();
@@ -924,11 +915,13 @@ absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPref
   params.num_kv_heads = shape.num_kv_heads;
   params.group = shape.num_heads / shape.num_kv_heads;
   params.scale_log2 = args.scale * 1.4426950408889634f;
+  const bool wgmma =
+      args.kernel == PrefillKernel::kWgmma && PrefillWgmmaSupports(shape.head_dim, rotation);
   switch (shape.head_dim) {
     case 64:
-      return DispatchRotation<64>(plan, params, rotation, stream);
+      return DispatchRotation<64>(plan, params, rotation, wgmma, stream);
     case 128:
-      return DispatchRotation<128>(plan, params, rotation, stream);
+      return DispatchRotation<128>(plan, params, rotation, wgmma, stream);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("paged prefill: head_dim ", shape.head_dim, " unsupported"));

@@ -25,6 +25,14 @@
 // Precision: QK^T and PV on bf16 tensor cores with fp32 accumulation; the delta rotation is done
 // in fp32 from the fp32 cos/sin table and its result rounded to bf16 once (rotated K in kRotateK,
 // rotated Q in kRotateQ); probabilities are rounded to bf16 for PV, as FlashAttention does.
+//
+// Two kernels compute this same function from the same plan and merge (PagedPrefillArgs::kernel):
+// the FlashAttention-2-style mma.sync kernel (every head dim and rotation; the default) and a
+// Hopper wgmma kernel (sm_90a, FlashAttention-3 style: two consumer warpgroups of 64 query rows)
+// for head_dim 128 with kRotateQ or kNone. Asked for a shape or rotation the wgmma kernel does
+// not cover (PrefillWgmmaSupports() false: head_dim 64, kRotateK), the launcher runs the mma.sync
+// kernel instead, silently. The wgmma kernel runs only on compute capability 9.0 devices (its
+// code is sm_90a only); elsewhere the launch returns the CUDA error as Internal.
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 
@@ -48,6 +56,15 @@ namespace lazyattn {
 //   kNone:    no rotation (deltas ignored): the baseline that prices the rotation; correct only
 //             when every delta is 0, e.g. a document encoding.
 enum class PrefillRotation { kRotateQ, kRotateK, kNone };
+
+// Which attention kernel runs (both compute the same function; see the top of this file).
+//   kMmaSync: mma.sync m16n8k16, FlashAttention-2 style; every head dim and rotation.
+//   kWgmma:   wgmma m64nNk16 on Hopper (sm_90a); head_dim 128 with kRotateQ or kNone, else the
+//             launcher falls back to kMmaSync.
+enum class PrefillKernel { kMmaSync, kWgmma };
+
+// Whether PrefillKernel::kWgmma runs for this head dim and rotation (else mma.sync runs).
+bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation);
 
 struct PagedPrefillShape {
   int num_heads = 0;  // query heads, a multiple of num_kv_heads
@@ -118,8 +135,9 @@ struct PagedPrefillArgs {
   const float* rope_sin = nullptr;
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   __nv_bfloat16* out = nullptr;
-  const void* device_metadata = nullptr;  // the plan, Upload()ed
-  void* workspace = nullptr;              // plan.workspace_bytes()
+  const void* device_metadata = nullptr;           // the plan, Upload()ed
+  void* workspace = nullptr;                       // plan.workspace_bytes()
+  PrefillKernel kernel = PrefillKernel::kMmaSync;  // kWgmma: see PrefillWgmmaSupports()
 };
 
 // Enqueues the attention (and, when the plan splits KV, the merge of the splits) on `stream`.

@@ -3,7 +3,10 @@
 // poisoned with NaN before every launch, unused and invalid pool slots NaN (a kernel that reads
 // them fails), every element checked.
 //
-// Tolerance, for every case and every rotation variant: relative L2 error <= 1e-2 and every
+// Every case runs every rotation variant on the mma.sync kernel and, where it applies (head_dim
+// 128, kRotateQ or kNone: PrefillWgmmaSupports), on the wgmma kernel too.
+//
+// Tolerance, for every case, kernel and rotation variant: relative L2 error <= 1e-2 and every
 // element within 4e-2 of the reference. Sources of difference: the kernel rounds the rotated K
 // (kRotateK) or the rotated Q (kRotateQ) to bf16 once, rounds probabilities to bf16 for P V and
 // writes bf16 output (|out| <= ~5 here, so output rounding alone is up to 1.6e-2).
@@ -197,8 +200,9 @@ std::vector<float> CpuReference(const CaseSpec& c, const Inputs& in) {
 }
 
 // Runs the kernel; fills `out` (bf16 results as float). Fails the test on any error.
-void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, int max_splits,
-            std::vector<float>* out, int* work_items = nullptr, int* split_groups = nullptr) {
+void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, PrefillKernel kernel,
+            int max_splits, std::vector<float>* out, int* work_items = nullptr,
+            int* split_groups = nullptr) {
   const int d = c.head_dim;
   const Rope& rope = GetRope(d);
   static const int sm_count = [] {
@@ -250,6 +254,7 @@ void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, int m
   args.out = reinterpret_cast<__nv_bfloat16*>(o.ptr);
   args.device_metadata = meta.ptr;
   args.workspace = ws.ptr;
+  args.kernel = kernel;
   const absl::Status st = PagedPrefillAttention(plan, args, rotation, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_CUDA(cudaDeviceSynchronize());
@@ -291,6 +296,16 @@ const char* Name(PrefillRotation r) {
   return "?";
 }
 
+const char* Name(PrefillKernel k) { return k == PrefillKernel::kWgmma ? "wgmma" : "mma.sync"; }
+
+// The kernels a (head dim, rotation) runs on: mma.sync always, wgmma where it applies (asked
+// for elsewhere it would silently run mma.sync, which would test nothing new).
+std::vector<PrefillKernel> KernelsFor(int head_dim, PrefillRotation r) {
+  std::vector<PrefillKernel> kernels = {PrefillKernel::kMmaSync};
+  if (PrefillWgmmaSupports(head_dim, r)) kernels.push_back(PrefillKernel::kWgmma);
+  return kernels;
+}
+
 std::string Describe(const CaseSpec& c) {
   std::string s = "H=" + std::to_string(c.num_heads) + " KH=" + std::to_string(c.num_kv_heads) +
                   " d=" + std::to_string(c.head_dim) + " seqs:";
@@ -310,17 +325,20 @@ void CheckCase(const CaseSpec& c, const std::vector<PrefillRotation>& rotations,
   const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
   const std::vector<float> ref = CpuReference(c, in);
   for (PrefillRotation r : rotations) {
-    std::vector<float> got;
-    int work = 0, groups = 0;
-    RunGpu(c, in, r, max_splits, &got, &work, &groups);
-    if (::testing::Test::HasFatalFailure()) return;
-    const Error e = Compare(got, ref);
-    std::printf("  %-8s work=%d splits=%d rel_l2=%.2e max_abs=%.2e  %s\n", Name(r), work, groups,
-                e.rel_l2, e.max_abs, Describe(c).c_str());
-    EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(r);
-    EXPECT_EQ(e.bad, 0) << Name(r) << ": " << e.bad << " elements off by more than " << kMaxAbs
-                        << ", first at " << e.first_bad << " (got " << got[e.first_bad] << ", want "
-                        << ref[e.first_bad] << ")";
+    for (PrefillKernel k : KernelsFor(c.head_dim, r)) {
+      std::vector<float> got;
+      int work = 0, groups = 0;
+      RunGpu(c, in, r, k, max_splits, &got, &work, &groups);
+      if (::testing::Test::HasFatalFailure()) return;
+      const Error e = Compare(got, ref);
+      std::printf("  %-8s %-8s work=%d splits=%d rel_l2=%.2e max_abs=%.2e  %s\n", Name(k), Name(r),
+                  work, groups, e.rel_l2, e.max_abs, Describe(c).c_str());
+      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " " << Name(r);
+      EXPECT_EQ(e.bad, 0) << Name(k) << " " << Name(r) << ": " << e.bad
+                          << " elements off by more than " << kMaxAbs << ", first at "
+                          << e.first_bad << " (got " << got[e.first_bad] << ", want "
+                          << ref[e.first_bad] << ")";
+    }
   }
 }
 
@@ -468,26 +486,79 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
     const Inputs local = MakeInputs(c, seed, /*global_k=*/false);
     const Inputs global = MakeInputs(c, seed, /*global_k=*/true);
     const std::vector<float> ref_global = CpuReference(c, global);
-    std::vector<float> direct;
-    RunGpu(c, global, PrefillRotation::kNone, 32, &direct);
-    ASSERT_FALSE(HasFatalFailure());
-    Error e = Compare(direct, ref_global);
-    EXPECT_LE(e.rel_l2, kMaxRelL2);
-    EXPECT_EQ(e.bad, 0);
-    for (PrefillRotation r : kRotating) {
-      std::vector<float> deferred;
-      RunGpu(c, local, r, 32, &deferred);
+    for (PrefillKernel direct_kernel : KernelsFor(d, PrefillRotation::kNone)) {
+      std::vector<float> direct;
+      RunGpu(c, global, PrefillRotation::kNone, direct_kernel, 32, &direct);
       ASSERT_FALSE(HasFatalFailure());
-      e = Compare(deferred, ref_global);
-      std::printf("  deferred %-8s vs global-K reference d=%d: rel_l2=%.2e max_abs=%.2e\n", Name(r),
-                  d, e.rel_l2, e.max_abs);
-      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(r);
-      EXPECT_EQ(e.bad, 0) << Name(r);
-      e = Compare(deferred, direct);
-      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(r) << " vs the kernel on global K";
-      EXPECT_EQ(e.bad, 0) << Name(r) << " vs the kernel on global K";
+      Error e = Compare(direct, ref_global);
+      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(direct_kernel);
+      EXPECT_EQ(e.bad, 0) << Name(direct_kernel);
+      for (PrefillRotation r : kRotating) {
+        for (PrefillKernel k : KernelsFor(d, r)) {
+          std::vector<float> deferred;
+          RunGpu(c, local, r, k, 32, &deferred);
+          ASSERT_FALSE(HasFatalFailure());
+          e = Compare(deferred, ref_global);
+          std::printf("  deferred %-8s %-8s vs global-K reference d=%d: rel_l2=%.2e max_abs=%.2e\n",
+                      Name(k), Name(r), d, e.rel_l2, e.max_abs);
+          EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " " << Name(r);
+          EXPECT_EQ(e.bad, 0) << Name(k) << " " << Name(r);
+          e = Compare(deferred, direct);
+          EXPECT_LE(e.rel_l2, kMaxRelL2)
+              << Name(k) << " " << Name(r) << " vs " << Name(direct_kernel) << " on global K";
+          EXPECT_EQ(e.bad, 0) << Name(k) << " " << Name(r) << " vs " << Name(direct_kernel)
+                              << " on global K";
+        }
+      }
     }
   }
+}
+
+// The wgmma kernel against the mma.sync kernel (same tolerance as against the twin) where the
+// CPU twin would take minutes: the benchmark's shape, 4,096 queries (GQA 32/8) after 5 documents
+// of 4,096 tokens at their own deltas, both rotations it covers (kNone ignores the deltas in both
+// kernels: the same function). Then partial blocks: documents of 100 and 17 tokens (last blocks
+// of 4 and 1 slots, so tiles mix entries, deltas and invalid slots), against the twin and the
+// other kernel, at random deltas (kRotateQ) and at delta 0 (kNone computes the twin's function).
+TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBlocks) {
+  ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kRotateQ));
+  ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kNone));
+  std::mt19937 rng(std::random_device{}());
+  auto compare_kernels = [](const CaseSpec& c, PrefillRotation r) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed) + " " + Name(r));
+    const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
+    std::vector<float> mma, wgmma;
+    RunGpu(c, in, r, PrefillKernel::kMmaSync, 32, &mma);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    RunGpu(c, in, r, PrefillKernel::kWgmma, 32, &wgmma);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    const Error e = Compare(wgmma, mma);
+    std::printf("  wgmma vs mma.sync %-8s rel_l2=%.2e max_abs=%.2e  %s\n", Name(r), e.rel_l2,
+                e.max_abs, Describe(c).c_str());
+    EXPECT_LE(e.rel_l2, kMaxRelL2);
+    EXPECT_EQ(e.bad, 0) << e.bad << " elements off by more than " << kMaxAbs << ", first at "
+                        << e.first_bad << " (wgmma " << wgmma[e.first_bad] << ", mma.sync "
+                        << mma[e.first_bad] << ")";
+  };
+  const CaseSpec bench{.num_heads = 32,
+                       .num_kv_heads = 8,
+                       .head_dim = 128,
+                       .seqs = {Request(rng, 5, {4096}, 4096, 4096)}};
+  compare_kernels(bench, PrefillRotation::kRotateQ);
+  compare_kernels(bench, PrefillRotation::kNone);
+
+  std::uniform_int_distribution<uint32_t> delta(1, 200000);
+  CaseSpec partial{.num_heads = 32,
+                   .num_kv_heads = 8,
+                   .head_dim = 128,
+                   .seqs = {SeqSpec{{100, 17, 100, 17, 40}, {}, 40}}};
+  for (int i = 0; i < 5; ++i) partial.seqs[0].seg_delta.push_back(delta(rng));
+  CheckCase(partial, {PrefillRotation::kRotateQ});
+  compare_kernels(partial, PrefillRotation::kRotateQ);
+  partial.seqs[0].seg_delta.assign(5, 0);
+  CheckCase(partial, {PrefillRotation::kRotateQ, PrefillRotation::kNone});
+  compare_kernels(partial, PrefillRotation::kNone);
 }
 
 TEST(PagedPrefillPlanTest, RejectsWhatTheKernelCannotDo) {

@@ -30,6 +30,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
 #include "kernels/cuda/rope_kv_append.h"
+#include "kernels/cuda/wgmma_primitives.cuh"
 
 namespace lazyattn {
 namespace {
@@ -153,14 +154,6 @@ __device__ __forceinline__ uint64_t EvictLastPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
-}
-
-// wgmma shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
-// bytes, 8-row atoms 1024 bytes apart (stride byte offset); the leading byte offset is unused in
-// this mode. Advancing K by 16 elements adds 32 bytes to the start address.
-__device__ __forceinline__ uint64_t Desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
 template <int kN>
@@ -333,18 +326,19 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   for (int i = 0; i < steps; ++i) {
     const int s = i % kStages;
     MbarWait(full(s), (i / kStages) & 1);
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         // Feature block m starts 64 swizzled 128-byte rows (8 KB) into the weight tile.
-        Wgmma<kRows>(d[m], Desc(a_tile(s) + m * kTileM * 128 + 32 * kk),
-                     Desc(b_tile(s) + 32 * kk));
+        // Both operands K-major (WgmmaDescKMajor128): 128-byte rows, 8-row atoms 1 KB apart.
+        Wgmma<kRows>(d[m], WgmmaDescKMajor128(a_tile(s) + m * kTileM * 128 + 32 * kk),
+                     WgmmaDescKMajor128(b_tile(s) + 32 * kk));
       }
     }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    WgmmaCommit();
+    WgmmaWait<0>();
     if (lane == 0) MbarArrive(empty(s));
   }
 

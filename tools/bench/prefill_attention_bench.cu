@@ -5,13 +5,19 @@
 //                       tokens in 5 documents of 4,096, each at its own non-zero delta, physical
 //                       blocks shuffled across the pool
 //   encode4096          a 4,096-token document encoded alone (one segment, delta 0, causal)
-// Each in three variants: rotate-q (the kept one), rotate-k, none (no rotation: the price of it).
+// Each in three variants on the mma.sync kernel: rotate-q (the kept one), rotate-k, none (no
+// rotation: the price of it); and in the two the wgmma kernel covers (PrefillKernel::kWgmma:
+// none, rotate-q), side by side. "vs none" compares a variant with the same kernel's none, "vs
+// mma.sync" a wgmma row's TFLOP/s with the mma.sync row of the same variant.
 // TFLOP/s = 4 * head_dim * heads * (visible query-key pairs) / time (causal pairs only counted),
 // time = median of --reps single launches timed with CUDA events after --warmup launches; each
 // variant is timed twice, interleaved, to show the run-to-run spread.
-// Prints a markdown table and one JSON object per line (prefixed "JSON ").
+// Prints a markdown table and one JSON object per line (prefixed "JSON ", with "kernel" and
+// "variant" naming the row); on stderr, per shape, the largest differences between variants that
+// compute the same function (rotate-q against rotate-k, wgmma against mma.sync).
 //
-//   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--reps=50] [--warmup=5]
+//   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma] [--reps=50]
+//                          [--warmup=5]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -97,6 +103,15 @@ const char* VariantName(PrefillRotation r) {
   return "?";
 }
 
+const char* KernelName(PrefillKernel k) {
+  return k == PrefillKernel::kWgmma ? "wgmma" : "mma.sync";
+}
+
+struct Variant {
+  PrefillKernel kernel;
+  PrefillRotation rotation;
+};
+
 std::string Arg(int argc, char** argv, const char* key, const char* def) {
   const std::string prefix = std::string("--") + key + "=";
   for (int i = 1; i < argc; ++i) {
@@ -108,6 +123,7 @@ std::string Arg(int argc, char** argv, const char* key, const char* def) {
 int Main(int argc, char** argv) {
   const std::string only = Arg(argc, argv, "only", "");
   const std::string only_variant = Arg(argc, argv, "variant", "");
+  const std::string only_kernel = Arg(argc, argv, "kernel", "");
   const int reps = std::atoi(Arg(argc, argv, "reps", "50").c_str());
   const int warmup = std::atoi(Arg(argc, argv, "warmup", "5").c_str());
   auto info = QueryDevice(0);
@@ -162,8 +178,15 @@ int Main(int argc, char** argv) {
 
   const std::vector<Shape> shapes = {
       {"q64", 64, 5}, {"q512", 512, 5}, {"q4096", 4096, 5}, {"encode4096", 4096, 0}};
-  const std::vector<PrefillRotation> variants = {PrefillRotation::kNone, PrefillRotation::kRotateK,
-                                                 PrefillRotation::kRotateQ};
+  const std::vector<Variant> variants = {{PrefillKernel::kMmaSync, PrefillRotation::kNone},
+                                         {PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
+                                         {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
+                                         {PrefillKernel::kWgmma, PrefillRotation::kNone},
+                                         {PrefillKernel::kWgmma, PrefillRotation::kRotateQ}};
+  auto selected = [&](const Variant& v) {
+    return (only_variant.empty() || only_variant == VariantName(v.rotation)) &&
+           (only_kernel.empty() || only_kernel == KernelName(v.kernel));
+  };
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -171,8 +194,8 @@ int Main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreate(&stream));
 
   std::printf(
-      "\n| shape | variant | queries | cached keys | visible pairs | ms (run 1 / run 2) | "
-      "TFLOP/s | vs none |\n|---|---|---|---|---|---|---|---|\n");
+      "\n| shape | kernel | variant | queries | cached keys | visible pairs | ms (run 1 / run 2) | "
+      "TFLOP/s | vs none | vs mma.sync |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> json;
   for (const Shape& sh : shapes) {
     if (!only.empty() && only != sh.name) continue;
@@ -238,17 +261,19 @@ int Main(int argc, char** argv) {
     args.out = d_out;
     args.device_metadata = d_meta;
     args.workspace = d_ws;
-    double none_ms = 0;
+    auto run = [&](const Variant& v) {
+      args.kernel = v.kernel;
+      CHECK_OK(PagedPrefillAttention(plan, args, v.rotation, stream));
+    };
     std::vector<std::vector<float>> medians(variants.size());
     for (int round = 0; round < 2; ++round) {
       for (size_t vi = 0; vi < variants.size(); ++vi) {
-        const PrefillRotation v = variants[vi];
-        if (!only_variant.empty() && only_variant != VariantName(v)) continue;
-        for (int i = 0; i < warmup; ++i) CHECK_OK(PagedPrefillAttention(plan, args, v, stream));
+        if (!selected(variants[vi])) continue;
+        for (int i = 0; i < warmup; ++i) run(variants[vi]);
         std::vector<float> ms(reps);
         for (int i = 0; i < reps; ++i) {
           CHECK_CUDA(cudaEventRecord(start, stream));
-          CHECK_OK(PagedPrefillAttention(plan, args, v, stream));
+          run(variants[vi]);
           CHECK_CUDA(cudaEventRecord(stop, stream));
           CHECK_CUDA(cudaEventSynchronize(stop));
           CHECK_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
@@ -257,12 +282,12 @@ int Main(int argc, char** argv) {
         medians[vi].push_back(ms.empty() ? 0.f : ms[ms.size() / 2]);
       }
     }
-    // Sanity: the two rotating variants compute the same function on these inputs.
-    if (only_variant.empty()) {
+    // Sanity: variants that compute the same function on these inputs.
+    auto max_diff = [&](const Variant& a, const Variant& b, const char* what) {
       args.out = d_out_ref;
-      CHECK_OK(PagedPrefillAttention(plan, args, PrefillRotation::kRotateK, stream));
+      run(a);
       args.out = d_out;
-      CHECK_OK(PagedPrefillAttention(plan, args, PrefillRotation::kRotateQ, stream));
+      run(b);
       CHECK_CUDA(cudaMemsetAsync(d_diff, 0, 8, stream));
       MaxAbsDiff<<<264, 256, 0, stream>>>(d_out, d_out_ref, int64_t{sh.num_queries} * kHeads * kDim,
                                           d_diff, d_diff + 1);
@@ -271,29 +296,53 @@ int Main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamSynchronize(stream));
       float diff;
       std::memcpy(&diff, &h[0], 4);
-      std::fprintf(stderr, "%s: max |rotate-q - rotate-k| = %.3g, non-finite %u\n", sh.name.c_str(),
-                   diff, h[1]);
+      std::fprintf(stderr, "%s: max |%s| = %.3g, non-finite %u\n", sh.name.c_str(), what, diff,
+                   h[1]);
+    };
+    if (only_variant.empty() && only_kernel.empty()) {
+      max_diff({PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
+               {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ}, "rotate-q - rotate-k");
+      max_diff({PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
+               {PrefillKernel::kWgmma, PrefillRotation::kRotateQ},
+               "wgmma rotate-q - mma.sync rotate-q");
+      max_diff({PrefillKernel::kMmaSync, PrefillRotation::kNone},
+               {PrefillKernel::kWgmma, PrefillRotation::kNone}, "wgmma none - mma.sync none");
     }
+    auto best_ms = [&](PrefillKernel k, PrefillRotation r) -> double {
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        if (variants[vi].kernel == k && variants[vi].rotation == r && !medians[vi].empty()) {
+          return std::min(medians[vi][0], medians[vi][1]);
+        }
+      }
+      return 0;
+    };
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       if (medians[vi].empty()) continue;
+      const Variant& v = variants[vi];
       const float best = std::min(medians[vi][0], medians[vi][1]);
-      if (variants[vi] == PrefillRotation::kNone) none_ms = best;
       const double tflops = flops / (best * 1e-3) / 1e12;
+      const double none_ms = best_ms(v.kernel, PrefillRotation::kNone);
       char vs[32] = "-";
-      if (none_ms > 0 && variants[vi] != PrefillRotation::kNone) {
+      if (none_ms > 0 && v.rotation != PrefillRotation::kNone) {
         std::snprintf(vs, sizeof(vs), "%+.1f%%", (best / none_ms - 1) * 100);
       }
-      std::printf("| %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s |\n", sh.name.c_str(),
-                  VariantName(variants[vi]), sh.num_queries, cached, pairs, medians[vi][0],
-                  medians[vi][1], tflops, vs);
+      const double mma_ms = best_ms(PrefillKernel::kMmaSync, v.rotation);
+      char vs_mma[32] = "-";
+      if (mma_ms > 0 && v.kernel != PrefillKernel::kMmaSync) {
+        std::snprintf(vs_mma, sizeof(vs_mma), "x%.2f", mma_ms / best);
+      }
+      std::printf("| %s | %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s | %s |\n",
+                  sh.name.c_str(), KernelName(v.kernel), VariantName(v.rotation), sh.num_queries,
+                  cached, pairs, medians[vi][0], medians[vi][1], tflops, vs, vs_mma);
       char line[512];
       std::snprintf(line, sizeof(line),
-                    "{\"bench\":\"prefill_attention\",\"shape\":\"%s\",\"variant\":\"%s\","
-                    "\"queries\":%d,\"cached_keys\":%d,\"heads\":%d,\"kv_heads\":%d,"
-                    "\"head_dim\":%d,\"visible_pairs\":%.0f,\"ms\":%.5f,\"ms_run2\":%.5f,"
-                    "\"tflops\":%.2f,\"work_items\":%d,\"split_groups\":%d,\"device\":\"%s\"}",
-                    sh.name.c_str(), VariantName(variants[vi]), sh.num_queries, cached, kHeads,
-                    kKvHeads, kDim, pairs, medians[vi][0], medians[vi][1], tflops,
+                    "{\"bench\":\"prefill_attention\",\"shape\":\"%s\",\"kernel\":\"%s\","
+                    "\"variant\":\"%s\",\"queries\":%d,\"cached_keys\":%d,\"heads\":%d,"
+                    "\"kv_heads\":%d,\"head_dim\":%d,\"visible_pairs\":%.0f,\"ms\":%.5f,"
+                    "\"ms_run2\":%.5f,\"tflops\":%.2f,\"work_items\":%d,\"split_groups\":%d,"
+                    "\"device\":\"%s\"}",
+                    sh.name.c_str(), KernelName(v.kernel), VariantName(v.rotation), sh.num_queries,
+                    cached, kHeads, kKvHeads, kDim, pairs, medians[vi][0], medians[vi][1], tflops,
                     plan.num_work_items(), plan.num_split_groups(), info->name.c_str());
       json.push_back(line);
     }

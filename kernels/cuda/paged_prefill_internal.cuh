@@ -1,0 +1,83 @@
+// Internal to the paged prefill attention (not a public header): what the plan, the launcher, the
+// mma.sync kernel and the merge (paged_prefill_attention.cu) share with the wgmma kernel
+// (paged_prefill_wgmma.cu, compiled separately for sm_90a): the tiling constants the plan is
+// built for, the kernel parameters, and the small device helpers both kernels use.
+#ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
+#define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/paged_prefill_attention.h"
+
+namespace lazyattn::prefill_internal {
+
+// The plan's units: a work item is kBlockM query rows (row = token * group + head of the group)
+// of one KV head over K tiles of kBlockN keys = kEntriesPerTile table entries of kKvBlock slots.
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 64;
+constexpr int kKvBlock = 16;
+constexpr int kEntriesPerTile = kBlockN / kKvBlock;
+constexpr int kSeqWords = 8, kEntryWords = 4, kWorkWords = 8, kCombineWords = 8;
+
+struct Params {
+  const __nv_bfloat16* __restrict__ q;
+  const __nv_bfloat16* __restrict__ k_pool;
+  const __nv_bfloat16* __restrict__ v_pool;
+  __nv_bfloat16* __restrict__ out;
+  const float* __restrict__ rope_cos;
+  const float* __restrict__ rope_sin;
+  const int* __restrict__ seqs;
+  const int4* __restrict__ entries;
+  const int* __restrict__ work;
+  const int* __restrict__ combine;
+  float* __restrict__ part_o;    // [partial][kv_heads][kBlockM][D]
+  float* __restrict__ part_lse;  // [partial][kv_heads][kBlockM], log2 domain
+  int64_t block_stride;          // elements per physical block (all KV heads)
+  int num_heads, num_kv_heads, group;
+  float scale_log2;
+};
+
+// 16-byte async copy; copies zeros (reads nothing) when !valid.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][D] bf16 tile.
+template <int D>
+__device__ __forceinline__ uint32_t Swz(int row, int chunk) {
+  return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+// The attention pass of the wgmma kernel (paged_prefill_wgmma.cu): enqueues the kernel for
+// head_dim 128 and kRotateQ or kNone (InvalidArgument otherwise); the caller launches the merge
+// of split-KV partials after it, as for the mma.sync kernel.
+absl::Status LaunchWgmmaAttention(const PagedPrefillPlan& plan, const Params& params,
+                                  PrefillRotation rotation, cudaStream_t stream);
+
+}  // namespace lazyattn::prefill_internal
+
+#endif  // LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
