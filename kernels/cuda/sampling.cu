@@ -338,6 +338,29 @@ absl::Status GreedyArgmaxCuda(const float* logits, int64_t row_stride, int rows,
   return absl::OkStatus();
 }
 
+namespace {
+__global__ void GreedyIdsToTokensKernel(const uint64_t* __restrict__ packed,
+                                        const int32_t* __restrict__ source_rows, int rows,
+                                        int32_t* __restrict__ tokens) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < rows) tokens[i] = static_cast<int32_t>(~static_cast<uint32_t>(packed[source_rows[i]]));
+}
+}  // namespace
+
+absl::Status GreedyIdsToTokensCuda(const uint64_t* packed, const int32_t* source_rows, int rows,
+                                   int32_t* tokens, cudaStream_t stream) {
+  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("greedy ids: rows ", rows));
+  if (rows == 0) return absl::OkStatus();
+  if (packed == nullptr || source_rows == nullptr || tokens == nullptr) {
+    return absl::InvalidArgumentError("greedy ids: a required pointer is null");
+  }
+  constexpr int kThreadsPerCta = 256;
+  GreedyIdsToTokensKernel<<<(rows + kThreadsPerCta - 1) / kThreadsPerCta, kThreadsPerCta, 0,
+                            stream>>>(packed, source_rows, rows, tokens);
+  RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 absl::Status SampleTokensCuda(const float* logits, int64_t row_stride, int rows, int vocab,
                               const SamplingRowParams* params, int32_t* out_ids,
                               cudaStream_t stream) {

@@ -49,6 +49,12 @@ inline int32_t GreedyIdFromPacked(uint64_t packed) {
   return static_cast<int32_t>(~static_cast<uint32_t>(packed));
 }
 
+// tokens[i] = GreedyIdFromPacked(packed[source_rows[i]]) for i < rows, on the device: a step's
+// greedy ids become the next step's input tokens without a trip through the host (pipelined
+// decode). source_rows: device [rows], each a valid row of `packed`.
+absl::Status GreedyIdsToTokensCuda(const uint64_t* packed, const int32_t* source_rows, int rows,
+                                   int32_t* tokens, cudaStream_t stream);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_KERNELS_CUDA_SAMPLING_H_

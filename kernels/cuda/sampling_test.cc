@@ -111,6 +111,20 @@ TEST(SamplingCudaTest, GreedyEqualsCpuArgmaxWithTies) {
       ASSERT_EQ(GreedyIdFromPacked(keys[r]), CpuArgMax(&logits[size_t(r) * vocab], vocab))
           << "greedy argmax, vocab " << vocab << " row " << r;
     }
+    // The same ids as a next step's input tokens, turned on the device (pipelined decode),
+    // gathered from rows in another order (the next step may drop rows).
+    std::vector<int32_t> source(rows);
+    for (int r = 0; r < rows; ++r) source[r] = (r * 7 + 3) % rows;
+    DeviceBuffer<int32_t> source_rows;
+    source_rows.Upload(source);
+    DeviceBuffer<int32_t> tokens(rows);
+    tokens.Poison();
+    ASSERT_TRUE(
+        GreedyIdsToTokensCuda(packed.get(), source_rows.get(), rows, tokens.get(), nullptr).ok());
+    const auto ids = tokens.Download();
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(ids[r], GreedyIdFromPacked(keys[source[r]])) << "vocab " << vocab << " row " << r;
+    }
   }
 }
 

@@ -8,7 +8,8 @@
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
-//                         [--no-early-kv-loads]
+//                         [--no-early-kv-loads] [--no-pipeline-decode]
+//                         [--prefill-kernel mma|wgmma]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -81,6 +82,8 @@ struct Bench {
   bool fused_qkv_rope = false;
   bool wgmma_packed_weights = CudaRunnerOptions{}.wgmma_packed_weights;
   bool early_decode_kv_loads = CudaRunnerOptions{}.early_decode_kv_loads;
+  bool pipeline_decode = EngineOptions{}.pipeline_decode;
+  PrefillKernel prefill_kernel = CudaRunnerOptions{}.prefill_kernel;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -96,11 +99,13 @@ struct Bench {
                                                                wgmma_packed_weights,
                                                            .early_decode_kv_loads =
                                                                early_decode_kv_loads,
+                                                           .prefill_kernel = prefill_kernel,
                                                            .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),
                                     EngineOptions{.max_batch_tokens = max_batch_tokens,
-                                                  .max_running = max_running});
+                                                  .max_running = max_running,
+                                                  .pipeline_decode = pipeline_decode});
   }
 };
 
@@ -607,6 +612,10 @@ int Main(int argc, char** argv) {
                "runner: RoPE and the K/V append in the wgmma QKV product (head_dim 128)");
   args.Declare("no-wgmma-packed", CliArgs::Kind::kSwitch,
                "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
+  args.Declare("prefill-kernel", CliArgs::Kind::kValue,
+               "runner: prefill attention kernel, mma or wgmma (default the runner's)");
+  args.Declare("no-pipeline-decode", CliArgs::Kind::kSwitch,
+               "engine: read each decode step's tokens before launching the next (to compare)");
   args.Declare("no-early-kv-loads", CliArgs::Kind::kSwitch,
                "runner: decode attention waits for the K/V append before any copy (to compare)");
   args.Declare("wgmma-cuts", CliArgs::Kind::kValue,
@@ -629,6 +638,15 @@ int Main(int argc, char** argv) {
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
   b.wgmma_packed_weights = !args.Has("no-wgmma-packed");
   b.early_decode_kv_loads = !args.Has("no-early-kv-loads");
+  b.pipeline_decode = !args.Has("no-pipeline-decode");
+  if (args.Has("prefill-kernel")) {
+    const std::string k = args.String("prefill-kernel");
+    if (k != "mma" && k != "wgmma") {
+      std::cerr << "--prefill-kernel: mma or wgmma, not " << k << "\n";
+      return 2;
+    }
+    b.prefill_kernel = k == "wgmma" ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync;
+  }
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

@@ -17,6 +17,8 @@
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/request_prep.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/model_fingerprint.h"
@@ -574,6 +576,85 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 //   GPU's token must be among the CPU's top 5 there, behind the CPU's own token by less than the
 //   largest first-step logit error of that prompt (the bf16 pipeline's own noise, measured on the
 //   same prompt). Strict agreement is counted and printed.
+// Pipelined decode (EngineOptions::pipeline_decode: step N+1 launched before step N's tokens
+// reach the host, its input tokens taken on the device) generates exactly what step-by-step
+// decode does: the same greedy tokens and finish reasons for requests that finish at different
+// steps (while the next step is in flight), one that joins mid-run and one cancelled mid-run;
+// and it did pipeline. The block pool is consistent afterwards.
+// Exact equality needs both runs to give each step the same rows: a request the launched step
+// finishes by max_tokens is left out of the chained step after it, as the unpipelined engine
+// leaves it out, so it does. (One that stopped on a stop token would be a dropped row there;
+// with ignore_eos none does.)
+TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig c = SmallConfig();
+  const auto weights = HfLikeWeights(c, 11);
+  const auto tokenizer = MakeByteTokenizer();
+  const ModelIdentity identity{ModelFingerprint(*weights), TokenizerFingerprint(*tokenizer)};
+  struct Outcome {
+    absl::Status status;
+    RequestResult result;
+  };
+  // Request i finishes at step max_tokens[i] - 1 (the prefill, step 0, gives its first token);
+  // the joiner's prefill is step 6, and the last two requests decode alone at the end.
+  const std::vector<int> max_tokens = {6, 9, 30, 30, 30, 30, 35, 40};
+  constexpr size_t kJoiner = 7, kCancelled = 5;
+  auto run = [&](bool pipeline, int64_t* chained) {
+    auto gpu = CudaModelWeights::Upload(*weights);
+    EXPECT_TRUE(gpu.ok()) << gpu.status();
+    auto runner = CudaModelRunner::Create(std::move(*gpu), {.num_kv_blocks = 512});
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    CudaModelRunner* raw = runner->get();
+    EngineCore core(std::move(*runner), tokenizer.get(),
+                    {.max_batch_tokens = 256, .pipeline_decode = pipeline});
+    std::vector<Outcome> out(max_tokens.size());
+    std::vector<uint64_t> ids(max_tokens.size());
+    auto add = [&](size_t i) {
+      EngineRequest r{.mode = CacheMode::kFull,
+                      .sampling = {.max_tokens = max_tokens[i], .ignore_eos = true}};
+      std::mt19937 rng(100 + i);
+      std::vector<int> question(5 + 7 * i);
+      for (int& t : question) t = static_cast<int>(rng() % 256);
+      r.question_token_ids = std::move(question);
+      auto p = PrepareRequest(r, *tokenizer, c, identity, {});
+      EXPECT_TRUE(p.ok()) << p.status();
+      p->callbacks.on_done = [&out, i](const absl::Status& s, const RequestResult& res) {
+        out[i] = {s, res};
+      };
+      ids[i] = core.Add(std::move(*p));
+    };
+    for (size_t i = 0; i < max_tokens.size(); ++i) {
+      if (i != kJoiner) add(i);
+    }
+    for (int step = 0; core.HasWork() && step < 10000; ++step) {
+      if (step == 6) add(kJoiner);
+      if (step == 14) core.Cancel(ids[kCancelled]);
+      core.Step(absl::Now());
+    }
+    EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
+    EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
+    *chained = raw->chained_launches();
+    return out;
+  };
+  int64_t chained_off = 0, chained_on = 0;
+  const std::vector<Outcome> want = run(false, &chained_off);
+  const std::vector<Outcome> got = run(true, &chained_on);
+  EXPECT_EQ(chained_off, 0);
+  EXPECT_GT(chained_on, 10) << "pipelined decode never chained a step";
+  for (size_t i = 0; i < max_tokens.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    EXPECT_EQ(got[i].status.code(), want[i].status.code()) << got[i].status;
+    EXPECT_EQ(got[i].result.finish_reason, want[i].result.finish_reason);
+    if (i == kCancelled) {
+      EXPECT_EQ(want[i].status.code(), absl::StatusCode::kCancelled);
+      continue;  // where a cancellation lands depends on the step it meets
+    }
+    ASSERT_TRUE(want[i].status.ok()) << want[i].status;
+    EXPECT_EQ(want[i].result.token_ids.size(), static_cast<size_t>(max_tokens[i]));
+    EXPECT_EQ(got[i].result.token_ids, want[i].result.token_ids);
+  }
+}
+
 TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   const char* path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -60,6 +61,7 @@ class Buffer {
     bytes_ = bytes;
     return absl::OkStatus();
   }
+  int64_t bytes() const { return bytes_; }
   template <typename T>
   T* as(int64_t byte_offset = 0) const {
     return reinterpret_cast<T*>(static_cast<char*>(ptr_) + byte_offset);
@@ -125,9 +127,28 @@ struct CudaModelRunner::State {
   Buffer x, delta, h, qkv, q_rot, attn, gate_up, act;
   // Sampling rows: normalized (bf16) and their fp32 logits [rows][vocab].
   Buffer last_hidden, logits;
-  Buffer host_logits{/*pinned_host=*/true};
-  Buffer sampled, host_sampled{/*pinned_host=*/true};  // packed argmax keys [logit rows]
-  Buffer metadata, host_metadata{/*pinned_host=*/true};
+  Buffer sampled;  // packed argmax keys [logit rows]
+  Buffer metadata;
+  // The host side of a launched step, two of them: a step may be enqueued (Launch) while the
+  // one before it still runs, so the two may share neither the pinned metadata being uploaded
+  // nor the pinned buffers the results come back to.
+  struct HostSlot {
+    Buffer metadata{/*pinned_host=*/true};
+    Buffer logits{/*pinned_host=*/true};   // non-greedy rows, packed in row order
+    Buffer sampled{/*pinned_host=*/true};  // packed argmax keys
+    cudaEvent_t copied = nullptr;          // after the step's copies back to the host
+    cudaEvent_t start = nullptr, end = nullptr;  // while profiling
+    bool profiled = false;
+    std::vector<bool> row_greedy;
+    std::chrono::steady_clock::time_point entered;
+    double prep_ms = 0, enqueue_ms = 0;
+  };
+  HostSlot slots[2];
+  std::deque<int> in_flight;  // launched, uncollected slots, oldest first
+  // Rows of the last launch when they were all greedy (one per chunk), else -1: what a launch
+  // with tokens_from_previous_step may follow.
+  int64_t last_greedy_rows = -1;
+  Buffer host_copy_list{/*pinned_host=*/true};  // CopyBlocks' list
   Buffer prefill_workspace;
   // Decode graphs. A shape runs eagerly the first time (cuBLASLt picks its algorithms, kernels
   // set their attributes), is captured the second time and replayed from then on.
@@ -138,8 +159,8 @@ struct CudaModelRunner::State {
   };
   std::map<GraphKey, Graph> graphs;
   int64_t graph_launches = 0, graph_captures = 0, fused_qkv_rope_launches = 0;
+  int64_t chained_launches = 0;
   bool profiling = false;
-  cudaEvent_t step_start = nullptr, step_end = nullptr;
   StepProfile profile;
   std::optional<std::chrono::steady_clock::time_point> last_return;  // while profiling
 
@@ -180,8 +201,11 @@ struct CudaModelRunner::State {
       ClearGraphs();
       cudaStreamDestroy(stream);
     }
-    if (step_start != nullptr) cudaEventDestroy(step_start);
-    if (step_end != nullptr) cudaEventDestroy(step_end);
+    for (HostSlot& slot : slots) {
+      for (cudaEvent_t e : {slot.copied, slot.start, slot.end}) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
   }
 };
 
@@ -194,11 +218,13 @@ CudaModelRunner::~CudaModelRunner() = default;
 
 void CudaModelRunner::set_profiling(bool on) {
   State& s = *state_;
-  if (on && s.step_start == nullptr) {
-    cudaEventCreate(&s.step_start);
-    cudaEventCreate(&s.step_end);
+  for (State::HostSlot& slot : s.slots) {
+    if (on && slot.start == nullptr) {
+      cudaEventCreate(&slot.start);
+      cudaEventCreate(&slot.end);
+    }
   }
-  s.profiling = on && s.step_start != nullptr;
+  s.profiling = on && s.slots[0].start != nullptr && s.slots[1].start != nullptr;
   s.profile = {};
   s.last_return.reset();
 }
@@ -211,6 +237,7 @@ int64_t CudaModelRunner::fused_qkv_rope_launches() const {
   return state_->fused_qkv_rope_launches;
 }
 int64_t CudaModelRunner::packed_weight_bytes() const { return state_->packed_bytes; }
+int64_t CudaModelRunner::chained_launches() const { return state_->chained_launches; }
 
 int64_t CudaModelRunner::kv_pool_bytes() const {
   return num_kv_blocks_ * CudaKvBytesPerBlock(config());
@@ -249,6 +276,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   }
   r->fused_qkv_rope_ = options.fused_qkv_rope;
   r->early_kv_loads_ = options.early_decode_kv_loads;
+  // The wgmma kernel's code is sm_90a only.
+  const bool hopper = info.compute_major == 9 && info.compute_minor == 0;
+  r->prefill_kernel_ = hopper ? options.prefill_kernel : PrefillKernel::kMmaSync;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);
@@ -261,6 +291,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   State& s = *r->state_;
   s.sm_count = info.sm_count;
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  for (State::HostSlot& slot : s.slots) {
+    RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+  }
   ASSIGN_OR_RETURN(s.rope, DeviceRopeTable::Create(RopeTable(c.rope, c.max_positions)));
   ASSIGN_OR_RETURN(s.gemm, CublasLtGemm::Create());
   s.gemm->set_skinny(options.skinny_gemms);
@@ -378,10 +411,13 @@ absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   State& s = *state_;
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   const int64_t bytes = static_cast<int64_t>(copies.size_bytes());
-  RETURN_IF_ERROR(s.host_metadata.Reserve(bytes));
+  if (!s.in_flight.empty()) {
+    return absl::FailedPreconditionError("block copy while a launched step is uncollected");
+  }
+  RETURN_IF_ERROR(s.host_copy_list.Reserve(bytes));
   RETURN_IF_ERROR(s.metadata.Reserve(bytes));
-  std::memcpy(s.host_metadata.as<void>(), copies.data(), bytes);
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_metadata.as<void>(), bytes,
+  std::memcpy(s.host_copy_list.as<void>(), copies.data(), bytes);
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_copy_list.as<void>(), bytes,
                                        cudaMemcpyHostToDevice, s.stream));
   const ModelConfig& c = config();
   RETURN_IF_ERROR(BlockCopyRerotate({.copies = s.metadata.as<BlockCopy>(),
@@ -399,6 +435,16 @@ absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
 }
 
 absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardChunk> chunks) {
+  if (!state_->in_flight.empty()) {
+    return absl::FailedPreconditionError("Forward while a launched step is uncollected");
+  }
+  if (chunks.empty()) return ForwardOutput{};
+  RETURN_IF_ERROR(Launch(chunks, /*previous_step_rows=*/{}));
+  return Collect();
+}
+
+absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
+                                     std::span<const int32_t> previous_step_rows) {
   const auto entered = std::chrono::steady_clock::now();
   const ModelConfig& c = config();
   RETURN_IF_ERROR(ValidateForwardChunks(chunks, c, num_kv_blocks_));
@@ -408,9 +454,29 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
           absl::StrCat("forward chunk ", i, ": k_rotation_base past the segment's offset"));
     }
   }
-  if (chunks.empty()) return ForwardOutput{};
+  if (chunks.empty()) return absl::InvalidArgumentError("a launched step needs chunks");
   State& s = *state_;
+  if (s.in_flight.size() >= 2) {
+    return absl::FailedPreconditionError("two launched steps are already uncollected");
+  }
+  const bool chained = !previous_step_rows.empty();
+  if (chained) {
+    bool valid = previous_step_rows.size() == chunks.size() && s.last_greedy_rows > 0;
+    for (size_t i = 0; valid && i < chunks.size(); ++i) {
+      valid = chunks[i].tokens.size() == 1 && previous_step_rows[i] >= 0 &&
+              previous_step_rows[i] < s.last_greedy_rows;
+    }
+    if (!valid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "previous_step_rows: ", previous_step_rows.size(), " rows for ", chunks.size(),
+          " chunks of one token each, each below the greedy rows of the step before (",
+          s.last_greedy_rows, ")"));
+    }
+  }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  // The slot the uncollected step (if any) does not use.
+  const int slot_index = s.in_flight.empty() ? 0 : 1 - s.in_flight.back();
+  State::HostSlot& slot = s.slots[slot_index];
 
   // --- Host: the step's metadata, rows in device order (decode chunks first). ---
   std::vector<size_t> order;
@@ -496,6 +562,12 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                                {.sm_count = s.sm_count, .rope_max_positions = c.max_positions}));
   }
 
+  // Where each row's input token comes from in the step before (pipelined decode), device order.
+  std::vector<int32_t> token_source_rows;
+  if (chained) {
+    for (size_t i : order) token_source_rows.push_back(previous_step_rows[i]);
+  }
+
   // One metadata buffer, one upload.
   struct Section {
     const void* src;
@@ -509,7 +581,8 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
                    {logit_rows.data(), out_rows * 4},
                    {decode_tables.data(), static_cast<int64_t>(decode_tables.size()) * 8},
                    {decode_num_blocks.data(), int64_t{num_decode} * 4},
-                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0}};
+                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
+                   {token_source_rows.data(), static_cast<int64_t>(token_source_rows.size()) * 4}};
   int64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.offset = meta_bytes;
@@ -520,6 +593,11 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
   const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
   const int64_t generation_before = Buffer::generation();
+  // Device buffers move only while no launched step can still be using them.
+  const bool grows = rows > s.row_capacity || out_rows > s.logit_row_capacity ||
+                     meta_bytes > s.metadata.bytes() ||
+                     (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
+  if (grows && !s.in_flight.empty()) RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
   if (rows > s.row_capacity) {
     const int64_t cap = std::max<int64_t>(rows, 256);
     for (auto [buf, width] : {std::pair{&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
@@ -534,17 +612,20 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
     const int64_t cap = std::max<int64_t>(out_rows, 64);
     RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
     RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
-    RETURN_IF_ERROR(s.host_logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
-    RETURN_IF_ERROR(s.host_sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
     s.logit_row_capacity = cap;
   }
   RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
-  RETURN_IF_ERROR(s.host_metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
   if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
   if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
+  // This slot's pinned buffers: no uncollected step uses them.
+  RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  RETURN_IF_ERROR(slot.logits.Reserve(
+      std::max<int64_t>(out_rows - greedy_rows, 1) * V * static_cast<int64_t>(sizeof(float))));
+  RETURN_IF_ERROR(
+      slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) * static_cast<int64_t>(sizeof(uint64_t))));
   for (const Section& x : sec) {
-    if (x.bytes > 0) std::memcpy(s.host_metadata.as<char>(x.offset), x.src, x.bytes);
+    if (x.bytes > 0) std::memcpy(slot.metadata.as<char>(x.offset), x.src, x.bytes);
   }
 
   cudaStream_t st = s.stream;
@@ -674,7 +755,8 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
              .scale = scale,
              .out = attn + int64_t{num_decode} * Q,
              .device_metadata = d_plan,
-             .workspace = s.prefill_workspace.as<void>()},
+             .workspace = s.prefill_workspace.as<void>(),
+             .kernel = prefill_kernel_},
             any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
       }
       if (fused) {
@@ -722,21 +804,30 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
 
   const auto prepared = std::chrono::steady_clock::now();
   auto enqueued = entered;
+  slot.profiled = s.profiling;
   absl::Status status = [&]() -> absl::Status {
-    if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_start, st));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_metadata.as<void>(),
+    if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.start, st));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), slot.metadata.as<void>(),
                                          meta_bytes, cudaMemcpyHostToDevice, st));
+    if (chained) {
+      // The previous step's argmax keys are still in `sampled` (stream order): the ids of the
+      // rows named become this step's tokens, over the placeholders just uploaded.
+      RETURN_IF_ERROR(GreedyIdsToTokensCuda(s.sampled.as<uint64_t>(),
+                                            s.metadata.as<int32_t>(sec[8].offset),
+                                            static_cast<int>(rows),
+                                            s.metadata.as<int32_t>(sec[0].offset), st));
+    }
     if (decode_only && use_graphs_) {
       const GraphKey key{num_decode, max_decode_blocks, any_delta, greedy_rows > 0};
       RETURN_IF_ERROR(s.RunGraph(key, enqueue_compute));
     } else {
       RETURN_IF_ERROR(enqueue_compute());
     }
-    if (s.profiling) RETURN_IF_CUDA_ERROR(cudaEventRecord(s.step_end, st));
+    if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.end, st));
     enqueued = std::chrono::steady_clock::now();
     if (out_rows > 0) {
       if (greedy_rows > 0) {
-        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.host_sampled.as<void>(), s.sampled.as<void>(),
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.sampled.as<void>(), s.sampled.as<void>(),
                                              out_rows * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                              st));
       }
@@ -744,38 +835,69 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Forward(std::span<const ForwardCh
       int64_t packed = 0;
       for (int64_t r = 0; r < out_rows; ++r) {
         if (row_greedy[r]) continue;
-        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.host_logits.as<float>() + packed * V,
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<float>() + packed * V,
                                              s.logits.as<float>() + r * V, V * sizeof(float),
                                              cudaMemcpyDeviceToHost, st));
         ++packed;
       }
     }
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(st));
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.copied, st));
     return absl::OkStatus();
   }();
   if (!status.ok()) {
-    cudaStreamSynchronize(s.stream);  // leave no launch reading buffers that may be regrown
+    // Leave no launch reading buffers that may be regrown; an uncollected step before this one
+    // stays collectable (its results are in its own slot).
+    cudaStreamSynchronize(s.stream);
+    s.last_greedy_rows = -1;
     return status;
   }
-  if (s.profiling) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  slot.row_greedy = std::move(row_greedy);
+  slot.entered = entered;
+  slot.prep_ms = Ms(prepared - entered).count();
+  slot.enqueue_ms = Ms(enqueued - entered).count();
+  bool one_greedy_row_each =
+      out_rows == greedy_rows && out_rows == static_cast<int64_t>(chunks.size());
+  for (const ForwardChunk& ch : chunks) one_greedy_row_each &= !ch.logits_for_all_tokens;
+  s.last_greedy_rows = one_greedy_row_each ? out_rows : -1;
+  s.in_flight.push_back(slot_index);
+  s.chained_launches += chained;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardOutput> CudaModelRunner::Collect() {
+  State& s = *state_;
+  if (s.in_flight.empty()) return absl::FailedPreconditionError("no launched step to collect");
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  const int slot_index = s.in_flight.front();
+  s.in_flight.pop_front();
+  State::HostSlot& slot = s.slots[slot_index];
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.copied));
+  if (slot.profiled && s.profiling) {
     using Ms = std::chrono::duration<double, std::milli>;
     const auto now = std::chrono::steady_clock::now();
     float gpu_ms = 0;
-    cudaEventElapsedTime(&gpu_ms, s.step_start, s.step_end);
+    cudaEventElapsedTime(&gpu_ms, slot.start, slot.end);
     ++s.profile.steps;
     s.profile.gpu_ms += gpu_ms;
-    s.profile.forward_wall_ms += Ms(now - entered).count();
-    s.profile.prep_ms += Ms(prepared - entered).count();
-    s.profile.enqueue_ms += Ms(enqueued - entered).count();
-    if (s.last_return) s.profile.between_ms += Ms(entered - *s.last_return).count();
+    s.profile.forward_wall_ms += Ms(now - slot.entered).count();
+    s.profile.prep_ms += slot.prep_ms;
+    s.profile.enqueue_ms += slot.enqueue_ms;
+    // A step launched before the last collection (pipelined) had no host time in between.
+    if (s.last_return) {
+      s.profile.between_ms += std::max(0.0, Ms(slot.entered - *s.last_return).count());
+    }
     s.last_return = now;
   }
+  const int64_t V = config().vocab_size;
+  const int64_t out_rows = static_cast<int64_t>(slot.row_greedy.size());
+  const int64_t greedy_rows = std::count(slot.row_greedy.begin(), slot.row_greedy.end(), true);
   ForwardOutput output;
-  const float* host = s.host_logits.as<float>();
+  const float* host = slot.logits.as<float>();
   output.logits.assign(host, host + (out_rows - greedy_rows) * V);
   for (int64_t r = 0; r < out_rows; ++r) {
-    if (row_greedy[r]) {
-      output.greedy_ids.push_back(GreedyIdFromPacked(s.host_sampled.as<uint64_t>()[r]));
+    if (slot.row_greedy[r]) {
+      output.greedy_ids.push_back(GreedyIdFromPacked(slot.sampled.as<uint64_t>()[r]));
     }
   }
   return output;

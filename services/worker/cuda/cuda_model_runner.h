@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/paged_prefill_attention.h"
 #include "kernels/cuda/skinny_wgmma_linear.h"
 #include "services/worker/cuda/cuda_model_weights.h"
 #include "services/worker/engine/model_runner.h"
@@ -88,6 +89,11 @@ struct CudaRunnerOptions {
   // each sequence's last (the only one the K/V append before it writes) before waiting for that
   // kernel (PagedDecodeArgs::early_kv_loads). Off only to measure what it gains.
   bool early_decode_kv_loads = true;
+  // The prefill attention kernel (PagedPrefillArgs::kernel): the wgmma kernel on compute
+  // capability 9.0 where it supports the shape (head_dim 128; paged_prefill_attention.h), else
+  // mma.sync. All-cached TTFT's step on llama3-8b: 7.92 against 8.06 ms; a cold 20K-token
+  // prefill 793 against 823 ms (docs/benchmarks.md, eighth pass).
+  PrefillKernel prefill_kernel = PrefillKernel::kWgmma;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
@@ -113,6 +119,13 @@ class CudaModelRunner final : public ModelRunner {
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override;
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
+  // Pipelined decode (model_runner.h): a launched step's metadata and results use one of two
+  // pinned host slots, and with previous_step_rows a small kernel turns the previous step's
+  // argmax keys, still on the device, into this step's input tokens.
+  bool SupportsPipelinedDecode() const override { return true; }
+  absl::Status Launch(std::span<const ForwardChunk> chunks,
+                      std::span<const int32_t> previous_step_rows) override;
+  absl::StatusOr<ForwardOutput> Collect() override;
 
   int64_t weight_bytes() const { return weights_->bytes(); }
   int64_t kv_pool_bytes() const;
@@ -120,11 +133,13 @@ class CudaModelRunner final : public ModelRunner {
   // benchmarks read it to separate GPU time from host overhead). Reset by set_profiling.
   struct StepProfile {
     int64_t steps = 0;
-    double forward_wall_ms = 0;  // Forward() from entry to return
-    double prep_ms = 0;          // Forward() from entry to its first CUDA call (host metadata)
-    double enqueue_ms = 0;       // Forward() from entry until every launch is queued
+    double forward_wall_ms = 0;  // a step's Launch() entry to its Collect() return
+    double prep_ms = 0;          // Launch() from entry to its first CUDA call (host metadata)
+    double enqueue_ms = 0;       // Launch() from entry until every launch is queued
     double gpu_ms = 0;           // metadata upload to the last kernel
-    double between_ms = 0;       // from one Forward's return to the next one's entry (the engine)
+    // From one Collect()'s return to the next Launch()'s entry (the engine's host time between
+    // steps); 0 for a step launched before the previous one was collected (pipelined).
+    double between_ms = 0;
   };
   void set_profiling(bool on);
   StepProfile profile() const;
@@ -137,6 +152,8 @@ class CudaModelRunner final : public ModelRunner {
   int64_t fused_qkv_rope_launches() const;
   // Bytes of the packed copy of the layer matrices (wgmma_packed_weights; 0 without it).
   int64_t packed_weight_bytes() const;
+  // Steps launched with previous_step_rows (pipelined decode), so far. For tests.
+  int64_t chained_launches() const;
 
  private:
   struct State;  // device buffers, workspaces, stream (CUDA types kept out of this header)
@@ -150,6 +167,7 @@ class CudaModelRunner final : public ModelRunner {
   int wgmma_max_rows_ = 0;
   bool fused_qkv_rope_ = false;
   bool early_kv_loads_ = false;
+  PrefillKernel prefill_kernel_ = PrefillKernel::kMmaSync;
   absl::Status PackWeights();
   CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;

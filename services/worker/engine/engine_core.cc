@@ -61,6 +61,17 @@ struct EngineCore::Request {
   Segment& query() { return segments.back(); }
 };
 
+// One chunk of a step and what it belongs to.
+struct EngineCore::Planned {
+  Request* request = nullptr;  // null for an encoding job
+  EncodeJob* job = nullptr;
+  size_t segment = 0;
+  bool decode = false;
+  std::vector<int64_t> slots;
+  std::vector<KvBlockEntry> table;
+  ForwardChunk chunk;
+};
+
 EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
                        EngineOptions options)
     : runner_(std::move(runner)),
@@ -76,7 +87,10 @@ EngineCore::EngineCore(const ModelWeights* weights, const Tokenizer* tokenizer,
                  options) {}
 
 EngineCore::~EngineCore() {
-  for (auto& r : running_) Finish(*r, absl::UnavailableError("engine shut down"));
+  if (!in_flight_.empty()) (void)runner_->Collect();  // nothing may write the pool after us
+  for (auto& r : running_) {
+    if (r->phase != Request::Phase::kDone) Finish(*r, absl::UnavailableError("engine shut down"));
+  }
   for (auto& r : waiting_) Finish(*r, absl::UnavailableError("engine shut down"));
 }
 
@@ -140,7 +154,10 @@ absl::Time EngineCore::NextDeadline() const {
 
 EngineLoad EngineCore::Load() const {
   EngineLoad load;
-  load.running = static_cast<int>(running_.size());
+  // (Requests that finished while a pipelined step ran stay in running_ until it is collected.)
+  load.running = static_cast<int>(std::count_if(running_.begin(), running_.end(), [](const auto& r) {
+    return r->phase != Request::Phase::kDone;
+  }));
   load.waiting = static_cast<int>(waiting_.size());
   for (const auto& r : waiting_) {
     load.queued_prefill_tokens +=
@@ -502,8 +519,38 @@ std::vector<KvBlockEntry> EngineCore::TableFor(const Request& r, size_t seg,
   return table;
 }
 
+std::vector<int64_t> EngineCore::SlotsFor(const std::vector<BlockId>& blocks, int64_t start,
+                                          int64_t n) const {
+  const int64_t B = block_size();
+  std::vector<int64_t> slots(n);
+  for (int64_t i = 0; i < n; ++i) slots[i] = int64_t{blocks[(start + i) / B]} * B + (start + i) % B;
+  return slots;
+}
+
 bool EngineCore::Step(absl::Time now) {
   ++stats_.steps;
+  // 0. A pipelined decode step launched by the previous call: when nothing else wants the
+  // device, the next decode step is launched behind it before its results are read, so the
+  // device goes from one to the other without waiting for this thread.
+  if (!in_flight_.empty()) {
+    std::vector<Planned> launched = std::move(in_flight_);
+    in_flight_.clear();
+    std::optional<std::vector<Planned>> next = LaunchChainedDecode(launched, now);
+    ApplyResults(launched, runner_->Collect());
+    if (next) {
+      // A request that finished just now but is a row of `next` (it stopped on a stop token)
+      // stays in running_ until `next` is collected; its blocks are back in the pool already,
+      // and anything launched later that reuses them runs after `next` on the device.
+      std::erase_if(running_, [&](const auto& r) {
+        return r->phase == Request::Phase::kDone &&
+               std::none_of(next->begin(), next->end(),
+                            [&](const Planned& p) { return p.request == r.get(); });
+      });
+      in_flight_ = std::move(*next);
+      return true;
+    }
+    std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });
+  }
   // 1. Cancellations and deadlines.
   auto expire = [&](Request& r) {
     if (r.phase == Request::Phase::kDone) return;
@@ -519,31 +566,17 @@ bool EngineCore::Step(absl::Time now) {
   Admit();
 
   // 3. Plan the batch.
-  struct Planned {
-    Request* request = nullptr;  // null for an encoding job
-    EncodeJob* job = nullptr;
-    size_t segment = 0;
-    bool decode = false;
-    std::vector<int64_t> slots;
-    std::vector<KvBlockEntry> table;
-    ForwardChunk chunk;
-  };
   std::vector<Planned> plan;
   plan.reserve(running_.size() + job_order_.size());
   int64_t budget = options_.max_batch_tokens;
   const int64_t B = block_size();
-  auto slots_for = [&](const std::vector<BlockId>& blocks, int64_t start, int64_t n) {
-    std::vector<int64_t> slots(n);
-    for (int64_t i = 0; i < n; ++i) slots[i] = int64_t{blocks[(start + i) / B]} * B + (start + i) % B;
-    return slots;
-  };
   auto plan_segment = [&](Request& r, size_t si, int64_t n, bool decode) {
     Segment& s = r.segments[si];
     Planned p;
     p.request = &r;
     p.segment = si;
     p.decode = decode;
-    p.slots = slots_for(s.blocks, s.ready, n);
+    p.slots = SlotsFor(s.blocks, s.ready, n);
     p.table = TableFor(r, si, s.ready + n);
     int64_t before = 0;
     for (size_t i = 0; i < si; ++i) before += r.segments[i].length();
@@ -578,7 +611,7 @@ bool EngineCore::Step(absl::Time now) {
     if (n <= 0 || !EnsureBlocks(job->blocks, job->ready + n, nullptr)) continue;
     Planned p;
     p.job = job;
-    p.slots = slots_for(job->blocks, job->ready, n);
+    p.slots = SlotsFor(job->blocks, job->ready, n);
     for (int64_t b = 0; b * B < job->ready + n; ++b) {
       p.table.push_back(PackKvBlockEntry(job->blocks[b], 0,
                                          static_cast<uint32_t>(std::min(B, job->ready + n - b * B))));
@@ -628,24 +661,91 @@ bool EngineCore::Step(absl::Time now) {
     return false;
   }
 
-  // 4. One forward pass.
-  std::vector<ForwardChunk> chunks;
-  chunks.reserve(plan.size());
-  for (Planned& p : plan) {
-    p.chunk.kv_slots = p.slots;
-    p.chunk.block_table = p.table;
-    chunks.push_back(p.chunk);
+  // 4. One forward pass; an all-greedy decode step is only launched, and its results are read
+  // by the next call (step 0), which may first launch the step after it.
+  std::vector<ForwardChunk> chunks = ChunksOf(plan);
+  const bool pipeline = options_.pipeline_decode && runner_->SupportsPipelinedDecode() &&
+                        std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
+                          return p.decode && p.chunk.emit_logits && p.chunk.greedy;
+                        });
+  if (pipeline) {
+    absl::Status launched = runner_->Launch(chunks, /*previous_step_rows=*/{});
+    if (launched.ok()) {
+      in_flight_ = std::move(plan);
+      return true;
+    }
+    ApplyResults(plan, launched);
+  } else {
+    ApplyResults(plan, runner_->Forward(chunks));
   }
-  auto logits = runner_->Forward(chunks);
+  std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });
+  return true;
+}
+
+std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
+    std::span<const Planned> launched, absl::Time now) {
+  // Only when this step would be the launched requests, one token each, with nothing to admit,
+  // cancel, expire or encode (those need the host's view after the launched step).
+  if (!waiting_.empty() || !job_order_.empty() || launched.size() != running_.size()) {
+    return std::nullopt;
+  }
+  for (const Planned& p : launched) {
+    const Request* r = p.request;
+    if (r == nullptr || !p.decode || r->phase != Request::Phase::kDecode || r->cancelled ||
+        r->prepared.deadline <= now) {
+      return std::nullopt;
+    }
+  }
+  // The launched step writes position q.ready (its input token); this one writes q.ready + 1,
+  // the token the launched step samples, which the runner takes from the device. Requests the
+  // launched step surely finishes (their last token by max_tokens or the context) are left out,
+  // as the step after it would leave them out; one that stops on a stop token is a row of this
+  // step whose result is dropped.
+  std::vector<int32_t> rows;
+  for (size_t i = 0; i < launched.size(); ++i) {
+    const Request& r = *launched[i].request;
+    const Segment& q = r.segments[launched[i].segment];
+    const bool last_token =
+        static_cast<int64_t>(r.result.token_ids.size()) + 1 >= r.prepared.sampling.max_tokens ||
+        q.offset + q.length() + 1 >= config().max_positions;
+    if (!last_token) rows.push_back(static_cast<int32_t>(i));
+  }
+  if (rows.empty()) return std::nullopt;
+  for (int32_t i : rows) {
+    Segment& q = launched[i].request->segments[launched[i].segment];
+    if (!EnsureBlocks(q.blocks, q.ready + 2, /*owner=*/nullptr)) return std::nullopt;
+  }
+  static constexpr int32_t kTokenFromDevice = 0;  // placeholder the runner does not read
+  std::vector<Planned> next(rows.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const Planned& p = launched[rows[k]];
+    Request& r = *p.request;
+    const Segment& q = r.segments[p.segment];
+    Planned& n = next[k];
+    n.request = &r;
+    n.segment = p.segment;
+    n.decode = true;
+    n.slots = SlotsFor(q.blocks, q.ready + 1, 1);
+    n.table = TableFor(r, p.segment, q.ready + 2);
+    n.chunk = p.chunk;  // the segment's offsets and the greedy/logits flags
+    n.chunk.tokens = std::span(&kTokenFromDevice, 1);
+    n.chunk.local_start = q.ready + 1;
+    n.chunk.first_query_index = p.chunk.first_query_index + 1;
+  }
+  if (!runner_->Launch(ChunksOf(next), rows).ok()) {
+    return std::nullopt;  // the launched step is collected as usual, and the next call plans
+  }
+  return next;
+}
+
+void EngineCore::ApplyResults(std::span<Planned> plan,
+                              const absl::StatusOr<ForwardOutput>& logits) {
   if (!logits.ok()) {
     for (Planned& p : plan) {
       if (p.request && p.request->phase != Request::Phase::kDone) Finish(*p.request, logits.status());
     }
-    std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });
-    return true;
+    return;
   }
-
-  // 5. Results.
   const int64_t V = config().vocab_size;
   int64_t row = 0, greedy_row = 0;
   for (Planned& p : plan) {
@@ -679,8 +779,17 @@ bool EngineCore::Step(absl::Time now) {
       OnPrefillDone(r, out, chosen);
     }
   }
-  std::erase_if(running_, [](const auto& r) { return r->phase == Request::Phase::kDone; });
-  return true;
+}
+
+std::vector<ForwardChunk> EngineCore::ChunksOf(std::span<Planned> plan) {
+  std::vector<ForwardChunk> chunks;
+  chunks.reserve(plan.size());
+  for (Planned& p : plan) {
+    p.chunk.kv_slots = p.slots;
+    p.chunk.block_table = p.table;
+    chunks.push_back(p.chunk);
+  }
+  return chunks;
 }
 
 }  // namespace lazyattn

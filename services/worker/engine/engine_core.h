@@ -13,6 +13,9 @@
 //  4. when blocks run out, preempts the most recently admitted request (its blocks are released,
 //     it is re-queued and later recomputed from its prompt plus what it generated);
 //  5. runs one forward pass over all chunks, samples, streams tokens, finishes requests.
+// A decode-only greedy step on a backend that pipelines (EngineOptions::pipeline_decode) is
+// launched in 5. and finished at the start of the next Step(), which may launch the following
+// decode step first.
 //
 // Not thread-safe.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
@@ -22,10 +25,12 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/document_key.h"
 #include "services/worker/cache/kv_cache_manager.h"
 #include "services/worker/engine/engine_stats.h"
@@ -47,6 +52,12 @@ struct EngineOptions {
   // Engine: keys of recently seen token-id documents kept for reuse (DocumentKeyMemo), at most
   // this many ids in all; 0 turns the memo off.
   int64_t document_key_memo_tokens = int64_t{1} << 22;
+  // Pipelined decode, where the runner supports it (ModelRunner::SupportsPipelinedDecode): an
+  // all-greedy decode step is launched and its results read at the next Step(), which first
+  // launches the step after it when the batch stays the same (no admissions, cancellations,
+  // deadlines or encodings pending), its input tokens taken on the device. The host's work
+  // between steps then overlaps the device's. Off only to measure or compare.
+  bool pipeline_decode = true;
 };
 
 // A tokenized request (Engine::Submit tokenizes and validates).
@@ -103,6 +114,7 @@ class EngineCore {
   struct Request;
   struct Segment;
   struct EncodeJob;
+  struct Planned;
 
   enum class DocOutcome { kHit, kCopy, kEncode };
   void Admit();
@@ -117,6 +129,18 @@ class EngineCore {
   void CompleteJob(EncodeJob& job);
   void OnPrefillDone(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
+  // KV slots of tokens start .. start + n - 1 of a segment stored in `blocks`.
+  std::vector<int64_t> SlotsFor(const std::vector<BlockId>& blocks, int64_t start,
+                                int64_t n) const;
+  // The chunks of a plan, their slot and table spans pointing into it.
+  static std::vector<ForwardChunk> ChunksOf(std::span<Planned> plan);
+  // Reads a step's results: samples, streams, finishes (every request of the plan fails with
+  // the status when it is an error). Requests it finishes stay in running_.
+  void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
+  // With `launched` on the device and uncollected: launches the decode step after it when the
+  // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
+  std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
+                                                          absl::Time now);
 
   std::unique_ptr<ModelRunner> runner_;
   const Tokenizer* tokenizer_;
@@ -128,6 +152,7 @@ class EngineCore {
   std::vector<std::unique_ptr<Request>> running_;  // admission order
   absl::flat_hash_map<DocCacheKey, std::unique_ptr<EncodeJob>> jobs_;
   std::vector<EncodeJob*> job_order_;  // FIFO of jobs_ values
+  std::vector<Planned> in_flight_;     // a launched, uncollected decode step (pipeline_decode)
 };
 
 }  // namespace lazyattn

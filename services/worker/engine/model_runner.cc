@@ -6,6 +6,16 @@
 
 namespace lazyattn {
 
+absl::Status ModelRunner::Launch(std::span<const ForwardChunk>, std::span<const int32_t>) {
+  return absl::UnimplementedError(
+      absl::StrCat("backend ", backend_name(), " does not pipeline decode steps"));
+}
+
+absl::StatusOr<ForwardOutput> ModelRunner::Collect() {
+  return absl::UnimplementedError(
+      absl::StrCat("backend ", backend_name(), " does not pipeline decode steps"));
+}
+
 ForwardOutput SplitGreedyRows(std::span<const ForwardChunk> chunks, std::vector<float> logits,
                               int64_t vocab_size) {
   bool any_greedy = false;

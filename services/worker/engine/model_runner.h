@@ -73,6 +73,21 @@ class ModelRunner {
 
   // K[dst] = R_delta K[src], V[dst] = V[src] for every layer (kernels/include/block_copy.h).
   virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
+
+  // Pipelined decode, for backends that can enqueue a step before the host has read the one
+  // before it (the CUDA backend): the host then schedules step N+1 while step N runs, as
+  // SGLang's overlap scheduler does, and the device never waits for the host between them.
+  //   Launch enqueues `chunks` as Forward would and returns without waiting; Collect waits for
+  //   the oldest launched step and returns what Forward would have returned for it. At most two
+  //   launched steps are uncollected; Forward and CopyBlocks need none. With
+  //   `previous_step_rows` (one entry per chunk; each chunk one token), chunk i takes as its
+  //   input token the greedy id of row previous_step_rows[i] of the step launched just before,
+  //   whose rows must all have been greedy; the chunks' own `tokens` are then not read.
+  // A backend without it (the default) answers Unimplemented.
+  virtual bool SupportsPipelinedDecode() const { return false; }
+  virtual absl::Status Launch(std::span<const ForwardChunk> chunks,
+                              std::span<const int32_t> previous_step_rows);
+  virtual absl::StatusOr<ForwardOutput> Collect();
 };
 
 // Splits the logits of every requested row (chunk order, [rows][vocab]) into a ForwardOutput:
