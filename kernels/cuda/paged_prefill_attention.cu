@@ -57,9 +57,7 @@ using prefill_internal::UnpackBf16;
 
 constexpr int kThreads = 128;
 constexpr int kRowsPerWarp = 32;
-// The plan splits KV to fill this many CTAs an SM. The wgmma kernel holds one CTA an SM (two
-// warpgroups, the same 128 rows), so a split plan's grid is about two waves of it.
-constexpr int kCtasPerSm = 2;
+constexpr int kCtasPerSm = prefill_internal::kMmaSyncCtasPerSm;
 constexpr int kMinTilesPerSplit = 4;
 constexpr int kMaxSplits = 64;  // the merge kernel holds two weights per lane
 
@@ -707,6 +705,10 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
   if (num_seqs < 0 || (num_seqs > 0 && seqs == nullptr)) {
     return absl::InvalidArgumentError("paged prefill: no sequences");
   }
+  if (options.ctas_per_sm < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged prefill: ctas_per_sm ", options.ctas_per_sm, " (must be >= 1)"));
+  }
   shape_ = shape;
   const int group = shape.num_heads / shape.num_kv_heads;
   const int tokens_per_cta = kBlockM / group;
@@ -801,7 +803,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
   int splits_target = 1;
   const int64_t base_ctas = static_cast<int64_t>(tiles.size()) * shape.num_kv_heads;
   if (options.sm_count > 0 && options.max_splits > 1 && base_ctas > 0) {
-    const int64_t slots = static_cast<int64_t>(options.sm_count) * kCtasPerSm;
+    const int64_t slots = static_cast<int64_t>(options.sm_count) * options.ctas_per_sm;
     splits_target = static_cast<int>(
         std::clamp<int64_t>(slots / base_ctas, 1, std::min(options.max_splits, kMaxSplits)));
   }
@@ -875,6 +877,12 @@ absl::Status PagedPrefillPlan::Upload(void* device_metadata, cudaStream_t stream
 bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation) {
   return head_dim == 128 &&
          (rotation == PrefillRotation::kRotateQ || rotation == PrefillRotation::kNone);
+}
+
+int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation) {
+  return kernel == PrefillKernel::kWgmma && PrefillWgmmaSupports(head_dim, rotation)
+             ? prefill_internal::kWgmmaCtasPerSm
+             : prefill_internal::kMmaSyncCtasPerSm;
 }
 
 absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPrefillArgs& args,

@@ -66,6 +66,11 @@ enum class PrefillKernel { kMmaSync, kWgmma };
 // Whether PrefillKernel::kWgmma runs for this head dim and rotation (else mma.sync runs).
 bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation);
 
+// CTAs an SM holds at once of the attention kernel that `kernel` selects for this head dim and
+// rotation: 2 for mma.sync, 1 for wgmma (and 2 where kWgmma falls back to mma.sync). The value
+// for PagedPrefillPlanOptions::ctas_per_sm.
+int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation);
+
 struct PagedPrefillShape {
   int num_heads = 0;  // query heads, a multiple of num_kv_heads
   int num_kv_heads = 0;
@@ -86,6 +91,12 @@ struct PagedPrefillPlanOptions {
   int sm_count = 0;                // from DeviceInfo; <= 0 disables split-KV
   int64_t rope_max_positions = 0;  // every delta must be below it
   int max_splits = 32;             // KV splits per query tile, at most 64; 1 disables them
+  // CTAs of the kernel an SM runs at once, >= 1: KV is split so that the grid fills about
+  // sm_count x ctas_per_sm CTAs (splits a query tile = sm_count x ctas_per_sm / (query tiles x
+  // KV heads), within 1..max_splits, at least 4 K tiles a split). PrefillCtasPerSm() gives it for
+  // the kernel that will run (2: mma.sync, the default; 1: wgmma). Any plan computes the same
+  // function on either kernel; only the speed differs.
+  int ctas_per_sm = 2;
 };
 
 // Host-built schedule and metadata of one prefill call. Metadata layout (int32 words, one array,

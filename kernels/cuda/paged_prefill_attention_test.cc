@@ -199,10 +199,11 @@ std::vector<float> CpuReference(const CaseSpec& c, const Inputs& in) {
   return out;
 }
 
-// Runs the kernel; fills `out` (bf16 results as float). Fails the test on any error.
+// Runs the kernel; fills `out` (bf16 results as float). Fails the test on any error. The plan
+// is built for `kernel` (PrefillCtasPerSm) unless `ctas_per_sm` > 0 says otherwise.
 void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, PrefillKernel kernel,
             int max_splits, std::vector<float>* out, int* work_items = nullptr,
-            int* split_groups = nullptr) {
+            int* split_groups = nullptr, int ctas_per_sm = 0) {
   const int d = c.head_dim;
   const Rope& rope = GetRope(d);
   static const int sm_count = [] {
@@ -223,7 +224,10 @@ void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, Prefi
   PagedPrefillPlan plan;
   const absl::Status built = plan.Build(
       shape, seqs.data(), static_cast<int>(seqs.size()),
-      {.sm_count = sm_count, .rope_max_positions = kRopePositions, .max_splits = max_splits});
+      {.sm_count = sm_count,
+       .rope_max_positions = kRopePositions,
+       .max_splits = max_splits,
+       .ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : PrefillCtasPerSm(kernel, d, rotation)});
   ASSERT_TRUE(built.ok()) << built;
   if (work_items) *work_items = plan.num_work_items();
   if (split_groups) *split_groups = plan.num_split_groups();
@@ -467,6 +471,38 @@ TEST_F(PagedPrefillGpuTest, SplitAndUnsplitScheduleAgree) {
   CheckCase(c, kRotating, /*max_splits=*/32);
 }
 
+// A plan is a schedule, not a kernel's: each kernel on the plan built for the other one's
+// occupancy (PagedPrefillPlanOptions::ctas_per_sm 1 or 2: 8 or about 10-16 splits a query tile
+// here) computes the twin's function as on its own.
+TEST_F(PagedPrefillGpuTest, EitherKernelRunsThePlanBuiltForTheOther) {
+  std::mt19937 rng(std::random_device{}());
+  const CaseSpec c{.num_heads = 32,
+                   .num_kv_heads = 8,
+                   .head_dim = 128,
+                   .seqs = {Request(rng, 5, {1000, 600}, 64, 64)}};
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
+  const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
+  const std::vector<float> ref = CpuReference(c, in);
+  const PrefillRotation r = PrefillRotation::kRotateQ;
+  for (PrefillKernel k : {PrefillKernel::kMmaSync, PrefillKernel::kWgmma}) {
+    int work[3] = {0, 0, 0};
+    for (int ctas_per_sm : {1, 2}) {
+      std::vector<float> got;
+      int groups = 0;
+      RunGpu(c, in, r, k, 32, &got, &work[ctas_per_sm], &groups, ctas_per_sm);
+      ASSERT_FALSE(HasFatalFailure());
+      const Error e = Compare(got, ref);
+      std::printf("  %-8s %-8s plan for %d CTAs/SM: work=%d splits=%d rel_l2=%.2e max_abs=%.2e\n",
+                  Name(k), Name(r), ctas_per_sm, work[ctas_per_sm], groups, e.rel_l2, e.max_abs);
+      EXPECT_GT(groups, 0) << "the case should split KV";
+      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " on a plan for " << ctas_per_sm;
+      EXPECT_EQ(e.bad, 0) << Name(k) << " on a plan for " << ctas_per_sm;
+    }
+    EXPECT_LT(work[1], work[2]) << "the two plans should differ";
+  }
+}
+
 // The point of the design: K cached at document-local positions and rotated by delta inside the
 // kernel gives the attention over K rotated at global positions directly.
 TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) {
@@ -591,6 +627,20 @@ TEST(PagedPrefillPlanTest, RejectsWhatTheKernelCannotDo) {
                        &bad, 1, opt)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  PagedPrefillPlanOptions no_ctas = opt;
+  no_ctas.ctas_per_sm = 0;
+  EXPECT_EQ(
+      plan.Build({.num_heads = 8, .num_kv_heads = 2, .head_dim = 128}, &seq, 1, no_ctas).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PagedPrefillPlanTest, CtasPerSmFollowsTheKernelThatRuns) {
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kMmaSync, 128, PrefillRotation::kRotateQ), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kRotateQ), 1);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kNone), 1);
+  // Where kWgmma falls back to mma.sync, so does the occupancy.
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 64, PrefillRotation::kRotateQ), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kRotateK), 2);
 }
 
 TEST(PagedPrefillPlanTest, SplitsKvOnlyWhenQueryTilesLeaveTheChipIdle) {
@@ -608,6 +658,12 @@ TEST(PagedPrefillPlanTest, SplitsKvOnlyWhenQueryTilesLeaveTheChipIdle) {
   EXPECT_EQ(plan.num_split_groups(), 2);
   EXPECT_EQ(plan.num_work_items(), 32);
   EXPECT_GT(plan.workspace_bytes(), 0);
+  // For a kernel of one CTA an SM (wgmma) half the splits: 2 x 8 x 8 = 128 CTAs, one wave.
+  PagedPrefillPlanOptions one = opt;
+  one.ctas_per_sm = 1;
+  ASSERT_TRUE(plan.Build(shape, &few, 1, one).ok());
+  EXPECT_EQ(plan.num_split_groups(), 2);
+  EXPECT_EQ(plan.num_work_items(), 16);
   // 4096 queries: 128 query tiles per KV head fill the chip; no split, no workspace.
   std::vector<KvBlockEntry> big = table;
   for (int b = 0; b < 252; ++b) big.push_back(PackKvBlockEntry(2000 + b, 0, 16));

@@ -22,6 +22,9 @@ constexpr int kBlockN = 64;
 constexpr int kKvBlock = 16;
 constexpr int kEntriesPerTile = kBlockN / kKvBlock;
 constexpr int kSeqWords = 8, kEntryWords = 4, kWorkWords = 8, kCombineWords = 8;
+// CTAs an SM of each kernel (their __launch_bounds__; PrefillCtasPerSm() reports them).
+constexpr int kMmaSyncCtasPerSm = 2;
+constexpr int kWgmmaCtasPerSm = 1;
 
 struct Params {
   const __nv_bfloat16* __restrict__ q;

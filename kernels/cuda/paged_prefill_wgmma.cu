@@ -193,7 +193,8 @@ __device__ __forceinline__ void FenceOperands(uint32_t (&r)[M][N]) {
 }
 
 template <PrefillRotation kRot>
-__global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaKernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
+    PagedPrefillWgmmaKernel(const Params p) {
   static_assert(kRot == PrefillRotation::kRotateQ || kRot == PrefillRotation::kNone);
   // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
