@@ -7,8 +7,10 @@
 //   encode4096          a 4,096-token document encoded alone (one segment, delta 0, causal)
 // Each in three variants on the mma.sync kernel: rotate-q (the kept one), rotate-k, none (no
 // rotation: the price of it); and in the two the wgmma kernel covers (PrefillKernel::kWgmma:
-// none, rotate-q), side by side. "vs none" compares a variant with the same kernel's none, "vs
-// mma.sync" a wgmma row's TFLOP/s with the mma.sync row of the same variant.
+// none, rotate-q), side by side, each kernel on the plan built for it (PrefillCtasPerSm: KV split
+// to fill 2 CTAs an SM for mma.sync, 1 for wgmma; the split counts go to stderr and the JSON).
+// "vs none" compares a variant with the same kernel's none, "vs mma.sync" a wgmma row's TFLOP/s
+// with the mma.sync row of the same variant.
 // TFLOP/s = 4 * head_dim * heads * (visible query-key pairs) / time (causal pairs only counted),
 // time = median of --reps single launches timed with CUDA events after --warmup launches; each
 // variant is timed twice, interleaved, to show the run-to-run spread.
@@ -17,7 +19,8 @@
 // compute the same function (rotate-q against rotate-k, wgmma against mma.sync).
 //
 //   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma] [--reps=50]
-//                          [--warmup=5]
+//                          [--warmup=5] [--wgmma-ctas-per-sm=N]
+// --wgmma-ctas-per-sm builds the wgmma rows' plan for N CTAs an SM instead (2: the mma.sync plan).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -126,6 +129,7 @@ int Main(int argc, char** argv) {
   const std::string only_kernel = Arg(argc, argv, "kernel", "");
   const int reps = std::atoi(Arg(argc, argv, "reps", "50").c_str());
   const int warmup = std::atoi(Arg(argc, argv, "warmup", "5").c_str());
+  const int wgmma_ctas_per_sm = std::atoi(Arg(argc, argv, "wgmma-ctas-per-sm", "0").c_str());
   auto info = QueryDevice(0);
   if (!info.ok()) {
     std::fprintf(stderr, "no GPU: %s\n", std::string(info.status().message()).c_str());
@@ -167,9 +171,18 @@ int Main(int argc, char** argv) {
   CHECK_CUDA(cudaGetLastError());
   unsigned int* d_diff;
   CHECK_CUDA(cudaMalloc(&d_diff, 8));
-  void* d_meta = nullptr;
-  void* d_ws = nullptr;
-  int64_t meta_cap = 0, ws_cap = 0;
+  // One plan per kernel (PagedPrefillPlanOptions::ctas_per_sm: the wgmma kernel holds one CTA
+  // an SM, so its plan splits KV half as much), each with its own metadata and workspace.
+  struct KernelPlan {
+    PagedPrefillPlan plan;
+    void* d_meta = nullptr;
+    void* d_ws = nullptr;
+    int64_t meta_cap = 0, ws_cap = 0;
+  };
+  KernelPlan plans[2];
+  auto plan_for = [&](PrefillKernel k) -> KernelPlan& {
+    return plans[k == PrefillKernel::kWgmma ? 1 : 0];
+  };
 
   std::mt19937 rng(12345);
   std::vector<uint32_t> physical(pool_blocks);
@@ -231,22 +244,31 @@ int Main(int argc, char** argv) {
     shape.num_kv_heads = kKvHeads;
     shape.head_dim = kDim;
     shape.num_pool_blocks = pool_blocks;
-    PagedPrefillPlanOptions options;
-    options.sm_count = info->sm_count;
-    options.rope_max_positions = positions;
-    PagedPrefillPlan plan;
-    CHECK_OK(plan.Build(shape, &seq, 1, options));
-    if (plan.metadata_bytes() > meta_cap) {
-      if (d_meta) CHECK_CUDA(cudaFree(d_meta));
-      meta_cap = plan.metadata_bytes();
-      CHECK_CUDA(cudaMalloc(&d_meta, meta_cap));
+    for (PrefillKernel k : {PrefillKernel::kMmaSync, PrefillKernel::kWgmma}) {
+      KernelPlan& kp = plan_for(k);
+      PagedPrefillPlanOptions options;
+      options.sm_count = info->sm_count;
+      options.rope_max_positions = positions;
+      // Both wgmma variants (none, rotate-q) run the wgmma kernel at head_dim 128.
+      options.ctas_per_sm = k == PrefillKernel::kWgmma && wgmma_ctas_per_sm > 0
+                                ? wgmma_ctas_per_sm
+                                : PrefillCtasPerSm(k, kDim, PrefillRotation::kRotateQ);
+      CHECK_OK(kp.plan.Build(shape, &seq, 1, options));
+      if (kp.plan.metadata_bytes() > kp.meta_cap) {
+        if (kp.d_meta) CHECK_CUDA(cudaFree(kp.d_meta));
+        kp.meta_cap = kp.plan.metadata_bytes();
+        CHECK_CUDA(cudaMalloc(&kp.d_meta, kp.meta_cap));
+      }
+      if (kp.plan.workspace_bytes() > kp.ws_cap) {
+        if (kp.d_ws) CHECK_CUDA(cudaFree(kp.d_ws));
+        kp.ws_cap = kp.plan.workspace_bytes();
+        CHECK_CUDA(cudaMalloc(&kp.d_ws, kp.ws_cap));
+      }
+      CHECK_OK(kp.plan.Upload(kp.d_meta, stream));
+      std::fprintf(stderr, "%s: %s plan (%d CTAs/SM): %d work items, %d split groups\n",
+                   sh.name.c_str(), KernelName(k), options.ctas_per_sm, kp.plan.num_work_items(),
+                   kp.plan.num_split_groups());
     }
-    if (plan.workspace_bytes() > ws_cap) {
-      if (d_ws) CHECK_CUDA(cudaFree(d_ws));
-      ws_cap = plan.workspace_bytes();
-      CHECK_CUDA(cudaMalloc(&d_ws, ws_cap));
-    }
-    CHECK_OK(plan.Upload(d_meta, stream));
     double pairs = 0;
     for (int i = 0; i < sh.num_queries; ++i) pairs += cached + i + 1;
     const double flops = 4.0 * kDim * kHeads * pairs;
@@ -259,11 +281,12 @@ int Main(int argc, char** argv) {
     args.rope_sin = d_sin;
     args.scale = 1.0f / std::sqrt(float(kDim));
     args.out = d_out;
-    args.device_metadata = d_meta;
-    args.workspace = d_ws;
     auto run = [&](const Variant& v) {
+      const KernelPlan& kp = plan_for(v.kernel);
       args.kernel = v.kernel;
-      CHECK_OK(PagedPrefillAttention(plan, args, v.rotation, stream));
+      args.device_metadata = kp.d_meta;
+      args.workspace = kp.d_ws;
+      CHECK_OK(PagedPrefillAttention(kp.plan, args, v.rotation, stream));
     };
     std::vector<std::vector<float>> medians(variants.size());
     for (int round = 0; round < 2; ++round) {
@@ -343,7 +366,8 @@ int Main(int argc, char** argv) {
                     "\"device\":\"%s\"}",
                     sh.name.c_str(), KernelName(v.kernel), VariantName(v.rotation), sh.num_queries,
                     cached, kHeads, kKvHeads, kDim, pairs, medians[vi][0], medians[vi][1], tflops,
-                    plan.num_work_items(), plan.num_split_groups(), info->name.c_str());
+                    plan_for(v.kernel).plan.num_work_items(),
+                    plan_for(v.kernel).plan.num_split_groups(), info->name.c_str());
       json.push_back(line);
     }
   }
