@@ -559,7 +559,12 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                                 .head_dim = c.head_dim,
                                 .num_pool_blocks = num_kv_blocks_},
                                seqs.data(), num_prefill,
-                               {.sm_count = s.sm_count, .rope_max_positions = c.max_positions}));
+                               {.sm_count = s.sm_count,
+                                .rope_max_positions = c.max_positions,
+                                .ctas_per_sm = PrefillCtasPerSm(
+                                    prefill_kernel_, c.head_dim,
+                                    any_delta ? PrefillRotation::kRotateQ
+                                              : PrefillRotation::kNone)}));
   }
 
   // Where each row's input token comes from in the step before (pipelined decode), device order.
