@@ -460,17 +460,20 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     return absl::FailedPreconditionError("two launched steps are already uncollected");
   }
   const bool chained = !previous_step_rows.empty();
+  const int64_t previous_greedy_rows = s.last_greedy_rows;
+  // Only a launch that succeeds says what the next one may take its tokens from.
+  s.last_greedy_rows = -1;
   if (chained) {
-    bool valid = previous_step_rows.size() == chunks.size() && s.last_greedy_rows > 0;
+    bool valid = previous_step_rows.size() == chunks.size() && previous_greedy_rows > 0;
     for (size_t i = 0; valid && i < chunks.size(); ++i) {
       valid = chunks[i].tokens.size() == 1 && previous_step_rows[i] >= 0 &&
-              previous_step_rows[i] < s.last_greedy_rows;
+              previous_step_rows[i] < previous_greedy_rows;
     }
     if (!valid) {
       return absl::FailedPreconditionError(absl::StrCat(
           "previous_step_rows: ", previous_step_rows.size(), " rows for ", chunks.size(),
           " chunks of one token each, each below the greedy rows of the step before (",
-          s.last_greedy_rows, ")"));
+          previous_greedy_rows, ")"));
     }
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
@@ -594,7 +597,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     meta_bytes += Align16(x.bytes);
   }
 
-  // --- Buffers (grown only while the stream is idle: every step ends synchronized). ---
+  // --- Buffers (grown only while no launched step can still use them: see `grows`). ---
   const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
   const int64_t generation_before = Buffer::generation();
@@ -873,10 +876,12 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
 absl::StatusOr<ForwardOutput> CudaModelRunner::Collect() {
   State& s = *state_;
   if (s.in_flight.empty()) return absl::FailedPreconditionError("no launched step to collect");
-  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  // Popped before anything can fail: a failed collection still consumes its step, so the next
+  // Collect() never returns an older step's results as a newer one's.
   const int slot_index = s.in_flight.front();
   s.in_flight.pop_front();
   State::HostSlot& slot = s.slots[slot_index];
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.copied));
   if (slot.profiled && s.profiling) {
     using Ms = std::chrono::duration<double, std::milli>;

@@ -685,8 +685,15 @@ bool EngineCore::Step(absl::Time now) {
 std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
     std::span<const Planned> launched, absl::Time now) {
   // Only when this step would be the launched requests, one token each, with nothing to admit,
-  // cancel, expire or encode (those need the host's view after the launched step).
-  if (!waiting_.empty() || !job_order_.empty() || launched.size() != running_.size()) {
+  // cancel, expire or encode (those need the host's view after the launched step). Waiting
+  // requests stop the chain only when one could be admitted (a full batch keeps a queue) or
+  // must end now.
+  const bool can_admit =
+      !waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running;
+  const bool waiting_ends = std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& r) {
+    return r->cancelled || r->prepared.deadline <= now;
+  });
+  if (can_admit || waiting_ends || !job_order_.empty() || launched.size() != running_.size()) {
     return std::nullopt;
   }
   for (const Planned& p : launched) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -332,6 +333,139 @@ TEST_F(EngineCoreTest, BadInputIsRejectedNamingTheField) {
   EXPECT_NE(prep(r).status().message().find("top_p"), std::string::npos);
   EXPECT_EQ(ParseCacheMode("radix").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ParseCacheMode("radix").status().message().find("radix"), std::string::npos);
+}
+
+// The CPU runner behind the pipelined-decode interface (ModelRunner::Launch/Collect), computing
+// at Launch: what the CUDA backend's pipelining asks of the engine, checked without a GPU. A
+// chained launch takes chunk i's token from row previous_step_rows[i] of the step launched just
+// before, as the CUDA runner does on the device; every `fail_every`-th chained launch fails.
+class PipeliningCpuRunner final : public ModelRunner {
+ public:
+  PipeliningCpuRunner(const ModelWeights* weights, int64_t blocks, int fail_every)
+      : inner_(weights, blocks), fail_every_(fail_every) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string backend_name() const override { return "cpu-pipelining"; }
+  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    EXPECT_TRUE(launched_.empty()) << "Forward with a launched step uncollected";
+    last_greedy_.clear();
+    return inner_.Forward(chunks);
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    EXPECT_TRUE(launched_.empty()) << "CopyBlocks with a launched step uncollected";
+    return inner_.CopyBlocks(copies);
+  }
+  bool SupportsPipelinedDecode() const override { return true; }
+  absl::Status Launch(std::span<const ForwardChunk> chunks,
+                      std::span<const int32_t> previous_step_rows) override {
+    EXPECT_LT(launched_.size(), 2u);
+    std::vector<ForwardChunk> own(chunks.begin(), chunks.end());
+    std::vector<int32_t> tokens(own.size());
+    if (!previous_step_rows.empty()) {
+      if (fail_every_ > 0 && ++chained_tries_ % fail_every_ == 0) {
+        return absl::InternalError("injected launch failure");
+      }
+      EXPECT_EQ(previous_step_rows.size(), own.size());
+      for (size_t i = 0; i < own.size(); ++i) {
+        EXPECT_LT(static_cast<size_t>(previous_step_rows[i]), last_greedy_.size());
+        tokens[i] = last_greedy_.at(previous_step_rows[i]);
+        own[i].tokens = std::span(&tokens[i], 1);
+      }
+      ++chained_;
+    }
+    auto out = inner_.Forward(own);
+    if (!out.ok()) return out.status();
+    last_greedy_ = out->greedy_ids;
+    launched_.push_back(*std::move(out));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ForwardOutput> Collect() override {
+    if (launched_.empty()) return absl::FailedPreconditionError("nothing launched");
+    ForwardOutput out = std::move(launched_.front());
+    launched_.pop_front();
+    return out;
+  }
+  int chained() const { return chained_; }
+
+ private:
+  CpuModelRunner inner_;
+  int fail_every_;
+  int chained_tries_ = 0, chained_ = 0;
+  std::vector<int32_t> last_greedy_;
+  std::deque<ForwardOutput> launched_;
+};
+
+// Pipelined decode (EngineOptions::pipeline_decode) generates what step-by-step decode does, in
+// the modes with documents: requests that finish at different steps (by length while the next
+// step is in flight, or on a stop token, whose row of the chained step is dropped), one that joins
+// mid-run, one cancelled mid-run, chained launches that fail (the engine falls back to an
+// ordinary step). The pool's invariant holds afterwards.
+TEST_F(EngineCoreTest, PipelinedDecodeMatchesStepByStepDecode) {
+  struct Result {
+    absl::Status status;
+    RequestResult result;
+  };
+  const std::vector<int> max_tokens = {3, 9, 20, 20, 26, 30};
+  constexpr size_t kJoiner = 5, kCancelled = 4, kStopped = 2;
+  auto run = [&](CacheMode mode, bool pipeline, int fail_every, int32_t stop_token,
+                 int* chained) {
+    auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, fail_every);
+    PipeliningCpuRunner* raw = runner.get();
+    EngineCore core(std::move(runner), tokenizer_.get(),
+                    {.max_batch_tokens = 512, .pipeline_decode = pipeline});
+    std::vector<Result> out(max_tokens.size());
+    std::vector<uint64_t> ids(max_tokens.size());
+    auto add = [&](size_t i) {
+      EngineRequest r = Request({static_cast<int>(i % 3), static_cast<int>(3 + i % 2)}, mode,
+                                max_tokens[i]);
+      if (i == kStopped && stop_token >= 0) r.sampling.stop_token_ids = {stop_token};
+      auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+      EXPECT_TRUE(p.ok()) << p.status();
+      p->callbacks.on_done = [&out, i](const absl::Status& st, const RequestResult& res) {
+        out[i] = {st, res};
+      };
+      ids[i] = core.Add(std::move(*p));
+    };
+    for (size_t i = 0; i < max_tokens.size(); ++i) {
+      if (i != kJoiner) add(i);
+    }
+    for (int step = 0; core.HasWork() && step < 10000; ++step) {
+      if (step == 6) add(kJoiner);
+      if (step == 12) core.Cancel(ids[kCancelled]);
+      core.Step(absl::Now());
+    }
+    EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
+    EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
+    *chained = raw->chained();
+    return out;
+  };
+  for (CacheMode mode : {CacheMode::kLazy, CacheMode::kBlock}) {
+    SCOPED_TRACE(::testing::Message() << "mode " << CacheModeName(mode));
+    int chained = 0;
+    // Request kStopped's 6th token, from a run without stop tokens, becomes its stop token.
+    const std::vector<Result> plain = run(mode, false, 0, -1, &chained);
+    ASSERT_TRUE(plain[kStopped].status.ok()) << plain[kStopped].status;
+    ASSERT_GE(plain[kStopped].result.token_ids.size(), 6u);
+    const int32_t stop = plain[kStopped].result.token_ids[5];
+    const std::vector<Result> want = run(mode, false, 0, stop, &chained);
+    EXPECT_EQ(chained, 0);
+    EXPECT_EQ(want[kStopped].result.finish_reason, "stop");
+    EXPECT_EQ(want[kCancelled].status.code(), absl::StatusCode::kCancelled);
+    for (int fail_every : {0, 5}) {
+      SCOPED_TRACE(::testing::Message() << "fail_every " << fail_every);
+      const std::vector<Result> got = run(mode, true, fail_every, stop, &chained);
+      EXPECT_GT(chained, 10) << "no step was chained";
+      for (size_t i = 0; i < max_tokens.size(); ++i) {
+        SCOPED_TRACE(::testing::Message() << "request " << i);
+        EXPECT_EQ(got[i].status.code(), want[i].status.code()) << got[i].status;
+        EXPECT_EQ(got[i].result.finish_reason, want[i].result.finish_reason);
+        // Where a cancellation lands depends on the step it meets.
+        if (i != kCancelled) {
+          EXPECT_EQ(got[i].result.token_ids, want[i].result.token_ids);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
