@@ -273,12 +273,25 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     if (window_tokens > 0) cudaProfilerStop();
     if (t.failures > 0) return absl::InternalError(absl::StrCat(t.failures, " requests failed"));
     // Steady state: every request decoding, from the last first token to the first request
-    // that finishes (earlier starters finish earlier; the tail has a smaller batch).
+    // that finishes (earlier starters finish earlier; the tail has a smaller batch). The window
+    // runs from the first token of the first all-decode step to the last token of the first
+    // request to finish (the oldest, first in every step's tokens), counting the tokens before
+    // it: whole steps of tokens over as many steps of time. (Timed from the last first token to
+    // that request's on_done, as before, it held one step more of time than of tokens at batch
+    // 32: the finishing step's other tokens come after the on_done.)
     absl::Time all_started = t.start;
     for (absl::Time at : t.first_token) all_started = std::max(all_started, at);
+    absl::Time window_start = absl::InfiniteFuture(), window_end = absl::InfinitePast();
+    for (absl::Time at : t.token_times) {
+      if (at > all_started) window_start = std::min(window_start, at);
+      if (at <= t.first_done) window_end = std::max(window_end, at);
+    }
     int64_t tokens = 0;
-    for (absl::Time at : t.token_times) tokens += at > all_started && at < t.first_done;
-    const double seconds = absl::ToDoubleSeconds(t.first_done - all_started);
+    for (absl::Time at : t.token_times) tokens += at >= window_start && at < window_end;
+    const double seconds = absl::ToDoubleSeconds(window_end - window_start);
+    if (tokens <= 0 || seconds <= 0) {
+      return absl::InternalError(absl::StrCat("batch ", batch, ": no steady decode steps"));
+    }
     const double tok_s = tokens / seconds;
     const double step_ms = 1000.0 * batch / tok_s;
     const CudaModelRunner::StepProfile prof = full_batch_profile.value_or(b.runner->profile());
