@@ -82,6 +82,8 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t running, IntInRange(config, "engine.max_running",
                                                      o.engine.max_running, 1, 1 << 16));
   o.engine.max_running = static_cast<int>(running);
+  ASSIGN_OR_RETURN(o.engine.pipeline_decode,
+                   config.Bool("engine.pipeline_decode", o.engine.pipeline_decode));
   o.engine.num_kv_blocks = 0;  // from kv_budget_bytes once the model is loaded
 
   // Limits.

@@ -26,6 +26,7 @@ TEST(WorkerConfigTest, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c->server.grpc.listen_address, "127.0.0.1:7200");
   EXPECT_EQ(c->server.metrics_address, "127.0.0.1:9200");
   EXPECT_TRUE(c->kvdir.address.empty());
+  EXPECT_TRUE(c->server.engine.pipeline_decode);
   const WorkerServerOptions o = ServerOptionsFor(*c, TinyTestConfig());
   EXPECT_FALSE(o.kvdir.has_value());  // standalone
   EXPECT_GT(o.engine.num_kv_blocks, 0);
@@ -39,7 +40,7 @@ worker: {id: w7, advertise_address: "worker-7.svc:7200"}
 server:
   listen: 0.0.0.0:7300
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
-engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8}
+engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false}
 limits:
   max_documents: 16
   max_message_bytes: 1048576
@@ -65,6 +66,7 @@ metrics: {listen: ""}
   EXPECT_EQ(c->kv_budget_bytes, 1048576);
   EXPECT_EQ(c->server.engine.max_batch_tokens, 256);
   EXPECT_EQ(c->server.engine.max_running, 8);
+  EXPECT_FALSE(c->server.engine.pipeline_decode);
   EXPECT_EQ(c->server.limits.max_documents, 16);
   EXPECT_EQ(c->server.grpc.max_message_bytes, 1048576);
   EXPECT_EQ(c->server.service.default_max_tokens, 64);
@@ -90,6 +92,7 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nbackend: tpu\n", "backend"},
       {"model: {path: m}\nengine: {max_running: 0}\n", "engine.max_running"},
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
+      {"model: {path: m}\nengine: {pipeline_decode: sometimes}\n", "engine.pipeline_decode"},
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
       {"model: {path: m}\nkvdir: {reconnect_min_ms: 500, reconnect_max_ms: 100}\n",
        "kvdir.reconnect_max_ms"},
