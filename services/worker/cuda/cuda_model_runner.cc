@@ -146,7 +146,7 @@ struct CudaModelRunner::State {
   HostSlot slots[2];
   std::deque<int> in_flight;  // launched, uncollected slots, oldest first
   // Rows of the last launch when they were all greedy (one per chunk), else -1: what a launch
-  // with tokens_from_previous_step may follow.
+  // with previous_step_rows may follow.
   int64_t last_greedy_rows = -1;
   Buffer host_copy_list{/*pinned_host=*/true};  // CopyBlocks' list
   Buffer prefill_workspace;
@@ -601,7 +601,6 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
   const int64_t generation_before = Buffer::generation();
-  // Device buffers move only while no launched step can still be using them.
   const bool grows = rows > s.row_capacity || out_rows > s.logit_row_capacity ||
                      meta_bytes > s.metadata.bytes() ||
                      (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
