@@ -629,8 +629,8 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
   RETURN_IF_ERROR(slot.logits.Reserve(
       std::max<int64_t>(out_rows - greedy_rows, 1) * V * static_cast<int64_t>(sizeof(float))));
-  RETURN_IF_ERROR(
-      slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) * static_cast<int64_t>(sizeof(uint64_t))));
+  RETURN_IF_ERROR(slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) *
+                                       static_cast<int64_t>(sizeof(uint64_t))));
   for (const Section& x : sec) {
     if (x.bytes > 0) std::memcpy(slot.metadata.as<char>(x.offset), x.src, x.bytes);
   }

@@ -155,9 +155,9 @@ absl::Time EngineCore::NextDeadline() const {
 EngineLoad EngineCore::Load() const {
   EngineLoad load;
   // (Requests that finished while a pipelined step ran stay in running_ until it is collected.)
-  load.running = static_cast<int>(std::count_if(running_.begin(), running_.end(), [](const auto& r) {
-    return r->phase != Request::Phase::kDone;
-  }));
+  load.running = static_cast<int>(std::count_if(
+      running_.begin(), running_.end(),
+      [](const auto& r) { return r->phase != Request::Phase::kDone; }));
   load.waiting = static_cast<int>(waiting_.size());
   for (const auto& r : waiting_) {
     load.queued_prefill_tokens +=
