@@ -720,7 +720,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
   std::vector<int64_t> key_start;
   // Per sequence and K tile: changes of delta inside the tile, and whether it starts a segment.
   std::vector<std::vector<int>> change_inner(num_seqs), change_start(num_seqs);
-  int64_t total_entries = 0, q_total = 0;
+  int64_t total_entries = 0, total_break_words = 0, q_total = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const PagedPrefillSequence& sq = seqs[s];
     if (sq.num_queries < 0 || sq.num_blocks < 0 || sq.first_query_index < 0 ||
@@ -728,6 +728,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
       return absl::InvalidArgumentError(absl::StrCat("paged prefill: sequence ", s, " malformed"));
     }
     total_entries += sq.num_blocks;
+    total_break_words += (sq.num_blocks + kEntriesPerTile - 1) / kEntriesPerTile + 2;
     q_total += sq.num_queries;
   }
   if (q_total > INT32_MAX / 2 || total_entries > INT32_MAX / 8) {
@@ -736,10 +737,14 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
 
   layout_.seqs = 0;
   layout_.entries = (static_cast<int64_t>(num_seqs) * kSeqWords + 3) / 4 * 4;
-  layout_.work = layout_.entries + total_entries * kEntryWords;
+  layout_.breaks = layout_.entries + total_entries * kEntryWords;
+  layout_.work = layout_.breaks + total_break_words;
   words_.assign(layout_.work, 0);
+  // Per sequence: whether its K tile j is uniform at delta 0 (then a range starting at j, where
+  // the kernel's q' starts unrotated, begins with a plain tile).
+  std::vector<std::vector<char>> uniform_zero(num_seqs);
 
-  int64_t q_start = 0, entry_start = 0;
+  int64_t q_start = 0, entry_start = 0, break_start = 0;
   for (int s = 0; s < num_seqs; ++s) {
     const PagedPrefillSequence& sq = seqs[s];
     key_start.assign(sq.num_blocks, 0);
@@ -779,12 +784,41 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
     if (keys + sq.first_query_index + sq.num_queries > INT32_MAX / 2) {
       return absl::InvalidArgumentError(absl::StrCat("paged prefill: sequence ", s, " too long"));
     }
+    // Plain tiles and break points (kRotateQ of the wgmma kernel; see the header). Tile j is
+    // uniform when its entries share one delta; after a tile, the kernel's q' sits at the delta
+    // of the tile's last pass, i.e. of the distinct delta that appears last for the first time
+    // (passes go in order of first appearance); tile j >= 1 is plain when it is uniform at the
+    // delta its predecessor leaves. breaks[j] = the first tile >= j that is not plain (tile 0
+    // counts as not plain), breaks[tiles] = breaks[tiles + 1] = tiles (sentinels: the kernel
+    // reads breaks[j + 1] after a break at any tile j it runs, the last one included).
+    const int seq_tiles = (sq.num_blocks + kEntriesPerTile - 1) / kEntriesPerTile;
+    int32_t* breaks = &words_[layout_.breaks + break_start];
+    breaks[seq_tiles] = breaks[seq_tiles + 1] = seq_tiles;
+    uniform_zero[s].assign(seq_tiles, 0);
+    std::vector<int64_t> after(seq_tiles), uniform_delta(seq_tiles);  // -1: not uniform
+    for (int j = 0; j < seq_tiles; ++j) {
+      const int b0 = j * kEntriesPerTile, b1 = std::min(b0 + kEntriesPerTile, sq.num_blocks);
+      int64_t seen[kEntriesPerTile];
+      int num_seen = 0;
+      for (int b = b0; b < b1; ++b) {
+        const int64_t d = static_cast<int64_t>(KvEntryDelta(sq.block_table[b]));
+        if (std::find(seen, seen + num_seen, d) == seen + num_seen) seen[num_seen++] = d;
+      }
+      after[j] = seen[num_seen - 1];
+      uniform_delta[j] = num_seen == 1 ? seen[0] : -1;
+      uniform_zero[s][j] = uniform_delta[j] == 0 ? 1 : 0;
+    }
+    for (int j = seq_tiles - 1; j >= 0; --j) {
+      const bool plain = j > 0 && uniform_delta[j] >= 0 && uniform_delta[j] == after[j - 1];
+      breaks[j] = plain ? breaks[j + 1] : j;
+    }
     int32_t* w = &words_[layout_.seqs + static_cast<int64_t>(s) * kSeqWords];
     w[0] = static_cast<int32_t>(q_start);
     w[1] = sq.num_queries;
     w[2] = static_cast<int32_t>(entry_start);
     w[3] = sq.num_blocks;
     w[4] = static_cast<int32_t>(sq.first_query_index);
+    w[5] = static_cast<int32_t>(break_start);
     for (int m = 0; m < sq.num_queries; m += tokens_per_cta) {
       const int n = std::min(tokens_per_cta, sq.num_queries - m);
       const int64_t last_q = sq.first_query_index + m + n - 1;
@@ -796,6 +830,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
     }
     q_start += sq.num_queries;
     entry_start += sq.num_blocks;
+    break_start += seq_tiles + 2;
   }
   total_queries_ = q_total;
 
@@ -854,6 +889,9 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
     w[3] = x.t_begin;
     w[4] = x.t_end;
     w[5] = x.partial;
+    // The first tile of the range that is not plain, the range starting at q' = q (delta 0).
+    const int32_t* breaks = &words_[layout_.breaks + words_[layout_.seqs + x.seq * kSeqWords + 5]];
+    w[6] = x.t_begin < x.t_end && uniform_zero[x.seq][x.t_begin] ? breaks[x.t_begin + 1] : x.t_begin;
   }
   std::copy(combine.begin(), combine.end(), words_.begin() + layout_.combine);
   if (words_.empty()) words_.push_back(0);
@@ -911,6 +949,7 @@ absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPref
   params.rope_sin = args.rope_sin;
   params.seqs = meta + layout.seqs;
   params.entries = reinterpret_cast<const int4*>(meta + layout.entries);
+  params.breaks = meta + layout.breaks;
   params.work = meta + layout.work;
   params.combine = meta + layout.combine;
   float* ws = static_cast<float*>(args.workspace);

@@ -101,10 +101,19 @@ struct PagedPrefillPlanOptions {
 
 // Host-built schedule and metadata of one prefill call. Metadata layout (int32 words, one array,
 // uploaded with one copy):
-//   seqs     [num_seqs][8]      q_start, q_len, entry_start, num_entries, first_query_index, 0..
+//   seqs     [num_seqs][8]      q_start, q_len, entry_start, num_entries, first_query_index,
+//                               break_start, 0, 0
 //   entries  [num_entries][4]   physical block, delta, valid slots, sequence index of slot 0
+//   breaks   per sequence, [tiles + 2] from break_start (tiles = its K tiles, ceil(entries / 4)):
+//                               breaks[j] = the first K tile >= j that is not plain, tiles if
+//                               none (breaks[0] = 0; breaks[tiles] = breaks[tiles + 1] = tiles,
+//                               sentinels). Tile j >= 1 is plain
+//                               when its entries share one delta and that is the delta q' is left
+//                               at by tile j - 1 (kRotateQ: the delta of tile j - 1's last pass,
+//                               its distinct delta that appears last for the first time)
 //   work     [num_work][8]      seq, first token, tokens, first K tile, end K tile, partial (-1:
-//                               writes out directly), 0, 0   (sorted, heaviest first)
+//                               writes out directly), first tile of the range that is not plain
+//                               starting from q' = q (delta 0), 0   (sorted, heaviest first)
 //   combine  [num_combine][8]   seq, first token, tokens, first partial, number of splits, 0..
 // A K tile is 4 consecutive table entries (64 slots); one CTA handles 128 query rows = up to
 // 128/group tokens x group heads of one KV head, so heads of a group share every K/V load.
@@ -125,7 +134,7 @@ class PagedPrefillPlan {
 
   // Internal to the launcher.
   struct Layout {
-    int64_t seqs = 0, entries = 0, work = 0, combine = 0;  // word offsets
+    int64_t seqs = 0, entries = 0, breaks = 0, work = 0, combine = 0;  // word offsets
   };
   const Layout& layout() const { return layout_; }
   int num_partials() const { return num_partials_; }

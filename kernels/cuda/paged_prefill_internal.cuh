@@ -35,6 +35,7 @@ struct Params {
   const float* __restrict__ rope_sin;
   const int* __restrict__ seqs;
   const int4* __restrict__ entries;
+  const int* __restrict__ breaks;  // the plan's plain-tile break points (wgmma kRotateQ only)
   const int* __restrict__ work;
   const int* __restrict__ combine;
   float* __restrict__ part_o;    // [partial][kv_heads][kBlockM][D]

@@ -38,7 +38,11 @@
 // plain (every valid entry at the current delta: nearly all tiles) is decided a tile ahead, while
 // the previous tile's wgmmas run, and a plain tile runs kNone's loop body: deciding it at the top
 // of the tile, as the mma.sync kernel does, put a shared-memory load and a branch chain between
-// the barrier and Q K^T of every tile (+5 % at encode4096, where every delta is 0).
+// the barrier and Q K^T of every tile (+5 % at encode4096, where every delta is 0). The decision
+// is a compare against the plan's next break (the next tile that is not plain, which the host
+// found: paged_prefill_attention.h), not a look at the tile's four entries: that look, eight
+// shared-memory loads and their compares a tile, was most of what kRotateQ's steady tile
+// executed beyond kNone's.
 //
 // Shared memory (bytes): Q 32,768 ([128 rows][256 B], the mma.sync kernel's XOR swizzle, read
 // only by ldmatrix), K and V 4 stages x 16,384 each, entries 512; 164,352 + 1,024 for realigning
@@ -124,6 +128,27 @@ __device__ __forceinline__ uint32_t Sw128(int row, int chunk) {
 // A hint: brings the line holding `ptr` (global memory) into L1.
 __device__ __forceinline__ void PrefetchL1(const void* ptr) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(__cvta_generic_to_global(ptr)));
+}
+
+// breaks[i] (global memory, read-only for the kernel). Volatile asm so that ptxas keeps the load
+// and its address arithmetic inside the rare branch that needs it instead of hoisting them into
+// every tile.
+__device__ __forceinline__ int LoadBreak(const int* breaks, int i) {
+  int v;
+  asm volatile(
+      "{\n.reg .s64 a;\nmul.wide.s32 a, %1, 4;\nadd.s64 a, a, %2;\n"
+      "ld.global.nc.b32 %0, [a];\n}\n"
+      : "=r"(v)
+      : "r"(i), "l"(breaks));
+  return v;
+}
+
+// `desc` with its start address `bytes` (a multiple of 16) further: only the 14-bit address
+// field changes, and it does not carry out while the operand stays in the 256 KB the field spans
+// (shared memory here is 228 KB). One add per wgmma instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t DescAdvance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(desc >> 32)) << 32) | lo;
 }
 
 template <int kPending>
@@ -339,30 +364,20 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
   uint32_t pv_v = 0;
   auto issue_pv = [&](uint32_t v_smem) {
     WgmmaFence();  // also behind Q K^T: ptxas puts a warpgroup.arrive here otherwise
+    const uint64_t desc0 = WgmmaDesc128(v_smem, /*lbo=*/WgSmem::kHalfBytes, /*sbo=*/1024);
 #pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) {
-      WgmmaPv(o, pa[kk],
-              WgmmaDesc128(v_smem + kk * 16 * 128, /*lbo=*/WgSmem::kHalfBytes,
-                           /*sbo=*/1024));
-    }
+    for (int kk = 0; kk < kPvSteps; ++kk) WgmmaPv(o, pa[kk], DescAdvance(desc0, kk * 16 * 128));
     WgmmaCommit();
   };
 
-  // kRotateQ: whether every valid entry of a tile carries cur_delta, i.e. the tile is one pass
-  // with q' as it is: then it runs kNone's loop body exactly. Evaluated for tile t + 1 while tile
-  // t's wgmmas run (its entries landed with tile t - 1's copies), so a common tile's Q K^T waits
-  // on neither its entries' deltas nor a branch chain; only tiles that need a new q' or several
-  // passes take the out-of-line path.
-  auto tile_plain = [&](int t) {
-    const int4* en = entry_slot(t);
-    bool plain = true;
-#pragma unroll
-    for (int e = 0; e < kEntriesPerTile; ++e) {
-      const int4 x = en[e];
-      plain &= (x.z == 0) | (x.y == cur_delta);  // no short cut: one load latency, not two
-    }
-    return plain;
-  };
+  // kRotateQ: whether a tile is plain (every valid entry carries cur_delta, so the tile is one
+  // pass with q' as it is and runs kNone's loop body exactly) comes from the plan, which found
+  // the tiles where that fails (the breaks, paged_prefill_attention.h): next_break is the first
+  // such tile after the last one taken out of line, so a plain tile costs a compare, with no
+  // look at its entries. A tile that is not plain loads the break after it (global memory, read
+  // a tile later). The plan's breaks assume q' at the delta the previous tile's passes leave,
+  // which holds inside a range; the range's first tile (q' = q) has its own (work word 6).
+  const int* breaks = p.breaks + sq[5];
   // Warms L1 with the cos/sin rows (256 B each) of tile t's deltas, found not plain a tile ahead:
   // its q' rebuild then reads L1 instead of waiting on L2 or HBM (K/V streaming evicts the table)
   // while the tensor cores idle. A thread a line: entry tid / 4, table (tid / 2) % 2, half tid % 2.
@@ -374,10 +389,15 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
     }
   };
   bool next_plain = true;
+  int next_break = 0;
   if constexpr (kRot == PrefillRotation::kRotateQ) {
     if (t_begin < t_end) {
-      next_plain = tile_plain(t_begin);
-      if (!next_plain) prefetch_rope(t_begin);  // lands while Q and the first K/V tiles do
+      next_break = w[6];
+      next_plain = t_begin < next_break;
+      if (!next_plain) {
+        prefetch_rope(t_begin);  // lands while Q and the first K/V tiles do
+        next_break = LoadBreak(breaks, t_begin + 1);
+      }
     }
   }
 
@@ -403,16 +423,19 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
 
     // One pass over the tile's entries in `active` (the others masked). 0xF: every entry, which
     // masks only slots past an entry's valid count (0 for the zero-filled records past the table).
-    auto run_pass = [&](int active) {
+    // `plan`: this pass decides tile t + 1 (plan_next). Exactly one pass of a tile may: plan_next
+    // consumes the break at t + 1 (next_break moves past it), so a second call on a tile of
+    // several passes would find t + 1 < next_break and take the break for a plain tile.
+    auto run_pass = [&](int active, bool plan) {
       // S = Q K^T; then the previous pass's P V, which runs while this pass's softmax does.
       FenceOperands(o);
       FenceOperands(qa);
       FenceOperands(pa);
       WgmmaFence();
+      const uint64_t desc0 = WgmmaDescKMajor128(k_smem);
 #pragma unroll
       for (int ks = 0; ks < kQkSteps; ++ks) {
-        const uint64_t desc =
-            WgmmaDescKMajor128(k_smem + (ks / 4) * WgSmem::kHalfBytes + (ks % 4) * 32);
+        const uint64_t desc = DescAdvance(desc0, (ks / 4) * WgSmem::kHalfBytes + (ks % 4) * 32);
         if (ks == 0) {
           WgmmaQk<false>(s, qa[ks], desc);
         } else {
@@ -420,11 +443,17 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
         }
       }
       WgmmaCommit();
-      // While the tensor cores run: whether the next tile is a plain pass (see tile_plain).
+      // While the tensor cores run: whether the next tile is a plain pass (see next_break).
       auto plan_next = [&] {
         if constexpr (kRot == PrefillRotation::kRotateQ) {
-          next_plain = tile_plain(t + 1);
-          if (!next_plain) prefetch_rope(t + 1);
+          if (!plan) return;  // a later pass of a tile that is not plain: already decided
+          // Not plain: t + 1 == next_break (next_break > t always); the break after it is
+          // breaks[t + 2], at most the second sentinel where t + 1 is the sequence's last tile.
+          next_plain = t + 1 < next_break;
+          if (!next_plain) {
+            prefetch_rope(t + 1);
+            next_break = LoadBreak(breaks, next_break + 1);
+          }
         }
       };
       if (pv_pending) {
@@ -501,10 +530,11 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
     };
 
     if (kRot == PrefillRotation::kNone || next_plain) {
-      run_pass(0xF);
+      run_pass(0xF, true);
     } else {
       // One pass per distinct delta among the tile's entries, the entries of other deltas masked.
       int todo = (e0.z > 0 ? 1 : 0) | (e1.z > 0 ? 2 : 0) | (e2.z > 0 ? 4 : 0) | (e3.z > 0 ? 8 : 0);
+      bool first_pass = true;  // the pass that decides tile t + 1 (see run_pass)
       do {
         const int first = __ffs(todo) - 1;
         const int d = first == 0 ? e0.y : first == 1 ? e1.y : first == 2 ? e2.y : e3.y;
@@ -512,7 +542,8 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
                                    (e3.y == d ? 8 : 0));
         if (d != cur_delta) rotate_q(d);
         todo &= ~active;
-        run_pass(active);
+        run_pass(active, first_pass);
+        first_pass = false;
       } while (todo != 0);
     }
   }
