@@ -206,7 +206,11 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
   const int head0 = kv_head * p.group + tile * kRowsPerTile;
 
   // Original q (bf16 words), rows g and g+8 of the tile; zero for rows past the group. Read
-  // after the wait below: the kernel before writes it.
+  // after the wait below: the kernel before writes it, so with a coherent load (ld.global.cg),
+  // not the read-only path: an `ld.global.nc` promises data that stays unchanged for the whole
+  // launch, which q, written by the overlapped kernel before, is not, and the compiler may then
+  // schedule it ahead of the wait (runner tests read a stale q when the load directly followed
+  // the wait).
   uint4 qo[2][T::kQChunks];
   auto load_q = [&] {
     const __nv_bfloat16* qb = p.q + (int64_t(seq) * p.num_heads + head0) * D;
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
 #pragma unroll
       for (int i = 0; i < T::kQChunks; ++i) {
         qo[r][i] = row < rows
-                       ? __ldg(reinterpret_cast<const uint4*>(qb + row * D + 32 * i + 8 * t))
+                       ? __ldcg(reinterpret_cast<const uint4*>(qb + row * D + 32 * i + 8 * t))
                        : make_uint4(0, 0, 0, 0);
       }
     }
@@ -275,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
         if (delta != issued_delta) {
           issued_delta = delta;
           const int64_t pos = min(int64_t(delta), p.rope_max_positions - 1);
-          // cos row then sin row, D/2 floats each: D/4 chunks.
-          if (kk > 0 && lane < D / 4) {
+          // cos row then sin row, D/2 floats each: D/4 chunks. Delta 0 needs none (q' = q).
+          if (kk > 0 && delta != 0 && lane < D / 4) {
             const float* src = lane < D / 8 ? p.rope_cos + pos * (D / 2) + lane * 4
                                             : p.rope_sin + pos * (D / 2) + (lane - D / 8) * 4;
             CpAsync16(vdst + T::kTileBytes + lane * 16, src, 16u);
@@ -289,24 +293,36 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
   };
 
   // The first block's cos/sin row is requested as soon as its table entry is in, before the
-  // first copies are issued, and the rotation follows them: it overlaps the first loads.
+  // first copies are issued, and the rotation follows them: it overlaps the first loads. A block
+  // at delta 0 (the request's own tokens, a document at offset 0) needs no rotation: R_0 q = q.
   load_window(0);
   float cs0[D / 8], sn0[D / 8];
   if (kRotate && nk > 0) {
     cur_delta = KvEntryDelta(__shfl_sync(0xffffffffu, win_issue, 0));
     const int64_t pos = min(int64_t(cur_delta), p.rope_max_positions - 1);
-    LoadCosSin<D>(p.rope_cos + pos * (D / 2), p.rope_sin + pos * (D / 2), t, cs0, sn0);
+    if (cur_delta != 0) {
+      LoadCosSin<D>(p.rope_cos + pos * (D / 2), p.rope_sin + pos * (D / 2), t, cs0, sn0);
+    }
   }
   // Blocks first + kWarps * s, s < kStages - 1, are the first copies; the last block of the
-  // sequence is nb - 1.
+  // sequence is nb - 1. Without early copies q is requested first, so that its round trip runs
+  // while the copies are issued and the first rotation can start sooner.
   const bool early = p.early_kv_loads && first + kWarps * (kStages - 2) < nb - 1;
-  if (!early) wait_for_prerequisite();
+  if (!early) {
+    wait_for_prerequisite();
+    load_q();
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
-  wait_for_prerequisite();
-  load_q();
-  if (!kRotate) QFragsFromWords<D>(qo, qa);
-  if (kRotate && nk > 0) RotateQ<D>(qo, cs0, sn0, two_rows, qa);
+  if (early) {
+    wait_for_prerequisite();
+    load_q();
+  }
+  if (kRotate && nk > 0 && cur_delta != 0) {
+    RotateQ<D>(qo, cs0, sn0, two_rows, qa);
+  } else {
+    QFragsFromWords<D>(qo, qa);
+  }
 
   int stage = 0;
   for (int k = 0; k < nk; ++k) {
@@ -322,10 +338,14 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
       const uint32_t delta = KvEntryDelta(e);
       if (delta != cur_delta) {  // warp-uniform; once per document per warp
         cur_delta = delta;
-        float cs[D / 8], sn[D / 8];
-        const float* rc = reinterpret_cast<const float*>(st + 2 * T::kTileBytes);
-        LoadCosSin<D>(rc, rc + D / 2, t, cs, sn);
-        RotateQ<D>(qo, cs, sn, two_rows, qa);
+        if (delta == 0) {
+          QFragsFromWords<D>(qo, qa);  // no cos/sin row came with this block (see issue)
+        } else {
+          float cs[D / 8], sn[D / 8];
+          const float* rc = reinterpret_cast<const float*>(st + 2 * T::kTileBytes);
+          LoadCosSin<D>(rc, rc + D / 2, t, cs, sn);
+          RotateQ<D>(qo, cs, sn, two_rows, qa);
+        }
       }
     }
 

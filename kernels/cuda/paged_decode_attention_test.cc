@@ -54,8 +54,10 @@ struct Sequence {
   int total() const { return std::accumulate(lengths.begin(), lengths.end(), 0); }
 };
 
-// Splits `context` tokens into `docs` documents of random lengths with random distinct deltas in
-// [0, kMaxDelta].
+// Splits `context` tokens into `docs` documents of random lengths with random deltas in
+// [0, kMaxDelta]. The first is at delta 0, and so, in about half the sequences of 3 or more, is
+// the last (a request's own tokens, stored at their positions): the kernel skips the rotation at
+// delta 0, also on the way back to it from a rotated document.
 Sequence MakeSequence(int context, int docs, std::mt19937& rng) {
   Sequence s;
   docs = std::max(1, std::min(docs, context));
@@ -73,7 +75,10 @@ Sequence MakeSequence(int context, int docs, std::mt19937& rng) {
   }
   s.lengths.push_back(context - prev);
   std::uniform_int_distribution<uint32_t> delta(0, kMaxDelta);
-  for (int i = 0; i < docs; ++i) s.deltas.push_back(i == 0 ? 0 : delta(rng));
+  const bool tail_at_zero = docs >= 3 && rng() % 2 == 0;
+  for (int i = 0; i < docs; ++i) {
+    s.deltas.push_back(i == 0 || (tail_at_zero && i == docs - 1) ? 0 : delta(rng));
+  }
   return s;
 }
 

@@ -4,7 +4,7 @@
 // line per row.
 //
 //   lazyattn-bench-decode [--batches 1,8,32,128] [--contexts 1024,4096,16384,32768]
-//                         [--max-gb 40] [--runs 51] [--splits 0 (automatic)]
+//                         [--max-gb 40] [--runs 51] [--splits 0 (automatic)] [--delta-base 0]
 //
 // Bytes counted per launch: batch * context * kv_heads * head_dim * 2 bytes * 2 (K and V); q, the
 // table and the output are noise next to that. Each launch is timed alone between CUDA events,
@@ -95,6 +95,10 @@ int Main(int argc, char** argv) {
   double max_gb = 40;
   int runs = 51;
   int splits = 0;  // PagedDecodeArgs::num_splits: 0 automatic
+  // Added to every document's delta. 0: the first document sits at offset 0, where the kernel
+  // skips its rotation (R_0 q = q); e.g. 64 puts every document behind a 64-token system prompt,
+  // so every block needs a rotation.
+  int delta_base = 0;
   const long long spin_cycles = 400000;  // ~200 us at 1.98 GHz
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--batches")) batches = ParseList(argv[i + 1]);
@@ -102,18 +106,22 @@ int Main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--max-gb")) max_gb = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--runs")) runs = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--splits")) splits = std::max(0, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--delta-base"))
+      delta_base = std::max(0, std::atoi(argv[i + 1]));
   }
   auto info = QueryDevice(0);
   if (!info.ok()) {
     std::fprintf(stderr, "no GPU: %s\n", std::string(info.status().ToString()).c_str());
     return 1;
   }
-  std::printf("device: %s, %d SMs, L2 %lld MB\n", info->name.c_str(), info->sm_count,
-              static_cast<long long>(info->l2_bytes >> 20));
+  std::printf("device: %s, %d SMs, L2 %lld MB; documents' deltas start at %d\n",
+              info->name.c_str(), info->sm_count, static_cast<long long>(info->l2_bytes >> 20),
+              delta_base);
   auto ws = PagedDecodeWorkspace::Create(0);
   CHECK_OK(ws.status());
   const int max_ctx = *std::max_element(contexts.begin(), contexts.end());
-  RopeTable host_rope(RopeParams{.head_dim = kHeadDim, .theta = 500000}, max_ctx + kDocTokens);
+  RopeTable host_rope(RopeParams{.head_dim = kHeadDim, .theta = 500000},
+                      max_ctx + kDocTokens + delta_base);
   auto rope = DeviceRopeTable::Create(host_rope);
   CHECK_OK(rope.status());
 
@@ -156,7 +164,7 @@ int Main(int argc, char** argv) {
       std::vector<KvBlockEntry> h_tables(size_t(sets) * batch * blocks);
       for (size_t i = 0; i < h_tables.size(); ++i) {
         const int token0 = int(i % blocks) * kBlock;
-        const uint32_t delta = uint32_t(token0 / kDocTokens * kDocTokens);
+        const uint32_t delta = uint32_t(delta_base + token0 / kDocTokens * kDocTokens);
         const int valid = std::min(kBlock, ctx - token0);
         h_tables[i] = PackKvBlockEntry(phys[i], delta, valid);
       }
@@ -219,10 +227,11 @@ int Main(int argc, char** argv) {
       std::snprintf(line, sizeof line,
                     "{\"bench\":\"decode_attention\",\"gpu\":\"%s\",\"batch\":%d,\"context\":%d,"
                     "\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"doc_tokens\":%d,"
+                    "\"delta_base\":%d,"
                     "\"splits\":%d,\"runs\":%d,\"rotate_us\":%.2f,\"no_rotation_us\":%.2f,"
                     "\"rotate_tbps\":%.3f,\"no_rotation_tbps\":%.3f}",
                     info->name.c_str(), batch, ctx, kHeads, kKvHeads, kHeadDim, kDocTokens,
-                    plan->num_splits, runs, rot * 1e3, plain * 1e3, tb / (rot * 1e-3),
+                    delta_base, plan->num_splits, runs, rot * 1e3, plain * 1e3, tb / (rot * 1e-3),
                     tb / (plain * 1e-3));
       json.push_back(line);
       std::fflush(stdout);
