@@ -17,6 +17,12 @@
 // 2026-11-29 both variants of one round read the same copy, so at sizes that fit in the L2 the
 // non-rotating launch re-read what the rotating one had just brought into it: that inflated the
 // "rotation cost" at small sizes, e.g. +22 % at B=8 1K; see docs/kernels.md.)
+//
+// Three variants: the rotating kernel on the documents' deltas, the rotation-free kernel
+// (`rotate = false`), and the rotating kernel on the same table with every delta 0, where its
+// delta-0 fast path skips every rotation. The rotation's cost is printed against both: against
+// the rotation-free kernel it includes what merely having the rotation compiled in costs
+// (registers, code), against the delta-0 run it is the work of rotating alone.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -133,8 +139,10 @@ int Main(int argc, char** argv) {
   std::mt19937 rng(1234);
 
   std::printf(
-      "\n| B | context | splits | rotate (us) | rotate TB/s | no rotation (us) | no rotation TB/s | "
-      "rotation cost |\n|---|---|---|---|---|---|---|---|\n");
+      "\n| B | context | splits | rotate (us) | rotate TB/s | no rotation (us) | "
+      "no rotation TB/s | rotation cost | rotating kernel, every delta 0 (us) | "
+      "rotation cost, same kernel |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> json;
   for (int batch : batches) {
     for (int ctx : contexts) {
@@ -147,12 +155,15 @@ int Main(int argc, char** argv) {
       __nv_bfloat16 *k = nullptr, *v = nullptr, *q = nullptr;
       float* out = nullptr;
       KvBlockEntry* tables = nullptr;
+      KvBlockEntry* tables_delta0 = nullptr;  // the same blocks, every delta 0
       int32_t* nblocks = nullptr;
       CHECK_CUDA(cudaMalloc(&k, pool_elems * 2));
       CHECK_CUDA(cudaMalloc(&v, pool_elems * 2));
       CHECK_CUDA(cudaMalloc(&q, size_t(sets) * batch * kHeads * kHeadDim * 2));
       CHECK_CUDA(cudaMalloc(&out, size_t(batch) * kHeads * kHeadDim * 4));
       CHECK_CUDA(cudaMalloc(&tables, size_t(sets) * batch * blocks * sizeof(KvBlockEntry)));
+      CHECK_CUDA(
+          cudaMalloc(&tables_delta0, size_t(sets) * batch * blocks * sizeof(KvBlockEntry)));
       CHECK_CUDA(cudaMalloc(&nblocks, size_t(batch) * 4));
       FillRandom<<<4096, 256, 0, stream>>>(k, pool_elems, 1);
       FillRandom<<<4096, 256, 0, stream>>>(v, pool_elems, 2);
@@ -162,23 +173,30 @@ int Main(int argc, char** argv) {
       std::iota(phys.begin(), phys.end(), 0u);
       std::shuffle(phys.begin(), phys.end(), rng);
       std::vector<KvBlockEntry> h_tables(size_t(sets) * batch * blocks);
+      std::vector<KvBlockEntry> h_tables_delta0(h_tables.size());
       for (size_t i = 0; i < h_tables.size(); ++i) {
         const int token0 = int(i % blocks) * kBlock;
         const uint32_t delta = uint32_t(delta_base + token0 / kDocTokens * kDocTokens);
         const int valid = std::min(kBlock, ctx - token0);
         h_tables[i] = PackKvBlockEntry(phys[i], delta, valid);
+        h_tables_delta0[i] = PackKvBlockEntry(phys[i], 0, valid);
       }
       CHECK_CUDA(cudaMemcpy(tables, h_tables.data(), h_tables.size() * sizeof(KvBlockEntry),
+                            cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(tables_delta0, h_tables_delta0.data(),
+                            h_tables_delta0.size() * sizeof(KvBlockEntry),
                             cudaMemcpyHostToDevice));
       std::vector<int32_t> h_nb(batch, blocks);
       CHECK_CUDA(cudaMemcpy(nblocks, h_nb.data(), batch * 4, cudaMemcpyHostToDevice));
 
-      auto args_for = [&](int set, bool rotate) {
+      // Variants: 0 rotating, 1 rotation-free kernel, 2 rotating with every delta 0.
+      auto args_for = [&](int set, int variant) {
+        const bool rotate = variant != 1;
         PagedDecodeArgs a;
         a.q = q + size_t(set) * batch * kHeads * kHeadDim;
         a.k_pool = k;
         a.v_pool = v;
-        a.block_tables = tables + size_t(set) * batch * blocks;
+        a.block_tables = (variant == 2 ? tables_delta0 : tables) + size_t(set) * batch * blocks;
         a.num_blocks = nblocks;
         a.batch = batch;
         a.num_heads = kHeads;
@@ -193,20 +211,22 @@ int Main(int argc, char** argv) {
         a.num_splits = splits;
         return a;
       };
-      auto plan = PlanPagedDecode(args_for(0, true), **ws);
+      auto plan = PlanPagedDecode(args_for(0, 0), **ws);
       CHECK_OK(plan.status());
-      for (int i = 0; i < 3; ++i) {
-        CHECK_OK(PagedDecodeAttention(args_for((2 * i) % sets, true), **ws, stream));
-        CHECK_OK(PagedDecodeAttention(args_for((2 * i + 1) % sets, false), **ws, stream));
+      constexpr int kVariants = 3;
+      for (int i = 0; i < kVariants; ++i) {
+        for (int v = 0; v < kVariants; ++v) {
+          CHECK_OK(PagedDecodeAttention(args_for((kVariants * i + v) % sets, v), **ws, stream));
+        }
       }
-      // The two variants interleaved, so clock and thermal drift hit them alike, and which one
-      // goes first alternates between rounds, so an order effect cancels.
-      std::vector<float> t_rot, t_plain;
+      // The variants interleaved, so clock and thermal drift hit them alike, and which one goes
+      // first rotates between rounds, so an order effect cancels.
+      std::vector<float> times[kVariants];
       for (int r = 0; r < runs; ++r) {
-        for (int k = 0; k < 2; ++k) {
-          const int variant = (r & 1) ? 1 - k : k;
+        for (int k = 0; k < kVariants; ++k) {
+          const int variant = (r + k) % kVariants;
           // Each launch reads the next copy: never the data the previous launch left in L2.
-          const PagedDecodeArgs a = args_for((2 * r + k) % sets, variant == 0);
+          const PagedDecodeArgs a = args_for((kVariants * r + k) % sets, variant);
           Spin<<<1, 1, 0, stream>>>(spin_cycles);
           CHECK_CUDA(cudaEventRecord(ev0, stream));
           CHECK_OK(PagedDecodeAttention(a, **ws, stream));
@@ -214,25 +234,26 @@ int Main(int argc, char** argv) {
           CHECK_CUDA(cudaEventSynchronize(ev1));
           float ms = 0;
           CHECK_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
-          (variant == 0 ? t_rot : t_plain).push_back(ms);
+          times[variant].push_back(ms);
         }
       }
       CHECK_CUDA(cudaGetLastError());
-      const double rot = Median(t_rot), plain = Median(t_plain);
+      const double rot = Median(times[0]), plain = Median(times[1]), zero = Median(times[2]);
       const double tb = bytes / 1e12;
-      std::printf("| %d | %dK | %d | %.1f | %.2f | %.1f | %.2f | %+.1f%% |\n", batch, ctx / 1024,
-                  plan->num_splits, rot * 1e3, tb / (rot * 1e-3), plain * 1e3,
-                  tb / (plain * 1e-3), (rot / plain - 1) * 100);
+      std::printf("| %d | %dK | %d | %.1f | %.2f | %.1f | %.2f | %+.1f%% | %.1f | %+.1f%% |\n",
+                  batch, ctx / 1024, plan->num_splits, rot * 1e3, tb / (rot * 1e-3), plain * 1e3,
+                  tb / (plain * 1e-3), (rot / plain - 1) * 100, zero * 1e3,
+                  (rot / zero - 1) * 100);
       char line[512];
       std::snprintf(line, sizeof line,
                     "{\"bench\":\"decode_attention\",\"gpu\":\"%s\",\"batch\":%d,\"context\":%d,"
                     "\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"doc_tokens\":%d,"
                     "\"delta_base\":%d,"
                     "\"splits\":%d,\"runs\":%d,\"rotate_us\":%.2f,\"no_rotation_us\":%.2f,"
-                    "\"rotate_tbps\":%.3f,\"no_rotation_tbps\":%.3f}",
+                    "\"rotate_tbps\":%.3f,\"no_rotation_tbps\":%.3f,\"rotate_delta0_us\":%.2f}",
                     info->name.c_str(), batch, ctx, kHeads, kKvHeads, kHeadDim, kDocTokens,
                     delta_base, plan->num_splits, runs, rot * 1e3, plain * 1e3, tb / (rot * 1e-3),
-                    tb / (plain * 1e-3));
+                    tb / (plain * 1e-3), zero * 1e3);
       json.push_back(line);
       std::fflush(stdout);
       CHECK_CUDA(cudaFree(k));
@@ -240,6 +261,7 @@ int Main(int argc, char** argv) {
       CHECK_CUDA(cudaFree(q));
       CHECK_CUDA(cudaFree(out));
       CHECK_CUDA(cudaFree(tables));
+      CHECK_CUDA(cudaFree(tables_delta0));
       CHECK_CUDA(cudaFree(nblocks));
     }
   }
