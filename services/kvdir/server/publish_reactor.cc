@@ -111,10 +111,12 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
 }
 
 void PublishReactor::RequestSnapshot(const std::string& reason, bool gap) {
+  // Counted before the request is sent: once it is on the wire the worker may act on it (and a
+  // scrape or test may look) before this thread increments the counter.
+  ctx_.metrics->SnapshotRequested(gap);
   v1::DirectoryMessage m;
   m.mutable_snapshot_request()->set_reason(reason);
   Send(std::move(m));
-  ctx_.metrics->SnapshotRequested(gap);
 }
 
 void PublishReactor::Send(v1::DirectoryMessage msg) {
