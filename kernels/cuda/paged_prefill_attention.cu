@@ -51,9 +51,11 @@ using prefill_internal::kKvBlock;  // slots per KV block
 using prefill_internal::kSeqWords;
 using prefill_internal::kWorkWords;
 using prefill_internal::Ldmatrix4;
+using prefill_internal::LoadWorkItem;
 using prefill_internal::Params;
 using prefill_internal::Swz;
 using prefill_internal::UnpackBf16;
+using prefill_internal::WorkItem;
 
 constexpr int kThreads = 128;
 constexpr int kRowsPerWarp = 32;
@@ -113,10 +115,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) PagedPrefillKernel(const
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.y;
-  const int* w = p.work + static_cast<int64_t>(blockIdx.x) * kWorkWords;
-  const int seq = w[0], m_tok0 = w[1], n_tok = w[2], t_begin = w[3], t_end = w[4], partial = w[5];
-  const int* sq = p.seqs + seq * kSeqWords;
-  const int q_start = sq[0], entry_start = sq[2], num_entries = sq[3], fqi = sq[4];
+  const WorkItem item = LoadWorkItem(p, blockIdx.x);
+  const int m_tok0 = item.m_tok0, n_tok = item.n_tok;
+  const int t_begin = item.t_begin, t_end = item.t_end, partial = item.partial;
+  const int q_start = item.q_start, entry_start = item.entry_start;
+  const int num_entries = item.num_entries, fqi = item.first_query_index;
   const int group = p.group;
   const int64_t kv_off = static_cast<int64_t>(kvh) * kKvBlock * D;
 
@@ -812,6 +815,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
       const bool plain = j > 0 && uniform_delta[j] >= 0 && uniform_delta[j] == after[j - 1];
       breaks[j] = plain ? breaks[j + 1] : j;
     }
+    // The sequence's words, read back by prefill_internal::LoadWorkItem.
     int32_t* w = &words_[layout_.seqs + static_cast<int64_t>(s) * kSeqWords];
     w[0] = static_cast<int32_t>(q_start);
     w[1] = sq.num_queries;
@@ -881,6 +885,7 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
   layout_.combine = layout_.work + static_cast<int64_t>(num_work_) * kWorkWords;
   words_.resize(layout_.combine + combine.size(), 0);
   for (int i = 0; i < num_work_; ++i) {
+    // The work item's words, read back by prefill_internal::LoadWorkItem.
     int32_t* w = &words_[layout_.work + static_cast<int64_t>(i) * kWorkWords];
     const Work& x = work[i];
     w[0] = x.seq;
@@ -890,8 +895,10 @@ absl::Status PagedPrefillPlan::Build(const PagedPrefillShape& shape,
     w[4] = x.t_end;
     w[5] = x.partial;
     // The first tile of the range that is not plain, the range starting at q' = q (delta 0).
-    const int32_t* breaks = &words_[layout_.breaks + words_[layout_.seqs + x.seq * kSeqWords + 5]];
-    w[6] = x.t_begin < x.t_end && uniform_zero[x.seq][x.t_begin] ? breaks[x.t_begin + 1] : x.t_begin;
+    const int32_t* breaks =
+        &words_[layout_.breaks + words_[layout_.seqs + x.seq * kSeqWords + 5]];
+    w[6] = x.t_begin < x.t_end && uniform_zero[x.seq][x.t_begin] ? breaks[x.t_begin + 1]
+                                                                 : x.t_begin;
   }
   std::copy(combine.begin(), combine.end(), words_.begin() + layout_.combine);
   if (words_.empty()) words_.push_back(0);

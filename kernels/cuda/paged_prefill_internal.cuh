@@ -45,6 +45,34 @@ struct Params {
   float scale_log2;
 };
 
+// A CTA's work item and the words of its sequence, read where the plan wrote them (the layouts
+// are paged_prefill_attention.h's "metadata"). Both kernels start from it; a field a kernel
+// never reads costs it nothing.
+struct WorkItem {
+  int seq, m_tok0, n_tok, t_begin, t_end, partial;
+  int first_break;  // the range's first tile that is not plain from q' = q (wgmma kRotateQ)
+  int q_start, entry_start, num_entries, first_query_index;
+  int break_start;  // this sequence's `breaks` (wgmma kRotateQ)
+};
+__device__ __forceinline__ WorkItem LoadWorkItem(const Params& p, int item) {
+  const int* w = p.work + static_cast<int64_t>(item) * kWorkWords;
+  WorkItem x;
+  x.seq = w[0];
+  x.m_tok0 = w[1];
+  x.n_tok = w[2];
+  x.t_begin = w[3];
+  x.t_end = w[4];
+  x.partial = w[5];
+  x.first_break = w[6];
+  const int* sq = p.seqs + x.seq * kSeqWords;
+  x.q_start = sq[0];
+  x.entry_start = sq[2];
+  x.num_entries = sq[3];
+  x.first_query_index = sq[4];
+  x.break_start = sq[5];
+  return x;
+}
+
 // 16-byte async copy; copies zeros (reads nothing) when !valid.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;

@@ -232,10 +232,11 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid / kWgThreads, warp_in_wg = (tid / 32) % 4;
   const int kvh = blockIdx.y;
-  const int* w = p.work + static_cast<int64_t>(blockIdx.x) * kWorkWords;
-  const int seq = w[0], m_tok0 = w[1], n_tok = w[2], t_begin = w[3], t_end = w[4], partial = w[5];
-  const int* sq = p.seqs + seq * kSeqWords;
-  const int q_start = sq[0], entry_start = sq[2], num_entries = sq[3], fqi = sq[4];
+  const WorkItem item = LoadWorkItem(p, blockIdx.x);
+  const int m_tok0 = item.m_tok0, n_tok = item.n_tok;
+  const int t_begin = item.t_begin, t_end = item.t_end, partial = item.partial;
+  const int q_start = item.q_start, entry_start = item.entry_start;
+  const int num_entries = item.num_entries, fqi = item.first_query_index;
   const int group = p.group;
   const int64_t kv_off = static_cast<int64_t>(kvh) * kKvBlock * kD;
 
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
   // look at its entries. A tile that is not plain loads the break after it (global memory, read
   // a tile later). The plan's breaks assume q' at the delta the previous tile's passes leave,
   // which holds inside a range; the range's first tile (q' = q) has its own (work word 6).
-  const int* breaks = p.breaks + sq[5];
+  const int* breaks = p.breaks + item.break_start;
   // Warms L1 with the cos/sin rows (256 B each) of tile t's deltas, found not plain a tile ahead:
   // its q' rebuild then reads L1 instead of waiting on L2 or HBM (K/V streaming evicts the table)
   // while the tensor cores idle. A thread a line: entry tid / 4, table (tid / 2) % 2, half tid % 2.
@@ -392,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, kWgmmaCtasPerSm)
   int next_break = 0;
   if constexpr (kRot == PrefillRotation::kRotateQ) {
     if (t_begin < t_end) {
-      next_break = w[6];
+      next_break = item.first_break;
       next_plain = t_begin < next_break;
       if (!next_plain) {
         prefetch_rope(t_begin);  // lands while Q and the first K/V tiles do
