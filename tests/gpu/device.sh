@@ -34,8 +34,9 @@ export OUT="$logs" PYTHONUNBUFFERED=1
 source tests/gpu/carry_env.sh
 use_carry "$repo" "$carry"
 # SmolLM2 (98 MB) is larger than one call may carry: tests/gpu/split-model.sh cuts it into
-# .device-carry-model-a/ and -b/, carried by two calls in a row (the second while the machine is
-# still warm). Only a complete, checksum-verified file is used; otherwise its tests skip.
+# .device-carry-model-a/, -b/ and -c/, carried by three calls in a row (each while the machine is
+# still warm; the last with the bundle). Only a complete, checksum-verified file is used;
+# otherwise its tests skip.
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$model" ] && compgen -G ".device-carry-model-*/part-*" >/dev/null; then
   mkdir -p models && cat .device-carry-model-*/part-* > "$model.tmp"
