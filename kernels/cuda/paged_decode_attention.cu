@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/launch_overlap.cuh"
+#include "kernels/cuda/split_arrival.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
@@ -495,14 +496,10 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
 
   // Epilogue 2: the last split of this group to arrive merges all partials.
   __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    is_last = atomicAdd(p.counters + group_id, 1) == seq_splits - 1;
-  }
+  __syncthreads();  // then one release, not a fence in every thread (split_arrival.cuh)
+  if (threadIdx.x == 0) is_last = ArriveAtSplitCounter(p.counters + group_id, seq_splits);
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   float* wsplit = reinterpret_cast<float*>(smem);  // [row][split] merge weights
   const float* gl = p.partial_lse + group_id * p.num_splits * kRowsPerTile;
   const float* go = p.partial_out + group_id * p.num_splits * (kRowsPerTile * kMaxHeadDim);
@@ -550,7 +547,6 @@ __global__ void __launch_bounds__(kThreads, Traits<D>::kMinCtasPerSm)
       static_cast<__nv_bfloat16*>(p.out)[oi] = __float2bfloat16_rn(acc);
     }
   }
-  if (threadIdx.x == 0) p.counters[group_id] = 0;  // ready for the next launch
 }
 
 using KernelFn = void (*)(KernelParams);

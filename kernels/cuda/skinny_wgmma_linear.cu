@@ -30,6 +30,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
 #include "kernels/cuda/rope_kv_append.h"
+#include "kernels/cuda/split_arrival.cuh"
 #include "kernels/cuda/wgmma_primitives.cuh"
 
 namespace lazyattn {
@@ -342,6 +343,35 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     if (lane == 0) MbarArrive(empty(s));
   }
 
+  // y's element (m, i) of this thread: its index, or -1 outside y.
+  auto y_index = [&](int m, int i) -> int64_t {
+    const int r = AccRow(lane, i), n = n0 + m * kTileM + AccFeature(warp, lane, i);
+    return r < p.rows && n < p.out ? static_cast<int64_t>(r) * p.out + n : -1;
+  };
+  // An accumulated y (the residual, for o and down) is loaded into registers now, when they
+  // allow (kEarlyY), every load before any add: its round trip then overlaps the split
+  // handshake and the partials' loads. (Added beside its own load in the epilogue, as the wider
+  // tiles still do, each element waits one memory latency in turn: the compiler keeps every add
+  // next to its load.)
+  const bool add_y = !kQkvRope && p.accumulate && p.swiglu_inter == 0;
+  constexpr bool kEarlyY = L::kAccumulators <= 32;  // at most 32 more live registers
+  float y_early[kEarlyY ? kM : 1][kEarlyY ? kRows / 2 : 1];
+  if constexpr (kEarlyY) {
+    if (add_y) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) {
+          const int64_t at = y_index(m, i);
+          y_early[m][i] =
+              at < 0       ? 0.f
+              : p.y_fp32 ? static_cast<const float*>(p.y)[at]
+                         : __bfloat162float(static_cast<const __nv_bfloat16*>(p.y)[at]);
+        }
+      }
+    }
+  }
+
   if (p.splits > 1) {
     // Store this split's partial tile (coalesced: element j of every thread is contiguous).
     const int64_t tile_floats = int64_t{L::kAccumulators} * kConsumers;
@@ -353,32 +383,44 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
         __stcg(mine + (m * (kRows / 2) + i) * kConsumers + threadIdx.x, d[m][i]);
       }
     }
-    __threadfence();
+    // Published by one release after the barrier, not a fence in every thread
+    // (split_arrival.cuh).
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
-    if (threadIdx.x == 0) {
-      const int arrived = atomicAdd(p.counters + tile, 1);
-      is_last_split = arrived == p.splits - 1;
-      if (is_last_split) atomicExch(p.counters + tile, 0);  // zero for the next call
-    }
+    if (threadIdx.x == 0) is_last_split = ArriveAtSplitCounter(p.counters + tile, p.splits);
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
     if (!is_last_split) return;
-    __threadfence();
     // Sum every split's partial in split order, all read back from the workspace (this split's
-    // too, so the accumulators can hold the sum). The inner loop is unrolled, so each split's
-    // loads are in flight together; a loop over splits per element would pay one L2 latency a
-    // load.
+    // too, so the accumulators can hold the sum). kAtOnce splits' loads are in flight together
+    // (all of o's and down's four where the registers allow), then added in order; a loop over
+    // splits per element would pay one L2 latency a load.
+    constexpr int kAtOnce = L::kAccumulators <= 16 ? 4 : L::kAccumulators <= 32 ? 2 : 1;
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
       for (int i = 0; i < kRows / 2; ++i) d[m][i] = 0.f;
     }
-    for (int s = 0; s < p.splits; ++s) {
-      const float* part = p.partials + (int64_t{s} * gridDim.y + tile) * tile_floats;
+    for (int s0 = 0; s0 < p.splits; s0 += kAtOnce) {
+      float part[kAtOnce][kM][kRows / 2];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
+      for (int j = 0; j < kAtOnce; ++j) {
+        const float* src = p.partials + (int64_t{s0 + j} * gridDim.y + tile) * tile_floats;
 #pragma unroll
-        for (int i = 0; i < kRows / 2; ++i) {
-          d[m][i] += __ldcg(part + (m * (kRows / 2) + i) * kConsumers + threadIdx.x);
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int i = 0; i < kRows / 2; ++i) {
+            part[j][m][i] = s0 + j < p.splits
+                                ? __ldcg(src + (m * (kRows / 2) + i) * kConsumers + threadIdx.x)
+                                : 0.f;
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kAtOnce; ++j) {
+        if (s0 + j >= p.splits) break;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int i = 0; i < kRows / 2; ++i) d[m][i] += part[j][m][i];
         }
       }
     }
@@ -446,19 +488,19 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   // Epilogue: y (+)= the tile. All loads of y first, then all stores: interleaved, every load
   // would wait for the store before it (the compiler cannot prove they differ), one memory
   // latency per element.
-  auto y_index = [&](int m, int i) -> int64_t {
-    const int r = AccRow(lane, i), n = n0 + m * kTileM + AccFeature(warp, lane, i);
-    return r < p.rows && n < p.out ? static_cast<int64_t>(r) * p.out + n : -1;
-  };
-  if (p.accumulate) {
+  if (add_y) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
       for (int i = 0; i < kRows / 2; ++i) {
-        const int64_t at = y_index(m, i);
-        if (at < 0) continue;
-        d[m][i] += p.y_fp32 ? static_cast<const float*>(p.y)[at]
-                            : __bfloat162float(static_cast<const __nv_bfloat16*>(p.y)[at]);
+        if constexpr (kEarlyY) {
+          d[m][i] += y_early[m][i];  // zero outside y
+        } else {
+          const int64_t at = y_index(m, i);
+          if (at < 0) continue;
+          d[m][i] += p.y_fp32 ? static_cast<const float*>(p.y)[at]
+                              : __bfloat162float(static_cast<const __nv_bfloat16*>(p.y)[at]);
+        }
       }
     }
   }
