@@ -31,6 +31,8 @@ namespace {
 struct LogitsDiff {
   double rel_err = 0, cosine = 0, max_abs = 0;
   bool same_argmax = false;
+  // The reference's top logit minus its second, over the std of its logits (rel_err's unit).
+  double ref_margin = 0;
 };
 
 LogitsDiff Compare(std::span<const float> ours, std::span<const float> ref) {
@@ -51,6 +53,16 @@ LogitsDiff Compare(std::span<const float> ours, std::span<const float> ref) {
   d.cosine = dot / std::sqrt(n_ours * n_ref);
   d.same_argmax = std::max_element(ours.begin(), ours.end()) - ours.begin() ==
                   std::max_element(ref.begin(), ref.end()) - ref.begin();
+  double top = -INFINITY, second = -INFINITY;
+  for (float r : ref) {
+    if (r > top) {
+      second = top;
+      top = r;
+    } else if (r > second) {
+      second = r;
+    }
+  }
+  d.ref_margin = (top - second) / std::sqrt(var / static_cast<double>(ref.size()));
   return d;
 }
 
@@ -254,6 +266,13 @@ TEST(CudaModelRunnerTest, LazyAndBlockAgreeAndMatchTheCpuBackend) {
         ASSERT_TRUE(engine.WaitIdleAndCheck().ok());
       }
     }
+    // bf16 against fp32 on random weights: a near-tie between the CPU's top two logits may
+    // flip (seen with fresh seeds: both CUDA modes agreeing with each other, rel_err as usual,
+    // and both picking the CPU's second token). The argmax must agree wherever the CPU's margin
+    // is more than kTieMargin of its logits' std: a flip there needs errors of 0.05 std at the
+    // top two, 2.5x the largest rel_err seen (0.013-0.019), where the rel_err bound alone would
+    // allow flips at margins up to 0.2.
+    constexpr double kTieMargin = 0.1;
     for (size_t i = 0; i < std::size(orders); ++i) {
       SCOPED_TRACE(i);
       const auto& cpu_lazy = first_logits["cpu/lazy"][i];
@@ -261,7 +280,12 @@ TEST(CudaModelRunnerTest, LazyAndBlockAgreeAndMatchTheCpuBackend) {
         const auto d = Compare(first_logits[key][i], cpu_lazy);
         EXPECT_GT(d.cosine, 0.999) << key;
         EXPECT_LT(d.rel_err, 0.1) << key;
-        EXPECT_TRUE(d.same_argmax) << key;
+        if (d.ref_margin > kTieMargin) {
+          EXPECT_TRUE(d.same_argmax) << key << ", CPU top-two margin " << d.ref_margin;
+        } else if (!d.same_argmax) {
+          std::cout << key << " request " << i << ": argmax differs at a near-tie (CPU margin "
+                    << d.ref_margin << " of a std)\n";
+        }
       }
       const auto lb = Compare(first_logits["cuda/lazy"][i], first_logits["cuda/block"][i]);
       EXPECT_LT(lb.rel_err, 0.1);
