@@ -4,7 +4,8 @@
 #   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (the
 #   default), cluster and ncu (only when named)
 #   tests  every GPU test binary (tests/gpu/run.sh)
-#   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu (when the model came along)
+#   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu, and `lazyattn replay` on
+#          both (tests/integration/replay_check.py: same document hits), when the model came along
 #   hf     our logits against HF transformers on random Llama models (tests/gpu/hf_logits_check.py)
 #          and, when SmolLM2 and the gguf wheel (.whl/, tests/gpu/fetch-wheels.sh) came along,
 #          on the real SmolLM2 GGUF's golden prompts (tests/gpu/hf_gguf_check.py)
@@ -66,6 +67,9 @@ if has cli && [ -f "$model" ]; then
       --doc /tmp/doc1.txt --doc /tmp/doc2.txt --prompt "Which river gave Amsterdam its name?" \
       --max-tokens 40 --json 2>&1 | tee "$logs/generate-$backend.log" || status=1
   done
+  echo "=== lazyattn replay --backend cuda beside cpu (SmolLM2, 4 requests over 3 documents)"
+  timeout 300 python3 tests/integration/replay_check.py --lazyattn "$carry/bin/lazyattn" --model "$model" \
+    --workdir /tmp/replay-check 2>&1 | tee "$logs/replay.log" || status=1
 fi
 if has hf; then
   for shape in small llama3-8b-2l smollm2; do
