@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -55,8 +56,14 @@ inline std::vector<float> Bf16ToFloats(const std::vector<uint16_t>& b) {
   return f;
 }
 
-// Fresh seed per run (printed on failure through SCOPED_TRACE by callers).
-inline uint32_t FreshSeed() { return std::random_device{}(); }
+// Fresh seed per run (printed on failure through SCOPED_TRACE by callers), or the one in
+// LAZYATTN_TEST_SEED, so a failure's seed can be replayed.
+inline uint32_t FreshSeed() {
+  if (const char* fixed = std::getenv("LAZYATTN_TEST_SEED"); fixed != nullptr && *fixed != '\0') {
+    return static_cast<uint32_t>(std::strtoul(fixed, nullptr, 10));
+  }
+  return std::random_device{}();
+}
 
 template <typename T>
 class DeviceBuffer {

@@ -80,7 +80,9 @@ TEST(SkinnyLinearTest, MatchesCpuTwin) {
 }
 
 // The fused gate/up product against LinearCpu then SwiGluCpu in fp32: one bf16 rounding of the
-// output (the CPU twin rounds nothing), so half a bf16 ulp plus the fp32 reordering above.
+// output (the CPU twin rounds nothing), so half a bf16 ulp plus the fp32 reordering above. Half
+// an ulp is up to 2^-8 of a value just above a power of two, and with 3 outputs one such value
+// can carry the whole L2 error (seed 1487066899: 0.00319), so the L2 bound is that too.
 TEST(SkinnyLinearTest, SwiGluMatchesCpuTwins) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
@@ -108,7 +110,7 @@ TEST(SkinnyLinearTest, SwiGluMatchesCpuTwins) {
     SwiGluCpu(gate_up.data(), rows, inter, want.data());
     const double rms = testing::Rms(want);
     EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dact.Download()), want,
-                                  testing::Tolerance{1e-3 * rms, 1.0 / 256 + 1e-4, 3e-3}));
+                                  testing::Tolerance{1e-3 * rms, 1.0 / 256 + 1e-4, 1.0 / 256 + 1e-4}));
   }
 }
 
