@@ -2,6 +2,8 @@
 # Runs on the GPU machine, from the repository root, after tests/gpu/bundle.sh made the carry
 # folder here and the device call carried it: every GPU test binary, logs written to $OUT.
 #   tests/gpu/run.sh [CARRY_DIR (default .device-carry)] [gtest filter]
+# Tests drawing their inputs from testing::FreshSeed() (kernels/cuda/cuda_test_util.h) print
+# the seed on failure; LAZYATTN_TEST_SEED=N replays it.
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
