@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/device_info.h"
 #include "kernels/include/paged_attention.h"
 #include "kernels/include/rope.h"
@@ -322,9 +323,11 @@ std::string Describe(const CaseSpec& c) {
   return s;
 }
 
-void CheckCase(const CaseSpec& c, const std::vector<PrefillRotation>& rotations,
+// `rng` is the test's generator (TEST_SEED below): the inputs' seed is drawn from it, so the test's
+// one printed seed replays every case.
+void CheckCase(std::mt19937& rng, const CaseSpec& c, const std::vector<PrefillRotation>& rotations,
                int max_splits = 32) {
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = rng();
   SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
   const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
   const std::vector<float> ref = CpuReference(c, in);
@@ -369,6 +372,13 @@ SeqSpec Request(std::mt19937& rng, int docs, const std::vector<int>& lens, int o
   return s;
 }
 
+// Every random choice of a test (shapes, deltas, inputs) comes from `rng`, seeded once per test
+// and printed on failure; LAZYATTN_TEST_SEED=N replays it (testing::FreshSeed).
+#define TEST_SEED(rng)                                     \
+  const uint32_t rng##_seed = testing::FreshSeed();        \
+  SCOPED_TRACE("test seed " + std::to_string(rng##_seed)); \
+  std::mt19937 rng(rng##_seed)
+
 class PagedPrefillGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -377,10 +387,12 @@ class PagedPrefillGpuTest : public ::testing::Test {
 };
 
 TEST_F(PagedPrefillGpuTest, DocumentEncodingAllLengthsHeadDimsAndGroups) {
+  TEST_SEED(rng);
   for (int d : {64, 128}) {
     for (int group : {1, 4, 8}) {
       for (int len : {1, 7, 16, 17, 100}) {
         CheckCase(
+            rng,
             {.num_heads = 2 * group, .num_kv_heads = 2, .head_dim = d, .seqs = {Encoding(len)}},
             kAll);
       }
@@ -389,18 +401,22 @@ TEST_F(PagedPrefillGpuTest, DocumentEncodingAllLengthsHeadDimsAndGroups) {
 }
 
 TEST_F(PagedPrefillGpuTest, DocumentEncodingOf4095Tokens) {
-  CheckCase({.num_heads = 8, .num_kv_heads = 2, .head_dim = 128, .seqs = {Encoding(4095)}}, kAll);
-  CheckCase({.num_heads = 8, .num_kv_heads = 1, .head_dim = 64, .seqs = {Encoding(4095)}}, kAll);
+  TEST_SEED(rng);
+  CheckCase(rng, {.num_heads = 8, .num_kv_heads = 2, .head_dim = 128, .seqs = {Encoding(4095)}},
+            kAll);
+  CheckCase(rng, {.num_heads = 8, .num_kv_heads = 1, .head_dim = 64, .seqs = {Encoding(4095)}},
+            kAll);
 }
 
 TEST_F(PagedPrefillGpuTest, QueriesOverDocumentsAtLargeDeltas) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   const std::vector<int> lens = {1, 7, 16, 17, 100};
   for (int d : {64, 128}) {
     for (int group : {1, 4, 8}) {
       for (int docs : {1, 5, 64}) {
         for (int nq : {1, 7, 17, 100}) {
-          CheckCase({.num_heads = 2 * group,
+          CheckCase(rng,
+                    {.num_heads = 2 * group,
                      .num_kv_heads = 2,
                      .head_dim = d,
                      .seqs = {Request(rng, docs, lens, nq, nq)}},
@@ -412,20 +428,23 @@ TEST_F(PagedPrefillGpuTest, QueriesOverDocumentsAtLargeDeltas) {
 }
 
 TEST_F(PagedPrefillGpuTest, LongDocumentsAndLongQuery) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   // 4095 queries over three documents, one of 4095 tokens; and 16 queries over 64 documents
   // (split-KV path).
-  CheckCase({.num_heads = 4,
+  CheckCase(rng,
+            {.num_heads = 4,
              .num_kv_heads = 1,
              .head_dim = 128,
              .seqs = {Request(rng, 3, {100, 4095, 17}, 4095, 4095)}},
             kRotating);
-  CheckCase({.num_heads = 8,
+  CheckCase(rng,
+            {.num_heads = 8,
              .num_kv_heads = 2,
              .head_dim = 128,
              .seqs = {Request(rng, 64, {1, 7, 16, 17, 100, 400}, 16, 16)}},
             kRotating);
-  CheckCase({.num_heads = 8,
+  CheckCase(rng,
+            {.num_heads = 8,
              .num_kv_heads = 1,
              .head_dim = 64,
              .seqs = {Request(rng, 5, {4095, 1000}, 7, 7)}},
@@ -433,9 +452,10 @@ TEST_F(PagedPrefillGpuTest, LongDocumentsAndLongQuery) {
 }
 
 TEST_F(PagedPrefillGpuTest, ChunkedQueriesSeeTheirEarlierOwnTokens) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   // The own segment holds 130 tokens of which only the last 17 (or 1) are new queries.
-  CheckCase({.num_heads = 32,
+  CheckCase(rng,
+            {.num_heads = 32,
              .num_kv_heads = 8,
              .head_dim = 128,
              .seqs = {Request(rng, 3, {16, 100}, 130, 17), Request(rng, 2, {33}, 130, 1)}},
@@ -443,7 +463,7 @@ TEST_F(PagedPrefillGpuTest, ChunkedQueriesSeeTheirEarlierOwnTokens) {
 }
 
 TEST_F(PagedPrefillGpuTest, BatchOfSequencesOfDifferentLengths) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   const std::vector<int> lens = {1, 7, 16, 17, 100, 300};
   for (int batch : {1, 3, 16}) {
     for (auto [d, heads, kv] : {std::tuple{128, 32, 8}, std::tuple{64, 4, 4}}) {
@@ -456,31 +476,31 @@ TEST_F(PagedPrefillGpuTest, BatchOfSequencesOfDifferentLengths) {
           c.seqs.push_back(Request(rng, 1 + rng() % 8, lens, nq, nq));
         }
       }
-      CheckCase(c, kRotating);
+      CheckCase(rng, c, kRotating);
     }
   }
 }
 
 TEST_F(PagedPrefillGpuTest, SplitAndUnsplitScheduleAgree) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   const CaseSpec c{.num_heads = 32,
                    .num_kv_heads = 8,
                    .head_dim = 128,
                    .seqs = {Request(rng, 5, {1000, 600}, 64, 64)}};
-  CheckCase(c, kRotating, /*max_splits=*/1);
-  CheckCase(c, kRotating, /*max_splits=*/32);
+  CheckCase(rng, c, kRotating, /*max_splits=*/1);
+  CheckCase(rng, c, kRotating, /*max_splits=*/32);
 }
 
 // A plan is a schedule, not a kernel's: each kernel on the plan built for the other one's
 // occupancy (PagedPrefillPlanOptions::ctas_per_sm 1 or 2: 8 or about 10-16 splits a query tile
 // here) computes the twin's function as on its own.
 TEST_F(PagedPrefillGpuTest, EitherKernelRunsThePlanBuiltForTheOther) {
-  std::mt19937 rng(std::random_device{}());
+  TEST_SEED(rng);
   const CaseSpec c{.num_heads = 32,
                    .num_kv_heads = 8,
                    .head_dim = 128,
                    .seqs = {Request(rng, 5, {1000, 600}, 64, 64)}};
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = rng();
   SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed));
   const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
   const std::vector<float> ref = CpuReference(c, in);
@@ -506,6 +526,7 @@ TEST_F(PagedPrefillGpuTest, EitherKernelRunsThePlanBuiltForTheOther) {
 // The point of the design: K cached at document-local positions and rotated by delta inside the
 // kernel gives the attention over K rotated at global positions directly.
 TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) {
+  TEST_SEED(rng);
   for (int d : {64, 128}) {
     CaseSpec c{.num_heads = 8, .num_kv_heads = 2, .head_dim = d};
     SeqSpec s;
@@ -517,7 +538,7 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
     }
     s.num_queries = 40;  // the last segment is the question
     c.seqs = {s};
-    const uint32_t seed = std::random_device{}();
+    const uint32_t seed = rng();
     SCOPED_TRACE("seed=" + std::to_string(seed));
     const Inputs local = MakeInputs(c, seed, /*global_k=*/false);
     const Inputs global = MakeInputs(c, seed, /*global_k=*/true);
@@ -559,9 +580,9 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
 TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBlocks) {
   ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kRotateQ));
   ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kNone));
-  std::mt19937 rng(std::random_device{}());
-  auto compare_kernels = [](const CaseSpec& c, PrefillRotation r) {
-    const uint32_t seed = std::random_device{}();
+  TEST_SEED(rng);
+  auto compare_kernels = [&rng](const CaseSpec& c, PrefillRotation r) {
+    const uint32_t seed = rng();
     SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed) + " " + Name(r));
     const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
     std::vector<float> mma, wgmma;
@@ -590,10 +611,10 @@ TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBloc
                    .head_dim = 128,
                    .seqs = {SeqSpec{{100, 17, 100, 17, 40}, {}, 40}}};
   for (int i = 0; i < 5; ++i) partial.seqs[0].seg_delta.push_back(delta(rng));
-  CheckCase(partial, {PrefillRotation::kRotateQ});
+  CheckCase(rng, partial, {PrefillRotation::kRotateQ});
   compare_kernels(partial, PrefillRotation::kRotateQ);
   partial.seqs[0].seg_delta.assign(5, 0);
-  CheckCase(partial, {PrefillRotation::kRotateQ, PrefillRotation::kNone});
+  CheckCase(rng, partial, {PrefillRotation::kRotateQ, PrefillRotation::kNone});
   compare_kernels(partial, PrefillRotation::kNone);
 }
 
