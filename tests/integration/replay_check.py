@@ -50,9 +50,10 @@ def main():
         for order in ORDERS:
             docs = [{"id": f"d{i}", "text": DOCS[i]} for i in order]
             f.write(json.dumps({"documents": docs, "question": QUESTION, "mode": "lazy"}) + "\n")
+    backends = a.backends.split(",")
     runs = {}
     ok = True
-    for backend in a.backends.split(","):
+    for backend in backends:
         rc, per_request, summary, stderr = run(a.lazyattn, a.model, path, backend, not a.no_chat)
         runs[backend] = per_request
         print(f"{backend}: exit {rc}, summary {json.dumps(summary)}")
@@ -63,7 +64,6 @@ def main():
         if rc != 0 or summary is None or summary["failures"] != 0 or len(per_request) != len(ORDERS):
             print(f"{backend}: the replay failed\n{stderr[-2000:]}")
             ok = False
-    backends = a.backends.split(",")
     if ok and len(backends) == 2:
         hits = {b: [r["documents_hit"] for r in runs[b]] for b in backends}
         if hits[backends[0]] != hits[backends[1]]:
