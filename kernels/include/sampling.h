@@ -1,0 +1,154 @@
+// Token sampling, one draw per logits row: the contract shared by the CUDA kernel
+// (kernels/cuda/sampling.h) and its CPU twin (SampleRowCpu below), which the CPU backend uses.
+//
+// Order of operations (vLLM's): penalties change the logits, temperature scales them, top-k keeps
+// the k most likely, top-p keeps the smallest prefix of what top-k kept (renormalized) whose
+// probability reaches p, min-p keeps tokens whose probability is at least min_p times the most
+// likely one's, then one draw. "Order" is (scaled logit desc, id asc) throughout, so every cut
+// is exact and ties at a boundary keep the lowest ids. Temperature 0 is greedy: the argmax of
+// the penalized logits (the lowest id among equal maxima, NaN lowest), nothing random.
+//
+// Penalties (vLLM/OpenAI semantics) over the row's history of token ids: repetition r divides a
+// positive logit by r and multiplies a negative one by r for every id in the history (prompt or
+// output part); frequency f subtracts f * (times the id occurs in the output part); presence
+// subtracts `presence` once for any id in the output part.
+//
+// The draw, without sorting the vocabulary: Gumbel-max over the allowed set (argmax of
+// y_i + G_i, G_i = -log(-log(u_i)) is an exact draw from softmax(y) restricted to the set), and
+// top-p/min-p by rejection: the drawn c is accepted when the mass ranked before it is below
+// top_p of the kept mass and c passes min-p; otherwise every token ranked at or after c is out
+// of the final set too, so the next round draws only among those ranked before c. Accepted draws
+// follow the truncated distribution exactly; after kMaxSamplingRounds rejections (probability
+// under (1 - top_p)^32 for top-p alone) the top token is taken.
+//
+// Reproducibility: u_i comes from Philox-4x32-10 keyed by the row's 64-bit seed with counter
+// (i / 4, round, step), step being the index of the token being generated. The draw is then a
+// function of (seed, step, logits) alone: the same on every run, at any batch composition or row
+// order, and after a preemption recomputes the request. Both backends share this function; they
+// pick the same token unless exp/log rounding differs at a boundary (rare), and they always
+// sample the same distribution.
+#ifndef LAZYATTN_KERNELS_INCLUDE_SAMPLING_H_
+#define LAZYATTN_KERNELS_INCLUDE_SAMPLING_H_
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LAZYATTN_HD __host__ __device__ __forceinline__
+#else
+#define LAZYATTN_HD inline
+#endif
+
+namespace lazyattn {
+
+inline constexpr int kMaxSamplingRounds = 32;
+
+// One logits row's sampling parameters (device-copyable, 48 bytes).
+struct SamplingRowParams {
+  float temperature = 0.0f;         // 0: greedy
+  int32_t top_k = 0;                // 0 (or >= vocab): off
+  float top_p = 1.0f;               // in (0, 1]; 1: off
+  float min_p = 0.0f;               // in [0, 1]; 0: off
+  float repetition_penalty = 1.0f;  // > 0; 1: off
+  float presence_penalty = 0.0f;    // 0: off
+  float frequency_penalty = 0.0f;   // 0: off
+  // The row's penalty history, as entries [penalty_begin, penalty_begin + penalty_count) of the
+  // launch's PenaltyEntry array (distinct ids).
+  int32_t penalty_begin = 0;
+  int32_t penalty_count = 0;
+  uint32_t flags = 0;  // kSampleLogprob | kCountInputToken
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of the token being generated (the Philox counter)
+};
+// Also return the chosen token's log-probability (softmax of the penalized logits at
+// temperature 1, before truncation: the model's own belief in the token).
+inline constexpr uint32_t kSampleLogprob = 1;
+// Count the row's input token as one more output occurrence (pipelined decode: the token the
+// previous step drew on the device is not in the host's history yet).
+inline constexpr uint32_t kCountInputToken = 2;
+
+struct PenaltyEntry {
+  int32_t id = 0;
+  int32_t output_count = 0;  // occurrences in the output part
+  int32_t in_prompt = 0;     // 1: occurs in the prompt part
+};
+
+LAZYATTN_HD bool HasPenalties(const SamplingRowParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
+}
+
+// The penalized logit (see the file comment).
+LAZYATTN_HD float PenalizedLogit(float x, const SamplingRowParams& p, int32_t output_count,
+                                 bool in_prompt) {
+  if (output_count > 0 || in_prompt) {
+    x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
+  }
+  if (output_count > 0) {
+    x -= p.frequency_penalty * static_cast<float>(output_count) + p.presence_penalty;
+  }
+  return x;
+}
+
+// Philox-4x32-10 (Salmon et al., SC'11), the generator of cuRAND and JAX.
+struct Philox4 {
+  uint32_t v[4];
+};
+LAZYATTN_HD Philox4 Philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                               uint32_t k1) {
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// The four uniforms of ids 4q .. 4q+3 in `round` of a row's draw.
+LAZYATTN_HD Philox4 SamplingBits(uint64_t seed, uint64_t step, uint32_t round, uint32_t q) {
+  return Philox4x32(q, round, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// Order-preserving key of a float (NaN lowest, -0 == +0): larger key, larger value.
+LAZYATTN_HD uint32_t SamplingOrderKey(float x, uint32_t bits) {
+  if (x != x) return 0u;
+  if (x == 0.0f) bits = 0u;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Scaled logit with NaN as -inf and overflow clamped (a row may hold +inf).
+LAZYATTN_HD float SamplingScaled(float x, float inv_t) {
+  if (x != x) return -INFINITY;
+  const float y = x * inv_t;
+  return y > 3.4028235e38f ? 3.4028235e38f : y;
+}
+
+// Gumbel noise from 24 of the bits (u in (0, 1), never 0 or 1).
+LAZYATTN_HD float SamplingGumbel(uint32_t bits) {
+  const float u = (static_cast<float>(bits >> 8) + 0.5f) * 5.9604645e-8f;  // 2^-24
+  return -logf(-logf(u));
+}
+
+// Validation shared by both backends' callers: the rule each field breaks, or null.
+const char* SamplingRowParamsError(const SamplingRowParams& p);
+
+// The CPU twin: penalties, then the draw above, from a row of `vocab` >= 1 logits.
+// `penalties` are the row's entries (its penalty_begin/count are ignored); `input_token` is used
+// with kCountInputToken. Selection is by partial selection (std::nth_element) and thresholds,
+// never by sorting the vocabulary. Returns the id; `logprob`
+// (optional) receives the chosen token's log-probability.
+int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams& params,
+                     const PenaltyEntry* penalties, int32_t num_penalties, int32_t input_token,
+                     float* logprob = nullptr);
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_KERNELS_INCLUDE_SAMPLING_H_
