@@ -11,8 +11,13 @@
 namespace lazyattn {
 
 // With a chat template: the system turn and the start of the user turn go before the documents,
-// the question and the assistant header after them, so the documents sit inside the user message.
-// Without: `system` before, `question` after, verbatim.
+// the question and the assistant header after them, so the documents sit inside the user message
+// (system_prefix + documents + question is the template rendered with the documents and the
+// question as the user's content). Without: `system` before, `question` after, verbatim.
+// The cut only says where documents go: in modes full and prefix the parts are tokenized as one
+// text again (request_prep.h), so a question starting with whitespace tokenizes as in the whole.
+// Limit: Llama-3 templates trim the user content; the question's trailing whitespace is trimmed,
+// its leading whitespace is kept (it follows the documents, so it is not at the content's start).
 struct PromptParts {
   std::string system_prefix;
   std::string question;

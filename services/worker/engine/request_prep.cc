@@ -1,5 +1,7 @@
 #include "services/worker/engine/request_prep.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -9,6 +11,63 @@ namespace {
 std::string DocName(size_t i, const EngineDocument& d) {
   return d.id.empty() ? absl::StrCat("documents[", i, "]")
                       : absl::StrCat("documents[", i, "] (id \"", d.id, "\")");
+}
+
+// Modes full and prefix: re-tokenizes the prompt as the one text the model reads, so that a word
+// spanning a boundary (the template's "user\n" followed by a question starting with "\n  ", a
+// document ending in a space followed by one starting with a letter) is one token, as HF and
+// llama.cpp tokenize the rendered prompt. The text between two boundaries that cannot be
+// re-tokenized -- token-id documents or question, and the EOS a model with add_eos gets after the
+// system prefix -- is tokenized as a whole; each token goes to the part that holds its last byte.
+// Special-token text stays literal inside documents (EncodeParts).
+void TokenizeAsWhole(const EngineRequest& req, const Tokenizer& tok, PreparedRequest* p) {
+  const size_t n_docs = req.documents.size();
+  // Parts in prompt order: 0 the system prefix, 1..n_docs the documents, n_docs + 1 the question.
+  const size_t n_parts = n_docs + 2;
+  const auto is_text = [&](size_t k) {
+    if (k == 0) return true;
+    if (k <= n_docs) return !req.documents[k - 1].token_ids.has_value();
+    return !req.question_token_ids.has_value();
+  };
+  const auto part_tokens = [&](size_t k) -> std::vector<int32_t>& {
+    if (k == 0) return p->system_prefix;
+    if (k <= n_docs) return p->documents[k - 1].tokens;
+    return p->question;
+  };
+  size_t k = 0;
+  while (k < n_parts) {
+    if (!is_text(k)) {
+      ++k;  // token ids stay as given
+      continue;
+    }
+    std::vector<Tokenizer::TextPart> run;
+    std::vector<size_t> run_parts;
+    for (; k < n_parts && is_text(k); ++k) {
+      if (k == 0) {
+        run.push_back({req.system_prefix, true});
+      } else if (k <= n_docs) {
+        run.push_back({req.documents[k - 1].text, false});
+      } else {
+        run.push_back({req.question, true});
+      }
+      run_parts.push_back(k);
+      if (k == 0 && tok.add_eos()) {
+        ++k;
+        break;  // the EOS after the system prefix ends the run
+      }
+    }
+    std::vector<size_t> owner;
+    const std::vector<int32_t> ids = tok.EncodeParts(run, &owner);
+    for (size_t part : run_parts) part_tokens(part).clear();
+    for (size_t i = 0; i < ids.size(); ++i) part_tokens(run_parts[owner[i]]).push_back(ids[i]);
+    if (run_parts.front() == 0) {
+      // What EncodeWithSpecials does to the system prefix alone, on the whole text.
+      if (tok.add_bos() && (ids.empty() || ids.front() != tok.bos_id())) {
+        p->system_prefix.insert(p->system_prefix.begin(), tok.bos_id());
+      }
+      if (tok.add_eos()) p->system_prefix.push_back(tok.eos_id());
+    }
+  }
 }
 
 }  // namespace
@@ -85,6 +144,8 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   if (p.question.empty()) {
     return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");
   }
+  // The checks above hold for each part alone, in every mode; now the tokens the model reads.
+  if (!EncodesDocumentsAlone(req.mode)) TokenizeAsWhole(req, tok, &p);
   if (p.prompt_tokens() >= config.max_positions) {
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", p.prompt_tokens(),
                                                    " tokens leave no room in the model's context of ",

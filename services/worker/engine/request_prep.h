@@ -32,6 +32,21 @@ struct PrepMemory {
   DocumentKeyMemo* keys = nullptr;          // token-id documents' keys: not hashed again
 };
 
+// Tokenization by mode:
+// - block, lazy: each part alone -- the system prefix (special tokens parsed, BOS when the model
+//   wants it), each text document (special-token text literal), the question (special tokens
+//   parsed) -- because each document's KV is computed and cached on its own; a word never spans a
+//   document boundary.
+// - full, prefix: the model reads one sequence, so it is the tokenization of the whole rendered
+//   prompt (system prefix + documents + question as one text, Tokenizer::EncodeParts), exactly as
+//   HF and llama.cpp tokenize the chat template's output. Each token is stored in the part that
+//   holds its last byte, so concatenating system_prefix, the documents' tokens and question gives
+//   that sequence; a document whose bytes all merged into a later token has no tokens there
+//   (usage.document_tokens counts by the same rule). Token-id documents and question_token_ids
+//   cannot be re-tokenized: they stay as given and the text on each side of them is tokenized as
+//   its own whole.
+// Validation is the same in every mode and looks at each part tokenized alone.
+//
 // InvalidArgument naming the field: more documents than the limit, an empty document or question,
 // token ids outside the vocabulary, a document or prompt longer than the model's context, bad
 // sampling values.

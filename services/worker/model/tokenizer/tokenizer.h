@@ -12,7 +12,16 @@
 // - Encode() cost is linear in the text (times log of the word length for BPE), plus one substring
 //   scan of the text per special token when parsing special tokens.
 // - Decode() returns the exact bytes of the tokens (the GPT-2 byte-level mapping inverted); unlike
-//   llama.cpp it never "cleans up" spaces, so Decode(Encode(s)) == s for valid UTF-8 s.
+//   llama.cpp it never "cleans up" spaces.
+// - Round trip: for valid UTF-8 s and either parse_special, Decode(Encode(s)) is s with every byte
+//   b for which ByteHasToken(b) is false removed, provided the vocabulary is closed under its merges
+//   (merges_closed(): every merge's parts and result are tokens; true for SmolLM2, GPT-2, Llama-3).
+//   A byte-level vocabulary normally has a token for each of the 256 bytes, but not always:
+//   SmolLM2 has none for 0x04 0x06 0x13 0x14 0x16 0x1D 0xF1 0xF2 (bytes absent from its training
+//   data). The model cannot see such a byte, and there is no byte-fallback token to stand in for
+//   it, so it is dropped: HF tokenizers (BPE with no unk token) and llama.cpp (llm_tokenizer_bpe's
+//   per-byte lookup of a symbol that is not a token) drop it too, and Encode matches them id for
+//   id. So Decode(Encode(s)) == s exactly when no byte of s lacks a token.
 #ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
 #define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
 
@@ -47,6 +56,21 @@ class Tokenizer {
   //   (llama.cpp and HF tokenizers do the same).
   std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
 
+  // One piece of a text that EncodeParts tokenizes as a whole.
+  struct TextPart {
+    std::string_view text;
+    bool parse_special = false;
+  };
+  // Tokenizes the concatenation of the parts' texts exactly as Encode tokenizes one text (words and
+  // BPE merges run across part boundaries), except that a control or unknown token's text becomes
+  // that token only where it lies wholly inside parts with parse_special (user-defined tokens are
+  // split out everywhere, as in Encode). With one part, or all parts alike, the result equals
+  // Encode(concatenation, parse_special). When `part_of_token` is not null it gets, per token, the
+  // index of the part that holds the token's last byte (so a token that spans a boundary belongs
+  // to the later part, and a part whose bytes all went into later tokens gets none).
+  std::vector<int32_t> EncodeParts(absl::Span<const TextPart> parts,
+                                   std::vector<size_t>* part_of_token = nullptr) const;
+
   // Encode() plus the model's own specials (llama_tokenize with add_special=true): BOS first when
   // add_bos() (unless the text already tokenized to a leading BOS, e.g. a chat template that
   // renders <|begin_of_text|>), EOS last when add_eos().
@@ -67,6 +91,11 @@ class Tokenizer {
   TokenType token_type(int32_t id) const;
 
   bool IsValid(int32_t id) const { return id >= 0 && id < vocab_size(); }
+  // Whether byte `b` has a token of its own in the byte-level alphabet (see the round trip above:
+  // a byte without one is dropped by Encode).
+  bool ByteHasToken(uint8_t b) const { return byte_symbol_[b] < vocab_size(); }
+  // Whether every merge's two parts and its result are tokens (the round trip's precondition).
+  bool merges_closed() const { return merges_closed_; }
   // Control or unknown (rendered only when render_special).
   bool IsControl(int32_t id) const;
   // End of generation: eos, eot, eom and the tokens llama.cpp recognizes by name (<|im_end|>,
@@ -108,12 +137,16 @@ class Tokenizer {
   // Symbol ids: vocabulary ids, or vocab_size() + k for strings that occur in merges or the byte
   // alphabet without being in the vocabulary.
   int32_t InternSymbol(const std::string& text);
-  void EncodeRaw(std::string_view text, Workspace* ws, std::vector<int32_t>* out) const;
-  void EncodeWord(Workspace* ws, std::vector<int32_t>* out) const;
-  void EmitSymbol(int32_t symbol, std::vector<int32_t>* out) const;
+  // `ends` (when not null) gets, per token, the end offset of its bytes in the text, plus `base`.
+  void EncodeRaw(std::string_view text, size_t base, Workspace* ws, std::vector<int32_t>* out,
+                 std::vector<size_t>* ends) const;
+  void EncodeWord(Workspace* ws, std::vector<int32_t>* out, std::vector<size_t>* ends) const;
+  void EmitSymbol(int32_t symbol, size_t end, std::vector<int32_t>* out,
+                  std::vector<size_t>* ends) const;
 
   PreTokenizerType pre_ = PreTokenizerType::kGpt2;
   bool ignore_merges_ = false;
+  bool merges_closed_ = true;
   std::vector<std::string> tokens_;
   std::vector<uint8_t> attrs_;
   std::vector<std::string> pieces_;  // decoded bytes per token
