@@ -18,10 +18,12 @@
 //   (merges_closed(): every merge's parts and result are tokens; true for SmolLM2, GPT-2, Llama-3).
 //   A byte-level vocabulary normally has a token for each of the 256 bytes, but not always:
 //   SmolLM2 has none for 0x04 0x06 0x13 0x14 0x16 0x1D 0xF1 0xF2 (bytes absent from its training
-//   data). The model cannot see such a byte, and there is no byte-fallback token to stand in for
-//   it, so it is dropped: HF tokenizers (BPE with no unk token) and llama.cpp (llm_tokenizer_bpe's
-//   per-byte lookup of a symbol that is not a token) drop it too, and Encode matches them id for
-//   id. So Decode(Encode(s)) == s exactly when no byte of s lacks a token.
+//   data; also none for C0 C1 F5..FF, which valid UTF-8 never holds and invalid input never
+//   reaches, being U+FFFD by then). The model cannot see such a byte and the vocabulary has no
+//   byte-fallback token to stand in for it, so it is dropped: HF tokenizers (BPE with no unk
+//   token) and llama.cpp (llm_tokenizer_bpe's per-byte lookup of a symbol that is not a token)
+//   drop it too, and Encode matches them id for id. So Decode(Encode(s)) == s exactly when no
+//   byte of s lacks a token. Text that is not valid UTF-8 does not round-trip (U+FFFD, above).
 #ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
 #define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_H_
 
