@@ -44,12 +44,14 @@ def main():
     args = ap.parse_args()
     pb, pb_grpc = load_stubs()
 
+    # Request text fields are `bytes` holding UTF-8 (the servers check it and name a bad field);
+    # response text fields are `string`.
     documents = []
     for path in args.doc:
-        with open(path, encoding="utf-8") as f:
-            documents.append(pb.Document(id=os.path.basename(path), text=f.read()))
+        with open(path, "rb") as f:
+            documents.append(pb.Document(id=os.path.basename(path).encode(), text=f.read()))
     request = pb.GenerateRequest(
-        system=args.system, documents=documents, question=args.question, chat=True,
+        system=args.system.encode(), documents=documents, question=args.question.encode(), chat=True,
         cache_mode=pb.CACHE_MODE_LAZY,
         sampling=pb.SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
 

@@ -124,6 +124,13 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     text += script.tokens[i];
     if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
   }
+  if (!script.held_back_tail.empty()) {
+    lazyattn::v1::GenerateResponse r;
+    r.mutable_token()->set_token_id(-1);
+    r.mutable_token()->set_text(script.held_back_tail);
+    text += script.held_back_tail;
+    if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+  }
   lazyattn::v1::GenerateResponse last;
   auto* final = last.mutable_final();
   final->set_finish_reason("stop");

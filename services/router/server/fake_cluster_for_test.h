@@ -35,6 +35,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     int fail_after_tokens = -1;
     // Wait for Unblock() (or the call's cancellation) before the first token.
     bool block = false;
+    // Non-empty: sent after the tokens as a text-only chunk with token_id -1, as a real worker
+    // releases text it held back (a possible stop string, an incomplete UTF-8 sequence).
+    std::string held_back_tail;
   };
 
   explicit FakeWorker(std::string id);

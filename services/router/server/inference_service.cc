@@ -8,7 +8,7 @@
 #include "common/grpc_util.h"
 #include "services/router/server/forwarding_call.h"
 #include "services/router/server/prefetch_call.h"
-#include "services/router/server/request_validator.h"
+#include "common/request_validator.h"
 
 namespace lazyattn::router {
 namespace {
@@ -23,7 +23,10 @@ grpc::Status Admit(RouterContext* router, const GenerateRequest& request, bool* 
   const auto model = router->registry().Model();
   absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
                                                model.has_value() ? model->vocab_size() : 0);
-  if (!valid.ok()) return ToGrpcStatus(valid);
+  if (!valid.ok()) {
+    router->metrics().CountValidationFailure(valid);
+    return ToGrpcStatus(valid);
+  }
   if (!router->TryAdmit()) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("router busy: ", router->options().max_inflight_requests,
@@ -99,7 +102,9 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
  private:
   void DeliverToken(const GenerateResponse& token) override {
     text_ += token.token().text();
-    token_ids_.push_back(token.token().token_id());
+    // A worker's last chunk may carry only text it held back (token_id -1: an incomplete UTF-8
+    // sequence or a possible stop string released at the end): text, never an id.
+    if (token.token().token_id() >= 0) token_ids_.push_back(token.token().token_id());
     ClientWriteDone(true);
   }
   void DeliverEnd(const grpc::Status& status, const Final* final) override {

@@ -26,6 +26,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   absl::Status valid = ValidatePrefetchRequest(*request, router->options().limits,
                                                model.has_value() ? model->vocab_size() : 0);
   if (!valid.ok()) {
+    router->metrics().CountValidationFailure(valid);
     Finish(ToGrpcStatus(valid));
     return;
   }

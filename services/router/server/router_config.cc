@@ -153,7 +153,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                                                      r.breaker.open_duration, 1, 3600000));
 
   // limits
-  RequestLimits& l = o.limits;
+  ApiLimits& l = o.limits;
   ASSIGN_OR_RETURN(const int64_t message_bytes, IntIn(config, "limits.max_message_bytes",
                                                       o.server.max_message_bytes, 1024, kMaxInt));
   o.server.max_message_bytes = static_cast<int>(message_bytes);

@@ -1,5 +1,7 @@
 #include "services/router/server/router_metrics.h"
 
+#include "common/request_validator.h"
+
 namespace lazyattn::router {
 namespace {
 
@@ -60,6 +62,18 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                             .Name("lazyattn_router_worker_selections_total")
                             .Help("Attempts sent to each worker")
                             .Register(registry);
+  auto& utf8 = prometheus::BuildCounter()
+                   .Name("lazyattn_router_invalid_utf8_requests_total")
+                   .Help("Requests refused because a text field is not valid UTF-8, by field")
+                   .Register(registry);
+  for (const char* field : kTextFieldLabels) invalid_utf8_[field] = &utf8.Add({{"field", field}});
+}
+
+void RouterMetrics::CountValidationFailure(const absl::Status& status) {
+  const std::optional<std::string> field = InvalidUtf8FieldLabel(status);
+  if (!field.has_value()) return;
+  auto it = invalid_utf8_.find(*field);
+  if (it != invalid_utf8_.end()) it->second->Increment();
 }
 
 void RouterMetrics::CountRequest(grpc::StatusCode code) {

@@ -7,6 +7,8 @@
 //   included) lazyattn_router_predicted_hit_tokens_total      predicted cached tokens on the chosen
 //   workers lazyattn_router_retries_total                   attempts beyond the first (failover)
 //   lazyattn_router_worker_selections_total{worker} attempts sent to each worker
+//   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
+//                                                   ("system", "documents.text", ...) is not UTF-8
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
 
@@ -21,6 +23,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -41,6 +44,9 @@ class RouterMetrics {
   }
   void CountRetry() { retries_->Increment(); }
   void CountSelection(const std::string& worker);
+  // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
+  // any other status is ignored.
+  void CountValidationFailure(const absl::Status& status);
 
  private:
   static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
@@ -49,6 +55,7 @@ class RouterMetrics {
   prometheus::Counter* predicted_hits_;
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* selections_family_;
+  absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, prometheus::Counter*> selections_ ABSL_GUARDED_BY(mu_);
 };

@@ -11,7 +11,7 @@
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
-#include "services/router/server/request_validator.h"
+#include "common/request_validator.h"
 
 namespace lazyattn::router {
 
@@ -39,7 +39,7 @@ struct RouterOptions {
   TlsOptions client_tls;             // for the router's calls to kvdir and the workers
   RoutingOptions routing;
   int max_inflight_requests = 256;  // beyond: RESOURCE_EXHAUSTED
-  RequestLimits limits;
+  ApiLimits limits;  // the same validator and limits as the workers'
 };
 
 }  // namespace lazyattn::router

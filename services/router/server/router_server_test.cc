@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -359,6 +360,89 @@ TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
   while (reader->Read(&r)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(RouterServerTest, CompleteReturnsHeldBackTextButNeverTokenIdMinusOne) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"Hello", ",", " wor"};
+  script.held_back_tail = "ld";  // e.g. held while it could begin the stop string "ldx"
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->add_stop("ldx");
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "Hello, world");
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  // The stream still relays the text-only chunk (its text belongs to the answer).
+  StreamResult streamed = Stream(request);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  EXPECT_THAT(streamed.tokens, ElementsAre("Hello", ",", " wor", "ld"));
+}
+
+// Text fields are `bytes` on the wire: the router checks their UTF-8 itself and names the field
+// (a `string` field made the generated parser refuse the whole call with no message).
+TEST_F(RouterServerTest, InvalidUtf8IsInvalidArgumentNamingTheFieldAndCounted) {
+  StartWorkers(1);
+  StartKvdir();
+  StartRouter(Options());
+  const std::string bad = "caf\xC3";  // cut short
+  struct Case {
+    std::function<void(GenerateRequest&)> edit;
+    std::string field;
+    std::string label;
+  };
+  const std::vector<Case> cases = {
+      {[&](GenerateRequest& r) { r.set_system(bad); }, "system", "system"},
+      {[&](GenerateRequest& r) { r.set_question(bad); }, "question", "question"},
+      {[&](GenerateRequest& r) { r.mutable_documents(1)->set_id(bad); }, "documents[1].id",
+       "documents.id"},
+      {[&](GenerateRequest& r) { r.mutable_documents(1)->set_text(bad); }, "documents[1].text",
+       "documents.text"},
+      {[&](GenerateRequest& r) { r.mutable_sampling()->add_stop(bad); }, "sampling.stop[0]",
+       "sampling.stop"},
+  };
+  for (const Case& c : cases) {
+    GenerateRequest r = Request({"fine", "also fine"});
+    c.edit(r);
+    StreamResult streamed = Stream(r);
+    EXPECT_EQ(streamed.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_THAT(streamed.status.error_message(), HasSubstr(c.field + ": not valid UTF-8"));
+    grpc::ClientContext ctx;
+    lazyattn::v1::CompleteResponse response;
+    grpc::Status s = stub_->Complete(&ctx, r, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.field + ": not valid UTF-8"));
+  }
+  for (const char* field : {"documents.id", "documents.text"}) {
+    grpc::ClientContext ctx;
+    lazyattn::v1::PrefetchRequest prefetch;
+    auto* doc = prefetch.add_documents();
+    doc->set_text("fine");
+    if (std::string(field) == "documents.id") {
+      doc->set_id(bad);
+    } else {
+      doc->set_text(bad);
+    }
+    lazyattn::v1::PrefetchResponse presp;
+    grpc::Status s = stub_->Prefetch(&ctx, prefetch, &presp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(s.error_message(), HasSubstr("documents[0]."));
+    EXPECT_THAT(s.error_message(), HasSubstr("not valid UTF-8"));
+  }
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+  EXPECT_EQ(workers_[0]->prefetch_calls(), 0);
+  const std::string metrics = Metrics();
+  for (const Case& c : cases) {
+    const int expected = c.label.rfind("documents.", 0) == 0 ? 3 : 2;  // + one Prefetch each
+    EXPECT_THAT(metrics, HasSubstr(absl::StrCat("lazyattn_router_invalid_utf8_requests_total{field=\"",
+                                                c.label, "\"} ", expected)))
+        << c.label;
+  }
 }
 
 TEST_F(RouterServerTest, MalformedRequestsAreInvalidArgumentNamingTheField) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "common/request_validator.h"
 
 namespace lazyattn {
 namespace {
@@ -32,6 +33,15 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
     reject(ShuttingDown());
     return;
   }
+  // Linear in the request's size but far cheaper than tokenizing: done here, so that a bad
+  // request is refused at once whatever the pool's queue holds.
+  const absl::Status valid =
+      ValidateGenerateRequest(request, ctx_.limits, ctx_.engine->config().vocab_size);
+  if (!valid.ok()) {
+    ctx_.metrics->CountValidationFailure(valid);
+    reject(ToGrpcStatus(valid));
+    return;
+  }
   auto converted = EngineRequestFromProto(request, *ctx_.tokenizer, ctx_.engine->config(),
                                           ctx_.convert);
   if (!converted.ok()) {
@@ -39,30 +49,67 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
     return;
   }
   converted->deadline = deadline_;
+  request_ = std::move(*converted);
 
-  refs_.fetch_add(1);  // the engine's: on_done may run before Submit returns
-  RequestCallbacks callbacks{
-      .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
-      .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
-  auto id = ctx_.engine->Submit(*converted, std::move(callbacks));
-  if (!id.ok()) {
-    refs_.fetch_sub(1);  // callbacks are not called when Submit fails
-    reject(ToGrpcStatus(id.status()));
+  refs_.fetch_add(1);  // preparation's, handed on to the engine: Prepare may run before Submit returns
+  auto ticket = ctx_.prep->Submit([this](const absl::Status& s) { Prepare(s); });
+  if (!ticket.ok()) {
+    refs_.fetch_sub(1);  // the task is not called when Submit fails
+    reject(ToGrpcStatus(ticket.status()));
     return;
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!prep_started_) prep_ticket_ = *ticket;
+}
+
+void GenerateReactor::Prepare(const absl::Status& pool_status) {
+  absl::Status status = pool_status;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    submitted_ = true;
-    engine_id_ = *id;
-    if (!engine_done_) {
-      if (!ctx_.tracker->Track(*id)) {  // shutdown began after the check above
-        AbortLocked(ShuttingDown());
-        cancel_engine_ = true;
-      }
-      if (cancel_engine_) ctx_.engine->Cancel(*id);
+    prep_started_ = true;
+    prep_ticket_ = 0;
+    if (status.ok() && cancel_engine_) {
+      status = absl::CancelledError("cancelled while waiting for tokenization");
     }
   }
-  Pump();
+  if (status.ok() && ctx_.tracker->draining()) status = absl::UnavailableError("worker shutting down");
+  if (status.ok() && absl::Now() >= deadline_) {
+    status = absl::DeadlineExceededError(
+        "deadline exceeded while the request waited for tokenization (engine.prep_threads busy)");
+  }
+  if (status.ok()) {
+    auto prepared = ctx_.engine->Prepare(request_);
+    request_ = EngineRequest();  // copied into `prepared`; free it now
+    if (!prepared.ok()) {
+      status = prepared.status();
+    } else {
+      prepared->submitted = arrival_;  // the engine's TTFT includes the wait for this pool
+      prepared->callbacks = RequestCallbacks{
+          .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
+          .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
+      auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
+      if (id.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          submitted_ = true;
+          engine_id_ = *id;
+          if (!engine_done_) {
+            if (!ctx_.tracker->Track(*id)) {  // shutdown began after the check above
+              AbortLocked(ShuttingDown());
+              cancel_engine_ = true;
+            }
+            if (cancel_engine_) ctx_.engine->Cancel(*id);
+          }
+        }
+        Pump();
+        return;
+      }
+      status = id.status();  // the callbacks are not called when SubmitPrepared fails
+    }
+  }
+  // Never reached the engine: end the call as the engine would have (this drops the reference
+  // taken for preparation).
+  OnEngineDone(status, RequestResult{});
 }
 
 void GenerateReactor::OnToken(int32_t id, std::string_view text) {
@@ -85,7 +132,7 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("client too slow: more than ", ctx_.max_buffered_tokens,
                        " generated tokens waiting to be sent; the request was cancelled")));
-      CancelEngineLocked();
+      (void)CancelEngineLocked();  // tokens flow: the request left the pool long ago
     } else {
       v1::TokenChunk* chunk = queue_.emplace_back().mutable_token();
       chunk->set_token_id(id);
@@ -138,26 +185,38 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
     if (!ok) {  // the stream is broken: the client went away
       client_cancelled_ = true;
       AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
-      CancelEngineLocked();
+      ticket = CancelEngineLocked();
     }
   }
+  CancelPreparation(ticket);
   Pump();
 }
 
 void GenerateReactor::OnCancel() {
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
     client_cancelled_ = true;
     AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-    CancelEngineLocked();
+    ticket = CancelEngineLocked();
   }
+  // Still queued for tokenization: out of the queue now (its slot is free at once, and the call
+  // ends without waiting for a pool thread).
+  CancelPreparation(ticket);
   Pump();
+}
+
+void GenerateReactor::CancelPreparation(uint64_t ticket) {
+  // Cancel calls Prepare(Cancelled) here when the task was still queued; otherwise Prepare has
+  // started and sees cancel_engine_.
+  if (ticket != 0) ctx_.prep->Cancel(ticket);
 }
 
 void GenerateReactor::OnDone() { Unref(); }
@@ -191,13 +250,14 @@ void GenerateReactor::AbortLocked(const grpc::Status& status) {
   final_status_ = status;
 }
 
-void GenerateReactor::CancelEngineLocked() {
-  if (engine_done_) return;
+uint64_t GenerateReactor::CancelEngineLocked() {
+  if (engine_done_) return 0;
   if (submitted_) {
     ctx_.engine->Cancel(engine_id_);
-  } else {
-    cancel_engine_ = true;  // the constructor cancels once Submit has returned the id
+    return 0;
   }
+  cancel_engine_ = true;  // Prepare cancels once SubmitPrepared has returned the id
+  return prep_ticket_;
 }
 
 void GenerateReactor::Unref() {

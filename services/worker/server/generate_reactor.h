@@ -1,5 +1,9 @@
-// One Worker.Generate call (gRPC callback API): converts and submits the request to the engine,
-// streams each generated token as a TokenChunk, then a Final with usage and timing.
+// One Worker.Generate call (gRPC callback API): validates (the router's limits and UTF-8, via the
+// shared validator) and converts the request on gRPC's thread, which is cheap, then queues it on
+// the PrepPool, whose threads tokenize and hash its documents and submit it to the engine; streams
+// each generated token as a TokenChunk, then a Final with usage and timing. A full PrepPool queue
+// answers RESOURCE_EXHAUSTED at once. While the request waits for preparation, cancellation takes
+// it out of the queue and a deadline that passes ends it without tokenizing.
 //
 // The engine thread never waits for the client: its callbacks append to a per-call queue and start
 // a write only when none is in flight. When a client falls more than
@@ -14,7 +18,8 @@
 // Lifetime: the reactor deletes itself when gRPC has called OnDone and the engine has called
 // on_done (two references). Threading: gRPC reactions and engine callbacks run on different
 // threads; shared state is under mu_, and gRPC operations (StartWrite, Finish) are started outside
-// it. Lock order: mu_, then RequestTracker's lock and the engine's submission lock.
+// it. Lock order: mu_, then RequestTracker's lock and the engine's submission lock. PrepPool calls
+// (Submit, Cancel) are made without mu_: Cancel runs the task, which takes mu_.
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
 
@@ -28,7 +33,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "absl/status/status.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/worker/engine/request.h"
 #include "services/worker/server/service_context.h"
 
 namespace lazyattn {
@@ -44,19 +51,26 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void OnDone() override;
 
  private:
+  // The PrepPool's task: tokenizes and submits (status OK, on a pool thread), or ends the call
+  // with the pool's Cancelled / Unavailable.
+  void Prepare(const absl::Status& status);
   void OnToken(int32_t id, std::string_view text);                     // engine thread
   void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread
   // Starts the next write, or Finish once the queue is empty and the end is known.
   void Pump();
   // Ends the call with `status` after the write in flight (queued chunks are dropped).
   void AbortLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the engine request, or marks it to be cancelled once submitted; returns the PrepPool
+  // ticket to cancel (after unlocking) while the request still waits for preparation, else 0.
+  [[nodiscard]] uint64_t CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelPreparation(uint64_t ticket);
   void Unref();
 
   const ServiceContext ctx_;
   const absl::Time arrival_;
   const absl::Time deadline_;
-  std::atomic<int> refs_{1};  // gRPC's; the engine's is added on submission
+  std::atomic<int> refs_{1};  // gRPC's; preparation's (then the engine's) is added on queueing
+  EngineRequest request_;     // converted; handed to the pool thread, then to the engine
 
   std::mutex mu_;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -65,6 +79,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;  // after the queue drains
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish called
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  uint64_t prep_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // while queued in the PrepPool, else 0
+  bool prep_started_ ABSL_GUARDED_BY(mu_) = false;  // Prepare was called
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,13 +3,14 @@
 #include <utility>
 
 #include "common/grpc_util.h"
+#include "common/request_validator.h"
 
 namespace lazyattn {
 
 PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::PrefetchRequest& request,
                                  v1::PrefetchResponse* response)
-    : ctx_(ctx), response_(response) {
+    : ctx_(ctx), response_(response), deadline_(DeadlineOf(call->deadline())) {
   auto reject = [&](const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -21,27 +22,68 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
     reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
     return;
   }
+  const absl::Status valid =
+      ValidatePrefetchRequest(request, ctx_.limits, ctx_.engine->config().vocab_size);
+  if (!valid.ok()) {
+    ctx_.metrics->CountValidationFailure(valid);
+    reject(ToGrpcStatus(valid));
+    return;
+  }
   auto converted = PrefetchEngineRequest(request);
   if (!converted.ok()) {
     reject(ToGrpcStatus(converted.status()));
     return;
   }
-  converted->deadline = DeadlineOf(call->deadline());
-  refs_.fetch_add(1);
-  RequestCallbacks callbacks{
-      .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
-  auto id = ctx_.engine->Submit(*converted, std::move(callbacks));
-  if (!id.ok()) {
+  converted->deadline = deadline_;
+  request_ = std::move(*converted);
+  refs_.fetch_add(1);  // preparation's, handed on to the engine
+  auto ticket = ctx_.prep->Submit([this](const absl::Status& s) { Prepare(s); });
+  if (!ticket.ok()) {
     refs_.fetch_sub(1);
-    reject(ToGrpcStatus(id.status()));
+    reject(ToGrpcStatus(ticket.status()));
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  submitted_ = true;
-  engine_id_ = *id;
-  if (engine_done_) return;
-  if (!ctx_.tracker->Track(*id)) cancel_engine_ = true;
-  if (cancel_engine_) ctx_.engine->Cancel(*id);
+  if (!prep_started_) prep_ticket_ = *ticket;
+}
+
+void PrefetchReactor::Prepare(const absl::Status& pool_status) {
+  absl::Status status = pool_status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prep_started_ = true;
+    prep_ticket_ = 0;
+    if (status.ok() && cancel_engine_) {
+      status = absl::CancelledError("cancelled while waiting for tokenization");
+    }
+  }
+  if (status.ok() && ctx_.tracker->draining()) status = absl::UnavailableError("worker shutting down");
+  if (status.ok() && absl::Now() >= deadline_) {
+    status = absl::DeadlineExceededError(
+        "deadline exceeded while the request waited for tokenization (engine.prep_threads busy)");
+  }
+  if (status.ok()) {
+    auto prepared = ctx_.engine->Prepare(request_);
+    request_ = EngineRequest();
+    if (!prepared.ok()) {
+      status = prepared.status();
+    } else {
+      prepared->callbacks = RequestCallbacks{
+          .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
+      auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
+      if (id.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        submitted_ = true;
+        engine_id_ = *id;
+        if (engine_done_) return;
+        if (!ctx_.tracker->Track(*id)) cancel_engine_ = true;
+        if (cancel_engine_) ctx_.engine->Cancel(*id);
+        return;
+      }
+      status = id.status();
+    }
+  }
+  OnEngineDone(status, RequestResult{});  // never reached the engine
 }
 
 void PrefetchReactor::OnEngineDone(const absl::Status& status, const RequestResult& result) {
@@ -65,14 +107,19 @@ void PrefetchReactor::OnEngineDone(const absl::Status& status, const RequestResu
 }
 
 void PrefetchReactor::OnCancel() {
-  std::lock_guard<std::mutex> lock(mu_);
-  client_cancelled_ = true;
-  if (engine_done_) return;
-  if (submitted_) {
-    ctx_.engine->Cancel(engine_id_);
-  } else {
-    cancel_engine_ = true;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_cancelled_ = true;
+    if (engine_done_) return;
+    if (submitted_) {
+      ctx_.engine->Cancel(engine_id_);
+    } else {
+      cancel_engine_ = true;  // Prepare cancels once SubmitPrepared has returned the id
+      ticket = prep_ticket_;
+    }
   }
+  if (ticket != 0) ctx_.prep->Cancel(ticket);  // runs Prepare(Cancelled) if still queued
 }
 
 void PrefetchReactor::OnDone() { Unref(); }

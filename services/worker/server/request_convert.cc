@@ -46,6 +46,10 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   p.stop.assign(s.stop().begin(), s.stop().end());
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();
+  p.min_p = s.min_p();
+  p.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
   // Validated here too so the error names the request field ("sampling.top_k = -1: ...").
   absl::Status st = ValidateSamplingParams(p, config.vocab_size);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));
@@ -109,45 +113,6 @@ absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& r
   r.sampling.max_tokens = 1;
   r.sampling.ignore_eos = true;
   return r;
-}
-
-std::string ToValidUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (RFC 3629 table)
-    if (c < 0x80) {
-      len = 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlongs
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // no overlongs
-      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    }
-    bool ok = len > 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) {
-      const unsigned char b = p[i + k];
-      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
-    }
-    if (ok) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out.append("\xEF\xBF\xBD");  // U+FFFD for this byte; resynchronize at the next one
-      ++i;
-    }
-  }
-  return out;
 }
 
 void UsageToProto(const RequestUsage& u, v1::Usage* out) {

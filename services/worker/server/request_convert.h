@@ -1,8 +1,9 @@
 // The worker's side of the RPC boundary: lazyattn.v1 requests to EngineRequests, engine results to
-// lazyattn.v1 messages. Checks what only the wire format can get wrong (an unknown cache mode, a
-// document with no content, proto defaults such as max_tokens 0); the engine's Submit validates the
-// rest (document count, empty documents, token id ranges, sampling ranges, context length), and
-// every error is InvalidArgument naming the request field.
+// lazyattn.v1 messages. The worker runs the shared validator (common/request_validator.h: limits,
+// ranges, UTF-8) first; conversion checks what only the wire format can get wrong (an unknown
+// cache mode, a document with no content, proto defaults such as max_tokens 0) and never trusts
+// that the validator ran; the engine's Prepare validates against the model (document count, token
+// id ranges, context length). Every error is InvalidArgument naming the request field.
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_REQUEST_CONVERT_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_REQUEST_CONVERT_H_
 
@@ -10,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/utf8.h"  // ToValidUtf8: every generated text crosses the wire through it
 #include "lazyattn/v1/inference.pb.h"
 #include "services/worker/engine/request.h"
 #include "services/worker/model/model_config.h"
@@ -37,11 +39,6 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& 
 absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& request);
 
 void UsageToProto(const RequestUsage& usage, v1::Usage* out);
-
-// `text` with every byte that is not part of a well-formed UTF-8 sequence replaced by U+FFFD.
-// Proto3 string fields must hold valid UTF-8 (a client's parser rejects the message otherwise),
-// while a model can generate any byte sequence: every generated text crosses the wire through this.
-std::string ToValidUtf8(std::string_view text);
 
 }  // namespace lazyattn
 

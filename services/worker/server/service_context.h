@@ -7,7 +7,9 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/request_validator.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/server/prep_pool.h"
 #include "services/worker/server/request_convert.h"
 #include "services/worker/server/request_tracker.h"
 #include "services/worker/server/worker_metrics.h"
@@ -19,6 +21,10 @@ struct ServiceContext {
   const Tokenizer* tokenizer = nullptr;
   WorkerMetrics* metrics = nullptr;
   RequestTracker* tracker = nullptr;
+  // Where requests are tokenized (never on gRPC's callback threads).
+  PrepPool* prep = nullptr;
+  // The router's limits, enforced again here: a worker is reachable directly.
+  ApiLimits limits;
   ConvertOptions convert;
   // Generated tokens a stream may hold for a slow client before its request is cancelled with
   // RESOURCE_EXHAUSTED (the engine thread never waits for a client).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/request_validator.h"
 #include "common/status_macros.h"
 #include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/engine/runner_factory.h"
@@ -85,11 +86,20 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(o.engine.pipeline_decode,
                    config.Bool("engine.pipeline_decode", o.engine.pipeline_decode));
   o.engine.num_kv_blocks = 0;  // from kv_budget_bytes once the model is loaded
+  ASSIGN_OR_RETURN(const int64_t prep_threads, IntInRange(config, "engine.prep_threads",
+                                                          o.service.prep.threads, 1, 256));
+  o.service.prep.threads = static_cast<int>(prep_threads);
+  ASSIGN_OR_RETURN(const int64_t pending,
+                   IntInRange(config, "engine.max_pending_preparations",
+                              o.service.prep.max_pending, 1, 1 << 20));
+  o.service.prep.max_pending = static_cast<int>(pending);
 
-  // Limits.
+  // Limits: the router's request limits (the same keys and validator), then the worker's own.
+  ASSIGN_OR_RETURN(o.service.limits, ApiLimitsFromYaml(config, o.service.limits));
   ASSIGN_OR_RETURN(const int64_t docs, IntInRange(config, "limits.max_documents",
                                                   o.limits.max_documents, 1, 4096));
   o.limits.max_documents = static_cast<int>(docs);
+  o.service.limits.max_documents = o.limits.max_documents;
   ASSIGN_OR_RETURN(const int64_t msg, IntInRange(config, "limits.max_message_bytes",
                                                  o.grpc.max_message_bytes, 4096, INT32_MAX));
   o.grpc.max_message_bytes = static_cast<int>(msg);

@@ -40,9 +40,13 @@ worker: {id: w7, advertise_address: "worker-7.svc:7200"}
 server:
   listen: 0.0.0.0:7300
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
-engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false}
+engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false,
+         prep_threads: 3, max_pending_preparations: 5}
 limits:
   max_documents: 16
+  max_tokens: 512
+  max_stop_strings: 4
+  max_document_id_bytes: 32
   max_message_bytes: 1048576
   default_max_tokens: 64
   max_buffered_tokens: 32
@@ -68,6 +72,13 @@ metrics: {listen: ""}
   EXPECT_EQ(c->server.engine.max_running, 8);
   EXPECT_FALSE(c->server.engine.pipeline_decode);
   EXPECT_EQ(c->server.limits.max_documents, 16);
+  EXPECT_EQ(c->server.service.prep.threads, 3);
+  EXPECT_EQ(c->server.service.prep.max_pending, 5);
+  // The router's request limits, enforced by the worker's service too.
+  EXPECT_EQ(c->server.service.limits.max_documents, 16);
+  EXPECT_EQ(c->server.service.limits.max_tokens, 512);
+  EXPECT_EQ(c->server.service.limits.max_stop_strings, 4);
+  EXPECT_EQ(c->server.service.limits.max_document_id_bytes, 32);
   EXPECT_EQ(c->server.grpc.max_message_bytes, 1048576);
   EXPECT_EQ(c->server.service.default_max_tokens, 64);
   EXPECT_EQ(c->server.service.max_buffered_tokens, 32);
@@ -94,6 +105,12 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
       {"model: {path: m}\nengine: {pipeline_decode: sometimes}\n", "engine.pipeline_decode"},
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
+      {"model: {path: m}\nlimits: {max_documents: 5000}\n", "limits.max_documents"},
+      {"model: {path: m}\nlimits: {max_tokens: 0}\n", "limits.max_tokens"},
+      {"model: {path: m}\nlimits: {max_stop_bytes: many}\n", "limits.max_stop_bytes"},
+      {"model: {path: m}\nengine: {prep_threads: 0}\n", "engine.prep_threads"},
+      {"model: {path: m}\nengine: {max_pending_preparations: 0}\n",
+       "engine.max_pending_preparations"},
       {"model: {path: m}\nkvdir: {reconnect_min_ms: 500, reconnect_max_ms: 100}\n",
        "kvdir.reconnect_max_ms"},
       {"model: {path: m}\nserver: {tls: {cert_file: c.pem}}\n", "server.tls"},

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/request_validator.h"
+
 namespace lazyattn {
 namespace {
 
@@ -45,6 +47,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                        .Register(registry);
   for (size_t i = 0; i < kStatusNames.size(); ++i) {
     requests_[i] = &requests.Add({{"status", kStatusNames[i]}});
+  }
+  auto& utf8 = BuildCounter()
+                   .Name("lazyattn_worker_invalid_utf8_requests_total")
+                   .Help("Requests refused because a text field is not valid UTF-8, by field")
+                   .Register(registry);
+  static_assert(std::tuple_size_v<decltype(invalid_utf8_)> == kTextFieldLabels.size());
+  for (size_t i = 0; i < kTextFieldLabels.size(); ++i) {
+    invalid_utf8_[i] = &utf8.Add({{"field", kTextFieldLabels[i]}});
   }
   auto& lookups = BuildCounter()
                       .Name("lazyattn_worker_document_lookup_tokens_total")
@@ -102,6 +112,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                .Help("Cache events not sent to kvdir (a snapshot replaced them)")
                                .Register(registry)
                                .Add({});
+}
+
+void WorkerMetrics::CountValidationFailure(const absl::Status& status) {
+  const std::optional<std::string> field = InvalidUtf8FieldLabel(status);
+  if (!field.has_value()) return;
+  for (size_t i = 0; i < kTextFieldLabels.size(); ++i) {
+    if (*field == kTextFieldLabels[i]) invalid_utf8_[i]->Increment();
+  }
 }
 
 void WorkerMetrics::CountRequest(grpc::StatusCode code) {

@@ -18,6 +18,9 @@
 //   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
 //   lazyattn_worker_kvdir_events_dropped_total          counter: cache events not sent (queue full
 //                                                       or kvdir unreachable; a snapshot follows)
+//   lazyattn_worker_invalid_utf8_requests_total{field}  counter: Generate and Prefetch requests
+//                                                       refused because a text field ("system",
+//                                                       "documents.text", ...) is not UTF-8
 //
 // Engine counters and gauges are copied in by Refresh() (the engine keeps its own counters; a
 // periodic refresh turns their growth into counter increments).
@@ -35,6 +38,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "services/worker/engine/engine.h"
 
 namespace lazyattn {
@@ -46,6 +50,9 @@ class WorkerMetrics {
   void ObserveTtft(double seconds) { ttft_->Observe(seconds); }
   void ObserveInterToken(double seconds) { inter_token_->Observe(seconds); }
   void CountRequest(grpc::StatusCode code);
+  // Counts a validation failure that is a text field not in UTF-8 (the validator's field label);
+  // any other status is ignored.
+  void CountValidationFailure(const absl::Status& status);
 
   struct PublisherCounts {
     bool connected = false;
@@ -75,6 +82,7 @@ class WorkerMetrics {
   prometheus::Counter* text_docs_reused_ = nullptr;
   prometheus::Counter* id_docs_hashed_ = nullptr;
   prometheus::Counter* id_docs_reused_ = nullptr;
+  std::array<prometheus::Counter*, 5> invalid_utf8_{};  // by kTextFieldLabels
 
   std::mutex mu_;
   EngineStats last_stats_ ABSL_GUARDED_BY(mu_);

@@ -25,7 +25,7 @@ absl::Status Validate(const WorkerServerOptions& o) {
                          positive("grpc.max_message_bytes", o.grpc.max_message_bytes)}) {
     if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  return PrepPool::Validate(o.service.prep);
 }
 
 }  // namespace
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
 }
 
 WorkerServer::~WorkerServer() {
-  Shutdown();
+  Shutdown();  // preparation stopped: nothing submits to the engine any more
   // Engine first: it ends its last requests (their reactors reach metrics_ and service_).
   engine_.reset();
   service_.reset();
@@ -154,6 +154,8 @@ void WorkerServer::Shutdown() {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
     server_->Wait();
   }
+  // Preparations still running submit to the engine: they end while it is alive.
+  if (service_ != nullptr) service_->StopPreparation();
   if (publisher_ != nullptr) {
     engine_->set_cache_listener({});
     publisher_->Stop();

@@ -7,12 +7,16 @@
 namespace lazyattn {
 
 WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerMetrics* metrics,
-                             const WorkerServiceOptions& options) {
+                             const WorkerServiceOptions& options)
+    : prep_(options.prep) {
   std::lock_guard<std::mutex> lock(mu_);
   ctx_.engine = engine;
   ctx_.tokenizer = tokenizer;
   ctx_.metrics = metrics;
   ctx_.tracker = &tracker_;
+  ctx_.prep = &prep_;
+  ctx_.limits = options.limits;
+  ctx_.limits.max_documents = options.max_documents;
   ctx_.convert.default_max_tokens = options.default_max_tokens;
   ctx_.max_buffered_tokens = options.max_buffered_tokens;
   ctx_.worker_id = options.worker_id;

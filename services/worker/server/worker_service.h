@@ -11,7 +11,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "common/request_validator.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/server/prep_pool.h"
 #include "services/worker/server/request_tracker.h"
 #include "services/worker/server/service_context.h"
 #include "services/worker/server/worker_metrics.h"
@@ -24,6 +26,10 @@ struct WorkerServiceOptions {
   int max_documents = 64;     // ModelInfo.max_documents (the engine enforces it)
   int default_max_tokens = 128;
   int max_buffered_tokens = 1024;  // see ServiceContext
+  // Request limits, the same as the router's (YAML limits.*); max_documents is overridden by
+  // max_documents above.
+  ApiLimits limits;
+  PrepPoolOptions prep;  // threads that tokenize requests, and how many may wait for them
 };
 
 class WorkerService final : public v1::Worker::CallbackService {
@@ -52,12 +58,17 @@ class WorkerService final : public v1::Worker::CallbackService {
   void Drain();
   // Engine requests started by calls and not finished yet.
   size_t in_flight() const { return tracker_.size(); }
+  // Ends preparation: requests still waiting for it end with UNAVAILABLE, running preparations
+  // are waited for. Before the engine goes away (preparation submits to it). Idempotent.
+  void StopPreparation() { prep_.Shutdown(); }
+  PrepPool& prep_pool() { return prep_; }
 
  private:
   ServiceContext context() const;
 
   v1::ModelInfo model_info_;
   RequestTracker tracker_;
+  PrepPool prep_;  // after tracker_: its tasks reach the tracker until it stops
   mutable std::mutex mu_;
   ServiceContext ctx_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);

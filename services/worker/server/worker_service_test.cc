@@ -2,6 +2,7 @@
 // reuse in any order, validation, cancellation, deadlines, Prefetch, Status and shutdown.
 #include "services/worker/server/worker_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -79,8 +81,10 @@ class WorkerServiceTest : public ::testing::Test {
     delete tokenizer_;
   }
 
-  void StartServer(bool slow = false, int max_documents = 4, int max_buffered_tokens = 1024) {
+  void StartServer(bool slow = false, int max_documents = 4, int max_buffered_tokens = 1024,
+                   PrepPoolOptions prep = {}) {
     WorkerServerOptions o;
+    o.service.prep = prep;
     o.grpc.listen_address = "127.0.0.1:0";
     o.metrics_address = "";
     o.engine = {.num_kv_blocks = 512, .max_batch_tokens = 64, .max_running = 8};
@@ -250,7 +254,7 @@ TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
          ids->Add(5);
          ids->Add(300);
        },
-       "documents[2].token_ids[1]"},
+       "documents[2].tokens.ids[1]"},
       {"negative temperature",
        [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); },
        "sampling.temperature"},
@@ -279,6 +283,209 @@ TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
   // The worker still serves.
   EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
   ExpectIdle();
+}
+
+// The router's limits hold at the worker too (it is reachable directly).
+TEST_F(WorkerServiceTest, TheRoutersLimitsAreEnforced) {
+  StartServer();
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(4097); },
+       "sampling.max_tokens: 4097 outside [0, 4096]"},
+      {[](v1::GenerateRequest& r) {
+         for (int i = 0; i < 17; ++i) r.mutable_sampling()->add_stop("x");
+       },
+       "sampling.stop: 17 stop strings, the limit is 16"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->add_stop(std::string(257, 's')); },
+       "sampling.stop[0]: 257 bytes, the limit is 256"},
+      {[](v1::GenerateRequest& r) {
+         for (int i = 0; i < 65; ++i) r.mutable_sampling()->add_stop_token_ids(1);
+       },
+       "sampling.stop_token_ids: 65 ids, the limit is 64"},
+      {[](v1::GenerateRequest& r) { r.mutable_documents(0)->set_id(std::string(257, 'i')); },
+       "documents[0].id: 257 bytes, the limit is 256"},
+      {[](v1::GenerateRequest& r) { r.set_question(std::string((64 << 10) + 1, 'q')); },
+       "question: 65537 bytes"},
+      {[](v1::GenerateRequest& r) { r.set_system(std::string((64 << 10) + 1, 's')); },
+       "system: 65537 bytes"},
+      {[](v1::GenerateRequest& r) {
+         r.mutable_documents(1)->set_text(std::string((1 << 20) + 1, 'd'));
+       },
+       "documents[1].text: 1048577 bytes, the limit is 1048576"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request(kDocs, 4);
+    c.mutate(r);
+    const StreamResult out = Generate(r);
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(out.status.error_message(), HasSubstr(c.message));
+  }
+  EXPECT_EQ(Requests("invalid_argument"), static_cast<double>(cases.size()));
+  ExpectIdle();
+}
+
+// Text fields are `bytes` on the wire: invalid UTF-8 reaches the service, which names the field
+// and counts it (a `string` field made gRPC's parser refuse the call as UNIMPLEMENTED, silently).
+TEST_F(WorkerServiceTest, InvalidUtf8IsInvalidArgumentNamingTheFieldAndCounted) {
+  StartServer();
+  const std::string bad = "ab\xF0\x9F";  // a four-byte sequence cut short
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> mutate;
+    std::string field;
+    std::string label;
+  };
+  const std::vector<Case> cases = {
+      {[&](v1::GenerateRequest& r) { r.set_system(bad); }, "system", "system"},
+      {[&](v1::GenerateRequest& r) { r.set_question(bad); }, "question", "question"},
+      {[&](v1::GenerateRequest& r) { r.mutable_documents(2)->set_id(bad); }, "documents[2].id",
+       "documents.id"},
+      {[&](v1::GenerateRequest& r) { r.mutable_documents(1)->set_text(bad); },
+       "documents[1].text", "documents.text"},
+      {[&](v1::GenerateRequest& r) {
+         r.mutable_sampling()->add_stop("ok");
+         r.mutable_sampling()->add_stop(bad);
+       },
+       "sampling.stop[1]", "sampling.stop"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request(kDocs, 4);
+    c.mutate(r);
+    const StreamResult out = Generate(r);
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_THAT(out.status.error_message(),
+                HasSubstr(c.field + ": not valid UTF-8 (byte 2 of 4, value 0xf0)"));
+    EXPECT_TRUE(out.chunks.empty());
+  }
+  for (const std::string field : {"id", "text"}) {
+    v1::PrefetchRequest p;
+    *p.add_documents() = TextDoc(kDocs[0]);
+    *p.add_documents() = TextDoc(kDocs[1]);
+    if (field == "id") {
+      p.mutable_documents(1)->set_id(bad);
+    } else {
+      p.mutable_documents(1)->set_text(bad);
+    }
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse resp;
+    const grpc::Status s = stub_->Prefetch(&ctx, p, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(s.error_message(), HasSubstr("documents[1]." + field + ": not valid UTF-8"));
+  }
+  EXPECT_EQ(Requests("invalid_argument"), static_cast<double>(cases.size()));
+  for (const Case& c : cases) {
+    const double prefetches = c.label == "documents.id" || c.label == "documents.text" ? 1 : 0;
+    EXPECT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_invalid_utf8_requests_total",
+                          {{"field", c.label}}),
+              1 + prefetches)
+        << c.label;
+  }
+  // Valid UTF-8 beyond ASCII is served.
+  v1::GenerateRequest fine = Request({"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"}, 2);
+  EXPECT_TRUE(Generate(fine).status.ok());
+  ExpectIdle();
+}
+
+// Occupies every preparation thread until released (tasks submitted straight to the pool).
+class PoolBlocker {
+ public:
+  explicit PoolBlocker(PrepPool& pool) {
+    for (int i = 0; i < pool.options().threads; ++i) {
+      EXPECT_TRUE(pool.Submit([this](const absl::Status&) {
+                        started_.fetch_add(1);
+                        release_.WaitForNotification();
+                      }).ok());
+    }
+    while (started_.load() < pool.options().threads) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ~PoolBlocker() { Release(); }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+
+ private:
+  std::atomic<int> started_{0};
+  absl::Notification release_;
+};
+
+TEST_F(WorkerServiceTest, AFullPreparationQueueIsResourceExhaustedAtOnce) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 1});
+  PrepPool& pool = server_->service().prep_pool();
+  PoolBlocker blocker(pool);
+  // One request waits in the queue ...
+  grpc::ClientContext queued_ctx;
+  auto queued = stub_->Generate(&queued_ctx, Request(kDocs, 2));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.pending() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(pool.pending(), 1);
+  // ... so the next is refused without waiting.
+  const StreamResult refused = Generate(Request(kDocs, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("engine.max_pending_preparations 1"));
+  {
+    v1::PrefetchRequest p;
+    *p.add_documents() = TextDoc(kDocs[0]);
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse resp;
+    EXPECT_EQ(stub_->Prefetch(&ctx, p, &resp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  EXPECT_EQ(Requests("resource_exhausted"), 1);
+  // Once the pool frees up, the queued request is served.
+  blocker.Release();
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (queued->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  EXPECT_TRUE(queued->Finish().ok());
+  EXPECT_EQ(tokens, 2);
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, CancellationAndDeadlinesReachARequestWaitingForPreparation) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
+  PrepPool& pool = server_->service().prep_pool();
+  PoolBlocker blocker(pool);
+  {
+    // The deadline passes while the request is queued: it ends without a pool thread.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    v1::GenerateResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (pool.pending() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(pool.pending(), 1);
+    ctx.TryCancel();
+    v1::GenerateResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // Both left the queue while its only thread was still busy.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.pending() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.pending(), 0);
+  EXPECT_EQ(pool.running(), 1);  // the blocker
+  while (Requests("cancelled") + Requests("deadline_exceeded") < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(Requests("deadline_exceeded"), 1);
+  EXPECT_EQ(Requests("cancelled"), 1);
+  blocker.Release();
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  ExpectIdle();
+  // Neither reached the engine nor was tokenized: only the last request was.
+  const EngineStats stats = server_->engine().stats();
+  EXPECT_EQ(stats.requests_ok, 1);
+  EXPECT_EQ(stats.requests_failed, 0);
+  EXPECT_EQ(stats.text_docs_tokenized, 3);
 }
 
 TEST_F(WorkerServiceTest, ClientCancellationMidStreamFreesEveryBlock) {

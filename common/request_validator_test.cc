@@ -1,11 +1,16 @@
-#include "services/router/server/request_validator.h"
+#include "common/request_validator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
-namespace lazyattn::router {
+#include "common/utf8.h"
+
+namespace lazyattn {
 namespace {
 
 using lazyattn::v1::GenerateRequest;
@@ -26,7 +31,7 @@ GenerateRequest Valid() {
 }
 
 std::string Error(const GenerateRequest& r, int64_t vocab = 1000) {
-  RequestLimits limits;
+  ApiLimits limits;
   limits.max_documents = 3;
   limits.max_document_bytes = 16;
   limits.max_document_tokens = 4;
@@ -131,7 +136,7 @@ TEST(RequestValidatorTest, UnknownVocabularySkipsTheUpperBound) {
 }
 
 TEST(RequestValidatorTest, Prefetch) {
-  RequestLimits limits;
+  ApiLimits limits;
   limits.max_prefetch_replicas = 4;
   PrefetchRequest r;
   EXPECT_THAT(ValidatePrefetchRequest(r, limits, 0).message(),
@@ -149,5 +154,97 @@ TEST(RequestValidatorTest, Prefetch) {
   EXPECT_EQ(ValidatePrefetchRequest(r, limits, 0).message(), "documents[1].text: empty document");
 }
 
+
+TEST(Utf8Test, FindsTheFirstBadByte) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"));
+  EXPECT_TRUE(IsValidUtf8(std::string("\0x", 2)));
+  EXPECT_EQ(FirstInvalidUtf8Byte("ab\xFF"), 2u);
+  EXPECT_EQ(FirstInvalidUtf8Byte("a\x80"), 1u);                 // stray continuation byte
+  EXPECT_EQ(FirstInvalidUtf8Byte("ab\xE2\x82"), 2u);            // cut short
+  EXPECT_EQ(FirstInvalidUtf8Byte("\xC0\xAF"), 0u);              // overlong
+  EXPECT_EQ(FirstInvalidUtf8Byte("x\xED\xA0\x80"), 1u);         // surrogate
+  EXPECT_EQ(FirstInvalidUtf8Byte("\xF4\x90\x80\x80"), 0u);      // above U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8Byte("\xE2\x82\xAC\xE2\x28\xA1"), 3u);  // bad continuation
+  EXPECT_EQ(ToValidUtf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+}
+
+// Every text field of both request messages: InvalidArgument naming the field (with its index),
+// and the label a metric counts it under.
+TEST(RequestValidatorTest, InvalidUtf8NamesEachTextField) {
+  const std::string bad = "ok\xC3(";  // a lead byte followed by ASCII
+  struct Case {
+    std::function<void(GenerateRequest&)> edit;
+    std::string field;
+    std::string label;
+  };
+  const std::vector<Case> cases = {
+      {[&](GenerateRequest& r) { r.set_system(bad); }, "system", "system"},
+      {[&](GenerateRequest& r) { r.set_question(bad); }, "question", "question"},
+      {[&](GenerateRequest& r) { r.mutable_documents(1)->set_id(bad); }, "documents[1].id",
+       "documents.id"},
+      {[&](GenerateRequest& r) { r.mutable_documents(0)->set_text(bad); }, "documents[0].text",
+       "documents.text"},
+      {[&](GenerateRequest& r) { r.mutable_sampling()->add_stop(bad); }, "sampling.stop[1]",
+       "sampling.stop"},
+  };
+  for (const Case& c : cases) {
+    GenerateRequest r = Valid();
+    c.edit(r);
+    const absl::Status s = ValidateGenerateRequest(r, ApiLimits{}, 1000);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(s.message()), ::testing::StartsWith(c.field + ": not valid UTF-8"));
+    EXPECT_EQ(InvalidUtf8FieldLabel(s), c.label);
+  }
+  // Other rejections carry no label.
+  GenerateRequest r = Valid();
+  r.mutable_sampling()->set_top_k(-1);
+  EXPECT_EQ(InvalidUtf8FieldLabel(ValidateGenerateRequest(r, ApiLimits{}, 1000)), std::nullopt);
+  EXPECT_EQ(InvalidUtf8FieldLabel(absl::InvalidArgumentError("x")), std::nullopt);
+
+  PrefetchRequest p;
+  p.add_documents()->set_text("fine");
+  p.add_documents()->set_text(bad);
+  absl::Status s = ValidatePrefetchRequest(p, ApiLimits{}, 0);
+  EXPECT_EQ(s.message(), "documents[1].text: not valid UTF-8 (byte 2 of 4, value 0xc3)");
+  EXPECT_EQ(InvalidUtf8FieldLabel(s), "documents.text");
+  p.mutable_documents(1)->set_text("fine");
+  p.mutable_documents(0)->set_id("\x80");
+  s = ValidatePrefetchRequest(p, ApiLimits{}, 0);
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("documents[0].id: not valid UTF-8"));
+  EXPECT_EQ(InvalidUtf8FieldLabel(s), "documents.id");
+}
+
+TEST(RequestValidatorTest, LimitsFromYaml) {
+  YamlConfig config;
+  ASSERT_TRUE(config
+                  .LoadString("limits:\n  max_documents: 7\n  max_tokens: 99\n"
+                              "  max_stop_strings: 3\n  max_stop_bytes: 5\n"
+                              "  max_stop_token_ids: 4\n  max_document_id_bytes: 9\n"
+                              "  max_document_bytes: 1000\n  max_document_tokens: 50\n"
+                              "  max_system_bytes: 11\n  max_question_bytes: 12\n"
+                              "  max_prefetch_replicas: 2\n")
+                  .ok());
+  auto l = ApiLimitsFromYaml(config);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->max_documents, 7);
+  EXPECT_EQ(l->max_tokens, 99);
+  EXPECT_EQ(l->max_stop_strings, 3);
+  EXPECT_EQ(l->max_stop_bytes, 5);
+  EXPECT_EQ(l->max_stop_token_ids, 4);
+  EXPECT_EQ(l->max_document_id_bytes, 9);
+  EXPECT_EQ(l->max_document_bytes, 1000);
+  EXPECT_EQ(l->max_document_tokens, 50);
+  EXPECT_EQ(l->max_system_bytes, 11);
+  EXPECT_EQ(l->max_question_bytes, 12);
+  EXPECT_EQ(l->max_prefetch_replicas, 2);
+  EXPECT_TRUE(config.Finish().ok());
+
+  YamlConfig bad;
+  ASSERT_TRUE(bad.LoadString("limits:\n  max_tokens: 0\n", "w.yaml").ok());
+  EXPECT_EQ(ApiLimitsFromYaml(bad).status().message(),
+            "w.yaml: limits.max_tokens: must be in [1, 16777216], got 0");
+}
+
 }  // namespace
-}  // namespace lazyattn::router
+}  // namespace lazyattn

@@ -1,0 +1,224 @@
+#include "common/request_validator.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/utf8.h"
+
+namespace lazyattn {
+namespace {
+
+using v1::Document;
+
+// Carries the label of a field whose text is not UTF-8 (for the caller's metric); dropped when
+// the status becomes a grpc::Status.
+constexpr char kUtf8PayloadUrl[] = "type.lazyattn.dev/lazyattn.InvalidUtf8Field";
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// `label` is the field's entry in kTextFieldLabels; `field` its full name with indices.
+absl::Status CheckText(const std::string& field, const char* label, std::string_view text,
+                       int64_t max_bytes) {
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    return Invalid(field, absl::StrCat(text.size(), " bytes, the limit is ", max_bytes));
+  }
+  const size_t bad = FirstInvalidUtf8Byte(text);
+  if (bad != std::string_view::npos) {
+    absl::Status s = Invalid(
+        field, absl::StrCat("not valid UTF-8 (byte ", bad, " of ", text.size(), ", value 0x",
+                            absl::Hex(static_cast<unsigned char>(text[bad]), absl::kZeroPad2),
+                            ")"));
+    s.SetPayload(kUtf8PayloadUrl, absl::Cord(label));
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTokenId(const std::string& field, int64_t id, int64_t vocab_size) {
+  if (id < 0) return Invalid(field, absl::StrCat("negative token id ", id));
+  if (vocab_size > 0 && id >= vocab_size) {
+    return Invalid(
+        field, absl::StrCat("token id ", id, " outside the vocabulary (size ", vocab_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDocuments(const google::protobuf::RepeatedPtrField<Document>& documents,
+                               const ApiLimits& limits, int64_t vocab_size) {
+  if (documents.size() > limits.max_documents) {
+    return Invalid("documents", absl::StrCat(documents.size(), " documents, the limit is ",
+                                             limits.max_documents));
+  }
+  for (int i = 0; i < documents.size(); ++i) {
+    const Document& doc = documents[i];
+    const std::string field = absl::StrCat("documents[", i, "]");
+    RETURN_IF_ERROR(
+        CheckText(field + ".id", "documents.id", doc.id(), limits.max_document_id_bytes));
+    switch (doc.content_case()) {
+      case Document::kText:
+        if (doc.text().empty()) return Invalid(field + ".text", "empty document");
+        RETURN_IF_ERROR(CheckText(field + ".text", "documents.text", doc.text(),
+                                  limits.max_document_bytes));
+        break;
+      case Document::kTokens: {
+        const auto& ids = doc.tokens().ids();
+        if (ids.empty()) return Invalid(field + ".tokens", "empty document");
+        if (ids.size() > limits.max_document_tokens) {
+          return Invalid(field + ".tokens", absl::StrCat(ids.size(), " tokens, the limit is ",
+                                                         limits.max_document_tokens));
+        }
+        for (int j = 0; j < ids.size(); ++j) {
+          RETURN_IF_ERROR(
+              CheckTokenId(absl::StrCat(field, ".tokens.ids[", j, "]"), ids[j], vocab_size));
+        }
+        break;
+      }
+      case Document::CONTENT_NOT_SET:
+        return Invalid(field, "neither text nor tokens set");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limits,
+                              int64_t vocab_size) {
+  if (!std::isfinite(p.temperature()) || p.temperature() < 0 || p.temperature() > 100) {
+    return Invalid("sampling.temperature", absl::StrCat(p.temperature(), " outside [0, 100]"));
+  }
+  if (p.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(p.top_k(), " is negative"));
+  if (!std::isfinite(p.top_p()) || p.top_p() < 0 || p.top_p() > 1) {
+    return Invalid("sampling.top_p", absl::StrCat(p.top_p(), " outside [0, 1]"));
+  }
+  if (!std::isfinite(p.min_p()) || p.min_p() < 0 || p.min_p() > 1) {
+    return Invalid("sampling.min_p", absl::StrCat(p.min_p(), " outside [0, 1]"));
+  }
+  if (!std::isfinite(p.repetition_penalty()) || p.repetition_penalty() < 0 ||
+      p.repetition_penalty() > 100) {
+    return Invalid("sampling.repetition_penalty",
+                   absl::StrCat(p.repetition_penalty(), " outside [0, 100] (0 or 1: off)"));
+  }
+  if (!std::isfinite(p.presence_penalty()) || std::fabs(p.presence_penalty()) > 2) {
+    return Invalid("sampling.presence_penalty", absl::StrCat(p.presence_penalty(), " outside [-2, 2]"));
+  }
+  if (!std::isfinite(p.frequency_penalty()) || std::fabs(p.frequency_penalty()) > 2) {
+    return Invalid("sampling.frequency_penalty",
+                   absl::StrCat(p.frequency_penalty(), " outside [-2, 2]"));
+  }
+  if (p.max_tokens() < 0 || p.max_tokens() > limits.max_tokens) {
+    return Invalid("sampling.max_tokens",
+                   absl::StrCat(p.max_tokens(), " outside [0, ", limits.max_tokens, "]"));
+  }
+  if (p.stop_size() > limits.max_stop_strings) {
+    return Invalid("sampling.stop", absl::StrCat(p.stop_size(), " stop strings, the limit is ",
+                                                 limits.max_stop_strings));
+  }
+  for (int i = 0; i < p.stop_size(); ++i) {
+    const std::string field = absl::StrCat("sampling.stop[", i, "]");
+    if (p.stop(i).empty()) return Invalid(field, "empty stop string");
+    RETURN_IF_ERROR(CheckText(field, "sampling.stop", p.stop(i), limits.max_stop_bytes));
+  }
+  if (p.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return Invalid(
+        "sampling.stop_token_ids",
+        absl::StrCat(p.stop_token_ids_size(), " ids, the limit is ", limits.max_stop_token_ids));
+  }
+  for (int i = 0; i < p.stop_token_ids_size(); ++i) {
+    RETURN_IF_ERROR(CheckTokenId(absl::StrCat("sampling.stop_token_ids[", i, "]"),
+                                 p.stop_token_ids(i), vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> IntIn(const YamlConfig& config, const std::string& key, int64_t fallback,
+                              int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(const int64_t v, config.Int(key, fallback));
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": must be in [",
+                                                   lo, ", ", hi, "], got ", v));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimits& limits,
+                                     int64_t vocab_size) {
+  RETURN_IF_ERROR(CheckText("system", "system", r.system(), limits.max_system_bytes));
+  RETURN_IF_ERROR(ValidateDocuments(r.documents(), limits, vocab_size));
+  if (r.question().empty() && r.documents().empty()) {
+    return Invalid("question", "empty question and no documents");
+  }
+  RETURN_IF_ERROR(CheckText("question", "question", r.question(), limits.max_question_bytes));
+  RETURN_IF_ERROR(ValidateSampling(r.sampling(), limits, vocab_size));
+  if (!v1::CacheMode_IsValid(r.cache_mode())) {
+    return Invalid("cache_mode", absl::StrCat("unknown cache mode ", r.cache_mode()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePrefetchRequest(const v1::PrefetchRequest& r, const ApiLimits& limits,
+                                     int64_t vocab_size) {
+  if (r.documents().empty()) return Invalid("documents", "no documents to prefetch");
+  RETURN_IF_ERROR(ValidateDocuments(r.documents(), limits, vocab_size));
+  if (r.cache_mode() != v1::CACHE_MODE_UNSPECIFIED && r.cache_mode() != v1::CACHE_MODE_LAZY &&
+      r.cache_mode() != v1::CACHE_MODE_BLOCK) {
+    return Invalid("cache_mode", absl::StrCat("prefetch takes LAZY or BLOCK, got ",
+                                              v1::CacheMode_IsValid(r.cache_mode())
+                                                  ? v1::CacheMode_Name(r.cache_mode())
+                                                  : absl::StrCat(r.cache_mode())));
+  }
+  if (r.replicas() < 0 || r.replicas() > limits.max_prefetch_replicas) {
+    return Invalid("replicas",
+                   absl::StrCat(r.replicas(), " outside [0, ", limits.max_prefetch_replicas, "]"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::string> InvalidUtf8FieldLabel(const absl::Status& status) {
+  if (!absl::IsInvalidArgument(status)) return std::nullopt;
+  const auto label = status.GetPayload(kUtf8PayloadUrl);  // absl::optional here
+  if (!label.has_value()) return std::nullopt;
+  return std::string(*label);
+}
+
+absl::StatusOr<ApiLimits> ApiLimitsFromYaml(const YamlConfig& config, const ApiLimits& defaults) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  ApiLimits l = defaults;
+  ASSIGN_OR_RETURN(const int64_t max_documents,
+                   IntIn(config, "limits.max_documents", l.max_documents, 1, 100000));
+  l.max_documents = static_cast<int>(max_documents);
+  ASSIGN_OR_RETURN(l.max_document_bytes,
+                   IntIn(config, "limits.max_document_bytes", l.max_document_bytes, 1, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_document_tokens,
+                   IntIn(config, "limits.max_document_tokens", l.max_document_tokens, 1, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_document_id_bytes, IntIn(config, "limits.max_document_id_bytes",
+                                                  l.max_document_id_bytes, 0, 1 << 20));
+  ASSIGN_OR_RETURN(l.max_system_bytes,
+                   IntIn(config, "limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_question_bytes,
+                   IntIn(config, "limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
+  ASSIGN_OR_RETURN(const int64_t max_tokens,
+                   IntIn(config, "limits.max_tokens", l.max_tokens, 1, 1 << 24));
+  l.max_tokens = static_cast<int>(max_tokens);
+  ASSIGN_OR_RETURN(const int64_t stops,
+                   IntIn(config, "limits.max_stop_strings", l.max_stop_strings, 0, 1024));
+  l.max_stop_strings = static_cast<int>(stops);
+  ASSIGN_OR_RETURN(l.max_stop_bytes,
+                   IntIn(config, "limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));
+  ASSIGN_OR_RETURN(const int64_t stop_ids,
+                   IntIn(config, "limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
+  l.max_stop_token_ids = static_cast<int>(stop_ids);
+  ASSIGN_OR_RETURN(const int64_t replicas, IntIn(config, "limits.max_prefetch_replicas",
+                                                 l.max_prefetch_replicas, 1, 10000));
+  l.max_prefetch_replicas = static_cast<int>(replicas);
+  return l;
+}
+
+}  // namespace lazyattn

@@ -1,0 +1,143 @@
+#include "services/worker/server/prep_pool.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A task that records how it was called and, when called with OK, blocks until released.
+struct Probe {
+  absl::Notification started;
+  absl::Notification release;
+  absl::Notification done;
+  absl::Status status = absl::UnknownError("not called");
+  std::thread::id thread;
+  std::atomic<int> calls{0};
+
+  PrepPool::Task Task() {
+    return [this](const absl::Status& s) {
+      ++calls;
+      status = s;
+      thread = std::this_thread::get_id();
+      if (s.ok()) {
+        started.Notify();
+        release.WaitForNotification();
+      }
+      done.Notify();
+    };
+  }
+};
+
+TEST(PrepPoolTest, RunsTasksOnItsOwnThreads) {
+  PrepPool pool({.threads = 2, .max_pending = 4});
+  Probe a;
+  a.release.Notify();
+  ASSERT_TRUE(pool.Submit(a.Task()).ok());
+  a.done.WaitForNotification();
+  EXPECT_TRUE(a.status.ok());
+  EXPECT_NE(a.thread, std::this_thread::get_id());
+  EXPECT_EQ(a.calls.load(), 1);
+}
+
+TEST(PrepPoolTest, FullQueueIsRefusedAtOnce) {
+  PrepPool pool({.threads = 1, .max_pending = 2});
+  Probe running, queued1, queued2, refused;
+  ASSERT_TRUE(pool.Submit(running.Task()).ok());
+  running.started.WaitForNotification();  // the only thread is busy
+  ASSERT_TRUE(pool.Submit(queued1.Task()).ok());
+  ASSERT_TRUE(pool.Submit(queued2.Task()).ok());
+  EXPECT_EQ(pool.pending(), 2);
+  EXPECT_EQ(pool.running(), 1);
+  auto third = pool.Submit(refused.Task());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("engine.max_pending_preparations 2"));
+  running.release.Notify();
+  queued1.release.Notify();
+  queued2.release.Notify();
+  queued2.done.WaitForNotification();
+  EXPECT_TRUE(queued1.status.ok());
+  EXPECT_TRUE(queued2.status.ok());
+  EXPECT_EQ(refused.calls.load(), 0);  // a refused task is never called
+}
+
+TEST(PrepPoolTest, CancelTakesAQueuedTaskOutAndFreesItsSlot) {
+  PrepPool pool({.threads = 1, .max_pending = 1});
+  Probe running, queued, next;
+  ASSERT_TRUE(pool.Submit(running.Task()).ok());
+  running.started.WaitForNotification();
+  auto ticket = pool.Submit(queued.Task());
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_EQ(pool.Submit(next.Task()).status().code(), absl::StatusCode::kResourceExhausted);
+
+  EXPECT_TRUE(pool.Cancel(*ticket));
+  // Called at once, on this thread, with Cancelled.
+  EXPECT_EQ(queued.calls.load(), 1);
+  EXPECT_EQ(queued.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(queued.thread, std::this_thread::get_id());
+  EXPECT_EQ(pool.pending(), 0);
+  EXPECT_FALSE(pool.Cancel(*ticket));  // only once
+
+  Probe again;
+  auto t2 = pool.Submit(again.Task());  // the slot is free again
+  ASSERT_TRUE(t2.ok());
+  running.release.Notify();
+  again.release.Notify();
+  again.done.WaitForNotification();
+  EXPECT_TRUE(again.status.ok());
+  EXPECT_EQ(queued.calls.load(), 1);  // the cancelled task never ran
+}
+
+TEST(PrepPoolTest, CancelDoesNotTouchARunningTask) {
+  PrepPool pool({.threads = 1, .max_pending = 1});
+  Probe running;
+  auto ticket = pool.Submit(running.Task());
+  ASSERT_TRUE(ticket.ok());
+  running.started.WaitForNotification();
+  EXPECT_FALSE(pool.Cancel(*ticket));
+  running.release.Notify();
+  running.done.WaitForNotification();
+  EXPECT_TRUE(running.status.ok());
+  EXPECT_EQ(running.calls.load(), 1);
+}
+
+TEST(PrepPoolTest, ShutdownEndsQueuedTasksAndRefusesNewOnes) {
+  auto pool = std::make_unique<PrepPool>(PrepPoolOptions{.threads = 1, .max_pending = 4});
+  Probe running, queued;
+  ASSERT_TRUE(pool->Submit(running.Task()).ok());
+  running.started.WaitForNotification();
+  ASSERT_TRUE(pool->Submit(queued.Task()).ok());
+  std::thread releaser([&] {
+    queued.done.WaitForNotification();  // Shutdown ends the queued task before it joins
+    running.release.Notify();
+  });
+  pool->Shutdown();
+  releaser.join();
+  EXPECT_EQ(queued.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(running.status.ok());
+  Probe late;
+  EXPECT_EQ(pool->Submit(late.Task()).status().code(), absl::StatusCode::kUnavailable);
+  pool.reset();  // Shutdown again: idempotent
+  EXPECT_EQ(late.calls.load(), 0);
+}
+
+TEST(PrepPoolTest, ValidateNamesTheOption) {
+  EXPECT_THAT(std::string(PrepPool::Validate({.threads = 0}).message()),
+              HasSubstr("engine.prep_threads"));
+  EXPECT_THAT(std::string(PrepPool::Validate({.threads = 1, .max_pending = 0}).message()),
+              HasSubstr("engine.max_pending_preparations"));
+  EXPECT_TRUE(PrepPool::Validate({}).ok());
+}
+
+}  // namespace
+}  // namespace lazyattn
