@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/yaml_config.h"
 #include "services/worker/engine/runner_factory.h"
+#include "services/worker/model/model_loader.h"
 #include "services/worker/server/worker_config.h"
 #include "services/worker/server/worker_server.h"
 
@@ -99,11 +100,12 @@ int g_signal_pipe[2] = {-1, -1};
 
 // The model of model.path on the configured backend (LoadServedModel: a GGUF file on cuda is
 // dequantized on the GPU without an fp32 host copy). Errors name the key they come from.
-absl::StatusOr<lazyattn::ServedModel> LoadWorkerModel(const lazyattn::WorkerConfig& config) {
+// `stage` says which step failed.
+absl::StatusOr<lazyattn::ServedModel> LoadWorkerModel(const lazyattn::WorkerConfig& config,
+                                                      lazyattn::ModelLoadStage& stage) {
   const lazyattn::ServedModelOptions options{
       .runner = {.backend = *lazyattn::ParseBackend(config.backend),
                  .kv_budget_bytes = config.kv_budget_bytes}};
-  lazyattn::ModelLoadStage stage = lazyattn::ModelLoadStage::kModel;
   auto served = lazyattn::LoadServedModel(config.model_path, options, &stage);
   if (!served.ok()) {
     const absl::Status& s = served.status();
@@ -161,10 +163,16 @@ int main(int argc, char** argv) {
 
   std::cerr << "lazyattn-worker: loading " << config->model_path << " (backend "
             << config->backend << ")\n";
-  auto served = LoadWorkerModel(*config);
+  lazyattn::ModelLoadStage stage = lazyattn::ModelLoadStage::kModel;
+  auto served = LoadWorkerModel(*config, stage);
   if (!served.ok()) {
-    const bool bad_model = served.status().code() == absl::StatusCode::kInvalidArgument ||
-                           served.status().code() == absl::StatusCode::kNotFound;
+    // model.path naming a missing, malformed or unsupported file is a configuration error, as is
+    // a backend the runner refuses as invalid; running out of memory or a device failure is not.
+    const absl::StatusCode code = served.status().code();
+    const bool model_file = stage == lazyattn::ModelLoadStage::kModel &&
+                            lazyattn::IsModelFileError(served.status());
+    const bool bad_model = model_file || code == absl::StatusCode::kInvalidArgument ||
+                           code == absl::StatusCode::kNotFound;
     std::cerr << "lazyattn-worker: " << served.status().message() << "\n";
     return bad_model ? 2 : 1;
   }

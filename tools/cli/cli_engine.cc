@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "services/worker/model/model_loader.h"
 
 namespace lazyattn {
 
@@ -55,7 +56,10 @@ absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_c
   if (!model.ok()) {
     const bool usage = stage == ModelLoadStage::kBackend &&
                        model.status().code() == absl::StatusCode::kInvalidArgument;
-    *exit_code = usage ? 2 : 1;
+    // A --model that names a missing, malformed or unsupported file is the caller's to fix, as a
+    // bad flag is; running out of memory or a device failure is not.
+    const bool bad_model = stage == ModelLoadStage::kModel && IsModelFileError(model.status());
+    *exit_code = usage || bad_model ? 2 : 1;
     return model.status();
   }
   *exit_code = 0;

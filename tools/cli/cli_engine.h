@@ -25,7 +25,8 @@ void DeclareBackendFlags(CliArgs& args);
 // The model of --model on the backend --backend and --kv-budget pick (LoadServedModel: a GGUF
 // file on cuda is dequantized on the GPU without an fp32 host copy). On failure `exit_code` is
 // set to the command's exit status: 2 for a usage error (a bad flag, or a backend the flags
-// cannot have), 1 otherwise (a model that cannot be loaded, no GPU).
+// cannot have) or a --model whose files are missing, malformed or unsupported (IsModelFileError),
+// 1 otherwise (out of memory, no GPU).
 absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_code);
 // An engine over the model's runner (moved out of `model`), its fingerprint and its tokenizer.
 // `model` must outlive the engine (the CPU runner borrows its host weights).

@@ -10,7 +10,8 @@
 //   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
 //   lazyattn trace --router HOST:PORT [--requests N] [--rate R] [--dist zipf:A|uniform] ...
 //
-// Exit status: 0 on success, 2 for a usage error, 1 otherwise.
+// Exit status: 0 on success, 2 for a usage error or a --model that is missing, malformed or
+// unsupported (the message names the file and the field), 1 otherwise.
 #include <iostream>
 #include <string>
 

@@ -7,10 +7,27 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/include/kv_block_entry.h"
 #include "kernels/include/rope.h"
 #include "services/worker/model/gguf_file.h"
 
 namespace lazyattn {
+
+// Bounds every model reader enforces before it allocates anything sized by a file (docs/worker.md
+// lists them). They sit well above every model we serve (Llama 3.1 405B: hidden 16,384, 126 layers,
+// 128 heads, FFN 53,248; Gemma's 256K vocabulary) and well below sizes whose products could
+// overflow or whose allocation could take a machine down. The weights themselves are bounded by
+// the file: every tensor's shape and bytes are checked against the file before the fp32 copy is
+// allocated (model_weights.h).
+inline constexpr int64_t kMaxHiddenSize = 65536;            // hidden_size, and q_size()
+inline constexpr int64_t kMaxIntermediateSize = 1 << 18;    // 262,144
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxHeads = 1024;                  // query and key/value heads
+inline constexpr int64_t kMaxHeadDim = 512;                 // even
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 21;  // 2,097,152 tokens
+// A segment's RoPE offset travels in the packed block entry's 24-bit delta, so no position may
+// reach 2^24 (16,777,216 tokens; the CPU RoPE table of such a model would also be 2^24 rows).
+inline constexpr int64_t kMaxContextLength = int64_t{kMaxKvDelta} + 1;
 
 struct ModelConfig {
   std::string architecture;  // "llama" (GGUF) / "LlamaForCausalLM" ... (HF)
@@ -32,14 +49,21 @@ struct ModelConfig {
   int64_t num_parameters() const;
 };
 
-// Checks every field for consistency (positive sizes, heads divisible by kv heads, even head dim,
-// ...). The error names the offending field and its value.
+// Checks every field against the bounds above and for consistency (kv heads dividing heads, even
+// head dim, q_size() <= kMaxHiddenSize, finite positive rms_norm_eps, rope_theta > 1, finite rope
+// scaling, 1 <= max_positions <= kMaxContextLength). InvalidArgument naming the field and its
+// value.
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
-// From GGUF metadata (`general.architecture` must be "llama"; keys `llama.*`).
+// From GGUF metadata (`general.architecture` must be "llama"; keys `llama.*`). Every key is
+// range-checked as it is read, before any narrowing; InvalidArgument naming the file and the key
+// (e.g. "m.gguf: llama.context_length = 4294967295: must be in [1, 16777216] ...").
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
-// From an HF config.json (LlamaForCausalLM / MistralForCausalLM).
+// From an HF config.json (LlamaForCausalLM / MistralForCausalLM). The file may be at most
+// kMaxConfigJsonBytes; integer keys must be JSON integers (or integral floats) in range, checked
+// before any narrowing; errors name the file and the key.
+inline constexpr int64_t kMaxConfigJsonBytes = 16 << 20;
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(const std::string& config_json_path);
 
 }  // namespace lazyattn

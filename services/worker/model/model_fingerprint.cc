@@ -92,6 +92,9 @@ std::string ModelFingerprint(const ModelWeights& w) {
 
 absl::StatusOr<std::string> GgufModelFingerprint(const GgufFile& file) {
   ASSIGN_OR_RETURN(const ModelConfig c, GgufModelConfig(file));
+  // SlotValues reads rows at offsets computed from the config's shapes: only safe once every
+  // tensor is known to have them (cheap; no tensor data is touched).
+  RETURN_IF_ERROR(CheckGgufWeights(file, c));
   const std::vector<WeightPlacement> placements = GgufWeightPlacements(c);
   std::string bytes = ConfigBytes(c);
   for (const auto& [slot, layer] : SlotOrder(c)) {

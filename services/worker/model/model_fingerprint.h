@@ -17,7 +17,8 @@ std::string ModelFingerprint(const ModelWeights& weights);
 
 // ModelFingerprint of the weights LoadModelWeights would read from a GGUF file, computed from the
 // file without them: only the rows that hold the sampled values are dequantized. For loaders that
-// never hold fp32 weights on the host (CudaModelWeights::LoadGguf).
+// never hold fp32 weights on the host (CudaModelWeights::LoadGguf). Checks the tensors first
+// (CheckGgufWeights), so any file is safe to pass.
 absl::StatusOr<std::string> GgufModelFingerprint(const GgufFile& file);
 
 // Over the vocabulary (every token's text and type), the pre-tokenizer and the special ids.

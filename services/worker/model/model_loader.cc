@@ -1,6 +1,8 @@
 #include "services/worker/model/model_loader.h"
 
 #include <filesystem>
+#include <new>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -9,7 +11,9 @@
 
 namespace lazyattn {
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerUnguarded(const std::string& model_path) {
   ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(model_path));
   TokenizerSpec spec;
   if (format == ModelFormat::kGguf) {
@@ -22,6 +26,37 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
     ASSIGN_OR_RETURN(spec, TokenizerSpecFromTokenizerJson((dir / "tokenizer.json").string()));
   }
   return Tokenizer::Create(std::move(spec));
+}
+
+}  // namespace
+
+bool IsModelFileError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path) {
+  // The specs are bounded before anything is sized by them (tokenizer_spec.h); this is the last
+  // resort that keeps a worker alive.
+  try {
+    return LoadTokenizerUnguarded(model_path);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(model_path, ": out of memory loading the tokenizer"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(model_path, ": out of memory loading the tokenizer"));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& model_path,

@@ -22,11 +22,20 @@ struct LoadedModel {
 // their embedding matrices).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
+// The tokenizer of a .gguf file or of the tokenizer.json beside an HF config.json. Errors name the
+// file and the key; std::bad_alloc never escapes (ResourceExhausted).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
 
 // LoadTokenizer, checked against the model LoadModel would pair it with: InvalidArgument naming
 // `model_path` when the tokenizer has more tokens than `config` has embeddings. For loaders that
 // build the weights some other way (CudaModelWeights::LoadGguf).
+// True for the errors LoadModel and its parts return when the model's files are wrong: absent or
+// unreadable (NotFound, PermissionDenied, FailedPrecondition), malformed or out of bounds
+// (InvalidArgument, DataLoss, OutOfRange), or describing something unsupported (Unimplemented).
+// The front ends exit 2 for these (a bad --model / model.path), 1 for the rest (ResourceExhausted:
+// a well-formed model that does not fit; Internal).
+bool IsModelFileError(const absl::Status& status);
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& model_path,
                                                             const ModelConfig& config);
 

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <new>
+#include <stdexcept>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,9 +20,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Reads a named tensor of a known row-major shape into fp32, whatever the file format.
-using TensorReader =
-    std::function<absl::Status(const std::string& name, std::vector<int64_t> shape, float* dst)>;
+// One file format's tensors: `check` verifies that a named tensor exists with this row-major
+// shape and a type the loader converts, touching no tensor data and allocating nothing sized by
+// the file; `read` converts it into fp32 at `dst`.
+struct TensorSource {
+  std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape)> check;
+  std::function<absl::Status(const std::string& name, float* dst)> read;
+};
 
 std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -67,15 +74,20 @@ std::vector<WeightPlacement> Placements(const ModelConfig& c, const TensorNames&
   return p;
 }
 
-// Reads every placed tensor through `read` into its slot.
+// Checks every placed tensor first, so that nothing is allocated for a config the file does not
+// back (a header that claims 2^31 embeddings over a 1 MB file fails here, not in operator new):
+// once every tensor's shape matched and its bytes lie inside the file (the readers' Open checked
+// that), the fp32 copy is at most a small multiple of the file's size. Then reads each tensor into
+// its slot.
 absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>& placements,
-                             const TensorReader& read) {
+                             const TensorSource& source) {
+  for (const WeightPlacement& p : placements) RETURN_IF_ERROR(source.check(p.name, p.shape));
   const ModelConfig& c = w.config;
   w.layers.resize(c.num_layers);
   for (const WeightPlacement& p : placements) {
     std::vector<float>& dst = WeightSlotVector(w, p.slot, p.layer);
     dst.resize(WeightSlotElements(c, p.slot));
-    RETURN_IF_ERROR(read(p.name, p.shape, dst.data() + p.offset));
+    RETURN_IF_ERROR(source.read(p.name, dst.data() + p.offset));
     if (p.rope_heads > 0) {
       UnpermuteGgufRopeRows(dst.data() + p.offset, p.rope_heads, c.head_dim, p.shape.back());
     }
@@ -97,20 +109,35 @@ const TensorNames& GgufNames() {
   return names;
 }
 
+absl::Status CheckGgufTensor(const GgufFile& file, const std::string& name,
+                             const std::vector<int64_t>& shape) {
+  ASSIGN_OR_RETURN(const GgufTensorInfo* t, file.FindTensor(name));
+  const std::vector<int64_t> row_major(t->dims.rbegin(), t->dims.rend());
+  RETURN_IF_ERROR(CheckShape(file.path(), name, shape, row_major));
+  if (!GgmlIsDequantizable(t->type)) {
+    return absl::UnimplementedError(absl::StrCat(file.path(), ": tensor ", name,
+                                                 ": dequantizing ggml type ",
+                                                 std::string(GgmlTypeName(t->type)),
+                                                 " is not supported"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN(w->config, GgufModelConfig(*file));
-  TensorReader read = [&](const std::string& name, std::vector<int64_t> shape,
-                          float* dst) -> absl::Status {
+  TensorSource source;
+  source.check = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return CheckGgufTensor(*file, name, shape);
+  };
+  source.read = [&](const std::string& name, float* dst) -> absl::Status {
     ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(name));
-    std::vector<int64_t> row_major(t->dims.rbegin(), t->dims.rend());
-    RETURN_IF_ERROR(CheckShape(path, name, shape, row_major));
     absl::Status s = DequantizeToF32(t->type, t->data, t->num_elements, dst);
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat(path, ": tensor ", name, ": ", s.message()));
   };
-  RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), read));
+  RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), source));
   return w;
 }
 
@@ -131,16 +158,29 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
     ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(s));
     files.push_back(std::move(f));
   }
-  TensorReader read = [&](const std::string& name, std::vector<int64_t> shape,
-                          float* dst) -> absl::Status {
+  // The first shard that has the tensor.
+  auto find = [&](const std::string& name)
+      -> absl::StatusOr<std::pair<const SafetensorsFile*, const SafetensorsTensor*>> {
     for (const auto& f : files) {
-      auto t = f->FindTensor(name);
-      if (!t.ok()) continue;
-      RETURN_IF_ERROR(CheckShape(f->path(), name, shape, (*t)->shape));
-      return f->ReadAsF32(**t, dst);
+      if (auto t = f->FindTensor(name); t.ok()) return std::make_pair(f.get(), *t);
     }
     return absl::NotFoundError(absl::StrCat(dir.string(), ": tensor ", name, " not found in ",
                                             absl::StrJoin(shards, ", ")));
+  };
+  TensorSource source;
+  source.check = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::Status {
+    ASSIGN_OR_RETURN(const auto found, find(name));
+    RETURN_IF_ERROR(CheckShape(found.first->path(), name, shape, found.second->shape));
+    if (!found.second->supported) {
+      return absl::UnimplementedError(absl::StrCat(found.first->path(), ": tensor '", name,
+                                                   "' has dtype ", found.second->dtype_name,
+                                                   "; only F32, F16 and BF16 are supported"));
+    }
+    return absl::OkStatus();
+  };
+  source.read = [&](const std::string& name, float* dst) -> absl::Status {
+    ASSIGN_OR_RETURN(const auto found, find(name));
+    return found.first->ReadAsF32(*found.second, dst);
   };
   static const std::map<std::string_view, std::string> kParts = {
       {"attn_norm", "input_layernorm"},   {"q", "self_attn.q_proj"},
@@ -155,7 +195,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
                       return absl::StrCat("model.layers.", l, ".", kParts.at(part), ".weight");
                     }};
   RETURN_IF_ERROR(AssembleWeights(*w, Placements(w->config, names, /*gguf_rope_layout=*/false),
-                                  read));
+                                  source));
   return w;
 }
 
@@ -234,6 +274,11 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
                                                  s.message()));
     }
     config.rope.freq_factors.assign(factors.begin(), factors.end());
+    // A zero or NaN divisor would put inf/NaN in every rotation: refuse the file instead.
+    if (absl::Status v = ValidateModelConfig(config); !v.ok()) {
+      return absl::Status(v.code(), absl::StrCat(file.path(), ": tensor rope_freqs.weight: ",
+                                                 v.message()));
+    }
   }
   return config;
 }
@@ -252,9 +297,27 @@ absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {
       path, ": unknown model format (expected a .gguf file or an HF directory with config.json)"));
 }
 
+absl::Status CheckGgufWeights(const GgufFile& file, const ModelConfig& config) {
+  for (const WeightPlacement& p : GgufWeightPlacements(config)) {
+    RETURN_IF_ERROR(CheckGgufTensor(file, p.name, p.shape));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path) {
   ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(path));
-  return format == ModelFormat::kGguf ? LoadGguf(path) : LoadHf(path);
+  // Every size is bounded before it is allocated (model_config.h, AssembleWeights); this catch is
+  // the last resort that keeps a worker alive if a model that passed every check still does not
+  // fit in memory.
+  try {
+    return format == ModelFormat::kGguf ? LoadGguf(path) : LoadHf(path);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": out of host memory loading the weights"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": out of host memory loading the weights"));
+  }
 }
 
 }  // namespace lazyattn

@@ -47,8 +47,11 @@ struct ModelWeights {
 enum class ModelFormat { kGguf, kHfSafetensors };
 absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
 
-// Loads and dequantizes every tensor, checks every shape against the config. Errors name the file
-// and the tensor (missing, wrong shape, unsupported type).
+// Loads and dequantizes every tensor. Every tensor's shape and type is checked against the config
+// before any weight memory is allocated, so what is allocated is bounded by the file's size.
+// Errors name the file and the tensor or key (InvalidArgument / DataLoss / NotFound /
+// Unimplemented for a malformed or unsupported file; ResourceExhausted, never std::bad_alloc, when
+// a well-formed model does not fit in memory).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path);
 
 // The GGUF Q/K row permutation's inverse, exposed for tests: `rows` = n_heads * head_dim rows of
@@ -83,8 +86,14 @@ struct WeightPlacement {
 std::vector<WeightPlacement> GgufWeightPlacements(const ModelConfig& config);
 
 class GgufFile;
-// The config of a GGUF model, Llama-3 RoPE frequency factors (rope_freqs.weight) included.
+// The config of a GGUF model, Llama-3 RoPE frequency factors (rope_freqs.weight) included; the
+// factors must be finite and positive.
 absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file);
+
+// Every tensor GgufWeightPlacements(config) names is in `file` with that shape and a type
+// DequantizeToF32 converts: what a loader checks before it allocates the weights. Touches no
+// tensor data. NotFound / InvalidArgument / Unimplemented naming the file and the tensor.
+absl::Status CheckGgufWeights(const GgufFile& file, const ModelConfig& config);
 
 }  // namespace lazyattn
 

@@ -91,6 +91,11 @@ absl::Status SafetensorsFile::ParseHeader() {
                                             " exceeds the ", map_size_ - kLengthPrefixBytes,
                                             " bytes after the length prefix"));
   }
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": header length ", header_len,
+                                                   " exceeds the format's limit of ",
+                                                   kMaxSafetensorsHeaderBytes, " bytes"));
+  }
   const char* json_begin = reinterpret_cast<const char*>(map_ + kLengthPrefixBytes);
   const uint8_t* data = map_ + kLengthPrefixBytes + header_len;
   const uint64_t data_size = map_size_ - kLengthPrefixBytes - header_len;
@@ -113,8 +118,9 @@ absl::Status SafetensorsFile::ParseHeader() {
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") continue;
       current = name;
-      auto bad = [&](absl::string_view why) {
-        return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "': ", why));
+      // Named capture: clang 14 (the fuzz build's compiler) cannot capture a structured binding.
+      auto bad = [&, &tensor = name](absl::string_view why) {
+        return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", tensor, "': ", why));
       };
       if (!entry.is_object()) return bad("entry is not an object");
       Tensor t;
@@ -134,7 +140,13 @@ absl::Status SafetensorsFile::ParseHeader() {
       int64_t n = 1;
       for (const nlohmann::json& d : *shape_it) {
         int64_t dim;
-        if (!AsCount(d, &dim)) return bad(absl::StrCat("bad shape entry ", d.dump()));
+        if (!AsCount(d, &dim)) {
+          return bad(d.is_primitive()
+                         ? absl::StrCat("bad shape entry ",
+                                        d.dump(-1, ' ', false,
+                                               nlohmann::json::error_handler_t::replace))
+                         : std::string("bad shape entry (not an integer)"));
+        }
         if (__builtin_mul_overflow(n, dim, &n)) return bad("shape overflows the element count");
         t.shape.push_back(dim);
       }

@@ -5,7 +5,8 @@
 // is ignored), then the data section that the offsets are relative to.
 //
 // Contract:
-// - Open() validates the whole header up front: the JSON, every entry's fields, every extent
+// - Open() validates the whole header up front: its length (at most kMaxSafetensorsHeaderBytes),
+//   the JSON, every entry's fields, every extent
 //   against the data section, and (for dtypes whose size is known) that the extent holds exactly
 //   prod(shape) elements. Errors name the file and the tensor; nothing here aborts or throws.
 // - Tensors whose dtype ReadAsF32 cannot convert (anything but F32, F16, BF16) are still listed,
@@ -60,6 +61,9 @@ struct SafetensorsTensor {
   const uint8_t* data = nullptr;  // into the mapping; not necessarily aligned
   size_t num_bytes = 0;
 };
+
+// The safetensors format's own bound on the JSON header (the reference reader refuses larger).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 class SafetensorsFile {
  public:

@@ -54,13 +54,55 @@ absl::StatusOr<int32_t> OptionalId(const GgufFile& gguf, std::string_view key) {
   return ToTokenId(value);
 }
 
+// The whole file, refused when larger than kMaxTokenizerJsonBytes (read one byte past the limit at
+// most, never the whole of a huge file).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > static_cast<uintmax_t>(kMaxTokenizerJsonBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", size, " bytes, more than the ",
+                                                   kMaxTokenizerJsonBytes,
+                                                   " a tokenizer file may have"));
+  }
+  char buf[1 << 16];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(text.size()) > kMaxTokenizerJsonBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": more than the ",
+                                                     kMaxTokenizerJsonBytes,
+                                                     " bytes a tokenizer file may have"));
+    }
+  }
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
-  return ss.str();
+  return text;
+}
+
+// A JSON value for an error message: scalars as written (cut at 64 bytes; invalid UTF-8
+// replaced rather than thrown on), containers by kind only (dumping one is recursive and could be
+// huge).
+std::string Shown(const Json& v) {
+  if (v.is_structured()) return v.is_array() ? "an array" : "an object";
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 64) s = s.substr(0, 64) + "...";
+  return s;
+}
+
+// A token id from tokenizer.json: an integer in [0, kMaxTokenizerVocab), checked before it is
+// converted (a float or a huge value would otherwise wrap or be undefined).
+absl::StatusOr<int64_t> TokenIdOf(const Json& v, const std::string& path, absl::string_view what) {
+  const bool ok = (v.is_number_unsigned() &&
+                   v.get<uint64_t>() < static_cast<uint64_t>(kMaxTokenizerVocab)) ||
+                  (v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                   v.get<int64_t>() < kMaxTokenizerVocab);
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " id ", Shown(v),
+                                                   ": must be an integer in [0, ",
+                                                   kMaxTokenizerVocab, ")"));
+  }
+  return v.get<int64_t>();
 }
 
 // The convert script's does_token_look_special().
@@ -177,19 +219,17 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& path) {
   }
   std::map<int64_t, std::pair<std::string, TokenType>> by_id;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > INT32_MAX / 2) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", id, " out of range"));
-    }
+    ASSIGN_OR_RETURN(const int64_t id,
+                     TokenIdOf(it.value(), path, absl::StrCat("model.vocab \"", it.key(), "\"")));
     by_id[id] = {it.key(), TokenType::kNormal};
   }
   if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
     for (const Json& added : root["added_tokens"]) {
-      const int64_t id = added.at("id").get<int64_t>();
-      if (id < 0 || id > INT32_MAX / 2) {
+      if (!added.is_object()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(path, ": added token id ", id, " out of range"));
+            absl::StrCat(path, ": added_tokens entry ", Shown(added), " is not an object"));
       }
+      ASSIGN_OR_RETURN(const int64_t id, TokenIdOf(added.at("id"), path, "added_tokens"));
       std::string content = added.at("content").get<std::string>();
       const bool special = BoolOr(added, "special", false);
       TokenType type = TokenType::kControl;
@@ -216,6 +256,11 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& path) {
 
   // Merges: "a b" strings or [a, b] pairs.
   if (model.contains("merges") && model["merges"].is_array()) {
+    if (static_cast<int64_t>(model["merges"].size()) > kMaxTokenizerMerges) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": model.merges has ",
+                                                     model["merges"].size(), " entries, more than ",
+                                                     kMaxTokenizerMerges));
+    }
     for (const Json& m : model["merges"]) {
       std::pair<std::string, std::string> merge;
       if (m.is_string()) {
@@ -226,7 +271,7 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(const std::string& path) {
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         merge = {m[0].get<std::string>(), m[1].get<std::string>()};
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": malformed merge ", m.dump()));
+        return absl::InvalidArgumentError(absl::StrCat(path, ": malformed merge ", Shown(m)));
       }
       spec.merges.push_back(std::move(merge));
     }
@@ -315,6 +360,11 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& gguf) {
   }
   ASSIGN_OR_RETURN(spec.pre, gguf.GetString("tokenizer.ggml.pre"));
   ASSIGN_OR_RETURN(spec.tokens, gguf.GetStringArray("tokenizer.ggml.tokens"));
+  if (static_cast<int64_t>(spec.tokens.size()) > kMaxTokenizerVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": tokenizer.ggml.tokens has ",
+                                                   spec.tokens.size(), " tokens, more than ",
+                                                   kMaxTokenizerVocab));
+  }
   if (gguf.Has("tokenizer.ggml.token_type")) {
     ASSIGN_OR_RETURN(std::vector<int64_t> types, gguf.GetIntArray("tokenizer.ggml.token_type"));
     spec.token_types.reserve(types.size());
@@ -323,6 +373,11 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& gguf) {
     }
   }
   ASSIGN_OR_RETURN(std::vector<std::string> merges, gguf.GetStringArray("tokenizer.ggml.merges"));
+  if (static_cast<int64_t>(merges.size()) > kMaxTokenizerMerges) {
+    return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": tokenizer.ggml.merges has ",
+                                                   merges.size(), " entries, more than ",
+                                                   kMaxTokenizerMerges));
+  }
   spec.merges.reserve(merges.size());
   for (const std::string& m : merges) {
     std::pair<std::string, std::string> merge;

@@ -7,6 +7,10 @@
 //   checks. The adapters fail (never abort) with InvalidArgument / NotFound / Unimplemented when a
 //   required key is missing, has the wrong type, or describes something we do not support, and the
 //   message names the file and the key.
+// - Sizes are bounded before anything is sized by them: at most kMaxTokenizerVocab tokens (every
+//   token id below it), kMaxTokenizerMerges merges, a tokenizer.json or tokenizer_config.json of
+//   at most kMaxTokenizerJsonBytes; GGUF arrays are already bounded by the file (gguf_file.h).
+//   Past a bound: InvalidArgument naming the file and the key.
 // - Token ids are int32_t; -1 means "none".
 #ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_SPEC_H_
 #define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_SPEC_H_
@@ -21,6 +25,12 @@
 namespace lazyattn {
 
 class GgufFile;
+
+// Equal to kMaxVocabSize (model_config.h), which the model loader checks.
+inline constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 21;
+inline constexpr int64_t kMaxTokenizerMerges = int64_t{1} << 22;
+// The largest tokenizer.json we know of (Gemma's, 256K tokens) is about 34 MB.
+inline constexpr int64_t kMaxTokenizerJsonBytes = int64_t{256} << 20;
 
 // GGUF token types (tokenizer.ggml.token_type), as llama.cpp defines them.
 enum class TokenType : int32_t {
