@@ -1,7 +1,5 @@
 #include "services/worker/cache/block_pool.h"
 
-#include <cassert>
-
 #include "absl/strings/str_cat.h"
 
 namespace lazyattn {
@@ -20,40 +18,51 @@ std::optional<BlockId> BlockPool::Allocate() {
   return b;
 }
 
-void BlockPool::Ref(BlockId b) {
-  assert(!is_free(b));
+bool BlockPool::Misuse(const char* what, BlockId b) {
+  if (errors_++ == 0) first_error_ = absl::StrCat(what, " ", b);
+  return false;
+}
+
+bool BlockPool::Ref(BlockId b) {
+  if (b >= ref_count_.size() || is_free(b)) return Misuse("ref of a free or unknown block", b);
   if (ref_count_[b]++ == 0) {
     ++num_referenced_;
     if (cached_[b]) --num_cached_unreferenced_;
   }
+  return true;
 }
 
-void BlockPool::Unref(BlockId b) {
-  assert(ref_count_[b] > 0);
-  if (--ref_count_[b] > 0) return;
+bool BlockPool::Unref(BlockId b) {
+  if (b >= ref_count_.size() || ref_count_[b] <= 0) {
+    return Misuse("unref of an unreferenced or unknown block", b);
+  }
+  if (--ref_count_[b] > 0) return true;
   --num_referenced_;
   if (cached_[b]) {
     ++num_cached_unreferenced_;
   } else {
     Release(b);
   }
+  return true;
 }
 
-void BlockPool::SetCached(BlockId b, bool cached) {
-  if (cached_[b] == cached) return;
+bool BlockPool::SetCached(BlockId b, bool cached) {
+  if (b >= ref_count_.size()) return Misuse("caching of an unknown block", b);
+  if (cached_[b] == cached) return true;
+  if (cached && ref_count_[b] == 0) return Misuse("caching of a free block", b);
   cached_[b] = cached;
-  if (ref_count_[b] > 0) return;
-  if (cached) {
-    ++num_cached_unreferenced_;  // precondition: a block being cached is not free (caller holds it)
-  } else {
-    --num_cached_unreferenced_;
-    Release(b);
-  }
+  if (ref_count_[b] > 0) return true;
+  --num_cached_unreferenced_;  // uncached while unreferenced: nobody holds it any more
+  Release(b);
+  return true;
 }
 
 void BlockPool::Release(BlockId b) { free_.push_back(b); }
 
 absl::Status BlockPool::CheckInvariant() const {
+  if (errors_ > 0) {
+    return absl::InternalError(absl::StrCat(errors_, " misuses of the block pool, first: ", first_error_));
+  }
   int64_t referenced = 0, cached_unref = 0, free_count = 0;
   std::vector<bool> on_free_list(ref_count_.size(), false);
   for (BlockId b : free_) {

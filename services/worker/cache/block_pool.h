@@ -6,7 +6,7 @@
 //   cached-unreferenced  held only by a cache (document cache or radix tree) and evictable.
 // A block can be referenced and cached at once (a running request reading a cached document);
 // it counts as referenced then. Invariant, checked by CheckInvariant():
-//   free + referenced + cached_unreferenced == total.
+//   free + referenced + cached_unreferenced == total, no block on the free list twice.
 //
 // Plain C++, no CUDA: the worker, the tests and the trace simulator share it. Not thread-safe: the
 // engine loop owns it.
@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,11 +39,18 @@ class BlockPool {
 
   // Pins / unpins a block for a running sequence. Unref of the last reference returns the block to
   // the free list unless a cache holds it.
-  void Ref(BlockId b);
-  void Unref(BlockId b);
+  // Misuse is never undefined behaviour, in any build type: Ref of a free block, Unref of a block
+  // nobody references, or an id outside the pool changes nothing, returns false and is counted in
+  // errors() (the first described by first_error()). The engine checks errors() after every step.
+  bool Ref(BlockId b);
+  bool Unref(BlockId b);
 
   // A cache takes or drops ownership of a block. Uncache of an unreferenced block frees it.
-  void SetCached(BlockId b, bool cached);
+  // Caching a free block is misuse (false, counted), as above.
+  bool SetCached(BlockId b, bool cached);
+
+  int64_t errors() const { return errors_; }
+  const std::string& first_error() const { return first_error_; }
 
   int32_t ref_count(BlockId b) const { return ref_count_[b]; }
   bool cached(BlockId b) const { return cached_[b]; }
@@ -53,11 +61,14 @@ class BlockPool {
 
  private:
   void Release(BlockId b);  // to the free list
+  bool Misuse(const char* what, BlockId b);  // counts it; always false
   std::vector<int32_t> ref_count_;
   std::vector<bool> cached_;
   std::vector<BlockId> free_;
   int64_t num_referenced_ = 0;
   int64_t num_cached_unreferenced_ = 0;
+  int64_t errors_ = 0;
+  std::string first_error_;
 };
 
 }  // namespace lazyattn
