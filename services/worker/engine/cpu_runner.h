@@ -32,7 +32,7 @@ class CpuRunner {
   const RopeTable& rope() const { return rope_; }
 
   // Runs the chunks, writes their K/V into `kv`, and returns the logits rows requested, in chunk
-  // order: [rows][vocab] (ForwardChunk::greedy is ignored: every row comes back).
+  // order: [rows][vocab] (no sampling: every row comes back).
   // InvalidArgument (naming the chunk) for token ids out of the vocabulary, positions past the
   // RoPE table, or slot/table sizes that do not match.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardChunk> chunks,
@@ -58,7 +58,7 @@ class CpuModelRunner final : public ModelRunner {
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
     auto logits = runner_.Forward(chunks, kv_);
     if (!logits.ok()) return logits.status();
-    return SplitGreedyRows(chunks, std::move(*logits), config().vocab_size);
+    return SampleRowsOnHost(chunks, std::move(*logits), config().vocab_size);
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
 

@@ -1,5 +1,6 @@
 #include "services/worker/engine/engine.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/model/model_fingerprint.h"
@@ -16,6 +17,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, std::string model_fingerprin
     : config_(runner->config()),
       tokenizer_(tokenizer),
       limits_(limits),
+      max_waiting_requests_(options.max_waiting_requests),
+      max_queued_tokens_(options.max_queued_tokens),
       identity_{std::move(model_fingerprint), TokenizerFingerprint(*tokenizer)},
       token_cache_(options.document_token_cache_tokens),
       key_memo_(options.document_key_memo_tokens),
@@ -46,18 +49,39 @@ Engine::~Engine() {
 
 absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
   const absl::Time submitted = absl::Now();
-  auto prepared =
-      PrepareRequest(request, *tokenizer_, config_, identity_, limits_,
-                     {.token_ids = &token_cache_, .keys = &key_memo_});
+  auto prepared = Prepare(request);
   if (!prepared.ok()) return prepared.status();
   prepared->callbacks = std::move(callbacks);
   prepared->submitted = submitted;
+  return SubmitPrepared(std::move(*prepared));
+}
+
+absl::StatusOr<PreparedRequest> Engine::Prepare(const EngineRequest& request) {
+  return PrepareRequest(request, *tokenizer_, config_, identity_, limits_,
+                        {.token_ids = &token_cache_, .keys = &key_memo_});
+}
+
+absl::StatusOr<uint64_t> Engine::SubmitPrepared(PreparedRequest prepared) {
+  if (prepared.submitted == absl::InfinitePast()) prepared.submitted = absl::Now();
+  const int64_t tokens = prepared.prompt_tokens();
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("engine shut down");
+    if (!health_.ok()) return absl::UnavailableError(health_.message());
+    // The queue as of the last step, plus what arrived since.
+    const int64_t waiting = load_.waiting + static_cast<int64_t>(inbox_.size());
+    int64_t queued_tokens = load_.waiting_tokens;
+    for (const auto& [unused, p] : inbox_) queued_tokens += p.prompt_tokens();
+    if (waiting > 0 && (waiting >= max_waiting_requests_ ||
+                        queued_tokens + tokens > max_queued_tokens_)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "worker queue full: ", waiting, " requests with ", queued_tokens,
+          " prompt tokens wait (limits engine.max_waiting_requests ", max_waiting_requests_,
+          ", engine.max_queued_tokens ", max_queued_tokens_, ")"));
+    }
     id = next_id_++;
-    inbox_.emplace_back(id, std::move(*prepared));
+    inbox_.emplace_back(id, std::move(prepared));
     idle_ = false;
   }
   cv_.notify_all();
@@ -103,6 +127,11 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+absl::Status Engine::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return health_;
+}
+
 KvBlockCounts Engine::blocks() const {
   std::lock_guard<std::mutex> lock(mu_);
   return blocks_;
@@ -114,6 +143,7 @@ EngineLoad Engine::load() const {
   for (const auto& [id, p] : inbox_) {
     ++load.waiting;
     load.queued_prefill_tokens += p.prompt_tokens();
+    load.waiting_tokens += p.prompt_tokens();
   }
   return load;
 }
@@ -151,6 +181,7 @@ void Engine::Loop() {
       blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
                  pool.num_cached_unreferenced()};
       load_ = core_.Load();
+      health_ = core_.health();
     }
     if (!progressed && core_.HasWork()) {
       // Nothing could run (e.g. waiting on a deadline): avoid spinning.

@@ -36,9 +36,17 @@ class Engine {
   // Stops the loop; unfinished requests end with Unavailable.
   ~Engine();
 
-  // Validates and queues. Errors (InvalidArgument naming the field) are returned here and the
-  // callbacks are not called; otherwise on_done is called exactly once, later.
+  // Validates and queues: Prepare, then SubmitPrepared. Errors are returned here and the callbacks
+  // are not called; otherwise on_done is called exactly once, later.
   absl::StatusOr<uint64_t> Submit(const EngineRequest& request, RequestCallbacks callbacks);
+  // Validation and tokenization alone (InvalidArgument naming the field). Thread-safe; runs on the
+  // caller's thread, so callers keep large documents off latency-sensitive threads with a pool.
+  absl::StatusOr<PreparedRequest> Prepare(const EngineRequest& request);
+  // Queues a prepared request (its callbacks inside). ResourceExhausted at once while the queue
+  // holds EngineOptions::max_waiting_requests requests or max_queued_tokens prompt tokens (a
+  // request is always queued when nothing waits); Unavailable once the engine stopped or is
+  // unhealthy (see health()).
+  absl::StatusOr<uint64_t> SubmitPrepared(PreparedRequest prepared);
   // Ends the request with Cancelled and frees its blocks (no effect once it finished).
   void Cancel(uint64_t id);
   // Submits and waits for the end: the result, or the request's error.
@@ -48,6 +56,9 @@ class Engine {
 
   EngineStats stats() const;
   KvBlockCounts blocks() const;
+  // OK, or why the engine stopped serving (its KV pool was found inconsistent: see
+  // EngineCore::health()). Sticky: a worker reports NOT_SERVING and needs a restart.
+  absl::Status health() const;
   // As of the last step, plus requests submitted since.
   EngineLoad load() const;
 
@@ -72,6 +83,8 @@ class Engine {
   const ModelConfig config_;
   const Tokenizer* tokenizer_;
   const RequestLimits limits_;
+  const int max_waiting_requests_;
+  const int64_t max_queued_tokens_;
   const ModelIdentity identity_;
   DocumentTokenCache token_cache_;  // its own lock: Submit runs on the callers' threads
   DocumentKeyMemo key_memo_;        // likewise
@@ -90,6 +103,7 @@ class Engine {
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   KvBlockCounts blocks_ ABSL_GUARDED_BY(mu_);
   EngineLoad load_ ABSL_GUARDED_BY(mu_);
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -3,7 +3,8 @@
 //
 // Each Step():
 //  1. ends requests that were cancelled or whose deadline passed (their blocks are released);
-//  2. admits waiting requests (FCFS) while the KV pool can hold their prompts: reuses the system
+//  2. admits waiting requests (FCFS) while the KV pool can hold their uncached prompts beside what
+//     the requests admitted before them still have to allocate: reuses the system
 //     prefix from the radix tree, looks documents up in the document cache (pinning hits), and
 //     joins or starts one encoding job per missing document, so two requests that need the same
 //     uncached document encode it once; mode `block` copies a document cached at another offset
@@ -17,12 +18,24 @@
 // launched in 5. and finished at the start of the next Step(), which may launch the following
 // decode step first.
 //
+// Ownership: the core owns every request (requests_) and encoding job (jobs_); everything else
+// names them by id (the queues, a job's waiters, a step's plan), so a request that ends while
+// others still refer to it is simply not found, never read after it is freed. One request may
+// name the same document any number of times: each occurrence is its own segment and its own
+// waiter of the one encoding job.
+//
+// After every step the block pool is checked (its misuse counter and its counts; the whole
+// invariant too with EngineOptions::check_pool_every_step). A failed check is a bug: the core
+// then fails every request (running ones with Internal, queued ones with Unavailable so a router
+// retries them elsewhere), refuses new ones and reports it in health().
+//
 // Not thread-safe.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -31,6 +44,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/document_key.h"
 #include "services/worker/cache/kv_cache_manager.h"
 #include "services/worker/engine/engine_stats.h"
@@ -40,6 +54,18 @@
 #include "services/worker/model/tokenizer/tokenizer.h"
 
 namespace lazyattn {
+
+#if !defined(NDEBUG) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kDebugOrSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kDebugOrSanitizerBuild = true;
+#else
+inline constexpr bool kDebugOrSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kDebugOrSanitizerBuild = false;
+#endif
 
 struct EngineOptions {
   int64_t num_kv_blocks = 1024;  // CPU backend built from weights; a given runner brings its own
@@ -58,6 +84,15 @@ struct EngineOptions {
   // deadlines or encodings pending), its input tokens taken on the device. The host's work
   // between steps then overlaps the device's. Off only to measure or compare.
   bool pipeline_decode = true;
+  // Requests without a client deadline end with DeadlineExceeded this long after submission, so
+  // nothing waits forever; InfiniteDuration turns it off.
+  absl::Duration default_deadline = absl::Seconds(600);
+  // Engine::SubmitPrepared answers ResourceExhausted at once while this many requests, or this many
+  // prompt tokens, wait for admission (a request arriving at an empty queue is always queued).
+  int max_waiting_requests = 1024;
+  int64_t max_queued_tokens = int64_t{1} << 22;
+  // Recount the whole KV pool after every step (O(blocks)); otherwise only the O(1) checks run.
+  bool check_pool_every_step = kDebugOrSanitizerBuild;
 };
 
 // A tokenized request (Engine::Submit tokenizes and validates).
@@ -92,14 +127,18 @@ class EngineCore {
 
   // Blocks a prompt plus its generation budget needs at most (for admission control).
   int64_t BlocksNeeded(const PreparedRequest& r) const;
-  // Queues a request under `id` (0: the core picks one); returns the id. A request that can never
-  // fit ends at once through on_done with ResourceExhausted.
+  // Queues a request under `id` (0: the core picks one); returns the id. Ends at once through
+  // on_done: with FailedPrecondition a request that can never fit (more blocks than the pool
+  // has), AlreadyExists an id in use, Unavailable anything once health() is not OK. A request
+  // without a deadline gets EngineOptions::default_deadline.
   uint64_t Add(PreparedRequest request, uint64_t id = 0);
   void Cancel(uint64_t id);
 
   // One scheduling round and forward pass. Returns false when there was nothing to do.
   bool Step(absl::Time now);
-  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  bool HasWork() const { return !requests_.empty(); }
+  // OK, or the Internal error that made the core stop serving (see the pool check above).
+  const absl::Status& health() const { return health_; }
   // The earliest deadline among queued and running requests (for the engine thread's sleep).
   absl::Time NextDeadline() const;
 
@@ -115,27 +154,53 @@ class EngineCore {
   struct Segment;
   struct EncodeJob;
   struct Planned;
+  using RequestId = uint64_t;  // 0: none
+  using JobId = uint64_t;      // 0: none
 
   enum class DocOutcome { kHit, kCopy, kEncode };
+  // nullptr when the request ended (or never existed): ids may outlive what they name.
+  Request* FindRequest(RequestId id);
+  EncodeJob* FindJob(JobId id);
+
+  // --- engine_admission.cc: admission, blocks, preemption, release.
   void Admit();
-  bool TryAdmit(Request& r);
-  DocOutcome AcquireDocument(Request& r, Segment& seg);
-  bool EnsureBlocks(std::vector<BlockId>& blocks, int64_t tokens, Request* owner);
-  bool PreemptNewest(const Request* keep);
+  // Blocks that admitted work has still to allocate for its prompts (running prefills and
+  // encoding jobs): admission keeps them free.
+  int64_t OutstandingPrefillBlocks() const;
+  // Admits `r` when the pool can hold what it still needs beside `reserved` blocks; returns
+  // what it needs (now reserved too), or nullopt with nothing held.
+  std::optional<int64_t> TryAdmit(Request& r, int64_t reserved);
+  DocOutcome AcquireDocument(Request& r, size_t segment);
+  bool EnsureBlocks(std::vector<BlockId>& blocks, int64_t tokens, RequestId owner);
+  bool PreemptNewest(RequestId keep);
+  // Returns every block `r` holds and leaves every job it waits for (a job nobody waits for any
+  // more is dropped with its blocks).
   void Release(Request& r);
+  void LeaveJob(JobId job, RequestId request, size_t segment);
+  // Ends `r` (on_done is called); it is erased from the queues by EraseFinished.
   void Finish(Request& r, const absl::Status& status);
+  void EraseFinished();
+  void CompleteJob(EncodeJob& job);
+  // Ends every request waiting for `job` with `status` (which drops the job).
+  void FailJob(JobId job, const absl::Status& status);
+
+  // --- engine_output.cc: sampling, streaming, finishing.
   // Emits `chosen` when the runner already picked it (greedy), else samples from `logits`.
   void SampleAndEmit(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
-  void CompleteJob(EncodeJob& job);
   void OnPrefillDone(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
+
+  // --- engine_core.cc: the step.
+  bool RunStep(absl::Time now);
+  // The pool checks described above; on failure, everything fails and health_ is set.
+  void VerifyPool();
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
   // KV slots of tokens start .. start + n - 1 of a segment stored in `blocks`.
   std::vector<int64_t> SlotsFor(const std::vector<BlockId>& blocks, int64_t start,
                                 int64_t n) const;
   // The chunks of a plan, their slot and table spans pointing into it.
   static std::vector<ForwardChunk> ChunksOf(std::span<Planned> plan);
-  // Reads a step's results: samples, streams, finishes (every request of the plan fails with
-  // the status when it is an error). Requests it finishes stay in running_.
+  // Reads a step's results: samples, streams, finishes. On an error every request of the plan,
+  // and every request waiting for an encoding job of the plan, fails with it.
   void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
   // With `launched` on the device and uncollected: launches the decode step after it when the
   // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
@@ -147,12 +212,15 @@ class EngineCore {
   EngineOptions options_;
   KvCacheManager cache_;
   EngineStats stats_;
-  uint64_t next_id_ = 1;
-  std::deque<std::unique_ptr<Request>> waiting_;
-  std::vector<std::unique_ptr<Request>> running_;  // admission order
-  absl::flat_hash_map<DocCacheKey, std::unique_ptr<EncodeJob>> jobs_;
-  std::vector<EncodeJob*> job_order_;  // FIFO of jobs_ values
-  std::vector<Planned> in_flight_;     // a launched, uncollected decode step (pipeline_decode)
+  RequestId next_id_ = 1;
+  JobId next_job_id_ = 1;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;  // queued and running
+  std::deque<RequestId> waiting_;   // admission order (a preempted request goes first)
+  std::vector<RequestId> running_;  // admitted, in admission order
+  std::map<JobId, std::unique_ptr<EncodeJob>> jobs_;  // by id, which is their start order
+  absl::flat_hash_map<DocCacheKey, JobId> job_by_key_;
+  std::vector<Planned> in_flight_;  // a launched, uncollected decode step (pipeline_decode)
+  absl::Status health_;
 };
 
 }  // namespace lazyattn

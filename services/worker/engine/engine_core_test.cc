@@ -204,7 +204,7 @@ TEST_F(EngineCoreTest, SmallBudgetEvictsAndPreemptsWithoutLeaks) {
 TEST_F(EngineCoreTest, RequestThatCanNeverFitIsRejected) {
   Init(4096, /*blocks=*/8);
   const Outcome o = RunOne(Request({9}, CacheMode::kLazy, 200));
-  EXPECT_EQ(o.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(o.status.message().find("KV blocks"), std::string::npos) << o.status;
 }
 
@@ -375,7 +375,7 @@ class PipeliningCpuRunner final : public ModelRunner {
     }
     auto out = inner_.Forward(own);
     if (!out.ok()) return out.status();
-    last_greedy_ = out->greedy_ids;
+    last_greedy_ = out->token_ids;
     launched_.push_back(*std::move(out));
     return absl::OkStatus();
   }

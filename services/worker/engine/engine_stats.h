@@ -30,6 +30,9 @@ struct EngineStats {
   int64_t requests_ok = 0;
   int64_t requests_failed = 0;
   int64_t encode_jobs = 0;  // document encodings run (one per missing document, shared)
+  // Inconsistencies found in the KV block pool (an unref of an unreferenced block, counts that
+  // drifted). Any is a bug: the engine then stops serving (EngineCore::health()).
+  int64_t pool_errors = 0;
   // Request preparation (Engine::Submit): text documents tokenized, or whose ids came from the
   // token cache; token-id documents hashed (SHA-256), or whose key came from the key memo.
   int64_t text_docs_tokenized = 0, text_docs_reused = 0;
@@ -45,6 +48,8 @@ struct EngineLoad {
   // Prompt tokens still to compute: waiting requests' whole prompts (plus what a preempted one had
   // generated), the unfinished segments of admitted ones, each document encoding counted once.
   int64_t queued_prefill_tokens = 0;
+  // Prompt tokens of the waiting requests alone (bounded by EngineOptions::max_queued_tokens).
+  int64_t waiting_tokens = 0;
 };
 
 }  // namespace lazyattn

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/worker/engine/sampler.h"
 
 namespace lazyattn {
 
@@ -16,29 +17,31 @@ absl::StatusOr<ForwardOutput> ModelRunner::Collect() {
       absl::StrCat("backend ", backend_name(), " does not pipeline decode steps"));
 }
 
-ForwardOutput SplitGreedyRows(std::span<const ForwardChunk> chunks, std::vector<float> logits,
-                              int64_t vocab_size) {
-  bool any_greedy = false;
-  for (const ForwardChunk& ch : chunks) any_greedy |= ch.emit_logits && ch.greedy;
+ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector<float> logits,
+                               int64_t vocab_size) {
   ForwardOutput out;
-  if (!any_greedy) {
-    out.logits = std::move(logits);
-    return out;
-  }
+  bool all_rows = true;
+  for (const ForwardChunk& ch : chunks) all_rows &= !ch.emit_logits || ch.return_logits;
   int64_t row = 0;
   for (const ForwardChunk& ch : chunks) {
     if (!ch.emit_logits) continue;
     const int64_t rows = ch.logits_for_all_tokens ? static_cast<int64_t>(ch.tokens.size()) : 1;
+    std::vector<PenaltyEntry> penalties;
+    if (HasPenalties(ch.sampling)) {
+      penalties = PenaltyEntries(ch.penalty_tokens, ch.penalty_prompt_tokens);
+    }
     for (int64_t r = 0; r < rows; ++r, ++row) {
       const float* begin = logits.data() + row * vocab_size;
-      if (ch.greedy) {
-        out.greedy_ids.push_back(
-            static_cast<int32_t>(std::max_element(begin, begin + vocab_size) - begin));
-      } else {
-        out.logits.insert(out.logits.end(), begin, begin + vocab_size);
-      }
+      float logprob = 0;
+      out.token_ids.push_back(SampleRowCpu(
+          begin, static_cast<int32_t>(vocab_size), ch.sampling, penalties.data(),
+          static_cast<int32_t>(penalties.size()), -1,
+          (ch.sampling.flags & kSampleLogprob) ? &logprob : nullptr));
+      out.logprobs.push_back(logprob);
+      if (ch.return_logits && !all_rows) out.logits.insert(out.logits.end(), begin, begin + vocab_size);
     }
   }
+  if (all_rows) out.logits = std::move(logits);
   return out;
 }
 
@@ -50,6 +53,18 @@ absl::Status ValidateForwardChunks(std::span<const ForwardChunk> chunks, const M
       return absl::InvalidArgumentError(absl::StrCat("forward chunk ", i, ": ", what));
     };
     if (ch.tokens.empty()) return bad("no tokens");
+    if (ch.emit_logits) {
+      if (const char* why = SamplingRowParamsError(ch.sampling)) return bad(why);
+      if (ch.penalty_prompt_tokens < 0 ||
+          ch.penalty_prompt_tokens > static_cast<int64_t>(ch.penalty_tokens.size())) {
+        return bad("penalty_prompt_tokens outside the penalty history");
+      }
+      if (HasPenalties(ch.sampling)) {
+        for (int32_t t : ch.penalty_tokens) {
+          if (t < 0 || t >= c.vocab_size) return bad("penalty history id outside the vocabulary");
+        }
+      }
+    }
     if (ch.kv_slots.size() != ch.tokens.size()) return bad("kv_slots size differs from tokens");
     for (int32_t t : ch.tokens) {
       if (t < 0 || t >= c.vocab_size) {

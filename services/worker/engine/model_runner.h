@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/include/block_copy.h"
 #include "kernels/include/kv_block_entry.h"
+#include "kernels/include/sampling.h"
 #include "services/worker/model/model_config.h"
 
 namespace lazyattn {
@@ -40,18 +41,31 @@ struct ForwardChunk {
   // or none (document encoding, prefix computation: the LM head runs only where we sample).
   bool logits_for_all_tokens = false;
   bool emit_logits = true;
-  // Only the argmax of this chunk's logits rows is needed (greedy sampling): the runner returns
-  // the token id instead of the row, so a GPU backend copies 4 bytes back, not vocab_size floats.
-  bool greedy = false;
+  // How the runner draws the token of this chunk's emitting row (its last, or every row of a
+  // logits_for_all_tokens chunk): kernels/include/sampling.h. The default, temperature 0, is
+  // greedy (argmax, the lowest id among equal maxima). `sampling.step` is the index of the token
+  // being generated and, with the seed, all the draw's randomness (penalty ranges are the
+  // runner's to fill).
+  SamplingRowParams sampling;
+  // The penalty history, read only when `sampling` has penalties: penalty_tokens[0,
+  // penalty_prompt_tokens) count for the repetition penalty only, the rest as output. In a
+  // chained launch (previous_step_rows) the input token, drawn on the device, counts as one more
+  // output occurrence.
+  std::span<const int32_t> penalty_tokens;
+  int64_t penalty_prompt_tokens = 0;
+  // Also return the emitting rows' fp32 logits (the LM head's, before penalties): tests,
+  // scoring, EngineOptions::keep_first_logits. A GPU backend copies vocab_size floats per row.
+  bool return_logits = false;
 };
 
-// What one step returns, for the rows that need logits (chunks with emit_logits; every token of
-// a logits_for_all_tokens chunk, else its last), in chunk order: a greedy chunk's rows give their
-// argmax (lowest id among equal maxima) in `greedy_ids`, every other row its fp32 logits in
-// `logits` ([rows][vocab]).
+// What one step returns, for the rows that emit (chunks with emit_logits; every token of a
+// logits_for_all_tokens chunk, else its last), in chunk order: every row's drawn id in
+// `token_ids`, its log-probability in `logprobs` (0 unless sampling asked, kSampleLogprob), and
+// the fp32 logits of the return_logits chunks' rows in `logits` ([rows][vocab]).
 struct ForwardOutput {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;
   std::vector<float> logits;
-  std::vector<int32_t> greedy_ids;
 };
 
 class ModelRunner {
@@ -65,7 +79,8 @@ class ModelRunner {
   // chunks and copies are below it.
   virtual int64_t num_kv_blocks() const = 0;
 
-  // Runs the chunks, writes their K/V, and returns the logits rows (or greedy ids) requested.
+  // Runs the chunks, writes their K/V, draws every emitting row's token and returns the ids
+  // (and the logits rows requested).
   // InvalidArgument (naming the chunk) for token ids out of the vocabulary,
   // positions past the model's context, or slot/table sizes that do not match; the KV storage is
   // untouched then. Internal for a device failure.
@@ -81,8 +96,8 @@ class ModelRunner {
   //   the oldest launched step and returns what Forward would have returned for it. At most two
   //   launched steps are uncollected; Forward and CopyBlocks need none. With
   //   `previous_step_rows` (one entry per chunk; each chunk one token), chunk i takes as its
-  //   input token the greedy id of row previous_step_rows[i] of the step launched just before,
-  //   whose rows must all have been greedy; the chunks' own `tokens` are then not read.
+  //   input token the id drawn for row previous_step_rows[i] of the step launched just before
+  //   (one emitting row per chunk, any sampling); the chunks' own `tokens` are then not read.
   // A backend without it (the default) answers Unimplemented.
   virtual bool SupportsPipelinedDecode() const { return false; }
   virtual absl::Status Launch(std::span<const ForwardChunk> chunks,
@@ -90,10 +105,11 @@ class ModelRunner {
   virtual absl::StatusOr<ForwardOutput> Collect();
 };
 
-// Splits the logits of every requested row (chunk order, [rows][vocab]) into a ForwardOutput:
-// greedy chunks' rows become their argmax. For backends that compute every row on the host.
-ForwardOutput SplitGreedyRows(std::span<const ForwardChunk> chunks, std::vector<float> logits,
-                              int64_t vocab_size);
+// Draws every emitting row's token on the host (SampleRowCpu) from `logits`, the rows of every
+// emitting row in chunk order ([rows][vocab]), and keeps the rows of return_logits chunks. For
+// backends that compute every row on the host.
+ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector<float> logits,
+                               int64_t vocab_size);
 
 // Checks what every backend must refuse before touching its storage (the InvalidArgument cases
 // of Forward). `num_kv_blocks` bounds block ids and slots.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace lazyattn {
@@ -16,6 +17,16 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
   }
   if (p.top_k < 0) return bad("top_k", p.top_k, "must be >= 0 (0 disables it)");
   if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", p.top_p, "must be in (0, 1]");
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", p.min_p, "must be in [0, 1]");
+  if (!(p.repetition_penalty > 0 && p.repetition_penalty <= 100)) {
+    return bad("repetition_penalty", p.repetition_penalty, "must be in (0, 100]");
+  }
+  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) {
+    return bad("presence_penalty", p.presence_penalty, "must be in [-2, 2]");
+  }
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2)) {
+    return bad("frequency_penalty", p.frequency_penalty, "must be in [-2, 2]");
+  }
   if (p.max_tokens < 1) return bad("max_tokens", p.max_tokens, "must be >= 1");
   if (p.stop.size() > 16) return bad("stop", p.stop.size(), "at most 16 stop strings");
   for (const auto& s : p.stop) {
@@ -29,54 +40,46 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
   return absl::OkStatus();
 }
 
+SamplingRowParams RowSamplingParams(const SamplingParams& p, uint64_t step) {
+  SamplingRowParams r;
+  r.temperature = p.temperature;
+  r.top_k = p.top_k;
+  r.top_p = p.top_p;
+  r.min_p = p.min_p;
+  r.repetition_penalty = p.repetition_penalty;
+  r.presence_penalty = p.presence_penalty;
+  r.frequency_penalty = p.frequency_penalty;
+  r.flags = p.logprobs ? kSampleLogprob : 0;
+  r.seed = p.seed;
+  r.step = step;
+  return r;
+}
+
+std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_t prompt_tokens) {
+  absl::flat_hash_map<int32_t, size_t> at;
+  std::vector<PenaltyEntry> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto [it, fresh] = at.try_emplace(tokens[i], out.size());
+    if (fresh) out.push_back({tokens[i], 0, 0});
+    PenaltyEntry& e = out[it->second];
+    if (static_cast<int64_t>(i) < prompt_tokens) {
+      e.in_prompt = 1;
+    } else {
+      ++e.output_count;
+    }
+  }
+  return out;
+}
+
 int32_t ArgMax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+Sampler::Sampler(const SamplingParams& params) : params_(params) {}
 
 int32_t Sampler::Sample(std::span<const float> logits) {
-  if (params_.temperature == 0) return ArgMax(logits);
-  const float inv_t = 1.0f / params_.temperature;
-  candidates_.clear();
-  candidates_.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_.emplace_back(logits[i] * inv_t, static_cast<int32_t>(i));
-  }
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
-    keep = params_.top_k;
-    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  // Softmax over the kept candidates (sorted, so the first is the maximum).
-  const float max_logit = candidates_[0].first;
-  std::vector<double> probs(keep);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(candidates_[i].first - max_logit);
-  if (params_.top_p < 1) {
-    double cumulative = 0;
-    size_t n = 0;
-    while (n < keep) {
-      cumulative += probs[n++] / sum;
-      if (cumulative >= params_.top_p) break;
-    }
-    keep = n;
-    sum = 0;
-    for (size_t i = 0; i < keep; ++i) sum += probs[i];
-  }
-  std::uniform_real_distribution<double> uniform(0.0, sum);
-  const double r = uniform(rng_);
-  double acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += probs[i];
-    if (r < acc) return candidates_[i].second;
-  }
-  return candidates_[keep - 1].second;
+  const SamplingRowParams row = RowSamplingParams(params_, step_++);
+  return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, nullptr, 0, -1);
 }
 
 }  // namespace lazyattn

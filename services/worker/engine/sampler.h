@@ -1,18 +1,21 @@
-// Token sampling: greedy, temperature, top-k, top-p, seeded.
+// Token sampling parameters of a request, and their per-step form for the runners.
 //
-// Order of operations (as vLLM and HF apply them): temperature scales the logits, top-k keeps the k
-// most likely, top-p keeps the smallest set whose probability reaches p, then one draw. With
-// temperature 0 the sampler is greedy (argmax; the lowest id wins ties) and ignores the rest.
+// The rules (kernels/include/sampling.h): penalties, temperature, top-k, top-p (over what top-k
+// kept), min-p, then one Philox-seeded draw that is a function of (seed, step, logits): a fixed
+// seed gives the same tokens on every run, at any batch composition, on either backend (up to
+// exp/log rounding at a boundary). Temperature 0 is greedy (argmax of the penalized logits; the
+// lowest id wins ties). Both runners sample every row themselves (the CUDA one on the device) and
+// return only the ids; Sampler below is the same draw on the host, for callers that hold logits.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_SAMPLER_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_SAMPLER_H_
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/include/sampling.h"
 
 namespace lazyattn {
 
@@ -25,12 +28,26 @@ struct SamplingParams {
   std::vector<std::string> stop;          // generation ends before any of these strings
   std::vector<int32_t> stop_token_ids;    // ... or after any of these tokens (besides EOS)
   bool ignore_eos = false;
+  float min_p = 0.0f;               // 0: off; keeps p >= min_p * p_max
+  float repetition_penalty = 1.0f;  // 1: off; over the question and the generated tokens
+  float presence_penalty = 0.0f;    // 0: off; over the generated tokens
+  float frequency_penalty = 0.0f;   // 0: off; over the generated tokens
+  bool logprobs = false;            // report each chosen token's log-probability
 };
 
 // InvalidArgument naming the field: temperature in [0, 100], top_k >= 0, top_p in (0, 1],
+// min_p in [0, 1], repetition_penalty in (0, 100], presence/frequency_penalty in [-2, 2],
 // max_tokens >= 1, stop strings non-empty (at most 16), stop ids inside the vocabulary.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
+// The per-row form of `params` for the draw of generated token number `step` (0 for the first).
+SamplingRowParams RowSamplingParams(const SamplingParams& params, uint64_t step);
+
+// A row's penalty history, deduplicated: `tokens[0, prompt_tokens)` count for the repetition
+// penalty only, the rest as output occurrences.
+std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_t prompt_tokens);
+
+// Draws on the host, one call per generated token (the step counter advances per call).
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
@@ -39,8 +56,7 @@ class Sampler {
 
  private:
   SamplingParams params_;
-  std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
+  uint64_t step_ = 0;
 };
 
 int32_t ArgMax(std::span<const float> logits);

@@ -72,5 +72,49 @@ TEST(SamplerTest, ValidationNamesTheField) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SamplerTest, ValidationNamesThePenaltyAndMinPFields) {
+  auto msg = [](SamplingParams p) { return std::string(ValidateSamplingParams(p, 10).message()); };
+  SamplingParams p;
+  p.min_p = 1.5f;
+  EXPECT_NE(msg(p).find("min_p"), std::string::npos);
+  p = {};
+  p.repetition_penalty = 0;
+  EXPECT_NE(msg(p).find("repetition_penalty"), std::string::npos);
+  p = {};
+  p.presence_penalty = 3;
+  EXPECT_NE(msg(p).find("presence_penalty"), std::string::npos);
+  p = {};
+  p.frequency_penalty = NAN;
+  EXPECT_NE(msg(p).find("frequency_penalty"), std::string::npos);
+}
+
+TEST(SamplerTest, PenaltyEntriesCountOutputAndMarkPrompt) {
+  const std::vector<int32_t> tokens = {5, 7, 5, 9, 7, 7};  // prompt: 5 7 5; output: 9 7 7
+  const auto e = PenaltyEntries(tokens, 3);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0].id, 5);
+  EXPECT_EQ(e[0].in_prompt, 1);
+  EXPECT_EQ(e[0].output_count, 0);
+  EXPECT_EQ(e[1].id, 7);
+  EXPECT_EQ(e[1].in_prompt, 1);
+  EXPECT_EQ(e[1].output_count, 2);
+  EXPECT_EQ(e[2].id, 9);
+  EXPECT_EQ(e[2].in_prompt, 0);
+  EXPECT_EQ(e[2].output_count, 1);
+}
+
+// The draw is a function of (seed, step, logits): a sampler's n-th draw equals the twin's draw
+// at step n, whatever came before.
+TEST(SamplerTest, DrawNumberIsTheStep) {
+  std::vector<float> logits(50);
+  for (int i = 0; i < 50; ++i) logits[i] = std::cos(i * 1.3f);
+  const SamplingParams p{.temperature = 1.0f, .top_p = 0.9f, .seed = 5};
+  Sampler s(p);
+  for (uint64_t step = 0; step < 20; ++step) {
+    const int32_t got = s.Sample(logits);
+    EXPECT_EQ(got, SampleRowCpu(logits.data(), 50, RowSamplingParams(p, step), nullptr, 0, -1));
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -1,0 +1,87 @@
+// EngineCore's private state types, shared by the files that implement it (engine_core.cc,
+// engine_admission.cc, engine_output.cc). Not for other users: include engine_core.h.
+//
+// Who owns what: EngineCore::requests_ owns each Request, EngineCore::jobs_ each EncodeJob. Blocks
+// are owned through references counted in the block pool: a Segment's `blocks` hold one reference
+// each for its request, a job's `blocks` one each for the job. Everything else refers to requests
+// and jobs by id.
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_STATE_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/stop_matcher.h"
+
+namespace lazyattn {
+
+// One document being encoded for every request that needs it (one job per document cache key).
+struct EngineCore::EncodeJob {
+  // A segment that gets the job's blocks when it completes. One request may wait several times,
+  // once per segment naming the document.
+  struct Waiter {
+    RequestId request = 0;
+    size_t segment = 0;
+    bool operator==(const Waiter&) const = default;
+  };
+  JobId id = 0;
+  DocCacheKey key;
+  CacheMode mode = CacheMode::kLazy;
+  std::vector<int32_t> tokens;
+  int64_t position_base = 0;    // mode block: the global offset (Q and K at base + m); lazy: 0
+  std::vector<BlockId> blocks;  // one reference each, held by the job
+  int64_t ready = 0;
+  std::vector<Waiter> waiters;
+  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct EngineCore::Segment {
+  enum class Kind { kPrefix, kDocument, kQuery };
+  Kind kind = Kind::kQuery;
+  std::vector<int32_t> tokens;
+  int64_t offset = 0;           // global position of tokens[0]
+  std::vector<BlockId> blocks;  // one reference each, held by the request
+  int64_t ready = 0;            // tokens whose KV is in `blocks`
+  DocCacheKey cache_key;        // documents
+  JobId job = 0;                // documents being encoded: the job that fills `blocks`
+  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+struct EngineCore::Request {
+  enum class Phase { kWaiting, kPrefill, kDecode, kDone };
+  RequestId id = 0;
+  PreparedRequest prepared;
+  std::vector<Segment> segments;
+  Phase phase = Phase::kWaiting;
+  bool cancelled = false;
+  bool counted = false;    // per-mode lookup counters taken (first admission only)
+  bool scheduled = false;  // has a chunk in the current step (not to be preempted)
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamingDecoder> decoder;
+  std::unique_ptr<StopMatcher> stop;
+  std::vector<int32_t> stop_ids;
+  RequestResult result;
+  absl::Time submitted;
+  absl::Time first_token;
+  Segment& query() { return segments.back(); }
+  const Segment& query() const { return segments.back(); }
+};
+
+// One chunk of a step and what it belongs to: a request's segment, or an encoding job.
+struct EngineCore::Planned {
+  RequestId request = 0;
+  JobId job = 0;
+  size_t segment = 0;
+  bool decode = false;
+  std::vector<int64_t> slots;
+  std::vector<KvBlockEntry> table;
+  ForwardChunk chunk;
+};
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_STATE_H_
