@@ -20,106 +20,16 @@ Scenarios:
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
-import importlib.machinery
 import json
 import os
 import random
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-cluster = importlib.machinery.SourceFileLoader("cluster", os.path.join(REPO, "tools", "cluster")).load_module()
-
-MODEL = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(f"[{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""), flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Cluster:
-    def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL):
-        self.args, self.tmp, self.procs, self.addrs = args, tmp, {}, {}
-        self.kvdir_port = kvdir_port or free_port()
-        self.lease_ms = lease_ms
-        # Every process serves /metrics on an OS-chosen port, as in a real deployment: a metrics
-        # endpoint that cannot start must fail these tests.
-        self._write("kvdir.yaml", f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
-        self._write("worker.yaml", f"model:\n  path: {model}\nbackend: auto\nengine:\n"
-                    f"  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\n"
-                    "metrics:\n  listen: 127.0.0.1:0\n")
-        self._write("router.yaml", f"routing:\n  policy: {policy}\nkvdir:\n  refresh_interval_ms: 100\n"
-                    "metrics:\n  listen: 127.0.0.1:0\n")
-        self.start_kvdir()
-        for i in range(workers):
-            self.start_worker(i)
-        self.procs["router"] = cluster.Process("router", [
-            f"{args.bin_dir}/lazyattn-router", "--config", f"{tmp}/router.yaml",
-            "--listen", "127.0.0.1:0", "--kvdir", self.kvdir_addr], tmp)
-        self.router = self.addrs["router"] = self.procs["router"].wait_ready(60)
-        self.wait_workers(workers)
-
-    def _write(self, name, text):
-        with open(os.path.join(self.tmp, name), "w") as f:
-            f.write(text)
-
-    @property
-    def kvdir_addr(self):
-        return f"127.0.0.1:{self.kvdir_port}"
-
-    def start_kvdir(self):
-        self.procs["kvdir"] = cluster.Process("kvdir", [
-            f"{self.args.bin_dir}/lazyattn-kvdir", "--config", f"{self.tmp}/kvdir.yaml",
-            "--listen", self.kvdir_addr], self.tmp)
-        self.addrs["kvdir"] = self.procs["kvdir"].wait_ready(60)
-
-    def start_worker(self, i):
-        name = f"worker-{i}"
-        self.procs[name] = cluster.Process(name, [
-            f"{self.args.bin_dir}/lazyattn-worker", "--config", f"{self.tmp}/worker.yaml",
-            "--listen", "127.0.0.1:0", "--kvdir", self.kvdir_addr, "--worker-id", name], self.tmp)
-        self.addrs[name] = self.procs[name].wait_ready(60)
-
-    def wait_workers(self, n, timeout=20):
-        # The router learns workers from kvdir; a request succeeds once any is known.
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            r = self.request([], "hello", max_tokens=1)
-            if r.get("ok"):
-                return
-            time.sleep(0.2)
-        raise RuntimeError("router never saw a worker")
-
-    def request(self, docs, question, max_tokens=4, extra=()):
-        argv = [f"{self.args.bin_dir}/lazyattn", "client", "--router", self.router, "--prompt", question,
-                "--max-tokens", str(max_tokens), "--json", "--timeout", "30", *extra]
-        for d in docs:
-            argv += ["--doc", d]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        if p.returncode != 0:
-            return {"ok": False, "rc": p.returncode, "error": p.stderr.strip()}
-        out = json.loads(p.stdout)
-        out["ok"] = True
-        return out
-
-    def stop(self):
-        for p in reversed(list(self.procs.values())):
-            p.stop(5)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_harness import REPO, Cluster, check, finish  # noqa: E402
 
 
 def make_docs(tmp, n):
@@ -160,16 +70,6 @@ def run_stream(c, stream):
     return hit / total
 
 
-def scrape_worker_metrics(c, name):
-    """The worker's /metrics text, from the URL it printed at start."""
-    log = open(c.procs[name].log_path).read()
-    m = re.search(r"metrics on (http://\S+/metrics)", log)
-    if not m:
-        return ""
-    with urllib.request.urlopen(m.group(1), timeout=5) as r:
-        return r.read().decode()
-
-
 def test_routing(args, tmp):
     docs = make_docs(tmp, 24)
     stream = zipf_stream(docs, 40, 3, 1.1, seed=5)
@@ -179,7 +79,7 @@ def test_routing(args, tmp):
         try:
             ratios[policy] = run_stream(c, stream)
             if policy == "cache_aware":
-                text = scrape_worker_metrics(c, "worker-0")
+                text = c.scrape("worker-0")
                 check("metrics: a worker's /metrics serves its request counters",
                       "lazyattn_worker_" in text, f"{len(text)} bytes")
                 # What the compose health checks run (deploy/compose/compose.yaml).
@@ -295,9 +195,7 @@ def main():
                 test(args, tmp)
             except Exception as e:  # a scenario that could not run is a failure, never a skip
                 check(f"{test.__name__} ran", False, str(e))
-    passed = sum(results)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    sys.exit(0 if passed == len(results) else 1)
+    finish()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Soak test: a local cluster (kvdir, 2 workers, router on 127.0.0.1, tiny model) under concurrent
+mixed traffic with a small KV budget, so requests are preempted and cached documents evicted while
+others are cancelled, hit their deadlines, or name the same document twice.
+
+Traffic (seeded; the seed is printed, --seed replays it): `--requests` requests from
+`--concurrency` threads, each a `lazyattn client` process, stopping early after `--time-limit`
+seconds. A request has 0-3 documents from a pool of shared ones (Zipf popularity) or fresh ones
+used once, and in about a third of them one document appears twice; its cache mode is lazy, block,
+prefix or full, sometimes with a system prompt; and it is one of
+  greedy    temperature 0, must be answered;
+  cancel    the client is killed after a random delay (the router cancels the call);
+  deadline  a deadline of 5-300 ms;
+  sampled   temperature 0.9 with a seed, must be answered.
+
+At the end, one line per check:
+  - every greedy and sampled request was answered; cancelled and deadline ones either answered or
+    ended by their cancel / deadline, never by another error (UNAVAILABLE would mean a worker died);
+  - some cancels and deadlines did end calls early (the scenario exercised them);
+  - every worker is alive, its KV blocks add up to the total, none is referenced once idle, and
+    lazyattn_worker_kv_pool_errors_total is exported and 0;
+  - the answers of the answered greedy requests equal those of the same requests sent one at a
+    time to a fresh single-worker cluster with a KV budget large enough that nothing is preempted
+    or evicted.
+
+Why that reference, and the one tolerance: the reference must not share state with the cluster
+under test (replaying on the soaked cluster would read the same, possibly corrupted, cached blocks
+and agree with them), and it must run without preemption, eviction or cancels. In every mode the
+engine computes the same function whether a document's KV was cached or encoded just now (lazy and
+block documents are encoded alone at their own positions; the radix prefix tree only skips
+recomputing identical KV), so answers could differ only through floating-point rounding, which
+does depend on what shares a step: the CPU backend multiplies a lone row with sgemv and several
+rows with sgemm, and chunked prefill splits a prompt where the token budget falls. Rounding changes
+a greedy token only where the top two logits are that close. So an answer must equal the request's
+answer run alone on the fresh worker, or else one the fresh worker itself gives when the request
+shares its steps with others (a near-tie, counted and printed); any other answer is wrong and is
+printed with the request so it can be replayed.
+
+  python3 tests/integration/soak_test.py [--bin-dir build/bin] [--seed N] [--requests N]
+Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
+"""
+import argparse
+import concurrent.futures
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_harness as h  # noqa: E402
+
+WORDS = ("river water sea mountain valley city bridge stone forest lake north south east west "
+         "harbor island meadow canyon glacier desert tower road field garden").split()
+MODES = ("lazy",) * 11 + ("block",) * 3 + ("prefix",) * 3 + ("full",) * 3
+KINDS = ("greedy",) * 13 + ("cancel",) * 3 + ("deadline",) * 3 + ("sampled",)
+# 2 MiB: 128 blocks of 16 tokens of the tiny model (2 x 4 layers x 2 KV heads x 16 dims x 4 bytes
+# x 16 tokens = 16 KiB a block), room for 2,048 tokens: a few requests of up to ~1,300 prompt
+# tokens each, so concurrent ones preempt each other and evict cached documents.
+SOAK_ENGINE = {"kv_budget_bytes": 2097152, "max_batch_tokens": 64, "max_running": 8}
+REFERENCE_ENGINE = {"kv_budget_bytes": 67108864, "max_batch_tokens": 64}
+
+
+def write_doc(tmp, name, rng, words):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(f"{name}. " + " ".join(rng.choice(WORDS) for _ in range(words)) + ".\n")
+    return path
+
+
+def plan(rng, tmp, n):
+    """n request specs. A spec is a dict; its 'key' (everything that determines a greedy answer)
+    identifies the same request in the reference run."""
+    pool = [write_doc(tmp, f"shared{i}.txt", rng, rng.randint(15, 60)) for i in range(12)]
+    weights = [1 / (i + 1) ** 0.9 for i in range(len(pool))]
+    specs = []
+    for i in range(n):
+        docs = []
+        for _ in range(rng.choice((0, 1, 1, 2, 2, 3))):
+            if rng.random() < 0.2:
+                docs.append(write_doc(tmp, f"fresh{i}_{len(docs)}.txt", rng, rng.randint(15, 60)))
+            else:
+                docs.append(rng.choices(pool, weights)[0])
+        if docs and rng.random() < 0.35:
+            docs.insert(rng.randint(0, len(docs)), rng.choice(docs))  # the same document twice
+        kind = rng.choice(KINDS)
+        extra = ["--mode", rng.choice(MODES)]
+        if rng.random() < 0.3:
+            extra += ["--system", "You answer in one short sentence."]
+        if rng.random() < 0.5:
+            extra += ["--ignore-eos"]
+        if kind == "sampled":
+            extra += ["--temperature", "0.9", "--seed", str(i)]
+        question = f"Question {i}: what about the {rng.choice(WORDS)}?"
+        max_tokens = rng.randint(2, 8)
+        spec = {"i": i, "kind": kind, "docs": docs, "question": question, "max_tokens": max_tokens,
+                "extra": extra, "key": (tuple(docs), question, max_tokens, tuple(extra))}
+        if kind == "cancel":
+            spec["cancel_after"] = rng.uniform(0.0, 0.3)
+        if kind == "deadline":
+            spec["timeout"] = rng.uniform(0.005, 0.3)
+        specs.append(spec)
+    return specs
+
+
+def run_cancelled(c, spec):
+    """Starts the client and kills it after spec['cancel_after'] seconds: the router sees the call
+    cancelled and cancels the worker's."""
+    argv = [f"{c.args.bin_dir}/lazyattn", "client", "--router", c.router, "--prompt",
+            spec["question"], "--max-tokens", str(spec["max_tokens"]), "--json", "--timeout", "60",
+            *spec["extra"]]
+    for d in spec["docs"]:
+        argv += ["--doc", d]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=spec["cancel_after"])
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        return {"ok": False, "rc": p.returncode, "error": "killed", "cancelled": True}
+    return {"ok": p.returncode == 0, "rc": p.returncode, "error": err.strip(), "cancelled": False}
+
+
+def send(c, spec):
+    if spec["kind"] == "cancel":
+        return run_cancelled(c, spec)
+    return c.request(spec["docs"], spec["question"], spec["max_tokens"], spec["extra"],
+                     timeout=round(spec['timeout'], 3) if spec["kind"] == "deadline" else 60)
+
+
+def soak(c, specs, concurrency, time_limit):
+    stop_at = time.monotonic() + time_limit
+    lock = threading.Lock()
+    done = {}
+
+    def one(spec):
+        if time.monotonic() > stop_at:
+            return
+        r = send(c, spec)
+        with lock:
+            done[spec["i"]] = r
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, specs))
+    return done
+
+
+def ended_acceptably(spec, r):
+    """Cancelled and deadline requests may finish first; otherwise they end by their cancel (the
+    killed client) or DEADLINE_EXCEEDED (code 4), never by another error."""
+    if r["ok"]:
+        return True
+    if spec["kind"] == "cancel":
+        return r.get("cancelled", False)
+    if spec["kind"] == "deadline":
+        return "code 4)" in r["error"]
+    return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", default=os.path.join(h.REPO, "build", "bin"))
+    ap.add_argument("--seed", type=int, default=None, help="traffic seed (default: random, printed)")
+    ap.add_argument("--requests", type=int, default=360)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--time-limit", type=float, default=120, help="seconds of traffic at most")
+    args = ap.parse_args()
+    os.chdir(h.REPO)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    print(f"soak: seed {seed} (--seed {seed} replays the traffic), {args.requests} requests, "
+          f"{args.concurrency} at a time, at most {args.time_limit:g} s", flush=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = plan(random.Random(seed), tmp, args.requests)
+        try:
+            done = run_soak(args, tmp, specs)
+            run_reference(args, tmp, specs, done)
+        except Exception as e:  # a scenario that could not run is a failure, never a skip
+            h.check("soak ran", False, f"{type(e).__name__}: {e}")
+    print(f"  ({time.monotonic() - started:.1f} s)")
+    h.finish()
+
+
+def run_soak(args, tmp, specs):
+    workdir = tempfile.mkdtemp(dir=tmp)
+    c = h.Cluster(args, workdir, 2, "cache_aware", engine=SOAK_ENGINE, track_blocks=True)
+    try:
+        t0 = time.monotonic()
+        done = soak(c, specs, args.concurrency, args.time_limit)
+        elapsed = time.monotonic() - t0
+        by_kind = {}
+        for s in specs:
+            if s["i"] in done:
+                by_kind.setdefault(s["kind"], []).append((s, done[s["i"]]))
+        print("  traffic: " + ", ".join(
+            f"{k} {sum(r['ok'] for _, r in v)}/{len(v)} answered" for k, v in sorted(by_kind.items())) +
+            f"; {len(done)} of {len(specs)} sent in {elapsed:.1f} s", flush=True)
+        h.check("traffic: at least half the planned requests ran before the time limit",
+                len(done) * 2 >= len(specs), f"{len(done)} of {len(specs)}")
+        for kind in ("greedy", "sampled"):
+            failed = [(s["i"], r.get("error", "")[-120:]) for s, r in by_kind.get(kind, []) if not r["ok"]]
+            h.check(f"every {kind} request was answered", not failed and by_kind.get(kind),
+                    f"{len(failed)} failed, first: {failed[:3]}" if failed else
+                    f"{len(by_kind.get(kind, []))} requests")
+        for kind in ("cancel", "deadline"):
+            rs = by_kind.get(kind, [])
+            bad = [(s["i"], r.get("error", "")[-120:]) for s, r in rs if not ended_acceptably(s, r)]
+            early = sum(not r["ok"] for _, r in rs)
+            h.check(f"every {kind} request answered or ended by its {kind}, no other error", not bad,
+                    f"{len(bad)} of {len(rs)}, first: {bad[:3]}" if bad else f"{len(rs)} requests")
+            h.check(f"the scenario exercised {kind}s: some ended calls early", early > 0,
+                    f"{early} of {len(rs)}")
+        h.check_workers_sound(c, "after the soak")
+        # Full caches mean later requests had to evict documents (or wait, or be preempted) to fit.
+        for name in c.workers:
+            v = h.parse_metrics(c.scrape(name))
+            free = v.get(h.FREE)
+            h.check(f"the KV budget was exhausted: {name} ends with under 10% of its blocks free",
+                    free is not None and free < 0.1 * c.total_blocks[name],
+                    f"{free} free of {c.total_blocks[name]:g}")
+        r = c.request([], "Still there?", max_tokens=2)
+        h.check("the cluster still serves after the soak", r["ok"], r.get("error", ""))
+        return done
+    finally:
+        c.stop()
+
+
+def answer(r):
+    """What a greedy answer is compared by: its token ids (two different ids can decode to the
+    same text, e.g. U+FFFD for partial UTF-8) and its text."""
+    if "token_ids" not in r:
+        raise RuntimeError("`lazyattn client --json` printed no token_ids: cannot compare answers")
+    return tuple(r["token_ids"]), r["text"]
+
+
+def batched_answers(c, spec, companions, tries=3):
+    """The answers the fresh worker gives `spec` when it runs beside other requests (so its rows
+    share steps with theirs), over a few tries."""
+    seen = set()
+    for t in range(tries):
+        group = [spec] + companions[t * 3:t * 3 + 3]
+        with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
+            rs = list(pool.map(lambda s: c.request(s["docs"], s["question"], s["max_tokens"],
+                                                   s["extra"], timeout=60), group))
+        if rs[0]["ok"]:
+            seen.add(answer(rs[0]))
+    return seen
+
+
+def run_reference(args, tmp, specs, done):
+    """Sends the answered greedy requests one at a time to a fresh worker (for at most
+    --time-limit seconds, so the test stays bounded) and compares the answers."""
+    answers = {}  # key -> [(spec, the soak's answer)], one per answered greedy occurrence
+    for s in specs:
+        r = done.get(s["i"])
+        if s["kind"] == "greedy" and r and r["ok"]:
+            answers.setdefault(s["key"], []).append((s, answer(r)))
+    c = h.Cluster(args, tempfile.mkdtemp(dir=tmp), 1, "cache_aware", engine=REFERENCE_ENGINE)
+    try:
+        alone, skipped = {}, 0
+        stop_at = time.monotonic() + args.time_limit
+        for key, got in list(answers.items()):
+            if time.monotonic() > stop_at:
+                skipped += len(answers.pop(key))  # not compared: out of time
+                continue
+            s = got[0][0]
+            ref = c.request(s["docs"], s["question"], s["max_tokens"], s["extra"], timeout=60)
+            if not ref["ok"]:
+                raise RuntimeError(f"reference request {s['i']} failed: {ref['error']}")
+            alone[key] = answer(ref)
+        compared = sum(len(g) for g in answers.values())
+        differ = [(spec, text) for key, got in answers.items() for spec, text in got
+                  if text != alone[key]]
+        # A different answer is a near-tie only if the fresh worker itself gives it when the
+        # request shares its steps with others (see the module's comment); otherwise it is wrong.
+        companions = [g[0][0] for g in answers.values()]
+        near_ties, wrong = [], []
+        for spec, text in differ[:10]:
+            others = [o for o in companions if o["key"] != spec["key"]]
+            (near_ties if text in batched_answers(c, spec, others) else wrong).append((spec, text))
+        wrong += differ[10:]  # too many to explain by rounding: not worth the time to try
+        for spec, text in wrong[:5]:
+            print(f"  mismatch: request {spec['i']} ({' '.join(spec['extra'])}, docs "
+                  f"{[os.path.basename(d) for d in spec['docs']]}, {spec['question']!r}): soak "
+                  f"{text!r}, one by one {alone[spec['key']]!r}", flush=True)
+        h.check("greedy answers equal those of the same requests run on a fresh worker",
+                compared > 0 and not wrong,
+                f"{compared - len(differ)} of {compared} equal to the request run alone"
+                f"{f', {len(near_ties)} to it run beside others (near-ties)' if near_ties else ''}"
+                f"{f', {len(wrong)} wrong' if wrong else ''} ({len(answers)} distinct requests"
+                f"{f'; {skipped} answers not compared, out of time' if skipped else ''})")
+    finally:
+        c.stop()
+
+if __name__ == "__main__":
+    main()
