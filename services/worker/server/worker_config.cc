@@ -86,6 +86,17 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(o.engine.pipeline_decode,
                    config.Bool("engine.pipeline_decode", o.engine.pipeline_decode));
   o.engine.num_kv_blocks = 0;  // from kv_budget_bytes once the model is loaded
+  ASSIGN_OR_RETURN(const int64_t deadline_s,
+                   IntInRange(config, "engine.default_deadline_s",
+                              absl::ToInt64Seconds(o.engine.default_deadline), 1, 86400 * 7));
+  o.engine.default_deadline = absl::Seconds(deadline_s);
+  ASSIGN_OR_RETURN(const int64_t max_waiting,
+                   IntInRange(config, "engine.max_waiting_requests",
+                              o.engine.max_waiting_requests, 1, 1 << 20));
+  o.engine.max_waiting_requests = static_cast<int>(max_waiting);
+  ASSIGN_OR_RETURN(o.engine.max_queued_tokens,
+                   IntInRange(config, "engine.max_queued_tokens", o.engine.max_queued_tokens,
+                              1, int64_t{1} << 32));
   ASSIGN_OR_RETURN(const int64_t prep_threads, IntInRange(config, "engine.prep_threads",
                                                           o.service.prep.threads, 1, 256));
   o.service.prep.threads = static_cast<int>(prep_threads);

@@ -27,6 +27,9 @@ TEST(WorkerConfigTest, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c->server.metrics_address, "127.0.0.1:9200");
   EXPECT_TRUE(c->kvdir.address.empty());
   EXPECT_TRUE(c->server.engine.pipeline_decode);
+  EXPECT_EQ(c->server.engine.default_deadline, absl::Seconds(600));
+  EXPECT_EQ(c->server.engine.max_waiting_requests, 1024);
+  EXPECT_EQ(c->server.engine.max_queued_tokens, int64_t{1} << 22);
   const WorkerServerOptions o = ServerOptionsFor(*c, TinyTestConfig());
   EXPECT_FALSE(o.kvdir.has_value());  // standalone
   EXPECT_GT(o.engine.num_kv_blocks, 0);
@@ -41,7 +44,8 @@ server:
   listen: 0.0.0.0:7300
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
 engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false,
-         prep_threads: 3, max_pending_preparations: 5}
+         prep_threads: 3, max_pending_preparations: 5, default_deadline_s: 90,
+         max_waiting_requests: 12, max_queued_tokens: 4096}
 limits:
   max_documents: 16
   max_tokens: 512
@@ -71,6 +75,9 @@ metrics: {listen: ""}
   EXPECT_EQ(c->server.engine.max_batch_tokens, 256);
   EXPECT_EQ(c->server.engine.max_running, 8);
   EXPECT_FALSE(c->server.engine.pipeline_decode);
+  EXPECT_EQ(c->server.engine.default_deadline, absl::Seconds(90));
+  EXPECT_EQ(c->server.engine.max_waiting_requests, 12);
+  EXPECT_EQ(c->server.engine.max_queued_tokens, 4096);
   EXPECT_EQ(c->server.limits.max_documents, 16);
   EXPECT_EQ(c->server.service.prep.threads, 3);
   EXPECT_EQ(c->server.service.prep.max_pending, 5);
@@ -102,6 +109,9 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"backend: cpu\n", "model.path"},
       {"model: {path: m}\nbackend: tpu\n", "backend"},
       {"model: {path: m}\nengine: {max_running: 0}\n", "engine.max_running"},
+      {"model: {path: m}\nengine: {default_deadline_s: 0}\n", "engine.default_deadline_s"},
+      {"model: {path: m}\nengine: {max_waiting_requests: 0}\n", "engine.max_waiting_requests"},
+      {"model: {path: m}\nengine: {max_queued_tokens: -5}\n", "engine.max_queued_tokens"},
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
       {"model: {path: m}\nengine: {pipeline_decode: sometimes}\n", "engine.pipeline_decode"},
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},

@@ -112,6 +112,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                .Help("Cache events not sent to kvdir (a snapshot replaced them)")
                                .Register(registry)
                                .Add({});
+  pool_errors_ = &BuildCounter()
+                      .Name("lazyattn_worker_kv_pool_errors_total")
+                      .Help("Inconsistencies found in the KV block pool: a bug; the worker then "
+                            "stops serving and reports NOT_SERVING")
+                      .Register(registry)
+                      .Add({});
 }
 
 void WorkerMetrics::CountValidationFailure(const absl::Status& status) {
@@ -148,6 +154,7 @@ void WorkerMetrics::Refresh(const EngineStats& stats, const KvBlockCounts& block
   Advance(text_docs_reused_, stats.text_docs_reused, last_stats_.text_docs_reused);
   Advance(id_docs_hashed_, stats.id_docs_hashed, last_stats_.id_docs_hashed);
   Advance(id_docs_reused_, stats.id_docs_reused, last_stats_.id_docs_reused);
+  Advance(pool_errors_, stats.pool_errors, last_stats_.pool_errors);
   last_stats_ = stats;
   blocks_free_->Set(static_cast<double>(blocks.free));
   blocks_referenced_->Set(static_cast<double>(blocks.referenced));

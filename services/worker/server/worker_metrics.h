@@ -16,6 +16,8 @@
 //   lazyattn_worker_queue_length                        gauge: requests waiting for admission
 //   lazyattn_worker_running_requests                    gauge: requests admitted
 //   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
+//   lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the KV block
+//                                                      pool (a bug; the worker stops serving)
 //   lazyattn_worker_kvdir_events_dropped_total          counter: cache events not sent (queue full
 //                                                       or kvdir unreachable; a snapshot follows)
 //   lazyattn_worker_invalid_utf8_requests_total{field}  counter: Generate and Prefetch requests
@@ -78,6 +80,7 @@ class WorkerMetrics {
   prometheus::Gauge* running_ = nullptr;
   prometheus::Gauge* kvdir_connected_ = nullptr;
   prometheus::Counter* kvdir_events_dropped_ = nullptr;
+  prometheus::Counter* pool_errors_ = nullptr;
   prometheus::Counter* text_docs_tokenized_ = nullptr;
   prometheus::Counter* text_docs_reused_ = nullptr;
   prometheus::Counter* id_docs_hashed_ = nullptr;

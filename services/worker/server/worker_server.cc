@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -125,6 +126,15 @@ void WorkerServer::RefreshMetrics() {
     publisher = {.connected = s.connected, .events_dropped = s.events_dropped};
   }
   metrics_->Refresh(engine_->stats(), engine_->blocks(), engine_->load(), publisher);
+  // An engine that found its KV pool inconsistent refuses every request: say so to health
+  // checks (load balancers, the router, Kubernetes) once, and in the log.
+  if (const absl::Status health = engine_->health();
+      !health.ok() && !reported_unhealthy_.exchange(true)) {
+    std::cerr << "lazyattn-worker: NOT_SERVING: " << health.message() << std::endl;
+    if (server_ != nullptr) {
+      if (auto* service = server_->GetHealthCheckService()) service->SetServingStatus(false);
+    }
+  }
 }
 
 void WorkerServer::RefreshLoop() {

@@ -9,6 +9,7 @@
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -102,6 +103,7 @@ class WorkerServer {
   std::condition_variable cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread refresher_;
+  std::atomic<bool> reported_unhealthy_ = false;  // RefreshMetrics runs on two threads
 };
 
 // "HOST:PORT" of `listen_address` with `port`; a wildcard host becomes this machine's hostname.
