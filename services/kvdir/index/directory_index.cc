@@ -1,6 +1,7 @@
 #include "services/kvdir/index/directory_index.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace lazyattn::kvdir {
 
@@ -198,7 +199,12 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
       auto s = slot.find(h.worker);
       if (s == slot.end()) continue;  // lease passed, not swept yet
       out[s->second].resident[k] = true;
-      out[s->second].resident_tokens += h.tokens();
+      // Saturates: a worker may report any non-negative count a proto carries, and the sum of
+      // two such counts must not overflow (it only ranks workers).
+      int64_t& sum = out[s->second].resident_tokens;
+      const int64_t t = h.tokens();
+      sum = t > std::numeric_limits<int64_t>::max() - sum ? std::numeric_limits<int64_t>::max()
+                                                          : sum + t;
     }
   }
   return out;

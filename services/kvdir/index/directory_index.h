@@ -85,7 +85,8 @@ struct HelloResult {
 // One live worker as Lookup and ListWorkers report it.
 struct WorkerResidency {
   v1::WorkerStatus status;      // from Hello, with the latest load (heartbeat or snapshot)
-  int64_t resident_tokens = 0;  // sum over the requested keys (each occurrence) of the tokens held
+  // Sum over the requested keys (each occurrence) of the tokens held, saturating at INT64_MAX.
+  int64_t resident_tokens = 0;
   std::vector<bool> resident;   // per requested key, in request order
   absl::Time last_seen;         // the last message from the worker
 };
