@@ -78,7 +78,7 @@ report() {  # name, exit status
   local name="$1" rc="$2" dir="$out/$1"
   local stats
   stats="$(grep -E '^stat::(number_of_executed_units|new_units_added)' "$dir/log" 2>/dev/null |
-    sed 's/^stat:://' | tr '\n' ' ')"
+    sed 's/^stat:://; s/  */ /g' | tr '\n' ' ')"
   if [ "$rc" -eq 0 ]; then
     echo "run.sh: fuzz_$name ok: $stats"
     return
