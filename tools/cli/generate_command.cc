@@ -42,7 +42,7 @@ int GenerateCommand(int argc, char** argv) {
   auto model = ServedModelFromArgs(args, &load_exit);
   if (!model.ok()) return CliFail(model.status(), load_exit);
   auto parts = BuildPrompt(*model->tokenizer, args.Has("chat"), args.String("system"),
-                           args.String("prompt"));
+                           args.String("prompt"), /*has_documents=*/!args.Strings("doc").empty());
   if (!parts.ok()) return CliFail(parts.status());
   EngineRequest request{.system_prefix = parts->system_prefix,
                         .question = parts->question,

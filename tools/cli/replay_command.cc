@@ -32,7 +32,8 @@ absl::StatusOr<EngineRequest> ParseLine(const json& j, int line, const Tokenizer
   if (!j.is_object()) return bad("not a JSON object");
   if (!j.contains("question") || !j["question"].is_string()) return bad("\"question\" (string) missing");
   const std::string system = j.value("system", std::string());
-  auto parts = BuildPrompt(tokenizer, chat, system, j["question"].get<std::string>());
+  const bool has_documents = j.contains("documents") && j["documents"].is_array() && !j["documents"].empty();
+  auto parts = BuildPrompt(tokenizer, chat, system, j["question"].get<std::string>(), has_documents);
   if (!parts.ok()) return parts.status();
   EngineRequest r{.system_prefix = parts->system_prefix, .question = parts->question,
                   .mode = default_mode, .sampling = default_sampling};

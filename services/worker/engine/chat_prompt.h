@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/worker/model/tokenizer/chat_template.h"
 #include "services/worker/model/tokenizer/tokenizer.h"
 
 namespace lazyattn {
@@ -23,9 +24,17 @@ struct PromptParts {
   std::string question;
 };
 
+// `has_documents`: whether documents will stand between the two parts. Without documents the
+// question is the whole user message, and the template treats it so (Llama-3's |trim takes its
+// leading whitespace too, as HF's apply_chat_template does); with documents only its trailing
+// whitespace ends the message.
 // Errors: the tokenizer's chat template is missing or not one of the supported families.
 absl::StatusOr<PromptParts> BuildPrompt(const Tokenizer& tokenizer, bool chat,
-                                        const std::string& system, const std::string& question);
+                                        const std::string& system, const std::string& question,
+                                        bool has_documents = true);
+// The same cut for a given template (BuildPrompt with chat).
+absl::StatusOr<PromptParts> CutChatPrompt(const ChatTemplate& tmpl, const std::string& system,
+                                          const std::string& question, bool has_documents);
 
 }  // namespace lazyattn
 

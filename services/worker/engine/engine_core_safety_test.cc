@@ -195,6 +195,31 @@ TEST_F(EngineCoreSafetyTest, CancelOrDeadlineAtEveryStepWithRepeatedDocuments) {
   }
 }
 
+// Preemption under a small pool with repeated documents: every request completes, and with
+// the tokens it gets alone.
+TEST_F(EngineCoreSafetyTest, PreemptionWithRepeatedDocumentsKeepsEveryAnswer) {
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    requests.push_back(Request({i % 3, i % 3, (i + 1) % 3}, CacheMode::kLazy, 40));
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const EngineRequest& r : requests) {
+    Init();
+    const Outcome o = RunOne(r);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    alone.push_back(o.result.token_ids);
+  }
+  Init(/*blocks=*/64, /*max_batch_tokens=*/32);
+  for (const EngineRequest& r : requests) Add(r);
+  Drain();
+  EXPECT_GT(core_->stats().preemptions, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Outcome& o = outcomes_[keys_[i]];
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.token_ids, alone[i]) << "request " << i;
+  }
+}
+
 // A failed step fails its requests and every request waiting for an encoding it ran; nothing
 // is left waiting, and the next step works.
 TEST_F(EngineCoreSafetyTest, FailedStepFailsEveryWaiterOfItsEncodings) {

@@ -86,7 +86,8 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& 
     // Checked before the chat template adds its text around the question.
     return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");
   }
-  auto parts = BuildPrompt(tokenizer, request.chat(), request.system(), request.question());
+  auto parts = BuildPrompt(tokenizer, request.chat(), request.system(), request.question(),
+                           /*has_documents=*/request.documents_size() > 0);
   if (!parts.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("chat: the model's chat template cannot be used: ", parts.status().message()));
