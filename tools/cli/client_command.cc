@@ -1,6 +1,7 @@
 // `lazyattn client`: one request to a cluster's router over gRPC (lazyattn.v1.Inference), with the
 // same flags as `generate`; the text streams to stdout.
 #include <iostream>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -84,9 +85,13 @@ int ClientCommand(int argc, char** argv) {
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
   v1::Final final;
+  std::vector<int32_t> token_ids;  // the text alone can hide differences (U+FFFD replacements)
   const bool json = args.Has("json");
   while (reader->Read(&response)) {
-    if (response.has_token() && !json) std::cout << response.token().text() << std::flush;
+    if (response.has_token()) {
+      token_ids.push_back(response.token().token_id());
+      if (!json) std::cout << response.token().text() << std::flush;
+    }
     if (response.has_final()) final = response.final();
   }
   const grpc::Status status = reader->Finish();
@@ -98,6 +103,7 @@ int ClientCommand(int argc, char** argv) {
   const v1::Usage& u = final.usage();
   if (json) {
     nlohmann::json out = {{"text", final.text()},
+                          {"token_ids", token_ids},
                           {"finish_reason", final.finish_reason()},
                           {"worker", final.worker()},
                           {"attempts", final.attempts()},
