@@ -1,272 +1,350 @@
 #include "kernels/cuda/sampling.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 
+#include <cooperative_groups.h>
+
 namespace lazyattn {
 namespace {
 
-// One CTA per row. The k-th value (top-k) and the nucleus boundary (top-p) are found by radix
-// select over order-preserving 32-bit keys of the scaled logits (4 passes of 8 bits; counts for
-// top-k, fixed-point probability mass for top-p); ties at a boundary are resolved by a second
-// radix select over the ids, so the kept set is exactly the CPU twin's prefix of the order
-// (logit desc, id asc). The draw walks the kept tokens in a fixed order (thread-major), which
-// samples the same distribution as walking them sorted.
-constexpr int kThreads = 1024;
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCluster = 8;
+constexpr int kMaxSliceBytes = 200 * 1024;
 
 __device__ __forceinline__ uint32_t OrderKey(float x) {
-  if (x != x) return 0u;  // NaN ranks lowest
-  if (x == 0.f) x = 0.f;  // -0 == +0
-  const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return SamplingOrderKey(x, __float_as_uint(x));
 }
-__device__ __forceinline__ float KeyValue(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+__device__ __forceinline__ uint64_t Rank(float y, int i) {
+  return (uint64_t(OrderKey(y)) << 32) | uint32_t(~uint32_t(i));
 }
 
-__device__ __forceinline__ uint64_t Mix64(uint64_t z) {  // splitmix64 finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-struct RowState {
-  const float* x;
-  int vocab;
-  float inv_t;
-  float xmax;
-  // Kept set: key > k_cut, or key == k_cut and id <= id_cut (top-k), intersected likewise with
-  // the top-p cut.
-  uint32_t k_cut, k_id_cut, p_cut, p_id_cut;
+// What each CTA publishes to its cluster in one phase (double-buffered by phase parity: a CTA
+// writes phase p + 1's copy only after the barrier that ends phase p, which every CTA passes
+// only after it has read phase p - 1's copy).
+struct Partial {
+  uint64_t key;  // a max
+  float a, b;    // sums or maxima
+  uint32_t hist[256];
 };
 
-__device__ __forceinline__ uint32_t KeyAt(const RowState& s, int i) {
-  return OrderKey(s.x[i] * s.inv_t);
-}
-__device__ __forceinline__ uint64_t MassOfKey(const RowState& s, uint32_t key) {
-  const float p = expf(KeyValue(key) - s.xmax);  // <= 1
-  return static_cast<uint64_t>(p * 4294967296.0f);
-}
-__device__ __forceinline__ bool InTopK(const RowState& s, uint32_t key, int i) {
-  return key > s.k_cut || (key == s.k_cut && uint32_t(i) <= s.k_id_cut);
-}
-__device__ __forceinline__ bool Kept(const RowState& s, uint32_t key, int i) {
-  return InTopK(s, key, i) && (key > s.p_cut || (key == s.p_cut && uint32_t(i) <= s.p_id_cut));
-}
-
-__device__ uint64_t BlockSum64(uint64_t v, uint64_t* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  uint64_t total = 0;
-  for (int w = 0; w < kWarps; ++w) total += scratch[w];
-  __syncthreads();
-  return total;
-}
-
-struct Selected {
-  uint32_t key;     // the boundary key
-  uint64_t above;   // weight of keys > key
-  uint64_t at;      // weight of keys == key
+struct Shared {
+  Partial part[2];
+  uint64_t warp_key[kWarps];
+  float warp_a[kWarps], warp_b[kWarps];
+  uint32_t local_hist[256];
+  uint64_t key;  // broadcast of a cluster result
+  float a, b;
+  uint32_t u32;
+  int flag;
 };
 
-// Radix select, descending: the key K with weight(> K) < target <= weight(>= K) among elements
-// where filter(i, key) holds. `key_of(i)` gives the 32-bit key, `weight(i, key)` its weight.
-// Precondition: 1 <= target <= total weight.
-template <typename KeyOf, typename Filter, typename Weight>
-__device__ Selected RadixSelectDesc(int n, uint64_t target, KeyOf key_of, Filter filter,
-                                    Weight weight, uint64_t* hist, uint64_t* scratch) {
-  uint32_t prefix = 0, hi_mask = 0;
-  uint64_t above = 0, at = 0;
-  __shared__ uint32_t s_digit;
-  __shared__ uint64_t s_above, s_at;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kThreads) hist[b] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t k = key_of(i);
-      if ((k & hi_mask) == prefix && filter(i, k)) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(&hist[(k >> shift) & 255u]),
-                  static_cast<unsigned long long>(weight(i, k)));
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane L owns bins 255-8L down to 248-8L; an exclusive scan of lane sums from lane 0.
-      const int lane = threadIdx.x;
-      uint64_t local = 0;
-      for (int j = 0; j < 8; ++j) local += hist[255 - 8 * lane - j];
-      uint64_t incl = local;
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      uint64_t before = above + incl - local;
-      int found = -1;
-      uint64_t found_before = 0, found_at = 0;
-      for (int j = 0; j < 8 && found < 0; ++j) {
-        const int b = 255 - 8 * lane - j;
-        if (before + hist[b] >= target) {
-          found = b;
-          found_before = before;
-          found_at = hist[b];
-        }
-        before += hist[b];
-      }
-      const uint32_t has = __ballot_sync(0xffffffffu, found >= 0);
-      const int winner = has ? __ffs(has) - 1 : 31;
-      if (lane == winner) {
-        // No bin reaches the target only if the precondition failed: take the lowest bin.
-        s_digit = found >= 0 ? uint32_t(found) : 0u;
-        s_above = found >= 0 ? found_before : before - hist[0];
-        s_at = found >= 0 ? found_at : hist[0];
-      }
-    }
-    __syncthreads();
-    prefix |= s_digit << shift;
-    hi_mask |= 255u << shift;
-    above = s_above;
-    at = s_at;
-    __syncthreads();
+enum class Op { kMax, kSum };
+__device__ __forceinline__ float Combine(Op op, float x, float y) {
+  return op == Op::kMax ? fmaxf(x, y) : x + y;
+}
+
+// Block then cluster reduction of (key: max, a: op_a, b: op_b), in a fixed order. Every thread
+// of every CTA returns the cluster's result. `phase` selects the Partial copy.
+struct Reduced {
+  uint64_t key;
+  float a, b;
+};
+__device__ Reduced ClusterReduce(cg::cluster_group& cluster, Shared& sh, int& phase, uint64_t key,
+                                 float a, Op op_a, float b, Op op_b) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t k = __shfl_xor_sync(0xffffffffu, key, o);
+    key = k > key ? k : key;
+    a = Combine(op_a, a, __shfl_xor_sync(0xffffffffu, a, o));
+    b = Combine(op_b, b, __shfl_xor_sync(0xffffffffu, b, o));
   }
-  (void)scratch;
-  return Selected{prefix, above, at};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.warp_key[warp] = key, sh.warp_a[warp] = a, sh.warp_b[warp] = b;
+  __syncthreads();
+  Partial& mine = sh.part[phase & 1];
+  if (threadIdx.x == 0) {
+    uint64_t k = sh.warp_key[0];
+    float x = sh.warp_a[0], y = sh.warp_b[0];
+    for (int w = 1; w < kWarps; ++w) {
+      k = sh.warp_key[w] > k ? sh.warp_key[w] : k;
+      x = Combine(op_a, x, sh.warp_a[w]);
+      y = Combine(op_b, y, sh.warp_b[w]);
+    }
+    mine.key = k, mine.a = x, mine.b = y;
+  }
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    uint64_t k = 0;
+    float x = 0, y = 0;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+      const Partial* p = cluster.map_shared_rank(&mine, r);
+      if (r == 0) {
+        k = p->key, x = p->a, y = p->b;
+      } else {
+        k = p->key > k ? p->key : k;
+        x = Combine(op_a, x, p->a);
+        y = Combine(op_b, y, p->b);
+      }
+    }
+    sh.key = k, sh.a = x, sh.b = y;
+  }
+  __syncthreads();
+  ++phase;
+  return Reduced{sh.key, sh.a, sh.b};
+}
+
+// The value at global id `id` of the row, from whichever CTA of the cluster holds it.
+__device__ float RemoteValue(cg::cluster_group& cluster, float* xs, int slice, int id) {
+  const int owner = id / slice;
+  return cluster.map_shared_rank(xs, owner)[id - owner * slice];
 }
 
 __global__ void __launch_bounds__(kThreads)
-    SampleKernel(const float* logits, int64_t row_stride, int vocab,
-                 const SamplingRowParams* params, int32_t* out_ids) {
-  __shared__ uint64_t hist[256];
-  __shared__ uint64_t scratch[kWarps];
-  __shared__ uint64_t s_best;
-  const SamplingRowParams sp = params[blockIdx.x];
-  RowState s;
-  s.x = logits + blockIdx.x * row_stride;
-  s.vocab = vocab;
-  const bool greedy = !(sp.temperature > 0.f);
-  s.inv_t = greedy ? 1.f : 1.0f / sp.temperature;
+    SampleRowsKernel(SampleRowsArgs args, int slice) {
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) float xs[];
+  __shared__ Shared sh;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row = blockIdx.x / static_cast<int>(cluster.num_blocks());
+  const int V = args.vocab;
+  const int begin = rank * slice;
+  const int n = max(0, min(slice, V - begin));
+  const SamplingRowParams p = args.params[row];
+  const float* x = args.logits + int64_t(row) * args.row_stride + begin;
 
-  // Argmax of the (scaled) logits: max of (key << 32 | ~id), so ties go to the lowest id.
-  uint64_t best = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const uint64_t packed = (uint64_t(KeyAt(s, i)) << 32) | uint32_t(~uint32_t(i));
-    best = packed > best ? packed : best;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t v = __shfl_xor_sync(0xffffffffu, best, o);
-    best = v > best ? v : best;
-  }
-  if (threadIdx.x == 0) s_best = 0;
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) atomicMax(reinterpret_cast<unsigned long long*>(&s_best), best);
-  __syncthreads();
-  best = s_best;
-  const int32_t argmax = int32_t(~uint32_t(best));
-  if (greedy || sp.top_k == 1) {
-    if (threadIdx.x == 0) out_ids[blockIdx.x] = argmax;
-    return;
-  }
-  s.xmax = KeyValue(uint32_t(best >> 32));
-  s.k_cut = 0;
-  s.k_id_cut = 0xffffffffu;
-  s.p_cut = 0;
-  s.p_id_cut = 0xffffffffu;
-
-  auto key_of = [&](int i) { return KeyAt(s, i); };
-  auto id_key = [&](int i) { return ~uint32_t(i); };  // descending ~id == ascending id
-  auto one = [](int, uint32_t) { return uint64_t{1}; };
-
-  if (sp.top_k > 0 && sp.top_k < vocab) {
-    const Selected sel = RadixSelectDesc(
-        vocab, uint64_t(sp.top_k), key_of, [](int, uint32_t) { return true; }, one, hist,
-        scratch);
-    s.k_cut = sel.key;
-    const uint64_t need = uint64_t(sp.top_k) - sel.above;  // ties to keep, lowest ids first
-    if (need < sel.at) {
-      const uint32_t cut = sel.key;
-      const Selected ids = RadixSelectDesc(
-          vocab, need, id_key, [&](int i, uint32_t) { return KeyAt(s, i) == cut; }, one, hist,
-          scratch);
-      s.k_id_cut = ~ids.key;
-    }
-  }
-
-  if (sp.top_p < 1.f) {
-    uint64_t z = 0;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t k = KeyAt(s, i);
-      if (InTopK(s, k, i)) z += MassOfKey(s, k);
-    }
-    z = BlockSum64(z, scratch);
-    double t = ceil(double(sp.top_p) * double(z));
-    uint64_t target = t < 1.0 ? 1 : (t > double(z) ? z : uint64_t(t));
-    const Selected sel = RadixSelectDesc(
-        vocab, target, key_of, [&](int i, uint32_t k) { return InTopK(s, k, i); },
-        [&](int, uint32_t k) { return MassOfKey(s, k); }, hist, scratch);
-    s.p_cut = sel.key;
-    const uint64_t each = MassOfKey(s, sel.key);
-    if (each > 0) {
-      const uint64_t need_mass = target - sel.above;
-      const uint64_t need = (need_mass + each - 1) / each;
-      const uint64_t ties = sel.at / each;
-      if (need < ties) {
-        const uint32_t cut = sel.key;
-        const Selected ids = RadixSelectDesc(
-            vocab, need, id_key,
-            [&](int i, uint32_t) {
-              const uint32_t k = KeyAt(s, i);
-              return k == cut && InTopK(s, k, i);
-            },
-            one, hist, scratch);
-        s.p_id_cut = ~ids.key;
+  // Load the slice (16-byte loads where aligned).
+  const bool vec = args.row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(args.logits) % 16 == 0;
+  if (vec) {
+    for (int q = threadIdx.x; 4 * q < n; q += kThreads) {
+      if (4 * q + 3 < n) {
+        reinterpret_cast<float4*>(xs)[q] = __ldg(reinterpret_cast<const float4*>(x) + q);
+      } else {
+        for (int j = 4 * q; j < n; ++j) xs[j] = x[j];
       }
     }
+  } else {
+    for (int j = threadIdx.x; j < n; j += kThreads) xs[j] = x[j];
+  }
+  __syncthreads();
+  // Penalties, on this CTA's ids.
+  if (HasPenalties(p)) {
+    const PenaltyEntry* e = args.penalties + p.penalty_begin;
+    const bool count_input = (p.flags & kCountInputToken) && args.input_tokens != nullptr;
+    int input = -1;
+    if (count_input) {
+      input = args.input_tokens[args.input_token_rows ? args.input_token_rows[row] : row];
+      if (input < 0 || input >= V) input = -1;
+    }
+    int seen = 0;
+    for (int k = threadIdx.x; k < p.penalty_count; k += kThreads) {
+      const PenaltyEntry pe = e[k];
+      if (pe.id < 0 || pe.id >= V) continue;
+      const int extra = pe.id == input ? 1 : 0;
+      seen |= extra;
+      if (pe.id >= begin && pe.id < begin + n) {
+        xs[pe.id - begin] =
+            PenalizedLogit(xs[pe.id - begin], p, pe.output_count + extra, pe.in_prompt != 0);
+      }
+    }
+    seen = __syncthreads_or(seen);
+    if (threadIdx.x == 0 && input >= 0 && !seen && input >= begin && input < begin + n) {
+      xs[input - begin] = PenalizedLogit(xs[input - begin], p, 1, false);
+    }
+    __syncthreads();
   }
 
-  // Draw: thread-major order over the interleaved ids; exclusive scan of the thread sums.
-  uint64_t mine = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const uint32_t k = KeyAt(s, i);
-    if (Kept(s, k, i)) mine += MassOfKey(s, k);
+  const bool greedy = !(p.temperature > 0.f) || p.top_k == 1;
+  const bool want_logprob = (p.flags & kSampleLogprob) && args.out_logprobs != nullptr;
+  const float inv_t = greedy ? 1.f : 1.f / p.temperature;
+  int phase = 0;
+
+  // Phase 1: the greedy key (raw values, NaN lowest), max scaled value, max value at T = 1.
+  uint64_t best = 0;
+  float m = -INFINITY, m1 = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const float v = xs[j];
+    const uint64_t k = Rank(v, begin + j);
+    best = k > best ? k : best;
+    m = fmaxf(m, SamplingScaled(v, inv_t));
+    m1 = fmaxf(m1, SamplingScaled(v, 1.f));
   }
-  uint64_t incl = mine;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  __shared__ uint64_t warp_total[kWarps];
-  if (lane == 31) warp_total[warp] = incl;
-  __syncthreads();
-  uint64_t warp_before = 0, total = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) warp_before += warp_total[w];
-    total += warp_total[w];
-  }
-  const uint64_t before = warp_before + incl - mine;
-  const uint64_t u = Mix64(sp.seed ^ Mix64(sp.offset + 0x9e3779b97f4a7c15ull));
-  const uint64_t r = __umul64hi(u, total);  // uniform in [0, total)
-  if (threadIdx.x == 0) s_best = uint64_t(uint32_t(argmax));  // fallback (total == 0)
-  __syncthreads();
-  if (mine > 0 && before <= r && r < before + mine) {
-    uint64_t acc = before;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t k = KeyAt(s, i);
-      if (!Kept(s, k, i)) continue;
-      acc += MassOfKey(s, k);
-      if (r < acc) {
-        s_best = uint64_t(uint32_t(i));
+  Reduced r1 = ClusterReduce(cluster, sh, phase, best, m, Op::kMax, m1, Op::kMax);
+  const int argmax = int(~uint32_t(r1.key));
+  m = r1.a;
+  m1 = r1.b;
+  int chosen = argmax;
+  float z1 = 0;  // sum of exp(x - m1) (logprobs)
+  bool have_z1 = false;
+
+  if (!greedy && m > -INFINITY) {
+    // Top-k: the k-th largest order key by a 4-pass radix select over the cluster, then the
+    // lowest ids among ties at it. Kept iff Rank(y, i) >= t_k.
+    uint64_t t_k = 0;
+    if (p.top_k > 0 && p.top_k < V) {
+      uint32_t prefix = 0, mask = 0;
+      uint32_t target = uint32_t(p.top_k), above = 0, at = 0, digit = 0;
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += kThreads) sh.local_hist[b] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += kThreads) {
+          const uint32_t k = OrderKey(SamplingScaled(xs[j], inv_t));
+          if ((k & mask) == prefix) atomicAdd(&sh.local_hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        Partial& mine = sh.part[phase & 1];
+        for (int b = threadIdx.x; b < 256; b += kThreads) mine.hist[b] = sh.local_hist[b];
+        cluster.sync();
+        for (int b = threadIdx.x; b < 256; b += kThreads) {
+          uint32_t total = 0;
+          for (unsigned q = 0; q < cluster.num_blocks(); ++q) {
+            total += cluster.map_shared_rank(&mine, q)->hist[b];
+          }
+          sh.local_hist[b] = total;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          uint32_t acc = above;
+          int d = 255;
+          for (; d > 0; --d) {
+            if (acc + sh.local_hist[d] >= target) break;
+            acc += sh.local_hist[d];
+          }
+          sh.u32 = uint32_t(d);
+          sh.a = __uint_as_float(acc);
+          sh.b = __uint_as_float(sh.local_hist[d]);
+        }
+        __syncthreads();
+        digit = sh.u32;
+        above = __float_as_uint(sh.a);
+        at = __float_as_uint(sh.b);
+        prefix |= digit << shift;
+        mask |= 255u << shift;
+        ++phase;
+        __syncthreads();
+      }
+      t_k = uint64_t(prefix) << 32;  // every tie kept
+      const uint32_t need = target - above;
+      if (need < at) {
+        // Ties at the cut, lowest ids first: the CTAs hold ascending id ranges, so the cut is in
+        // the first CTA whose running tie count reaches `need` (its count is its last-pass
+        // histogram bin, still in its Partial).
+        const Partial& last = sh.part[(phase - 1) & 1];
+        uint32_t before = 0;
+        int owner = 0;
+        for (unsigned q = 0; q < cluster.num_blocks(); ++q) {
+          const uint32_t c = cluster.map_shared_rank(&last, q)->hist[digit];
+          if (before + c >= need) {
+            owner = int(q);
+            break;
+          }
+          before += c;
+        }
+        uint32_t cut_id = 0;
+        if (rank == owner) {
+          uint32_t want = need - before, seen_ties = 0;
+          for (int base = 0; base < n; base += kThreads) {
+            const int j = base + threadIdx.x;
+            const bool tie = j < n && OrderKey(SamplingScaled(xs[j], inv_t)) == prefix;
+            const uint32_t ballot_count = __syncthreads_count(tie);
+            if (seen_ties + ballot_count >= want) {
+              // The (want - seen_ties)-th tie of this chunk, in id order.
+              if (threadIdx.x == 0) sh.u32 = 0;
+              __syncthreads();
+              const uint32_t lane_mask = __ballot_sync(0xffffffffu, tie);
+              if (threadIdx.x % 32 == 0) sh.warp_key[threadIdx.x / 32] = __popc(lane_mask);
+              __syncthreads();
+              uint32_t prior = seen_ties;
+              for (int w = 0; w < int(threadIdx.x / 32); ++w) prior += uint32_t(sh.warp_key[w]);
+              prior += __popc(lane_mask & ((1u << (threadIdx.x % 32)) - 1u));
+              if (tie && prior + 1 == want) sh.u32 = uint32_t(begin + j);
+              __syncthreads();
+              break;
+            }
+            seen_ties += ballot_count;
+          }
+          cut_id = sh.u32;
+        }
+        Reduced rc = ClusterReduce(cluster, sh, phase, rank == owner ? uint64_t(cut_id) : 0, 0.f,
+                                   Op::kSum, 0.f, Op::kSum);
+        t_k = (uint64_t(prefix) << 32) | uint32_t(~uint32_t(rc.key));
+      }
+    }
+    const float min_y = p.min_p > 0.f ? m + logf(p.min_p) : -INFINITY;
+    float z_k = 0;
+    uint64_t lower = 0;  // candidates rank above it
+    chosen = -1;
+    for (uint32_t round = 0; round < uint32_t(kMaxSamplingRounds); ++round) {
+      // Draw: Gumbel-max over the current set; round 0 also sums the top-k mass and z1.
+      uint64_t best_v = 0;
+      float zk_part = 0, z1_part = 0;
+      const bool first = round == 0;
+      for (int q = threadIdx.x; 4 * q < n; q += kThreads) {
+        Philox4 bits{};
+        bool drawn = false;
+        for (int j = 0; j < 4 && 4 * q + j < n; ++j) {
+          const int local = 4 * q + j, id = begin + local;
+          const float y = SamplingScaled(xs[local], inv_t);
+          const uint64_t rk = Rank(y, id);
+          if (first && want_logprob) z1_part += __expf(SamplingScaled(xs[local], 1.f) - m1);
+          if (rk < t_k) continue;
+          if (first && p.top_p < 1.f) zk_part += __expf(y - m);
+          if (rk <= lower || !(y >= min_y)) continue;
+          if (!drawn) {
+            bits = SamplingBits(p.seed, p.step, round, uint32_t((begin >> 2) + q));
+            drawn = true;
+          }
+          const uint64_t key = Rank(y + SamplingGumbel(bits.v[j]), id);
+          best_v = key > best_v ? key : best_v;
+        }
+      }
+      Reduced rd = ClusterReduce(cluster, sh, phase, best_v, zk_part, Op::kSum, z1_part, Op::kSum);
+      if (first) {
+        z_k = rd.a;
+        z1 = rd.b;
+        have_z1 = want_logprob;
+      }
+      if (rd.key == 0) break;  // nothing left (cannot happen while the top token is in the set)
+      const int c = int(~uint32_t(rd.key));
+      if (!(p.top_p < 1.f)) {
+        chosen = c;
         break;
       }
+      const uint64_t rc = Rank(SamplingScaled(RemoteValue(cluster, xs, slice, c), inv_t), c);
+      float mass = 0;
+      for (int j = threadIdx.x; j < n; j += kThreads) {
+        const float y = SamplingScaled(xs[j], inv_t);
+        const uint64_t rk = Rank(y, begin + j);
+        if (rk >= t_k && rk > rc) mass += __expf(y - m);
+      }
+      Reduced rm = ClusterReduce(cluster, sh, phase, 0, mass, Op::kSum, 0.f, Op::kSum);
+      if (rm.a < p.top_p * z_k) {
+        chosen = c;
+        break;
+      }
+      lower = rc;
+    }
+    if (chosen < 0) chosen = argmax;
+  }
+  if (want_logprob && !have_z1) {
+    float z = 0;
+    for (int j = threadIdx.x; j < n; j += kThreads) z += __expf(SamplingScaled(xs[j], 1.f) - m1);
+    z1 = ClusterReduce(cluster, sh, phase, 0, z, Op::kSum, 0.f, Op::kSum).a;
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+    args.out_ids[row] = chosen;
+    if (want_logprob) {
+      args.out_logprobs[row] =
+          SamplingScaled(RemoteValue(cluster, xs, slice, chosen), 1.f) - m1 - logf(z1);
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) out_ids[blockIdx.x] = int32_t(uint32_t(s_best));
+  cluster.sync();  // no CTA leaves while another may read its shared memory
 }
 
 // Grid (slices, rows); each thread folds float4s of its slice, then warp and CTA maxima, then
@@ -361,18 +439,71 @@ absl::Status GreedyIdsToTokensCuda(const uint64_t* packed, const int32_t* source
   return absl::OkStatus();
 }
 
-absl::Status SampleTokensCuda(const float* logits, int64_t row_stride, int rows, int vocab,
-                              const SamplingRowParams* params, int32_t* out_ids,
-                              cudaStream_t stream) {
-  if (rows < 0 || vocab <= 0 || row_stride < vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling: rows ", rows, ", vocab ", vocab,
-                                                   ", row_stride ", row_stride));
+int SamplingClusterSize(int vocab) {
+  int c = 1;
+  while (c < kMaxCluster && (int64_t(vocab) + c - 1) / c * 4 > 16 * 1024) c *= 2;
+  return c;
+}
+
+absl::Status SampleRowsCuda(const SampleRowsArgs& a, cudaStream_t stream) {
+  if (a.rows < 0 || a.vocab <= 0 || a.row_stride < a.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: rows ", a.rows, ", vocab ",
+                                                   a.vocab, ", row_stride ", a.row_stride));
   }
-  if (rows == 0) return absl::OkStatus();
-  if (logits == nullptr || params == nullptr || out_ids == nullptr) {
+  if (a.rows == 0) return absl::OkStatus();
+  if (a.logits == nullptr || a.params == nullptr || a.out_ids == nullptr) {
     return absl::InvalidArgumentError("sampling: a required pointer is null");
   }
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, row_stride, vocab, params, out_ids);
+  const int cluster = SamplingClusterSize(a.vocab);
+  const int slice = int((int64_t(a.vocab) + cluster - 1) / cluster + 3) / 4 * 4;
+  const size_t smem = size_t(slice) * sizeof(float);
+  if (smem > size_t(kMaxSliceBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling: vocabulary of ", a.vocab, " ids is past what ", kMaxCluster,
+                     " CTAs' shared memory holds"));
+  }
+  // Raised once per device and size (a replayed graph's capture then sets nothing).
+  static std::atomic<int> raised[64];
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  if (device < 0 || device >= 64 || raised[device].load() < int(smem)) {
+    RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
+        SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (device >= 0 && device < 64) raised[device].store(int(smem));
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(a.rows) * unsigned(cluster));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, SampleRowsKernel, a, slice));
+  return absl::OkStatus();
+}
+
+namespace {
+__global__ void SampledIdsToTokensKernel(const int32_t* __restrict__ ids,
+                                         const int32_t* __restrict__ source_rows, int rows,
+                                         int32_t* __restrict__ tokens) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < rows) tokens[i] = ids[source_rows[i]];
+}
+}  // namespace
+
+absl::Status SampledIdsToTokensCuda(const int32_t* ids, const int32_t* source_rows, int rows,
+                                    int32_t* tokens, cudaStream_t stream) {
+  if (rows < 0) return absl::InvalidArgumentError(absl::StrCat("sampled ids: rows ", rows));
+  if (rows == 0) return absl::OkStatus();
+  if (ids == nullptr || source_rows == nullptr || tokens == nullptr) {
+    return absl::InvalidArgumentError("sampled ids: a required pointer is null");
+  }
+  SampledIdsToTokensKernel<<<(rows + 255) / 256, 256, 0, stream>>>(ids, source_rows, rows, tokens);
   RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -1,15 +1,13 @@
-// Token sampling on the GPU: greedy, temperature, top-k, top-p, one draw per row.
+// Token sampling on the GPU: every row of a step, greedy and sampled mixed, one draw per row,
+// with the rules of kernels/include/sampling.h (penalties, temperature, top-k, top-p, min-p,
+// Philox-seeded Gumbel-max draw with rejection for top-p and min-p). Only the chosen ids (and,
+// on request, their log-probabilities) are written; nothing is sorted.
 //
-// Same rules as the CPU Sampler (services/worker/engine/sampler.h): temperature 0 is greedy
-// (argmax, the lowest id wins ties); otherwise logits are scaled by 1/temperature, top-k keeps
-// the k largest (ties at the k-th value: lowest ids first), top-p keeps the smallest prefix of
-// the remaining tokens, ordered by (scaled logit desc, id asc), whose probability reaches p, and
-// one token is drawn from what is left in proportion to exp(scaled logit - max).
-// Differences from the CPU twin, by design: the draw comes from (seed, offset) through a
-// counter-based hash (the CPU uses mt19937_64), so the same seed samples the same distribution,
-// not the same token; probabilities are summed in 32.32 fixed point (exact and deterministic:
-// a token with probability under 2^-32 of the top token's is never drawn); NaN logits rank
-// lowest.
+// One thread-block cluster per row (up to 8 CTAs, Hopper's distributed shared memory): each CTA
+// loads its slice of the row into shared memory once, and every later pass (max, the top-k
+// radix select, each rejection round's draw and mass check) reads shared memory; partial
+// results meet through the cluster's shared memory in a fixed order, so a row's result does not
+// depend on scheduling or on the other rows of the batch.
 #ifndef LAZYATTN_KERNELS_CUDA_SAMPLING_H_
 #define LAZYATTN_KERNELS_CUDA_SAMPLING_H_
 
@@ -18,25 +16,39 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/include/sampling.h"
 
 namespace lazyattn {
 
-struct SamplingRowParams {
-  float temperature = 0.0f;  // 0: greedy
-  int32_t top_k = 0;         // 0 (or >= vocab): off
-  float top_p = 1.0f;        // 1: off; in (0, 1]
-  uint32_t reserved = 0;
-  uint64_t seed = 0;
-  uint64_t offset = 0;  // draw counter, e.g. the number of tokens generated so far
+struct SampleRowsArgs {
+  const float* logits = nullptr;  // device [rows][row_stride] fp32; the first `vocab` are used
+  int64_t row_stride = 0;
+  int rows = 0;
+  int vocab = 0;
+  const SamplingRowParams* params = nullptr;  // device [rows]
+  const PenaltyEntry* penalties = nullptr;    // device, indexed by the rows' penalty ranges
+  // Device [rows] (with kCountInputToken rows): each row's input token; may be null otherwise.
+  // input_token_rows (device [rows], optional) indirects it: row r's token is
+  // input_tokens[input_token_rows[r]].
+  const int32_t* input_tokens = nullptr;
+  const int32_t* input_token_rows = nullptr;
+  int32_t* out_ids = nullptr;      // device [rows]
+  float* out_logprobs = nullptr;   // device [rows], written for kSampleLogprob rows; may be null
 };
 
-// logits: device [rows][row_stride] fp32 (the first `vocab` of each row are used);
-// params: device [rows]; out_ids: device [rows].
-absl::Status SampleTokensCuda(const float* logits, int64_t row_stride, int rows, int vocab,
-                              const SamplingRowParams* params, int32_t* out_ids,
-                              cudaStream_t stream);
+// InvalidArgument for shapes out of range (vocabularies past ~450K ids do not fit 8 CTAs'
+// shared memory) or null pointers; Internal for a launch failure.
+absl::Status SampleRowsCuda(const SampleRowsArgs& args, cudaStream_t stream);
 
-// Greedy rows only, spread over the whole card: the same argmax as SampleTokensCuda's greedy rule
+// CTAs per row (the cluster size) SampleRowsCuda uses for `vocab`.
+int SamplingClusterSize(int vocab);
+
+// ids[i] = out_ids[source_rows[i]] into tokens[i], on the device (pipelined decode: a sampled
+// step's ids become the next step's input tokens without a trip through the host).
+absl::Status SampledIdsToTokensCuda(const int32_t* ids, const int32_t* source_rows, int rows,
+                                    int32_t* tokens, cudaStream_t stream);
+
+// Greedy rows only, spread over the whole card: the same argmax as SampleRowsCuda's greedy rule
 // (the lowest id among equal maxima, NaN lowest), found by many CTAs per row instead of one (one
 // CTA reads a 128K vocabulary in ~24 us; the GPU's decode step has no time for that). Each CTA
 // folds its slice into packed[row] with a 64-bit atomicMax of (order key << 32 | ~id), so the

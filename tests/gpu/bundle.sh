@@ -5,12 +5,20 @@
 # machine and run `tests/gpu/device.sh` (or `tests/gpu/run.sh FOLDER`) there.
 #   LAZYATTN_BUILD_DIR  build folder (default build-gpu)
 #   LAZYATTN_CARRY_DIR  output folder (default .device-carry; any /.device-carry* is git-ignored)
+#   LAZYATTN_BUNDLE_TARGETS  only these CMake targets (space-separated); programs of other
+#                       targets left in the build folder from earlier builds are packed too
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 build="${LAZYATTN_BUILD_DIR:-build-gpu}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYATTN_CUDA=ON >/dev/null
-cmake --build "$build" -j 2
+# LAZYATTN_BUNDLE_TARGETS (space-separated): build and pack only these targets' programs.
+if [ -n "${LAZYATTN_BUNDLE_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j 2 --target $LAZYATTN_BUNDLE_TARGETS
+else
+  cmake --build "$build" -j 2
+fi
 carry="$repo/${LAZYATTN_CARRY_DIR:-.device-carry}"
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib"

@@ -16,6 +16,10 @@
 #          LAZYATTN_AB_A, LAZYATTN_AB_B, LAZYATTN_AB_PARTS, LAZYATTN_AB_ROUNDS); only when named
 #   cluster tools/cluster-trace on this machine: kvdir, the router and one CUDA worker per GPU
 #          serving random:llama3-8b (issue 7's run; LAZYATTN_CLUSTER_ARGS adds flags)
+#   replay `lazyattn replay` on random llama3-8b, 32 x (2K document, 256 tokens), greedy against
+#          T 0.8 top-p 0.95 (tests/gpu/sampled_replay.sh); only when named
+#   sanitize compute-sanitizer memcheck and racecheck on the sampling kernel tests
+#          (LAZYATTN_SANITIZE_FILTER, default SampleRowsCudaTest.*:-*Draws*); only when named
 #   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
 #          from Nsight Compute with the clocks and caches left alone; summed per kernel name
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
@@ -104,6 +108,19 @@ if has cluster; then
     --workers "$gpus" --gpus "$gpus" --backend cuda --model random:llama3-8b \
     --out "$logs/cluster-trace.json" ${LAZYATTN_CLUSTER_ARGS:-} 2>&1 | tee "$logs/cluster-trace.log" ||
     status=1
+fi
+if has replay; then
+  echo "=== lazyattn replay: greedy against sampled decoding"
+  timeout 560 tests/gpu/sampled_replay.sh "$carry" 2>&1 | tee "$logs/sampled-replay.log" || status=1
+fi
+if has sanitize; then
+  san="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
+  for tool in memcheck racecheck; do
+    echo "=== compute-sanitizer --tool $tool"
+    timeout 240 "$san" --tool "$tool" --error-exitcode 1 "$carry/bin/kernels_cuda_ops_test" \
+      --gtest_filter="${LAZYATTN_SANITIZE_FILTER:-SampleRowsCudaTest.*:-*Draws*}" 2>&1 |
+      tail -n 25 | tee "$logs/sanitize-$tool.log" || status=1
+  done
 fi
 if has ncu; then
   echo "=== ncu: kernel durations inside decode steps"

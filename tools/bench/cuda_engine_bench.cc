@@ -3,7 +3,7 @@
 // serving trace with Poisson arrivals. Prints markdown tables and one JSON line per result
 // (tests/gpu/bench.sh collects them; docs/benchmarks.md has the numbers).
 //
-//   lazyattn-bench-engine [--shape llama3-8b] [--parts gemm,ttft,decode,serving]
+//   lazyattn-bench-engine [--shape llama3-8b] [--parts gemm,kernels,ttft,decode,serving]
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
@@ -233,16 +233,22 @@ TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
 // --- Decode: batch 1 at 20K context, batch 32 at 2K, and the largest batch that fits. ---
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
                        int profile_steps, json& out) {
-  std::cout << "\n### Decode\n\n| batch | context | step ms | output tok/s | GPU ms/step | "
+  std::cout << "\n### Decode\n\n| batch | context | sampling | step ms | output tok/s | GPU ms/step | "
                "runner wall ms/step | host prep ms/step | launch ms/step | "
                "engine ms between steps | CUDA graph replays |\n"
-               "|---|---|---|---|---|---|---|---|---|---|\n";
+               "|---|---|---|---|---|---|---|---|---|---|---|\n";
   ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 512));
-  auto one = [&](int batch, int context, int steps) -> absl::Status {
+  // `sampled`: temperature 0.8, top-p 0.95, a seed per request (the sampled decode row).
+  auto one = [&](int batch, int context, int steps, bool sampled) -> absl::Status {
     std::vector<EngineRequest> reqs;
     for (int i = 0; i < batch; ++i) {
       EngineRequest r{.mode = CacheMode::kFull,
                       .sampling = {.max_tokens = steps, .ignore_eos = true}};
+      if (sampled) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.95f;
+        r.sampling.seed = 7 + i;
+      }
       r.question_token_ids = DocumentTokens(5000 + 1000 * context + i, context);
       reqs.push_back(std::move(r));
     }
@@ -301,24 +307,29 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     const double launch_ms = prof.steps ? prof.enqueue_ms / prof.steps : 0;
     const double between_ms = prof.steps > 1 ? prof.between_ms / (prof.steps - 1) : 0;
     const int64_t replays = b.runner->graph_launches() - replays_before;
-    std::cout << absl::StrCat("| ", batch, " | ", context, " | ", step_ms, " | ", tok_s, " | ",
+    std::cout << absl::StrCat("| ", batch, " | ", context, " | ",
+                              sampled ? "T 0.8 top-p 0.95" : "greedy", " | ", step_ms, " | ",
+                              tok_s, " | ",
                               gpu_ms, " | ", wall_ms, " | ", prep_ms, " | ", launch_ms - prep_ms,
                               " | ", between_ms, " | ",
                               replays, " |\n");
-    out["decode"].push_back({{"batch", batch}, {"context", context}, {"step_ms", step_ms},
+    out["decode"].push_back({{"batch", batch}, {"context", context},
+                             {"sampling", sampled ? "t0.8_p0.95" : "greedy"}, {"step_ms", step_ms},
                              {"tok_s", tok_s}, {"gpu_ms", gpu_ms}, {"runner_wall_ms", wall_ms},
                              {"host_prep_ms", prep_ms}, {"launch_ms", launch_ms - prep_ms},
                              {"engine_between_ms", between_ms},
                              {"graph_replays", replays}});
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(one(1, 2048, 16));  // warm-up, not reported separately
-  RETURN_IF_ERROR(one(1, 20480, 128));
+  RETURN_IF_ERROR(one(1, 2048, 16, false));  // warm-up, not reported separately
+  RETURN_IF_ERROR(one(1, 2048, 16, true));
+  for (bool sampled : {false, true}) RETURN_IF_ERROR(one(1, 20480, 128, sampled));
+  for (bool sampled : {false, true}) RETURN_IF_ERROR(one(1, 2048, 128, sampled));
   // 0 in --batches: the largest batch of 2K-context requests (plus 128 outputs) the pool holds.
   const int64_t blocks_per_request = (2048 + 128 + kDefaultKvBlockSize - 1) / kDefaultKvBlockSize;
   for (int batch : batches) {
     if (batch == 0) batch = static_cast<int>(engine->blocks().total / blocks_per_request);
-    RETURN_IF_ERROR(one(batch, 2048, 128));
+    for (bool sampled : {false, true}) RETURN_IF_ERROR(one(batch, 2048, 128, sampled));
   }
   return absl::OkStatus();
 }
@@ -399,8 +410,9 @@ absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
 // "Cold" rotates over copies of the weights that together exceed the 50 MB L2, as inside a step
 // where each layer's weights are read once; "warm" repeats one copy (the o projection's 33.5 MB
 // then sit in L2, which is how a timed-alone loop flatters it).
-absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
-  std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
+// `gemms`: the GEMM table; `kernels`: the other kernels' table (the sampler among them).
+absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, bool gemms, bool kernels, json& out) {
+  if (gemms) std::cout << "\n### Decode-shaped GEMMs (" << c.name << " weights, bf16, fp32 accumulate)\n\n"
             << "| rows | product | warm us | cold us | cold weight TB/s | cuBLASLt cold us | "
                "wgmma swap-AB cold us (features/splits) | best wgmma cut cold us |\n"
             << "|---|---|---|---|---|---|---|---|\n";
@@ -411,6 +423,10 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   // Output types as in the runner: the o and down projections add into the fp32 residual.
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  if (gemms) {
   const Shape shapes[] = {{"qkv", H, c.q_size() + 2 * c.kv_size(), GemmOutputType::kBf16},
                           {"o", c.q_size(), H, GemmOutputType::kFp32},
                           {"gate_up", H, 2 * I, GemmOutputType::kBf16},
@@ -421,9 +437,6 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
   cublas_only->set_skinny(false);
   SkinnyWgmmaWorkspace wgmma_ws;
   if (with_wgmma) RETURN_IF_ERROR(wgmma_ws.Init());
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
   for (int64_t rows : {1, 8, 32, 64, 240}) {
     for (const Shape& sh : shapes) {
       const int64_t w_bytes = sh.in * sh.out * 2;
@@ -505,10 +518,12 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
       cudaFree(y);
     }
   }
+  }
+  if (!kernels) return absl::OkStatus();
   // The other launches of a decode step, one layer's worth each (plus the once-per-step ones).
   std::cout << "\n### Decode-step kernels besides the GEMMs (us per launch)\n\n"
             << "| rows | rms_norm (fp32 in) | rope_kv_append | decode attention (2K ctx) | swiglu | "
-               "greedy argmax (vocab) | one-CTA sampler, greedy |\n|---|---|---|---|---|---|---|\n";
+               "greedy argmax (vocab) | sampler, T 0.8 top-p 0.95 |\n|---|---|---|---|---|---|---|\n";
   for (int rows : {1, 32, 240}) {
     const int64_t Q = c.q_size(), KV = c.kv_size(), qkv_w = Q + 2 * KV;
     const int blocks_per_seq = 2048 / 16;
@@ -580,9 +595,25 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
     }));
     ASSIGN_OR_RETURN(const double swiglu_us,
                      time([&] { return SwiGluCuda(x, rows, I, y, nullptr); }));
+    // Random logits (a softmax over a flat row is the sampler's slow case: top-p keeps most of
+    // the vocabulary), T 0.8, top-p 0.95, a seed per row.
+    {
+      std::vector<float> host(int64_t{rows} * c.vocab_size);
+      std::mt19937 rng(rows);
+      std::normal_distribution<float> normal(0, 2);
+      for (float& v : host) v = normal(rng);
+      cudaMemcpy(logits, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
+      std::vector<SamplingRowParams> hp(rows);
+      for (int r = 0; r < rows; ++r) {
+        hp[r] = {.temperature = 0.8f, .top_p = 0.95f, .seed = uint64_t(r), .step = 3};
+      }
+      cudaMemcpy(params, hp.data(), rows * sizeof(SamplingRowParams), cudaMemcpyHostToDevice);
+    }
     ASSIGN_OR_RETURN(const double sample_us, time([&] {
-      return SampleTokensCuda(logits, c.vocab_size, rows, static_cast<int>(c.vocab_size), params,
-                              ids, nullptr);
+      return SampleRowsCuda({.logits = logits, .row_stride = c.vocab_size, .rows = rows,
+                             .vocab = static_cast<int>(c.vocab_size), .params = params,
+                             .out_ids = ids},
+                            nullptr);
     }));
     auto* packed = static_cast<uint64_t*>(alloc(rows * 8));
     ASSIGN_OR_RETURN(const double argmax_us, time([&] {
@@ -594,7 +625,7 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
     out["kernels"].push_back({{"rows", rows}, {"rms_norm_us", norm_us},
                               {"rope_kv_append_us", rope_us}, {"decode_attention_2k_us", attn_us},
                               {"swiglu_us", swiglu_us}, {"greedy_argmax_us", argmax_us},
-                              {"one_cta_sampler_us", sample_us}});
+                              {"sampler_top_p_us", sample_us}});
     for (void* p : allocs) cudaFree(p);
   }
   cudaEventDestroy(start);
@@ -605,7 +636,8 @@ absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, json& out) {
 int Main(int argc, char** argv) {
   CliArgs args;
   args.Declare("shape", CliArgs::Kind::kValue, "random model shape (default llama3-8b)");
-  args.Declare("parts", CliArgs::Kind::kValue, "gemm,ttft,decode,serving (default all)");
+  args.Declare("parts", CliArgs::Kind::kValue,
+               "gemm,kernels,ttft,decode,serving (default all)");
   args.Declare("kv-budget-gib", CliArgs::Kind::kValue, "KV budget for ttft/decode (default 64)");
   args.Declare("batches", CliArgs::Kind::kValue,
                "decode batches at 2K context; 0 = the largest that fits (default 32,0)");
@@ -681,7 +713,7 @@ int Main(int argc, char** argv) {
   }
   // Read once, at the first launch (kernels/cuda/launch_overlap.cuh).
   if (args.Has("no-overlap")) setenv("LAZYATTN_OVERLAP_LAUNCHES", "0", /*overwrite=*/1);
-  const std::string parts = args.String("parts", "gemm,ttft,decode,serving");
+  const std::string parts = args.String("parts", "gemm,kernels,ttft,decode,serving");
   const int64_t gib = int64_t{1} << 30;
   const int64_t budget = args.Int("kv-budget-gib", 64).value_or(64) * gib;
   std::vector<int> batches;
@@ -696,8 +728,10 @@ int Main(int argc, char** argv) {
   }
   json out = {{"shape", b.config.name}};
   absl::Status status;
-  if (status.ok() && parts.find("gemm") != std::string::npos) {
-    status = RunGemms(b.config, args.Has("wgmma-gemm"), out);
+  if (status.ok() && (parts.find("gemm") != std::string::npos ||
+                      parts.find("kernels") != std::string::npos)) {
+    status = RunGemms(b.config, args.Has("wgmma-gemm"), parts.find("gemm") != std::string::npos,
+                      parts.find("kernels") != std::string::npos, out);
   }
   if (status.ok() && parts.find("ttft") != std::string::npos) status = RunTtft(b, budget, out);
   if (status.ok() && parts.find("decode") != std::string::npos) {

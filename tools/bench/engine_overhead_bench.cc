@@ -32,7 +32,7 @@
 namespace lazyattn {
 namespace {
 
-// Answers every step at once: greedy rows get token 7, other rows zero logits.
+// Answers every step at once: every emitting row draws token 7 (return_logits rows add zeros).
 class NullRunner final : public ModelRunner {
  public:
   NullRunner(ModelConfig config, int64_t blocks) : config_(std::move(config)), blocks_(blocks) {}
@@ -44,11 +44,9 @@ class NullRunner final : public ModelRunner {
     ForwardOutput out;
     for (const ForwardChunk& ch : chunks) {
       if (!ch.emit_logits) continue;
-      if (ch.greedy) {
-        out.greedy_ids.push_back(7);
-      } else {
-        out.logits.resize(out.logits.size() + config_.vocab_size, 0.0f);
-      }
+      out.token_ids.push_back(7);
+      out.logprobs.push_back(0.0f);
+      if (ch.return_logits) out.logits.resize(out.logits.size() + config_.vocab_size, 0.0f);
     }
     return out;
   }

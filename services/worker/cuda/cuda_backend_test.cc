@@ -188,8 +188,10 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
       {.tokens = std::span(&next, 1), .segment_delta = 0, .local_start = 50,
        .kv_slots = decode_slot, .block_table = decode_table, .first_query_index = 50}};
   const int64_t V = 1024;
-  for (std::span<const ForwardChunk> step :
+  for (std::span<const ForwardChunk> plain :
        {std::span<const ForwardChunk>(step1), std::span<const ForwardChunk>(step2)}) {
+    std::vector<ForwardChunk> step(plain.begin(), plain.end());
+    for (ForwardChunk& ch : step) ch.return_logits = true;
     auto want_out = cpu.Forward(step);
     auto got_out = gpu->Forward(step);
     ASSERT_TRUE(want_out.ok()) << want_out.status();
@@ -207,19 +209,30 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
     }
     std::cout << "worst rel_err over " << want->size() / V << " rows: " << worst << "\n";
   }
-  // The same step again with greedy chunks: the ids are the argmax of the rows just returned
-  // (rewriting the same K/V into the same slots changes nothing).
-  auto full = gpu->Forward(step2);
-  ForwardChunk greedy_step[] = {step2[0], step2[1]};
-  for (ForwardChunk& ch : greedy_step) ch.greedy = true;
-  auto ids = gpu->Forward(greedy_step);
+  // The same step again without logits: the greedy ids are the argmax of the rows just
+  // returned (rewriting the same K/V into the same slots changes nothing).
+  ForwardChunk with_logits[] = {step2[0], step2[1]};
+  for (ForwardChunk& ch : with_logits) ch.return_logits = true;
+  auto full = gpu->Forward(with_logits);
+  auto ids = gpu->Forward(step2);
   ASSERT_TRUE(full.ok() && ids.ok());
   EXPECT_TRUE(ids->logits.empty());
-  ASSERT_EQ(ids->greedy_ids.size(), full->logits.size() / V);
-  for (size_t row = 0; row < ids->greedy_ids.size(); ++row) {
+  ASSERT_EQ(ids->token_ids.size(), full->logits.size() / V);
+  EXPECT_EQ(ids->token_ids, full->token_ids);
+  for (size_t row = 0; row < ids->token_ids.size(); ++row) {
     const float* r = full->logits.data() + row * V;
-    EXPECT_EQ(ids->greedy_ids[row], std::max_element(r, r + V) - r) << "row " << row;
+    EXPECT_EQ(ids->token_ids[row], std::max_element(r, r + V) - r) << "row " << row;
   }
+  // Sampled on the device, mixed with greedy rows: the CPU backend's twin draws the same ids
+  // from the same logits (its own logits differ by bf16 noise, so the comparison is with the
+  // twin run on the GPU's rows).
+  ForwardChunk sampled[] = {with_logits[0], with_logits[1]};
+  sampled[0].sampling = {.temperature = 0.9f, .top_p = 0.9f, .min_p = 0.01f, .seed = 3, .step = 1};
+  auto drawn = gpu->Forward(sampled);
+  ASSERT_TRUE(drawn.ok()) << drawn.status();
+  ASSERT_EQ(drawn->token_ids.size(), full->token_ids.size());
+  const ForwardOutput twin = SampleRowsOnHost(sampled, drawn->logits, V);
+  EXPECT_EQ(drawn->token_ids, twin.token_ids);
 }
 
 // Engines on both backends answer the same RAG requests (3 documents, reordered) in lazy and
@@ -353,16 +366,20 @@ TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
       chunks.push_back({.tokens = std::span(&next[sidx], 1), .local_start = static_cast<int64_t>(seqs[sidx].size()) - 1,
                         .kv_slots = slot[sidx], .block_table = tables[sidx],
                         .first_query_index = static_cast<int64_t>(seqs[sidx].size()) - 1,
-                        .greedy = step % 2 == 1});
+                        .sampling = step % 2 == 1
+                                        ? SamplingRowParams{.temperature = 0.8f, .top_p = 0.9f,
+                                                            .seed = 5, .step = uint64_t(step)}
+                                        : SamplingRowParams{},
+                        .return_logits = step % 2 == 0});
     }
     auto a = (*eager)->Forward(chunks);
     auto b = (*graphed)->Forward(chunks);
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
     EXPECT_EQ(a->logits, b->logits) << "step " << step;
-    EXPECT_EQ(a->greedy_ids, b->greedy_ids) << "step " << step;
+    EXPECT_EQ(a->token_ids, b->token_ids) << "step " << step;
   }
   EXPECT_EQ((*eager)->graph_launches(), 0);
-  EXPECT_GE((*graphed)->graph_captures(), 3);  // 2 buckets x (greedy, not greedy)
+  EXPECT_GE((*graphed)->graph_captures(), 3);  // 2 buckets x (argmax, sampler)
   EXPECT_GE((*graphed)->graph_launches(), 30);
 }
 
@@ -404,12 +421,12 @@ TEST(CudaModelRunnerTest, FusedNormsAtBatchOneAreBitIdentical) {
                           .kv_slots = slots,
                           .block_table = table,
                           .first_query_index = start,
-                          .greedy = greedy};
+                          .return_logits = !greedy};
     auto a = runners[0]->Forward(std::span(&ch, 1));
     auto b = runners[1]->Forward(std::span(&ch, 1));
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
     EXPECT_EQ(a->logits, b->logits) << "at " << start;
-    EXPECT_EQ(a->greedy_ids, b->greedy_ids) << "at " << start;
+    EXPECT_EQ(a->token_ids, b->token_ids) << "at " << start;
     if (!greedy) {  // the comparison is of real logits
       ASSERT_FALSE(a->logits.empty());
       EXPECT_TRUE(std::isfinite(a->logits[0]));
@@ -465,7 +482,8 @@ void ExpectSameLogits(const ModelConfig& config, CudaRunnerOptions a, CudaRunner
                         .local_start = start,
                         .kv_slots = slots[i],
                         .block_table = tables[i],
-                        .first_query_index = start});
+                        .first_query_index = start,
+                        .return_logits = true});
     }
     auto ra = runners[0]->Forward(chunks);
     auto rb = runners[1]->Forward(chunks);
@@ -561,7 +579,8 @@ TEST(CudaModelRunnerTest, RejectsBadInputAndKeepsServing) {
   const BlockCopy bad_copy{.src = 3, .dst = 99, .delta = 1};
   EXPECT_EQ(gpu->CopyBlocks(std::span(&bad_copy, 1)).code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> good = {1, 2};
-  const ForwardChunk ok_chunk{.tokens = good, .kv_slots = slots, .block_table = table};
+  const ForwardChunk ok_chunk{
+      .tokens = good, .kv_slots = slots, .block_table = table, .return_logits = true};
   auto ok = gpu->Forward(std::span(&ok_chunk, 1));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->logits.size(), 1024u);
@@ -621,8 +640,11 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 // finishes by max_tokens is left out of the chained step after it, as the unpipelined engine
 // leaves it out, so it does. (One that stopped on a stop token would be a dropped row there;
 // with ignore_eos none does.)
-TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
-  SKIP_WITHOUT_GPU();
+// `sampled`: odd requests sample (T 0.8, top-p 0.95, a seed each; request 3 with min-p and
+// request 7 with repetition/frequency/presence penalties, whose chained steps count the token
+// drawn on the device), even ones stay greedy: mixed batches, each draw a function of (seed,
+// step, logits), so both runs must still agree token for token.
+void CheckPipelinedDecode(bool sampled) {
   const ModelConfig c = SmallConfig();
   const auto weights = HfLikeWeights(c, 11);
   const auto tokenizer = MakeByteTokenizer();
@@ -648,6 +670,17 @@ TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
     auto add = [&](size_t i) {
       EngineRequest r{.mode = CacheMode::kFull,
                       .sampling = {.max_tokens = max_tokens[i], .ignore_eos = true}};
+      if (sampled && i % 2 == 1) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.top_p = 0.95f;
+        r.sampling.seed = 7 + i;
+        if (i == 3) r.sampling.min_p = 0.05f;
+        if (i == 7) {
+          r.sampling.repetition_penalty = 1.3f;
+          r.sampling.frequency_penalty = 0.4f;
+          r.sampling.presence_penalty = 0.3f;
+        }
+      }
       std::mt19937 rng(100 + i);
       std::vector<int> question(5 + 7 * i);
       for (int& t : question) t = static_cast<int>(rng() % 256);
@@ -689,6 +722,16 @@ TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
     EXPECT_EQ(want[i].result.token_ids.size(), static_cast<size_t>(max_tokens[i]));
     EXPECT_EQ(got[i].result.token_ids, want[i].result.token_ids);
   }
+}
+
+TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
+  SKIP_WITHOUT_GPU();
+  CheckPipelinedDecode(false);
+}
+
+TEST(CudaEngineTest, PipelinedSampledDecodeGivesTheSameTokens) {
+  SKIP_WITHOUT_GPU();
+  CheckPipelinedDecode(true);
 }
 
 TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {

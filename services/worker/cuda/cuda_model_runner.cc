@@ -26,6 +26,7 @@
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_linear.h"
 #include "kernels/cuda/swiglu.h"
+#include "services/worker/engine/sampler.h"
 
 namespace lazyattn {
 namespace {
@@ -84,7 +85,7 @@ struct GraphKey {
   int batch = 0;
   int table_width = 0;  // blocks per row of the decode tables (bucketed)
   bool rotate = false;
-  bool greedy = false;
+  int sampler = 0;  // 0: no row emits, 1: the greedy argmax, 2: SampleRowsCuda
   auto operator<=>(const GraphKey&) const = default;
 };
 
@@ -127,27 +128,33 @@ struct CudaModelRunner::State {
   Buffer x, delta, h, qkv, q_rot, attn, gate_up, act;
   // Sampling rows: normalized (bf16) and their fp32 logits [rows][vocab].
   Buffer last_hidden, logits;
-  Buffer sampled;  // packed argmax keys [logit rows]
+  Buffer sampled;  // packed argmax keys [logit rows] (all-greedy steps)
+  Buffer ids, logprobs;  // SampleRowsCuda's results [logit rows]
   Buffer metadata;
   // The host side of a launched step, two of them: a step may be enqueued (Launch) while the
   // one before it still runs, so the two may share neither the pinned metadata being uploaded
   // nor the pinned buffers the results come back to.
   struct HostSlot {
     Buffer metadata{/*pinned_host=*/true};
-    Buffer logits{/*pinned_host=*/true};   // non-greedy rows, packed in row order
-    Buffer sampled{/*pinned_host=*/true};  // packed argmax keys
+    Buffer logits{/*pinned_host=*/true};   // return_logits rows, packed in row order
+    Buffer sampled{/*pinned_host=*/true};  // packed argmax keys (all-greedy steps)
+    Buffer ids{/*pinned_host=*/true};      // drawn ids (other steps)
+    Buffer logprobs{/*pinned_host=*/true};
     cudaEvent_t copied = nullptr;          // after the step's copies back to the host
     cudaEvent_t start = nullptr, end = nullptr;  // while profiling
     bool profiled = false;
-    std::vector<bool> row_greedy;
+    std::vector<bool> row_logits;  // per emitting row: its logits come back
+    bool argmax_only = false;      // the ids are in `sampled` (packed keys)
+    bool any_logprob = false;
     std::chrono::steady_clock::time_point entered;
     double prep_ms = 0, enqueue_ms = 0;
   };
   HostSlot slots[2];
   std::deque<int> in_flight;  // launched, uncollected slots, oldest first
-  // Rows of the last launch when they were all greedy (one per chunk), else -1: what a launch
-  // with previous_step_rows may follow.
+  // Rows of the last launch when each chunk had one emitting row, else -1: what a launch with
+  // previous_step_rows may follow; and where its ids are (packed keys or drawn ids).
   int64_t last_greedy_rows = -1;
+  bool last_argmax_only = false;
   Buffer host_copy_list{/*pinned_host=*/true};  // CopyBlocks' list
   Buffer prefill_workspace;
   // Decode graphs. A shape runs eagerly the first time (cuBLASLt picks its algorithms, kernels
@@ -461,6 +468,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   }
   const bool chained = !previous_step_rows.empty();
   const int64_t previous_greedy_rows = s.last_greedy_rows;
+  const bool previous_argmax_only = s.last_argmax_only;
   // Only a launch that succeeds says what the next one may take its tokens from.
   s.last_greedy_rows = -1;
   if (chained) {
@@ -472,7 +480,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     if (!valid) {
       return absl::FailedPreconditionError(absl::StrCat(
           "previous_step_rows: ", previous_step_rows.size(), " rows for ", chunks.size(),
-          " chunks of one token each, each below the greedy rows of the step before (",
+          " chunks of one token each, each below the emitting rows of the step before (",
           previous_greedy_rows, ")"));
     }
   }
@@ -532,19 +540,37 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     std::copy(table.begin(), table.end(), decode_tables.begin() + int64_t{d} * max_decode_blocks);
     decode_num_blocks[d] = static_cast<int32_t>(table.size());
   }
-  std::vector<int32_t> logit_rows;  // chunk order
-  std::vector<bool> row_greedy;
+  // Emitting rows, chunk order: their device rows, sampling parameters (penalty histories
+  // appended to one entry list) and whether their logits come back.
+  std::vector<int32_t> logit_rows;
+  std::vector<bool> row_logits;
+  std::vector<SamplingRowParams> row_params;
+  std::vector<PenaltyEntry> penalties;
+  bool argmax_only = true, any_logprob = false;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ForwardChunk& ch = chunks[i];
     if (!ch.emit_logits) continue;
     const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    SamplingRowParams p = ch.sampling;
+    p.penalty_begin = p.penalty_count = 0;
+    if (HasPenalties(p)) {
+      const std::vector<PenaltyEntry> e = PenaltyEntries(ch.penalty_tokens, ch.penalty_prompt_tokens);
+      p.penalty_begin = static_cast<int32_t>(penalties.size());
+      p.penalty_count = static_cast<int32_t>(e.size());
+      penalties.insert(penalties.end(), e.begin(), e.end());
+      if (chained) p.flags |= kCountInputToken;
+    }
+    argmax_only &= (!(p.temperature > 0) || p.top_k == 1) && !HasPenalties(p) &&
+                   !(p.flags & kSampleLogprob);
+    any_logprob |= (p.flags & kSampleLogprob) != 0;
     for (int64_t t = ch.logits_for_all_tokens ? 0 : n - 1; t < n; ++t) {
       logit_rows.push_back(static_cast<int32_t>(chunk_row[i] + t));
-      row_greedy.push_back(ch.greedy);
+      row_logits.push_back(ch.return_logits);
+      row_params.push_back(p);
     }
   }
   const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
-  const int64_t greedy_rows = std::count(row_greedy.begin(), row_greedy.end(), true);
+  const int64_t logits_rows = std::count(row_logits.begin(), row_logits.end(), true);
 
   PagedPrefillPlan plan;
   const int num_prefill = static_cast<int>(chunks.size()) - num_decode;
@@ -571,9 +597,10 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   }
 
   // Where each row's input token comes from in the step before (pipelined decode), device order.
-  std::vector<int32_t> token_source_rows;
+  // (Always `rows` long, so the sections after it keep their offsets in a replayed graph.)
+  std::vector<int32_t> token_source_rows(rows, 0);
   if (chained) {
-    for (size_t i : order) token_source_rows.push_back(previous_step_rows[i]);
+    for (size_t k = 0; k < order.size(); ++k) token_source_rows[k] = previous_step_rows[order[k]];
   }
 
   // One metadata buffer, one upload.
@@ -590,7 +617,10 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                    {decode_tables.data(), static_cast<int64_t>(decode_tables.size()) * 8},
                    {decode_num_blocks.data(), int64_t{num_decode} * 4},
                    {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
-                   {token_source_rows.data(), static_cast<int64_t>(token_source_rows.size()) * 4}};
+                   {token_source_rows.data(), static_cast<int64_t>(token_source_rows.size()) * 4},
+                   {row_params.data(), out_rows * static_cast<int64_t>(sizeof(SamplingRowParams))},
+                   {penalties.data(),
+                    static_cast<int64_t>(penalties.size() * sizeof(PenaltyEntry))}};
   int64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.offset = meta_bytes;
@@ -620,6 +650,8 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
     RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
     RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
+    RETURN_IF_ERROR(s.ids.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+    RETURN_IF_ERROR(s.logprobs.Reserve(cap * static_cast<int64_t>(sizeof(float))));
     s.logit_row_capacity = cap;
   }
   RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
@@ -627,10 +659,12 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
   // This slot's pinned buffers: no uncollected step uses them.
   RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
-  RETURN_IF_ERROR(slot.logits.Reserve(
-      std::max<int64_t>(out_rows - greedy_rows, 1) * V * static_cast<int64_t>(sizeof(float))));
+  RETURN_IF_ERROR(slot.logits.Reserve(std::max<int64_t>(logits_rows, 1) * V *
+                                      static_cast<int64_t>(sizeof(float))));
   RETURN_IF_ERROR(slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) *
                                        static_cast<int64_t>(sizeof(uint64_t))));
+  RETURN_IF_ERROR(slot.ids.Reserve(std::max<int64_t>(out_rows, 1) * 4));
+  RETURN_IF_ERROR(slot.logprobs.Reserve(std::max<int64_t>(out_rows, 1) * 4));
   for (const Section& x : sec) {
     if (x.bytes > 0) std::memcpy(slot.metadata.as<char>(x.offset), x.src, x.bytes);
   }
@@ -801,9 +835,22 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
       }
       RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
                                   GemmOutputType::kFp32, /*accumulate=*/false, st));
-      if (greedy_rows > 0) {  // every row's argmax; only the greedy ones are read
+      if (argmax_only) {  // all greedy: the argmax spread over the whole card
         RETURN_IF_ERROR(GreedyArgmaxCuda(s.logits.as<float>(), V, static_cast<int>(out_rows),
                                          static_cast<int>(V), s.sampled.as<uint64_t>(), st));
+      } else {
+        RETURN_IF_ERROR(SampleRowsCuda(
+            {.logits = s.logits.as<float>(),
+             .row_stride = V,
+             .rows = static_cast<int>(out_rows),
+             .vocab = static_cast<int>(V),
+             .params = s.metadata.as<SamplingRowParams>(sec[9].offset),
+             .penalties = s.metadata.as<PenaltyEntry>(sec[10].offset),
+             .input_tokens = d_tokens,
+             .input_token_rows = d_logit_rows,
+             .out_ids = s.ids.as<int32_t>(),
+             .out_logprobs = s.logprobs.as<float>()},
+            st));
       }
     }
     return absl::OkStatus();
@@ -817,15 +864,23 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), slot.metadata.as<void>(),
                                          meta_bytes, cudaMemcpyHostToDevice, st));
     if (chained) {
-      // The previous step's argmax keys are still in `sampled` (stream order): the ids of the
-      // rows named become this step's tokens, over the placeholders just uploaded.
-      RETURN_IF_ERROR(GreedyIdsToTokensCuda(s.sampled.as<uint64_t>(),
-                                            s.metadata.as<int32_t>(sec[8].offset),
-                                            static_cast<int>(rows),
-                                            s.metadata.as<int32_t>(sec[0].offset), st));
+      // The previous step's ids are still on the device (stream order): those of the rows
+      // named become this step's tokens, over the placeholders just uploaded.
+      if (previous_argmax_only) {
+        RETURN_IF_ERROR(GreedyIdsToTokensCuda(s.sampled.as<uint64_t>(),
+                                              s.metadata.as<int32_t>(sec[8].offset),
+                                              static_cast<int>(rows),
+                                              s.metadata.as<int32_t>(sec[0].offset), st));
+      } else {
+        RETURN_IF_ERROR(SampledIdsToTokensCuda(s.ids.as<int32_t>(),
+                                               s.metadata.as<int32_t>(sec[8].offset),
+                                               static_cast<int>(rows),
+                                               s.metadata.as<int32_t>(sec[0].offset), st));
+      }
     }
     if (decode_only && use_graphs_) {
-      const GraphKey key{num_decode, max_decode_blocks, any_delta, greedy_rows > 0};
+      const GraphKey key{num_decode, max_decode_blocks, any_delta,
+                         out_rows == 0 ? 0 : (argmax_only ? 1 : 2)};
       RETURN_IF_ERROR(s.RunGraph(key, enqueue_compute));
     } else {
       RETURN_IF_ERROR(enqueue_compute());
@@ -833,15 +888,24 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.end, st));
     enqueued = std::chrono::steady_clock::now();
     if (out_rows > 0) {
-      if (greedy_rows > 0) {
+      if (argmax_only) {
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.sampled.as<void>(), s.sampled.as<void>(),
                                              out_rows * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                              st));
+      } else {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.ids.as<void>(), s.ids.as<void>(),
+                                             out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                             st));
+        if (any_logprob) {
+          RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logprobs.as<void>(), s.logprobs.as<void>(),
+                                               out_rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                               st));
+        }
       }
-      // Whole rows only where the engine samples on the host, packed in order.
+      // Whole rows only where they were asked for, packed in order.
       int64_t packed = 0;
       for (int64_t r = 0; r < out_rows; ++r) {
-        if (row_greedy[r]) continue;
+        if (!row_logits[r]) continue;
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<float>() + packed * V,
                                              s.logits.as<float>() + r * V, V * sizeof(float),
                                              cudaMemcpyDeviceToHost, st));
@@ -859,14 +923,16 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     return status;
   }
   using Ms = std::chrono::duration<double, std::milli>;
-  slot.row_greedy = std::move(row_greedy);
+  slot.row_logits = std::move(row_logits);
+  slot.argmax_only = argmax_only;
+  slot.any_logprob = any_logprob;
   slot.entered = entered;
   slot.prep_ms = Ms(prepared - entered).count();
   slot.enqueue_ms = Ms(enqueued - entered).count();
-  bool one_greedy_row_each =
-      out_rows == greedy_rows && out_rows == static_cast<int64_t>(chunks.size());
-  for (const ForwardChunk& ch : chunks) one_greedy_row_each &= !ch.logits_for_all_tokens;
-  s.last_greedy_rows = one_greedy_row_each ? out_rows : -1;
+  bool one_row_each = out_rows == static_cast<int64_t>(chunks.size());
+  for (const ForwardChunk& ch : chunks) one_row_each &= !ch.logits_for_all_tokens;
+  s.last_greedy_rows = one_row_each ? out_rows : -1;
+  s.last_argmax_only = argmax_only;
   s.in_flight.push_back(slot_index);
   s.chained_launches += chained;
   return absl::OkStatus();
@@ -899,15 +965,19 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Collect() {
     s.last_return = now;
   }
   const int64_t V = config().vocab_size;
-  const int64_t out_rows = static_cast<int64_t>(slot.row_greedy.size());
-  const int64_t greedy_rows = std::count(slot.row_greedy.begin(), slot.row_greedy.end(), true);
+  const int64_t out_rows = static_cast<int64_t>(slot.row_logits.size());
+  const int64_t logits_rows = std::count(slot.row_logits.begin(), slot.row_logits.end(), true);
   ForwardOutput output;
   const float* host = slot.logits.as<float>();
-  output.logits.assign(host, host + (out_rows - greedy_rows) * V);
+  output.logits.assign(host, host + logits_rows * V);
+  output.token_ids.resize(out_rows);
+  output.logprobs.assign(out_rows, 0.0f);
   for (int64_t r = 0; r < out_rows; ++r) {
-    if (slot.row_greedy[r]) {
-      output.greedy_ids.push_back(GreedyIdFromPacked(slot.sampled.as<uint64_t>()[r]));
-    }
+    output.token_ids[r] = slot.argmax_only ? GreedyIdFromPacked(slot.sampled.as<uint64_t>()[r])
+                                           : slot.ids.as<int32_t>()[r];
+  }
+  if (slot.any_logprob) {
+    std::copy_n(slot.logprobs.as<float>(), out_rows, output.logprobs.begin());
   }
   return output;
 }
