@@ -307,6 +307,18 @@ TEST_F(MalformedModelTest, HfConfigWrongTypesAndShapes) {
   EXPECT_TRUE(weights.ok()) << weights.status();
 }
 
+TEST_F(MalformedModelTest, HfConfigTooLarge) {
+  const std::string dir = HfWith("config.json", [](nlohmann::json&) {});
+  const std::string config = (fs::path(dir) / "config.json").string();
+  std::string text = ReadBytes(config);
+  text.append(kMaxConfigJsonBytes + 1 - text.size(), ' ');  // valid JSON, one byte too many
+  WriteBytes(config, text);
+  ExpectRefused(dir, "larger than 16777216 bytes");
+  text.pop_back();
+  WriteBytes(config, text);
+  EXPECT_TRUE(LoadModelWeights(dir).ok());
+}
+
 TEST_F(MalformedModelTest, HfConfigSizesTheTensorsDoNotBack) {
   // In bounds, but the safetensors file holds a 320 x 64 embedding.
   ExpectRefused(HfWith("config.json", [](nlohmann::json& j) { j["vocab_size"] = 1 << 21; }),

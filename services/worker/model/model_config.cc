@@ -293,13 +293,12 @@ struct JsonKeys {
 absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  // Read in chunks and stop past the limit: a huge (or endless, e.g. a FIFO) file is refused
+  // without being read whole, and a small one costs no up-front buffer of the limit's size.
   std::string text;
-  {
-    // Read at most one byte past the limit: enough to know it is too big, without reading all of
-    // a huge file first.
-    text.resize(kMaxConfigJsonBytes + 1);
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(in.gcount()));
+  char chunk[1 << 14];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
     if (static_cast<int64_t>(text.size()) > kMaxConfigJsonBytes) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxConfigJsonBytes,
                                                      " bytes; not a model config"));
