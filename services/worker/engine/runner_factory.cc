@@ -1,5 +1,7 @@
 #include "services/worker/engine/runner_factory.h"
 
+#include <new>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/document_key.h"
@@ -89,8 +91,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
                                                                const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
   if (backend == Backend::kCpu) {
-    return std::make_unique<CpuModelRunner>(
-        weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes));
+    // Its RoPE table covers the model's whole context (up to 2^24 positions) and its KV pool the
+    // budget: memory the machine may not have, which must not abort the process.
+    try {
+      return std::make_unique<CpuModelRunner>(
+          weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of memory for the CPU backend: a RoPE table of ", weights->config.max_positions,
+          " positions (the model's context length) and ", options.kv_budget_bytes,
+          " bytes of KV cache (engine.kv_budget_bytes)"));
+    }
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
   return CudaRunnerWith(options, [weights] { return CudaModelWeights::Upload(*weights); });
