@@ -32,16 +32,17 @@ __device__ __forceinline__ uint64_t Rank(float y, int i) {
 struct Partial {
   uint64_t key;  // a max
   float a, b;    // sums or maxima
+  float c, d;    // (DrawReduce: the T = 1 softmax sum)
   uint32_t hist[256];
 };
 
 struct Shared {
   Partial part[2];
   uint64_t warp_key[kWarps];
-  float warp_a[kWarps], warp_b[kWarps];
+  float warp_a[kWarps], warp_b[kWarps], warp_c[kWarps], warp_d[kWarps];
   uint32_t local_hist[256];
   uint64_t key;  // broadcast of a cluster result
-  float a, b;
+  float a, b, c, d;
   uint32_t u32;
   int flag;
 };
@@ -98,6 +99,95 @@ __device__ Reduced ClusterReduce(cg::cluster_group& cluster, Shared& sh, int& ph
   __syncthreads();
   ++phase;
   return Reduced{sh.key, sh.a, sh.b};
+}
+
+// A softmax denominator relative to its own maximum: the sum of exp(y - m) over a set.
+struct SoftSum {
+  float m = -INFINITY, z = 0.f;
+};
+__device__ __forceinline__ SoftSum Merge(SoftSum a, SoftSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return SoftSum{};
+  return SoftSum{m, a.z * __expf(a.m - m) + b.z * __expf(b.m - m)};
+}
+
+// What one draw pass reduces: the Gumbel winner's rank, the set's scaled softmax sum and the
+// row's T = 1 softmax sum (each relative to its maximum, so no max pass has to come first).
+struct DrawResult {
+  uint64_t key = 0;
+  SoftSum k, one;
+};
+__device__ __forceinline__ DrawResult Merge(DrawResult x, DrawResult y) {
+  return DrawResult{y.key > x.key ? y.key : x.key, Merge(x.k, y.k), Merge(x.one, y.one)};
+}
+
+// As ClusterReduce, for DrawResults (a fixed merge order: the same result on every run).
+__device__ DrawResult DrawReduce(cg::cluster_group& cluster, Shared& sh, int& phase,
+                                 DrawResult v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    DrawResult w;
+    w.key = __shfl_xor_sync(0xffffffffu, v.key, o);
+    w.k.m = __shfl_xor_sync(0xffffffffu, v.k.m, o);
+    w.k.z = __shfl_xor_sync(0xffffffffu, v.k.z, o);
+    w.one.m = __shfl_xor_sync(0xffffffffu, v.one.m, o);
+    w.one.z = __shfl_xor_sync(0xffffffffu, v.one.z, o);
+    v = Merge(v, w);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sh.warp_key[warp] = v.key;
+    sh.warp_a[warp] = v.k.m, sh.warp_b[warp] = v.k.z;
+    sh.warp_c[warp] = v.one.m, sh.warp_d[warp] = v.one.z;
+  }
+  __syncthreads();
+  Partial& mine = sh.part[phase & 1];
+  if (threadIdx.x == 0) {
+    DrawResult t;
+    for (int w = 0; w < kWarps; ++w) {
+      t = Merge(t, DrawResult{sh.warp_key[w], {sh.warp_a[w], sh.warp_b[w]},
+                              {sh.warp_c[w], sh.warp_d[w]}});
+    }
+    mine.key = t.key, mine.a = t.k.m, mine.b = t.k.z, mine.c = t.one.m, mine.d = t.one.z;
+  }
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    DrawResult t;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+      const Partial* q = cluster.map_shared_rank(&mine, r);
+      t = Merge(t, DrawResult{q->key, {q->a, q->b}, {q->c, q->d}});
+    }
+    sh.key = t.key, sh.a = t.k.m, sh.b = t.k.z, sh.c = t.one.m, sh.d = t.one.z;
+  }
+  __syncthreads();
+  ++phase;
+  return DrawResult{sh.key, {sh.a, sh.b}, {sh.c, sh.d}};
+}
+
+// SamplingGumbel(bits) from the fast intrinsics, within 1e-4 of it (the accurate logf is what
+// makes the noise expensive); used only to skip the accurate noise of elements that cannot win.
+// E = -ln u: near u = 1 its series in v = 1 - u (v exact in float; error < 1e-6 relative), else
+// __logf (absolute error 2^-21.4 on [0.5, 2], 3 ulp elsewhere: < 3e-5 relative to E >= 2^-6);
+// then -__logf(E) adds < 6e-6.
+__device__ __forceinline__ float FastGumbel(uint32_t bits) {
+  const uint32_t b = bits >> 8;
+  float e;
+  if (b >= (1u << 24) - (1u << 18)) {  // v <= 2^-6
+    const float v = (float((1u << 24) - b) - 0.5f) * 5.9604645e-8f;
+    e = v * (1.f + v * (0.5f + v * (1.f / 3.f)));
+  } else {
+    e = -__logf((float(b) + 0.5f) * 5.9604645e-8f);
+  }
+  return -__logf(e);
+}
+// Above every SamplingGumbel value (u <= 1 - 2^-25 gives at most 17.33).
+constexpr float kGumbelMax = 17.5f;
+// How far below an element's accurate key its FastGumbel key may sit: the estimate's error and
+// the rounding of y + g at the key's magnitude, with a wide margin.
+__device__ __forceinline__ float GumbelSlack(float key) { return 1e-3f + 1e-6f * fabsf(key); }
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
 // The value at global id `id` of the row, from whichever CTA of the cluster holds it.
@@ -163,27 +253,36 @@ __global__ void __launch_bounds__(kThreads)
   const bool greedy = !(p.temperature > 0.f) || p.top_k == 1;
   const bool want_logprob = (p.flags & kSampleLogprob) && args.out_logprobs != nullptr;
   const float inv_t = greedy ? 1.f : 1.f / p.temperature;
+  // A sampled row without top-k or min-p needs no maximum before its first draw: that pass sums
+  // the softmax relative to each thread's own maximum and merges the sums (SoftSum), so the
+  // separate max pass and its cluster reduction go away.
+  const bool fused = !greedy && !(p.top_k > 0 && p.top_k < V) && !(p.min_p > 0.f);
   int phase = 0;
 
-  // Phase 1: the greedy key (raw values, NaN lowest), max scaled value, max value at T = 1.
-  uint64_t best = 0;
+  // The max pass: the greedy key (raw values, NaN lowest), max scaled value, max value at T = 1.
+  int argmax = 0;
   float m = -INFINITY, m1 = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += kThreads) {
-    const float v = xs[j];
-    const uint64_t k = Rank(v, begin + j);
-    best = k > best ? k : best;
-    m = fmaxf(m, SamplingScaled(v, inv_t));
-    m1 = fmaxf(m1, SamplingScaled(v, 1.f));
-  }
-  Reduced r1 = ClusterReduce(cluster, sh, phase, best, m, Op::kMax, m1, Op::kMax);
-  const int argmax = int(~uint32_t(r1.key));
-  m = r1.a;
-  m1 = r1.b;
+  auto max_pass = [&] {
+    uint64_t best = 0;
+    float mm = -INFINITY, mm1 = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const float v = xs[j];
+      const uint64_t k = Rank(v, begin + j);
+      best = k > best ? k : best;
+      mm = fmaxf(mm, SamplingScaled(v, inv_t));
+      mm1 = fmaxf(mm1, SamplingScaled(v, 1.f));
+    }
+    const Reduced r1 = ClusterReduce(cluster, sh, phase, best, mm, Op::kMax, mm1, Op::kMax);
+    argmax = int(~uint32_t(r1.key));
+    m = r1.a;
+    m1 = r1.b;
+  };
+  if (!fused) max_pass();
   int chosen = argmax;
   float z1 = 0;  // sum of exp(x - m1) (logprobs)
   bool have_z1 = false;
 
-  if (!greedy && m > -INFINITY) {
+  if (fused || (!greedy && m > -INFINITY)) {
     // Top-k: the k-th largest order key by a 4-pass radix select over the cluster, then the
     // lowest ids among ties at it. Kept iff Rank(y, i) >= t_k.
     uint64_t t_k = 0;
@@ -280,35 +379,69 @@ __global__ void __launch_bounds__(kThreads)
     float z_k = 0;
     uint64_t lower = 0;  // candidates rank above it
     chosen = -1;
+    const int nq = (n + 3) / 4;
     for (uint32_t round = 0; round < uint32_t(kMaxSamplingRounds); ++round) {
       // Draw: Gumbel-max over the current set; round 0 also sums the top-k mass and z1.
-      uint64_t best_v = 0;
-      float zk_part = 0, z1_part = 0;
       const bool first = round == 0;
-      for (int q = threadIdx.x; 4 * q < n; q += kThreads) {
+      // Exponent references: the maxima when known, else (fused round 0) each thread's own.
+      float ref = m, ref1 = m1;
+      if (first && fused) {
+        for (int q = threadIdx.x; 4 * q < n; q += kThreads) {
+          for (int j = 0; j < 4 && 4 * q + j < n; ++j) {
+            const float v = xs[4 * q + j];
+            ref = fmaxf(ref, SamplingScaled(v, inv_t));
+            if (want_logprob) ref1 = fmaxf(ref1, SamplingScaled(v, 1.f));
+          }
+        }
+      }
+      const bool sum_k = first && p.top_p < 1.f && ref > -INFINITY;
+      const bool sum_1 = first && want_logprob && ref1 > -INFINITY;
+      DrawResult mine;
+      mine.k.m = ref;
+      mine.one.m = ref1;
+      // Only the largest key matters, so an element whose key cannot reach `bar` (the best
+      // accurate key of its warp so far) skips the accurate noise: first by the noise's bound
+      // (on peaked logits nearly every element, and before its Philox call), then by the
+      // FastGumbel estimate (on flat logits all but a few per warp). The winner, and so the
+      // draw, is the one the full computation gives.
+      float best_val = -INFINITY, warp_best = -INFINITY;
+      for (int base = 0; base < nq; base += kThreads) {  // uniform trip count (WarpMax)
+        const int q = base + int(threadIdx.x);
         Philox4 bits{};
         bool drawn = false;
         for (int j = 0; j < 4 && 4 * q + j < n; ++j) {
           const int local = 4 * q + j, id = begin + local;
           const float y = SamplingScaled(xs[local], inv_t);
           const uint64_t rk = Rank(y, id);
-          if (first && want_logprob) z1_part += __expf(SamplingScaled(xs[local], 1.f) - m1);
+          if (sum_1) mine.one.z += __expf(SamplingScaled(xs[local], 1.f) - ref1);
           if (rk < t_k) continue;
-          if (first && p.top_p < 1.f) zk_part += __expf(y - m);
+          if (sum_k) mine.k.z += __expf(y - ref);
           if (rk <= lower || !(y >= min_y)) continue;
+          const float bar = fmaxf(warp_best, best_val);
+          const float cut = bar - GumbelSlack(bar);
+          if (y + kGumbelMax < cut) continue;
           if (!drawn) {
             bits = SamplingBits(p.seed, p.step, round, uint32_t((begin >> 2) + q));
             drawn = true;
           }
-          const uint64_t key = Rank(y + SamplingGumbel(bits.v[j]), id);
-          best_v = key > best_v ? key : best_v;
+          if (bar > -INFINITY && y + FastGumbel(bits.v[j]) < cut) continue;
+          const float key = y + SamplingGumbel(bits.v[j]);
+          const uint64_t kr = Rank(key, id);
+          if (kr > mine.key) {
+            mine.key = kr;
+            best_val = key;
+          }
         }
+        warp_best = WarpMax(best_val);
       }
-      Reduced rd = ClusterReduce(cluster, sh, phase, best_v, zk_part, Op::kSum, z1_part, Op::kSum);
+      const DrawResult rd = DrawReduce(cluster, sh, phase, mine);
       if (first) {
-        z_k = rd.a;
-        z1 = rd.b;
+        m = rd.k.m;  // unchanged unless fused
+        m1 = rd.one.m;
+        z_k = rd.k.z;
+        z1 = rd.one.z;
         have_z1 = want_logprob;
+        if (!(m > -INFINITY)) break;  // no finite logit (fused only): the argmax below
       }
       if (rd.key == 0) break;  // nothing left (cannot happen while the top token is in the set)
       const int c = int(~uint32_t(rd.key));
@@ -330,7 +463,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       lower = rc;
     }
-    if (chosen < 0) chosen = argmax;
+    if (chosen < 0) {  // uniform over the cluster: every value above is a cluster result
+      if (fused) max_pass();
+      chosen = argmax;
+    }
   }
   if (want_logprob && !have_z1) {
     float z = 0;
