@@ -16,6 +16,9 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 build="${LAZYATTN_FUZZ_BUILD:-build-fuzz}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$repo}"
+# -g builds hash their folder unless told not to; clones in other folders then share the cache.
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 jobs="${LAZYATTN_JOBS:-$(nproc)}"
 budget="${LAZYATTN_FUZZ_BUDGET_S:-420}"
 
