@@ -2,7 +2,8 @@
 //                 [--worker-id ID]
 //
 // Loads the model, serves lazyattn.v1.Worker and publishes the document cache to kvdir until
-// SIGTERM or SIGINT. Once serving it prints
+// SIGTERM (graceful: WorkerServer::Drain, up to server.drain_timeout_s) or SIGINT (immediate).
+// Once serving it prints
 //   lazyattn-worker listening on HOST:PORT
 // on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a bad
 // command line, configuration or model, 1 when the server cannot start.
@@ -201,7 +202,16 @@ int main(int argc, char** argv) {
   unsigned char signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
   }
-  std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", shutting down\n";
+  // SIGTERM (Kubernetes, a rolling restart): drain, so no request in flight is lost. SIGINT (an
+  // operator's Ctrl-C): stop now.
+  if (signal_number == SIGTERM) {
+    std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", draining\n";
+    if (!(*server)->Drain()) {
+      std::cerr << "lazyattn-worker: server.drain_timeout_s passed; remaining requests cancelled\n";
+    }
+  } else {
+    std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", shutting down\n";
+  }
   server->reset();
   std::cerr << "lazyattn-worker: stopped\n";
   return 0;

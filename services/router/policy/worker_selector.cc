@@ -28,12 +28,20 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
   }
 
   std::vector<size_t> eligible;
+  std::vector<bool> admitted(n);
   for (size_t w = 0; w < n; ++w) {
-    if (breakers_.Available(workers[w].id, now)) eligible.push_back(w);
+    const WorkerObservation& obs = workers[w];
+    admitted[w] = outliers_.Admitted(obs.address.empty() ? obs.id : obs.address);
+    if (admitted[w] && breakers_.Available(workers[w].id, now)) eligible.push_back(w);
   }
   if (eligible.empty() && n > 0) {
     selection.breaker_panic = true;
-    for (size_t w = 0; w < n; ++w) eligible.push_back(w);
+    for (size_t w = 0; w < n; ++w) {
+      if (admitted[w]) eligible.push_back(w);
+    }
+    if (eligible.empty()) {
+      for (size_t w = 0; w < n; ++w) eligible.push_back(w);
+    }
   }
 
   std::vector<Candidate> candidates;

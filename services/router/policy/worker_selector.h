@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/document_key.h"
 #include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
 
@@ -30,6 +31,9 @@ struct DocumentRef {
 // One live worker, as the directory (or the worker itself) last reported it.
 struct WorkerObservation {
   std::string id;
+  // host:port; the key of health-probe ejection (a restarted worker keeps its id on a new
+  // address, and must not inherit the old address's ejection). Empty: the id is the key.
+  std::string address;
   int64_t queued_prefill_tokens = 0;
   int64_t requests = 0;         // running + waiting, as reported
   int64_t router_inflight = 0;  // requests this router has sent there and not seen finish
@@ -41,17 +45,19 @@ struct Selection {
   std::vector<size_t> order;                  // indices into the observations, best first
   std::vector<int64_t> predicted_hit_tokens;  // per observation
   bool imbalance_fallback = false;
-  bool breaker_panic = false;  // every breaker was open: all workers offered anyway
+  bool breaker_panic = false;  // every worker was out (breaker or ejection): all offered anyway
 };
 
 class WorkerSelector {
  public:
   WorkerSelector(const PolicyOptions& policy, const SpeculativeOptions& speculative,
-                 const CircuitBreakerOptions& breakers)
-      : policy_(policy), speculative_(speculative), breakers_(breakers) {}
+                 const CircuitBreakerOptions& breakers, const OutlierOptions& outliers = {})
+      : policy_(policy), speculative_(speculative), breakers_(breakers), outliers_(outliers) {}
 
-  // Thread-safe. Workers whose breaker is open are left out of the order, unless all are (then
-  // every worker is offered: a possibly-recovered worker beats a certain failure).
+  // Thread-safe. Workers whose breaker is open or that health probing ejected are left out of the
+  // order. If that leaves none, the workers health probing admits are offered regardless of their
+  // breakers, and if none is admitted, every worker (a possibly-recovered worker beats a certain
+  // failure).
   Selection Select(std::span<const WorkerObservation> workers, std::span<const DocumentRef> docs,
                    absl::Time now);
   // Records speculative entries for the worker a request was sent to.
@@ -60,11 +66,13 @@ class WorkerSelector {
   RoutingPolicy& policy() { return policy_; }
   SpeculativeEntries& speculative() { return speculative_; }
   CircuitBreakers& breakers() { return breakers_; }
+  OutlierDetector& outliers() { return outliers_; }
 
  private:
   RoutingPolicy policy_;
   SpeculativeEntries speculative_;
   CircuitBreakers breakers_;
+  OutlierDetector outliers_;
 };
 
 }  // namespace lazyattn::router

@@ -157,5 +157,38 @@ TEST(WorkerSelectorTest, AllBreakersOpenOffersEveryWorker) {
   EXPECT_EQ(s.order.size(), 2u);
 }
 
+TEST(WorkerSelectorTest, EjectedWorkerGetsNothingEvenHoldingTheDocuments) {
+  const DocumentRef a = Doc("alpha", 300);
+  Directory dir;
+  dir.held["w0"] = {{a.key, 300}};
+  dir.held["w1"] = {};
+  WorkerSelector selector = MakeSelector();
+  ASSERT_TRUE(selector.outliers().Record("w0", ProbeResult::kNotServing, kT0));
+  std::vector<DocumentRef> docs = {a};
+  auto obs = dir.Observe(docs);
+  Selection s = selector.Select(obs, docs, kT0);
+  ASSERT_EQ(s.order.size(), 1u);
+  EXPECT_EQ(obs[s.order[0]].id, "w1");
+  EXPECT_FALSE(s.breaker_panic);
+  selector.outliers().Record("w0", ProbeResult::kServing, kT0 + absl::Minutes(1));
+  s = selector.Select(obs, docs, kT0 + absl::Minutes(1));
+  ASSERT_EQ(s.order.size(), 2u);
+  EXPECT_EQ(obs[s.order[0]].id, "w0");
+}
+
+TEST(WorkerSelectorTest, BreakersOpenEverywherePrefersWorkersThatAreNotEjected) {
+  WorkerSelector selector = MakeSelector();
+  for (const char* w : {"w0", "w1"}) {
+    selector.breakers().RecordFailure(w, kT0);
+    selector.breakers().RecordFailure(w, kT0);
+  }
+  selector.outliers().Record("w0", ProbeResult::kNotServing, kT0);
+  std::vector<WorkerObservation> obs = {{.id = "w0"}, {.id = "w1"}};
+  Selection s = selector.Select(obs, {}, kT0);
+  EXPECT_TRUE(s.breaker_panic);
+  ASSERT_EQ(s.order.size(), 1u);
+  EXPECT_EQ(obs[s.order[0]].id, "w1");
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -29,7 +29,16 @@ WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
       stub_(std::move(stub)),
       context_(std::move(context)) {}
 
-void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request) {
+void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
+                          absl::Duration first_token_timeout) {
+  if (first_token_timeout > absl::ZeroDuration()) {
+    std::weak_ptr<WorkerAttempt> weak = self;
+    first_token_alarm_.Set(absl::ToChronoTime(absl::Now() + first_token_timeout),
+                           [weak](bool fired) {
+                             if (!fired) return;  // cancelled: a token came, or the attempt ended
+                             if (auto attempt = weak.lock()) attempt->OnFirstTokenTimeout();
+                           });
+  }
   self_ = std::move(self);
   stub_->async()->Generate(context_.get(), request, this);
   AddHold();
@@ -60,9 +69,19 @@ void WorkerAttempt::Cancel() {
   if (remove_hold) RemoveHold();
 }
 
+void WorkerAttempt::OnFirstTokenTimeout() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (got_token_ || cancelled_) return;
+    timed_out_ = true;
+  }
+  Cancel();
+}
+
 void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;
+  bool first_token = false;
   {
     absl::MutexLock lock(&mu_);
     read_outstanding_ = false;
@@ -71,8 +90,10 @@ void WorkerAttempt::OnReadDone(bool ok) {
       hold_ = false;
     } else {
       deliver = true;
+      if (!got_token_ && message_.has_token()) first_token = got_token_ = true;
     }
   }
+  if (first_token) first_token_alarm_.Cancel();
   if (remove_hold) RemoveHold();
   if (deliver) call_->OnWorkerMessage(this, message_);
 }
@@ -168,7 +189,7 @@ void ForwardingCall::StartNextAttempt() {
   }
   router_->registry().AddInflight(id, 1);
   router_->selector().RecordChoice(docs, id, absl::Now());
-  attempt->Start(attempt, request_);
+  attempt->Start(attempt, request_, router_->options().routing.first_token_timeout);
 }
 
 void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateResponse& message) {
@@ -239,6 +260,15 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   router_->registry().AddInflight(w.id, -1);
   auto& breakers = router_->selector().breakers();
   grpc::Status status = worker_status;
+  if (!status.ok() && attempt->timed_out()) {
+    // Cancelled by the first-token timeout: the worker is frozen or wedged, not the request bad.
+    router_->metrics().CountFirstTokenTimeout();
+    status = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no first token within ",
+                     absl::ToInt64Milliseconds(router_->options().routing.first_token_timeout),
+                     " ms (routing.first_token_timeout_ms); attempt cancelled"));
+  }
   std::optional<Final> final;
   bool retry = false;
   {
@@ -255,7 +285,12 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_attempts(attempts_);
     } else {
       const grpc::StatusCode code = status.error_code();
-      if (IsWorkerFault(code) && !cancelled_) {
+      const bool client_deadline_passed =
+          server_context_->deadline() <= std::chrono::system_clock::now();
+      // The client's own deadline expiring says nothing about the worker.
+      const bool client_expiry =
+          code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
+      if (IsWorkerFault(code) && !cancelled_ && !client_expiry) {
         breakers.RecordFailure(w.id, absl::Now());
       } else {
         breakers.Release(w.id);

@@ -12,6 +12,10 @@
 // saying so (a unary Complete has sent nothing yet, so it may still fail over). Final.worker and
 // Final.attempts are filled in by the router.
 //
+// First-token timeout: an attempt that has sent no token within routing.first_token_timeout (a
+// frozen or wedged worker) is cancelled; it counts against the worker's breaker and the request
+// fails over like an UNAVAILABLE attempt.
+//
 // Cancellation and deadlines: each worker call's ClientContext is made from the server context, so
 // the client's deadline and cancellation propagate; OnCancel also cancels the worker call at once.
 //
@@ -25,6 +29,7 @@
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_FORWARDING_CALL_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_FORWARDING_CALL_H_
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -50,17 +55,26 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
                 std::unique_ptr<grpc::ClientContext> context);
 
-  void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request);
+  // `first_token_timeout` zero: none.
+  void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
+             absl::Duration first_token_timeout);
   // The previous message was consumed: read the next one.
   void ReadNext();
   // Cancels the worker call; idempotent, safe at any time.
   void Cancel();
   const WorkerInfo& worker() const { return worker_; }
+  // The attempt was cancelled because no token came within the first-token timeout.
+  bool timed_out() {
+    absl::MutexLock lock(&mu_);
+    return timed_out_;
+  }
 
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
  private:
+  void OnFirstTokenTimeout();
+
   ForwardingCall* const call_;
   const WorkerInfo worker_;
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub_;
@@ -74,6 +88,10 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool hold_ ABSL_GUARDED_BY(mu_) = true;
   bool read_outstanding_ ABSL_GUARDED_BY(mu_) = true;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool got_token_ ABSL_GUARDED_BY(mu_) = false;
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  // Its callback holds only a weak reference: it may fire after the attempt is gone.
+  grpc::Alarm first_token_alarm_;
 };
 
 class ForwardingCall {

@@ -152,6 +152,32 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(r.breaker.open_duration, MillisIn(config, "circuit_breaker.open_ms",
                                                      r.breaker.open_duration, 1, 3600000));
 
+  ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
+                                                   r.first_token_timeout, 0, 3600000));
+
+  // health probing and outlier ejection
+  HealthCheckOptions& h = o.health;
+  ASSIGN_OR_RETURN(h.interval, MillisIn(config, "health_check.interval_ms", h.interval, 0, 600000));
+  if (h.interval > absl::ZeroDuration() && h.interval < absl::Milliseconds(10)) {
+    return OutOfRange(config, "health_check.interval_ms", "10", "600000 (or 0: off)",
+                      absl::StrCat(absl::ToInt64Milliseconds(h.interval)));
+  }
+  ASSIGN_OR_RETURN(h.timeout, MillisIn(config, "health_check.timeout_ms", h.timeout, 1, 60000));
+  ASSIGN_OR_RETURN(const int64_t unhealthy, IntIn(config, "health_check.unhealthy_threshold",
+                                                  h.outliers.consecutive_failures, 1, 1000));
+  h.outliers.consecutive_failures = static_cast<int>(unhealthy);
+  ASSIGN_OR_RETURN(h.outliers.base_ejection, MillisIn(config, "health_check.base_ejection_ms",
+                                                      h.outliers.base_ejection, 1, 3600000));
+  ASSIGN_OR_RETURN(h.outliers.max_ejection, MillisIn(config, "health_check.max_ejection_ms",
+                                                     h.outliers.max_ejection, 1, 86400000));
+  if (h.outliers.max_ejection < h.outliers.base_ejection) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source(),
+                     ": health_check.max_ejection_ms: must be >= health_check.base_ejection_ms (",
+                     absl::ToInt64Milliseconds(h.outliers.base_ejection), "), got ",
+                     absl::ToInt64Milliseconds(h.outliers.max_ejection)));
+  }
+
   // limits
   ApiLimits& l = o.limits;
   ASSIGN_OR_RETURN(const int64_t message_bytes, IntIn(config, "limits.max_message_bytes",

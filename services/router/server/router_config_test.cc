@@ -39,6 +39,13 @@ routing:
   speculative_max_keys: 10
   bytes_per_token: 3.5
   max_attempts: 2
+  first_token_timeout_ms: 4000
+health_check:
+  interval_ms: 200
+  timeout_ms: 300
+  unhealthy_threshold: 3
+  base_ejection_ms: 1500
+  max_ejection_ms: 9000
 circuit_breaker:
   failure_threshold: 4
   open_ms: 1000
@@ -69,6 +76,12 @@ limits:
   EXPECT_EQ(o->routing.speculative.ttl, absl::Milliseconds(1500));
   EXPECT_EQ(o->routing.max_attempts, 2);
   EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
+  EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
+  EXPECT_EQ(o->health.interval, absl::Milliseconds(200));
+  EXPECT_EQ(o->health.timeout, absl::Milliseconds(300));
+  EXPECT_EQ(o->health.outliers.consecutive_failures, 3);
+  EXPECT_EQ(o->health.outliers.base_ejection, absl::Milliseconds(1500));
+  EXPECT_EQ(o->health.outliers.max_ejection, absl::Seconds(9));
   EXPECT_EQ(o->server.max_message_bytes, 1048576);
   EXPECT_EQ(o->max_inflight_requests, 8);
   EXPECT_EQ(o->limits.max_documents, 16);
@@ -79,6 +92,9 @@ limits:
   EXPECT_EQ(d->routing.policy.kind, PolicyKind::kCacheAware);
   EXPECT_EQ(d->kvdir.lookup_timeout, absl::Milliseconds(50));
   EXPECT_EQ(d->max_inflight_requests, 256);
+  EXPECT_EQ(d->routing.first_token_timeout, absl::Seconds(30));
+  EXPECT_EQ(d->health.interval, absl::Milliseconds(500));
+  EXPECT_EQ(d->health.outliers.consecutive_failures, 2);
 }
 
 TEST(RouterConfigTest, ErrorsNameTheKey) {
@@ -102,6 +118,13 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("no directory and no static workers"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {imbalance_ratio: 0.5}\n"),
               HasSubstr("routing.imbalance_ratio"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nhealth_check: {interval_ms: 5}\n"),
+              HasSubstr("health_check.interval_ms"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nhealth_check: {base_ejection_ms: 5000, "
+                    "max_ejection_ms: 100}\n"),
+              HasSubstr("health_check.max_ejection_ms: must be >="));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),
+              HasSubstr("routing.first_token_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nserver: {tls: {cert_file: a.pem}}\n"),
               HasSubstr("server.tls: cert_file and key_file must be set together"));
 }

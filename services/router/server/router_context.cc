@@ -6,7 +6,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/document_key.h"
+#include "common/grpc_util.h"
 
 namespace lazyattn::router {
 
@@ -21,14 +24,16 @@ bool IsRetryable(grpc::StatusCode code) {
 
 bool IsWorkerFault(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
-         code == grpc::StatusCode::DATA_LOSS;
+         code == grpc::StatusCode::DATA_LOSS || code == grpc::StatusCode::INTERNAL ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
 RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry& registry)
     : options_(options),
       registry_(options.workers, options.client_tls, options.server.max_message_bytes,
                 options.kvdir.forget_after),
-      selector_(options.routing.policy, options.routing.speculative, options.routing.breaker),
+      selector_(options.routing.policy, options.routing.speculative, options.routing.breaker,
+                options.health.outliers),
       metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))) {
   if (!options.kvdir.address.empty()) {
     auto channel =
@@ -40,6 +45,79 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
                 << "; routing by load only\n";
     }
   }
+  if (options.health.interval > absl::ZeroDuration()) {
+    prober_ = std::thread([this] { ProbeLoop(); });
+  }
+}
+
+RouterContext::~RouterContext() {
+  {
+    absl::MutexLock lock(&probe_mu_);
+    stopping_ = true;
+  }
+  if (prober_.joinable()) prober_.join();
+}
+
+void RouterContext::ProbeLoop() {
+  absl::MutexLock lock(&probe_mu_);
+  while (!stopping_) {
+    probe_mu_.Unlock();
+    const absl::Time start = absl::Now();
+    ProbeWorkersOnce();
+    // A round takes at most health.timeout; the next starts one interval after this one did.
+    const absl::Duration wait =
+        std::max(options_.health.interval - (absl::Now() - start), absl::Milliseconds(1));
+    probe_mu_.Lock();
+    if (probe_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) break;
+  }
+}
+
+void RouterContext::ProbeWorkersOnce() {
+  const std::vector<WorkerInfo> workers = registry_.Snapshot();
+  std::vector<ProbeResult> results(workers.size(), ProbeResult::kFailed);
+  std::vector<std::string> errors(workers.size());
+  {
+    std::vector<std::thread> probes;
+    probes.reserve(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) {
+      probes.emplace_back([this, &workers, &results, &errors, i] {
+        auto channel = registry_.Channel(workers[i].address);
+        if (!channel.ok()) {
+          errors[i] = std::string(channel.status().message());
+          return;
+        }
+        absl::StatusOr<bool> serving = CheckGrpcHealth(*channel, "", options_.health.timeout);
+        if (serving.ok()) {
+          results[i] = *serving ? ProbeResult::kServing : ProbeResult::kNotServing;
+        } else if (absl::IsUnimplemented(serving.status())) {
+          results[i] = ProbeResult::kServing;  // no health service: requests tell its health
+        } else {
+          errors[i] = absl::StrCat(absl::StatusCodeToString(serving.status().code()), ": ",
+                                   serving.status().message());
+        }
+      });
+    }
+    for (std::thread& t : probes) t.join();
+  }
+  const absl::Time now = absl::Now();
+  OutlierDetector& outliers = selector_.outliers();
+  std::vector<std::string> addresses;
+  addresses.reserve(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const WorkerInfo& w = workers[i];
+    addresses.push_back(w.address);
+    const bool was_admitted = outliers.Admitted(w.address);
+    std::string why;
+    if (outliers.Record(w.address, results[i], now, &why)) {
+      metrics_.CountEjection();
+      std::cerr << "lazyattn-router: worker " << w.id << " (" << w.address << ") ejected: " << why
+                << (errors[i].empty() ? "" : "; last probe: ") << errors[i] << std::endl;
+    } else if (!was_admitted && outliers.Admitted(w.address)) {
+      std::cerr << "lazyattn-router: worker " << w.id << " (" << w.address
+                << ") re-admitted: health probe SERVING" << std::endl;
+    }
+  }
+  outliers.Retain(addresses);
 }
 
 bool RouterContext::TryAdmit() {
@@ -124,6 +202,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
     const auto& load = w.status.load();
     WorkerObservation obs{
         .id = w.id,
+        .address = w.address,
         .queued_prefill_tokens = load.queued_prefill_tokens(),
         .requests = static_cast<int64_t>(load.running_requests()) + load.waiting_requests(),
         .router_inflight = registry_.Inflight(w.id),

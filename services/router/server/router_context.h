@@ -11,8 +11,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
@@ -29,12 +32,14 @@ struct RoutePlan {
   std::vector<int64_t> predicted_hits;  // per entry of `workers`
   std::vector<DocumentRef> docs;        // distinct documents used for routing
   bool directory_answered = false;
-  bool breaker_panic = false;  // every breaker was open: try them all regardless
+  bool breaker_panic = false;  // every worker was out (breaker, ejection): try them regardless
 };
 
 class RouterContext {
  public:
+  // Starts health probing (health.interval; none when zero).
   RouterContext(const RouterOptions& options, prometheus::Registry& registry);
+  ~RouterContext();  // stops health probing
 
   const RouterOptions& options() const { return options_; }
   WorkerRegistry& registry() { return registry_; }
@@ -62,17 +67,29 @@ class RouterContext {
   // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
   void RefreshWorkers();
 
+  // One round of health probes: grpc.health.v1 Check of every known worker, in parallel, each
+  // bounded by health.timeout, reported to the selector's outlier detector. Ejections and
+  // re-admissions are logged and counted. Blocking (the prober thread; tests).
+  void ProbeWorkersOnce();
+
  private:
+  void ProbeLoop();
+
   const RouterOptions options_;
   WorkerRegistry registry_;
   WorkerSelector selector_;
   RouterMetrics metrics_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   std::atomic<int> inflight_{0};
+
+  absl::Mutex probe_mu_;
+  bool stopping_ ABSL_GUARDED_BY(probe_mu_) = false;
+  std::thread prober_;
 };
 
 // Why a worker call failed: which failures may go to another worker, which count against the
-// worker's circuit breaker.
+// worker's circuit breaker (transport failures, INTERNAL - a worker whose device is broken fails
+// every request at once - and DEADLINE_EXCEEDED when the client's own deadline has not passed).
 bool IsRetryable(grpc::StatusCode code);
 bool IsWorkerFault(grpc::StatusCode code);
 

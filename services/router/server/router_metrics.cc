@@ -58,6 +58,18 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                   .Help("Requests sent to another worker after a failure before the first token")
                   .Register(registry)
                   .Add({});
+  ejections_ = &prometheus::BuildCounter()
+                    .Name("lazyattn_router_worker_ejections_total")
+                    .Help("Workers taken out of routing by health probing (NOT_SERVING or "
+                          "consecutive failed probes)")
+                    .Register(registry)
+                    .Add({});
+  first_token_timeouts_ = &prometheus::BuildCounter()
+                               .Name("lazyattn_router_first_token_timeouts_total")
+                               .Help("Attempts cancelled for sending no token within "
+                                     "routing.first_token_timeout_ms")
+                               .Register(registry)
+                               .Add({});
   selections_family_ = &prometheus::BuildCounter()
                             .Name("lazyattn_router_worker_selections_total")
                             .Help("Attempts sent to each worker")

@@ -7,6 +7,8 @@
 //   included) lazyattn_router_predicted_hit_tokens_total      predicted cached tokens on the chosen
 //   workers lazyattn_router_retries_total                   attempts beyond the first (failover)
 //   lazyattn_router_worker_selections_total{worker} attempts sent to each worker
+//   lazyattn_router_worker_ejections_total          workers ejected by health probing
+//   lazyattn_router_first_token_timeouts_total      attempts cancelled without a first token
 //   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
 //                                                   ("system", "documents.text", ...) is not UTF-8
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
@@ -43,6 +45,8 @@ class RouterMetrics {
     if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
   }
   void CountRetry() { retries_->Increment(); }
+  void CountEjection() { ejections_->Increment(); }
+  void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountSelection(const std::string& worker);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
   // any other status is ignored.
@@ -54,6 +58,8 @@ class RouterMetrics {
   prometheus::Histogram* routing_;
   prometheus::Counter* predicted_hits_;
   prometheus::Counter* retries_;
+  prometheus::Counter* ejections_;
+  prometheus::Counter* first_token_timeouts_;
   prometheus::Family<prometheus::Counter>* selections_family_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
   absl::Mutex mu_;

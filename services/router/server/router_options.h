@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
 #include "common/request_validator.h"
@@ -23,12 +24,23 @@ struct KvdirOptions {
   absl::Duration forget_after = absl::Seconds(10);        // unlisted directory workers dropped
 };
 
+// Active health probing of every known worker (grpc.health.v1 Check of the whole server).
+struct HealthCheckOptions {
+  absl::Duration interval = absl::Milliseconds(500);  // zero: no probing, nobody is ejected
+  absl::Duration timeout = absl::Milliseconds(500);   // a probe not answered by then failed
+  OutlierOptions outliers;                            // when failed probes eject, and for how long
+};
+
 struct RoutingOptions {
   PolicyOptions policy;
   SpeculativeOptions speculative;
   CircuitBreakerOptions breaker;
   double bytes_per_token = 4.0;  // estimate of a text document's tokens for speculative hits
   int max_attempts = 3;          // workers tried per request (failover before the first token)
+  // An attempt with no token by then is cancelled and the request goes to the next worker (the
+  // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
+  // under load; GPU fleets set a few seconds (docs/router.md).
+  absl::Duration first_token_timeout = absl::Seconds(30);
 };
 
 struct RouterOptions {
@@ -38,6 +50,7 @@ struct RouterOptions {
   std::vector<std::string> workers;  // static worker addresses, used besides the directory's
   TlsOptions client_tls;             // for the router's calls to kvdir and the workers
   RoutingOptions routing;
+  HealthCheckOptions health;
   int max_inflight_requests = 256;  // beyond: RESOURCE_EXHAUSTED
   ApiLimits limits;  // the same validator and limits as the workers'
 };

@@ -312,6 +312,77 @@ TEST_F(RouterServerTest, CircuitBreakerStopsSendingToAFailingWorker) {
   EXPECT_EQ(workers_[0]->generate_calls(), 2);
 }
 
+TEST_F(RouterServerTest, InternalErrorsCountAgainstTheBreaker) {
+  // A worker whose device is broken fails every request at once with INTERNAL: not retried (it may
+  // be the request), but counted, so the breaker takes the worker out.
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::INTERNAL});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 2, .open_duration = absl::Hours(1)};
+  StartRouter(o);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Stream(Request({"doc"})).status.error_code(), grpc::StatusCode::INTERNAL) << i;
+  }
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(workers_[0]->generate_calls(), 2);
+}
+
+TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice, and never sends a token
+  workers_[0]->SetScript({.block = true});
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_first_token_timeouts_total 1"));
+
+  // Every worker frozen: the final status says why each attempt was given up.
+  workers_[1]->SetScript({.block = true});
+  r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("no first token within 300 ms (routing.first_token_timeout_ms)"));
+  workers_[0]->Unblock();
+  workers_[1]->Unblock();
+}
+
+TEST_F(RouterServerTest, HealthProbesEjectAWorkerThatStoppedAnswering) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 would be first
+  RouterOptions o = Options();
+  o.health.interval = absl::Milliseconds(50);
+  o.health.timeout = absl::Milliseconds(200);
+  o.health.outliers = {.consecutive_failures = 2,
+                       .base_ejection = absl::Hours(1),
+                       .max_ejection = absl::Hours(1)};
+  StartRouter(o);
+  workers_[0]->Stop();  // the directory still lists it
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < give_up &&
+         Metrics().find("lazyattn_router_worker_ejections_total 1") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(Metrics(), HasSubstr("lazyattn_router_worker_ejections_total 1"));
+  // No request is sent to it any more: the first attempt goes to w1.
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 1);
+}
+
 TEST_F(RouterServerTest, TooManyInFlightIsResourceExhausted) {
   StartWorkers(1);
   StartKvdir();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace lazyattn::router {
 
 WorkerRegistry::WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
@@ -42,6 +44,7 @@ void WorkerRegistry::ObserveDirectory(
         ++it;
       } else {
         stubs_.erase(it->first);
+        channels_.erase(it->first);
         by_address_.erase(it++);
       }
     } else {
@@ -104,7 +107,22 @@ absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub
   if (!channel.ok()) return channel.status();
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub = lazyattn::v1::Worker::NewStub(*channel);
   stubs_.emplace(address, stub);
+  channels_.emplace(address, *channel);
   return stub;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std::string& address) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(address);
+    if (it != channels_.end()) return it->second;
+  }
+  auto stub = Stub(address);
+  if (!stub.ok()) return stub.status();
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(address);
+  if (it == channels_.end()) return absl::UnavailableError(absl::StrCat(address, ": no channel"));
+  return it->second;
 }
 
 void WorkerRegistry::AddInflight(const std::string& id, int delta) {

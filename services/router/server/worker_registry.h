@@ -51,6 +51,8 @@ class WorkerRegistry {
   int LiveCount() const;
 
   absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(const std::string& address);
+  // The channel under Stub(address) (health probes share the worker's connection).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& address);
 
   void AddInflight(const std::string& id, int delta);
   int64_t Inflight(const std::string& id) const;
@@ -74,6 +76,7 @@ class WorkerRegistry {
   absl::flat_hash_map<std::string, Entry> by_address_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<lazyattn::v1::Worker::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
 };
 

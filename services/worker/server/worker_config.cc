@@ -125,6 +125,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
                                                       5000, 0, 600'000));
   o.shutdown_grace = absl::Milliseconds(grace_ms);
 
+  ASSIGN_OR_RETURN(const int64_t drain_s,
+                   IntInRange(config, "server.drain_timeout_s", 30, 0, 3600));
+  o.drain_timeout = absl::Seconds(drain_s);
   // kvdir (optional).
   KvdirPublisherOptions& k = c.kvdir;
   ASSIGN_OR_RETURN(k.address, config.String("kvdir.address", ""));

@@ -97,7 +97,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     PublisherSource source{
         .status = [service] { return service->CurrentStatus(); },
         .load = [service] { return service->CurrentLoad(); },
-        .snapshot = [engine] { return engine->CachedDocuments(); }};
+        // Once draining, a snapshot kvdir asks for must not bring the documents back.
+        .snapshot =
+            [engine, leaving = &server->leaving_] {
+              CacheSnapshot snapshot = engine->CachedDocuments();
+              if (leaving->load()) snapshot.documents.clear();
+              return snapshot;
+            }};
     auto publisher = KvdirPublisher::Create(*options.kvdir, std::move(source));
     if (!publisher.ok()) return publisher.status();
     server->publisher_ = std::move(*publisher);
@@ -155,6 +161,52 @@ void WorkerServer::Shutdown() {
     stopping_ = true;
   }
   cv_.notify_all();
+bool WorkerServer::Drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+  }
+  if (server_ != nullptr) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  }
+  if (publisher_ != nullptr) {
+    // Leave the directory at once instead of when the lease runs out: withdraw every document
+    // (EVICTED events, numbered after the cache's last event), give the publisher a moment to
+    // send them, then close the stream.
+    leaving_ = true;
+    engine_->set_cache_listener({});
+    const CacheSnapshot cached = engine_->CachedDocuments();
+    const KvdirPublisher::Stats before = publisher_->stats();
+    uint64_t version = cached.version;
+    for (const CachedDocumentInfo& d : cached.documents) {
+      publisher_->OnCacheEvent(CacheEvent{
+          .key = d.key, .num_tokens = d.num_tokens, .stored = false, .version = ++version});
+    }
+    const int64_t target =
+        before.events_sent + before.events_dropped + static_cast<int64_t>(cached.documents.size());
+    const absl::Time give_up = absl::Now() + absl::Seconds(1);
+    while (absl::Now() < give_up) {
+      const KvdirPublisher::Stats now = publisher_->stats();
+      if (!now.connected || now.events_sent + now.events_dropped >= target) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    publisher_->Stop();
+  }
+  bool finished = true;
+  if (server_ != nullptr) {
+    // gRPC refuses new calls from here on and lets those in flight finish until the deadline,
+    // then cancels them (their engine requests with them).
+    std::cerr << "lazyattn-worker: draining " << service_->in_flight() << " requests (up to "
+              << absl::FormatDuration(options_.drain_timeout) << ")" << std::endl;
+    const absl::Time deadline = absl::Now() + options_.drain_timeout;
+    server_->Shutdown(absl::ToChronoTime(deadline));
+    server_->Wait();
+    finished = absl::Now() < deadline;
+  }
+  Shutdown();
+  return finished;
+}
+
   if (refresher_.joinable()) refresher_.join();
   if (server_ != nullptr) {
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);

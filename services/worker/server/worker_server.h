@@ -44,6 +44,8 @@ struct WorkerServerOptions {
   std::optional<KvdirPublisherOptions> kvdir;  // unset: standalone, nothing is published
   // Shutdown: how long calls may take to end after their requests were cancelled.
   absl::Duration shutdown_grace = absl::Seconds(5);
+  // Drain: how long calls in flight may run to completion before they are cancelled.
+  absl::Duration drain_timeout = absl::Seconds(30);
   absl::Duration metrics_refresh = absl::Seconds(1);
 };
 
@@ -67,6 +69,11 @@ class WorkerServer {
   // Idempotent. Marks the health service NOT_SERVING, refuses new calls, cancels running requests
   // (their calls end with UNAVAILABLE), stops the gRPC server, closes the kvdir stream.
   void Shutdown();
+  // Graceful stop (SIGTERM): health NOT_SERVING, every cached document withdrawn from kvdir and
+  // the publisher stopped, new calls refused (UNAVAILABLE, so the router fails over), calls in
+  // flight left to finish for up to options.drain_timeout (then cancelled), then Shutdown().
+  // True when every call finished before the drain timeout. Idempotent (false after Shutdown).
+  bool Drain();
 
   int port() const { return port_; }
   const std::string& address() const { return address_; }  // advertised host:port
@@ -104,6 +111,7 @@ class WorkerServer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread refresher_;
   std::atomic<bool> reported_unhealthy_ = false;  // RefreshMetrics runs on two threads
+  std::atomic<bool> leaving_ = false;  // draining: the kvdir snapshot is empty from now on
 };
 
 // "HOST:PORT" of `listen_address` with `port`; a wildcard host becomes this machine's hostname.
