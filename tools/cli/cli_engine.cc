@@ -15,7 +15,17 @@ void DeclareSamplingFlags(CliArgs& args) {
   args.Declare("temperature", CliArgs::Kind::kValue, "0 = greedy (default 0)");
   args.Declare("top-k", CliArgs::Kind::kValue, "keep the k most likely tokens (0 = off)");
   args.Declare("top-p", CliArgs::Kind::kValue, "nucleus sampling mass (1 = off)");
-  args.Declare("seed", CliArgs::Kind::kValue, "random seed for sampling (default 0)");
+  args.Declare("seed", CliArgs::Kind::kValue,
+               "random seed for sampling: the same seed repeats the tokens (default: a fresh one)");
+  args.Declare("min-p", CliArgs::Kind::kValue, "keep tokens with p >= min_p * p(most likely) (0 = off)");
+  args.Declare("repetition-penalty", CliArgs::Kind::kValue,
+               "> 1 discourages the prompt's and output's tokens (1 = off)");
+  args.Declare("presence-penalty", CliArgs::Kind::kValue,
+               "[-2, 2], subtracted once from every generated token's logit (0 = off)");
+  args.Declare("frequency-penalty", CliArgs::Kind::kValue,
+               "[-2, 2], subtracted per occurrence in the output (0 = off)");
+  args.Declare("logprobs", CliArgs::Kind::kSwitch,
+               "report each generated token's log-probability (with --json)");
   args.Declare("stop", CliArgs::Kind::kRepeated, "stop before this string");
   args.Declare("ignore-eos", CliArgs::Kind::kSwitch, "keep generating past end-of-generation");
 }
@@ -26,12 +36,23 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args) {
   ASSIGN_OR_RETURN(double temperature, args.Double("temperature", 0.0));
   ASSIGN_OR_RETURN(int64_t top_k, args.Int("top-k", 0));
   ASSIGN_OR_RETURN(double top_p, args.Double("top-p", 1.0));
-  ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
+  ASSIGN_OR_RETURN(double min_p, args.Double("min-p", 0.0));
+  ASSIGN_OR_RETURN(double repetition_penalty, args.Double("repetition-penalty", 1.0));
+  ASSIGN_OR_RETURN(double presence_penalty, args.Double("presence-penalty", 0.0));
+  ASSIGN_OR_RETURN(double frequency_penalty, args.Double("frequency-penalty", 0.0));
   p.max_tokens = static_cast<int>(max_tokens);
   p.temperature = static_cast<float>(temperature);
   p.top_k = static_cast<int>(top_k);
   p.top_p = static_cast<float>(top_p);
-  p.seed = static_cast<uint64_t>(seed);
+  if (args.Has("seed")) {  // absent: unseeded, the engine draws a fresh seed
+    ASSIGN_OR_RETURN(int64_t seed, args.Int("seed", 0));
+    p.seed = static_cast<uint64_t>(seed);
+  }
+  p.min_p = static_cast<float>(min_p);
+  p.repetition_penalty = static_cast<float>(repetition_penalty);
+  p.presence_penalty = static_cast<float>(presence_penalty);
+  p.frequency_penalty = static_cast<float>(frequency_penalty);
+  p.logprobs = args.Has("logprobs");
   p.stop = args.Strings("stop");
   p.ignore_eos = args.Has("ignore-eos");
   return p;

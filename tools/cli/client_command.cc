@@ -71,10 +71,15 @@ int ClientCommand(int argc, char** argv) {
   sp->set_temperature(sampling->temperature);
   sp->set_top_k(sampling->top_k);
   sp->set_top_p(sampling->top_p);
-  sp->set_seed(sampling->seed);
+  if (sampling->seed) sp->set_seed(*sampling->seed);  // unset: the worker draws a fresh one
   sp->set_max_tokens(sampling->max_tokens);
   for (const auto& s : sampling->stop) sp->add_stop(s);
   sp->set_ignore_eos(sampling->ignore_eos);
+  sp->set_min_p(sampling->min_p);
+  sp->set_repetition_penalty(sampling->repetition_penalty);
+  sp->set_presence_penalty(sampling->presence_penalty);
+  sp->set_frequency_penalty(sampling->frequency_penalty);
+  sp->set_logprobs(sampling->logprobs);
 
   auto channel = MakeChannel(args.String("router"), TlsOptions{});
   if (!channel.ok()) return CliFail(channel.status());
@@ -86,10 +91,12 @@ int ClientCommand(int argc, char** argv) {
   v1::GenerateResponse response;
   v1::Final final;
   std::vector<int32_t> token_ids;  // the text alone can hide differences (U+FFFD replacements)
+  std::vector<float> logprobs;     // with --logprobs
   const bool json = args.Has("json");
   while (reader->Read(&response)) {
     if (response.has_token()) {
       token_ids.push_back(response.token().token_id());
+      if (response.token().has_logprob()) logprobs.push_back(response.token().logprob());
       if (!json) std::cout << response.token().text() << std::flush;
     }
     if (response.has_final()) final = response.final();
@@ -114,6 +121,7 @@ int ClientCommand(int argc, char** argv) {
                           {"completion_tokens", u.completion_tokens()},
                           {"documents", u.documents()},
                           {"documents_hit", u.documents_hit()}};
+    if (sampling->logprobs) out["logprobs"] = logprobs;
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << std::endl;

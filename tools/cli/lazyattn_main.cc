@@ -3,10 +3,11 @@
 //   lazyattn generate --model PATH --prompt TEXT [--chat] [--system TEXT] [--doc FILE]...
 //                     [--mode full|prefix|block|lazy] [--backend cpu|cuda|auto]
 //                     [--kv-budget BYTES] [--max-tokens N]
-//                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...
-//                     [--ignore-eos] [--json]
+//                     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
+//                     [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
+//                     [--stop STR]... [--ignore-eos] [--logprobs] [--json]
 //   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--backend B]
-//                   [--kv-budget BYTES] [--json]
+//                   [--kv-budget BYTES] [generate's sampling flags] [--json]
 //   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
 //   lazyattn trace --router HOST:PORT [--requests N] [--rate R] [--dist zipf:A|uniform] ...
 //
@@ -25,20 +26,22 @@ int CliFail(const absl::Status& status, int code) {
 }
 
 nlohmann::json ResultJson(const RequestResult& r, const std::string& model, CacheMode mode) {
-  return {{"model", model},
-          {"mode", std::string(CacheModeName(mode))},
-          {"token_ids", r.token_ids},
-          {"text", r.text},
-          {"finish_reason", r.finish_reason},
-          {"prompt_tokens", r.usage.prompt_tokens},
-          {"cached_tokens", r.usage.cached_tokens},
-          {"computed_tokens", r.usage.computed_tokens},
-          {"documents", r.usage.documents},
-          {"documents_hit", r.usage.documents_hit},
-          {"completion_tokens", r.usage.completion_tokens},
-          {"ttft_ms", r.ttft_ms},
-          {"decode_tokens_per_s", r.decode_tokens_per_s},
-          {"preemptions", r.preemptions}};
+  nlohmann::json j = {{"model", model},
+                      {"mode", std::string(CacheModeName(mode))},
+                      {"token_ids", r.token_ids},
+                      {"text", r.text},
+                      {"finish_reason", r.finish_reason},
+                      {"prompt_tokens", r.usage.prompt_tokens},
+                      {"cached_tokens", r.usage.cached_tokens},
+                      {"computed_tokens", r.usage.computed_tokens},
+                      {"documents", r.usage.documents},
+                      {"documents_hit", r.usage.documents_hit},
+                      {"completion_tokens", r.usage.completion_tokens},
+                      {"ttft_ms", r.ttft_ms},
+                      {"decode_tokens_per_s", r.decode_tokens_per_s},
+                      {"preemptions", r.preemptions}};
+  if (!r.logprobs.empty()) j["logprobs"] = r.logprobs;  // with --logprobs
+  return j;
 }
 
 }  // namespace lazyattn

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core_state.h"
@@ -61,6 +62,12 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
                                                                 : r->prepared.submitted;
   if (r->prepared.deadline == absl::InfiniteFuture()) {
     r->prepared.deadline = r->submitted + options_.default_deadline;
+  }
+  if (!r->prepared.sampling.seed) {
+    // Unseeded: a fresh seed per request (else every unseeded request would draw the same
+    // tokens); it is fixed from here on, so the request's own draws stay one Philox stream.
+    thread_local absl::BitGen gen;
+    r->prepared.sampling.seed = absl::Uniform<uint64_t>(gen);
   }
   const SamplingParams& sp = r->prepared.sampling;
   r->sampler = std::make_unique<Sampler>(sp);
@@ -398,7 +405,9 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     const int64_t n = static_cast<int64_t>(p.chunk.tokens.size());
     std::span<const float> out;
     std::optional<int32_t> chosen;
+    float logprob = 0;
     if (p.chunk.emit_logits) {
+      if (static_cast<size_t>(row) < logits->logprobs.size()) logprob = logits->logprobs[row];
       chosen = logits->token_ids[row++];
       if (p.chunk.return_logits) {
         out = std::span<const float>(logits->logits).subspan(logits_row++ * V, V);
@@ -417,7 +426,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     Segment& s = r->segments[p.segment];
     s.ready += n;
     if (p.decode) {
-      SampleAndEmit(*r, out, chosen);
+      SampleAndEmit(*r, out, chosen, logprob);
       continue;
     }
     stats_.mode(r->prepared.mode).prefill_tokens_computed += n;
@@ -425,7 +434,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     if (s.kind == Segment::Kind::kPrefix) {
       cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick());
     } else if (s.kind == Segment::Kind::kQuery) {
-      OnPrefillDone(*r, out, chosen);
+      OnPrefillDone(*r, out, chosen, logprob);
     }
   }
 }

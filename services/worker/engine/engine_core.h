@@ -186,8 +186,12 @@ class EngineCore {
 
   // --- engine_output.cc: sampling, streaming, finishing.
   // Emits `chosen` when the runner already picked it (greedy), else samples from `logits`.
-  void SampleAndEmit(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
-  void OnPrefillDone(Request& r, std::span<const float> logits, std::optional<int32_t> chosen);
+  // `chosen`/`logprob`: the runner's draw and its log-probability; without `chosen` the host
+  // draws from `logits`.
+  void SampleAndEmit(Request& r, std::span<const float> logits, std::optional<int32_t> chosen,
+                     float logprob);
+  void OnPrefillDone(Request& r, std::span<const float> logits, std::optional<int32_t> chosen,
+                     float logprob);
 
   // --- engine_core.cc: the step.
   bool RunStep(absl::Time now);

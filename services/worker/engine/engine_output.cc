@@ -24,9 +24,9 @@ void EngineCore::Finish(Request& r, const absl::Status& status) {
 }
 
 void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
-                               std::optional<int32_t> chosen) {
+                               std::optional<int32_t> chosen, float logprob) {
   RequestResult& res = r.result;
-  const int32_t id = chosen ? *chosen : r.sampler->Sample(logits);
+  const int32_t id = chosen ? *chosen : r.sampler->Sample(logits, &logprob);
   if (res.token_ids.empty() && r.first_token == absl::Time()) {
     r.first_token = absl::Now();  // after this step's forward pass, not at its start
     res.ttft_ms = absl::ToDoubleMilliseconds(r.first_token - r.submitted);
@@ -47,11 +47,14 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
     return;
   }
   res.token_ids.push_back(id);
+  const bool want_logprob = r.prepared.sampling.logprobs;
+  if (want_logprob) res.logprobs.push_back(logprob);
   Segment& q = r.query();
   q.tokens.push_back(id);
   auto piece = r.decoder->Push(id);
   const std::string text = r.stop->Push(piece.ok() ? *piece : std::string());
   res.text += text;
+  if (want_logprob && r.prepared.callbacks.on_logprob) r.prepared.callbacks.on_logprob(logprob);
   if (r.prepared.callbacks.on_token) r.prepared.callbacks.on_token(id, text);
   if (r.stop->stopped()) {
     res.finish_reason = "stop";
@@ -67,7 +70,7 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
 }
 
 void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits,
-                               std::optional<int32_t> chosen) {
+                               std::optional<int32_t> chosen, float logprob) {
   Segment& q = r.query();
   const PreparedRequest& p = r.prepared;
   // Share what later requests can reuse: the whole prompt in mode prefix, the system prefix in
@@ -80,7 +83,7 @@ void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits,
                              std::span(q.blocks).first(std::min<size_t>(q.blocks.size(), shareable / block_size())),
                              cache_.Tick());
   }
-  SampleAndEmit(r, logits, chosen);
+  SampleAndEmit(r, logits, chosen, logprob);
 }
 
 }  // namespace lazyattn

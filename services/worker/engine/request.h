@@ -55,6 +55,9 @@ struct RequestUsage {
 
 struct RequestResult {
   std::vector<int32_t> token_ids;  // generated; the EOS/stop token that ended it is left out
+  // With SamplingParams::logprobs: each token_ids entry's log-probability (kSampleLogprob's: the
+  // softmax of the penalized logits at temperature 1, before truncation); else empty.
+  std::vector<float> logprobs;
   std::string text;
   std::string finish_reason;       // "stop" or "length"
   RequestUsage usage;
@@ -68,6 +71,9 @@ struct RequestCallbacks {
   // Each generated token and the text it completes (may be empty while a UTF-8 sequence or a
   // possible stop string is incomplete). Called on the engine thread: keep it short.
   std::function<void(int32_t id, std::string_view text)> on_token;
+  // With SamplingParams::logprobs: the log-probability of the token whose on_token call follows
+  // immediately (same thread). Not called for on_token's final flush (id -1).
+  std::function<void(float logprob)> on_logprob;
   // Exactly once: OK with the result, or the error (InvalidArgument, ResourceExhausted, Cancelled,
   // DeadlineExceeded, Unavailable at shutdown). `result` carries what was generated so far.
   std::function<void(const absl::Status& status, const RequestResult& result)> on_done;

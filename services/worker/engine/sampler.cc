@@ -50,7 +50,7 @@ SamplingRowParams RowSamplingParams(const SamplingParams& p, uint64_t step) {
   r.presence_penalty = p.presence_penalty;
   r.frequency_penalty = p.frequency_penalty;
   r.flags = p.logprobs ? kSampleLogprob : 0;
-  r.seed = p.seed;
+  r.seed = p.seed.value_or(0);
   r.step = step;
   return r;
 }
@@ -77,9 +77,10 @@ int32_t ArgMax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {}
 
-int32_t Sampler::Sample(std::span<const float> logits) {
+int32_t Sampler::Sample(std::span<const float> logits, float* logprob) {
   const SamplingRowParams row = RowSamplingParams(params_, step_++);
-  return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, nullptr, 0, -1);
+  return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, nullptr, 0, -1,
+                      logprob);
 }
 
 }  // namespace lazyattn

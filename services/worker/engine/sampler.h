@@ -10,6 +10,7 @@
 #define LAZYATTN_SERVICES_WORKER_ENGINE_SAMPLER_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,7 +24,9 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off
-  uint64_t seed = 0;
+  // Unset: the engine draws a fresh random seed when it accepts the request (EngineCore::Add), so
+  // two unseeded requests differ; a set seed repeats its tokens.
+  std::optional<uint64_t> seed;
   int max_tokens = 128;
   std::vector<std::string> stop;          // generation ends before any of these strings
   std::vector<int32_t> stop_token_ids;    // ... or after any of these tokens (besides EOS)
@@ -41,6 +44,7 @@ struct SamplingParams {
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // The per-row form of `params` for the draw of generated token number `step` (0 for the first).
+// An unset seed draws as seed 0 here: the engine fills it in before any draw.
 SamplingRowParams RowSamplingParams(const SamplingParams& params, uint64_t step);
 
 // A row's penalty history, deduplicated: `tokens[0, prompt_tokens)` count for the repetition
@@ -51,8 +55,9 @@ std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  // Precondition: logits.size() == vocabulary size >= 1.
-  int32_t Sample(std::span<const float> logits);
+  // Precondition: logits.size() == vocabulary size >= 1. `logprob` (optional) receives the chosen
+  // token's log-probability.
+  int32_t Sample(std::span<const float> logits, float* logprob = nullptr);
 
  private:
   SamplingParams params_;

@@ -86,6 +86,8 @@ void GenerateReactor::Prepare(const absl::Status& pool_status) {
       prepared->submitted = arrival_;  // the engine's TTFT includes the wait for this pool
       prepared->callbacks = RequestCallbacks{
           .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
+          // Called just before the matching on_token, on the same thread.
+          .on_logprob = [this](float logprob) { pending_logprob_ = logprob; },
           .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
       auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
       if (id.ok()) {
@@ -137,6 +139,7 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
       v1::TokenChunk* chunk = queue_.emplace_back().mutable_token();
       chunk->set_token_id(id);
       chunk->set_text(ToValidUtf8(text));
+      if (id >= 0 && pending_logprob_) chunk->set_logprob(*pending_logprob_);
     }
   }
   Pump();

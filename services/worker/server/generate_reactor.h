@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string_view>
 
 #include <grpcpp/grpcpp.h>
@@ -89,6 +90,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool overflowed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double ttft_ms_ ABSL_GUARDED_BY(mu_) = -1;
+  // Engine thread only: the log-probability on_logprob gave for the token OnToken streams next.
+  std::optional<float> pending_logprob_;
 };
 
 }  // namespace lazyattn

@@ -41,7 +41,7 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   p.temperature = s.temperature();
   p.top_k = s.top_k();
   p.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();  // proto3 default 0 means off
-  p.seed = s.seed();
+  if (s.has_seed()) p.seed = s.seed();  // unset: the engine draws a fresh one
   p.max_tokens = s.max_tokens() == 0 ? options.default_max_tokens : s.max_tokens();
   p.stop.assign(s.stop().begin(), s.stop().end());
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
@@ -50,6 +50,7 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   p.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
   p.presence_penalty = s.presence_penalty();
   p.frequency_penalty = s.frequency_penalty();
+  p.logprobs = s.logprobs();
   // Validated here too so the error names the request field ("sampling.top_k = -1: ...").
   absl::Status st = ValidateSamplingParams(p, config.vocab_size);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));

@@ -36,6 +36,24 @@ TEST_F(RequestConvertTest, ProtoDefaultsBecomeServerDefaults) {
   EXPECT_FALSE(e->documents[0].token_ids.has_value());
   EXPECT_EQ(e->documents[1].id, "b");
   EXPECT_EQ(*e->documents[1].token_ids, std::vector<int32_t>{65});
+  EXPECT_FALSE(e->sampling.seed.has_value());  // unseeded: the engine draws one
+  EXPECT_FALSE(e->sampling.logprobs);
+}
+
+TEST_F(RequestConvertTest, ASetSeedEvenZeroAndLogprobsCarryOver) {
+  v1::GenerateRequest r;
+  r.set_question("q?");
+  r.mutable_sampling()->set_seed(0);
+  r.mutable_sampling()->set_logprobs(true);
+  auto e = EngineRequestFromProto(r, *tokenizer_, config_, {});
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->sampling.seed.has_value());
+  EXPECT_EQ(*e->sampling.seed, 0u);
+  EXPECT_TRUE(e->sampling.logprobs);
+  r.mutable_sampling()->set_seed(~uint64_t{0});
+  e = EngineRequestFromProto(r, *tokenizer_, config_, {});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->sampling.seed, ~uint64_t{0});
 }
 
 TEST_F(RequestConvertTest, CacheModes) {
