@@ -288,6 +288,51 @@ TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
   EXPECT_EQ(out.result.text, *decoded);
 }
 
+// With sampling.logprobs every generated token comes with its log-probability, in the result
+// and through on_logprob just before its on_token; the first one is log_softmax of the first
+// logits (no penalties) at the drawn token.
+TEST_F(EngineCoreTest, LogprobsFollowEachTokenWhenAsked) {
+  EngineRequest r = Request({0}, CacheMode::kLazy, 12);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 4;
+  r.sampling.logprobs = true;
+  auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+  ASSERT_TRUE(p.ok());
+  std::vector<float> streamed;
+  std::vector<int32_t> streamed_ids;
+  int pending = 0;  // on_logprob calls not yet followed by their on_token
+  Outcome out;
+  p->callbacks.on_logprob = [&](float lp) {
+    streamed.push_back(lp);
+    ++pending;
+  };
+  p->callbacks.on_token = [&](int32_t id, std::string_view) {
+    if (id < 0) return;  // the final flush carries no token
+    EXPECT_EQ(pending, 1);
+    pending = 0;
+    streamed_ids.push_back(id);
+  };
+  p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
+  core_->Add(std::move(*p));
+  while (core_->HasWork()) core_->Step(absl::Now());
+  ASSERT_TRUE(out.status.ok());
+  ASSERT_EQ(out.result.token_ids.size(), 12u);
+  EXPECT_EQ(streamed_ids, out.result.token_ids);
+  EXPECT_EQ(streamed, out.result.logprobs);
+  const std::vector<float>& x = out.result.first_logits;
+  ASSERT_EQ(x.size(), size_t(weights_->config.vocab_size));
+  const double mx = *std::max_element(x.begin(), x.end());
+  double z = 0;
+  for (float v : x) z += std::exp(double(v) - mx);
+  const double want = double(x[out.result.token_ids[0]]) - mx - std::log(z);
+  EXPECT_NEAR(out.result.logprobs[0], want, 1e-4);
+  for (float lp : out.result.logprobs) EXPECT_LE(lp, 0.0f);
+
+  // Not asked: none.
+  r.sampling.logprobs = false;
+  EXPECT_TRUE(RunOne(r).result.logprobs.empty());
+}
+
 TEST_F(EngineCoreTest, StopTokensAndStopStringsEndGeneration) {
   EngineRequest r = Request({1}, CacheMode::kLazy, 16);
   const Outcome full = RunOne(r);
