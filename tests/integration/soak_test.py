@@ -249,6 +249,12 @@ def run_soak(args, tmp, specs):
             h.check(f"the KV budget ran out: {name} had under 10% of its blocks free at times",
                     low is not None and low < 0.1 * c.total_blocks[name],
                     f"fewest free {low} of {c.total_blocks[name]:g} (sampled every 0.25 s)")
+        # Preemption depends on timing (admission reserves prompts, so only decode growth can
+        # preempt): reported, and the metric must exist, but a count of 0 is not a failure.
+        preempted = {name: h.parse_metrics(c.scrape(name)).get(("lazyattn_worker_preemptions_total", ""))
+                     for name in c.workers}
+        h.check("workers export lazyattn_worker_preemptions_total",
+                all(v is not None for v in preempted.values()), f"{preempted}")
         r = c.request([], "Still there?", max_tokens=2)
         h.check("the cluster still serves after the soak", r["ok"], r.get("error", ""))
         return done

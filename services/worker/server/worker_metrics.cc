@@ -112,6 +112,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                .Help("Cache events not sent to kvdir (a snapshot replaced them)")
                                .Register(registry)
                                .Add({});
+  preemptions_ = &BuildCounter()
+                      .Name("lazyattn_worker_preemptions_total")
+                      .Help("Running requests preempted (their KV blocks released, recomputed "
+                            "later) because the KV cache ran out of blocks")
+                      .Register(registry)
+                      .Add({});
   pool_errors_ = &BuildCounter()
                       .Name("lazyattn_worker_kv_pool_errors_total")
                       .Help("Inconsistencies found in the KV block pool: a bug; the worker then "
@@ -155,6 +161,7 @@ void WorkerMetrics::Refresh(const EngineStats& stats, const KvBlockCounts& block
   Advance(id_docs_hashed_, stats.id_docs_hashed, last_stats_.id_docs_hashed);
   Advance(id_docs_reused_, stats.id_docs_reused, last_stats_.id_docs_reused);
   Advance(pool_errors_, stats.pool_errors, last_stats_.pool_errors);
+  Advance(preemptions_, stats.preemptions, last_stats_.preemptions);
   last_stats_ = stats;
   blocks_free_->Set(static_cast<double>(blocks.free));
   blocks_referenced_->Set(static_cast<double>(blocks.referenced));

@@ -16,6 +16,7 @@
 //   lazyattn_worker_queue_length                        gauge: requests waiting for admission
 //   lazyattn_worker_running_requests                    gauge: requests admitted
 //   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
+//   lazyattn_worker_preemptions_total                  counter: running requests preempted for KV blocks
 //   lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the KV block
 //                                                      pool (a bug; the worker stops serving)
 //   lazyattn_worker_kvdir_events_dropped_total          counter: cache events not sent (queue full
@@ -81,6 +82,7 @@ class WorkerMetrics {
   prometheus::Gauge* kvdir_connected_ = nullptr;
   prometheus::Counter* kvdir_events_dropped_ = nullptr;
   prometheus::Counter* pool_errors_ = nullptr;
+  prometheus::Counter* preemptions_ = nullptr;
   prometheus::Counter* text_docs_tokenized_ = nullptr;
   prometheus::Counter* text_docs_reused_ = nullptr;
   prometheus::Counter* id_docs_hashed_ = nullptr;
