@@ -78,9 +78,12 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *ca;
       ssl.client_certificate_request =
-          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+          options.auth_processor != nullptr
+              ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);
+    if (options.auth_processor != nullptr) creds->SetAuthMetadataProcessor(options.auth_processor);
   }
   BuiltServer built;
   builder.AddListeningPort(options.listen_address, creds, &built.port);
@@ -95,10 +98,13 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   return built;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const TlsOptions& tls,
-                                                           int max_message_bytes) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& address, const TlsOptions& tls, int max_message_bytes,
+    std::shared_ptr<grpc::CallCredentials> call_credentials) {
   KeepCallbackQueueAlive();
+  if (call_credentials != nullptr && tls.ca_file.empty()) {
+    return absl::InvalidArgumentError("call credentials need TLS (tls.ca_file)");
+  }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls.ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -114,6 +120,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
       ssl.pem_private_key = *key;
     }
     creds = grpc::SslCredentials(ssl);
+    if (call_credentials != nullptr) {
+      creds = grpc::CompositeChannelCredentials(creds, call_credentials);
+    }
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);

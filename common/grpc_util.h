@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -29,6 +30,11 @@ struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
   int max_message_bytes = 64 << 20;
   TlsOptions tls;
+  // Decides every call from the peer's certificate identity and metadata (common/auth.h); only
+  // used with TLS (a plaintext server has no peer identity to check). With a processor and
+  // tls.ca_file, client certificates are requested and verified but not required at the handshake,
+  // so gRPC health probes without one still connect; the processor refuses everything else.
+  std::shared_ptr<grpc::AuthMetadataProcessor> auth_processor;
 };
 
 struct BuiltServer {
@@ -47,10 +53,12 @@ void KeepCallbackQueueAlive();
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 
-// A channel to `address` with the same limits and (client side) TLS.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const TlsOptions& tls,
-                                                           int max_message_bytes = 64 << 20);
+// A channel to `address` with the same limits and (client side) TLS. `call_credentials` (e.g.
+// grpc::AccessTokenCredentials for an API key) are attached to every call; they need TLS
+// (InvalidArgument without tls.ca_file, as gRPC would not send them in plaintext).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& address, const TlsOptions& tls, int max_message_bytes = 64 << 20,
+    std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr);
 
 // grpc.health.v1.Health/Check of `service` ("" = the whole server) over `channel`: true when the
 // server answers SERVING, false for NOT_SERVING or UNKNOWN. The call's own error otherwise

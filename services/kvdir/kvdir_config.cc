@@ -39,6 +39,7 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
   }
+  ASSIGN_OR_RETURN(o.insecure, config.Bool("insecure", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", o.metrics_address));
   ASSIGN_OR_RETURN(const int64_t max_keys, IntInRange(config, "limits.max_keys_per_lookup",
                                                       o.limits.max_keys_per_lookup, 1, 1 << 20));

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/yaml_config.h"
 #include "services/kvdir/kvdir_config.h"
 #include "services/kvdir/server/kvdir_server.h"
@@ -106,6 +107,14 @@ int main(int argc, char** argv) {
     options->listen_address = flags.listen;
   }
   if (flags.has_metrics) options->metrics_address = flags.metrics;
+  // Mutual TLS (ca_file) is what lets the directory check who publishes; server TLS alone is not.
+  if (absl::Status s = lazyattn::CheckTransportSecurity("lazyattn-kvdir", flags.config,
+                                                        !options->tls.ca_file.empty(),
+                                                        options->insecure);
+      !s.ok()) {
+    std::cerr << "lazyattn-kvdir: " << s.message() << "\n";
+    return 2;
+  }
 
   // Block the stop signals before any thread starts (gRPC's and the sweeper inherit the mask), so
   // only sigwait below receives them.

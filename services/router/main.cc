@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "common/auth.h"
 #include "common/metrics.h"
 #include "common/yaml_config.h"
 #include "services/router/server/router_config.h"
@@ -79,6 +80,20 @@ int main(int argc, char** argv) {
   auto options = lazyattn::router::RouterOptionsFromYaml(config, overrides);
   if (!options.ok()) {
     std::cerr << "lazyattn-router: " << options.status().message() << "\n";
+    return 2;
+  }
+
+  // Server TLS carries the API keys; kvdir and the workers check the router's own certificate.
+  if (absl::Status s = lazyattn::CheckTransportSecurity(
+          "lazyattn-router", config_path, !options->server.tls.cert_file.empty(),
+          options->insecure);
+      !s.ok()) {
+    std::cerr << "lazyattn-router: " << s.message() << "\n";
+    return 2;
+  }
+  if (!options->insecure && options->auth.api_keys_file.empty()) {
+    std::cerr << "lazyattn-router: " << config_path
+              << ": auth.api_keys_file: required (tools/gen-certs makes one), or insecure: true\n";
     return 2;
   }
 

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/yaml_config.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_loader.h"
@@ -150,6 +151,14 @@ int main(int argc, char** argv) {
   if (flags.metrics.set) config->server.metrics_address = flags.metrics.value;
   if (flags.kvdir.set) config->kvdir.address = flags.kvdir.value;
   if (flags.worker_id.set) config->server.service.worker_id = flags.worker_id.value;
+  // Mutual TLS (server.tls.ca_file) is what lets the worker check that its caller is a router.
+  if (absl::Status s = lazyattn::CheckTransportSecurity(
+          "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),
+          config->insecure);
+      !s.ok()) {
+    std::cerr << "lazyattn-worker: " << s.message() << "\n";
+    return 2;
+  }
 
   if (pipe(g_signal_pipe) != 0) {
     std::cerr << "lazyattn-worker: pipe: " << strerror(errno) << "\n";

@@ -71,22 +71,34 @@ class Cluster:
     """kvdir, `workers` workers and a router. `args.bin_dir` holds the four binaries; `engine` is
     the workers' `engine:` section and `router_limits` the router's `limits:` (keys of
     docs/worker.md, docs/router.md); `track_blocks` records each worker's KV block total at start
-    for check_workers_sound."""
+    for check_workers_sound. `certs`: a tools/gen-certs folder, to run with mutual TLS and API keys
+    (requests then use its demo key, or `api_key_file`); None: every process with insecure: true."""
 
     def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL,
-                 engine=None, router_limits=None, track_blocks=False):
+                 engine=None, router_limits=None, track_blocks=False, certs=None):
         self.args, self.tmp, self.procs, self.addrs = args, tmp, {}, {}
+        self.certs = certs
+        self.api_key_file = f"{certs}/demo.key" if certs else None
         self.kvdir_port = kvdir_port or free_port()
         self.lease_ms = lease_ms
         engine = dict(DEFAULT_ENGINE if engine is None else engine)
         # Every process serves /metrics on an OS-chosen port, as in a real deployment: a metrics
         # endpoint that cannot start must fail these tests.
-        self._write("kvdir.yaml", f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
+        self._write("kvdir.yaml", self._security("kvdir", "server") +
+                    f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
         self._write("worker.yaml", f"model:\n  path: {model}\nbackend: auto\nengine:\n" +
                     "".join(f"  {k}: {v}\n" for k, v in engine.items()) +
                     "metrics:\n  listen: 127.0.0.1:0\n")
         router = f"routing:\n  policy: {policy}\nkvdir:\n  refresh_interval_ms: 100\n" \
                  "metrics:\n  listen: 127.0.0.1:0\n"
+        if certs:
+            router += (f"server:\n  tls:\n    cert_file: {certs}/router-0.crt\n"
+                       f"    key_file: {certs}/router-0.key\n"
+                       f"client_tls:\n  cert_file: {certs}/router-0.crt\n"
+                       f"  key_file: {certs}/router-0.key\n  ca_file: {certs}/ca.crt\n"
+                       f"auth:\n  api_keys_file: {certs}/api-keys.yaml\n  reload_interval_ms: 100\n")
+        else:
+            router += "insecure: true\n"
         if router_limits:
             router += "limits:\n" + "".join(f"  {k}: {v}\n" for k, v in router_limits.items())
         self._write("router.yaml", router)
@@ -102,6 +114,15 @@ class Cluster:
         # check_workers_sound compares the block counts at the end with these.
         self.total_blocks = ({name: self.wait_total_blocks(name) for name in self.workers}
                              if track_blocks else {})
+
+    def _security(self, cert, *sections):
+        """YAML for mutual TLS with certs/<cert>.* under each of `sections` (worker: server and
+        kvdir), or insecure: true without certs."""
+        if not self.certs:
+            return "insecure: true\n"
+        c = self.certs
+        return "".join(f"{s}:\n  tls:\n    cert_file: {c}/{cert}.crt\n    key_file: {c}/{cert}.key\n"
+                       f"    ca_file: {c}/ca.crt\n" for s in sections)
 
     def _write(self, name, text):
         with open(os.path.join(self.tmp, name), "w") as f:
@@ -119,8 +140,12 @@ class Cluster:
 
     def start_worker(self, i):
         name = f"worker-{i}"
+        with open(f"{self.tmp}/worker.yaml") as f:
+            base = f.read()
+        # worker.yaml has no kvdir: section, so the TLS one is the only one.
+        self._write(f"{name}.yaml", self._security(name, "server", "kvdir") + base)
         self.procs[name] = cluster.Process(name, [
-            f"{self.args.bin_dir}/lazyattn-worker", "--config", f"{self.tmp}/worker.yaml",
+            f"{self.args.bin_dir}/lazyattn-worker", "--config", f"{self.tmp}/{name}.yaml",
             "--listen", "127.0.0.1:0", "--kvdir", self.kvdir_addr, "--worker-id", name], self.tmp)
         self.addrs[name] = self.procs[name].wait_ready(60)
 
@@ -152,6 +177,10 @@ class Cluster:
                 "--max-tokens", str(max_tokens), "--json", "--timeout", str(timeout), *extra]
         for d in docs:
             argv += ["--doc", d]
+        if self.certs:
+            argv += ["--ca", f"{self.certs}/ca.crt"]
+            if self.api_key_file:
+                argv += ["--api-key-file", self.api_key_file]
         start = time.monotonic()
         p = subprocess.run(argv, capture_output=True, text=True, timeout=float(timeout) + 30)
         elapsed = time.monotonic() - start

@@ -120,7 +120,7 @@ def main():
         if args.only not in name:
             continue
         worker_yaml = os.path.join(tmp, name + ".yaml")
-        open(worker_yaml, "w").write(f"model:\n  path: {path}\nbackend: cpu\n")
+        open(worker_yaml, "w").write(f"insecure: true\nmodel:\n  path: {path}\nbackend: cpu\n")
         commands = {
             "generate": [f"{args.bin_dir}/lazyattn", "generate", "--model", path, "--prompt", "hi",
                          "--backend", "cpu", "--max-tokens", "1"],

@@ -12,6 +12,7 @@
 #include "tools/cli/cli_engine.h"
 #include "tools/cli/client_common.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/router_channel.h"
 
 namespace lazyattn {
 
@@ -28,6 +29,7 @@ v1::CacheMode ToProtoMode(CacheMode m) {
 int ClientCommand(int argc, char** argv) {
   CliArgs args;
   args.Declare("router", CliArgs::Kind::kValue, "the router's HOST:PORT");
+  DeclareRouterSecurityFlags(args);
   args.Declare("prompt", CliArgs::Kind::kValue, "the question (the user message with --chat)");
   args.Declare("chat", CliArgs::Kind::kSwitch, "apply the model's chat template (on the worker)");
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
@@ -81,7 +83,7 @@ int ClientCommand(int argc, char** argv) {
   sp->set_frequency_penalty(sampling->frequency_penalty);
   sp->set_logprobs(sampling->logprobs);
 
-  auto channel = MakeChannel(args.String("router"), TlsOptions{});
+  auto channel = MakeRouterChannel(args, args.String("router"));
   if (!channel.ok()) return CliFail(channel.status());
   auto stub = v1::Inference::NewStub(*channel);
   grpc::ClientContext context;

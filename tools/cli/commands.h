@@ -17,6 +17,7 @@ int ReplayCommand(int argc, char** argv);
 int ClientCommand(int argc, char** argv);
 int TraceCommand(int argc, char** argv);
 int HealthCommand(int argc, char** argv);
+int PrefetchCommand(int argc, char** argv);
 
 // Invalid input (exit status 2) rather than a failure of the engine.
 inline bool IsUsageError(const absl::Status& s) {

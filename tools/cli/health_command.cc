@@ -1,6 +1,7 @@
 // `lazyattn health`: asks a kvdir, router or worker for its grpc.health.v1 status, for probes
 // that have no gRPC health client (the docker compose health checks). Prints SERVING or
 // NOT_SERVING; exit status 0 only for SERVING.
+#include <cstdlib>
 #include <iostream>
 
 #include "common/grpc_util.h"
@@ -15,6 +16,8 @@ int HealthCommand(int argc, char** argv) {
   args.Declare("service", CliArgs::Kind::kValue,
                "a service name, e.g. lazyattn.v1.Inference (default: the whole server)");
   args.Declare("timeout-ms", CliArgs::Kind::kValue, "deadline of the check (default 2000)");
+  args.Declare("ca", CliArgs::Kind::kValue,
+               "CA certificate (PEM) of the server's TLS; default $LAZYATTN_CA; none: plaintext");
   args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
   if (absl::Status s = args.Parse(argc, argv, 2); !s.ok()) {
     std::cerr << "lazyattn health: " << s.message() << "\n" << args.Help();
@@ -30,7 +33,13 @@ int HealthCommand(int argc, char** argv) {
               << args.Help();
     return 2;
   }
-  auto channel = MakeChannel(args.String("addr"), TlsOptions{});
+  // Health is open on every server: TLS (to trust the server) but no certificate or key.
+  TlsOptions tls;
+  tls.ca_file = args.Has("ca") ? args.String("ca") : "";
+  if (const char* env = std::getenv("LAZYATTN_CA"); !args.Has("ca") && env != nullptr) {
+    tls.ca_file = env;
+  }
+  auto channel = MakeChannel(args.String("addr"), tls);
   if (!channel.ok()) return CliFail(channel.status());
   auto serving =
       CheckGrpcHealth(*channel, args.String("service"), absl::Milliseconds(*timeout_ms));

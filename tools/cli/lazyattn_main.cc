@@ -54,6 +54,7 @@ constexpr char kUsage[] =
     "  generate   answer --prompt (optionally over --doc files) with the model at --model\n"
     "  replay     run a JSONL file of requests through one engine and report cache hits\n"
     "  client     send one request to a cluster's router (lazyattn.v1.Inference)\n"
+    "  prefetch   warm workers with documents through a router (needs an admin API key)\n"
     "  trace      replay a Poisson trace of RAG requests against a router; report TTFT and hits\n"
     "  health     ask a kvdir, router or worker for its grpc.health.v1 status (exit 0: SERVING)\n"
     "run `lazyattn COMMAND --help` for the flags of a command\n";
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   if (command == "client") return lazyattn::ClientCommand(argc, argv);
   if (command == "trace") return lazyattn::TraceCommand(argc, argv);
   if (command == "health") return lazyattn::HealthCommand(argc, argv);
+  if (command == "prefetch") return lazyattn::PrefetchCommand(argc, argv);
   std::cerr << "lazyattn: unknown command '" << command << "'\n" << kUsage;
   return 2;
 }

@@ -25,6 +25,7 @@
 #include "tools/cli/cli_args.h"
 #include "tools/cli/client_common.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/router_channel.h"
 
 namespace lazyattn {
 namespace {
@@ -51,6 +52,7 @@ double Percentile(std::vector<double> v, double p) {
 int TraceCommand(int argc, char** argv) {
   CliArgs args;
   args.Declare("router", CliArgs::Kind::kValue, "the router's HOST:PORT");
+  DeclareRouterSecurityFlags(args);
   args.Declare("requests", CliArgs::Kind::kValue, "requests in the trace (default 60)");
   args.Declare("rate", CliArgs::Kind::kValue, "mean arrivals per second (default 4)");
   args.Declare("dist", CliArgs::Kind::kValue, "document popularity: zipf:A or uniform");
@@ -126,7 +128,7 @@ int TraceCommand(int argc, char** argv) {
     at += gap(rng);
   }
 
-  auto channel = MakeChannel(args.String("router"), TlsOptions{});
+  auto channel = MakeRouterChannel(args, args.String("router"));
   if (!channel.ok()) return CliFail(channel.status());
   auto stub = v1::Inference::NewStub(*channel);
   std::vector<Outcome> outcomes(requests);

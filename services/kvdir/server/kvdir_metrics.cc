@@ -32,6 +32,13 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
               .Help("Workers removed, with all their entries, because their lease passed")
               .Register(registry)
               .Add({})),
+      hellos_refused_(
+          prometheus::BuildCounter()
+              .Name("lazyattn_kvdir_hellos_refused_total")
+              .Help("Publish streams refused because hello claimed a worker id other than the "
+                    "one in the caller's certificate")
+              .Register(registry)
+              .Add({})),
       lookup_duration_(prometheus::BuildHistogram()
                            .Name("lazyattn_kvdir_lookup_duration_seconds")
                            .Help("Time to answer a Lookup from the index")

@@ -30,6 +30,8 @@ class KvdirMetrics {
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
   void LeasesExpired(int64_t workers);
+  // A hello claiming a worker id other than the one in the caller's certificate.
+  void HelloRefused() { hellos_refused_.Increment(); }
   void ObserveLookup(absl::Duration d);
 
  private:
@@ -43,6 +45,7 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_requested_gap_;
   prometheus::Counter& snapshots_applied_;
   prometheus::Counter& leases_expired_;
+  prometheus::Counter& hellos_refused_;
   prometheus::Histogram& lookup_duration_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 
 namespace lazyattn::kvdir {
 namespace {
@@ -54,6 +55,13 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   grpc_options.listen_address = options.listen_address;
   grpc_options.max_message_bytes = options.limits.max_message_bytes;
   grpc_options.tls = options.tls;
+  if (!options.tls.ca_file.empty()) {
+    // Mutual TLS: the directory's writers are workers, its readers routers (common/auth.h).
+    grpc_options.auth_processor = std::make_shared<RoleAuthorizer>(std::vector<MethodRole>{
+        {"/lazyattn.v1.KvDirectory/Publish", kRoleWorker},
+        {"/lazyattn.v1.KvDirectory/Lookup", kRoleRouter},
+        {"/lazyattn.v1.KvDirectory/ListWorkers", kRoleRouter}});
+  }
   auto built = StartGrpcServer(grpc_options, {&server->service_});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);

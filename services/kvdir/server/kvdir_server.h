@@ -31,8 +31,12 @@ struct KvdirOptions {
   // Socket. Port 0 picks a free port (see KvdirServer::port / metrics_port).
   std::string listen_address = "127.0.0.1:7100";
   std::string metrics_address = "127.0.0.1:9100";  // empty: no /metrics endpoint
-  // TLS (empty cert_file: plaintext; ca_file: require client certificates signed by it).
+  // TLS (empty cert_file: plaintext). With ca_file: mutual TLS and authorization by certificate
+  // identity: Publish only from lazyattn://worker/ID certificates, each bound to its own ID;
+  // Lookup and ListWorkers only from lazyattn://router/ certificates; health open to all.
   TlsOptions tls;
+  // Plaintext without authorization accepted by main (it refuses to start without TLS otherwise).
+  bool insecure = false;
   struct Limits {
     int max_keys_per_lookup = 1024;    // more: INVALID_ARGUMENT naming `keys`
     int max_message_bytes = 64 << 20;  // both directions; bounds a worker's snapshot

@@ -4,14 +4,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "services/kvdir/server/proto_convert.h"
 #include "services/kvdir/server/publish_reactor.h"
 
 namespace lazyattn::kvdir {
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::Publish(
-    grpc::CallbackServerContext* /*context*/) {
-  return new PublishReactor(ctx_);
+    grpc::CallbackServerContext* context) {
+  // RoleAuthorizer admitted only worker certificates here and recorded the name; without an
+  // authorizer (insecure) there is no identity and the stream is not bound.
+  std::string bound;
+  if (auto auth = context->auth_context()) {
+    if (auto peer = AuthorizedPeerOf(*auth)) bound = peer->name;
+  }
+  return new PublishReactor(ctx_, std::move(bound));
 }
 
 grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,

@@ -11,7 +11,10 @@
 
 namespace lazyattn::kvdir {
 
-PublishReactor::PublishReactor(const ServiceContext& ctx) : ctx_(ctx) { StartRead(&in_); }
+PublishReactor::PublishReactor(const ServiceContext& ctx, std::string bound_worker_id)
+    : ctx_(ctx), bound_worker_id_(std::move(bound_worker_id)) {
+  StartRead(&in_);
+}
 
 void PublishReactor::OnReadDone(bool ok) {
   if (!ok) {  // the worker half-closed, went away, or the server is shutting down
@@ -74,6 +77,16 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   const std::string& id = hello.status().worker_id();
   if (id.empty()) {
     return absl::InvalidArgumentError("hello.status.worker_id: must not be empty");
+  }
+  if (!bound_worker_id_.empty() && id != bound_worker_id_) {
+    // The id is the directory's key: taking another worker's would replace its entries and
+    // steer its users' requests to the caller.
+    ctx_.metrics->HelloRefused();
+    std::cerr << "lazyattn-kvdir: refused hello: certificate lazyattn://worker/" << bound_worker_id_
+              << " claimed worker id \"" << id.substr(0, 128) << "\"\n";
+    return absl::PermissionDeniedError(absl::StrCat(
+        "hello.status.worker_id: \"", id.substr(0, 128), "\" is not this caller's id; its certificate "
+        "names lazyattn://worker/", bound_worker_id_));
   }
   if (!worker_id_.empty() && id != worker_id_) {
     return absl::InvalidArgumentError(

@@ -35,8 +35,10 @@ namespace lazyattn::kvdir {
 class PublishReactor final
     : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage> {
  public:
-  // Starts reading at once. Deletes itself in OnDone.
-  explicit PublishReactor(const ServiceContext& ctx);
+  // Starts reading at once. Deletes itself in OnDone. `bound_worker_id`: the worker name in the
+  // caller's certificate (mutual TLS); when set, hello may only claim that id. Empty: the server
+  // runs without peer authorization and any id is taken.
+  PublishReactor(const ServiceContext& ctx, std::string bound_worker_id);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -53,6 +55,7 @@ class PublishReactor final
   void Close(const grpc::Status& status);
 
   const ServiceContext ctx_;
+  const std::string bound_worker_id_;
   v1::WorkerMessage in_;
   // Read side only (see the threading note).
   std::string worker_id_;

@@ -105,6 +105,17 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                      "kvdir.address or workers"));
   }
 
+  // authentication
+  ASSIGN_OR_RETURN(o.insecure, config.Bool("insecure", false));
+  ASSIGN_OR_RETURN(o.auth.api_keys_file, config.String("auth.api_keys_file", ""));
+  ASSIGN_OR_RETURN(o.auth.reload_interval, MillisIn(config, "auth.reload_interval_ms",
+                                                    o.auth.reload_interval, 10, 3600000));
+  if (!o.auth.api_keys_file.empty() && o.server.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(),
+        ": auth.api_keys_file: needs server.tls (API keys must not travel in plaintext)"));
+  }
+
   // client TLS (calls to kvdir and the workers)
   ASSIGN_OR_RETURN(o.client_tls.ca_file, config.String("client_tls.ca_file", ""));
   ASSIGN_OR_RETURN(o.client_tls.cert_file, config.String("client_tls.cert_file", ""));
@@ -186,33 +197,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(const int64_t inflight, IntIn(config, "limits.max_inflight_requests",
                                                  o.max_inflight_requests, 1, 1000000));
   o.max_inflight_requests = static_cast<int>(inflight);
-  ASSIGN_OR_RETURN(const int64_t max_documents,
-                   IntIn(config, "limits.max_documents", l.max_documents, 1, 100000));
-  l.max_documents = static_cast<int>(max_documents);
-  ASSIGN_OR_RETURN(l.max_document_bytes,
-                   IntIn(config, "limits.max_document_bytes", l.max_document_bytes, 1, kMaxInt));
-  ASSIGN_OR_RETURN(l.max_document_tokens,
-                   IntIn(config, "limits.max_document_tokens", l.max_document_tokens, 1, kMaxInt));
-  ASSIGN_OR_RETURN(l.max_document_id_bytes, IntIn(config, "limits.max_document_id_bytes",
-                                                  l.max_document_id_bytes, 0, 1 << 20));
-  ASSIGN_OR_RETURN(l.max_system_bytes,
-                   IntIn(config, "limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
-  ASSIGN_OR_RETURN(l.max_question_bytes,
-                   IntIn(config, "limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
-  ASSIGN_OR_RETURN(const int64_t max_tokens,
-                   IntIn(config, "limits.max_tokens", l.max_tokens, 1, 1 << 24));
-  l.max_tokens = static_cast<int>(max_tokens);
-  ASSIGN_OR_RETURN(const int64_t stops,
-                   IntIn(config, "limits.max_stop_strings", l.max_stop_strings, 0, 1024));
-  l.max_stop_strings = static_cast<int>(stops);
-  ASSIGN_OR_RETURN(l.max_stop_bytes,
-                   IntIn(config, "limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));
-  ASSIGN_OR_RETURN(const int64_t stop_ids,
-                   IntIn(config, "limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
-  l.max_stop_token_ids = static_cast<int>(stop_ids);
-  ASSIGN_OR_RETURN(const int64_t replicas, IntIn(config, "limits.max_prefetch_replicas",
-                                                 l.max_prefetch_replicas, 1, 10000));
-  l.max_prefetch_replicas = static_cast<int>(replicas);
+  // The request limits: one parser and one validator with the workers (common/).
+  ASSIGN_OR_RETURN(l, ApiLimitsFromYaml(config, l));
 
   RETURN_IF_ERROR(config.Finish());
   return o;

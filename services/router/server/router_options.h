@@ -43,6 +43,12 @@ struct RoutingOptions {
   absl::Duration first_token_timeout = absl::Seconds(30);
 };
 
+struct AuthOptions {
+  // The API key file (api_key_auth.h); empty: no API keys (main requires `insecure: true` then).
+  std::string api_keys_file;
+  absl::Duration reload_interval = absl::Seconds(1);  // how often the file's mtime is checked
+};
+
 struct RouterOptions {
   ServerOptions server;         // listen address, message limits, server TLS
   std::string metrics_address;  // host:port of /metrics; empty: off (used by main)
@@ -53,6 +59,9 @@ struct RouterOptions {
   HealthCheckOptions health;
   int max_inflight_requests = 256;  // beyond: RESOURCE_EXHAUSTED
   ApiLimits limits;  // the same validator and limits as the workers'
+  AuthOptions auth;
+  // Plaintext without API keys, accepted by main only when the config says so (common/auth.h).
+  bool insecure = false;
 };
 
 }  // namespace lazyattn::router

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "services/router/server/api_key_auth.h"
+
 namespace lazyattn::router {
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
@@ -12,7 +14,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
   server->context_ = std::make_unique<RouterContext>(options, *server->registry_);
   server->service_ = std::make_unique<InferenceService>(server->context_.get());
   server->context_->RefreshWorkers();
-  auto built = StartGrpcServer(options.server, {server->service_.get()});
+  ServerOptions grpc_options = options.server;
+  if (!options.auth.api_keys_file.empty()) {
+    auto auth = ApiKeyAuthorizer::Create(options.auth.api_keys_file, options.auth.reload_interval,
+                                         *server->registry_);
+    if (!auth.ok()) return auth.status();
+    grpc_options.auth_processor = std::move(*auth);
+  }
+  auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
   server->port_ = built->port;

@@ -260,7 +260,17 @@ bool KvdirPublisher::RunStream() {
       cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stream_ended_; });
     }
   }
-  call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
+  bool ended = false;
+  {
+    // When kvdir ended the stream (e.g. it refused this worker's identity) the reader has seen
+    // it or soon will: a cancel now would make Finish report CANCELLED instead of kvdir's status.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!stopping) {
+      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stream_ended_; });
+    }
+    ended = stream_ended_;
+  }
+  if (!ended) call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
   if (reader.joinable()) reader.join();
   const grpc::Status status = stream->Finish();
   if (!stopping && (hello_sent || !reported_unreachable_)) {

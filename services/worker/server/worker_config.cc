@@ -62,6 +62,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(o.advertise_address, config.String("worker.advertise_address", ""));
 
   // Socket and TLS.
+  ASSIGN_OR_RETURN(c.insecure, config.Bool("insecure", false));
   ASSIGN_OR_RETURN(o.grpc.listen_address, config.String("server.listen", "127.0.0.1:7200"));
   if (o.grpc.listen_address.empty()) return Error(config, "server.listen", "must not be empty");
   ASSIGN_OR_RETURN(o.grpc.tls.cert_file, config.String("server.tls.cert_file", ""));

@@ -22,6 +22,9 @@ struct WorkerConfig {
   WorkerServerOptions server;
   // kvdir.address empty: standalone (the --kvdir flag may set it).
   KvdirPublisherOptions kvdir;
+  // `insecure: true`: plaintext without authorization, accepted only when said (main refuses to
+  // start without mutual TLS otherwise; common/auth.h).
+  bool insecure = false;
 };
 
 // InvalidArgument naming the key (and the bad value) for a wrong type, an out-of-range value, an

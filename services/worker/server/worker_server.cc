@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 
 namespace lazyattn {
 namespace {
@@ -80,7 +81,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     if (!endpoint.ok()) return endpoint.status();
     server->metrics_endpoint_ = std::move(*endpoint);
   }
-  auto built = StartGrpcServer(options.grpc, {server->service_.get()});
+  ServerOptions grpc_options = options.grpc;
+  if (!grpc_options.tls.ca_file.empty() && grpc_options.auth_processor == nullptr) {
+    // Mutual TLS: prompts and documents reach a worker only from routers (common/auth.h).
+    grpc_options.auth_processor = std::make_shared<RoleAuthorizer>(
+        std::vector<MethodRole>{{"/lazyattn.v1.Worker/", kRoleRouter}});
+  }
+  auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
   server->port_ = built->port;

@@ -1,0 +1,282 @@
+#include "services/router/server/api_key_auth.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string_view>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/auth.h"
+#include "common/document_key.h"
+
+namespace lazyattn::router {
+namespace {
+
+bool IsKeyName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool IsSha256Hex(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// The scope a method needs; empty for a method the Inference API does not have.
+std::string_view ScopeFor(std::string_view path) {
+  if (path == "/lazyattn.v1.Inference/Prefetch") return kScopeAdmin;
+  if (path.starts_with("/lazyattn.v1.Inference/")) return kScopeGenerate;
+  return "";
+}
+
+// The key in `authorization: Bearer <key>`; empty when absent or of another scheme.
+std::string_view BearerToken(const grpc::AuthMetadataProcessor::InputMetadata& metadata) {
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return "";
+  std::string_view v(it->second.data(), it->second.size());
+  constexpr std::string_view kBearer = "bearer ";
+  if (v.size() <= kBearer.size()) return "";
+  for (size_t i = 0; i < kBearer.size(); ++i) {
+    if (absl::ascii_tolower(static_cast<unsigned char>(v[i])) != kBearer[i]) return "";
+  }
+  v.remove_prefix(kBearer.size());
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not YAML: ", e.what()));
+  }
+  const YAML::Node keys = root.IsMap() ? root["keys"] : YAML::Node();
+  if (!keys.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": keys: expected a list of keys"));
+  }
+  ApiKeyTable table;
+  absl::flat_hash_map<std::string, int> names;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string where = absl::StrCat(source, ": keys[", i, "]");
+    const YAML::Node k = keys[i];
+    if (!k.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected a map"));
+    ApiKey key;
+    std::string hash;
+    try {
+      for (const auto& field : k) {
+        const std::string f = field.first.as<std::string>();
+        if (f == "name") {
+          key.name = field.second.as<std::string>();
+        } else if (f == "sha256") {
+          hash = absl::AsciiStrToLower(field.second.as<std::string>());
+        } else if (f == "scopes") {
+          if (!field.second.IsSequence()) {
+            return absl::InvalidArgumentError(absl::StrCat(where, ".scopes: expected a list"));
+          }
+          for (const auto& s : field.second) {
+            const std::string scope = s.as<std::string>();
+            if (scope == kScopeGenerate) {
+              key.generate = true;
+            } else if (scope == kScopeAdmin) {
+              key.admin = true;
+            } else {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  where, ".scopes: unknown scope \"", scope, "\" (expected generate or admin)"));
+            }
+          }
+        } else {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field ", f));
+        }
+      }
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
+    }
+    if (!IsKeyName(key.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".name: expected 1 to 64 of [A-Za-z0-9._-], got \"",
+                       key.name.substr(0, 80), "\""));
+    }
+    if (!IsSha256Hex(hash)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".sha256: expected 64 hex digits (SHA-256 of the key)"));
+    }
+    if (!names.emplace(key.name, static_cast<int>(i)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".name: duplicate \"", key.name, "\""));
+    }
+    if (!table.emplace(hash, key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".sha256: the same key as another entry"));
+    }
+  }
+  return table;
+}
+
+ApiKeyAuthorizer::ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_interval,
+                                   prometheus::Registry& registry)
+    : keys_file_(std::move(keys_file)),
+      reload_interval_(reload_interval),
+      requests_family_(prometheus::BuildCounter()
+                           .Name("lazyattn_router_api_key_requests_total")
+                           .Help("Calls admitted, by the name of the API key they carried")
+                           .Register(registry)),
+      refused_family_(prometheus::BuildCounter()
+                          .Name("lazyattn_router_auth_refused_total")
+                          .Help("Calls refused before any handler, by reason (missing_key, "
+                                "unknown_key, missing_scope, unknown_method)")
+                          .Register(registry)) {
+  for (const char* reason : {"missing_key", "unknown_key", "missing_scope", "unknown_method"}) {
+    refused_[reason] = &refused_family_.Add({{"reason", reason}});
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ApiKeyAuthorizer>> ApiKeyAuthorizer::Create(
+    const std::string& keys_file, absl::Duration reload_interval,
+    prometheus::Registry& registry) {
+  std::shared_ptr<ApiKeyAuthorizer> auth(
+      new ApiKeyAuthorizer(keys_file, reload_interval, registry));
+  absl::MutexLock lock(&auth->reload_mu_);
+  if (absl::Status s = auth->Load(); !s.ok()) return s;
+  auth->next_check_ = absl::Now() + reload_interval;
+  return auth;
+}
+
+absl::Status ApiKeyAuthorizer::Load() {
+  struct stat st {};
+  if (stat(keys_file_.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth.api_keys_file: cannot read ", keys_file_));
+  }
+  std::ifstream in(keys_file_);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth.api_keys_file: cannot read ", keys_file_));
+  }
+  auto table = ParseApiKeys(text.str(), keys_file_);
+  // The file's identity is recorded even when it fails to parse, so a broken file is reported
+  // once, not on every call until it is fixed.
+  file_mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  file_size_ = st.st_size;
+  if (!table.ok()) return table.status();
+  auto keys = std::make_shared<const ApiKeyTable>(std::move(*table));
+  absl::MutexLock lock(&mu_);
+  for (const auto& [hash, key] : *keys) {
+    if (!requests_.contains(key.name)) {
+      requests_[key.name] = &requests_family_.Add({{"key", key.name}});
+    }
+  }
+  keys_ = std::move(keys);
+  return absl::OkStatus();
+}
+
+bool ApiKeyAuthorizer::ReloadIfChanged() {
+  absl::MutexLock lock(&reload_mu_);
+  struct stat st {};
+  if (stat(keys_file_.c_str(), &st) == 0 &&
+      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec == file_mtime_ns_ &&
+      st.st_size == file_size_) {
+    return true;
+  }
+  const absl::Status s = Load();
+  if (!s.ok()) {
+    std::cerr << "lazyattn-router: API keys not reloaded, the previous keys stay: " << s.message()
+              << "\n";
+    return false;
+  }
+  size_t count = 0;
+  {
+    absl::MutexLock keys_lock(&mu_);
+    count = keys_->size();
+  }
+  std::cerr << "lazyattn-router: reloaded " << count << " API key(s) from " << keys_file_ << "\n";
+  return true;
+}
+
+grpc::Status ApiKeyAuthorizer::Refuse(grpc::StatusCode code, const char* reason,
+                                      std::string message) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = refused_.find(reason); it != refused_.end()) it->second->Increment();
+  }
+  return grpc::Status(code, std::move(message));
+}
+
+grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
+                                       grpc::AuthContext* context,
+                                       OutputMetadata* consumed_auth_metadata,
+                                       OutputMetadata* /*response_metadata*/) {
+  const std::string_view path = MethodPathOf(auth_metadata);
+  if (IsOpenMethod(path)) return grpc::Status::OK;
+  const std::string_view scope = ScopeFor(path);
+  if (scope.empty()) {
+    return Refuse(grpc::StatusCode::UNIMPLEMENTED, "unknown_method",
+                  absl::StrCat(std::string(path), ": no such method"));
+  }
+  {
+    bool due = false;
+    {
+      absl::MutexLock lock(&reload_mu_);
+      const absl::Time now = absl::Now();
+      if (now >= next_check_) {
+        next_check_ = now + reload_interval_;
+        due = true;
+      }
+    }
+    if (due) ReloadIfChanged();
+  }
+  const std::string_view token = BearerToken(auth_metadata);
+  if (token.empty()) {
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED, "missing_key",
+                  "authorization: missing; send `authorization: Bearer <API key>` metadata "
+                  "(lazyattn client: --api-key or LAZYATTN_API_KEY)");
+  }
+  const std::string hash = Sha256Hex(token);
+  std::shared_ptr<const ApiKeyTable> keys;
+  {
+    absl::MutexLock lock(&mu_);
+    keys = keys_;
+  }
+  const auto it = keys->find(hash);
+  if (it == keys->end()) {
+    // The key itself is never echoed: it may be a real key pasted in the wrong place.
+    return Refuse(grpc::StatusCode::UNAUTHENTICATED, "unknown_key",
+                  "authorization: unknown or revoked API key");
+  }
+  const ApiKey& key = it->second;
+  const bool allowed = scope == kScopeAdmin ? key.admin : key.generate;
+  if (!allowed) {
+    return Refuse(grpc::StatusCode::PERMISSION_DENIED, "missing_scope",
+                  absl::StrCat(std::string(path), ": API key \"", key.name,
+                               "\" lacks the scope \"", std::string(scope), "\""));
+  }
+  // Consumed: the key does not reach handlers (nor anything they might forward or log).
+  const auto header = auth_metadata.find("authorization");
+  consumed_auth_metadata->insert(
+      {"authorization", std::string(header->second.data(), header->second.size())});
+  context->AddProperty(kApiKeyNameProperty, key.name);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto c = requests_.find(key.name); c != requests_.end()) c->second->Increment();
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,94 @@
+// API keys for the public Inference API, checked by gRPC's server auth filter before any handler.
+//
+// Clients send `authorization: Bearer <key>` metadata (grpc::AccessTokenCredentials does). The
+// router keeps only the SHA-256 (hex) of each key, in a YAML file with a name and scopes per key:
+//
+//   keys:
+//     - name: demo              # [A-Za-z0-9._-]{1,64}; the `key` label of the metrics below
+//       sha256: 9f86d08...      # 64 hex digits: SHA-256 of the key's bytes (tools/gen-certs)
+//       scopes: [generate]      # generate: Generate, Complete, GetModelInfo; admin: Prefetch
+//
+// The file is re-read when its modification time or size changes (checked at most once per
+// reload interval, on the next call), so keys are added and revoked without a restart; a file
+// that fails to parse is reported on stderr and the keys loaded before it stay in force.
+// Answers: no or malformed key UNAUTHENTICATED, unknown key UNAUTHENTICATED, missing scope
+// PERMISSION_DENIED; gRPC health and reflection stay open. Keys are never logged or stored.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace lazyattn::router {
+
+inline constexpr char kScopeGenerate[] = "generate";
+inline constexpr char kScopeAdmin[] = "admin";
+// The AuthContext property naming the key a call was admitted with.
+inline constexpr char kApiKeyNameProperty[] = "lazyattn_api_key";
+
+struct ApiKey {
+  std::string name;
+  bool generate = false;
+  bool admin = false;
+};
+
+// sha256 hex (lower case) -> key. InvalidArgument naming `source` and the entry (keys[i].field)
+// for a malformed file, a duplicate name or hash, or an unknown scope.
+using ApiKeyTable = absl::flat_hash_map<std::string, ApiKey>;
+absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std::string& source);
+
+class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
+ public:
+  // Loads `keys_file` once (its errors are returned: a router does not start without keys).
+  static absl::StatusOr<std::shared_ptr<ApiKeyAuthorizer>> Create(
+      const std::string& keys_file, absl::Duration reload_interval, prometheus::Registry& registry);
+
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override;
+
+  // Re-reads the file if it changed since the last load (Process calls it). False when a changed
+  // file could not be loaded (the previous keys stay).
+  bool ReloadIfChanged();
+
+ private:
+  ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_interval,
+                   prometheus::Registry& registry);
+  absl::Status Load();  // under reload_mu_
+  grpc::Status Refuse(grpc::StatusCode code, const char* reason, std::string message);
+
+  const std::string keys_file_;
+  const absl::Duration reload_interval_;
+  prometheus::Family<prometheus::Counter>& requests_family_;
+  prometheus::Family<prometheus::Counter>& refused_family_;
+
+  // Lock order: reload_mu_ before mu_.
+  absl::Mutex reload_mu_;
+  absl::Time next_check_ ABSL_GUARDED_BY(reload_mu_) = absl::InfinitePast();
+  int64_t file_mtime_ns_ ABSL_GUARDED_BY(reload_mu_) = -1;
+  int64_t file_size_ ABSL_GUARDED_BY(reload_mu_) = -1;
+
+  absl::Mutex mu_;
+  std::shared_ptr<const ApiKeyTable> keys_ ABSL_GUARDED_BY(mu_);
+  // Children cached per key name and refusal reason (never created per request).
+  absl::flat_hash_map<std::string, prometheus::Counter*> requests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Counter*> refused_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Security integration tests: a cluster secured as tools/cluster runs it (mutual TLS between kvdir,
+workers and router, API keys at the router; certificates from tools/gen-certs), real processes on
+127.0.0.1, requests through `lazyattn client` and `lazyattn prefetch`.
+
+  python3 tests/integration/security_test.py [--bin-dir build/bin]
+
+Checks:
+  - the secured cluster answers a RAG request (router -> kvdir and router -> worker over mTLS);
+  - impostor workers, each a real lazyattn-worker pointed at kvdir, get nothing: one without a
+    client certificate (UNAUTHENTICATED), one whose valid certificate names another id and that
+    claims worker-0 (PERMISSION_DENIED, hello refused and counted), one with the router's
+    certificate (PERMISSION_DENIED), one with a certificate from another CA (handshake refused);
+    kvdir still counts two workers and every request is served by worker-0 or worker-1;
+  - a worker refuses a caller whose certificate is not a router's; its gRPC health stays open;
+  - clients: no key, wrong key and a revoked key (removed from the key file, reloaded without a
+    restart) get UNAUTHENTICATED (code 16); Prefetch with a key lacking `admin` gets
+    PERMISSION_DENIED (code 7) and works with the admin key; the key name is a metrics label;
+  - no process logs an API key.
+Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_harness import MODEL, REPO, Cluster, check, cluster, finish, parse_metrics  # noqa: E402
+
+GEN_CERTS = os.path.join(REPO, "tools", "gen-certs")
+
+
+def gen(*argv):
+    return subprocess.run([GEN_CERTS, *argv], check=True, capture_output=True, text=True).stdout
+
+
+def client(args, router, *extra, docs=(), prompt="Which river?"):
+    argv = [f"{args.bin_dir}/lazyattn", "client", "--router", router, "--prompt", prompt,
+            "--max-tokens", "2", "--json", "--timeout", "30", *extra]
+    for d in docs:
+        argv += ["--doc", d]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("LAZYATTN_")})
+
+
+def start_impostor(c, name, worker_id, tls_lines):
+    """A real lazyattn-worker that tries to publish to the cluster's kvdir as `worker_id`."""
+    path = os.path.join(c.tmp, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(f"insecure: true\nmodel:\n  path: {MODEL}\nbackend: auto\n"
+                f"engine:\n  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\n"
+                f"metrics:\n  listen: ''\nkvdir:\n  tls:\n{tls_lines}")
+    p = cluster.Process(name, [f"{c.args.bin_dir}/lazyattn-worker", "--config", path,
+                               "--listen", "127.0.0.1:0", "--kvdir", c.kvdir_addr,
+                               "--worker-id", worker_id], c.tmp)
+    c.procs[name] = p
+    p.wait_ready(60)
+    return p
+
+
+def wait_log(c, name, needle, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(c.procs[name].log_path, errors="replace") as f:
+            text = f.read()
+        if needle in text:
+            return True, ""
+        time.sleep(0.1)
+    return False, text[-400:]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", default=os.path.join(REPO, "build", "bin"))
+    args = ap.parse_args()
+    os.chdir(REPO)
+    with tempfile.TemporaryDirectory() as tmp:
+        certs, other = os.path.join(tmp, "certs"), os.path.join(tmp, "other-ca")
+        gen("--out", certs, "--workers", "2")
+        gen("cert", "worker", "worker-evil", "--out", certs)
+        gen("--out", other, "--workers", "1")  # a second CA: its worker-0 certificate is foreign
+        docs = []
+        for i, text in enumerate(["The Seine flows through Paris.", "The Loire is long.",
+                                  "The Rhine rises in the Alps."]):
+            docs.append(os.path.join(tmp, f"doc{i}.txt"))
+            with open(docs[-1], "w") as f:
+                f.write(text + "\n")
+        c = Cluster(args, tempfile.mkdtemp(dir=tmp), 2, "cache_aware", certs=certs)
+        try:
+            run_checks(args, c, certs, other, docs)
+        finally:
+            c.stop()
+    finish()
+
+
+def run_checks(args, c, certs, other, docs):
+    r = c.request(docs, "Which river flows through Paris?")
+    check("secured cluster answers a RAG request (mTLS router->kvdir, router->worker)",
+          r.get("ok") and r.get("worker") in ("worker-0", "worker-1"), str(r)[:300])
+
+    # Impostor workers.
+    start_impostor(c, "no-cert", "worker-9", f"    ca_file: {certs}/ca.crt\n")
+    ok, tail = wait_log(c, "no-cert", "16: /lazyattn.v1.KvDirectory/Publish: needs a client certificate")
+    check("worker without a certificate: UNAUTHENTICATED from kvdir", ok, tail)
+    start_impostor(c, "id-thief", "worker-0",
+                   f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-evil.crt\n"
+                   f"    key_file: {certs}/worker-evil.key\n")
+    ok, tail = wait_log(c, "id-thief", "7: hello.status.worker_id: \"worker-0\" is not this caller's id")
+    check("certificate worker-evil claiming worker-0: PERMISSION_DENIED", ok, tail)
+    start_impostor(c, "router-cert", "worker-8",
+                   f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/router-0.crt\n"
+                   f"    key_file: {certs}/router-0.key\n")
+    ok, tail = wait_log(c, "router-cert", "7: /lazyattn.v1.KvDirectory/Publish: only worker identities")
+    check("router certificate cannot publish: PERMISSION_DENIED", ok, tail)
+    start_impostor(c, "other-ca", "worker-7",
+                   f"    ca_file: {certs}/ca.crt\n    cert_file: {other}/worker-0.crt\n"
+                   f"    key_file: {other}/worker-0.key\n")
+    ok, tail = wait_log(c, "other-ca", "cannot reach kvdir")
+    check("certificate from another CA: refused at the handshake", ok, tail)
+
+    kvdir = parse_metrics(c.scrape("kvdir"))
+    check("kvdir counts only the two real workers",
+          kvdir.get(("lazyattn_kvdir_workers_alive", "")) == 2, str(kvdir.get(("lazyattn_kvdir_workers_alive", ""))))
+    check("the refused hello is counted",
+          kvdir.get(("lazyattn_kvdir_hellos_refused_total", ""), 0) >= 1)
+    served = [c.request(docs[i % 3:] + docs[:i % 3], f"Question {i}?") for i in range(8)]
+    check("every request is served by a real worker",
+          all(s.get("ok") and s.get("worker") in ("worker-0", "worker-1") for s in served),
+          str([s.get("worker", s.get("error", ""))[:80] for s in served]))
+
+    # A worker answers only routers; its health stays open to probes.
+    worker0 = c.addrs["worker-0"]
+    p = client(args, worker0, "--ca", f"{certs}/ca.crt")
+    check("worker refuses a caller without a router certificate (UNAUTHENTICATED)",
+          p.returncode != 0 and "code 16" in p.stderr, p.stderr[-200:])
+    h = subprocess.run([f"{args.bin_dir}/lazyattn", "health", "--addr", worker0, "--ca",
+                        f"{certs}/ca.crt"], capture_output=True, text=True, timeout=30)
+    check("worker health is open to a probe without a certificate",
+          h.returncode == 0 and "SERVING" in h.stdout, h.stdout + h.stderr)
+
+    # API keys.
+    ca = ["--ca", f"{certs}/ca.crt"]
+    p = client(args, c.router, *ca)
+    check("client without a key: UNAUTHENTICATED", p.returncode == 1 and "code 16" in p.stderr,
+          p.stderr[-200:])
+    p = client(args, c.router, *ca, "--api-key", "lzk_not-a-real-key")
+    check("client with a wrong key: UNAUTHENTICATED", p.returncode == 1 and "code 16" in p.stderr,
+          p.stderr[-200:])
+    p = client(args, c.router, "--api-key", "lzk_not-a-real-key")
+    check("a key without --ca is refused by the client (never sent in plaintext)",
+          p.returncode != 0 and "needs --ca" in p.stderr, p.stderr[-200:])
+    temp_key = gen("api-key", "temp", "generate", "--out", certs).strip()
+    time.sleep(0.5)  # the router checks the file's mtime every 100 ms
+    p = client(args, c.router, *ca, "--api-key", temp_key)
+    check("a key added to the file works without a restart", p.returncode == 0, p.stderr[-200:])
+    with open(f"{certs}/api-keys.yaml") as f:
+        lines = f.read().split("\n")
+    i = lines.index("  - name: temp")
+    with open(f"{certs}/api-keys.yaml", "w") as f:
+        f.write("\n".join(lines[:i] + lines[i + 3:]))
+    time.sleep(0.5)
+    p = client(args, c.router, *ca, "--api-key", temp_key)
+    check("revoked key (removed, reloaded): UNAUTHENTICATED",
+          p.returncode == 1 and "code 16" in p.stderr and "revoked" in p.stderr, p.stderr[-200:])
+    prefetch = [f"{args.bin_dir}/lazyattn", "prefetch", "--router", c.router, *ca, "--doc", docs[0]]
+    p = subprocess.run(prefetch + ["--api-key-file", f"{certs}/demo.key"], capture_output=True,
+                       text=True, timeout=60)
+    check("Prefetch with a key lacking admin: PERMISSION_DENIED",
+          p.returncode == 1 and "code 7" in p.stderr and "admin" in p.stderr, p.stderr[-200:])
+    p = subprocess.run(prefetch + ["--api-key-file", f"{certs}/admin.key"], capture_output=True,
+                       text=True, timeout=120)
+    check("Prefetch with the admin key works", p.returncode == 0 and "workers" in p.stdout,
+          (p.stdout + p.stderr)[-200:])
+    router = parse_metrics(c.scrape("router"))
+    check("the key name is a metrics label",
+          router.get(("lazyattn_router_api_key_requests_total", '{key="demo"}'), 0) >= 9 and
+          router.get(("lazyattn_router_auth_refused_total", '{reason="unknown_key"}'), 0) >= 2,
+          str({k: v for k, v in router.items() if "auth" in k[0] or "api_key" in k[0]}))
+
+    keys = [open(f"{certs}/{n}.key").read().strip() for n in ("demo", "admin")] + [temp_key]
+    leaked = [name for name, p in c.procs.items()
+              if any(k in open(p.log_path, errors="replace").read() for k in keys)]
+    check("no process logs an API key", not leaked, str(leaked))
+
+
+if __name__ == "__main__":
+    main()
