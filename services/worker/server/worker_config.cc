@@ -125,10 +125,10 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t grace_ms, IntInRange(config, "limits.shutdown_grace_ms",
                                                       5000, 0, 600'000));
   o.shutdown_grace = absl::Milliseconds(grace_ms);
-
   ASSIGN_OR_RETURN(const int64_t drain_s,
                    IntInRange(config, "server.drain_timeout_s", 30, 0, 3600));
   o.drain_timeout = absl::Seconds(drain_s);
+
   // kvdir (optional).
   KvdirPublisherOptions& k = c.kvdir;
   ASSIGN_OR_RETURN(k.address, config.String("kvdir.address", ""));

@@ -161,13 +161,6 @@ void WorkerServer::RefreshLoop() {
   }
 }
 
-void WorkerServer::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
 bool WorkerServer::Drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +207,13 @@ bool WorkerServer::Drain() {
   return finished;
 }
 
+void WorkerServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
   if (refresher_.joinable()) refresher_.join();
   if (server_ != nullptr) {
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
