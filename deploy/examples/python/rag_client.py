@@ -4,7 +4,12 @@ plus a question) to the router over gRPC and streams the answer.
 
   pip install -r deploy/examples/python/requirements.txt
   python3 deploy/examples/python/rag_client.py --router HOST:PORT \
+      --ca build/certs/ca.crt --api-key-file build/certs/demo.key \
       --doc deploy/examples/docs/seine.txt --question "Which river flows through Paris?"
+
+The router speaks TLS and wants an API key (`authorization: Bearer KEY` metadata) unless it was
+started with `insecure: true`; then leave out --ca and the key. The defaults come from the
+variables tools/cluster sets: LAZYATTN_ROUTER, LAZYATTN_CA, LAZYATTN_API_KEY(_FILE).
 
 The Python stubs are generated from proto/lazyattn/v1/*.proto on first use (grpcio-tools); in a
 real backend, generate them once at build time instead.
@@ -41,6 +46,10 @@ def main():
     ap.add_argument("--system", default="Answer in one sentence using the documents.")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--ca", default=os.environ.get("LAZYATTN_CA"),
+                    help="CA certificate (PEM) of the router's TLS; none: plaintext")
+    ap.add_argument("--api-key", default=os.environ.get("LAZYATTN_API_KEY"))
+    ap.add_argument("--api-key-file", default=os.environ.get("LAZYATTN_API_KEY_FILE"))
     args = ap.parse_args()
     pb, pb_grpc = load_stubs()
 
@@ -55,10 +64,20 @@ def main():
         cache_mode=pb.CACHE_MODE_LAZY,
         sampling=pb.SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
 
-    with grpc.insecure_channel(args.router) as channel:
+    key = args.api_key
+    if key is None and args.api_key_file:
+        with open(args.api_key_file) as f:
+            key = f.read().strip()
+    metadata = [("authorization", f"Bearer {key}")] if key else []
+    if args.ca:
+        with open(args.ca, "rb") as f:
+            channel = grpc.secure_channel(args.router, grpc.ssl_channel_credentials(f.read()))
+    else:
+        channel = grpc.insecure_channel(args.router)
+    with channel:
         stub = pb_grpc.InferenceStub(channel)
         try:
-            for response in stub.Generate(request, timeout=args.timeout):
+            for response in stub.Generate(request, timeout=args.timeout, metadata=metadata):
                 if response.HasField("token"):
                     print(response.token.text, end="", flush=True)
                 else:
@@ -68,7 +87,8 @@ def main():
                           f"cached {u.cached_tokens}/{u.prompt_tokens} prompt tokens, "
                           f"TTFT {final.ttft_ms:.0f} ms]")
         except grpc.RpcError as e:
-            # INVALID_ARGUMENT names the bad field; UNAVAILABLE means no worker could serve it.
+            # INVALID_ARGUMENT names the bad field; UNAVAILABLE means no worker could serve it;
+            # UNAUTHENTICATED: a missing or unknown key; PERMISSION_DENIED: the key's scopes.
             sys.exit(f"\n{e.code().name}: {e.details()}")
 
 
