@@ -14,9 +14,9 @@
 //  4. when blocks run out, preempts the most recently admitted request (its blocks are released,
 //     it is re-queued and later recomputed from its prompt plus what it generated);
 //  5. runs one forward pass over all chunks, samples, streams tokens, finishes requests.
-// A decode-only greedy step on a backend that pipelines (EngineOptions::pipeline_decode) is
-// launched in 5. and finished at the start of the next Step(), which may launch the following
-// decode step first.
+// A decode-only step (greedy or sampled: the runner draws every row) on a backend that
+// pipelines (EngineOptions::pipeline_decode) is launched in 5. and finished at the start of the
+// next Step(), which may launch the following decode step first.
 //
 // Ownership: the core owns every request (requests_) and encoding job (jobs_); everything else
 // names them by id (the queues, a job's waiters, a step's plan), so a request that ends while
@@ -78,8 +78,8 @@ struct EngineOptions {
   // Engine: keys of recently seen token-id documents kept for reuse (DocumentKeyMemo), at most
   // this many ids in all; 0 turns the memo off.
   int64_t document_key_memo_tokens = int64_t{1} << 22;
-  // Pipelined decode, where the runner supports it (ModelRunner::SupportsPipelinedDecode): an
-  // all-greedy decode step is launched and its results read at the next Step(), which first
+  // Pipelined decode, where the runner supports it (ModelRunner::SupportsPipelinedDecode): a
+  // decode step that asks for no logits is launched and its results read at the next Step(), which first
   // launches the step after it when the batch stays the same (no admissions, cancellations,
   // deadlines or encodings pending), its input tokens taken on the device. The host's work
   // between steps then overlaps the device's. Off only to measure or compare.
@@ -185,7 +185,6 @@ class EngineCore {
   void FailJob(JobId job, const absl::Status& status);
 
   // --- engine_output.cc: sampling, streaming, finishing.
-  // Emits `chosen` when the runner already picked it (greedy), else samples from `logits`.
   // `chosen`/`logprob`: the runner's draw and its log-probability; without `chosen` the host
   // draws from `logits`.
   void SampleAndEmit(Request& r, std::span<const float> logits, std::optional<int32_t> chosen,
