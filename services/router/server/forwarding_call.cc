@@ -285,8 +285,11 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_attempts(attempts_);
     } else {
       const grpc::StatusCode code = status.error_code();
+      // The worker got the client's deadline with the call, as a timeout, so it can expire there
+      // a little before the router's clock says so: within kDeadlineSkew it is the client's.
+      constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
       const bool client_deadline_passed =
-          server_context_->deadline() <= std::chrono::system_clock::now();
+          server_context_->deadline() <= std::chrono::system_clock::now() + kDeadlineSkew;
       // The client's own deadline expiring says nothing about the worker.
       const bool client_expiry =
           code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
@@ -297,6 +300,9 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       }
       if (cancelled_) {
         status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      } else if (client_expiry) {
+        // Whatever was streamed, the client's deadline ended the call: say so, not UNAVAILABLE.
+        status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
       } else if (tokens_ > 0 && StreamsToClient()) {
         status = grpc::Status(
             grpc::StatusCode::UNAVAILABLE,
