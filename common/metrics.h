@@ -2,30 +2,53 @@
 // once by each service's metrics class; labelled children are cached there, never created per
 // request.
 //
-// The endpoint is a minimal HTTP/1.1 server on one thread of its own (GET /metrics, then the
-// connection closes; anything else is 404), not prometheus-cpp's civetweb exposer: civetweb
-// starts its threads with a fixed small stack, and a process that links libraries with large
-// static TLS (the worker links cuBLASLt: 94 KB) cannot start them at all.
+// The endpoint is prometheus-cpp's own exposer (civetweb inside) on a listener of its own. Beside
+// the service's registry it serves, in every process:
+//   lazyattn_build_info{version,git_sha,cuda} 1        what binary this is
+//   process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
+//   process_open_fds, process_max_fds, process_start_time_seconds   (read from /proc/self)
+//
+// Two facts of the exposer that this class works around, both tested in metrics_test:
+// - civetweb gives every worker thread a fixed 100 KiB stack; glibc carves static TLS out of that
+//   stack, so a process with large static TLS (the worker links cuBLASLt: 94 KiB) cannot start
+//   the threads. common/thread_stack.cc raises small stack requests (see there).
+// - a civetweb thread serves one connection at a time and waits for an idle one's request up to
+//   request_timeout_ms; the endpoint runs kThreads threads and a short timeout so that a few idle
+//   connections (port scanners, stuck scrapers) never delay a scrape.
 #ifndef LAZYATTN_COMMON_METRICS_H_
 #define LAZYATTN_COMMON_METRICS_H_
 
 #include <memory>
 #include <string>
-#include <thread>
 
+#include <prometheus/collectable.h>
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 
+namespace prometheus {
+class Exposer;
+}
+
 namespace lazyattn {
+
+struct MetricsEndpointOptions {
+  // Non-empty: every request must carry "Authorization: Bearer <token>" (Prometheus scrape config
+  // `authorization: {credentials_file: ...}`); others get 401. Empty: open.
+  std::string bearer_token;
+};
 
 class MetricsEndpoint {
  public:
+  static constexpr int kThreads = 16;
+  static constexpr int kRequestTimeoutMs = 3000;
+
   // Serves `registry` at http://address/metrics; address "127.0.0.1:0" picks a free port.
   // Unavailable naming the address when it cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
-  ~MetricsEndpoint();  // stops serving and joins the thread
+      const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+      const MetricsEndpointOptions& options = {});
+  ~MetricsEndpoint();  // stops serving; returns once the exposer's threads are gone
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
@@ -33,15 +56,18 @@ class MetricsEndpoint {
 
  private:
   MetricsEndpoint() = default;
-  void Serve();
-  void Answer(int connection);
 
   std::shared_ptr<prometheus::Registry> registry_;
-  int listen_fd_ = -1;
-  int wake_fd_[2] = {-1, -1};  // written by the destructor to end Serve()
+  std::shared_ptr<prometheus::Collectable> process_;
+  std::shared_ptr<prometheus::Registry> build_info_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
-  std::thread thread_;
+  std::string wake_host_;  // where the destructor connects to wake civetweb's accept loop
 };
+
+// The token in `path` (surrounding whitespace dropped), for metrics.bearer_token_file.
+// InvalidArgument naming `key` and the path when it cannot be read or is empty.
+absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& key, const std::string& path);
 
 }  // namespace lazyattn
 

@@ -1,5 +1,7 @@
-// The /metrics endpoint over a real socket: the registry's text format on GET /metrics, 404 for
-// other paths, 405 for other methods, an OS-chosen port, and a prompt shutdown.
+// The /metrics endpoint (prometheus-cpp's exposer) over real sockets: the registry's text format
+// plus process and build metrics on GET /metrics, 404 for other paths, 405 for other methods,
+// bearer tokens, idle connections that must not delay a scrape, and a process with large static
+// TLS (as the CUDA worker has: cuBLASLt's 94 KiB) still starting the exposer's threads.
 #include "common/metrics.h"
 
 #include <arpa/inet.h>
@@ -8,19 +10,28 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
+#include <cstdio>
+#include <fstream>
+#include <vector>
 
 #include <prometheus/counter.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+// More static TLS than civetweb's 100 KiB thread stacks can hold: without common/thread_stack.cc
+// the exposer cannot start a thread in this binary.
+thread_local char g_large_tls[160 * 1024];
+
 namespace lazyattn {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
-std::string Fetch(int port, const std::string& request) {
+int Connect(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
@@ -28,9 +39,17 @@ std::string Fetch(int port, const std::string& request) {
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return "connect failed";
+    return -1;
   }
-  send(fd, request.data(), request.size(), 0);
+  return fd;
+}
+
+std::string Fetch(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "connect failed";
+  timeval timeout = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;
   char buffer[4096];
   ssize_t n;
@@ -39,39 +58,121 @@ std::string Fetch(int port, const std::string& request) {
   return response;
 }
 
-TEST(MetricsEndpointTest, ServesTheRegistryOnAnOsChosenPort) {
+std::string Get(int port, const std::string& path, const std::string& headers = "") {
+  return Fetch(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers +
+                         "\r\n");
+}
+
+std::shared_ptr<prometheus::Registry> TestRegistry() {
   auto registry = std::make_shared<prometheus::Registry>();
-  auto& family = prometheus::BuildCounter().Name("lazyattn_test_total").Help("a test").Register(
-      *registry);
+  auto& family =
+      prometheus::BuildCounter().Name("lazyattn_test_total").Help("a test").Register(*registry);
   family.Add({{"kind", "x"}}).Increment(3);
-  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", registry);
+  return registry;
+}
+
+TEST(MetricsEndpointTest, ServesTheRegistryProcessAndBuildMetricsOnAnOsChosenPort) {
+  g_large_tls[0] = 1;  // the TLS block is this binary's, whether or not a test touches it
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", TestRegistry());
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
   ASSERT_GT(port, 0);
 
-  const std::string ok = Fetch(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string ok = Get(port, "/metrics");
   EXPECT_THAT(ok, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(ok, HasSubstr("lazyattn_test_total{kind=\"x\"} 3"));
-  EXPECT_THAT(Fetch(port, "GET /other HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 404"));
-  EXPECT_THAT(Fetch(port, "POST /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 405"));
+  EXPECT_THAT(ok, HasSubstr("lazyattn_build_info{"));
+  EXPECT_THAT(ok, HasSubstr("git_sha=\""));
+  for (const char* name : {"process_cpu_seconds_total ", "process_resident_memory_bytes ",
+                           "process_open_fds ", "process_max_fds ",
+                           "process_start_time_seconds ", "process_virtual_memory_bytes "}) {
+    EXPECT_THAT(ok, HasSubstr(std::string("\n") + name)) << name;
+  }
+  EXPECT_THAT(Get(port, "/other"), StartsWith("HTTP/1.1 404"));
+  EXPECT_THAT(Fetch(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+              StartsWith("HTTP/1.1 405"));
 
   // A second endpoint on the same port is refused with the address in the message.
-  auto clash = MetricsEndpoint::Start("127.0.0.1:" + std::to_string(port), registry);
+  auto clash = MetricsEndpoint::Start("127.0.0.1:" + std::to_string(port), TestRegistry());
   EXPECT_EQ(clash.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(clash.status().message(), HasSubstr(std::to_string(port)));
 
   const auto before = std::chrono::steady_clock::now();
   endpoint->reset();
   EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(1));
-  EXPECT_EQ(Fetch(port, "GET /metrics HTTP/1.1\r\n\r\n"), "connect failed");
+  EXPECT_EQ(Get(port, "/metrics"), "connect failed");
+}
+
+TEST(MetricsEndpointTest, ABearerTokenIsRequiredWhenConfigured) {
+  auto endpoint =
+      MetricsEndpoint::Start("127.0.0.1:0", TestRegistry(), {.bearer_token = "s3cret-token"});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  const std::string none = Get(port, "/metrics");
+  EXPECT_THAT(none, StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(none, HasSubstr("WWW-Authenticate: Bearer"));
+  EXPECT_THAT(none, Not(HasSubstr("lazyattn_test_total")));
+  EXPECT_THAT(Get(port, "/metrics", "Authorization: Bearer wrong-token!\r\n"),
+              StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(Get(port, "/metrics", "Authorization: Bearer s3cret-tokenX\r\n"),
+              StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(Get(port, "/metrics", "Authorization: Basic czNjcmV0LXRva2Vu\r\n"),
+              StartsWith("HTTP/1.1 401"));
+  const std::string good = Get(port, "/metrics", "Authorization: Bearer s3cret-token\r\n");
+  EXPECT_THAT(good, StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(good, HasSubstr("lazyattn_test_total{kind=\"x\"} 3"));
+}
+
+// Eight connections that never send a request (a stuck scraper, a port scan) hold civetweb
+// threads until request_timeout_ms; a scrape meanwhile must still be answered at once. The bound
+// (1 s, against 3 s of timeout) is generous for a loaded CI machine; an exposer with too few
+// threads waits the full timeout.
+TEST(MetricsEndpointTest, IdleConnectionsDoNotDelayAScrape) {
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", TestRegistry());
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  // One half-sent request too: a head that never ends.
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  send(idle.back(), partial.data(), partial.size(), MSG_NOSIGNAL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the server take them all
+
+  const auto start = std::chrono::steady_clock::now();
+  const std::string scrape = Get(port, "/metrics");
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_THAT(scrape, HasSubstr("lazyattn_test_total{kind=\"x\"} 3"));
+  EXPECT_LT(took, std::chrono::seconds(1))
+      << std::chrono::duration<double>(took).count() << " s with 8 idle connections";
+  for (int fd : idle) close(fd);
 }
 
 TEST(MetricsEndpointTest, BadAddressesAreUnavailableNamingThem) {
-  auto registry = std::make_shared<prometheus::Registry>();
-  for (const char* address : {"no-port", "256.1.1.1:80", "127.0.0.1:notaport"}) {
-    auto e = MetricsEndpoint::Start(address, registry);
+  for (const char* address : {"no-port", "256.1.1.1:80", "127.0.0.1:notaport", "127.0.0.1:"}) {
+    auto e = MetricsEndpoint::Start(address, TestRegistry());
     EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << address;
     EXPECT_THAT(e.status().message(), HasSubstr(address));
+  }
+}
+
+TEST(ReadBearerTokenFileTest, TrimsTheTokenAndNamesTheKeyOnErrors) {
+  const std::string dir = testing::TempDir();
+  const std::string good = dir + "/token", empty = dir + "/empty", two = dir + "/two";
+  std::ofstream(good) << "  abc.def \n";
+  std::ofstream(empty) << "\n \n";
+  std::ofstream(two) << "abc\ndef\n";
+  auto t = ReadBearerTokenFile("metrics.bearer_token_file", good);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, "abc.def");
+  for (const std::string& path : {empty, two, dir + "/missing"}) {
+    auto bad = ReadBearerTokenFile("metrics.bearer_token_file", path);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(bad.status().message(), HasSubstr("metrics.bearer_token_file")) << path;
+    EXPECT_THAT(bad.status().message(), HasSubstr(path));
   }
 }
 

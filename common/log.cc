@@ -1,0 +1,170 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/yaml_config.h"
+
+namespace lazyattn {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+std::atomic<bool> g_json{false};
+std::atomic<int> g_fd{STDERR_FILENO};
+
+constexpr const char* kLevelNames[] = {"debug", "info", "warning", "error"};
+constexpr const char* kLevelText[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+
+void AppendJsonString(std::string* out, std::string_view s) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out->append(buf);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// Text values are bare unless they hold a space, a quote, '=' or a control character.
+void AppendTextValue(std::string* out, std::string_view s) {
+  bool plain = !s.empty();
+  for (unsigned char c : s) {
+    if (c <= 0x20 || c == '"' || c == '=' || c == 0x7f) plain = false;
+  }
+  if (plain) {
+    out->append(s);
+  } else {
+    AppendJsonString(out, s);  // the same escapes read well in text too
+  }
+}
+
+void WriteAll(int fd, const std::string& line) {
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // nowhere to log to: dropping the line beats failing the caller
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<LogOptions> ReadLogOptions(const YamlConfig& config) {
+  LogOptions o;
+  absl::StatusOr<std::string> level = config.String("log.level", "info");
+  if (!level.ok()) return level.status();
+  absl::StatusOr<std::string> format = config.String("log.format", "text");
+  if (!format.ok()) return format.status();
+  bool found = false;
+  for (int i = 0; i < 4; ++i) {
+    if (*level == kLevelNames[i]) {
+      o.level = static_cast<LogLevel>(i);
+      found = true;
+    }
+  }
+  if (!found) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log.level: expected debug, info, warning or error, got \"", *level, "\""));
+  }
+  if (*format == "json") {
+    o.format = LogFormat::kJson;
+  } else if (*format != "text") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log.format: expected text or json, got \"", *format, "\""));
+  }
+  return o;
+}
+
+void ConfigureLogging(const LogOptions& options) {
+  g_level.store(static_cast<int>(options.level));
+  g_json.store(options.format == LogFormat::kJson);
+}
+
+bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
+
+void SetLogSinkForTest(int fd) { g_fd.store(fd); }
+
+LogLine::LogLine(LogLevel level, std::string_view component)
+    : on_(LogEnabled(level)), level_(level), component_(on_ ? component : "") {}
+
+void LogLine::Key(std::string_view key) {
+  if (g_json.load()) {
+    fields_.push_back(',');
+    AppendJsonString(&fields_, key);
+    fields_.push_back(':');
+  } else {
+    absl::StrAppend(&fields_, " ", absl::string_view(key.data(), key.size()), "=");
+  }
+}
+
+LogLine& LogLine::Str(std::string_view key, std::string_view value) {
+  if (!on_) return *this;
+  Key(key);
+  if (g_json.load()) {
+    AppendJsonString(&fields_, value);
+  } else {
+    AppendTextValue(&fields_, value);
+  }
+  return *this;
+}
+
+LogLine& LogLine::Int(std::string_view key, int64_t value) {
+  if (!on_) return *this;
+  Key(key);
+  absl::StrAppend(&fields_, value);
+  return *this;
+}
+
+LogLine& LogLine::Num(std::string_view key, double value) {
+  if (!on_) return *this;
+  Key(key);
+  // JSON has no NaN or infinity; a number that is not finite is written as null.
+  if (value != value || value > 1.7e308 || value < -1.7e308) {
+    fields_.append(g_json.load() ? "null" : "nan");
+  } else {
+    absl::StrAppend(&fields_, value);
+  }
+  return *this;
+}
+
+void LogLine::Msg(std::string_view message) {
+  if (!on_) return;
+  on_ = false;
+  const std::string ts =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  const int level = static_cast<int>(level_);
+  std::string line;
+  if (g_json.load()) {
+    line = absl::StrCat("{\"ts\":\"", ts, "\",\"level\":\"", kLevelNames[level],
+                        "\",\"component\":");
+    AppendJsonString(&line, component_);
+    line.append(",\"msg\":");
+    AppendJsonString(&line, message);
+    absl::StrAppend(&line, fields_, "}\n");
+  } else {
+    line = absl::StrCat(ts, " ", kLevelText[level], " ", component_, ": ",
+                        absl::string_view(message.data(), message.size()), fields_, "\n");
+  }
+  WriteAll(g_fd.load(), line);
+}
+
+}  // namespace lazyattn

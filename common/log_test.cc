@@ -1,0 +1,105 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include <string>
+
+#include "common/yaml_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::Not;
+
+// Captures the lines written while it lives.
+class Capture {
+ public:
+  Capture() {
+    EXPECT_EQ(pipe(fds_), 0);
+    SetLogSinkForTest(fds_[1]);
+  }
+  ~Capture() {
+    SetLogSinkForTest(STDERR_FILENO);
+    ConfigureLogging({});
+    close(fds_[0]);
+  }
+  std::string Take() {
+    close(fds_[1]);
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fds_[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+    return out;
+  }
+
+ private:
+  int fds_[2];
+};
+
+TEST(LogTest, TextLinesCarryTimestampLevelComponentAndFields) {
+  Capture capture;
+  ConfigureLogging({.level = LogLevel::kInfo, .format = LogFormat::kText});
+  LogInfo("router").Str("request_id", "abc").Int("attempts", 2).Str("note", "a b").Msg("done");
+  LogDebug("router").Str("prompt", "secret").Msg("hidden");
+  EXPECT_THAT(capture.Take(),
+              MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z INFO router: done "
+                           "request_id=abc attempts=2 note=\"a b\"\n"));
+}
+
+TEST(LogTest, JsonLinesAreEscapedAndDebugAppearsOnlyAtDebugLevel) {
+  Capture capture;
+  ConfigureLogging({.level = LogLevel::kDebug, .format = LogFormat::kJson});
+  LogWarning("worker").Str("text", "q\"\\\n\x01").Num("ttft_s", 0.25).Msg("slow");
+  LogDebug("worker").Str("prompt", "visible").Msg("d");
+  const std::string out = capture.Take();
+  EXPECT_THAT(out, MatchesRegex("\\{\"ts\":\"[0-9T:.-]+Z\",\"level\":\"warning\",\"component\":"
+                                "\"worker\",\"msg\":\"slow\",\"text\":\"q\\\\\"\\\\\\\\\\\\n"
+                                "\\\\u0001\",\"ttft_s\":0.25\\}\n.*"));
+  EXPECT_THAT(out, HasSubstr("\"level\":\"debug\",\"component\":\"worker\",\"msg\":\"d\","
+                             "\"prompt\":\"visible\"}\n"));
+}
+
+TEST(LogTest, ErrorLevelDropsInfo) {
+  Capture capture;
+  ConfigureLogging({.level = LogLevel::kError});
+  LogInfo("kvdir").Msg("dropped");
+  LogError("kvdir").Msg("kept");
+  const std::string out = capture.Take();
+  EXPECT_THAT(out, Not(HasSubstr("dropped")));
+  EXPECT_THAT(out, HasSubstr("ERROR kvdir: kept"));
+}
+
+TEST(ReadLogOptionsTest, ParsesAndNamesBadKeys) {
+  YamlConfig c;
+  ASSERT_TRUE(c.LoadString("log: {level: debug, format: json}").ok());
+  auto o = ReadLogOptions(c);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->level, LogLevel::kDebug);
+  EXPECT_EQ(o->format, LogFormat::kJson);
+  EXPECT_TRUE(c.Finish().ok());
+
+  YamlConfig defaults;
+  ASSERT_TRUE(defaults.LoadString("other: 1").ok());
+  auto d = ReadLogOptions(defaults);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->level, LogLevel::kInfo);
+  EXPECT_EQ(d->format, LogFormat::kText);
+
+  for (const char* bad : {"log: {level: loud}", "log: {format: xml}"}) {
+    YamlConfig b;
+    ASSERT_TRUE(b.LoadString(bad).ok());
+    auto r = ReadLogOptions(b);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr(std::string(bad).find("level") !=
+                                                        std::string::npos
+                                                    ? "log.level"
+                                                    : "log.format"));
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn
