@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_check.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/device_error.h"
 
 namespace lazyattn {
 
@@ -11,7 +12,23 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
   if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
     return absl::UnavailableError(message);
   }
-  return absl::InternalError(message);
+  switch (error) {
+    // Sticky: the context is corrupt and every later CUDA call of this process fails (CUDA
+    // runtime API documentation); the worker must stop serving, not retry the next step.
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+      return MarkStickyDeviceError(absl::InternalError(message));
+    default:
+      return absl::InternalError(message);
+  }
 }
 
 }  // namespace lazyattn

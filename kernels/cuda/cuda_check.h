@@ -13,7 +13,9 @@
 namespace lazyattn {
 
 // OK for cudaSuccess; otherwise Internal (Unavailable for "no device" / "driver missing") with the
-// call text, location and CUDA's error string.
+// call text, location and CUDA's error string. Errors that leave the context corrupt for the rest
+// of the process (cudaErrorIllegalAddress, cudaErrorLaunchFailure, ...) are marked sticky
+// (common/device_error.h): the worker's engine then stops serving at once.
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line);
 
 }  // namespace lazyattn

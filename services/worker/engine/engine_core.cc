@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/device_error.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core_state.h"
 
@@ -157,16 +158,20 @@ void EngineCore::VerifyPool() {
   // A bug, not bad input: blocks may now have two owners, so no answer computed from them can be
   // trusted. Stop serving; requests that never ran are safe to retry on another worker.
   stats_.pool_errors = std::max<int64_t>(1, pool.errors());
-  health_ = absl::InternalError(
-      absl::StrCat("KV cache inconsistent, the worker stops serving: ", problem.message()));
+  StopServing(absl::InternalError(absl::StrCat("KV cache inconsistent, the worker stops serving: ",
+                                               problem.message())),
+              /*running_unavailable=*/false);
+}
+
+void EngineCore::StopServing(const absl::Status& why, bool running_unavailable) {
+  health_ = why;
   if (!in_flight_.empty()) {
     (void)runner_->Collect();
     in_flight_.clear();
   }
-  for (RequestId id : running_) Finish(*requests_.at(id), health_);
-  for (RequestId id : waiting_) {
-    Finish(*requests_.at(id), absl::UnavailableError(health_.message()));
-  }
+  const absl::Status unavailable = absl::UnavailableError(why.message());
+  for (RequestId id : running_) Finish(*requests_.at(id), running_unavailable ? unavailable : why);
+  for (RequestId id : waiting_) Finish(*requests_.at(id), unavailable);
 }
 
 bool EngineCore::RunStep(absl::Time now) {
@@ -391,14 +396,32 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
 void EngineCore::ApplyResults(std::span<Planned> plan,
                               const absl::StatusOr<ForwardOutput>& logits) {
   if (!logits.ok()) {
-    // Nothing of the step was written: its requests fail, and so does every request waiting for
-    // one of its encodings (else they would wait for a job that may never succeed).
-    for (Planned& p : plan) {
-      if (Request* r = FindRequest(p.request); r != nullptr) Finish(*r, logits.status());
-      if (p.job != 0) FailJob(p.job, logits.status());
+    ++stats_.step_failures;
+    ++consecutive_step_failures_;
+    const bool sticky = IsStickyDeviceError(logits.status());
+    const bool stop = health_.ok() && (sticky || consecutive_step_failures_ >=
+                                                     options_.max_consecutive_step_failures);
+    absl::Status why;
+    if (stop) {
+      why = absl::UnavailableError(absl::StrCat(
+          sticky ? std::string("sticky device error")
+          : consecutive_step_failures_ == 1
+              ? std::string("a failed step (engine.max_consecutive_step_failures 1)")
+              : absl::StrCat(consecutive_step_failures_, " failed steps in a row"),
+          ", the worker stops serving: ", logits.status().message()));
     }
+    // Nothing of the step was written: its requests fail, and so does every request waiting for
+    // one of its encodings (else they would wait for a job that may never succeed). When the
+    // worker stops serving, the failure is the worker's, not the requests': Unavailable.
+    const absl::Status& status = stop ? why : logits.status();
+    for (Planned& p : plan) {
+      if (Request* r = FindRequest(p.request); r != nullptr) Finish(*r, status);
+      if (p.job != 0) FailJob(p.job, status);
+    }
+    if (stop) StopServing(why, /*running_unavailable=*/true);
     return;
   }
+  consecutive_step_failures_ = 0;
   const int64_t V = config().vocab_size;
   int64_t row = 0, logits_row = 0;
   for (Planned& p : plan) {

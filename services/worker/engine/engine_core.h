@@ -29,6 +29,14 @@
 // then fails every request (running ones with Internal, queued ones with Unavailable so a router
 // retries them elsewhere), refuses new ones and reports it in health().
 //
+// A step the runner fails (Forward, Launch or Collect) ends the step's requests with the runner's
+// error and is counted (EngineStats::step_failures). The core stops serving the same way as for a
+// broken pool, with an Unavailable health(), when EngineOptions::max_consecutive_step_failures
+// steps in a row fail, or at once when the runner marks the error sticky (common/device_error.h:
+// a corrupt CUDA context fails every later call). Then every request it holds, in the failed step,
+// running or queued, ends with Unavailable (the worker's failure, not the request's): a router
+// fails over those that have sent nothing to their client yet.
+//
 // Not thread-safe.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
@@ -93,6 +101,9 @@ struct EngineOptions {
   int64_t max_queued_tokens = int64_t{1} << 22;
   // Recount the whole KV pool after every step (O(blocks)); otherwise only the O(1) checks run.
   bool check_pool_every_step = kDebugOrSanitizerBuild;
+  // Failed steps in a row after which the core stops serving (>= 1; YAML
+  // engine.max_consecutive_step_failures). A successful step resets the count.
+  int max_consecutive_step_failures = 3;
 };
 
 // A tokenized request (Engine::Submit tokenizes and validates).
@@ -137,7 +148,8 @@ class EngineCore {
   // One scheduling round and forward pass. Returns false when there was nothing to do.
   bool Step(absl::Time now);
   bool HasWork() const { return !requests_.empty(); }
-  // OK, or the Internal error that made the core stop serving (see the pool check above).
+  // OK, or why the core stopped serving: Internal for a broken pool, Unavailable for failed
+  // steps (see above). Never OK again.
   const absl::Status& health() const { return health_; }
   // The earliest deadline among queued and running requests (for the engine thread's sleep).
   absl::Time NextDeadline() const;
@@ -196,6 +208,9 @@ class EngineCore {
   bool RunStep(absl::Time now);
   // The pool checks described above; on failure, everything fails and health_ is set.
   void VerifyPool();
+  // Sets health_ to `why` and ends every request: queued ones with Unavailable, running ones with
+  // Unavailable too when `running_unavailable`, else with `why`.
+  void StopServing(const absl::Status& why, bool running_unavailable);
   std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
   // KV slots of tokens start .. start + n - 1 of a segment stored in `blocks`.
   std::vector<int64_t> SlotsFor(const std::vector<BlockId>& blocks, int64_t start,
@@ -223,6 +238,7 @@ class EngineCore {
   std::map<JobId, std::unique_ptr<EncodeJob>> jobs_;  // by id, which is their start order
   absl::flat_hash_map<DocCacheKey, JobId> job_by_key_;
   std::vector<Planned> in_flight_;  // a launched, uncollected decode step (pipeline_decode)
+  int consecutive_step_failures_ = 0;
   absl::Status health_;
 };
 

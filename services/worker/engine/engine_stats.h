@@ -33,6 +33,9 @@ struct EngineStats {
   // Inconsistencies found in the KV block pool (an unref of an unreferenced block, counts that
   // drifted). Any is a bug: the engine then stops serving (EngineCore::health()).
   int64_t pool_errors = 0;
+  // Steps the runner failed (a device error); EngineOptions::max_consecutive_step_failures in a
+  // row, or one sticky error, stop the engine serving (EngineCore::health()).
+  int64_t step_failures = 0;
   // Request preparation (Engine::Submit): text documents tokenized, or whose ids came from the
   // token cache; token-id documents hashed (SHA-256), or whose key came from the key memo.
   int64_t text_docs_tokenized = 0, text_docs_reused = 0;

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/device_error.h"
 #include "kernels/include/block_copy.h"
 #include "kernels/include/kv_block_entry.h"
 #include "kernels/include/sampling.h"
@@ -83,7 +84,10 @@ class ModelRunner {
   // (and the logits rows requested).
   // InvalidArgument (naming the chunk) for token ids out of the vocabulary,
   // positions past the model's context, or slot/table sizes that do not match; the KV storage is
-  // untouched then. Internal for a device failure.
+  // untouched then. Internal for a device failure; a backend marks it sticky
+  // (MarkStickyDeviceError, common/device_error.h) when the device cannot recover in this process
+  // (a corrupt CUDA context), and the engine then stops serving at once instead of counting one
+  // failed step (EngineOptions::max_consecutive_step_failures). Launch and Collect likewise.
   virtual absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) = 0;
 
   // K[dst] = R_delta K[src], V[dst] = V[src] for every layer (kernels/include/block_copy.h).
