@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
+
+#include <openssl/rand.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -92,6 +95,35 @@ absl::StatusOr<LogOptions> ReadLogOptions(const YamlConfig& config) {
         absl::StrCat("log.format: expected text or json, got \"", *format, "\""));
   }
   return o;
+}
+
+std::string NewRequestId() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    // The CSPRNG failed (never seen): ids need uniqueness, not secrecy.
+    static std::atomic<uint64_t> counter{0};
+    const uint64_t a = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    const uint64_t b = counter.fetch_add(1) ^ (static_cast<uint64_t>(getpid()) << 32);
+    memcpy(bytes, &a, 8);
+    memcpy(bytes + 8, &b, 8);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    id[2 * i] = kHex[bytes[i] >> 4];
+    id[2 * i + 1] = kHex[bytes[i] & 15];
+  }
+  return id;
+}
+
+bool IsValidRequestId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 void ConfigureLogging(const LogOptions& options) {

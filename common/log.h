@@ -43,6 +43,15 @@ bool LogEnabled(LogLevel level);
 // Where lines go (stderr by default); for tests. Not thread-safe against concurrent logging.
 void SetLogSinkForTest(int fd);
 
+// Request ids, carried in gRPC metadata under kRequestIdKey from the router to the worker and
+// back to the client in initial metadata.
+inline constexpr char kRequestIdKey[] = "x-request-id";
+// A fresh random id: 32 lowercase hex characters (128 bits).
+std::string NewRequestId();
+// Whether a client's id may be adopted: 1-128 characters of [A-Za-z0-9._:-] (it lands in logs
+// and metadata verbatim).
+bool IsValidRequestId(std::string_view id);
+
 class LogLine {
  public:
   LogLine(LogLevel level, std::string_view component);

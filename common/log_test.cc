@@ -101,5 +101,18 @@ TEST(ReadLogOptionsTest, ParsesAndNamesBadKeys) {
   }
 }
 
+TEST(RequestIdTest, FreshIdsAreDistinctHexAndClientIdsAreChecked) {
+  const std::string a = NewRequestId(), b = NewRequestId();
+  EXPECT_THAT(a, MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(IsValidRequestId(a));
+  EXPECT_TRUE(IsValidRequestId("client-7:trace_1.2"));
+  EXPECT_FALSE(IsValidRequestId(""));
+  EXPECT_FALSE(IsValidRequestId(std::string(129, 'a')));
+  EXPECT_FALSE(IsValidRequestId("has space"));
+  EXPECT_FALSE(IsValidRequestId("line\nbreak"));
+  EXPECT_FALSE(IsValidRequestId("quote\""));
+}
+
 }  // namespace
 }  // namespace lazyattn
