@@ -1,0 +1,69 @@
+// Query-of-death containment (DESIGN.md section 4, "a query of death"): a request whose attempts
+// keep killing workers must cost at most two of them, then be refused for a while.
+//
+// The router reports each attempt that ended because the worker's connection was lost mid-call
+// (the worker process died while it held the request) under the request's content fingerprint
+// (request_fingerprint.h). The first loss of a fingerprint is remembered; the request fails over
+// as usual (an ordinary crash must not cost a request). The second loss within `ttl` quarantines
+// the fingerprint: the request that caused it is not retried, and every request with the same
+// fingerprint is refused until `ttl` after the quarantine began.
+//
+// Bounded: at most `max_entries` fingerprints (losses and quarantines together) are kept; when
+// full, the least recently touched entry is forgotten (an LRU), so a flood of distinct crashing
+// requests costs memory O(max_entries) and at worst forgets the oldest suspects. Entries expire
+// `ttl` after their last loss. Times are passed in, so tests drive the clock. Thread-safe.
+#ifndef LAZYATTN_SERVICES_ROUTER_POLICY_QUERY_QUARANTINE_H_
+#define LAZYATTN_SERVICES_ROUTER_POLICY_QUERY_QUARANTINE_H_
+
+#include <cstdint>
+#include <list>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/document_key.h"
+
+namespace lazyattn::router {
+
+struct QuarantineOptions {
+  absl::Duration ttl = absl::Seconds(300);  // zero: off (nothing is remembered or refused)
+  int64_t max_entries = 10000;              // >= 1
+  int losses_to_quarantine = 2;             // >= 1: connection losses that quarantine
+};
+
+// A 128-bit content fingerprint (request_fingerprint.h); DocumentKey's shape and hash.
+using RequestFingerprint = DocumentKey;
+
+class QueryQuarantine {
+ public:
+  explicit QueryQuarantine(const QuarantineOptions& options) : options_(options) {}
+
+  // Records one attempt of `fingerprint` lost with its worker's connection. Returns true when
+  // this loss quarantined it (the caller logs, counts and stops retrying) or it already was.
+  bool RecordLoss(const RequestFingerprint& fingerprint, absl::Time now);
+  // Whether requests with `fingerprint` are refused now; `until` (when not null) gets the end of
+  // the quarantine.
+  bool IsQuarantined(const RequestFingerprint& fingerprint, absl::Time now,
+                     absl::Time* until = nullptr) const;
+  // Entries kept now (losses and quarantines, expired ones not yet dropped included).
+  int64_t size() const;
+  const QuarantineOptions& options() const { return options_; }
+
+ private:
+  struct Entry {
+    int losses = 0;
+    absl::Time expires = absl::InfinitePast();  // ttl after the last loss
+    absl::Time quarantined_until = absl::InfinitePast();
+    std::list<RequestFingerprint>::iterator lru;  // position in lru_ (front: most recent)
+  };
+
+  const QuarantineOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<RequestFingerprint, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::list<RequestFingerprint> lru_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_POLICY_QUERY_QUARANTINE_H_

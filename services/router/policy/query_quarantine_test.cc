@@ -1,0 +1,71 @@
+#include "services/router/policy/query_quarantine.h"
+
+#include <gtest/gtest.h>
+
+namespace lazyattn::router {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+const RequestFingerprint kPoison{.hi = 1, .lo = 2};
+const RequestFingerprint kOther{.hi = 3, .lo = 4};
+
+QuarantineOptions Options() { return {.ttl = absl::Seconds(300), .max_entries = 4}; }
+
+TEST(QueryQuarantineTest, TheSecondLossQuarantinesForTheTtl) {
+  QueryQuarantine q(Options());
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));
+  EXPECT_FALSE(q.RecordLoss(kPoison, kT0));  // one lost worker: fail over as usual
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(1)));
+  EXPECT_TRUE(q.RecordLoss(kPoison, kT0 + absl::Seconds(2)));
+  absl::Time until;
+  EXPECT_TRUE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(3), &until));
+  EXPECT_EQ(until, kT0 + absl::Seconds(302));
+  EXPECT_TRUE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(301)));
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(302)));
+  // Other content is never refused.
+  EXPECT_FALSE(q.IsQuarantined(kOther, kT0 + absl::Seconds(3)));
+}
+
+TEST(QueryQuarantineTest, LossesOlderThanTheTtlAreForgotten) {
+  QueryQuarantine q(Options());
+  EXPECT_FALSE(q.RecordLoss(kPoison, kT0));
+  // Two ordinary crashes far apart must not add up to a quarantine.
+  EXPECT_FALSE(q.RecordLoss(kPoison, kT0 + absl::Seconds(300)));
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(301)));
+  EXPECT_TRUE(q.RecordLoss(kPoison, kT0 + absl::Seconds(350)));
+}
+
+TEST(QueryQuarantineTest, ALossWhileQuarantinedKeepsItQuarantined) {
+  QueryQuarantine q(Options());
+  q.RecordLoss(kPoison, kT0);
+  ASSERT_TRUE(q.RecordLoss(kPoison, kT0));
+  EXPECT_TRUE(q.RecordLoss(kPoison, kT0 + absl::Seconds(10)));
+  EXPECT_TRUE(q.IsQuarantined(kPoison, kT0 + absl::Seconds(299)));
+}
+
+TEST(QueryQuarantineTest, BoundedLeastRecentlyTouchedGoesFirst) {
+  QueryQuarantine q(Options());  // 4 entries
+  q.RecordLoss(kPoison, kT0);
+  for (uint64_t i = 10; i < 13; ++i) q.RecordLoss({.hi = i, .lo = i}, kT0);
+  EXPECT_EQ(q.size(), 4);
+  q.RecordLoss(kPoison, kT0);  // touched: now the most recent, and quarantined
+  EXPECT_TRUE(q.IsQuarantined(kPoison, kT0));
+  for (uint64_t i = 20; i < 23; ++i) q.RecordLoss({.hi = i, .lo = i}, kT0);
+  EXPECT_EQ(q.size(), 4);
+  EXPECT_TRUE(q.IsQuarantined(kPoison, kT0));  // 10..12 were evicted, not it
+  // kPoison is now the least recent entry: the next new suspects evict it first.
+  for (uint64_t i = 30; i < 34; ++i) q.RecordLoss({.hi = i, .lo = i}, kT0);
+  EXPECT_EQ(q.size(), 4);
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));
+}
+
+TEST(QueryQuarantineTest, ZeroTtlTurnsItOff) {
+  QueryQuarantine q({.ttl = absl::ZeroDuration(), .max_entries = 4});
+  EXPECT_FALSE(q.RecordLoss(kPoison, kT0));
+  EXPECT_FALSE(q.RecordLoss(kPoison, kT0));
+  EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));
+  EXPECT_EQ(q.size(), 0);
+}
+
+}  // namespace
+}  // namespace lazyattn::router
