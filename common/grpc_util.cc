@@ -10,6 +10,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -23,6 +26,48 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Decides reflection per server. Linking gRPC's reflection library registers its plugin for every
+// ServerBuilder of the process (a static initializer calls InitProtoReflectionServerBuilderPlugin),
+// so the option removes that plugin and adds one back only where reflection is configured.
+class ReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  explicit ReflectionOption(bool enabled) : enabled_(enabled) {}
+  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    const std::string name = grpc::reflection::ProtoServerReflectionPlugin().name();
+    std::erase_if(*plugins, [&](const auto& p) { return p->name() == name; });
+    if (enabled_) plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+  }
+
+ private:
+  const bool enabled_;
+};
+
+// Every TLS file must be readable now: the file watcher would only log a failure and fail the
+// handshakes later, while a process with a wrong path should not start.
+absl::Status CheckReadable(const TlsOptions& tls) {
+  if (!tls.cert_file.empty()) {
+    if (auto s = ReadPem(tls.cert_file, "cert_file"); !s.ok()) return s.status();
+    if (auto s = ReadPem(tls.key_file, "key_file"); !s.ok()) return s.status();
+  }
+  if (!tls.ca_file.empty()) {
+    if (auto s = ReadPem(tls.ca_file, "ca_file"); !s.ok()) return s.status();
+  }
+  if (tls.refresh_interval_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls.refresh_interval_s: must be >= 1, got ", tls.refresh_interval_s));
+  }
+  return absl::OkStatus();
+}
+
+// Watches the key, certificate and CA files (TlsOptions says how to replace them).
+std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> WatchFiles(
+    const TlsOptions& tls) {
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.ca_file,
+      static_cast<unsigned int>(tls.refresh_interval_s));
 }
 
 }  // namespace
@@ -70,26 +115,22 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services) {
   KeepCallbackQueueAlive();
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls.cert_file.empty()) {
-    grpc::SslServerCredentialsOptions ssl;
-    auto cert = ReadPem(options.tls.cert_file, "cert_file");
-    if (!cert.ok()) return cert.status();
-    auto key = ReadPem(options.tls.key_file, "key_file");
-    if (!key.ok()) return key.status();
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
-    if (!options.tls.ca_file.empty()) {
-      auto ca = ReadPem(options.tls.ca_file, "ca_file");
-      if (!ca.ok()) return ca.status();
-      ssl.pem_root_certs = *ca;
-      ssl.client_certificate_request =
-          options.auth_processor != nullptr
-              ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
-              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    if (absl::Status s = CheckReadable(options.tls); !s.ok()) return s;
+    grpc::experimental::TlsServerCredentialsOptions tls(WatchFiles(options.tls));
+    tls.watch_identity_key_cert_pairs();
+    if (options.tls.ca_file.empty()) {
+      tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    } else {
+      tls.watch_root_certs();
+      tls.set_cert_request_type(options.auth_processor != nullptr
+                                    ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                                    : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     }
-    creds = grpc::SslServerCredentials(ssl);
+    creds = grpc::experimental::TlsServerCredentials(tls);
     if (options.auth_processor != nullptr) creds->SetAuthMetadataProcessor(options.auth_processor);
   }
   BuiltServer built;
@@ -114,19 +155,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls.ca_file.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    auto ca = ReadPem(tls.ca_file, "ca_file");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
-    if (!tls.cert_file.empty()) {
-      auto cert = ReadPem(tls.cert_file, "cert_file");
-      if (!cert.ok()) return cert.status();
-      auto key = ReadPem(tls.key_file, "key_file");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    creds = grpc::SslCredentials(ssl);
+    if (absl::Status s = CheckReadable(tls); !s.ok()) return s;
+    grpc::experimental::TlsChannelCredentialsOptions options;
+    options.set_certificate_provider(WatchFiles(tls));
+    options.watch_root_certs();
+    if (!tls.cert_file.empty()) options.watch_identity_key_cert_pairs();
+    // The server's certificate must name the host dialled, as with SslCredentials.
+    options.set_certificate_verifier(
+        std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    creds = grpc::experimental::TlsCredentials(options);
     if (call_credentials != nullptr) {
       creds = grpc::CompositeChannelCredentials(creds, call_credentials);
     }

@@ -1,6 +1,6 @@
 // gRPC plumbing shared by the three servers and their clients: status conversion, server options
 // (listen address, message limits, optional TLS) and the standard services every server exposes
-// (grpc.health.v1 and server reflection).
+// (grpc.health.v1; server reflection only when configured).
 #ifndef LAZYATTN_COMMON_GRPC_UTIL_H_
 #define LAZYATTN_COMMON_GRPC_UTIL_H_
 
@@ -20,10 +20,16 @@ namespace lazyattn {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// The files are watched (gRPC's FileWatcherCertificateProvider): a certificate, key or CA replaced
+// on disk is used for every handshake after the next refresh, without a restart; connections
+// already open keep the certificate they were made with. Replace the key and certificate
+// together (write both elsewhere, then rename each over the old one): until both are new the
+// provider may hold a mismatched pair, and a pair that does not match is not loaded.
 struct TlsOptions {
   std::string cert_file;     // PEM; empty: plaintext
-  std::string key_file;      // PEM, servers
+  std::string key_file;      // PEM, servers (and clients with a certificate)
   std::string ca_file;       // PEM; servers: require client certificates signed by it (mTLS)
+  int refresh_interval_s = 60;  // how often the files are re-read; >= 1
 };
 
 struct ServerOptions {
@@ -35,6 +41,9 @@ struct ServerOptions {
   // tls.ca_file, client certificates are requested and verified but not required at the handshake,
   // so gRPC health probes without one still connect; the processor refuses everything else.
   std::shared_ptr<grpc::AuthMetadataProcessor> auth_processor;
+  // Serve grpc.reflection (`server.reflection: true`): the schema of every service, for grpcurl
+  // and similar tools. Off by default; when on it is open to anyone, like health.
+  bool reflection = false;
 };
 
 struct BuiltServer {
@@ -42,14 +51,15 @@ struct BuiltServer {
   int port = 0;  // the bound port
 };
 
-// Registers `services`, turns on the health service (SERVING for "" and each service name) and
-// reflection, applies limits and TLS, binds and starts. Unavailable naming the address if binding
-// fails; InvalidArgument naming the file if a TLS file cannot be read.
 // Keeps gRPC's process-global callback completion queue alive until exit (see grpc_util.cc for
 // the race it avoids). StartGrpcServer and MakeChannel call it; call it before creating channels
 // with grpc::CreateChannel directly. Idempotent and thread-safe.
 void KeepCallbackQueueAlive();
 
+// Registers `services`, turns on the health service (SERVING for "" and each service name) and,
+// with options.reflection, server reflection; applies limits and TLS (files watched, see
+// TlsOptions), binds and starts. Unavailable naming the address if binding fails;
+// InvalidArgument naming the file if a TLS file cannot be read.
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 

@@ -9,7 +9,8 @@ namespace lazyattn {
 namespace {
 
 TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {
-  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0"}, {});
+  // gRPC builds no server without a service to poll for; reflection is the one at hand here.
+  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0", .reflection = true}, {});
   ASSERT_TRUE(built.ok()) << built.status();
   auto channel = MakeChannel("127.0.0.1:" + std::to_string(built->port), {});
   ASSERT_TRUE(channel.ok()) << channel.status();

@@ -39,6 +39,10 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
   }
+  ASSIGN_OR_RETURN(const int64_t tls_refresh_s,
+                   IntInRange(config, "server.tls.refresh_interval_s", 60, 1, 86400));
+  o.tls.refresh_interval_s = static_cast<int>(tls_refresh_s);
+  ASSIGN_OR_RETURN(o.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.insecure, config.Bool("insecure", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", o.metrics_address));
   ASSIGN_OR_RETURN(const int64_t max_keys, IntInRange(config, "limits.max_keys_per_lookup",
@@ -48,6 +52,14 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
       const int64_t max_bytes,
       IntInRange(config, "limits.max_message_bytes", o.limits.max_message_bytes, 4096, INT32_MAX));
   o.limits.max_message_bytes = static_cast<int>(max_bytes);
+  ASSIGN_OR_RETURN(o.limits.max_workers,
+                   IntInRange(config, "limits.max_workers", o.limits.max_workers, 1, 1 << 20));
+  ASSIGN_OR_RETURN(o.limits.max_entries_per_worker,
+                   IntInRange(config, "limits.max_entries_per_worker",
+                              o.limits.max_entries_per_worker, 1, int64_t{1} << 30));
+  ASSIGN_OR_RETURN(const int64_t max_id, IntInRange(config, "limits.max_worker_id_length",
+                                                    o.limits.max_worker_id_length, 1, 4096));
+  o.limits.max_worker_id_length = static_cast<int>(max_id);
   ASSIGN_OR_RETURN(o.lease_ms, IntInRange(config, "lease_ms", o.lease_ms, 50, 3'600'000));
   RETURN_IF_ERROR(config.Finish());
   return o;

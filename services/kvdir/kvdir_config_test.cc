@@ -31,6 +31,11 @@ TEST(KvdirConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(o->lease_ms, 3000);
   EXPECT_EQ(o->limits.max_keys_per_lookup, 1024);
   EXPECT_EQ(o->limits.max_message_bytes, 64 << 20);
+  EXPECT_EQ(o->limits.max_workers, 1024);
+  EXPECT_EQ(o->limits.max_entries_per_worker, 262144);
+  EXPECT_EQ(o->limits.max_worker_id_length, 255);
+  EXPECT_FALSE(o->reflection);
+  EXPECT_EQ(o->tls.refresh_interval_s, 60);
   EXPECT_TRUE(o->tls.cert_file.empty());
 }
 
@@ -38,12 +43,16 @@ TEST(KvdirConfigTest, ReadsEveryKey) {
   auto o = Parse(R"(
 server:
   listen: 0.0.0.0:7200
-  tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
+  tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem, refresh_interval_s: 5}
+  reflection: true
 metrics:
   listen: ""
 limits:
   max_keys_per_lookup: 64
   max_message_bytes: 1048576
+  max_workers: 16
+  max_entries_per_worker: 5000
+  max_worker_id_length: 32
 lease_ms: 1500
 )");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -55,6 +64,11 @@ lease_ms: 1500
   EXPECT_EQ(o->limits.max_keys_per_lookup, 64);
   EXPECT_EQ(o->limits.max_message_bytes, 1 << 20);
   EXPECT_EQ(o->lease_ms, 1500);
+  EXPECT_EQ(o->limits.max_workers, 16);
+  EXPECT_EQ(o->limits.max_entries_per_worker, 5000);
+  EXPECT_EQ(o->limits.max_worker_id_length, 32);
+  EXPECT_TRUE(o->reflection);
+  EXPECT_EQ(o->tls.refresh_interval_s, 5);
 }
 
 TEST(KvdirConfigTest, ErrorsNameTheKeyAndValue) {
@@ -62,6 +76,13 @@ TEST(KvdirConfigTest, ErrorsNameTheKeyAndValue) {
   EXPECT_THAT(Error("lease_ms: soon\n"), AllOf(HasSubstr("lease_ms"), HasSubstr("soon")));
   EXPECT_THAT(Error("limits: {max_keys_per_lookup: 0}\n"), HasSubstr("limits.max_keys_per_lookup"));
   EXPECT_THAT(Error("lease_msec: 100\n"), HasSubstr("lease_msec"));
+  EXPECT_THAT(Error("limits: {max_workers: 0}\n"), HasSubstr("limits.max_workers"));
+  EXPECT_THAT(Error("limits: {max_entries_per_worker: -5}\n"),
+              AllOf(HasSubstr("limits.max_entries_per_worker"), HasSubstr("got -5")));
+  EXPECT_THAT(Error("limits: {max_worker_id_length: 0}\n"), HasSubstr("limits.max_worker_id_length"));
+  EXPECT_THAT(Error("server: {reflection: maybe}\n"), HasSubstr("server.reflection"));
+  EXPECT_THAT(Error("server: {tls: {refresh_interval_s: 0}}\n"),
+              HasSubstr("server.tls.refresh_interval_s"));
   EXPECT_THAT(Error("server: {listen: 1.2.3.4:1, port: 5}\n"), HasSubstr("server.port"));
   EXPECT_THAT(Error("server: {tls: {cert_file: c.pem}}\n"), HasSubstr("server.tls"));
   EXPECT_THAT(Error("server: {listen: \"\"}\n"), HasSubstr("server.listen"));

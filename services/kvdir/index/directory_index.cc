@@ -11,12 +11,18 @@ int64_t DirectoryIndex::Holding::tokens() const {
   return t;
 }
 
-DirectoryIndex::DirectoryIndex(absl::Duration lease) : lease_(lease) {}
+DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
+    : lease_(lease), limits_(limits) {}
 
 HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
                                   absl::Time now) {
   absl::MutexLock lock(&mu_);
   HelloResult result;
+  if (!workers_.contains(status.worker_id()) &&
+      static_cast<int64_t>(workers_.size()) >= limits_.max_workers) {
+    result.refused = true;
+    return result;
+  }
   auto [it, inserted] = workers_.try_emplace(status.worker_id());
   Worker& w = it->second;
   if (inserted) {
@@ -65,7 +71,11 @@ ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t se
   if (result.outcome == ApplyOutcome::kGap) return result;
   if (was_awaiting) return {ApplyOutcome::kAwaitingSnapshot, result.last_seq};
   if (event.kind == DocEventKind::kStored) {
-    Store(*w, event.entry);
+    if (!Store(*w, event.entry)) {
+      DropEntries(*w);
+      ShrinkIfSparse();
+      return {ApplyOutcome::kOverLimit, result.last_seq};
+    }
   } else {
     Evict(*w, event.entry);
   }
@@ -89,6 +99,10 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
   if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
   ApplyResult result{ApplyOutcome::kApplied, w->last_seq};
   DropEntries(*w);
+  if (static_cast<int64_t>(entries.size()) > limits_.max_entries_per_worker) {
+    ShrinkIfSparse();
+    return {ApplyOutcome::kOverLimit, w->last_seq};
+  }
   for (const DocEntry& e : entries) Store(*w, e);
   if (load != nullptr) *w->status.mutable_load() = *load;
   w->awaiting_snapshot = false;
@@ -103,6 +117,21 @@ void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) 
   if (Worker* w = OwnedWorker(worker_id, session)) w->session = 0;
 }
 
+void DirectoryIndex::DropWorkerEntries(const std::string& worker_id, uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  if (Worker* w = OwnedWorker(worker_id, session)) {
+    DropEntries(*w);
+    ShrinkIfSparse();
+  }
+}
+
+void DirectoryIndex::ShrinkIfSparse() {
+  // Erasing from a flat_hash_map keeps its slot array; after a large worker leaves, that array
+  // would hold the memory of every entry it ever had. Rehash to fit once it is mostly empty
+  // (rare: only after big removals, and O(size) when it happens).
+  if (docs_.capacity() > 4096 && docs_.size() * 8 < docs_.capacity()) docs_.rehash(0);
+}
+
 std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> expired;
@@ -114,10 +143,24 @@ std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
     DropEntries(it->second);
     workers_.erase(it);
   }
+  if (!expired.empty()) ShrinkIfSparse();
   return expired;
 }
 
-void DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
+bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
+  // Checked before inserting anything, so a refused entry leaves no empty holder behind. A
+  // replacement of an entry the worker holds never counts against the bound.
+  if (w.entries >= limits_.max_entries_per_worker) {
+    auto d = docs_.find(entry.key);
+    bool held = false;
+    if (d != docs_.end()) {
+      for (const Holding& h : d->second) {
+        if (h.worker != w.handle) continue;
+        for (const auto& [offset, tokens] : h.offsets) held |= offset == entry.offset;
+      }
+    }
+    if (!held) return false;
+  }
   Holders& holders = docs_[entry.key];
   auto h = std::find_if(holders.begin(), holders.end(),
                         [&](const Holding& x) { return x.worker == w.handle; });
@@ -129,11 +172,13 @@ void DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
   for (auto& [offset, tokens] : h->offsets) {
     if (offset == entry.offset) {
       tokens = entry.tokens;
-      return;
+      return true;
     }
   }
   h->offsets.emplace_back(entry.offset, entry.tokens);
   ++entries_;
+  ++w.entries;
+  return true;
 }
 
 void DirectoryIndex::Evict(Worker& w, const DocEntry& entry) {
@@ -148,6 +193,7 @@ void DirectoryIndex::Evict(Worker& w, const DocEntry& entry) {
   if (o == h->offsets.end()) return;
   h->offsets.erase(o);
   --entries_;
+  --w.entries;
   if (!h->offsets.empty()) return;
   holders.erase(h);
   w.keys.erase(entry.key);
@@ -168,6 +214,8 @@ void DirectoryIndex::DropEntries(Worker& w) {
     if (holders.empty()) docs_.erase(d);
   }
   w.keys.clear();
+  w.keys.rehash(0);  // a worker's own key set gives its memory back too
+  w.entries = 0;
 }
 
 std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey> keys,

@@ -25,6 +25,13 @@
 // passes, so a quick reconnect loses nothing. ExpireLeases removes workers whose lease has passed,
 // with all their entries; Lookup already hides them before the sweep.
 //
+// Bounds (IndexLimits): a Hello of a new worker when max_workers are registered is refused
+// (HelloResult::refused, nothing changes). A snapshot of more than max_entries_per_worker entries,
+// or a stored event that would take the worker past it, returns kOverLimit and drops all of the
+// worker's entries (it stays registered until its lease passes; its stream should end): the
+// directory's memory stays bounded by max_workers x max_entries_per_worker entries. Memory of
+// removed entries is given back: the document table shrinks when it is mostly empty.
+//
 // Time is passed in by the caller (absl::Time), so tests drive a fake clock.
 // Thread-safe: one mutex guards everything; every public method takes it once.
 #ifndef LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_
@@ -70,6 +77,12 @@ enum class ApplyOutcome {
   kGap,               // seq != last + 1: the caller asks for a snapshot; events ignored until then
   kAwaitingSnapshot,  // an event that arrived while a snapshot is awaited: ignored
   kNoSession,         // the session no longer owns the worker: nothing changed
+  kOverLimit,         // over max_entries_per_worker: the worker's entries were dropped
+};
+
+struct IndexLimits {
+  int64_t max_workers = 1024;
+  int64_t max_entries_per_worker = 262'144;
 };
 
 struct ApplyResult {
@@ -80,6 +93,7 @@ struct ApplyResult {
 struct HelloResult {
   uint64_t session = 0;          // pass to every later call from the same stream
   bool entries_dropped = false;  // a new epoch: the worker's entries were removed
+  bool refused = false;          // a new worker beyond max_workers: not registered, session 0
 };
 
 // One live worker as Lookup and ListWorkers report it.
@@ -99,17 +113,20 @@ struct IndexStats {
 
 class DirectoryIndex {
  public:
-  // `lease`: how long a worker stays live after its last message. Must be positive.
-  explicit DirectoryIndex(absl::Duration lease);
+  // `lease`: how long a worker stays live after its last message. Must be positive. `limits`
+  // must be positive.
+  explicit DirectoryIndex(absl::Duration lease, IndexLimits limits = {});
 
   DirectoryIndex(const DirectoryIndex&) = delete;
   DirectoryIndex& operator=(const DirectoryIndex&) = delete;
 
   absl::Duration lease() const { return lease_; }
+  const IndexLimits& limits() const { return limits_; }
 
   // Registers or re-registers the worker named by status.worker_id (must be non-empty) with a new
   // session, seq as its last seq, a fresh lease, awaiting a snapshot. A different epoch than the
-  // registered one drops the worker's entries.
+  // registered one drops the worker's entries. A worker not yet registered when max_workers are
+  // is refused.
   HelloResult Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -123,12 +140,16 @@ class DirectoryIndex {
 
   // Replaces all of the worker's entries with `entries` (a repeated (key, offset) keeps the last)
   // and ends any wait for a snapshot, whatever its seq. `load` may be null (keep the last one).
+  // More than max_entries_per_worker entries: kOverLimit, the worker left with none.
   ApplyResult ApplySnapshot(const std::string& worker_id, uint64_t session, uint64_t seq,
                             absl::Span<const DocEntry> entries, const v1::WorkerLoad* load,
                             absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The session's stream closed. The worker keeps its entries until its lease passes.
   void Disconnect(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops every entry of the worker if `session` owns it (a stream refused for its size).
+  void DropWorkerEntries(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes every worker whose lease expiry is <= now, with all its entries. Returns their ids.
   std::vector<std::string> ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -158,6 +179,7 @@ class DirectoryIndex {
     uint64_t epoch = 0;
     uint64_t session = 0;  // 0: no stream owns it
     uint64_t last_seq = 0;
+    int64_t entries = 0;  // (key, offset) entries held
     bool awaiting_snapshot = true;
     absl::Time lease_expiry;
     absl::Time last_seen;
@@ -169,11 +191,15 @@ class DirectoryIndex {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Common seq bookkeeping of heartbeats and events: renews the lease, detects a gap.
   ApplyResult Advance(Worker& w, uint64_t seq, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False (nothing stored) when a new entry would take the worker past max_entries_per_worker.
+  bool Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Evict(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the document table's memory back once most of it is empty.
+  void ShrinkIfSparse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_;
+  const IndexLimits limits_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DocumentKey, Holders> docs_ ABSL_GUARDED_BY(mu_);

@@ -45,7 +45,21 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
                            .Register(registry)
                            .Add({}, prometheus::Histogram::BucketBoundaries{
                                         1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-                                        1e-3, 2.5e-3, 5e-3, 1e-2})) {}
+                                        1e-3, 2.5e-3, 5e-3, 1e-2})),
+      limit_family_(prometheus::BuildCounter()
+                        .Name("lazyattn_kvdir_limit_refusals_total")
+                        .Help("Publish streams ended because a worker went past a bound of the "
+                              "directory (limits.*), by bound")
+                        .Register(registry)) {
+  limit_refusals_[0] = &limit_family_.Add({{"limit", "max_workers"}});
+  limit_refusals_[1] = &limit_family_.Add({{"limit", "max_entries_per_worker"}});
+  limit_refusals_[2] = &limit_family_.Add({{"limit", "worker_id"}});
+  limit_refusals_[3] = &limit_family_.Add({{"limit", "status_bytes"}});
+}
+
+void KvdirMetrics::LimitRefused(Limit limit) {
+  limit_refusals_[static_cast<int>(limit)]->Increment();
+}
 
 void KvdirMetrics::SetIndexStats(const IndexStats& stats) {
   workers_alive_.Set(static_cast<double>(stats.workers));

@@ -8,6 +8,9 @@
 //                                                applied
 //   lazyattn_kvdir_leases_expired_total          counter: workers removed by lease expiry
 //   lazyattn_kvdir_lookup_duration_seconds       histogram: Lookup handling time (index only)
+//   lazyattn_kvdir_limit_refusals_total{limit}   counter: Publish streams ended by a bound:
+//                                                max_workers, max_entries_per_worker,
+//                                                worker_id, status_bytes
 #ifndef LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 #define LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 
@@ -33,6 +36,8 @@ class KvdirMetrics {
   // A hello claiming a worker id other than the one in the caller's certificate.
   void HelloRefused() { hellos_refused_.Increment(); }
   void ObserveLookup(absl::Duration d);
+  enum class Limit { kMaxWorkers, kMaxEntriesPerWorker, kWorkerId, kStatusBytes };
+  void LimitRefused(Limit limit);
 
  private:
   prometheus::Gauge& workers_alive_;
@@ -47,6 +52,8 @@ class KvdirMetrics {
   prometheus::Counter& leases_expired_;
   prometheus::Counter& hellos_refused_;
   prometheus::Histogram& lookup_duration_;
+  prometheus::Family<prometheus::Counter>& limit_family_;
+  prometheus::Counter* limit_refusals_[4];
 };
 
 }  // namespace lazyattn::kvdir

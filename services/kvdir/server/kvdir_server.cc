@@ -4,6 +4,8 @@
 #include <chrono>
 #include <iostream>
 
+#include <malloc.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
@@ -19,6 +21,11 @@ absl::Status Validate(const KvdirOptions& o) {
   if (o.limits.max_keys_per_lookup <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("limits.max_keys_per_lookup: must be > 0, got ",
                                                    o.limits.max_keys_per_lookup));
+  }
+  if (o.limits.max_workers <= 0 || o.limits.max_entries_per_worker <= 0 ||
+      o.limits.max_worker_id_length <= 0) {
+    return absl::InvalidArgumentError(
+        "limits.max_workers, max_entries_per_worker, max_worker_id_length: must be > 0");
   }
   if (o.limits.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -39,9 +46,12 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
     : options_(options),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
-      index_(absl::Milliseconds(options.lease_ms)),
+      index_(absl::Milliseconds(options.lease_ms),
+             IndexLimits{options.limits.max_workers, options.limits.max_entries_per_worker}),
       service_(ServiceContext{&index_, &metrics_, options.lease_ms,
-                              options.limits.max_keys_per_lookup}) {}
+                              options.limits.max_keys_per_lookup,
+                              options.limits.max_entries_per_worker,
+                              options.limits.max_worker_id_length}) {}
 
 absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
@@ -55,6 +65,7 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   grpc_options.listen_address = options.listen_address;
   grpc_options.max_message_bytes = options.limits.max_message_bytes;
   grpc_options.tls = options.tls;
+  grpc_options.reflection = options.reflection;
   if (!options.tls.ca_file.empty()) {
     // Mutual TLS: the directory's writers are workers, its readers routers (common/auth.h).
     grpc_options.auth_processor = std::make_shared<RoleAuthorizer>(std::vector<MethodRole>{
@@ -88,7 +99,12 @@ void KvdirServer::SweepLoop() {
       std::cerr << "lazyattn-kvdir: lease of worker " << id
                 << " expired; its entries are dropped\n";
     }
-    if (!expired.empty()) metrics_.LeasesExpired(static_cast<int64_t>(expired.size()));
+    if (!expired.empty()) {
+      metrics_.LeasesExpired(static_cast<int64_t>(expired.size()));
+      // The index freed the workers' entries; glibc keeps freed small blocks in its arenas
+      // unless asked, and a directory that just lost large workers should shrink back.
+      malloc_trim(0);
+    }
     metrics_.SetIndexStats(index_.Stats());
   }
 }

@@ -37,9 +37,22 @@ struct KvdirOptions {
   TlsOptions tls;
   // Plaintext without authorization accepted by main (it refuses to start without TLS otherwise).
   bool insecure = false;
+  // Serve grpc.reflection (server.reflection); off by default.
+  bool reflection = false;
+  // Bounds on what workers may make the directory hold (a worker certificate is not a licence
+  // to exhaust its memory). Over one, the Publish stream ends with the status below, the refusal
+  // is counted in lazyattn_kvdir_limit_refusals_total{limit} and logged.
   struct Limits {
     int max_keys_per_lookup = 1024;    // more: INVALID_ARGUMENT naming `keys`
-    int max_message_bytes = 64 << 20;  // both directions; bounds a worker's snapshot
+    int max_message_bytes = 64 << 20;  // both directions; bounds a snapshot's bytes
+    // A new worker's hello when this many are registered: RESOURCE_EXHAUSTED.
+    int64_t max_workers = 1024;
+    // (document, offset) entries per worker; a larger snapshot, or an event past it:
+    // RESOURCE_EXHAUSTED, and the worker's entries are dropped.
+    int64_t max_entries_per_worker = 262'144;
+    // hello.status.worker_id: 1..this many of [A-Za-z0-9._:[]-] (a host:port, a pod name, a
+    // certificate name); otherwise INVALID_ARGUMENT.
+    int max_worker_id_length = 255;
   } limits;
   // A worker stays live this long after its last message (heartbeats renew it).
   int64_t lease_ms = 3000;

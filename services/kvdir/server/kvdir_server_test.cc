@@ -5,6 +5,7 @@
 #include "services/kvdir/server/kvdir_server.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <prometheus/metric_family.h>
@@ -127,10 +128,13 @@ class KvdirServerTest : public ::testing::Test {
  protected:
   void Start(int64_t lease_ms = 3000, int max_keys = 1024) {
     KvdirOptions options;
-    options.listen_address = "127.0.0.1:0";
-    options.metrics_address = "";
     options.lease_ms = lease_ms;
     options.limits.max_keys_per_lookup = max_keys;
+    StartWith(options);
+  }
+  void StartWith(KvdirOptions options) {
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "";
     auto server = KvdirServer::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -391,6 +395,117 @@ TEST_F(KvdirServerTest, MetricsEndpointBindsAnOsChosenPort) {
   auto server = KvdirServer::Create(options);
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_GT((*server)->metrics_port(), 0);
+}
+
+TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {
+  KvdirOptions options;
+  options.limits.max_workers = 1;
+  options.limits.max_entries_per_worker = 3;
+  options.limits.max_worker_id_length = 8;
+  StartWith(options);
+  FakeWorker w1(stub_.get(), "w1");
+  w1.Join({Entry(1, 10), Entry(2, 20), Entry(3, 30)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2, 3}) == std::vector<Pair>{{"w1", 60}}; }));
+
+  // A second worker when one is the maximum.
+  FakeWorker w2(stub_.get(), "w2");
+  ASSERT_TRUE(w2.Hello());
+  grpc::Status s = w2.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_workers 1"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_workers"), 1);
+  EXPECT_THAT(LiveWorkers(), ElementsAre("w1"));
+
+  // Replacing an entry it holds is fine at the bound; a fourth entry is not, and drops them all.
+  v1::WorkerMessage replace;
+  replace.mutable_event()->set_kind(v1::DocEvent::STORED);
+  *replace.mutable_event()->mutable_entry() = Entry(3, 31);
+  ASSERT_TRUE(w1.Send(replace));
+  ASSERT_TRUE(WaitFor([&] { return Tokens({3}) == std::vector<Pair>{{"w1", 31}}; }));
+  ASSERT_TRUE(w1.Stored(4, 40));
+  s = w1.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("event.stored"));
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_entries_per_worker (3)"));
+  EXPECT_THAT(Tokens({1, 2, 3, 4}), ElementsAre(Pair("w1", 0)));  // registered, holding nothing
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_entries_per_worker"), 1);
+
+  // A snapshot larger than the bound is refused whole.
+  FakeWorker again(stub_.get(), "w1");
+  again.Join({Entry(1, 1), Entry(2, 2), Entry(3, 3), Entry(4, 4)});
+  s = again.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("snapshot.entries: 4 entries"));
+  EXPECT_THAT(Tokens({1, 2, 3, 4}), ElementsAre(Pair("w1", 0)));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_entries_per_worker"), 2);
+
+  // Worker ids: too long, or outside the charset.
+  for (const std::string& id : std::vector<std::string>{"worker-123", "w 1", std::string("w\0x", 3), "w/1"}) {
+    FakeWorker bad(stub_.get(), id);
+    ASSERT_TRUE(bad.Hello());
+    s = bad.Drain();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << id;
+    EXPECT_THAT(s.error_message(), HasSubstr("hello.status.worker_id: expected 1 to 8"));
+  }
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "worker_id"), 4);
+  // Host:port ids (a worker's default) and bracketed IPv6 pass the charset.
+  KvdirOptions wide;
+  wide.limits.max_worker_id_length = 64;
+  server_.reset();
+  StartWith(wide);
+  FakeWorker hostport(stub_.get(), "[::1]:7201");
+  hostport.Join({});
+  ASSERT_TRUE(WaitFor([&] { return LiveWorkers() == std::vector<std::string>{"[::1]:7201"}; }));
+  EXPECT_TRUE(hostport.Close().ok());
+}
+
+TEST_F(KvdirServerTest, ReflectionOnlyWhenConfigured) {
+  for (bool reflection : {false, true}) {
+    KvdirOptions options;
+    options.reflection = reflection;
+    server_.reset();
+    StartWith(options);
+    // ServerReflectionInfo is a bidi stream; an unregistered method ends UNIMPLEMENTED at once.
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::CompletionQueue cq;
+    auto call = generic.PrepareCall(
+        &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    // list_services: field 7 (string), empty.
+    grpc::Slice slice(std::string("\x3a\x00", 2));
+    grpc::ByteBuffer request(&slice, 1);
+    call->Write(request, reinterpret_cast<void*>(2));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::ByteBuffer response;
+    call->Read(&response, reinterpret_cast<void*>(3));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    const bool answered = ok;
+    std::string text;
+    if (answered) {
+      std::vector<grpc::Slice> slices;
+      ASSERT_TRUE(response.Dump(&slices).ok());
+      for (const auto& sl : slices) text.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+    if (answered) ctx.TryCancel();  // reflection would keep the stream open for more
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    if (reflection) {
+      EXPECT_TRUE(answered);
+      EXPECT_THAT(text, HasSubstr("lazyattn.v1.KvDirectory"));
+    } else {
+      EXPECT_FALSE(answered);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+    }
+  }
 }
 
 }  // namespace

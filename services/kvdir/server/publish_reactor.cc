@@ -1,5 +1,6 @@
 #include "services/kvdir/server/publish_reactor.h"
 
+#include <algorithm>
 #include <iostream>
 #include <utility>
 #include <vector>
@@ -10,6 +11,21 @@
 #include "services/kvdir/server/proto_convert.h"
 
 namespace lazyattn::kvdir {
+namespace {
+
+bool IsWorkerIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-' || c == ':' || c == '[' || c == ']';
+}
+
+// What a log line or an error may show of a worker id that failed validation.
+std::string Printable(const std::string& id) {
+  std::string out;
+  for (char c : id.substr(0, 64)) out.push_back(IsWorkerIdChar(c) ? c : '?');
+  return out;
+}
+
+}  // namespace
 
 PublishReactor::PublishReactor(const ServiceContext& ctx, std::string bound_worker_id)
     : ctx_(ctx), bound_worker_id_(std::move(bound_worker_id)) {
@@ -54,6 +70,12 @@ absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
           index.Heartbeat(worker_id_, session_, msg.seq(), msg.heartbeat().load(), now), msg.seq());
     case v1::WorkerMessage::kSnapshot: {
       const v1::Snapshot& snap = msg.snapshot();
+      if (snap.entries_size() > ctx_.max_entries_per_worker) {
+        // Refused before the entries are converted: a copy of an oversized snapshot is what
+        // the bound exists to avoid.
+        index.DropWorkerEntries(worker_id_, session_);
+        return OverEntryLimit(absl::StrCat("snapshot.entries: ", snap.entries_size(), " entries"));
+      }
       std::vector<DocEntry> entries;
       entries.reserve(snap.entries_size());
       for (int i = 0; i < snap.entries_size(); ++i) {
@@ -78,6 +100,25 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   if (id.empty()) {
     return absl::InvalidArgumentError("hello.status.worker_id: must not be empty");
   }
+  if (static_cast<int64_t>(id.size()) > ctx_.max_worker_id_length ||
+      !std::all_of(id.begin(), id.end(), IsWorkerIdChar)) {
+    ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kWorkerId);
+    std::cerr << "lazyattn-kvdir: refused hello: worker id \"" << Printable(id) << "\" ("
+              << id.size() << " bytes) is not 1.." << ctx_.max_worker_id_length
+              << " of [A-Za-z0-9._:[]-]\n";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.status.worker_id: expected 1 to ", ctx_.max_worker_id_length,
+        " of [A-Za-z0-9._:[]-] (limits.max_worker_id_length), got ", id.size(), " bytes \"",
+        Printable(id), "\""));
+  }
+  if (const size_t bytes = hello.status().ByteSizeLong();
+      bytes > static_cast<size_t>(ctx_.max_status_bytes)) {
+    ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kStatusBytes);
+    std::cerr << "lazyattn-kvdir: refused hello from worker " << id << ": status of " << bytes
+              << " bytes\n";
+    return absl::InvalidArgumentError(absl::StrCat("hello.status: ", bytes, " bytes, at most ",
+                                                   ctx_.max_status_bytes));
+  }
   if (!bound_worker_id_.empty() && id != bound_worker_id_) {
     // The id is the directory's key: taking another worker's would replace its entries and
     // steer its users' requests to the caller.
@@ -93,6 +134,14 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
   }
   const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now());
+  if (r.refused) {
+    ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
+    std::cerr << "lazyattn-kvdir: refused hello from new worker " << id
+              << ": limits.max_workers reached\n";
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hello: the directory holds its maximum number of workers (limits.max_workers ",
+        ctx_.index->limits().max_workers, "); worker ", id, " is not registered"));
+  }
   worker_id_ = id;
   session_ = r.session;
   std::cerr << "lazyattn-kvdir: hello from worker " << id << " at " << hello.status().address()
@@ -114,6 +163,8 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
       RequestSnapshot(absl::StrCat("sequence gap after ", result.last_seq, ", got ", seq),
                       /*gap=*/true);
       return absl::OkStatus();
+    case ApplyOutcome::kOverLimit:
+      return OverEntryLimit(absl::StrCat("event.stored (seq ", seq, ")"));
     case ApplyOutcome::kNoSession:
       session_ = 0;
       return absl::AbortedError(absl::StrCat(
@@ -121,6 +172,16 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
           " (its lease expired or a newer stream said hello); reconnect and say hello"));
   }
   return absl::OkStatus();
+}
+
+absl::Status PublishReactor::OverEntryLimit(const std::string& what) {
+  ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxEntriesPerWorker);
+  std::cerr << "lazyattn-kvdir: worker " << worker_id_ << " over limits.max_entries_per_worker ("
+            << what << "); its entries are dropped\n";
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, ": more than limits.max_entries_per_worker (",
+                   ctx_.max_entries_per_worker, ") for worker ", worker_id_,
+                   "; its entries were dropped"));
 }
 
 void PublishReactor::RequestSnapshot(const std::string& reason, bool gap) {

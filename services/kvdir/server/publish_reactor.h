@@ -9,7 +9,11 @@
 //     tokens, missing key, empty worker_id, a second Hello naming another worker);
 //   - FAILED_PRECONDITION when the first message is not Hello;
 //   - ABORTED when the stream no longer owns its worker (a newer stream said Hello for the same
-//     worker id, or the lease expired): the worker should reconnect and say Hello.
+//     worker id, or the lease expired): the worker should reconnect and say Hello;
+//   - RESOURCE_EXHAUSTED naming the bound (limits.max_workers for a new worker's hello;
+//     limits.max_entries_per_worker for a snapshot or a stored event past it, which also drops
+//     the worker's entries); INVALID_ARGUMENT for a worker id of a bad length or charset
+//     (limits.max_worker_id_length) or a hello.status over 64 KiB. Each is counted and logged.
 // Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
 //
 // Threading: reads are sequential (one outstanding read), so the read side (Handle and the
@@ -49,6 +53,8 @@ class PublishReactor final
   absl::Status HandleHello(const v1::WorkerMessage& msg);
   // Acts on what the index said about a message; an error ends the stream.
   absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
+  // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker past max_entries_per_worker.
+  absl::Status OverEntryLimit(const std::string& what);
   void RequestSnapshot(const std::string& reason, bool gap);
   void Send(v1::DirectoryMessage msg);
   // Leaves the session and finishes the stream once queued replies are written.

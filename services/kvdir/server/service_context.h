@@ -15,6 +15,9 @@ struct ServiceContext {
   KvdirMetrics* metrics = nullptr;
   int64_t lease_ms = 3000;
   int max_keys_per_lookup = 1024;
+  int64_t max_entries_per_worker = 262'144;  // also in the index; checked before decoding
+  int max_worker_id_length = 255;
+  int max_status_bytes = 65'536;  // hello.status: kept per worker, returned by every Lookup
 };
 
 }  // namespace lazyattn::kvdir

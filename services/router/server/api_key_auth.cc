@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -58,6 +59,48 @@ std::string_view BearerToken(const grpc::AuthMetadataProcessor::InputMetadata& m
   return v;
 }
 
+// An entry's optional `limits` map (key_limits.h); `where` names the entry.
+absl::Status ParseLimits(const YAML::Node& node, const std::string& where, KeyLimits* limits) {
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".limits: expected a map"));
+  }
+  bool burst_set = false;
+  for (const auto& field : node) {
+    const std::string f = field.first.as<std::string>();
+    const std::string at = absl::StrCat(where, ".limits.", f);
+    if (f == "requests_per_second" || f == "burst") {
+      const double v = field.second.as<double>();
+      // 1e6/s is far beyond what a router serves; the bound keeps the bucket arithmetic exact.
+      if (!(v > 0 && v <= 1e6) || (f == "burst" && v < 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": must be in ", f == "burst" ? "[1" : "(0", ", 1e6], got ", field.second.Scalar()));
+      }
+      if (f == "burst") {
+        limits->burst = v;
+        burst_set = true;
+      } else {
+        limits->requests_per_second = v;
+      }
+    } else if (f == "max_in_flight") {
+      const int64_t v = field.second.as<int64_t>();
+      if (v < 1 || v > 1'000'000) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ": must be in [1, 1000000], got ", field.second.Scalar()));
+      }
+      limits->max_in_flight = static_cast<int>(v);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ": unknown limit (expected requests_per_second, burst or max_in_flight)"));
+    }
+  }
+  if (burst_set && limits->requests_per_second <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".limits.burst: needs requests_per_second"));
+  }
+  if (!burst_set) limits->burst = std::max(1.0, limits->requests_per_second);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std::string& source) {
@@ -101,6 +144,8 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
                   where, ".scopes: unknown scope \"", scope, "\" (expected generate or admin)"));
             }
           }
+        } else if (f == "limits") {
+          if (absl::Status s = ParseLimits(field.second, where, &key.limits); !s.ok()) return s;
         } else {
           return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field ", f));
         }
@@ -140,7 +185,8 @@ ApiKeyAuthorizer::ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_
                           .Name("lazyattn_router_auth_refused_total")
                           .Help("Calls refused before any handler, by reason (missing_key, "
                                 "unknown_key, missing_scope, unknown_method)")
-                          .Register(registry)) {
+                          .Register(registry)),
+      limiter_(registry) {
   for (const char* reason : {"missing_key", "unknown_key", "missing_scope", "unknown_method"}) {
     refused_[reason] = &refused_family_.Add({{"reason", reason}});
   }
@@ -177,6 +223,9 @@ absl::Status ApiKeyAuthorizer::Load() {
   file_size_ = st.st_size;
   if (!table.ok()) return table.status();
   auto keys = std::make_shared<const ApiKeyTable>(std::move(*table));
+  absl::flat_hash_map<std::string, KeyLimits> limits;
+  for (const auto& [hash, key] : *keys) limits.emplace(key.name, key.limits);
+  limiter_.Configure(limits);
   absl::MutexLock lock(&mu_);
   for (const auto& [hash, key] : *keys) {
     if (!requests_.contains(key.name)) {
@@ -267,6 +316,7 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
                   absl::StrCat(std::string(path), ": API key \"", key.name,
                                "\" lacks the scope \"", std::string(scope), "\""));
   }
+  if (grpc::Status s = limiter_.TakeToken(key.name, absl::Now()); !s.ok()) return s;
   // Consumed: the key does not reach handlers (nor anything they might forward or log).
   const auto header = auth_metadata.find("authorization");
   consumed_auth_metadata->insert(

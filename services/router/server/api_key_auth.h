@@ -7,12 +7,14 @@
 //     - name: demo              # [A-Za-z0-9._-]{1,64}; the `key` label of the metrics below
 //       sha256: 9f86d08...      # 64 hex digits: SHA-256 of the key's bytes (tools/gen-certs)
 //       scopes: [generate]      # generate: Generate, Complete, GetModelInfo; admin: Prefetch
+//       limits: {requests_per_second: 5, burst: 10, max_in_flight: 4}   # optional (key_limits.h)
 //
 // The file is re-read when its modification time or size changes (checked at most once per
 // reload interval, on the next call), so keys are added and revoked without a restart; a file
 // that fails to parse is reported on stderr and the keys loaded before it stay in force.
 // Answers: no or malformed key UNAUTHENTICATED, unknown key UNAUTHENTICATED, missing scope
-// PERMISSION_DENIED; gRPC health and reflection stay open. Keys are never logged or stored.
+// PERMISSION_DENIED, over a per-key limit RESOURCE_EXHAUSTED naming the key's name; gRPC health
+// and reflection stay open. Keys are never logged or stored.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
 
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/router/server/key_limits.h"
 
 namespace lazyattn::router {
 
@@ -43,10 +46,11 @@ struct ApiKey {
   std::string name;
   bool generate = false;
   bool admin = false;
+  KeyLimits limits;  // none unless the entry has `limits`
 };
 
 // sha256 hex (lower case) -> key. InvalidArgument naming `source` and the entry (keys[i].field)
-// for a malformed file, a duplicate name or hash, or an unknown scope.
+// for a malformed file, a duplicate name or hash, an unknown scope or a bad limit.
 using ApiKeyTable = absl::flat_hash_map<std::string, ApiKey>;
 absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std::string& source);
 
@@ -65,6 +69,9 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
   // file could not be loaded (the previous keys stay).
   bool ReloadIfChanged();
 
+  // The per-key limits of the loaded file (the in-flight cap is applied by the handlers).
+  KeyLimiter& limiter() { return limiter_; }
+
  private:
   ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_interval,
                    prometheus::Registry& registry);
@@ -75,6 +82,7 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
   const absl::Duration reload_interval_;
   prometheus::Family<prometheus::Counter>& requests_family_;
   prometheus::Family<prometheus::Counter>& refused_family_;
+  KeyLimiter limiter_;
 
   // Lock order: reload_mu_ before mu_.
   absl::Mutex reload_mu_;

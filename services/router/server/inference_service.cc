@@ -19,13 +19,19 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
 // Validation and admission shared by Generate and Complete; an error status means "finish now".
-grpc::Status Admit(RouterContext* router, const GenerateRequest& request, bool* admitted) {
+// `slot` holds the call's place under its API key's in-flight cap until the reactor is deleted.
+grpc::Status Admit(RouterContext* router, KeyLimiter* key_limiter,
+                   const grpc::CallbackServerContext& context, const GenerateRequest& request,
+                   KeySlot* slot, bool* admitted) {
   const auto model = router->registry().Model();
   absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
                                                model.has_value() ? model->vocab_size() : 0);
   if (!valid.ok()) {
     router->metrics().CountValidationFailure(valid);
     return ToGrpcStatus(valid);
+  }
+  if (key_limiter != nullptr) {
+    if (grpc::Status s = key_limiter->Acquire(ApiKeyNameOf(context), slot); !s.ok()) return s;
   }
   if (!router->TryAdmit()) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -40,10 +46,10 @@ grpc::Status Admit(RouterContext* router, const GenerateRequest& request, bool* 
 class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
                               public ForwardingCall {
  public:
-  GenerateReactor(RouterContext* router, grpc::CallbackServerContext* context,
-                  const GenerateRequest* request)
+  GenerateReactor(RouterContext* router, KeyLimiter* key_limiter,
+                  grpc::CallbackServerContext* context, const GenerateRequest* request)
       : ForwardingCall(router, context, request) {
-    grpc::Status s = Admit(router, *request, &admitted_);
+    grpc::Status s = Admit(router, key_limiter, *context, *request, &key_slot_, &admitted_);
     if (!s.ok()) {
       router->metrics().CountRequest(s.error_code());
       Finish(s);
@@ -76,15 +82,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
   bool StreamsToClient() const override { return true; }
 
   GenerateResponse out_;
+  KeySlot key_slot_;
   bool admitted_ = false;
 };
 
 class CompleteReactor final : public grpc::ServerUnaryReactor, public ForwardingCall {
  public:
-  CompleteReactor(RouterContext* router, grpc::CallbackServerContext* context,
-                  const GenerateRequest* request, CompleteResponse* response)
+  CompleteReactor(RouterContext* router, KeyLimiter* key_limiter,
+                  grpc::CallbackServerContext* context, const GenerateRequest* request,
+                  CompleteResponse* response)
       : ForwardingCall(router, context, request), response_(response) {
-    grpc::Status s = Admit(router, *request, &admitted_);
+    grpc::Status s = Admit(router, key_limiter, *context, *request, &key_slot_, &admitted_);
     if (!s.ok()) {
       router->metrics().CountRequest(s.error_code());
       Finish(s);
@@ -124,6 +132,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   CompleteResponse* const response_;
   std::string text_;
   std::vector<int32_t> token_ids_;
+  KeySlot key_slot_;
   bool admitted_ = false;
 };
 
@@ -131,13 +140,13 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
 
 grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const GenerateRequest* request) {
-  return new GenerateReactor(router_, context, request);
+  return new GenerateReactor(router_, key_limiter_, context, request);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Complete(grpc::CallbackServerContext* context,
                                                      const GenerateRequest* request,
                                                      CompleteResponse* response) {
-  return new CompleteReactor(router_, context, request, response);
+  return new CompleteReactor(router_, key_limiter_, context, request, response);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Prefetch(grpc::CallbackServerContext* context,

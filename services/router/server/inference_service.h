@@ -5,13 +5,16 @@
 #define LAZYATTN_SERVICES_ROUTER_SERVER_INFERENCE_SERVICE_H_
 
 #include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/key_limits.h"
 #include "services/router/server/router_context.h"
 
 namespace lazyattn::router {
 
 class InferenceService final : public lazyattn::v1::Inference::CallbackService {
  public:
-  explicit InferenceService(RouterContext* router) : router_(router) {}
+  // `key_limiter` (may be null: no API keys) caps each key's Generate/Complete calls in flight.
+  explicit InferenceService(RouterContext* router, KeyLimiter* key_limiter = nullptr)
+      : router_(router), key_limiter_(key_limiter) {}
 
   grpc::ServerWriteReactor<lazyattn::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const lazyattn::v1::GenerateRequest* request) override;
@@ -27,6 +30,7 @@ class InferenceService final : public lazyattn::v1::Inference::CallbackService {
 
  private:
   RouterContext* const router_;
+  KeyLimiter* const key_limiter_;
 };
 
 }  // namespace lazyattn::router

@@ -76,6 +76,10 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
     return absl::InvalidArgumentError(absl::StrCat(
         config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
   }
+  ASSIGN_OR_RETURN(const int64_t tls_refresh_s,
+                   IntIn(config, "server.tls.refresh_interval_s", 60, 1, 86400));
+  o.server.tls.refresh_interval_s = static_cast<int>(tls_refresh_s);
+  ASSIGN_OR_RETURN(o.server.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9000"));
   if (overrides.metrics.has_value()) o.metrics_address = *overrides.metrics;
   RETURN_IF_ERROR(CheckAddress(config, "metrics.listen", o.metrics_address, true));
@@ -120,6 +124,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(o.client_tls.ca_file, config.String("client_tls.ca_file", ""));
   ASSIGN_OR_RETURN(o.client_tls.cert_file, config.String("client_tls.cert_file", ""));
   ASSIGN_OR_RETURN(o.client_tls.key_file, config.String("client_tls.key_file", ""));
+  o.client_tls.refresh_interval_s = o.server.tls.refresh_interval_s;  // one watch interval
   if (o.client_tls.cert_file.empty() != o.client_tls.key_file.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(config.source(), ": client_tls: cert_file and key_file must be set together"));

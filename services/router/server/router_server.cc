@@ -12,15 +12,19 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
   server->registry_ =
       registry != nullptr ? std::move(registry) : std::make_shared<prometheus::Registry>();
   server->context_ = std::make_unique<RouterContext>(options, *server->registry_);
-  server->service_ = std::make_unique<InferenceService>(server->context_.get());
-  server->context_->RefreshWorkers();
   ServerOptions grpc_options = options.server;
+  KeyLimiter* key_limiter = nullptr;
   if (!options.auth.api_keys_file.empty()) {
     auto auth = ApiKeyAuthorizer::Create(options.auth.api_keys_file, options.auth.reload_interval,
                                          *server->registry_);
     if (!auth.ok()) return auth.status();
+    // The authorizer (and its limiter) lives as long as the server's credentials, past every
+    // call's reactor.
+    key_limiter = &(*auth)->limiter();
     grpc_options.auth_processor = std::move(*auth);
   }
+  server->service_ = std::make_unique<InferenceService>(server->context_.get(), key_limiter);
+  server->context_->RefreshWorkers();
   auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);

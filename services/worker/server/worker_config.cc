@@ -74,6 +74,10 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   if (!o.grpc.tls.ca_file.empty() && o.grpc.tls.cert_file.empty()) {
     return Error(config, "server.tls.ca_file", "needs cert_file and key_file (server TLS)");
   }
+  ASSIGN_OR_RETURN(const int64_t tls_refresh_s,
+                   IntInRange(config, "server.tls.refresh_interval_s", 60, 1, 86400));
+  o.grpc.tls.refresh_interval_s = static_cast<int>(tls_refresh_s);
+  ASSIGN_OR_RETURN(o.grpc.reflection, config.Bool("server.reflection", false));
 
   // Engine.
   ASSIGN_OR_RETURN(c.kv_budget_bytes, IntInRange(config, "engine.kv_budget_bytes",

@@ -1,0 +1,273 @@
+// The router's TLS and API key edge over real gRPC: per-key limits through the whole call path
+// (RESOURCE_EXHAUSTED naming the key's name, following reloads of the key file, revocation) and
+// certificate rotation without a restart (new connections get the new certificate, a stream
+// opened before keeps working). Certificates come from tools/gen-certs (run from the source tree,
+// as ctest does); the router reaches a scripted fake worker in plaintext.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/time/clock.h"
+#include "common/document_key.h"
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+
+namespace lazyattn::router {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return cond();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  // Written beside and renamed over, as an operator (or a Kubernetes Secret update) replaces it.
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+// `openssl x509 -serial` of a PEM certificate ("" on failure).
+std::string Serial(const std::string& pem) {
+  const std::string path = ::testing::TempDir() + "/serial-probe.pem";
+  std::ofstream(path) << pem;
+  FILE* p = popen(("openssl x509 -noout -serial -in '" + path + "' 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return "";
+  char buf[256] = {};
+  const size_t n = fread(buf, 1, sizeof(buf) - 1, p);
+  pclose(p);
+  return std::string(absl::StripAsciiWhitespace(absl::string_view(buf, n)));
+}
+
+class RouterTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    certs_ = ::testing::TempDir() + "/router-tls-certs";
+    ASSERT_EQ(std::system(
+                  absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
+                      .c_str()),
+              0)
+        << "tools/gen-certs (run from the source tree) failed";
+    std::filesystem::copy_file(certs_ + "/router-0.crt", certs_ + "/live.crt",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(certs_ + "/router-0.key", certs_ + "/live.key",
+                               std::filesystem::copy_options::overwrite_existing);
+    keys_file_ = certs_ + "/keys.yaml";
+    worker_.Start();
+  }
+
+  void StartRouter(const std::string& keys_yaml) {
+    WriteFile(keys_file_, keys_yaml);
+    RouterOptions o;
+    o.server.listen_address = "127.0.0.1:0";
+    o.server.tls = TlsOptions{.cert_file = certs_ + "/live.crt",
+                              .key_file = certs_ + "/live.key",
+                              .refresh_interval_s = 1};
+    o.workers = {worker_.address()};
+    o.kvdir.refresh_interval = absl::Hours(1);
+    o.health.interval = absl::ZeroDuration();
+    o.auth.api_keys_file = keys_file_;
+    o.auth.reload_interval = absl::Milliseconds(50);
+    registry_ = std::make_shared<prometheus::Registry>();
+    auto server = RouterServer::Create(o, registry_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    router_ = std::move(*server);
+  }
+
+  // A channel of its own (its own connection: no subchannel shared with other channels).
+  std::unique_ptr<lazyattn::v1::Inference::Stub> Stub(const std::string& key) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(certs_ + "/ca.crt");
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto creds = grpc::CompositeChannelCredentials(grpc::SslCredentials(ssl),
+                                                   grpc::AccessTokenCredentials(key));
+    return lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("localhost:", router_->port()), creds, args));
+  }
+
+  static lazyattn::v1::GenerateRequest Request() {
+    lazyattn::v1::GenerateRequest r;
+    r.set_question("What is it?");
+    return r;
+  }
+
+  // GetModelInfo's status, and the serial of the certificate the router presented.
+  grpc::Status Info(lazyattn::v1::Inference::Stub& stub, std::string* serial = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    lazyattn::v1::ModelInfo info;
+    grpc::Status s = stub.GetModelInfo(&ctx, {}, &info);
+    if (serial != nullptr) {
+      serial->clear();
+      if (auto auth = ctx.auth_context()) {
+        for (const auto& v : auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
+          *serial = Serial(std::string(v.data(), v.size()));
+        }
+      }
+    }
+    return s;
+  }
+
+  std::string Metrics() const {
+    return prometheus::TextSerializer().Serialize(registry_->Collect());
+  }
+
+  // One Generate stream read to its end on its own thread.
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<lazyattn::v1::GenerateResponse>> reader;
+    int tokens = 0;
+    grpc::Status status;
+    std::thread thread;
+  };
+  std::unique_ptr<Stream> Open(lazyattn::v1::Inference::Stub& stub) {
+    auto s = std::make_unique<Stream>();
+    s->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    s->reader = stub.Generate(&s->ctx, Request());
+    s->thread = std::thread([s = s.get()] {
+      lazyattn::v1::GenerateResponse r;
+      while (s->reader->Read(&r)) s->tokens += r.has_token() ? 1 : 0;
+      s->status = s->reader->Finish();
+    });
+    return s;
+  }
+
+  std::string certs_;
+  std::string keys_file_;
+  testing::FakeWorker worker_{"w0"};
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<RouterServer> router_;  // destroyed before the worker
+};
+
+std::string KeyEntry(const std::string& name, const std::string& key, const std::string& limits) {
+  return absl::StrCat("  - name: ", name, "\n    sha256: ", Sha256Hex(key),
+                      "\n    scopes: [generate]\n", limits.empty() ? "" : "    limits: " + limits,
+                      limits.empty() ? "" : "\n");
+}
+
+TEST_F(RouterTlsTest, PerKeyLimitsNameTheKeyAndFollowReloads) {
+  testing::FakeWorker::Script script;
+  script.block = true;
+  worker_.SetScript(script);
+  const std::string limited = "lzk_limited_secret", rated = "lzk_rated_secret";
+  StartRouter("keys:\n" + KeyEntry("limited", limited, "{max_in_flight: 1}") +
+              KeyEntry("rated", rated, "{requests_per_second: 0.01, burst: 2}"));
+  auto limited_stub = Stub(limited);
+  auto rated_stub = Stub(rated);
+
+  // In flight: the first call holds the key's one place until it ends.
+  auto first = Open(*limited_stub);
+  ASSERT_TRUE(worker_.WaitForCalls(1, absl::Seconds(10)));
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = limited_stub->Complete(&ctx, Request(), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("API key \"limited\": 1 requests in flight"));
+  EXPECT_THAT(s.error_message(), Not(HasSubstr(limited)));  // the name, never the key
+  // Another key is not affected by it; its own rate allows a burst of 2, then refuses.
+  EXPECT_TRUE(Info(*rated_stub).ok());
+  EXPECT_TRUE(Info(*rated_stub).ok());
+  s = Info(*rated_stub);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("API key \"rated\": over its request rate"));
+
+  // Reload with a higher cap and no rate limit: a second call of `limited` now runs.
+  WriteFile(keys_file_, "keys:\n" + KeyEntry("limited", limited, "{max_in_flight: 2}") +
+                            KeyEntry("rated", rated, ""));
+  ASSERT_TRUE(WaitFor([&] { return Info(*rated_stub).ok(); })) << "the reload never came";
+  auto second = Open(*limited_stub);
+  ASSERT_TRUE(worker_.WaitForCalls(2, absl::Seconds(10)));
+  grpc::ClientContext ctx3;
+  s = limited_stub->Complete(&ctx3, Request(), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("API key \"limited\": 2 requests in flight"));
+
+  // Revoked: new calls are UNAUTHENTICATED; the calls already running finish normally.
+  WriteFile(keys_file_, "keys:\n" + KeyEntry("rated", rated, ""));
+  ASSERT_TRUE(WaitFor([&] {
+    return Info(*limited_stub).error_code() == grpc::StatusCode::UNAUTHENTICATED;
+  }));
+  worker_.Unblock();
+  for (auto* stream : {first.get(), second.get()}) {
+    stream->thread.join();
+    EXPECT_TRUE(stream->status.ok()) << stream->status.error_message();
+    EXPECT_EQ(stream->tokens, 3);
+  }
+  const std::string m = Metrics();
+  EXPECT_THAT(m, HasSubstr("lazyattn_router_api_key_limited_total{key=\"limited\","
+                           "limit=\"in_flight\"} 2"));
+  // At least the one refusal above (the wait for the reload may have added more).
+  EXPECT_THAT(m, HasSubstr("lazyattn_router_api_key_limited_total{key=\"rated\",limit=\"rate\"} "));
+  EXPECT_THAT(m, Not(HasSubstr("lazyattn_router_api_key_limited_total{key=\"rated\","
+                               "limit=\"rate\"} 0\n")));
+}
+
+TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWorking) {
+  testing::FakeWorker::Script script;
+  script.block = true;
+  worker_.SetScript(script);
+  const std::string key = "lzk_demo_secret";
+  StartRouter("keys:\n" + KeyEntry("demo", key, ""));
+  const std::string old_serial = Serial(ReadFile(certs_ + "/router-0.crt"));
+  ASSERT_FALSE(old_serial.empty());
+  auto old_stub = Stub(key);
+  std::string serial;
+  ASSERT_TRUE(Info(*old_stub, &serial).ok());
+  EXPECT_EQ(serial, old_serial);
+  auto stream = Open(*old_stub);  // open across the rotation
+  ASSERT_TRUE(worker_.WaitForCalls(1, absl::Seconds(10)));
+
+  // A new certificate from the same CA, moved over the files the router was started with.
+  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs cert router router-0-next --out '", certs_,
+                                     "' >/dev/null")
+                            .c_str()),
+            0);
+  const std::string new_serial = Serial(ReadFile(certs_ + "/router-0-next.crt"));
+  ASSERT_FALSE(new_serial.empty());
+  ASSERT_NE(new_serial, old_serial);
+  std::filesystem::rename(certs_ + "/router-0-next.key", certs_ + "/live.key");
+  std::filesystem::rename(certs_ + "/router-0-next.crt", certs_ + "/live.crt");
+
+  // Within a few refresh intervals a new connection gets the new certificate.
+  EXPECT_TRUE(WaitFor([&] {
+    auto fresh = Stub(key);
+    return Info(*fresh, &serial).ok() && serial == new_serial;
+  })) << "still served " << serial;
+  // The stream opened before the rotation is still served, on its old connection.
+  worker_.Unblock();
+  stream->thread.join();
+  EXPECT_TRUE(stream->status.ok()) << stream->status.error_message();
+  EXPECT_EQ(stream->tokens, 3);
+}
+
+}  // namespace
+}  // namespace lazyattn::router
