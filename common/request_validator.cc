@@ -87,6 +87,37 @@ absl::Status ValidateDocuments(const google::protobuf::RepeatedPtrField<Document
   return absl::OkStatus();
 }
 
+absl::Status ValidateMessages(const v1::GenerateRequest& r, const ApiLimits& limits) {
+  const auto& messages = r.messages();
+  if (messages.size() > limits.max_messages) {
+    return Invalid("messages", absl::StrCat(messages.size(), " messages, the limit is ",
+                                            limits.max_messages));
+  }
+  if (!r.system().empty()) {
+    return Invalid("system", "must be empty with messages (send a system message instead)");
+  }
+  if (!r.question().empty()) {
+    return Invalid("question", "must be empty with messages (the last user message is the question)");
+  }
+  for (int i = 0; i < messages.size(); ++i) {
+    const v1::ChatMessage& m = messages[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (m.role() == "system") {
+      if (i != 0) return Invalid(field + ".role", "a system message must be the first message");
+    } else if (m.role() != "user" && m.role() != "assistant") {
+      // The role is not echoed: it may not be UTF-8.
+      return Invalid(field + ".role", "expected system, user or assistant");
+    }
+    RETURN_IF_ERROR(CheckText(field + ".content", "messages.content", m.content(),
+                              limits.max_question_bytes));
+  }
+  if (messages[messages.size() - 1].role() != "user") {
+    return Invalid(absl::StrCat("messages[", messages.size() - 1, "].role"),
+                   "the last message must be a user turn (generation answers it)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limits,
                               int64_t vocab_size) {
   if (!std::isfinite(p.temperature()) || p.temperature() < 0 || p.temperature() > 100) {
@@ -152,7 +183,9 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimi
                                      int64_t vocab_size) {
   RETURN_IF_ERROR(CheckText("system", "system", r.system(), limits.max_system_bytes));
   RETURN_IF_ERROR(ValidateDocuments(r.documents(), limits, vocab_size));
-  if (r.question().empty() && r.documents().empty()) {
+  if (!r.messages().empty()) {
+    RETURN_IF_ERROR(ValidateMessages(r, limits));
+  } else if (r.question().empty() && r.documents().empty()) {
     return Invalid("question", "empty question and no documents");
   }
   RETURN_IF_ERROR(CheckText("question", "question", r.question(), limits.max_question_bytes));
@@ -204,6 +237,9 @@ absl::StatusOr<ApiLimits> ApiLimitsFromYaml(const YamlConfig& config, const ApiL
                    IntIn(config, "limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
   ASSIGN_OR_RETURN(l.max_question_bytes,
                    IntIn(config, "limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
+  ASSIGN_OR_RETURN(const int64_t max_messages,
+                   IntIn(config, "limits.max_messages", l.max_messages, 1, 1 << 20));
+  l.max_messages = static_cast<int>(max_messages);
   ASSIGN_OR_RETURN(const int64_t max_tokens,
                    IntIn(config, "limits.max_tokens", l.max_tokens, 1, 1 << 24));
   l.max_tokens = static_cast<int>(max_tokens);

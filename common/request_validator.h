@@ -29,7 +29,8 @@ struct ApiLimits {
   int64_t max_document_tokens = 131072;  // token documents
   int64_t max_document_id_bytes = 256;
   int64_t max_system_bytes = 64 << 10;
-  int64_t max_question_bytes = 64 << 10;
+  int64_t max_question_bytes = 64 << 10;  // also each chat message's content
+  int max_messages = 256;                   // turns of a multi-turn request
   int max_tokens = 4096;  // sampling.max_tokens in [0, max_tokens]
   int max_stop_strings = 16;
   int64_t max_stop_bytes = 256;
@@ -38,15 +39,17 @@ struct ApiLimits {
 };
 
 // vocab_size: the served model's vocabulary when known (token ids are checked against it), or 0.
-// OK, or InvalidArgument "<field>: <what is wrong>".
+// OK, or InvalidArgument "<field>: <what is wrong>". A multi-turn request (`messages`) has roles
+// system (first only), user and assistant, ends with a user turn, and leaves system and question
+// empty.
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request, const ApiLimits& limits,
                                      int64_t vocab_size);
 absl::Status ValidatePrefetchRequest(const v1::PrefetchRequest& request, const ApiLimits& limits,
                                      int64_t vocab_size);
 
 // The text fields whose UTF-8 is checked, as metric labels (indices dropped: low cardinality).
-inline constexpr std::array<const char*, 5> kTextFieldLabels = {
-    "system", "question", "documents.id", "documents.text", "sampling.stop"};
+inline constexpr std::array<const char*, 6> kTextFieldLabels = {
+    "system", "question", "documents.id", "documents.text", "sampling.stop", "messages.content"};
 
 // When `status` came from one of the validators above because a text field is not UTF-8: that
 // field's label (one of kTextFieldLabels). nullopt for any other status.

@@ -16,6 +16,7 @@ namespace {
 using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::PrefetchRequest;
 using ::testing::HasSubstr;
+using ::testing::HasSubstr;
 
 GenerateRequest Valid() {
   GenerateRequest r;
@@ -55,6 +56,43 @@ TEST(RequestValidatorTest, AcceptsAValidRequest) {
   GenerateRequest docs_only;
   docs_only.add_documents()->set_text("x");
   EXPECT_EQ(Error(docs_only), "ok");
+}
+
+GenerateRequest Conversation(std::initializer_list<std::pair<const char*, const char*>> turns) {
+  GenerateRequest r;
+  for (const auto& [role, content] : turns) {
+    v1::ChatMessage* m = r.add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  return r;
+}
+
+TEST(RequestValidatorTest, MultiTurnConversations) {
+  EXPECT_EQ(Error(Conversation({{"system", "s"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}})),
+            "ok");
+  GenerateRequest with_docs = Conversation({{"user", ""}});
+  with_docs.add_documents()->set_text("doc");
+  EXPECT_EQ(Error(with_docs), "ok");
+  EXPECT_EQ(Error(Conversation({{"user", "a"}, {"system", "s"}, {"user", "c"}})),
+            "messages[1].role: a system message must be the first message");
+  EXPECT_EQ(Error(Conversation({{"tool", "a"}, {"user", "c"}})),
+            "messages[0].role: expected system, user or assistant");
+  EXPECT_EQ(Error(Conversation({{"user", "a"}, {"assistant", "b"}})),
+            "messages[1].role: the last message must be a user turn (generation answers it)");
+  EXPECT_EQ(Error(Conversation({{"user", "123456789"}})),
+            "messages[0].content: 9 bytes, the limit is 8");
+  EXPECT_THAT(Error(Conversation({{"user", "\xff"}})),
+              HasSubstr("messages[0].content: not valid UTF-8"));
+  GenerateRequest question = Conversation({{"user", "a"}});
+  question.set_question("q");
+  EXPECT_THAT(Error(question), HasSubstr("question: must be empty with messages"));
+  GenerateRequest system = Conversation({{"user", "a"}});
+  system.set_system("s");
+  EXPECT_THAT(Error(system), HasSubstr("system: must be empty with messages"));
+  GenerateRequest many;
+  for (int i = 0; i < 257; ++i) *many.add_messages() = Conversation({{"user", "a"}}).messages(0);
+  EXPECT_EQ(Error(many), "messages: 257 messages, the limit is 256");
 }
 
 TEST(RequestValidatorTest, NamesTheBadField) {

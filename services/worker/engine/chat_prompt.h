@@ -4,6 +4,7 @@
 #define LAZYATTN_SERVICES_WORKER_ENGINE_CHAT_PROMPT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/worker/model/tokenizer/chat_template.h"
@@ -35,6 +36,19 @@ absl::StatusOr<PromptParts> BuildPrompt(const Tokenizer& tokenizer, bool chat,
 // The same cut for a given template (BuildPrompt with chat).
 absl::StatusOr<PromptParts> CutChatPrompt(const ChatTemplate& tmpl, const std::string& system,
                                           const std::string& question, bool has_documents);
+
+// Multi-turn: the whole conversation rendered by the template, cut at the start of the LAST
+// message's content, which must be a user turn (generation answers it). system_prefix holds every
+// earlier turn and the last turn's header, so a conversation's history is the shared prefix and
+// the documents sit at the start of the last user message; question is that message's content,
+// its end and the generation prompt. `has_documents` as above, for the last message.
+// Errors: InvalidArgument naming `messages` for an empty list or a last message that is not a
+// user turn; the template's own errors otherwise.
+absl::StatusOr<PromptParts> CutChatMessages(const ChatTemplate& tmpl,
+                                            std::vector<ChatMessage> messages, bool has_documents);
+// CutChatMessages with the tokenizer's template.
+absl::StatusOr<PromptParts> BuildChatPrompt(const Tokenizer& tokenizer,
+                                            std::vector<ChatMessage> messages, bool has_documents);
 
 }  // namespace lazyattn
 

@@ -44,5 +44,69 @@ TEST(ChatPromptTest, ChatMLKeepsTheQuestionVerbatim) {
   }
 }
 
+// A conversation is cut at the start of the last user message: the history (and SmolLM2's
+// default system message, inserted because the first turn is not a system turn) is the prefix,
+// the documents' place is the start of the last user content. Expected text written out from the
+// model's Jinja template.
+TEST(ChatPromptTest, MultiTurnSmolLM2CutsAtTheLastUserMessage) {
+  auto tmpl = ChatTemplate::FromName("smollm2");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::vector<ChatMessage> conversation = {
+      {"user", "Hi"}, {"assistant", "Hello! How can I help?"}, {"user", "What is 2+2?"}};
+  const std::string prefix =
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+      "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I "
+      "help?<|im_end|>\n<|im_start|>user\n";
+  for (bool has_documents : {true, false}) {
+    auto parts = CutChatMessages(*tmpl, conversation, has_documents);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_EQ(parts->system_prefix, prefix);
+    EXPECT_EQ(parts->question, "What is 2+2?<|im_end|>\n<|im_start|>assistant\n");
+  }
+}
+
+TEST(ChatPromptTest, MultiTurnLlama3KeepsSystemAndHistoryInThePrefix) {
+  auto tmpl = ChatTemplate::FromName("llama3");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::vector<ChatMessage> conversation = {{"system", "Be brief."},
+                                                 {"user", "Name a colour."},
+                                                 {"assistant", " Blue. "},
+                                                 {"user", "Another one?  "}};
+  auto parts = CutChatMessages(*tmpl, conversation, /*has_documents=*/true);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(parts->system_prefix,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nName a colour.<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nBlue.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n");
+  EXPECT_EQ(parts->question,
+            "Another one?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  auto whole = tmpl->Apply(conversation);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(parts->system_prefix + parts->question, *whole);
+}
+
+// The single-turn cut is the one-message conversation's cut.
+TEST(ChatPromptTest, SingleTurnIsTheOneMessageConversation) {
+  auto tmpl = ChatTemplate::FromName("chatml");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  auto single = CutChatPrompt(*tmpl, "S", "Q", /*has_documents=*/true);
+  auto multi = CutChatMessages(*tmpl, {{"system", "S"}, {"user", "Q"}}, /*has_documents=*/true);
+  ASSERT_TRUE(single.ok() && multi.ok());
+  EXPECT_EQ(single->system_prefix, multi->system_prefix);
+  EXPECT_EQ(single->question, multi->question);
+}
+
+TEST(ChatPromptTest, ConversationMustEndWithAUserTurn) {
+  auto tmpl = ChatTemplate::FromName("chatml");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  auto empty = CutChatMessages(*tmpl, {}, true);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("messages"), std::string::npos);
+  auto last = CutChatMessages(*tmpl, {{"user", "a"}, {"assistant", "b"}}, true);
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(last.status().message().find("messages[1].role"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lazyattn

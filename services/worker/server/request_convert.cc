@@ -57,6 +57,31 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   return p;
 }
 
+// Multi-turn: the conversation through the model's chat template, documents at the start of the
+// last user turn (CutChatMessages). The validator has checked roles and that system and question
+// are empty; checked again here because the worker does not trust its caller.
+absl::StatusOr<EngineRequest> WithConversation(const v1::GenerateRequest& request,
+                                               const Tokenizer& tokenizer, EngineRequest r) {
+  if (!request.system().empty() || !request.question().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.system().empty() ? "question" : "system",
+        ": must be empty with messages (the conversation carries the system and user turns)"));
+  }
+  std::vector<ChatMessage> messages;
+  messages.reserve(request.messages_size());
+  for (const v1::ChatMessage& m : request.messages()) messages.push_back({m.role(), m.content()});
+  auto parts = BuildChatPrompt(tokenizer, std::move(messages),
+                               /*has_documents=*/request.documents_size() > 0);
+  if (!parts.ok()) {
+    if (absl::IsInvalidArgument(parts.status())) return parts.status();  // names messages[i]
+    return absl::InvalidArgumentError(absl::StrCat(
+        "messages: the model's chat template cannot be used: ", parts.status().message()));
+  }
+  r.system_prefix = std::move(parts->system_prefix);
+  r.question = std::move(parts->question);
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<CacheMode> CacheModeFromProto(int mode) {
@@ -83,6 +108,7 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& 
   ASSIGN_OR_RETURN(r.mode, CacheModeFromProto(request.cache_mode()));
   ASSIGN_OR_RETURN(r.sampling, SamplingFromProto(request.sampling(), config, options));
   RETURN_IF_ERROR(DocumentsFromProto(request.documents(), &r.documents));
+  if (!request.messages().empty()) return WithConversation(request, tokenizer, std::move(r));
   if (request.question().empty()) {
     // Checked before the chat template adds its text around the question.
     return absl::InvalidArgumentError("question: must not be empty (generation starts after it)");

@@ -27,7 +27,9 @@ struct ConvertOptions {
 absl::StatusOr<CacheMode> CacheModeFromProto(int mode);
 
 // With `chat`, system and question are placed around the documents by the model's chat template
-// (BuildPrompt); InvalidArgument naming `chat` when the model has no usable template.
+// (BuildPrompt); InvalidArgument naming `chat` when the model has no usable template. With
+// `messages`, the conversation is rendered by the template and the documents open the last user
+// turn (CutChatMessages); InvalidArgument naming `messages` (or the bad turn) otherwise.
 absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& request,
                                                      const Tokenizer& tokenizer,
                                                      const ModelConfig& config,

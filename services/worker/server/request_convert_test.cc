@@ -56,6 +56,63 @@ TEST_F(RequestConvertTest, ASetSeedEvenZeroAndLogprobsCarryOver) {
   EXPECT_EQ(e->sampling.seed, ~uint64_t{0});
 }
 
+// A minimal ChatML template as models ship it (recognized by its <|im_start|> markers).
+constexpr char kChatMLJinja[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// The conversation is rendered by the template; the documents open the last user turn, so the
+// history is the system prefix.
+TEST_F(RequestConvertTest, MultiTurnRendersTheConversationWithDocumentsInTheLastUserTurn) {
+  auto tokenizer = MakeByteTokenizer(kChatMLJinja);
+  ASSERT_NE(tokenizer, nullptr);
+  v1::GenerateRequest r;
+  for (auto [role, content] : {std::pair{"system", "Be brief."}, std::pair{"user", "Hi"},
+                               std::pair{"assistant", "Hello."}, std::pair{"user", "Sum it up."}}) {
+    v1::ChatMessage* m = r.add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  r.add_documents()->set_text("doc");
+  auto e = EngineRequestFromProto(r, *tokenizer, config_, {});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->system_prefix,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n");
+  EXPECT_EQ(e->question, "Sum it up.<|im_end|>\n<|im_start|>assistant\n");
+  ASSERT_EQ(e->documents.size(), 1u);
+  EXPECT_EQ(e->documents[0].text, "doc");
+
+  // Without documents the prompt is the template's whole rendering.
+  r.clear_documents();
+  e = EngineRequestFromProto(r, *tokenizer, config_, {});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->system_prefix + e->question,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nSum it up.<|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
+TEST_F(RequestConvertTest, MultiTurnErrorsNameTheField) {
+  auto tokenizer = MakeByteTokenizer(kChatMLJinja);
+  v1::GenerateRequest r;
+  r.add_messages()->set_role("user");
+  r.add_messages()->set_role("assistant");
+  auto e = EngineRequestFromProto(r, *tokenizer, config_, {});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("messages[1].role"));
+  r.mutable_messages()->RemoveLast();
+  r.set_question("q");
+  e = EngineRequestFromProto(r, *tokenizer, config_, {});
+  EXPECT_THAT(e.status().message(), HasSubstr("question: must be empty with messages"));
+  // A model without a chat template cannot render a conversation.
+  r.clear_question();
+  e = EngineRequestFromProto(r, *tokenizer_, config_, {});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(), HasSubstr("messages: the model's chat template"));
+}
+
 TEST_F(RequestConvertTest, CacheModes) {
   EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_FULL), CacheMode::kFull);
   EXPECT_EQ(*CacheModeFromProto(v1::CACHE_MODE_PREFIX), CacheMode::kPrefix);

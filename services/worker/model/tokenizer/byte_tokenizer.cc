@@ -1,6 +1,7 @@
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 #include <string>
+#include <utility>
 
 namespace lazyattn {
 namespace {
@@ -27,8 +28,9 @@ std::string ByteChar(int b) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> MakeByteTokenizer() {
+std::unique_ptr<Tokenizer> MakeByteTokenizer(std::string chat_template) {
   TokenizerSpec spec;
+  spec.chat_template = std::move(chat_template);
   spec.pre = "gpt2";
   for (int b = 0; b < 256; ++b) spec.tokens.push_back(ByteChar(b));
   spec.tokens.push_back("<eos>");

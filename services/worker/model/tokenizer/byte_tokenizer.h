@@ -6,12 +6,14 @@
 #define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_BYTE_TOKENIZER_H_
 
 #include <memory>
+#include <string>
 
 #include "services/worker/model/tokenizer/tokenizer.h"
 
 namespace lazyattn {
 
-std::unique_ptr<Tokenizer> MakeByteTokenizer();
+// `chat_template`: the Jinja text the tokenizer reports (tests of chat prompts); empty: none.
+std::unique_ptr<Tokenizer> MakeByteTokenizer(std::string chat_template = "");
 
 }  // namespace lazyattn
 
