@@ -107,7 +107,29 @@ void WorkerAttempt::OnDone(const grpc::Status& status) {
 
 ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
                                const GenerateRequest* request)
-    : router_(router), server_context_(server_context), request_(request), started_(absl::Now()) {}
+    : router_(router),
+      server_context_(server_context),
+      deadline_(server_context->deadline()),
+      request_(request),
+      started_(absl::Now()) {}
+
+ForwardingCall::ForwardingCall(RouterContext* router,
+                               std::chrono::system_clock::time_point deadline,
+                               const GenerateRequest* request)
+    : router_(router),
+      server_context_(nullptr),
+      deadline_(deadline),
+      request_(request),
+      started_(absl::Now()) {}
+
+std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
+  if (server_context_ != nullptr) {
+    return grpc::ClientContext::FromCallbackServerContext(*server_context_);
+  }
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(deadline_);
+  return context;
+}
 
 void ForwardingCall::Begin() {
   std::vector<DocumentRef> docs =
@@ -165,7 +187,7 @@ void ForwardingCall::StartNextAttempt() {
         }
         ++attempts_;
         attempt = std::make_shared<WorkerAttempt>(
-            this, w, *stub, grpc::ClientContext::FromCallbackServerContext(*server_context_));
+            this, w, *stub, NewWorkerContext());
         current_ = attempt;
         tokens_ = 0;
         final_.reset();
@@ -289,7 +311,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       // a little before the router's clock says so: within kDeadlineSkew it is the client's.
       constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
       const bool client_deadline_passed =
-          server_context_->deadline() <= std::chrono::system_clock::now() + kDeadlineSkew;
+          deadline_ <= std::chrono::system_clock::now() + kDeadlineSkew;
       // The client's own deadline expiring says nothing about the worker.
       const bool client_expiry =
           code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
@@ -311,7 +333,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                          "; not retried on another worker because output had been sent"));
       } else {
         const bool deadline_passed =
-            server_context_->deadline() <= std::chrono::system_clock::now();
+            deadline_ <= std::chrono::system_clock::now();
         last_code_ = code;
         failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", CodeText(code), ": ",
                                          status.error_message()));

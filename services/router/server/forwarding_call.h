@@ -32,6 +32,7 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -101,6 +102,10 @@ class ForwardingCall {
  protected:
   ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
                  const lazyattn::v1::GenerateRequest* request);
+  // A call from outside gRPC (the HTTP API): no server context to propagate; every worker call
+  // gets `deadline`, and the caller cancels through ClientCancelled.
+  ForwardingCall(RouterContext* router, std::chrono::system_clock::time_point deadline,
+                 const lazyattn::v1::GenerateRequest* request);
 
   // Validation and admission passed: route and forward. Called once.
   void Begin();
@@ -128,9 +133,12 @@ class ForwardingCall {
   void OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& status);
   void End(grpc::Status status, std::optional<lazyattn::v1::Final> final);
   grpc::Status ExhaustedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The context of a worker call: the server context's deadline and cancellation, or deadline_.
+  std::unique_ptr<grpc::ClientContext> NewWorkerContext() const;
 
   RouterContext* const router_;
-  grpc::CallbackServerContext* const server_context_;
+  grpc::CallbackServerContext* const server_context_;  // null for calls from outside gRPC
+  const std::chrono::system_clock::time_point deadline_;  // the client's
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;
 

@@ -205,6 +205,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   // The request limits: one parser and one validator with the workers (common/).
   ASSIGN_OR_RETURN(l, ApiLimitsFromYaml(config, l));
 
+  // the OpenAI-compatible HTTP listener
+  ASSIGN_OR_RETURN(o.http, HttpOptionsFromYaml(config));
+  if (overrides.http.has_value()) o.http.listen = *overrides.http;
+  if (!o.http.listen.empty() && o.http.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http: expected host:port, got \"", o.http.listen, "\""));
+  }
+
   RETURN_IF_ERROR(config.Finish());
   return o;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/routing_policy.h"
@@ -60,6 +61,7 @@ struct RouterOptions {
   int max_inflight_requests = 256;  // beyond: RESOURCE_EXHAUSTED
   ApiLimits limits;  // the same validator and limits as the workers'
   AuthOptions auth;
+  HttpOptions http;  // the OpenAI-compatible HTTP listener (off unless http.listen is set)
   // Plaintext without API keys, accepted by main only when the config says so (common/auth.h).
   bool insecure = false;
 };
