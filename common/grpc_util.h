@@ -23,8 +23,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // The files are watched (gRPC's FileWatcherCertificateProvider): a certificate, key or CA replaced
 // on disk is used for every handshake after the next refresh, without a restart; connections
 // already open keep the certificate they were made with. Replace the key and certificate
-// together (write both elsewhere, then rename each over the old one): until both are new the
-// provider may hold a mismatched pair, and a pair that does not match is not loaded.
+// together (write both elsewhere, then rename each over the old one, right after each other): a
+// refresh between the two renames would read a mismatched pair.
 struct TlsOptions {
   std::string cert_file;     // PEM; empty: plaintext
   std::string key_file;      // PEM, servers (and clients with a certificate)

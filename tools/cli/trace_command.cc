@@ -1,8 +1,9 @@
 // `lazyattn trace`: a serving trace against a cluster's router. RAG requests over a pool of
 // documents (token ids, distinct per document), drawn Zipf or uniform, arrive as a Poisson process;
-// each runs on its own thread from its arrival time. Reports, from the client's side, TTFT p50/p99,
-// request and output-token throughput, and the document hit ratio and per-worker spread from the
-// servers' Final messages. One markdown row and one JSON line on stdout.
+// each runs on its own thread from its arrival time. Reports, from the client's side, TTFT and
+// request latency p50/p99 (latency in the JSON line), request and output-token throughput, and
+// the document hit ratio and per-worker spread from the servers' Final messages. One markdown row
+// and one JSON line on stdout.
 //
 //   lazyattn trace --router HOST:PORT [--requests 60] [--rate 4] [--dist zipf:2.1|uniform]
 //                  [--pool 120] [--doc-tokens 2048] [--docs-per-request 5] [--vocab 250]
@@ -164,7 +165,7 @@ int TraceCommand(int argc, char** argv) {
   for (std::thread& t : threads) t.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
-  std::vector<double> ttft;
+  std::vector<double> ttft, latency;
   int64_t ok = 0, tokens = 0, documents = 0, hits = 0;
   std::map<std::string, int> per_worker;
   std::string first_error;
@@ -175,6 +176,7 @@ int TraceCommand(int argc, char** argv) {
     }
     ++ok;
     ttft.push_back(o.ttft_ms);
+    latency.push_back(o.latency_ms);
     tokens += o.tokens;
     documents += o.documents;
     hits += o.documents_hit;
@@ -197,6 +199,8 @@ int TraceCommand(int argc, char** argv) {
                         {"doc_hit_ratio", hit_ratio},
                         {"ttft_p50_ms", Percentile(ttft, 0.5)},
                         {"ttft_p99_ms", Percentile(ttft, 0.99)},
+                        {"latency_p50_ms", Percentile(latency, 0.5)},
+                        {"latency_p99_ms", Percentile(latency, 0.99)},
                         {"req_s", ok / seconds},
                         {"out_tok_s", tokens / seconds},
                         {"per_worker", per_worker}};
