@@ -1,8 +1,9 @@
 // lazyattn-router --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT] [--kvdir HOST:PORT]
+//                 [--http HOST:PORT]
 //
 // The public entry point of a LazyAttention cluster (docs/router.md). Exits non-zero with a
 // message naming the key for a bad configuration; prints "lazyattn-router listening on HOST:PORT"
-// once serving; shuts down cleanly on SIGTERM or SIGINT. Exit status 2: bad command line or
+// once serving (and "lazyattn-router http on http[s]://HOST:PORT" with the HTTP API); shuts down cleanly on SIGTERM or SIGINT. Exit status 2: bad command line or
 // configuration; 1: the server could not start.
 #include <pthread.h>
 
@@ -15,6 +16,7 @@
 #include "common/auth.h"
 #include "common/metrics.h"
 #include "common/yaml_config.h"
+#include "services/router/http/http_server.h"
 #include "services/router/server/router_config.h"
 #include "services/router/server/router_server.h"
 
@@ -22,11 +24,12 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: lazyattn-router --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
-    "                       [--kvdir HOST:PORT]\n"
+    "                       [--kvdir HOST:PORT] [--http HOST:PORT]\n"
     "  --config   the router's YAML configuration (keys: docs/router.md)\n"
     "  --listen   overrides server.listen\n"
     "  --metrics  overrides metrics.listen (empty: no metrics endpoint)\n"
-    "  --kvdir    overrides kvdir.address (empty: no directory)\n";
+    "  --kvdir    overrides kvdir.address (empty: no directory)\n"
+    "  --http     overrides http.listen (empty: no HTTP API)\n";
 
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -51,7 +54,8 @@ int main(int argc, char** argv) {
       value = arg.substr(eq + 1);
       has_value = true;
     }
-    if (name != "--config" && name != "--listen" && name != "--metrics" && name != "--kvdir") {
+    if (name != "--config" && name != "--listen" && name != "--metrics" && name != "--kvdir" &&
+        name != "--http") {
       std::cerr << "lazyattn-router: unknown argument " << arg << "\n" << kUsage;
       return 2;
     }
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
     if (name == "--listen") overrides.listen = value;
     if (name == "--metrics") overrides.metrics = value;
     if (name == "--kvdir") overrides.kvdir = value;
+    if (name == "--http") overrides.http = value;
   }
   if (config_path.empty()) {
     std::cerr << "lazyattn-router: --config is required\n" << kUsage;
@@ -124,6 +129,19 @@ int main(int argc, char** argv) {
     std::cout << "lazyattn-router metrics on http://" << HostOf(options->metrics_address) << ":"
               << metrics->port() << "/metrics\n";
   }
+  std::unique_ptr<lazyattn::router::HttpServer> http;
+  if (!options->http.listen.empty()) {
+    // The same routing, limits and API keys as the gRPC listener; TLS with its certificate.
+    auto started = lazyattn::router::HttpServer::Create(
+        options->http, options->server.tls, &(*server)->context(), (*server)->auth_processor());
+    if (!started.ok()) {
+      std::cerr << "lazyattn-router: " << started.status().message() << "\n";
+      return 1;
+    }
+    http = std::move(*started);
+    std::cout << "lazyattn-router http on " << (http->tls() ? "https://" : "http://")
+              << HostOf(options->http.listen) << ":" << http->port() << "\n";
+  }
   std::cout << "lazyattn-router listening on " << HostOf(options->server.listen_address) << ":"
             << (*server)->port() << std::endl;
 
@@ -131,6 +149,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal);
   std::cerr << "lazyattn-router: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
             << ", shutting down\n";
+  if (http != nullptr) http->Shutdown();
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();
   metrics.reset();

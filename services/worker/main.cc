@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/log.h"
 #include "common/yaml_config.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_loader.h"
@@ -144,9 +145,10 @@ int main(int argc, char** argv) {
       status.ok() ? lazyattn::WorkerConfigFromYaml(yaml)
                   : absl::StatusOr<lazyattn::WorkerConfig>(status);
   if (!config.ok()) {
-    std::cerr << "lazyattn-worker: " << config.status().message() << "\n";
+    lazyattn::LogError("worker").Msg(std::string(config.status().message()));
     return 2;
   }
+  lazyattn::ConfigureLogging(config->log);
   if (flags.listen.set) config->server.grpc.listen_address = flags.listen.value;
   if (flags.metrics.set) config->server.metrics_address = flags.metrics.value;
   if (flags.kvdir.set) config->kvdir.address = flags.kvdir.value;
@@ -156,12 +158,12 @@ int main(int argc, char** argv) {
           "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),
           config->insecure);
       !s.ok()) {
-    std::cerr << "lazyattn-worker: " << s.message() << "\n";
+    lazyattn::LogError("worker").Msg(std::string(s.message()));
     return 2;
   }
 
   if (pipe(g_signal_pipe) != 0) {
-    std::cerr << "lazyattn-worker: pipe: " << strerror(errno) << "\n";
+    lazyattn::LogError("worker").Str("error", strerror(errno)).Msg("pipe failed");
     return 1;
   }
   struct sigaction action = {};
@@ -171,8 +173,10 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::cerr << "lazyattn-worker: loading " << config->model_path << " (backend "
-            << config->backend << ")\n";
+  lazyattn::LogInfo("worker")
+      .Str("model", config->model_path)
+      .Str("backend", config->backend)
+      .Msg("loading the model");
   lazyattn::ModelLoadStage stage = lazyattn::ModelLoadStage::kModel;
   auto served = LoadWorkerModel(*config, stage);
   if (!served.ok()) {
@@ -183,23 +187,23 @@ int main(int argc, char** argv) {
                             lazyattn::IsModelFileError(served.status());
     const bool bad_model = model_file || code == absl::StatusCode::kInvalidArgument ||
                            code == absl::StatusCode::kNotFound;
-    std::cerr << "lazyattn-worker: " << served.status().message() << "\n";
+    lazyattn::LogError("worker").Msg(std::string(served.status().message()));
     return bad_model ? 2 : 1;
   }
-  std::cerr << "lazyattn-worker: backend " << served->runner->backend_name() << "\n";
+  lazyattn::LogInfo("worker").Str("backend", served->runner->backend_name()).Msg("model loaded");
   lazyattn::WorkerServerOptions options = lazyattn::ServerOptionsFor(*config, served->config);
   options.engine.num_kv_blocks = served->runner->num_kv_blocks();
   auto server = lazyattn::WorkerServer::Create(options, std::move(served->runner),
                                                served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {
-    std::cerr << "lazyattn-worker: " << server.status().message() << "\n";
+    lazyattn::LogError("worker").Msg(std::string(server.status().message()));
     return 1;
   }
-  std::cerr << "lazyattn-worker: worker " << (*server)->worker_id() << ", "
-            << options.engine.num_kv_blocks << " KV blocks, "
-            << (options.kvdir ? absl::StrCat("publishing to kvdir at ", options.kvdir->address)
-                              : std::string("standalone (no kvdir)"))
-            << "\n";
+  lazyattn::LogInfo("worker")
+      .Str("worker", (*server)->worker_id())
+      .Int("kv_blocks", options.engine.num_kv_blocks)
+      .Str("kvdir", options.kvdir ? options.kvdir->address : std::string("none (standalone)"))
+      .Msg("serving");
   if ((*server)->metrics_port() != 0) {
     std::cout << "lazyattn-worker metrics on http://"
               << WithPort(options.metrics_address, (*server)->metrics_port()) << "/metrics"
@@ -214,14 +218,15 @@ int main(int argc, char** argv) {
   // SIGTERM (Kubernetes, a rolling restart): drain, so no request in flight is lost. SIGINT (an
   // operator's Ctrl-C): stop now.
   if (signal_number == SIGTERM) {
-    std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", draining\n";
+    lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("draining");
     if (!(*server)->Drain()) {
-      std::cerr << "lazyattn-worker: server.drain_timeout_s passed; remaining requests cancelled\n";
+      lazyattn::LogWarning("worker").Msg(
+          "server.drain_timeout_s passed; remaining requests cancelled");
     }
   } else {
-    std::cerr << "lazyattn-worker: " << strsignal(signal_number) << ", shutting down\n";
+    lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("shutting down");
   }
   server->reset();
-  std::cerr << "lazyattn-worker: stopped\n";
+  lazyattn::LogInfo("worker").Msg("stopped");
   return 0;
 }

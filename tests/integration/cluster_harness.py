@@ -72,10 +72,11 @@ class Cluster:
     the workers' `engine:` section and `router_limits` the router's `limits:` (keys of
     docs/worker.md, docs/router.md); `track_blocks` records each worker's KV block total at start
     for check_workers_sound. `certs`: a tools/gen-certs folder, to run with mutual TLS and API keys
-    (requests then use its demo key, or `api_key_file`); None: every process with insecure: true."""
+    (requests then use its demo key, or `api_key_file`); None: every process with insecure: true.
+    `router_extra`: YAML appended to the router's config (sections no other argument writes)."""
 
     def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL,
-                 engine=None, router_limits=None, track_blocks=False, certs=None):
+                 engine=None, router_limits=None, track_blocks=False, certs=None, router_extra=""):
         self.args, self.tmp, self.procs, self.addrs = args, tmp, {}, {}
         self.certs = certs
         self.api_key_file = f"{certs}/demo.key" if certs else None
@@ -101,6 +102,7 @@ class Cluster:
             router += "insecure: true\n"
         if router_limits:
             router += "limits:\n" + "".join(f"  {k}: {v}\n" for k, v in router_limits.items())
+        router += router_extra  # more top-level sections (e.g. http:)
         self._write("router.yaml", router)
         self.start_kvdir()
         self.workers = [f"worker-{i}" for i in range(workers)]

@@ -1,16 +1,11 @@
 #include "services/router/server/forwarding_call.h"
 
-#include <algorithm>
 #include <chrono>
-#include <iostream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/log.h"
-#include "common/worker_call_trailer.h"
-#include "services/router/server/request_fingerprint.h"
 
 namespace lazyattn::router {
 
@@ -22,38 +17,17 @@ namespace {
 
 std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
 
-// The worker got the client's deadline with the call, as a timeout, so it can expire there a
-// little before the router's clock says so: within this skew an expiry is the client's.
-constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
-
-// The client's x-request-id when it is a valid id, else a fresh one.
-std::string RequestIdOf(const grpc::CallbackServerContext* context) {
-  if (context != nullptr) {
-    const auto& metadata = context->client_metadata();
-    if (auto it = metadata.find(kRequestIdKey); it != metadata.end()) {
-      const std::string_view id(it->second.data(), it->second.size());
-      if (IsValidRequestId(id)) return std::string(id);
-    }
-  }
-  return NewRequestId();
-}
-
-int64_t QuarantineSeconds(const RouterContext& router) {
-  return absl::ToInt64Seconds(router.options().routing.quarantine.ttl);
-}
-
 }  // namespace
 
 // --- WorkerAttempt -------------------------------------------------------------------------------
 
 WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
                              std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                             std::unique_ptr<grpc::ClientContext> context, bool connected)
+                             std::unique_ptr<grpc::ClientContext> context)
     : call_(call),
       worker_(std::move(worker)),
       stub_(std::move(stub)),
-      context_(std::move(context)),
-      reached_(connected) {}
+      context_(std::move(context)) {}
 
 void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
                           absl::Duration first_token_timeout) {
@@ -104,23 +78,6 @@ void WorkerAttempt::OnFirstTokenTimeout() {
   Cancel();
 }
 
-void WorkerAttempt::OnReadInitialMetadataDone(bool ok) {
-  if (!ok) return;
-  absl::MutexLock lock(&mu_);
-  reached_ = true;
-}
-
-bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
-  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!reached_ || cancelled_ || timed_out_) return false;
-  }
-  // A worker that ends a call itself says so in a trailer; without it, the transport ended the
-  // call under the worker: its process (or its host) went away while holding the request.
-  return context_->GetServerTrailingMetadata().count(kWorkerEndedCallKey) == 0;
-}
-
 void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;
@@ -150,30 +107,31 @@ void WorkerAttempt::OnDone(const grpc::Status& status) {
 
 ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
                                const GenerateRequest* request)
-    : router_(router), server_context_(server_context), request_(request), started_(absl::Now()) {}
+    : router_(router),
+      server_context_(server_context),
+      deadline_(server_context->deadline()),
+      request_(request),
+      started_(absl::Now()) {}
 
-const RequestFingerprint& ForwardingCall::Fingerprint() {
-  std::call_once(fingerprint_once_, [this] { fingerprint_ = FingerprintOf(*request_); });
-  return fingerprint_;
+ForwardingCall::ForwardingCall(RouterContext* router,
+                               std::chrono::system_clock::time_point deadline,
+                               const GenerateRequest* request)
+    : router_(router),
+      server_context_(nullptr),
+      deadline_(deadline),
+      request_(request),
+      started_(absl::Now()) {}
+
+std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
+  if (server_context_ != nullptr) {
+    return grpc::ClientContext::FromCallbackServerContext(*server_context_);
+  }
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(deadline_);
+  return context;
 }
 
 void ForwardingCall::Begin() {
-  QueryQuarantine& quarantine = router_->quarantine();
-  // Hashing the request costs a pass over it: only while something is remembered at all.
-  absl::Time until;
-  if (quarantine.size() > 0 && quarantine.IsQuarantined(Fingerprint(), absl::Now(), &until)) {
-    router_->metrics().CountQuarantined();
-    End(grpc::Status(
-            grpc::StatusCode::FAILED_PRECONDITION,
-            absl::StrCat("request quarantined: requests with this content (fingerprint ",
-                         Fingerprint().ToHex(),
-                         ") lost the connection to two workers mid-call, as a request that "
-                         "crashes workers does; refused for another ",
-                         std::max<int64_t>(1, absl::ToInt64Seconds(until - absl::Now())),
-                         " s (routing.quarantine_ttl_s ", QuarantineSeconds(*router_), ")")),
-        std::nullopt);
-    return;
-  }
   std::vector<DocumentRef> docs =
       router_->DocumentRefs(request_->documents(), request_->cache_mode());
   router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
@@ -228,12 +186,8 @@ void ForwardingCall::StartNextAttempt() {
           continue;
         }
         ++attempts_;
-        auto channel = router_->registry().Channel(w.address);
-        const bool connected =
-            channel.ok() && (*channel)->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
         attempt = std::make_shared<WorkerAttempt>(
-            this, w, *stub, grpc::ClientContext::FromCallbackServerContext(*server_context_),
-            connected);
+            this, w, *stub, NewWorkerContext());
         current_ = attempt;
         tokens_ = 0;
         final_.reset();
@@ -337,15 +291,8 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                      absl::ToInt64Milliseconds(router_->options().routing.first_token_timeout),
                      " ms (routing.first_token_timeout_ms); attempt cancelled"));
   }
-  // The worker died holding this request (not a refusal, a timeout or our cancellation).
-  const bool lost = attempt->LostMidCall(worker_status);
-  if (lost) {
-    router_->metrics().CountConnectionLoss();
-    (void)Fingerprint();  // hashed here, outside mu_
-  }
   std::optional<Final> final;
   bool retry = false;
-  bool quarantined = false;
   {
     absl::MutexLock lock(&mu_);
     current_.reset();
@@ -360,8 +307,11 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_attempts(attempts_);
     } else {
       const grpc::StatusCode code = status.error_code();
+      // The worker got the client's deadline with the call, as a timeout, so it can expire there
+      // a little before the router's clock says so: within kDeadlineSkew it is the client's.
+      constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
       const bool client_deadline_passed =
-          server_context_->deadline() <= std::chrono::system_clock::now() + kDeadlineSkew;
+          deadline_ <= std::chrono::system_clock::now() + kDeadlineSkew;
       // The client's own deadline expiring says nothing about the worker.
       const bool client_expiry =
           code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
@@ -383,7 +333,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                          "; not retried on another worker because output had been sent"));
       } else {
         const bool deadline_passed =
-            server_context_->deadline() <= std::chrono::system_clock::now();
+            deadline_ <= std::chrono::system_clock::now();
         last_code_ = code;
         failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", CodeText(code), ": ",
                                          status.error_message()));
@@ -396,31 +346,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
               code, absl::StrCat("worker ", w.id, " (", w.address, "): ", status.error_message()));
         }
       }
-      if (lost && !cancelled_ && !client_expiry &&
-          router_->quarantine().RecordLoss(fingerprint_, absl::Now())) {
-        // The second worker lost on this content: no third.
-        quarantined = true;
-        retry = false;
-        status = grpc::Status(
-            grpc::StatusCode::FAILED_PRECONDITION,
-            absl::StrCat("request quarantined (fingerprint ", fingerprint_.ToHex(),
-                         "): its attempts lost the connection to their workers mid-call, as a "
-                         "request that crashes workers does (last: worker ",
-                         w.id, " (", w.address, "): ", worker_status.error_message(),
-                         "); not retried, and requests with the same content are refused for ",
-                         QuarantineSeconds(*router_), " s (routing.quarantine_ttl_s)"));
-      }
     }
-  }
-  if (quarantined) {
-    router_->metrics().CountQuarantined();
-    // Never the prompt: the fingerprint names the content.
-    LogWarning("router")
-        .Str("fingerprint", fingerprint_.ToHex())
-        .Int("quarantine_s", QuarantineSeconds(*router_))
-        .Str("worker", w.id)
-        .Str("address", w.address)
-        .Msg("request quarantined: the second worker lost mid-call on this content");
   }
   if (retry) {
     StartNextAttempt();
@@ -430,15 +356,6 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
 }
 
 void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
-  const grpc::StatusCode code = status.error_code();
-  if ((code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAVAILABLE ||
-       code == grpc::StatusCode::DEADLINE_EXCEEDED) &&
-      server_context_->deadline() <= std::chrono::system_clock::now() + kDeadlineSkew) {
-    // The client's deadline ended the call, whichever way its expiry reached us first (gRPC's
-    // cancellation at the deadline, the worker's DEADLINE_EXCEEDED, a failover cut short): one
-    // status and one label for one expiry.
-    status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
-  }
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return;

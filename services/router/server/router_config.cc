@@ -170,13 +170,6 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
 
   ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
                                                    r.first_token_timeout, 0, 3600000));
-  ASSIGN_OR_RETURN(const int64_t quarantine_s,
-                   IntIn(config, "routing.quarantine_ttl_s",
-                         absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));
-  r.quarantine.ttl = absl::Seconds(quarantine_s);
-  ASSIGN_OR_RETURN(r.quarantine.max_entries,
-                   IntIn(config, "routing.quarantine_max_entries", r.quarantine.max_entries, 1,
-                         10000000));
 
   // health probing and outlier ejection
   HealthCheckOptions& h = o.health;
@@ -211,6 +204,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   o.max_inflight_requests = static_cast<int>(inflight);
   // The request limits: one parser and one validator with the workers (common/).
   ASSIGN_OR_RETURN(l, ApiLimitsFromYaml(config, l));
+
+  // the OpenAI-compatible HTTP listener
+  ASSIGN_OR_RETURN(o.http, HttpOptionsFromYaml(config));
+  if (overrides.http.has_value()) o.http.listen = *overrides.http;
+  if (!o.http.listen.empty() && o.http.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http: expected host:port, got \"", o.http.listen, "\""));
+  }
 
   RETURN_IF_ERROR(config.Finish());
   return o;

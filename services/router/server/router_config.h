@@ -12,11 +12,13 @@
 
 namespace lazyattn::router {
 
-// The command-line flags that may replace a configured value (--listen, --metrics, --kvdir).
+// The command-line flags that may replace a configured value (--listen, --metrics, --kvdir,
+// --http).
 struct FlagOverrides {
   std::optional<std::string> listen;   // server.listen
   std::optional<std::string> metrics;  // metrics.listen ("" turns the endpoint off)
   std::optional<std::string> kvdir;    // kvdir.address ("" means no directory)
+  std::optional<std::string> http;     // http.listen ("" turns the HTTP listener off)
 };
 
 // Reads every key (defaults for absent ones), applies the overrides, validates, and calls

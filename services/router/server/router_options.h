@@ -8,9 +8,9 @@
 
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/outlier_detector.h"
-#include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
 #include "common/request_validator.h"
@@ -42,9 +42,6 @@ struct RoutingOptions {
   // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
   // under load; GPU fleets set a few seconds (docs/router.md).
   absl::Duration first_token_timeout = absl::Seconds(30);
-  // Query-of-death containment: a request content that lost two workers' connections mid-call
-  // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
-  QuarantineOptions quarantine;
 };
 
 struct AuthOptions {
@@ -64,6 +61,7 @@ struct RouterOptions {
   int max_inflight_requests = 256;  // beyond: RESOURCE_EXHAUSTED
   ApiLimits limits;  // the same validator and limits as the workers'
   AuthOptions auth;
+  HttpOptions http;  // the OpenAI-compatible HTTP listener (off unless http.listen is set)
   // Plaintext without API keys, accepted by main only when the config says so (common/auth.h).
   bool insecure = false;
 };

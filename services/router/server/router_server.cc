@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
     // call's reactor.
     key_limiter = &(*auth)->limiter();
     grpc_options.auth_processor = std::move(*auth);
+    server->auth_processor_ = grpc_options.auth_processor;
   }
   server->service_ = std::make_unique<InferenceService>(server->context_.get(), key_limiter);
   server->context_->RefreshWorkers();

@@ -38,6 +38,8 @@ class RouterServer {
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
   RouterContext& context() { return *context_; }
+  // The API key processor of the gRPC listener (null without API keys), for the HTTP listener.
+  std::shared_ptr<grpc::AuthMetadataProcessor> auth_processor() const { return auth_processor_; }
 
  private:
   RouterServer() = default;
@@ -45,6 +47,7 @@ class RouterServer {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<RouterContext> context_;
+  std::shared_ptr<grpc::AuthMetadataProcessor> auth_processor_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

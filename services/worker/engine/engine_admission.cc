@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/include/block_copy.h"
 #include "services/worker/engine/engine_core_state.h"
 
@@ -135,6 +136,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   }
   if (first_admission) {
     r.counted = true;
+    r.result.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - r.submitted);
     ++counters.requests;
     counters.prefill_tokens_reused += usage.cached_tokens;
     for (size_t i = 0; i < r.segments.size(); ++i) {

@@ -62,6 +62,9 @@ struct RequestResult {
   std::string finish_reason;       // "stop" or "length"
   RequestUsage usage;
   double ttft_ms = 0;
+  // Arrival to the first admission into the running batch (0 if never admitted); ttft_ms minus
+  // this is the prefill time (admission to the first token, chunked steps included).
+  double queue_ms = 0;
   double decode_tokens_per_s = 0;
   int preemptions = 0;
   std::vector<float> first_logits;  // kept only when EngineOptions::keep_first_logits

@@ -183,6 +183,7 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
     }
   }
   ctx_.metrics->CountRequest(counted);
+  ctx_.metrics->ObserveFinished(status.ok(), result, absl::ToDoubleSeconds(absl::Now() - arrival_));
   Pump();
   Unref();
 }

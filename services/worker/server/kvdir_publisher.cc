@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 
 namespace lazyattn {
 namespace {
@@ -186,7 +187,7 @@ bool KvdirPublisher::RunStream() {
     }
     reader = std::thread([this, s = stream.get()] { ReadLoop(s); });
     if (reported_unreachable_) {
-      std::cerr << "lazyattn-worker: connected to kvdir at " << options_.address << "\n";
+      LogInfo("worker").Str("kvdir", options_.address).Msg("connected to kvdir");
       reported_unreachable_ = false;
     }
   }
@@ -274,13 +275,14 @@ bool KvdirPublisher::RunStream() {
   if (reader.joinable()) reader.join();
   const grpc::Status status = stream->Finish();
   if (!stopping && (hello_sent || !reported_unreachable_)) {
-    std::cerr << "lazyattn-worker: "
-              << (hello_sent ? "lost the kvdir stream to " : "cannot reach kvdir at ")
-              << options_.address << " ("
-              << (status.ok() ? "OK" : absl::StrCat(status.error_code(), ": ",
-                                                    status.error_message()))
-              << "); retrying with backoff up to "
-              << absl::FormatDuration(options_.max_backoff) << "\n";
+    LogWarning("worker")
+        .Str("kvdir", options_.address)
+        .Str("status", status.ok() ? "OK"
+                                   : absl::StrCat(status.error_code(), ": ",
+                                                  status.error_message()))
+        .Str("max_backoff", absl::FormatDuration(options_.max_backoff))
+        .Msg(hello_sent ? "lost the kvdir stream; retrying with backoff"
+                        : "cannot reach kvdir; retrying with backoff");
     reported_unreachable_ = !hello_sent;
   }
   std::lock_guard<std::mutex> lock(mu_);

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/yaml_config.h"
+#include "common/log.h"
 #include "services/worker/model/model_config.h"
 #include "services/worker/server/worker_server.h"
 
@@ -16,6 +17,7 @@ namespace lazyattn {
 
 struct WorkerConfig {
   std::string model_path;
+  LogOptions log;  // log.level, log.format
   std::string backend = "cpu";  // what runs the model: "cpu", "cuda" or "auto" (runner_factory.h)
   int64_t kv_budget_bytes = int64_t{512} << 20;
   // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.

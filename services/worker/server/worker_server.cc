@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/log.h"
 
 namespace lazyattn {
 namespace {
@@ -46,7 +47,7 @@ WorkerServer::WorkerServer(const WorkerServerOptions& options, std::unique_ptr<E
                            const Tokenizer* tokenizer)
     : options_(options),
       registry_(std::make_shared<prometheus::Registry>()),
-      metrics_(std::make_unique<WorkerMetrics>(*registry_)),
+      metrics_(std::make_unique<WorkerMetrics>(*registry_, options.model_name)),
       engine_(std::move(engine)) {
   WorkerServiceOptions service = options.service;
   service.max_documents = options.limits.max_documents;
@@ -77,7 +78,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     std::unique_ptr<WorkerServer> server) {
   const WorkerServerOptions& options = server->options_;
   if (!options.metrics_address.empty()) {
-    auto endpoint = MetricsEndpoint::Start(options.metrics_address, server->registry_);
+    MetricsEndpointOptions endpoint_options;
+    if (!options.metrics_bearer_token_file.empty()) {
+      auto token =
+          ReadBearerTokenFile("metrics.bearer_token_file", options.metrics_bearer_token_file);
+      if (!token.ok()) return token.status();
+      endpoint_options.bearer_token = *token;
+    }
+    auto endpoint =
+        MetricsEndpoint::Start(options.metrics_address, server->registry_, endpoint_options);
     if (!endpoint.ok()) return endpoint.status();
     server->metrics_endpoint_ = std::move(*endpoint);
   }
@@ -90,6 +99,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
+  // Health by service name too (probes that name lazyattn.v1.Worker); SetServingStatus(false)
+  // on drain or sickness turns every name NOT_SERVING with the overall status.
+  if (auto* health = server->server_->GetHealthCheckService()) {
+    health->SetServingStatus(v1::Worker::service_full_name(), true);
+  }
   server->port_ = built->port;
   server->address_ = options.advertise_address.empty()
                          ? AdvertisedAddress(options.grpc.listen_address, built->port)
@@ -143,7 +157,7 @@ void WorkerServer::RefreshMetrics() {
   // checks (load balancers, the router, Kubernetes) once, and in the log.
   if (const absl::Status health = engine_->health();
       !health.ok() && !reported_unhealthy_.exchange(true)) {
-    std::cerr << "lazyattn-worker: NOT_SERVING: " << health.message() << std::endl;
+    LogError("worker").Str("reason", std::string(health.message())).Msg("NOT_SERVING");
     if (server_ != nullptr) {
       if (auto* service = server_->GetHealthCheckService()) service->SetServingStatus(false);
     }
@@ -196,8 +210,10 @@ bool WorkerServer::Drain() {
   if (server_ != nullptr) {
     // gRPC refuses new calls from here on and lets those in flight finish until the deadline,
     // then cancels them (their engine requests with them).
-    std::cerr << "lazyattn-worker: draining " << service_->in_flight() << " requests (up to "
-              << absl::FormatDuration(options_.drain_timeout) << ")" << std::endl;
+    LogInfo("worker")
+        .Int("in_flight", service_->in_flight())
+        .Str("drain_timeout", absl::FormatDuration(options_.drain_timeout))
+        .Msg("draining");
     const absl::Time deadline = absl::Now() + options_.drain_timeout;
     server_->Shutdown(absl::ToChronoTime(deadline));
     server_->Wait();

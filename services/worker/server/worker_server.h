@@ -38,6 +38,9 @@ struct WorkerServerOptions {
   // port, with this machine's hostname for a wildcard host (0.0.0.0, [::]).
   std::string advertise_address;
   std::string metrics_address;  // empty: no /metrics endpoint
+  // Non-empty: /metrics requires "Authorization: Bearer <the file's token>" (read at start).
+  std::string metrics_bearer_token_file;
+  std::string model_name;  // the metrics' model label
   EngineOptions engine;
   RequestLimits limits;
   WorkerServiceOptions service;  // worker_id empty: the advertised address

@@ -1,0 +1,203 @@
+#include "services/router/http/completion_handler.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "services/router/http/error_mapping.h"
+#include "services/router/http/http_call.h"
+#include "services/router/http/sse_writer.h"
+
+namespace lazyattn::router {
+namespace {
+
+std::string NewId(ApiKind kind) {
+  static absl::Mutex mu(absl::kConstInit);
+  static absl::BitGen* gen = new absl::BitGen();  // one per process; never destroyed
+  uint64_t a, b;
+  {
+    absl::MutexLock lock(&mu);
+    a = absl::Uniform<uint64_t>(*gen);
+    b = absl::Uniform<uint64_t>(*gen);
+  }
+  return absl::StrCat(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-",
+                      absl::Hex(a, absl::kZeroPad16), absl::Hex(b, absl::kZeroPad16));
+}
+
+// Next() in slices, so a server shutdown is noticed: kTimeout at the deadline, with *stopped set
+// when the server is stopping instead.
+HttpCall::Event::Kind NextEvent(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
+                                const std::atomic<bool>& stopping, bool* stopped) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return HttpCall::Event::kTimeout;
+    const auto kind = call.Next(e, std::min(left, absl::Milliseconds(250)));
+    if (kind != HttpCall::Event::kTimeout) return kind;
+    if (stopping.load()) {
+      *stopped = true;
+      return HttpCall::Event::kTimeout;
+    }
+  }
+}
+
+grpc::Status WaitFailure(bool stopped) {
+  return stopped ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down")
+                 : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                "deadline exceeded (http.request_timeout_ms)");
+}
+
+// What a streamed response needs after the handler returned (the provider runs later).
+struct StreamState {
+  std::shared_ptr<HttpCall> call;
+  HttpCall::Event first;  // the first event, already taken (a token)
+  ResponseMeta meta;
+  bool include_usage = false;
+  absl::Time deadline;
+  std::shared_ptr<const std::atomic<bool>> stopping;
+  bool started = false;  // the provider ran: it consumed the first token
+};
+
+// Writes the whole stream in one provider call: the call blocks on its tokens anyway, and a
+// provider that returns without writing would be called again at once (a busy loop).
+bool WriteStream(StreamState& s, httplib::DataSink& sink) {
+  s.started = true;
+  SseWriter out([&sink](const char* data, size_t size) { return sink.write(data, size); });
+  if (s.meta.kind == ApiKind::kChat) out.Event(RoleChunkJson(s.meta, s.include_usage));
+  HttpCall::Event e = std::move(s.first);
+  HttpCall::Event::Kind kind = HttpCall::Event::kToken;
+  bool stopped = false;
+  while (kind == HttpCall::Event::kToken) {
+    if (!e.token.text().empty()) out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
+    s.call->Consumed(out.ok());
+    if (!out.ok()) return false;  // the client is gone; the call cancels its worker stream
+    kind = NextEvent(*s.call, &e, s.deadline, *s.stopping, &stopped);
+  }
+  if (kind == HttpCall::Event::kTimeout) {
+    s.call->Cancel();
+    out.Event(ErrorBodyOf(WaitFailure(stopped)));
+    sink.done();
+    return true;
+  }
+  if (!e.status.ok() || !e.final.has_value()) {
+    const grpc::Status status = e.status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
+                                                             "the call ended without a result")
+                                              : e.status;
+    out.Event(ErrorBodyOf(status));
+    sink.done();
+    return true;
+  }
+  out.Event(FinishChunkJson(s.meta, *e.final, s.include_usage));
+  if (s.include_usage) out.Event(UsageChunkJson(s.meta, *e.final));
+  out.Done();
+  sink.done();
+  return out.ok();
+}
+
+}  // namespace
+
+void SendError(httplib::Response& response, int http_status, std::string_view message,
+               std::string_view code) {
+  response.status = http_status;
+  response.set_content(ErrorBody(http_status, message, code), "application/json");
+}
+
+void SendGrpcError(httplib::Response& response, const grpc::Status& status) {
+  response.status = HttpStatusOf(status.error_code());
+  response.set_content(ErrorBodyOf(status), "application/json");
+}
+
+void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
+                      RouterContext* router, const HttpOptions& options,
+                      std::shared_ptr<const std::atomic<bool>> stopping) {
+  auto parsed = ParseOpenAiRequest(kind, request.body);
+  if (!parsed.ok()) {
+    router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
+    SendError(response, 400, std::string(parsed.status().message()), "invalid_argument");
+    return;
+  }
+  const auto model = router->registry().Model();
+  ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()),
+                    model.has_value() ? model->name() : parsed->model};
+  if (!parsed->model.empty() && model.has_value() && parsed->model != model->name()) {
+    router->metrics().CountRequest(grpc::StatusCode::NOT_FOUND);
+    SendError(response, 404,
+              absl::StrCat("model: the cluster serves \"", model->name(), "\", not \"",
+                           parsed->model, "\" (GET /v1/models)"),
+              "model_not_found");
+    return;
+  }
+  const absl::Time deadline = absl::Now() + options.request_timeout;
+  auto call = HttpCall::Start(router, std::move(parsed->request), absl::ToChronoTime(deadline),
+                              parsed->stream);
+  if (!call.ok()) {
+    grpc::Status status = ToGrpcStatus(call.status());
+    SendGrpcError(response, grpc::Status(status.error_code(),
+                                         ToHttpFieldNames(kind, status.error_message())));
+    return;
+  }
+  HttpCall::Event first;
+  bool stopped = false;
+  const HttpCall::Event::Kind got = NextEvent(**call, &first, deadline, *stopping, &stopped);
+  if (got == HttpCall::Event::kTimeout) {
+    (*call)->Cancel();
+    SendGrpcError(response, WaitFailure(stopped));
+    return;
+  }
+  if (got == HttpCall::Event::kEnd) {
+    if (!first.status.ok()) {
+      SendGrpcError(response, grpc::Status(first.status.error_code(),
+                                           ToHttpFieldNames(kind, first.status.error_message())));
+      return;
+    }
+    if (!parsed->stream) {
+      response.set_content(CompletionJson(meta, first.text, *first.final), "application/json");
+      return;
+    }
+  }
+  // Streaming, and the first token (or an empty successful end) is known: commit to 200.
+  auto state = std::make_shared<StreamState>();
+  state->call = std::move(*call);
+  state->first = std::move(first);
+  state->meta = std::move(meta);
+  state->include_usage = parsed->include_usage;
+  state->deadline = deadline;
+  state->stopping = std::move(stopping);
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");
+  if (got == HttpCall::Event::kEnd) {
+    // Ended before any token (e.g. max_tokens reached by a held-back stop): no deltas to send.
+    response.set_chunked_content_provider(
+        "text/event-stream", [state](size_t, httplib::DataSink& sink) {
+          SseWriter out([&sink](const char* d, size_t n) { return sink.write(d, n); });
+          if (state->meta.kind == ApiKind::kChat) {
+            out.Event(RoleChunkJson(state->meta, state->include_usage));
+          }
+          out.Event(FinishChunkJson(state->meta, *state->first.final, state->include_usage));
+          if (state->include_usage) out.Event(UsageChunkJson(state->meta, *state->first.final));
+          out.Done();
+          sink.done();
+          return out.ok();
+        });
+    return;
+  }
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); },
+      [state](bool success) {
+        // The connection failed. Before the provider ran, the first token is still unconsumed
+        // (the call waits for it); after, WriteStream already released it.
+        if (success) return;
+        if (!state->started) state->call->Consumed(false);
+        state->call->Cancel();
+      });
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,39 @@
+// POST /v1/chat/completions and /v1/completions: JSON -> GenerateRequest (openai_json.h) -> an
+// HttpCall on the router's routing path -> one JSON response, or server-sent events.
+//
+// A streamed request is answered 200 only once its first token (or its end) is known: a request
+// refused by validation, admission or every worker gets its HTTP error status and JSON body, as a
+// non-streamed one does. A failure after tokens were streamed is sent as a last event
+// `data: {"error": {...}}` (OpenAI SDKs raise it) and the stream ends without [DONE].
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_COMPLETION_HANDLER_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_COMPLETION_HANDLER_H_
+
+#include <atomic>
+#include <memory>
+#include <string_view>
+
+#include "services/router/http/http_options.h"
+#include "services/router/http/openai_json.h"
+#include "services/router/server/router_context.h"
+
+namespace httplib {
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace lazyattn::router {
+
+// `stopping`: set when the server shuts down; a call still waiting then ends with 503 (streams:
+// an error event) instead of holding the shutdown until its deadline.
+void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
+                      RouterContext* router, const HttpOptions& options,
+                      std::shared_ptr<const std::atomic<bool>> stopping);
+
+// An OpenAI JSON error response.
+void SendError(httplib::Response& response, int http_status, std::string_view message,
+               std::string_view code);
+void SendGrpcError(httplib::Response& response, const grpc::Status& status);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_COMPLETION_HANDLER_H_

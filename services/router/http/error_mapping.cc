@@ -1,0 +1,93 @@
+#include "services/router/http/error_mapping.h"
+
+#include "absl/strings/ascii.h"
+#include "nlohmann/json.hpp"
+#include "services/router/server/router_metrics.h"
+
+namespace lazyattn::router {
+
+int HttpStatusOf(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return 200;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return 400;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return 401;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return 403;
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return 404;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return 429;
+    case grpc::StatusCode::UNAVAILABLE:
+      return 503;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return 504;
+    case grpc::StatusCode::CANCELLED:
+      return 499;
+    default:
+      return 500;
+  }
+}
+
+const char* ErrorTypeOf(int http_status) {
+  switch (http_status) {
+    case 400:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable_error";
+    case 504:
+      return "timeout_error";
+    default:
+      return "server_error";
+  }
+}
+
+std::string ParamOf(std::string_view message) {
+  // Field names as the validators write them: identifiers, dots and [index].
+  size_t i = 0;
+  while (i < message.size()) {
+    const char c = message[i];
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '[' &&
+        c != ']') {
+      break;
+    }
+    ++i;
+  }
+  if (i == 0 || i >= message.size() || message[i] != ':') return "";
+  return std::string(message.substr(0, i));
+}
+
+std::string ErrorBody(int http_status, std::string_view message, std::string_view code) {
+  const std::string param = ParamOf(message);
+  nlohmann::json error = {
+      {"message", std::string(message)},
+      {"type", ErrorTypeOf(http_status)},
+      {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
+      {"code", std::string(code)},
+  };
+  // Messages may quote client bytes that are not UTF-8: replace them rather than throw.
+  return nlohmann::json{{"error", std::move(error)}}.dump(-1, ' ', false,
+                                                          nlohmann::json::error_handler_t::replace);
+}
+
+std::string ErrorBodyOf(const grpc::Status& status) {
+  return ErrorBody(HttpStatusOf(status.error_code()), status.error_message(),
+                   StatusCodeLabel(status.error_code()));
+}
+
+}  // namespace lazyattn::router

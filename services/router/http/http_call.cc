@@ -1,0 +1,115 @@
+#include "services/router/http/http_call.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "common/request_validator.h"
+
+namespace lazyattn::router {
+
+using lazyattn::v1::Final;
+using lazyattn::v1::GenerateRequest;
+using lazyattn::v1::GenerateResponse;
+
+HttpCall::HttpCall(RouterContext* router, GenerateRequest request,
+                   std::chrono::system_clock::time_point deadline, bool stream)
+    : ForwardingCall(router, deadline, &request_), request_(std::move(request)), stream_(stream) {}
+
+HttpCall::~HttpCall() {
+  if (admitted_) router()->Release();
+}
+
+absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
+    RouterContext* router, GenerateRequest request,
+    std::chrono::system_clock::time_point deadline, bool stream) {
+  // The same checks, in the same order, as the gRPC API's admission (inference_service.cc).
+  const auto model = router->registry().Model();
+  absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
+                                               model.has_value() ? model->vocab_size() : 0);
+  if (!valid.ok()) {
+    router->metrics().CountValidationFailure(valid);
+    router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
+    return valid;
+  }
+  if (!router->TryAdmit()) {
+    router->metrics().CountRequest(grpc::StatusCode::RESOURCE_EXHAUSTED);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("router busy: ", router->options().max_inflight_requests,
+                     " requests in flight (limits.max_inflight_requests); retry later"));
+  }
+  std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream));
+  call->admitted_ = true;
+  call->self_ = call;
+  call->Begin();
+  return call;
+}
+
+HttpCall::Event::Kind HttpCall::Next(Event* event, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(this, &HttpCall::Ready), timeout)) {
+    return Event::kTimeout;
+  }
+  if (pending_.has_value()) {
+    event->token = std::move(*pending_);
+    pending_.reset();
+    return Event::kToken;
+  }
+  event->status = status_;
+  event->final = final_;
+  event->text = text_;
+  return Event::kEnd;
+}
+
+void HttpCall::DeliverToken(const GenerateResponse& token) {
+  if (!stream_) {
+    {
+      absl::MutexLock lock(&mu_);
+      text_ += token.token().text();
+    }
+    ClientWriteDone(true);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!abandoned_) {
+      pending_ = token.token();
+      return;
+    }
+  }
+  ClientWriteDone(false);  // nobody will write it: let the call end
+}
+
+void HttpCall::Cancel() {
+  bool drop_pending = false;
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned_ = true;
+    drop_pending = pending_.has_value();
+    pending_.reset();
+  }
+  if (drop_pending) {
+    ClientWriteDone(false);  // also cancels the worker call
+  } else {
+    ClientCancelled();
+  }
+}
+
+void HttpCall::DiscardPartial() {
+  absl::MutexLock lock(&mu_);
+  text_.clear();
+}
+
+void HttpCall::DeliverEnd(const grpc::Status& status, const Final* final) {
+  // The ForwardingCall touches nothing after this returns: the call may be freed at our exit.
+  std::shared_ptr<HttpCall> keep = std::move(self_);
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+  status_ = status;
+  if (status.ok() && final != nullptr) {
+    final_ = *final;
+    if (!stream_ && !final->text().empty()) text_ = final->text();
+  }
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,87 @@
+// One HTTP completion request on the router's own routing path: a ForwardingCall (the same code
+// that serves Inference.Generate/Complete: validation, kvdir lookup, worker choice, failover,
+// metrics) whose sink hands tokens to the HTTP handler's thread instead of a gRPC stream.
+//
+//   ASSIGN_OR_RETURN(auto call, HttpCall::Start(router, std::move(request), deadline, stream));
+//   HttpCall::Event e;
+//   while (call->Next(&e) == HttpCall::Event::kToken) { write e.token ...; call->Consumed(ok); }
+//   // e.status, e.final: the end
+//
+// Flow control as in gRPC: the worker's next message is read only after Consumed(), so a slow
+// HTTP client slows its own worker stream and the call buffers at most one token.
+// Streaming (`stream`): tokens are delivered as they come and a failure after the first token
+// ends the call (no failover: output was sent). Not streaming: tokens are collected here and the
+// call may still fail over after partial output (as Complete does); Next() returns only the end,
+// with the whole text in Event::text.
+// Lifetime: shared_ptr; the call also keeps itself alive until the ForwardingCall ends, so the
+// handler may drop it at any time (Cancel() first, or the worker stream runs to its end).
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_CALL_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_CALL_H_
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "lazyattn/v1/inference.pb.h"
+#include "services/router/server/forwarding_call.h"
+#include "services/router/server/router_context.h"
+
+namespace lazyattn::router {
+
+class HttpCall final : public ForwardingCall {
+ public:
+  struct Event {
+    enum Kind { kToken, kEnd, kTimeout };
+    lazyattn::v1::TokenChunk token;           // kToken
+    grpc::Status status;                      // kEnd
+    std::optional<lazyattn::v1::Final> final;  // kEnd with OK status
+    std::string text;                         // kEnd, not streaming: the whole text
+  };
+
+  // Validates the request with the gRPC API's validator and admits it under the router's
+  // in-flight limit; the error status otherwise (counted in the router's request metrics).
+  static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
+      RouterContext* router, lazyattn::v1::GenerateRequest request,
+      std::chrono::system_clock::time_point deadline, bool stream);
+  ~HttpCall() override;
+
+  // Waits for the next event, at most `timeout`; the event's kind. After kEnd, returns kEnd again.
+  Event::Kind Next(Event* event, absl::Duration timeout = absl::InfiniteDuration());
+  // The last token was written to the client (ok) or could not be (the client is gone).
+  void Consumed(bool ok) { ClientWriteDone(ok); }
+  // The handler gives up on the call (the client went away, or the deadline passed): the worker
+  // call is cancelled and any token not consumed is dropped. The handler may then drop the call.
+  void Cancel();
+
+ private:
+  HttpCall(RouterContext* router, lazyattn::v1::GenerateRequest request,
+           std::chrono::system_clock::time_point deadline, bool stream);
+
+  void DeliverToken(const lazyattn::v1::GenerateResponse& token) override;
+  void DeliverEnd(const grpc::Status& status, const lazyattn::v1::Final* final) override;
+  bool StreamsToClient() const override { return stream_; }
+  void DiscardPartial() override;
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_.has_value() || ended_; }
+
+  const lazyattn::v1::GenerateRequest request_;  // ForwardingCall points at it
+  const bool stream_;
+  bool admitted_ = false;
+  std::shared_ptr<HttpCall> self_;  // set by Start, dropped by DeliverEnd
+
+  absl::Mutex mu_;
+  std::optional<lazyattn::v1::TokenChunk> pending_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);  // not streaming: collected text
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // Cancel() was called
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::optional<lazyattn::v1::Final> final_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_CALL_H_

@@ -1,0 +1,41 @@
+// The router's optional OpenAI-compatible HTTP listener: where it listens and its limits (YAML keys
+// `http.*`, docs/router.md). Off unless http.listen is set.
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_OPTIONS_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/yaml_config.h"
+
+namespace lazyattn::router {
+
+struct HttpOptions {
+  std::string listen;  // host:port; empty: no HTTP listener (port 0: the OS picks)
+  // Requests with a larger body are refused with 413 before it is read.
+  int64_t max_body_bytes = 32 << 20;
+  // Connections served at once, one thread each (a streaming response holds its thread). Further
+  // connections wait in the accept queue; `max_queued_connections` more are queued, beyond that
+  // a connection is answered 503 at once.
+  int threads = 32;
+  int max_queued_connections = 256;
+  // Slow clients: a request not received within read_timeout, or a response write that makes no
+  // progress for write_timeout, closes the connection.
+  absl::Duration read_timeout = absl::Seconds(30);
+  absl::Duration write_timeout = absl::Seconds(30);
+  absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connection closed
+  int keep_alive_max_count = 100;                         // requests per connection
+  // HTTP has no deadline of its own: each request's deadline is its arrival plus this (the gRPC
+  // API takes the call's deadline instead).
+  absl::Duration request_timeout = absl::Seconds(600);
+};
+
+// Reads the `http.*` keys (defaults from HttpOptions); InvalidArgument naming the key for a wrong
+// type, a value out of range or a listen address that is not host:port.
+absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_OPTIONS_H_

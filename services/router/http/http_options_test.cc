@@ -1,0 +1,51 @@
+// The http.* keys of the router's configuration.
+#include "services/router/http/http_options.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<HttpOptions> Parse(const std::string& yaml) {
+  YamlConfig config;
+  if (absl::Status s = config.LoadString(yaml, "router.yaml"); !s.ok()) return s;
+  return HttpOptionsFromYaml(config);
+}
+
+TEST(HttpOptionsTest, OffByDefault) {
+  auto o = Parse("server: {listen: '127.0.0.1:1'}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->listen.empty());
+  EXPECT_EQ(o->threads, 32);
+}
+
+TEST(HttpOptionsTest, ReadsEveryKey) {
+  auto o = Parse(
+      "http:\n  listen: 127.0.0.1:8000\n  max_body_bytes: 4096\n  threads: 4\n"
+      "  max_queued_connections: 2\n  read_timeout_ms: 100\n  write_timeout_ms: 200\n"
+      "  keep_alive_timeout_ms: 3000\n  keep_alive_max_count: 9\n  request_timeout_ms: 5000\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->listen, "127.0.0.1:8000");
+  EXPECT_EQ(o->max_body_bytes, 4096);
+  EXPECT_EQ(o->threads, 4);
+  EXPECT_EQ(o->max_queued_connections, 2);
+  EXPECT_EQ(o->read_timeout, absl::Milliseconds(100));
+  EXPECT_EQ(o->write_timeout, absl::Milliseconds(200));
+  EXPECT_EQ(o->keep_alive_timeout, absl::Seconds(3));
+  EXPECT_EQ(o->keep_alive_max_count, 9);
+  EXPECT_EQ(o->request_timeout, absl::Seconds(5));
+}
+
+TEST(HttpOptionsTest, ErrorsNameTheKey) {
+  EXPECT_THAT(Parse("http: {listen: nowhere}\n").status().message(),
+              HasSubstr("http.listen: expected host:port"));
+  EXPECT_THAT(Parse("http: {threads: 0}\n").status().message(), HasSubstr("http.threads"));
+  EXPECT_THAT(Parse("http: {max_body_bytes: 10}\n").status().message(),
+              HasSubstr("http.max_body_bytes"));
+}
+
+}  // namespace
+}  // namespace lazyattn::router

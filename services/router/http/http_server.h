@@ -1,0 +1,64 @@
+// The router's OpenAI-compatible HTTP listener (docs/http-api.md), on cpp-httplib:
+//   POST /v1/chat/completions, POST /v1/completions   (stream: server-sent events)
+//   GET  /v1/models                                   the served model
+//   GET  /health                                      200 while a live worker is known, else 503
+// Requests run on the router's own routing path in-process (HttpCall, a ForwardingCall), so
+// routing, failover, limits and metrics are the gRPC API's. API keys: `Authorization: Bearer`
+// checked by the gRPC listener's ApiKeyAuthorizer (same keys, scopes, rate limits and metrics;
+// /health is open like gRPC health). TLS with the router's server certificate when configured
+// (read once at start). Errors are OpenAI's JSON error objects (error_mapping.h).
+//
+// Limits: body size (413), the library's fixed 8 KiB header line and URI limits, read and write
+// timeouts for slow clients, `threads` connections served at once, `max_queued_connections`
+// waiting, further connections answered 503 at once.
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
+
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/grpc_util.h"
+#include "services/router/http/http_options.h"
+#include "services/router/server/router_context.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace lazyattn::router {
+
+class HttpServer {
+ public:
+  // Binds options.listen and starts serving. `tls`: the router's server certificate and key
+  // (empty: plaintext; a CA file is not used: HTTP clients authenticate with API keys).
+  // `auth`: the gRPC listener's API key processor, or null when the router has no API keys.
+  // `router` must outlive the server. Unavailable when the address cannot be bound;
+  // InvalidArgument when the certificate or key cannot be loaded.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Create(
+      const HttpOptions& options, const TlsOptions& tls, RouterContext* router,
+      std::shared_ptr<grpc::AuthMetadataProcessor> auth);
+  ~HttpServer();
+
+  int port() const { return port_; }
+  bool tls() const { return tls_; }
+  // Stops accepting, ends the connections (streams in flight are cancelled) and joins.
+  void Shutdown();
+
+ private:
+  HttpServer() = default;
+
+  // Set by Shutdown; calls waiting on workers notice it within 250 ms and end with 503.
+  std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  bool tls_ = false;
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_

@@ -1,0 +1,408 @@
+#include "services/router/http/openai_json.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace lazyattn::router {
+namespace {
+
+using nlohmann::json;
+using lazyattn::v1::Final;
+using lazyattn::v1::GenerateRequest;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// A field absent or null is "not set", as OpenAI treats null.
+const json* Field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::StatusOr<std::string> StringOf(const json& v, absl::string_view field) {
+  if (!v.is_string()) return Invalid(field, absl::StrCat("expected a string, got ", v.type_name()));
+  return v.get<std::string>();
+}
+
+absl::StatusOr<double> NumberOf(const json& v, absl::string_view field) {
+  if (!v.is_number()) return Invalid(field, absl::StrCat("expected a number, got ", v.type_name()));
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) return Invalid(field, "not a finite number");
+  return d;
+}
+
+absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Invalid(field, "out of range");
+    }
+    return v.get<int64_t>();
+  }
+  // 3.0 is an integer to JSON; 3.5 is not.
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  return Invalid(field, absl::StrCat("expected an integer, got ", v.dump(-1, ' ', false,
+                                                                          json::error_handler_t::replace)));
+}
+
+// A float field: absent -> `fallback`.
+absl::Status ReadFloat(const json& body, const char* name, float* out) {
+  if (const json* v = Field(body, name)) {
+    ASSIGN_OR_RETURN(const double d, NumberOf(*v, name));
+    if (std::fabs(d) > 1e30) return Invalid(name, "out of range");
+    *out = static_cast<float>(d);
+  }
+  return absl::OkStatus();
+}
+
+// Message content: a string, or a list of text parts (OpenAI's content-part form).
+absl::StatusOr<std::string> ContentOf(const json& v, const std::string& field) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) {
+    return Invalid(field, absl::StrCat("expected a string or a list of text parts, got ",
+                                       v.type_name()));
+  }
+  std::string text;
+  for (size_t j = 0; j < v.size(); ++j) {
+    const std::string part = absl::StrCat(field, "[", j, "]");
+    const json& p = v[j];
+    if (!p.is_object()) return Invalid(part, "expected an object {\"type\": \"text\", \"text\": ...}");
+    const json* type = Field(p, "type");
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
+      return Invalid(part + ".type", "only text parts are supported");
+    }
+    const json* t = Field(p, "text");
+    if (t == nullptr) return Invalid(part + ".text", "missing");
+    ASSIGN_OR_RETURN(const std::string s, StringOf(*t, part + ".text"));
+    text += s;
+  }
+  return text;
+}
+
+absl::Status ReadMessages(const json& body, GenerateRequest* r) {
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr) return Invalid("messages", "missing (a list of chat messages)");
+  if (!messages->is_array()) {
+    return Invalid("messages", absl::StrCat("expected a list, got ", messages->type_name()));
+  }
+  if (messages->empty()) return Invalid("messages", "empty list");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const std::string field = absl::StrCat("messages[", i, "]");
+    const json& m = (*messages)[i];
+    if (!m.is_object()) return Invalid(field, "expected an object with role and content");
+    const json* role = Field(m, "role");
+    if (role == nullptr) return Invalid(field + ".role", "missing");
+    ASSIGN_OR_RETURN(std::string role_name, StringOf(*role, field + ".role"));
+    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for it
+    if (role_name != "system" && role_name != "user" && role_name != "assistant") {
+      return Invalid(field + ".role", "expected system, developer, user or assistant (tool and "
+                                      "function messages are not supported)");
+    }
+    std::string content;
+    if (const json* c = Field(m, "content")) {
+      ASSIGN_OR_RETURN(content, ContentOf(*c, field + ".content"));
+    } else if (role_name != "assistant") {
+      return Invalid(field + ".content", "missing");
+    }
+    lazyattn::v1::ChatMessage* out = r->add_messages();
+    out->set_role(std::move(role_name));
+    out->set_content(std::move(content));
+  }
+  r->set_chat(true);
+  return absl::OkStatus();
+}
+
+absl::Status ReadPrompt(const json& body, GenerateRequest* r) {
+  const json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return Invalid("prompt", "missing");
+  if (prompt->is_array()) {
+    if (prompt->size() != 1) {
+      return Invalid("prompt", "a list must hold exactly one string (batched prompts are not "
+                               "supported; send one request per prompt)");
+    }
+    ASSIGN_OR_RETURN(std::string text, StringOf((*prompt)[0], "prompt[0]"));
+    r->set_question(std::move(text));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::string text, StringOf(*prompt, "prompt"));
+  r->set_question(std::move(text));
+  return absl::OkStatus();
+}
+
+absl::Status ReadDocuments(const json& body, GenerateRequest* r) {
+  const json* docs = Field(body, "documents");
+  if (docs == nullptr) return absl::OkStatus();
+  if (!docs->is_array()) {
+    return Invalid("documents", absl::StrCat("expected a list, got ", docs->type_name()));
+  }
+  for (size_t i = 0; i < docs->size(); ++i) {
+    const std::string field = absl::StrCat("documents[", i, "]");
+    const json& d = (*docs)[i];
+    if (!d.is_object()) return Invalid(field, "expected an object {\"id\": ..., \"text\": ...}");
+    lazyattn::v1::Document* out = r->add_documents();
+    if (const json* id = Field(d, "id")) {
+      ASSIGN_OR_RETURN(std::string s, StringOf(*id, field + ".id"));
+      out->set_id(std::move(s));
+    }
+    const json* text = Field(d, "text");
+    if (text == nullptr) return Invalid(field + ".text", "missing");
+    ASSIGN_OR_RETURN(std::string s, StringOf(*text, field + ".text"));
+    out->set_text(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadCacheMode(const json& body, GenerateRequest* r) {
+  const json* mode = Field(body, "cache_mode");
+  if (mode == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::string name, StringOf(*mode, "cache_mode"));
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "lazy") {
+    r->set_cache_mode(lazyattn::v1::CACHE_MODE_LAZY);
+  } else if (lower == "block") {
+    r->set_cache_mode(lazyattn::v1::CACHE_MODE_BLOCK);
+  } else if (lower == "prefix") {
+    r->set_cache_mode(lazyattn::v1::CACHE_MODE_PREFIX);
+  } else if (lower == "full") {
+    r->set_cache_mode(lazyattn::v1::CACHE_MODE_FULL);
+  } else {
+    return Invalid("cache_mode", "expected lazy, block, prefix or full");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadSampling(const json& body, GenerateRequest* r) {
+  lazyattn::v1::SamplingParams* s = r->mutable_sampling();
+  // OpenAI samples at temperature 1 unless told otherwise (the gRPC API's default is greedy).
+  s->set_temperature(1.0f);
+  float f = 1.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "temperature", &f));
+  s->set_temperature(f);
+  f = 0.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "top_p", &f));
+  s->set_top_p(f);
+  f = 0.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "presence_penalty", &f));
+  s->set_presence_penalty(f);
+  f = 0.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "frequency_penalty", &f));
+  s->set_frequency_penalty(f);
+  f = 0.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "min_p", &f));
+  s->set_min_p(f);
+  f = 0.0f;
+  RETURN_IF_ERROR(ReadFloat(body, "repetition_penalty", &f));
+  s->set_repetition_penalty(f);
+  if (const json* v = Field(body, "top_k")) {
+    ASSIGN_OR_RETURN(const int64_t k, IntegerOf(*v, "top_k"));
+    if (k < 0 || k > std::numeric_limits<int32_t>::max()) return Invalid("top_k", "out of range");
+    s->set_top_k(static_cast<int32_t>(k));
+  }
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {  // the second wins
+    if (const json* v = Field(body, name)) {
+      ASSIGN_OR_RETURN(const int64_t n, IntegerOf(*v, name));
+      if (n < 1) return Invalid(name, absl::StrCat("must be at least 1, got ", n));
+      s->set_max_tokens(static_cast<int32_t>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max())));
+    }
+  }
+  if (const json* v = Field(body, "seed")) {
+    ASSIGN_OR_RETURN(const int64_t seed, IntegerOf(*v, "seed"));
+    s->set_seed(static_cast<uint64_t>(seed));
+  }
+  if (const json* v = Field(body, "stop")) {
+    if (v->is_string()) {
+      s->add_stop(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i) {
+        ASSIGN_OR_RETURN(std::string stop, StringOf((*v)[i], absl::StrCat("stop[", i, "]")));
+        s->add_stop(std::move(stop));
+      }
+    } else {
+      return Invalid("stop", absl::StrCat("expected a string or a list of strings, got ",
+                                          v->type_name()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+json UsageJson(const lazyattn::v1::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens()},
+          {"completion_tokens", u.completion_tokens()},
+          {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
+}
+
+json ExtensionJson(const Final& final) {
+  return {{"documents", final.usage().documents()},
+          {"documents_hit", final.usage().documents_hit()},
+          {"computed_tokens", final.usage().computed_tokens()},
+          {"worker", final.worker()},
+          {"attempts", final.attempts()},
+          {"ttft_ms", final.ttft_ms()}};
+}
+
+std::string Dump(const json& j) {
+  // Token text is UTF-8 from the worker; replace rather than throw if it ever is not.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json Envelope(const ResponseMeta& meta, bool chunk) {
+  const char* object = meta.kind == ApiKind::kChat
+                           ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                           : "text_completion";
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+json ChunkChoice(const ResponseMeta& meta, const std::string* text, bool role,
+                 const char* finish_reason) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  if (meta.kind == ApiKind::kChat) {
+    json delta = json::object();
+    if (role) delta["role"] = "assistant";
+    if (text != nullptr) delta["content"] = *text;
+    if (role && text == nullptr) delta["content"] = "";
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = text != nullptr ? *text : std::string();
+  }
+  choice["finish_reason"] = finish_reason != nullptr ? json(finish_reason) : json(nullptr);
+  return choice;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body_text) {
+  bool too_deep = false;
+  json body = json::parse(
+      body_text.begin(), body_text.end(),
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        if (depth > kMaxJsonDepth) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) {
+    return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  if (body.is_discarded()) return Invalid("body", "not valid JSON");
+  if (!body.is_object()) return Invalid("body", "expected a JSON object");
+  OpenAiRequest out;
+  out.kind = kind;
+  if (const json* model = Field(body, "model")) {
+    ASSIGN_OR_RETURN(out.model, StringOf(*model, "model"));
+  }
+  if (const json* n = Field(body, "n")) {
+    ASSIGN_OR_RETURN(const int64_t choices, IntegerOf(*n, "n"));
+    if (choices != 1) return Invalid("n", absl::StrCat("only 1 choice is supported, got ", choices));
+  }
+  if (const json* user = Field(body, "user")) {
+    RETURN_IF_ERROR(StringOf(*user, "user").status());
+  }
+  if (const json* stream = Field(body, "stream")) {
+    if (!stream->is_boolean()) return Invalid("stream", "expected true or false");
+    out.stream = stream->get<bool>();
+  }
+  if (const json* options = Field(body, "stream_options")) {
+    if (!options->is_object()) return Invalid("stream_options", "expected an object");
+    if (const json* usage = Field(*options, "include_usage")) {
+      if (!usage->is_boolean()) return Invalid("stream_options.include_usage", "expected true or false");
+      out.include_usage = usage->get<bool>();
+    }
+  }
+  GenerateRequest& r = out.request;
+  if (kind == ApiKind::kChat) {
+    RETURN_IF_ERROR(ReadMessages(body, &r));
+  } else {
+    RETURN_IF_ERROR(ReadPrompt(body, &r));
+  }
+  RETURN_IF_ERROR(ReadDocuments(body, &r));
+  RETURN_IF_ERROR(ReadCacheMode(body, &r));
+  RETURN_IF_ERROR(ReadSampling(body, &r));
+  return out;
+}
+
+std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {
+  const absl::string_view m(message.data(), message.size());
+  if (absl::StartsWith(m, "sampling.")) return std::string(m.substr(9));
+  if (kind == ApiKind::kCompletion && absl::StartsWith(m, "question:")) {
+    return absl::StrCat("prompt:", m.substr(9));
+  }
+  return std::string(m);
+}
+
+const char* OpenAiFinishReason(std::string_view worker_reason) {
+  return worker_reason == "length" ? "length" : "stop";
+}
+
+std::string CompletionJson(const ResponseMeta& meta, const std::string& text, const Final& final) {
+  json choice = {{"index", 0}, {"logprobs", nullptr},
+                 {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
+  if (meta.kind == ApiKind::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json j = Envelope(meta, /*chunk=*/false);
+  j["choices"] = json::array({std::move(choice)});
+  j["usage"] = UsageJson(final.usage());
+  j["lazyattn"] = ExtensionJson(final);
+  return Dump(j);
+}
+
+std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage) {
+  json j = Envelope(meta, true);
+  j["choices"] = json::array({ChunkChoice(meta, nullptr, /*role=*/true, nullptr)});
+  if (include_usage) j["usage"] = nullptr;
+  return Dump(j);
+}
+
+std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage) {
+  json j = Envelope(meta, true);
+  j["choices"] = json::array({ChunkChoice(meta, &text, false, nullptr)});
+  if (include_usage) j["usage"] = nullptr;
+  return Dump(j);
+}
+
+std::string FinishChunkJson(const ResponseMeta& meta, const Final& final, bool include_usage) {
+  json j = Envelope(meta, true);
+  json choice = ChunkChoice(meta, nullptr, false, OpenAiFinishReason(final.finish_reason()));
+  if (meta.kind == ApiKind::kCompletion) choice["text"] = "";
+  j["choices"] = json::array({std::move(choice)});
+  if (include_usage) j["usage"] = nullptr;
+  j["lazyattn"] = ExtensionJson(final);
+  return Dump(j);
+}
+
+std::string UsageChunkJson(const ResponseMeta& meta, const Final& final) {
+  json j = Envelope(meta, true);
+  j["choices"] = json::array();
+  j["usage"] = UsageJson(final.usage());
+  return Dump(j);
+}
+
+std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created) {
+  json data = json::array();
+  if (model != nullptr) {
+    data.push_back({{"id", model->name()},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "lazyattn"},
+                    {"max_model_len", model->max_context_tokens()}});
+  }
+  return Dump({{"object", "list"}, {"data", std::move(data)}});
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,78 @@
+// OpenAI's JSON <-> lazyattn.v1 messages, for the router's HTTP API (docs/http-api.md).
+//
+// Requests: POST /v1/chat/completions bodies become a GenerateRequest with `messages` (rendered by
+// the model's chat template; documents open the last user turn), /v1/completions bodies one with
+// `question` = prompt and no template. Fields read: model, messages, prompt, max_tokens,
+// max_completion_tokens (wins over max_tokens), temperature (default 1, as OpenAI's), top_p, seed,
+// stop (string or list), n (1 only), presence_penalty, frequency_penalty, user (ignored), stream,
+// stream_options.include_usage; the extensions documents [{"id", "text"}], cache_mode ("lazy",
+// "block", "prefix", "full"), top_k, min_p and repetition_penalty. Other fields are ignored, as
+// OpenAI does. Errors: InvalidArgument "<field>: <what is wrong>" with the JSON field's name.
+// Ranges the gRPC API also checks (max_tokens limit, temperature range, ...) are left to the
+// shared validator so both APIs refuse the same requests.
+//
+// Responses: the OpenAI objects (chat.completion, chat.completion.chunk, text_completion) with
+// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens}
+// and the extension object "lazyattn" {documents, documents_hit, computed_tokens, worker,
+// attempts, ttft_ms}. All JSON is one line (SSE frames it as one data field).
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "lazyattn/v1/inference.pb.h"
+
+namespace lazyattn::router {
+
+enum class ApiKind { kChat, kCompletion };
+
+struct OpenAiRequest {
+  ApiKind kind = ApiKind::kChat;
+  lazyattn::v1::GenerateRequest request;
+  std::string model;  // as sent; empty when absent
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Nesting deeper than this is refused (the body is parsed before any field is read).
+inline constexpr int kMaxJsonDepth = 64;
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body);
+
+// Rewrites a validator message that names a gRPC field ("sampling.max_tokens: ...") to the JSON
+// field the HTTP client sent ("max_tokens: ..."); other messages are returned unchanged.
+std::string ToHttpFieldNames(ApiKind kind, std::string_view message);
+
+// What every response object of one request carries.
+struct ResponseMeta {
+  ApiKind kind = ApiKind::kChat;
+  std::string id;  // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// OpenAI's finish_reason for the worker's ("stop", "length"; anything else is "stop").
+const char* OpenAiFinishReason(std::string_view worker_reason);
+
+// The whole response (stream: false).
+std::string CompletionJson(const ResponseMeta& meta, const std::string& text,
+                           const lazyattn::v1::Final& final);
+// Stream chunks. The first chunk of a chat stream carries the assistant role; every chunk carries
+// "usage": null when the client asked for usage (as OpenAI streams do); the last chunk of the
+// choice has its finish_reason and the "lazyattn" extension; with include_usage a chunk with no
+// choices and the usage follows it.
+std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage);
+std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage);
+std::string FinishChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final,
+                            bool include_usage);
+std::string UsageChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final);
+
+// GET /v1/models: the served model (its ModelInfo.name), or an empty list.
+std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_
