@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/worker_call_trailer.h"
 
 namespace lazyattn::router::testing {
 namespace {
@@ -93,6 +94,8 @@ bool FakeWorker::WaitForCancellation(absl::Duration timeout) const {
 grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
                                   const lazyattn::v1::GenerateRequest* request,
                                   grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) {
+  // As a real worker does on every call it ends itself (common/worker_call_trailer.h).
+  context->AddTrailingMetadata(kWorkerEndedCallKey, kWorkerEndedCallValue);
   Script script;
   {
     absl::MutexLock lock(&mu_);

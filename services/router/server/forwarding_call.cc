@@ -1,11 +1,16 @@
 #include "services/router/server/forwarding_call.h"
 
+#include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/worker_call_trailer.h"
+#include "services/router/server/request_fingerprint.h"
 
 namespace lazyattn::router {
 
@@ -17,17 +22,38 @@ namespace {
 
 std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
 
+// The worker got the client's deadline with the call, as a timeout, so it can expire there a
+// little before the router's clock says so: within this skew an expiry is the client's.
+constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
+
+// The client's x-request-id when it is a valid id, else a fresh one.
+std::string RequestIdOf(const grpc::CallbackServerContext* context) {
+  if (context != nullptr) {
+    const auto& metadata = context->client_metadata();
+    if (auto it = metadata.find(kRequestIdKey); it != metadata.end()) {
+      const std::string_view id(it->second.data(), it->second.size());
+      if (IsValidRequestId(id)) return std::string(id);
+    }
+  }
+  return NewRequestId();
+}
+
+int64_t QuarantineSeconds(const RouterContext& router) {
+  return absl::ToInt64Seconds(router.options().routing.quarantine.ttl);
+}
+
 }  // namespace
 
 // --- WorkerAttempt -------------------------------------------------------------------------------
 
 WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
                              std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                             std::unique_ptr<grpc::ClientContext> context)
+                             std::unique_ptr<grpc::ClientContext> context, bool connected)
     : call_(call),
       worker_(std::move(worker)),
       stub_(std::move(stub)),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      reached_(connected) {}
 
 void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
                           absl::Duration first_token_timeout) {
@@ -76,6 +102,23 @@ void WorkerAttempt::OnFirstTokenTimeout() {
     timed_out_ = true;
   }
   Cancel();
+}
+
+void WorkerAttempt::OnReadInitialMetadataDone(bool ok) {
+  if (!ok) return;
+  absl::MutexLock lock(&mu_);
+  reached_ = true;
+}
+
+bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!reached_ || cancelled_ || timed_out_) return false;
+  }
+  // A worker that ends a call itself says so in a trailer; without it, the transport ended the
+  // call under the worker: its process (or its host) went away while holding the request.
+  return context_->GetServerTrailingMetadata().count(kWorkerEndedCallKey) == 0;
 }
 
 void WorkerAttempt::OnReadDone(bool ok) {
@@ -131,7 +174,28 @@ std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
   return context;
 }
 
+const RequestFingerprint& ForwardingCall::Fingerprint() {
+  std::call_once(fingerprint_once_, [this] { fingerprint_ = FingerprintOf(*request_); });
+  return fingerprint_;
+}
+
 void ForwardingCall::Begin() {
+  QueryQuarantine& quarantine = router_->quarantine();
+  // Hashing the request costs a pass over it: only while something is remembered at all.
+  absl::Time until;
+  if (quarantine.size() > 0 && quarantine.IsQuarantined(Fingerprint(), absl::Now(), &until)) {
+    router_->metrics().CountQuarantined();
+    End(grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("request quarantined: requests with this content (fingerprint ",
+                         Fingerprint().ToHex(),
+                         ") lost the connection to two workers mid-call, as a request that "
+                         "crashes workers does; refused for another ",
+                         std::max<int64_t>(1, absl::ToInt64Seconds(until - absl::Now())),
+                         " s (routing.quarantine_ttl_s ", QuarantineSeconds(*router_), ")")),
+        std::nullopt);
+    return;
+  }
   std::vector<DocumentRef> docs =
       router_->DocumentRefs(request_->documents(), request_->cache_mode());
   router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
@@ -186,8 +250,11 @@ void ForwardingCall::StartNextAttempt() {
           continue;
         }
         ++attempts_;
+        auto channel = router_->registry().Channel(w.address);
+        const bool connected =
+            channel.ok() && (*channel)->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
         attempt = std::make_shared<WorkerAttempt>(
-            this, w, *stub, NewWorkerContext());
+            this, w, *stub, NewWorkerContext(), connected);
         current_ = attempt;
         tokens_ = 0;
         final_.reset();
@@ -291,8 +358,15 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                      absl::ToInt64Milliseconds(router_->options().routing.first_token_timeout),
                      " ms (routing.first_token_timeout_ms); attempt cancelled"));
   }
+  // The worker died holding this request (not a refusal, a timeout or our cancellation).
+  const bool lost = attempt->LostMidCall(worker_status);
+  if (lost) {
+    router_->metrics().CountConnectionLoss();
+    (void)Fingerprint();  // hashed here, outside mu_
+  }
   std::optional<Final> final;
   bool retry = false;
+  bool quarantined = false;
   {
     absl::MutexLock lock(&mu_);
     current_.reset();
@@ -307,9 +381,6 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_attempts(attempts_);
     } else {
       const grpc::StatusCode code = status.error_code();
-      // The worker got the client's deadline with the call, as a timeout, so it can expire there
-      // a little before the router's clock says so: within kDeadlineSkew it is the client's.
-      constexpr auto kDeadlineSkew = std::chrono::milliseconds(100);
       const bool client_deadline_passed =
           deadline_ <= std::chrono::system_clock::now() + kDeadlineSkew;
       // The client's own deadline expiring says nothing about the worker.
@@ -346,7 +417,31 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
               code, absl::StrCat("worker ", w.id, " (", w.address, "): ", status.error_message()));
         }
       }
+      if (lost && !cancelled_ && !client_expiry &&
+          router_->quarantine().RecordLoss(fingerprint_, absl::Now())) {
+        // The second worker lost on this content: no third.
+        quarantined = true;
+        retry = false;
+        status = grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("request quarantined (fingerprint ", fingerprint_.ToHex(),
+                         "): its attempts lost the connection to their workers mid-call, as a "
+                         "request that crashes workers does (last: worker ",
+                         w.id, " (", w.address, "): ", worker_status.error_message(),
+                         "); not retried, and requests with the same content are refused for ",
+                         QuarantineSeconds(*router_), " s (routing.quarantine_ttl_s)"));
+      }
     }
+  }
+  if (quarantined) {
+    router_->metrics().CountQuarantined();
+    // Never the prompt: the fingerprint names the content.
+    LogWarning("router")
+        .Str("fingerprint", fingerprint_.ToHex())
+        .Int("quarantine_s", QuarantineSeconds(*router_))
+        .Str("worker", w.id)
+        .Str("address", w.address)
+        .Msg("request quarantined: the second worker lost mid-call on this content");
   }
   if (retry) {
     StartNextAttempt();
@@ -356,6 +451,15 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
 }
 
 void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
+  const grpc::StatusCode code = status.error_code();
+  if ((code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAVAILABLE ||
+       code == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+      deadline_ <= std::chrono::system_clock::now() + kDeadlineSkew) {
+    // The client's deadline ended the call, whichever way its expiry reached us first (gRPC's
+    // cancellation at the deadline, the worker's DEADLINE_EXCEEDED, a failover cut short): one
+    // status and one label for one expiry.
+    status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+  }
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return;

@@ -18,6 +18,15 @@
 //
 // Cancellation and deadlines: each worker call's ClientContext is made from the server context, so
 // the client's deadline and cancellation propagate; OnCancel also cancels the worker call at once.
+// A call that ends unsuccessfully once the client's deadline has passed (give or take the skew of
+// the worker's clock) ends, and is counted, as DEADLINE_EXCEEDED, however the expiry reached us
+// (our own cancellation, the worker's DEADLINE_EXCEEDED, a failover cut short).
+//
+// Query-of-death quarantine (query_quarantine.h): an attempt whose worker connection was lost
+// mid-call (it reached the worker, then ended UNAVAILABLE without the trailer a worker adds to
+// every call it ends itself: common/worker_call_trailer.h) is reported under the request's content
+// fingerprint. When that quarantines it, the call is not retried and ends FAILED_PRECONDITION;
+// a request whose fingerprint is quarantined is refused before routing.
 //
 // Lifetime: the reactor (subclass) deletes itself in OnDone, which gRPC runs only after Finish;
 // DeliverEnd (which calls Finish) runs only after the lookup callback and the current attempt's
@@ -35,6 +44,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/policy/query_quarantine.h"
 #include "services/router/server/router_context.h"
 
 namespace lazyattn::router {
@@ -52,9 +63,11 @@ class ForwardingCall;
 // One Worker.Generate call. Holds itself alive from Start to OnDone.
 class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateResponse> {
  public:
+  // `connected`: the channel to the worker was READY when the attempt began (the call then
+  // surely reached the worker's process).
   WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                std::unique_ptr<grpc::ClientContext> context);
+                std::unique_ptr<grpc::ClientContext> context, bool connected);
 
   // `first_token_timeout` zero: none.
   void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
@@ -70,6 +83,13 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     return timed_out_;
   }
 
+  // Whether the call, ended with `status`, lost its worker's connection mid-call: it reached the
+  // worker (READY channel at the start, or the worker's initial metadata came) and ended
+  // UNAVAILABLE without the worker's own trailer, and the router did not cancel it. Only from
+  // OnDone (it reads the trailing metadata).
+  bool LostMidCall(const grpc::Status& status);
+
+  void OnReadInitialMetadataDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
@@ -91,6 +111,7 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool got_token_ ABSL_GUARDED_BY(mu_) = false;
   bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the call surely reached the worker's process
   // Its callback holds only a weak reference: it may fire after the attempt is gone.
   grpc::Alarm first_token_alarm_;
 };
@@ -132,6 +153,8 @@ class ForwardingCall {
   void OnWorkerMessage(WorkerAttempt* attempt, const lazyattn::v1::GenerateResponse& message);
   void OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& status);
   void End(grpc::Status status, std::optional<lazyattn::v1::Final> final);
+  // The request's content fingerprint, computed once (SHA-256 of the request) on first use.
+  const RequestFingerprint& Fingerprint();
   grpc::Status ExhaustedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The context of a worker call: the server context's deadline and cancellation, or deadline_.
   std::unique_ptr<grpc::ClientContext> NewWorkerContext() const;
@@ -141,6 +164,8 @@ class ForwardingCall {
   const std::chrono::system_clock::time_point deadline_;  // the client's
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;
+  std::once_flag fingerprint_once_;
+  RequestFingerprint fingerprint_;  // written once under fingerprint_once_
 
   absl::Mutex mu_;
   RoutePlan plan_ ABSL_GUARDED_BY(mu_);

@@ -170,6 +170,13 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
 
   ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
                                                    r.first_token_timeout, 0, 3600000));
+  ASSIGN_OR_RETURN(const int64_t quarantine_s,
+                   IntIn(config, "routing.quarantine_ttl_s",
+                         absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));
+  r.quarantine.ttl = absl::Seconds(quarantine_s);
+  ASSIGN_OR_RETURN(r.quarantine.max_entries,
+                   IntIn(config, "routing.quarantine_max_entries", r.quarantine.max_entries, 1,
+                         10000000));
 
   // health probing and outlier ejection
   HealthCheckOptions& h = o.health;

@@ -40,6 +40,8 @@ routing:
   bytes_per_token: 3.5
   max_attempts: 2
   first_token_timeout_ms: 4000
+  quarantine_ttl_s: 60
+  quarantine_max_entries: 50
 health_check:
   interval_ms: 200
   timeout_ms: 300
@@ -77,6 +79,8 @@ limits:
   EXPECT_EQ(o->routing.max_attempts, 2);
   EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
+  EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));
+  EXPECT_EQ(o->routing.quarantine.max_entries, 50);
   EXPECT_EQ(o->health.interval, absl::Milliseconds(200));
   EXPECT_EQ(o->health.timeout, absl::Milliseconds(300));
   EXPECT_EQ(o->health.outliers.consecutive_failures, 3);
@@ -93,6 +97,8 @@ limits:
   EXPECT_EQ(d->kvdir.lookup_timeout, absl::Milliseconds(50));
   EXPECT_EQ(d->max_inflight_requests, 256);
   EXPECT_EQ(d->routing.first_token_timeout, absl::Seconds(30));
+  EXPECT_EQ(d->routing.quarantine.ttl, absl::Seconds(300));
+  EXPECT_EQ(d->routing.quarantine.max_entries, 10000);
   EXPECT_EQ(d->health.interval, absl::Milliseconds(500));
   EXPECT_EQ(d->health.outliers.consecutive_failures, 2);
 }
@@ -125,6 +131,10 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("health_check.max_ejection_ms: must be >="));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),
               HasSubstr("routing.first_token_timeout_ms"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_ttl_s: 100000}\n"),
+              HasSubstr("routing.quarantine_ttl_s: must be in [0, 86400], got 100000"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_max_entries: 0}\n"),
+              HasSubstr("routing.quarantine_max_entries"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nserver: {tls: {cert_file: a.pem}}\n"),
               HasSubstr("server.tls: cert_file and key_file must be set together"));
 }

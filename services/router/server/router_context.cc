@@ -34,7 +34,8 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
                 options.kvdir.forget_after),
       selector_(options.routing.policy, options.routing.speculative, options.routing.breaker,
                 options.health.outliers),
-      metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))) {
+      metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))),
+      quarantine_(options.routing.quarantine) {
   if (!options.kvdir.address.empty()) {
     auto channel =
         MakeChannel(options.kvdir.address, options.client_tls, options.server.max_message_bytes);

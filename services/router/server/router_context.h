@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
+#include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/worker_selector.h"
 #include "services/router/server/router_metrics.h"
 #include "services/router/server/router_options.h"
@@ -45,6 +46,7 @@ class RouterContext {
   WorkerRegistry& registry() { return registry_; }
   WorkerSelector& selector() { return selector_; }
   RouterMetrics& metrics() { return metrics_; }
+  QueryQuarantine& quarantine() { return quarantine_; }
 
   // Backpressure: at most max_inflight_requests admitted calls at once.
   bool TryAdmit();
@@ -79,6 +81,7 @@ class RouterContext {
   WorkerRegistry registry_;
   WorkerSelector selector_;
   RouterMetrics metrics_;
+  QueryQuarantine quarantine_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   std::atomic<int> inflight_{0};
 

@@ -70,6 +70,18 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                      "routing.first_token_timeout_ms")
                                .Register(registry)
                                .Add({});
+  quarantined_ = &prometheus::BuildCounter()
+                      .Name("lazyattn_router_quarantined_requests_total")
+                      .Help("Requests refused (FAILED_PRECONDITION) because their content lost "
+                            "two workers' connections mid-call (query-of-death quarantine)")
+                      .Register(registry)
+                      .Add({});
+  connection_losses_ = &prometheus::BuildCounter()
+                            .Name("lazyattn_router_worker_connection_losses_total")
+                            .Help("Attempts whose worker connection was lost mid-call (the "
+                                  "worker process died holding the request)")
+                            .Register(registry)
+                            .Add({});
   selections_family_ = &prometheus::BuildCounter()
                             .Name("lazyattn_router_worker_selections_total")
                             .Help("Attempts sent to each worker")

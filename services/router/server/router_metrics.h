@@ -9,6 +9,12 @@
 //   lazyattn_router_worker_selections_total{worker} attempts sent to each worker
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
 //   lazyattn_router_first_token_timeouts_total      attempts cancelled without a first token
+//   lazyattn_router_quarantined_requests_total      requests ended FAILED_PRECONDITION by the
+//                                                   query-of-death quarantine (the one whose
+//                                                   second lost worker quarantined it, and every
+//                                                   later one refused)
+//   lazyattn_router_worker_connection_losses_total  attempts whose worker connection was lost
+//                                                   mid-call (the worker process died)
 //   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
 //                                                   ("system", "documents.text", ...) is not UTF-8
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
@@ -47,6 +53,8 @@ class RouterMetrics {
   void CountRetry() { retries_->Increment(); }
   void CountEjection() { ejections_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
+  void CountQuarantined() { quarantined_->Increment(); }
+  void CountConnectionLoss() { connection_losses_->Increment(); }
   void CountSelection(const std::string& worker);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
   // any other status is ignored.
@@ -60,6 +68,8 @@ class RouterMetrics {
   prometheus::Counter* retries_;
   prometheus::Counter* ejections_;
   prometheus::Counter* first_token_timeouts_;
+  prometheus::Counter* quarantined_;
+  prometheus::Counter* connection_losses_;
   prometheus::Family<prometheus::Counter>* selections_family_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
   absl::Mutex mu_;

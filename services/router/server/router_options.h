@@ -11,6 +11,7 @@
 #include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/outlier_detector.h"
+#include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
 #include "common/request_validator.h"
@@ -42,6 +43,9 @@ struct RoutingOptions {
   // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
   // under load; GPU fleets set a few seconds (docs/router.md).
   absl::Duration first_token_timeout = absl::Seconds(30);
+  // Query-of-death containment: a request content that lost two workers' connections mid-call
+  // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
+  QuarantineOptions quarantine;
 };
 
 struct AuthOptions {
