@@ -19,6 +19,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "common/yaml_config.h"
+#include "services/worker/engine/fault_injection.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/server/worker_config.h"
@@ -193,6 +194,14 @@ int main(int argc, char** argv) {
   lazyattn::LogInfo("worker").Str("backend", served->runner->backend_name()).Msg("model loaded");
   lazyattn::WorkerServerOptions options = lazyattn::ServerOptionsFor(*config, served->config);
   options.engine.num_kv_blocks = served->runner->num_kv_blocks();
+  if (config->testing.any()) {
+    // Never in production: these keys make a healthy worker fail on purpose.
+    lazyattn::LogWarning("worker")
+        .Str("testing", config->testing.Describe())
+        .Msg("FAULT INJECTION IS ON: this worker will fail steps or abort on purpose; remove the "
+             "testing: section outside fault-injection tests");
+  }
+  served->runner = lazyattn::WithFaultInjection(std::move(served->runner), config->testing);
   auto server = lazyattn::WorkerServer::Create(options, std::move(served->runner),
                                                served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {

@@ -1,11 +1,15 @@
 #include "services/worker/server/generate_reactor.h"
 
+#include <cstdlib>
+#include <iostream>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/request_validator.h"
+#include "common/worker_call_trailer.h"
+#include "services/worker/engine/fault_injection.h"
 
 namespace lazyattn {
 namespace {
@@ -19,7 +23,10 @@ const grpc::Status& ShuttingDown() {
 
 GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::GenerateRequest& request)
-    : ctx_(ctx), arrival_(absl::Now()), deadline_(DeadlineOf(call->deadline())) {
+    : ctx_(ctx), arrival_(absl::Now()), deadline_(DeadlineOf(call->deadline())), prep_(ctx.prep) {
+  // Sent with whatever status this reactor ends the call with; absent only when the call is cut
+  // under the worker (its process died): the router's query-of-death quarantine counts those.
+  call->AddTrailingMetadata(kWorkerEndedCallKey, kWorkerEndedCallValue);
   auto reject = [&](const grpc::Status& status) {
     ctx_.metrics->CountRequest(status.error_code());
     {
@@ -51,26 +58,31 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
   converted->deadline = deadline_;
   request_ = std::move(*converted);
 
+  // Headers now, before tokenization: the router then knows the call reached this process even
+  // if the process dies while preparing it.
+  StartSendInitialMetadata();
   refs_.fetch_add(1);  // preparation's, handed on to the engine: Prepare may run before Submit returns
-  auto ticket = ctx_.prep->Submit([this](const absl::Status& s) { Prepare(s); });
-  if (!ticket.ok()) {
+  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); });
+      !queued.ok()) {
     refs_.fetch_sub(1);  // the task is not called when Submit fails
-    reject(ToGrpcStatus(ticket.status()));
-    return;
+    reject(ToGrpcStatus(queued));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!prep_started_) prep_ticket_ = *ticket;
 }
 
 void GenerateReactor::Prepare(const absl::Status& pool_status) {
-  absl::Status status = pool_status;
+  absl::Status status = prep_.Start(pool_status);
   {
+    // A cancel after Start (until the engine id is known) is this reactor's to apply.
     std::lock_guard<std::mutex> lock(mu_);
-    prep_started_ = true;
-    prep_ticket_ = 0;
     if (status.ok() && cancel_engine_) {
       status = absl::CancelledError("cancelled while waiting for tokenization");
     }
+  }
+  if (status.ok() && RequestContainsMarker(request_, ctx_.abort_on_prompt_marker)) {
+    std::cerr << "lazyattn-worker: FAULT INJECTION: request contains "
+                 "testing.abort_on_prompt_marker; aborting the process"
+              << std::endl;
+    std::abort();
   }
   if (status.ok() && ctx_.tracker->draining()) status = absl::UnavailableError("worker shutting down");
   if (status.ok() && absl::Now() >= deadline_) {
@@ -189,38 +201,33 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {
-  uint64_t ticket = 0;
+  bool preparing = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
     if (!ok) {  // the stream is broken: the client went away
       client_cancelled_ = true;
       AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream closed by the client"));
-      ticket = CancelEngineLocked();
+      preparing = CancelEngineLocked();
     }
   }
-  CancelPreparation(ticket);
+  if (preparing) prep_.Cancel();
   Pump();
 }
 
 void GenerateReactor::OnCancel() {
-  uint64_t ticket;
+  bool preparing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     client_cancelled_ = true;
     AbortLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-    ticket = CancelEngineLocked();
+    preparing = CancelEngineLocked();
   }
   // Still queued for tokenization: out of the queue now (its slot is free at once, and the call
-  // ends without waiting for a pool thread).
-  CancelPreparation(ticket);
+  // ends without waiting for a pool thread; Prepare(Cancelled) runs here). Otherwise Prepare has
+  // started and sees the cancellation.
+  if (preparing) prep_.Cancel();
   Pump();
-}
-
-void GenerateReactor::CancelPreparation(uint64_t ticket) {
-  // Cancel calls Prepare(Cancelled) here when the task was still queued; otherwise Prepare has
-  // started and sees cancel_engine_.
-  if (ticket != 0) ctx_.prep->Cancel(ticket);
 }
 
 void GenerateReactor::OnDone() { Unref(); }
@@ -254,14 +261,14 @@ void GenerateReactor::AbortLocked(const grpc::Status& status) {
   final_status_ = status;
 }
 
-uint64_t GenerateReactor::CancelEngineLocked() {
-  if (engine_done_) return 0;
+bool GenerateReactor::CancelEngineLocked() {
+  if (engine_done_) return false;
   if (submitted_) {
     ctx_.engine->Cancel(engine_id_);
-    return 0;
+    return false;
   }
   cancel_engine_ = true;  // Prepare cancels once SubmitPrepared has returned the id
-  return prep_ticket_;
+  return true;
 }
 
 void GenerateReactor::Unref() {

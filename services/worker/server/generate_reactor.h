@@ -19,7 +19,12 @@
 // on_done (two references). Threading: gRPC reactions and engine callbacks run on different
 // threads; shared state is under mu_, and gRPC operations (StartWrite, Finish) are started outside
 // it. Lock order: mu_, then RequestTracker's lock and the engine's submission lock. PrepPool calls
-// (Submit, Cancel) are made without mu_: Cancel runs the task, which takes mu_.
+// (through prep_: Submit, Cancel) are made without mu_: Cancel runs the task, which takes mu_.
+//
+// Every call this reactor ends carries the trailer of common/worker_call_trailer.h, so the router
+// tells this worker's own statuses from a connection lost mid-call. With
+// testing.abort_on_prompt_marker set, a request containing it aborts the process in Prepare (a
+// query of death, for fault-injection tests).
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_GENERATE_REACTOR_H_
 
@@ -37,6 +42,7 @@
 #include "absl/status/status.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/server/prep_ticket.h"
 #include "services/worker/server/service_context.h"
 
 namespace lazyattn {
@@ -61,10 +67,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void Pump();
   // Ends the call with `status` after the write in flight (queued chunks are dropped).
   void AbortLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Cancels the engine request, or marks it to be cancelled once submitted; returns the PrepPool
-  // ticket to cancel (after unlocking) while the request still waits for preparation, else 0.
-  [[nodiscard]] uint64_t CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CancelPreparation(uint64_t ticket);
+  // Cancels the engine request, or marks it to be cancelled once submitted; returns true while
+  // the request may still wait for preparation: the caller then calls prep_.Cancel() after
+  // unlocking.
+  [[nodiscard]] bool CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref();
 
   const ServiceContext ctx_;
@@ -72,6 +78,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   const absl::Time deadline_;
   std::atomic<int> refs_{1};  // gRPC's; preparation's (then the engine's) is added on queueing
   EngineRequest request_;     // converted; handed to the pool thread, then to the engine
+  PrepTicket prep_;           // its place in the PrepPool
 
   std::mutex mu_;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -80,8 +87,6 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;  // after the queue drains
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish called
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
-  uint64_t prep_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // while queued in the PrepPool, else 0
-  bool prep_started_ ABSL_GUARDED_BY(mu_) = false;  // Prepare was called
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;

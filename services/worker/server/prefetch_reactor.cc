@@ -10,7 +10,7 @@ namespace lazyattn {
 PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::PrefetchRequest& request,
                                  v1::PrefetchResponse* response)
-    : ctx_(ctx), response_(response), deadline_(DeadlineOf(call->deadline())) {
+    : ctx_(ctx), response_(response), deadline_(DeadlineOf(call->deadline())), prep_(ctx.prep) {
   auto reject = [&](const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -37,22 +37,18 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
   converted->deadline = deadline_;
   request_ = std::move(*converted);
   refs_.fetch_add(1);  // preparation's, handed on to the engine
-  auto ticket = ctx_.prep->Submit([this](const absl::Status& s) { Prepare(s); });
-  if (!ticket.ok()) {
-    refs_.fetch_sub(1);
-    reject(ToGrpcStatus(ticket.status()));
-    return;
+  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); });
+      !queued.ok()) {
+    refs_.fetch_sub(1);  // the task is not called when Submit fails
+    reject(ToGrpcStatus(queued));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!prep_started_) prep_ticket_ = *ticket;
 }
 
 void PrefetchReactor::Prepare(const absl::Status& pool_status) {
-  absl::Status status = pool_status;
+  absl::Status status = prep_.Start(pool_status);
   {
+    // A cancel after Start (until the engine id is known) is this reactor's to apply.
     std::lock_guard<std::mutex> lock(mu_);
-    prep_started_ = true;
-    prep_ticket_ = 0;
     if (status.ok() && cancel_engine_) {
       status = absl::CancelledError("cancelled while waiting for tokenization");
     }
@@ -107,19 +103,17 @@ void PrefetchReactor::OnEngineDone(const absl::Status& status, const RequestResu
 }
 
 void PrefetchReactor::OnCancel() {
-  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     client_cancelled_ = true;
     if (engine_done_) return;
     if (submitted_) {
       ctx_.engine->Cancel(engine_id_);
-    } else {
-      cancel_engine_ = true;  // Prepare cancels once SubmitPrepared has returned the id
-      ticket = prep_ticket_;
+      return;
     }
+    cancel_engine_ = true;  // Prepare cancels once SubmitPrepared has returned the id
   }
-  if (ticket != 0) ctx_.prep->Cancel(ticket);  // runs Prepare(Cancelled) if still queued
+  prep_.Cancel();  // runs Prepare(Cancelled) here if still queued
 }
 
 void PrefetchReactor::OnDone() { Unref(); }

@@ -5,8 +5,8 @@
 // RESOURCE_EXHAUSTED). Client cancellation and the deadline reach the queued preparation and the
 // engine as for Generate. Deletes itself once gRPC and the engine are both done with it.
 //
-// Lock order: mu_, then RequestTracker's lock and the engine's submission lock; PrepPool calls are
-// made without mu_ (Cancel runs the task, which takes it).
+// Lock order: mu_, then RequestTracker's lock and the engine's submission lock; PrepPool calls
+// (through prep_) are made without mu_ (Cancel runs the task, which takes it).
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_PREFETCH_REACTOR_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_PREFETCH_REACTOR_H_
 
@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/server/prep_ticket.h"
 #include "services/worker/server/service_context.h"
 
 namespace lazyattn {
@@ -43,10 +44,9 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   const absl::Time deadline_;
   std::atomic<int> refs_{1};
   EngineRequest request_;  // converted; handed to the pool thread, then to the engine
+  PrepTicket prep_;        // its place in the PrepPool
 
   std::mutex mu_;
-  uint64_t prep_ticket_ ABSL_GUARDED_BY(mu_) = 0;  // while queued in the PrepPool, else 0
-  bool prep_started_ ABSL_GUARDED_BY(mu_) = false;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,4 +1,5 @@
 #include "services/worker/server/prep_pool.h"
+#include "services/worker/server/prep_ticket.h"
 
 #include <atomic>
 #include <memory>
@@ -139,5 +140,102 @@ TEST(PrepPoolTest, ValidateNamesTheOption) {
   EXPECT_TRUE(PrepPool::Validate({}).ok());
 }
 
+
+// PrepTicket (prep_ticket.h): a cancellation reaches the call's task whenever it comes.
+namespace prep_ticket_test {
+
+struct Recorder {
+  std::atomic<int> calls{0};
+  absl::Status status = absl::UnknownError("not called");
+  absl::Notification done;
+  PrepTicket* ticket = nullptr;
+  PrepPool::Task Task() {
+    return [this](const absl::Status& s) {
+      status = ticket->Start(s);
+      ++calls;
+      done.Notify();
+    };
+  }
+};
+
+TEST(PrepTicketTest, CancelWhileQueuedRunsTheTaskCancelledAtOnce) {
+  PrepPool pool({.threads = 1, .max_pending = 4});
+  Probe blocker;
+  ASSERT_TRUE(pool.Submit(blocker.Task()).ok());
+  blocker.started.WaitForNotification();
+  PrepTicket ticket(&pool);
+  Recorder r{.ticket = &ticket};
+  ASSERT_TRUE(ticket.Submit(r.Task()).ok());
+  EXPECT_EQ(pool.pending(), 1);
+  ticket.Cancel();
+  EXPECT_EQ(r.calls.load(), 1);  // on this thread, before Cancel returned
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(pool.pending(), 0);
+  ticket.Cancel();  // idempotent
+  EXPECT_EQ(r.calls.load(), 1);
+  blocker.release.Notify();
+}
+
+TEST(PrepTicketTest, CancelBeforeSubmitIsAppliedWhenTheTicketIsKnown) {
+  PrepPool pool({.threads = 1, .max_pending = 4});
+  Probe blocker;
+  ASSERT_TRUE(pool.Submit(blocker.Task()).ok());
+  blocker.started.WaitForNotification();
+  PrepTicket ticket(&pool);
+  Recorder r{.ticket = &ticket};
+  ticket.Cancel();  // e.g. the client went away before the call was queued
+  ASSERT_TRUE(ticket.Submit(r.Task()).ok());
+  EXPECT_EQ(r.calls.load(), 1);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(pool.pending(), 0);  // its queue slot is free again
+  blocker.release.Notify();
+}
+
+TEST(PrepTicketTest, CancelAfterAThreadTookItIsReportedByStart) {
+  PrepPool pool({.threads = 1, .max_pending = 4});
+  PrepTicket ticket(&pool);
+  absl::Notification taken, cancelled;
+  absl::Status started;
+  ASSERT_TRUE(ticket
+                  .Submit([&](const absl::Status& s) {
+                    taken.Notify();
+                    cancelled.WaitForNotification();
+                    started = ticket.Start(s);
+                  })
+                  .ok());
+  taken.WaitForNotification();
+  ticket.Cancel();  // too late to take it out of the queue
+  cancelled.Notify();
+  pool.Shutdown();  // waits for the task
+  EXPECT_EQ(started.code(), absl::StatusCode::kCancelled);
+}
+
+TEST(PrepTicketTest, UncancelledTaskStartsWithThePoolStatus) {
+  PrepPool pool({.threads = 1, .max_pending = 4});
+  PrepTicket ticket(&pool);
+  Recorder r{.ticket = &ticket};
+  ASSERT_TRUE(ticket.Submit(r.Task()).ok());
+  r.done.WaitForNotification();
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  ticket.Cancel();  // after the start: nothing to take out, no second call
+  EXPECT_EQ(r.calls.load(), 1);
+}
+
+TEST(PrepTicketTest, FullPoolRefusesAndNeverCallsTheTask) {
+  PrepPool pool({.threads = 1, .max_pending = 1});
+  Probe blocker, queued;
+  ASSERT_TRUE(pool.Submit(blocker.Task()).ok());
+  blocker.started.WaitForNotification();
+  ASSERT_TRUE(pool.Submit(queued.Task()).ok());
+  PrepTicket ticket(&pool);
+  Recorder r{.ticket = &ticket};
+  EXPECT_EQ(ticket.Submit(r.Task()).code(), absl::StatusCode::kResourceExhausted);
+  ticket.Cancel();
+  EXPECT_EQ(r.calls.load(), 0);
+  blocker.release.Notify();
+  queued.release.Notify();
+}
+
+}  // namespace prep_ticket_test
 }  // namespace
 }  // namespace lazyattn

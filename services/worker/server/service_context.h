@@ -30,6 +30,9 @@ struct ServiceContext {
   // RESOURCE_EXHAUSTED (the engine thread never waits for a client).
   int max_buffered_tokens = 1024;
   std::string worker_id;
+  // Fault injection (testing.abort_on_prompt_marker): a Generate whose text contains it aborts
+  // the process while it is prepared. Empty: off.
+  std::string abort_on_prompt_marker;
 };
 
 // The call's gRPC deadline as an absl::Time (InfiniteFuture when the call has none).

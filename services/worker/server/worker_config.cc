@@ -109,6 +109,10 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
                    IntInRange(config, "engine.max_pending_preparations",
                               o.service.prep.max_pending, 1, 1 << 20));
   o.service.prep.max_pending = static_cast<int>(pending);
+  ASSIGN_OR_RETURN(const int64_t step_failures,
+                   IntInRange(config, "engine.max_consecutive_step_failures",
+                              o.engine.max_consecutive_step_failures, 1, 1'000'000));
+  o.engine.max_consecutive_step_failures = static_cast<int>(step_failures);
 
   // Limits: the router's request limits (the same keys and validator), then the worker's own.
   ASSIGN_OR_RETURN(o.service.limits, ApiLimitsFromYaml(config, o.service.limits));
@@ -163,6 +167,15 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
 
   // Metrics.
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9200"));
+
+  // Fault injection (fault_injection.h), for tests only; main warns loudly when any is set.
+  FaultInjectionOptions& t = c.testing;
+  ASSIGN_OR_RETURN(t.fail_steps_after,
+                   IntInRange(config, "testing.fail_steps_after", -1, -1, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(t.sticky_error_after,
+                   IntInRange(config, "testing.sticky_error_after", -1, -1, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(t.abort_on_prompt_marker, config.String("testing.abort_on_prompt_marker", ""));
+  o.service.abort_on_prompt_marker = t.abort_on_prompt_marker;
 
   RETURN_IF_ERROR(config.Finish());
   return c;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/yaml_config.h"
+#include "services/worker/engine/fault_injection.h"
 #include "common/log.h"
 #include "services/worker/model/model_config.h"
 #include "services/worker/server/worker_server.h"
@@ -27,6 +28,8 @@ struct WorkerConfig {
   // `insecure: true`: plaintext without authorization, accepted only when said (main refuses to
   // start without mutual TLS otherwise; common/auth.h).
   bool insecure = false;
+  // `testing:` keys: fault injection for tests (main wraps the runner and warns at start).
+  FaultInjectionOptions testing;
 };
 
 // InvalidArgument naming the key (and the bad value) for a wrong type, an out-of-range value, an

@@ -30,6 +30,8 @@ TEST(WorkerConfigTest, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c->server.engine.default_deadline, absl::Seconds(600));
   EXPECT_EQ(c->server.engine.max_waiting_requests, 1024);
   EXPECT_EQ(c->server.engine.max_queued_tokens, int64_t{1} << 22);
+  EXPECT_EQ(c->server.engine.max_consecutive_step_failures, 3);
+  EXPECT_FALSE(c->testing.any());  // fault injection is off unless configured
   const WorkerServerOptions o = ServerOptionsFor(*c, TinyTestConfig());
   EXPECT_FALSE(o.kvdir.has_value());  // standalone
   EXPECT_GT(o.engine.num_kv_blocks, 0);
@@ -45,7 +47,8 @@ server:
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
 engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false,
          prep_threads: 3, max_pending_preparations: 5, default_deadline_s: 90,
-         max_waiting_requests: 12, max_queued_tokens: 4096}
+         max_waiting_requests: 12, max_queued_tokens: 4096, max_consecutive_step_failures: 5}
+testing: {fail_steps_after: 7, sticky_error_after: 9, abort_on_prompt_marker: "POISON"}
 limits:
   max_documents: 16
   max_tokens: 512
@@ -73,6 +76,11 @@ metrics: {listen: ""}
   EXPECT_EQ(c->server.grpc.tls.ca_file, "ca.pem");
   EXPECT_EQ(c->kv_budget_bytes, 1048576);
   EXPECT_EQ(c->server.engine.max_batch_tokens, 256);
+  EXPECT_EQ(c->server.engine.max_consecutive_step_failures, 5);
+  EXPECT_EQ(c->testing.fail_steps_after, 7);
+  EXPECT_EQ(c->testing.sticky_error_after, 9);
+  EXPECT_EQ(c->testing.abort_on_prompt_marker, "POISON");
+  EXPECT_EQ(c->server.service.abort_on_prompt_marker, "POISON");
   EXPECT_EQ(c->server.engine.max_running, 8);
   EXPECT_FALSE(c->server.engine.pipeline_decode);
   EXPECT_EQ(c->server.engine.default_deadline, absl::Seconds(90));
@@ -119,6 +127,11 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nlimits: {max_tokens: 0}\n", "limits.max_tokens"},
       {"model: {path: m}\nlimits: {max_stop_bytes: many}\n", "limits.max_stop_bytes"},
       {"model: {path: m}\nengine: {prep_threads: 0}\n", "engine.prep_threads"},
+      {"model: {path: m}\nengine: {max_consecutive_step_failures: 0}\n",
+       "engine.max_consecutive_step_failures"},
+      {"model: {path: m}\ntesting: {fail_steps_after: -2}\n", "testing.fail_steps_after"},
+      {"model: {path: m}\ntesting: {sticky_error_after: soon}\n", "testing.sticky_error_after"},
+      {"model: {path: m}\ntesting: {abort_on_marker: x}\n", "testing.abort_on_marker"},
       {"model: {path: m}\nengine: {max_pending_preparations: 0}\n",
        "engine.max_pending_preparations"},
       {"model: {path: m}\nkvdir: {reconnect_min_ms: 500, reconnect_max_ms: 100}\n",

@@ -175,6 +175,20 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                             "later) because the KV cache ran out of blocks")
                       .Register(registry)
                       .Add({});
+  step_failures_ = &BuildCounter()
+                        .Name("lazyattn_worker_step_failures_total")
+                        .Help("Engine steps the model runner failed (device errors); "
+                              "engine.max_consecutive_step_failures in a row or one sticky "
+                              "device error turn the worker NOT_SERVING")
+                        .Register(registry)
+                        .Add({});
+  serving_ = &BuildGauge()
+                  .Name("lazyattn_worker_serving")
+                  .Help("1 while the worker serves; 0 once it turned itself NOT_SERVING (failed "
+                        "steps, a sticky device error, a broken KV pool) or drains")
+                  .Register(registry)
+                  .Add({});
+  serving_->Set(1);
   pool_errors_ = &BuildCounter()
                       .Name("lazyattn_worker_kv_pool_errors_total")
                       .Help("Inconsistencies found in the KV block pool: a bug; the worker then "
@@ -241,6 +255,7 @@ void WorkerMetrics::Refresh(const EngineStats& stats, const KvBlockCounts& block
   Advance(id_docs_reused_, stats.id_docs_reused, last_stats_.id_docs_reused);
   Advance(pool_errors_, stats.pool_errors, last_stats_.pool_errors);
   Advance(preemptions_, stats.preemptions, last_stats_.preemptions);
+  Advance(step_failures_, stats.step_failures, last_stats_.step_failures);
   last_stats_ = stats;
   blocks_free_->Set(static_cast<double>(blocks.free));
   blocks_referenced_->Set(static_cast<double>(blocks.referenced));

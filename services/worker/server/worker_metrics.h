@@ -35,6 +35,12 @@
 //   lazyattn_worker_preemptions_total                  counter: running requests preempted for KV blocks
 //   lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the KV block
 //                                                      pool (a bug; the worker stops serving)
+//   lazyattn_worker_step_failures_total                counter: engine steps the runner failed (a
+//                                                      device error; see EngineCore)
+//   lazyattn_worker_serving                            gauge: 1 while the worker serves, 0 once it
+//                                                      turned itself NOT_SERVING (failed steps, a
+//                                                      sticky device error, a broken KV pool) or
+//                                                      drains
 //   lazyattn_worker_kvdir_events_dropped_total          counter: cache events not sent (queue full
 //                                                       or kvdir unreachable; a snapshot follows)
 //   lazyattn_worker_invalid_utf8_requests_total{field}  counter: Generate and Prefetch requests
@@ -83,6 +89,8 @@ class WorkerMetrics {
     bool connected = false;
     int64_t events_dropped = 0;  // monotonic
   };
+  // 1 while serving, 0 once NOT_SERVING (never 1 again in this process).
+  void SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
   // Thread-safe; counters advance by the growth since the previous call.
   void Refresh(const EngineStats& stats, const KvBlockCounts& blocks, const EngineLoad& load,
                const PublisherCounts& publisher);
@@ -116,6 +124,8 @@ class WorkerMetrics {
   prometheus::Counter* kvdir_events_dropped_ = nullptr;
   prometheus::Counter* pool_errors_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* step_failures_ = nullptr;
+  prometheus::Gauge* serving_ = nullptr;
   prometheus::Counter* text_docs_tokenized_ = nullptr;
   prometheus::Counter* text_docs_reused_ = nullptr;
   prometheus::Counter* id_docs_hashed_ = nullptr;

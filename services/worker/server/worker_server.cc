@@ -153,15 +153,42 @@ void WorkerServer::RefreshMetrics() {
     publisher = {.connected = s.connected, .events_dropped = s.events_dropped};
   }
   metrics_->Refresh(engine_->stats(), engine_->blocks(), engine_->load(), publisher);
-  // An engine that found its KV pool inconsistent refuses every request: say so to health
-  // checks (load balancers, the router, Kubernetes) once, and in the log.
+  // An engine that stopped serving (a KV pool found inconsistent, failed steps, a sticky device
+  // error) refuses every request: say so to health checks (load balancers, the router,
+  // Kubernetes) and the directory once, and in the log.
   if (const absl::Status health = engine_->health();
       !health.ok() && !reported_unhealthy_.exchange(true)) {
     LogError("worker").Str("reason", std::string(health.message())).Msg("NOT_SERVING");
+    metrics_->SetServing(false);
     if (server_ != nullptr) {
       if (auto* service = server_->GetHealthCheckService()) service->SetServingStatus(false);
     }
+    LeaveDirectory();
   }
+}
+
+void WorkerServer::LeaveDirectory() {
+  if (publisher_ == nullptr || leaving_.exchange(true)) return;
+  // Leave at once instead of when the lease runs out: withdraw every document (EVICTED events,
+  // numbered after the cache's last event), give the publisher a moment to send them, then close
+  // the stream.
+  engine_->set_cache_listener({});
+  const CacheSnapshot cached = engine_->CachedDocuments();
+  const KvdirPublisher::Stats before = publisher_->stats();
+  uint64_t version = cached.version;
+  for (const CachedDocumentInfo& d : cached.documents) {
+    publisher_->OnCacheEvent(CacheEvent{
+        .key = d.key, .num_tokens = d.num_tokens, .stored = false, .version = ++version});
+  }
+  const int64_t target =
+      before.events_sent + before.events_dropped + static_cast<int64_t>(cached.documents.size());
+  const absl::Time give_up = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < give_up) {
+    const KvdirPublisher::Stats now = publisher_->stats();
+    if (!now.connected || now.events_sent + now.events_dropped >= target) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  publisher_->Stop();
 }
 
 void WorkerServer::RefreshLoop() {
@@ -183,29 +210,8 @@ bool WorkerServer::Drain() {
   if (server_ != nullptr) {
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   }
-  if (publisher_ != nullptr) {
-    // Leave the directory at once instead of when the lease runs out: withdraw every document
-    // (EVICTED events, numbered after the cache's last event), give the publisher a moment to
-    // send them, then close the stream.
-    leaving_ = true;
-    engine_->set_cache_listener({});
-    const CacheSnapshot cached = engine_->CachedDocuments();
-    const KvdirPublisher::Stats before = publisher_->stats();
-    uint64_t version = cached.version;
-    for (const CachedDocumentInfo& d : cached.documents) {
-      publisher_->OnCacheEvent(CacheEvent{
-          .key = d.key, .num_tokens = d.num_tokens, .stored = false, .version = ++version});
-    }
-    const int64_t target =
-        before.events_sent + before.events_dropped + static_cast<int64_t>(cached.documents.size());
-    const absl::Time give_up = absl::Now() + absl::Seconds(1);
-    while (absl::Now() < give_up) {
-      const KvdirPublisher::Stats now = publisher_->stats();
-      if (!now.connected || now.events_sent + now.events_dropped >= target) break;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    publisher_->Stop();
-  }
+  metrics_->SetServing(false);
+  LeaveDirectory();
   bool finished = true;
   if (server_ != nullptr) {
     // gRPC refuses new calls from here on and lets those in flight finish until the deadline,

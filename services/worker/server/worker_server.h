@@ -86,7 +86,12 @@ class WorkerServer {
   WorkerService& service() { return *service_; }
   KvdirPublisher* publisher() { return publisher_.get(); }  // null when standalone
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-  // Copies the engine's counters and gauges into the metrics (also done periodically).
+  // Copies the engine's counters and gauges into the metrics (also done periodically). The first
+  // time it finds the engine unhealthy (a broken KV pool, engine.max_consecutive_step_failures
+  // failed steps, a sticky device error) it turns the worker NOT_SERVING for good: gRPC health
+  // NOT_SERVING, lazyattn_worker_serving 0, the directory left (documents withdrawn, the Publish
+  // stream and with it the lease ended), one log line. The engine already answers UNAVAILABLE to
+  // new and queued requests, so a router fails them over.
   void RefreshMetrics();
 
  private:
@@ -94,6 +99,9 @@ class WorkerServer {
                const Tokenizer* tokenizer);
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(std::unique_ptr<WorkerServer> server);
   void RefreshLoop();
+  // Withdraws every cached document from kvdir and stops the publisher (no more heartbeats: the
+  // lease ends). Idempotent; blocks up to a second for the withdrawals to be sent.
+  void LeaveDirectory();
 
   const WorkerServerOptions options_;
   // Destroyed in reverse: reactors finishing late (after the gRPC server stopped) still reach the
@@ -114,7 +122,8 @@ class WorkerServer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread refresher_;
   std::atomic<bool> reported_unhealthy_ = false;  // RefreshMetrics runs on two threads
-  std::atomic<bool> leaving_ = false;  // draining: the kvdir snapshot is empty from now on
+  // Left the directory (draining, or not serving): the kvdir snapshot is empty from now on.
+  std::atomic<bool> leaving_ = false;
 };
 
 // "HOST:PORT" of `listen_address` with `port`; a wildcard host becomes this machine's hostname.

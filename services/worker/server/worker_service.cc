@@ -20,6 +20,7 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   ctx_.convert.default_max_tokens = options.default_max_tokens;
   ctx_.max_buffered_tokens = options.max_buffered_tokens;
   ctx_.worker_id = options.worker_id;
+  ctx_.abort_on_prompt_marker = options.abort_on_prompt_marker;
 
   const ModelConfig& config = engine->config();
   model_info_.set_name(options.model_name.empty() ? config.name : options.model_name);

@@ -30,6 +30,8 @@ struct WorkerServiceOptions {
   // max_documents above.
   ApiLimits limits;
   PrepPoolOptions prep;  // threads that tokenize requests, and how many may wait for them
+  // testing.abort_on_prompt_marker (fault_injection.h): non-empty only in fault-injection tests.
+  std::string abort_on_prompt_marker;
 };
 
 class WorkerService final : public v1::Worker::CallbackService {
