@@ -417,6 +417,53 @@ TEST_F(RouterServerTest, ClientDeadlineReachesTheWorker) {
   EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
 }
 
+// However the expiry reaches the router first (gRPC's cancellation at the deadline, the worker's
+// own DEADLINE_EXCEEDED, a failover cut short), one client deadline is one deadline_exceeded.
+TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) {
+  StartWorkers(2);
+  StartKvdir();
+  workers_[0]->SetScript({.block = true});
+  workers_[1]->SetScript({.block = true});
+  StartRouter(Options());
+  const std::vector<absl::Duration> deadlines = {absl::Milliseconds(50), absl::Milliseconds(150),
+                                                 absl::Milliseconds(300)};
+  for (absl::Duration d : deadlines) {
+    EXPECT_EQ(Stream(Request({"doc"}), d).status.error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
+    lazyattn::v1::CompleteResponse response;
+    EXPECT_EQ(stub_->Complete(&ctx, Request({"doc"}), &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // A failover cut short: the first worker fails fast, the second holds the call past the
+  // deadline.
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  workers_[1]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Stream(Request({"doc"}), absl::Milliseconds(200)).status.error_code(),
+              grpc::StatusCode::UNAVAILABLE);  // both failed fast: the client's deadline is not it
+  }
+  workers_[1]->SetScript({.block = true});
+  EXPECT_EQ(Stream(Request({"doc"}), absl::Milliseconds(200)).status.error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The router counts each call once it has ended on its side too.
+  const std::string want = absl::StrCat(
+      "lazyattn_router_requests_total{policy=\"cache_aware\",status=\"deadline_exceeded\"} ",
+      2 * deadlines.size() + 1);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr(want));
+  EXPECT_THAT(metrics,
+              HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"cancelled\"} 0"));
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"unavailable\"} 2"));
+}
+
 TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
   StartWorkers(1);
   StartKvdir();
