@@ -102,7 +102,7 @@ void PublishLargeSnapshot(const std::string& address, const std::string& certs, 
 }
 
 TEST(KvdirMemoryTest, ExpiredWorkersGiveTheirMemoryBack) {
-  const std::string certs = ::testing::TempDir() + "/kvdir-memory-certs";
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-memory-certs-", getpid());
   ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs,
                                      "' --workers 3 --force >/dev/null")
                             .c_str()),

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -57,7 +59,8 @@ void WriteFile(const std::string& path, const std::string& text) {
 
 // `openssl x509 -serial` of a PEM certificate ("" on failure).
 std::string Serial(const std::string& pem) {
-  const std::string path = ::testing::TempDir() + "/serial-probe.pem";
+  // Per process: ctest may run this binary's tests side by side.
+  const std::string path = absl::StrCat(::testing::TempDir(), "/serial-probe-", getpid(), ".pem");
   std::ofstream(path) << pem;
   FILE* p = popen(("openssl x509 -noout -serial -in '" + path + "' 2>/dev/null").c_str(), "r");
   if (p == nullptr) return "";
@@ -70,7 +73,9 @@ std::string Serial(const std::string& pem) {
 class RouterTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    certs_ = ::testing::TempDir() + "/router-tls-certs";
+    certs_ = absl::StrCat(::testing::TempDir(), "/router-tls-certs-",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                          getpid());
     ASSERT_EQ(std::system(
                   absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
                       .c_str()),
