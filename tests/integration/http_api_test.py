@@ -10,7 +10,8 @@ Python SDK (tools/setup-test-venv installs it) and by curl:
   - multi-turn chat equal to /v1/completions given the chat template's rendering of the same turns;
   - stop strings; stream_options.include_usage; SSE framing as curl -N sees it;
   - errors with their HTTP codes: 400 (bad field, bad JSON), 401 (no key, unknown key), 403 (a key
-    without the generate scope), 404 (unknown model, unknown path), 413 (body over the limit);
+    without the generate scope), 404 (unknown model, unknown path), 413 (body over the limit),
+    429 (a key over its in-flight cap);
   plaintext cluster with one request in flight at most:
   - 429 while a request holds the only slot (its worker frozen with SIGSTOP), 503 once the only
     worker is gone.
@@ -108,6 +109,13 @@ def secured_checks(args, tmp):
                    capture_output=True)
     with open(f"{certs}/ops.key") as f:
         admin_only = f.read().strip()
+    # A key with one request in flight at most (key_limits.h): its second concurrent request 429.
+    subprocess.run([GEN_CERTS, "api-key", "capped", "generate", "--out", certs], check=True,
+                   capture_output=True)
+    with open(f"{certs}/api-keys.yaml", "a") as f:
+        f.write("    limits: {max_in_flight: 1}\n")  # continues the entry gen-certs just wrote
+    with open(f"{certs}/capped.key") as f:
+        capped_key = f.read().strip()
     ca = f"{certs}/ca.crt"
     with open(f"{certs}/demo.key") as f:
         key = f.read().strip()
@@ -272,6 +280,25 @@ def secured_checks(args, tmp):
         check("body over http.max_body_bytes: 413", status == 413 and "error" in body, str(body)[:200])
         status, body = raw(f"{base}/v1/embeddings", b"{}", key=key, ca=ca)
         check("unknown path: 404 in OpenAI's error shape", status == 404 and "error" in body, str(body))
+        capped = openai.OpenAI(base_url=f"{base}/v1", api_key=capped_key, max_retries=0,
+                               http_client=httpx.Client(verify=ca, timeout=60))
+        worker = c.procs["worker-0"].proc
+        os.kill(worker.pid, signal.SIGSTOP)  # the key's first request stays in flight
+        held = {}
+        t = threading.Thread(target=lambda: held.update(
+            r=capped.chat.completions.create(**ask).choices[0].finish_reason))
+        t.start()
+        time.sleep(1.0)
+        try:
+            capped.chat.completions.create(**ask)
+            check("a key at its max_in_flight: 429 naming the key", False, "no error")
+        except openai.RateLimitError as e:
+            check("a key at its max_in_flight: 429 naming the key",
+                  e.status_code == 429 and "capped" in str(e.body), str(e.body))
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        t.join(60)
+        check("the key's held request completes", held.get("r") in ("stop", "length"), str(held))
         r = c.request([], "still there?", max_tokens=1)
         check("the gRPC API still answers after all that", r.get("ok"), str(r)[:200])
     finally:

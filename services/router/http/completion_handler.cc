@@ -116,7 +116,8 @@ void SendGrpcError(httplib::Response& response, const grpc::Status& status) {
 
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
-                      std::shared_ptr<const std::atomic<bool>> stopping) {
+                      std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
+                      const std::string& key_name) {
   auto parsed = ParseOpenAiRequest(kind, request.body);
   if (!parsed.ok()) {
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
@@ -135,8 +136,8 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     return;
   }
   const absl::Time deadline = absl::Now() + options.request_timeout;
-  auto call = HttpCall::Start(router, std::move(parsed->request), absl::ToChronoTime(deadline),
-                              parsed->stream);
+  auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
+                              absl::ToChronoTime(deadline), parsed->stream);
   if (!call.ok()) {
     grpc::Status status = ToGrpcStatus(call.status());
     SendGrpcError(response, grpc::Status(status.error_code(),

@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "services/router/http/http_options.h"
 #include "services/router/http/openai_json.h"
+#include "services/router/server/key_limits.h"
 #include "services/router/server/router_context.h"
 
 namespace httplib {
@@ -25,9 +27,11 @@ namespace lazyattn::router {
 
 // `stopping`: set when the server shuts down; a call still waiting then ends with 503 (streams:
 // an error event) instead of holding the shutdown until its deadline.
+// `key_limiter`/`key_name`: the API key's in-flight cap (null: no API keys).
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
-                      std::shared_ptr<const std::atomic<bool>> stopping);
+                      std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
+                      const std::string& key_name);
 
 // An OpenAI JSON error response.
 void SendError(httplib::Response& response, int http_status, std::string_view message,

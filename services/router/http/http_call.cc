@@ -21,8 +21,8 @@ HttpCall::~HttpCall() {
 }
 
 absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
-    RouterContext* router, GenerateRequest request,
-    std::chrono::system_clock::time_point deadline, bool stream) {
+    RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
+    GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream) {
   // The same checks, in the same order, as the gRPC API's admission (inference_service.cc).
   const auto model = router->registry().Model();
   absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
@@ -32,6 +32,13 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
     return valid;
   }
+  KeySlot slot;
+  if (key_limiter != nullptr) {
+    if (grpc::Status s = key_limiter->Acquire(key_name, &slot); !s.ok()) {
+      router->metrics().CountRequest(s.error_code());
+      return FromGrpcStatus(s);
+    }
+  }
   if (!router->TryAdmit()) {
     router->metrics().CountRequest(grpc::StatusCode::RESOURCE_EXHAUSTED);
     return absl::ResourceExhaustedError(
@@ -40,6 +47,7 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
   }
   std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream));
   call->admitted_ = true;
+  call->key_slot_ = std::move(slot);
   call->self_ = call;
   call->Begin();
   return call;

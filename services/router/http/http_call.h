@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "services/router/server/forwarding_call.h"
+#include "services/router/server/key_limits.h"
 #include "services/router/server/router_context.h"
 
 namespace lazyattn::router {
@@ -43,11 +44,14 @@ class HttpCall final : public ForwardingCall {
     std::string text;                         // kEnd, not streaming: the whole text
   };
 
-  // Validates the request with the gRPC API's validator and admits it under the router's
-  // in-flight limit; the error status otherwise (counted in the router's request metrics).
+  // Validates the request with the gRPC API's validator and admits it under the API key's
+  // in-flight cap (`key_limiter` null: no API keys; `key_name` from CheckApiKey) and the router's
+  // in-flight limit, in the gRPC API's order; the error status otherwise (counted in the router's
+  // request metrics).
   static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
-      RouterContext* router, lazyattn::v1::GenerateRequest request,
-      std::chrono::system_clock::time_point deadline, bool stream);
+      RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
+      lazyattn::v1::GenerateRequest request, std::chrono::system_clock::time_point deadline,
+      bool stream);
   ~HttpCall() override;
 
   // Waits for the next event, at most `timeout`; the event's kind. After kEnd, returns kEnd again.
@@ -71,6 +75,7 @@ class HttpCall final : public ForwardingCall {
   const lazyattn::v1::GenerateRequest request_;  // ForwardingCall points at it
   const bool stream_;
   bool admitted_ = false;
+  KeySlot key_slot_;  // the call's place under its key's in-flight cap, released with the call
   std::shared_ptr<HttpCall> self_;  // set by Start, dropped by DeliverEnd
 
   absl::Mutex mu_;

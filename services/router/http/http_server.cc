@@ -17,6 +17,7 @@
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/http_auth.h"
 #include "services/router/http/openai_json.h"
+#include "services/router/server/api_key_auth.h"
 #include "nlohmann/json.hpp"
 
 namespace lazyattn::router {
@@ -129,7 +130,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                         "http.max_queued_connections); retry later", "unavailable");
     return httplib::Server::HandlerResponse::Handled;
   });
-  // A handler that needs a key: checks it, then runs `body`.
+  // The per-key in-flight caps live in the router's API key processor (null without keys).
+  auto* authorizer = dynamic_cast<ApiKeyAuthorizer*>(processor);
+  KeyLimiter* key_limiter = authorizer != nullptr ? &authorizer->limiter() : nullptr;
+  // A handler that needs a key: checks it, then runs `body(req, res, key_name)`.
   auto authorized = [processor, keep_auth](const char* method, auto body) {
     return [processor, keep_auth, method, body](const httplib::Request& req,
                                                 httplib::Response& res) {
@@ -143,13 +147,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         SendGrpcError(res, s);
         return;
       }
-      body(req, res);
+      body(req, res, key_name);
     };
   };
   std::shared_ptr<const std::atomic<bool>> stopping = server->stopping_;
-  auto completion = [router, opts, stopping](ApiKind kind) {
-    return [router, opts, stopping, kind](const httplib::Request& req, httplib::Response& res) {
-      HandleCompletion(kind, req, res, router, opts, stopping);
+  auto completion = [router, opts, stopping, key_limiter](ApiKind kind) {
+    return [router, opts, stopping, key_limiter, kind](const httplib::Request& req,
+                                                       httplib::Response& res,
+                                                       const std::string& key_name) {
+      HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, key_name);
     };
   };
   for (auto [path, kind] : {std::pair{"/v1/chat/completions", ApiKind::kChat},
@@ -159,7 +165,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     s.Post(path, authorized(kCompleteMethod, handle));
   }
   s.Get("/v1/models", authorized(kModelInfoMethod, [router](const httplib::Request&,
-                                                            httplib::Response& res) {
+                                                            httplib::Response& res,
+                                                            const std::string& /*key_name*/) {
           const auto model = router->registry().Model();
           res.set_content(ModelsJson(model.has_value() ? &*model : nullptr,
                                      absl::ToUnixSeconds(absl::Now())),

@@ -4,8 +4,8 @@
 //   GET  /health                                      200 while a live worker is known, else 503
 // Requests run on the router's own routing path in-process (HttpCall, a ForwardingCall), so
 // routing, failover, limits and metrics are the gRPC API's. API keys: `Authorization: Bearer`
-// checked by the gRPC listener's ApiKeyAuthorizer (same keys, scopes, rate limits and metrics;
-// /health is open like gRPC health). TLS with the router's server certificate when configured
+// checked by the gRPC listener's ApiKeyAuthorizer (same keys, scopes, rate limits, in-flight caps
+// and metrics; /health is open like gRPC health). TLS with the router's server certificate when configured
 // (read once at start). Errors are OpenAI's JSON error objects (error_mapping.h).
 //
 // Limits: body size (413), the library's fixed 8 KiB header line and URI limits, read and write
