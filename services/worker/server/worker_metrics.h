@@ -65,6 +65,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/request_validator.h"
 #include "services/worker/engine/engine.h"
 
 namespace lazyattn {
@@ -130,7 +131,7 @@ class WorkerMetrics {
   prometheus::Counter* text_docs_reused_ = nullptr;
   prometheus::Counter* id_docs_hashed_ = nullptr;
   prometheus::Counter* id_docs_reused_ = nullptr;
-  std::array<prometheus::Counter*, 5> invalid_utf8_{};  // by kTextFieldLabels
+  std::array<prometheus::Counter*, kTextFieldLabels.size()> invalid_utf8_{};  // by kTextFieldLabels
 
   std::mutex mu_;
   EngineStats last_stats_ ABSL_GUARDED_BY(mu_);
