@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace lazyattn::kvdir {
@@ -45,6 +46,8 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(o.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.insecure, config.Bool("insecure", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", o.metrics_address));
+  ASSIGN_OR_RETURN(o.metrics_bearer_token_file, config.String("metrics.bearer_token_file", ""));
+  ASSIGN_OR_RETURN(o.log, ReadLogOptions(config));
   ASSIGN_OR_RETURN(const int64_t max_keys, IntInRange(config, "limits.max_keys_per_lookup",
                                                       o.limits.max_keys_per_lookup, 1, 1 << 20));
   o.limits.max_keys_per_lookup = static_cast<int>(max_keys);

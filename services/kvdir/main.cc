@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/log.h"
 #include "common/yaml_config.h"
 #include "services/kvdir/kvdir_config.h"
 #include "services/kvdir/server/kvdir_server.h"
@@ -96,12 +97,13 @@ int main(int argc, char** argv) {
       status.ok() ? lazyattn::kvdir::KvdirOptionsFromYaml(config)
                   : absl::StatusOr<lazyattn::kvdir::KvdirOptions>(status);
   if (!options.ok()) {
-    std::cerr << "lazyattn-kvdir: " << options.status().message() << "\n";
+    lazyattn::LogError("kvdir").Msg(std::string(options.status().message()));
     return 2;
   }
+  lazyattn::ConfigureLogging(options->log);
   if (flags.has_listen) {
     if (flags.listen.empty()) {
-      std::cerr << "lazyattn-kvdir: --listen: must not be empty\n";
+      lazyattn::LogError("kvdir").Msg("--listen: must not be empty");
       return 2;
     }
     options->listen_address = flags.listen;
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
                                                         !options->tls.ca_file.empty(),
                                                         options->insecure);
       !s.ok()) {
-    std::cerr << "lazyattn-kvdir: " << s.message() << "\n";
+    lazyattn::LogError("kvdir").Msg(std::string(s.message()));
     return 2;
   }
 
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
 
   auto server = lazyattn::kvdir::KvdirServer::Create(*options);
   if (!server.ok()) {
-    std::cerr << "lazyattn-kvdir: " << server.status().message() << "\n";
+    lazyattn::LogError("kvdir").Msg(std::string(server.status().message()));
     return 1;
   }
   if ((*server)->metrics_port() != 0) {
@@ -139,8 +141,8 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::cerr << "lazyattn-kvdir: " << strsignal(signal_number) << ", shutting down\n";
+  lazyattn::LogInfo("kvdir").Str("signal", strsignal(signal_number)).Msg("shutting down");
   server->reset();
-  std::cerr << "lazyattn-kvdir: stopped\n";
+  lazyattn::LogInfo("kvdir").Msg("stopped");
   return 0;
 }

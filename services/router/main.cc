@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/auth.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/yaml_config.h"
 #include "services/router/http/http_server.h"
@@ -84,21 +85,22 @@ int main(int argc, char** argv) {
   }
   auto options = lazyattn::router::RouterOptionsFromYaml(config, overrides);
   if (!options.ok()) {
-    std::cerr << "lazyattn-router: " << options.status().message() << "\n";
+    lazyattn::LogError("router").Msg(std::string(options.status().message()));
     return 2;
   }
+  lazyattn::ConfigureLogging(options->log);
 
   // Server TLS carries the API keys; kvdir and the workers check the router's own certificate.
   if (absl::Status s = lazyattn::CheckTransportSecurity(
           "lazyattn-router", config_path, !options->server.tls.cert_file.empty(),
           options->insecure);
       !s.ok()) {
-    std::cerr << "lazyattn-router: " << s.message() << "\n";
+    lazyattn::LogError("router").Msg(std::string(s.message()));
     return 2;
   }
   if (!options->insecure && options->auth.api_keys_file.empty()) {
-    std::cerr << "lazyattn-router: " << config_path
-              << ": auth.api_keys_file: required (tools/gen-certs makes one), or insecure: true\n";
+    lazyattn::LogError("router").Msg(
+        config_path + ": auth.api_keys_file: required (tools/gen-certs makes one), or insecure: true");
     return 2;
   }
 
@@ -113,16 +115,27 @@ int main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<lazyattn::MetricsEndpoint> metrics;
   if (!options->metrics_address.empty()) {
-    auto endpoint = lazyattn::MetricsEndpoint::Start(options->metrics_address, registry);
+    lazyattn::MetricsEndpointOptions endpoint_options;
+    if (!options->metrics_bearer_token_file.empty()) {
+      auto token = lazyattn::ReadBearerTokenFile("metrics.bearer_token_file",
+                                                 options->metrics_bearer_token_file);
+      if (!token.ok()) {
+        lazyattn::LogError("router").Msg(std::string(token.status().message()));
+        return 2;
+      }
+      endpoint_options.bearer_token = *token;
+    }
+    auto endpoint =
+        lazyattn::MetricsEndpoint::Start(options->metrics_address, registry, endpoint_options);
     if (!endpoint.ok()) {
-      std::cerr << "lazyattn-router: " << endpoint.status().message() << "\n";
+      lazyattn::LogError("router").Msg(std::string(endpoint.status().message()));
       return 1;
     }
     metrics = std::move(*endpoint);
   }
   auto server = lazyattn::router::RouterServer::Create(*options, registry);
   if (!server.ok()) {
-    std::cerr << "lazyattn-router: " << server.status().message() << "\n";
+    lazyattn::LogError("router").Msg(std::string(server.status().message()));
     return 1;
   }
   if (metrics != nullptr) {
@@ -135,7 +148,7 @@ int main(int argc, char** argv) {
     auto started = lazyattn::router::HttpServer::Create(
         options->http, options->server.tls, &(*server)->context(), (*server)->auth_processor());
     if (!started.ok()) {
-      std::cerr << "lazyattn-router: " << started.status().message() << "\n";
+      lazyattn::LogError("router").Msg(std::string(started.status().message()));
       return 1;
     }
     http = std::move(*started);
@@ -147,8 +160,9 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&signals, &signal);
-  std::cerr << "lazyattn-router: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ", shutting down\n";
+  lazyattn::LogInfo("router")
+      .Str("signal", signal == SIGTERM ? "SIGTERM" : "SIGINT")
+      .Msg("shutting down");
   if (http != nullptr) http->Shutdown();
   (*server)->Shutdown(absl::Seconds(5));
   server->reset();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/log.h"
 
 namespace lazyattn::kvdir {
 namespace {
@@ -57,7 +58,15 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   if (absl::Status s = Validate(options); !s.ok()) return s;
   std::unique_ptr<KvdirServer> server(new KvdirServer(options));
   if (!options.metrics_address.empty()) {
-    auto endpoint = MetricsEndpoint::Start(options.metrics_address, server->registry_);
+    MetricsEndpointOptions endpoint_options;
+    if (!options.metrics_bearer_token_file.empty()) {
+      auto token =
+          ReadBearerTokenFile("metrics.bearer_token_file", options.metrics_bearer_token_file);
+      if (!token.ok()) return token.status();
+      endpoint_options.bearer_token = *token;
+    }
+    auto endpoint =
+        MetricsEndpoint::Start(options.metrics_address, server->registry_, endpoint_options);
     if (!endpoint.ok()) return endpoint.status();
     server->metrics_endpoint_ = std::move(*endpoint);
   }
@@ -77,6 +86,11 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
   server->port_ = built->port;
+  // Health by service name too (probes that name the API); the overall status, set NOT_SERVING
+  // at shutdown, turns every name with it.
+  if (auto* health = server->server_->GetHealthCheckService()) {
+    health->SetServingStatus(lazyattn::v1::KvDirectory::service_full_name(), true);
+  }
   server->sweeper_ = std::thread([s = server.get()] { s->SweepLoop(); });
   return server;
 }
@@ -96,8 +110,7 @@ void KvdirServer::SweepLoop() {
     }
     const std::vector<std::string> expired = index_.ExpireLeases(absl::Now());
     for (const std::string& id : expired) {
-      std::cerr << "lazyattn-kvdir: lease of worker " << id
-                << " expired; its entries are dropped\n";
+      LogWarning("kvdir").Str("worker", id).Msg("lease expired; its entries are dropped");
     }
     if (!expired.empty()) {
       metrics_.LeasesExpired(static_cast<int64_t>(expired.size()));

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "services/kvdir/index/directory_index.h"
 #include "services/kvdir/server/kvdir_metrics.h"
@@ -31,6 +32,9 @@ struct KvdirOptions {
   // Socket. Port 0 picks a free port (see KvdirServer::port / metrics_port).
   std::string listen_address = "127.0.0.1:7100";
   std::string metrics_address = "127.0.0.1:9100";  // empty: no /metrics endpoint
+  // Non-empty: /metrics requires "Authorization: Bearer <the file's token>" (read at start).
+  std::string metrics_bearer_token_file;
+  LogOptions log;  // log.level, log.format (applied by main)
   // TLS (empty cert_file: plaintext). With ca_file: mutual TLS and authorization by certificate
   // identity: Publish only from lazyattn://worker/ID certificates, each bound to its own ID;
   // Lookup and ListWorkers only from lazyattn://router/ certificates; health open to all.

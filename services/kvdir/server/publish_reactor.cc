@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "services/kvdir/server/proto_convert.h"
 
 namespace lazyattn::kvdir {
@@ -103,9 +104,11 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   if (static_cast<int64_t>(id.size()) > ctx_.max_worker_id_length ||
       !std::all_of(id.begin(), id.end(), IsWorkerIdChar)) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kWorkerId);
-    std::cerr << "lazyattn-kvdir: refused hello: worker id \"" << Printable(id) << "\" ("
-              << id.size() << " bytes) is not 1.." << ctx_.max_worker_id_length
-              << " of [A-Za-z0-9._:[]-]\n";
+    LogWarning("kvdir")
+        .Str("worker_id", Printable(id))
+        .Int("bytes", static_cast<int64_t>(id.size()))
+        .Msg(absl::StrCat("refused hello: the worker id is not 1..", ctx_.max_worker_id_length,
+                          " of [A-Za-z0-9._:[]-]"));
     return absl::InvalidArgumentError(absl::StrCat(
         "hello.status.worker_id: expected 1 to ", ctx_.max_worker_id_length,
         " of [A-Za-z0-9._:[]-] (limits.max_worker_id_length), got ", id.size(), " bytes \"",
@@ -114,8 +117,10 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   if (const size_t bytes = hello.status().ByteSizeLong();
       bytes > static_cast<size_t>(ctx_.max_status_bytes)) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kStatusBytes);
-    std::cerr << "lazyattn-kvdir: refused hello from worker " << id << ": status of " << bytes
-              << " bytes\n";
+    LogWarning("kvdir")
+        .Str("worker", id)
+        .Int("status_bytes", static_cast<int64_t>(bytes))
+        .Msg("refused hello: status too large");
     return absl::InvalidArgumentError(absl::StrCat("hello.status: ", bytes, " bytes, at most ",
                                                    ctx_.max_status_bytes));
   }
@@ -123,8 +128,10 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
     // The id is the directory's key: taking another worker's would replace its entries and
     // steer its users' requests to the caller.
     ctx_.metrics->HelloRefused();
-    std::cerr << "lazyattn-kvdir: refused hello: certificate lazyattn://worker/" << bound_worker_id_
-              << " claimed worker id \"" << id.substr(0, 128) << "\"\n";
+    LogWarning("kvdir")
+        .Str("certificate", "lazyattn://worker/" + bound_worker_id_)
+        .Str("claimed_worker_id", id.substr(0, 128))
+        .Msg("refused hello: worker id is not the certificate's");
     return absl::PermissionDeniedError(absl::StrCat(
         "hello.status.worker_id: \"", id.substr(0, 128), "\" is not this caller's id; its certificate "
         "names lazyattn://worker/", bound_worker_id_));
@@ -136,17 +143,20 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now());
   if (r.refused) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
-    std::cerr << "lazyattn-kvdir: refused hello from new worker " << id
-              << ": limits.max_workers reached\n";
+    LogWarning("kvdir").Str("worker", id).Msg(
+        "refused hello from a new worker: limits.max_workers reached");
     return absl::ResourceExhaustedError(absl::StrCat(
         "hello: the directory holds its maximum number of workers (limits.max_workers ",
         ctx_.index->limits().max_workers, "); worker ", id, " is not registered"));
   }
   worker_id_ = id;
   session_ = r.session;
-  std::cerr << "lazyattn-kvdir: hello from worker " << id << " at " << hello.status().address()
-            << " (epoch " << hello.epoch()
-            << (r.entries_dropped ? ", new epoch: entries dropped)" : ")") << "\n";
+  LogInfo("kvdir")
+      .Str("worker", id)
+      .Str("address", hello.status().address())
+      .Int("epoch", static_cast<int64_t>(hello.epoch()))
+      .Str("entries", r.entries_dropped ? "dropped (new epoch)" : "kept")
+      .Msg("hello from worker");
   v1::DirectoryMessage lease;
   lease.mutable_lease()->set_lease_ms(ctx_.lease_ms);
   Send(std::move(lease));
@@ -176,8 +186,10 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
 
 absl::Status PublishReactor::OverEntryLimit(const std::string& what) {
   ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxEntriesPerWorker);
-  std::cerr << "lazyattn-kvdir: worker " << worker_id_ << " over limits.max_entries_per_worker ("
-            << what << "); its entries are dropped\n";
+  LogWarning("kvdir")
+      .Str("worker", worker_id_)
+      .Str("what", what)
+      .Msg("over limits.max_entries_per_worker; its entries are dropped");
   return absl::ResourceExhaustedError(
       absl::StrCat(what, ": more than limits.max_entries_per_worker (",
                    ctx_.max_entries_per_worker, ") for worker ", worker_id_,

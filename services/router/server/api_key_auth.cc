@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/document_key.h"
+#include "common/log.h"
 
 namespace lazyattn::router {
 namespace {
@@ -246,8 +247,9 @@ bool ApiKeyAuthorizer::ReloadIfChanged() {
   }
   const absl::Status s = Load();
   if (!s.ok()) {
-    std::cerr << "lazyattn-router: API keys not reloaded, the previous keys stay: " << s.message()
-              << "\n";
+    LogWarning("router")
+        .Str("error", std::string(s.message()))
+        .Msg("API keys not reloaded, the previous keys stay");
     return false;
   }
   size_t count = 0;
@@ -255,7 +257,10 @@ bool ApiKeyAuthorizer::ReloadIfChanged() {
     absl::MutexLock keys_lock(&mu_);
     count = keys_->size();
   }
-  std::cerr << "lazyattn-router: reloaded " << count << " API key(s) from " << keys_file_ << "\n";
+  LogInfo("router")
+      .Int("keys", static_cast<int64_t>(count))
+      .Str("file", keys_file_)
+      .Msg("API keys reloaded");
   return true;
 }
 

@@ -152,25 +152,33 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
                                const GenerateRequest* request)
     : router_(router),
       server_context_(server_context),
+      request_id_(RequestIdOf(server_context)),
       deadline_(server_context->deadline()),
       request_(request),
-      started_(absl::Now()) {}
+      started_(absl::Now()) {
+  // Initial metadata goes out with the first token or the end, both later than this.
+  server_context->AddInitialMetadata(kRequestIdKey, request_id_);
+}
 
 ForwardingCall::ForwardingCall(RouterContext* router,
                                std::chrono::system_clock::time_point deadline,
                                const GenerateRequest* request)
     : router_(router),
       server_context_(nullptr),
+      request_id_(NewRequestId()),
       deadline_(deadline),
       request_(request),
       started_(absl::Now()) {}
 
 std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
+  std::unique_ptr<grpc::ClientContext> context;
   if (server_context_ != nullptr) {
-    return grpc::ClientContext::FromCallbackServerContext(*server_context_);
+    context = grpc::ClientContext::FromCallbackServerContext(*server_context_);
+  } else {
+    context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(deadline_);
   }
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(deadline_);
+  context->AddMetadata(kRequestIdKey, request_id_);
   return context;
 }
 
@@ -256,6 +264,7 @@ void ForwardingCall::StartNextAttempt() {
         attempt = std::make_shared<WorkerAttempt>(
             this, w, *stub, NewWorkerContext(), connected);
         current_ = attempt;
+        last_worker_ = w.id;
         tokens_ = 0;
         final_.reset();
         predicted_hits = plan_.predicted_hits[index];
@@ -288,6 +297,7 @@ void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateRespo
       absl::MutexLock lock(&mu_);
       if (!cancelled_ && !ended_) {
         ++tokens_;
+        if (first_token_at_ == absl::InfinitePast()) first_token_at_ = absl::Now();
         write_pending_ = true;
         deliver = true;
       }
@@ -437,6 +447,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
     router_->metrics().CountQuarantined();
     // Never the prompt: the fingerprint names the content.
     LogWarning("router")
+        .Str("request_id", request_id_)
         .Str("fingerprint", fingerprint_.ToHex())
         .Int("quarantine_s", QuarantineSeconds(*router_))
         .Str("worker", w.id)
@@ -448,6 +459,37 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   } else {
     End(status, std::move(final));
   }
+}
+
+// One access-log line per request, and the request's latency metrics. The prompt is logged only
+// at log.level debug (it may hold anything a client sends).
+void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
+  const absl::Time now = absl::Now();
+  const bool ok = status.ok();
+  const bool got_token = first_token_at_ != absl::InfinitePast();
+  if (ok) {
+    router_->metrics().ObserveDuration(now - started_);
+    if (got_token) router_->metrics().ObserveTtft(first_token_at_ - started_);
+  }
+  if (!LogEnabled(LogLevel::kInfo)) return;
+  LogLine line(ok ? LogLevel::kInfo : LogLevel::kWarning, "router");
+  line.Str("request_id", request_id_)
+      .Str("status", StatusCodeLabel(status.error_code()))
+      .Str("worker", final != nullptr ? final->worker() : last_worker_)
+      .Int("attempts", attempts_)
+      .Num("ttft_s", got_token ? absl::ToDoubleSeconds(first_token_at_ - started_) : -1)
+      .Num("duration_s", absl::ToDoubleSeconds(now - started_))
+      .Int("tokens", final != nullptr ? final->usage().completion_tokens() : tokens_);
+  if (final != nullptr) {
+    line.Int("prompt_tokens", final->usage().prompt_tokens())
+        .Int("cached_tokens", final->usage().cached_tokens())
+        .Str("finish_reason", final->finish_reason());
+  }
+  if (!ok) line.Str("error", status.error_message());
+  if (LogEnabled(LogLevel::kDebug)) {
+    line.Str("question", request_->question()).Int("documents", request_->documents_size());
+  }
+  line.Msg("request");
 }
 
 void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
@@ -465,6 +507,7 @@ void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
     if (ended_) return;
     ended_ = true;
     router_->metrics().CountRequest(status.error_code());
+    LogAccess(status, final.has_value() ? &*final : nullptr);
     if (write_pending_) {
       deferred_end_.emplace(std::move(status), std::move(final));
       return;

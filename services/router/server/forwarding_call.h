@@ -153,6 +153,8 @@ class ForwardingCall {
   void OnWorkerMessage(WorkerAttempt* attempt, const lazyattn::v1::GenerateResponse& message);
   void OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& status);
   void End(grpc::Status status, std::optional<lazyattn::v1::Final> final);
+  void LogAccess(const grpc::Status& status, const lazyattn::v1::Final* final)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's content fingerprint, computed once (SHA-256 of the request) on first use.
   const RequestFingerprint& Fingerprint();
   grpc::Status ExhaustedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -161,6 +163,8 @@ class ForwardingCall {
 
   RouterContext* const router_;
   grpc::CallbackServerContext* const server_context_;  // null for calls from outside gRPC
+  // The client's x-request-id when valid, else a fresh one; sent to the worker and the client.
+  const std::string request_id_;
   const std::chrono::system_clock::time_point deadline_;  // the client's
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;
@@ -178,6 +182,8 @@ class ForwardingCall {
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time first_token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // any attempt's
+  std::string last_worker_ ABSL_GUARDED_BY(mu_);  // of the latest attempt (access log)
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // An end that arrived while a write was in flight; delivered from ClientWriteDone.
   std::optional<std::pair<grpc::Status, std::optional<lazyattn::v1::Final>>> deferred_end_

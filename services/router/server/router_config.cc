@@ -83,6 +83,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9000"));
   if (overrides.metrics.has_value()) o.metrics_address = *overrides.metrics;
   RETURN_IF_ERROR(CheckAddress(config, "metrics.listen", o.metrics_address, true));
+  ASSIGN_OR_RETURN(o.metrics_bearer_token_file, config.String("metrics.bearer_token_file", ""));
+  ASSIGN_OR_RETURN(o.log, ReadLogOptions(config));
 
   // kvdir
   ASSIGN_OR_RETURN(o.kvdir.address, config.String("kvdir.address", ""));

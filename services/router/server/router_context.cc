@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/document_key.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 
 namespace lazyattn::router {
 
@@ -42,8 +43,9 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
     if (channel.ok()) {
       kvdir_ = lazyattn::v1::KvDirectory::NewStub(*channel);
     } else {
-      std::cerr << "lazyattn-router: kvdir channel: " << channel.status().message()
-                << "; routing by load only\n";
+      LogWarning("router")
+          .Str("error", std::string(channel.status().message()))
+          .Msg("no kvdir channel; routing by load only");
     }
   }
   if (options.health.interval > absl::ZeroDuration()) {
@@ -104,6 +106,7 @@ void RouterContext::ProbeWorkersOnce() {
   OutlierDetector& outliers = selector_.outliers();
   std::vector<std::string> addresses;
   addresses.reserve(workers.size());
+  int healthy = 0;
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerInfo& w = workers[i];
     addresses.push_back(w.address);
@@ -111,25 +114,39 @@ void RouterContext::ProbeWorkersOnce() {
     std::string why;
     if (outliers.Record(w.address, results[i], now, &why)) {
       metrics_.CountEjection();
-      std::cerr << "lazyattn-router: worker " << w.id << " (" << w.address << ") ejected: " << why
-                << (errors[i].empty() ? "" : "; last probe: ") << errors[i] << std::endl;
+      LogWarning("router")
+          .Str("worker", w.id)
+          .Str("address", w.address)
+          .Str("reason", why)
+          .Str("last_probe", errors[i])
+          .Msg("worker ejected");
     } else if (!was_admitted && outliers.Admitted(w.address)) {
-      std::cerr << "lazyattn-router: worker " << w.id << " (" << w.address
-                << ") re-admitted: health probe SERVING" << std::endl;
+      LogInfo("router")
+          .Str("worker", w.id)
+          .Str("address", w.address)
+          .Msg("worker re-admitted: health probe SERVING");
     }
+    if (outliers.Admitted(w.address)) ++healthy;
   }
+  metrics_.SetWorkersHealthy(healthy);
   outliers.Retain(addresses);
 }
 
 bool RouterContext::TryAdmit() {
   int n = inflight_.load(std::memory_order_relaxed);
   while (n < options_.max_inflight_requests) {
-    if (inflight_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return true;
+    if (inflight_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+      metrics_.AddInFlight(1);
+      return true;
+    }
   }
   return false;
 }
 
-void RouterContext::Release() { inflight_.fetch_sub(1, std::memory_order_acq_rel); }
+void RouterContext::Release() {
+  inflight_.fetch_sub(1, std::memory_order_acq_rel);
+  metrics_.AddInFlight(-1);
+}
 
 std::vector<DocumentRef> RouterContext::DocumentRefs(
     const google::protobuf::RepeatedPtrField<Document>& documents, CacheMode mode) const {

@@ -48,6 +48,36 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                   .Add({}, prometheus::Histogram::BucketBoundaries{0.00005, 0.0001, 0.00025, 0.0005,
                                                                    0.001, 0.0025, 0.005, 0.01,
                                                                    0.025, 0.05, 0.1, 0.25});
+  // The workers' buckets (vLLM's long tails, fine below 1 s): the same SLO reads at both ends.
+  ttft_ = &prometheus::BuildHistogram()
+               .Name("lazyattn_router_ttft_seconds")
+               .Help("Time from a request's arrival at the router to its first token (requests "
+                     "that succeeded; retries included)")
+               .Register(registry)
+               .Add({}, prometheus::Histogram::BucketBoundaries{
+                            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25,
+                            0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 2.5, 5, 7.5, 10, 20, 40, 80, 160,
+                            640, 2560});
+  duration_ = &prometheus::BuildHistogram()
+                   .Name("lazyattn_router_request_duration_seconds")
+                   .Help("Time from a request's arrival at the router to its end (requests that "
+                         "succeeded)")
+                   .Register(registry)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{
+                                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.3, 0.5, 0.8, 1, 1.5, 2,
+                                2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920,
+                                7680});
+  in_flight_ = &prometheus::BuildGauge()
+                    .Name("lazyattn_router_in_flight_requests")
+                    .Help("Requests admitted by the router and not yet ended")
+                    .Register(registry)
+                    .Add({});
+  workers_healthy_ = &prometheus::BuildGauge()
+                          .Name("lazyattn_router_workers_healthy")
+                          .Help("Workers that health probing admits: the ones the router would "
+                                "route to now")
+                          .Register(registry)
+                          .Add({});
   predicted_hits_ = &prometheus::BuildCounter()
                          .Name("lazyattn_router_predicted_hit_tokens_total")
                          .Help("Document tokens predicted to be cached on the chosen workers")

@@ -3,6 +3,12 @@
 //
 //   lazyattn_router_requests_total{policy,status}   Generate and Complete requests by final gRPC
 //                                                   status ("ok", "unavailable", ...)
+//   lazyattn_router_ttft_seconds                    arrival at the router to the first token
+//                                                   from a worker, requests that succeeded
+//   lazyattn_router_request_duration_seconds        arrival to the end, requests that succeeded
+//   lazyattn_router_in_flight_requests              requests admitted and not yet ended
+//   lazyattn_router_workers_healthy                 workers health probing admits (the ones the
+//                                                   router would route to), after each probe round
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
 //   included) lazyattn_router_predicted_hit_tokens_total      predicted cached tokens on the chosen
 //   workers lazyattn_router_retries_total                   attempts beyond the first (failover)
@@ -23,6 +29,7 @@
 #include <grpcpp/support/status.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
@@ -51,6 +58,10 @@ class RouterMetrics {
     if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
   }
   void CountRetry() { retries_->Increment(); }
+  void ObserveTtft(absl::Duration d) { ttft_->Observe(absl::ToDoubleSeconds(d)); }
+  void ObserveDuration(absl::Duration d) { duration_->Observe(absl::ToDoubleSeconds(d)); }
+  void AddInFlight(int delta) { in_flight_->Increment(delta); }
+  void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
   void CountEjection() { ejections_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountQuarantined() { quarantined_->Increment(); }
@@ -64,6 +75,10 @@ class RouterMetrics {
   static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
   std::array<prometheus::Counter*, kCodes> requests_{};
   prometheus::Histogram* routing_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* duration_;
+  prometheus::Gauge* in_flight_;
+  prometheus::Gauge* workers_healthy_;
   prometheus::Counter* predicted_hits_;
   prometheus::Counter* retries_;
   prometheus::Counter* ejections_;

@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/outlier_detector.h"
@@ -57,6 +58,9 @@ struct AuthOptions {
 struct RouterOptions {
   ServerOptions server;         // listen address, message limits, server TLS
   std::string metrics_address;  // host:port of /metrics; empty: off (used by main)
+  // Non-empty: /metrics requires "Authorization: Bearer <the file's token>" (used by main).
+  std::string metrics_bearer_token_file;
+  LogOptions log;  // log.level, log.format (applied by main)
   KvdirOptions kvdir;
   std::vector<std::string> workers;  // static worker addresses, used besides the directory's
   TlsOptions client_tls;             // for the router's calls to kvdir and the workers

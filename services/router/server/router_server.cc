@@ -30,6 +30,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
   server->port_ = built->port;
+  // Health by service name too (probes that name the API); the overall status, set NOT_SERVING
+  // at shutdown, turns every name with it.
+  if (auto* health = server->server_->GetHealthCheckService()) {
+    health->SetServingStatus(lazyattn::v1::Inference::service_full_name(), true);
+  }
   server->refresher_ = std::thread([s = server.get()] { s->RefreshLoop(); });
   return server;
 }

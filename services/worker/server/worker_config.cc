@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/request_validator.h"
 #include "common/status_macros.h"
 #include "services/worker/engine/kv_cache_cpu.h"
@@ -31,6 +32,10 @@ absl::Status Error(const YamlConfig& config, const std::string& key, const std::
 WorkerServerOptions ServerOptionsFor(const WorkerConfig& config, const ModelConfig& model) {
   WorkerServerOptions o = config.server;
   o.engine.num_kv_blocks = KvBlocksForBudget(model, config.kv_budget_bytes);
+  // The metrics' model label: the model file's (or folder's) name.
+  std::string name = config.model_path;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  o.model_name = name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
   if (!config.kvdir.address.empty()) {
     o.kvdir = config.kvdir;
     o.kvdir->max_message_bytes = o.grpc.max_message_bytes;
@@ -167,6 +172,8 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
 
   // Metrics.
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9200"));
+  ASSIGN_OR_RETURN(o.metrics_bearer_token_file, config.String("metrics.bearer_token_file", ""));
+  ASSIGN_OR_RETURN(c.log, ReadLogOptions(config));
 
   // Fault injection (fault_injection.h), for tests only; main warns loudly when any is set.
   FaultInjectionOptions& t = c.testing;
