@@ -31,6 +31,10 @@ bool QueryQuarantine::RecordLoss(const RequestFingerprint& fingerprint, absl::Ti
   if (e.losses < options_.losses_to_quarantine) return false;
   e.quarantined_until = now + options_.ttl;
   e.expires = std::max(e.expires, e.quarantined_until);
+  const int64_t end_ns = absl::ToUnixNanos(e.quarantined_until);
+  if (end_ns > latest_quarantine_end_ns_.load(std::memory_order_relaxed)) {
+    latest_quarantine_end_ns_.store(end_ns, std::memory_order_release);
+  }
   return true;
 }
 
@@ -42,6 +46,11 @@ bool QueryQuarantine::IsQuarantined(const RequestFingerprint& fingerprint, absl:
   if (it == entries_.end() || it->second.quarantined_until <= now) return false;
   if (until != nullptr) *until = it->second.quarantined_until;
   return true;
+}
+
+bool QueryQuarantine::AnyQuarantined(absl::Time now) const {
+  if (options_.ttl <= absl::ZeroDuration()) return false;
+  return latest_quarantine_end_ns_.load(std::memory_order_acquire) > absl::ToUnixNanos(now);
 }
 
 int64_t QueryQuarantine::size() const {

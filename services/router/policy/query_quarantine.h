@@ -15,7 +15,9 @@
 #ifndef LAZYATTN_SERVICES_ROUTER_POLICY_QUERY_QUARANTINE_H_
 #define LAZYATTN_SERVICES_ROUTER_POLICY_QUERY_QUARANTINE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <limits>
 #include <list>
 
 #include "absl/base/thread_annotations.h"
@@ -46,6 +48,11 @@ class QueryQuarantine {
   // the quarantine.
   bool IsQuarantined(const RequestFingerprint& fingerprint, absl::Time now,
                      absl::Time* until = nullptr) const;
+  // Whether any fingerprint may be quarantined at `now`: false once every quarantine has run out
+  // (entries holding only losses, or expired ones not yet dropped, do not count). Lock-free and
+  // O(1), so a request can skip fingerprinting while nothing is refused; true may be conservative
+  // (an evicted quarantine counts until its end).
+  bool AnyQuarantined(absl::Time now) const;
   // Entries kept now (losses and quarantines, expired ones not yet dropped included).
   int64_t size() const;
   const QuarantineOptions& options() const { return options_; }
@@ -62,6 +69,8 @@ class QueryQuarantine {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<RequestFingerprint, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<RequestFingerprint> lru_ ABSL_GUARDED_BY(mu_);
+  // The latest quarantined_until ever set, in absl::ToUnixNanos (written under mu_).
+  std::atomic<int64_t> latest_quarantine_end_ns_{std::numeric_limits<int64_t>::min()};
 };
 
 }  // namespace lazyattn::router

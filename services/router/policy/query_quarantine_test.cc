@@ -59,11 +59,35 @@ TEST(QueryQuarantineTest, BoundedLeastRecentlyTouchedGoesFirst) {
   EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));
 }
 
+TEST(QueryQuarantineTest, AnyQuarantinedIsFalseOnceEveryQuarantineRanOut) {
+  QueryQuarantine q(Options());
+  EXPECT_FALSE(q.AnyQuarantined(kT0));
+  q.RecordLoss(kPoison, kT0);
+  // One loss is remembered but refuses nothing: requests need not be fingerprinted.
+  EXPECT_EQ(q.size(), 1);
+  EXPECT_FALSE(q.AnyQuarantined(kT0));
+  ASSERT_TRUE(q.RecordLoss(kPoison, kT0 + absl::Seconds(10)));  // until kT0 + 310 s
+  q.RecordLoss(kOther, kT0 + absl::Seconds(20));
+  ASSERT_TRUE(q.RecordLoss(kOther, kT0 + absl::Seconds(20)));  // until kT0 + 320 s
+  EXPECT_TRUE(q.AnyQuarantined(kT0 + absl::Seconds(309)));
+  EXPECT_TRUE(q.AnyQuarantined(kT0 + absl::Seconds(319)));
+  // Both ran out: the expired entries are still kept, but nothing is live.
+  EXPECT_EQ(q.size(), 2);
+  EXPECT_FALSE(q.AnyQuarantined(kT0 + absl::Seconds(320)));
+  EXPECT_FALSE(q.IsQuarantined(kOther, kT0 + absl::Seconds(320)));
+  // A new quarantine turns it back on.
+  q.RecordLoss(kPoison, kT0 + absl::Seconds(400));
+  ASSERT_TRUE(q.RecordLoss(kPoison, kT0 + absl::Seconds(401)));
+  EXPECT_TRUE(q.AnyQuarantined(kT0 + absl::Seconds(402)));
+  EXPECT_FALSE(q.AnyQuarantined(kT0 + absl::Seconds(701)));
+}
+
 TEST(QueryQuarantineTest, ZeroTtlTurnsItOff) {
   QueryQuarantine q({.ttl = absl::ZeroDuration(), .max_entries = 4});
   EXPECT_FALSE(q.RecordLoss(kPoison, kT0));
   EXPECT_FALSE(q.RecordLoss(kPoison, kT0));
   EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));
+  EXPECT_FALSE(q.AnyQuarantined(kT0));
   EXPECT_EQ(q.size(), 0);
 }
 

@@ -189,9 +189,11 @@ const RequestFingerprint& ForwardingCall::Fingerprint() {
 
 void ForwardingCall::Begin() {
   QueryQuarantine& quarantine = router_->quarantine();
-  // Hashing the request costs a pass over it: only while something is remembered at all.
+  // Hashing the request costs a pass over it: only while some quarantine is live (remembered
+  // losses and expired quarantines refuse nothing).
   absl::Time until;
-  if (quarantine.size() > 0 && quarantine.IsQuarantined(Fingerprint(), absl::Now(), &until)) {
+  const absl::Time now = absl::Now();
+  if (quarantine.AnyQuarantined(now) && quarantine.IsQuarantined(Fingerprint(), now, &until)) {
     router_->metrics().CountQuarantined();
     End(grpc::Status(
             grpc::StatusCode::FAILED_PRECONDITION,
