@@ -75,7 +75,13 @@ int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams
     const float inv_t = 1.0f / p.temperature;
     std::vector<float> y(V);
     float m = -INFINITY;
-    for (int32_t i = 0; i < V; ++i) m = std::max(m, y[i] = SamplingScaled(x[i], inv_t));
+    uint64_t top = 0;  // the top of the scaled order: taken when no draw is accepted
+    for (int32_t i = 0; i < V; ++i) {
+      m = std::max(m, y[i] = SamplingScaled(x[i], inv_t));
+      top = std::max(top, Rank(y[i], i));
+    }
+    const int32_t top_id = static_cast<int32_t>(~static_cast<uint32_t>(top));
+    chosen = top_id;
     if (m > -INFINITY) {
       // Top-k: the k-th largest rank by partial selection.
       uint64_t t_k = 0;
@@ -95,19 +101,55 @@ int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams
       }
       uint64_t lower = 0;  // the set: rank > lower
       chosen = -1;
+      auto member = [&](int32_t i) {
+        const uint64_t r = Rank(y[i], i);
+        return r >= t_k && r > lower && y[i] >= min_y;
+      };
       for (uint32_t round = 0; round < kMaxSamplingRounds && chosen < 0; ++round) {
-        uint64_t best_v = 0;
-        int32_t c = -1;
-        for (int32_t q = 0; q * 4 < V; ++q) {
-          const Philox4 bits = SamplingBits(p.seed, p.step, round, static_cast<uint32_t>(q));
-          for (int j = 0; j < 4 && q * 4 + j < V; ++j) {
-            const int32_t i = q * 4 + j;
-            const uint64_t r = Rank(y[i], i);
-            if (r < t_k || r <= lower || !(y[i] >= min_y)) continue;
-            const float v = y[i] + SamplingGumbel(bits.v[j]);
-            const uint64_t key = Rank(v, i);
-            if (key > best_v) best_v = key, c = i;
+        // Gumbel-max over the draw groups (each group's log-sum-exp over the set plus one
+        // noise), then the inverse CDF inside the winner: the kernel's draw, in the same order.
+        uint64_t best_key = 0;
+        int32_t group = -1;
+        for (int32_t g = 0; int64_t{g} * kSamplingGroup < V; ++g) {
+          const int32_t lo = g * kSamplingGroup, hi = std::min(V, lo + kSamplingGroup);
+          float gm = -INFINITY;
+          for (int32_t i = lo; i < hi; ++i) {
+            if (member(i)) gm = std::max(gm, y[i]);
           }
+          if (!(gm > -INFINITY)) continue;
+          double s = 0;
+          for (int32_t i = lo; i < hi; ++i) {
+            if (member(i)) s += std::exp(double(y[i]) - gm);
+          }
+          const Philox4 bits = SamplingBits(p.seed, p.step, round, static_cast<uint32_t>(g));
+          const uint64_t key = Rank(SamplingGroupKey(gm, float(s), bits.v[0]), g);
+          if (key > best_key) best_key = key, group = g;
+        }
+        if (group < 0) break;
+        int32_t c = -1;
+        {
+          const int32_t lo = group * kSamplingGroup, hi = std::min(V, lo + kSamplingGroup);
+          float gm = -INFINITY;
+          for (int32_t i = lo; i < hi; ++i) {
+            if (member(i)) gm = std::max(gm, y[i]);
+          }
+          double total = 0;
+          for (int32_t i = lo; i < hi; ++i) {
+            if (member(i)) total += std::exp(double(y[i]) - gm);
+          }
+          const Philox4 bits = SamplingBits(p.seed, p.step, round, static_cast<uint32_t>(group));
+          const double target = double(SamplingUniform(bits.v[1])) * total;
+          double cum = 0;
+          int32_t last = -1;
+          for (int32_t i = lo; i < hi && c < 0; ++i) {
+            if (!member(i)) continue;
+            const double w = std::exp(double(y[i]) - gm);
+            if (!(w > 0)) continue;
+            cum += w;
+            last = i;
+            if (cum > target) c = i;
+          }
+          if (c < 0) c = last;
         }
         if (c < 0) break;
         if (p.top_p >= 1.0f) {
@@ -126,7 +168,7 @@ int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams
           lower = rc;
         }
       }
-      if (chosen < 0) chosen = argmax;
+      if (chosen < 0) chosen = top_id;
     }
   }
   if (logprob != nullptr) *logprob = log_prob_of(chosen);

@@ -9,7 +9,7 @@ namespace lazyattn {
 namespace {
 
 TEST(SamplingCpuTest, DrawsMatchTheExactDistribution) {
-  for (int spread : {1, 37}) {
+  for (int spread : {1, 37, 300}) {  // one draw group; 3-4 ids a group; one id a group
     for (const testing::SamplingCase& c : testing::SamplingCases(spread)) {
       SCOPED_TRACE(c.name + " spread " + std::to_string(spread));
       const auto probs = testing::ExactSamplingProbs(c.logits, c.params, c.penalties, c.input_token);

@@ -13,16 +13,23 @@
 // output part); frequency f subtracts f * (times the id occurs in the output part); presence
 // subtracts `presence` once for any id in the output part.
 //
-// The draw, without sorting the vocabulary: Gumbel-max over the allowed set (argmax of
-// y_i + G_i, G_i = -log(-log(u_i)) is an exact draw from softmax(y) restricted to the set), and
-// top-p/min-p by rejection: the drawn c is accepted when the mass ranked before it is below
-// top_p of the kept mass and c passes min-p; otherwise every token ranked at or after c is out
-// of the final set too, so the next round draws only among those ranked before c. Accepted draws
-// follow the truncated distribution exactly; after kMaxSamplingRounds rejections (probability
-// under (1 - top_p)^32 for top-p alone) the top token is taken.
+// The draw, without sorting the vocabulary: Gumbel-max over groups, then inside the winner.
+// The row's ids fall into aligned groups of kSamplingGroup (128); a group's key is the
+// log-sum-exp of its scaled logits over the allowed set plus one Gumbel noise G_g =
+// -log(-log(u)), and the largest key wins: the maximum over a group of y_i + G_i is distributed
+// as log(sum exp(y_i)) + G, so this picks group g with probability exactly its share of the
+// set's mass. Inside the winner a second uniform picks an id by the inverse of its cumulative
+// distribution (ids in order). Together: an exact draw from softmax(y) restricted to the set, at
+// one exp per id. Top-p and min-p by rejection: the drawn c is accepted when the mass ranked
+// before it is below top_p of the kept mass and c passes min-p; otherwise every token ranked at
+// or after c is out of the final set too, so the next round draws only among those ranked
+// before c. Accepted draws follow the truncated distribution exactly; after kMaxSamplingRounds
+// rejections (probability under (1 - top_p)^32 for top-p alone), or when no logit is finite, the
+// top of the scaled order (NaN as -inf) is taken.
 //
-// Reproducibility: u_i comes from Philox-4x32-10 keyed by the row's 64-bit seed with counter
-// (i / 4, round, step), step being the index of the token being generated. The draw is then a
+// Reproducibility: a round's two uniforms for group g (the Gumbel noise, the pick inside) come
+// from Philox-4x32-10 keyed by the row's 64-bit seed with counter (g, round, step), step being
+// the index of the token being generated. The draw is then a
 // function of (seed, step, logits) alone: the same on every run, at any batch composition or row
 // order, and after a preemption recomputes the request. Both backends share this function; they
 // pick the same token unless exp/log rounding differs at a boundary (rare), and they always
@@ -111,9 +118,10 @@ LAZYATTN_HD Philox4 Philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// The four uniforms of ids 4q .. 4q+3 in `round` of a row's draw.
-LAZYATTN_HD Philox4 SamplingBits(uint64_t seed, uint64_t step, uint32_t round, uint32_t q) {
-  return Philox4x32(q, round, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
+// The random bits of draw group `group` in `round` of a row's draw: v[0] the group's Gumbel
+// noise, v[1] the pick inside the group.
+LAZYATTN_HD Philox4 SamplingBits(uint64_t seed, uint64_t step, uint32_t round, uint32_t group) {
+  return Philox4x32(group, round, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
                     static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
@@ -131,10 +139,24 @@ LAZYATTN_HD float SamplingScaled(float x, float inv_t) {
   return y > 3.4028235e38f ? 3.4028235e38f : y;
 }
 
+// A uniform in (0, 1) from 24 of the bits (never 0 or 1).
+LAZYATTN_HD float SamplingUniform(uint32_t bits) {
+  return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604645e-8f;  // 2^-24
+}
+
 // Gumbel noise from 24 of the bits (u in (0, 1), never 0 or 1).
 LAZYATTN_HD float SamplingGumbel(uint32_t bits) {
-  const float u = (static_cast<float>(bits >> 8) + 0.5f) * 5.9604645e-8f;  // 2^-24
-  return -logf(-logf(u));
+  return -logf(-logf(SamplingUniform(bits)));
+}
+
+// The draw groups: ids [128 g, 128 g + 128) of a row (aligned, so a group's place does not
+// depend on how a backend splits the row).
+inline constexpr int kSamplingGroup = 128;
+
+// A group's key in the draw: its log-sum-exp over the set, log(sum exp(y_i)) = max + log(sum),
+// plus one Gumbel noise. The largest key wins with probability proportional to the group's mass.
+LAZYATTN_HD float SamplingGroupKey(float group_max, float sum_rel_max, uint32_t bits) {
+  return group_max + logf(sum_rel_max) + SamplingGumbel(bits);
 }
 
 // Validation shared by both backends' callers: the rule each field breaks, or null.
