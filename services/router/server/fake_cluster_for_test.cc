@@ -124,6 +124,9 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     lazyattn::v1::GenerateResponse r;
     r.mutable_token()->set_token_id(static_cast<int32_t>(100 + i));
     r.mutable_token()->set_text(script.tokens[i]);
+    if (request->sampling().logprobs()) {
+      r.mutable_token()->set_logprob(-0.5f * static_cast<float>(i + 1));
+    }
     text += script.tokens[i];
     if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
   }

@@ -112,13 +112,20 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     text_ += token.token().text();
     // A worker's last chunk may carry only text it held back (token_id -1: an incomplete UTF-8
     // sequence or a possible stop string released at the end): text, never an id.
-    if (token.token().token_id() >= 0) token_ids_.push_back(token.token().token_id());
+    if (token.token().token_id() >= 0) {
+      token_ids_.push_back(token.token().token_id());
+      if (token.token().has_logprob()) logprobs_.push_back(token.token().logprob());
+    }
     ClientWriteDone(true);
   }
   void DeliverEnd(const grpc::Status& status, const Final* final) override {
     if (status.ok() && final != nullptr) {
       response_->set_text(final->text().empty() ? text_ : final->text());
       response_->mutable_token_ids()->Assign(token_ids_.begin(), token_ids_.end());
+      // One per token id, or none (a worker sends a logprob with every token or with none).
+      if (logprobs_.size() == token_ids_.size()) {
+        response_->mutable_logprobs()->Assign(logprobs_.begin(), logprobs_.end());
+      }
       *response_->mutable_final() = *final;
     }
     Finish(status);
@@ -127,11 +134,13 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   void DiscardPartial() override {
     text_.clear();
     token_ids_.clear();
+    logprobs_.clear();
   }
 
   CompleteResponse* const response_;
   std::string text_;
   std::vector<int32_t> token_ids_;
+  std::vector<float> logprobs_;
   KeySlot key_slot_;
   bool admitted_ = false;
 };

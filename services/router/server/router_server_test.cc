@@ -502,6 +502,31 @@ TEST_F(RouterServerTest, CompleteReturnsHeldBackTextButNeverTokenIdMinusOne) {
   EXPECT_THAT(streamed.tokens, ElementsAre("Hello", ",", " wor", "ld"));
 }
 
+// Log-probabilities come back from Complete too: one per token id (the text-only chunk has
+// none), and none when the request did not ask for them.
+TEST_F(RouterServerTest, CompleteReturnsOneLogprobPerTokenIdWhenAsked) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"Hello", ",", " wor"};
+  script.held_back_tail = "ld";
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->set_logprobs(true);
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  EXPECT_THAT(response.logprobs(), ElementsAre(-0.5f, -1.0f, -1.5f));
+  request.mutable_sampling()->set_logprobs(false);
+  grpc::ClientContext plain_ctx;
+  lazyattn::v1::CompleteResponse plain;
+  ASSERT_TRUE(stub_->Complete(&plain_ctx, request, &plain).ok());
+  EXPECT_TRUE(plain.logprobs().empty());
+}
+
 // Text fields are `bytes` on the wire: the router checks their UTF-8 itself and names the field
 // (a `string` field made the generated parser refuse the whole call with no message).
 TEST_F(RouterServerTest, InvalidUtf8IsInvalidArgumentNamingTheFieldAndCounted) {
