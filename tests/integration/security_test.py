@@ -60,12 +60,16 @@ def start_impostor(c, name, worker_id, tls_lines):
     return p
 
 
-def wait_log(c, name, needle, timeout=10):
+def wait_log(c, name, needles, timeout=10):
+    """Waits until one line of the process's log holds every string of `needles` (the status
+    code and message are fields of a structured line, whose quoting is the logger's)."""
+    if isinstance(needles, str):
+        needles = (needles,)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with open(c.procs[name].log_path, errors="replace") as f:
             text = f.read()
-        if needle in text:
+        if any(all(n in line for n in needles) for line in text.splitlines()):
             return True, ""
         time.sleep(0.1)
     return False, text[-400:]
@@ -102,17 +106,17 @@ def run_checks(args, c, certs, other, docs):
 
     # Impostor workers.
     start_impostor(c, "no-cert", "worker-9", f"    ca_file: {certs}/ca.crt\n")
-    ok, tail = wait_log(c, "no-cert", "16: /lazyattn.v1.KvDirectory/Publish: needs a client certificate")
+    ok, tail = wait_log(c, "no-cert", ("16", "/lazyattn.v1.KvDirectory/Publish: needs a client certificate"))
     check("worker without a certificate: UNAUTHENTICATED from kvdir", ok, tail)
     start_impostor(c, "id-thief", "worker-0",
                    f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-evil.crt\n"
                    f"    key_file: {certs}/worker-evil.key\n")
-    ok, tail = wait_log(c, "id-thief", "7: hello.status.worker_id: \"worker-0\" is not this caller's id")
+    ok, tail = wait_log(c, "id-thief", ("7", "hello.status.worker_id", "worker-0", "is not this caller's id"))
     check("certificate worker-evil claiming worker-0: PERMISSION_DENIED", ok, tail)
     start_impostor(c, "router-cert", "worker-8",
                    f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/router-0.crt\n"
                    f"    key_file: {certs}/router-0.key\n")
-    ok, tail = wait_log(c, "router-cert", "7: /lazyattn.v1.KvDirectory/Publish: only worker identities")
+    ok, tail = wait_log(c, "router-cert", ("7", "/lazyattn.v1.KvDirectory/Publish: only worker identities"))
     check("router certificate cannot publish: PERMISSION_DENIED", ok, tail)
     start_impostor(c, "other-ca", "worker-7",
                    f"    ca_file: {certs}/ca.crt\n    cert_file: {other}/worker-0.crt\n"
