@@ -66,6 +66,19 @@ void ToProto(const DocCacheKey& key, int64_t tokens, v1::DocEntry* out) {
 
 std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
+// Statuses with which kvdir refuses this worker (over its limits, a bad identity or message):
+// retrying soon gets the same answer.
+bool IsRefusal(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvdirPublisher>> KvdirPublisher::Create(
@@ -145,8 +158,14 @@ KvdirPublisher::Stats KvdirPublisher::stats() const {
 void KvdirPublisher::Run() {
   absl::Duration backoff = options_.min_backoff;
   while (true) {
-    const bool hello_sent = RunStream();
-    if (hello_sent) backoff = options_.min_backoff;
+    const StreamEnd end = RunStream();
+    // A Hello that went through is not enough to reset: a refused worker would re-send its whole
+    // snapshot every min_backoff, forever.
+    if (end.refused) {
+      backoff = options_.max_backoff;
+    } else if (end.accepted) {
+      backoff = options_.min_backoff;
+    }
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) return;
     cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
@@ -155,11 +174,11 @@ void KvdirPublisher::Run() {
   }
 }
 
-bool KvdirPublisher::RunStream() {
+KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
   grpc::ClientContext call;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return false;
+    if (stop_) return {};
     call_ = &call;
     stream_ended_ = false;
     snapshot_wanted_ = false;
@@ -177,6 +196,7 @@ bool KvdirPublisher::RunStream() {
   hello.mutable_hello()->set_epoch(options_.epoch);
   bool ok = send(hello);
   const bool hello_sent = ok;
+  const absl::Time hello_time = absl::Now();
   std::thread reader;
   if (ok) {
     {
@@ -274,7 +294,23 @@ bool KvdirPublisher::RunStream() {
   if (!ended) call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
   if (reader.joinable()) reader.join();
   const grpc::Status status = stream->Finish();
-  if (!stopping && (hello_sent || !reported_unreachable_)) {
+  const StreamEnd end{
+      .hello_sent = hello_sent,
+      .accepted = hello_sent && !IsRefusal(status) &&
+                  absl::Now() - hello_time >= options_.max_backoff,
+      .refused = IsRefusal(status)};
+  if (end.refused) {
+    const std::string refusal = absl::StrCat(status.error_code(), ": ", status.error_message());
+    if (!stopping && refusal != last_refusal_) {
+      LogWarning("worker")
+          .Str("kvdir", options_.address)
+          .Str("status", refusal)
+          .Str("retry_every", absl::FormatDuration(options_.max_backoff))
+          .Msg("kvdir refused this worker; retrying at the maximum backoff (logged once until "
+               "the refusal changes)");
+    }
+    last_refusal_ = refusal;
+  } else if (!stopping && (hello_sent || !reported_unreachable_)) {
     LogWarning("worker")
         .Str("kvdir", options_.address)
         .Str("status", status.ok() ? "OK"
@@ -285,10 +321,12 @@ bool KvdirPublisher::RunStream() {
                         : "cannot reach kvdir; retrying with backoff");
     reported_unreachable_ = !hello_sent;
   }
+  if (end.accepted) last_refusal_.clear();
   std::lock_guard<std::mutex> lock(mu_);
+  if (end.refused) ++stats_.refusals;
   call_ = nullptr;
   cv_.notify_all();
-  return hello_sent;
+  return end;
 }
 
 void KvdirPublisher::ReadLoop(

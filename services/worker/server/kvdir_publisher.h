@@ -6,7 +6,12 @@
 // every Hello) or when events had to be dropped. Every message carries `seq`, 1 for the Hello of
 // a connection and +1 per message after it. A LeaseGrant from kvdir sets the lease. When the
 // stream fails the publisher reconnects with exponential backoff (min_backoff doubling up to
-// max_backoff, reset after a connection whose Hello went through) and a new Hello.
+// max_backoff) and a new Hello. The backoff is reset only after a stream kvdir accepted: one that
+// stayed up at least max_backoff after its Hello (kvdir refuses a worker at its Hello or its
+// snapshot, at once). A refusal (RESOURCE_EXHAUSTED: limits.max_workers or
+// limits.max_entries_per_worker; PERMISSION_DENIED; INVALID_ARGUMENT) will not change within a
+// second: the next try waits max_backoff, so a refused worker re-sends its snapshot at most once
+// per max_backoff, and it is logged once per distinct refusal, not once per retry.
 //
 // Threading: OnCacheEvent is called on the engine thread and only appends to a bounded queue;
 // one publisher thread owns the stream and does all writes, and one reader thread per connection
@@ -72,6 +77,7 @@ class KvdirPublisher {
   struct Stats {
     bool connected = false;
     int64_t connections = 0;     // streams whose Hello was written
+    int64_t refusals = 0;        // streams kvdir refused (see the header comment)
     int64_t events_sent = 0;
     int64_t events_dropped = 0;
     int64_t snapshots_sent = 0;
@@ -83,9 +89,15 @@ class KvdirPublisher {
  private:
   KvdirPublisher(const KvdirPublisherOptions& options, PublisherSource source,
                  std::shared_ptr<grpc::Channel> channel);
+  // How a connection ended.
+  struct StreamEnd {
+    bool hello_sent = false;
+    bool accepted = false;  // up at least max_backoff after its Hello, and not refused
+    bool refused = false;   // kvdir refused this worker (a status that retrying will not change)
+  };
   void Run();
-  // One connection: returns when the stream failed or Stop() was called. True if Hello went out.
-  bool RunStream();
+  // One connection: returns when the stream failed or Stop() was called.
+  StreamEnd RunStream();
   void ReadLoop(grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>* stream);
 
   const KvdirPublisherOptions options_;
@@ -103,6 +115,7 @@ class KvdirPublisher {
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool reported_unreachable_ = false;  // publisher thread only: log one line per outage
+  std::string last_refusal_;           // publisher thread only: the refusal logged last
   std::thread thread_;
 };
 

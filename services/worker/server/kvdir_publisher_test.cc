@@ -59,12 +59,13 @@ class KvdirPublisherTest : public ::testing::Test {
     publisher_.reset();
   }
 
-  void StartPublisher(int max_queued_events = 4096) {
+  void StartPublisher(int max_queued_events = 4096,
+                      absl::Duration max_backoff = absl::Milliseconds(200)) {
     KvdirPublisherOptions o;
     o.address = kvdir_.address();
     o.lease = absl::Milliseconds(300);  // heartbeats every 100 ms
     o.min_backoff = absl::Milliseconds(20);
-    o.max_backoff = absl::Milliseconds(200);
+    o.max_backoff = max_backoff;
     o.max_queued_events = max_queued_events;
     PublisherSource source{
         .status =
@@ -201,6 +202,33 @@ TEST_F(KvdirPublisherTest, QueueOverflowDropsEventsAndSendsASnapshotInstead) {
       EXPECT_EQ(m.snapshot().entries_size(), 10);
     }
   }
+}
+
+TEST_F(KvdirPublisherTest, ARefusedWorkerRetriesAtTheMaximumBackoff) {
+  // kvdir over limits.max_workers: every Hello is answered RESOURCE_EXHAUSTED.
+  kvdir_.SetRefusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "hello: the directory holds its maximum number of workers"));
+  StartPublisher(4096, absl::Milliseconds(500));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (publisher_->stats().refusals < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_GE(publisher_->stats().refusals, 1);
+  const int first = kvdir_.streams();
+  absl::SleepFor(absl::Milliseconds(1400));
+  // At most one retry per 500 ms (a reset to the 20 ms minimum would make dozens).
+  const int retries = kvdir_.streams() - first;
+  EXPECT_GE(retries, 1);
+  EXPECT_LE(retries, 3);
+  const KvdirPublisher::Stats refused = publisher_->stats();
+  EXPECT_LE(refused.connections - refused.refusals, 1);  // every Hello refused (one may be in flight)
+  // Once kvdir accepts again, the worker connects within the maximum backoff and stays.
+  kvdir_.SetRefusal(grpc::Status::OK);
+  const int64_t refusals = publisher_->stats().refusals;
+  ASSERT_TRUE(WaitConnected());
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_TRUE(publisher_->stats().connected);
+  EXPECT_LE(publisher_->stats().refusals, refusals + 1);  // at most one refusal raced the switch
 }
 
 TEST_F(KvdirPublisherTest, ReconnectsWithANewHelloAfterKvdirRestarts) {

@@ -54,12 +54,20 @@ class FakeKvdir final : public v1::KvDirectory::Service {
       std::lock_guard<std::mutex> lock(mu_);
       messages_.push_back(m);
       cv_.notify_all();
+      if (!refusal_.ok()) break;  // refuses the stream after its first message (the Hello)
     }
     std::lock_guard<std::mutex> write_lock(write_mu_);  // no Send in flight on this stream
     std::lock_guard<std::mutex> lock(mu_);
     stream_ = nullptr;
     cv_.notify_all();
-    return grpc::Status::OK;
+    return refusal_;
+  }
+
+  // Not OK: every later stream is ended with `status` right after its Hello, as kvdir refuses a
+  // worker over its limits; OK: streams are accepted again.
+  void SetRefusal(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal_ = status;
   }
 
   bool Send(const v1::DirectoryMessage& m) {
@@ -100,6 +108,7 @@ class FakeKvdir final : public v1::KvDirectory::Service {
   std::condition_variable cv_;
   Stream* stream_ = nullptr;
   int streams_ = 0;
+  grpc::Status refusal_;
   std::vector<v1::WorkerMessage> messages_;
 };
 
