@@ -4,6 +4,10 @@
 
 namespace lazyattn::router {
 
+bool CountsAsLostMidCall(const AttemptEnd& end) {
+  return end.unavailable && end.worker_headers && !end.worker_trailer && !end.cancelled_by_router;
+}
+
 bool QueryQuarantine::RecordLoss(const RequestFingerprint& fingerprint, absl::Time now) {
   if (options_.ttl <= absl::ZeroDuration()) return false;
   absl::MutexLock lock(&mu_);

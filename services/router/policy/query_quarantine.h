@@ -37,6 +37,22 @@ struct QuarantineOptions {
 // A 128-bit content fingerprint (request_fingerprint.h); DocumentKey's shape and hash.
 using RequestFingerprint = DocumentKey;
 
+// How one worker attempt ended, as far as the query-of-death rule cares.
+struct AttemptEnd {
+  bool unavailable = false;           // it ended UNAVAILABLE
+  bool worker_headers = false;        // the worker's initial metadata arrived (the worker sends
+                                      // it at once, so the request surely reached its process)
+  bool worker_trailer = false;        // the worker's own end-of-call trailer came
+  bool cancelled_by_router = false;   // the router cancelled it (client gone, first-token timeout)
+};
+
+// Whether the attempt counts as lost with its worker mid-call (RecordLoss): it reached the worker
+// (its headers came) and then the transport ended it UNAVAILABLE, without the worker's trailer
+// and without the router's cancellation. A READY channel at the start is not enough: a half-dead
+// connection (host gone, keepalive not yet noticed) fails calls that never reached any process,
+// and those must not quarantine innocent requests.
+bool CountsAsLostMidCall(const AttemptEnd& end);
+
 class QueryQuarantine {
  public:
   explicit QueryQuarantine(const QuarantineOptions& options) : options_(options) {}

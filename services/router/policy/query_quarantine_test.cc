@@ -11,6 +11,27 @@ const RequestFingerprint kOther{.hi = 3, .lo = 4};
 
 QuarantineOptions Options() { return {.ttl = absl::Seconds(300), .max_entries = 4}; }
 
+TEST(CountsAsLostMidCallTest, OnlyAnAttemptThatReachedItsWorker) {
+  const AttemptEnd lost{.unavailable = true, .worker_headers = true};
+  EXPECT_TRUE(CountsAsLostMidCall(lost));
+  // Never reached the worker (a half-dead connection that was READY at the start): no record.
+  AttemptEnd e = lost;
+  e.worker_headers = false;
+  EXPECT_FALSE(CountsAsLostMidCall(e));
+  // The worker ended the call itself (its trailer came).
+  e = lost;
+  e.worker_trailer = true;
+  EXPECT_FALSE(CountsAsLostMidCall(e));
+  // The router cancelled it.
+  e = lost;
+  e.cancelled_by_router = true;
+  EXPECT_FALSE(CountsAsLostMidCall(e));
+  // Any other ending (a refusal, a deadline).
+  e = lost;
+  e.unavailable = false;
+  EXPECT_FALSE(CountsAsLostMidCall(e));
+}
+
 TEST(QueryQuarantineTest, TheSecondLossQuarantinesForTheTtl) {
   QueryQuarantine q(Options());
   EXPECT_FALSE(q.IsQuarantined(kPoison, kT0));

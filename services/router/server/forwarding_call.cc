@@ -48,12 +48,11 @@ int64_t QuarantineSeconds(const RouterContext& router) {
 
 WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
                              std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                             std::unique_ptr<grpc::ClientContext> context, bool connected)
+                             std::unique_ptr<grpc::ClientContext> context)
     : call_(call),
       worker_(std::move(worker)),
       stub_(std::move(stub)),
-      context_(std::move(context)),
-      reached_(connected) {}
+      context_(std::move(context)) {}
 
 void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
                           absl::Duration first_token_timeout) {
@@ -111,14 +110,16 @@ void WorkerAttempt::OnReadInitialMetadataDone(bool ok) {
 }
 
 bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
-  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  AttemptEnd end{.unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE};
   {
     absl::MutexLock lock(&mu_);
-    if (!reached_ || cancelled_ || timed_out_) return false;
+    end.worker_headers = reached_;
+    end.cancelled_by_router = cancelled_ || timed_out_;
   }
   // A worker that ends a call itself says so in a trailer; without it, the transport ended the
   // call under the worker: its process (or its host) went away while holding the request.
-  return context_->GetServerTrailingMetadata().count(kWorkerEndedCallKey) == 0;
+  end.worker_trailer = context_->GetServerTrailingMetadata().count(kWorkerEndedCallKey) != 0;
+  return CountsAsLostMidCall(end);
 }
 
 void WorkerAttempt::OnReadDone(bool ok) {
@@ -260,11 +261,7 @@ void ForwardingCall::StartNextAttempt() {
           continue;
         }
         ++attempts_;
-        auto channel = router_->registry().Channel(w.address);
-        const bool connected =
-            channel.ok() && (*channel)->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
-        attempt = std::make_shared<WorkerAttempt>(
-            this, w, *stub, NewWorkerContext(), connected);
+        attempt = std::make_shared<WorkerAttempt>(this, w, *stub, NewWorkerContext());
         current_ = attempt;
         last_worker_ = w.id;
         tokens_ = 0;

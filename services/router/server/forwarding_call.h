@@ -23,9 +23,9 @@
 // (our own cancellation, the worker's DEADLINE_EXCEEDED, a failover cut short).
 //
 // Query-of-death quarantine (query_quarantine.h): an attempt whose worker connection was lost
-// mid-call (it reached the worker, then ended UNAVAILABLE without the trailer a worker adds to
-// every call it ends itself: common/worker_call_trailer.h) is reported under the request's content
-// fingerprint. When that quarantines it, the call is not retried and ends FAILED_PRECONDITION;
+// mid-call (the worker's initial metadata came, then it ended UNAVAILABLE without the trailer a
+// worker adds to every call it ends itself: common/worker_call_trailer.h) is reported under the
+// request's content fingerprint. When that quarantines it, the call is not retried and ends FAILED_PRECONDITION;
 // a request whose fingerprint is quarantined is refused before routing.
 //
 // Lifetime: the reactor (subclass) deletes itself in OnDone, which gRPC runs only after Finish;
@@ -63,11 +63,9 @@ class ForwardingCall;
 // One Worker.Generate call. Holds itself alive from Start to OnDone.
 class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateResponse> {
  public:
-  // `connected`: the channel to the worker was READY when the attempt began (the call then
-  // surely reached the worker's process).
   WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                std::unique_ptr<grpc::ClientContext> context, bool connected);
+                std::unique_ptr<grpc::ClientContext> context);
 
   // `first_token_timeout` zero: none.
   void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
@@ -83,8 +81,9 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     return timed_out_;
   }
 
-  // Whether the call, ended with `status`, lost its worker's connection mid-call: it reached the
-  // worker (READY channel at the start, or the worker's initial metadata came) and ended
+  // Whether the call, ended with `status`, lost its worker's connection mid-call
+  // (CountsAsLostMidCall): the worker's initial metadata came (a READY channel alone does not
+  // count: a half-dead connection fails calls that never reached the worker) and it ended
   // UNAVAILABLE without the worker's own trailer, and the router did not cancel it. Only from
   // OnDone (it reads the trailing metadata).
   bool LostMidCall(const grpc::Status& status);
@@ -111,7 +110,7 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool got_token_ ABSL_GUARDED_BY(mu_) = false;
   bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
-  bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the call surely reached the worker's process
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived
   // Its callback holds only a weak reference: it may fire after the attempt is gone.
   grpc::Alarm first_token_alarm_;
 };
