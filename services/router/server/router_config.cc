@@ -221,6 +221,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("--http: expected host:port, got \"", o.http.listen, "\""));
   }
+  // The HTTPS listener asks for no client certificate, so without API keys it would serve anyone
+  // even where the gRPC listener demands certificates (server.tls.ca_file).
+  if (!o.http.listen.empty() && o.auth.api_keys_file.empty() && !o.insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(),
+        ": http.listen: needs auth.api_keys_file (the HTTP API checks no client certificate), "
+        "or insecure: true"));
+  }
 
   RETURN_IF_ERROR(config.Finish());
   return o;

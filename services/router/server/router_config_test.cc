@@ -151,5 +151,24 @@ TEST(RouterConfigTest, FlagsOverrideTheirKeys) {
   EXPECT_EQ(o->kvdir.address, "127.0.0.1:9");
 }
 
+TEST(RouterConfigTest, HttpListenerNeedsApiKeysOrInsecure) {
+  // Client certificates on gRPC do not protect the HTTP API: without keys it is refused.
+  auto o = Parse("kvdir: {address: k:1}\nserver: {tls: {cert_file: c.pem, key_file: k.pem, "
+                 "ca_file: ca.pem}}\nhttp: {listen: \"127.0.0.1:0\"}\n");
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(), HasSubstr("http.listen: needs auth.api_keys_file"));
+  FlagOverrides flags;
+  flags.http = "127.0.0.1:0";
+  EXPECT_THAT(Parse("kvdir: {address: k:1}\n", flags).status().message(),
+              HasSubstr("http.listen"));
+
+  auto keys = Parse("kvdir: {address: k:1}\nserver: {tls: {cert_file: c.pem, key_file: k.pem}}\n"
+                    "auth: {api_keys_file: keys.yaml}\nhttp: {listen: \"127.0.0.1:0\"}\n");
+  EXPECT_TRUE(keys.ok()) << keys.status();
+  auto insecure = Parse("kvdir: {address: k:1}\ninsecure: true\nhttp: {listen: \"127.0.0.1:0\"}\n");
+  EXPECT_TRUE(insecure.ok()) << insecure.status();
+}
+
 }  // namespace
 }  // namespace lazyattn::router
