@@ -55,8 +55,10 @@ absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
       return static_cast<int64_t>(d);
     }
   }
-  return Invalid(field, absl::StrCat("expected an integer, got ", v.dump(-1, ' ', false,
-                                                                          json::error_handler_t::replace)));
+  // A number is short enough to quote; anything else only by its type (a hostile value may be
+  // megabytes, and the message goes back to the client and into logs).
+  return Invalid(field, absl::StrCat("expected an integer, got ",
+                                     v.is_number() ? v.dump() : std::string(v.type_name())));
 }
 
 // A float field: absent -> `fallback`.

@@ -101,6 +101,12 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
             "max_tokens: must be at least 1, got 0");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": 2.5})"),
             "max_tokens: expected an integer, got 2.5");
+  // A hostile value is named by its type, never echoed back.
+  const std::string big(100000, 'x');
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": ")" + big + R"("})"),
+            "max_tokens: expected an integer, got string");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "seed": {"a": [1, 2, 3]}})"),
+            "seed: expected an integer, got object");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "temperature": "hot"})"),
             "temperature: expected a number, got string");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stop": 3})"),
