@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/request_validator.h"
 #include "common/worker_call_trailer.h"
@@ -79,6 +80,11 @@ void GenerateReactor::Prepare(const absl::Status& pool_status) {
     }
   }
   if (status.ok() && RequestContainsMarker(request_, ctx_.abort_on_prompt_marker)) {
+    // A query of death in the router's sense kills a worker the call reached: wait (bounded)
+    // until the headers went out, as they do well before any real work, so the test hook does
+    // not race them.
+    for (int i = 0; i < 200 && !headers_sent_.load(); ++i) absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(50));
     std::cerr << "lazyattn-worker: FAULT INJECTION: request contains "
                  "testing.abort_on_prompt_marker; aborting the process"
               << std::endl;
@@ -228,6 +234,10 @@ void GenerateReactor::OnCancel() {
   // started and sees the cancellation.
   if (preparing) prep_.Cancel();
   Pump();
+}
+
+void GenerateReactor::OnSendInitialMetadataDone(bool ok) {
+  if (ok) headers_sent_.store(true);
 }
 
 void GenerateReactor::OnDone() { Unref(); }

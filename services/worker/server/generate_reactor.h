@@ -53,6 +53,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                   const v1::GenerateRequest& request);
 
+  void OnSendInitialMetadataDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
@@ -77,6 +78,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   const absl::Time arrival_;
   const absl::Time deadline_;
   std::atomic<int> refs_{1};  // gRPC's; preparation's (then the engine's) is added on queueing
+  // The headers went out (the router's proof that the call reached this process; see
+  // testing.abort_on_prompt_marker).
+  std::atomic<bool> headers_sent_{false};
   EngineRequest request_;     // converted; handed to the pool thread, then to the engine
   PrepTicket prep_;           // its place in the PrepPool
 
