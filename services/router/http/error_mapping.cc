@@ -85,8 +85,20 @@ std::string ErrorBody(int http_status, std::string_view message, std::string_vie
                                                           nlohmann::json::error_handler_t::replace);
 }
 
+std::string ClientMessageOf(const grpc::Status& status) {
+  switch (HttpStatusOf(status.error_code())) {
+    case 503:
+      return "service unavailable: no worker could serve the request now; retry later";
+    case 504:
+      return "deadline exceeded: the request did not finish in time (http.request_timeout_ms)";
+    default:
+      if (HttpStatusOf(status.error_code()) >= 500) return "internal error in the router";
+      return status.error_message();
+  }
+}
+
 std::string ErrorBodyOf(const grpc::Status& status) {
-  return ErrorBody(HttpStatusOf(status.error_code()), status.error_message(),
+  return ErrorBody(HttpStatusOf(status.error_code()), ClientMessageOf(status),
                    StatusCodeLabel(status.error_code()));
 }
 

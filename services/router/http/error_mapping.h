@@ -35,8 +35,12 @@ std::string ParamOf(std::string_view message);
 // The JSON error body; `code` is the gRPC status name in lower case ("invalid_argument") or, for
 // errors of the HTTP layer, a word of their own ("body_too_large").
 std::string ErrorBody(int http_status, std::string_view message, std::string_view code);
-// ErrorBody for a gRPC status.
+// ErrorBody for a gRPC status. A status that maps to 5xx gets a generic message (ClientMessageOf):
+// the router's own failures may name worker addresses or internal errors, which stay in its log.
 std::string ErrorBodyOf(const grpc::Status& status);
+// The message an HTTP client sees for `status`: its own message below 500 (they name the
+// request's field or the limit it hit), a fixed one per HTTP status from 500 on.
+std::string ClientMessageOf(const grpc::Status& status);
 
 }  // namespace lazyattn::router
 

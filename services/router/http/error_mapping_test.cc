@@ -55,5 +55,23 @@ TEST(ErrorMappingTest, OpenAiErrorShape) {
   EXPECT_FALSE(nlohmann::json::parse(bad, nullptr, false).is_discarded());
 }
 
+TEST(ErrorMappingTest, ServerErrorsHideInternalDetails) {
+  const grpc::Status unavailable(grpc::StatusCode::UNAVAILABLE,
+                                 "all 2 attempts failed: worker 10.1.2.3:7001: connection reset");
+  const std::string body = ErrorBodyOf(unavailable);
+  EXPECT_EQ(body.find("10.1.2.3"), std::string::npos) << body;
+  EXPECT_EQ(nlohmann::json::parse(body)["error"]["type"], "service_unavailable_error");
+  const std::string internal =
+      ErrorBodyOf(grpc::Status(grpc::StatusCode::INTERNAL, "std::bad_alloc at worker w0:1"));
+  EXPECT_EQ(internal.find("bad_alloc"), std::string::npos) << internal;
+  EXPECT_EQ(internal.find("w0:1"), std::string::npos) << internal;
+  const std::string late =
+      ErrorBodyOf(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "worker 10.9.9.9:1 slow"));
+  EXPECT_EQ(late.find("10.9.9.9"), std::string::npos) << late;
+  // Client errors keep their message: it names the field.
+  EXPECT_EQ(ClientMessageOf(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "n: only 1")),
+            "n: only 1");
+}
+
 }  // namespace
 }  // namespace lazyattn::router
