@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/auth.h"
 #include "common/log.h"
@@ -163,8 +164,16 @@ int main(int argc, char** argv) {
   lazyattn::LogInfo("router")
       .Str("signal", signal == SIGTERM ? "SIGTERM" : "SIGINT")
       .Msg("shutting down");
-  if (http != nullptr) http->Shutdown();
-  (*server)->Shutdown(absl::Seconds(5));
+  // Both listeners drain at once with the same grace; the HTTP server returns only when no HTTP
+  // call is alive, so the RouterContext (destroyed with the server below) is no longer used.
+  constexpr absl::Duration kDrainGrace = absl::Seconds(5);
+  std::thread http_drain;
+  if (http != nullptr) {
+    http_drain = std::thread([&http, kDrainGrace] { http->Shutdown(kDrainGrace); });
+  }
+  (*server)->Shutdown(kDrainGrace);
+  if (http_drain.joinable()) http_drain.join();
+  http.reset();
   server->reset();
   metrics.reset();
   return 0;

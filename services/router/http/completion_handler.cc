@@ -12,9 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/sse_writer.h"
+#include "services/router/server/router_metrics.h"
 
 namespace lazyattn::router {
 namespace {
@@ -48,6 +50,15 @@ HttpCall::Event::Kind NextEvent(HttpCall& call, HttpCall::Event* e, absl::Time d
   }
 }
 
+// A stream's error event carries a generic message from 500 on (ErrorBodyOf); the details here.
+void LogStreamError(const grpc::Status& status) {
+  if (HttpStatusOf(status.error_code()) < 500) return;
+  LogWarning("router")
+      .Str("api", "http")
+      .Str("grpc_status", StatusCodeLabel(status.error_code()))
+      .Msg(absl::StrCat("stream ended: ", status.error_message()));
+}
+
 grpc::Status WaitFailure(bool stopped) {
   return stopped ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down")
                  : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -63,6 +74,11 @@ struct StreamState {
   absl::Time deadline;
   std::shared_ptr<const std::atomic<bool>> stopping;
   bool started = false;  // the provider ran: it consumed the first token
+  // cpp-httplib drops a provider it will not call again (the server stopped, the client went
+  // away): a call left waiting for its next write would then hold its worker stream forever.
+  ~StreamState() {
+    if (call != nullptr) call->Cancel();
+  }
 };
 
 // Writes the whole stream in one provider call: the call blocks on its tokens anyway, and a
@@ -90,6 +106,7 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     const grpc::Status status = e.status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
                                                              "the call ended without a result")
                                               : e.status;
+    LogStreamError(status);
     out.Event(ErrorBodyOf(status));
     sink.done();
     return true;
@@ -111,13 +128,21 @@ void SendError(httplib::Response& response, int http_status, std::string_view me
 
 void SendGrpcError(httplib::Response& response, const grpc::Status& status) {
   response.status = HttpStatusOf(status.error_code());
+  if (response.status >= 500) {
+    // The client gets a generic message (ErrorBodyOf); the details stay here.
+    LogWarning("router")
+        .Str("api", "http")
+        .Int("http_status", response.status)
+        .Str("grpc_status", StatusCodeLabel(status.error_code()))
+        .Msg(status.error_message());
+  }
   response.set_content(ErrorBodyOf(status), "application/json");
 }
 
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
-                      const std::string& key_name) {
+                      const std::string& key_name, std::shared_ptr<LiveCalls> live) {
   auto parsed = ParseOpenAiRequest(kind, request.body);
   if (!parsed.ok()) {
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
@@ -131,13 +156,15 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     router->metrics().CountRequest(grpc::StatusCode::NOT_FOUND);
     SendError(response, 404,
               absl::StrCat("model: the cluster serves \"", model->name(), "\", not \"",
-                           parsed->model, "\" (GET /v1/models)"),
+                           // At most 64 bytes of the client's value go back (and to logs).
+                           parsed->model.substr(0, 64), parsed->model.size() > 64 ? "..." : "",
+                           "\" (GET /v1/models)"),
               "model_not_found");
     return;
   }
   const absl::Time deadline = absl::Now() + options.request_timeout;
   auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
-                              absl::ToChronoTime(deadline), parsed->stream);
+                              absl::ToChronoTime(deadline), parsed->stream, std::move(live));
   if (!call.ok()) {
     grpc::Status status = ToGrpcStatus(call.status());
     SendGrpcError(response, grpc::Status(status.error_code(),

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "services/router/http/http_call.h"
 #include "services/router/http/http_options.h"
 #include "services/router/http/openai_json.h"
 #include "services/router/server/key_limits.h"
@@ -25,13 +26,14 @@ struct Response;
 
 namespace lazyattn::router {
 
-// `stopping`: set when the server shuts down; a call still waiting then ends with 503 (streams:
-// an error event) instead of holding the shutdown until its deadline.
-// `key_limiter`/`key_name`: the API key's in-flight cap (null: no API keys).
+// `stopping`: set when the server's shutdown grace is over; a call still waiting then ends with
+// 503 (streams: an error event) instead of holding the shutdown until its deadline.
+// `key_limiter`/`key_name`: the API key's in-flight cap (null: no API keys). `live`: counts the
+// request's HttpCall until it is destroyed (the shutdown waits for none).
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
-                      const std::string& key_name);
+                      const std::string& key_name, std::shared_ptr<LiveCalls> live);
 
 // An OpenAI JSON error response.
 void SendError(httplib::Response& response, int http_status, std::string_view message,

@@ -16,13 +16,34 @@ HttpCall::HttpCall(RouterContext* router, GenerateRequest request,
                    std::chrono::system_clock::time_point deadline, bool stream)
     : ForwardingCall(router, deadline, &request_), request_(std::move(request)), stream_(stream) {}
 
+void LiveCalls::Add() {
+  absl::MutexLock lock(&mu_);
+  ++count_;
+}
+
+void LiveCalls::Remove() {
+  absl::MutexLock lock(&mu_);
+  --count_;
+}
+
+bool LiveCalls::WaitForZero(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n == 0; }, &count_), timeout);
+}
+
+int LiveCalls::count() {
+  absl::MutexLock lock(&mu_);
+  return count_;
+}
+
 HttpCall::~HttpCall() {
   if (admitted_) router()->Release();
 }
 
 absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
     RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
-    GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream) {
+    GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream,
+    std::shared_ptr<LiveCalls> live) {
   // The same checks, in the same order, as the gRPC API's admission (inference_service.cc).
   const auto model = router->registry().Model();
   absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
@@ -45,7 +66,14 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
         absl::StrCat("router busy: ", router->options().max_inflight_requests,
                      " requests in flight (limits.max_inflight_requests); retry later"));
   }
-  std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream));
+  // Counted until the whole object is gone: ~ForwardingCall, which runs after ~HttpCall, still
+  // uses the router.
+  if (live != nullptr) live->Add();
+  std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream),
+                                 [live](HttpCall* c) {
+                                   delete c;
+                                   if (live != nullptr) live->Remove();
+                                 });
   call->admitted_ = true;
   call->key_slot_ = std::move(slot);
   call->self_ = call;
@@ -92,6 +120,7 @@ void HttpCall::Cancel() {
   bool drop_pending = false;
   {
     absl::MutexLock lock(&mu_);
+    if (ended_ || abandoned_) return;  // nothing left to cancel
     abandoned_ = true;
     drop_pending = pending_.has_value();
     pending_.reset();

@@ -34,6 +34,21 @@
 
 namespace lazyattn::router {
 
+// Counts the HTTP calls alive (from Start until the call, its ForwardingCall included, has been
+// destroyed), so the server's shutdown can wait until none touches the RouterContext any more.
+class LiveCalls {
+ public:
+  void Add();
+  void Remove();
+  // True when the count reached zero within `timeout`.
+  bool WaitForZero(absl::Duration timeout);
+  int count();
+
+ private:
+  absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class HttpCall final : public ForwardingCall {
  public:
   struct Event {
@@ -47,11 +62,11 @@ class HttpCall final : public ForwardingCall {
   // Validates the request with the gRPC API's validator and admits it under the API key's
   // in-flight cap (`key_limiter` null: no API keys; `key_name` from CheckApiKey) and the router's
   // in-flight limit, in the gRPC API's order; the error status otherwise (counted in the router's
-  // request metrics).
+  // request metrics). `live` (may be null) counts the call until it is destroyed.
   static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
       lazyattn::v1::GenerateRequest request, std::chrono::system_clock::time_point deadline,
-      bool stream);
+      bool stream, std::shared_ptr<LiveCalls> live = nullptr);
   ~HttpCall() override;
 
   // Waits for the next event, at most `timeout`; the event's kind. After kEnd, returns kEnd again.

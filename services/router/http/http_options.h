@@ -14,13 +14,15 @@ namespace lazyattn::router {
 
 struct HttpOptions {
   std::string listen;  // host:port; empty: no HTTP listener (port 0: the OS picks)
-  // Requests with a larger body are refused with 413 before it is read.
-  int64_t max_body_bytes = 32 << 20;
+  // Requests with a larger body are refused with 413 before it is read. Each connection thread may
+  // buffer this much, so the default is small (4 MiB); raise it for large documents.
+  int64_t max_body_bytes = 4 << 20;
   // Connections served at once, one thread each (a streaming response holds its thread). Further
-  // connections wait in the accept queue; `max_queued_connections` more are queued, beyond that
-  // a connection is answered 503 at once.
+  // connections wait in the pool's queue, at most `max_queued_connections`; beyond that as many
+  // more wait for one thread that answers them 503, and beyond those the router stops accepting
+  // (they wait in the kernel's accept backlog), so open sockets stay bounded.
   int threads = 32;
-  int max_queued_connections = 256;
+  int max_queued_connections = 64;
   // Slow clients: a request not received within read_timeout, or a response write that makes no
   // progress for write_timeout, closes the connection.
   absl::Duration read_timeout = absl::Seconds(30);

@@ -20,6 +20,8 @@ TEST(HttpOptionsTest, OffByDefault) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->listen.empty());
   EXPECT_EQ(o->threads, 32);
+  EXPECT_EQ(o->max_body_bytes, 4 << 20);  // each connection thread may buffer this much
+  EXPECT_EQ(o->max_queued_connections, 64);
 }
 
 TEST(HttpOptionsTest, ReadsEveryKey) {

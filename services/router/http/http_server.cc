@@ -3,10 +3,13 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -14,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/http_auth.h"
 #include "services/router/http/openai_json.h"
@@ -27,12 +31,17 @@ namespace {
 thread_local bool shed_connection = false;
 
 // cpp-httplib runs each connection as one task to its end (keep-alive included). This pool caps
-// the tasks running (`threads`) and waiting (`max_queued`); a connection beyond both runs on one
-// extra thread that answers every request 503 at once, so it is closed quickly instead of
-// holding a socket in an unbounded queue.
+// the tasks running (`threads`) and waiting (`max_queued`); a connection beyond both waits in a
+// second queue, as bounded (`max_queued`), for one extra thread that answers every request 503 at
+// once. When that queue is full too, enqueue() blocks the accepting thread: cpp-httplib 0.11
+// gives the pool no way to close a socket it will not serve (the socket is inside the task), so
+// further connections wait in the kernel's accept backlog instead, holding no file descriptor of
+// the process. The open sockets are thus at most threads + 2 * max_queued.
 class BoundedPool final : public httplib::TaskQueue {
  public:
-  BoundedPool(int threads, int max_queued) : max_queued_(static_cast<size_t>(max_queued)) {
+  // `stopping`: set when the server stops; an enqueue() waiting for room then queues anyway.
+  BoundedPool(int threads, int max_queued, std::shared_ptr<const std::atomic<bool>> stopping)
+      : max_queued_(static_cast<size_t>(max_queued)), stopping_(std::move(stopping)) {
     for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Run(&jobs_, false); });
     workers_.emplace_back([this] { Run(&shed_jobs_, true); });
   }
@@ -40,9 +49,19 @@ class BoundedPool final : public httplib::TaskQueue {
 
   void enqueue(std::function<void()> fn) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto* queue = jobs_.size() < max_queued_ + idle_ ? &jobs_ : &shed_jobs_;
-      queue->push_back(std::move(fn));
+      std::unique_lock<std::mutex> lock(mu_);
+      if (jobs_.size() < max_queued_ + idle_) {
+        jobs_.push_back(std::move(fn));
+      } else {
+        // At least one connection may always wait to be shed (max_queued 0 included). Polls
+        // `stopping_`, which Server::stop() does not signal here.
+        while (!space_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+          return shutdown_ || stopping_->load() ||
+                 shed_jobs_.size() < std::max<size_t>(1, max_queued_);
+        })) {
+        }
+        shed_jobs_.push_back(std::move(fn));
+      }
     }
     cv_.notify_all();
   }
@@ -53,6 +72,7 @@ class BoundedPool final : public httplib::TaskQueue {
       shutdown_ = true;
     }
     cv_.notify_all();
+    space_cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
 
@@ -70,21 +90,39 @@ class BoundedPool final : public httplib::TaskQueue {
         fn = std::move(queue->front());
         queue->pop_front();
       }
+      if (shed) space_cv_.notify_all();
       fn();
     }
   }
 
   const size_t max_queued_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // a job was queued, or shutdown
+  std::condition_variable space_cv_;  // the shed queue has room, or stopping
   std::deque<std::function<void()>> jobs_, shed_jobs_;
   size_t idle_ = 0;  // pool threads waiting for a job
+  const std::shared_ptr<const std::atomic<bool>> stopping_;
   bool shutdown_ = false;
   std::vector<std::thread> workers_;
 };
 
 constexpr char kCompleteMethod[] = "/lazyattn.v1.Inference/Complete";
 constexpr char kModelInfoMethod[] = "/lazyattn.v1.Inference/GetModelInfo";
+
+// The API key's name for the request this thread serves (set by the pre-routing handler).
+thread_local std::string request_key_name;
+
+// The gRPC method whose scope an HTTP endpoint needs; null for /health (open, like gRPC health)
+// and for anything that is no endpoint (404 or 405 without a key check).
+const char* MethodOf(const httplib::Request& req) {
+  if (req.method == "POST" &&
+      (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
+    // Complete's scope (generate) for both: streaming or not, it is the same permission.
+    return kCompleteMethod;
+  }
+  if (req.method == "GET" && req.path == "/v1/models") return kModelInfoMethod;
+  return nullptr;
+}
 
 }  // namespace
 
@@ -107,7 +145,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   httplib::Server& s = *server->server_;
   const int threads = options.threads;
   const int queued = options.max_queued_connections;
-  s.new_task_queue = [threads, queued] { return new BoundedPool(threads, queued); };
+  std::shared_ptr<const std::atomic<bool>> pool_stopping = server->stopping_;
+  s.new_task_queue = [threads, queued, pool_stopping] {
+    return new BoundedPool(threads, queued, pool_stopping);
+  };
   // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it until the
   // client's delayed ACK (measured: +10 ms to the first token, tokens delivered in bursts).
   s.set_tcp_nodelay(true);
@@ -123,50 +164,63 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   // Keeps the processor alive as long as the handlers that use it.
   auto keep_auth = std::make_shared<std::shared_ptr<grpc::AuthMetadataProcessor>>(std::move(auth));
 
-  s.set_pre_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!shed_connection) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("Connection", "close");
-    SendError(res, 503, "router busy: too many HTTP connections (http.threads, "
-                        "http.max_queued_connections); retry later", "unavailable");
-    return httplib::Server::HandlerResponse::Handled;
-  });
   // The per-key in-flight caps live in the router's API key processor (null without keys).
   auto* authorizer = dynamic_cast<ApiKeyAuthorizer*>(processor);
   KeyLimiter* key_limiter = authorizer != nullptr ? &authorizer->limiter() : nullptr;
-  // A handler that needs a key: checks it, then runs `body(req, res, key_name)`.
-  auto authorized = [processor, keep_auth](const char* method, auto body) {
-    return [processor, keep_auth, method, body](const httplib::Request& req,
-                                                httplib::Response& res) {
-      std::string key_name;
-      grpc::Status s =
-          CheckApiKey(processor, req.get_header_value("Authorization"), method, &key_name);
-      if (!s.ok()) {
-        if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-          res.set_header("WWW-Authenticate", "Bearer");
-        }
-        SendGrpcError(res, s);
-        return;
-      }
-      body(req, res, key_name);
+  // The API key is checked here, after the headers and before the body is read (cpp-httplib runs
+  // the pre-routing handler first), so an unauthenticated client never makes the router buffer a
+  // body. The key's name reaches the handler, which runs next on this thread, in request_key_name.
+  std::shared_ptr<const std::atomic<bool>> draining = server->draining_;
+  s.set_pre_routing_handler([processor, keep_auth, draining](const httplib::Request& req,
+                                                             httplib::Response& res) {
+    request_key_name.clear();
+    if (shed_connection) {
+      res.set_header("Connection", "close");
+      SendError(res, 503, "router busy: too many HTTP connections (http.threads, "
+                          "http.max_queued_connections); retry later", "unavailable");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const char* method = MethodOf(req);
+    if (method == nullptr) return httplib::Server::HandlerResponse::Unhandled;  // open or 404
+    if (draining->load()) {
+      res.set_header("Connection", "close");
+      SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    grpc::Status s = CheckApiKey(processor, req.get_header_value("Authorization"), method,
+                                 &request_key_name);
+    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      res.set_header("WWW-Authenticate", "Bearer");
+    }
+    // The body was not read: the connection cannot be reused for a next request.
+    res.set_header("Connection", "close");
+    SendGrpcError(res, s);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // A handler that needs a key (checked by the pre-routing handler): runs `body(req, res,
+  // key_name)`.
+  auto authorized = [](auto body) {
+    return [body](const httplib::Request& req, httplib::Response& res) {
+      body(req, res, request_key_name);
     };
   };
   std::shared_ptr<const std::atomic<bool>> stopping = server->stopping_;
-  auto completion = [router, opts, stopping, key_limiter](ApiKind kind) {
-    return [router, opts, stopping, key_limiter, kind](const httplib::Request& req,
-                                                       httplib::Response& res,
-                                                       const std::string& key_name) {
-      HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, key_name);
+  std::shared_ptr<LiveCalls> live = server->live_;
+  auto completion = [router, opts, stopping, key_limiter, live](ApiKind kind) {
+    return [router, opts, stopping, key_limiter, live, kind](const httplib::Request& req,
+                                                             httplib::Response& res,
+                                                             const std::string& key_name) {
+      HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, key_name, live);
     };
   };
   for (auto [path, kind] : {std::pair{"/v1/chat/completions", ApiKind::kChat},
                             std::pair{"/v1/completions", ApiKind::kCompletion}}) {
     auto handle = completion(kind);
-    // Complete's scope (generate) for both: streaming or not, it is the same permission.
-    s.Post(path, authorized(kCompleteMethod, handle));
+    s.Post(path, authorized(handle));
   }
-  s.Get("/v1/models", authorized(kModelInfoMethod, [router](const httplib::Request&,
-                                                            httplib::Response& res,
-                                                            const std::string& /*key_name*/) {
+  s.Get("/v1/models", authorized([router](const httplib::Request&, httplib::Response& res,
+                                          const std::string& /*key_name*/) {
           const auto model = router->registry().Model();
           res.set_content(ModelsJson(model.has_value() ? &*model : nullptr,
                                      absl::ToUnixSeconds(absl::Now())),
@@ -187,7 +241,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const char* code = "error";
     switch (res.status) {
       case 404:
-        message = absl::StrCat(req.path, ": no such endpoint (POST /v1/chat/completions, POST "
+        message = absl::StrCat(req.path.substr(0, 64), ": no such endpoint (POST /v1/chat/completions, POST "
                                          "/v1/completions, GET /v1/models, GET /health)");
         code = "not_found";
         break;
@@ -196,7 +250,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         code = "body_too_large";
         break;
       default:
-        message = absl::StrCat("HTTP status ", res.status, " for ", req.method, " ", req.path);
+        message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",
+                               req.path.substr(0, 64));
         break;
     }
     SendError(res, res.status, message, code);
@@ -210,7 +265,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
       what = e.what();
     } catch (...) {
     }
-    SendError(res, 500, absl::StrCat("internal error: ", what), "internal");
+    // The exception's text is for the router's log, not for the client.
+    LogError("router").Str("api", "http").Msg(absl::StrCat("HTTP handler exception: ", what));
+    SendError(res, 500, "internal error in the router", "internal");
   });
 
   const size_t colon = options.listen.rfind(':');
@@ -241,10 +298,25 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
 
 HttpServer::~HttpServer() { Shutdown(); }
 
-void HttpServer::Shutdown() {
+void HttpServer::Shutdown(absl::Duration grace) {
+  if (!thread_.joinable()) return;  // never started, or already shut down
+  // cpp-httplib's stop() also ends every stream at its next chunk, so the listener stays open
+  // during the grace: new requests get 503 (draining_) and the calls in flight run on.
+  draining_->store(true);
+  live_->WaitForZero(grace);
+  // Whatever still waits on a worker ends now (within 250 ms: NextEvent's slice).
   stopping_->store(true);
   if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
+  // A cancelled call ends when its worker call does: wait for the cancellations, then for ever,
+  // as a call left running would use the RouterContext after the caller destroys it.
+  if (!live_->WaitForZero(absl::Seconds(5))) {
+    LogWarning("router")
+        .Str("api", "http")
+        .Int("live_calls", live_->count())
+        .Msg("HTTP shutdown: calls still ending after cancellation; waiting");
+    live_->WaitForZero(absl::InfiniteDuration());
+  }
 }
 
 }  // namespace lazyattn::router

@@ -21,7 +21,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "services/router/http/http_call.h"
 #include "services/router/http/http_options.h"
 #include "services/router/server/router_context.h"
 
@@ -45,14 +47,23 @@ class HttpServer {
 
   int port() const { return port_; }
   bool tls() const { return tls_; }
-  // Stops accepting, ends the connections (streams in flight are cancelled) and joins.
-  void Shutdown();
+  // Refuses new requests (503), lets requests in flight (streams included) run for up to `grace`
+  // (the gRPC listener's drain grace), then stops listening and cancels those left (503, or an error event on a stream), joins
+  // the connection threads and waits until no HttpCall is alive: after it returns nothing of the
+  // HTTP API touches the RouterContext. Idempotent.
+  void Shutdown(absl::Duration grace = absl::ZeroDuration());
+  // HTTP calls alive now (tests).
+  int live_calls() const { return live_->count(); }
 
  private:
   HttpServer() = default;
 
-  // Set by Shutdown; calls waiting on workers notice it within 250 ms and end with 503.
+  // Set by Shutdown when the grace is over; calls waiting on workers notice it within 250 ms and
+  // end with 503.
   std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<LiveCalls> live_ = std::make_shared<LiveCalls>();
+  // Set when Shutdown begins: new completion and model requests get 503.
+  std::shared_ptr<std::atomic<bool>> draining_ = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

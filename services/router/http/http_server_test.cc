@@ -1,0 +1,190 @@
+// The HTTP listener over real sockets on 127.0.0.1, in front of a router with a scripted fake
+// worker and a fake KV directory: what a hostile or idle client can make it hold, and what its
+// shutdown waits for.
+#include "services/router/http/http_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+
+namespace lazyattn::router {
+namespace {
+
+using testing::FakeKvdir;
+using testing::FakeWorker;
+
+// Refuses every key, as the router's processor refuses a client without one.
+class RejectAll final : public grpc::AuthMetadataProcessor {
+ public:
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
+                       OutputMetadata*) override {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
+  }
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // A listener that stopped accepting fills its kernel backlog, and connect() then waits.
+  timeval connect_timeout{0, 300000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &connect_timeout, sizeof(connect_timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};  // a read that waits longer is a failure of the test
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Everything the server sends until it closes the connection or 5 s pass without a byte.
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// The response's status line and headers (read until the blank line, or 5 s of silence).
+std::string ReadHead(int fd) {
+  std::string out;
+  char c;
+  while (out.find("\r\n\r\n") == std::string::npos && read(fd, &c, 1) == 1) out.push_back(c);
+  return out;
+}
+
+int OpenFds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartRouter() {
+    worker_.Start();
+    kvdir_.Start();
+    kvdir_.SetWorkers({worker_.Status()});
+    RouterOptions o;
+    o.server.listen_address = "127.0.0.1:0";
+    o.kvdir.address = kvdir_.address();
+    o.kvdir.lookup_timeout = absl::Seconds(10);
+    o.kvdir.list_timeout = absl::Seconds(10);
+    o.kvdir.refresh_interval = absl::Hours(1);
+    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    ASSERT_TRUE(server.ok()) << server.status();
+    router_ = std::move(*server);
+  }
+
+  void StartHttp(const HttpOptions& options, std::shared_ptr<grpc::AuthMetadataProcessor> auth) {
+    auto http = HttpServer::Create(options, TlsOptions{}, &router_->context(), std::move(auth));
+    ASSERT_TRUE(http.ok()) << http.status();
+    http_ = std::move(*http);
+  }
+
+  static HttpOptions Options() {
+    HttpOptions o;
+    o.listen = "127.0.0.1:0";
+    return o;
+  }
+
+  FakeWorker worker_{"w0"};
+  FakeKvdir kvdir_;
+  std::unique_ptr<RouterServer> router_;
+  std::unique_ptr<HttpServer> http_;  // shut down before the router
+};
+
+TEST_F(HttpServerTest, RefusesAMissingKeyBeforeReadingTheBody) {
+  StartRouter();
+  StartHttp(Options(), std::make_shared<RejectAll>());
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  // Announces 3 MiB and sends none of it: the answer must not wait for the body.
+  const std::string head = absl::StrCat(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: ", 3 << 20, "\r\n\r\n");
+  ASSERT_EQ(write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  const absl::Time start = absl::Now();
+  const std::string reply = ReadHead(fd);
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {
+  StartRouter();
+  HttpOptions o = Options();
+  o.threads = 1;
+  o.max_queued_connections = 2;
+  StartHttp(o, nullptr);
+  const int before = OpenFds();
+  std::vector<int> clients;
+  for (int i = 0; i < 60; ++i) {
+    const int fd = Connect(http_->port());
+    if (fd >= 0) clients.push_back(fd);  // else refused: the kernel's backlog is full
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // let the listener accept what it will
+  const int server_side = OpenFds() - before - static_cast<int>(clients.size());
+  // One served, two queued, one being answered 503 and two waiting for it, one in the accepting
+  // thread; slack for gRPC's own descriptors. Unbounded, it would be all 60.
+  EXPECT_LE(server_side, 12) << clients.size() << " clients";
+  for (int fd : clients) close(fd);
+}
+
+TEST_F(HttpServerTest, ShutdownLetsAStreamFinishWithinTheGraceAndWaitsForItsCall) {
+  StartRouter();
+  FakeWorker::Script script;
+  script.block = true;
+  worker_.SetScript(script);
+  StartHttp(Options(), nullptr);
+  std::string reply;
+  std::thread client([&] {
+    const int fd = Connect(http_->port());
+    const std::string body =
+        R"({"messages": [{"role": "user", "content": "Hi?"}], "stream": true, "max_tokens": 8})";
+    const std::string request = absl::StrCat(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+    (void)!write(fd, request.data(), request.size());
+    reply = ReadAll(fd);
+    close(fd);
+  });
+  ASSERT_TRUE(worker_.WaitForCalls(1, absl::Seconds(10)));
+  std::thread unblock([&] {
+    absl::SleepFor(absl::Seconds(1));  // well past the old 250 ms cut
+    worker_.Unblock();
+  });
+  http_->Shutdown(absl::Seconds(20));
+  unblock.join();
+  client.join();
+  EXPECT_EQ(http_->live_calls(), 0);
+  EXPECT_NE(reply.find(" world"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("[DONE]"), std::string::npos) << reply;
+}
+
+}  // namespace
+}  // namespace lazyattn::router
