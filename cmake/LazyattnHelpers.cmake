@@ -25,14 +25,19 @@ function(lazyattn_cc_test)
   if(NOT BUILD_TESTING)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  # SERIAL: ctest runs these tests alone (measurements of the process that parallel tests disturb).
+  cmake_parse_arguments(ARG "SERIAL" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   target_compile_options(${ARG_NAME} PRIVATE ${LAZYATTN_WARNINGS})
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   set(labels ${ARG_LABELS} ${ARG_NAME})
+  set(serial FALSE)
+  if(ARG_SERIAL)
+    set(serial TRUE)
+  endif()
   gtest_discover_tests(${ARG_NAME} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                       PROPERTIES LABELS "${labels}" DISCOVERY_TIMEOUT 60)
+                       PROPERTIES LABELS "${labels}" RUN_SERIAL ${serial} DISCOVERY_TIMEOUT 60)
 endfunction()
 
 # lazyattn_cc_binary(NAME name SRCS ... [DEPS ...]): a program that lands in build/bin/.
