@@ -46,7 +46,7 @@ void CheckRefusal(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kInvalidArgument) std::abort();
   const std::string m(status.message());
   for (std::string_view field : {"system", "question", "documents", "sampling.", "cache_mode",
-                                 "replicas", "chat", "prompt"}) {
+                                 "replicas", "chat", "prompt", "messages"}) {
     if (std::string_view(m).substr(0, field.size()) == field) return;
   }
   std::abort();
