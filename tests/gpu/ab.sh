@@ -2,7 +2,7 @@
 # A/B of whole engine steps on the GPU machine: lazyattn-bench-engine with flags A, then B, then
 # A, then B... in one call, so both sides see the same machine (machines differ by ~2 % on the
 # same code, more than most changes gain). Kernel timings alone can mislead: the wgmma GEMM lost
-# to cuBLASLt timed alone and won inside graph-replayed steps (docs/benchmarks.md, seventh pass).
+# to cuBLASLt timed alone and won inside graph-replayed steps (docs/kernels.md, "Small kernels").
 #   tests/gpu/ab.sh [CARRY_DIR (default .device-carry)]
 # Environment: LAZYATTN_AB_A, LAZYATTN_AB_B (extra flags of each side; default empty),
 # LAZYATTN_AB_PARTS (default "--parts decode --batches 32"), LAZYATTN_AB_ROUNDS (default 2).
