@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/skinny_wgmma_linear.h"
+#include "services/worker/cuda/cuda_backend_test_util.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -27,85 +28,6 @@
 
 namespace lazyattn {
 namespace {
-
-struct LogitsDiff {
-  double rel_err = 0, cosine = 0, max_abs = 0;
-  bool same_argmax = false;
-  // The reference's top logit minus its second, over the std of its logits (rel_err's unit).
-  double ref_margin = 0;
-};
-
-LogitsDiff Compare(std::span<const float> ours, std::span<const float> ref) {
-  LogitsDiff d;
-  double mean = 0, dot = 0, n_ours = 0, n_ref = 0, max_err = 0;
-  for (float r : ref) mean += r;
-  mean /= static_cast<double>(ref.size());
-  double var = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    var += (ref[i] - mean) * (ref[i] - mean);
-    max_err = std::max(max_err, std::abs(double{ours[i]} - ref[i]));
-    dot += double{ours[i]} * ref[i];
-    n_ours += double{ours[i]} * ours[i];
-    n_ref += double{ref[i]} * ref[i];
-  }
-  d.max_abs = max_err;
-  d.rel_err = max_err / std::sqrt(var / static_cast<double>(ref.size()));
-  d.cosine = dot / std::sqrt(n_ours * n_ref);
-  d.same_argmax = std::max_element(ours.begin(), ours.end()) - ours.begin() ==
-                  std::max_element(ref.begin(), ref.end()) - ref.begin();
-  double top = -INFINITY, second = -INFINITY;
-  for (float r : ref) {
-    if (r > top) {
-      second = top;
-      top = r;
-    } else if (r > second) {
-      second = r;
-    }
-  }
-  d.ref_margin = (top - second) / std::sqrt(var / static_cast<double>(ref.size()));
-  return d;
-}
-
-std::unique_ptr<ModelRunner> CudaRunnerFor(
-    const ModelWeights& w, int64_t blocks,
-    int wgmma_max_rows = CudaRunnerOptions{}.wgmma_max_rows) {
-  auto gpu = CudaModelWeights::Upload(w);
-  EXPECT_TRUE(gpu.ok()) << gpu.status();
-  if (!gpu.ok()) return nullptr;
-  auto runner = CudaModelRunner::Create(std::move(*gpu), {.num_kv_blocks = blocks,
-                                                          .wgmma_max_rows = wgmma_max_rows});
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  if (!runner.ok()) return nullptr;
-  return std::move(*runner);
-}
-
-ModelConfig SmallConfig() {
-  auto c = NamedModelShape("small");
-  return *c;
-}
-
-// Random weights scaled like HF's initialisation (every matrix N(0, 0.02)), already rounded to
-// bf16 so both backends hold identical weights and only activation rounding differs. (The larger
-// scales of MakeRandomWeights' defaults give attention logits of ~20, where any rounding flips
-// the softmax: no bf16 implementation could match fp32 there.)
-std::unique_ptr<ModelWeights> HfLikeWeights(const ModelConfig& c, uint32_t seed) {
-  auto w = MakeRandomWeights(c, seed, 0.02f);
-  auto round = [](std::vector<float>& v, float scale) {
-    for (float& x : v) x = testing::RoundBf16(x * scale);
-  };
-  round(w->token_embedding, 0.02f);
-  round(w->output_norm, 1);
-  round(w->lm_head, 1);
-  for (LayerWeights& L : w->layers) {
-    round(L.attn_norm, 1);
-    round(L.wqkv, 0.25f);  // MakeRandomWeights draws QKV at 4x stddev
-    round(L.wo, 1);
-    round(L.ffn_norm, 1);
-    round(L.w_gate_up, 1);
-    round(L.w_down, 1);
-  }
-  return w;
-}
 
 TEST(CudaModelWeightsTest, RandomWeightsAreReproducibleAndNormal) {
   SKIP_WITHOUT_GPU();
@@ -201,7 +123,7 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
     ASSERT_EQ(got->size(), want->size());
     double worst = 0;
     for (size_t row = 0; row * V < want->size(); ++row) {
-      const auto d = Compare(std::span(*got).subspan(row * V, V),
+      const auto d = CompareLogits(std::span(*got).subspan(row * V, V),
                              std::span(*want).subspan(row * V, V));
       worst = std::max(worst, d.rel_err);
       EXPECT_GT(d.cosine, 0.999) << "row " << row;
@@ -290,7 +212,7 @@ TEST(CudaModelRunnerTest, LazyAndBlockAgreeAndMatchTheCpuBackend) {
       SCOPED_TRACE(i);
       const auto& cpu_lazy = first_logits["cpu/lazy"][i];
       for (const char* key : {"cuda/lazy", "cuda/block"}) {
-        const auto d = Compare(first_logits[key][i], cpu_lazy);
+        const auto d = CompareLogits(first_logits[key][i], cpu_lazy);
         EXPECT_GT(d.cosine, 0.999) << key;
         EXPECT_LT(d.rel_err, 0.1) << key;
         if (d.ref_margin > kTieMargin) {
@@ -300,10 +222,10 @@ TEST(CudaModelRunnerTest, LazyAndBlockAgreeAndMatchTheCpuBackend) {
                     << d.ref_margin << " of a std)\n";
         }
       }
-      const auto lb = Compare(first_logits["cuda/lazy"][i], first_logits["cuda/block"][i]);
+      const auto lb = CompareLogits(first_logits["cuda/lazy"][i], first_logits["cuda/block"][i]);
       EXPECT_LT(lb.rel_err, 0.1);
       std::cout << "request " << i << ": cuda lazy vs block rel_err " << lb.rel_err
-                << ", cuda lazy vs cpu " << Compare(first_logits["cuda/lazy"][i], cpu_lazy).rel_err
+                << ", cuda lazy vs cpu " << CompareLogits(first_logits["cuda/lazy"][i], cpu_lazy).rel_err
                 << "\n";
     }
   }  // head_dim
@@ -491,7 +413,7 @@ void ExpectSameLogits(const ModelConfig& config, CudaRunnerOptions a, CudaRunner
     ASSERT_EQ(ra->logits.size(), size_t(num_seqs) * vocab);
     ASSERT_EQ(rb->logits.size(), ra->logits.size());
     for (int i = 0; i < num_seqs; ++i) {
-      const auto d = Compare(std::span(rb->logits).subspan(i * vocab, vocab),
+      const auto d = CompareLogits(std::span(rb->logits).subspan(i * vocab, vocab),
                              std::span(ra->logits).subspan(i * vocab, vocab));
       EXPECT_LE(d.rel_err, max_rel_err) << "sequence " << i << " of " << num_seqs;
       EXPECT_GT(d.cosine, 0.999) << "sequence " << i << " of " << num_seqs;
@@ -769,7 +691,7 @@ TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_GE(got->token_ids.size(), 16u);
       ASSERT_GE(want->token_ids.size(), 16u);
-      const auto d = Compare(got->first_logits, want->first_logits);
+      const auto d = CompareLogits(got->first_logits, want->first_logits);
       worst = std::max(worst, d.rel_err);
       worst_cosine = std::min(worst_cosine, d.cosine);
       EXPECT_GT(d.cosine, 0.999);
