@@ -4,7 +4,8 @@
 
 namespace lazyattn {
 
-BlockPool::BlockPool(int64_t num_blocks) : ref_count_(num_blocks, 0), cached_(num_blocks, false) {
+BlockPool::BlockPool(int64_t num_blocks)
+    : ref_count_(num_blocks, 0), cached_(num_blocks, false), observer_(num_blocks, nullptr) {
   free_.reserve(num_blocks);
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<BlockId>(b));
 }
@@ -27,7 +28,10 @@ bool BlockPool::Ref(BlockId b) {
   if (b >= ref_count_.size() || is_free(b)) return Misuse("ref of a free or unknown block", b);
   if (ref_count_[b]++ == 0) {
     ++num_referenced_;
-    if (cached_[b]) --num_cached_unreferenced_;
+    if (cached_[b]) {
+      --num_cached_unreferenced_;
+      if (observer_[b] != nullptr) observer_[b]->OnPinChange(b, /*pinned=*/true);
+    }
   }
   return true;
 }
@@ -40,17 +44,19 @@ bool BlockPool::Unref(BlockId b) {
   --num_referenced_;
   if (cached_[b]) {
     ++num_cached_unreferenced_;
+    if (observer_[b] != nullptr) observer_[b]->OnPinChange(b, /*pinned=*/false);
   } else {
     Release(b);
   }
   return true;
 }
 
-bool BlockPool::SetCached(BlockId b, bool cached) {
+bool BlockPool::SetCached(BlockId b, bool cached, PinObserver* observer) {
   if (b >= ref_count_.size()) return Misuse("caching of an unknown block", b);
   if (cached_[b] == cached) return true;
   if (cached && ref_count_[b] == 0) return Misuse("caching of a free block", b);
   cached_[b] = cached;
+  observer_[b] = cached ? observer : nullptr;
   if (ref_count_[b] > 0) return true;
   --num_cached_unreferenced_;  // uncached while unreferenced: nobody holds it any more
   Release(b);

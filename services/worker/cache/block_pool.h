@@ -8,6 +8,10 @@
 // it counts as referenced then. Invariant, checked by CheckInvariant():
 //   free + referenced + cached_unreferenced == total, no block on the free list twice.
 //
+// A cache that holds a block can ask to be told when the block becomes pinned (its ref count leaves
+// 0) or unpinned (returns to 0 while cached): that keeps the caches' evictable entries in their own
+// LRU order, so eviction never walks past pinned ones (PinObserver).
+//
 // Plain C++, no CUDA: the worker, the tests and the trace simulator share it. Not thread-safe: the
 // engine loop owns it.
 #ifndef LAZYATTN_SERVICES_WORKER_CACHE_BLOCK_POOL_H_
@@ -26,6 +30,16 @@ using BlockId = uint32_t;
 
 class BlockPool {
  public:
+  // Told, synchronously inside Ref/Unref, when a cached block it owns changes between referenced
+  // and cached-unreferenced. It must not call back into the pool's Ref/Unref/SetCached.
+  class PinObserver {
+   public:
+    virtual void OnPinChange(BlockId b, bool pinned) = 0;
+
+   protected:
+    ~PinObserver() = default;
+  };
+
   explicit BlockPool(int64_t num_blocks);
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_count_.size()); }
@@ -46,8 +60,10 @@ class BlockPool {
   bool Unref(BlockId b);
 
   // A cache takes or drops ownership of a block. Uncache of an unreferenced block frees it.
-  // Caching a free block is misuse (false, counted), as above.
-  bool SetCached(BlockId b, bool cached);
+  // Caching a free block is misuse (false, counted), as above. `observer` (may be null) is told of
+  // the block's pin changes while it stays cached; uncaching forgets it. Caching a block that is
+  // already cached keeps its observer.
+  bool SetCached(BlockId b, bool cached, PinObserver* observer = nullptr);
 
   int64_t errors() const { return errors_; }
   const std::string& first_error() const { return first_error_; }
@@ -64,6 +80,7 @@ class BlockPool {
   bool Misuse(const char* what, BlockId b);  // counts it; always false
   std::vector<int32_t> ref_count_;
   std::vector<bool> cached_;
+  std::vector<PinObserver*> observer_;  // per cached block, or null
   std::vector<BlockId> free_;
   int64_t num_referenced_ = 0;
   int64_t num_cached_unreferenced_ = 0;

@@ -1,6 +1,11 @@
 #include "services/worker/cache/document_cache.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace lazyattn {
+
+DocumentCache::DocumentCache(BlockPool* pool)
+    : pool_(pool), owner_(static_cast<size_t>(pool->num_blocks()), nullptr) {}
 
 DocumentCache::~DocumentCache() {
   for (auto& [key, slot] : entries_) {
@@ -12,9 +17,11 @@ const CachedDocument* DocumentCache::Lookup(const DocCacheKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
   Slot& s = it->second;
+  const bool evictable = s.pinned_blocks == 0;
+  if (evictable) evictable_.erase(s.doc.last_use);
   s.doc.last_use = Tick();
   ++s.doc.hits;
-  lru_.splice(lru_.end(), lru_, s.lru);
+  if (evictable) evictable_.emplace(s.doc.last_use, &s);
   return &s.doc;
 }
 
@@ -28,57 +35,82 @@ const CachedDocument* DocumentCache::FindAnyOffset(const DocumentKey& doc, DocCa
 bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks,
                            int64_t num_tokens) {
   if (entries_.contains(key)) return false;
-  for (BlockId b : blocks) pool_->SetCached(b, true);
+  Slot& slot = entries_[key];
+  slot.key = key;
+  for (BlockId b : blocks) {
+    pool_->SetCached(b, true, this);
+    if (b < owner_.size()) owner_[b] = &slot;
+    if (b < owner_.size() && pool_->ref_count(b) > 0) ++slot.pinned_blocks;
+  }
   num_blocks_ += static_cast<int64_t>(blocks.size());
-  lru_.push_back(key);
   offsets_[key.doc].insert(key.offset);
-  Slot slot{.doc = {.blocks = std::move(blocks), .num_tokens = num_tokens, .last_use = Tick()},
-            .lru = std::prev(lru_.end())};
-  entries_.emplace(key, std::move(slot));
+  slot.doc = {.blocks = std::move(blocks), .num_tokens = num_tokens, .last_use = Tick()};
+  if (slot.pinned_blocks == 0) evictable_.emplace(slot.doc.last_use, &slot);
   if (listener_) listener_(key, num_tokens, /*stored=*/true);
   return true;
 }
 
-bool DocumentCache::Evictable(const CachedDocument& d) const {
-  for (BlockId b : d.blocks) {
-    if (pool_->ref_count(b) > 0) return false;
+void DocumentCache::OnPinChange(BlockId b, bool pinned) {
+  Slot* s = b < owner_.size() ? owner_[b] : nullptr;
+  if (s == nullptr) return;
+  if (pinned) {
+    if (s->pinned_blocks++ == 0) evictable_.erase(s->doc.last_use);
+  } else if (--s->pinned_blocks == 0) {
+    evictable_.emplace(s->doc.last_use, s);
   }
-  return true;
 }
 
 std::optional<uint64_t> DocumentCache::OldestEvictable() const {
-  for (const DocCacheKey& key : lru_) {
-    const CachedDocument& d = entries_.at(key).doc;
-    if (Evictable(d)) return d.last_use;
-  }
-  return std::nullopt;
+  if (evictable_.empty()) return std::nullopt;
+  return evictable_.begin()->first;
 }
 
 int64_t DocumentCache::EvictOne() {
-  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    auto e = entries_.find(*it);
-    if (!Evictable(e->second.doc)) continue;
-    const DocCacheKey key = *it;
-    const int64_t tokens = e->second.doc.num_tokens;
-    const int64_t freed = static_cast<int64_t>(e->second.doc.blocks.size());
-    for (BlockId b : e->second.doc.blocks) pool_->SetCached(b, false);
-    num_blocks_ -= freed;
-    if (auto o = offsets_.find(key.doc); o != offsets_.end()) {
-      o->second.erase(key.offset);
-      if (o->second.empty()) offsets_.erase(o);
-    }
-    lru_.erase(it);
-    entries_.erase(e);
-    if (listener_) listener_(key, tokens, /*stored=*/false);
-    return freed;
+  if (evictable_.empty()) return 0;
+  Slot& s = *evictable_.begin()->second;
+  evictable_.erase(evictable_.begin());
+  const DocCacheKey key = s.key;
+  const int64_t tokens = s.doc.num_tokens;
+  const int64_t freed = static_cast<int64_t>(s.doc.blocks.size());
+  for (BlockId b : s.doc.blocks) {
+    if (b < owner_.size()) owner_[b] = nullptr;
+    pool_->SetCached(b, false);
   }
-  return 0;
+  num_blocks_ -= freed;
+  if (auto o = offsets_.find(key.doc); o != offsets_.end()) {
+    o->second.erase(key.offset);
+    if (o->second.empty()) offsets_.erase(o);
+  }
+  entries_.erase(key);  // destroys s
+  if (listener_) listener_(key, tokens, /*stored=*/false);
+  return freed;
 }
 
 void DocumentCache::ForEachBlock(const std::function<void(BlockId)>& fn) const {
   for (const auto& [key, slot] : entries_) {
     for (BlockId b : slot.doc.blocks) fn(b);
   }
+}
+
+absl::Status DocumentCache::CheckEvictable() const {
+  size_t evictable = 0;
+  for (const auto& [key, slot] : entries_) {
+    int64_t pinned = 0;
+    for (BlockId b : slot.doc.blocks) pinned += pool_->ref_count(b) > 0;
+    auto it = evictable_.find(slot.doc.last_use);
+    const bool listed = it != evictable_.end() && it->second == &slot;
+    if (pinned != slot.pinned_blocks || listed != (pinned == 0)) {
+      return absl::InternalError(absl::StrCat(
+          "document cache entry at offset ", key.offset, " has ", pinned, " pinned blocks, counted ",
+          slot.pinned_blocks, listed ? ", listed" : ", not listed", " as evictable"));
+    }
+    evictable += listed;
+  }
+  if (evictable != evictable_.size()) {
+    return absl::InternalError(absl::StrCat("document cache lists ", evictable_.size(),
+                                            " evictable entries, ", evictable, " are"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lazyattn

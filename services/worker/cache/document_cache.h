@@ -6,18 +6,26 @@
 // can be evicted. Eviction is least-recently-used: RAG popularity is skewed (Zipf), and recency
 // tracks the hot set well; a frequency-aware policy can replace EvictOne() behind this interface.
 //
+// Cost: the pool tells the cache when one of its blocks is pinned or unpinned (PinObserver), and
+// the evictable entries (no block pinned) are kept apart, ordered by last use. Finding the oldest
+// evictable entry is O(1) however many entries running requests pin; a lookup, or an entry's first
+// pin / last unpin, costs O(log evictable entries). The order is exactly the single LRU list's
+// with pinned entries skipped.
+//
 // Plain C++, not thread-safe (the engine loop owns it); the trace simulator links it too.
 #ifndef LAZYATTN_SERVICES_WORKER_CACHE_DOCUMENT_CACHE_H_
 #define LAZYATTN_SERVICES_WORKER_CACHE_DOCUMENT_CACHE_H_
 
 #include <cstdint>
 #include <functional>
-#include <list>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
 #include "common/document_key.h"
 #include "services/worker/cache/block_pool.h"
 
@@ -42,12 +50,12 @@ struct CachedDocument {
   int64_t hits = 0;
 };
 
-class DocumentCache {
+class DocumentCache : private BlockPool::PinObserver {
  public:
   // Observer of what enters and leaves the cache (the worker publishes these to kvdir).
   using Listener = std::function<void(const DocCacheKey& key, int64_t num_tokens, bool stored)>;
 
-  explicit DocumentCache(BlockPool* pool) : pool_(pool) {}
+  explicit DocumentCache(BlockPool* pool);
   ~DocumentCache();  // releases every entry's blocks to the pool
   void set_listener(Listener listener) { listener_ = std::move(listener); }
 
@@ -74,18 +82,24 @@ class DocumentCache {
   uint64_t Tick() { return ++clock_; }
   // For invariant checks: every cached block of every entry.
   void ForEachBlock(const std::function<void(BlockId)>& fn) const;
+  // Recounts every entry's pinned blocks against the pool; Internal naming the first entry whose
+  // count, or whose place among the evictable entries, is wrong. O(cached blocks).
+  absl::Status CheckEvictable() const;
 
  private:
   struct Slot {
+    DocCacheKey key;
     CachedDocument doc;
-    std::list<DocCacheKey>::iterator lru;
+    int64_t pinned_blocks = 0;  // blocks with a reference; evictable at 0
   };
-  bool Evictable(const CachedDocument& d) const;
+  void OnPinChange(BlockId b, bool pinned) override;
 
   BlockPool* pool_;
-  absl::flat_hash_map<DocCacheKey, Slot> entries_;
+  absl::node_hash_map<DocCacheKey, Slot> entries_;  // node map: Slot addresses are stable
   absl::flat_hash_map<DocumentKey, std::set<int64_t>> offsets_;  // cached offsets per document
-  std::list<DocCacheKey> lru_;  // front = least recently used
+  std::vector<Slot*> owner_;  // by block id: the entry holding it, or null
+  // Entries with no pinned block by last_use (unique: one clock): begin() is evicted next.
+  std::map<uint64_t, Slot*> evictable_;
   int64_t num_blocks_ = 0;
   uint64_t clock_ = 0;
   Listener listener_;

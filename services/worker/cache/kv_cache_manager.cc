@@ -23,6 +23,8 @@ std::optional<BlockId> KvCacheManager::Allocate() {
 
 absl::Status KvCacheManager::CheckInvariant() const {
   if (absl::Status s = pool_.CheckInvariant(); !s.ok()) return s;
+  if (absl::Status s = documents_.CheckEvictable(); !s.ok()) return s;
+  if (absl::Status s = prefixes_.CheckEvictable(); !s.ok()) return s;
   std::vector<int> owners(pool_.num_blocks(), 0);
   documents_.ForEachBlock([&](BlockId b) { ++owners[b]; });
   prefixes_.ForEachBlock([&](BlockId b) { ++owners[b]; });

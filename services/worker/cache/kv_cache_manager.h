@@ -23,6 +23,7 @@ class KvCacheManager {
   BlockPool& pool() { return pool_; }
   const BlockPool& pool() const { return pool_; }
   DocumentCache& documents() { return documents_; }
+  const DocumentCache& documents() const { return documents_; }
   PrefixCache& prefixes() { return prefixes_; }
   int block_size() const { return block_size_; }
   uint64_t Tick() { return documents_.Tick(); }
@@ -37,7 +38,8 @@ class KvCacheManager {
     return pool_.num_free() + pool_.num_cached_unreferenced();
   }
 
-  // Pool invariant plus: every cached block belongs to exactly one cache entry.
+  // Pool invariant plus: every cached block belongs to exactly one cache entry, and each cache's
+  // evictable set holds exactly its entries with no pinned block.
   absl::Status CheckInvariant() const;
 
  private:

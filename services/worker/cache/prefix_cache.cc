@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace lazyattn {
 namespace {
 
@@ -15,7 +17,10 @@ void Walk(NodeT& node, const Fn& fn) {
 
 }  // namespace
 
-PrefixCache::PrefixCache(BlockPool* pool, int block_size) : pool_(pool), block_size_(block_size) {}
+PrefixCache::PrefixCache(BlockPool* pool, int block_size)
+    : pool_(pool),
+      block_size_(block_size),
+      node_of_(static_cast<size_t>(pool->num_blocks()), nullptr) {}
 
 PrefixCache::~PrefixCache() {
   Walk(root_, [&](Node& n) { pool_->SetCached(n.block, false); });
@@ -51,12 +56,14 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const BlockI
       child->tokens = key;
       child->block = blocks[i];
       child->parent = node;
-      pool_->SetCached(blocks[i], true);
-      ++num_nodes_;
-      if (node != &root_ && node->children.empty()) RemoveLeaf(node);
       child->last_use = now;
-      AddLeaf(child.get());
+      pool_->SetCached(blocks[i], true, this);
+      if (blocks[i] < node_of_.size()) node_of_[blocks[i]] = child.get();
+      ++num_nodes_;
+      Remove(node);  // no longer a leaf
+      Node* added = child.get();
       it = node->children.emplace(std::move(key), std::move(child)).first;
+      AddIfEvictable(added);
     }
     node = it->second.get();
     Touch(node, now);
@@ -65,17 +72,23 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const BlockI
 
 void PrefixCache::Touch(Node* n, uint64_t now) {
   if (n->last_use == now) return;
-  const bool leaf = n->children.empty();
-  if (leaf) RemoveLeaf(n);
+  Remove(n);
   n->last_use = now;
-  if (leaf) AddLeaf(n);
+  AddIfEvictable(n);
+}
+
+void PrefixCache::OnPinChange(BlockId b, bool pinned) {
+  Node* n = b < node_of_.size() ? node_of_[b] : nullptr;
+  if (n == nullptr) return;
+  if (pinned) {
+    Remove(n);
+  } else {
+    AddIfEvictable(n);
+  }
 }
 
 const PrefixCache::Node* PrefixCache::OldestEvictableLeaf() const {
-  for (const auto& [last_use, n] : leaves_) {
-    if (pool_->ref_count(n->block) == 0) return n;
-  }
-  return nullptr;
+  return evictable_.empty() ? nullptr : evictable_.begin()->second;
 }
 
 std::optional<uint64_t> PrefixCache::OldestEvictable() const {
@@ -87,13 +100,39 @@ std::optional<uint64_t> PrefixCache::OldestEvictable() const {
 int64_t PrefixCache::EvictOne() {
   const Node* leaf = OldestEvictableLeaf();
   if (leaf == nullptr) return 0;
+  Remove(const_cast<Node*>(leaf));
+  if (leaf->block < node_of_.size()) node_of_[leaf->block] = nullptr;
   pool_->SetCached(leaf->block, false);
   --num_nodes_;
   Node* parent = leaf->parent;
-  RemoveLeaf(const_cast<Node*>(leaf));
   parent->children.erase(leaf->tokens);  // destroys the leaf
-  if (parent != &root_ && parent->children.empty()) AddLeaf(parent);
+  AddIfEvictable(parent);
   return 1;
+}
+
+void PrefixCache::ForEachLeaf(const std::function<void(BlockId, uint64_t)>& fn) const {
+  Walk(root_, [&](const Node& n) {
+    if (n.children.empty()) fn(n.block, n.last_use);
+  });
+}
+
+absl::Status PrefixCache::CheckEvictable() const {
+  size_t evictable = 0;
+  absl::Status status;
+  Walk(root_, [&](const Node& n) {
+    const bool listed = evictable_.contains({n.last_use, const_cast<Node*>(&n)});
+    evictable += listed;
+    if (status.ok() && listed != Evictable(&n)) {
+      status = absl::InternalError(absl::StrCat("prefix tree node of block ", n.block,
+                                                listed ? " listed" : " not listed",
+                                                " as an evictable leaf"));
+    }
+  });
+  if (status.ok() && evictable != evictable_.size()) {
+    status = absl::InternalError(absl::StrCat("prefix tree lists ", evictable_.size(),
+                                              " evictable leaves, ", evictable, " are"));
+  }
+  return status;
 }
 
 void PrefixCache::ForEachBlock(const std::function<void(BlockId)>& fn) const {

@@ -5,7 +5,10 @@
 //
 // Ownership: tree nodes mark their blocks cached in the BlockPool; a request that reuses a prefix
 // pins the matched blocks (Ref) and unpins them when done. Eviction removes least recently used
-// leaves whose block is unpinned, so an interior node is evicted only after its subtree.
+// leaves whose block is unpinned, so an interior node is evicted only after its subtree. The pool
+// tells the tree when a node's block is pinned or unpinned (BlockPool::PinObserver), and only
+// unpinned leaves are kept in the eviction order: the oldest is found in O(1), never by walking
+// past leaves that running requests pin.
 //
 // Plain C++, not thread-safe (the engine loop owns it).
 #ifndef LAZYATTN_SERVICES_WORKER_CACHE_PREFIX_CACHE_H_
@@ -21,11 +24,12 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "services/worker/cache/block_pool.h"
 
 namespace lazyattn {
 
-class PrefixCache {
+class PrefixCache : private BlockPool::PinObserver {
  public:
   PrefixCache(BlockPool* pool, int block_size);
   ~PrefixCache();  // releases every node's block to the pool
@@ -47,6 +51,10 @@ class PrefixCache {
 
   int64_t num_blocks() const { return num_nodes_; }
   void ForEachBlock(const std::function<void(BlockId)>& fn) const;
+  // Every leaf with its block and last use (tests compare eviction with a walk over them).
+  void ForEachLeaf(const std::function<void(BlockId, uint64_t last_use)>& fn) const;
+  // Checks that exactly the unpinned leaves are in the eviction order; Internal otherwise.
+  absl::Status CheckEvictable() const;
 
  private:
   struct Node {
@@ -57,18 +65,24 @@ class PrefixCache {
     uint64_t last_use = 0;
   };
   const Node* OldestEvictableLeaf() const;
-  // Leaves ordered by last use, so eviction looks at the oldest first instead of walking the
-  // tree: it skips only leaves pinned by running requests. Interior nodes join when their last
-  // child goes.
-  void AddLeaf(Node* n) { leaves_.emplace(n->last_use, n); }
-  void RemoveLeaf(Node* n) { leaves_.erase({n->last_use, n}); }
+  bool IsLeaf(const Node* n) const { return n != &root_ && n->children.empty(); }
+  bool Evictable(const Node* n) const { return IsLeaf(n) && pool_->ref_count(n->block) == 0; }
+  // Unpinned leaves ordered by last use: eviction takes the first. A node joins when it becomes
+  // an unpinned leaf (its last child evicted, its block unpinned) and leaves when it gets a
+  // child or a pin. The caller calls these where leaf-ness or last_use changes.
+  void AddIfEvictable(Node* n) {
+    if (Evictable(n)) evictable_.emplace(n->last_use, n);
+  }
+  void Remove(Node* n) { evictable_.erase({n->last_use, n}); }
   void Touch(Node* n, uint64_t now);
+  void OnPinChange(BlockId b, bool pinned) override;
 
   BlockPool* pool_;
   int block_size_;
   Node root_;
   int64_t num_nodes_ = 0;
-  std::set<std::pair<uint64_t, Node*>> leaves_;
+  std::vector<Node*> node_of_;  // by block id: the node holding it, or null
+  std::set<std::pair<uint64_t, Node*>> evictable_;
 };
 
 }  // namespace lazyattn
