@@ -1,7 +1,8 @@
-// Internal to the paged prefill attention (not a public header): what the plan, the launcher, the
-// mma.sync kernel and the merge (paged_prefill_attention.cu) share with the wgmma kernel
-// (paged_prefill_wgmma.cu, compiled separately for sm_90a): the tiling constants the plan is
-// built for, the kernel parameters, and the small device helpers both kernels use.
+// Internal to the paged prefill attention (not a public header): what the launcher and the merge
+// (paged_prefill_attention.cu), the mma.sync kernel (paged_prefill_mma_sync.cu) and the wgmma
+// kernel (paged_prefill_wgmma.cu, compiled separately for sm_90a) share: the kernel parameters,
+// the small device helpers both kernels use, and the two kernels' launchers. The tiling constants
+// the plan is built for are in paged_prefill_tiling.h, which host-only code can include.
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
 
@@ -12,19 +13,9 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/paged_prefill_attention.h"
+#include "kernels/cuda/paged_prefill_tiling.h"
 
 namespace lazyattn::prefill_internal {
-
-// The plan's units: a work item is kBlockM query rows (row = token * group + head of the group)
-// of one KV head over K tiles of kBlockN keys = kEntriesPerTile table entries of kKvBlock slots.
-constexpr int kBlockM = 128;
-constexpr int kBlockN = 64;
-constexpr int kKvBlock = 16;
-constexpr int kEntriesPerTile = kBlockN / kKvBlock;
-constexpr int kSeqWords = 8, kEntryWords = 4, kWorkWords = 8, kCombineWords = 8;
-// CTAs an SM of each kernel (their __launch_bounds__; PrefillCtasPerSm() reports them).
-constexpr int kMmaSyncCtasPerSm = 2;
-constexpr int kWgmmaCtasPerSm = 1;
 
 struct Params {
   const __nv_bfloat16* __restrict__ q;
@@ -103,6 +94,13 @@ template <int D>
 __device__ __forceinline__ uint32_t Swz(int row, int chunk) {
   return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
 }
+
+// The attention pass of the mma.sync kernel (paged_prefill_mma_sync.cu, which instantiates it for
+// head_dim 64 and 128 and every rotation); the caller launches the merge of split-KV partials
+// after it.
+template <int D, PrefillRotation kRot>
+absl::Status LaunchMmaSync(const PagedPrefillPlan& plan, const Params& params,
+                           cudaStream_t stream);
 
 // The attention pass of the wgmma kernel (paged_prefill_wgmma.cu): enqueues the kernel for
 // head_dim 128 and kRotateQ or kNone (InvalidArgument otherwise); the caller launches the merge
