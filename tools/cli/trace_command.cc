@@ -39,6 +39,8 @@ struct Outcome {
   double ttft_ms = 0;     // client side: send to first streamed token
   double latency_ms = 0;  // send to end of stream
   int64_t tokens = 0, documents = 0, documents_hit = 0;
+  // The router's predicted document hit tokens for the serving worker, and what it reused.
+  int64_t predicted_hit_tokens = 0, observed_hit_tokens = 0;
   std::string worker;
 };
 
@@ -154,6 +156,8 @@ int TraceCommand(int argc, char** argv) {
           o.documents = response.final().usage().documents();
           o.documents_hit = response.final().usage().documents_hit();
           o.worker = response.final().worker();
+          o.predicted_hit_tokens = response.final().predicted_hit_tokens();
+          o.observed_hit_tokens = response.final().usage().document_hit_tokens();
         }
       }
       const grpc::Status status = reader->Finish();
@@ -169,12 +173,20 @@ int TraceCommand(int argc, char** argv) {
   int64_t ok = 0, tokens = 0, documents = 0, hits = 0;
   std::map<std::string, int> per_worker;
   std::string first_error;
+  // Per request (in trace order, succeeded ones): predicted vs observed hit tokens; within 5 %
+  // when |predicted - observed| <= 5 % of the larger (both 0 counts as exact).
+  nlohmann::json predicted_hits = nlohmann::json::array(), observed_hits = nlohmann::json::array();
+  int64_t within_5pct = 0;
   for (const Outcome& o : outcomes) {
     if (!o.ok) {
       if (first_error.empty()) first_error = o.error;
       continue;
     }
     ++ok;
+    predicted_hits.push_back(o.predicted_hit_tokens);
+    observed_hits.push_back(o.observed_hit_tokens);
+    const int64_t larger = std::max(o.predicted_hit_tokens, o.observed_hit_tokens);
+    if (20 * std::abs(o.predicted_hit_tokens - o.observed_hit_tokens) <= larger) ++within_5pct;
     ttft.push_back(o.ttft_ms);
     latency.push_back(o.latency_ms);
     tokens += o.tokens;
@@ -203,7 +215,11 @@ int TraceCommand(int argc, char** argv) {
                         {"latency_p99_ms", Percentile(latency, 0.99)},
                         {"req_s", ok / seconds},
                         {"out_tok_s", tokens / seconds},
-                        {"per_worker", per_worker}};
+                        {"per_worker", per_worker},
+                        {"predicted_hit_tokens", predicted_hits},
+                        {"observed_hit_tokens", observed_hits},
+                        {"prediction_within_5pct",
+                         ok > 0 ? static_cast<double>(within_5pct) / ok : 0}};
   if (!first_error.empty()) out["first_error"] = first_error;
   std::cout << out.dump() << "\n";
   return ok == requests ? 0 : 1;

@@ -11,6 +11,25 @@ int64_t DirectoryIndex::Holding::tokens() const {
   return t;
 }
 
+int64_t DirectoryIndex::Holding::ReusableTokens(ResidencyRule rule, int64_t offset) const {
+  switch (rule) {
+    case ResidencyRule::kAnyEntry:
+      return offsets.empty() ? -1 : tokens();
+    case ResidencyRule::kLazy:
+      offset = kLazyOffset;
+      break;
+    case ResidencyRule::kBlock:
+      if (offset < 0) return -1;  // unknown placement: no exact hit can be promised
+      break;
+    case ResidencyRule::kNone:
+      return -1;
+  }
+  for (const auto& [o, t] : offsets) {
+    if (o == offset) return t;
+  }
+  return -1;
+}
+
 DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
     : lease_(lease), limits_(limits) {}
 
@@ -219,6 +238,8 @@ void DirectoryIndex::DropEntries(Worker& w) {
 }
 
 std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey> keys,
+                                                    ResidencyRule rule,
+                                                    absl::Span<const int64_t> offsets,
                                                     absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<const Worker*> live;
@@ -239,18 +260,21 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
     out[i].resident.assign(keys.size(), false);
     slot.emplace(live[i]->handle, i);
   }
-  if (keys.empty() || live.empty()) return out;
+  if (keys.empty() || live.empty() || rule == ResidencyRule::kNone) return out;
   for (size_t k = 0; k < keys.size(); ++k) {
+    const int64_t offset = k < offsets.size() ? offsets[k] : kUnknownOffset;
+    if (rule == ResidencyRule::kBlock && offset < 0) continue;
     auto d = docs_.find(keys[k]);
     if (d == docs_.end()) continue;
     for (const Holding& h : d->second) {
       auto s = slot.find(h.worker);
       if (s == slot.end()) continue;  // lease passed, not swept yet
+      const int64_t t = h.ReusableTokens(rule, offset);
+      if (t < 0) continue;
       out[s->second].resident[k] = true;
       // Saturates: a worker may report any non-negative count a proto carries, and the sum of
       // two such counts must not overflow (it only ranks workers).
       int64_t& sum = out[s->second].resident_tokens;
-      const int64_t t = h.tokens();
       sum = t > std::numeric_limits<int64_t>::max() - sum ? std::numeric_limits<int64_t>::max()
                                                           : sum + t;
     }

@@ -96,6 +96,19 @@ struct HelloResult {
   bool refused = false;          // a new worker beyond max_workers: not registered, session 0
 };
 
+// Which of a worker's entries of a key a Lookup counts as resident: what a request of that cache
+// mode can reuse without computing the document (DESIGN.md section 3, docs/kvdir.md).
+enum class ResidencyRule {
+  kAnyEntry,  // an entry at any offset (mode unknown: routers that do not send one)
+  kLazy,      // only the position-agnostic entry (offset -1): lazy KV is valid anywhere
+  kBlock,     // only the entry at the offset the request places the key at: block KV is rotated
+              // for one position (another offset would be a copy, not a hit)
+  kNone,      // nothing (modes prefix and full reuse the worker's prefix tree, not indexed here)
+};
+
+// Mode kBlock: an offset the caller cannot know (such a key is never resident).
+inline constexpr int64_t kUnknownOffset = -1;
+
 // One live worker as Lookup and ListWorkers report it.
 struct WorkerResidency {
   v1::WorkerStatus status;      // from Hello, with the latest load (heartbeat or snapshot)
@@ -155,10 +168,18 @@ class DirectoryIndex {
   std::vector<std::string> ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every worker whose lease has not passed at `now` (sorted by worker id), with, for `keys`,
-  // which of them it holds (any offset) and the sum of their tokens. A key held at several
-  // offsets counts once per occurrence in `keys`, with its largest token count.
-  std::vector<WorkerResidency> Lookup(absl::Span<const DocumentKey> keys, absl::Time now) const
+  // which of them it holds under `rule` and the sum of the counted entries' tokens (each
+  // occurrence in `keys` counts). kAnyEntry takes a key held at several offsets with its largest
+  // token count. kBlock reads the key's offset from `offsets` (same length as `keys`; a shorter
+  // span or kUnknownOffset leaves the key not resident); the other rules ignore `offsets`.
+  std::vector<WorkerResidency> Lookup(absl::Span<const DocumentKey> keys, ResidencyRule rule,
+                                      absl::Span<const int64_t> offsets, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // kAnyEntry.
+  std::vector<WorkerResidency> Lookup(absl::Span<const DocumentKey> keys, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    return Lookup(keys, ResidencyRule::kAnyEntry, {}, now);
+  }
 
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -170,6 +191,9 @@ class DirectoryIndex {
     WorkerHandle worker = 0;
     absl::InlinedVector<std::pair<int64_t, int64_t>, 1> offsets;
     int64_t tokens() const;
+    // The tokens of the entry a request reuses under `rule` (placing the key at `offset` for
+    // kBlock), or -1 when none counts.
+    int64_t ReusableTokens(ResidencyRule rule, int64_t offset) const;
   };
   using Holders = absl::InlinedVector<Holding, 2>;
 

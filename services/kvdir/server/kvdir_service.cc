@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
-#include "common/grpc_util.h"
 #include "services/kvdir/server/proto_convert.h"
 #include "services/kvdir/server/publish_reactor.h"
 
@@ -15,12 +14,11 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::
     grpc::CallbackServerContext* context) {
   // RoleAuthorizer admitted only worker certificates here and recorded the name; without an
   // authorizer (insecure) there is no identity and the stream is not bound.
-  std::string bound, serial;
+  std::string bound;
   if (auto auth = context->auth_context()) {
     if (auto peer = AuthorizedPeerOf(*auth)) bound = peer->name;
-    serial = PeerCertificateSerial(*auth);
   }
-  return new PublishReactor(ctx_, std::move(bound), std::move(serial));
+  return new PublishReactor(ctx_, std::move(bound));
 }
 
 grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,
@@ -33,11 +31,18 @@ grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* cont
                                               ctx_.max_keys_per_lookup, " per lookup")));
     return reactor;
   }
+  absl::StatusOr<ResidencyRule> rule = LookupRuleFromProto(*request);
+  if (!rule.ok()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 std::string(rule.status().message())));
+    return reactor;
+  }
   const absl::Time start = absl::Now();
   std::vector<DocumentKey> keys;
   keys.reserve(request->keys_size());
   for (const v1::DocKey& k : request->keys()) keys.push_back(KeyFromProto(k));
-  std::vector<WorkerResidency> workers = ctx_.index->Lookup(keys, start);
+  std::vector<WorkerResidency> workers =
+      ctx_.index->Lookup(keys, *rule, request->offsets(), start);
   response->mutable_workers()->Reserve(static_cast<int>(workers.size()));
   for (WorkerResidency& w : workers) ResidencyToProto(std::move(w), response->add_workers());
   ctx_.metrics->ObserveLookup(absl::Now() - start);

@@ -36,6 +36,34 @@ absl::StatusOr<DocEvent> EventFromProto(const v1::DocEvent& event) {
   return out;
 }
 
+absl::StatusOr<ResidencyRule> LookupRuleFromProto(const v1::LookupRequest& request) {
+  if (request.offsets_size() != 0 && request.offsets_size() != request.keys_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("offsets: ", request.offsets_size(),
+                                                   " offsets for ", request.keys_size(),
+                                                   " keys (give one per key, or none)"));
+  }
+  for (int i = 0; i < request.offsets_size(); ++i) {
+    if (request.offsets(i) < kUnknownOffset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "offsets[", i, "]: must be >= 0, or -1 when unknown, got ", request.offsets(i)));
+    }
+  }
+  switch (request.mode()) {
+    case v1::CACHE_MODE_UNSPECIFIED:
+      return ResidencyRule::kAnyEntry;
+    case v1::CACHE_MODE_LAZY:
+      return ResidencyRule::kLazy;
+    case v1::CACHE_MODE_BLOCK:
+      return ResidencyRule::kBlock;
+    case v1::CACHE_MODE_PREFIX:
+    case v1::CACHE_MODE_FULL:
+      return ResidencyRule::kNone;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode: unknown cache mode ", static_cast<int>(request.mode())));
+  }
+}
+
 void ResidencyToProto(WorkerResidency&& r, v1::WorkerResidency* out) {
   *out->mutable_worker() = std::move(r.status);
   out->set_resident_tokens(r.resident_tokens);

@@ -21,6 +21,10 @@ absl::StatusOr<DocEntry> EntryFromProto(const v1::DocEntry& entry, const std::st
 // Kind STORED or EVICTED and a valid entry.
 absl::StatusOr<DocEvent> EventFromProto(const v1::DocEvent& event);
 
+// The residency rule of a Lookup (its mode), after checking its offsets: as many as the keys or
+// none, each >= -1 (kUnknownOffset). InvalidArgument naming "mode" or "offsets" otherwise.
+absl::StatusOr<ResidencyRule> LookupRuleFromProto(const v1::LookupRequest& request);
+
 // Moves the residency's status into `out`.
 void ResidencyToProto(WorkerResidency&& r, v1::WorkerResidency* out);
 

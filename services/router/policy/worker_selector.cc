@@ -4,6 +4,29 @@
 
 namespace lazyattn::router {
 
+std::optional<DocumentKey> SpeculativeKey(const DocumentRef& doc) {
+  if (!doc.positional) return doc.key;
+  if (doc.offset < 0) return std::nullopt;
+  // A keyed mix (splitmix64's constants), so (key, offset) pairs of one document spread apart and
+  // never equal the document's own lazy key in practice.
+  uint64_t x = static_cast<uint64_t>(doc.offset) + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return DocumentKey{doc.key.hi ^ x, doc.key.lo ^ ~x};
+}
+
+void PlaceBlockDocuments(std::span<DocumentRef> refs, std::optional<int64_t> prefix_tokens,
+                         std::span<const int64_t> exact_tokens) {
+  const std::vector<int64_t> offsets = PlaceDocuments(prefix_tokens, exact_tokens);
+  for (DocumentRef& ref : refs) {
+    ref.positional = true;
+    ref.offset = ref.document_index >= 0 && static_cast<size_t>(ref.document_index) < offsets.size()
+                     ? offsets[ref.document_index]
+                     : kUnplaced;
+  }
+}
+
 Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
                                  std::span<const DocumentRef> docs, absl::Time now) {
   Selection selection;
@@ -12,7 +35,9 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
 
   // Speculative holders per document, looked up once.
   std::vector<std::vector<std::string>> holders(docs.size());
-  for (size_t d = 0; d < docs.size(); ++d) holders[d] = speculative_.Holders(docs[d].key, now);
+  for (size_t d = 0; d < docs.size(); ++d) {
+    if (auto key = SpeculativeKey(docs[d])) holders[d] = speculative_.Holders(*key, now);
+  }
 
   for (size_t w = 0; w < n; ++w) {
     const WorkerObservation& obs = workers[w];
@@ -67,8 +92,10 @@ void WorkerSelector::RecordChoice(std::span<const DocumentRef> docs, const std::
   if (docs.empty()) return;
   std::vector<DocumentKey> keys;
   keys.reserve(docs.size());
-  for (const DocumentRef& d : docs) keys.push_back(d.key);
-  speculative_.Record(keys, worker, now);
+  for (const DocumentRef& d : docs) {
+    if (auto key = SpeculativeKey(d)) keys.push_back(*key);
+  }
+  if (!keys.empty()) speculative_.Record(keys, worker, now);
 }
 
 }  // namespace lazyattn::router

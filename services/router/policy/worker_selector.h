@@ -2,13 +2,17 @@
 // the router's own speculative entries), load (the worker's reported queue, or the router's own
 // in-flight count when that is larger, since heartbeats lag), circuit breakers, and the policy.
 //
-// Position independence: a document's KV is reusable at any position, so a worker's predicted
-// hits are the tokens of the request's documents it holds, as a set; the order of the documents in
-// the request (and in the directory's answer) does not enter.
+// Predicted hits are the tokens of the request's documents a worker holds in a form the request's
+// cache mode reuses (docs/router.md, "Predictions"): the directory answers that rule
+// (kvdir.proto, LookupRequest.mode), and the router's speculative entries follow it: mode lazy
+// keys them by document (position-free KV is reusable at any position, so the order of the
+// documents does not enter), mode block by (document, offset), and a block document the router
+// cannot place (kUnplaced) is predicted as no hit.
 #ifndef LAZYATTN_SERVICES_ROUTER_POLICY_WORKER_SELECTOR_H_
 #define LAZYATTN_SERVICES_ROUTER_POLICY_WORKER_SELECTOR_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/document_key.h"
 #include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/document_placement.h"
 #include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
@@ -26,7 +31,21 @@ namespace lazyattn::router {
 struct DocumentRef {
   DocumentKey key;
   int64_t estimated_tokens = 0;  // exact for token documents, bytes / bytes-per-token for text
+  int document_index = 0;        // its first occurrence in the request's documents
+  // Mode block: the KV is reusable only at `offset`, the global offset the request places the
+  // document at (kUnplaced: unknown, never predicted as a hit). Mode lazy: false, offset unused.
+  bool positional = false;
+  int64_t offset = kUnplaced;
 };
+
+// The key of `doc`'s speculative entries: its document key in mode lazy, (key, offset) mixed into
+// one key in mode block; nullopt for an unplaced block document (nothing to record or predict).
+std::optional<DocumentKey> SpeculativeKey(const DocumentRef& doc);
+
+// Mode block: sets every ref's `positional` and its `offset` from PlaceDocuments(prefix_tokens,
+// exact_tokens), indexed by the ref's document_index (out of range: kUnplaced).
+void PlaceBlockDocuments(std::span<DocumentRef> refs, std::optional<int64_t> prefix_tokens,
+                         std::span<const int64_t> exact_tokens);
 
 // One live worker, as the directory (or the worker itself) last reported it.
 struct WorkerObservation {
@@ -67,12 +86,15 @@ class WorkerSelector {
   SpeculativeEntries& speculative() { return speculative_; }
   CircuitBreakers& breakers() { return breakers_; }
   OutlierDetector& outliers() { return outliers_; }
+  // Tokens before the documents per prompt prefix, learned from the workers' answers.
+  PrefixLengths& prefix_lengths() { return prefix_lengths_; }
 
  private:
   RoutingPolicy policy_;
   SpeculativeEntries speculative_;
   CircuitBreakers breakers_;
   OutlierDetector outliers_;
+  PrefixLengths prefix_lengths_;
 };
 
 }  // namespace lazyattn::router

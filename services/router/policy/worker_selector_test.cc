@@ -116,6 +116,54 @@ TEST(WorkerSelectorTest, SpeculationDoesNotDoubleCountConfirmedDocuments) {
   EXPECT_EQ(s.predicted_hit_tokens[0], 120 + 50);
 }
 
+// Speculative entries follow the mode's rule, as the directory's answer does: a block request
+// placed at offset 1 predicts nothing for a block request placing the same document at 97, nor
+// for a lazy request; the same placement is predicted again.
+TEST(WorkerSelectorTest, SpeculativeEntriesFollowTheRequestsModeAndOffsets) {
+  const DocumentRef lazy = Doc("doc", 96);
+  DocumentRef at1 = lazy, at97 = lazy, unplaced = lazy;
+  at1.positional = at97.positional = unplaced.positional = true;
+  at1.offset = 1;
+  at97.offset = 97;
+  Directory dir;
+  dir.held["w0"] = {};
+  dir.held["w1"] = {};
+  WorkerSelector selector = MakeSelector();
+  selector.RecordChoice(std::vector<DocumentRef>{at1}, "w1", kT0);
+  selector.RecordChoice(std::vector<DocumentRef>{unplaced}, "w0", kT0);  // nothing to record
+
+  auto predicted = [&](const DocumentRef& d) {
+    const std::vector<DocumentRef> docs = {d};
+    auto obs = dir.Observe(docs);
+    Selection s = selector.Select(obs, docs, kT0 + absl::Milliseconds(100));
+    return std::vector<int64_t>(s.predicted_hit_tokens.begin(), s.predicted_hit_tokens.end());
+  };
+  EXPECT_THAT(predicted(at1), ::testing::ElementsAre(0, 96));
+  EXPECT_THAT(predicted(at97), ::testing::ElementsAre(0, 0));
+  EXPECT_THAT(predicted(lazy), ::testing::ElementsAre(0, 0));
+  EXPECT_THAT(predicted(unplaced), ::testing::ElementsAre(0, 0));
+  // A lazy request's entry is no hit for a block request either.
+  selector.RecordChoice(std::vector<DocumentRef>{lazy}, "w0", kT0);
+  EXPECT_THAT(predicted(lazy), ::testing::ElementsAre(96, 0));
+  EXPECT_THAT(predicted(at97), ::testing::ElementsAre(0, 0));
+}
+
+// The directory's answer is the prediction: what it says a worker holds for this request's mode
+// (here nothing on w0, whose copy is another offset's) is what the selector predicts and ranks by.
+TEST(WorkerSelectorTest, PredictionIsTheDirectorysModeAwareAnswer) {
+  DocumentRef d = Doc("doc", 96);
+  d.positional = true;
+  d.offset = 1;
+  const std::vector<DocumentRef> docs = {d};
+  std::vector<WorkerObservation> obs = {
+      {.id = "w0", .resident_tokens = 0, .resident = {false}},
+      {.id = "w1", .queued_prefill_tokens = 50, .resident_tokens = 96, .resident = {true}}};
+  WorkerSelector selector = MakeSelector();
+  Selection s = selector.Select(obs, docs, kT0);
+  EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(0, 96));
+  EXPECT_EQ(obs[s.order[0]].id, "w1");  // 96 hit tokens beat 50 queued
+}
+
 TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
   const DocumentRef a = Doc("alpha", 300);
   Directory dir;

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
+#include <vector>
 #include <iostream>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +22,18 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
 namespace {
+
+// What the system text, chat template and earlier turns put before the documents: the key under
+// which the router learns its token count from the workers (document_placement.h). Neither the
+// documents nor the question nor sampling enter.
+uint64_t PromptPrefixKey(const GenerateRequest& r) {
+  std::vector<std::pair<std::string_view, std::string_view>> turns;
+  for (int i = 0; i + 1 < r.messages_size(); ++i) {
+    turns.emplace_back(r.messages(i).role(), r.messages(i).content());
+  }
+  return absl::HashOf(std::string_view(r.system()), r.chat() || r.messages_size() > 0,
+                      r.messages_size(), turns);
+}
 
 std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
 
@@ -209,6 +224,16 @@ void ForwardingCall::Begin() {
   }
   std::vector<DocumentRef> docs =
       router_->DocumentRefs(request_->documents(), request_->cache_mode());
+  if (request_->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK) {
+    // Block KV is a hit only where this request places the document (docs/router.md).
+    std::vector<int64_t> exact_tokens;
+    exact_tokens.reserve(request_->documents_size());
+    for (const auto& d : request_->documents()) {
+      exact_tokens.push_back(d.has_tokens() ? d.tokens().ids_size() : -1);
+    }
+    PlaceBlockDocuments(docs, router_->selector().prefix_lengths().Get(PromptPrefixKey(*request_)),
+                        exact_tokens);
+  }
   router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
 }
 
@@ -388,6 +413,17 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final = std::move(final_);
       final->set_worker(w.id);
       final->set_attempts(attempts_);
+      // The prediction for the worker that served, against what it reports it reused; its prefix
+      // length places later block-mode requests with the same prefix.
+      const int64_t predicted = next_worker_ >= 1 && next_worker_ <= plan_.predicted_hits.size()
+                                    ? plan_.predicted_hits[next_worker_ - 1]
+                                    : 0;
+      final->set_predicted_hit_tokens(predicted);
+      if (!plan_.docs.empty()) {
+        router_->metrics().ObservePrediction(predicted, final->usage().document_hit_tokens());
+        router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_),
+                                                    final->usage().prefix_tokens());
+      }
     } else {
       const grpc::StatusCode code = status.error_code();
       const bool client_deadline_passed =
@@ -482,6 +518,8 @@ void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
   if (final != nullptr) {
     line.Int("prompt_tokens", final->usage().prompt_tokens())
         .Int("cached_tokens", final->usage().cached_tokens())
+        .Int("predicted_hit_tokens", final->predicted_hit_tokens())
+        .Int("document_hit_tokens", final->usage().document_hit_tokens())
         .Str("finish_reason", final->finish_reason());
   }
   if (!ok) line.Str("error", status.error_message());

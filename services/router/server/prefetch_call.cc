@@ -43,8 +43,11 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   const auto mode = request->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK
                         ? lazyattn::v1::CACHE_MODE_BLOCK
                         : lazyattn::v1::CACHE_MODE_LAZY;
-  router->PlanAsync(router->DocumentRefs(request->documents(), mode),
-                    [this](RoutePlan plan) { OnPlan(std::move(plan)); });
+  std::vector<DocumentRef> docs = router->DocumentRefs(request->documents(), mode);
+  // Mode block: where the worker places the documents (after its BOS, one after the other) is
+  // not known here, so none is predicted as a hit (docs/router.md, "Predictions").
+  if (mode == lazyattn::v1::CACHE_MODE_BLOCK) PlaceBlockDocuments(docs, std::nullopt, {});
+  router->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
 }
 
 std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextCallsLocked() {

@@ -160,8 +160,10 @@ std::vector<DocumentRef> RouterContext::DocumentRefs(
   const std::string& tfp = model->tokenizer_fingerprint();
   absl::flat_hash_set<DocumentKey> seen;
   const double bytes_per_token = std::max(options_.routing.bytes_per_token, 1e-3);
+  int index = 0;
   for (const Document& doc : documents) {
     DocumentRef ref;
+    ref.document_index = index++;
     if (doc.has_tokens()) {
       const auto& ids = doc.tokens().ids();
       ref.key = DocumentKeyFromTokens(mfp, tfp, std::vector<int32_t>(ids.begin(), ids.end()));
@@ -189,10 +191,14 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
   };
   auto op = std::make_shared<Op>();
   op->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.kvdir.lookup_timeout));
+  // The request's mode decides what kvdir counts as resident (docs/router.md, "Predictions").
+  op->request.set_mode(docs.front().positional ? lazyattn::v1::CACHE_MODE_BLOCK
+                                               : lazyattn::v1::CACHE_MODE_LAZY);
   for (const DocumentRef& d : docs) {
     auto* key = op->request.add_keys();
     key->set_hi(d.key.hi);
     key->set_lo(d.key.lo);
+    if (d.positional) op->request.add_offsets(d.offset);
   }
   Op* raw = op.get();
   kvdir_->async()->Lookup(

@@ -83,6 +83,20 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                          .Help("Document tokens predicted to be cached on the chosen workers")
                          .Register(registry)
                          .Add({});
+  observed_hits_ = &prometheus::BuildCounter()
+                        .Name("lazyattn_router_observed_hit_tokens_total")
+                        .Help("Document tokens the serving workers reported reused (requests "
+                              "routed with documents that succeeded)")
+                        .Register(registry)
+                        .Add({});
+  // Exact predictions land in the first bucket; a missed document costs its length.
+  prediction_error_ = &prometheus::BuildHistogram()
+                           .Name("lazyattn_router_prediction_error_tokens")
+                           .Help("|predicted - observed| document hit tokens per request routed "
+                                 "with documents that succeeded")
+                           .Register(registry)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{
+                                        0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144});
   retries_ = &prometheus::BuildCounter()
                   .Name("lazyattn_router_retries_total")
                   .Help("Requests sent to another worker after a failure before the first token")

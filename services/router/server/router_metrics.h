@@ -21,6 +21,11 @@
 //                                                   later one refused)
 //   lazyattn_router_worker_connection_losses_total  attempts whose worker connection was lost
 //                                                   mid-call (the worker process died)
+//   lazyattn_router_observed_hit_tokens_total       document tokens the serving workers reported
+//                                                   reused (Usage.document_hit_tokens), requests
+//                                                   routed with documents that succeeded
+//   lazyattn_router_prediction_error_tokens         |predicted - observed| hit tokens per such
+//                                                   request (docs/router.md, "Predictions")
 //   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
 //                                                   ("system", "documents.text", ...) is not UTF-8
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
@@ -57,6 +62,13 @@ class RouterMetrics {
   void AddPredictedHitTokens(int64_t tokens) {
     if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
   }
+  // A request routed with documents succeeded: what was predicted for its worker and what the
+  // worker reported it reused.
+  void ObservePrediction(int64_t predicted, int64_t observed) {
+    if (observed > 0) observed_hits_->Increment(static_cast<double>(observed));
+    prediction_error_->Observe(static_cast<double>(predicted > observed ? predicted - observed
+                                                                        : observed - predicted));
+  }
   void CountRetry() { retries_->Increment(); }
   void ObserveTtft(absl::Duration d) { ttft_->Observe(absl::ToDoubleSeconds(d)); }
   void ObserveDuration(absl::Duration d) { duration_->Observe(absl::ToDoubleSeconds(d)); }
@@ -80,6 +92,8 @@ class RouterMetrics {
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* workers_healthy_;
   prometheus::Counter* predicted_hits_;
+  prometheus::Counter* observed_hits_;
+  prometheus::Histogram* prediction_error_;
   prometheus::Counter* retries_;
   prometheus::Counter* ejections_;
   prometheus::Counter* first_token_timeouts_;

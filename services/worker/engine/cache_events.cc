@@ -19,6 +19,11 @@ void CacheMirror::Apply(const DocCacheKey& key, int64_t num_tokens, bool stored)
   if (listener_) listener_(event);
 }
 
+bool CacheMirror::Contains(const DocCacheKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return documents_.contains(key);
+}
+
 CacheSnapshot CacheMirror::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   CacheSnapshot s;

@@ -46,6 +46,8 @@ class CacheMirror {
   void set_listener(Listener listener);
   void Apply(const DocCacheKey& key, int64_t num_tokens, bool stored);
   CacheSnapshot Snapshot() const;
+  // Whether the cache held `key` as of the last Apply.
+  bool Contains(const DocCacheKey& key) const;
 
  private:
   mutable std::mutex mu_;

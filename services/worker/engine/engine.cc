@@ -138,12 +138,31 @@ KvBlockCounts Engine::blocks() const {
 }
 
 EngineLoad Engine::load() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  EngineLoad load = load_;
-  for (const auto& [id, p] : inbox_) {
-    ++load.waiting;
-    load.queued_prefill_tokens += p.prompt_tokens();
-    load.waiting_tokens += p.prompt_tokens();
+  EngineLoad load;
+  // Keys of the inbox's documents, checked against the mirror after mu_ is released (the mirror
+  // has its own lock; never nested).
+  std::vector<std::pair<DocCacheKey, int64_t>> documents;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    load = load_;
+    for (const auto& [id, p] : inbox_) {
+      ++load.waiting;
+      load.waiting_tokens += p.prompt_tokens();
+      load.queued_prefill_tokens +=
+          PrefillTokensToCompute(p, [&](const DocCacheKey& key, int64_t tokens) {
+            documents.emplace_back(key, tokens);
+            return false;
+          });
+    }
+  }
+  // Requests submitted since the last step: their documents the cache holds are no work (the
+  // core's own estimate also knows what its jobs encode).
+  for (const auto& [key, tokens] : documents) {
+    if (cache_mirror_.Contains(key) ||
+        (key.offset != DocCacheKey::kAnyOffset &&
+         cache_mirror_.Contains({key.doc, DocCacheKey::kAnyOffset}))) {
+      load.queued_prefill_tokens -= tokens;
+    }
   }
   return load;
 }

@@ -8,6 +8,21 @@
 
 namespace lazyattn {
 
+int64_t PrefillTokensToCompute(const PreparedRequest& p,
+                               const std::function<bool(const DocCacheKey&, int64_t)>& reused) {
+  int64_t tokens = p.prompt_tokens();
+  if (!EncodesDocumentsAlone(p.mode)) return tokens;
+  int64_t offset = static_cast<int64_t>(p.system_prefix.size());
+  for (const auto& d : p.documents) {
+    const int64_t n = static_cast<int64_t>(d.tokens.size());
+    if (reused({d.key, p.mode == CacheMode::kLazy ? DocCacheKey::kAnyOffset : offset}, n)) {
+      tokens -= n;
+    }
+    offset += n;
+  }
+  return tokens;
+}
+
 EngineCore::Request* EngineCore::FindRequest(RequestId id) {
   auto it = requests_.find(id);
   return it == requests_.end() ? nullptr : it->second.get();
@@ -58,6 +73,8 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   usage.cached_tokens = 0;
   usage.documents_hit = 0;
   usage.document_cached_tokens = 0;
+  usage.document_hit_tokens = 0;
+  usage.prefix_tokens = 0;
 
   // The query segment carries what was generated before a preemption: it is recomputed.
   std::vector<DocOutcome> outcomes;  // per segment, documents only
@@ -93,6 +110,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
       offset = s.length();
       r.segments.push_back(std::move(s));
     }
+    usage.prefix_tokens = offset;
     for (const auto& d : p.documents) {
       Segment s;
       s.kind = Segment::Kind::kDocument;
@@ -165,6 +183,7 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
     s.ready = s.length();
     r.result.usage.cached_tokens += s.length();
     r.result.usage.document_cached_tokens += s.length();
+    r.result.usage.document_hit_tokens += s.length();
     ++r.result.usage.documents_hit;
     return DocOutcome::kHit;
   }
@@ -206,6 +225,12 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
   JobId job_id;
   if (auto it = job_by_key_.find(s.cache_key); it != job_by_key_.end()) {
     job_id = it->second;
+    // Encoded once for every waiter: another request's encoding is this one's reuse.
+    const auto& waiters = jobs_.at(job_id)->waiters;
+    if (std::any_of(waiters.begin(), waiters.end(),
+                    [&](const auto& w) { return w.request != r.id; })) {
+      r.result.usage.document_hit_tokens += s.length();
+    }
   } else {
     auto job = std::make_unique<EncodeJob>();
     job_id = job->id = next_job_id_++;

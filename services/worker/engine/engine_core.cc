@@ -114,12 +114,22 @@ EngineLoad EngineCore::Load() const {
   EngineLoad load;
   load.running = static_cast<int>(running_.size());
   load.waiting = static_cast<int>(waiting_.size());
+  // A waiting request's documents the cache holds (a block-mode request also copies a
+  // position-free entry rather than encoding), or that a job encodes, or that an earlier waiting
+  // request counted, are not work it adds: the worker holding the hot set must not look busiest.
+  absl::flat_hash_set<DocCacheKey> counted;
+  const DocumentCache& documents = cache_.documents();
+  auto reused = [&](const DocCacheKey& key, int64_t /*tokens*/) {
+    return documents.Contains(key) ||
+           (key.offset != DocCacheKey::kAnyOffset &&
+            documents.Contains({key.doc, DocCacheKey::kAnyOffset})) ||
+           job_by_key_.contains(key) || !counted.insert(key).second;
+  };
   for (RequestId id : waiting_) {
     const Request& r = *requests_.at(id);
-    const int64_t tokens =
-        r.prepared.prompt_tokens() + static_cast<int64_t>(r.result.token_ids.size());
-    load.queued_prefill_tokens += tokens;
-    load.waiting_tokens += tokens;
+    const int64_t generated = static_cast<int64_t>(r.result.token_ids.size());
+    load.queued_prefill_tokens += PrefillTokensToCompute(r.prepared, reused) + generated;
+    load.waiting_tokens += r.prepared.prompt_tokens() + generated;
   }
   for (RequestId id : running_) {
     const Request& r = *requests_.at(id);

@@ -43,6 +43,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,6 +126,14 @@ struct PreparedRequest {
   RequestCallbacks callbacks;
   int64_t prompt_tokens() const;
 };
+
+// The prompt tokens `p` will compute (its share of a worker's queued prefill load): prompt_tokens()
+// less the documents `reused(key, tokens)` says need no encoding, keyed as admission keys them
+// (mode lazy: position-free; block: at the offset the request places them), in request order.
+// Modes prefix and full: all of prompt_tokens() (the prefix tree's share is not estimated).
+// `reused` may record the keys it sees, so a document shared by queued requests counts once.
+int64_t PrefillTokensToCompute(
+    const PreparedRequest& p, const std::function<bool(const DocCacheKey&, int64_t)>& reused);
 
 class EngineCore {
  public:

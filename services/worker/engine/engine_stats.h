@@ -48,8 +48,10 @@ struct EngineStats {
 struct EngineLoad {
   int running = 0;  // admitted requests
   int waiting = 0;  // submitted, not admitted yet (also preempted ones)
-  // Prompt tokens still to compute: waiting requests' whole prompts (plus what a preempted one had
-  // generated), the unfinished segments of admitted ones, each document encoding counted once.
+  // Prompt tokens still to compute: waiting requests' prompts less the documents the cache holds
+  // or a job encodes (plus what a preempted one had generated), the unfinished segments of
+  // admitted ones, each document encoding counted once. Documents the worker already holds are
+  // not load: reported to the router, they would make the worker with the hot set look busiest.
   int64_t queued_prefill_tokens = 0;
   // Prompt tokens of the waiting requests alone (bounded by EngineOptions::max_queued_tokens).
   int64_t waiting_tokens = 0;

@@ -50,6 +50,12 @@ struct RequestUsage {
   // cache (a hit, or in mode block a copy from another offset) rather than being computed.
   int64_t document_tokens = 0;
   int64_t document_cached_tokens = 0;
+  // Tokens of the documents reused under the request's own cache key: a cache hit, or an encoding
+  // another request had started (joined). A block-mode copy from another offset is left out: this
+  // is what the router predicts from the directory (docs/router.md, "Predictions").
+  int64_t document_hit_tokens = 0;
+  // Modes block and lazy: tokens before the first document (its global offset).
+  int64_t prefix_tokens = 0;
   int64_t completion_tokens = 0;
 };
 

@@ -150,6 +150,8 @@ void UsageToProto(const RequestUsage& u, v1::Usage* out) {
   out->set_completion_tokens(u.completion_tokens);
   out->set_documents(u.documents);
   out->set_documents_hit(u.documents_hit);
+  out->set_document_hit_tokens(u.document_hit_tokens);
+  out->set_prefix_tokens(u.prefix_tokens);
 }
 
 }  // namespace lazyattn
