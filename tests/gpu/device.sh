@@ -20,6 +20,8 @@
 #          T 0.8 top-p 0.95 (tests/gpu/sampled_replay.sh); only when named
 #   sanitize compute-sanitizer memcheck and racecheck on the sampling kernel tests
 #          (LAZYATTN_SANITIZE_FILTER, default SampleRowsCudaTest.*:-*Draws*); only when named
+#   overhead the router's costs on this machine's idle CPUs: TLS + API keys against plaintext,
+#          HTTP against gRPC (tests/gpu/overhead.sh; LAZYATTN_OVERHEAD_ROUNDS); only when named
 #   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
 #          from Nsight Compute with the clocks and caches left alone; summed per kernel name
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
@@ -108,6 +110,11 @@ if has cluster; then
     --workers "$gpus" --gpus "$gpus" --backend cuda --model random:llama3-8b \
     --out "$logs/cluster-trace.json" ${LAZYATTN_CLUSTER_ARGS:-} 2>&1 | tee "$logs/cluster-trace.log" ||
     status=1
+fi
+if has overhead; then
+  echo "=== router overheads on this machine's CPUs"
+  OUT="$logs" timeout 560 tests/gpu/overhead.sh "$carry" "${LAZYATTN_OVERHEAD_ROUNDS:-3}" 2>&1 |
+    tail -n 40 || status=1
 fi
 if has replay; then
   echo "=== lazyattn replay: greedy against sampled decoding"
