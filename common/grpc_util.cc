@@ -7,12 +7,17 @@
 #include <fstream>
 #include <sstream>
 
+#include <grpc/grpc_security_constants.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -148,7 +153,7 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes,
-    std::shared_ptr<grpc::CallCredentials> call_credentials) {
+    std::shared_ptr<grpc::CallCredentials> call_credentials, grpc::ChannelArguments args) {
   KeepCallbackQueueAlive();
   if (call_credentials != nullptr && tls.ca_file.empty()) {
     return absl::InvalidArgumentError("call credentials need TLS (tls.ca_file)");
@@ -168,10 +173,27 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
       creds = grpc::CompositeChannelCredentials(creds, call_credentials);
     }
   }
-  grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   return grpc::CreateCustomChannel(address, creds, args);
+}
+
+std::string PeerCertificateSerial(const grpc::AuthContext& context) {
+  const std::vector<grpc::string_ref> pems =
+      context.FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pems.empty()) return "";
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pems[0].data(), static_cast<int>(pems[0].size())), &BIO_free);
+  if (bio == nullptr) return "";
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (cert == nullptr) return "";
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> serial(
+      ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert.get()), nullptr), &BN_free);
+  if (serial == nullptr) return "";
+  std::unique_ptr<char, void (*)(char*)> hex(BN_bn2hex(serial.get()),
+                                             [](char* p) { OPENSSL_free(p); });
+  return hex != nullptr ? std::string(hex.get()) : "";
 }
 
 namespace {

@@ -63,12 +63,23 @@ void KeepCallbackQueueAlive();
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 
-// A channel to `address` with the same limits and (client side) TLS. `call_credentials` (e.g.
-// grpc::AccessTokenCredentials for an API key) are attached to every call; they need TLS
-// (InvalidArgument without tls.ca_file, as gRPC would not send them in plaintext).
+// A channel to `address` with the same limits and (client side) TLS. Every client channel of
+// every program is made here, so all of them watch their files (TlsOptions): a client
+// certificate replaced on disk is presented on the channel's next connection, no restart needed.
+// `call_credentials` (e.g. grpc::AccessTokenCredentials for an API key) are attached to every
+// call; they need TLS (InvalidArgument without tls.ca_file, as gRPC would not send them in
+// plaintext). `args`: further channel arguments (e.g. reconnect backoff); the message limits are
+// set over them. InvalidArgument naming the file (`tls.ca_file: cannot read ...`) if a TLS file
+// cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes = 64 << 20,
-    std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr);
+    std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr,
+    grpc::ChannelArguments args = {});
+
+// The serial number (upper-case hex, as `openssl x509 -serial` prints it) of the verified
+// certificate the peer presented on this connection; "" without one. For logs: it shows which
+// certificate a peer used (after a rotation, the new one).
+std::string PeerCertificateSerial(const grpc::AuthContext& context);
 
 // grpc.health.v1.Health/Check of `service` ("" = the whole server) over `channel`: true when the
 // server answers SERVING, false for NOT_SERVING or UNKNOWN. The call's own error otherwise

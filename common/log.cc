@@ -126,6 +126,31 @@ bool IsValidRequestId(std::string_view id) {
   return true;
 }
 
+const char* StatusCodeName(int code) {
+  static const char* const kNames[] = {"ok",
+                                       "cancelled",
+                                       "unknown",
+                                       "invalid_argument",
+                                       "deadline_exceeded",
+                                       "not_found",
+                                       "already_exists",
+                                       "permission_denied",
+                                       "resource_exhausted",
+                                       "failed_precondition",
+                                       "aborted",
+                                       "out_of_range",
+                                       "unimplemented",
+                                       "internal",
+                                       "unavailable",
+                                       "data_loss",
+                                       "unauthenticated"};
+  return code >= 0 && code <= 16 ? kNames[code] : "unknown";
+}
+
+std::string AdoptRequestId(std::string_view received) {
+  return IsValidRequestId(received) ? std::string(received) : NewRequestId();
+}
+
 void ConfigureLogging(const LogOptions& options) {
   g_level.store(static_cast<int>(options.level));
   g_json.store(options.format == LogFormat::kJson);

@@ -51,6 +51,14 @@ std::string NewRequestId();
 // Whether a client's id may be adopted: 1-128 characters of [A-Za-z0-9._:-] (it lands in logs
 // and metadata verbatim).
 bool IsValidRequestId(std::string_view id);
+// The id a process logs one request under: `received` (the caller's kRequestIdKey metadata, ""
+// when absent) when it is a valid id, so the router's and the worker's lines about one request
+// share it; else a fresh one.
+std::string AdoptRequestId(std::string_view received);
+
+// The lower-case name of a gRPC (= absl) status code, as log lines and metric labels spell it
+// ("ok", "invalid_argument", ...); "unknown" for a number outside 0-16.
+const char* StatusCodeName(int code);
 
 class LogLine {
  public:

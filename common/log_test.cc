@@ -114,5 +114,20 @@ TEST(RequestIdTest, FreshIdsAreDistinctHexAndClientIdsAreChecked) {
   EXPECT_FALSE(IsValidRequestId("quote\""));
 }
 
+TEST(StatusCodeNameTest, NamesEveryCodeAsMetricsLabelThem) {
+  EXPECT_STREQ(StatusCodeName(0), "ok");
+  EXPECT_STREQ(StatusCodeName(3), "invalid_argument");
+  EXPECT_STREQ(StatusCodeName(14), "unavailable");
+  EXPECT_STREQ(StatusCodeName(16), "unauthenticated");
+  EXPECT_STREQ(StatusCodeName(17), "unknown");
+  EXPECT_STREQ(StatusCodeName(-1), "unknown");
+}
+
+TEST(RequestIdTest, AValidReceivedIdIsAdoptedAndAnythingElseReplaced) {
+  EXPECT_EQ(AdoptRequestId("7f3a-router.id"), "7f3a-router.id");
+  EXPECT_THAT(AdoptRequestId(""), MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_THAT(AdoptRequestId("bad id\n"), MatchesRegex("[0-9a-f]{32}"));
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -198,6 +198,20 @@ MetricsEndpoint::~MetricsEndpoint() {
   }
 }
 
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsEndpoint(
+    const std::string& address, const std::string& bearer_token_file,
+    std::shared_ptr<prometheus::Registry> registry) {
+  if (address.empty()) return std::unique_ptr<MetricsEndpoint>();
+  MetricsEndpointOptions options;
+  if (!bearer_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadBearerTokenFile("metrics.bearer_token_file", bearer_token_file);
+    if (!token.ok()) return token.status();
+    options.bearer_token = *std::move(token);
+  }
+  return MetricsEndpoint::Start(address, std::move(registry), options);
+}
+
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& key, const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));

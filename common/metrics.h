@@ -65,6 +65,15 @@ class MetricsEndpoint {
   std::string wake_host_;  // where the destructor connects to wake civetweb's accept loop
 };
 
+// The endpoint a process's `metrics.listen` / `metrics.bearer_token_file` keys ask for, started
+// the same way by the router, the worker and kvdir: null (no endpoint) when `address` is empty;
+// else Start() on `address`, requiring the token read from `bearer_token_file` when that is
+// non-empty. InvalidArgument naming metrics.bearer_token_file when the token cannot be read
+// (nothing is started then); Unavailable naming the address when it cannot bind.
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsEndpoint(
+    const std::string& address, const std::string& bearer_token_file,
+    std::shared_ptr<prometheus::Registry> registry);
+
 // The token in `path` (surrounding whitespace dropped), for metrics.bearer_token_file.
 // InvalidArgument naming `key` and the path when it cannot be read or is empty.
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& key, const std::string& path);

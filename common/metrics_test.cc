@@ -159,6 +159,33 @@ TEST(MetricsEndpointTest, BadAddressesAreUnavailableNamingThem) {
   }
 }
 
+// The one start-up path of the three servers' metrics.listen / metrics.bearer_token_file.
+TEST(StartMetricsEndpointTest, FollowsTheListenAndTokenFileKeys) {
+  auto none = StartMetricsEndpoint("", "/no/such/token", TestRegistry());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+
+  auto open = StartMetricsEndpoint("127.0.0.1:0", "", TestRegistry());
+  ASSERT_TRUE(open.ok()) << open.status();
+  ASSERT_NE(*open, nullptr);
+  EXPECT_THAT(Get((*open)->port(), "/metrics"), HasSubstr("lazyattn_test_total{kind=\"x\"} 3"));
+
+  const std::string token_file = testing::TempDir() + "/start-token";
+  std::ofstream(token_file) << "tok-123\n";
+  auto guarded = StartMetricsEndpoint("127.0.0.1:0", token_file, TestRegistry());
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  ASSERT_NE(*guarded, nullptr);
+  EXPECT_THAT(Get((*guarded)->port(), "/metrics"), StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(Get((*guarded)->port(), "/metrics", "Authorization: Bearer tok-123\r\n"),
+              StartsWith("HTTP/1.1 200"));
+
+  auto missing = StartMetricsEndpoint("127.0.0.1:0", "/no/such/token", TestRegistry());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("metrics.bearer_token_file"));
+  auto unbound = StartMetricsEndpoint("no-port", "", TestRegistry());
+  EXPECT_EQ(unbound.status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(ReadBearerTokenFileTest, TrimsTheTokenAndNamesTheKeyOnErrors) {
   const std::string dir = testing::TempDir();
   const std::string good = dir + "/token", empty = dir + "/empty", two = dir + "/two";

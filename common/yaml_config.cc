@@ -82,6 +82,17 @@ LAZYATTN_YAML_GETTER(Double, double, "a number")
 LAZYATTN_YAML_GETTER(Bool, bool, "true or false")
 #undef LAZYATTN_YAML_GETTER
 
+absl::StatusOr<int64_t> YamlConfig::IntIn(const std::string& path, int64_t fallback, int64_t lo,
+                                          int64_t hi) const {
+  absl::StatusOr<int64_t> v = Int(path, fallback);
+  if (!v.ok()) return v;
+  if (*v < lo || *v > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", prefix_, path, ": must be in [",
+                                                   lo, ", ", hi, "], got ", *v));
+  }
+  return v;
+}
+
 absl::StatusOr<std::vector<std::string>> YamlConfig::StringList(const std::string& path) const {
   auto n = Find(path);
   if (!n.ok()) return n.status();

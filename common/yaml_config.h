@@ -31,6 +31,10 @@ class YamlConfig {
   bool Has(const std::string& path) const;
   absl::StatusOr<std::string> String(const std::string& path, const std::string& fallback) const;
   absl::StatusOr<int64_t> Int(const std::string& path, const int64_t& fallback) const;
+  // Int() bounded to [lo, hi] (a fallback outside is refused too): the one way a bounded integer
+  // is read, so every range error reads "SOURCE: key: must be in [lo, hi], got V".
+  absl::StatusOr<int64_t> IntIn(const std::string& path, int64_t fallback, int64_t lo,
+                                int64_t hi) const;
   absl::StatusOr<double> Double(const std::string& path, const double& fallback) const;
   absl::StatusOr<bool> Bool(const std::string& path, const bool& fallback) const;
   absl::StatusOr<std::vector<std::string>> StringList(const std::string& path) const;

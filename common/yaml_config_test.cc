@@ -21,6 +21,20 @@ TEST(YamlConfigTest, TypedValuesDefaultsAndErrorsNamingTheKey) {
   EXPECT_TRUE(cfg.Finish().ok()) << cfg.Finish();
 }
 
+TEST(YamlConfigTest, BoundedIntegersNameTheKeyAndTheRange) {
+  YamlConfig cfg;
+  ASSERT_TRUE(cfg.LoadString("a: 5\nb: 0\nc: x\nl:\n  - n: 9\n", "r.yaml").ok());
+  EXPECT_EQ(*cfg.IntIn("a", 1, 1, 5), 5);
+  EXPECT_EQ(*cfg.IntIn("missing", 3, 1, 5), 3);
+  EXPECT_EQ(cfg.IntIn("b", 1, 1, 5).status().message(), "r.yaml: b: must be in [1, 5], got 0");
+  EXPECT_EQ(cfg.IntIn("c", 1, 1, 5).status().message(),
+            "r.yaml: c: expected an integer, got \"x\"");
+  auto list = cfg.List("l");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ((*list)[0].IntIn("n", 1, 1, 5).status().message(),
+            "r.yaml: l[0].n: must be in [1, 5], got 9");
+}
+
 TEST(YamlConfigTest, UnknownKeysAreErrors) {
   YamlConfig cfg;
   ASSERT_TRUE(cfg.LoadString("server:\n  port: 1\n  prot: 2\nextra: 3\n", "c.yaml").ok());

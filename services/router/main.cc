@@ -114,26 +114,14 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<lazyattn::MetricsEndpoint> metrics;
-  if (!options->metrics_address.empty()) {
-    lazyattn::MetricsEndpointOptions endpoint_options;
-    if (!options->metrics_bearer_token_file.empty()) {
-      auto token = lazyattn::ReadBearerTokenFile("metrics.bearer_token_file",
-                                                 options->metrics_bearer_token_file);
-      if (!token.ok()) {
-        lazyattn::LogError("router").Msg(std::string(token.status().message()));
-        return 2;
-      }
-      endpoint_options.bearer_token = *token;
-    }
-    auto endpoint =
-        lazyattn::MetricsEndpoint::Start(options->metrics_address, registry, endpoint_options);
-    if (!endpoint.ok()) {
-      lazyattn::LogError("router").Msg(std::string(endpoint.status().message()));
-      return 1;
-    }
-    metrics = std::move(*endpoint);
+  auto endpoint = lazyattn::StartMetricsEndpoint(
+      options->metrics_address, options->metrics_bearer_token_file, registry);
+  if (!endpoint.ok()) {
+    lazyattn::LogError("router").Msg(std::string(endpoint.status().message()));
+    // An unreadable token file is a configuration error (2); a port that cannot be bound, 1.
+    return endpoint.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  std::unique_ptr<lazyattn::MetricsEndpoint> metrics = std::move(*endpoint);
   auto server = lazyattn::router::RouterServer::Create(*options, registry);
   if (!server.ok()) {
     lazyattn::LogError("router").Msg(std::string(server.status().message()));

@@ -57,19 +57,10 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
 absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
   std::unique_ptr<KvdirServer> server(new KvdirServer(options));
-  if (!options.metrics_address.empty()) {
-    MetricsEndpointOptions endpoint_options;
-    if (!options.metrics_bearer_token_file.empty()) {
-      auto token =
-          ReadBearerTokenFile("metrics.bearer_token_file", options.metrics_bearer_token_file);
-      if (!token.ok()) return token.status();
-      endpoint_options.bearer_token = *token;
-    }
-    auto endpoint =
-        MetricsEndpoint::Start(options.metrics_address, server->registry_, endpoint_options);
-    if (!endpoint.ok()) return endpoint.status();
-    server->metrics_endpoint_ = std::move(*endpoint);
-  }
+  auto endpoint = StartMetricsEndpoint(options.metrics_address,
+                                       options.metrics_bearer_token_file, server->registry_);
+  if (!endpoint.ok()) return endpoint.status();
+  server->metrics_endpoint_ = std::move(*endpoint);
   ServerOptions grpc_options;
   grpc_options.listen_address = options.listen_address;
   grpc_options.max_message_bytes = options.limits.max_message_bytes;

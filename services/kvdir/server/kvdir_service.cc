@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "services/kvdir/server/proto_convert.h"
 #include "services/kvdir/server/publish_reactor.h"
 
@@ -14,11 +15,12 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::
     grpc::CallbackServerContext* context) {
   // RoleAuthorizer admitted only worker certificates here and recorded the name; without an
   // authorizer (insecure) there is no identity and the stream is not bound.
-  std::string bound;
+  std::string bound, serial;
   if (auto auth = context->auth_context()) {
     if (auto peer = AuthorizedPeerOf(*auth)) bound = peer->name;
+    serial = PeerCertificateSerial(*auth);
   }
-  return new PublishReactor(ctx_, std::move(bound));
+  return new PublishReactor(ctx_, std::move(bound), std::move(serial));
 }
 
 grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,

@@ -28,8 +28,11 @@ std::string Printable(const std::string& id) {
 
 }  // namespace
 
-PublishReactor::PublishReactor(const ServiceContext& ctx, std::string bound_worker_id)
-    : ctx_(ctx), bound_worker_id_(std::move(bound_worker_id)) {
+PublishReactor::PublishReactor(const ServiceContext& ctx, std::string bound_worker_id,
+                               std::string certificate_serial)
+    : ctx_(ctx),
+      bound_worker_id_(std::move(bound_worker_id)),
+      certificate_serial_(std::move(certificate_serial)) {
   StartRead(&in_);
 }
 
@@ -156,6 +159,7 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
       .Str("address", hello.status().address())
       .Int("epoch", static_cast<int64_t>(hello.epoch()))
       .Str("entries", r.entries_dropped ? "dropped (new epoch)" : "kept")
+      .Str("certificate_serial", certificate_serial_.empty() ? "none" : certificate_serial_)
       .Msg("hello from worker");
   v1::DirectoryMessage lease;
   lease.mutable_lease()->set_lease_ms(ctx_.lease_ms);

@@ -41,8 +41,10 @@ class PublishReactor final
  public:
   // Starts reading at once. Deletes itself in OnDone. `bound_worker_id`: the worker name in the
   // caller's certificate (mutual TLS); when set, hello may only claim that id. Empty: the server
-  // runs without peer authorization and any id is taken.
-  PublishReactor(const ServiceContext& ctx, std::string bound_worker_id);
+  // runs without peer authorization and any id is taken. `certificate_serial`: that
+  // certificate's serial (hex), logged with the hello so a rotation can be seen; may be empty.
+  PublishReactor(const ServiceContext& ctx, std::string bound_worker_id,
+                 std::string certificate_serial = "");
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -62,6 +64,7 @@ class PublishReactor final
 
   const ServiceContext ctx_;
   const std::string bound_worker_id_;
+  const std::string certificate_serial_;
   v1::WorkerMessage in_;
   // Read side only (see the threading note).
   std::string worker_id_;

@@ -8,20 +8,10 @@
 namespace lazyattn::router {
 namespace {
 
-absl::StatusOr<int64_t> IntIn(const YamlConfig& config, const std::string& key, int64_t fallback,
-                              int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(const int64_t v, config.Int(key, fallback));
-  if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": must be in [",
-                                                   lo, ", ", hi, "], got ", v));
-  }
-  return v;
-}
-
 absl::StatusOr<absl::Duration> MillisIn(const YamlConfig& config, const std::string& key,
                                         absl::Duration fallback, int64_t lo, int64_t hi) {
   ASSIGN_OR_RETURN(const int64_t ms,
-                   IntIn(config, key, absl::ToInt64Milliseconds(fallback), lo, hi));
+                   config.IntIn(key, absl::ToInt64Milliseconds(fallback), lo, hi));
   return absl::Milliseconds(ms);
 }
 
@@ -38,11 +28,11 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
     }
   }
   ASSIGN_OR_RETURN(o.max_body_bytes,
-                   IntIn(config, "http.max_body_bytes", o.max_body_bytes, 1024, int64_t{1} << 32));
-  ASSIGN_OR_RETURN(const int64_t threads, IntIn(config, "http.threads", o.threads, 1, 4096));
+                   config.IntIn("http.max_body_bytes", o.max_body_bytes, 1024, int64_t{1} << 32));
+  ASSIGN_OR_RETURN(const int64_t threads, config.IntIn("http.threads", o.threads, 1, 4096));
   o.threads = static_cast<int>(threads);
-  ASSIGN_OR_RETURN(const int64_t queued, IntIn(config, "http.max_queued_connections",
-                                               o.max_queued_connections, 0, 1000000));
+  ASSIGN_OR_RETURN(const int64_t queued, config.IntIn("http.max_queued_connections",
+                                                      o.max_queued_connections, 0, 1000000));
   o.max_queued_connections = static_cast<int>(queued);
   ASSIGN_OR_RETURN(o.read_timeout,
                    MillisIn(config, "http.read_timeout_ms", o.read_timeout, 1, 3600000));
@@ -50,11 +40,11 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.keep_alive_timeout, MillisIn(config, "http.keep_alive_timeout_ms",
                                                   o.keep_alive_timeout, 1000, 3600000));
-  ASSIGN_OR_RETURN(const int64_t keep_alive, IntIn(config, "http.keep_alive_max_count",
-                                                   o.keep_alive_max_count, 1, 1000000));
+  ASSIGN_OR_RETURN(const int64_t keep_alive,
+                   config.IntIn("http.keep_alive_max_count", o.keep_alive_max_count, 1, 1000000));
   o.keep_alive_max_count = static_cast<int>(keep_alive);
-  ASSIGN_OR_RETURN(o.request_timeout, MillisIn(config, "http.request_timeout_ms",
-                                               o.request_timeout, 1, 86400000));
+  ASSIGN_OR_RETURN(o.request_timeout,
+                   MillisIn(config, "http.request_timeout_ms", o.request_timeout, 1, 86400000));
   return o;
 }
 

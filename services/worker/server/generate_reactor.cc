@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "common/request_validator.h"
 #include "common/worker_call_trailer.h"
 #include "services/worker/engine/fault_injection.h"
@@ -20,16 +21,34 @@ const grpc::Status& ShuttingDown() {
   return s;
 }
 
+// The router's x-request-id for this call (the worker's own when absent or invalid).
+std::string ReceivedRequestId(const grpc::CallbackServerContext& call) {
+  const auto& metadata = call.client_metadata();
+  const auto it = metadata.find(kRequestIdKey);
+  return AdoptRequestId(it == metadata.end()
+                            ? std::string_view()
+                            : std::string_view(it->second.data(), it->second.size()));
+}
+
 }  // namespace
 
 GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::GenerateRequest& request)
-    : ctx_(ctx), arrival_(absl::Now()), deadline_(DeadlineOf(call->deadline())), prep_(ctx.prep) {
+    : ctx_(ctx),
+      arrival_(absl::Now()),
+      deadline_(DeadlineOf(call->deadline())),
+      request_id_(ReceivedRequestId(*call)),
+      prep_(ctx.prep) {
   // Sent with whatever status this reactor ends the call with; absent only when the call is cut
   // under the worker (its process died): the router's query-of-death quarantine counts those.
   call->AddTrailingMetadata(kWorkerEndedCallKey, kWorkerEndedCallValue);
   auto reject = [&](const grpc::Status& status) {
     ctx_.metrics->CountRequest(status.error_code());
+    LogWarning("worker")
+        .Str("request_id", request_id_)
+        .Str("status", StatusCodeName(status.error_code()))
+        .Str("error", status.error_message())
+        .Msg("request refused");
     {
       std::lock_guard<std::mutex> lock(mu_);
       engine_done_ = true;  // never submitted
@@ -202,8 +221,32 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
   }
   ctx_.metrics->CountRequest(counted);
   ctx_.metrics->ObserveFinished(status.ok(), result, absl::ToDoubleSeconds(absl::Now() - arrival_));
+  LogEnd(counted, status, result);
   Pump();
   Unref();
+}
+
+// One line per request that reached preparation, under the router's request id, so the
+// router's access line and this one are found together. A client's cancellation is routine (the
+// router cancels the losers of a failover, clients go away): info, as success is.
+void GenerateReactor::LogEnd(grpc::StatusCode counted, const absl::Status& status,
+                             const RequestResult& result) const {
+  const bool routine = counted == grpc::StatusCode::OK || counted == grpc::StatusCode::CANCELLED;
+  if (!LogEnabled(routine ? LogLevel::kInfo : LogLevel::kWarning)) return;
+  LogLine line(routine ? LogLevel::kInfo : LogLevel::kWarning, "worker");
+  line.Str("request_id", request_id_)
+      .Str("status", StatusCodeName(counted))
+      .Int("prompt_tokens", result.usage.prompt_tokens)
+      .Int("cached_tokens", result.usage.cached_tokens)
+      .Int("tokens", static_cast<int64_t>(result.token_ids.size()))
+      .Num("ttft_s", status.ok() ? result.ttft_ms / 1000.0 : -1)
+      .Num("duration_s", absl::ToDoubleSeconds(absl::Now() - arrival_));
+  if (status.ok()) {
+    line.Str("finish_reason", result.finish_reason);
+  } else {
+    line.Str("error", std::string(status.message()));
+  }
+  line.Msg("request");
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {

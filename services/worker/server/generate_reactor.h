@@ -33,6 +33,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include <grpcpp/grpcpp.h>
@@ -73,10 +74,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // unlocking.
   [[nodiscard]] bool CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref();
+  // The request's log line, once it ended (`counted`: the status its metrics counted).
+  void LogEnd(grpc::StatusCode counted, const absl::Status& status,
+              const RequestResult& result) const;
 
   const ServiceContext ctx_;
   const absl::Time arrival_;
   const absl::Time deadline_;
+  // The router's x-request-id (common/log.h), on every log line about this request.
+  const std::string request_id_;
   std::atomic<int> refs_{1};  // gRPC's; preparation's (then the engine's) is added on queueing
   // The headers went out (the router's proof that the call reached this process; see
   // testing.abort_on_prompt_marker).

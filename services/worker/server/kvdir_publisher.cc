@@ -1,10 +1,8 @@
 #include "services/worker/server/kvdir_publisher.h"
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,42 +11,21 @@
 namespace lazyattn {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Like MakeChannel (common/grpc_util.h), plus gRPC's own reconnect backoff bounded by ours: with
-// gRPC's defaults (up to 120 s) a restarted kvdir would stay unreached long after it is back.
+// MakeChannel (watched TLS files: a rotated client certificate is presented on the next
+// connection to kvdir) plus gRPC's own reconnect backoff bounded by ours: with gRPC's defaults
+// (up to 120 s) a restarted kvdir would stay unreached long after it is back.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeKvdirChannel(const KvdirPublisherOptions& o) {
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!o.tls.ca_file.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    auto ca = ReadPem(o.tls.ca_file, "kvdir.tls.ca_file");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *ca;
-    if (!o.tls.cert_file.empty()) {
-      auto cert = ReadPem(o.tls.cert_file, "kvdir.tls.cert_file");
-      if (!cert.ok()) return cert.status();
-      auto key = ReadPem(o.tls.key_file, "kvdir.tls.key_file");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    creds = grpc::SslCredentials(ssl);
-  }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(o.max_message_bytes);
-  args.SetMaxSendMessageSize(o.max_message_bytes);
   const int min_ms = static_cast<int>(absl::ToInt64Milliseconds(o.min_backoff));
   const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, min_ms);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, min_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
-  return grpc::CreateCustomChannel(o.address, creds, args);
+  auto channel = MakeChannel(o.address, o.tls, o.max_message_bytes, nullptr, std::move(args));
+  if (!channel.ok()) {  // name the worker's own key: kvdir.tls.ca_file, not tls.ca_file
+    return absl::Status(channel.status().code(), absl::StrCat("kvdir.", channel.status().message()));
+  }
+  return channel;
 }
 
 uint64_t RandomEpoch() {

@@ -169,6 +169,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   if (!k.tls.cert_file.empty() && k.tls.ca_file.empty()) {
     return Error(config, "kvdir.tls.cert_file", "client certificates need ca_file (TLS)");
   }
+  k.tls.refresh_interval_s = o.grpc.tls.refresh_interval_s;  // one watch interval, as the router
 
   // Metrics.
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9200"));

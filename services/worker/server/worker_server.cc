@@ -77,19 +77,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     std::unique_ptr<WorkerServer> server) {
   const WorkerServerOptions& options = server->options_;
-  if (!options.metrics_address.empty()) {
-    MetricsEndpointOptions endpoint_options;
-    if (!options.metrics_bearer_token_file.empty()) {
-      auto token =
-          ReadBearerTokenFile("metrics.bearer_token_file", options.metrics_bearer_token_file);
-      if (!token.ok()) return token.status();
-      endpoint_options.bearer_token = *token;
-    }
-    auto endpoint =
-        MetricsEndpoint::Start(options.metrics_address, server->registry_, endpoint_options);
-    if (!endpoint.ok()) return endpoint.status();
-    server->metrics_endpoint_ = std::move(*endpoint);
-  }
+  auto endpoint = StartMetricsEndpoint(options.metrics_address,
+                                       options.metrics_bearer_token_file, server->registry_);
+  if (!endpoint.ok()) return endpoint.status();
+  server->metrics_endpoint_ = std::move(*endpoint);
   ServerOptions grpc_options = options.grpc;
   if (!grpc_options.tls.ca_file.empty() && grpc_options.auth_processor == nullptr) {
     // Mutual TLS: prompts and documents reach a worker only from routers (common/auth.h).

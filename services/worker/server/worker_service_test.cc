@@ -2,10 +2,14 @@
 // reuse in any order, validation, cancellation, deadlines, Prefetch, Status and shutdown.
 #include "services/worker/server/worker_service.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -15,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -204,6 +209,47 @@ TEST_F(WorkerServiceTest, StreamsTokensThenFinalWithUsage) {
   EXPECT_GT(MetricValue(*server_->registry(), "lazyattn_worker_prefill_tokens_total",
                         {{"kind", "computed"}}),
             150);
+}
+
+// The router sends its request id as x-request-id metadata (forwarding_call.cc); the worker's
+// own lines about that request carry it, so one search finds the request at both ends.
+TEST_F(WorkerServiceTest, LogLinesAboutARequestCarryTheRoutersRequestId) {
+  StartServer();
+  const std::string path = absl::StrCat(::testing::TempDir(), "/worker-log-", getpid());
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  SetLogSinkForTest(fd);
+  const auto generate = [&](const std::string& id, const v1::GenerateRequest& request) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kRequestIdKey, id);
+    auto reader = stub_->Generate(&ctx, request);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  const grpc::Status served = generate("router-req-4711", Request(kDocs, 2));
+  v1::GenerateRequest bad = Request(kDocs, 2);
+  bad.mutable_documents(1)->set_text("");
+  const grpc::Status refused = generate("router-req-4712", bad);
+  SetLogSinkForTest(STDERR_FILENO);
+  close(fd);
+  EXPECT_TRUE(served.ok()) << served.error_message();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  std::string served_line, refused_line, line;
+  std::ifstream in(path);
+  while (std::getline(in, line)) {
+    if (line.find("request_id=router-req-4711") != std::string::npos) served_line = line;
+    if (line.find("request_id=router-req-4712") != std::string::npos) refused_line = line;
+  }
+  EXPECT_THAT(served_line, HasSubstr(" worker: request "));
+  EXPECT_THAT(served_line, HasSubstr("status=ok"));
+  EXPECT_THAT(served_line, HasSubstr("tokens=2"));
+  EXPECT_THAT(refused_line, HasSubstr("request refused"));
+  EXPECT_THAT(refused_line, HasSubstr("status=invalid_argument"));
+  EXPECT_THAT(refused_line, HasSubstr("documents[1]"));
+  ExpectIdle();
 }
 
 TEST_F(WorkerServiceTest, SameDocumentsInAnotherOrderHitTheCache) {
