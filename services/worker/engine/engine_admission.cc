@@ -69,6 +69,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   ModeCounters& counters = stats_.mode(mode);
   const bool first_admission = !r.counted;
   r.segments.clear();
+  ResetTable(r);
   RequestUsage& usage = r.result.usage;
   usage.cached_tokens = 0;
   usage.documents_hit = 0;
@@ -278,6 +279,7 @@ bool EngineCore::PreemptNewest(RequestId keep) {
 }
 
 void EngineCore::Release(Request& r) {
+  ResetTable(r);  // its blocks go back: nothing of its table may be reused
   for (size_t i = 0; i < r.segments.size(); ++i) {
     Segment& s = r.segments[i];
     for (BlockId b : s.blocks) cache_.pool().Unref(b);

@@ -163,6 +163,19 @@ void EngineCore::VerifyPool() {
     problem = absl::InternalError("KV block pool counts do not add up");
   } else if (options_.check_pool_every_step) {
     problem = cache_.CheckInvariant();
+    // Every persistent table equals the table rebuilt from its request's segments.
+    for (RequestId id : running_) {
+      const Request& r = *requests_.at(id);
+      const SequenceBlockTable& t = r.table;
+      if (!problem.ok() || r.phase == Request::Phase::kDone || t.segments() == 0) continue;
+      const std::vector<KvBlockEntry> rebuilt =
+          RebuildTable(r, t.segments() - 1, t.last_segment_tokens());
+      if (!std::equal(rebuilt.begin(), rebuilt.end(), t.entries().begin(), t.entries().end())) {
+        problem = absl::InternalError(absl::StrCat(
+            "the block table of request ", id, " (", t.entries().size(),
+            " entries) differs from its rebuild (", rebuilt.size(), ")"));
+      }
+    }
   }
   if (problem.ok() || !health_.ok()) return;
   // A bug, not bad input: blocks may now have two owners, so no answer computed from them can be
@@ -228,7 +241,7 @@ bool EngineCore::RunStep(absl::Time now) {
     p.segment = si;
     p.decode = decode;
     p.slots = SlotsFor(s.blocks, s.ready, n);
-    p.table = TableFor(r, si, s.ready + n);
+    TableFor(r, si, s.ready + n, p.chunk);
     int64_t before = 0;
     for (size_t i = 0; i < si; ++i) before += r.segments[i].length();
     p.chunk.segment_delta = s.offset;
@@ -382,15 +395,15 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
   std::vector<Planned> next(rows.size());
   for (size_t k = 0; k < rows.size(); ++k) {
     const Planned& p = launched[rows[k]];
-    const Request& r = *requests_.at(p.request);
+    Request& r = *requests_.at(p.request);
     const Segment& q = r.segments[p.segment];
     Planned& n = next[k];
     n.request = p.request;
     n.segment = p.segment;
     n.decode = true;
     n.slots = SlotsFor(q.blocks, q.ready + 1, 1);
-    n.table = TableFor(r, p.segment, q.ready + 2);
     n.chunk = p.chunk;  // the segment's offsets, sampling and logits flags
+    TableFor(r, p.segment, q.ready + 2, n.chunk);
     n.chunk.sampling.step = p.chunk.sampling.step + 1;
     n.chunk.penalty_tokens = q.tokens;  // the runner adds the input token drawn on the device
     n.chunk.tokens = std::span(&kTokenFromDevice, 1);
@@ -472,11 +485,33 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
   }
 }
 
-std::vector<KvBlockEntry> EngineCore::TableFor(const Request& r, size_t seg,
-                                               int64_t own_tokens) const {
+void EngineCore::TableFor(Request& r, size_t seg, int64_t own_tokens, ForwardChunk& chunk) {
+  SequenceBlockTable& t = r.table;
+  // Segments before `seg` are covered whole on the way (each once in the table's life); the last
+  // covered one is revisited, as it may have grown. A table that went past `seg` (never, as the
+  // engine plans segments in order) is rebuilt.
+  if (seg + 1 < t.segments()) ResetTable(r);
+  bool covered = true;
+  for (size_t i = t.segments() == 0 ? 0 : t.segments() - 1; covered && i <= seg; ++i) {
+    const Segment& s = r.segments[i];
+    covered = t.Cover(i, s.blocks, i == seg ? own_tokens : s.length(),
+                      static_cast<uint32_t>(TableDelta(r.prepared.mode, s.offset)));
+  }
+  // A segment without its blocks (a bug: blocks are ensured before planning) leaves the chunk an
+  // empty table, which the runner refuses as not covering the chunk: the request fails.
+  if (!covered) ResetTable(r);
+  const SequenceBlockTable::Snapshot snap = t.Take();
+  chunk.block_table = snap.entries;
+  chunk.table_sequence = snap.sequence;
+  chunk.table_version = snap.version;
+  chunk.table_unchanged = snap.unchanged;
+}
+
+void EngineCore::ResetTable(Request& r) { r.table.Reset(next_table_sequence_++); }
+
+std::vector<KvBlockEntry> EngineCore::RebuildTable(const Request& r, size_t seg,
+                                                   int64_t own_tokens) const {
   const int64_t B = block_size();
-  // Sized once: a decode step rebuilds every running sequence's table (130 entries each at 2K
-  // tokens), and growing them entry by entry was a tenth of the engine's host time per step.
   size_t entries = 0;
   for (size_t i = 0; i <= seg; ++i) {
     const int64_t len = i == seg ? own_tokens : r.segments[i].length();
@@ -488,7 +523,8 @@ std::vector<KvBlockEntry> EngineCore::TableFor(const Request& r, size_t seg,
     const Segment& s = r.segments[i];
     const int64_t len = i == seg ? own_tokens : s.length();
     const uint32_t delta = static_cast<uint32_t>(TableDelta(r.prepared.mode, s.offset));
-    for (int64_t b = 0; b * B < len; ++b) {
+    // (Bounded by the blocks held: the check that calls this must not read past them.)
+    for (int64_t b = 0; b * B < len && b < static_cast<int64_t>(s.blocks.size()); ++b) {
       table.push_back(PackKvBlockEntry(s.blocks[b], delta,
                                        static_cast<uint32_t>(std::min(B, len - b * B))));
     }
@@ -509,7 +545,7 @@ std::vector<ForwardChunk> EngineCore::ChunksOf(std::span<Planned> plan) {
   chunks.reserve(plan.size());
   for (Planned& p : plan) {
     p.chunk.kv_slots = p.slots;
-    p.chunk.block_table = p.table;
+    if (p.job != 0) p.chunk.block_table = p.table;
     chunks.push_back(p.chunk);
   }
   return chunks;

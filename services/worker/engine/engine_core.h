@@ -100,7 +100,9 @@ struct EngineOptions {
   // prompt tokens, wait for admission (a request arriving at an empty queue is always queued).
   int max_waiting_requests = 1024;
   int64_t max_queued_tokens = int64_t{1} << 22;
-  // Recount the whole KV pool after every step (O(blocks)); otherwise only the O(1) checks run.
+  // Recount the whole KV pool after every step (O(blocks)) and compare every running request's
+  // persistent block table with one rebuilt from its segments (O(context)); otherwise only the
+  // O(1) checks run.
   bool check_pool_every_step = kDebugOrSanitizerBuild;
   // Failed steps in a row after which the core stops serving (>= 1; YAML
   // engine.max_consecutive_step_failures). A successful step resets the count.
@@ -220,7 +222,15 @@ class EngineCore {
   // Sets health_ to `why` and ends every request: queued ones with Unavailable, running ones with
   // Unavailable too when `running_unavailable`, else with `why`.
   void StopServing(const absl::Status& why, bool running_unavailable);
-  std::vector<KvBlockEntry> TableFor(const Request& r, size_t seg, int64_t own_tokens) const;
+  // Extends r's persistent table to segments [0, seg) and own_tokens tokens of segment seg, and
+  // points `chunk` at a new version of it (block_table and the table_* fields). O(entries added),
+  // not O(context).
+  void TableFor(Request& r, size_t seg, int64_t own_tokens, ForwardChunk& chunk);
+  // The same table built from scratch: the reference every persistent table is checked against
+  // (check_pool_every_step).
+  std::vector<KvBlockEntry> RebuildTable(const Request& r, size_t seg, int64_t own_tokens) const;
+  // Empties r's table under a new sequence id (its segments are about to be rebuilt or dropped).
+  void ResetTable(Request& r);
   // KV slots of tokens start .. start + n - 1 of a segment stored in `blocks`.
   std::vector<int64_t> SlotsFor(const std::vector<BlockId>& blocks, int64_t start,
                                 int64_t n) const;
@@ -241,6 +251,7 @@ class EngineCore {
   EngineStats stats_;
   RequestId next_id_ = 1;
   JobId next_job_id_ = 1;
+  uint64_t next_table_sequence_ = 1;  // ForwardChunk::table_sequence, never reused
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_;  // queued and running
   std::deque<RequestId> waiting_;   // admission order (a preempted request goes first)
   std::vector<RequestId> running_;  // admitted, in admission order

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/engine_core_block_table.h"
 #include "services/worker/engine/stop_matcher.h"
 
 namespace lazyattn {
@@ -54,6 +55,9 @@ struct EngineCore::Request {
   RequestId id = 0;
   PreparedRequest prepared;
   std::vector<Segment> segments;
+  // The block table its chunks attend to, kept between steps and extended (TableFor); reset
+  // whenever its segments are (ResetTable: admission, preemption, release).
+  SequenceBlockTable table;
   Phase phase = Phase::kWaiting;
   bool cancelled = false;
   bool counted = false;    // per-mode lookup counters taken (first admission only)
@@ -76,6 +80,8 @@ struct EngineCore::Planned {
   size_t segment = 0;
   bool decode = false;
   std::vector<int64_t> slots;
+  // An encoding job's table, rebuilt for each chunk. A request's chunk points into the request's
+  // own persistent table instead (chunk.block_table, set when planned).
   std::vector<KvBlockEntry> table;
   ForwardChunk chunk;
 };

@@ -45,50 +45,61 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
   return out;
 }
 
+absl::StatusOr<TableSummary> ValidateForwardChunk(const ForwardChunk& ch, size_t i,
+                                                  const ModelConfig& c, int64_t num_kv_blocks,
+                                                  int block_size, int64_t checked,
+                                                  TableSummary summary) {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("forward chunk ", i, ": ", what));
+  };
+  if (ch.tokens.empty()) return bad("no tokens");
+  if (ch.emit_logits) {
+    if (const char* why = SamplingRowParamsError(ch.sampling)) return bad(why);
+    if (ch.penalty_prompt_tokens < 0 ||
+        ch.penalty_prompt_tokens > static_cast<int64_t>(ch.penalty_tokens.size())) {
+      return bad("penalty_prompt_tokens outside the penalty history");
+    }
+    if (HasPenalties(ch.sampling)) {
+      for (int32_t t : ch.penalty_tokens) {
+        if (t < 0 || t >= c.vocab_size) return bad("penalty history id outside the vocabulary");
+      }
+    }
+  }
+  if (ch.kv_slots.size() != ch.tokens.size()) return bad("kv_slots size differs from tokens");
+  for (int32_t t : ch.tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  for (int64_t s : ch.kv_slots) {
+    if (s < 0 || s >= num_kv_blocks * block_size) return bad("kv slot out of range");
+  }
+  const int64_t end = ch.local_start + static_cast<int64_t>(ch.tokens.size());
+  if (ch.segment_delta < 0 || ch.local_start < 0 || ch.k_rotation_base < 0 ||
+      ch.segment_delta + end > c.max_positions || ch.k_rotation_base + end > c.max_positions) {
+    return bad(absl::StrCat("positions exceed the model's context of ", c.max_positions));
+  }
+  const int64_t size = static_cast<int64_t>(ch.block_table.size());
+  if (checked < 0 || checked > size) return bad("table checked past its end");
+  for (KvBlockEntry e : ch.block_table.subspan(static_cast<size_t>(checked))) {
+    if (KvEntryBlock(e) >= num_kv_blocks) return bad("block table names a block out of range");
+    if (KvEntryDelta(e) >= c.max_positions) return bad("block delta past the model's context");
+    summary.keys += KvEntryValid(e);
+    summary.delta_entries += KvEntryDelta(e) != 0;
+  }
+  if (ch.first_query_index < 0 ||
+      ch.first_query_index + static_cast<int64_t>(ch.tokens.size()) > summary.keys) {
+    return bad("block table does not cover the chunk's own tokens");
+  }
+  return summary;
+}
+
 absl::Status ValidateForwardChunks(std::span<const ForwardChunk> chunks, const ModelConfig& c,
                                    int64_t num_kv_blocks, int block_size) {
   for (size_t i = 0; i < chunks.size(); ++i) {
-    const ForwardChunk& ch = chunks[i];
-    auto bad = [&](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat("forward chunk ", i, ": ", what));
-    };
-    if (ch.tokens.empty()) return bad("no tokens");
-    if (ch.emit_logits) {
-      if (const char* why = SamplingRowParamsError(ch.sampling)) return bad(why);
-      if (ch.penalty_prompt_tokens < 0 ||
-          ch.penalty_prompt_tokens > static_cast<int64_t>(ch.penalty_tokens.size())) {
-        return bad("penalty_prompt_tokens outside the penalty history");
-      }
-      if (HasPenalties(ch.sampling)) {
-        for (int32_t t : ch.penalty_tokens) {
-          if (t < 0 || t >= c.vocab_size) return bad("penalty history id outside the vocabulary");
-        }
-      }
-    }
-    if (ch.kv_slots.size() != ch.tokens.size()) return bad("kv_slots size differs from tokens");
-    for (int32_t t : ch.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return bad(absl::StrCat("token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-    for (int64_t s : ch.kv_slots) {
-      if (s < 0 || s >= num_kv_blocks * block_size) return bad("kv slot out of range");
-    }
-    const int64_t end = ch.local_start + static_cast<int64_t>(ch.tokens.size());
-    if (ch.segment_delta < 0 || ch.local_start < 0 || ch.k_rotation_base < 0 ||
-        ch.segment_delta + end > c.max_positions || ch.k_rotation_base + end > c.max_positions) {
-      return bad(absl::StrCat("positions exceed the model's context of ", c.max_positions));
-    }
-    int64_t keys = 0;
-    for (KvBlockEntry e : ch.block_table) {
-      if (KvEntryBlock(e) >= num_kv_blocks) return bad("block table names a block out of range");
-      if (KvEntryDelta(e) >= c.max_positions) return bad("block delta past the model's context");
-      keys += KvEntryValid(e);
-    }
-    if (ch.first_query_index < 0 ||
-        ch.first_query_index + static_cast<int64_t>(ch.tokens.size()) > keys) {
-      return bad("block table does not cover the chunk's own tokens");
-    }
+    absl::StatusOr<TableSummary> s =
+        ValidateForwardChunk(chunks[i], i, c, num_kv_blocks, block_size, 0, {});
+    if (!s.ok()) return s.status();
   }
   return absl::OkStatus();
 }

@@ -38,6 +38,18 @@ struct ForwardChunk {
   // written to. tokens[0] has sequence index `first_query_index` in this table.
   std::span<const KvBlockEntry> block_table;
   int64_t first_query_index = 0;
+  // Persistent tables (docs/kernels.md, "Block tables across steps"). A running sequence's table
+  // lives between its steps and only grows, so a backend may keep it (on the device) and take only
+  // what changed. `block_table` is then version `table_version` (1, 2, ...) of the table of
+  // sequence `table_sequence`, and its entries [0, table_unchanged) are exactly those of version
+  // table_version - 1 (which had at least that many). A sequence id is never reused, and one id's
+  // versions come in order, one per chunk. table_sequence 0: no such promise, the whole table is
+  // new (encoding jobs, tests). A backend that did not see version table_version - 1 (a failed
+  // step, another chunk in between) must take the whole table; one that ignores these fields
+  // reads `block_table` whole, as the CPU backend does.
+  uint64_t table_sequence = 0;
+  uint64_t table_version = 0;
+  int64_t table_unchanged = 0;
   // Logits for every token of the chunk (tests, scoring) or only for the last one (generation),
   // or none (document encoding, prefix computation: the LM head runs only where we sample).
   bool logits_for_all_tokens = false;
@@ -116,9 +128,23 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
                                int64_t vocab_size);
 
 // Checks what every backend must refuse before touching its storage (the InvalidArgument cases
-// of Forward). `num_kv_blocks` bounds block ids and slots.
+// of Forward). `num_kv_blocks` bounds block ids and slots. O(every table's entries).
 absl::Status ValidateForwardChunks(std::span<const ForwardChunk> chunks, const ModelConfig& config,
                                    int64_t num_kv_blocks, int block_size = kDefaultKvBlockSize);
+
+// What a chunk's table holds, for a backend that checks only its new tail.
+struct TableSummary {
+  int64_t keys = 0;          // valid slots over all entries
+  int64_t delta_entries = 0;  // entries with a nonzero delta
+};
+// ValidateForwardChunks for chunk `index` alone, whose table entries [0, checked) were checked
+// before (when the backend first saw them) and sum to `checked_summary`: only the entries from
+// `checked` on are read, so the cost is independent of the context. Returns the whole table's
+// summary.
+absl::StatusOr<TableSummary> ValidateForwardChunk(const ForwardChunk& chunk, size_t index,
+                                                  const ModelConfig& config, int64_t num_kv_blocks,
+                                                  int block_size, int64_t checked,
+                                                  TableSummary checked_summary);
 
 }  // namespace lazyattn
 
