@@ -26,6 +26,8 @@
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_linear.h"
 #include "kernels/cuda/swiglu.h"
+#include "services/worker/cuda/decode_table_gather.h"
+#include "services/worker/cuda/decode_table_store.h"
 #include "services/worker/engine/sampler.h"
 
 namespace lazyattn {
@@ -94,12 +96,10 @@ int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
 constexpr int kGraphBlockBucket = 64;  // table width granularity of decode graphs (1,024 tokens)
 constexpr size_t kMaxGraphs = 512;
 
-// A one-token chunk whose query sees every key of its table: the decode kernel's case.
-bool IsDecodeChunk(const ForwardChunk& ch) {
-  if (ch.tokens.size() != 1 || ch.block_table.empty()) return false;
-  int64_t keys = 0;
-  for (KvBlockEntry e : ch.block_table) keys += KvEntryValid(e);
-  return ch.first_query_index == keys - 1;
+// A one-token chunk whose query sees every key of its table (`keys` valid slots): the decode
+// kernel's case.
+bool IsDecodeChunk(const ForwardChunk& ch, int64_t keys) {
+  return ch.tokens.size() == 1 && !ch.block_table.empty() && ch.first_query_index == keys - 1;
 }
 
 }  // namespace
@@ -131,6 +131,10 @@ struct CudaModelRunner::State {
   Buffer sampled;  // packed argmax keys [logit rows] (all-greedy steps)
   Buffer ids, logprobs;  // SampleRowsCuda's results [logit rows]
   Buffer metadata;
+  // Decode tables kept between steps (decode_table_store.h): the host plan, the device store
+  // [slots][capacity] and the dense [rows][width] table the decode kernel reads.
+  DecodeTableStore tables;
+  Buffer table_store, decode_tables;
   // The host side of a launched step, two of them: a step may be enqueued (Launch) while the
   // one before it still runs, so the two may share neither the pinned metadata being uploaded
   // nor the pinned buffers the results come back to.
@@ -454,7 +458,12 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                                      std::span<const int32_t> previous_step_rows) {
   const auto entered = std::chrono::steady_clock::now();
   const ModelConfig& c = config();
-  RETURN_IF_ERROR(ValidateForwardChunks(chunks, c, num_kv_blocks_));
+  State& s = *state_;
+  // Each table is checked over the entries the device does not hold yet: O(new entries).
+  std::vector<DecodeTableStore::Checked> checked(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ASSIGN_OR_RETURN(checked[i], s.tables.Check(chunks[i], i, c, num_kv_blocks_));
+  }
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].k_rotation_base > chunks[i].segment_delta) {
       return absl::InvalidArgumentError(
@@ -462,7 +471,6 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     }
   }
   if (chunks.empty()) return absl::InvalidArgumentError("a launched step needs chunks");
-  State& s = *state_;
   if (s.in_flight.size() >= 2) {
     return absl::FailedPreconditionError("two launched steps are already uncollected");
   }
@@ -491,12 +499,14 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
 
   // --- Host: the step's metadata, rows in device order (decode chunks first). ---
   std::vector<size_t> order;
+  std::vector<bool> is_decode(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (IsDecodeChunk(chunks[i])) order.push_back(i);
+    is_decode[i] = IsDecodeChunk(chunks[i], checked[i].summary.keys);
+    if (is_decode[i]) order.push_back(i);
   }
   const int num_decode = static_cast<int>(order.size());
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!IsDecodeChunk(chunks[i])) order.push_back(i);
+    if (!is_decode[i]) order.push_back(i);
   }
   int64_t rows = 0;
   for (const ForwardChunk& ch : chunks) rows += static_cast<int64_t>(ch.tokens.size());
@@ -519,7 +529,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
       deltas.push_back(static_cast<int32_t>(ch.segment_delta - ch.k_rotation_base));
       slots.push_back(ch.kv_slots[t]);
     }
-    for (KvBlockEntry e : ch.block_table) any_delta |= KvEntryDelta(e) != 0;
+    any_delta |= checked[i].summary.delta_entries > 0;
   }
   for (int d = 0; d < num_decode; ++d) {
     max_decode_blocks =
@@ -533,13 +543,16 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     max_decode_blocks = (max_decode_blocks + kGraphBlockBucket - 1) / kGraphBlockBucket *
                         kGraphBlockBucket;
   }
-  std::vector<KvBlockEntry> decode_tables(static_cast<size_t>(num_decode) * max_decode_blocks, 0);
-  std::vector<int32_t> decode_num_blocks(num_decode);
+  // Only what the device does not hold of each decode table goes up (decode_table_store.h); the
+  // gather kernel assembles the [num_decode][max_decode_blocks] table on the device.
+  DecodeTableStore::LaunchGuard table_guard(s.tables);
+  std::vector<const ForwardChunk*> decode_chunks;
+  std::vector<int64_t> decode_from;
   for (int d = 0; d < num_decode; ++d) {
-    const auto& table = chunks[order[d]].block_table;
-    std::copy(table.begin(), table.end(), decode_tables.begin() + int64_t{d} * max_decode_blocks);
-    decode_num_blocks[d] = static_cast<int32_t>(table.size());
+    decode_chunks.push_back(&chunks[order[d]]);
+    decode_from.push_back(checked[order[d]].from);
   }
+  const DecodeTableStore::StepPlan tables = s.tables.PlanStep(decode_chunks, decode_from);
   // Emitting rows, chunk order: their device rows, sampling parameters (penalty histories
   // appended to one entry list) and whether their logits come back.
   std::vector<int32_t> logit_rows;
@@ -614,13 +627,18 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                    {deltas.data(), rows * 4},
                    {slots.data(), rows * 8},
                    {logit_rows.data(), out_rows * 4},
-                   {decode_tables.data(), static_cast<int64_t>(decode_tables.size()) * 8},
-                   {decode_num_blocks.data(), int64_t{num_decode} * 4},
+                   {tables.rows.data(),
+                    static_cast<int64_t>(tables.rows.size() * sizeof(DecodeTableRow))},
+                   {tables.num_blocks.data(), int64_t{num_decode} * 4},
                    {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
                    {token_source_rows.data(), static_cast<int64_t>(token_source_rows.size()) * 4},
                    {row_params.data(), out_rows * static_cast<int64_t>(sizeof(SamplingRowParams))},
                    {penalties.data(),
-                    static_cast<int64_t>(penalties.size() * sizeof(PenaltyEntry))}};
+                    static_cast<int64_t>(penalties.size() * sizeof(PenaltyEntry))},
+                   // Last: its size changes from step to step, and a replayed graph needs the
+                   // sections it reads at the offsets it was captured with.
+                   {tables.patch.data(),
+                    static_cast<int64_t>(tables.patch.size() * sizeof(KvBlockEntry))}};
   int64_t meta_bytes = 0;
   for (Section& x : sec) {
     x.offset = meta_bytes;
@@ -631,8 +649,10 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
   const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
   const int64_t generation_before = Buffer::generation();
+  const int64_t dense_table_bytes = int64_t{num_decode} * max_decode_blocks * 8;
   const bool grows = rows > s.row_capacity || out_rows > s.logit_row_capacity ||
-                     meta_bytes > s.metadata.bytes() ||
+                     meta_bytes > s.metadata.bytes() || tables.store_grew ||
+                     dense_table_bytes > s.decode_tables.bytes() ||
                      (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
   if (grows && !s.in_flight.empty()) RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
   if (rows > s.row_capacity) {
@@ -655,6 +675,8 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     s.logit_row_capacity = cap;
   }
   RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  RETURN_IF_ERROR(s.table_store.Reserve(s.tables.store_entries() * 8));
+  RETURN_IF_ERROR(s.decode_tables.Reserve(dense_table_bytes));
   if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
   if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
   // This slot's pinned buffers: no uncollected step uses them.
@@ -677,7 +699,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     const auto* d_deltas = s.metadata.as<int32_t>(sec[2].offset);
     const auto* d_slots = s.metadata.as<int64_t>(sec[3].offset);
     const auto* d_logit_rows = s.metadata.as<int32_t>(sec[4].offset);
-    const auto* d_tables = s.metadata.as<KvBlockEntry>(sec[5].offset);
+    const auto* d_tables = s.decode_tables.as<KvBlockEntry>();
     const auto* d_num_blocks = s.metadata.as<int32_t>(sec[6].offset);
     const void* d_plan = s.metadata.as<void>(sec[7].offset);
     float* x = s.x.as<float>();  // the residual stream stays fp32
@@ -863,6 +885,11 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.start, st));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), slot.metadata.as<void>(),
                                          meta_bytes, cudaMemcpyHostToDevice, st));
+    // Outside any graph: the patch's size and place change every step.
+    RETURN_IF_ERROR(GatherDecodeTablesCuda(
+        s.metadata.as<DecodeTableRow>(sec[5].offset), num_decode,
+        s.metadata.as<KvBlockEntry>(sec[11].offset), s.table_store.as<KvBlockEntry>(),
+        s.tables.capacity(), s.decode_tables.as<KvBlockEntry>(), max_decode_blocks, st));
     if (chained) {
       // The previous step's ids are still on the device (stream order): those of the rows
       // named become this step's tokens, over the placeholders just uploaded.
@@ -935,6 +962,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   s.last_argmax_only = argmax_only;
   s.in_flight.push_back(slot_index);
   s.chained_launches += chained;
+  table_guard.Launched();
   return absl::OkStatus();
 }
 

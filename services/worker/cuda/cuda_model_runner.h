@@ -2,8 +2,9 @@
 // paged bf16 KV pool in HBM, behind the same ModelRunner interface as the CPU backend.
 //
 // A step is a fixed sequence of launches on the runner's stream:
-//   metadata upload (one copy: token ids, positions, slots, decode tables, the prefill plan,
-//   the rows that need logits), embedding gather, then per layer
+//   metadata upload (one copy: token ids, positions, slots, the decode tables' new entries, the
+//   prefill plan, the rows that need logits), the decode tables' gather from where they persist
+//   on the device (decode_table_store.h), embedding gather, then per layer
 //     RMSNorm -> QKV GEMM -> RoPE + KV append -> decode attention (one-token sequences that see
 //     their whole table) and paged prefill attention (everything else) -> O GEMM (+= residual)
 //     -> RMSNorm -> gate|up GEMM -> SwiGLU -> down GEMM (+= residual),
