@@ -2,8 +2,12 @@
 // block tables, sampling bookkeeping and streaming cost per step at a given batch, i.e. the
 // floor under any backend's step time. Prints a table.
 //
-//   lazyattn-bench-engine-overhead [--batches 1,32,240] [--context 2048] [--steps 64]
-//                                  [--tokenizer MODEL]
+//   lazyattn-bench-engine-overhead [--batches 1,32,240] [--context 2048[,32768,...]]
+//                                  [--steps 64] [--tokenizer MODEL] [--decode-only]
+//
+// Each (batch, context) row times `steps` decode steps of `batch` requests of `context` prompt
+// tokens (mode full), in wall time and in the engine thread's CPU time; the block tables persist
+// between steps, so neither should grow with the context.
 //
 // Then the host time of an all-documents-cached RAG request (5 documents of ~4,096 tokens and a
 // 64-token question, lazy mode, one output token) through the threaded Engine: TTFT from
@@ -13,10 +17,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <iostream>
 #include <iterator>
+#include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +65,13 @@ class NullRunner final : public ModelRunner {
   ModelConfig config_;
   int64_t blocks_;
 };
+
+// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in microseconds.
+double ThreadCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
+}
 
 std::vector<int32_t> DocumentTokens(int id, int length) {
   std::mt19937 rng(1000003u * static_cast<uint32_t>(id) + 17);
@@ -173,7 +187,10 @@ int PrintRagOverhead(const ModelConfig& config, const Tokenizer& tokenizer,
 int Main(int argc, char** argv) {
   CliArgs args;
   args.Declare("batches", CliArgs::Kind::kValue, "decode batch sizes (default 1,32,240)");
-  args.Declare("context", CliArgs::Kind::kValue, "prompt tokens per request (default 2048)");
+  args.Declare("context", CliArgs::Kind::kValue,
+               "prompt tokens per request, a list (default 2048)");
+  args.Declare("decode-only", CliArgs::Kind::kSwitch,
+               "only the decode rows, not the all-cached RAG request");
   args.Declare("steps", CliArgs::Kind::kValue, "decode steps timed (default 64)");
   args.Declare("tokenizer", CliArgs::Kind::kValue,
                "a GGUF or HF model whose tokenizer tokenizes the text documents (default: bytes)");
@@ -181,17 +198,32 @@ int Main(int argc, char** argv) {
     std::cerr << s.message() << "\n" << args.Help();
     return 2;
   }
-  const int context = static_cast<int>(args.Int("context", 2048).value_or(2048));
   const int steps = static_cast<int>(args.Int("steps", 64).value_or(64));
+  std::vector<int> contexts, batches;
+  for (auto [flag, list, fallback] : {std::tuple{"context", &contexts, "2048"},
+                                      std::tuple{"batches", &batches, "1,32,240"}}) {
+    for (absl::string_view v : absl::StrSplit(args.String(flag, fallback), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(v, &n) || n < 1 || n > (1 << 20)) {
+        std::cerr << "--" << flag << ": \"" << v << "\" is not a count from 1 to 1048576\n";
+        return 2;
+      }
+      list->push_back(n);
+    }
+  }
+  if (steps < 1) {
+    std::cerr << "--steps: must be at least 1\n";
+    return 2;
+  }
   ModelConfig config = TinyTestConfig();
   config.max_positions = 1 << 20;
   auto tokenizer = MakeByteTokenizer();
-  std::cout << "| batch | context | engine host us/step | us/request/step |\n|---|---|---|---|\n";
-  for (absl::string_view b : absl::StrSplit(args.String("batches", "1,32,240"), ',')) {
-    int batch = 0;
-    if (!absl::SimpleAtoi(b, &batch) || batch < 1) continue;
+  // Wall time, and the thread's CPU time, which a loaded machine's preemptions do not inflate.
+  std::cout << "| batch | context | engine host us/step (wall) | CPU us/step | CPU us/request/step "
+               "|\n|---|---|---|---|---|\n";
+  for (int batch : batches) for (int context : contexts) {
     const int64_t blocks = int64_t{batch} * ((context + steps + 64) / 16 + 2);
-    int64_t tokens = 0;
+    std::vector<int64_t> streamed(batch, 0);
     EngineCore core(std::make_unique<NullRunner>(config, blocks), tokenizer.get(),
                     {.max_batch_tokens = 1 << 20, .max_running = batch});
     for (int i = 0; i < batch; ++i) {
@@ -199,24 +231,36 @@ int Main(int argc, char** argv) {
       r.question.assign(context, 5);
       r.question[0] = i % 250;
       r.mode = CacheMode::kFull;
-      r.sampling = {.max_tokens = steps + 2, .ignore_eos = true};
-      r.callbacks.on_token = [&tokens](int32_t, std::string_view) { ++tokens; };
+      r.sampling = {.max_tokens = steps + 64, .ignore_eos = true};
+      r.callbacks.on_token = [&streamed, i](int32_t, std::string_view) { ++streamed[i]; };
       core.Add(std::move(r));
     }
-    core.Step(absl::Now());  // admission and the prefill
-    core.Step(absl::Now());  // first decode
+    // Admission and the prefills (several steps when batch * context exceeds the step's token
+    // budget), until every request has its first token; then one decode step more, so the timed
+    // steps are all pure decode steps of the whole batch.
+    const auto all_started = [&] {
+      return std::all_of(streamed.begin(), streamed.end(), [](int64_t n) { return n > 0; });
+    };
+    for (int guard = 0; !all_started() && guard < 1024; ++guard) core.Step(absl::Now());
+    core.Step(absl::Now());
+    const int64_t before = std::accumulate(streamed.begin(), streamed.end(), int64_t{0});
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ThreadCpuMicros();
     for (int s = 0; s < steps; ++s) core.Step(absl::Now());
+    const double cpu_us = (ThreadCpuMicros() - cpu_start) / steps;
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count() / steps;
-    if (tokens != int64_t{batch} * (steps + 2)) {
-      std::cerr << "expected " << batch * (steps + 2) << " tokens, streamed " << tokens << "\n";
+    const int64_t tokens = std::accumulate(streamed.begin(), streamed.end(), int64_t{0}) - before;
+    if (tokens != int64_t{batch} * steps) {
+      std::cerr << "expected " << batch * steps << " tokens in the timed steps, streamed "
+                << tokens << "\n";
       return 1;
     }
-    std::cout << "| " << batch << " | " << context << " | " << us << " | " << us / batch
-              << " |\n";
+    std::cout << "| " << batch << " | " << context << " | " << us << " | " << cpu_us << " | "
+              << cpu_us / batch << " |\n";
   }
+  if (args.Has("decode-only")) return 0;
   auto llama = NamedModelShape("llama3-8b");
   if (!llama.ok()) return 1;
   if (args.Has("tokenizer")) {
