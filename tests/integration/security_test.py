@@ -13,10 +13,14 @@ Checks:
     certificate (PERMISSION_DENIED), one with a certificate from another CA (handshake refused);
     kvdir still counts two workers and every request is served by worker-0 or worker-1;
   - a worker refuses a caller whose certificate is not a router's; its gRPC health stays open;
+  - raw gRPC calls with chosen client certificates: a router's certificate reads kvdir
+    (ListWorkers) and a worker's Status (the controls); a worker's certificate is refused both
+    (PERMISSION_DENIED); a router certificate signed by another CA is refused by kvdir and by a
+    worker at the handshake (UNAVAILABLE), and gets nothing from the router without a key;
   - clients: no key, wrong key and a revoked key (removed from the key file, reloaded without a
     restart) get UNAUTHENTICATED (code 16); Prefetch with a key lacking `admin` gets
     PERMISSION_DENIED (code 7) and works with the admin key; the key name is a metrics label;
-  - no process logs an API key.
+  - no process logs an API key, a question or a document's text.
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
@@ -58,6 +62,25 @@ def start_impostor(c, name, worker_id, tls_lines):
     c.procs[name] = p
     p.wait_ready(60)
     return p
+
+
+def raw_call(addr, method, ca, cert=None, key=None):
+    """One unary call of `method` with an empty request (valid for every message type) over TLS
+    that trusts `ca`, presenting `cert`/`key` when given. Returns (status code name, details)."""
+    import grpc  # python3-grpcio (tools/setup-deps)
+
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    creds = grpc.ssl_channel_credentials(read(ca), read(key) if key else None,
+                                         read(cert) if cert else None)
+    with grpc.secure_channel(addr, creds) as channel:
+        try:
+            channel.unary_unary(method)(b"", timeout=15)
+            return "OK", ""
+        except grpc.RpcError as e:
+            return e.code().name, e.details() or ""
 
 
 def wait_log(c, name, needles, timeout=10):
@@ -144,6 +167,26 @@ def run_checks(args, c, certs, other, docs):
     check("worker health is open to a probe without a certificate",
           h.returncode == 0 and "SERVING" in h.stdout, h.stdout + h.stderr)
 
+    # Who may call what, by the certificate presented (raw calls: the CLI presents none).
+    kvdir, ca_file = c.addrs["kvdir"], f"{certs}/ca.crt"
+    list_workers, status = "/lazyattn.v1.KvDirectory/ListWorkers", "/lazyattn.v1.Worker/Status"
+    router_cert = (f"{certs}/router-0.crt", f"{certs}/router-0.key")
+    worker_cert = (f"{certs}/worker-1.crt", f"{certs}/worker-1.key")
+    foreign_router = (f"{other}/router-0.crt", f"{other}/router-0.key")
+    for what, addr, method in (("kvdir ListWorkers", kvdir, list_workers),
+                               ("worker-0 Status", worker0, status)):
+        code, detail = raw_call(addr, method, ca_file, *router_cert)
+        check(f"{what} with the router's certificate: OK (the control)", code == "OK", f"{code} {detail}")
+        code, detail = raw_call(addr, method, ca_file, *worker_cert)
+        check(f"{what} with a worker's certificate: PERMISSION_DENIED",
+              code == "PERMISSION_DENIED" and "router" in detail, f"{code} {detail}")
+        code, detail = raw_call(addr, method, ca_file, *foreign_router)
+        check(f"{what} with a router certificate from another CA: refused at the handshake "
+              "(UNAVAILABLE)", code == "UNAVAILABLE", f"{code} {detail}")
+    code, detail = raw_call(c.router, "/lazyattn.v1.Inference/GetModelInfo", ca_file, *foreign_router)
+    check("router: a client certificate (another CA's router certificate) is no key: UNAUTHENTICATED",
+          code == "UNAUTHENTICATED", f"{code} {detail}")
+
     # API keys.
     ca = ["--ca", f"{certs}/ca.crt"]
     p = client(args, c.router, *ca)
@@ -187,6 +230,17 @@ def run_checks(args, c, certs, other, docs):
     leaked = [name for name, p in c.procs.items()
               if any(k in open(p.log_path, errors="replace").read() for k in keys)]
     check("no process logs an API key", not leaked, str(leaked))
+    # A request whose question and document carry markers, answered; then no log holds either.
+    question, doc_text = "Which river? zq-question-marker-4817", "zq-document-marker-9203 The Seine."
+    marked_doc = os.path.join(c.tmp, "marked-doc.txt")
+    with open(marked_doc, "w") as f:
+        f.write(doc_text + "\n")
+    r = c.request([marked_doc], question)
+    check("a request with a marked question and document is answered", r.get("ok"), str(r)[:200])
+    leaked = [name for name, p in c.procs.items()
+              if any(m in open(p.log_path, errors="replace").read()
+                     for m in ("zq-question-marker", "zq-document-marker"))]
+    check("no process logs a question or a document's text", not leaked, str(leaked))
 
 
 if __name__ == "__main__":
