@@ -6,7 +6,9 @@ workers and router, API keys at the router; certificates from tools/gen-certs), 
   python3 tests/integration/security_test.py [--bin-dir build/bin]
 
 Checks:
-  - the secured cluster answers a RAG request (router -> kvdir and router -> worker over mTLS);
+  - the secured cluster answers a RAG request (router -> kvdir and router -> worker over mTLS),
+    and the README's demo requests (tools/cluster-demo: TLS and the demo key, as under
+    tools/cluster) with document hits;
   - impostor workers, each a real lazyattn-worker pointed at kvdir, get nothing: one without a
     client certificate (UNAUTHENTICATED), one whose valid certificate names another id and that
     claims worker-0 (PERMISSION_DENIED, hello refused and counted), one with the router's
@@ -25,6 +27,7 @@ Prints one line per check and "N passed, M failed" last; exits non-zero on any f
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,6 +129,15 @@ def run_checks(args, c, certs, other, docs):
     r = c.request(docs, "Which river flows through Paris?")
     check("secured cluster answers a RAG request (mTLS router->kvdir, router->worker)",
           r.get("ok") and r.get("worker") in ("worker-0", "worker-1"), str(r)[:300])
+    demo = subprocess.run([os.path.join(REPO, "tools", "cluster-demo")], capture_output=True,
+                          text=True, timeout=300, env=dict(
+                              os.environ, LAZYATTN_ROUTER=c.router, LAZYATTN_BIN_DIR=args.bin_dir,
+                              LAZYATTN_CA=f"{certs}/ca.crt",
+                              LAZYATTN_API_KEY_FILE=f"{certs}/demo.key"))
+    hits = re.search(r"cluster document hit ratio: (\d+)/(\d+)", demo.stdout)
+    check("the README's demo requests (tools/cluster-demo) are answered, with document hits",
+          demo.returncode == 0 and demo.stdout.count("Q: ") == 4 and hits is not None and
+          int(hits.group(1)) > 0, (demo.stdout + demo.stderr)[-300:])
 
     # Impostor workers.
     start_impostor(c, "no-cert", "worker-9", f"    ca_file: {certs}/ca.crt\n")
