@@ -3,12 +3,17 @@
 // tools/bench/cpu-vs-llamacpp, which puts it beside llama.cpp's numbers in docs/benchmarks.md).
 //
 //   lazyattn-bench-cpu --model PATH [--prompt-tokens 512] [--decode-tokens 128] [--repeats 3]
+//                      [--threads N] [--fp32]
+// --threads: kernel threads (default: physical cores); --fp32: the weights dequantized to fp32 at
+// load (the backend's form before packed weights), for comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <thread>
 
+#include "kernels/include/cpu_threads.h"
+#include "kernels/include/quant_linear.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/model_loader.h"
@@ -28,6 +33,8 @@ int Run(int argc, char** argv) {
   args.Declare("prompt-tokens", CliArgs::Kind::kValue, "prompt length (default 512)");
   args.Declare("decode-tokens", CliArgs::Kind::kValue, "generated tokens per run (default 128)");
   args.Declare("repeats", CliArgs::Kind::kValue, "runs; the median is reported (default 3)");
+  args.Declare("threads", CliArgs::Kind::kValue, "kernel threads (default: physical cores)");
+  args.Declare("fp32", CliArgs::Kind::kSwitch, "dequantize the weights to fp32 at load");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok() || !args.Has("model")) {
     std::cerr << "usage: lazyattn-bench-cpu --model PATH [flags]\n" << args.Help();
     return 2;
@@ -36,7 +43,10 @@ int Run(int argc, char** argv) {
   const int64_t n_decode = args.Int("decode-tokens", 128).value_or(128);
   const int64_t repeats = std::max<int64_t>(1, args.Int("repeats", 3).value_or(3));
 
-  auto model = LoadModel(args.String("model"));
+  const int threads = static_cast<int>(args.Int("threads", 0).value_or(0));
+  SetCpuKernelThreads(threads);
+  const bool fp32 = args.Has("fp32");
+  auto model = LoadModel(args.String("model"), {.packed = !fp32});
   if (!model.ok()) {
     std::cerr << model.status().message() << "\n";
     return 1;
@@ -59,6 +69,8 @@ int Run(int argc, char** argv) {
                 {.num_kv_blocks = (n_prompt + n_decode) / kDefaultKvBlockSize + 2,
                  .max_batch_tokens = static_cast<int>(std::max<int64_t>(n_prompt, 1))});
   std::vector<double> prefill_tps, decode_tps;
+  std::fprintf(stderr, "threads %d, kernels %s, weights %s\n", CpuKernelThreads(),
+               std::string(CpuIsaName(CpuKernelIsa())).c_str(), fp32 ? "fp32" : "packed");
   for (int64_t r = 0; r < repeats; ++r) {
     prompt[0] = static_cast<int32_t>(1000 + r);
     auto result = engine.Run({.question_token_ids = prompt,
@@ -80,13 +92,19 @@ int Run(int argc, char** argv) {
   const double prefill = Median(prefill_tps), decode = Median(decode_tps);
   std::printf("| engine | prompt tokens | prefill tokens/s | decode tokens | decode tokens/s |\n");
   std::printf("|---|---|---|---|---|\n");
-  std::printf("| lazyattn cpu (fp32, OpenBLAS) | %lld | %.1f | %lld | %.2f |\n",
-              static_cast<long long>(n_prompt), prefill, static_cast<long long>(n_decode), decode);
+  std::printf("| lazyattn cpu (%s) | %lld | %.1f | %lld | %.2f |\n",
+              fp32 ? "fp32 weights" : "packed weights", static_cast<long long>(n_prompt), prefill,
+              static_cast<long long>(n_decode), decode);
   nlohmann::json out = {{"engine", "lazyattn-cpu"},
                         {"prompt_tokens", n_prompt},
                         {"decode_tokens", n_decode},
                         {"repeats", repeats},
-                        {"threads", std::thread::hardware_concurrency()},
+                        {"threads", CpuKernelThreads()},
+                        {"weights", fp32 ? "fp32" : "packed"},
+                        {"min_prefill_tokens_per_s",
+                         *std::min_element(prefill_tps.begin(), prefill_tps.end())},
+                        {"max_decode_tokens_per_s",
+                         *std::max_element(decode_tps.begin(), decode_tps.end())},
                         {"prefill_tokens_per_s", prefill},
                         {"decode_tokens_per_s", decode}};
   std::printf("%s\n", out.dump().c_str());

@@ -6,10 +6,30 @@
 #include "kernels/include/embedding.h"
 #include "kernels/include/gemm.h"
 #include "kernels/include/paged_attention.h"
+#include "kernels/include/quant_linear.h"
 #include "kernels/include/rms_norm.h"
 #include "kernels/include/swiglu.h"
 
 namespace lazyattn {
+namespace {
+
+// y = x W^T (+ y) from whichever form the weights were loaded in: packed matrices (the stored
+// types, quant_linear.h) run part by part into their columns of y; fp32 ones take OpenBLAS.
+void Linear(const float* x, int64_t rows, const std::vector<float>& w32, const PackedMatrix& packed,
+            int64_t in, int64_t out, float* y, bool accumulate = false) {
+  if (packed.empty()) {
+    LinearCpu(x, w32.data(), rows, in, out, y, accumulate);
+    return;
+  }
+  int64_t first = 0;
+  for (size_t i = 0; i < packed.parts.size(); ++i) {
+    QuantLinearCpu(x, rows, packed.view(i), y + first, out, accumulate);
+    first += packed.parts[i].rows;
+  }
+}
+
+}  // namespace
+
 CpuRunner::CpuRunner(const ModelWeights* weights)
     : weights_(weights), rope_(weights->config.rope, weights->config.max_positions) {}
 
@@ -33,8 +53,14 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
 
   int64_t row = 0;
   for (const auto& ch : chunks) {
-    EmbeddingGatherCpu(w.token_embedding.data(), H, ch.tokens.data(),
-                       static_cast<int>(ch.tokens.size()), &x[row * H]);
+    if (w.packed()) {
+      for (size_t t = 0; t < ch.tokens.size(); ++t) {
+        w.token_embedding_packed.RowValues(ch.tokens[t], &x[(row + t) * H]);
+      }
+    } else {
+      EmbeddingGatherCpu(w.token_embedding.data(), H, ch.tokens.data(),
+                         static_cast<int>(ch.tokens.size()), &x[row * H]);
+    }
     row += static_cast<int64_t>(ch.tokens.size());
   }
 
@@ -43,7 +69,7 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
     const LayerWeights& L = w.layers[l];
     RmsNormCpu(x.data(), L.attn_norm.data(), static_cast<int>(rows), static_cast<int>(H),
                c.rms_norm_eps, h.data());
-    LinearCpu(h.data(), L.wqkv.data(), rows, H, qkv_width, qkv.data());
+    Linear(h.data(), rows, L.wqkv, L.wqkv_packed, H, qkv_width, qkv.data());
     row = 0;
     for (const auto& ch : chunks) {
       const int n = static_cast<int>(ch.tokens.size());
@@ -80,12 +106,12 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
                          .out = &attn[row * Q]});
       row += n;
     }
-    LinearCpu(attn.data(), L.wo.data(), rows, Q, H, x.data(), /*accumulate=*/true);
+    Linear(attn.data(), rows, L.wo, L.wo_packed, Q, H, x.data(), /*accumulate=*/true);
     RmsNormCpu(x.data(), L.ffn_norm.data(), static_cast<int>(rows), static_cast<int>(H),
                c.rms_norm_eps, h.data());
-    LinearCpu(h.data(), L.w_gate_up.data(), rows, H, 2 * I, gate_up.data());
+    Linear(h.data(), rows, L.w_gate_up, L.w_gate_up_packed, H, 2 * I, gate_up.data());
     SwiGluCpu(gate_up.data(), rows, I, act.data());
-    LinearCpu(act.data(), L.w_down.data(), rows, I, H, x.data(), /*accumulate=*/true);
+    Linear(act.data(), rows, L.w_down, L.w_down_packed, I, H, x.data(), /*accumulate=*/true);
   }
 
   // LM head only for the rows that need logits.
@@ -102,7 +128,11 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
   RmsNormCpu(last.data(), w.output_norm.data(), static_cast<int>(out_rows), static_cast<int>(H),
              c.rms_norm_eps, last.data());
   std::vector<float> logits(out_rows * c.vocab_size);
-  LinearCpu(last.data(), w.lm_head_data(), out_rows, H, c.vocab_size, logits.data());
+  if (w.packed()) {
+    Linear(last.data(), out_rows, {}, w.lm_head_packed_or_tied(), H, c.vocab_size, logits.data());
+  } else {
+    LinearCpu(last.data(), w.lm_head_data(), out_rows, H, c.vocab_size, logits.data());
+  }
   return logits;
 }
 

@@ -104,6 +104,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
     }
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
+  if (weights->packed()) {
+    return absl::InvalidArgumentError(
+        "backend cuda uploads fp32 host weights: load them without WeightLoadOptions::packed");
+  }
   return CudaRunnerWith(options, [weights] { return CudaModelWeights::Upload(*weights); });
 #else
   return NoCudaBackend();
@@ -185,20 +189,23 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& path,
       break;
     }
     case ModelLoadPath::kHostWeights: {
+      // The CPU backend multiplies the matrices in their stored type (quant_linear.h); the GPU
+      // upload reads fp32.
+      const WeightLoadOptions load{.packed = backend == Backend::kCpu};
       if (options.load_tokenizer) {
-        absl::StatusOr<LoadedModel> model = LoadModel(path);
+        absl::StatusOr<LoadedModel> model = LoadModel(path, load);
         if (!model.ok()) return fail(ModelLoadStage::kModel, model.status());
         m.host_weights = std::move(model->weights);
         m.tokenizer = std::move(model->tokenizer);
       } else {
-        absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(path);
+        absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(path, load);
         if (!weights.ok()) return fail(ModelLoadStage::kModel, weights.status());
         m.host_weights = std::move(*weights);
       }
       m.fingerprint = ModelFingerprint(*m.host_weights);
       runner = CreateModelRunner(m.host_weights.get(), options.runner);
-      // Only the CPU runner reads the host copy (fp32, 4 bytes a parameter: 32 GB for an 8B
-      // model) after this; a GPU process would otherwise hold it for its whole life.
+      // Only the CPU runner reads the host copy (on cuda fp32, 4 bytes a parameter: 32 GB for
+      // an 8B model) after this; a GPU process would otherwise hold it for its whole life.
       if (backend != Backend::kCpu) m.host_weights.reset();
       break;
     }

@@ -83,6 +83,14 @@ absl::StatusOr<std::vector<float>> SlotValues(const GgufFile& file, const ModelC
 std::string ModelFingerprint(const ModelWeights& w) {
   std::string bytes = ConfigBytes(w.config);
   for (const auto& [slot, layer] : SlotOrder(w.config)) {
+    // Packed matrices fingerprint the fp32 values they stand for, so both forms of one file
+    // agree (the conversions are exact and the same as the fp32 loader's).
+    const PackedMatrix* packed = WeightSlotPacked(w, slot, layer);
+    if (packed != nullptr && !packed->empty()) {
+      const int64_t n = packed->rows() * packed->cols, k = std::min(kSample, n);
+      AppendSample(packed->Values(0, k), packed->Values(n - k, n), bytes);
+      continue;
+    }
     const std::vector<float>& v = WeightSlotVector(w, slot, layer);
     const int64_t n = static_cast<int64_t>(v.size()), k = std::min(kSample, n);
     AppendSample(std::span(v).first(k), std::span(v).last(k), bytes);

@@ -70,9 +70,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFor(const std::string& m
   return tokenizer;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const WeightLoadOptions& options) {
   LoadedModel m;
-  ASSIGN_OR_RETURN(m.weights, LoadModelWeights(path));
+  ASSIGN_OR_RETURN(m.weights, LoadModelWeights(path, options));
   ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFor(path, m.weights->config));
   return m;
 }

@@ -20,7 +20,9 @@ struct LoadedModel {
 // Errors name the file and what is wrong in it (see LoadModelWeights and the tokenizer adapters).
 // The tokenizer's vocabulary must not exceed the model's (a smaller one is allowed: models pad
 // their embedding matrices).
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
+// `options`: as LoadModelWeights (packed: the CPU backend's form).
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
+                                      const WeightLoadOptions& options = {});
 
 // The tokenizer of a .gguf file or of the tokenizer.json beside an HF config.json. Errors name the
 // file and the key; std::bad_alloc never escapes (ResourceExhausted).

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -22,11 +23,29 @@ namespace fs = std::filesystem;
 
 // One file format's tensors: `check` verifies that a named tensor exists with this row-major
 // shape and a type the loader converts, touching no tensor data and allocating nothing sized by
-// the file; `read` converts it into fp32 at `dst`.
+// the file; `read` converts it into fp32 at `dst`; `read_packed` copies it in its stored type
+// (a type the CPU kernels do not take is converted to F32).
 struct TensorSource {
   std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape)> check;
   std::function<absl::Status(const std::string& name, float* dst)> read;
+  std::function<absl::Status(const std::string& name, int64_t num_elements, PackedPart& part)>
+      read_packed;
 };
+
+// Copies `bytes` stored as `type` into `part`, or their fp32 conversion when the kernels do not
+// take `type` (`to_f32` converts).
+absl::Status FillPart(std::optional<WeightType> type, const uint8_t* bytes, size_t num_bytes,
+                      int64_t num_elements, const std::function<absl::Status(float*)>& to_f32,
+                      PackedPart& part) {
+  if (type.has_value()) {
+    part.type = *type;
+    part.bytes.assign(bytes, bytes + num_bytes);
+    return absl::OkStatus();
+  }
+  part.type = WeightType::kF32;
+  part.bytes.resize(num_elements * sizeof(float));
+  return to_f32(reinterpret_cast<float*>(part.bytes.data()));
+}
 
 std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -79,12 +98,36 @@ std::vector<WeightPlacement> Placements(const ModelConfig& c, const TensorNames&
 // once every tensor's shape matched and its bytes lie inside the file (the readers' Open checked
 // that), the fp32 copy is at most a small multiple of the file's size. Then reads each tensor into
 // its slot.
+// With `packed`, matrices keep their stored type; the parts of a fused matrix arrive in row order
+// (Placements lists them so) and consecutive parts of one type merge into one run.
 absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>& placements,
-                             const TensorSource& source) {
+                             const TensorSource& source, bool packed) {
   for (const WeightPlacement& p : placements) RETURN_IF_ERROR(source.check(p.name, p.shape));
   const ModelConfig& c = w.config;
   w.layers.resize(c.num_layers);
   for (const WeightPlacement& p : placements) {
+    if (PackedMatrix* m = packed ? WeightSlotPacked(w, p.slot, p.layer) : nullptr) {
+      const int64_t cols = p.shape.back(), rows = p.shape.front();
+      m->cols = cols;
+      if (p.offset != m->rows() * cols) {
+        return absl::InternalError(absl::StrCat("tensor ", p.name, " placed out of row order"));
+      }
+      PackedPart part;
+      RETURN_IF_ERROR(source.read_packed(p.name, rows * cols, part));
+      part.rows = rows;
+      if (p.rope_heads > 0) {
+        UnpermuteGgufRopeRowBytes(part.bytes.data(), p.rope_heads, c.head_dim,
+                                  WeightTypeRowBytes(part.type, cols));
+      }
+      if (!m->parts.empty() && m->parts.back().type == part.type) {
+        PackedPart& last = m->parts.back();
+        last.bytes.insert(last.bytes.end(), part.bytes.begin(), part.bytes.end());
+        last.rows += part.rows;
+      } else {
+        m->parts.push_back(std::move(part));
+      }
+      continue;
+    }
     std::vector<float>& dst = WeightSlotVector(w, p.slot, p.layer);
     dst.resize(WeightSlotElements(c, p.slot));
     RETURN_IF_ERROR(source.read(p.name, dst.data() + p.offset));
@@ -123,7 +166,19 @@ absl::Status CheckGgufTensor(const GgufFile& file, const std::string& name,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) {
+std::optional<WeightType> KernelType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32: return WeightType::kF32;
+    case GgmlType::kF16: return WeightType::kF16;
+    case GgmlType::kBF16: return WeightType::kBF16;
+    case GgmlType::kQ8_0: return WeightType::kQ8_0;
+    case GgmlType::kQ4_0: return WeightType::kQ4_0;
+    case GgmlType::kQ4_1: return WeightType::kQ4_1;
+    default: return std::nullopt;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path, bool packed) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN(w->config, GgufModelConfig(*file));
@@ -137,11 +192,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path) 
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat(path, ": tensor ", name, ": ", s.message()));
   };
-  RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), source));
+  source.read_packed = [&](const std::string& name, int64_t n, PackedPart& part) -> absl::Status {
+    ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(name));
+    return FillPart(KernelType(t->type), t->data, t->num_bytes, n,
+                    [&](float* dst) { return source.read(name, dst); }, part);
+  };
+  RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), source, packed));
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path, bool packed) {
   const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN(w->config, ModelConfigFromHfJson((dir / "config.json").string()));
@@ -182,6 +242,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
     ASSIGN_OR_RETURN(const auto found, find(name));
     return found.first->ReadAsF32(*found.second, dst);
   };
+  source.read_packed = [&](const std::string& name, int64_t n, PackedPart& part) -> absl::Status {
+    ASSIGN_OR_RETURN(const auto found, find(name));
+    const SafetensorsTensor& t = *found.second;
+    std::optional<WeightType> type;
+    if (t.dtype == SafetensorsDtype::kF32) type = WeightType::kF32;
+    if (t.dtype == SafetensorsDtype::kF16) type = WeightType::kF16;
+    if (t.dtype == SafetensorsDtype::kBF16) type = WeightType::kBF16;
+    return FillPart(type, t.data, t.num_bytes, n,
+                    [&](float* dst) { return source.read(name, dst); }, part);
+  };
   static const std::map<std::string_view, std::string> kParts = {
       {"attn_norm", "input_layernorm"},   {"q", "self_attn.q_proj"},
       {"k", "self_attn.k_proj"},          {"v", "self_attn.v_proj"},
@@ -195,7 +265,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path) {
                       return absl::StrCat("model.layers.", l, ".", kParts.at(part), ".weight");
                     }};
   RETURN_IF_ERROR(AssembleWeights(*w, Placements(w->config, names, /*gguf_rope_layout=*/false),
-                                  source));
+                                  source, packed));
   return w;
 }
 
@@ -216,6 +286,72 @@ void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols)
     }
     std::memcpy(base, head.data(), head.size() * sizeof(float));
   }
+}
+
+void UnpermuteGgufRopeRowBytes(uint8_t* rows, int n_heads, int head_dim, size_t row_bytes) {
+  const int half = head_dim / 2;
+  std::vector<uint8_t> head(head_dim * row_bytes);
+  for (int h = 0; h < n_heads; ++h) {
+    uint8_t* base = rows + size_t(h) * head_dim * row_bytes;
+    for (int i = 0; i < half; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        std::memcpy(&head[(size_t(j) * half + i) * row_bytes],
+                    base + (size_t(2) * i + j) * row_bytes, row_bytes);
+      }
+    }
+    std::memcpy(base, head.data(), head.size());
+  }
+}
+
+int64_t PackedMatrix::rows() const {
+  int64_t n = 0;
+  for (const PackedPart& p : parts) n += p.rows;
+  return n;
+}
+
+size_t PackedMatrix::bytes() const {
+  size_t n = 0;
+  for (const PackedPart& p : parts) n += p.bytes.size();
+  return n;
+}
+
+void PackedMatrix::RowValues(int64_t row, float* dst) const {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (row < parts[i].rows) {
+      DequantizeRowsCpu(view(i), row, 1, dst);
+      return;
+    }
+    row -= parts[i].rows;
+  }
+}
+
+std::vector<float> PackedMatrix::Values(int64_t begin, int64_t end) const {
+  std::vector<float> out;
+  if (cols == 0 || end <= begin) return out;
+  out.reserve(end - begin);
+  std::vector<float> row(cols);
+  for (int64_t r = begin / cols; r * cols < end; ++r) {
+    RowValues(r, row.data());
+    const int64_t lo = std::max(begin, r * cols), hi = std::min(end, (r + 1) * cols);
+    out.insert(out.end(), row.begin() + (lo - r * cols), row.begin() + (hi - r * cols));
+  }
+  return out;
+}
+
+PackedMatrix* WeightSlotPacked(ModelWeights& w, WeightSlot slot, int layer) {
+  switch (slot) {
+    case WeightSlot::kTokenEmbedding: return &w.token_embedding_packed;
+    case WeightSlot::kLmHead: return &w.lm_head_packed;
+    case WeightSlot::kWqkv: return &w.layers[layer].wqkv_packed;
+    case WeightSlot::kWo: return &w.layers[layer].wo_packed;
+    case WeightSlot::kGateUp: return &w.layers[layer].w_gate_up_packed;
+    case WeightSlot::kDown: return &w.layers[layer].w_down_packed;
+    default: return nullptr;
+  }
+}
+
+const PackedMatrix* WeightSlotPacked(const ModelWeights& w, WeightSlot slot, int layer) {
+  return WeightSlotPacked(const_cast<ModelWeights&>(w), slot, layer);
 }
 
 std::vector<float>& WeightSlotVector(ModelWeights& w, WeightSlot slot, int layer) {
@@ -304,13 +440,15 @@ absl::Status CheckGgufWeights(const GgufFile& file, const ModelConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path,
+                                                               const WeightLoadOptions& options) {
   ASSIGN_OR_RETURN(ModelFormat format, DetectModelFormat(path));
   // Every size is bounded before it is allocated (model_config.h, AssembleWeights); this catch is
   // the last resort that keeps a worker alive if a model that passed every check still does not
   // fit in memory.
   try {
-    return format == ModelFormat::kGguf ? LoadGguf(path) : LoadHf(path);
+    return format == ModelFormat::kGguf ? LoadGguf(path, options.packed)
+                                        : LoadHf(path, options.packed);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(path, ": out of host memory loading the weights"));

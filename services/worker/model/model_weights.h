@@ -1,5 +1,6 @@
-// fp32 weights of a llama-architecture model in the canonical layout, loaded from GGUF or HF
-// safetensors.
+// Weights of a llama-architecture model in the canonical layout, loaded from GGUF or HF
+// safetensors: fp32, or (WeightLoadOptions::packed, the CPU backend's form) the matrices kept in
+// the type the file stores them in.
 //
 // Canonical layout (what every backend consumes):
 // - matrices row-major [out_features][in_features];
@@ -17,10 +18,37 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/include/quant_linear.h"
 #include "services/worker/model/model_config.h"
 
 namespace lazyattn {
 
+// A matrix in its stored type (quant_linear.h's layout): consecutive runs of rows, each run of one
+// type, since a fused matrix's source tensors may differ (a Q4_1 file may keep V in Q8_0).
+struct PackedPart {
+  WeightType type = WeightType::kF32;
+  int64_t rows = 0;
+  std::vector<uint8_t> bytes;  // rows * WeightTypeRowBytes(type, cols)
+};
+struct PackedMatrix {
+  int64_t cols = 0;
+  std::vector<PackedPart> parts;
+
+  bool empty() const { return parts.empty(); }
+  int64_t rows() const;
+  size_t bytes() const;
+  // Part i as a kernel view.
+  QuantMatrixView view(size_t i) const {
+    return {parts[i].type, parts[i].bytes.data(), parts[i].rows, cols};
+  }
+  // Flat values [begin, end) of the row-major matrix, in fp32.
+  std::vector<float> Values(int64_t begin, int64_t end) const;
+  // Row `row` in fp32 into dst[cols].
+  void RowValues(int64_t row, float* dst) const;
+};
+
+// With WeightLoadOptions::packed, every matrix slot (embedding, LM head, the four per-layer
+// projections) is in its *_packed member and its fp32 vector is empty; otherwise the reverse.
 struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   std::vector<float> wqkv;       // [q_size + 2 kv_size][hidden]
@@ -28,6 +56,7 @@ struct LayerWeights {
   std::vector<float> ffn_norm;   // [hidden]
   std::vector<float> w_gate_up;  // [2 intermediate][hidden]
   std::vector<float> w_down;     // [hidden][intermediate]
+  PackedMatrix wqkv_packed, wo_packed, w_gate_up_packed, w_down_packed;
 };
 
 struct ModelWeights {
@@ -36,10 +65,23 @@ struct ModelWeights {
   std::vector<float> output_norm;      // [hidden]
   std::vector<float> lm_head;          // [vocab][hidden]; empty when tied to the embedding
   std::vector<LayerWeights> layers;
+  PackedMatrix token_embedding_packed, lm_head_packed;
 
   const float* lm_head_data() const {
     return lm_head.empty() ? token_embedding.data() : lm_head.data();
   }
+  const PackedMatrix& lm_head_packed_or_tied() const {
+    return lm_head_packed.empty() ? token_embedding_packed : lm_head_packed;
+  }
+  // Whether the matrices are packed (LoadModelWeights with WeightLoadOptions::packed).
+  bool packed() const { return !token_embedding_packed.empty(); }
+};
+
+struct WeightLoadOptions {
+  // Keep every matrix in the type the file stores it in (F32, F16, BF16, Q8_0, Q4_0, Q4_1): what
+  // the CPU backend multiplies directly, 4-8x smaller than fp32 for quantized files. The CUDA
+  // upload and tests that read the fp32 vectors need packed == false.
+  bool packed = false;
 };
 
 // Which on-disk format `path` names: a `.gguf` file, or an HF model directory (config.json and
@@ -52,11 +94,14 @@ absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
 // Errors name the file and the tensor or key (InvalidArgument / DataLoss / NotFound /
 // Unimplemented for a malformed or unsupported file; ResourceExhausted, never std::bad_alloc, when
 // a well-formed model does not fit in memory).
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& path);
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
+    const std::string& path, const WeightLoadOptions& options = {});
 
 // The GGUF Q/K row permutation's inverse, exposed for tests: `rows` = n_heads * head_dim rows of
 // `cols` values, permuted as llama.cpp's converter does, are rewritten in half-split order.
 void UnpermuteGgufRopeRows(float* rows, int n_heads, int head_dim, int64_t cols);
+// The same on rows of `row_bytes` bytes each (packed rows move whole).
+void UnpermuteGgufRopeRowBytes(uint8_t* rows, int n_heads, int head_dim, size_t row_bytes);
 
 // The destination tensors of ModelWeights' layout (per layer from kAttnNorm on).
 enum class WeightSlot { kTokenEmbedding, kOutputNorm, kLmHead, kAttnNorm, kWqkv, kWo, kFfnNorm,
@@ -64,6 +109,10 @@ enum class WeightSlot { kTokenEmbedding, kOutputNorm, kLmHead, kAttnNorm, kWqkv,
 
 // Elements of `slot` in ModelWeights' layout (0 for kLmHead when the embedding is tied).
 int64_t WeightSlotElements(const ModelConfig& config, WeightSlot slot);
+
+// The packed form of `slot` (null for the norm slots, which are always fp32).
+PackedMatrix* WeightSlotPacked(ModelWeights& weights, WeightSlot slot, int layer);
+const PackedMatrix* WeightSlotPacked(const ModelWeights& weights, WeightSlot slot, int layer);
 
 // The host tensor of `slot` (of `layer` for per-layer slots).
 std::vector<float>& WeightSlotVector(ModelWeights& weights, WeightSlot slot, int layer);

@@ -1,6 +1,7 @@
 #include "services/worker/model/model_weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -77,6 +78,51 @@ TEST(GgufModelFingerprintTest, EqualsTheFingerprintOfTheLoadedWeights) {
     auto fingerprint = GgufModelFingerprint(**file);
     ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
     EXPECT_EQ(*fingerprint, ModelFingerprint(**weights));
+    // Packed weights stand for the same values, so they fingerprint the same.
+    auto packed = LoadModelWeights(path, {.packed = true});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_EQ(*fingerprint, ModelFingerprint(**packed));
+  }
+}
+
+// The packed form holds the values of the fp32 form, bit for bit, in every slot; its fp32 matrix
+// vectors are empty (one copy of the weights).
+TEST(PackedWeightsTest, HoldTheFp32FormsValues) {
+  std::vector<std::string> paths = testing::TestGgufFiles();
+  paths.push_back("tests/data/tiny/tiny-llama/hf-bf16");
+  paths.push_back("tests/data/tiny/tiny-llama/hf-f32");
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    if (path.find("SmolLM2") != std::string::npos) continue;  // 540 MB of fp32: the golden test
+    auto fp32 = LoadModelWeights(path);
+    auto packed = LoadModelWeights(path, {.packed = true});
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_TRUE((*packed)->packed());
+    EXPECT_FALSE((*fp32)->packed());
+    const ModelConfig& c = (*fp32)->config;
+    std::vector<std::pair<WeightSlot, int>> slots = {{WeightSlot::kTokenEmbedding, -1},
+                                                     {WeightSlot::kLmHead, -1}};
+    for (int l = 0; l < c.num_layers; ++l) {
+      for (WeightSlot s : {WeightSlot::kWqkv, WeightSlot::kWo, WeightSlot::kGateUp,
+                           WeightSlot::kDown}) {
+        slots.emplace_back(s, l);
+      }
+    }
+    for (const auto& [slot, layer] : slots) {
+      const std::vector<float>& want = WeightSlotVector(**fp32, slot, layer);
+      const PackedMatrix& got = *WeightSlotPacked(**packed, slot, layer);
+      EXPECT_TRUE(WeightSlotVector(**packed, slot, layer).empty());
+      ASSERT_EQ(got.rows() * got.cols, static_cast<int64_t>(want.size()));
+      const std::vector<float> values = got.Values(0, got.rows() * got.cols);
+      // Bit for bit (the sign of zero too: the fingerprint hashes these bytes).
+      EXPECT_EQ(std::memcmp(values.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "slot " << static_cast<int>(slot) << " layer " << layer;
+    }
+    if (path.find(".gguf") != std::string::npos && path.find("f32") == std::string::npos) {
+      EXPECT_LT((*packed)->token_embedding_packed.bytes(),
+                (*fp32)->token_embedding.size() * sizeof(float));
+    }
   }
 }
 
@@ -165,38 +211,40 @@ TEST_P(TinyModelTest, EveryFormatMatchesLlamaCpp) {
   const int64_t vocab = m["config"]["vocab_size"].get<int64_t>();
   int checked = 0;
   for (const auto& [variant, file] : m["files"].items()) {
-    SCOPED_TRACE(variant);
-    auto w = LoadModelWeights(file["path"].get<std::string>());
-    ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_EQ((*w)->config.vocab_size, vocab);
-    EXPECT_EQ((*w)->config.tie_word_embeddings, m["config"]["tie_word_embeddings"].get<bool>());
-    const auto logits = AllLogits(**w, tokens);
-    const std::string quant = variant.substr(variant.find('-') + 1);
-    if (quant == "f32" || quant == "bf16" || quant == "f16") {
-      // These hold the same numbers exactly (the weights were rounded to bf16 first).
-      ExpectLogits(logits, vocab, m["logits_positions"], m["logits"], variant);
-      // Greedy continuation through the engine (KV cache, decode steps), the tokens as a
-      // document-free prompt in mode full.
-      auto tok = LoadTokenizer(file["path"].get<std::string>());
-      ASSERT_TRUE(tok.ok()) << tok.status();
-      Engine engine(w->get(), tok->get(), {.num_kv_blocks = 16});
-      const auto greedy = m["greedy_ids"].get<std::vector<int32_t>>();
-      // An empty system prefix still carries BOS for models that add one; these do not.
-      ASSERT_FALSE((*tok)->add_bos());
-      auto r = engine.Run({.question_token_ids = tokens,
-                           .mode = CacheMode::kFull,
-                           .sampling = {.max_tokens = static_cast<int>(greedy.size()),
-                                        .ignore_eos = true}});
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_EQ(r->token_ids, greedy);
-    } else {
-      const auto& q = m["quantized_variants"][quant];
-      ASSERT_TRUE(q.contains("logits")) << "no golden for " << variant;
-      ExpectLogits(logits, vocab, q["logits_positions"], q["logits"], variant);
+    for (const bool packed : {false, true}) {
+      SCOPED_TRACE(variant + (packed ? " packed" : " fp32"));
+      auto w = LoadModelWeights(file["path"].get<std::string>(), {.packed = packed});
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ((*w)->config.vocab_size, vocab);
+      EXPECT_EQ((*w)->config.tie_word_embeddings, m["config"]["tie_word_embeddings"].get<bool>());
+      const auto logits = AllLogits(**w, tokens);
+      const std::string quant = variant.substr(variant.find('-') + 1);
+      if (quant == "f32" || quant == "bf16" || quant == "f16") {
+        // These hold the same numbers exactly (the weights were rounded to bf16 first).
+        ExpectLogits(logits, vocab, m["logits_positions"], m["logits"], variant);
+        // Greedy continuation through the engine (KV cache, decode steps), the tokens as a
+        // document-free prompt in mode full.
+        auto tok = LoadTokenizer(file["path"].get<std::string>());
+        ASSERT_TRUE(tok.ok()) << tok.status();
+        Engine engine(w->get(), tok->get(), {.num_kv_blocks = 16});
+        const auto greedy = m["greedy_ids"].get<std::vector<int32_t>>();
+        // An empty system prefix still carries BOS for models that add one; these do not.
+        ASSERT_FALSE((*tok)->add_bos());
+        auto r = engine.Run({.question_token_ids = tokens,
+                             .mode = CacheMode::kFull,
+                             .sampling = {.max_tokens = static_cast<int>(greedy.size()),
+                                          .ignore_eos = true}});
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->token_ids, greedy);
+      } else {
+        const auto& q = m["quantized_variants"][quant];
+        ASSERT_TRUE(q.contains("logits")) << "no golden for " << variant;
+        ExpectLogits(logits, vocab, q["logits_positions"], q["logits"], variant);
+      }
+      ++checked;
     }
-    ++checked;
   }
-  EXPECT_GE(checked, 4);
+  EXPECT_GE(checked, 8);
 }
 
 TEST(TinyModelRopeTest, Llama3RopeScalingComesThroughBothFormats) {

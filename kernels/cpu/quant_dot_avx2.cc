@@ -1,0 +1,133 @@
+// AVX2 + FMA + F16C dot products over stored weights (quant_dot.h). Every function carries the
+// target attribute instead of the file being built with -mavx2, so that no inline function this
+// file instantiates can leak AVX2 code into a CPU without it; callers check CpuSupportsIsa first.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/quant_dot.h"
+
+#define LAZYATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace lazyattn::quant_internal {
+namespace {
+
+LAZYATTN_AVX2 inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+LAZYATTN_AVX2 inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Eight unsigned / signed bytes (the low 8 of v) as floats.
+LAZYATTN_AVX2 inline __m256 U8ToF32(__m128i v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+LAZYATTN_AVX2 inline __m256 I8ToF32(__m128i v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
+LAZYATTN_AVX2 float DotQ4(const uint8_t* row, const float* x, const float* xs, int64_t blocks,
+                          bool q41) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const size_t block_bytes = q41 ? 20 : 18, qs = q41 ? 4 : 2;
+  __m256 acc = _mm256_setzero_ps();
+  float offsets = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * block_bytes;
+    const float* xb = x + b * kBlock;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs));
+    const __m128i lo = _mm_and_si128(q, mask);                     // values 0..15
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);  // values 16..31
+    __m256 s = _mm256_mul_ps(U8ToF32(lo), _mm256_loadu_ps(xb));
+    s = _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(lo, lo)), _mm256_loadu_ps(xb + 8), s);
+    s = _mm256_fmadd_ps(U8ToF32(hi), _mm256_loadu_ps(xb + 16), s);
+    s = _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(hi, hi)), _mm256_loadu_ps(xb + 24), s);
+    const float d = Half(blk);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+    offsets += (q41 ? Half(blk + 2) : -8.0f * d) * xs[b];
+  }
+  return HorizontalSum(acc) + offsets;
+}
+
+LAZYATTN_AVX2 float DotQ8(const uint8_t* row, const float* x, int64_t blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* q = row + b * 34 + 2;
+    const float* xb = x + b * kBlock;
+    __m256 s = _mm256_mul_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))),
+                             _mm256_loadu_ps(xb));
+    for (int i = 1; i < 4; ++i) {
+      s = _mm256_fmadd_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))),
+                          _mm256_loadu_ps(xb + 8 * i), s);
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row + b * 34)), s, acc);
+  }
+  return HorizontalSum(acc);
+}
+
+// fp32 / fp16 / bf16 rows: 8 values a step, the tail (cols % 8) in scalar.
+LAZYATTN_AVX2 float DotFloat(WeightType type, const uint8_t* row, const float* x, int64_t cols) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  auto load8 = [type, row](int64_t k) LAZYATTN_AVX2 {
+    if (type == WeightType::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+    if (type == WeightType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  };
+  int64_t k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    acc0 = _mm256_fmadd_ps(load8(k), _mm256_loadu_ps(x + k), acc0);
+    acc1 = _mm256_fmadd_ps(load8(k + 8), _mm256_loadu_ps(x + k + 8), acc1);
+  }
+  if (k + 8 <= cols) {
+    acc0 = _mm256_fmadd_ps(load8(k), _mm256_loadu_ps(x + k), acc0);
+    k += 8;
+  }
+  float sum = HorizontalSum(_mm256_add_ps(acc0, acc1));
+  for (; k < cols; ++k) {
+    float w;
+    if (type == WeightType::kF32) {
+      std::memcpy(&w, row + 4 * k, sizeof w);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, sizeof h);
+      w = type == WeightType::kF16 ? _cvtsh_ss(h) : Bf16BitsToFloat(h);
+    }
+    sum += w * x[k];
+  }
+  return sum;
+}
+
+}  // namespace
+
+LAZYATTN_AVX2 void DotRowsAvx2(const DotArgs& a) {
+  const int64_t blocks = a.cols / kBlock;
+  for (int64_t j = 0; j < a.n; ++j) {
+    const uint8_t* row = a.w + j * a.row_bytes;
+    float v;
+    switch (a.type) {
+      case WeightType::kQ4_0:
+        v = DotQ4(row, a.x, a.x_block_sums, blocks, false);
+        break;
+      case WeightType::kQ4_1:
+        v = DotQ4(row, a.x, a.x_block_sums, blocks, true);
+        break;
+      case WeightType::kQ8_0:
+        v = DotQ8(row, a.x, blocks);
+        break;
+      default:
+        v = DotFloat(a.type, row, a.x, a.cols);
+        break;
+    }
+    a.y[j] = a.accumulate ? a.y[j] + v : v;
+  }
+}
+
+}  // namespace lazyattn::quant_internal
