@@ -195,6 +195,11 @@ def run_checks(args, c, certs, other, docs):
         code, detail = raw_call(addr, method, ca_file, *foreign_router)
         check(f"{what} with a router certificate from another CA: refused at the handshake "
               "(UNAVAILABLE)", code == "UNAVAILABLE", f"{code} {detail}")
+    # Lookup has its own rule; its request's content is the handler's business, so only the
+    # refusal (decided before any handler) is checked here.
+    code, detail = raw_call(kvdir, "/lazyattn.v1.KvDirectory/Lookup", ca_file, *worker_cert)
+    check("kvdir Lookup with a worker's certificate: PERMISSION_DENIED",
+          code == "PERMISSION_DENIED" and "only router identities" in detail, f"{code} {detail}")
     code, detail = raw_call(c.router, "/lazyattn.v1.Inference/GetModelInfo", ca_file, *foreign_router)
     check("router: a client certificate (another CA's router certificate) is no key: UNAUTHENTICATED",
           code == "UNAUTHENTICATED", f"{code} {detail}")
