@@ -2,9 +2,7 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
-#include "common/request_validator.h"
 
 namespace lazyattn::router {
 
@@ -36,35 +34,16 @@ int LiveCalls::count() {
   return count_;
 }
 
-HttpCall::~HttpCall() {
-  if (admitted_) router()->Release();
-}
+HttpCall::~HttpCall() = default;
 
 absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
     RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
     GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream,
     std::shared_ptr<LiveCalls> live) {
-  // The same checks, in the same order, as the gRPC API's admission (inference_service.cc).
-  const auto model = router->registry().Model();
-  absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
-                                               model.has_value() ? model->vocab_size() : 0);
-  if (!valid.ok()) {
-    router->metrics().CountValidationFailure(valid);
-    router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
-    return valid;
-  }
-  KeySlot slot;
-  if (key_limiter != nullptr) {
-    if (grpc::Status s = key_limiter->Acquire(key_name, &slot); !s.ok()) {
-      router->metrics().CountRequest(s.error_code());
-      return FromGrpcStatus(s);
-    }
-  }
-  if (!router->TryAdmit()) {
-    router->metrics().CountRequest(grpc::StatusCode::RESOURCE_EXHAUSTED);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("router busy: ", router->options().max_inflight_requests,
-                     " requests in flight (limits.max_inflight_requests); retry later"));
+  // The gRPC API's own admission (admission.h); its refusals are already counted.
+  AdmissionTicket ticket;
+  if (grpc::Status s = AdmitRequest(router, key_limiter, key_name, request, &ticket); !s.ok()) {
+    return FromGrpcStatus(s);
   }
   // Counted until the whole object is gone: ~ForwardingCall, which runs after ~HttpCall, still
   // uses the router.
@@ -74,8 +53,7 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
                                    delete c;
                                    if (live != nullptr) live->Remove();
                                  });
-  call->admitted_ = true;
-  call->key_slot_ = std::move(slot);
+  call->admission_ = std::move(ticket);
   call->self_ = call;
   call->Begin();
   return call;

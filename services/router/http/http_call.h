@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/router/server/admission.h"
 #include "services/router/server/forwarding_call.h"
 #include "services/router/server/key_limits.h"
 #include "services/router/server/router_context.h"
@@ -59,10 +60,11 @@ class HttpCall final : public ForwardingCall {
     std::string text;                         // kEnd, not streaming: the whole text
   };
 
-  // Validates the request with the gRPC API's validator and admits it under the API key's
-  // in-flight cap (`key_limiter` null: no API keys; `key_name` from CheckApiKey) and the router's
-  // in-flight limit, in the gRPC API's order; the error status otherwise (counted in the router's
-  // request metrics). `live` (may be null) counts the call until it is destroyed.
+  // Admits the request as the gRPC API does (AdmitRequest, admission.h: validation, the served
+  // model's document limit, the API key's in-flight cap, the router's in-flight limit;
+  // `key_limiter` null: no API keys; `key_name` from CheckApiKey) and starts it; the refusal
+  // otherwise (counted in the router's request metrics). `live` (may be null) counts the call
+  // until it is destroyed.
   static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
       lazyattn::v1::GenerateRequest request, std::chrono::system_clock::time_point deadline,
@@ -89,8 +91,8 @@ class HttpCall final : public ForwardingCall {
 
   const lazyattn::v1::GenerateRequest request_;  // ForwardingCall points at it
   const bool stream_;
-  bool admitted_ = false;
-  KeySlot key_slot_;  // the call's place under its key's in-flight cap, released with the call
+  // The call's places under its key's in-flight cap and the router's limit, given back with it.
+  AdmissionTicket admission_;
   std::shared_ptr<HttpCall> self_;  // set by Start, dropped by DeliverEnd
 
   absl::Mutex mu_;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "services/router/http/certificate_reloader.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/http_auth.h"
 #include "services/router/http/openai_json.h"
@@ -137,6 +138,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
           "http: cannot load the server certificate ", tls.cert_file, " or its key ",
           tls.key_file, " (server.tls)"));
     }
+    // The files are watched from here on: a replaced pair serves new connections
+    // (certificate_reloader.h), as the gRPC listeners' certificate provider does.
+    auto reloader = CertificateReloader::Create(tls.cert_file, tls.key_file,
+                                                absl::Seconds(tls.refresh_interval_s));
+    if (!reloader.ok()) return reloader.status();
+    (*reloader)->Install(ssl->ssl_context());
+    server->reloader_ = std::move(*reloader);
     server->server_ = std::move(ssl);
     server->tls_ = true;
   } else {

@@ -5,8 +5,9 @@
 // Requests run on the router's own routing path in-process (HttpCall, a ForwardingCall), so
 // routing, failover, limits and metrics are the gRPC API's. API keys: `Authorization: Bearer`
 // checked by the gRPC listener's ApiKeyAuthorizer (same keys, scopes, rate limits, in-flight caps
-// and metrics; /health is open like gRPC health). TLS with the router's server certificate when configured
-// (read once at start). Errors are OpenAI's JSON error objects (error_mapping.h).
+// and metrics; /health is open like gRPC health). TLS with the router's server certificate when
+// configured, re-read when its files change (every server.tls.refresh_interval_s, as the gRPC
+// listeners do; certificate_reloader.h). Errors are OpenAI's JSON error objects (error_mapping.h).
 //
 // Limits: body size (413), the library's fixed 8 KiB header line and URI limits, read and write
 // timeouts for slow clients, `threads` connections served at once, `max_queued_connections`
@@ -23,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "services/router/http/certificate_reloader.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/http_options.h"
 #include "services/router/server/router_context.h"
@@ -39,7 +41,8 @@ class HttpServer {
   // (empty: plaintext; a CA file is not used: HTTP clients authenticate with API keys).
   // `auth`: the gRPC listener's API key processor, or null when the router has no API keys.
   // `router` must outlive the server. Unavailable when the address cannot be bound;
-  // InvalidArgument when the certificate or key cannot be loaded.
+  // InvalidArgument when the certificate or key cannot be loaded at start (later a pair that
+  // cannot be loaded is logged and the previous one kept).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Create(
       const HttpOptions& options, const TlsOptions& tls, RouterContext* router,
       std::shared_ptr<grpc::AuthMetadataProcessor> auth);
@@ -64,6 +67,8 @@ class HttpServer {
   std::shared_ptr<LiveCalls> live_ = std::make_shared<LiveCalls>();
   // Set when Shutdown begins: new completion and model requests get 503.
   std::shared_ptr<std::atomic<bool>> draining_ = std::make_shared<std::atomic<bool>>(false);
+  // Declared before server_: the handshakes that read it end before it goes.
+  std::unique_ptr<CertificateReloader> reloader_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "services/router/server/admission.h"
 #include "services/router/server/forwarding_call.h"
 #include "services/router/server/prefetch_call.h"
 #include "common/request_validator.h"
@@ -18,40 +19,16 @@ using lazyattn::v1::Final;
 using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
-// Validation and admission shared by Generate and Complete; an error status means "finish now".
-// `slot` holds the call's place under its API key's in-flight cap until the reactor is deleted.
-grpc::Status Admit(RouterContext* router, KeyLimiter* key_limiter,
-                   const grpc::CallbackServerContext& context, const GenerateRequest& request,
-                   KeySlot* slot, bool* admitted) {
-  const auto model = router->registry().Model();
-  absl::Status valid = ValidateGenerateRequest(request, router->options().limits,
-                                               model.has_value() ? model->vocab_size() : 0);
-  if (!valid.ok()) {
-    router->metrics().CountValidationFailure(valid);
-    return ToGrpcStatus(valid);
-  }
-  if (key_limiter != nullptr) {
-    if (grpc::Status s = key_limiter->Acquire(ApiKeyNameOf(context), slot); !s.ok()) return s;
-  }
-  if (!router->TryAdmit()) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("router busy: ", router->options().max_inflight_requests,
-                                     " requests in flight (limits.max_inflight_requests); "
-                                     "retry later"));
-  }
-  *admitted = true;
-  return grpc::Status::OK;
-}
-
 class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
                               public ForwardingCall {
  public:
   GenerateReactor(RouterContext* router, KeyLimiter* key_limiter,
                   grpc::CallbackServerContext* context, const GenerateRequest* request)
       : ForwardingCall(router, context, request) {
-    grpc::Status s = Admit(router, key_limiter, *context, *request, &key_slot_, &admitted_);
+    // Admission is shared with the HTTP API (admission.h); its refusals are already counted.
+    grpc::Status s =
+        AdmitRequest(router, key_limiter, ApiKeyNameOf(*context), *request, &admission_);
     if (!s.ok()) {
-      router->metrics().CountRequest(s.error_code());
       Finish(s);
       return;
     }
@@ -60,10 +37,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
 
   void OnWriteDone(bool ok) override { ClientWriteDone(ok); }
   void OnCancel() override { ClientCancelled(); }
-  void OnDone() override {
-    if (admitted_) router()->Release();
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   void DeliverToken(const GenerateResponse& token) override {
@@ -82,8 +56,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
   bool StreamsToClient() const override { return true; }
 
   GenerateResponse out_;
-  KeySlot key_slot_;
-  bool admitted_ = false;
+  AdmissionTicket admission_;  // given back with the reactor
 };
 
 class CompleteReactor final : public grpc::ServerUnaryReactor, public ForwardingCall {
@@ -92,9 +65,10 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
                   grpc::CallbackServerContext* context, const GenerateRequest* request,
                   CompleteResponse* response)
       : ForwardingCall(router, context, request), response_(response) {
-    grpc::Status s = Admit(router, key_limiter, *context, *request, &key_slot_, &admitted_);
+    // Admission is shared with the HTTP API (admission.h); its refusals are already counted.
+    grpc::Status s =
+        AdmitRequest(router, key_limiter, ApiKeyNameOf(*context), *request, &admission_);
     if (!s.ok()) {
-      router->metrics().CountRequest(s.error_code());
       Finish(s);
       return;
     }
@@ -102,10 +76,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   }
 
   void OnCancel() override { ClientCancelled(); }
-  void OnDone() override {
-    if (admitted_) router()->Release();
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   void DeliverToken(const GenerateResponse& token) override {
@@ -141,8 +112,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   std::string text_;
   std::vector<int32_t> token_ids_;
   std::vector<float> logprobs_;
-  KeySlot key_slot_;
-  bool admitted_ = false;
+  AdmissionTicket admission_;  // given back with the reactor
 };
 
 }  // namespace
