@@ -107,7 +107,9 @@ class TableRecorder {
     }
     EXPECT_TRUE(seen_.contains(ch.table_sequence)) << "a sequence that began unseen";
     auto it = held_.find(ch.table_sequence);
-    if (it != held_.end()) EXPECT_GT(ch.table_version, it->second.version);
+    if (it != held_.end()) {
+      EXPECT_GT(ch.table_version, it->second.version);
+    }
     if (it != held_.end() && it->second.version + 1 == ch.table_version) {
       const std::vector<KvBlockEntry>& before = it->second.entries;
       ASSERT_LE(ch.table_unchanged, static_cast<int64_t>(before.size()));
