@@ -54,14 +54,23 @@ TEST(PlaceBlockDocumentsTest, RefsTakeTheOffsetOfTheirFirstOccurrence) {
   refs[0].document_index = 0;
   refs[1].document_index = 1;
   refs[2].document_index = 3;
-  PlaceBlockDocuments(refs, 1, std::vector<int64_t>{96, -1, 96, 50});
+  PlaceBlockDocuments(refs, /*prefix=*/7, 1, std::vector<int64_t>{96, -1, 96, 50});
   EXPECT_TRUE(refs[0].positional && refs[1].positional && refs[2].positional);
+  EXPECT_EQ(refs[0].prefix, 7u);
   EXPECT_EQ(refs[0].offset, 1);
+  EXPECT_EQ(refs[0].relative_offset, 0);
   EXPECT_EQ(refs[1].offset, 97);
+  EXPECT_EQ(refs[1].relative_offset, 96);
   EXPECT_EQ(refs[2].offset, kUnplaced);  // after the text document
-  refs[0].document_index = 9;            // out of range
-  PlaceBlockDocuments(refs, 1, std::vector<int64_t>{96});
+  EXPECT_EQ(refs[2].relative_offset, kUnplaced);
+  // The prefix's length not learned yet: no global offset, but the relative one is known.
+  PlaceBlockDocuments(refs, 7, std::nullopt, std::vector<int64_t>{96, -1, 96, 50});
+  EXPECT_EQ(refs[1].offset, kUnplaced);
+  EXPECT_EQ(refs[1].relative_offset, 96);
+  refs[0].document_index = 9;  // out of range
+  PlaceBlockDocuments(refs, 7, 1, std::vector<int64_t>{96});
   EXPECT_EQ(refs[0].offset, kUnplaced);
+  EXPECT_EQ(refs[0].relative_offset, kUnplaced);
 }
 
 TEST(SpeculativeKeyTest, LazyByDocumentBlockByDocumentAndOffset) {
@@ -70,11 +79,14 @@ TEST(SpeculativeKeyTest, LazyByDocumentBlockByDocumentAndOffset) {
   EXPECT_EQ(SpeculativeKey(lazy), lazy.key);
   DocumentRef at0 = lazy, at37 = lazy, unplaced = lazy;
   at0.positional = at37.positional = unplaced.positional = true;
-  at0.offset = 0;
-  at37.offset = 37;
+  at0.relative_offset = 0;
+  at37.relative_offset = 37;
+  DocumentRef other_prefix = at37;
+  other_prefix.prefix = 5;
   EXPECT_EQ(SpeculativeKey(unplaced), std::nullopt);
   ASSERT_TRUE(SpeculativeKey(at0).has_value() && SpeculativeKey(at37).has_value());
   EXPECT_NE(*SpeculativeKey(at0), *SpeculativeKey(at37));
+  EXPECT_NE(*SpeculativeKey(at37), *SpeculativeKey(other_prefix));
   EXPECT_NE(*SpeculativeKey(at0), lazy.key);
   EXPECT_EQ(SpeculativeKey(at37), SpeculativeKey(at37));
 }

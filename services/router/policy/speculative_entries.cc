@@ -19,9 +19,9 @@ void SpeculativeEntries::SweepLocked(absl::Time now) {
 }
 
 void SpeculativeEntries::Record(std::span<const DocumentKey> keys, const std::string& worker,
-                                absl::Time now) {
+                                absl::Time now, std::optional<absl::Duration> hold) {
   if (options_.ttl <= absl::ZeroDuration() || options_.max_keys <= 0) return;
-  const absl::Time expires = now + options_.ttl;
+  const absl::Time expires = now + std::max(absl::ZeroDuration(), hold.value_or(options_.ttl));
   absl::MutexLock lock(&mu_);
   if (entries_.size() + keys.size() > static_cast<size_t>(options_.max_keys)) SweepLocked(now);
   for (const DocumentKey& key : keys) {

@@ -10,6 +10,7 @@
 #define LAZYATTN_SERVICES_ROUTER_POLICY_SPECULATIVE_ENTRIES_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,8 +32,10 @@ class SpeculativeEntries {
  public:
   explicit SpeculativeEntries(const SpeculativeOptions& options) : options_(options) {}
 
-  // Records (or refreshes) `worker` as a holder of every key, until now + ttl.
-  void Record(std::span<const DocumentKey> keys, const std::string& worker, absl::Time now);
+  // Records (or refreshes) `worker` as a holder of every key, until now + ttl, or now + `hold`
+  // when given (zero: the entries end now). Nothing while options.ttl is 0 (turned off).
+  void Record(std::span<const DocumentKey> keys, const std::string& worker, absl::Time now,
+              std::optional<absl::Duration> hold = std::nullopt);
   // Workers recorded for `key` whose entries have not expired at `now`.
   std::vector<std::string> Holders(const DocumentKey& key, absl::Time now) const;
   // Keys currently stored (expired ones included until the next sweep).

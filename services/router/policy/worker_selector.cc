@@ -6,24 +6,28 @@ namespace lazyattn::router {
 
 std::optional<DocumentKey> SpeculativeKey(const DocumentRef& doc) {
   if (!doc.positional) return doc.key;
-  if (doc.offset < 0) return std::nullopt;
-  // A keyed mix (splitmix64's constants), so (key, offset) pairs of one document spread apart and
-  // never equal the document's own lazy key in practice.
-  uint64_t x = static_cast<uint64_t>(doc.offset) + 0x9e3779b97f4a7c15ULL;
+  if (doc.relative_offset < 0) return std::nullopt;
+  // A keyed mix (splitmix64's constants), so (key, prefix, offset) triples of one document spread
+  // apart and never equal the document's own lazy key in practice.
+  uint64_t x = (doc.prefix ^ static_cast<uint64_t>(doc.relative_offset)) + 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   x ^= x >> 31;
   return DocumentKey{doc.key.hi ^ x, doc.key.lo ^ ~x};
 }
 
-void PlaceBlockDocuments(std::span<DocumentRef> refs, std::optional<int64_t> prefix_tokens,
+void PlaceBlockDocuments(std::span<DocumentRef> refs, uint64_t prefix,
+                         std::optional<int64_t> prefix_tokens,
                          std::span<const int64_t> exact_tokens) {
   const std::vector<int64_t> offsets = PlaceDocuments(prefix_tokens, exact_tokens);
+  const std::vector<int64_t> relative = PlaceDocuments(0, exact_tokens);
   for (DocumentRef& ref : refs) {
+    const bool known =
+        ref.document_index >= 0 && static_cast<size_t>(ref.document_index) < offsets.size();
     ref.positional = true;
-    ref.offset = ref.document_index >= 0 && static_cast<size_t>(ref.document_index) < offsets.size()
-                     ? offsets[ref.document_index]
-                     : kUnplaced;
+    ref.prefix = prefix;
+    ref.offset = known ? offsets[ref.document_index] : kUnplaced;
+    ref.relative_offset = known ? relative[ref.document_index] : kUnplaced;
   }
 }
 
@@ -88,14 +92,14 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
 }
 
 void WorkerSelector::RecordChoice(std::span<const DocumentRef> docs, const std::string& worker,
-                                  absl::Time now) {
+                                  absl::Time now, std::optional<absl::Duration> hold) {
   if (docs.empty()) return;
   std::vector<DocumentKey> keys;
   keys.reserve(docs.size());
   for (const DocumentRef& d : docs) {
     if (auto key = SpeculativeKey(d)) keys.push_back(*key);
   }
-  if (!keys.empty()) speculative_.Record(keys, worker, now);
+  if (!keys.empty()) speculative_.Record(keys, worker, now, hold);
 }
 
 }  // namespace lazyattn::router

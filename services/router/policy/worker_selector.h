@@ -33,18 +33,27 @@ struct DocumentRef {
   int64_t estimated_tokens = 0;  // exact for token documents, bytes / bytes-per-token for text
   int document_index = 0;        // its first occurrence in the request's documents
   // Mode block: the KV is reusable only at `offset`, the global offset the request places the
-  // document at (kUnplaced: unknown, never predicted as a hit). Mode lazy: false, offset unused.
+  // document at (kUnplaced: unknown, never predicted as a hit by the directory). Mode lazy:
+  // false, the offsets unused.
   bool positional = false;
   int64_t offset = kUnplaced;
+  // Mode block: the offset from the first document (kUnplaced after a text document) and the
+  // prompt prefix's fingerprint. Together they name the global offset even before the router
+  // has learned the prefix's length, so speculative entries work from a prefix's first request.
+  int64_t relative_offset = kUnplaced;
+  uint64_t prefix = 0;
 };
 
-// The key of `doc`'s speculative entries: its document key in mode lazy, (key, offset) mixed into
-// one key in mode block; nullopt for an unplaced block document (nothing to record or predict).
+// The key of `doc`'s speculative entries: its document key in mode lazy, (key, prefix, relative
+// offset) mixed into one key in mode block; nullopt for a block document after a text document
+// (nothing to record or predict).
 std::optional<DocumentKey> SpeculativeKey(const DocumentRef& doc);
 
-// Mode block: sets every ref's `positional` and its `offset` from PlaceDocuments(prefix_tokens,
-// exact_tokens), indexed by the ref's document_index (out of range: kUnplaced).
-void PlaceBlockDocuments(std::span<DocumentRef> refs, std::optional<int64_t> prefix_tokens,
+// Mode block: sets every ref's `positional`, its `offset` from PlaceDocuments(prefix_tokens,
+// exact_tokens), its `relative_offset` from PlaceDocuments(0, exact_tokens), each indexed by the
+// ref's document_index (out of range: kUnplaced), and `prefix`.
+void PlaceBlockDocuments(std::span<DocumentRef> refs, uint64_t prefix,
+                         std::optional<int64_t> prefix_tokens,
                          std::span<const int64_t> exact_tokens);
 
 // One live worker, as the directory (or the worker itself) last reported it.
@@ -79,8 +88,10 @@ class WorkerSelector {
   // failure).
   Selection Select(std::span<const WorkerObservation> workers, std::span<const DocumentRef> docs,
                    absl::Time now);
-  // Records speculative entries for the worker a request was sent to.
-  void RecordChoice(std::span<const DocumentRef> docs, const std::string& worker, absl::Time now);
+  // Records speculative entries for the worker a request was sent to, for the TTL or `hold`
+  // (SpeculativeEntries::Record).
+  void RecordChoice(std::span<const DocumentRef> docs, const std::string& worker, absl::Time now,
+                    std::optional<absl::Duration> hold = std::nullopt);
 
   RoutingPolicy& policy() { return policy_; }
   SpeculativeEntries& speculative() { return speculative_; }

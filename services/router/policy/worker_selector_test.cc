@@ -124,7 +124,9 @@ TEST(WorkerSelectorTest, SpeculativeEntriesFollowTheRequestsModeAndOffsets) {
   DocumentRef at1 = lazy, at97 = lazy, unplaced = lazy;
   at1.positional = at97.positional = unplaced.positional = true;
   at1.offset = 1;
+  at1.relative_offset = 0;
   at97.offset = 97;
+  at97.relative_offset = 96;
   Directory dir;
   dir.held["w0"] = {};
   dir.held["w1"] = {};
@@ -146,6 +148,27 @@ TEST(WorkerSelectorTest, SpeculativeEntriesFollowTheRequestsModeAndOffsets) {
   selector.RecordChoice(std::vector<DocumentRef>{lazy}, "w0", kT0);
   EXPECT_THAT(predicted(lazy), ::testing::ElementsAre(96, 0));
   EXPECT_THAT(predicted(at97), ::testing::ElementsAre(0, 0));
+}
+
+// An attempt holds its entries for longer than the TTL (until its first token can be due), and a
+// zero hold ends them (an attempt that failed).
+TEST(WorkerSelectorTest, SpeculativeHoldOutlivesTheTtlAndZeroEndsIt) {
+  const std::vector<DocumentRef> docs = {Doc("held", 64)};
+  Directory dir;
+  dir.held["w0"] = {};
+  dir.held["w1"] = {};
+  WorkerSelector selector = MakeSelector();  // TTL 2 s
+  selector.RecordChoice(docs, "w1", kT0, absl::Seconds(30));
+  auto obs = dir.Observe(docs);
+  EXPECT_THAT(selector.Select(obs, docs, kT0 + absl::Seconds(20)).predicted_hit_tokens,
+              ::testing::ElementsAre(0, 64));
+  selector.RecordChoice(docs, "w1", kT0 + absl::Seconds(21));  // first token: the TTL again
+  EXPECT_THAT(selector.Select(obs, docs, kT0 + absl::Seconds(24)).predicted_hit_tokens,
+              ::testing::ElementsAre(0, 0));
+  selector.RecordChoice(docs, "w1", kT0 + absl::Seconds(25), absl::Seconds(30));
+  selector.RecordChoice(docs, "w1", kT0 + absl::Seconds(26), absl::ZeroDuration());
+  EXPECT_THAT(selector.Select(obs, docs, kT0 + absl::Seconds(26)).predicted_hit_tokens,
+              ::testing::ElementsAre(0, 0));
 }
 
 // The directory's answer is the prediction: what it says a worker holds for this request's mode

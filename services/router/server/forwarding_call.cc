@@ -231,7 +231,8 @@ void ForwardingCall::Begin() {
     for (const auto& d : request_->documents()) {
       exact_tokens.push_back(d.has_tokens() ? d.tokens().ids_size() : -1);
     }
-    PlaceBlockDocuments(docs, router_->selector().prefix_lengths().Get(PromptPrefixKey(*request_)),
+    const uint64_t prefix = PromptPrefixKey(*request_);
+    PlaceBlockDocuments(docs, prefix, router_->selector().prefix_lengths().Get(prefix),
                         exact_tokens);
   }
   router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
@@ -310,7 +311,15 @@ void ForwardingCall::StartNextAttempt() {
     router_->metrics().CountRetry();
   }
   router_->registry().AddInflight(id, 1);
-  router_->selector().RecordChoice(docs, id, absl::Now());
+  // The attempt's documents are on their way to the worker until its first token (when they are
+  // stored, and kvdir soon says so), however long it queues there: hold the speculative entries
+  // that long, as far as the first-token timeout allows.
+  const RoutingOptions& routing = router_->options().routing;
+  router_->selector().RecordChoice(
+      docs, id, absl::Now(),
+      routing.first_token_timeout > absl::ZeroDuration()
+          ? std::max(routing.speculative.ttl, routing.first_token_timeout)
+          : routing.speculative.ttl);
   attempt->Start(attempt, request_, router_->options().routing.first_token_timeout);
 }
 
@@ -322,6 +331,10 @@ void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateRespo
       if (!cancelled_ && !ended_) {
         ++tokens_;
         if (first_token_at_ == absl::InfinitePast()) first_token_at_ = absl::Now();
+        // Prefill done: the documents are stored; the entries last the TTL from here.
+        if (tokens_ == 1) {
+          router_->selector().RecordChoice(plan_.docs, attempt->worker().id, absl::Now());
+        }
         write_pending_ = true;
         deliver = true;
       }
@@ -425,6 +438,10 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                                                     final->usage().prefix_tokens());
       }
     } else {
+      // No first token: the worker may never store these documents; predict nothing there.
+      if (tokens_ == 0) {
+        router_->selector().RecordChoice(plan_.docs, w.id, absl::Now(), absl::ZeroDuration());
+      }
       const grpc::StatusCode code = status.error_code();
       const bool client_deadline_passed =
           deadline_ <= std::chrono::system_clock::now() + kDeadlineSkew;

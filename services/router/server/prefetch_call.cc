@@ -46,7 +46,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   std::vector<DocumentRef> docs = router->DocumentRefs(request->documents(), mode);
   // Mode block: where the worker places the documents (after its BOS, one after the other) is
   // not known here, so none is predicted as a hit (docs/router.md, "Predictions").
-  if (mode == lazyattn::v1::CACHE_MODE_BLOCK) PlaceBlockDocuments(docs, std::nullopt, {});
+  if (mode == lazyattn::v1::CACHE_MODE_BLOCK) PlaceBlockDocuments(docs, 0, std::nullopt, {});
   router->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
 }
 
