@@ -167,16 +167,6 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> IntIn(const YamlConfig& config, const std::string& key, int64_t fallback,
-                              int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(const int64_t v, config.Int(key, fallback));
-  if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": must be in [",
-                                                   lo, ", ", hi, "], got ", v));
-  }
-  return v;
-}
-
 }  // namespace
 
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimits& limits,
@@ -225,34 +215,34 @@ absl::StatusOr<ApiLimits> ApiLimitsFromYaml(const YamlConfig& config, const ApiL
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   ApiLimits l = defaults;
   ASSIGN_OR_RETURN(const int64_t max_documents,
-                   IntIn(config, "limits.max_documents", l.max_documents, 1, 100000));
+                   config.IntIn("limits.max_documents", l.max_documents, 1, 100000));
   l.max_documents = static_cast<int>(max_documents);
   ASSIGN_OR_RETURN(l.max_document_bytes,
-                   IntIn(config, "limits.max_document_bytes", l.max_document_bytes, 1, kMaxInt));
+                   config.IntIn("limits.max_document_bytes", l.max_document_bytes, 1, kMaxInt));
   ASSIGN_OR_RETURN(l.max_document_tokens,
-                   IntIn(config, "limits.max_document_tokens", l.max_document_tokens, 1, kMaxInt));
-  ASSIGN_OR_RETURN(l.max_document_id_bytes, IntIn(config, "limits.max_document_id_bytes",
-                                                  l.max_document_id_bytes, 0, 1 << 20));
+                   config.IntIn("limits.max_document_tokens", l.max_document_tokens, 1, kMaxInt));
+  ASSIGN_OR_RETURN(l.max_document_id_bytes, config.IntIn("limits.max_document_id_bytes",
+                                                         l.max_document_id_bytes, 0, 1 << 20));
   ASSIGN_OR_RETURN(l.max_system_bytes,
-                   IntIn(config, "limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
+                   config.IntIn("limits.max_system_bytes", l.max_system_bytes, 0, kMaxInt));
   ASSIGN_OR_RETURN(l.max_question_bytes,
-                   IntIn(config, "limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
+                   config.IntIn("limits.max_question_bytes", l.max_question_bytes, 0, kMaxInt));
   ASSIGN_OR_RETURN(const int64_t max_messages,
-                   IntIn(config, "limits.max_messages", l.max_messages, 1, 1 << 20));
+                   config.IntIn("limits.max_messages", l.max_messages, 1, 1 << 20));
   l.max_messages = static_cast<int>(max_messages);
   ASSIGN_OR_RETURN(const int64_t max_tokens,
-                   IntIn(config, "limits.max_tokens", l.max_tokens, 1, 1 << 24));
+                   config.IntIn("limits.max_tokens", l.max_tokens, 1, 1 << 24));
   l.max_tokens = static_cast<int>(max_tokens);
   ASSIGN_OR_RETURN(const int64_t stops,
-                   IntIn(config, "limits.max_stop_strings", l.max_stop_strings, 0, 1024));
+                   config.IntIn("limits.max_stop_strings", l.max_stop_strings, 0, 1024));
   l.max_stop_strings = static_cast<int>(stops);
   ASSIGN_OR_RETURN(l.max_stop_bytes,
-                   IntIn(config, "limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));
+                   config.IntIn("limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));
   ASSIGN_OR_RETURN(const int64_t stop_ids,
-                   IntIn(config, "limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
+                   config.IntIn("limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
   l.max_stop_token_ids = static_cast<int>(stop_ids);
-  ASSIGN_OR_RETURN(const int64_t replicas, IntIn(config, "limits.max_prefetch_replicas",
-                                                 l.max_prefetch_replicas, 1, 10000));
+  ASSIGN_OR_RETURN(const int64_t replicas,
+                   config.IntIn("limits.max_prefetch_replicas", l.max_prefetch_replicas, 1, 10000));
   l.max_prefetch_replicas = static_cast<int>(replicas);
   return l;
 }

@@ -8,20 +8,6 @@
 #include "common/status_macros.h"
 
 namespace lazyattn::kvdir {
-namespace {
-
-absl::StatusOr<int64_t> IntInRange(const YamlConfig& config, const std::string& key,
-                                   int64_t fallback, int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(const int64_t value, config.Int(key, fallback));
-  if (value < lo || value > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.source(), ": ", key, ": must be in [", lo, ", ", hi, "], got ", value));
-  }
-  return value;
-}
-
-}  // namespace
-
 absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
   KvdirOptions o;
   ASSIGN_OR_RETURN(o.listen_address, config.String("server.listen", o.listen_address));
@@ -41,29 +27,29 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
         config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
   }
   ASSIGN_OR_RETURN(const int64_t tls_refresh_s,
-                   IntInRange(config, "server.tls.refresh_interval_s", 60, 1, 86400));
+                   config.IntIn("server.tls.refresh_interval_s", 60, 1, 86400));
   o.tls.refresh_interval_s = static_cast<int>(tls_refresh_s);
   ASSIGN_OR_RETURN(o.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.insecure, config.Bool("insecure", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", o.metrics_address));
   ASSIGN_OR_RETURN(o.metrics_bearer_token_file, config.String("metrics.bearer_token_file", ""));
   ASSIGN_OR_RETURN(o.log, ReadLogOptions(config));
-  ASSIGN_OR_RETURN(const int64_t max_keys, IntInRange(config, "limits.max_keys_per_lookup",
-                                                      o.limits.max_keys_per_lookup, 1, 1 << 20));
+  ASSIGN_OR_RETURN(const int64_t max_keys, config.IntIn("limits.max_keys_per_lookup",
+                                                        o.limits.max_keys_per_lookup, 1, 1 << 20));
   o.limits.max_keys_per_lookup = static_cast<int>(max_keys);
   ASSIGN_OR_RETURN(
       const int64_t max_bytes,
-      IntInRange(config, "limits.max_message_bytes", o.limits.max_message_bytes, 4096, INT32_MAX));
+      config.IntIn("limits.max_message_bytes", o.limits.max_message_bytes, 4096, INT32_MAX));
   o.limits.max_message_bytes = static_cast<int>(max_bytes);
   ASSIGN_OR_RETURN(o.limits.max_workers,
-                   IntInRange(config, "limits.max_workers", o.limits.max_workers, 1, 1 << 20));
+                   config.IntIn("limits.max_workers", o.limits.max_workers, 1, 1 << 20));
   ASSIGN_OR_RETURN(o.limits.max_entries_per_worker,
-                   IntInRange(config, "limits.max_entries_per_worker",
-                              o.limits.max_entries_per_worker, 1, int64_t{1} << 30));
-  ASSIGN_OR_RETURN(const int64_t max_id, IntInRange(config, "limits.max_worker_id_length",
-                                                    o.limits.max_worker_id_length, 1, 4096));
+                   config.IntIn("limits.max_entries_per_worker", o.limits.max_entries_per_worker, 1,
+                                int64_t{1} << 30));
+  ASSIGN_OR_RETURN(const int64_t max_id, config.IntIn("limits.max_worker_id_length",
+                                                      o.limits.max_worker_id_length, 1, 4096));
   o.limits.max_worker_id_length = static_cast<int>(max_id);
-  ASSIGN_OR_RETURN(o.lease_ms, IntInRange(config, "lease_ms", o.lease_ms, 50, 3'600'000));
+  ASSIGN_OR_RETURN(o.lease_ms, config.IntIn("lease_ms", o.lease_ms, 50, 3'600'000));
   RETURN_IF_ERROR(config.Finish());
   return o;
 }

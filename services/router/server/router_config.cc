@@ -15,15 +15,6 @@ absl::Status OutOfRange(const YamlConfig& config, const std::string& key, const 
       absl::StrCat(config.source(), ": ", key, ": must be in [", lo, ", ", hi, "], got ", value));
 }
 
-absl::StatusOr<int64_t> IntIn(const YamlConfig& config, const std::string& key, int64_t fallback,
-                              int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(int64_t v, config.Int(key, fallback));
-  if (v < lo || v > hi) {
-    return OutOfRange(config, key, absl::StrCat(lo), absl::StrCat(hi), absl::StrCat(v));
-  }
-  return v;
-}
-
 absl::StatusOr<double> DoubleIn(const YamlConfig& config, const std::string& key, double fallback,
                                 double lo, double hi) {
   ASSIGN_OR_RETURN(double v, config.Double(key, fallback));
@@ -35,7 +26,7 @@ absl::StatusOr<double> DoubleIn(const YamlConfig& config, const std::string& key
 
 absl::StatusOr<absl::Duration> MillisIn(const YamlConfig& config, const std::string& key,
                                         absl::Duration fallback, int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(int64_t ms, IntIn(config, key, absl::ToInt64Milliseconds(fallback), lo, hi));
+  ASSIGN_OR_RETURN(int64_t ms, config.IntIn(key, absl::ToInt64Milliseconds(fallback), lo, hi));
   return absl::Milliseconds(ms);
 }
 
@@ -77,7 +68,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
         config.source(), ": server.tls.ca_file: needs cert_file and key_file (server TLS)"));
   }
   ASSIGN_OR_RETURN(const int64_t tls_refresh_s,
-                   IntIn(config, "server.tls.refresh_interval_s", 60, 1, 86400));
+                   config.IntIn("server.tls.refresh_interval_s", 60, 1, 86400));
   o.server.tls.refresh_interval_s = static_cast<int>(tls_refresh_s);
   ASSIGN_OR_RETURN(o.server.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9000"));
@@ -149,36 +140,35 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                                                           r.policy.queued_token_weight, 0, 1000));
   ASSIGN_OR_RETURN(
       r.policy.running_request_tokens,
-      IntIn(config, "routing.running_request_tokens", r.policy.running_request_tokens, 0, 1 << 24));
+      config.IntIn("routing.running_request_tokens", r.policy.running_request_tokens, 0, 1 << 24));
   ASSIGN_OR_RETURN(r.policy.imbalance_ratio,
                    DoubleIn(config, "routing.imbalance_ratio", r.policy.imbalance_ratio, 1, 1e6));
   ASSIGN_OR_RETURN(r.policy.imbalance_min_tokens,
-                   IntIn(config, "routing.imbalance_min_tokens", r.policy.imbalance_min_tokens, 0,
-                         int64_t{1} << 40));
+                   config.IntIn("routing.imbalance_min_tokens", r.policy.imbalance_min_tokens, 0,
+                                int64_t{1} << 40));
   ASSIGN_OR_RETURN(r.speculative.ttl,
                    MillisIn(config, "routing.speculative_ttl_ms", r.speculative.ttl, 0, 600000));
-  ASSIGN_OR_RETURN(r.speculative.max_keys, IntIn(config, "routing.speculative_max_keys",
-                                                 r.speculative.max_keys, 0, 100000000));
+  ASSIGN_OR_RETURN(r.speculative.max_keys, config.IntIn("routing.speculative_max_keys",
+                                                        r.speculative.max_keys, 0, 100000000));
   ASSIGN_OR_RETURN(r.bytes_per_token,
                    DoubleIn(config, "routing.bytes_per_token", r.bytes_per_token, 0.1, 1000));
   ASSIGN_OR_RETURN(const int64_t attempts,
-                   IntIn(config, "routing.max_attempts", r.max_attempts, 1, 100));
+                   config.IntIn("routing.max_attempts", r.max_attempts, 1, 100));
   r.max_attempts = static_cast<int>(attempts);
-  ASSIGN_OR_RETURN(const int64_t threshold, IntIn(config, "circuit_breaker.failure_threshold",
-                                                  r.breaker.failure_threshold, 1, 1000000));
+  ASSIGN_OR_RETURN(const int64_t threshold, config.IntIn("circuit_breaker.failure_threshold",
+                                                         r.breaker.failure_threshold, 1, 1000000));
   r.breaker.failure_threshold = static_cast<int>(threshold);
   ASSIGN_OR_RETURN(r.breaker.open_duration, MillisIn(config, "circuit_breaker.open_ms",
                                                      r.breaker.open_duration, 1, 3600000));
 
   ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
                                                    r.first_token_timeout, 0, 3600000));
-  ASSIGN_OR_RETURN(const int64_t quarantine_s,
-                   IntIn(config, "routing.quarantine_ttl_s",
-                         absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));
+  ASSIGN_OR_RETURN(
+      const int64_t quarantine_s,
+      config.IntIn("routing.quarantine_ttl_s", absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));
   r.quarantine.ttl = absl::Seconds(quarantine_s);
-  ASSIGN_OR_RETURN(r.quarantine.max_entries,
-                   IntIn(config, "routing.quarantine_max_entries", r.quarantine.max_entries, 1,
-                         10000000));
+  ASSIGN_OR_RETURN(r.quarantine.max_entries, config.IntIn("routing.quarantine_max_entries",
+                                                          r.quarantine.max_entries, 1, 10000000));
 
   // health probing and outlier ejection
   HealthCheckOptions& h = o.health;
@@ -188,8 +178,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                       absl::StrCat(absl::ToInt64Milliseconds(h.interval)));
   }
   ASSIGN_OR_RETURN(h.timeout, MillisIn(config, "health_check.timeout_ms", h.timeout, 1, 60000));
-  ASSIGN_OR_RETURN(const int64_t unhealthy, IntIn(config, "health_check.unhealthy_threshold",
-                                                  h.outliers.consecutive_failures, 1, 1000));
+  ASSIGN_OR_RETURN(const int64_t unhealthy, config.IntIn("health_check.unhealthy_threshold",
+                                                         h.outliers.consecutive_failures, 1, 1000));
   h.outliers.consecutive_failures = static_cast<int>(unhealthy);
   ASSIGN_OR_RETURN(h.outliers.base_ejection, MillisIn(config, "health_check.base_ejection_ms",
                                                       h.outliers.base_ejection, 1, 3600000));
@@ -205,11 +195,12 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
 
   // limits
   ApiLimits& l = o.limits;
-  ASSIGN_OR_RETURN(const int64_t message_bytes, IntIn(config, "limits.max_message_bytes",
-                                                      o.server.max_message_bytes, 1024, kMaxInt));
+  ASSIGN_OR_RETURN(
+      const int64_t message_bytes,
+      config.IntIn("limits.max_message_bytes", o.server.max_message_bytes, 1024, kMaxInt));
   o.server.max_message_bytes = static_cast<int>(message_bytes);
-  ASSIGN_OR_RETURN(const int64_t inflight, IntIn(config, "limits.max_inflight_requests",
-                                                 o.max_inflight_requests, 1, 1000000));
+  ASSIGN_OR_RETURN(const int64_t inflight, config.IntIn("limits.max_inflight_requests",
+                                                        o.max_inflight_requests, 1, 1000000));
   o.max_inflight_requests = static_cast<int>(inflight);
   // The request limits: one parser and one validator with the workers (common/).
   ASSIGN_OR_RETURN(l, ApiLimitsFromYaml(config, l));
