@@ -10,7 +10,9 @@
 //     uncached document encode it once; mode `block` copies a document cached at another offset
 //     and re-rotates it instead of recomputing;
 //  3. fills a token budget: one token per decoding request, then chunks of document encodings,
-//     prefix tails and query prefills (chunked prefill), in arrival order;
+//     prefix tails and query prefills (chunked prefill), in arrival order; a request's block
+//     table persists between its steps and only grows (engine_core_block_table.h), so a decode
+//     step's host work does not depend on the context length;
 //  4. when blocks run out, preempts the most recently admitted request (its blocks are released,
 //     it is re-queued and later recomputed from its prompt plus what it generated);
 //  5. runs one forward pass over all chunks, samples, streams tokens, finishes requests.
