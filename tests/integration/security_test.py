@@ -130,7 +130,7 @@ def run_checks(args, c, certs, other, docs):
     check("secured cluster answers a RAG request (mTLS router->kvdir, router->worker)",
           r.get("ok") and r.get("worker") in ("worker-0", "worker-1"), str(r)[:300])
     demo = subprocess.run([os.path.join(REPO, "tools", "cluster-demo")], capture_output=True,
-                          text=True, timeout=300, env=dict(
+                          text=True, timeout=120, env=dict(
                               os.environ, LAZYATTN_ROUTER=c.router, LAZYATTN_BIN_DIR=args.bin_dir,
                               LAZYATTN_CA=f"{certs}/ca.crt",
                               LAZYATTN_API_KEY_FILE=f"{certs}/demo.key"))
