@@ -149,19 +149,22 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     SendError(response, 400, std::string(parsed.status().message()), "invalid_argument");
     return;
   }
-  const auto model = router->registry().Model();
-  ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()),
-                    model.has_value() ? model->name() : parsed->model};
-  if (!parsed->model.empty() && model.has_value() && parsed->model != model->name()) {
-    router->metrics().CountRequest(grpc::StatusCode::NOT_FOUND);
-    SendError(response, 404,
-              absl::StrCat("model: the cluster serves \"", model->name(), "\", not \"",
-                           // At most 64 bytes of the client's value go back (and to logs).
-                           parsed->model.substr(0, 64), parsed->model.size() > 64 ? "..." : "",
-                           "\" (GET /v1/models)"),
-              "model_not_found");
+  // The call chooses its model again when it begins (model_choice.h); choosing here names the
+  // model in the response and refuses an unknown one as OpenAI does (404 model_not_found).
+  const auto model = router->registry().ResolveModel(parsed->model);
+  if (!model.ok()) {
+    const grpc::Status status = ToGrpcStatus(model.status());
+    router->metrics().CountRequest(status.error_code());
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      SendError(response, 404, status.error_message(), "model_not_found");
+    } else {
+      SendGrpcError(response, status);
+    }
     return;
   }
+  std::string model_name = parsed->model;
+  if (model_name.empty() && model->has_value()) model_name = (*model)->id;
+  ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
   const absl::Time deadline = absl::Now() + options.request_timeout;
   auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
                               absl::ToChronoTime(deadline), parsed->stream, std::move(live));

@@ -229,9 +229,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   }
   s.Get("/v1/models", authorized([router](const httplib::Request&, httplib::Response& res,
                                           const std::string& /*key_name*/) {
-          const auto model = router->registry().Model();
-          res.set_content(ModelsJson(model.has_value() ? &*model : nullptr,
-                                     absl::ToUnixSeconds(absl::Now())),
+          std::vector<lazyattn::v1::ModelInfo> models;
+          for (ModelGroup& g : router->registry().Models()) models.push_back(std::move(g.info));
+          res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())),
                           "application/json");
         }));
   s.Get("/health", [router](const httplib::Request&, httplib::Response& res) {

@@ -305,6 +305,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   out.kind = kind;
   if (const json* model = Field(body, "model")) {
     ASSIGN_OR_RETURN(out.model, StringOf(*model, "model"));
+    out.request.set_model(out.model);  // the router chooses the model's workers by it
   }
   if (const json* n = Field(body, "n")) {
     ASSIGN_OR_RETURN(const int64_t choices, IntegerOf(*n, "n"));
@@ -396,13 +397,19 @@ std::string UsageChunkJson(const ResponseMeta& meta, const Final& final) {
 }
 
 std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created) {
+  std::vector<lazyattn::v1::ModelInfo> models;
+  if (model != nullptr) models.push_back(*model);
+  return ModelsJson(models, created);
+}
+
+std::string ModelsJson(const std::vector<lazyattn::v1::ModelInfo>& models, int64_t created) {
   json data = json::array();
-  if (model != nullptr) {
-    data.push_back({{"id", model->name()},
+  for (const lazyattn::v1::ModelInfo& model : models) {
+    data.push_back({{"id", model.id().empty() ? model.name() : model.id()},
                     {"object", "model"},
                     {"created", created},
                     {"owned_by", "lazyattn"},
-                    {"max_model_len", model->max_context_tokens()}});
+                    {"max_model_len", model.max_context_tokens()}});
   }
   return Dump({{"object", "list"}, {"data", std::move(data)}});
 }

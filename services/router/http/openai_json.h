@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "lazyattn/v1/inference.pb.h"
@@ -72,6 +73,9 @@ std::string UsageChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& 
 
 // GET /v1/models: the served model (its ModelInfo.name), or an empty list.
 std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created);
+// Every served model (WorkerRegistry::Models), each under its ModelInfo.id (the `model` value
+// that selects it; its name when set alone).
+std::string ModelsJson(const std::vector<lazyattn::v1::ModelInfo>& models, int64_t created);
 
 }  // namespace lazyattn::router
 

@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/grpc_util.h"
 #include "common/worker_call_trailer.h"
+#include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
 
 namespace lazyattn::router {
@@ -199,11 +201,21 @@ std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
 }
 
 const RequestFingerprint& ForwardingCall::Fingerprint() {
-  std::call_once(fingerprint_once_, [this] { fingerprint_ = FingerprintOf(*request_); });
+  std::call_once(fingerprint_once_, [this] {
+    fingerprint_ = FingerprintOf(*request_, model_.has_value() ? &*model_ : nullptr);
+  });
   return fingerprint_;
 }
 
 void ForwardingCall::Begin() {
+  // The model first: the quarantine's fingerprint, the document keys and the plan depend on it.
+  absl::StatusOr<std::optional<ModelGroup>> model =
+      ChooseModel(router_->registry(), router_->options().limits, *request_);
+  if (!model.ok()) {
+    End(ToGrpcStatus(model.status()), std::nullopt);
+    return;
+  }
+  if (model->has_value()) model_ = (*model)->key;
   QueryQuarantine& quarantine = router_->quarantine();
   // Hashing the request costs a pass over it: only while some quarantine is live (remembered
   // losses and expired quarantines refuse nothing).
@@ -222,8 +234,8 @@ void ForwardingCall::Begin() {
         std::nullopt);
     return;
   }
-  std::vector<DocumentRef> docs =
-      router_->DocumentRefs(request_->documents(), request_->cache_mode());
+  std::vector<DocumentRef> docs = router_->DocumentRefs(
+      request_->documents(), request_->cache_mode(), model_.has_value() ? &*model_ : nullptr);
   if (request_->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK) {
     // Block KV is a hit only where this request places the document (docs/router.md).
     std::vector<int64_t> exact_tokens;
@@ -235,7 +247,8 @@ void ForwardingCall::Begin() {
     PlaceBlockDocuments(docs, prefix, router_->selector().prefix_lengths().Get(prefix),
                         exact_tokens);
   }
-  router_->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
+  router_->PlanAsync(
+      std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); }, model_);
 }
 
 void ForwardingCall::OnPlan(RoutePlan plan) {
@@ -248,6 +261,10 @@ void ForwardingCall::OnPlan(RoutePlan plan) {
 }
 
 grpc::Status ForwardingCall::ExhaustedStatus() const {
+  if (failures_.empty() && model_.has_value()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no live workers of the request's model (it was served a moment ago)");
+  }
   if (failures_.empty()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "no live workers: the directory lists none and no static worker is "

@@ -169,6 +169,9 @@ class ForwardingCall {
   const absl::Time started_;
   std::once_flag fingerprint_once_;
   RequestFingerprint fingerprint_;  // written once under fingerprint_once_
+  // The request's model (model_choice.h), chosen in Begin before anything else reads it; unset
+  // when no worker has reported a model. Plans hold only its workers.
+  std::optional<ModelKey> model_;
 
   absl::Mutex mu_;
   RoutePlan plan_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include "common/grpc_util.h"
 #include "services/router/server/admission.h"
 #include "services/router/server/forwarding_call.h"
+#include "services/router/server/model_groups.h"
 #include "services/router/server/prefetch_call.h"
 #include "common/request_validator.h"
 
@@ -138,17 +139,32 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(
     grpc::CallbackServerContext* context, const lazyattn::v1::GetModelInfoRequest* /*request*/,
     lazyattn::v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const auto model = router_->registry().Model();
-  if (!model.has_value()) {
+  const std::vector<ModelGroup> groups = router_->registry().Models();
+  if (groups.empty()) {
     reactor->Finish(
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live worker has reported its model yet"));
     return reactor;
   }
-  *response = *model;
-  response->set_workers(router_->registry().LiveCount());
+  // A worker may take fewer documents than the router's limit; the client gets the smaller.
   const int limit = router_->options().limits.max_documents;
-  response->set_max_documents(model->max_documents() > 0 ? std::min(model->max_documents(), limit)
-                                                         : limit);
+  auto max_documents = [limit](const lazyattn::v1::ModelInfo& m) {
+    return m.max_documents() > 0 ? std::min(m.max_documents(), limit) : limit;
+  };
+  for (const ModelGroup& g : groups) {
+    lazyattn::v1::ModelInfo* m = response->add_models();
+    *m = g.info;
+    m->set_max_documents(max_documents(g.info));
+  }
+  if (groups.size() == 1) {
+    // The fields a single-model client has always read, besides the list.
+    google::protobuf::RepeatedPtrField<lazyattn::v1::ModelInfo> models;
+    models.Swap(response->mutable_models());
+    *response = models.Get(0);
+    response->mutable_models()->Swap(&models);
+  } else {
+    response->set_max_documents(limit);
+  }
+  response->set_workers(router_->registry().LiveCount());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

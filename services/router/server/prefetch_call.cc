@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/server/model_choice.h"
 
 namespace lazyattn::router {
 
@@ -30,6 +31,15 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
     Finish(ToGrpcStatus(valid));
     return;
   }
+  // Only the chosen model's workers are warmed, with that model's document keys.
+  absl::StatusOr<std::optional<ModelGroup>> chosen =
+      ChooseModel(router->registry(), router->options().limits, *request);
+  if (!chosen.ok()) {
+    Finish(ToGrpcStatus(chosen.status()));
+    return;
+  }
+  std::optional<ModelKey> key;
+  if (chosen->has_value()) key = (*chosen)->key;
   if (!router->TryAdmit()) {
     Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("router busy: ", router->options().max_inflight_requests,
@@ -43,11 +53,12 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   const auto mode = request->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK
                         ? lazyattn::v1::CACHE_MODE_BLOCK
                         : lazyattn::v1::CACHE_MODE_LAZY;
-  std::vector<DocumentRef> docs = router->DocumentRefs(request->documents(), mode);
+  std::vector<DocumentRef> docs =
+      router->DocumentRefs(request->documents(), mode, key.has_value() ? &*key : nullptr);
   // Mode block: where the worker places the documents (after its BOS, one after the other) is
   // not known here, so none is predicted as a hit (docs/router.md, "Predictions").
   if (mode == lazyattn::v1::CACHE_MODE_BLOCK) PlaceBlockDocuments(docs, 0, std::nullopt, {});
-  router->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); });
+  router->PlanAsync(std::move(docs), [this](RoutePlan plan) { OnPlan(std::move(plan)); }, key);
 }
 
 std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextCallsLocked() {

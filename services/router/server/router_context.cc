@@ -149,15 +149,20 @@ void RouterContext::Release() {
 }
 
 std::vector<DocumentRef> RouterContext::DocumentRefs(
-    const google::protobuf::RepeatedPtrField<Document>& documents, CacheMode mode) const {
+    const google::protobuf::RepeatedPtrField<Document>& documents, CacheMode mode,
+    const ModelKey* model) const {
   std::vector<DocumentRef> refs;
   if (mode == lazyattn::v1::CACHE_MODE_FULL || mode == lazyattn::v1::CACHE_MODE_PREFIX) {
     return refs;
   }
-  auto model = registry_.Model();
-  if (!model.has_value()) return refs;
-  const std::string& mfp = model->model_fingerprint();
-  const std::string& tfp = model->tokenizer_fingerprint();
+  std::optional<ModelKey> only;
+  if (model == nullptr) {
+    if (auto served = registry_.Model(); served.has_value()) only = ModelKeyOf(*served);
+    model = only.has_value() ? &*only : nullptr;
+  }
+  if (model == nullptr) return refs;
+  const std::string& mfp = model->model_fingerprint;
+  const std::string& tfp = model->tokenizer_fingerprint;
   absl::flat_hash_set<DocumentKey> seen;
   const double bytes_per_token = std::max(options_.routing.bytes_per_token, 1e-3);
   int index = 0;
@@ -178,10 +183,11 @@ std::vector<DocumentRef> RouterContext::DocumentRefs(
   return refs;
 }
 
-void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done) {
+void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done,
+                              std::optional<ModelKey> model) {
   if (kvdir_ == nullptr || docs.empty() ||
       options_.routing.policy.kind != PolicyKind::kCacheAware) {
-    done(Plan(std::move(docs), nullptr, absl::Now()));
+    done(Plan(std::move(docs), nullptr, absl::Now(), model.has_value() ? &*model : nullptr));
     return;
   }
   struct Op {
@@ -203,14 +209,15 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
   Op* raw = op.get();
   kvdir_->async()->Lookup(
       &raw->ctx, &raw->request, &raw->response,
-      [this, op = std::move(op), docs = std::move(docs),
-       done = std::move(done)](grpc::Status status) mutable {
-        done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now()));
+      [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
+       model = std::move(model)](grpc::Status status) mutable {
+        done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
+                  model.has_value() ? &*model : nullptr));
       });
 }
 
 RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupResponse* lookup,
-                              absl::Time now) {
+                              absl::Time now, const ModelKey* model) {
   RoutePlan plan;
   plan.docs = std::move(docs);
   absl::flat_hash_map<std::string, const lazyattn::v1::WorkerResidency*> residency;
@@ -220,6 +227,13 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
     for (const auto& w : lookup->workers()) residency[w.worker().address()] = &w;
   }
   std::vector<WorkerInfo> workers = registry_.Snapshot();
+  if (model != nullptr) {
+    // Another model's workers never see the request: not as first choice, failover or retry
+    // (the plan is all of them), whatever the directory says they hold.
+    std::erase_if(workers, [model](const WorkerInfo& w) {
+      return !w.reported || ModelKeyOf(w.status.model()) != *model;
+    });
+  }
   std::vector<WorkerObservation> observations;
   observations.reserve(workers.size());
   for (const WorkerInfo& w : workers) {

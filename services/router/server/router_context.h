@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,19 +53,23 @@ class RouterContext {
   bool TryAdmit();
   void Release();
 
-  // The distinct documents of a request, keyed with the served model's fingerprints. Empty when
-  // no worker has reported its model yet, or for cache modes that do not reuse documents
-  // (FULL, PREFIX): those route by load.
+  // The distinct documents of a request, keyed with `model`'s fingerprints (the request's chosen
+  // model, model_choice.h; null: the only model served, WorkerRegistry::Model). Empty when no
+  // model is known, or for cache modes that do not reuse documents (FULL, PREFIX): those route
+  // by load.
   std::vector<DocumentRef> DocumentRefs(
       const google::protobuf::RepeatedPtrField<lazyattn::v1::Document>& documents,
-      lazyattn::v1::CacheMode mode) const;
+      lazyattn::v1::CacheMode mode, const ModelKey* model = nullptr) const;
 
   // Routes asynchronously: asks kvdir (when configured, the policy is cache_aware and there are
   // documents) with the lookup deadline, then ranks. `done` runs exactly once, on a gRPC thread
   // or inline; a directory failure only means no residency information.
-  void PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done);
+  // `model` set: only workers that reported that model are ranked (and so tried), whatever the
+  // directory answers; unset: every known worker (no model is known yet).
+  void PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done,
+                 std::optional<ModelKey> model = std::nullopt);
   RoutePlan Plan(std::vector<DocumentRef> docs, const lazyattn::v1::LookupResponse* lookup,
-                 absl::Time now);
+                 absl::Time now, const ModelKey* model = nullptr);
 
   // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
   void RefreshWorkers();

@@ -2,9 +2,21 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace lazyattn::router {
+namespace {
+
+// A worker seen with another model than before (or with one for the first time) starts the
+// clock its model's age is measured from.
+void UpdateModelSince(WorkerInfo& info, const lazyattn::v1::WorkerStatus& next, absl::Time now) {
+  if (!info.reported || ModelKeyOf(info.status.model()) != ModelKeyOf(next.model())) {
+    info.model_since = now;
+  }
+}
+
+}  // namespace
 
 WorkerRegistry::WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
                                int max_message_bytes, absl::Duration forget_after)
@@ -33,6 +45,7 @@ void WorkerRegistry::ObserveDirectory(
     e.last_listed = now;
     e.info.address = status.address();
     e.info.id = status.worker_id().empty() ? status.address() : status.worker_id();
+    UpdateModelSince(e.info, status, now);
     e.info.status = status;
     e.info.reported = true;
   }
@@ -64,6 +77,7 @@ void WorkerRegistry::ObserveStatic(const std::string& address,
     e.info.reported = false;
     return;
   }
+  UpdateModelSince(e.info, *status, absl::Now());
   e.info.status = *status;
   e.info.id = status->worker_id().empty() ? address : status->worker_id();
   e.info.reported = true;
@@ -82,13 +96,40 @@ std::vector<WorkerInfo> WorkerRegistry::Snapshot() const {
   return out;
 }
 
-std::optional<lazyattn::v1::ModelInfo> WorkerRegistry::Model() const {
-  for (const WorkerInfo& w : Snapshot()) {
-    if (w.reported && w.status.has_model() && !w.status.model().model_fingerprint().empty()) {
-      return w.status.model();
+std::vector<ModelGroup> WorkerRegistry::Models() const {
+  std::vector<ModelGroup> groups;
+  absl::flat_hash_map<ModelKey, size_t> index;
+  for (const WorkerInfo& w : Snapshot()) {  // by id: a group's info is its first worker's
+    if (!w.reported || w.status.model().model_fingerprint().empty()) continue;
+    ModelKey key = ModelKeyOf(w.status.model());
+    auto [it, inserted] = index.try_emplace(key, groups.size());
+    if (inserted) {
+      ModelGroup& g = groups.emplace_back();
+      g.key = std::move(key);
+      g.info = w.status.model();
+      g.since = w.model_since;
     }
+    ModelGroup& g = groups[it->second];
+    ++g.workers;
+    g.since = std::min(g.since, w.model_since);
   }
-  return std::nullopt;
+  AssignModelIds(groups);
+  return groups;
+}
+
+absl::StatusOr<std::optional<ModelGroup>> WorkerRegistry::ResolveModel(
+    std::string_view requested) const {
+  const std::vector<ModelGroup> groups = Models();
+  absl::StatusOr<const ModelGroup*> group = lazyattn::router::ResolveModel(groups, requested);
+  if (!group.ok()) return group.status();
+  if (*group == nullptr) return std::nullopt;
+  return **group;
+}
+
+std::optional<lazyattn::v1::ModelInfo> WorkerRegistry::Model() const {
+  std::vector<ModelGroup> groups = Models();
+  if (groups.size() != 1) return std::nullopt;
+  return std::move(groups.front().info);
 }
 
 int WorkerRegistry::LiveCount() const {

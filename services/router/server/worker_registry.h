@@ -4,7 +4,8 @@
 // ("load-only routing from the last known workers"). A directory worker the directory stops
 // listing is forgotten after `forget_after`, counted only while the directory answers.
 //
-// Also keeps one channel per worker address and the router's own in-flight count per worker.
+// Also keeps one channel per worker address and the router's own in-flight count per worker, and
+// groups the reported workers by model (model_groups.h): a request is routed within one group.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
 
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,6 +24,7 @@
 #include "common/grpc_util.h"
 #include "lazyattn/v1/kvdir.pb.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/server/model_groups.h"
 
 namespace lazyattn::router {
 
@@ -30,6 +33,9 @@ struct WorkerInfo {
   std::string address;                // host:port
   lazyattn::v1::WorkerStatus status;  // last reported (load, model); empty when never reported
   bool reported = false;              // status came from the directory or a Status poll
+  // When this worker was first seen reporting its current model (a restart with other weights
+  // starts it again): how old a model version's presence is, for ResolveModel's tie-break.
+  absl::Time model_since = absl::InfinitePast();
 };
 
 class WorkerRegistry {
@@ -46,7 +52,14 @@ class WorkerRegistry {
 
   // Every known worker, sorted by id.
   std::vector<WorkerInfo> Snapshot() const;
-  // The model of the first reported worker (by id) that carries fingerprints.
+  // The models of the reported workers that carry a model fingerprint, one group per
+  // (model_fingerprint, tokenizer_fingerprint), with ids assigned, ordered by id (model_groups.h).
+  std::vector<ModelGroup> Models() const;
+  // The group `requested` (GenerateRequest.model) names among Models(): ResolveModel's contract,
+  // except that "no model known and none requested" is nullopt.
+  absl::StatusOr<std::optional<ModelGroup>> ResolveModel(std::string_view requested) const;
+  // The only model served (exactly one group), else nullopt: with none or several, a caller
+  // must resolve the request's own model (ResolveModel) to know its fingerprints or vocabulary.
   std::optional<lazyattn::v1::ModelInfo> Model() const;
   int LiveCount() const;
 
