@@ -15,10 +15,12 @@
 #include <iostream>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/log.h"
 #include "common/yaml_config.h"
+#include "kernels/include/cpu_threads.h"
 #include "services/worker/engine/fault_injection.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_loader.h"
@@ -29,12 +31,13 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: lazyattn-worker --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
-    "                       [--kvdir HOST:PORT] [--worker-id ID]\n"
+    "                       [--kvdir HOST:PORT] [--worker-id ID] [--cpu-threads N]\n"
     "  --config     the YAML configuration (keys: docs/worker.md)\n"
     "  --listen     overrides server.listen (port 0: the OS picks one)\n"
     "  --metrics    overrides metrics.listen (\"\" turns the /metrics endpoint off)\n"
     "  --kvdir      overrides kvdir.address (\"\" runs standalone)\n"
-    "  --worker-id  overrides worker.id\n";
+    "  --worker-id  overrides worker.id\n"
+    "  --cpu-threads overrides engine.cpu_threads (0: the physical cores)\n";
 
 struct Flag {
   bool set = false;
@@ -43,7 +46,7 @@ struct Flag {
 
 struct Flags {
   std::string config;
-  Flag listen, metrics, kvdir, worker_id;
+  Flag listen, metrics, kvdir, worker_id, cpu_threads;
 };
 
 // Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
@@ -73,6 +76,8 @@ std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
       flag = &flags->kvdir;
     } else if (arg == "--worker-id") {
       flag = &flags->worker_id;
+    } else if (arg == "--cpu-threads") {
+      flag = &flags->cpu_threads;
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
@@ -154,6 +159,15 @@ int main(int argc, char** argv) {
   if (flags.metrics.set) config->server.metrics_address = flags.metrics.value;
   if (flags.kvdir.set) config->kvdir.address = flags.kvdir.value;
   if (flags.worker_id.set) config->server.service.worker_id = flags.worker_id.value;
+  if (flags.cpu_threads.set) {
+    int n = -1;
+    if (!absl::SimpleAtoi(flags.cpu_threads.value, &n) || n < 0 || n > 256) {
+      lazyattn::LogError("worker").Msg("--cpu-threads: must be an integer in [0, 256]");
+      return 2;
+    }
+    config->cpu_threads = n;
+  }
+  lazyattn::SetCpuKernelThreads(config->cpu_threads);
   // Mutual TLS (server.tls.ca_file) is what lets the worker check that its caller is a router.
   if (absl::Status s = lazyattn::CheckTransportSecurity(
           "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),

@@ -87,6 +87,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   // Engine.
   ASSIGN_OR_RETURN(c.kv_budget_bytes, IntInRange(config, "engine.kv_budget_bytes",
                                                  c.kv_budget_bytes, 1 << 20, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(const int64_t cpu_threads,
+                   IntInRange(config, "engine.cpu_threads", c.cpu_threads, 0, 256));
+  c.cpu_threads = static_cast<int>(cpu_threads);
   ASSIGN_OR_RETURN(const int64_t batch, IntInRange(config, "engine.max_batch_tokens",
                                                    o.engine.max_batch_tokens, 1, 1 << 20));
   o.engine.max_batch_tokens = static_cast<int>(batch);
