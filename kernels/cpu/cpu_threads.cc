@@ -71,7 +71,7 @@ class Pool {
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     fn(ctx, 0, std::min(chunk_, n));
-    for (int left = threads_ - 1; left != 0;) left = AwaitChange(pending_, left, 100);
+    for (int left = threads_ - 1; left != 0;) left = AwaitChange(pending_, left, 200);
   }
 
  private:
@@ -118,7 +118,10 @@ Pool& PoolLocked() {
   std::unique_ptr<Pool>& pool = PoolSlot();
   if (pool == nullptr) {
     const int n = CpuKernelThreads();
-    openblas_set_num_threads(n);
+    // Every parallel loop runs on this pool (the GEMM path splits its products over it): an
+    // OpenBLAS pool too would spin on the same cores, and a decode step's small attention
+    // products would wait for its threads while ours spin.
+    openblas_set_num_threads(1);
     pool = std::make_unique<Pool>(n);
   }
   return *pool;

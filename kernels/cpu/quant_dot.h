@@ -28,6 +28,10 @@ struct DotArgs {
 void DotRowsPortable(const DotArgs& a);
 void DotRowsAvx2(const DotArgs& a);  // only where the CPU has AVX2, FMA and F16C
 
+// `count` values of a block type (Q8_0, Q4_0, Q4_1) at `src` into fp32, bit for bit as the
+// portable conversion; false (nothing written) for other types. AVX2 CPUs only.
+bool DequantizeAvx2(WeightType type, const uint8_t* src, int64_t count, float* dst);
+
 // IEEE half and bfloat16 bits to float (portable).
 float HalfBitsToFloat(uint16_t h);
 inline float Bf16BitsToFloat(uint16_t b) {

@@ -130,4 +130,50 @@ LAZYATTN_AVX2 void DotRowsAvx2(const DotArgs& a) {
   }
 }
 
+// Same values as the portable DequantizeRowsCpu, bit for bit: products and sums rounded
+// separately (no FMA), as ggml's formulas.
+LAZYATTN_AVX2 bool DequantizeAvx2(WeightType type, const uint8_t* src, int64_t count, float* dst) {
+  const int64_t blocks = count / kBlock;
+  switch (type) {
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1: {
+      const bool q41 = type == WeightType::kQ4_1;
+      const size_t block_bytes = q41 ? 20 : 18, qs = q41 ? 4 : 2;
+      const __m128i mask = _mm_set1_epi8(0x0F);
+      const __m256i eight = _mm256_set1_epi32(8);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = src + b * block_bytes;
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs));
+        const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+        const __m256 d = _mm256_set1_ps(Half(blk));
+        const __m256 m = _mm256_set1_ps(q41 ? Half(blk + 2) : 0.0f);
+        for (int i = 0; i < 4; ++i) {
+          __m256i v = _mm256_cvtepu8_epi32(parts[i]);
+          __m256 out;
+          if (q41) {
+            out = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(v)), m);
+          } else {
+            out = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, eight)));
+          }
+          _mm256_storeu_ps(dst + b * kBlock + 8 * i, out);
+        }
+      }
+      return true;
+    }
+    case WeightType::kQ8_0:
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = src + b * 34;
+        const __m256 d = _mm256_set1_ps(Half(blk));
+        for (int i = 0; i < 4; ++i) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * i));
+          _mm256_storeu_ps(dst + b * kBlock + 8 * i, _mm256_mul_ps(d, I8ToF32(q)));
+        }
+      }
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace lazyattn::quant_internal

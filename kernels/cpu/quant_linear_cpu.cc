@@ -17,9 +17,12 @@ using quant_internal::kBlock;
 // Output features per task of the fused dot products: enough to amortize the task, small enough
 // to balance two to a few dozen threads on the narrowest matrices (576 outputs).
 constexpr int64_t kDotGrain = 16;
-// Output features dequantized per GEMM of the prefill path: a [512][576] activation block times
-// a [128][576] fp32 tile keeps OpenBLAS efficient while the tile (288 KB) stays in L2.
-constexpr int64_t kTileRows = 128;
+// Output features dequantized per GEMM of the prefill path, at most: OpenBLAS's blocking wants
+// wide products (128-row tiles ran 10% slower on SmolLM2's layers), and a [512][576] fp32 tile
+// is 1.2 MB of scratch a thread.
+constexpr int64_t kTileRows = 512;
+// Output features per thread of the GEMM path, at least: narrower slices lose OpenBLAS efficiency.
+constexpr int64_t kGemmGrain = 32;
 
 void DotRows(CpuIsa isa, const DotArgs& a) {
   if (isa == CpuIsa::kAvx2) {
@@ -65,21 +68,26 @@ void FusedDots(const float* x, int64_t rows, const QuantMatrixView& w, float* y,
   });
 }
 
+// Output features split over the kernel threads; each thread dequantizes its features a tile at a
+// time and multiplies the tile with single-threaded OpenBLAS (cpu_threads.h keeps OpenBLAS at one
+// thread: its own pool would compete with ours for the cores).
 void TiledGemm(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
                bool accumulate) {
   const float beta = accumulate ? 1.0f : 0.0f;
-  if (w.type == WeightType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, w.rows, w.cols, 1.0f, x, w.cols,
-                reinterpret_cast<const float*>(w.data), w.cols, beta, y, ldy);
-    return;
-  }
-  std::vector<float> tile(std::min(kTileRows, w.rows) * w.cols);
-  for (int64_t first = 0; first < w.rows; first += kTileRows) {
-    const int64_t n = std::min(kTileRows, w.rows - first);
-    DequantizeRowsCpu(w, first, n, tile.data());
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, w.cols, 1.0f, x, w.cols,
-                tile.data(), w.cols, beta, y + first, ldy);
-  }
+  CpuParallelFor(w.rows, kGemmGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> tile;
+    if (w.type != WeightType::kF32) tile.resize(std::min(kTileRows, end - begin) * w.cols);
+    for (int64_t first = begin; first < end; first += kTileRows) {
+      const int64_t n = std::min(kTileRows, end - first);
+      const float* b = reinterpret_cast<const float*>(w.data) + first * w.cols;
+      if (w.type != WeightType::kF32) {
+        DequantizeRowsCpu(w, first, n, tile.data());
+        b = tile.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, w.cols, 1.0f, x, w.cols, b,
+                  w.cols, beta, y + first, ldy);
+    }
+  });
 }
 
 }  // namespace
@@ -163,10 +171,13 @@ CpuIsa CpuKernelIsa() {
   return isa;
 }
 
-void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float* dst) {
+void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float* dst, CpuIsa isa) {
   const size_t row_bytes = WeightTypeRowBytes(w.type, w.cols);
   const uint8_t* src = w.data + first * row_bytes;
   const int64_t count = n * w.cols;
+  if (Resolve(isa) == CpuIsa::kAvx2 && quant_internal::DequantizeAvx2(w.type, src, count, dst)) {
+    return;
+  }
   auto half = [](const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, sizeof h);

@@ -163,11 +163,19 @@ TEST_P(QuantLinearTest, DequantizesRowsExactly) {
   std::mt19937 rng(11);
   const int64_t cols = WeightTypeBlockValues(type) > 1 ? 64 : 13;
   const Matrix w = Random(type, 9, cols, rng);
-  std::vector<float> out(4 * cols);
-  DequantizeRowsCpu(w.view(), 3, 4, out.data());
+  std::vector<float> portable(4 * cols);
+  DequantizeRowsCpu(w.view(), 3, 4, portable.data(), CpuIsa::kPortable);
   for (int64_t i = 0; i < 4 * cols; ++i) {
-    ASSERT_NEAR(out[i], w.values[3 * cols + i], 1e-6 * std::abs(w.values[3 * cols + i]) + 1e-9)
+    ASSERT_NEAR(portable[i], w.values[3 * cols + i], 1e-6 * std::abs(w.values[3 * cols + i]) + 1e-9)
         << i;
+  }
+  // Every variant gives the same bits (fingerprints hash them).
+  for (const CpuIsa isa : {CpuIsa::kAuto, CpuIsa::kAvx2}) {
+    if (!CpuSupportsIsa(isa)) continue;
+    std::vector<float> out(4 * cols);
+    DequantizeRowsCpu(w.view(), 3, 4, out.data(), isa);
+    EXPECT_EQ(std::memcmp(out.data(), portable.data(), out.size() * sizeof(float)), 0)
+        << CpuIsaName(isa);
   }
 }
 

@@ -1,5 +1,6 @@
 // The threads the CPU kernels run on: one process-wide pool, sized once from the config
-// (engine.cpu_threads / --cpu-threads); OpenBLAS is set to the same count.
+// (engine.cpu_threads / --cpu-threads). OpenBLAS is set to one thread when the pool starts: the
+// GEMMs split their work over this pool instead, so two pools never spin on the same cores.
 //
 // Why a pool of our own: a decode step runs ~120 matrix-vector products of 50-300 us each, so
 // waking threads per product must cost a few microseconds. Workers spin briefly after a job (the

@@ -1,4 +1,5 @@
-// Matrix products of the linear layers (CPU twin: OpenBLAS, every core).
+// Matrix products of the linear layers over fp32 weights (CPU twin: quant_linear.h on the kernel
+// threads).
 //
 // Weights are row-major [out_features][in_features] (the HF and GGUF layout), activations
 // [rows][in_features]; y = x W^T, optionally accumulated into y (for the residual adds).

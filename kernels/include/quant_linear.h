@@ -55,8 +55,10 @@ bool CpuSupportsIsa(CpuIsa isa);
 void QuantLinearCpu(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
                     bool accumulate = false, CpuIsa isa = CpuIsa::kAuto);
 
-// Converts rows [first, first + n) of `w` into fp32 at dst ([n][w.cols]).
-void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float* dst);
+// Converts rows [first, first + n) of `w` into fp32 at dst ([n][w.cols]): ggml's formulas, the
+// same bits on every variant (the fingerprints hash them).
+void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float* dst,
+                       CpuIsa isa = CpuIsa::kAuto);
 
 // Rows with at most this many activation rows take the fused dot products; more take the
 // dequantize-and-GEMM path (measured on SmolLM2-135M, 2 cores: docs/worker.md).
