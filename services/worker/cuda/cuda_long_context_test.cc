@@ -3,8 +3,8 @@
 // 500,000, Llama-3 scaling, 131,072 positions) runs a prompt, a document read lazily at its
 // offset, a question and a decode step whose positions end at 131,071, the last one the model
 // has. An fp32 angle there is off by ~1e-2 radians, so a kernel that computed one would drift
-// from the CPU twin; a block-mode copy of the document at the same positions must agree with the
-// lazy read. Runs on the GPU machine (tests/gpu/run.sh); skips without a GPU.
+// from the CPU twin; the document encoded at its positions, and block mode's re-rotated copy of
+// the lazy blocks there, must agree with the lazy read. Runs on the GPU machine (tests/gpu/run.sh); skips without a GPU.
 #include <cstdint>
 #include <iostream>
 #include <random>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/include/block_copy.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "services/worker/cuda/cuda_backend_test_util.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -86,8 +87,8 @@ TEST(CudaLongContextTest, PositionsUpTo131071MatchTheCpuBackendInLazyAndBlockMod
   SCOPED_TRACE(seed);
   const ModelConfig config = LongContextConfig();
   auto w = HfLikeWeights(config, seed);
-  CpuModelRunner cpu(w.get(), 64);
-  auto gpu = CudaRunnerFor(*w, 64);
+  CpuModelRunner cpu(w.get(), 80);
+  auto gpu = CudaRunnerFor(*w, 80);
   ASSERT_NE(gpu, nullptr);
   std::mt19937 rng(seed);
   auto tokens = [&](int n) {
@@ -101,8 +102,9 @@ TEST(CudaLongContextTest, PositionsUpTo131071MatchTheCpuBackendInLazyAndBlockMod
   constexpr int64_t P0 = 131071 - (kPrompt + kDoc + kQuestion);
   constexpr uint32_t kDocOffset = static_cast<uint32_t>(P0 + kPrompt);
   constexpr int64_t kQuestionAt = P0 + kPrompt + kDoc;
-  // Blocks: prompt 0..2, the lazy document 10..22, its block-mode copy 40..52, the question
-  // 30 (lazy sequence) and 31 (block sequence).
+  // Blocks: prompt 0..2, the lazy document 10..22, the document encoded at its offset 40..52, a
+  // re-rotated copy of the lazy blocks 60..72 (block mode's copy to a new offset), the question
+  // 30 (lazy sequence), 31 (encoded at the offset) and 32 (copied).
   const auto prompt = tokens(kPrompt), doc = tokens(kDoc), question = tokens(kQuestion);
   const auto prompt_slots = Slots(0, 0, kPrompt), doc_slots = Slots(10, 0, kDoc),
              block_doc_slots = Slots(40, 0, kDoc), q_slots = Slots(30, 0, kQuestion),
@@ -147,6 +149,28 @@ TEST(CudaLongContextTest, PositionsUpTo131071MatchTheCpuBackendInLazyAndBlockMod
   const std::vector<float> gpu_lazy(gpu2->logits.begin(), gpu2->logits.begin() + half);
   const std::vector<float> gpu_block(gpu2->logits.begin() + half, gpu2->logits.end());
   ExpectRowsClose(gpu_lazy, gpu_block, config.vocab_size, "lazy vs block on the GPU");
+
+  // Block mode's reuse at a new offset: the lazy blocks copied and rotated by the document's
+  // offset (a delta near 131K in the copy kernel), then read with delta 0 like blocks encoded there.
+  std::vector<BlockCopy> copies;
+  for (int b = 0; b < (kDoc + kBlock - 1) / kBlock; ++b) {
+    copies.push_back({.src = static_cast<uint32_t>(10 + b), .dst = static_cast<uint32_t>(60 + b),
+                      .delta = static_cast<int32_t>(kDocOffset)});
+  }
+  ASSERT_TRUE(cpu.CopyBlocks(copies).ok());
+  ASSERT_TRUE(gpu->CopyBlocks(copies).ok());
+  const auto copy_q_table = Concat({prompt_table, Entries(60, kDoc, 0), Entries(32, kQuestion, 0)});
+  const auto copy_q_slots = Slots(32, 0, kQuestion);
+  const ForwardChunk step2b[] = {
+      {.tokens = question, .segment_delta = kQuestionAt, .k_rotation_base = kQuestionAt,
+       .kv_slots = copy_q_slots, .block_table = copy_q_table, .first_query_index = q_index,
+       .logits_for_all_tokens = true, .return_logits = true}};
+  auto cpu2b = cpu.Forward(step2b);
+  auto gpu2b = gpu->Forward(step2b);
+  ASSERT_TRUE(cpu2b.ok()) << cpu2b.status();
+  ASSERT_TRUE(gpu2b.ok()) << gpu2b.status();
+  ExpectRowsClose(gpu2b->logits, cpu2b->logits, config.vocab_size, "question over the copied blocks");
+  ExpectRowsClose(gpu2b->logits, gpu_block, config.vocab_size, "copied vs encoded at the offset");
 
   // Step 3: one decode token at position 131,071 in each sequence.
   const int32_t next = 7;
