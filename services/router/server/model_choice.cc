@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace lazyattn::router {
 namespace {
 
@@ -13,9 +15,16 @@ absl::StatusOr<std::optional<ModelGroup>> Choose(const WorkerRegistry& registry,
   absl::StatusOr<const ModelGroup*> group = ResolveModel(groups, request.model());
   if (!group.ok()) return group.status();
   if (*group == nullptr) return std::nullopt;
-  const int64_t vocab = (*group)->info.vocab_size();
-  if (groups.size() > 1 && vocab > 0) {
-    if (absl::Status s = validate(request, limits, vocab); !s.ok()) return s;
+  if (groups.size() > 1) {
+    const lazyattn::v1::ModelInfo& model = (*group)->info;
+    if (model.vocab_size() > 0) {
+      if (absl::Status s = validate(request, limits, model.vocab_size()); !s.ok()) return s;
+    }
+    if (model.max_documents() > 0 && request.documents_size() > model.max_documents()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("documents: ", request.documents_size(), " documents, the workers of model ",
+                       (*group)->id, " take at most ", model.max_documents(), " (GetModelInfo)"));
+    }
   }
   return **group;
 }

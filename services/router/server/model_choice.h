@@ -18,8 +18,9 @@ namespace lazyattn::router {
 // The chosen model; nullopt when no worker has reported a model and the request names none (it
 // is then routed among all workers, as a router that knows no models always did). Errors as
 // ResolveModel's, plus InvalidArgument naming the field of a token id outside the chosen
-// model's vocabulary: admission checks ids against a vocabulary only while one model is served
-// (WorkerRegistry::Model), so with several the check happens here, once the model is known.
+// model's vocabulary, or `documents` beyond its workers' max_documents: admission checks those
+// against the served model only while there is one (WorkerRegistry::Model), so with several the
+// checks happen here, once the model is known.
 absl::StatusOr<std::optional<ModelGroup>> ChooseModel(const WorkerRegistry& registry,
                                                       const ApiLimits& limits,
                                                       const lazyattn::v1::GenerateRequest& request);

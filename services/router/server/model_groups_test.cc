@@ -178,7 +178,8 @@ TEST(ResolveModelTest, APrefixMatchingSeveralIsInvalidArgumentListingThem) {
 // --- The registry's groups ---------------------------------------------------------------------
 
 lazyattn::v1::WorkerResidency Worker(const std::string& id, const std::string& name,
-                                     const std::string& mfp, int64_t vocab = 1000) {
+                                     const std::string& mfp, int64_t vocab = 1000,
+                                     int32_t max_documents = 0) {
   lazyattn::v1::WorkerResidency w;
   auto* s = w.mutable_worker();
   s->set_worker_id(id);
@@ -187,6 +188,7 @@ lazyattn::v1::WorkerResidency Worker(const std::string& id, const std::string& n
   s->mutable_model()->set_model_fingerprint(mfp);
   s->mutable_model()->set_tokenizer_fingerprint(kTok1);
   s->mutable_model()->set_vocab_size(vocab);
+  s->mutable_model()->set_max_documents(max_documents);
   return w;
 }
 
@@ -244,7 +246,8 @@ TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARoll
 
 TEST(ModelChoiceTest, TokenIdsAreCheckedAgainstTheChosenModelsVocabulary) {
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
-  registry.ObserveDirectory(Listing({Worker("w0", "small", kFpA, /*vocab=*/100),
+  registry.ObserveDirectory(Listing({Worker("w0", "small", kFpA, /*vocab=*/100,
+                                            /*max_documents=*/4),
                                      Worker("w1", "big", kFpB, /*vocab=*/50000)}),
                             absl::UnixEpoch());
   lazyattn::v1::GenerateRequest request;
@@ -260,6 +263,19 @@ TEST(ModelChoiceTest, TokenIdsAreCheckedAgainstTheChosenModelsVocabulary) {
   ASSERT_FALSE(small.ok());
   EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(small.status().message(), HasSubstr("documents[0].tokens.ids[0]"));
+
+  // The chosen model's document limit too (admission knows none while two models are served).
+  lazyattn::v1::GenerateRequest many;
+  many.set_question("q");
+  many.set_model("big");
+  for (int i = 0; i < 5; ++i) many.add_documents()->set_text(absl::StrCat("doc ", i));
+  EXPECT_TRUE(ChooseModel(registry, ApiLimits{}, many).ok());
+  many.set_model("small");
+  auto too_many = ChooseModel(registry, ApiLimits{}, many);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_many.status().message(),
+              HasSubstr("documents: 5 documents, the workers of model small take at most 4"));
 
   lazyattn::v1::PrefetchRequest prefetch;
   prefetch.add_documents()->mutable_tokens()->add_ids(4000);
