@@ -41,12 +41,15 @@ T AwaitChange(const std::atomic<T>& value, T old, int spin_us) {
   }
 }
 
-// Workers 1..n-1 (the caller is worker 0). Every worker acknowledges every generation, taking
-// part or not, so the job fields are never rewritten while a worker may read them.
+// Workers 1..n-1 beside the caller. A job is cut into a few chunks per thread that every
+// participant claims from one atomic word, so a worker the OS has not scheduled yet (the machine
+// is shared) costs nothing: the others take its chunks, and the caller waits only for chunks
+// already claimed. The word packs (generation, chunk count, next chunk): a claim succeeds only
+// for the job it was meant for, and the job fields stay unchanged while a claimed chunk runs.
 class Pool {
  public:
   explicit Pool(int threads) : threads_(threads) {
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { Work(i); });
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Work(); });
   }
   ~Pool() {
     stop_.store(true, std::memory_order_relaxed);
@@ -58,42 +61,68 @@ class Pool {
 
   void Run(int64_t n, int64_t grain, CpuRangeFn fn, void* ctx) {
     const int64_t units = (n + grain - 1) / grain;
-    const int parts = static_cast<int>(std::min<int64_t>(threads_, units));
-    if (parts <= 1) {
+    const int64_t chunks = std::min<int64_t>(units, int64_t{threads_} * kChunksPerThread);
+    if (threads_ <= 1 || chunks <= 1) {
       fn(ctx, 0, n);
       return;
     }
     fn_ = fn;
     ctx_ = ctx;
     n_ = n;
-    chunk_ = (units + parts - 1) / parts * grain;
-    pending_.store(threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    chunk_ = (units + chunks - 1) / chunks * grain;
+    const int64_t count = (n + chunk_ - 1) / chunk_;
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+    claim_.store(Word(gen, count, 0), std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
     generation_.notify_all();
-    fn(ctx, 0, std::min(chunk_, n));
-    for (int left = threads_ - 1; left != 0;) left = AwaitChange(pending_, left, 200);
+    RunChunks(gen);
+    for (int64_t d = done_.load(std::memory_order_acquire); d != count;) {
+      d = AwaitChange(done_, d, 200);
+    }
   }
 
  private:
-  void Work(int index) {
+  static constexpr int64_t kChunksPerThread = 4;
+  static uint64_t Word(uint64_t gen, int64_t count, int64_t next) {
+    return (gen & 0xFFFFFF) << 40 | static_cast<uint64_t>(count) << 20 |
+           static_cast<uint64_t>(next);
+  }
+
+  // Claims and runs chunks of job `gen` until none is left.
+  void RunChunks(uint64_t gen) {
+    uint64_t w = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      const int64_t count = static_cast<int64_t>((w >> 20) & 0xFFFFF);
+      const int64_t next = static_cast<int64_t>(w & 0xFFFFF);
+      if ((w >> 40) != (gen & 0xFFFFFF) || next >= count) return;
+      if (!claim_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel)) continue;
+      const int64_t begin = next * chunk_;
+      fn_(ctx_, begin, std::min(begin + chunk_, n_));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done_.notify_one();
+      w = claim_.load(std::memory_order_acquire);
+    }
+  }
+
+  void Work() {
     uint64_t seen = 0;
     for (;;) {
       seen = AwaitChange(generation_, seen, kIdleSpinUs);
       if (stop_.load(std::memory_order_relaxed)) return;
-      const int64_t begin = index * chunk_;
-      if (begin < n_) fn_(ctx_, begin, std::min(begin + chunk_, n_));
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+      RunChunks(seen);
     }
   }
 
   // How long a worker spins for the next job before sleeping: a decode step's products follow
-  // each other within tens of microseconds.
+  // each other within tens of microseconds. Longer spins starved the engine's other threads when
+  // the cores were shared (decode fell to ~4 tokens/s with 1-2 ms).
   static constexpr int kIdleSpinUs = 100;
 
-  const int threads_;
+  const int threads_;  // the chunk count (< 2^20) is at most kChunksPerThread * 256
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};
   std::atomic<bool> stop_{false};
   CpuRangeFn fn_ = nullptr;
   void* ctx_ = nullptr;
