@@ -57,6 +57,9 @@ class DocumentCache : private BlockPool::PinObserver {
 
   explicit DocumentCache(BlockPool* pool);
   ~DocumentCache();  // releases every entry's blocks to the pool
+  // The pool keeps a pointer to this cache (its pin observer): not copyable or movable.
+  DocumentCache(const DocumentCache&) = delete;
+  DocumentCache& operator=(const DocumentCache&) = delete;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
 
   // The entry, or nullptr. A hit refreshes its LRU position and counts a hit.

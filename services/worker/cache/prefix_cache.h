@@ -33,6 +33,9 @@ class PrefixCache : private BlockPool::PinObserver {
  public:
   PrefixCache(BlockPool* pool, int block_size);
   ~PrefixCache();  // releases every node's block to the pool
+  // The pool keeps a pointer to this cache (its pin observer): not copyable or movable.
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
 
   struct Match {
     std::vector<BlockId> blocks;  // pinned for the caller (one Ref each)

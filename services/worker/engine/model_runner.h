@@ -36,6 +36,9 @@ struct ForwardChunk {
   std::span<const int64_t> kv_slots;
   // Everything the chunk attends to, in sequence order, including the blocks its own tokens are
   // written to. tokens[0] has sequence index `first_query_index` in this table.
+  // Lifetime of every span in a chunk: valid only during the Forward or Launch call that receives
+  // it (the engine may grow or free the vectors behind them right after, e.g. a running sequence's
+  // table); a backend copies what it needs later, at Collect or in a later step.
   std::span<const KvBlockEntry> block_table;
   int64_t first_query_index = 0;
   // Persistent tables (docs/kernels.md, "Block tables across steps"). A running sequence's table
