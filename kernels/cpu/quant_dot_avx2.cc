@@ -33,43 +33,69 @@ LAZYATTN_AVX2 inline __m256 I8ToF32(__m128i v) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
 
+// One Q4_0 / Q4_1 block: d * sum(q x) as 8 partial sums, and the block's offset term.
+LAZYATTN_AVX2 inline __m256 BlockQ4(const uint8_t* blk, const float* xb, size_t qs) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs));
+  const __m128i lo = _mm_and_si128(q, mask);                     // values 0..15
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);  // values 16..31
+  __m256 s = _mm256_mul_ps(U8ToF32(lo), _mm256_loadu_ps(xb));
+  s = _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(lo, lo)), _mm256_loadu_ps(xb + 8), s);
+  s = _mm256_fmadd_ps(U8ToF32(hi), _mm256_loadu_ps(xb + 16), s);
+  return _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(hi, hi)), _mm256_loadu_ps(xb + 24), s);
+}
+
+// Two blocks a step into independent accumulators: one chain would leave the loop bound by the
+// latency of its FMAs and of the scalar offset sum rather than by its throughput (measured 0.11
+// ns a value with one chain).
 LAZYATTN_AVX2 float DotQ4(const uint8_t* row, const float* x, const float* xs, int64_t blocks,
                           bool q41) {
-  const __m128i mask = _mm_set1_epi8(0x0F);
   const size_t block_bytes = q41 ? 20 : 18, qs = q41 ? 4 : 2;
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = row + b * block_bytes;
-    const float* xb = x + b * kBlock;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs));
-    const __m128i lo = _mm_and_si128(q, mask);                     // values 0..15
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);  // values 16..31
-    __m256 s = _mm256_mul_ps(U8ToF32(lo), _mm256_loadu_ps(xb));
-    s = _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(lo, lo)), _mm256_loadu_ps(xb + 8), s);
-    s = _mm256_fmadd_ps(U8ToF32(hi), _mm256_loadu_ps(xb + 16), s);
-    s = _mm256_fmadd_ps(U8ToF32(_mm_unpackhi_epi64(hi, hi)), _mm256_loadu_ps(xb + 24), s);
-    const float d = Half(blk);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
-    offsets += (q41 ? Half(blk + 2) : -8.0f * d) * xs[b];
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float off0 = 0, off1 = 0;
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const uint8_t* b0 = row + b * block_bytes;
+    const uint8_t* b1 = b0 + block_bytes;
+    const float d0 = Half(b0), d1 = Half(b1);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), BlockQ4(b0, x + b * kBlock, qs), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), BlockQ4(b1, x + (b + 1) * kBlock, qs), acc1);
+    off0 += (q41 ? Half(b0 + 2) : -8.0f * d0) * xs[b];
+    off1 += (q41 ? Half(b1 + 2) : -8.0f * d1) * xs[b + 1];
   }
-  return HorizontalSum(acc) + offsets;
+  if (b < blocks) {
+    const uint8_t* b0 = row + b * block_bytes;
+    const float d0 = Half(b0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), BlockQ4(b0, x + b * kBlock, qs), acc0);
+    off0 += (q41 ? Half(b0 + 2) : -8.0f * d0) * xs[b];
+  }
+  return HorizontalSum(_mm256_add_ps(acc0, acc1)) + (off0 + off1);
+}
+
+LAZYATTN_AVX2 inline __m256 BlockQ8(const uint8_t* q, const float* xb) {
+  __m256 s = _mm256_mul_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))),
+                           _mm256_loadu_ps(xb));
+  for (int i = 1; i < 4; ++i) {
+    s = _mm256_fmadd_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))),
+                        _mm256_loadu_ps(xb + 8 * i), s);
+  }
+  return s;
 }
 
 LAZYATTN_AVX2 float DotQ8(const uint8_t* row, const float* x, int64_t blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* q = row + b * 34 + 2;
-    const float* xb = x + b * kBlock;
-    __m256 s = _mm256_mul_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))),
-                             _mm256_loadu_ps(xb));
-    for (int i = 1; i < 4; ++i) {
-      s = _mm256_fmadd_ps(I8ToF32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))),
-                          _mm256_loadu_ps(xb + 8 * i), s);
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(row + b * 34)), s, acc);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const uint8_t* b0 = row + b * 34;
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(Half(b0)), BlockQ8(b0 + 2, x + b * kBlock), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(Half(b0 + 34)), BlockQ8(b0 + 36, x + (b + 1) * kBlock),
+                           acc1);
   }
-  return HorizontalSum(acc);
+  if (b < blocks) {
+    const uint8_t* b0 = row + b * 34;
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(Half(b0)), BlockQ8(b0 + 2, x + b * kBlock), acc0);
+  }
+  return HorizontalSum(_mm256_add_ps(acc0, acc1));
 }
 
 // fp32 / fp16 / bf16 rows: 8 values a step, the tail (cols % 8) in scalar.
