@@ -77,13 +77,15 @@ struct CudaRunnerOptions {
   // Where the wgmma kernel runs the QKV product and head_dim is 128, RoPE and the K/V append
   // run in its epilogue (SkinnyWgmmaLinearQkvRopeCuda) instead of RopeKvAppend's launch. Off:
   // it saves a launch (~0.08 ms a batch-32 step) but the heavier epilogue cost more, batch-32
-  // decode lost 1.5-3.5 % (docs/kernels.md; the eighth pass in git log -p docs/benchmarks.md); kept to measure again.
+  // decode lost 1.5-3.5 % (docs/kernels.md; the eighth pass in the history of
+  // docs/benchmarks.md); kept to measure again.
   bool fused_qkv_rope = false;
   // The wgmma kernel reads its weights from a second copy in PackWeightsForWgmma's layout
   // (contiguous 8 KB blocks instead of 128-byte row pieces 8 KB+ apart), made at creation: as
   // much HBM again as the layer matrices (14 GB for llama3-8b). Batch-32 decode gained 2.4 %
-  // (docs/kernels.md; the eighth pass in git log -p docs/benchmarks.md). Made only when the card has that much free memory plus
-  // kPackedWeightsHeadroomBytes after the KV pool; otherwise the kernel reads the row-major
+  // (docs/kernels.md; the eighth pass in the history of docs/benchmarks.md). Made only when
+  // the card has that much free memory plus kPackedWeightsHeadroomBytes after the KV pool;
+  // otherwise the kernel reads the row-major
   // weights through its tensor maps and packed_weight_bytes() says 0.
   bool wgmma_packed_weights = true;
   // In decode-only steps the attention kernel issues its first K/V copies of blocks other than
@@ -93,7 +95,8 @@ struct CudaRunnerOptions {
   // The prefill attention kernel (PagedPrefillArgs::kernel): the wgmma kernel on compute
   // capability 9.0 where it supports the shape (head_dim 128; paged_prefill_attention.h), else
   // mma.sync. All-cached TTFT's step on llama3-8b: 7.92 against 8.06 ms; a cold 20K-token
-  // prefill 793 against 823 ms (docs/kernels.md; the eighth pass in git log -p docs/benchmarks.md).
+  // prefill 793 against 823 ms (docs/kernels.md; the eighth pass in the history of
+  // docs/benchmarks.md).
   PrefillKernel prefill_kernel = PrefillKernel::kWgmma;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
