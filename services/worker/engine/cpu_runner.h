@@ -1,4 +1,5 @@
-// One forward step of a llama-architecture model on the CPU (fp32, OpenBLAS).
+// One forward step of a llama-architecture model on the CPU: fp32 activations, the matrices fp32
+// or packed in their stored type (ModelWeights::packed(), kernels/include/quant_linear.h).
 //
 // A step takes several chunks at once (continuous batching): each chunk is a run of consecutive
 // tokens of one segment of one sequence (model_runner.h). The linear layers run once over the rows
