@@ -263,14 +263,21 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
   if (keys.empty() || live.empty() || rule == ResidencyRule::kNone) return out;
   for (size_t k = 0; k < keys.size(); ++k) {
     const int64_t offset = k < offsets.size() ? offsets[k] : kUnknownOffset;
-    if (rule == ResidencyRule::kBlock && offset < 0) continue;
     auto d = docs_.find(keys[k]);
     if (d == docs_.end()) continue;
     for (const Holding& h : d->second) {
       auto s = slot.find(h.worker);
       if (s == slot.end()) continue;  // lease passed, not swept yet
       const int64_t t = h.ReusableTokens(rule, offset);
-      if (t < 0) continue;
+      if (t < 0) {
+        if (rule == ResidencyRule::kBlock && !h.offsets.empty()) {
+          int64_t& copy = out[s->second].copyable_tokens;
+          const int64_t c = h.tokens();
+          copy = c > std::numeric_limits<int64_t>::max() - copy ? std::numeric_limits<int64_t>::max()
+                                                               : copy + c;
+        }
+        continue;
+      }
       out[s->second].resident[k] = true;
       // Saturates: a worker may report any non-negative count a proto carries, and the sum of
       // two such counts must not overflow (it only ranks workers).

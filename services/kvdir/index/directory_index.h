@@ -115,6 +115,9 @@ struct WorkerResidency {
   // Sum over the requested keys (each occurrence) of the tokens held, saturating at INT64_MAX.
   int64_t resident_tokens = 0;
   std::vector<bool> resident;   // per requested key, in request order
+  // Rule kBlock: tokens of the requested keys held only at other offsets (or position-free),
+  // which a block request copies rather than encodes (each occurrence, largest count; saturating).
+  int64_t copyable_tokens = 0;
   absl::Time last_seen;         // the last message from the worker
 };
 

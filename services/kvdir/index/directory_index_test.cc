@@ -162,6 +162,26 @@ TEST_F(ResidencyRuleTest, BlockCountsOnlyTheEntryAtTheRequestsOffset) {
   EXPECT_THAT(Residency(ResidencyRule::kBlock, {0}), ElementsAre("w1: 0 0 0", "w2: 90 1 0"));
 }
 
+TEST_F(ResidencyRuleTest, BlockReportsWhatIsHeldOnlyElsewhereAsCopyable) {
+  auto copyable = [&](std::vector<int64_t> offsets) {
+    std::vector<int64_t> out;
+    for (const WorkerResidency& r : index_.Lookup({Key(1), Key(2)}, ResidencyRule::kBlock,
+                                                  offsets, now_)) {
+      out.push_back(r.copyable_tokens);
+    }
+    return out;
+  };
+  // Key 1 at 0: w1 holds it position-free (copied, 100), w2 at 0 (a hit). Key 2 at 37: w1's is
+  // there (a hit), w2's is position-free (copied, 50).
+  EXPECT_THAT(copyable({0, 37}), ElementsAre(100, 50));
+  // Nowhere at 5 or unplaced: everything held is copyable, w2's key 1 with its larger count.
+  EXPECT_THAT(copyable({5, kUnknownOffset}), ElementsAre(150, 150));
+  // Other rules report no copies.
+  for (const WorkerResidency& r : index_.Lookup({Key(1), Key(2)}, ResidencyRule::kLazy, {}, now_)) {
+    EXPECT_EQ(r.copyable_tokens, 0);
+  }
+}
+
 TEST_F(ResidencyRuleTest, PrefixCountsNothingAndAnyEntryKeepsTheOldAnswer) {
   EXPECT_THAT(Residency(ResidencyRule::kNone, {0, 37}), ElementsAre("w1: 0 0 0", "w2: 0 0 0"));
   // A router that sends no mode: any entry, a key at several offsets with its largest count.

@@ -70,6 +70,7 @@ void ResidencyToProto(WorkerResidency&& r, v1::WorkerResidency* out) {
   out->mutable_resident()->Reserve(static_cast<int>(r.resident.size()));
   for (bool b : r.resident) out->add_resident(b);
   out->set_last_seen_unix_ms(absl::ToUnixMillis(r.last_seen));
+  out->set_copyable_tokens(r.copyable_tokens);
 }
 
 }  // namespace lazyattn::kvdir

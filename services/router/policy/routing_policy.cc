@@ -67,8 +67,14 @@ Ranking RoutingPolicy::Rank(std::span<const Candidate> candidates) {
       break;
     case PolicyKind::kCacheAware: {
       std::sort(ranking.order.begin(), ranking.order.end(), [&](size_t a, size_t b) {
-        const double sa = static_cast<double>(candidates[a].hit_tokens) - load[a];
-        const double sb = static_cast<double>(candidates[b].hit_tokens) - load[b];
+        const double sa = static_cast<double>(candidates[a].hit_tokens) +
+                          options_.copy_token_weight *
+                              static_cast<double>(candidates[a].copy_tokens) -
+                          load[a];
+        const double sb = static_cast<double>(candidates[b].hit_tokens) +
+                          options_.copy_token_weight *
+                              static_cast<double>(candidates[b].copy_tokens) -
+                          load[b];
         if (sa != sb) return sa > sb;
         return by_load(a, b);
       });

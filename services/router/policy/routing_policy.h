@@ -5,12 +5,16 @@
 //
 //   load(w)  = queued_token_weight * queued_prefill_tokens(w)
 //            + running_request_tokens * requests(w)
-//   score(w) = hit_tokens(w) - load(w)                                   (cache_aware)
+//   score(w) = hit_tokens(w) + copy_token_weight * copy_tokens(w) - load(w)   (cache_aware)
 //
 // With queued_token_weight 1 the score is minus the predicted time to first token in token units:
 // the prompt tokens this worker must compute (prompt - hit) plus the prefill queued ahead of us,
 // dropping the prompt length, which is the same on every worker. Each running request adds a fixed
 // cost for the decode steps interleaved with our prefill.
+//
+// copy_tokens (mode block): document tokens the worker holds at another offset; it copies them
+// re-rotated instead of encoding, most of a hit's saving, though no hit (predictions count only
+// hits).
 //
 // Imbalance guard (cache_aware): let b be the best-scoring worker and m the least loaded. When
 //   load(b) > imbalance_ratio * load(m)  and  load(b) - load(m) > imbalance_min_tokens
@@ -45,6 +49,7 @@ struct PolicyOptions {
   int64_t running_request_tokens = 64;  // >= 0, cost of one running or waiting request
   double imbalance_ratio = 2.0;         // >= 1
   int64_t imbalance_min_tokens = 4096;  // >= 0
+  double copy_token_weight = 0.9;       // [0, 1]: a copy's saving relative to a hit's
 };
 
 // One worker as the policy sees it.
@@ -53,6 +58,7 @@ struct Candidate {
   int64_t hit_tokens = 0;             // predicted tokens of this request's documents already there
   int64_t queued_prefill_tokens = 0;  // >= 0
   int64_t requests = 0;               // running + waiting (or the router's in-flight count)
+  int64_t copy_tokens = 0;            // mode block: tokens held at another offset (copied)
 };
 
 struct Ranking {

@@ -60,6 +60,20 @@ TEST(RoutingPolicyTest, ImbalanceGuardFallsBackToLoad) {
   EXPECT_FALSE(r.imbalance_fallback);
 }
 
+// Mode block: a worker holding the documents at another offset copies them, most of a hit's
+// saving: it beats an idle worker without them, but not one with the same tokens as hits.
+TEST(RoutingPolicyTest, CopyableTokensCountAtTheirWeight) {
+  RoutingPolicy policy(Options(PolicyKind::kCacheAware));  // copy_token_weight 0.9
+  std::vector<Candidate> c = {{.id = "empty"},
+                              {.id = "copy", .queued_prefill_tokens = 400, .copy_tokens = 500},
+                              {.id = "hit", .hit_tokens = 500, .queued_prefill_tokens = 400}};
+  EXPECT_EQ(policy.Rank(c).order, (std::vector<size_t>{2, 1, 0}));
+  c[2].hit_tokens = 0;  // 500 * 0.9 = 450 > 400 queued: the copier still beats the idle worker
+  EXPECT_EQ(policy.Rank(c).order[0], 1u);
+  c[1].queued_prefill_tokens = 460;  // 450 < 460: no longer
+  EXPECT_EQ(policy.Rank(c).order[0], 0u);
+}
+
 TEST(RoutingPolicyTest, LeastLoadedIgnoresHits) {
   RoutingPolicy policy(Options(PolicyKind::kLeastLoaded));
   std::vector<Candidate> c = {{"a", 10000, 300, 0}, {"b", 0, 0, 2}, {"c", 0, 50, 0}};

@@ -82,6 +82,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
         .hit_tokens = selection.predicted_hit_tokens[w],
         .queued_prefill_tokens = std::max<int64_t>(0, obs.queued_prefill_tokens),
         .requests = std::max<int64_t>({0, obs.requests, obs.router_inflight}),
+        .copy_tokens = std::max<int64_t>(0, obs.copyable_tokens),
     });
   }
   Ranking ranking = policy_.Rank(candidates);

@@ -67,6 +67,7 @@ struct WorkerObservation {
   int64_t router_inflight = 0;  // requests this router has sent there and not seen finish
   int64_t resident_tokens = 0;  // tokens of the request's documents the directory says it holds
   std::vector<bool> resident;   // per DocumentRef, same order; empty when unknown
+  int64_t copyable_tokens = 0;  // mode block: held at other offsets only (ranked, not predicted)
 };
 
 struct Selection {

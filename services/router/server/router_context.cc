@@ -248,6 +248,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
     auto it = residency.find(w.address);
     if (it != residency.end()) {
       obs.resident_tokens = it->second->resident_tokens();
+      obs.copyable_tokens = it->second->copyable_tokens();
       if (static_cast<size_t>(it->second->resident_size()) == plan.docs.size()) {
         obs.resident.assign(it->second->resident().begin(), it->second->resident().end());
       }
