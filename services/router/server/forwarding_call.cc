@@ -25,16 +25,19 @@ using lazyattn::v1::GenerateResponse;
 
 namespace {
 
-// What the system text, chat template and earlier turns put before the documents: the key under
-// which the router learns its token count from the workers (document_placement.h). Neither the
-// documents nor the question nor sampling enter.
-uint64_t PromptPrefixKey(const GenerateRequest& r) {
+// What the system text, chat template and earlier turns put before the documents, under the
+// chosen model's tokenizer and template: the key under which the router learns its token count
+// from the workers (document_placement.h). Two models count the same text differently, so the
+// model is part of the key. Neither the documents nor the question nor sampling enter.
+uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>& model) {
   std::vector<std::pair<std::string_view, std::string_view>> turns;
   for (int i = 0; i + 1 < r.messages_size(); ++i) {
     turns.emplace_back(r.messages(i).role(), r.messages(i).content());
   }
-  return absl::HashOf(std::string_view(r.system()), r.chat() || r.messages_size() > 0,
-                      r.messages_size(), turns);
+  const std::string_view model_fingerprint = model ? model->model_fingerprint : "";
+  const std::string_view tokenizer_fingerprint = model ? model->tokenizer_fingerprint : "";
+  return absl::HashOf(model_fingerprint, tokenizer_fingerprint, std::string_view(r.system()),
+                      r.chat() || r.messages_size() > 0, r.messages_size(), turns);
 }
 
 std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
@@ -243,7 +246,7 @@ void ForwardingCall::Begin() {
     for (const auto& d : request_->documents()) {
       exact_tokens.push_back(d.has_tokens() ? d.tokens().ids_size() : -1);
     }
-    const uint64_t prefix = PromptPrefixKey(*request_);
+    const uint64_t prefix = PromptPrefixKey(*request_, model_);
     PlaceBlockDocuments(docs, prefix, router_->selector().prefix_lengths().Get(prefix),
                         exact_tokens);
   }
@@ -451,7 +454,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
         router_->metrics().ObservePrediction(predicted, final->usage().document_hit_tokens());
-        router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_),
+        router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_, model_),
                                                     final->usage().prefix_tokens());
       }
     } else {
