@@ -220,6 +220,12 @@ def scenario_join(c, fp_a, answers_a):
             served_by([b1, b2], B_WORKERS) and served_by([a1], A_WORKERS) and
             (b1["hit"], b2["hit"], a1["hit"]) == (0, 1, 0),
             brief([b1, b2, a1]) + (f"; hits {b1.get('hit')}, {b2.get('hit')}, {a1.get('hit')}"))
+    cli = subprocess.run([f"{c.args.bin_dir}/lazyattn", "client", "--router", c.router,
+                          "--prompt", QUESTIONS[0], "--served-model", short_b, "--max-tokens", "4",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    cli_worker = json.loads(cli.stdout).get("worker") if cli.returncode == 0 else None
+    h.check(f"join: `lazyattn client --served-model {short_b}` is served by a B worker",
+            cli_worker in B_WORKERS, (cli.stdout + cli.stderr)[-300:])
     bare = [generate(c, NAME, QUESTIONS[0]), generate(c, "", QUESTIONS[1])]
     h.check("join: \"tiny\" and no `model` go to the newer weights on a two-two tie",
             served_by(bare, B_WORKERS), brief(bare))

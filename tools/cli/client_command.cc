@@ -35,6 +35,9 @@ int ClientCommand(int argc, char** argv) {
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
   args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
   args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
+  args.Declare("served-model", CliArgs::Kind::kValue,
+               "the model to ask for (GenerateRequest.model: a name, an id or name@fingerprint); "
+               "default: the router's only model");
   args.Declare("timeout", CliArgs::Kind::kValue, "deadline in seconds (default 120)");
   args.Declare("json", CliArgs::Kind::kSwitch, "print the final message as JSON");
   args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
@@ -62,6 +65,7 @@ int ClientCommand(int argc, char** argv) {
   request.set_question(args.String("prompt"));
   request.set_chat(args.Has("chat"));
   request.set_cache_mode(ToProtoMode(*mode));
+  request.set_model(args.String("served-model"));
   for (const std::string& path : args.Strings("doc")) {
     auto text = ReadFile(path);
     if (!text.ok()) return CliFail(text.status(), 2);
