@@ -200,6 +200,11 @@ std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
     context->set_deadline(deadline_);
   }
   context->AddMetadata(kRequestIdKey, request_id_);
+  // The worker refuses the call (UNAVAILABLE, failed over) if it no longer holds this model.
+  if (model_.has_value()) {
+    context->AddMetadata(kExpectedModelKey, ExpectedModelValue(model_->model_fingerprint,
+                                                               model_->tokenizer_fingerprint));
+  }
   return context;
 }
 

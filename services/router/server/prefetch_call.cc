@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
+#include "common/worker_call_trailer.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/model_choice.h"
 
@@ -39,7 +40,10 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
     return;
   }
   std::optional<ModelKey> key;
-  if (chosen->has_value()) key = (*chosen)->key;
+  if (chosen->has_value()) {
+    key = (*chosen)->key;
+    expected_model_ = ExpectedModelValue(key->model_fingerprint, key->tokenizer_fingerprint);
+  }
   if (!router->TryAdmit()) {
     Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("router busy: ", router->options().max_inflight_requests,
@@ -78,6 +82,7 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
     call->worker = w;
     call->stub = *stub;
     call->context = grpc::ClientContext::FromCallbackServerContext(*context_);
+    if (!expected_model_.empty()) call->context->AddMetadata(kExpectedModelKey, expected_model_);
     ++outstanding_;
     active_.push_back(call);
     out.push_back(std::move(call));

@@ -41,6 +41,8 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   const lazyattn::v1::PrefetchRequest* const request_;
   lazyattn::v1::PrefetchResponse* const response_;
   lazyattn::v1::PrefetchRequest worker_request_;
+  // ExpectedModelValue of the chosen model, sent to each worker (empty: no model known).
+  std::string expected_model_;
   bool admitted_ = false;
 
   absl::Mutex mu_;

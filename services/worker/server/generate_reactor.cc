@@ -32,6 +32,18 @@ std::string ReceivedRequestId(const grpc::CallbackServerContext& call) {
 
 }  // namespace
 
+std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
+                                             const std::string& model_key) {
+  const auto& metadata = call.client_metadata();
+  const auto it = metadata.find(kExpectedModelKey);
+  if (it == metadata.end()) return std::nullopt;
+  const std::string_view expected(it->second.data(), it->second.size());
+  if (expected == model_key) return std::nullopt;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("routed for model ", std::string(expected.substr(0, 160)),
+                                   "; this worker serves ", model_key));
+}
+
 GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::GenerateRequest& request)
     : ctx_(ctx),
@@ -58,6 +70,10 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
   };
   if (ctx_.tracker->draining()) {
     reject(ShuttingDown());
+    return;
+  }
+  if (auto other = RefuseOtherModel(*call, ctx_.model_key)) {
+    reject(*other);
     return;
   }
   // Linear in the request's size but far cheaper than tokenizing: done here, so that a bad

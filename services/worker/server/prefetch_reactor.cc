@@ -22,6 +22,10 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
     reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
     return;
   }
+  if (auto other = RefuseOtherModel(*call, ctx_.model_key)) {
+    reject(*other);
+    return;
+  }
   const absl::Status valid =
       ValidatePrefetchRequest(request, ctx_.limits, ctx_.engine->config().vocab_size);
   if (!valid.ok()) {

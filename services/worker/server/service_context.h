@@ -4,7 +4,10 @@
 #define LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_
 
 #include <chrono>
+#include <optional>
 #include <string>
+
+#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 #include "common/request_validator.h"
@@ -30,10 +33,18 @@ struct ServiceContext {
   // RESOURCE_EXHAUSTED (the engine thread never waits for a client).
   int max_buffered_tokens = 1024;
   std::string worker_id;
+  // ExpectedModelValue of the weights this worker serves (common/worker_call_trailer.h).
+  std::string model_key;
   // Fault injection (testing.abort_on_prompt_marker): a Generate whose text contains it aborts
   // the process while it is prepared. Empty: off.
   std::string abort_on_prompt_marker;
 };
+
+// UNAVAILABLE when the router routed `call` for another model than `model_key`
+// (ServiceContext::model_key; the kExpectedModelKey metadata, common/worker_call_trailer.h);
+// nullopt when it names this worker's model or nothing.
+std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
+                                             const std::string& model_key);
 
 // The call's gRPC deadline as an absl::Time (InfiniteFuture when the call has none).
 inline absl::Time DeadlineOf(std::chrono::system_clock::time_point deadline) {

@@ -1,5 +1,7 @@
 #include "services/worker/server/worker_service.h"
 
+#include "common/worker_call_trailer.h"
+
 #include "services/worker/model/tokenizer/chat_template.h"
 #include "services/worker/server/generate_reactor.h"
 #include "services/worker/server/prefetch_reactor.h"
@@ -20,6 +22,8 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   ctx_.convert.default_max_tokens = options.default_max_tokens;
   ctx_.max_buffered_tokens = options.max_buffered_tokens;
   ctx_.worker_id = options.worker_id;
+  ctx_.model_key = ExpectedModelValue(engine->identity().model_fingerprint,
+                                      engine->identity().tokenizer_fingerprint);
   ctx_.abort_on_prompt_marker = options.abort_on_prompt_marker;
 
   const ModelConfig& config = engine->config();

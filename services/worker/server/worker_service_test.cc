@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/worker_call_trailer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -249,6 +250,41 @@ TEST_F(WorkerServiceTest, LogLinesAboutARequestCarryTheRoutersRequestId) {
   EXPECT_THAT(refused_line, HasSubstr("request refused"));
   EXPECT_THAT(refused_line, HasSubstr("status=invalid_argument"));
   EXPECT_THAT(refused_line, HasSubstr("documents[1]"));
+  ExpectIdle();
+}
+
+// The router names the model it routed a call for; a worker holding other weights (restarted with
+// a new model at the same address) refuses with UNAVAILABLE, which the router fails over.
+TEST_F(WorkerServiceTest, RefusesCallsRoutedForAnotherModel) {
+  StartServer();
+  v1::WorkerStatus status;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Status(&ctx, v1::WorkerStatusRequest(), &status).ok());
+  }
+  const std::string mine = ExpectedModelValue(status.model().model_fingerprint(),
+                                              status.model().tokenizer_fingerprint());
+  const auto generate = [&](const std::string& expected) {
+    grpc::ClientContext ctx;
+    if (!expected.empty()) ctx.AddMetadata(kExpectedModelKey, expected);
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  EXPECT_TRUE(generate(mine).ok());
+  EXPECT_TRUE(generate("").ok());  // a direct client names no model
+  const grpc::Status other = generate(ExpectedModelValue("0123abcd", "tok"));
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(other.error_message(), HasSubstr("routed for model 0123abcd/tok"));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kExpectedModelKey, ExpectedModelValue("0123abcd", "tok"));
+  v1::PrefetchRequest prefetch;
+  prefetch.add_documents()->set_text("A document to warm.");
+  v1::PrefetchResponse response;
+  EXPECT_EQ(stub_->Prefetch(&ctx, prefetch, &response).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
   ExpectIdle();
 }
 
