@@ -34,8 +34,11 @@ uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>
   for (int i = 0; i + 1 < r.messages_size(); ++i) {
     turns.emplace_back(r.messages(i).role(), r.messages(i).content());
   }
-  const std::string_view model_fingerprint = model ? model->model_fingerprint : "";
-  const std::string_view tokenizer_fingerprint = model ? model->tokenizer_fingerprint : "";
+  // Views of the key's own strings (a `cond ? str : ""` would make a temporary std::string).
+  const std::string_view model_fingerprint =
+      model ? std::string_view(model->model_fingerprint) : std::string_view();
+  const std::string_view tokenizer_fingerprint =
+      model ? std::string_view(model->tokenizer_fingerprint) : std::string_view();
   return absl::HashOf(model_fingerprint, tokenizer_fingerprint, std::string_view(r.system()),
                       r.chat() || r.messages_size() > 0, r.messages_size(), turns);
 }
