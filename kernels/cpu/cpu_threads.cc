@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -41,6 +44,10 @@ T AwaitChange(const std::atomic<T>& value, T old, int spin_us) {
   }
 }
 
+// Set on the pool's threads and on a caller while its loop runs: a parallel loop started there
+// runs inline (the caller already holds the pool's mutex; a pool thread must not wait for itself).
+thread_local bool in_parallel_region = false;
+
 // Workers 1..n-1 beside the caller. A job is cut into a few chunks per thread that every
 // participant claims from one atomic word, so a worker the OS has not scheduled yet (the machine
 // is shared) costs nothing: the others take its chunks, and the caller waits only for chunks
@@ -48,7 +55,8 @@ T AwaitChange(const std::atomic<T>& value, T old, int spin_us) {
 // for the job it was meant for, and the job fields stay unchanged while a claimed chunk runs.
 class Pool {
  public:
-  explicit Pool(int threads) : threads_(threads) {
+  // spin_us: how long a worker (and the caller, for its helpers) spins before sleeping.
+  Pool(int threads, int spin_us) : threads_(threads), spin_us_(spin_us) {
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Work(); });
   }
   ~Pool() {
@@ -78,7 +86,7 @@ class Pool {
     generation_.notify_all();
     RunChunks(gen);
     for (int64_t d = done_.load(std::memory_order_acquire); d != count;) {
-      d = AwaitChange(done_, d, 200);
+      d = AwaitChange(done_, d, spin_us_);
     }
   }
 
@@ -105,20 +113,17 @@ class Pool {
   }
 
   void Work() {
+    in_parallel_region = true;
     uint64_t seen = 0;
     for (;;) {
-      seen = AwaitChange(generation_, seen, kIdleSpinUs);
+      seen = AwaitChange(generation_, seen, spin_us_);
       if (stop_.load(std::memory_order_relaxed)) return;
       RunChunks(seen);
     }
   }
 
-  // How long a worker spins for the next job before sleeping: a decode step's products follow
-  // each other within tens of microseconds. Longer spins starved the engine's other threads when
-  // the cores were shared (decode fell to ~4 tokens/s with 1-2 ms).
-  static constexpr int kIdleSpinUs = 100;
-
   const int threads_;  // the chunk count (< 2^20) is at most kChunksPerThread * 256
+  const int spin_us_;
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<uint64_t> claim_{0};
@@ -128,6 +133,28 @@ class Pool {
   void* ctx_ = nullptr;
   int64_t n_ = 0, chunk_ = 0;
 };
+
+constexpr int kIdleSpinUs = 30;
+
+std::optional<int64_t> ParseInt(std::string_view text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<int> QuotaCpus(int64_t quota, int64_t period) {
+  if (quota <= 0 || period <= 0) return std::nullopt;
+  return static_cast<int>(std::min<int64_t>((quota + period - 1) / period, 1 << 20));
+}
+
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 std::mutex& PoolMutex() {
   static std::mutex mu;
@@ -151,7 +178,11 @@ Pool& PoolLocked() {
     // OpenBLAS pool too would spin on the same cores, and a decode step's small attention
     // products would wait for its threads while ours spin.
     openblas_set_num_threads(1);
-    pool = std::make_unique<Pool>(n);
+    // A decode step's products follow each other within tens of microseconds, so a short spin
+    // catches the next one. Longer spins starved the engine's other threads when the cores were
+    // shared (decode fell to ~4 tokens/s with 1-2 ms; 100 us throttled 2-CPU containers). With
+    // more threads than the budget, a spinning thread takes the CPU from one doing the work.
+    pool = std::make_unique<Pool>(n, n > CpuBudget() ? 0 : kIdleSpinUs);
   }
   return *pool;
 }
@@ -181,8 +212,76 @@ int PhysicalCoreCount() {
   return count;
 }
 
+std::optional<int> ParseCgroupV2CpuMax(std::string_view cpu_max) {
+  const size_t space = cpu_max.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const std::optional<int64_t> quota = ParseInt(cpu_max.substr(0, space));  // "max": none
+  const std::optional<int64_t> period = ParseInt(cpu_max.substr(space + 1));
+  if (!quota || !period) return std::nullopt;
+  return QuotaCpus(*quota, *period);
+}
+
+std::optional<int> ParseCgroupV1CpuQuota(std::string_view quota_us, std::string_view period_us) {
+  const std::optional<int64_t> quota = ParseInt(quota_us);  // -1: none
+  const std::optional<int64_t> period = ParseInt(period_us);
+  if (!quota || !period) return std::nullopt;
+  return QuotaCpus(*quota, *period);
+}
+
+std::optional<int> CgroupCpuQuota(const std::string& root) {
+  if (const std::optional<std::string> v2 = ReadFile(root + "/cpu.max")) {
+    return ParseCgroupV2CpuMax(*v2);
+  }
+  for (const char* dir : {"/cpu/", "/cpu,cpuacct/", "/cpuacct,cpu/"}) {
+    const std::optional<std::string> quota = ReadFile(root + dir + "cpu.cfs_quota_us");
+    const std::optional<std::string> period = ReadFile(root + dir + "cpu.cfs_period_us");
+    if (quota && period) return ParseCgroupV1CpuQuota(*quota, *period);
+  }
+  return std::nullopt;
+}
+
+int CpuBudget() {
+  static const int budget = [] {
+    const std::optional<int> quota = CgroupCpuQuota("/sys/fs/cgroup");
+    return std::max(1, quota ? std::min(*quota, PhysicalCoreCount()) : PhysicalCoreCount());
+  }();
+  return budget;
+}
+
+int DefaultCpuKernelThreadsFrom(int physical_cores, std::optional<int> quota,
+                                const char* openblas_threads, const char* omp_threads) {
+  int n = std::max(1, physical_cores);
+  if (quota && *quota > 0) n = std::min(n, *quota);
+  // OpenBLAS reads OPENBLAS_NUM_THREADS before OMP_NUM_THREADS; the first positive one counts.
+  for (const char* env : {openblas_threads, omp_threads}) {
+    if (env == nullptr) continue;
+    const std::optional<int64_t> v = ParseInt(env);
+    if (v && *v > 0) {
+      n = static_cast<int>(std::min<int64_t>(n, *v));
+      break;
+    }
+  }
+  return std::min(n, 256);
+}
+
+int DefaultCpuKernelThreads() {
+  return DefaultCpuKernelThreadsFrom(PhysicalCoreCount(), CgroupCpuQuota("/sys/fs/cgroup"),
+                                     std::getenv("OPENBLAS_NUM_THREADS"),
+                                     std::getenv("OMP_NUM_THREADS"));
+}
+
+int64_t CpuWorkGrain(int64_t n, int64_t grain, int64_t work_per_item) {
+  grain = std::max<int64_t>(grain, 1);
+  work_per_item = std::max<int64_t>(work_per_item, 1);
+  if (n <= 0) return grain;
+  // n * work_per_item < kCpuMinParallelWork, without overflow.
+  if (n < (kCpuMinParallelWork + work_per_item - 1) / work_per_item) return n;
+  const int64_t min_items = (kCpuMinRangeWork + work_per_item - 1) / work_per_item;
+  return std::max(grain, (min_items + grain - 1) / grain * grain);
+}
+
 void SetCpuKernelThreads(int n) {
-  const int threads = n <= 0 ? PhysicalCoreCount() : std::min(n, 256);
+  const int threads = n <= 0 ? DefaultCpuKernelThreads() : std::min(n, 256);
   std::lock_guard<std::mutex> lock(PoolMutex());
   RequestedThreads().store(threads, std::memory_order_relaxed);
   std::unique_ptr<Pool>& pool = PoolSlot();
@@ -192,18 +291,28 @@ void SetCpuKernelThreads(int n) {
 
 int CpuKernelThreads() {
   const int n = RequestedThreads().load(std::memory_order_relaxed);
-  return n > 0 ? n : PhysicalCoreCount();
+  if (n > 0) return n;
+  static const int default_threads = DefaultCpuKernelThreads();
+  return default_threads;
 }
 
 void CpuParallelRanges(int64_t n, int64_t grain, CpuRangeFn fn, void* ctx) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
+  // One range, or a nested loop (this thread holds the mutex or is a pool thread): run inline
+  // before touching the mutex, which a nested try_lock by its owner would make undefined.
+  if (n <= grain || in_parallel_region) {
+    fn(ctx, 0, n);
+    return;
+  }
   std::unique_lock<std::mutex> lock(PoolMutex(), std::try_to_lock);
   if (!lock.owns_lock()) {
     fn(ctx, 0, n);
     return;
   }
+  in_parallel_region = true;  // the kernels do not throw
   PoolLocked().Run(n, grain, fn, ctx);
+  in_parallel_region = false;
 }
 
 }  // namespace lazyattn

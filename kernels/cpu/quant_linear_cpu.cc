@@ -52,7 +52,9 @@ void FusedDots(const float* x, int64_t rows, const QuantMatrixView& w, float* y,
       }
     }
   }
-  CpuParallelFor(w.rows, kDotGrain, [&](int64_t begin, int64_t end) {
+  // Small products (the tiny models, short attention products) stay on this thread.
+  const int64_t grain = CpuWorkGrain(w.rows, kDotGrain, rows * w.cols);
+  CpuParallelFor(w.rows, grain, [&](int64_t begin, int64_t end) {
     // Each weight row range is read from memory once; the rows of x reuse it from cache.
     for (int64_t r = 0; r < rows; ++r) {
       DotRows(isa, {.type = w.type,
@@ -74,7 +76,8 @@ void FusedDots(const float* x, int64_t rows, const QuantMatrixView& w, float* y,
 void TiledGemm(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
                bool accumulate) {
   const float beta = accumulate ? 1.0f : 0.0f;
-  CpuParallelFor(w.rows, kGemmGrain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = CpuWorkGrain(w.rows, kGemmGrain, rows * w.cols);
+  CpuParallelFor(w.rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> tile;
     if (w.type != WeightType::kF32) tile.resize(std::min(kTileRows, end - begin) * w.cols);
     for (int64_t first = begin; first < end; first += kTileRows) {

@@ -208,7 +208,7 @@ TEST(CpuThreadsTest, EveryIndexRunsOnceForAnyThreadCount) {
     }
   }
   SetCpuKernelThreads(0);
-  EXPECT_EQ(CpuKernelThreads(), PhysicalCoreCount());
+  EXPECT_EQ(CpuKernelThreads(), DefaultCpuKernelThreads());
   EXPECT_GE(PhysicalCoreCount(), 1);
 }
 

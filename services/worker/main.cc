@@ -37,7 +37,7 @@ constexpr char kUsage[] =
     "  --metrics    overrides metrics.listen (\"\" turns the /metrics endpoint off)\n"
     "  --kvdir      overrides kvdir.address (\"\" runs standalone)\n"
     "  --worker-id  overrides worker.id\n"
-    "  --cpu-threads overrides engine.cpu_threads (0: the physical cores)\n";
+    "  --cpu-threads overrides engine.cpu_threads (0: the CPU budget)\n";
 
 struct Flag {
   bool set = false;

@@ -21,7 +21,8 @@ struct WorkerConfig {
   LogOptions log;  // log.level, log.format
   std::string backend = "cpu";  // what runs the model: "cpu", "cuda" or "auto" (runner_factory.h)
   int64_t kv_budget_bytes = int64_t{512} << 20;
-  // engine.cpu_threads: threads of the CPU kernels (and OpenBLAS); 0 = the physical cores.
+  // engine.cpu_threads: threads of the CPU kernels (and OpenBLAS); 0 = the CPU budget
+  // (DefaultCpuKernelThreads: affinity cores, cgroup quota, OPENBLAS_NUM_THREADS / OMP_NUM_THREADS).
   int cpu_threads = 0;
   // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.
   WorkerServerOptions server;
