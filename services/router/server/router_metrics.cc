@@ -1,35 +1,11 @@
 #include "services/router/server/router_metrics.h"
 
+#include "common/log.h"
 #include "common/request_validator.h"
 
 namespace lazyattn::router {
-namespace {
 
-const char* CodeName(int code) {
-  if (code < 0 || code > 16) code = 2;
-  static const char* const kNames[] = {"ok",
-                                       "cancelled",
-                                       "unknown",
-                                       "invalid_argument",
-                                       "deadline_exceeded",
-                                       "not_found",
-                                       "already_exists",
-                                       "permission_denied",
-                                       "resource_exhausted",
-                                       "failed_precondition",
-                                       "aborted",
-                                       "out_of_range",
-                                       "unimplemented",
-                                       "internal",
-                                       "unavailable",
-                                       "data_loss",
-                                       "unauthenticated"};
-  return kNames[code];
-}
-
-}  // namespace
-
-const char* StatusCodeLabel(grpc::StatusCode code) { return CodeName(static_cast<int>(code)); }
+const char* StatusCodeLabel(grpc::StatusCode code) { return StatusCodeName(static_cast<int>(code)); }
 
 RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& policy) {
   auto& requests = prometheus::BuildCounter()
@@ -37,7 +13,7 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                        .Help("Generate and Complete requests by routing policy and final status")
                        .Register(registry);
   for (int c = 0; c < kCodes; ++c) {
-    requests_[c] = &requests.Add({{"policy", policy}, {"status", CodeName(c)}});
+    requests_[c] = &requests.Add({{"policy", policy}, {"status", StatusCodeName(c)}});
   }
   routing_ = &prometheus::BuildHistogram()
                   .Name("lazyattn_router_routing_duration_seconds")
