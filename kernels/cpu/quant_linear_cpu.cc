@@ -1,4 +1,7 @@
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -153,6 +156,15 @@ std::string_view CpuIsaName(CpuIsa isa) {
   return "?";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+bool CpuHasF16c() {
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 bool CpuSupportsIsa(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto:
@@ -160,8 +172,8 @@ bool CpuSupportsIsa(CpuIsa isa) {
       return true;
     case CpuIsa::kAvx2:
 #if defined(__x86_64__) || defined(__i386__)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports knows no "f16c".
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 #else
       return false;
 #endif
