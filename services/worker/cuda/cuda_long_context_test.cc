@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "services/worker/cuda/cuda_backend_test_util.h"
 #include "services/worker/engine/cpu_runner.h"
+#include "services/worker/model/random_weights.h"
 
 namespace lazyattn {
 namespace {
@@ -23,21 +24,14 @@ namespace {
 // head_dim 128 puts prefill attention on the wgmma kernel (compute capability 9.0), which rotates
 // queries by the documents' offsets; decode runs the paged decode kernel.
 ModelConfig LongContextConfig() {
-  ModelConfig c = SmallConfig();
+  ModelConfig c = *NamedModelShape("llama3-8b");  // its RoPE and 131,072 positions
   c.name = "small-128k";
+  c.vocab_size = 1024;
   c.hidden_size = 1024;
+  c.intermediate_size = 1408;
   c.num_layers = 2;
   c.num_heads = 8;
   c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.rope = RopeParams{.head_dim = 128,
-                      .theta = 500000,
-                      .scaling = {.type = RopeScaling::Type::kLlama3,
-                                  .factor = 8,
-                                  .low_freq_factor = 1,
-                                  .high_freq_factor = 4,
-                                  .original_max_positions = 8192}};
-  c.max_positions = 131072;
   return c;
 }
 
