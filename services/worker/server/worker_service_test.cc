@@ -278,6 +278,10 @@ TEST_F(WorkerServiceTest, RefusesCallsRoutedForAnotherModel) {
   const grpc::Status other = generate(ExpectedModelValue("0123abcd", "tok"));
   EXPECT_EQ(other.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(other.error_message(), HasSubstr("routed for model 0123abcd/tok"));
+  // A hostile value (4 KB, not a fingerprint) is refused the same way and not echoed whole.
+  const grpc::Status huge = generate(std::string(4000, 'x'));
+  EXPECT_EQ(huge.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_LT(huge.error_message().size(), 600u);
   grpc::ClientContext ctx;
   ctx.AddMetadata(kExpectedModelKey, ExpectedModelValue("0123abcd", "tok"));
   v1::PrefetchRequest prefetch;
