@@ -29,8 +29,9 @@ for bin in "${gpu_tests[@]}" "$build"/bin/*; do
   [ -x "$bin" ] || continue
   # Only programs that use the GPU, plus the cluster's other two services for the multi-GPU run
   # (tools/cluster-trace); the carry limit is 64 MiB, and the services need gRPC's libraries.
+  # The CPU kernel test runs on the GPU machine's CPU, which has SIMD paths this box may lack.
   case "$(basename "$bin")" in
-    lazyattn-kvdir | lazyattn-router | lazyattn-bench-engine-overhead) ;;
+    lazyattn-kvdir | lazyattn-router | lazyattn-bench-engine-overhead | quant_linear_cpu_test) ;;
     *) ldd "$bin" | grep -q libcudart || continue ;;
   esac
   cp "$bin" "$carry/bin/"

@@ -19,7 +19,10 @@
 #   replay `lazyattn replay` on random llama3-8b, 32 x (2K document, 256 tokens), greedy against
 #          T 0.8 top-p 0.95 (tests/gpu/sampled_replay.sh); only when named
 #   sanitize compute-sanitizer memcheck and racecheck on the sampling kernel tests
-#          (LAZYATTN_SANITIZE_FILTER, default SampleRowsCudaTest.*:-*Draws*); only when named
+#          (LAZYATTN_SANITIZE_BIN, default kernels_cuda_ops_test; LAZYATTN_SANITIZE_FILTER,
+#          default SampleRowsCudaTest.*:-*Draws*); only when named
+#   cpu    the CPU kernel tests (quant_linear_cpu_test) on this machine's CPU, whose SIMD
+#          extensions (AVX-512, VNNI) the development box may lack; only when named
 #   overhead the router's costs on this machine's idle CPUs: TLS + API keys against plaintext,
 #          HTTP against gRPC (tests/gpu/overhead.sh; LAZYATTN_OVERHEAD_ROUNDS); only when named
 #   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
@@ -124,10 +127,17 @@ if has sanitize; then
   san="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
   for tool in memcheck racecheck; do
     echo "=== compute-sanitizer --tool $tool"
-    timeout 240 "$san" --tool "$tool" --error-exitcode 1 "$carry/bin/kernels_cuda_ops_test" \
+    timeout 240 "$san" --tool "$tool" --error-exitcode 1 "$carry/bin/${LAZYATTN_SANITIZE_BIN:-kernels_cuda_ops_test}" \
       --gtest_filter="${LAZYATTN_SANITIZE_FILTER:-SampleRowsCudaTest.*:-*Draws*}" 2>&1 |
       tail -n 25 | tee "$logs/sanitize-$tool.log" || status=1
   done
+fi
+if has cpu; then
+  echo "=== CPU kernels on this machine's CPU (SIMD paths the development box lacks)"
+  grep -m1 -o 'avx512[a-z_]*\|avx_vnni\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+  grep -m1 'model name' /proc/cpuinfo
+  timeout 300 "$carry/bin/quant_linear_cpu_test" 2>&1 | tail -n 40 | tee "$logs/cpu-kernels.log" ||
+    status=1
 fi
 if has ncu; then
   echo "=== ncu: kernel durations inside decode steps"
