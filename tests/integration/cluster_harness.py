@@ -67,6 +67,19 @@ def parse_metrics(text):
     return out
 
 
+LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(metrics, name, labels=""):
+    """The sum of `name`'s series in parse_metrics' output whose labels include each of `labels`
+    ('' or '{k="v",...}'), or None when none does; so a label added to a family (the router's
+    `model`) leaves a selection by the others as it was."""
+    want = set(LABEL_PAIR.findall(labels))
+    values = [v for (n, l), v in metrics.items()
+              if n == name and want <= set(LABEL_PAIR.findall(l))]
+    return sum(values) if values else None
+
+
 class Cluster:
     """kvdir, `workers` workers and a router. `args.bin_dir` holds the four binaries; `engine` is
     the workers' `engine:` section and `router_limits` the router's `limits:` (keys of

@@ -74,7 +74,7 @@ class FaultCluster(h.Cluster):
 
     def metric(self, name, key, labels=""):
         try:
-            return h.parse_metrics(self.scrape(name)).get((key, labels))
+            return h.metric_sum(h.parse_metrics(self.scrape(name)), key, labels)
         except OSError:
             return None
 

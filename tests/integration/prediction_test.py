@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import REPO, Cluster, check, finish, parse_metrics  # noqa: E402
+from cluster_harness import REPO, Cluster, check, finish, metric_sum, parse_metrics  # noqa: E402
 
 SPECULATIVE_TTL_S = 2.0  # routing.speculative_ttl_ms's default
 STORED = ("lazyattn_kvdir_events_applied_total", '{kind="stored"}')
@@ -134,8 +134,8 @@ def main():
                   f"predicted {same.predicted_hit_tokens}, reused "
                   f"{same.usage.document_hit_tokens} on {same.worker} (stored on {first.worker})")
             metrics = parse_metrics(c.scrape("router"))
-            errors = metrics.get(("lazyattn_router_prediction_error_tokens_count", ""), -1)
-            exact = metrics.get(("lazyattn_router_prediction_error_tokens_bucket", '{le="0"}'), -1)
+            errors = metric_sum(metrics, "lazyattn_router_prediction_error_tokens_count")
+            exact = metric_sum(metrics, "lazyattn_router_prediction_error_tokens_bucket", '{le="0"}')
             check("the router counted every prediction, all exact",
                   errors == 4 and exact == 4, f"{exact} of {errors} in the le=0 bucket")
         finally:

@@ -90,7 +90,7 @@ class ResilienceCluster(h.Cluster):
 
     def router_value(self, name, labels=""):
         try:
-            return h.parse_metrics(self.scrape("router")).get((name, labels), 0.0)
+            return h.metric_sum(h.parse_metrics(self.scrape("router")), name, labels) or 0.0
         except OSError:
             return None
 

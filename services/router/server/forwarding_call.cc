@@ -67,109 +67,6 @@ int64_t QuarantineSeconds(const RouterContext& router) {
 
 }  // namespace
 
-// --- WorkerAttempt -------------------------------------------------------------------------------
-
-WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
-                             std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
-                             std::unique_ptr<grpc::ClientContext> context)
-    : call_(call),
-      worker_(std::move(worker)),
-      stub_(std::move(stub)),
-      context_(std::move(context)) {}
-
-void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
-                          absl::Duration first_token_timeout) {
-  if (first_token_timeout > absl::ZeroDuration()) {
-    std::weak_ptr<WorkerAttempt> weak = self;
-    first_token_alarm_.Set(absl::ToChronoTime(absl::Now() + first_token_timeout),
-                           [weak](bool fired) {
-                             if (!fired) return;  // cancelled: a token came, or the attempt ended
-                             if (auto attempt = weak.lock()) attempt->OnFirstTokenTimeout();
-                           });
-  }
-  self_ = std::move(self);
-  stub_->async()->Generate(context_.get(), request, this);
-  AddHold();
-  StartRead(&message_);
-  StartCall();
-}
-
-void WorkerAttempt::ReadNext() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_ || !hold_ || read_outstanding_) return;
-    read_outstanding_ = true;
-  }
-  StartRead(&message_);
-}
-
-void WorkerAttempt::Cancel() {
-  bool remove_hold = false;
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (hold_ && !read_outstanding_) {
-      hold_ = false;
-      remove_hold = true;
-    }
-  }
-  context_->TryCancel();
-  if (remove_hold) RemoveHold();
-}
-
-void WorkerAttempt::OnFirstTokenTimeout() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (got_token_ || cancelled_) return;
-    timed_out_ = true;
-  }
-  Cancel();
-}
-
-void WorkerAttempt::OnReadInitialMetadataDone(bool ok) {
-  if (!ok) return;
-  absl::MutexLock lock(&mu_);
-  reached_ = true;
-}
-
-bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
-  AttemptEnd end{.unavailable = status.error_code() == grpc::StatusCode::UNAVAILABLE};
-  {
-    absl::MutexLock lock(&mu_);
-    end.worker_headers = reached_;
-    end.cancelled_by_router = cancelled_ || timed_out_;
-  }
-  // A worker that ends a call itself says so in a trailer; without it, the transport ended the
-  // call under the worker: its process (or its host) went away while holding the request.
-  end.worker_trailer = context_->GetServerTrailingMetadata().count(kWorkerEndedCallKey) != 0;
-  return CountsAsLostMidCall(end);
-}
-
-void WorkerAttempt::OnReadDone(bool ok) {
-  bool remove_hold = false;
-  bool deliver = false;
-  bool first_token = false;
-  {
-    absl::MutexLock lock(&mu_);
-    read_outstanding_ = false;
-    if (!ok || cancelled_) {
-      remove_hold = hold_;
-      hold_ = false;
-    } else {
-      deliver = true;
-      if (!got_token_ && message_.has_token()) first_token = got_token_ = true;
-    }
-  }
-  if (first_token) first_token_alarm_.Cancel();
-  if (remove_hold) RemoveHold();
-  if (deliver) call_->OnWorkerMessage(this, message_);
-}
-
-void WorkerAttempt::OnDone(const grpc::Status& status) {
-  std::shared_ptr<WorkerAttempt> keep = std::move(self_);
-  call_->OnAttemptDone(this, status);  // may end the call: nothing here touches it afterwards
-}
-
 // --- ForwardingCall ------------------------------------------------------------------------------
 
 ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
@@ -179,7 +76,8 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
       request_id_(RequestIdOf(server_context)),
       deadline_(server_context->deadline()),
       request_(request),
-      started_(absl::Now()) {
+      started_(absl::Now()),
+      model_metrics_(&router->metrics().NoModel()) {
   // Initial metadata goes out with the first token or the end, both later than this.
   server_context->AddInitialMetadata(kRequestIdKey, request_id_);
 }
@@ -192,7 +90,8 @@ ForwardingCall::ForwardingCall(RouterContext* router,
       request_id_(NewRequestId()),
       deadline_(deadline),
       request_(request),
-      started_(absl::Now()) {}
+      started_(absl::Now()),
+      model_metrics_(&router->metrics().NoModel()) {}
 
 std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
   std::unique_ptr<grpc::ClientContext> context;
@@ -226,14 +125,17 @@ void ForwardingCall::Begin() {
     End(ToGrpcStatus(model.status()), std::nullopt);
     return;
   }
-  if (model->has_value()) model_ = (*model)->key;
+  if (model->has_value()) {
+    model_ = (*model)->key;
+    model_metrics_ = &router_->metrics().ForModel((*model)->id);
+  }
   QueryQuarantine& quarantine = router_->quarantine();
   // Hashing the request costs a pass over it: only while some quarantine is live (remembered
   // losses and expired quarantines refuse nothing).
   absl::Time until;
   const absl::Time now = absl::Now();
   if (quarantine.AnyQuarantined(now) && quarantine.IsQuarantined(Fingerprint(), now, &until)) {
-    router_->metrics().CountQuarantined();
+    model_metrics_->CountQuarantined();
     End(grpc::Status(
             grpc::StatusCode::FAILED_PRECONDITION,
             absl::StrCat("request quarantined: requests with this content (fingerprint ",
@@ -332,11 +234,11 @@ void ForwardingCall::StartNextAttempt() {
     return;
   }
   const std::string& id = attempt->worker().id;
-  router_->metrics().CountSelection(id);
+  router_->metrics().CountSelection(id, *model_metrics_);
   if (attempt_number == 1) {
-    router_->metrics().AddPredictedHitTokens(predicted_hits);
+    model_metrics_->AddPredictedHitTokens(predicted_hits);
   } else {
-    router_->metrics().CountRetry();
+    model_metrics_->CountRetry();
   }
   router_->registry().AddInflight(id, 1);
   // The attempt's documents are on their way to the worker until its first token (when they are
@@ -426,7 +328,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   grpc::Status status = worker_status;
   if (!status.ok() && attempt->timed_out()) {
     // Cancelled by the first-token timeout: the worker is frozen or wedged, not the request bad.
-    router_->metrics().CountFirstTokenTimeout();
+    model_metrics_->CountFirstTokenTimeout();
     status = grpc::Status(
         grpc::StatusCode::UNAVAILABLE,
         absl::StrCat("no first token within ",
@@ -436,7 +338,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   // The worker died holding this request (not a refusal, a timeout or our cancellation).
   const bool lost = attempt->LostMidCall(worker_status);
   if (lost) {
-    router_->metrics().CountConnectionLoss();
+    model_metrics_->CountConnectionLoss();
     (void)Fingerprint();  // hashed here, outside mu_
   }
   std::optional<Final> final;
@@ -461,7 +363,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                                     : 0;
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
-        router_->metrics().ObservePrediction(predicted, final->usage().document_hit_tokens());
+        model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
         router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_, model_),
                                                     final->usage().prefix_tokens());
       }
@@ -524,7 +426,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
     }
   }
   if (quarantined) {
-    router_->metrics().CountQuarantined();
+    model_metrics_->CountQuarantined();
     // Never the prompt: the fingerprint names the content.
     LogWarning("router")
         .Str("request_id", request_id_)
@@ -548,8 +450,8 @@ void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
   const bool ok = status.ok();
   const bool got_token = first_token_at_ != absl::InfinitePast();
   if (ok) {
-    router_->metrics().ObserveDuration(now - started_);
-    if (got_token) router_->metrics().ObserveTtft(first_token_at_ - started_);
+    model_metrics_->ObserveDuration(now - started_);
+    if (got_token) model_metrics_->ObserveTtft(first_token_at_ - started_);
   }
   if (!LogEnabled(LogLevel::kInfo)) return;
   LogLine line(ok ? LogLevel::kInfo : LogLevel::kWarning, "router");
@@ -588,7 +490,7 @@ void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
     absl::MutexLock lock(&mu_);
     if (ended_) return;
     ended_ = true;
-    router_->metrics().CountRequest(status.error_code());
+    model_metrics_->CountRequest(status.error_code());
     LogAccess(status, final.has_value() ? &*final : nullptr);
     if (write_pending_) {
       deferred_end_.emplace(std::move(status), std::move(final));

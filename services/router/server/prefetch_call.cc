@@ -23,7 +23,11 @@ struct PrefetchReactor::WorkerCall {
 
 PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerContext* context,
                                  const PrefetchRequest* request, PrefetchResponse* response)
-    : router_(router), context_(context), request_(request), response_(response) {
+    : router_(router),
+      context_(context),
+      request_(request),
+      response_(response),
+      model_metrics_(&router->metrics().NoModel()) {
   const auto model = router->registry().Model();
   absl::Status valid = ValidatePrefetchRequest(*request, router->options().limits,
                                                model.has_value() ? model->vocab_size() : 0);
@@ -42,6 +46,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   std::optional<ModelKey> key;
   if (chosen->has_value()) {
     key = (*chosen)->key;
+    model_metrics_ = &router->metrics().ForModel((*chosen)->id);
     expected_model_ = ExpectedModelValue(key->model_fingerprint, key->tokenizer_fingerprint);
   }
   if (!router->TryAdmit()) {
@@ -93,6 +98,7 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
 void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls) {
   // Once the last call is started the reactor may finish on another thread: only locals below.
   RouterContext* const router = router_;
+  const ModelMetrics& model = *model_metrics_;
   const PrefetchRequest* const request = &worker_request_;
   std::vector<DocumentRef> docs;
   if (!calls.empty()) {
@@ -100,7 +106,7 @@ void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& cal
     docs = plan_.docs;
   }
   for (const auto& call : calls) {
-    router->metrics().CountSelection(call->worker.id);
+    router->metrics().CountSelection(call->worker.id, model);
     router->registry().AddInflight(call->worker.id, 1);
     router->selector().RecordChoice(docs, call->worker.id, absl::Now());
   }
@@ -157,7 +163,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
           absl::StrCat(call->worker.id, " (", call->worker.address, "): ", status.error_message()));
       if (IsRetryable(status.error_code())) {
         more = NextCallsLocked();
-        for (size_t i = 0; i < more.size(); ++i) router_->metrics().CountRetry();
+        for (size_t i = 0; i < more.size(); ++i) model_metrics_->CountRetry();
       }
     }
     if (outstanding_ == 0) {

@@ -43,6 +43,8 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   lazyattn::v1::PrefetchRequest worker_request_;
   // ExpectedModelValue of the chosen model, sent to each worker (empty: no model known).
   std::string expected_model_;
+  // The chosen model's metrics (selections and retries count under it).
+  ModelMetrics* model_metrics_;
   bool admitted_ = false;
 
   absl::Mutex mu_;

@@ -1,33 +1,48 @@
 // The router's Prometheus metrics (names per CONVENTIONS). Families are built once here; labelled
-// children are created up front (status codes) or once per worker id and cached, never per request.
+// children are created up front (status codes), or once per model and per (worker, model) and
+// cached, never per request.
 //
-//   lazyattn_router_requests_total{policy,status}   Generate and Complete requests by final gRPC
-//                                                   status ("ok", "unavailable", ...)
-//   lazyattn_router_ttft_seconds                    arrival at the router to the first token
+// Per request, by `model` (ModelMetrics below):
+//   lazyattn_router_requests_total{policy,status,model}  Generate and Complete requests by final
+//                                                   gRPC status ("ok", "unavailable", ...)
+//   lazyattn_router_ttft_seconds{model}             arrival at the router to the first token
 //                                                   from a worker, requests that succeeded
-//   lazyattn_router_request_duration_seconds        arrival to the end, requests that succeeded
+//   lazyattn_router_request_duration_seconds{model} arrival to the end, requests that succeeded
+//   lazyattn_router_predicted_hit_tokens_total{model}  predicted cached tokens on the chosen
+//                                                   workers (first attempts)
+//   lazyattn_router_observed_hit_tokens_total{model}   document tokens the serving workers
+//                                                   reported reused (Usage.document_hit_tokens),
+//                                                   requests routed with documents that succeeded
+//   lazyattn_router_prediction_error_tokens{model}  |predicted - observed| hit tokens per such
+//                                                   request (docs/router.md, "Predictions")
+//   lazyattn_router_retries_total{model}            attempts beyond the first (failover; Prefetch
+//                                                   replacements too)
+//   lazyattn_router_first_token_timeouts_total{model}  attempts cancelled without a first token
+//   lazyattn_router_quarantined_requests_total{model}  requests ended FAILED_PRECONDITION by the
+//                                                   query-of-death quarantine (the one whose
+//                                                   second lost worker quarantined it, and every
+//                                                   later one refused)
+//   lazyattn_router_worker_connection_losses_total{model}  attempts whose worker connection was
+//                                                   lost mid-call (the worker process died)
+//   lazyattn_router_worker_selections_total{worker,model}  attempts sent to each worker
+//                                                   (Generate, Complete and Prefetch)
+// For the router:
 //   lazyattn_router_in_flight_requests              requests admitted and not yet ended
 //   lazyattn_router_workers_healthy                 workers health probing admits (the ones the
 //                                                   router would route to), after each probe round
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
-//   included) lazyattn_router_predicted_hit_tokens_total      predicted cached tokens on the chosen
-//   workers lazyattn_router_retries_total                   attempts beyond the first (failover)
-//   lazyattn_router_worker_selections_total{worker} attempts sent to each worker
+//                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
-//   lazyattn_router_first_token_timeouts_total      attempts cancelled without a first token
-//   lazyattn_router_quarantined_requests_total      requests ended FAILED_PRECONDITION by the
-//                                                   query-of-death quarantine (the one whose
-//                                                   second lost worker quarantined it, and every
-//                                                   later one refused)
-//   lazyattn_router_worker_connection_losses_total  attempts whose worker connection was lost
-//                                                   mid-call (the worker process died)
-//   lazyattn_router_observed_hit_tokens_total       document tokens the serving workers reported
-//                                                   reused (Usage.document_hit_tokens), requests
-//                                                   routed with documents that succeeded
-//   lazyattn_router_prediction_error_tokens         |predicted - observed| hit tokens per such
-//                                                   request (docs/router.md, "Predictions")
 //   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
 //                                                   ("system", "documents.text", ...) is not UTF-8
+//
+// The `model` label is the id of the model the request was routed to (ModelGroup::id: what
+// GET /v1/models lists at that time, model_groups.h), never the client's text: a request refused
+// before its model is chosen (validation, admission, an unknown or ambiguous `model`) or routed
+// while no worker reports a model counts under kNoModelLabel. The ids come from the workers'
+// reports, and past kMaxModelLabels distinct ids (a long life of upgrades) later ones share
+// kOtherModelLabel, so the number of series stays bounded whatever clients or workers send. (A
+// model whose id is "none" or "other" shares those series.)
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_ROUTER_METRICS_H_
 
@@ -40,11 +55,14 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/status/status.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -53,12 +71,22 @@ namespace lazyattn::router {
 // "ok", "invalid_argument", ... (the label value of a status code).
 const char* StatusCodeLabel(grpc::StatusCode code);
 
-class RouterMetrics {
+// The `model` label of requests no model was chosen for (see above).
+inline constexpr char kNoModelLabel[] = "none";
+// The `model` label shared by every model id after the first kMaxModelLabels.
+inline constexpr char kOtherModelLabel[] = "other";
+inline constexpr size_t kMaxModelLabels = 32;
+
+// The per-request families' children for one `model` label value, all created together the
+// first time the value is used and kept (at a stable address) for the RouterMetrics' life.
+// Thread-safe: prometheus-cpp's children are.
+class ModelMetrics {
  public:
-  RouterMetrics(prometheus::Registry& registry, const std::string& policy);
+  const std::string& label() const { return label_; }
 
   void CountRequest(grpc::StatusCode code);
-  void ObserveRouting(absl::Duration d) { routing_->Observe(absl::ToDoubleSeconds(d)); }
+  void ObserveTtft(absl::Duration d) { ttft_->Observe(absl::ToDoubleSeconds(d)); }
+  void ObserveDuration(absl::Duration d) { duration_->Observe(absl::ToDoubleSeconds(d)); }
   void AddPredictedHitTokens(int64_t tokens) {
     if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
   }
@@ -66,43 +94,86 @@ class RouterMetrics {
   // worker reported it reused.
   void ObservePrediction(int64_t predicted, int64_t observed) {
     if (observed > 0) observed_hits_->Increment(static_cast<double>(observed));
-    prediction_error_->Observe(static_cast<double>(predicted > observed ? predicted - observed
-                                                                        : observed - predicted));
+    prediction_error_->Observe(
+        static_cast<double>(predicted > observed ? predicted - observed : observed - predicted));
   }
   void CountRetry() { retries_->Increment(); }
-  void ObserveTtft(absl::Duration d) { ttft_->Observe(absl::ToDoubleSeconds(d)); }
-  void ObserveDuration(absl::Duration d) { duration_->Observe(absl::ToDoubleSeconds(d)); }
-  void AddInFlight(int delta) { in_flight_->Increment(delta); }
-  void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
-  void CountEjection() { ejections_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountQuarantined() { quarantined_->Increment(); }
   void CountConnectionLoss() { connection_losses_->Increment(); }
-  void CountSelection(const std::string& worker);
+
+ private:
+  friend class RouterMetrics;
+  explicit ModelMetrics(std::string label) : label_(std::move(label)) {}
+
+  static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
+  const std::string label_;
+  std::array<prometheus::Counter*, kCodes> requests_{};
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* duration_ = nullptr;
+  prometheus::Counter* predicted_hits_ = nullptr;
+  prometheus::Counter* observed_hits_ = nullptr;
+  prometheus::Histogram* prediction_error_ = nullptr;
+  prometheus::Counter* retries_ = nullptr;
+  prometheus::Counter* first_token_timeouts_ = nullptr;
+  prometheus::Counter* quarantined_ = nullptr;
+  prometheus::Counter* connection_losses_ = nullptr;
+};
+
+class RouterMetrics {
+ public:
+  RouterMetrics(prometheus::Registry& registry, const std::string& policy);
+
+  // The children of the model whose id is `model_id` (ModelGroup::id of the chosen model);
+  // empty: NoModel(). Creates them on the first use of an id (kOtherModelLabel's once
+  // kMaxModelLabels ids have been seen); a map lookup under a lock afterwards, so callers look
+  // up once per request and keep the reference.
+  ModelMetrics& ForModel(std::string_view model_id);
+  // Requests no model was chosen for; created with the RouterMetrics.
+  ModelMetrics& NoModel() { return *no_model_; }
+
+  // A request refused before its model was chosen (admission): NoModel().CountRequest.
+  void CountRequest(grpc::StatusCode code) { no_model_->CountRequest(code); }
+  void ObserveRouting(absl::Duration d) { routing_->Observe(absl::ToDoubleSeconds(d)); }
+  void AddInFlight(int delta) { in_flight_->Increment(delta); }
+  void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
+  void CountEjection() { ejections_->Increment(); }
+  // An attempt sent to `worker` for a request of `model`.
+  void CountSelection(const std::string& worker, const ModelMetrics& model);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
   // any other status is ignored.
   void CountValidationFailure(const absl::Status& status);
 
  private:
-  static constexpr int kCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
-  std::array<prometheus::Counter*, kCodes> requests_{};
+  // Creates `label`'s children in every per-model family.
+  std::unique_ptr<ModelMetrics> NewModelMetrics(std::string label);
+
+  const std::string policy_;
+  prometheus::Family<prometheus::Counter>* requests_family_;
+  prometheus::Family<prometheus::Histogram>* ttft_family_;
+  prometheus::Family<prometheus::Histogram>* duration_family_;
+  prometheus::Family<prometheus::Counter>* predicted_hits_family_;
+  prometheus::Family<prometheus::Counter>* observed_hits_family_;
+  prometheus::Family<prometheus::Histogram>* prediction_error_family_;
+  prometheus::Family<prometheus::Counter>* retries_family_;
+  prometheus::Family<prometheus::Counter>* first_token_timeouts_family_;
+  prometheus::Family<prometheus::Counter>* quarantined_family_;
+  prometheus::Family<prometheus::Counter>* connection_losses_family_;
+  prometheus::Family<prometheus::Counter>* selections_family_;
   prometheus::Histogram* routing_;
-  prometheus::Histogram* ttft_;
-  prometheus::Histogram* duration_;
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* workers_healthy_;
-  prometheus::Counter* predicted_hits_;
-  prometheus::Counter* observed_hits_;
-  prometheus::Histogram* prediction_error_;
-  prometheus::Counter* retries_;
   prometheus::Counter* ejections_;
-  prometheus::Counter* first_token_timeouts_;
-  prometheus::Counter* quarantined_;
-  prometheus::Counter* connection_losses_;
-  prometheus::Family<prometheus::Counter>* selections_family_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
+  std::unique_ptr<ModelMetrics> no_model_;
+
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, prometheus::Counter*> selections_ ABSL_GUARDED_BY(mu_);
+  // By model id, at most kMaxModelLabels of them.
+  absl::flat_hash_map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ModelMetrics> other_model_ ABSL_GUARDED_BY(mu_);  // made when first needed
+  // By (worker, model label).
+  absl::flat_hash_map<std::pair<std::string, std::string>, prometheus::Counter*> selections_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lazyattn::router

@@ -128,10 +128,13 @@ TEST_F(RouterServerTest, StreamsFromTheWorkerHoldingTheDocumentsInAnyOrder) {
   EXPECT_EQ(kvdir_.lookups(), 2);
 
   const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"ok\"} 2"));
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("lazyattn_router_worker_selections_total{model=\"fake-model\",worker=\"w2\"} 2"));
   EXPECT_THAT(metrics,
-              HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"ok\"} 2"));
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_worker_selections_total{worker=\"w2\"} 2"));
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_predicted_hit_tokens_total 1000"));
+              HasSubstr("lazyattn_router_predicted_hit_tokens_total{model=\"fake-model\"} 1000"));
   EXPECT_THAT(metrics, HasSubstr("lazyattn_router_routing_duration_seconds_count 2"));
 }
 
@@ -163,7 +166,7 @@ TEST_F(RouterServerTest, FailsOverWhenAWorkerFailsBeforeItsFirstToken) {
   EXPECT_EQ(r.final->attempts(), 2);
   EXPECT_THAT(r.tokens, ElementsAre("Hello", ",", " world"));
   EXPECT_EQ(workers_[0]->generate_calls(), 1);
-  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_retries_total 1"));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 1"));
 }
 
 TEST_F(RouterServerTest, FailsOverFromAWorkerThatIsGone) {
@@ -206,9 +209,8 @@ TEST_F(RouterServerTest, FailureAfterTokensEndsTheStreamWithUnavailable) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("after 2 tokens"));
   EXPECT_THAT(r.status.error_message(), HasSubstr("not retried"));
   EXPECT_EQ(workers_[1]->generate_calls(), 0);
-  EXPECT_THAT(
-      Metrics(),
-      HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"unavailable\"} 1"));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                   "\"cache_aware\",status=\"unavailable\"} 1"));
 }
 
 TEST_F(RouterServerTest, CompleteFailsOverEvenAfterTokensSinceNothingWasSent) {
@@ -346,7 +348,8 @@ TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
   EXPECT_EQ(r.final->attempts(), 2);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
   EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
-  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_first_token_timeouts_total 1"));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
 
   // Every worker frozen: the final status says why each attempt was given up.
   workers_[1]->SetScript({.block = true});
@@ -449,7 +452,8 @@ TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) 
             grpc::StatusCode::DEADLINE_EXCEEDED);
   // The router counts each call once it has ended on its side too.
   const std::string want = absl::StrCat(
-      "lazyattn_router_requests_total{policy=\"cache_aware\",status=\"deadline_exceeded\"} ",
+      "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
+      "\"deadline_exceeded\"} ",
       2 * deadlines.size() + 1);
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
@@ -457,11 +461,10 @@ TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) 
   }
   const std::string metrics = Metrics();
   EXPECT_THAT(metrics, HasSubstr(want));
-  EXPECT_THAT(metrics,
-              HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"cancelled\"} 0"));
-  EXPECT_THAT(
-      metrics,
-      HasSubstr("lazyattn_router_requests_total{policy=\"cache_aware\",status=\"unavailable\"} 2"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"cancelled\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"unavailable\"} 2"));
 }
 
 TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
