@@ -1,6 +1,7 @@
 // Paged prefill attention's launcher (paged_prefill_attention.h): checks the arguments, picks
-// the kernel (the mma.sync one, paged_prefill_mma_sync.cu, or the wgmma one,
-// paged_prefill_wgmma.cu) and launches it, then the merge of the split-KV partials, which both
+// the kernel (the mma.sync one, paged_prefill_mma_sync.cu, the wgmma one,
+// paged_prefill_wgmma.cu, or its warp-specialized form, paged_prefill_wgmma_ws.cu) and launches
+// it, then the merge of the split-KV partials, which all
 // kernels share and which lives here. The plan is paged_prefill_plan.cc.
 #include "kernels/cuda/paged_prefill_attention.h"
 
@@ -15,6 +16,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch_overlap.cuh"
 #include "kernels/cuda/paged_prefill_internal.cuh"
+#include "kernels/cuda/paged_prefill_wgmma_ws.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 
 namespace lazyattn {
@@ -113,16 +115,20 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Para
   }
 }
 
-// The attention kernel (`wgmma`: the sm_90a one, only for the instances it covers), then the
-// merge of the split-KV partials when the plan splits.
+// The attention kernel (`kernel`: kWgmma or kWgmmaWs, the sm_90a ones, only for the instances
+// they cover; the caller resolved the fallback), then the merge of the split-KV partials when
+// the plan splits.
 template <int D, PrefillRotation kRot>
-absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, bool wgmma,
-                    cudaStream_t stream) {
+absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, PrefillKernel kernel,
+                    int variant, cudaStream_t stream) {
   const int kv_heads = plan.shape().num_kv_heads;
   if (plan.num_work_items() > 0) {
     constexpr bool kWgmmaCovers = D == 128 && kRot != PrefillRotation::kRotateK;
-    if (kWgmmaCovers && wgmma) {
+    if (kWgmmaCovers && kernel == PrefillKernel::kWgmma) {
       RETURN_IF_ERROR(prefill_internal::LaunchWgmmaAttention(plan, params, kRot, stream));
+    } else if (kWgmmaCovers && kernel == PrefillKernel::kWgmmaWs) {
+      RETURN_IF_ERROR(
+          prefill_internal::LaunchWgmmaWsAttention(plan, params, kRot, variant, stream));
     } else {
       RETURN_IF_ERROR((LaunchMmaSync<D, kRot>(plan, params, stream)));
     }
@@ -138,14 +144,15 @@ absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, bool wgm
 
 template <int D>
 absl::Status DispatchRotation(const PagedPrefillPlan& plan, const Params& params,
-                              PrefillRotation rotation, bool wgmma, cudaStream_t stream) {
+                              PrefillRotation rotation, PrefillKernel kernel, int variant,
+                              cudaStream_t stream) {
   switch (rotation) {
     case PrefillRotation::kRotateQ:
-      return Launch<D, PrefillRotation::kRotateQ>(plan, params, wgmma, stream);
+      return Launch<D, PrefillRotation::kRotateQ>(plan, params, kernel, variant, stream);
     case PrefillRotation::kRotateK:
-      return Launch<D, PrefillRotation::kRotateK>(plan, params, wgmma, stream);
+      return Launch<D, PrefillRotation::kRotateK>(plan, params, kernel, variant, stream);
     case PrefillRotation::kNone:
-      return Launch<D, PrefillRotation::kNone>(plan, params, wgmma, stream);
+      return Launch<D, PrefillRotation::kNone>(plan, params, kernel, variant, stream);
   }
   return absl::InvalidArgumentError("unknown PrefillRotation");
 }
@@ -158,9 +165,9 @@ bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation) {
 }
 
 int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation) {
-  return kernel == PrefillKernel::kWgmma && PrefillWgmmaSupports(head_dim, rotation)
-             ? prefill_internal::kWgmmaCtasPerSm
-             : prefill_internal::kMmaSyncCtasPerSm;
+  const bool wgmma = kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kWgmmaWs;
+  return wgmma && PrefillWgmmaSupports(head_dim, rotation) ? prefill_internal::kWgmmaCtasPerSm
+                                                           : prefill_internal::kMmaSyncCtasPerSm;
 }
 
 absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPrefillArgs& args,
@@ -202,13 +209,21 @@ absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPref
   params.num_kv_heads = shape.num_kv_heads;
   params.group = shape.num_heads / shape.num_kv_heads;
   params.scale_log2 = args.scale * 1.4426950408889634f;
-  const bool wgmma =
-      args.kernel == PrefillKernel::kWgmma && PrefillWgmmaSupports(shape.head_dim, rotation);
+  if (args.kernel == PrefillKernel::kWgmmaWs &&
+      (args.variant < 0 || args.variant >= PrefillWgmmaWsVariants())) {
+    return absl::InvalidArgumentError(absl::StrCat("paged prefill: variant ", args.variant,
+                                                   " out of range for wgmma-ws (0..",
+                                                   PrefillWgmmaWsVariants() - 1, ")"));
+  }
+  const PrefillKernel kernel =
+      args.kernel != PrefillKernel::kMmaSync && PrefillWgmmaSupports(shape.head_dim, rotation)
+          ? args.kernel
+          : PrefillKernel::kMmaSync;
   switch (shape.head_dim) {
     case 64:
-      return DispatchRotation<64>(plan, params, rotation, wgmma, stream);
+      return DispatchRotation<64>(plan, params, rotation, kernel, args.variant, stream);
     case 128:
-      return DispatchRotation<128>(plan, params, rotation, wgmma, stream);
+      return DispatchRotation<128>(plan, params, rotation, kernel, args.variant, stream);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("paged prefill: head_dim ", shape.head_dim, " unsupported"));

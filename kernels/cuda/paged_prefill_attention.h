@@ -32,7 +32,10 @@
 // for head_dim 128 with kRotateQ or kNone. Asked for a shape or rotation the wgmma kernel does
 // not cover (PrefillWgmmaSupports() false: head_dim 64, kRotateK), the launcher runs the mma.sync
 // kernel instead, silently. The wgmma kernel runs only on compute capability 9.0 devices (its
-// code is sm_90a only); elsewhere the launch returns the CUDA error as Internal.
+// code is sm_90a only); elsewhere the launch returns the CUDA error as Internal. A third kernel,
+// kWgmmaWs, is the wgmma kernel warp-specialized (FlashAttention-3's producer warpgroup,
+// mbarrier-handed stages, two consumer warpgroups in ping-pong): same coverage, same fallback,
+// same function.
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 
@@ -61,15 +64,25 @@ enum class PrefillRotation { kRotateQ, kRotateK, kNone };
 //   kMmaSync: mma.sync m16n8k16, FlashAttention-2 style; every head dim and rotation.
 //   kWgmma:   wgmma m64nNk16 on Hopper (sm_90a); head_dim 128 with kRotateQ or kNone, else the
 //             launcher falls back to kMmaSync.
-enum class PrefillKernel { kMmaSync, kWgmma };
+//   kWgmmaWs: kWgmma warp-specialized (sm_90a; 384 threads: a producer warpgroup gathers K/V
+//             into mbarrier-guarded stages, two consumer warpgroups with setmaxnreg take turns
+//             on the tensor cores). Same coverage and fallback as kWgmma. Its compiled variants
+//             (PagedPrefillArgs::variant) are for benchmarks; all compute the same function.
+enum class PrefillKernel { kMmaSync, kWgmma, kWgmmaWs };
 
-// Whether PrefillKernel::kWgmma runs for this head dim and rotation (else mma.sync runs).
+// Whether PrefillKernel::kWgmma and kWgmmaWs run for this head dim and rotation (else mma.sync
+// runs).
 bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation);
 
 // CTAs an SM holds at once of the attention kernel that `kernel` selects for this head dim and
-// rotation: 2 for mma.sync, 1 for wgmma (and 2 where kWgmma falls back to mma.sync). The value
-// for PagedPrefillPlanOptions::ctas_per_sm.
+// rotation: 2 for mma.sync, 1 for wgmma and wgmma-ws (and 2 where they fall back to mma.sync).
+// The value for PagedPrefillPlanOptions::ctas_per_sm.
 int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation);
+
+// kWgmmaWs's compiled variants: how many, and a short name for each ("pp-s5": ping-pong between
+// the consumers, 5 stages; "nopp-s5": no ping-pong; ...); "?" outside 0..count-1.
+int PrefillWgmmaWsVariants();
+const char* PrefillWgmmaWsVariantName(int variant);
 
 struct PagedPrefillShape {
   int num_heads = 0;  // query heads, a multiple of num_kv_heads
@@ -158,10 +171,14 @@ struct PagedPrefillArgs {
   const void* device_metadata = nullptr;           // the plan, Upload()ed
   void* workspace = nullptr;                       // plan.workspace_bytes()
   PrefillKernel kernel = PrefillKernel::kMmaSync;  // kWgmma: see PrefillWgmmaSupports()
+  // kWgmmaWs only: which compiled variant runs, 0..PrefillWgmmaWsVariants()-1 (0, the default,
+  // is the one to use; the others exist to be measured). Ignored by the other kernels.
+  int variant = 0;
 };
 
 // Enqueues the attention (and, when the plan splits KV, the merge of the splits) on `stream`.
-// InvalidArgument for missing pointers; Internal for CUDA launch errors.
+// InvalidArgument for missing pointers or a kWgmmaWs variant out of range; Internal for CUDA
+// launch errors.
 absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPrefillArgs& args,
                                    PrefillRotation rotation, cudaStream_t stream);
 

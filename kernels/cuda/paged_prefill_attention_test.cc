@@ -3,9 +3,10 @@
 // poisoned with NaN before every launch, unused and invalid pool slots NaN (a kernel that reads
 // them fails), every element checked.
 //
-// Every case runs every rotation variant on the mma.sync kernel and, where it applies (head_dim
-// 128, kRotateQ or kNone: PrefillWgmmaSupports), on the wgmma kernel too. The plan alone
-// (no kernel) is tested in paged_prefill_plan_test.cc.
+// Every case runs every rotation variant on the mma.sync kernel and, where they apply (head_dim
+// 128, kRotateQ or kNone: PrefillWgmmaSupports), on the wgmma kernel and on every compiled
+// variant of the warp-specialized wgmma kernel (kWgmmaWs) too. The plan alone (no kernel) is
+// tested in paged_prefill_plan_test.cc.
 //
 // Tolerance, for every case, kernel and rotation variant: relative L2 error <= 1e-2 and every
 // element within 4e-2 of the reference. Sources of difference: the kernel rounds the rotated K
@@ -21,6 +22,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -201,11 +203,19 @@ std::vector<float> CpuReference(const CaseSpec& c, const Inputs& in) {
   return out;
 }
 
+// A kernel and, for kWgmmaWs, which of its compiled variants (PagedPrefillArgs::variant).
+struct KernelRun {
+  KernelRun(PrefillKernel k, int v = 0) : kernel(k), variant(v) {}  // NOLINT: implicit on purpose
+  PrefillKernel kernel;
+  int variant;
+};
+
 // Runs the kernel; fills `out` (bf16 results as float). Fails the test on any error. The plan
 // is built for `kernel` (PrefillCtasPerSm) unless `ctas_per_sm` > 0 says otherwise.
-void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, PrefillKernel kernel,
+void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, KernelRun run,
             int max_splits, std::vector<float>* out, int* work_items = nullptr,
             int* split_groups = nullptr, int ctas_per_sm = 0) {
+  const PrefillKernel kernel = run.kernel;
   const int d = c.head_dim;
   const Rope& rope = GetRope(d);
   static const int sm_count = [] {
@@ -261,6 +271,7 @@ void RunGpu(const CaseSpec& c, const Inputs& in, PrefillRotation rotation, Prefi
   args.device_metadata = meta.ptr;
   args.workspace = ws.ptr;
   args.kernel = kernel;
+  args.variant = run.variant;
   const absl::Status st = PagedPrefillAttention(plan, args, rotation, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_CUDA(cudaDeviceSynchronize());
@@ -302,13 +313,29 @@ const char* Name(PrefillRotation r) {
   return "?";
 }
 
-const char* Name(PrefillKernel k) { return k == PrefillKernel::kWgmma ? "wgmma" : "mma.sync"; }
+std::string Name(KernelRun k) {
+  switch (k.kernel) {
+    case PrefillKernel::kMmaSync:
+      return "mma.sync";
+    case PrefillKernel::kWgmma:
+      return "wgmma";
+    case PrefillKernel::kWgmmaWs:
+      return std::string("wgmma-ws/") + PrefillWgmmaWsVariantName(k.variant);
+  }
+  return "?";
+}
 
-// The kernels a (head dim, rotation) runs on: mma.sync always, wgmma where it applies (asked
-// for elsewhere it would silently run mma.sync, which would test nothing new).
-std::vector<PrefillKernel> KernelsFor(int head_dim, PrefillRotation r) {
-  std::vector<PrefillKernel> kernels = {PrefillKernel::kMmaSync};
-  if (PrefillWgmmaSupports(head_dim, r)) kernels.push_back(PrefillKernel::kWgmma);
+// The kernels a (head dim, rotation) runs on: mma.sync always, wgmma and every variant of
+// wgmma-ws where they apply (asked for elsewhere they would silently run mma.sync, which would
+// test nothing new).
+std::vector<KernelRun> KernelsFor(int head_dim, PrefillRotation r) {
+  std::vector<KernelRun> kernels = {PrefillKernel::kMmaSync};
+  if (PrefillWgmmaSupports(head_dim, r)) {
+    kernels.push_back(PrefillKernel::kWgmma);
+    for (int v = 0; v < PrefillWgmmaWsVariants(); ++v) {
+      kernels.push_back(KernelRun(PrefillKernel::kWgmmaWs, v));
+    }
+  }
   return kernels;
 }
 
@@ -333,14 +360,14 @@ void CheckCase(std::mt19937& rng, const CaseSpec& c, const std::vector<PrefillRo
   const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
   const std::vector<float> ref = CpuReference(c, in);
   for (PrefillRotation r : rotations) {
-    for (PrefillKernel k : KernelsFor(c.head_dim, r)) {
+    for (KernelRun k : KernelsFor(c.head_dim, r)) {
       std::vector<float> got;
       int work = 0, groups = 0;
       RunGpu(c, in, r, k, max_splits, &got, &work, &groups);
       if (::testing::Test::HasFatalFailure()) return;
       const Error e = Compare(got, ref);
-      std::printf("  %-8s %-8s work=%d splits=%d rel_l2=%.2e max_abs=%.2e  %s\n", Name(k), Name(r),
-                  work, groups, e.rel_l2, e.max_abs, Describe(c).c_str());
+      std::printf("  %-16s %-8s work=%d splits=%d rel_l2=%.2e max_abs=%.2e  %s\n", Name(k).c_str(),
+                  Name(r), work, groups, e.rel_l2, e.max_abs, Describe(c).c_str());
       EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " " << Name(r);
       EXPECT_EQ(e.bad, 0) << Name(k) << " " << Name(r) << ": " << e.bad
                           << " elements off by more than " << kMaxAbs << ", first at "
@@ -506,7 +533,7 @@ TEST_F(PagedPrefillGpuTest, EitherKernelRunsThePlanBuiltForTheOther) {
   const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
   const std::vector<float> ref = CpuReference(c, in);
   const PrefillRotation r = PrefillRotation::kRotateQ;
-  for (PrefillKernel k : {PrefillKernel::kMmaSync, PrefillKernel::kWgmma}) {
+  for (KernelRun k : KernelsFor(128, r)) {
     int work[3] = {0, 0, 0};
     for (int ctas_per_sm : {1, 2}) {
       std::vector<float> got;
@@ -514,8 +541,9 @@ TEST_F(PagedPrefillGpuTest, EitherKernelRunsThePlanBuiltForTheOther) {
       RunGpu(c, in, r, k, 32, &got, &work[ctas_per_sm], &groups, ctas_per_sm);
       ASSERT_FALSE(HasFatalFailure());
       const Error e = Compare(got, ref);
-      std::printf("  %-8s %-8s plan for %d CTAs/SM: work=%d splits=%d rel_l2=%.2e max_abs=%.2e\n",
-                  Name(k), Name(r), ctas_per_sm, work[ctas_per_sm], groups, e.rel_l2, e.max_abs);
+      std::printf("  %-16s %-8s plan for %d CTAs/SM: work=%d splits=%d rel_l2=%.2e max_abs=%.2e\n",
+                  Name(k).c_str(), Name(r), ctas_per_sm, work[ctas_per_sm], groups, e.rel_l2,
+                  e.max_abs);
       EXPECT_GT(groups, 0) << "the case should split KV";
       EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " on a plan for " << ctas_per_sm;
       EXPECT_EQ(e.bad, 0) << Name(k) << " on a plan for " << ctas_per_sm;
@@ -544,7 +572,7 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
     const Inputs local = MakeInputs(c, seed, /*global_k=*/false);
     const Inputs global = MakeInputs(c, seed, /*global_k=*/true);
     const std::vector<float> ref_global = CpuReference(c, global);
-    for (PrefillKernel direct_kernel : KernelsFor(d, PrefillRotation::kNone)) {
+    for (KernelRun direct_kernel : KernelsFor(d, PrefillRotation::kNone)) {
       std::vector<float> direct;
       RunGpu(c, global, PrefillRotation::kNone, direct_kernel, 32, &direct);
       ASSERT_FALSE(HasFatalFailure());
@@ -552,13 +580,14 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
       EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(direct_kernel);
       EXPECT_EQ(e.bad, 0) << Name(direct_kernel);
       for (PrefillRotation r : kRotating) {
-        for (PrefillKernel k : KernelsFor(d, r)) {
+        for (KernelRun k : KernelsFor(d, r)) {
           std::vector<float> deferred;
           RunGpu(c, local, r, k, 32, &deferred);
           ASSERT_FALSE(HasFatalFailure());
           e = Compare(deferred, ref_global);
-          std::printf("  deferred %-8s %-8s vs global-K reference d=%d: rel_l2=%.2e max_abs=%.2e\n",
-                      Name(k), Name(r), d, e.rel_l2, e.max_abs);
+          std::printf(
+              "  deferred %-16s %-8s vs global-K reference d=%d: rel_l2=%.2e max_abs=%.2e\n",
+              Name(k).c_str(), Name(r), d, e.rel_l2, e.max_abs);
           EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k) << " " << Name(r);
           EXPECT_EQ(e.bad, 0) << Name(k) << " " << Name(r);
           e = Compare(deferred, direct);
@@ -572,12 +601,13 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
   }
 }
 
-// The wgmma kernel against the mma.sync kernel (same tolerance as against the twin) where the
-// CPU twin would take minutes: the benchmark's shape, 4,096 queries (GQA 32/8) after 5 documents
-// of 4,096 tokens at their own deltas, both rotations it covers (kNone ignores the deltas in both
-// kernels: the same function). Then partial blocks: documents of 100 and 17 tokens (last blocks
-// of 4 and 1 slots, so tiles mix entries, deltas and invalid slots), against the twin and the
-// other kernel, at random deltas (kRotateQ) and at delta 0 (kNone computes the twin's function).
+// The wgmma kernels (kWgmma and every kWgmmaWs variant) against the mma.sync kernel (same
+// tolerance as against the twin) where the CPU twin would take minutes: the benchmark's shape,
+// 4,096 queries (GQA 32/8) after 5 documents of 4,096 tokens at their own deltas, both rotations it
+// covers (kNone ignores the deltas in both kernels: the same function). Then partial blocks:
+// documents of 100 and 17 tokens (last blocks of 4 and 1 slots, so tiles mix entries, deltas and
+// invalid slots), against the twin and the other kernel, at random deltas (kRotateQ) and at delta 0
+// (kNone computes the twin's function).
 TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBlocks) {
   ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kRotateQ));
   ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kNone));
@@ -586,18 +616,22 @@ TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBloc
     const uint32_t seed = rng();
     SCOPED_TRACE(Describe(c) + " seed=" + std::to_string(seed) + " " + Name(r));
     const Inputs in = MakeInputs(c, seed, /*global_k=*/false);
-    std::vector<float> mma, wgmma;
+    std::vector<float> mma;
     RunGpu(c, in, r, PrefillKernel::kMmaSync, 32, &mma);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
-    RunGpu(c, in, r, PrefillKernel::kWgmma, 32, &wgmma);
-    ASSERT_FALSE(::testing::Test::HasFatalFailure());
-    const Error e = Compare(wgmma, mma);
-    std::printf("  wgmma vs mma.sync %-8s rel_l2=%.2e max_abs=%.2e  %s\n", Name(r), e.rel_l2,
-                e.max_abs, Describe(c).c_str());
-    EXPECT_LE(e.rel_l2, kMaxRelL2);
-    EXPECT_EQ(e.bad, 0) << e.bad << " elements off by more than " << kMaxAbs << ", first at "
-                        << e.first_bad << " (wgmma " << wgmma[e.first_bad] << ", mma.sync "
-                        << mma[e.first_bad] << ")";
+    for (KernelRun k : KernelsFor(c.head_dim, r)) {
+      if (k.kernel == PrefillKernel::kMmaSync) continue;
+      std::vector<float> wgmma;
+      RunGpu(c, in, r, k, 32, &wgmma);
+      ASSERT_FALSE(::testing::Test::HasFatalFailure());
+      const Error e = Compare(wgmma, mma);
+      std::printf("  %s vs mma.sync %-8s rel_l2=%.2e max_abs=%.2e  %s\n", Name(k).c_str(), Name(r),
+                  e.rel_l2, e.max_abs, Describe(c).c_str());
+      EXPECT_LE(e.rel_l2, kMaxRelL2) << Name(k);
+      EXPECT_EQ(e.bad, 0) << Name(k) << ": " << e.bad << " elements off by more than " << kMaxAbs
+                          << ", first at " << e.first_bad << " (" << wgmma[e.first_bad]
+                          << ", mma.sync " << mma[e.first_bad] << ")";
+    }
   };
   const CaseSpec bench{.num_heads = 32,
                        .num_kv_heads = 8,
@@ -617,6 +651,45 @@ TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBloc
   partial.seqs[0].seg_delta.assign(5, 0);
   CheckCase(rng, partial, {PrefillRotation::kRotateQ, PrefillRotation::kNone});
   compare_kernels(partial, PrefillRotation::kNone);
+}
+
+// The warp-specialized kernel runs one CTA an SM (its plans are built for that) where it runs,
+// and where it falls back to mma.sync, mma.sync's two.
+TEST(PagedPrefillArgsTest, WgmmaWsHoldsOneCtaAnSmWhereItRuns) {
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateQ), 1);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kNone), 1);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 64, PrefillRotation::kRotateQ), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateK), 2);
+}
+
+// A kWgmmaWs variant outside 0..PrefillWgmmaWsVariants()-1 is refused before anything is
+// launched (no GPU needed: the pointers are never dereferenced).
+TEST(PagedPrefillArgsTest, WgmmaWsVariantOutOfRangeIsInvalidArgument) {
+  ASSERT_GE(PrefillWgmmaWsVariants(), 1);
+  EXPECT_STRNE(PrefillWgmmaWsVariantName(0), "?");
+  EXPECT_STREQ(PrefillWgmmaWsVariantName(PrefillWgmmaWsVariants()), "?");
+  const KvBlockEntry table[2] = {PackKvBlockEntry(0, 0, 16), PackKvBlockEntry(1, 0, 3)};
+  PagedPrefillSequence seq{
+      .num_queries = 19, .first_query_index = 0, .block_table = table, .num_blocks = 2};
+  PagedPrefillPlan plan;
+  ASSERT_TRUE(plan.Build({.num_heads = 8, .num_kv_heads = 2, .head_dim = 128, .num_pool_blocks = 2},
+                         &seq, 1, {.rope_max_positions = 16})
+                  .ok());
+  ASSERT_GT(plan.num_work_items(), 0);
+  ASSERT_EQ(plan.workspace_bytes(), 0);
+  alignas(16) static uint8_t fake[16];  // never read: the call must fail first
+  PagedPrefillArgs args;
+  args.q = args.k_pool = args.v_pool = reinterpret_cast<const __nv_bfloat16*>(fake);
+  args.out = reinterpret_cast<__nv_bfloat16*>(fake);
+  args.device_metadata = fake;
+  args.scale = 1.f;
+  args.kernel = PrefillKernel::kWgmmaWs;
+  for (int bad : {-1, PrefillWgmmaWsVariants()}) {
+    args.variant = bad;
+    const absl::Status st = PagedPrefillAttention(plan, args, PrefillRotation::kNone, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("variant"), std::string::npos) << st;
+  }
 }
 
 }  // namespace

@@ -6,11 +6,14 @@
 //                       blocks shuffled across the pool
 //   encode4096          a 4,096-token document encoded alone (one segment, delta 0, causal)
 // Each in three variants on the mma.sync kernel: rotate-q (the kept one), rotate-k, none (no
-// rotation: the price of it); and in the two the wgmma kernel covers (PrefillKernel::kWgmma:
-// none, rotate-q), side by side, each kernel on the plan built for it (PrefillCtasPerSm: KV split
-// to fill 2 CTAs an SM for mma.sync, 1 for wgmma; the split counts go to stderr and the JSON).
-// "vs none" compares a variant with the same kernel's none, "vs mma.sync" a wgmma row's TFLOP/s
-// with the mma.sync row of the same variant.
+// rotation: the price of it); and in the two the wgmma kernels cover (none, rotate-q): the wgmma
+// kernel (PrefillKernel::kWgmma) and every compiled variant of its warp-specialized form
+// (kWgmmaWs, rows "wgmma-ws/<variant>": pp = ping-pong between the consumer warpgroups, nopp =
+// none, sN = N K/V stages), side by side, each kernel on the plan built for it
+// (PrefillCtasPerSm: KV split to fill 2 CTAs an SM for mma.sync, 1 for both wgmma kernels; the
+// split counts go to stderr and the JSON). "vs none" compares a variant with the same kernel's
+// (and kernel variant's) none, "vs mma.sync" and "vs wgmma" a row's TFLOP/s with the mma.sync or
+// wgmma row of the same rotation variant.
 // TFLOP/s = 4 * head_dim * heads * (visible query-key pairs) / time (causal pairs only counted),
 // time = median of --reps single launches timed with CUDA events after --warmup launches; each
 // variant is timed twice, interleaved, to show the run-to-run spread.
@@ -20,7 +23,9 @@
 //
 //   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma] [--reps=50]
 //                          [--warmup=5] [--wgmma-ctas-per-sm=N]
-// --wgmma-ctas-per-sm builds the wgmma rows' plan for N CTAs an SM instead (2: the mma.sync plan).
+// --kernel takes mma.sync, wgmma, wgmma-ws (every variant) or one variant (wgmma-ws/pp-s5).
+// --wgmma-ctas-per-sm builds both wgmma kernels' plan for N CTAs an SM instead (2: the mma.sync
+// plan).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -107,13 +112,31 @@ const char* VariantName(PrefillRotation r) {
 }
 
 const char* KernelName(PrefillKernel k) {
-  return k == PrefillKernel::kWgmma ? "wgmma" : "mma.sync";
+  switch (k) {
+    case PrefillKernel::kMmaSync:
+      return "mma.sync";
+    case PrefillKernel::kWgmma:
+      return "wgmma";
+    case PrefillKernel::kWgmmaWs:
+      return "wgmma-ws";
+  }
+  return "?";
 }
 
 struct Variant {
   PrefillKernel kernel;
   PrefillRotation rotation;
+  int kernel_variant = 0;  // PagedPrefillArgs::variant (kWgmmaWs)
 };
+
+// "wgmma-ws/pp-s5" for a kWgmmaWs row, the kernel's name otherwise.
+std::string RowKernelName(const Variant& v) {
+  std::string name = KernelName(v.kernel);
+  if (v.kernel == PrefillKernel::kWgmmaWs) {
+    name += std::string("/") + PrefillWgmmaWsVariantName(v.kernel_variant);
+  }
+  return name;
+}
 
 std::string Arg(int argc, char** argv, const char* key, const char* def) {
   const std::string prefix = std::string("--") + key + "=";
@@ -180,8 +203,8 @@ int Main(int argc, char** argv) {
     int64_t meta_cap = 0, ws_cap = 0;
   };
   KernelPlan plans[2];
-  auto plan_for = [&](PrefillKernel k) -> KernelPlan& {
-    return plans[k == PrefillKernel::kWgmma ? 1 : 0];
+  auto plan_for = [&](PrefillKernel k) -> KernelPlan& {  // both wgmma kernels: 1 CTA an SM
+    return plans[k == PrefillKernel::kMmaSync ? 0 : 1];
   };
 
   std::mt19937 rng(12345);
@@ -191,14 +214,19 @@ int Main(int argc, char** argv) {
 
   const std::vector<Shape> shapes = {
       {"q64", 64, 5}, {"q512", 512, 5}, {"q4096", 4096, 5}, {"encode4096", 4096, 0}};
-  const std::vector<Variant> variants = {{PrefillKernel::kMmaSync, PrefillRotation::kNone},
-                                         {PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
-                                         {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
-                                         {PrefillKernel::kWgmma, PrefillRotation::kNone},
-                                         {PrefillKernel::kWgmma, PrefillRotation::kRotateQ}};
+  std::vector<Variant> variants = {{PrefillKernel::kMmaSync, PrefillRotation::kNone},
+                                   {PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
+                                   {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
+                                   {PrefillKernel::kWgmma, PrefillRotation::kNone},
+                                   {PrefillKernel::kWgmma, PrefillRotation::kRotateQ}};
+  for (int kv = 0; kv < PrefillWgmmaWsVariants(); ++kv) {
+    variants.push_back({PrefillKernel::kWgmmaWs, PrefillRotation::kNone, kv});
+    variants.push_back({PrefillKernel::kWgmmaWs, PrefillRotation::kRotateQ, kv});
+  }
   auto selected = [&](const Variant& v) {
     return (only_variant.empty() || only_variant == VariantName(v.rotation)) &&
-           (only_kernel.empty() || only_kernel == KernelName(v.kernel));
+           (only_kernel.empty() || only_kernel == KernelName(v.kernel) ||
+            only_kernel == RowKernelName(v));
   };
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -208,7 +236,8 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "\n| shape | kernel | variant | queries | cached keys | visible pairs | ms (run 1 / run 2) | "
-      "TFLOP/s | vs none | vs mma.sync |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "TFLOP/s | vs none | vs mma.sync | vs wgmma |\n|---|---|---|---|---|---|---|---|---|---|---|"
+      "\n");
   std::vector<std::string> json;
   for (const Shape& sh : shapes) {
     if (!only.empty() && only != sh.name) continue;
@@ -284,6 +313,7 @@ int Main(int argc, char** argv) {
     auto run = [&](const Variant& v) {
       const KernelPlan& kp = plan_for(v.kernel);
       args.kernel = v.kernel;
+      args.variant = v.kernel_variant;
       args.device_metadata = kp.d_meta;
       args.workspace = kp.d_ws;
       CHECK_OK(PagedPrefillAttention(kp.plan, args, v.rotation, stream));
@@ -306,7 +336,7 @@ int Main(int argc, char** argv) {
       }
     }
     // Sanity: variants that compute the same function on these inputs.
-    auto max_diff = [&](const Variant& a, const Variant& b, const char* what) {
+    auto max_diff = [&](const Variant& a, const Variant& b, const std::string& what) {
       args.out = d_out_ref;
       run(a);
       args.out = d_out;
@@ -319,8 +349,8 @@ int Main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamSynchronize(stream));
       float diff;
       std::memcpy(&diff, &h[0], 4);
-      std::fprintf(stderr, "%s: max |%s| = %.3g, non-finite %u\n", sh.name.c_str(), what, diff,
-                   h[1]);
+      std::fprintf(stderr, "%s: max |%s| = %.3g, non-finite %u\n", sh.name.c_str(), what.c_str(),
+                   diff, h[1]);
     };
     if (only_variant.empty() && only_kernel.empty()) {
       max_diff({PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
@@ -330,10 +360,18 @@ int Main(int argc, char** argv) {
                "wgmma rotate-q - mma.sync rotate-q");
       max_diff({PrefillKernel::kMmaSync, PrefillRotation::kNone},
                {PrefillKernel::kWgmma, PrefillRotation::kNone}, "wgmma none - mma.sync none");
+      for (int kv = 0; kv < PrefillWgmmaWsVariants(); ++kv) {
+        for (PrefillRotation r : {PrefillRotation::kRotateQ, PrefillRotation::kNone}) {
+          const Variant ws{PrefillKernel::kWgmmaWs, r, kv};
+          max_diff({PrefillKernel::kWgmma, r}, ws,
+                   RowKernelName(ws) + " " + VariantName(r) + " - wgmma " + VariantName(r));
+        }
+      }
     }
-    auto best_ms = [&](PrefillKernel k, PrefillRotation r) -> double {
+    auto best_ms = [&](PrefillKernel k, PrefillRotation r, int kv) -> double {
       for (size_t vi = 0; vi < variants.size(); ++vi) {
-        if (variants[vi].kernel == k && variants[vi].rotation == r && !medians[vi].empty()) {
+        if (variants[vi].kernel == k && variants[vi].rotation == r &&
+            variants[vi].kernel_variant == kv && !medians[vi].empty()) {
           return std::min(medians[vi][0], medians[vi][1]);
         }
       }
@@ -344,30 +382,39 @@ int Main(int argc, char** argv) {
       const Variant& v = variants[vi];
       const float best = std::min(medians[vi][0], medians[vi][1]);
       const double tflops = flops / (best * 1e-3) / 1e12;
-      const double none_ms = best_ms(v.kernel, PrefillRotation::kNone);
+      const double none_ms = best_ms(v.kernel, PrefillRotation::kNone, v.kernel_variant);
       char vs[32] = "-";
       if (none_ms > 0 && v.rotation != PrefillRotation::kNone) {
         std::snprintf(vs, sizeof(vs), "%+.1f%%", (best / none_ms - 1) * 100);
       }
-      const double mma_ms = best_ms(PrefillKernel::kMmaSync, v.rotation);
+      const double mma_ms = best_ms(PrefillKernel::kMmaSync, v.rotation, 0);
       char vs_mma[32] = "-";
       if (mma_ms > 0 && v.kernel != PrefillKernel::kMmaSync) {
         std::snprintf(vs_mma, sizeof(vs_mma), "x%.2f", mma_ms / best);
       }
-      std::printf("| %s | %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s | %s |\n",
-                  sh.name.c_str(), KernelName(v.kernel), VariantName(v.rotation), sh.num_queries,
-                  cached, pairs, medians[vi][0], medians[vi][1], tflops, vs, vs_mma);
-      char line[512];
-      std::snprintf(line, sizeof(line),
-                    "{\"bench\":\"prefill_attention\",\"shape\":\"%s\",\"kernel\":\"%s\","
-                    "\"variant\":\"%s\",\"queries\":%d,\"cached_keys\":%d,\"heads\":%d,"
-                    "\"kv_heads\":%d,\"head_dim\":%d,\"visible_pairs\":%.0f,\"ms\":%.5f,"
-                    "\"ms_run2\":%.5f,\"tflops\":%.2f,\"work_items\":%d,\"split_groups\":%d,"
-                    "\"device\":\"%s\"}",
-                    sh.name.c_str(), KernelName(v.kernel), VariantName(v.rotation), sh.num_queries,
-                    cached, kHeads, kKvHeads, kDim, pairs, medians[vi][0], medians[vi][1], tflops,
-                    plan_for(v.kernel).plan.num_work_items(),
-                    plan_for(v.kernel).plan.num_split_groups(), info->name.c_str());
+      const double wgmma_ms = best_ms(PrefillKernel::kWgmma, v.rotation, 0);
+      char vs_wgmma[32] = "-";
+      if (wgmma_ms > 0 && v.kernel == PrefillKernel::kWgmmaWs) {
+        std::snprintf(vs_wgmma, sizeof(vs_wgmma), "x%.2f", wgmma_ms / best);
+      }
+      std::printf("| %s | %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s | %s | %s |\n",
+                  sh.name.c_str(), RowKernelName(v).c_str(), VariantName(v.rotation),
+                  sh.num_queries, cached, pairs, medians[vi][0], medians[vi][1], tflops, vs, vs_mma,
+                  vs_wgmma);
+      char line[640];
+      std::snprintf(
+          line, sizeof(line),
+          "{\"bench\":\"prefill_attention\",\"shape\":\"%s\",\"kernel\":\"%s\","
+          "\"kernel_variant\":\"%s\",\"variant\":\"%s\",\"queries\":%d,\"cached_keys\":%d,"
+          "\"heads\":%d,"
+          "\"kv_heads\":%d,\"head_dim\":%d,\"visible_pairs\":%.0f,\"ms\":%.5f,"
+          "\"ms_run2\":%.5f,\"tflops\":%.2f,\"work_items\":%d,\"split_groups\":%d,"
+          "\"device\":\"%s\"}",
+          sh.name.c_str(), KernelName(v.kernel),
+          v.kernel == PrefillKernel::kWgmmaWs ? PrefillWgmmaWsVariantName(v.kernel_variant) : "",
+          VariantName(v.rotation), sh.num_queries, cached, kHeads, kKvHeads, kDim, pairs,
+          medians[vi][0], medians[vi][1], tflops, plan_for(v.kernel).plan.num_work_items(),
+          plan_for(v.kernel).plan.num_split_groups(), info->name.c_str());
       json.push_back(line);
     }
   }
