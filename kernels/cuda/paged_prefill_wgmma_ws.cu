@@ -96,6 +96,7 @@
 #include "kernels/cuda/paged_prefill_internal.cuh"
 #include "kernels/cuda/paged_prefill_wgmma_ops.cuh"
 #include "kernels/cuda/paged_prefill_wgmma_ws.cuh"
+#include "kernels/cuda/paged_prefill_wgmma_ws_sync.cuh"
 #include "kernels/cuda/tensor_core_primitives.cuh"
 #include "kernels/cuda/wgmma_primitives.cuh"
 
@@ -122,9 +123,8 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kConsumerThreads <=
 static_assert(kEntriesPerTile == 4 && kKvBlock == 16, "producer warp w copies entry w");
 // Named barriers (0 is __syncthreads): the schedulers' turn barriers, one per consumer, and the
 // barrier a consumer's own 128 threads pass once its Q rows landed.
-constexpr int kSchedBar = 1;                          // + consumer index
-constexpr int kQBar = 3;                              // + consumer index
-constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;  // 10 s: far past any legitimate wait
+constexpr int kSchedBar = 1;  // + consumer index
+constexpr int kQBar = 3;      // + consumer index
 
 template <int kStages>
 struct WsSmem {
@@ -142,70 +142,6 @@ struct WsSmem {
                 "swizzle atoms must start 1024-byte aligned");
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a CTA may have");
 };
-
-template <int kRegs>
-__device__ __forceinline__ void SetMaxNRegDec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void SetMaxNRegInc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-__device__ __forceinline__ void NamedBarSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedBarArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Release semantics (the default): this thread's earlier memory operations are visible to a
-// thread whose wait observes the phase this arrival completes.
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-// Waits until the phase of `bar` with parity `parity` has completed (acquire). Bounded by the
-// protocol (file header). A wait past kWaitLimitNs means the protocol is broken:
-//   kTrap (the producer): trap, so that the launch fails with a CUDA error instead of hanging.
-//   !kTrap (the consumers): set `failed` and return; a thread with `failed` set skips its later
-//     waits and writes NaN (the caller's epilogue), so the kernel ends with a visibly wrong
-//     result (and the producer, left waiting for releases, traps). Not a trap here because a
-//     trap in the consumers' code makes ptxas give up their setmaxnreg register budget (measured
-//     with ptxas 13.0: 168 registers, spills, serialized wgmma).
-template <bool kTrap>
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, bool& failed) {
-  if (failed || MbarTryWait(bar, parity)) return;
-  const uint64_t start = GlobalTimerNs();
-  for (uint32_t polls = 1;; ++polls) {
-    if (MbarTryWait(bar, parity)) return;
-    if ((polls & 255) == 0 && GlobalTimerNs() - start > kWaitLimitNs) {
-      if constexpr (kTrap) {
-        __trap();
-      } else {
-        failed = true;
-        return;
-      }
-    }
-  }
-}
 
 template <PrefillRotation kRot, int kStages, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const Params p) {
