@@ -1,0 +1,563 @@
+// CudaModelRunner::Launch: one step, enqueued on the runner's stream. The host assembles the
+// step's metadata (rows in device order, decode chunks first; the decode tables' plan; the
+// prefill plan; the emitting rows and their sampling parameters) into one pinned section list,
+// grows the buffers it needs, uploads it in one copy, then enqueues the layers (eagerly, or as
+// a decode graph: cuda_decode_graphs.cc) and the copies back into the step's host slot, which
+// Collect (cuda_model_runner.cc) reads.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/paged_decode_attention.h"
+#include "kernels/cuda/paged_prefill_attention.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope_kv_append.h"
+#include "kernels/cuda/rope_table_cuda.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_linear.h"
+#include "kernels/cuda/swiglu.h"
+#include "services/worker/cuda/cuda_runner_state.h"
+#include "services/worker/cuda/decode_table_gather.h"
+#include "services/worker/cuda/decode_table_store.h"
+#include "services/worker/engine/sampler.h"
+
+namespace lazyattn {
+namespace {
+
+using cuda_runner_internal::bf16;
+using cuda_runner_internal::Buffer;
+using cuda_runner_internal::GraphKey;
+
+int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
+
+constexpr int kGraphBlockBucket = 64;  // table width granularity of decode graphs (1,024 tokens)
+
+// A one-token chunk whose query sees every key of its table (`keys` valid slots): the decode
+// kernel's case.
+bool IsDecodeChunk(const ForwardChunk& ch, int64_t keys) {
+  return ch.tokens.size() == 1 && !ch.block_table.empty() && ch.first_query_index == keys - 1;
+}
+
+}  // namespace
+
+absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
+                                     std::span<const int32_t> previous_step_rows) {
+  const auto entered = std::chrono::steady_clock::now();
+  const ModelConfig& c = config();
+  State& s = *state_;
+  // Each table is checked over the entries the device does not hold yet: O(new entries).
+  std::vector<DecodeTableStore::Checked> checked(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ASSIGN_OR_RETURN(checked[i], s.tables.Check(chunks[i], i, c, num_kv_blocks_));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].k_rotation_base > chunks[i].segment_delta) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward chunk ", i, ": k_rotation_base past the segment's offset"));
+    }
+  }
+  if (chunks.empty()) return absl::InvalidArgumentError("a launched step needs chunks");
+  if (s.in_flight.size() >= 2) {
+    return absl::FailedPreconditionError("two launched steps are already uncollected");
+  }
+  const bool chained = !previous_step_rows.empty();
+  const int64_t previous_greedy_rows = s.last_greedy_rows;
+  const bool previous_argmax_only = s.last_argmax_only;
+  // Only a launch that succeeds says what the next one may take its tokens from.
+  s.last_greedy_rows = -1;
+  if (chained) {
+    bool valid = previous_step_rows.size() == chunks.size() && previous_greedy_rows > 0;
+    for (size_t i = 0; valid && i < chunks.size(); ++i) {
+      valid = chunks[i].tokens.size() == 1 && previous_step_rows[i] >= 0 &&
+              previous_step_rows[i] < previous_greedy_rows;
+    }
+    if (!valid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "previous_step_rows: ", previous_step_rows.size(), " rows for ", chunks.size(),
+          " chunks of one token each, each below the emitting rows of the step before (",
+          previous_greedy_rows, ")"));
+    }
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  // The slot the uncollected step (if any) does not use.
+  const int slot_index = s.in_flight.empty() ? 0 : 1 - s.in_flight.back();
+  State::HostSlot& slot = s.slots[slot_index];
+
+  // --- Host: the step's metadata, rows in device order (decode chunks first). ---
+  std::vector<size_t> order;
+  std::vector<bool> is_decode(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    is_decode[i] = IsDecodeChunk(chunks[i], checked[i].summary.keys);
+    if (is_decode[i]) order.push_back(i);
+  }
+  const int num_decode = static_cast<int>(order.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!is_decode[i]) order.push_back(i);
+  }
+  int64_t rows = 0;
+  for (const ForwardChunk& ch : chunks) rows += static_cast<int64_t>(ch.tokens.size());
+  std::vector<int32_t> tokens, local, deltas;
+  std::vector<int64_t> slots;
+  std::vector<int64_t> chunk_row(chunks.size());
+  tokens.reserve(rows);
+  local.reserve(rows);
+  deltas.reserve(rows);
+  slots.reserve(rows);
+  bool any_delta = false;
+  int max_decode_blocks = 0;
+  for (size_t i : order) {
+    const ForwardChunk& ch = chunks[i];
+    chunk_row[i] = static_cast<int64_t>(tokens.size());
+    for (size_t t = 0; t < ch.tokens.size(); ++t) {
+      tokens.push_back(ch.tokens[t]);
+      // K at k_rotation_base + local, Q at segment_delta + local (RopeKvAppend's convention).
+      local.push_back(static_cast<int32_t>(ch.k_rotation_base + ch.local_start + t));
+      deltas.push_back(static_cast<int32_t>(ch.segment_delta - ch.k_rotation_base));
+      slots.push_back(ch.kv_slots[t]);
+    }
+    any_delta |= checked[i].summary.delta_entries > 0;
+  }
+  for (int d = 0; d < num_decode; ++d) {
+    max_decode_blocks =
+        std::max(max_decode_blocks, static_cast<int>(chunks[order[d]].block_table.size()));
+  }
+  // Decode-only steps replay a CUDA graph per (batch, table width, ...): the table width is
+  // rounded up so one graph serves kGraphBlockBucket blocks of growth (rows are zero-padded and
+  // the kernel stops at each sequence's own block count).
+  const bool decode_only = num_decode == static_cast<int>(chunks.size());
+  if (decode_only && use_graphs_) {
+    max_decode_blocks = (max_decode_blocks + kGraphBlockBucket - 1) / kGraphBlockBucket *
+                        kGraphBlockBucket;
+  }
+  // Only what the device does not hold of each decode table goes up (decode_table_store.h); the
+  // gather kernel assembles the [num_decode][max_decode_blocks] table on the device.
+  DecodeTableStore::LaunchGuard table_guard(s.tables);
+  std::vector<const ForwardChunk*> decode_chunks;
+  std::vector<int64_t> decode_from;
+  for (int d = 0; d < num_decode; ++d) {
+    decode_chunks.push_back(&chunks[order[d]]);
+    decode_from.push_back(checked[order[d]].from);
+  }
+  const DecodeTableStore::StepPlan tables = s.tables.PlanStep(decode_chunks, decode_from);
+  // Emitting rows, chunk order: their device rows, sampling parameters (penalty histories
+  // appended to one entry list) and whether their logits come back.
+  std::vector<int32_t> logit_rows;
+  std::vector<bool> row_logits;
+  std::vector<SamplingRowParams> row_params;
+  std::vector<PenaltyEntry> penalties;
+  bool argmax_only = true, any_logprob = false;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ForwardChunk& ch = chunks[i];
+    if (!ch.emit_logits) continue;
+    const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    SamplingRowParams p = ch.sampling;
+    p.penalty_begin = p.penalty_count = 0;
+    if (HasPenalties(p)) {
+      const std::vector<PenaltyEntry> e = PenaltyEntries(ch.penalty_tokens, ch.penalty_prompt_tokens);
+      p.penalty_begin = static_cast<int32_t>(penalties.size());
+      p.penalty_count = static_cast<int32_t>(e.size());
+      penalties.insert(penalties.end(), e.begin(), e.end());
+      if (chained) p.flags |= kCountInputToken;
+    }
+    argmax_only &= (!(p.temperature > 0) || p.top_k == 1) && !HasPenalties(p) &&
+                   !(p.flags & kSampleLogprob);
+    any_logprob |= (p.flags & kSampleLogprob) != 0;
+    for (int64_t t = ch.logits_for_all_tokens ? 0 : n - 1; t < n; ++t) {
+      logit_rows.push_back(static_cast<int32_t>(chunk_row[i] + t));
+      row_logits.push_back(ch.return_logits);
+      row_params.push_back(p);
+    }
+  }
+  const int64_t out_rows = static_cast<int64_t>(logit_rows.size());
+  const int64_t logits_rows = std::count(row_logits.begin(), row_logits.end(), true);
+
+  PagedPrefillPlan plan;
+  const int num_prefill = static_cast<int>(chunks.size()) - num_decode;
+  if (num_prefill > 0) {
+    std::vector<PagedPrefillSequence> seqs;
+    for (size_t k = num_decode; k < order.size(); ++k) {
+      const ForwardChunk& ch = chunks[order[k]];
+      seqs.push_back({.num_queries = static_cast<int>(ch.tokens.size()),
+                      .first_query_index = ch.first_query_index,
+                      .block_table = ch.block_table.data(),
+                      .num_blocks = static_cast<int>(ch.block_table.size())});
+    }
+    RETURN_IF_ERROR(plan.Build({.num_heads = c.num_heads,
+                                .num_kv_heads = c.num_kv_heads,
+                                .head_dim = c.head_dim,
+                                .num_pool_blocks = num_kv_blocks_},
+                               seqs.data(), num_prefill,
+                               {.sm_count = s.sm_count,
+                                .rope_max_positions = c.max_positions,
+                                .ctas_per_sm = PrefillCtasPerSm(
+                                    prefill_kernel_, c.head_dim,
+                                    any_delta ? PrefillRotation::kRotateQ
+                                              : PrefillRotation::kNone)}));
+  }
+
+  // Where each row's input token comes from in the step before (pipelined decode), device order.
+  // (Always `rows` long, so the sections after it keep their offsets in a replayed graph.)
+  std::vector<int32_t> token_source_rows(rows, 0);
+  if (chained) {
+    for (size_t k = 0; k < order.size(); ++k) token_source_rows[k] = previous_step_rows[order[k]];
+  }
+
+  // One metadata buffer, one upload.
+  struct Section {
+    const void* src;
+    int64_t bytes;
+    int64_t offset = 0;
+  };
+  Section sec[] = {{tokens.data(), rows * 4},
+                   {local.data(), rows * 4},
+                   {deltas.data(), rows * 4},
+                   {slots.data(), rows * 8},
+                   {logit_rows.data(), out_rows * 4},
+                   {tables.rows.data(),
+                    static_cast<int64_t>(tables.rows.size() * sizeof(DecodeTableRow))},
+                   {tables.num_blocks.data(), int64_t{num_decode} * 4},
+                   {plan.metadata(), num_prefill > 0 ? plan.metadata_bytes() : 0},
+                   {token_source_rows.data(), static_cast<int64_t>(token_source_rows.size()) * 4},
+                   {row_params.data(), out_rows * static_cast<int64_t>(sizeof(SamplingRowParams))},
+                   {penalties.data(),
+                    static_cast<int64_t>(penalties.size() * sizeof(PenaltyEntry))},
+                   // Last: its size changes from step to step, and a replayed graph needs the
+                   // sections it reads at the offsets it was captured with.
+                   {tables.patch.data(),
+                    static_cast<int64_t>(tables.patch.size() * sizeof(KvBlockEntry))}};
+  int64_t meta_bytes = 0;
+  for (Section& x : sec) {
+    x.offset = meta_bytes;
+    meta_bytes += Align16(x.bytes);
+  }
+
+  // --- Buffers (grown only while no launched step can still use them: see `grows`). ---
+  const int64_t H = c.hidden_size, Q = c.q_size(), KV = c.kv_size(), I = c.intermediate_size;
+  const int64_t V = c.vocab_size, qkv_width = Q + 2 * KV;
+  const int64_t generation_before = Buffer::generation();
+  const int64_t dense_table_bytes = int64_t{num_decode} * max_decode_blocks * 8;
+  const bool grows = rows > s.row_capacity || out_rows > s.logit_row_capacity ||
+                     meta_bytes > s.metadata.bytes() || tables.store_grew ||
+                     dense_table_bytes > s.decode_tables.bytes() ||
+                     (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
+  if (grows && !s.in_flight.empty()) RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
+  if (rows > s.row_capacity) {
+    const int64_t cap = std::max<int64_t>(rows, 256);
+    for (auto [buf, width] : {std::pair{&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
+                              {&s.attn, Q}, {&s.gate_up, 2 * I}, {&s.act, I}}) {
+      RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
+    }
+    RETURN_IF_ERROR(s.x.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(s.delta.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
+    s.row_capacity = cap;
+  }
+  if (out_rows > s.logit_row_capacity) {
+    const int64_t cap = std::max<int64_t>(out_rows, 64);
+    RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
+    RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
+    RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
+    RETURN_IF_ERROR(s.ids.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+    RETURN_IF_ERROR(s.logprobs.Reserve(cap * static_cast<int64_t>(sizeof(float))));
+    s.logit_row_capacity = cap;
+  }
+  RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  RETURN_IF_ERROR(s.table_store.Reserve(s.tables.store_entries() * 8));
+  RETURN_IF_ERROR(s.decode_tables.Reserve(dense_table_bytes));
+  if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
+  if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
+  // This slot's pinned buffers: no uncollected step uses them.
+  RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+  RETURN_IF_ERROR(slot.logits.Reserve(std::max<int64_t>(logits_rows, 1) * V *
+                                      static_cast<int64_t>(sizeof(float))));
+  RETURN_IF_ERROR(slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) *
+                                       static_cast<int64_t>(sizeof(uint64_t))));
+  RETURN_IF_ERROR(slot.ids.Reserve(std::max<int64_t>(out_rows, 1) * 4));
+  RETURN_IF_ERROR(slot.logprobs.Reserve(std::max<int64_t>(out_rows, 1) * 4));
+  for (const Section& x : sec) {
+    if (x.bytes > 0) std::memcpy(slot.metadata.as<char>(x.offset), x.src, x.bytes);
+  }
+
+  cudaStream_t st = s.stream;
+  // Everything from the embedding to the greedy ids: the part a CUDA graph replays.
+  auto enqueue_compute = [&]() -> absl::Status {
+    const auto* d_tokens = s.metadata.as<int32_t>(sec[0].offset);
+    const auto* d_local = s.metadata.as<int32_t>(sec[1].offset);
+    const auto* d_deltas = s.metadata.as<int32_t>(sec[2].offset);
+    const auto* d_slots = s.metadata.as<int64_t>(sec[3].offset);
+    const auto* d_logit_rows = s.metadata.as<int32_t>(sec[4].offset);
+    const auto* d_tables = s.decode_tables.as<KvBlockEntry>();
+    const auto* d_num_blocks = s.metadata.as<int32_t>(sec[6].offset);
+    const void* d_plan = s.metadata.as<void>(sec[7].offset);
+    float* x = s.x.as<float>();  // the residual stream stays fp32
+    bf16 *h = s.h.as<bf16>(), *qkv = s.qkv.as<bf16>(),
+         *q_rot = s.q_rot.as<bf16>(), *attn = s.attn.as<bf16>(), *gu = s.gate_up.as<bf16>(),
+         *act = s.act.as<bf16>();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    CublasLtGemm& gemm = *s.gemm;
+    // The layer products of this step: cuBLASLt (or the one-row kernel behind it), or the wgmma
+    // few-row kernel where it is on and supports the product.
+    const bool wgmma = rows >= 2 && rows <= wgmma_max_rows_;
+    auto linear = [&](const bf16* in_x, const bf16* w, const bf16* w_packed, int64_t in,
+                      int64_t out, void* y, GemmOutputType type, bool accumulate,
+                      SkinnyWgmmaConfig cut) -> absl::Status {
+      if (wgmma && SkinnyWgmmaLinearSupports(rows, in, out, in_x, w, y)) {
+        return SkinnyWgmmaLinearCuda(in_x, w, rows, in, out, y, type, accumulate,
+                                     *s.wgmma_workspace, st, cut, w_packed);
+      }
+      return gemm.Linear(in_x, w, rows, in, out, y, type, accumulate, st);
+    };
+    auto linear_swiglu = [&](const bf16* in_x, const bf16* w,
+                             const bf16* w_packed) -> absl::Status {
+      if (wgmma && SkinnyWgmmaLinearSupports(rows, H, 2 * I, in_x, w, act)) {
+        return SkinnyWgmmaLinearSwiGluCuda(in_x, w, rows, H, I, act, *s.wgmma_workspace, st,
+                                           wgmma_cuts_.gate_up.splits, w_packed);
+      }
+      return gemm.LinearSwiGlu(in_x, w, rows, H, I, gu, act, st);
+    };
+
+    RETURN_IF_ERROR(EmbeddingGatherToF32Cuda(weights_->token_embedding(), V, H, d_tokens,
+                                             static_cast<int>(rows), x, st));
+    float* delta = s.delta.as<float>();
+    const int dim = static_cast<int>(H);
+    const float eps = c.rms_norm_eps;
+    // One row: the norms run inside the skinny kernels that read them, and the projections
+    // that end a residual branch add into x directly (the same fp32 sums as through delta).
+    const bool fused = rows == 1 && fused_norms_ &&
+                       SkinnyRmsNormLinearSupports(H, qkv_width, x, weights_->layer(0).wqkv) &&
+                       SkinnyRmsNormLinearSupports(H, 2 * I, x, weights_->layer(0).w_gate_up);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const CudaLayerWeights& L = weights_->layer(l);
+      const State::PackedLayer P = s.packed.empty() ? State::PackedLayer{} : s.packed[l];
+      bf16* k_pool = s.k_pool.as<bf16>() + l * s.layer_stride;
+      bf16* v_pool = s.v_pool.as<bf16>() + l * s.layer_stride;
+      const RopeKvAppendArgs rope_kv{.q = qkv,
+                                     .q_row_stride = qkv_width,
+                                     .k = qkv + Q,
+                                     .k_row_stride = qkv_width,
+                                     .v = qkv + Q + KV,
+                                     .v_row_stride = qkv_width,
+                                     .num_tokens = static_cast<int>(rows),
+                                     .num_heads = c.num_heads,
+                                     .num_kv_heads = c.num_kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .local_positions = d_local,
+                                     .deltas = d_deltas,
+                                     .slots = d_slots,
+                                     .rope = s.rope->view(),
+                                     .q_out = q_rot,
+                                     .k_pool = k_pool,
+                                     .v_pool = v_pool};
+      // At 2-64 rows with head_dim 128, RoPE and the K/V append can run in the QKV product.
+      const bool fused_rope = wgmma && fused_qkv_rope_ &&
+                              SkinnyWgmmaQkvRopeSupports(rows, H, rope_kv, h, L.wqkv);
+      if (fused) {
+        RETURN_IF_ERROR(SkinnyRmsNormLinearCuda(x, L.attn_norm, eps, L.wqkv, H, qkv_width, qkv,
+                                                GemmOutputType::kBf16, /*accumulate=*/false, st));
+      } else {
+        // x += the previous layer's down projection (none before layer 0), then the norm.
+        RETURN_IF_ERROR(
+            l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
+                   : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
+        if (!fused_rope) {
+          RETURN_IF_ERROR(
+              linear(h, L.wqkv, P.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16,
+                     /*accumulate=*/false, wgmma_cuts_.qkv));
+        }
+      }
+      if (fused_rope) {
+        RETURN_IF_ERROR(SkinnyWgmmaLinearQkvRopeCuda(h, L.wqkv, rows, H, rope_kv,
+                                                     *s.wgmma_workspace, st,
+                                                     {.splits = wgmma_cuts_.qkv.splits},
+                                                     P.wqkv));
+        ++s.fused_qkv_rope_launches;
+      } else {
+        RETURN_IF_ERROR(RopeKvAppend(rope_kv, st));
+      }
+      if (num_decode > 0) {
+        RETURN_IF_ERROR(PagedDecodeAttention({.q = q_rot,
+                                              .k_pool = k_pool,
+                                              .v_pool = v_pool,
+                                              .block_tables = d_tables,
+                                              .num_blocks = d_num_blocks,
+                                              .batch = num_decode,
+                                              .num_heads = c.num_heads,
+                                              .num_kv_heads = c.num_kv_heads,
+                                              .head_dim = c.head_dim,
+                                              .max_blocks_per_seq = max_decode_blocks,
+                                              .scale = scale,
+                                              .rotate = any_delta,
+                                              .rope = s.rope->view(),
+                                              .out = attn,
+                                              .out_type = DecodeOutputType::kBf16,
+                                              // A decode token's K/V goes to its own last block.
+                                              .early_kv_loads = decode_only && early_kv_loads_},
+                                             *s.decode_workspace, st));
+      }
+      if (num_prefill > 0) {
+        RETURN_IF_ERROR(PagedPrefillAttention(
+            plan,
+            {.q = q_rot + int64_t{num_decode} * Q,
+             .k_pool = k_pool,
+             .v_pool = v_pool,
+             .rope_cos = s.rope->view().cos,
+             .rope_sin = s.rope->view().sin,
+             .scale = scale,
+             .out = attn + int64_t{num_decode} * Q,
+             .device_metadata = d_plan,
+             .workspace = s.prefill_workspace.as<void>(),
+             .kernel = prefill_kernel_},
+            any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
+      }
+      if (fused) {
+        RETURN_IF_ERROR(gemm.Linear(attn, L.wo, rows, Q, H, x, GemmOutputType::kFp32,
+                                    /*accumulate=*/true, st));
+        RETURN_IF_ERROR(
+            SkinnyRmsNormLinearSwiGluCuda(x, L.ffn_norm, eps, L.w_gate_up, H, I, act, st));
+        RETURN_IF_ERROR(gemm.Linear(act, L.w_down, rows, I, H, x, GemmOutputType::kFp32,
+                                    /*accumulate=*/true, st));
+        continue;
+      }
+      RETURN_IF_ERROR(
+          linear(attn, L.wo, P.wo, Q, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
+                 wgmma_cuts_.o));
+      RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, eps, h, st));
+      RETURN_IF_ERROR(linear_swiglu(h, L.w_gate_up, P.w_gate_up));
+      RETURN_IF_ERROR(
+          linear(act, L.w_down, P.w_down, I, H, delta, GemmOutputType::kFp32,
+                 /*accumulate=*/false, wgmma_cuts_.down));
+    }
+    if (out_rows > 0) {
+      // The last residual step and the final norm over every row (one launch, cheap next to
+      // the step), then the rows that sample, gathered like embedding rows, into the LM head.
+      bf16* last = s.last_hidden.as<bf16>();
+      RETURN_IF_ERROR(
+          fused ? RmsNormF32ToBf16Cuda(x, weights_->output_norm(), rows, dim, eps, h, st)
+                : AddRmsNormF32ToBf16Cuda(x, delta, weights_->output_norm(), rows, dim, eps, h,
+                                          st));
+      // A lone row is its own logit row: no gather.
+      if (rows == 1) {
+        last = h;
+      } else {
+        RETURN_IF_ERROR(
+            EmbeddingGatherCuda(h, rows, H, d_logit_rows, static_cast<int>(out_rows), last, st));
+      }
+      RETURN_IF_ERROR(gemm.Linear(last, weights_->lm_head(), out_rows, H, V, s.logits.as<float>(),
+                                  GemmOutputType::kFp32, /*accumulate=*/false, st));
+      if (argmax_only) {  // all greedy: the argmax spread over the whole card
+        RETURN_IF_ERROR(GreedyArgmaxCuda(s.logits.as<float>(), V, static_cast<int>(out_rows),
+                                         static_cast<int>(V), s.sampled.as<uint64_t>(), st));
+      } else {
+        RETURN_IF_ERROR(SampleRowsCuda(
+            {.logits = s.logits.as<float>(),
+             .row_stride = V,
+             .rows = static_cast<int>(out_rows),
+             .vocab = static_cast<int>(V),
+             .params = s.metadata.as<SamplingRowParams>(sec[9].offset),
+             .penalties = s.metadata.as<PenaltyEntry>(sec[10].offset),
+             .input_tokens = d_tokens,
+             .input_token_rows = d_logit_rows,
+             .out_ids = s.ids.as<int32_t>(),
+             .out_logprobs = s.logprobs.as<float>()},
+            st));
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  const auto prepared = std::chrono::steady_clock::now();
+  auto enqueued = entered;
+  slot.profiled = s.profiling;
+  absl::Status status = [&]() -> absl::Status {
+    if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.start, st));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), slot.metadata.as<void>(),
+                                         meta_bytes, cudaMemcpyHostToDevice, st));
+    // Outside any graph: the patch's size and place change every step.
+    RETURN_IF_ERROR(GatherDecodeTablesCuda(
+        s.metadata.as<DecodeTableRow>(sec[5].offset), num_decode,
+        s.metadata.as<KvBlockEntry>(sec[11].offset), s.table_store.as<KvBlockEntry>(),
+        s.tables.capacity(), s.decode_tables.as<KvBlockEntry>(), max_decode_blocks, st));
+    if (chained) {
+      // The previous step's ids are still on the device (stream order): those of the rows
+      // named become this step's tokens, over the placeholders just uploaded.
+      if (previous_argmax_only) {
+        RETURN_IF_ERROR(GreedyIdsToTokensCuda(s.sampled.as<uint64_t>(),
+                                              s.metadata.as<int32_t>(sec[8].offset),
+                                              static_cast<int>(rows),
+                                              s.metadata.as<int32_t>(sec[0].offset), st));
+      } else {
+        RETURN_IF_ERROR(SampledIdsToTokensCuda(s.ids.as<int32_t>(),
+                                               s.metadata.as<int32_t>(sec[8].offset),
+                                               static_cast<int>(rows),
+                                               s.metadata.as<int32_t>(sec[0].offset), st));
+      }
+    }
+    if (decode_only && use_graphs_) {
+      const GraphKey key{num_decode, max_decode_blocks, any_delta,
+                         out_rows == 0 ? 0 : (argmax_only ? 1 : 2)};
+      RETURN_IF_ERROR(s.RunGraph(key, enqueue_compute));
+    } else {
+      RETURN_IF_ERROR(enqueue_compute());
+    }
+    if (slot.profiled) RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.end, st));
+    enqueued = std::chrono::steady_clock::now();
+    if (out_rows > 0) {
+      if (argmax_only) {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.sampled.as<void>(), s.sampled.as<void>(),
+                                             out_rows * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                             st));
+      } else {
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.ids.as<void>(), s.ids.as<void>(),
+                                             out_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                             st));
+        if (any_logprob) {
+          RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logprobs.as<void>(), s.logprobs.as<void>(),
+                                               out_rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                               st));
+        }
+      }
+      // Whole rows only where they were asked for, packed in order.
+      int64_t packed = 0;
+      for (int64_t r = 0; r < out_rows; ++r) {
+        if (!row_logits[r]) continue;
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<float>() + packed * V,
+                                             s.logits.as<float>() + r * V, V * sizeof(float),
+                                             cudaMemcpyDeviceToHost, st));
+        ++packed;
+      }
+    }
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.copied, st));
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    // Leave no launch reading buffers that may be regrown; an uncollected step before this one
+    // stays collectable (its results are in its own slot).
+    cudaStreamSynchronize(s.stream);
+    s.last_greedy_rows = -1;
+    return status;
+  }
+  using Ms = std::chrono::duration<double, std::milli>;
+  slot.row_logits = std::move(row_logits);
+  slot.argmax_only = argmax_only;
+  slot.any_logprob = any_logprob;
+  slot.entered = entered;
+  slot.prep_ms = Ms(prepared - entered).count();
+  slot.enqueue_ms = Ms(enqueued - entered).count();
+  bool one_row_each = out_rows == static_cast<int64_t>(chunks.size());
+  for (const ForwardChunk& ch : chunks) one_row_each &= !ch.logits_for_all_tokens;
+  s.last_greedy_rows = one_row_each ? out_rows : -1;
+  s.last_argmax_only = argmax_only;
+  s.in_flight.push_back(slot_index);
+  s.chained_launches += chained;
+  table_guard.Launched();
+  return absl::OkStatus();
+}
+
+}  // namespace lazyattn
