@@ -4,10 +4,12 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/quant_int8.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/quant_linear.h"
 
@@ -27,26 +29,75 @@ constexpr int64_t kTileRows = 512;
 // Output features per thread of the GEMM path, at least: narrower slices lose OpenBLAS efficiency.
 constexpr int64_t kGemmGrain = 32;
 
+std::atomic<CpuActivations> g_activations{CpuActivations::kInt8};
+
+// The fp32-activation kernels exist in portable and AVX2 forms; the AVX-512 levels include AVX2.
 void DotRows(CpuIsa isa, const DotArgs& a) {
-  if (isa == CpuIsa::kAvx2) {
+  if (isa >= CpuIsa::kAvx2) {
     quant_internal::DotRowsAvx2(a);
   } else {
     quant_internal::DotRowsPortable(a);
   }
 }
 
+void DotRowsInt8(CpuIsa isa, const quant_internal::Int8DotArgs& a) {
+  switch (isa) {
+    case CpuIsa::kAvx512Vnni:
+      return quant_internal::DotRowsInt8Avx512Vnni(a);
+    case CpuIsa::kAvx512Bw:
+      return quant_internal::DotRowsInt8Avx512Bw(a);
+    case CpuIsa::kAvx2:
+      return quant_internal::DotRowsInt8Avx2(a);
+    default:
+      return quant_internal::DotRowsInt8Portable(a);
+  }
+}
+
 CpuIsa Resolve(CpuIsa isa) { return isa == CpuIsa::kAuto ? CpuKernelIsa() : isa; }
 
+// Quantized activation rows, reused across products on the calling thread (a decode step runs a
+// few hundred products; the pool's threads only read them while the caller waits).
+struct Q8Rows {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  std::vector<int32_t> qsum;
+  void Resize(int64_t rows, int64_t blocks) {
+    qs.resize(rows * blocks * kBlock);
+    d.resize(rows * blocks);
+    s.resize(rows * blocks);
+    qsum.resize(rows * blocks);
+  }
+  quant_internal::Q8Row Row(int64_t r, int64_t blocks) {
+    return {qs.data() + r * blocks * kBlock, d.data() + r * blocks, s.data() + r * blocks,
+            qsum.data() + r * blocks};
+  }
+};
+
 void FusedDots(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
-               bool accumulate, CpuIsa isa) {
+               bool accumulate, CpuIsa isa, CpuActivations activations) {
   const size_t row_bytes = WeightTypeRowBytes(w.type, w.cols);
-  // Per activation row, its sum over each block (Q4_0 / Q4_1 fold their offset into it).
+  const int64_t blocks = w.cols / kBlock;
+  // int8 rows: quantized per block; a row the quantizer refuses (inf, NaN, a scale past fp16)
+  // stays fp32.
+  // A named reference: inside the pool's lambdas a thread_local's name would mean the pool
+  // thread's own (empty) copy.
+  thread_local Q8Rows q8_storage;
+  Q8Rows& q8 = q8_storage;
+  std::vector<char> int8_row(rows, 0);
+  if (activations == CpuActivations::kInt8 && quant_internal::HasInt8Dot(w.type)) {
+    q8.Resize(rows, blocks);
+    for (int64_t r = 0; r < rows; ++r) {
+      int8_row[r] = quant_internal::QuantizeRowQ8(x + r * w.cols, blocks,
+                                                  w.type == WeightType::kQ4_1, q8.Row(r, blocks));
+    }
+  }
+  // fp32 rows: their sum over each block (Q4_0 / Q4_1 fold their offset into it).
   std::vector<float> sums;
   const bool needs_sums = w.type == WeightType::kQ4_0 || w.type == WeightType::kQ4_1;
-  const int64_t blocks = w.cols / kBlock;
   if (needs_sums) {
     sums.resize(rows * blocks);
     for (int64_t r = 0; r < rows; ++r) {
+      if (int8_row[r]) continue;
       for (int64_t b = 0; b < blocks; ++b) {
         const float* xb = x + r * w.cols + b * kBlock;
         float s = 0;
@@ -60,6 +111,21 @@ void FusedDots(const float* x, int64_t rows, const QuantMatrixView& w, float* y,
   CpuParallelFor(w.rows, grain, [&](int64_t begin, int64_t end) {
     // Each weight row range is read from memory once; the rows of x reuse it from cache.
     for (int64_t r = 0; r < rows; ++r) {
+      if (int8_row[r]) {
+        const quant_internal::Q8Row xr = q8.Row(r, blocks);
+        DotRowsInt8(isa, {.type = w.type,
+                          .w = w.data + begin * row_bytes,
+                          .row_bytes = row_bytes,
+                          .n = end - begin,
+                          .blocks = blocks,
+                          .xq = xr.qs,
+                          .xd = xr.d,
+                          .xs = xr.s,
+                          .xqsum = xr.qsum,
+                          .y = y + r * ldy + begin,
+                          .accumulate = accumulate});
+        continue;
+      }
       DotRows(isa, {.type = w.type,
                     .w = w.data + begin * row_bytes,
                     .row_bytes = row_bytes,
@@ -152,8 +218,44 @@ std::string_view CpuIsaName(CpuIsa isa) {
       return "portable";
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvx512Bw:
+      return "avx512bw";
+    case CpuIsa::kAvx512Vnni:
+      return "avx512vnni";
   }
   return "?";
+}
+
+std::string_view CpuActivationsName(CpuActivations a) {
+  switch (a) {
+    case CpuActivations::kConfigured:
+      return "configured";
+    case CpuActivations::kInt8:
+      return "int8";
+    case CpuActivations::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+bool ParseCpuActivations(std::string_view name, CpuActivations* out) {
+  if (name == "int8") {
+    *out = CpuActivations::kInt8;
+  } else if (name == "fp32") {
+    *out = CpuActivations::kFp32;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void SetCpuActivations(CpuActivations a) {
+  g_activations.store(a == CpuActivations::kConfigured ? CpuActivations::kInt8 : a,
+                      std::memory_order_relaxed);
+}
+
+CpuActivations ConfiguredCpuActivations() {
+  return g_activations.load(std::memory_order_relaxed);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -177,12 +279,31 @@ bool CpuSupportsIsa(CpuIsa isa) {
 #else
       return false;
 #endif
+    case CpuIsa::kAvx512Bw:
+#if defined(__x86_64__) || defined(__i386__)
+      // The runtime checks include the OS's saving of the AVX-512 state (XCR0).
+      return CpuSupportsIsa(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw");
+#else
+      return false;
+#endif
+    case CpuIsa::kAvx512Vnni:
+#if defined(__x86_64__) || defined(__i386__)
+      return CpuSupportsIsa(CpuIsa::kAvx512Bw) && __builtin_cpu_supports("avx512vnni");
+#else
+      return false;
+#endif
   }
   return false;
 }
 
 CpuIsa CpuKernelIsa() {
-  static const CpuIsa isa = CpuSupportsIsa(CpuIsa::kAvx2) ? CpuIsa::kAvx2 : CpuIsa::kPortable;
+  static const CpuIsa isa = [] {
+    for (const CpuIsa best : {CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bw, CpuIsa::kAvx2}) {
+      if (CpuSupportsIsa(best)) return best;
+    }
+    return CpuIsa::kPortable;
+  }();
   return isa;
 }
 
@@ -190,7 +311,7 @@ void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float
   const size_t row_bytes = WeightTypeRowBytes(w.type, w.cols);
   const uint8_t* src = w.data + first * row_bytes;
   const int64_t count = n * w.cols;
-  if (Resolve(isa) == CpuIsa::kAvx2 && quant_internal::DequantizeAvx2(w.type, src, count, dst)) {
+  if (Resolve(isa) >= CpuIsa::kAvx2 && quant_internal::DequantizeAvx2(w.type, src, count, dst)) {
     return;
   }
   auto half = [](const uint8_t* p) {
@@ -247,10 +368,11 @@ void DequantizeRowsCpu(const QuantMatrixView& w, int64_t first, int64_t n, float
 }
 
 void QuantLinearCpu(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
-                    bool accumulate, CpuIsa isa) {
+                    bool accumulate, CpuIsa isa, CpuActivations activations) {
   if (rows <= 0 || w.rows <= 0) return;
   if (rows <= kQuantLinearDotMaxRows) {
-    FusedDots(x, rows, w, y, ldy, accumulate, Resolve(isa));
+    if (activations == CpuActivations::kConfigured) activations = ConfiguredCpuActivations();
+    FusedDots(x, rows, w, y, ldy, accumulate, Resolve(isa), activations);
   } else {
     TiledGemm(x, rows, w, y, ldy, accumulate);
   }

@@ -110,8 +110,8 @@ Matrix Random(WeightType type, int64_t rows, int64_t cols, std::mt19937& rng) {
 
 class QuantLinearTest : public ::testing::TestWithParam<WeightType> {};
 
-// Every type, both paths (few rows: fused dots; many: dequantized tiles and OpenBLAS), every
-// kernel variant this CPU runs, odd sizes, with and without accumulation, against a double
+// Every type, both paths (few rows: fused dots with fp32 activations; many: dequantized tiles
+// and OpenBLAS), every kernel variant this CPU runs, odd sizes, with and without accumulation, against a double
 // reference computed from the values the test itself encoded.
 TEST_P(QuantLinearTest, MatchesScalarReference) {
   const WeightType type = GetParam();
@@ -136,7 +136,8 @@ TEST_P(QuantLinearTest, MatchesScalarReference) {
                          << WeightTypeName(type) << " isa " << CpuIsaName(isa) << " rows " << rows
                          << " out " << out << " cols " << cols << " acc " << accumulate);
             std::vector<float> y = init;
-            QuantLinearCpu(x.data(), rows, w.view(), y.data(), ldy, accumulate, isa);
+            QuantLinearCpu(x.data(), rows, w.view(), y.data(), ldy, accumulate, isa,
+                           CpuActivations::kFp32);
             for (int64_t r = 0; r < rows; ++r) {
               for (int64_t j = 0; j < ldy; ++j) {
                 if (j >= out) {  // the padding past the matrix's outputs is untouched
@@ -184,12 +185,121 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, QuantLinearTest,
                                            WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1),
                          [](const auto& info) { return std::string(WeightTypeName(info.param)); });
 
+// The int8-activation products (the default) against the fp32-activation path of the same
+// variant. Per activation value the quantization error is at most
+//   e = amax * (1/254 + 2^-11) * 1.001
+// (amax: the largest |x| of its block; half a step of d = amax / 127, plus the fp16 rounding of d
+// times |q| <= 127, plus slack for the fp32 x * (1 / d)). So a block moves an output by at most
+//   e * sum_j |w_j|                 (Q8_0, Q4_0: the products of the reconstructed x)
+//   e * (sum_j |d q_j| + 32 |m|)    (Q4_1: m multiplies s = fp16(d sum q) ~ sum x, whose error
+//                                    is 32 e at most, its fp16 rounding included in the 2^-11)
+// plus the fp32 rounding both paths have (1e-5 of sum |w x|, as the test above).
+TEST_P(QuantLinearTest, Int8ActivationsStayWithinTheQuantizationBound) {
+  const WeightType type = GetParam();
+  std::mt19937 rng(17);
+  std::vector<CpuIsa> isas = {CpuIsa::kPortable};
+  for (const CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Bw, CpuIsa::kAvx512Vnni}) {
+    if (CpuSupportsIsa(isa)) isas.push_back(isa);
+  }
+  const int64_t cols = WeightTypeBlockValues(type) > 1 ? 576 : 37;
+  for (const int64_t rows : {1, 3, 8, 9}) {
+    const Matrix w = Random(type, 67, cols, rng);
+    std::normal_distribution<float> normal(0, 1);
+    std::vector<float> x(rows * cols);
+    for (float& f : x) f = normal(rng) * (rng() % 4 == 0 ? 20.0f : 1.0f);
+    if (rows == 3) x[cols + 5] = std::nanf("");  // that row keeps fp32: NaN in, NaN out
+    for (const CpuIsa isa : isas) {
+      SCOPED_TRACE(::testing::Message()
+                   << WeightTypeName(type) << " isa " << CpuIsaName(isa) << " rows " << rows);
+      std::vector<float> y8(rows * 67), y32(rows * 67);
+      QuantLinearCpu(x.data(), rows, w.view(), y8.data(), 67, false, isa, CpuActivations::kInt8);
+      QuantLinearCpu(x.data(), rows, w.view(), y32.data(), 67, false, isa, CpuActivations::kFp32);
+      for (int64_t r = 0; r < rows; ++r) {
+        int differing = 0;
+        for (int64_t j = 0; j < 67; ++j) {
+          const float a = y8[r * 67 + j], b = y32[r * 67 + j];
+          // fp32 activations where the int8 product does not apply: float weights, the many-row
+          // path, and a row holding a NaN.
+          if (type == WeightType::kF32 || type == WeightType::kF16 || type == WeightType::kBF16 ||
+              rows > kQuantLinearDotMaxRows || (rows == 3 && r == 1)) {
+            ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << r << "," << j;
+            continue;
+          }
+          double bound = 0, mag = 0;
+          for (int64_t blk = 0; blk < cols / 32; ++blk) {
+            double amax = 0, wabs = 0;
+            for (int i = 0; i < 32; ++i) {
+              const int64_t k = blk * 32 + i;
+              amax = std::max(amax, std::abs(double{x[r * cols + k]}));
+              wabs += std::abs(w.values[j * cols + k]);
+              mag += std::abs(w.values[j * cols + k] * x[r * cols + k]);
+            }
+            if (type == WeightType::kQ4_1) {  // sum |d q| <= sum |w| + 32 |m|, so 64 |m| in all
+              uint16_t mh;
+              std::memcpy(&mh, &w.bytes[j * (cols / 32) * 20 + blk * 20 + 2], 2);
+              wabs += 64 * std::abs(FromHalf(mh));
+            }
+            bound += amax * (1.0 / 254 + std::ldexp(1.0, -11)) * 1.001 * wabs;
+          }
+          ASSERT_NEAR(a, b, bound + 1e-5 * mag + 1e-6) << r << "," << j;
+          differing += a != b;
+        }
+        // The int8 product did run: quantization moves (nearly) every output.
+        const bool int8_row = WeightTypeBlockValues(type) > 1 && rows <= kQuantLinearDotMaxRows &&
+                              !(rows == 3 && r == 1);
+        if (int8_row) {
+          EXPECT_GT(differing, 60) << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantLinearIsaTest, AutoIsTheBestSupported) {
   EXPECT_TRUE(CpuSupportsIsa(CpuKernelIsa()));
   EXPECT_NE(CpuKernelIsa(), CpuIsa::kAuto);
-  if (CpuSupportsIsa(CpuIsa::kAvx2)) {
-    EXPECT_EQ(CpuKernelIsa(), CpuIsa::kAvx2);
+  // Each level includes the one before it, and auto picks the highest.
+  CpuIsa best = CpuIsa::kPortable;
+  for (const CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Bw, CpuIsa::kAvx512Vnni}) {
+    if (!CpuSupportsIsa(isa)) break;
+    best = isa;
   }
+  EXPECT_EQ(CpuKernelIsa(), best);
+  if (CpuSupportsIsa(CpuIsa::kAvx512Vnni)) {
+    EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kAvx512Bw));
+  }
+  if (CpuSupportsIsa(CpuIsa::kAvx512Bw)) {
+    EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kAvx2));
+  }
+}
+
+TEST(QuantLinearIsaTest, ActivationsSettingParsesAndDefaultsToInt8) {
+  EXPECT_EQ(ConfiguredCpuActivations(), CpuActivations::kInt8);
+  CpuActivations a = CpuActivations::kConfigured;
+  ASSERT_TRUE(ParseCpuActivations("fp32", &a));
+  EXPECT_EQ(a, CpuActivations::kFp32);
+  ASSERT_TRUE(ParseCpuActivations("int8", &a));
+  EXPECT_EQ(a, CpuActivations::kInt8);
+  for (const char* bad : {"", "INT8", "fp16", "configured", "int8 "}) {
+    EXPECT_FALSE(ParseCpuActivations(bad, &a)) << bad;
+  }
+  // The process setting is what kConfigured products use.
+  std::mt19937 rng(2);
+  const Matrix w = Random(WeightType::kQ4_1, 40, 64, rng);
+  std::vector<float> x(64);
+  for (float& f : x) f = static_cast<float>(rng() % 1000) / 250 - 2;
+  std::vector<float> y(40), y8(40), y32(40);
+  QuantLinearCpu(x.data(), 1, w.view(), y8.data(), 40, false, CpuIsa::kAuto, CpuActivations::kInt8);
+  QuantLinearCpu(x.data(), 1, w.view(), y32.data(), 40, false, CpuIsa::kAuto, CpuActivations::kFp32);
+  SetCpuActivations(CpuActivations::kFp32);
+  EXPECT_EQ(ConfiguredCpuActivations(), CpuActivations::kFp32);
+  QuantLinearCpu(x.data(), 1, w.view(), y.data(), 40);
+  EXPECT_EQ(y, y32);
+  SetCpuActivations(CpuActivations::kConfigured);
+  EXPECT_EQ(ConfiguredCpuActivations(), CpuActivations::kInt8);
+  QuantLinearCpu(x.data(), 1, w.view(), y.data(), 40);
+  EXPECT_EQ(y, y8);
+  EXPECT_NE(y8, y32);
 }
 
 TEST(CpuThreadsTest, EveryIndexRunsOnceForAnyThreadCount) {

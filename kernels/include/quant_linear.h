@@ -7,12 +7,24 @@
 // Q4_0: fp16 d + 16 bytes; byte j holds value j (low nibble) and j + 16 (high); x = d (q - 8).
 // Q4_1: fp16 d, fp16 m + 16 bytes as Q4_0; x = d q + m.
 //
-// Numerics: activations stay fp32 and every product accumulates in fp32; a block's values are
-// summed as d * sum(q x) (+ m * sum(x)), which differs from multiplying dequantized weights only in
-// rounding (the golden tests' 1e-3 logit tolerance holds with room to spare).
+// Numerics of the fused dot products (few rows, decode), per CpuActivations:
+// - kInt8 (the default, engine.cpu_activations: int8): for Q8_0 / Q4_0 / Q4_1 weights each
+//   activation row is quantized per 32-value block as ggml does (q8_0, or q8_1 with its block sum
+//   for Q4_1; fp16 scale d = max|x| / 127, q = round(x / d)) and each block multiplies int8 by
+//   int8 / uint4 into an exact int32 sum, blocks accumulating in fp32 (llama.cpp's CPU path).
+//   Per value the activation moves by at most max|x| of its block * (1/254 + 2^-11); the
+//   first-step logits of SmolLM2 move by up to ~0.4 against fp32 activations, and greedy tokens
+//   can part from the fp32 ones at near-ties (tests/golden/golden_generation_test.cc asserts
+//   the bound, docs/benchmarks.md lists the partings). A row holding an inf, a NaN or a value
+//   too large for the fp16 scale keeps fp32 activations.
+// - kFp32: activations stay fp32 and every product accumulates in fp32; a block's values are
+//   summed as d * sum(q x) (+ m * sum(x)), which differs from multiplying dequantized weights only
+//   in rounding (the golden tests' 1e-3 logit tolerance holds with room to spare).
+// F32 / F16 / BF16 weights, and the many-row path (prefill), use fp32 activations in both modes.
 //
 // Instruction sets: each kernel has a portable version (the reference the others are tested
-// against) and an AVX2+FMA+F16C one; the best one the CPU runs is picked once at run time.
+// against) and SIMD ones: AVX2+FMA+F16C, and for the int8 products AVX-512 BW and AVX-512 VNNI
+// (the fp32 products take AVX2 there); the best one the CPU runs is picked once at run time.
 #ifndef LAZYATTN_KERNELS_INCLUDE_QUANT_LINEAR_H_
 #define LAZYATTN_KERNELS_INCLUDE_QUANT_LINEAR_H_
 
@@ -39,21 +51,37 @@ struct QuantMatrixView {
   int64_t cols = 0;
 };
 
-// Kernel variants. kAuto: the best one the CPU supports (CpuKernelIsa()).
-enum class CpuIsa : uint8_t { kAuto, kPortable, kAvx2 };
+// Kernel variants, each a superset of the one before. kAuto: the best one the CPU supports
+// (CpuKernelIsa()). The AVX-512 ones differ from kAvx2 only in the int8 products.
+enum class CpuIsa : uint8_t { kAuto, kPortable, kAvx2, kAvx512Bw, kAvx512Vnni };
 std::string_view CpuIsaName(CpuIsa isa);
-// The variant kAuto resolves to on this CPU (AVX2 needs AVX2, FMA and F16C).
+// The variant kAuto resolves to on this CPU: AVX2 needs AVX2, FMA and F16C; kAvx512Bw adds
+// AVX-512 F and BW; kAvx512Vnni adds AVX-512 VNNI.
 CpuIsa CpuKernelIsa();
 // Whether this CPU runs `isa`'s kernels (kPortable and kAuto always).
 bool CpuSupportsIsa(CpuIsa isa);
 
+// Activation precision of the fused dot products (see Numerics above). kConfigured: the
+// process-wide setting (SetCpuActivations; kInt8 until set).
+enum class CpuActivations : uint8_t { kConfigured, kInt8, kFp32 };
+std::string_view CpuActivationsName(CpuActivations a);  // "configured", "int8", "fp32"
+// "int8" -> kInt8, "fp32" -> kFp32; false for anything else (kConfigured included).
+bool ParseCpuActivations(std::string_view name, CpuActivations* out);
+// Sets the process-wide precision (engine.cpu_activations / --cpu-activations); kConfigured
+// restores the default, kInt8. Safe to call at any time: a product in flight keeps the value it
+// read.
+void SetCpuActivations(CpuActivations a);
+// The process-wide precision: kInt8 or kFp32.
+CpuActivations ConfiguredCpuActivations();
+
 // y[r][j] = sum_k x[r][k] * W[j][k] for r < rows, j < w.rows (+ y[r][j] when accumulate); x has
 // row stride w.cols, y row stride ldy >= w.rows. Few rows (decode) run the fused dot products,
 // output features split over the kernel threads (cpu_threads.h); many rows (prefill) dequantize
-// tiles of W into fp32 and multiply them with OpenBLAS. Preconditions: the view is valid; isa is
-// supported (CpuSupportsIsa).
+// tiles of W into fp32 and multiply them with OpenBLAS. `activations` applies to the fused dot
+// products only. Preconditions: the view is valid; isa is supported (CpuSupportsIsa).
 void QuantLinearCpu(const float* x, int64_t rows, const QuantMatrixView& w, float* y, int64_t ldy,
-                    bool accumulate = false, CpuIsa isa = CpuIsa::kAuto);
+                    bool accumulate = false, CpuIsa isa = CpuIsa::kAuto,
+                    CpuActivations activations = CpuActivations::kConfigured);
 
 // Converts rows [first, first + n) of `w` into fp32 at dst ([n][w.cols]): ggml's formulas, the
 // same bits on every variant (the fingerprints hash them).

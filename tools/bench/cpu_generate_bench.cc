@@ -3,9 +3,10 @@
 // tools/bench/cpu-vs-llamacpp, which puts it beside llama.cpp's numbers in docs/benchmarks.md).
 //
 //   lazyattn-bench-cpu --model PATH [--prompt-tokens 512] [--decode-tokens 128] [--repeats 3]
-//                      [--threads N] [--fp32]
+//                      [--threads N] [--fp32] [--activations int8|fp32]
 // --threads: kernel threads (default: physical cores); --fp32: the weights dequantized to fp32 at
-// load (the backend's form before packed weights), for comparison.
+// load (the backend's form before packed weights), for comparison; --activations: the decode
+// products' activation precision (engine.cpu_activations, default int8).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,6 +36,8 @@ int Run(int argc, char** argv) {
   args.Declare("repeats", CliArgs::Kind::kValue, "runs; the median is reported (default 3)");
   args.Declare("threads", CliArgs::Kind::kValue, "kernel threads (default: physical cores)");
   args.Declare("fp32", CliArgs::Kind::kSwitch, "dequantize the weights to fp32 at load");
+  args.Declare("activations", CliArgs::Kind::kValue,
+               "decode activations: int8 (default) or fp32 (engine.cpu_activations)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok() || !args.Has("model")) {
     std::cerr << "usage: lazyattn-bench-cpu --model PATH [flags]\n" << args.Help();
     return 2;
@@ -45,6 +48,14 @@ int Run(int argc, char** argv) {
 
   const int threads = static_cast<int>(args.Int("threads", 0).value_or(0));
   SetCpuKernelThreads(threads);
+  CpuActivations activations = CpuActivations::kInt8;
+  if (!ParseCpuActivations(args.String("activations", "int8"), &activations)) {
+    std::cerr << "--activations: expected int8 or fp32, got \"" << args.String("activations", "")
+              << "\"\n";
+    return 2;
+  }
+  SetCpuActivations(activations);
+  const std::string act_name(CpuActivationsName(activations));
   const bool fp32 = args.Has("fp32");
   auto model = LoadModel(args.String("model"), {.packed = !fp32});
   if (!model.ok()) {
@@ -69,8 +80,9 @@ int Run(int argc, char** argv) {
                 {.num_kv_blocks = (n_prompt + n_decode) / kDefaultKvBlockSize + 2,
                  .max_batch_tokens = static_cast<int>(std::max<int64_t>(n_prompt, 1))});
   std::vector<double> prefill_tps, decode_tps;
-  std::fprintf(stderr, "threads %d, kernels %s, weights %s\n", CpuKernelThreads(),
-               std::string(CpuIsaName(CpuKernelIsa())).c_str(), fp32 ? "fp32" : "packed");
+  std::fprintf(stderr, "threads %d, kernels %s, weights %s, activations %s\n", CpuKernelThreads(),
+               std::string(CpuIsaName(CpuKernelIsa())).c_str(), fp32 ? "fp32" : "packed",
+               act_name.c_str());
   for (int64_t r = 0; r < repeats; ++r) {
     prompt[0] = static_cast<int32_t>(1000 + r);
     auto result = engine.Run({.question_token_ids = prompt,
@@ -92,8 +104,9 @@ int Run(int argc, char** argv) {
   const double prefill = Median(prefill_tps), decode = Median(decode_tps);
   std::printf("| engine | prompt tokens | prefill tokens/s | decode tokens | decode tokens/s |\n");
   std::printf("|---|---|---|---|---|\n");
-  std::printf("| lazyattn cpu (%s) | %lld | %.1f | %lld | %.2f |\n",
-              fp32 ? "fp32 weights" : "packed weights", static_cast<long long>(n_prompt), prefill,
+  std::printf("| lazyattn cpu (%s, %s activations) | %lld | %.1f | %lld | %.2f |\n",
+              fp32 ? "fp32 weights" : "packed weights", act_name.c_str(),
+              static_cast<long long>(n_prompt), prefill,
               static_cast<long long>(n_decode), decode);
   nlohmann::json out = {{"engine", "lazyattn-cpu"},
                         {"prompt_tokens", n_prompt},
@@ -101,6 +114,8 @@ int Run(int argc, char** argv) {
                         {"repeats", repeats},
                         {"threads", CpuKernelThreads()},
                         {"weights", fp32 ? "fp32" : "packed"},
+                        {"activations", act_name},
+                        {"kernels", std::string(CpuIsaName(CpuKernelIsa()))},
                         {"min_prefill_tokens_per_s",
                          *std::min_element(prefill_tps.begin(), prefill_tps.end())},
                         {"max_decode_tokens_per_s",
