@@ -3,6 +3,7 @@
 // decode graphs and the step profile. Internal to the runner's sources, one part each:
 //   cuda_model_runner.cc   creation, weight packing, GEMM warm-up, block copies, collection
 //   cuda_step_launch.cc    one step's host assembly, buffer growth, launches and copies back
+//   cuda_step_layers.cc    one step's layer launches, embedding to sampled ids
 //   cuda_decode_graphs.cc  decode-only steps captured and replayed as CUDA graphs
 //   cuda_step_profile.cc   where a step's time goes (CudaModelRunner::StepProfile)
 #ifndef LAZYATTN_SERVICES_WORKER_CUDA_CUDA_RUNNER_STATE_H_
@@ -21,12 +22,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/paged_decode_attention.h"
+#include "kernels/cuda/paged_prefill_attention.h"
 #include "kernels/cuda/rope_table_cuda.h"
 #include "kernels/cuda/skinny_wgmma_linear.h"
 #include "services/worker/cuda/cuda_model_runner.h"
@@ -91,6 +94,27 @@ struct GraphKey {
   bool rotate = false;
   int sampler = 0;  // 0: no row emits, 1: the greedy argmax, 2: SampleRowsCuda
   auto operator<=>(const GraphKey&) const = default;
+};
+
+// One section of a step's metadata: host bytes copied into the pinned upload at `offset`.
+struct StepSection {
+  const void* src;
+  int64_t bytes;
+  int64_t offset = 0;
+};
+
+// What a step's layer launches (State::EnqueueLayers) take from Launch besides the runner's
+// settings and the buffers: the step's shape and where its metadata sections lie.
+struct StepShape {
+  int64_t rows = 0;      // query rows, decode rows first
+  int64_t out_rows = 0;  // rows that sample
+  int num_decode = 0, num_prefill = 0;
+  int max_decode_blocks = 0;  // width of the dense decode tables
+  bool any_delta = false;     // some table carries a RoPE delta: the kernels rotate
+  bool decode_only = false;
+  bool argmax_only = true;  // every sampling row is greedy
+  const PagedPrefillPlan* plan = nullptr;
+  std::span<const StepSection> sections;  // Launch's list, in its order
 };
 
 }  // namespace cuda_runner_internal
@@ -175,6 +199,11 @@ struct CudaModelRunner::State {
   // Runs `enqueue` for a decode-only step of shape `key`: eagerly the first time, captured into
   // a graph and launched the second, replayed from then on (cuda_decode_graphs.cc).
   absl::Status RunGraph(const GraphKey& key, const std::function<absl::Status()>& enqueue);
+  // Enqueues the step's layers, from the embedding to the sampled ids, on `stream` with
+  // `runner`'s settings (cuda_step_layers.cc); the part a decode graph captures. A member of
+  // the state rather than of the runner so the runner's public header stays as it is.
+  absl::Status EnqueueLayers(const CudaModelRunner& runner,
+                             const cuda_runner_internal::StepShape& step);
   // Adds a collected step's times to `profile` (while profiling; cuda_step_profile.cc).
   void RecordStepProfile(const HostSlot& slot);
 
