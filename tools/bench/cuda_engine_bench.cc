@@ -12,7 +12,7 @@
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--no-early-kv-loads] [--no-pipeline-decode]
-//                         [--prefill-kernel mma|wgmma]
+//                         [--prefill-kernel mma|wgmma|wgmma-ws]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -61,7 +61,7 @@ int Main(int argc, char** argv) {
   args.Declare("no-wgmma-packed", CliArgs::Kind::kSwitch,
                "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
   args.Declare("prefill-kernel", CliArgs::Kind::kValue,
-               "runner: prefill attention kernel, mma or wgmma (default the runner's)");
+               "runner: prefill attention kernel, mma, wgmma or wgmma-ws (default the runner's)");
   args.Declare("no-pipeline-decode", CliArgs::Kind::kSwitch,
                "engine: read each decode step's tokens before launching the next (to compare)");
   args.Declare("no-early-kv-loads", CliArgs::Kind::kSwitch,
@@ -89,11 +89,16 @@ int Main(int argc, char** argv) {
   b.pipeline_decode = !args.Has("no-pipeline-decode");
   if (args.Has("prefill-kernel")) {
     const std::string k = args.String("prefill-kernel");
-    if (k != "mma" && k != "wgmma") {
-      std::cerr << "--prefill-kernel: mma or wgmma, not " << k << "\n";
+    if (k == "mma") {
+      b.prefill_kernel = PrefillKernel::kMmaSync;
+    } else if (k == "wgmma") {
+      b.prefill_kernel = PrefillKernel::kWgmma;
+    } else if (k == "wgmma-ws") {
+      b.prefill_kernel = PrefillKernel::kWgmmaWs;
+    } else {
+      std::cerr << "--prefill-kernel: mma, wgmma or wgmma-ws, not " << k << "\n";
       return 2;
     }
-    b.prefill_kernel = k == "wgmma" ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync;
   }
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
