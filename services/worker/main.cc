@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/yaml_config.h"
 #include "kernels/include/cpu_threads.h"
+#include "kernels/include/quant_linear.h"
 #include "services/worker/engine/fault_injection.h"
 #include "services/worker/engine/runner_factory.h"
 #include "services/worker/model/model_loader.h"
@@ -32,12 +33,14 @@ namespace {
 constexpr char kUsage[] =
     "usage: lazyattn-worker --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
     "                       [--kvdir HOST:PORT] [--worker-id ID] [--cpu-threads N]\n"
+    "                       [--cpu-activations int8|fp32]\n"
     "  --config     the YAML configuration (keys: docs/worker.md)\n"
     "  --listen     overrides server.listen (port 0: the OS picks one)\n"
     "  --metrics    overrides metrics.listen (\"\" turns the /metrics endpoint off)\n"
     "  --kvdir      overrides kvdir.address (\"\" runs standalone)\n"
     "  --worker-id  overrides worker.id\n"
-    "  --cpu-threads overrides engine.cpu_threads (0: the CPU budget)\n";
+    "  --cpu-threads overrides engine.cpu_threads (0: the CPU budget)\n"
+    "  --cpu-activations overrides engine.cpu_activations (decode products' inputs)\n";
 
 struct Flag {
   bool set = false;
@@ -46,7 +49,7 @@ struct Flag {
 
 struct Flags {
   std::string config;
-  Flag listen, metrics, kvdir, worker_id, cpu_threads;
+  Flag listen, metrics, kvdir, worker_id, cpu_threads, cpu_activations;
 };
 
 // Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
@@ -78,6 +81,8 @@ std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
       flag = &flags->worker_id;
     } else if (arg == "--cpu-threads") {
       flag = &flags->cpu_threads;
+    } else if (arg == "--cpu-activations") {
+      flag = &flags->cpu_activations;
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
@@ -168,6 +173,12 @@ int main(int argc, char** argv) {
     config->cpu_threads = n;
   }
   lazyattn::SetCpuKernelThreads(config->cpu_threads);
+  if (flags.cpu_activations.set &&
+      !lazyattn::ParseCpuActivations(flags.cpu_activations.value, &config->cpu_activations)) {
+    lazyattn::LogError("worker").Msg("--cpu-activations: must be int8 or fp32");
+    return 2;
+  }
+  lazyattn::SetCpuActivations(config->cpu_activations);
   // Mutual TLS (server.tls.ca_file) is what lets the worker check that its caller is a router.
   if (absl::Status s = lazyattn::CheckTransportSecurity(
           "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),

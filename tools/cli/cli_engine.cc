@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/include/quant_linear.h"
 #include "services/worker/model/model_loader.h"
 
 namespace lazyattn {
@@ -62,6 +63,8 @@ void DeclareBackendFlags(CliArgs& args) {
   args.Declare("backend", CliArgs::Kind::kValue,
                "cpu, cuda, or auto (the GPU when one is visible; default)");
   args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
+  args.Declare("cpu-activations", CliArgs::Kind::kValue,
+               "cpu backend decode inputs: int8 (default) or fp32 (engine.cpu_activations)");
 }
 
 absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_code) {
@@ -71,6 +74,11 @@ absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_c
   if (budget < (int64_t{1} << 20)) {
     return absl::InvalidArgumentError("--kv-budget must be at least 1 MiB");
   }
+  CpuActivations activations = CpuActivations::kInt8;
+  if (!ParseCpuActivations(args.String("cpu-activations", "int8"), &activations)) {
+    return absl::InvalidArgumentError("--cpu-activations must be int8 or fp32");
+  }
+  SetCpuActivations(activations);
   ModelLoadStage stage = ModelLoadStage::kModel;
   absl::StatusOr<ServedModel> model = LoadServedModel(
       args.String("model"), {.runner = {.backend = backend, .kv_budget_bytes = budget}}, &stage);

@@ -20,7 +20,8 @@ namespace lazyattn {
 void DeclareSamplingFlags(CliArgs& args);
 absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args);
 
-// Declares --backend (cpu | cuda | auto, default auto) and --kv-budget BYTES (default 512 MiB).
+// Declares --backend (cpu | cuda | auto, default auto), --kv-budget BYTES (default 512 MiB) and
+// --cpu-activations (int8 | fp32, default int8: applied process-wide by ServedModelFromArgs).
 void DeclareBackendFlags(CliArgs& args);
 // The model of --model on the backend --backend and --kv-budget pick (LoadServedModel: a GGUF
 // file on cuda is dequantized on the GPU without an fp32 host copy). On failure `exit_code` is

@@ -90,6 +90,12 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t cpu_threads,
                    IntInRange(config, "engine.cpu_threads", c.cpu_threads, 0, 256));
   c.cpu_threads = static_cast<int>(cpu_threads);
+  ASSIGN_OR_RETURN(const std::string activations,
+                   config.String("engine.cpu_activations", "int8"));
+  if (!ParseCpuActivations(activations, &c.cpu_activations)) {
+    return Error(config, "engine.cpu_activations",
+                 absl::StrCat("expected int8 or fp32, got \"", activations, "\""));
+  }
   ASSIGN_OR_RETURN(const int64_t batch, IntInRange(config, "engine.max_batch_tokens",
                                                    o.engine.max_batch_tokens, 1, 1 << 20));
   o.engine.max_batch_tokens = static_cast<int>(batch);

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/yaml_config.h"
+#include "kernels/include/quant_linear.h"
 #include "services/worker/engine/fault_injection.h"
 #include "common/log.h"
 #include "services/worker/model/model_config.h"
@@ -24,6 +25,9 @@ struct WorkerConfig {
   // engine.cpu_threads: threads of the CPU kernels (and OpenBLAS); 0 = the CPU budget
   // (DefaultCpuKernelThreads: affinity cores, cgroup quota, OPENBLAS_NUM_THREADS / OMP_NUM_THREADS).
   int cpu_threads = 0;
+  // engine.cpu_activations: "int8" (default) or "fp32", the inputs of the cpu backend's decode
+  // products (quant_linear.h); applied process-wide by main (SetCpuActivations).
+  CpuActivations cpu_activations = CpuActivations::kInt8;
   // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.
   WorkerServerOptions server;
   // kvdir.address empty: standalone (the --kvdir flag may set it).
