@@ -25,7 +25,7 @@ mkdir -p "$carry/bin" "$carry/lib"
 # GPU tests are the CTest tests labelled "gpu".
 mapfile -t gpu_tests < <(ctest --test-dir "$build" -L gpu -N -V 2>/dev/null |
   sed -n 's/^[0-9]*: Test command: \([^ ]*\).*/\1/p' | sort -u)
-for bin in "${gpu_tests[@]}" "$build"/bin/*; do
+for bin in "${gpu_tests[@]}" "$build"/bin/* "$build"/tests/quant_linear_cpu_test; do
   [ -x "$bin" ] || continue
   # Only programs that use the GPU, plus the cluster's other two services for the multi-GPU run
   # (tools/cluster-trace); the carry limit is 64 MiB, and the services need gRPC's libraries.

@@ -92,12 +92,11 @@ struct CudaRunnerOptions {
   // each sequence's last (the only one the K/V append before it writes) before waiting for that
   // kernel (PagedDecodeArgs::early_kv_loads). Off only to measure what it gains.
   bool early_decode_kv_loads = true;
-  // The prefill attention kernel (PagedPrefillArgs::kernel): the wgmma kernel on compute
-  // capability 9.0 where it supports the shape (head_dim 128; paged_prefill_attention.h), else
-  // mma.sync. All-cached TTFT's step on llama3-8b: 7.92 against 8.06 ms; a cold 20K-token
-  // prefill 793 against 823 ms (docs/kernels.md; the eighth pass in the history of
-  // docs/benchmarks.md).
-  PrefillKernel prefill_kernel = PrefillKernel::kWgmma;
+  // The prefill attention kernel (PagedPrefillArgs::kernel): the warp-specialized wgmma kernel
+  // on compute capability 9.0 where it supports the shape (head_dim 128;
+  // paged_prefill_attention.h), else mma.sync. Kernel rates: docs/benchmarks.md, "Prefill
+  // attention (H200)"; whole steps against kWgmma: "CUDA engine end to end".
+  PrefillKernel prefill_kernel = PrefillKernel::kWgmmaWs;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
