@@ -85,52 +85,6 @@ void PagedAttentionCpu(const PagedAttentionArgs& a) {
   }
 }
 
-void PagedDecodeAttentionCpu(const PagedAttentionArgs& a) {
-  const int d = a.shape.head_dim;
-  const int group = a.num_heads / a.shape.num_kv_heads;
-  int64_t n_keys = 0;
-  for (int b = 0; b < a.num_blocks; ++b) n_keys += KvEntryValid(a.block_table[b]);
-  std::vector<float> q_rot(d), scores(n_keys), acc(d);
-  for (int h = 0; h < a.num_heads; ++h) {
-    const int kv_head = h / group;
-    const float* q = a.q + int64_t{h} * d;
-    int64_t current_delta = -1;
-    int64_t j = 0;
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int b = 0; b < a.num_blocks; ++b) {
-      const KvBlockEntry e = a.block_table[b];
-      const int64_t delta = KvEntryDelta(e);
-      if (delta != current_delta) {  // once per segment: recompute from the original q
-        std::copy(q, q + d, q_rot.begin());
-        if (delta != 0) RopeRotateHeadCpu(q_rot.data(), -delta, *a.rope);
-        current_delta = delta;
-      }
-      for (uint32_t s = 0; s < KvEntryValid(e); ++s, ++j) {
-        const float* k = a.k_pool + a.shape.offset(KvEntryBlock(e), kv_head, static_cast<int>(s));
-        float dot = 0;
-        for (int x = 0; x < d; ++x) dot += q_rot[x] * k[x];
-        scores[j] = dot * a.scale;
-        max_score = std::max(max_score, scores[j]);
-      }
-    }
-    double sum = 0;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    j = 0;
-    for (int b = 0; b < a.num_blocks; ++b) {
-      const KvBlockEntry e = a.block_table[b];
-      for (uint32_t s = 0; s < KvEntryValid(e); ++s, ++j) {
-        const float p = std::exp(scores[j] - max_score);
-        sum += p;
-        const float* v = a.v_pool + a.shape.offset(KvEntryBlock(e), kv_head, static_cast<int>(s));
-        for (int x = 0; x < d; ++x) acc[x] += p * v[x];
-      }
-    }
-    float* out = a.out + int64_t{h} * d;
-    const float inv = n_keys > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-    for (int x = 0; x < d; ++x) out[x] = acc[x] * inv;
-  }
-}
-
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
                      const PagedKvShape& shape, float* k_pool, float* v_pool) {
   const int d = shape.head_dim;

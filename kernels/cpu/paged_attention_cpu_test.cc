@@ -134,6 +134,13 @@ TEST(PagedAttentionCpuTest, DecodeSingleQuery) {
                .segments = {{33}, {16}, {5}}, .num_queries = 1}, 3);
 }
 
+TEST(PagedAttentionCpuTest, DecodeOverThreadsWithGqaAndOddHeadDim) {
+  // Enough work for the decode form to split its heads over the kernel threads; a head_dim that
+  // is not a multiple of 8 leaves a tail after the eight partial sums.
+  RunScenario({.num_heads = 6, .num_kv_heads = 2, .head_dim = 20,
+               .segments = {{300}, {17}, {400}}, .num_queries = 1}, 6);
+}
+
 TEST(PagedAttentionCpuTest, DeltaBeyondSixteenBits) {
   // A document placed after 70,000 tokens: deltas must not be truncated to 16 bits.
   RunScenario({.num_heads = 2, .num_kv_heads = 1, .head_dim = 16,

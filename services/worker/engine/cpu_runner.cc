@@ -89,21 +89,28 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
         }
       }
       PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
-      // Decode steps too use the prefill form: on the CPU its BLAS products beat the scalar
-      // per-segment query rotation of PagedDecodeAttentionCpu (29.9 vs 32.6 tokens/s on SmolLM2,
-      // 2 cores); both compute the same function and are tested equal.
-      PagedAttentionCpu({.q = q.data(),
-                         .num_queries = n,
-                         .num_heads = c.num_heads,
-                         .first_query_index = ch.first_query_index,
-                         .block_table = ch.block_table.data(),
-                         .num_blocks = static_cast<int>(ch.block_table.size()),
-                         .k_pool = kv.k(l),
-                         .v_pool = kv.v(l),
-                         .shape = kv.shape(),
-                         .scale = scale,
-                         .rope = &rope_,
-                         .out = &attn[row * Q]});
+      const PagedAttentionArgs args{.q = q.data(),
+                                    .num_queries = n,
+                                    .num_heads = c.num_heads,
+                                    .first_query_index = ch.first_query_index,
+                                    .block_table = ch.block_table.data(),
+                                    .num_blocks = static_cast<int>(ch.block_table.size()),
+                                    .k_pool = kv.k(l),
+                                    .v_pool = kv.v(l),
+                                    .shape = kv.shape(),
+                                    .scale = scale,
+                                    .rope = &rope_,
+                                    .out = &attn[row * Q]};
+      // One query that sees the whole table (a decode step) reads the pool in place
+      // (PagedDecodeAttentionCpu, heads over the kernel threads); the prefill form would first
+      // copy every key and value of the table, as many bytes again as the attention reads.
+      int64_t table_keys = 0;
+      for (const KvBlockEntry e : ch.block_table) table_keys += KvEntryValid(e);
+      if (n == 1 && ch.first_query_index + 1 == table_keys) {
+        PagedDecodeAttentionCpu(args);
+      } else {
+        PagedAttentionCpu(args);
+      }
       row += n;
     }
     Linear(attn.data(), rows, L.wo, L.wo_packed, Q, H, x.data(), /*accumulate=*/true);
