@@ -490,6 +490,28 @@ TEST_F(PagedPrefillGpuTest, ChunkedQueriesSeeTheirEarlierOwnTokens) {
             kRotating);
 }
 
+// Runs of plain tiles of lengths 1 to 7 (documents of whole tiles; the 3rd and 4th share a delta,
+// one run of 7), breaks at odd and even tiles, a partial last tile, and split-KV ranges that
+// start inside runs: kWgmmaWs's hoisted loops pair tiles (128 keys a pass) only inside a run.
+TEST_F(PagedPrefillGpuTest, PlainRunsOfEveryLengthAndParity) {
+  TEST_SEED(rng);
+  std::uniform_int_distribution<uint32_t> delta(1, 200000);
+  SeqSpec s;
+  uint32_t d = 0;
+  const int lens[] = {64, 128, 192, 256, 320, 384, 448, 64, 100};
+  for (int i = 0; i < 9; ++i) {
+    if (i != 3) d = delta(rng);
+    s.seg_len.push_back(lens[i]);
+    s.seg_delta.push_back(d);
+  }
+  s.seg_len.push_back(200);
+  s.seg_delta.push_back(delta(rng));
+  s.num_queries = 150;
+  const CaseSpec c{.num_heads = 32, .num_kv_heads = 8, .head_dim = 128, .seqs = {s}};
+  CheckCase(rng, c, kAll, /*max_splits=*/1);
+  CheckCase(rng, c, kAll, /*max_splits=*/32);
+}
+
 TEST_F(PagedPrefillGpuTest, BatchOfSequencesOfDifferentLengths) {
   TEST_SEED(rng);
   const std::vector<int> lens = {1, 7, 16, 17, 100, 300};
