@@ -77,6 +77,19 @@
 //   Both consumers make the same unit and pass decisions (same tiles, entries and breaks), so
 //   the ping-pong balance below holds with N = passes.
 //
+// ---- .noinc producer (kCopyLag 0; kLoop 1, 2) -------------------------------------------------
+// The producer thread, after issuing tile j's copies, executes cp.async.mbarrier.arrive.noinc on
+// full[s] instead of waiting for a group and arriving: the arrive-on happens once all its earlier
+// cp.async have completed and, .noinc, counts as one of the 128 expected arrivals (the pending
+// count is not raised first). So each producer thread still arrives once per tile on its stage's
+// full barrier, in tile order, and never stalls on its copies (only on empty). FlashAttention-3
+// fills paged K/V stages the same way (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, load_K/load_V:
+// cp.async, then producer_commit with cutlass::arch::cpasync_barrier_arrive; the consumers wait
+// and issue wgmma). What the proxy fence above did, a consumer thread does here after each full
+// wait: fence.proxy.async.shared::cta orders the writes it has acquired (generic proxy) before
+// its wgmmas (async proxy). Deadlock: all signalled tiles complete without the producer's help,
+// so the bound is kStages >= 2 (4 with pairs). The producer waits for all copies before it exits.
+//
 // ---- Ping-pong (kPingPong; named barriers kSchedBar + c, 256 threads = both consumers) --------
 // Each pass of consumer c: bar.sync (kSchedBar + c) before its first wgmma, bar.arrive
 // (kSchedBar + 1 - c) right after its last wgmma of the pass is issued. So the GEMMs of the two
@@ -163,14 +176,16 @@ struct WsSmem {
 };
 
 // kLoop: 0 the per-tile loop (kWgmma's), 1 the hoisted loop, 2 the hoisted loop with 128-key
-// pairs (file header). kCopyLag: cp.async groups a producer thread keeps in flight.
+// pairs (file header). kCopyLag: cp.async groups a producer thread keeps in flight; 0: none
+// waited, the .noinc arrive instead (file header, kLoop 1 and 2 only).
 template <PrefillRotation kRot, int kStages, bool kPingPong, int kLoop, int kCopyLag>
 __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const Params p) {
   static_assert(kRot == PrefillRotation::kRotateQ || kRot == PrefillRotation::kNone);
   static_assert(kLoop >= 0 && kLoop <= 2);
   using L = WsSmem<kStages>;
-  static_assert(kCopyLag >= 1 && kStages >= kCopyLag + (kLoop == 2 ? 4 : 2),
-                "see the stage protocol");
+  static_assert(
+      (kCopyLag >= 1 || (kCopyLag == 0 && kLoop > 0)) && kStages >= kCopyLag + (kLoop == 2 ? 4 : 2),
+      "see the stage protocol");
   // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
@@ -256,12 +271,17 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
         CpAsync16(k_dst + dst, k_head + (ok ? off : 0), ok);
         CpAsync16(v_dst + dst, v_head + (ok ? off : 0), ok);
       }
-      CpAsyncCommit();
-      if (j >= kCopyLag) {
-        CpAsyncWait<kCopyLag>();
-        FenceProxyAsyncShared();
-        const int done = j - kCopyLag;
-        MbarArrive(full_bar(done % kStages));
+      if constexpr (kCopyLag == 0) {
+        // The arrival on full[s] happens when this thread's copies so far have landed.
+        CpAsyncMbarArriveNoinc(full_bar(s));
+      } else {
+        CpAsyncCommit();
+        if (j >= kCopyLag) {
+          CpAsyncWait<kCopyLag>();
+          FenceProxyAsyncShared();
+          const int done = j - kCopyLag;
+          MbarArrive(full_bar(done % kStages));
+        }
       }
       if (++s == kStages) {
         s = 0;
@@ -269,8 +289,10 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
       }
     }
     CpAsyncWaitAll();
-    FenceProxyAsyncShared();
-    for (int j = n > kCopyLag ? n - kCopyLag : 0; j < n; ++j) MbarArrive(full_bar(j % kStages));
+    if constexpr (kCopyLag > 0) {
+      FenceProxyAsyncShared();
+      for (int j = n > kCopyLag ? n - kCopyLag : 0; j < n; ++j) MbarArrive(full_bar(j % kStages));
+    }
     return;  // no named barrier or later CTA-wide barrier counts the producer
   }
 
@@ -578,6 +600,9 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
     uint32_t full_parity = 0;
     auto wait_tile = [&] {
       MbarWait<false>(full_bar(stage), full_parity, wait_failed);
+      // noinc: the copies are the producer's generic-proxy writes, and no thread fenced them
+      // for the async proxy; this thread does, after its acquire of their completion.
+      if constexpr (kCopyLag == 0) FenceProxyAsyncShared();
       if (++stage == kStages) {
         stage = 0;
         full_parity ^= 1;
@@ -887,6 +912,10 @@ absl::Status LaunchVariant(const PagedPrefillPlan& plan, const Params& params, i
       return LaunchKernel<kRot, 6, true, 2, 2>(plan, params, stream);
     case 6:
       return LaunchKernel<kRot, 6, false, 2, 1>(plan, params, stream);
+    case 7:
+      return LaunchKernel<kRot, 6, true, 2, 0>(plan, params, stream);
+    case 8:
+      return LaunchKernel<kRot, 5, true, 1, 0>(plan, params, stream);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("paged prefill (wgmma-ws): variant ", variant, " out of range"));
@@ -933,6 +962,10 @@ const char* PrefillWgmmaWsVariantName(int variant) {
       return "n128-pp-s6-lag2";
     case 6:
       return "n128-nopp-s6";
+    case 7:
+      return "n128-pp-s6-noinc";
+    case 8:
+      return "hoist-pp-s5-noinc";
   }
   return "?";
 }
