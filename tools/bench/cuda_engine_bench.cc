@@ -62,6 +62,8 @@ int Main(int argc, char** argv) {
                "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
   args.Declare("prefill-kernel", CliArgs::Kind::kValue,
                "runner: prefill attention kernel, mma, wgmma or wgmma-ws (default the runner's)");
+  args.Declare("prefill-variant", CliArgs::Kind::kValue,
+               "runner: wgmma-ws compiled variant (PagedPrefillArgs::variant; default 0)");
   args.Declare("no-pipeline-decode", CliArgs::Kind::kSwitch,
                "engine: read each decode step's tokens before launching the next (to compare)");
   args.Declare("no-early-kv-loads", CliArgs::Kind::kSwitch,
@@ -100,6 +102,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  b.prefill_variant = static_cast<int>(args.Int("prefill-variant", 0).value_or(0));
   b.wgmma_max_rows = static_cast<int>(args.Int("wgmma-max-rows", b.wgmma_max_rows)
                                           .value_or(b.wgmma_max_rows));
   for (absl::string_view item : absl::StrSplit(args.String("wgmma-cuts", ""), ',',

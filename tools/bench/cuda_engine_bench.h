@@ -46,6 +46,7 @@ struct Bench {
   bool early_decode_kv_loads = CudaRunnerOptions{}.early_decode_kv_loads;
   bool pipeline_decode = EngineOptions{}.pipeline_decode;
   PrefillKernel prefill_kernel = CudaRunnerOptions{}.prefill_kernel;
+  int prefill_variant = CudaRunnerOptions{}.prefill_variant;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -62,6 +63,7 @@ struct Bench {
                                                            .early_decode_kv_loads =
                                                                early_decode_kv_loads,
                                                            .prefill_kernel = prefill_kernel,
+                                                           .prefill_variant = prefill_variant,
                                                            .wgmma_cuts = wgmma_cuts}));
     this->runner = runner.get();
     return std::make_unique<Engine>(std::move(runner), "random-" + config.name, tokenizer.get(),

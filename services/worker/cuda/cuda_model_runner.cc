@@ -89,6 +89,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   // The wgmma kernel's code is sm_90a only.
   const bool hopper = info.compute_major == 9 && info.compute_minor == 0;
   r->prefill_kernel_ = hopper ? options.prefill_kernel : PrefillKernel::kMmaSync;
+  if (options.prefill_variant < 0 || options.prefill_variant >= PrefillWgmmaWsVariants()) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill_variant ", options.prefill_variant,
+                                                   ": 0 to ", PrefillWgmmaWsVariants() - 1));
+  }
+  r->prefill_variant_ = options.prefill_variant;
   r->num_kv_blocks_ = options.num_kv_blocks > 0
                           ? options.num_kv_blocks
                           : options.kv_budget_bytes / CudaKvBytesPerBlock(c);

@@ -97,6 +97,9 @@ struct CudaRunnerOptions {
   // paged_prefill_attention.h), else mma.sync. Kernel rates: docs/benchmarks.md, "Prefill
   // attention (H200)"; whole steps against kWgmma: "CUDA engine end to end".
   PrefillKernel prefill_kernel = PrefillKernel::kWgmmaWs;
+  // kWgmmaWs's compiled variant (PagedPrefillArgs::variant; 0 is the one to use). Create
+  // refuses one out of range.
+  int prefill_variant = 0;
   struct WgmmaCuts {
     SkinnyWgmmaConfig qkv, o, gate_up, down;
   } wgmma_cuts;
@@ -171,6 +174,7 @@ class CudaModelRunner final : public ModelRunner {
   bool fused_qkv_rope_ = false;
   bool early_kv_loads_ = false;
   PrefillKernel prefill_kernel_ = PrefillKernel::kMmaSync;
+  int prefill_variant_ = 0;
   absl::Status PackWeights();
   CudaRunnerOptions::WgmmaCuts wgmma_cuts_;
   int64_t num_kv_blocks_ = 0;

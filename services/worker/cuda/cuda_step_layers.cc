@@ -164,7 +164,8 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
            .out = attn + int64_t{num_decode} * Q,
            .device_metadata = d_plan,
            .workspace = s.prefill_workspace.as<void>(),
-           .kernel = runner.prefill_kernel_},
+           .kernel = runner.prefill_kernel_,
+           .variant = runner.prefill_variant_},
           any_delta ? PrefillRotation::kRotateQ : PrefillRotation::kNone, st));
     }
     if (fused) {
