@@ -111,9 +111,9 @@ void PagedDecodeAttentionCpu(const PagedAttentionArgs& a) {
     std::vector<float> q_rot, scores;
     for (int64_t t = begin; t < end; ++t) {
       const int kv_head = static_cast<int>(t / ranges), r = static_cast<int>(t % ranges);
-      DecodeRange(a, kv_head, r * kBlocksPerTask,
-                  std::min(a.num_blocks, (r + 1) * kBlocksPerTask), &part_max[t * group],
-                  &part_sum[t * group], &part_acc[t * group * d], q_rot, scores);
+      DecodeRange(a, kv_head, r * kBlocksPerTask, std::min(a.num_blocks, (r + 1) * kBlocksPerTask),
+                  &part_max[t * group], &part_sum[t * group], &part_acc[t * group * d], q_rot,
+                  scores);
     }
   });
   // Merge the ranges of each head: rescale every range to the head's largest score.

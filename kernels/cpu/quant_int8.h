@@ -53,8 +53,8 @@ struct Int8DotArgs {
   int64_t blocks;
   const int8_t* xq;
   const float* xd;
-  const float* xs;         // Q4_1 only
-  const int32_t* xqsum;    // Q4_0 only (the SIMD variants fold its -8 offset through it)
+  const float* xs;       // Q4_1 only
+  const int32_t* xqsum;  // Q4_0 only (the SIMD variants fold its -8 offset through it)
   float* y;
   bool accumulate;
 };

@@ -28,8 +28,7 @@ constexpr size_t BlockBytes(WeightType type) {
 // nibble) and value i + 16 (high).
 __attribute__((target("avx2"))) inline __m256i NibblesAvx2(const uint8_t* p) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both =
-      _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 

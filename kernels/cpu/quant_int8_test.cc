@@ -3,6 +3,8 @@
 // CPU runs against the portable one, and the linear layer against its fp32-activation path within
 // the bound the quantization allows. The binary prints which SIMD variants it ran: the AVX-512
 // ones are compiled everywhere but only run where the CPU has them.
+#include "kernels/cpu/quant_int8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,7 +16,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant_dot.h"
-#include "kernels/cpu/quant_int8.h"
 #include "kernels/include/quant_linear.h"
 
 namespace lazyattn::quant_internal {
@@ -49,8 +50,8 @@ uint16_t ReferenceHalf(float f) {
 
 TEST(QuantInt8Test, FloatToHalfRoundsToNearestEven) {
   std::mt19937 rng(3);
-  std::vector<float> cases = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, 1e9f, 6.1e-5f,
-                              5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-30f, 1e-40f, -3.1e-5f};
+  std::vector<float> cases = {0.0f,    -0.0f,    1.0f,     65504.0f, 65519.99f, 65520.0f, 1e9f,
+                              6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-30f,    1e-40f,   -3.1e-5f};
   for (uint32_t h = 0; h < 0x7C00; ++h) {  // every half, and both neighbours of every midpoint
     const double mid = h + 1 < 0x7C00 ? (HalfValues()[h] + HalfValues()[h + 1]) / 2 : 65520.0;
     const float m = static_cast<float>(mid);
@@ -60,7 +61,8 @@ TEST(QuantInt8Test, FloatToHalfRoundsToNearestEven) {
     cases.push_back(std::nextafter(m, 1e30f));
   }
   std::uniform_real_distribution<float> exp(-30, 17), mant(1, 2);
-  for (int i = 0; i < 200000; ++i) cases.push_back(std::ldexp(mant(rng), exp(rng)) * (i % 2 ? -1 : 1));
+  for (int i = 0; i < 200000; ++i)
+    cases.push_back(std::ldexp(mant(rng), exp(rng)) * (i % 2 ? -1 : 1));
   for (const float f : cases) ASSERT_EQ(FloatToHalfBits(f), ReferenceHalf(f)) << f;
   EXPECT_EQ(FloatToHalfBits(std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_EQ(FloatToHalfBits(std::nanf("")) & 0x7C00, 0x7C00);
@@ -118,7 +120,8 @@ TEST(QuantInt8Test, QuantizesRowsAsGgmlsReferenceBitForBit) {
       Quantized q(blocks);
       ASSERT_TRUE(QuantizeRowQ8(x.data(), blocks, true, q.row())) << scale;
       for (int64_t b = 0; b < blocks; ++b) {
-        SCOPED_TRACE(::testing::Message() << "blocks " << blocks << " scale " << scale << " b " << b);
+        SCOPED_TRACE(::testing::Message()
+                     << "blocks " << blocks << " scale " << scale << " b " << b);
         const RefBlock ref = ReferenceQuantize(&x[32 * b]);
         ASSERT_EQ(FloatToHalfBits(q.d[b]), ref.d);
         ASSERT_EQ(FloatToHalfBits(q.s[b]), ref.s);
@@ -157,8 +160,8 @@ TEST(QuantInt8Test, ExtremeValuesNeverGiveNaNOrOutOfRangeValues) {
   EXPECT_EQ(q.qs[40], 127);
   x[40] = 65536.0f * 127;
   EXPECT_FALSE(QuantizeRowQ8(x.data(), 2, false, q.row()));
-  for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::nanf("")}) {
+  for (const float bad : {std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::nanf("")}) {
     x[40] = 1.0f;
     x[5] = bad;
     EXPECT_FALSE(QuantizeRowQ8(x.data(), 2, false, q.row())) << bad;
@@ -201,7 +204,8 @@ void PutHalf(uint8_t* p, float f) {
 
 // Random weight blocks; scales from `scales` (chosen by the caller to keep sums exact or not).
 std::vector<uint8_t> RandomWeights(WeightType type, int64_t rows, int64_t blocks, std::mt19937& rng,
-                                   const std::vector<float>& scales, const std::vector<float>& mins) {
+                                   const std::vector<float>& scales,
+                                   const std::vector<float>& mins) {
   const size_t bytes = type == WeightType::kQ8_0 ? 34 : type == WeightType::kQ4_1 ? 20 : 18;
   std::vector<uint8_t> w(rows * blocks * bytes);
   std::uniform_int_distribution<int> byte(0, 255), pick(0, 1 << 20);
@@ -236,8 +240,8 @@ TEST(QuantInt8Test, SimdDotsEqualPortableExactlyOnExactInputs) {
         x.s[b] = x.d[b] * static_cast<float>(x.qsum[b]);
       }
       std::vector<float> ref(rows), out(rows);
-      Int8DotArgs a{type, w.data(), w.size() / rows, rows, blocks, x.qs.data(), x.d.data(),
-                    x.s.data(), x.qsum.data(), ref.data(), false};
+      Int8DotArgs a{type,       w.data(),   w.size() / rows, rows,       blocks, x.qs.data(),
+                    x.d.data(), x.s.data(), x.qsum.data(),   ref.data(), false};
       DotRowsInt8Portable(a);
       for (const Variant& v : SimdVariants()) {
         a.y = out.data();
@@ -267,8 +271,8 @@ TEST(QuantInt8Test, DotsMatchTheFormulaOnRandomInputs) {
       Quantized x(blocks);
       ASSERT_TRUE(QuantizeRowQ8(xf.data(), blocks, true, x.row()));
       std::vector<float> ref(rows), out(rows, 0.0f);
-      Int8DotArgs a{type, w.data(), row_bytes, rows, blocks, x.qs.data(), x.d.data(),
-                    x.s.data(), x.qsum.data(), ref.data(), false};
+      Int8DotArgs a{type,       w.data(),   row_bytes,     rows,       blocks, x.qs.data(),
+                    x.d.data(), x.s.data(), x.qsum.data(), ref.data(), false};
       DotRowsInt8Portable(a);
       for (int64_t j = 0; j < rows; ++j) {
         double exact = 0, mag = 0;

@@ -290,7 +290,8 @@ TEST(QuantLinearIsaTest, ActivationsSettingParsesAndDefaultsToInt8) {
   for (float& f : x) f = static_cast<float>(rng() % 1000) / 250 - 2;
   std::vector<float> y(40), y8(40), y32(40);
   QuantLinearCpu(x.data(), 1, w.view(), y8.data(), 40, false, CpuIsa::kAuto, CpuActivations::kInt8);
-  QuantLinearCpu(x.data(), 1, w.view(), y32.data(), 40, false, CpuIsa::kAuto, CpuActivations::kFp32);
+  QuantLinearCpu(x.data(), 1, w.view(), y32.data(), 40, false, CpuIsa::kAuto,
+                 CpuActivations::kFp32);
   SetCpuActivations(CpuActivations::kFp32);
   EXPECT_EQ(ConfiguredCpuActivations(), CpuActivations::kFp32);
   QuantLinearCpu(x.data(), 1, w.view(), y.data(), 40);

@@ -1,5 +1,7 @@
 // One forward step of a llama-architecture model on the CPU: fp32 activations, the matrices fp32
-// or packed in their stored type (ModelWeights::packed(), kernels/include/quant_linear.h).
+// or packed in their stored type (ModelWeights::packed(), kernels/include/quant_linear.h), whose
+// decode products take 8-bit inputs by default (engine.cpu_activations, CpuActivations). Decode
+// steps read the KV pool in place (PagedDecodeAttentionCpu); prefill takes the BLAS form.
 //
 // A step takes several chunks at once (continuous batching): each chunk is a run of consecutive
 // tokens of one segment of one sequence (model_runner.h). The linear layers run once over the rows
