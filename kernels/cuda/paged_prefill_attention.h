@@ -80,9 +80,7 @@ bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation);
 int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation);
 
 // kWgmmaWs's compiled variants: how many, and a short name for each ("pp-s5": ping-pong between
-// the consumers, 5 stages; "nopp-s5": no ping-pong; "hoist-": the tile loop with kRotateQ's
-// break logic out of the plain tiles; "n128-": plain tile pairs as one 128-key pass; "-lagN": N
-// copy groups in flight a producer thread; ...); "?" outside 0..count-1.
+// the consumers, 5 stages; "nopp-s5": no ping-pong; ...); "?" outside 0..count-1.
 int PrefillWgmmaWsVariants();
 const char* PrefillWgmmaWsVariantName(int variant);
 

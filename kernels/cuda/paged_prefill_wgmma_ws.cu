@@ -60,36 +60,6 @@
 //   fence to a thread that did not write, which the model does not spell out; kCopyLag groups
 //   in flight per thread hide the copy latency instead.
 //
-// ---- Hoisted loop, 128-key pairs (kLoop 1, 2; kLoop 0 is the per-tile loop above) ----------
-// kLoop 1: the consumers walk runs of plain tiles [t, next break) in an inner loop whose body is
-//   kNone's pass (no plan-ahead, no break test between the full wait and the first wgmma), then
-//   run the break tile's passes, read the next break (breaks[t + 1]), and go on. kNone is one run.
-// kLoop 2: inside a run, two consecutive plain tiles (stages s, s+1 mod kStages) make one pass
-//   of 128 keys: S = two 64x64 accumulators (16 wgmmas, one commit), one softmax (one max/sum
-//   shuffle pair, one rescale test), P V of 8 k16 steps over both stages' V; an odd tile left at
-//   the end of a run, and every break tile, take the 64-key pass. Per pair, the fixed costs of a
-//   pass (full waits aside: two) are paid once: turn barriers, commits and waits, shuffles.
-//   Protocol changes: a pair's two stages are released together (both, in tile order, in the
-//   next pass that is a unit's first, once the pair's P V is done), so each consumer thread still
-//   arrives once per tile on its stage's empty barrier in tile order. Deadlock bound: the
-//   release of tile x = j - kStages waits for the next unit's full waits, which reach at most
-//   tile x + 3 (x first of a pair, a pair after it), so kStages >= kCopyLag + 4 (static_assert).
-//   Both consumers make the same unit and pass decisions (same tiles, entries and breaks), so
-//   the ping-pong balance below holds with N = passes.
-//
-// ---- .noinc producer (kCopyLag 0; kLoop 1, 2) -------------------------------------------------
-// The producer thread, after issuing tile j's copies, executes cp.async.mbarrier.arrive.noinc on
-// full[s] instead of waiting for a group and arriving: the arrive-on happens once all its earlier
-// cp.async have completed and, .noinc, counts as one of the 128 expected arrivals (the pending
-// count is not raised first). So each producer thread still arrives once per tile on its stage's
-// full barrier, in tile order, and never stalls on its copies (only on empty). FlashAttention-3
-// fills paged K/V stages the same way (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, load_K/load_V:
-// cp.async, then producer_commit with cutlass::arch::cpasync_barrier_arrive; the consumers wait
-// and issue wgmma). What the proxy fence above did, a consumer thread does here after each full
-// wait: fence.proxy.async.shared::cta orders the writes it has acquired (generic proxy) before
-// its wgmmas (async proxy). Deadlock: all signalled tiles complete without the producer's help,
-// so the bound is kStages >= 2 (4 with pairs). The producer waits for all copies before it exits.
-//
 // ---- Ping-pong (kPingPong; named barriers kSchedBar + c, 256 threads = both consumers) --------
 // Each pass of consumer c: bar.sync (kSchedBar + c) before its first wgmma, bar.arrive
 // (kSchedBar + 1 - c) right after its last wgmma of the pass is issued. So the GEMMs of the two
@@ -119,7 +89,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -175,17 +144,12 @@ struct WsSmem {
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a CTA may have");
 };
 
-// kLoop: 0 the per-tile loop (kWgmma's), 1 the hoisted loop, 2 the hoisted loop with 128-key
-// pairs (file header). kCopyLag: cp.async groups a producer thread keeps in flight; 0: none
-// waited, the .noinc arrive instead (file header, kLoop 1 and 2 only).
-template <PrefillRotation kRot, int kStages, bool kPingPong, int kLoop, int kCopyLag>
+template <PrefillRotation kRot, int kStages, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const Params p) {
   static_assert(kRot == PrefillRotation::kRotateQ || kRot == PrefillRotation::kNone);
-  static_assert(kLoop >= 0 && kLoop <= 2);
   using L = WsSmem<kStages>;
-  static_assert(
-      (kCopyLag >= 1 || (kCopyLag == 0 && kLoop > 0)) && kStages >= kCopyLag + (kLoop == 2 ? 4 : 2),
-      "see the stage protocol");
+  constexpr int kCopyLag = kStages - 3;  // cp.async groups a producer thread keeps in flight
+  static_assert(kCopyLag >= 1 && kStages >= kCopyLag + 2, "see the stage protocol");
   // Launched overlapped: wait, then let the next kernel launch (launch_overlap.cuh).
   WaitForPrerequisiteGrid();
   AllowDependentLaunch();
@@ -271,17 +235,12 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
         CpAsync16(k_dst + dst, k_head + (ok ? off : 0), ok);
         CpAsync16(v_dst + dst, v_head + (ok ? off : 0), ok);
       }
-      if constexpr (kCopyLag == 0) {
-        // The arrival on full[s] happens when this thread's copies so far have landed.
-        CpAsyncMbarArriveNoinc(full_bar(s));
-      } else {
-        CpAsyncCommit();
-        if (j >= kCopyLag) {
-          CpAsyncWait<kCopyLag>();
-          FenceProxyAsyncShared();
-          const int done = j - kCopyLag;
-          MbarArrive(full_bar(done % kStages));
-        }
+      CpAsyncCommit();
+      if (j >= kCopyLag) {
+        CpAsyncWait<kCopyLag>();
+        FenceProxyAsyncShared();
+        const int done = j - kCopyLag;
+        MbarArrive(full_bar(done % kStages));
       }
       if (++s == kStages) {
         s = 0;
@@ -289,10 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
       }
     }
     CpAsyncWaitAll();
-    if constexpr (kCopyLag > 0) {
-      FenceProxyAsyncShared();
-      for (int j = n > kCopyLag ? n - kCopyLag : 0; j < n; ++j) MbarArrive(full_bar(j % kStages));
-    }
+    FenceProxyAsyncShared();
+    for (int j = n > kCopyLag ? n - kCopyLag : 0; j < n; ++j) MbarArrive(full_bar(j % kStages));
     return;  // no named barrier or later CTA-wide barrier counts the producer
   }
 
@@ -413,298 +370,87 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
       }
     }
   };
+  bool next_plain = true;
+  int next_break = 0;
+  if constexpr (kRot == PrefillRotation::kRotateQ) {
+    if (t_begin < t_end) {
+      next_break = item.first_break;
+      next_plain = t_begin < next_break;
+      if (!next_plain) {
+        prefetch_rope(t_begin);
+        next_break = LoadBreak(breaks, t_begin + 1);
+      }
+    }
+  }
+
+  // Ping-pong: consumer 1's one arrival before the loop lets consumer 0 issue first (header).
+  if constexpr (kPingPong) {
+    if (cw == 1) NamedBarArrive(kSchedBar + 0, kConsumerThreads);
+  }
+
+  int stage = 0;
+  uint32_t full_parity = 0;
   bool wait_failed = false;  // a full-barrier wait timed out: the protocol is broken (MbarWait)
-  if constexpr (kLoop == 0) {
-    bool next_plain = true;
-    int next_break = 0;
-    if constexpr (kRot == PrefillRotation::kRotateQ) {
-      if (t_begin < t_end) {
-        next_break = item.first_break;
-        next_plain = t_begin < next_break;
-        if (!next_plain) {
-          prefetch_rope(t_begin);
-          next_break = LoadBreak(breaks, t_begin + 1);
-        }
-      }
-    }
+  for (int t = t_begin; t < t_end; ++t) {
+    MbarWait<false>(full_bar(stage), full_parity, wait_failed);
+    const int4* ent = reinterpret_cast<const int4*>(smem + L::kEnt) + stage * kEntriesPerTile;
+    const int4 e0 = ent[0], e1 = ent[1], e2 = ent[2], e3 = ent[3];
+    const uint32_t k_smem = sbase + L::kK + stage * L::kTileBytes;
 
-    // Ping-pong: consumer 1's one arrival before the loop lets consumer 0 issue first (header).
-    if constexpr (kPingPong) {
-      if (cw == 1) NamedBarArrive(kSchedBar + 0, kConsumerThreads);
-    }
-
-    int stage = 0;
-    uint32_t full_parity = 0;
-    for (int t = t_begin; t < t_end; ++t) {
-      MbarWait<false>(full_bar(stage), full_parity, wait_failed);
-      const int4* ent = reinterpret_cast<const int4*>(smem + L::kEnt) + stage * kEntriesPerTile;
-      const int4 e0 = ent[0], e1 = ent[1], e2 = ent[2], e3 = ent[3];
-      const uint32_t k_smem = sbase + L::kK + stage * L::kTileBytes;
-
-      // One pass over the entries in `active` (kWgmma's run_pass). `first`: the tile's first pass,
-      // which decides tile t + 1 (plan_next) and, its pending P V being the previous tile's last,
-      // releases the previous tile's stage once that P V is done.
-      auto run_pass = [&](int active, bool first) {
-        FenceOperands(o);
-        FenceOperands(qa);
-        FenceOperands(pa);
-        if constexpr (kPingPong) NamedBarSync(kSchedBar + cw, kConsumerThreads);
-        WgmmaFence();
-        const uint64_t desc0 = WgmmaDescKMajor128(k_smem);
-#pragma unroll
-        for (int ks = 0; ks < kQkSteps; ++ks) {
-          const uint64_t desc = DescAdvance(desc0, (ks / 4) * L::kHalfBytes + (ks % 4) * 32);
-          if (ks == 0) {
-            WgmmaQk<false>(s, qa[ks], desc);
-          } else {
-            WgmmaQk<true>(s, qa[ks], desc);
-          }
-        }
-        WgmmaCommit();
-        auto plan_next = [&] {
-          if constexpr (kRot == PrefillRotation::kRotateQ) {
-            if (!first) return;
-            next_plain = t + 1 < next_break;
-            if (!next_plain) {
-              prefetch_rope(t + 1);
-              next_break = LoadBreak(breaks, next_break + 1);
-            }
-          }
-        };
-        const bool had_pv = pv_pending;
-        if (pv_pending) {
-          issue_pv(pv_stage);
-          if constexpr (kPingPong) NamedBarArrive(kSchedBar + 1 - cw, kConsumerThreads);
-          plan_next();
-          WgmmaWait<1>();
-        } else {
-          if constexpr (kPingPong) NamedBarArrive(kSchedBar + 1 - cw, kConsumerThreads);
-          plan_next();
-          WgmmaWait<0>();
-        }
-        FenceOperands(s);
-
-        const bool full =
-            e0.z == kKvBlock && e1.z == kKvBlock && e2.z == kKvBlock && e3.z == kKvBlock;
-        if (!full || active != 0xF || e3.w + kKvBlock - 1 > min_q_index) {
-          const int key0[4] = {e0.w, e1.w, e2.w, e3.w};
-          const int nv[4] = {(active & 1) ? e0.z : 0, (active & 2) ? e1.z : 0,
-                             (active & 4) ? e2.z : 0, (active & 8) ? e3.z : 0};
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            const int slot = ((i >> 2) & 1) * 8 + 2 * (lane & 3) + (i & 1);
-            const int e = i >> 3;
-            if (slot >= nv[e] || key0[e] + slot > q_index[(i >> 1) & 1]) s[i] = -INFINITY;
-          }
-        }
-
-        float alpha[2];
-#pragma unroll
-        for (int r2 = 0; r2 < 2; ++r2) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            mx = fmaxf(mx, fmaxf(s[4 * q + 2 * r2], s[4 * q + 2 * r2 + 1]));
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[r2], mx);
-          const float m_scaled = m_new == -INFINITY ? 0.f : m_new * p.scale_log2;
-          alpha[r2] = Exp2(m_run[r2] * p.scale_log2 - m_scaled);
-          m_run[r2] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-              const float pr = Exp2(fmaf(s[4 * q + 2 * r2 + cc], p.scale_log2, -m_scaled));
-              s[4 * q + 2 * r2 + cc] = pr;
-              sum += pr;
-            }
-          }
-          l_run[r2] = l_run[r2] * alpha[r2] + sum;
-        }
-
-        WgmmaWait<0>();  // unconditional: see paged_prefill_wgmma.cu
-        FenceOperands(o);
-        FenceOperands(s);
-        if (first && had_pv) release(pv_stage);  // the previous tile's last P V is done
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < kPvSteps; ++kk) {
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            pa[kk][jj] = PackBf16(s[8 * kk + 2 * jj], s[8 * kk + 2 * jj + 1]);
-          }
-        }
-        pv_stage = stage;
-        pv_pending = true;
-      };
-
-      if (kRot == PrefillRotation::kNone || next_plain) {
-        run_pass(0xF, true);
-      } else {
-        int todo =
-            (e0.z > 0 ? 1 : 0) | (e1.z > 0 ? 2 : 0) | (e2.z > 0 ? 4 : 0) | (e3.z > 0 ? 8 : 0);
-        bool first_pass = true;
-        // do-while: a tile runs at least one pass (with todo = 0, one fully masked pass), which
-        // the protocol needs: a tile's first pass releases the previous stage and takes turns.
-        do {
-          const int first = __ffs(todo) - 1;
-          const int d = first == 0 ? e0.y : first == 1 ? e1.y : first == 2 ? e2.y : e3.y;
-          const int active = todo & ((e0.y == d ? 1 : 0) | (e1.y == d ? 2 : 0) |
-                                     (e2.y == d ? 4 : 0) | (e3.y == d ? 8 : 0));
-          if (d != cur_delta) rotate_q(d);
-          todo &= ~active;
-          run_pass(active, first_pass);
-          first_pass = false;
-        } while (todo != 0);
-      }
-      if (++stage == kStages) {
-        stage = 0;
-        full_parity ^= 1;
-      }
-    }
-    if (pv_pending) {
-      FenceOperands(o);
-      FenceOperands(pa);
-      issue_pv(pv_stage);
-      WgmmaWait<0>();
-      FenceOperands(o);
-      release(pv_stage);  // never waited on (no tile follows); keeps one release per tile
-    }
-  } else {
-    // ---- Hoisted tile loop (kLoop 1, 2; file header "Hoisted loop, 128-key pairs") ----
-    if constexpr (kPingPong) {
-      if (cw == 1) NamedBarArrive(kSchedBar + 0, kConsumerThreads);
-    }
-    // S of a pass: sw[0] (one tile), or sw[0] and sw[1] (a pair, keys 0-63 and 64-127); P of
-    // the pending P V: pw[0..3] (one tile) or pw[0..7] (a pair).
-    float sw[2][32];
-    uint32_t pw[2 * kPvSteps][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) sw[h][i] = 0.f;  // never read (scale-d 0 on the first k16)
-    }
-#pragma unroll
-    for (int kk = 0; kk < 2 * kPvSteps; ++kk) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) pw[kk][j] = 0;
-    }
-    auto next_of = [](int st) { return st + 1 == kStages ? 0 : st + 1; };
-    int stage = 0;  // the stage of the next tile to wait for
-    uint32_t full_parity = 0;
-    auto wait_tile = [&] {
-      MbarWait<false>(full_bar(stage), full_parity, wait_failed);
-      // noinc: the copies are the producer's generic-proxy writes, and no thread fenced them
-      // for the async proxy; this thread does, after its acquire of their completion.
-      if constexpr (kCopyLag == 0) FenceProxyAsyncShared();
-      if (++stage == kStages) {
-        stage = 0;
-        full_parity ^= 1;
-      }
-    };
-    // The pending P V: pv_tiles (0: none, 1: tile in pv_stage, 2: pair from pv_stage).
-    int pv_tiles = 0, pv_stage = 0;
-    // A pair's 8 wgmmas and a tile's 4 each on their own path with their own commit: a branch
-    // inside one group makes ptxas close the group at the branch (then the wait for S also
-    // waits for the first half of P V).
-    auto issue_pv_w = [&] {
-      WgmmaFence();
-      const uint64_t d0 = WgmmaDesc128(sbase + L::kV + pv_stage * L::kTileBytes,
-                                       /*lbo=*/L::kHalfBytes, /*sbo=*/1024);
-      if (kLoop == 2 && pv_tiles == 2) {
-        const uint64_t d1 = WgmmaDesc128(sbase + L::kV + next_of(pv_stage) * L::kTileBytes,
-                                         /*lbo=*/L::kHalfBytes, /*sbo=*/1024);
-#pragma unroll
-        for (int kk = 0; kk < kPvSteps; ++kk) WgmmaPv(o, pw[kk], DescAdvance(d0, kk * 16 * 128));
-#pragma unroll
-        for (int kk = 0; kk < kPvSteps; ++kk) {
-          WgmmaPv(o, pw[kPvSteps + kk], DescAdvance(d1, kk * 16 * 128));
-        }
-        WgmmaCommit();
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < kPvSteps; ++kk) WgmmaPv(o, pw[kk], DescAdvance(d0, kk * 16 * 128));
-        WgmmaCommit();
-      }
-    };
-    auto release_pending = [&] {
-      release(pv_stage);
-      if constexpr (kLoop == 2) {
-        if (pv_tiles == 2) release(next_of(pv_stage));
-      }
-    };
-    const int* ent_words = reinterpret_cast<const int*>(smem + L::kEnt);  // [stage][4][4]
-    // One pass: over the entries in `active` of the tile in stage st (wide: false_type), or over
-    // the pair of plain tiles in st, next_of(st) (wide: true_type, active 0xF). The same steps
-    // as run_pass above; the entry records are read from the stage where they are needed.
-    auto pass = [&](auto wide, int st, int active, bool first) {
-      constexpr int kH = decltype(wide)::value ? 2 : 1;
-      const int st2 = next_of(st);
+    // One pass over the entries in `active` (kWgmma's run_pass). `first`: the tile's first pass,
+    // which decides tile t + 1 (plan_next) and, its pending P V being the previous tile's last,
+    // releases the previous tile's stage once that P V is done.
+    auto run_pass = [&](int active, bool first) {
       FenceOperands(o);
       FenceOperands(qa);
-      FenceOperands(pw);
+      FenceOperands(pa);
       if constexpr (kPingPong) NamedBarSync(kSchedBar + cw, kConsumerThreads);
       WgmmaFence();
+      const uint64_t desc0 = WgmmaDescKMajor128(k_smem);
 #pragma unroll
-      for (int h = 0; h < kH; ++h) {
-        const uint64_t desc0 = WgmmaDescKMajor128(sbase + L::kK + (h ? st2 : st) * L::kTileBytes);
-#pragma unroll
-        for (int ks = 0; ks < kQkSteps; ++ks) {
-          const uint64_t desc = DescAdvance(desc0, (ks / 4) * L::kHalfBytes + (ks % 4) * 32);
-          if (ks == 0) {
-            WgmmaQk<false>(sw[h], qa[ks], desc);
-          } else {
-            WgmmaQk<true>(sw[h], qa[ks], desc);
-          }
+      for (int ks = 0; ks < kQkSteps; ++ks) {
+        const uint64_t desc = DescAdvance(desc0, (ks / 4) * L::kHalfBytes + (ks % 4) * 32);
+        if (ks == 0) {
+          WgmmaQk<false>(s, qa[ks], desc);
+        } else {
+          WgmmaQk<true>(s, qa[ks], desc);
         }
       }
       WgmmaCommit();
-      const bool had_pv = pv_tiles != 0;
-      if (had_pv) {
-        issue_pv_w();
+      auto plan_next = [&] {
+        if constexpr (kRot == PrefillRotation::kRotateQ) {
+          if (!first) return;
+          next_plain = t + 1 < next_break;
+          if (!next_plain) {
+            prefetch_rope(t + 1);
+            next_break = LoadBreak(breaks, next_break + 1);
+          }
+        }
+      };
+      const bool had_pv = pv_pending;
+      if (pv_pending) {
+        issue_pv(pv_stage);
         if constexpr (kPingPong) NamedBarArrive(kSchedBar + 1 - cw, kConsumerThreads);
+        plan_next();
         WgmmaWait<1>();
       } else {
         if constexpr (kPingPong) NamedBarArrive(kSchedBar + 1 - cw, kConsumerThreads);
+        plan_next();
         WgmmaWait<0>();
       }
-#pragma unroll
-      for (int h = 0; h < kH; ++h) FenceOperands(sw[h]);
+      FenceOperands(s);
 
-      // Masks: entries not in `active`, slots past valid, keys after the row's query.
-      bool need_mask = active != 0xF;
+      const bool full =
+          e0.z == kKvBlock && e1.z == kKvBlock && e2.z == kKvBlock && e3.z == kKvBlock;
+      if (!full || active != 0xF || e3.w + kKvBlock - 1 > min_q_index) {
+        const int key0[4] = {e0.w, e1.w, e2.w, e3.w};
+        const int nv[4] = {(active & 1) ? e0.z : 0, (active & 2) ? e1.z : 0,
+                           (active & 4) ? e2.z : 0, (active & 8) ? e3.z : 0};
 #pragma unroll
-      for (int h = 0; h < kH; ++h) {
-#pragma unroll
-        for (int e = 0; e < kEntriesPerTile; ++e) {
-          const int2 zw = *reinterpret_cast<const int2*>(
-              ent_words + ((h ? st2 : st) * kEntriesPerTile + e) * 4 + 2);
-          need_mask |= zw.x != kKvBlock || zw.y + kKvBlock - 1 > min_q_index;
-        }
-      }
-      if (need_mask) {
-#pragma unroll
-        for (int h = 0; h < kH; ++h) {
-          int nv[4], key0[4];
-#pragma unroll
-          for (int e = 0; e < kEntriesPerTile; ++e) {
-            const int2 zw = *reinterpret_cast<const int2*>(
-                ent_words + ((h ? st2 : st) * kEntriesPerTile + e) * 4 + 2);
-            nv[e] = (active >> e) & 1 ? zw.x : 0;
-            key0[e] = zw.y;
-          }
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            const int slot = ((i >> 2) & 1) * 8 + 2 * (lane & 3) + (i & 1);
-            const int e = i >> 3;
-            if (slot >= nv[e] || key0[e] + slot > q_index[(i >> 1) & 1]) sw[h][i] = -INFINITY;
-          }
+        for (int i = 0; i < 32; ++i) {
+          const int slot = ((i >> 2) & 1) * 8 + 2 * (lane & 3) + (i & 1);
+          const int e = i >> 3;
+          if (slot >= nv[e] || key0[e] + slot > q_index[(i >> 1) & 1]) s[i] = -INFINITY;
         }
       }
 
@@ -713,12 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
       for (int r2 = 0; r2 < 2; ++r2) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int h = 0; h < kH; ++h) {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            mx = fmaxf(mx, fmaxf(sw[h][4 * q + 2 * r2], sw[h][4 * q + 2 * r2 + 1]));
-          }
-        }
+        for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fmaxf(s[4 * q + 2 * r2], s[4 * q + 2 * r2 + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[r2], mx);
@@ -727,15 +468,12 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
         m_run[r2] = m_new;
         float sum = 0.f;
 #pragma unroll
-        for (int h = 0; h < kH; ++h) {
+        for (int q = 0; q < 8; ++q) {
 #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-              const float pr = Exp2(fmaf(sw[h][4 * q + 2 * r2 + cc], p.scale_log2, -m_scaled));
-              sw[h][4 * q + 2 * r2 + cc] = pr;
-              sum += pr;
-            }
+          for (int cc = 0; cc < 2; ++cc) {
+            const float pr = Exp2(fmaf(s[4 * q + 2 * r2 + cc], p.scale_log2, -m_scaled));
+            s[4 * q + 2 * r2 + cc] = pr;
+            sum += pr;
           }
         }
         l_run[r2] = l_run[r2] * alpha[r2] + sum;
@@ -743,85 +481,53 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
 
       WgmmaWait<0>();  // unconditional: see paged_prefill_wgmma.cu
       FenceOperands(o);
-#pragma unroll
-      for (int h = 0; h < kH; ++h) FenceOperands(sw[h]);
-      if (first && had_pv) release_pending();  // the previous unit's last P V is done
+      FenceOperands(s);
+      if (first && had_pv) release(pv_stage);  // the previous tile's last P V is done
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
       }
 #pragma unroll
-      for (int h = 0; h < kH; ++h) {
+      for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
-        for (int kk = 0; kk < kPvSteps; ++kk) {
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            pw[h * kPvSteps + kk][jj] =
-                PackBf16(sw[h][8 * kk + 2 * jj], sw[h][8 * kk + 2 * jj + 1]);
-          }
+        for (int jj = 0; jj < 4; ++jj) {
+          pa[kk][jj] = PackBf16(s[8 * kk + 2 * jj], s[8 * kk + 2 * jj + 1]);
         }
       }
-      pv_stage = st;
-      pv_tiles = kH;
+      pv_stage = stage;
+      pv_pending = true;
     };
 
-    // Runs of plain tiles [t, run_end) without any break logic, then the break tile run_end
-    // (kRotateQ), whose passes follow the deltas, then the next run.
-    int t = t_begin;
-    int brk = t_end;  // the next tile that is not plain (kRotateQ); t_end: none in the range
-    if constexpr (kRot == PrefillRotation::kRotateQ) brk = item.first_break;
-    for (;;) {
-      const int run_end = brk < t_end ? brk : t_end;
-      if constexpr (kRot == PrefillRotation::kRotateQ) {
-        if (run_end < t_end) prefetch_rope(run_end);
-      }
-      if constexpr (kLoop == 2) {
-        for (; t + 1 < run_end; t += 2) {
-          const int st = stage;
-          wait_tile();
-          wait_tile();
-          pass(std::true_type{}, st, 0xF, true);
-        }
-      }
-      for (; t < run_end; ++t) {
-        const int st = stage;
-        wait_tile();
-        pass(std::false_type{}, st, 0xF, true);
-      }
-      if constexpr (kRot == PrefillRotation::kRotateQ) {
-        if (t >= t_end) break;
-        // Tile t is a break: one pass per distinct delta (kWgmma's passes; see run_pass).
-        const int st = stage;
-        wait_tile();
-        const int* eb = ent_words + st * kEntriesPerTile * 4;
-        const int d0 = eb[1], d1 = eb[5], d2 = eb[9], d3 = eb[13];
-        int todo =
-            (eb[2] > 0 ? 1 : 0) | (eb[6] > 0 ? 2 : 0) | (eb[10] > 0 ? 4 : 0) | (eb[14] > 0 ? 8 : 0);
-        bool first_pass = true;
-        do {  // at least one pass (see the do-while of the per-tile loop)
-          const int first = __ffs(todo) - 1;
-          const int d = first == 0 ? d0 : first == 1 ? d1 : first == 2 ? d2 : d3;
-          const int active = todo & ((d0 == d ? 1 : 0) | (d1 == d ? 2 : 0) | (d2 == d ? 4 : 0) |
-                                     (d3 == d ? 8 : 0));
-          if (d != cur_delta) rotate_q(d);
-          todo &= ~active;
-          pass(std::false_type{}, st, active, first_pass);
-          first_pass = false;
-        } while (todo != 0);
-        brk = LoadBreak(breaks, t + 1);
-        ++t;
-      } else {
-        break;
-      }
+    if (kRot == PrefillRotation::kNone || next_plain) {
+      run_pass(0xF, true);
+    } else {
+      int todo = (e0.z > 0 ? 1 : 0) | (e1.z > 0 ? 2 : 0) | (e2.z > 0 ? 4 : 0) | (e3.z > 0 ? 8 : 0);
+      bool first_pass = true;
+      // do-while: a tile runs at least one pass (with todo = 0, one fully masked pass), which
+      // the protocol needs: a tile's first pass releases the previous stage and takes turns.
+      do {
+        const int first = __ffs(todo) - 1;
+        const int d = first == 0 ? e0.y : first == 1 ? e1.y : first == 2 ? e2.y : e3.y;
+        const int active = todo & ((e0.y == d ? 1 : 0) | (e1.y == d ? 2 : 0) | (e2.y == d ? 4 : 0) |
+                                   (e3.y == d ? 8 : 0));
+        if (d != cur_delta) rotate_q(d);
+        todo &= ~active;
+        run_pass(active, first_pass);
+        first_pass = false;
+      } while (todo != 0);
     }
-    if (pv_tiles != 0) {
-      FenceOperands(o);
-      FenceOperands(pw);
-      issue_pv_w();
-      WgmmaWait<0>();
-      FenceOperands(o);
-      release_pending();  // never waited on (nothing follows); keeps one release per tile
+    if (++stage == kStages) {
+      stage = 0;
+      full_parity ^= 1;
     }
+  }
+  if (pv_pending) {
+    FenceOperands(o);
+    FenceOperands(pa);
+    issue_pv(pv_stage);
+    WgmmaWait<0>();
+    FenceOperands(o);
+    release(pv_stage);  // never waited on (no tile follows); keeps one release per tile
   }
   // Ping-pong: consumer 0's extra turn, which takes consumer 1's last arrival (header).
   if constexpr (kPingPong) {
@@ -865,10 +571,9 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
   }
 }
 
-template <PrefillRotation kRot, int kStages, bool kPingPong, int kLoop, int kCopyLag>
+template <PrefillRotation kRot, int kStages, bool kPingPong>
 absl::Status LaunchKernel(const PagedPrefillPlan& plan, const Params& params, cudaStream_t stream) {
-  void (*const kernel)(Params) =
-      PagedPrefillWgmmaWsKernel<kRot, kStages, kPingPong, kLoop, kCopyLag>;
+  void (*const kernel)(Params) = PagedPrefillWgmmaWsKernel<kRot, kStages, kPingPong>;
   constexpr int smem = WsSmem<kStages>::kAlloc;
   static const absl::Status attr_status = [kernel] {
     // setmaxnreg's register budget holds only if the kernel starts with 168 registers a thread
@@ -899,23 +604,11 @@ absl::Status LaunchVariant(const PagedPrefillPlan& plan, const Params& params, i
                            cudaStream_t stream) {
   switch (variant) {
     case 0:
-      return LaunchKernel<kRot, 5, true, 0, 2>(plan, params, stream);
+      return LaunchKernel<kRot, 5, true>(plan, params, stream);
     case 1:
-      return LaunchKernel<kRot, 5, false, 0, 2>(plan, params, stream);
+      return LaunchKernel<kRot, 5, false>(plan, params, stream);
     case 2:
-      return LaunchKernel<kRot, 6, true, 0, 3>(plan, params, stream);
-    case 3:
-      return LaunchKernel<kRot, 5, true, 1, 2>(plan, params, stream);
-    case 4:
-      return LaunchKernel<kRot, 6, true, 2, 1>(plan, params, stream);
-    case 5:
-      return LaunchKernel<kRot, 6, true, 2, 2>(plan, params, stream);
-    case 6:
-      return LaunchKernel<kRot, 6, false, 2, 1>(plan, params, stream);
-    case 7:
-      return LaunchKernel<kRot, 6, true, 2, 0>(plan, params, stream);
-    case 8:
-      return LaunchKernel<kRot, 5, true, 1, 0>(plan, params, stream);
+      return LaunchKernel<kRot, 6, true>(plan, params, stream);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("paged prefill (wgmma-ws): variant ", variant, " out of range"));
@@ -954,18 +647,6 @@ const char* PrefillWgmmaWsVariantName(int variant) {
       return "nopp-s5";
     case 2:
       return "pp-s6";
-    case 3:
-      return "hoist-pp-s5";
-    case 4:
-      return "n128-pp-s6";
-    case 5:
-      return "n128-pp-s6-lag2";
-    case 6:
-      return "n128-nopp-s6";
-    case 7:
-      return "n128-pp-s6-noinc";
-    case 8:
-      return "hoist-pp-s5-noinc";
   }
   return "?";
 }

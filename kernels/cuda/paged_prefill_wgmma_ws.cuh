@@ -14,7 +14,7 @@
 namespace lazyattn::prefill_internal {
 
 // Compiled variants of the kernel (PrefillWgmmaWsVariantName() names them; 0 is the default).
-constexpr int kWgmmaWsVariants = 9;
+constexpr int kWgmmaWsVariants = 3;
 
 // The attention pass of the warp-specialized kernel: head_dim 128, kRotateQ or kNone, variant
 // 0..kWgmmaWsVariants-1 (InvalidArgument otherwise; Internal if the kernel was built with a

@@ -46,11 +46,6 @@ __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
-// Arrives on `bar` once every cp.async this thread issued before it has completed; .noinc: the
-// arrival counts toward the barrier's expected count (the pending count is not raised first).
-__device__ __forceinline__ void CpAsyncMbarArriveNoinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));

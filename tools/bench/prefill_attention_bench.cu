@@ -9,18 +9,17 @@
 // rotation: the price of it); and in the two the wgmma kernels cover (none, rotate-q): the wgmma
 // kernel (PrefillKernel::kWgmma) and every compiled variant of its warp-specialized form
 // (kWgmmaWs, rows "wgmma-ws/<variant>": pp = ping-pong between the consumer warpgroups, nopp =
-// none, sN = N K/V stages, hoist = plain tiles in a loop free of kRotateQ's break logic, n128 =
-// pairs of plain tiles as one 128-key pass, lagN = copy groups in flight), side by side, each
-// kernel on the plan built for it (PrefillCtasPerSm: KV split to fill 2 CTAs an SM for mma.sync, 1
-// for both wgmma kernels; the split counts go to stderr and the JSON). "vs none" compares a variant
-// with the same kernel's (and kernel variant's) none, "vs mma.sync" and "vs wgmma" a row's TFLOP/s
-// with the mma.sync or wgmma row of the same rotation variant. TFLOP/s = 4 * head_dim * heads *
-// (visible query-key pairs) / time (causal pairs only counted), time = median of --reps single
-// launches timed with CUDA events after --warmup launches; each variant is timed twice,
-// interleaved, to show the run-to-run spread. Prints a markdown table and one JSON object per line
-// (prefixed "JSON ", with "kernel" and "variant" naming the row); on stderr, per shape, the largest
-// differences between variants that compute the same function (rotate-q against rotate-k, wgmma
-// against mma.sync).
+// none, sN = N K/V stages), side by side, each kernel on the plan built for it
+// (PrefillCtasPerSm: KV split to fill 2 CTAs an SM for mma.sync, 1 for both wgmma kernels; the
+// split counts go to stderr and the JSON). "vs none" compares a variant with the same kernel's
+// (and kernel variant's) none, "vs mma.sync" and "vs wgmma" a row's TFLOP/s with the mma.sync or
+// wgmma row of the same rotation variant.
+// TFLOP/s = 4 * head_dim * heads * (visible query-key pairs) / time (causal pairs only counted),
+// time = median of --reps single launches timed with CUDA events after --warmup launches; each
+// variant is timed twice, interleaved, to show the run-to-run spread.
+// Prints a markdown table and one JSON object per line (prefixed "JSON ", with "kernel" and
+// "variant" naming the row); on stderr, per shape, the largest differences between variants that
+// compute the same function (rotate-q against rotate-k, wgmma against mma.sync).
 //
 //   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma] [--reps=50]
 //                          [--warmup=5] [--wgmma-ctas-per-sm=N]
