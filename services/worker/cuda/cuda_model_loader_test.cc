@@ -132,7 +132,8 @@ TEST(CudaModelLoaderTest, ServedGgufOnCudaMatchesTheHostPath) {
                                      static_cast<uint32_t>(std::min<int64_t>(
                                          kDefaultKvBlockSize, n - b * kDefaultKvBlockSize))));
   }
-  const ForwardChunk chunk{.tokens = ids, .kv_slots = slots, .block_table = table};
+  const ForwardChunk chunk{
+      .tokens = ids, .kv_slots = slots, .block_table = table, .return_logits = true};
   auto a = served->runner->Forward(std::span(&chunk, 1));
   auto b = (*uploaded)->Forward(std::span(&chunk, 1));
   ASSERT_TRUE(a.ok()) << a.status();
