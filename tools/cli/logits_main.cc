@@ -64,9 +64,13 @@ int Main(int argc, char** argv) {
     const int64_t valid = std::min<int64_t>(kDefaultKvBlockSize, n - b * kDefaultKvBlockSize);
     table.push_back(PackKvBlockEntry(static_cast<uint32_t>(b), 0, static_cast<uint32_t>(valid)));
   }
-  const ForwardChunk chunk{.tokens = tokens, .kv_slots = slots, .block_table = table};
+  const ForwardChunk chunk{
+      .tokens = tokens, .kv_slots = slots, .block_table = table, .return_logits = true};
   auto logits = runner->Forward(std::span(&chunk, 1));
   if (!logits.ok()) return Fail(logits.status(), 1);
+  if (logits->logits.empty()) {
+    return Fail(absl::InternalError("the runner returned no logits for the last token"), 1);
+  }
   std::ofstream out(args.String("out"), std::ios::binary);
   out.write(reinterpret_cast<const char*>(logits->logits.data()),
             static_cast<std::streamsize>(logits->logits.size() * sizeof(float)));
