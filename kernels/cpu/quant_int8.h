@@ -10,7 +10,9 @@
 //   Q4_0 x q8_0: sumi = sum((n - 8) q),  y += sumi * (d_w * d)   (n: the unsigned nibble)
 //   Q4_1 x q8_1: sumi = sum(n q),        y += (d_w * d) * sumi + m_w * s
 // and blocks accumulate in fp32 (ggml's vec_dot_q*_q8_* formulas). The SIMD variants compute the
-// same integer sums and differ from the portable one only in the order of the fp32 additions.
+// same integer sums; their fp32 arithmetic differs from the portable one in the order of the
+// additions and, for Q4_0, in its form (d * sum(n q) - 8 d * sum(q) instead of d * sum((n - 8) q)),
+// so results agree to rounding, not bit for bit.
 #ifndef LAZYATTN_KERNELS_CPU_QUANT_INT8_H_
 #define LAZYATTN_KERNELS_CPU_QUANT_INT8_H_
 

@@ -12,15 +12,21 @@
 //   activation row is quantized per 32-value block as ggml does (q8_0, or q8_1 with its block sum
 //   for Q4_1; fp16 scale d = max|x| / 127, q = round(x / d)) and each block multiplies int8 by
 //   int8 / uint4 into an exact int32 sum, blocks accumulating in fp32 (llama.cpp's CPU path).
-//   Per value the activation moves by at most max|x| of its block * (1/254 + 2^-11); the
-//   first-step logits of SmolLM2 move by up to ~0.4 against fp32 activations, and greedy tokens
-//   can part from the fp32 ones at near-ties (tests/golden/golden_generation_test.cc asserts
-//   the bound, docs/benchmarks.md lists the partings). A row holding an inf, a NaN or a value
-//   too large for the fp16 scale keeps fp32 activations.
+//   Per value the activation moves by at most amax / 254 + amax * 2^-11 (the fp16 scale's
+//   rounding) while the scale amax / 127 is a normal fp16 (amax >= ~7.8e-3); below that the
+//   scale's absolute rounding (up to 2^-25) dominates, and a block with amax under ~3.8e-6 gets
+//   scale 0 and becomes zeros, as in ggml. SmolLM2's first-step logits, where only the LM head
+//   takes this path, move by up to ~0.4 against fp32 activations, and greedy tokens can part
+//   from the fp32 ones at near-ties (tests/golden/golden_generation_test.cc asserts both,
+//   docs/benchmarks.md lists the partings). A row holding an inf, a NaN or a value too large
+//   for the fp16 scale keeps fp32 activations.
 // - kFp32: activations stay fp32 and every product accumulates in fp32; a block's values are
 //   summed as d * sum(q x) (+ m * sum(x)), which differs from multiplying dequantized weights only
 //   in rounding (the golden tests' 1e-3 logit tolerance holds with room to spare).
-// F32 / F16 / BF16 weights, and the many-row path (prefill), use fp32 activations in both modes.
+// F32 / F16 / BF16 weights, and the many-row path, use fp32 activations in both modes. The path is
+// chosen per product by its row count (the whole step's rows in the engine), so with kInt8 a
+// request's logits depend on what shares its steps: a short prompt chunk takes int8, a decode
+// row beside more than 8 other rows takes fp32. kFp32 is the batch-independent choice.
 //
 // Instruction sets: each kernel has a portable version (the reference the others are tested
 // against) and SIMD ones: AVX2+FMA+F16C, and for the int8 products AVX-512 BW and AVX-512 VNNI
