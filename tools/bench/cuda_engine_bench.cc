@@ -10,6 +10,7 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
+//                         [--profile-ttft-step]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--no-early-kv-loads] [--no-pipeline-decode]
 //                         [--prefill-kernel mma|wgmma|wgmma-ws]
@@ -18,6 +19,7 @@
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
 // cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
 // kernels' durations inside real steps, where the timed-alone table above has warm caches.
+// --profile-ttft-step does the same for the last all-cached lazy TTFT step (64 query rows).
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -49,6 +51,8 @@ int Main(int argc, char** argv) {
                "closed-loop clients (part saturation; default 16)");
   args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
+  args.Declare("profile-ttft-step", CliArgs::Kind::kSwitch,
+               "part ttft: the last all-cached lazy step inside cudaProfilerStart/Stop");
   args.Declare("no-skinny", CliArgs::Kind::kSwitch, "one-row GEMMs on cuBLASLt (to compare)");
   args.Declare("no-fused-norms", CliArgs::Kind::kSwitch,
                "batch 1: RMSNorms as launches of their own (to compare)");
@@ -84,6 +88,7 @@ int Main(int argc, char** argv) {
   }
   b.config = *config;
   b.skinny_gemms = !args.Has("no-skinny");
+  b.profile_ttft_step = args.Has("profile-ttft-step");
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
   b.wgmma_packed_weights = !args.Has("no-wgmma-packed");

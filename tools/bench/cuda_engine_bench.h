@@ -47,6 +47,9 @@ struct Bench {
   bool pipeline_decode = EngineOptions{}.pipeline_decode;
   PrefillKernel prefill_kernel = CudaRunnerOptions{}.prefill_kernel;
   int prefill_variant = CudaRunnerOptions{}.prefill_variant;
+  // Part ttft: the last all-cached lazy step inside cudaProfilerStart/Stop, for
+  // `ncu --profile-from-start off` (tests/gpu/device.sh ncu with LAZYATTN_NCU_ARGS).
+  bool profile_ttft_step = false;
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 

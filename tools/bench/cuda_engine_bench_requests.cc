@@ -45,8 +45,12 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
       // Where an all-cached TTFT goes: the same documents once more, one output token, so the
       // runner's profile holds exactly the step that makes the first token.
       b.runner->set_profiling(true);
-      ASSIGN_OR_RETURN(auto r4, engine->Run(RagRequest({base + 2, base + 5, base + 1, base + 4,
-                                                        base + 3}, 4096, q + 3, mode, 1)));
+      const bool profiled = b.profile_ttft_step && mode == CacheMode::kLazy && rep == kRepeats - 1;
+      if (profiled) cudaProfilerStart();
+      auto r4 = engine->Run(RagRequest({base + 2, base + 5, base + 1, base + 4, base + 3}, 4096,
+                                       q + 3, mode, 1));
+      if (profiled) cudaProfilerStop();
+      RETURN_IF_ERROR(r4.status());
       const CudaModelRunner::StepProfile prof = b.runner->profile();
       b.runner->set_profiling(false);
       step_gpu.push_back(prof.steps ? prof.gpu_ms / prof.steps : 0);
