@@ -2,7 +2,7 @@
 # Everything the GPU machine runs, in one command (after tests/gpu/bundle.sh packed the carry
 # folder here and the device call carried it):
 #   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (the
-#   default), cluster and ncu (only when named)
+#   default), cluster, ncu and ncuprefill (only when named)
 #   tests  every GPU test binary (tests/gpu/run.sh)
 #   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu, and `lazyattn replay` on
 #          both (tests/integration/replay_check.py: same document hits), when the model came along
@@ -27,6 +27,9 @@
 #          HTTP against gRPC (tests/gpu/overhead.sh; LAZYATTN_OVERHEAD_ROUNDS); only when named
 #   ncu    every kernel's duration inside 2 steady decode steps (batch 1 at 20K, batch 32 at 2K),
 #          from Nsight Compute with the clocks and caches left alone; summed per kernel name
+#          (LAZYATTN_NCU_ARGS="--parts ttft --profile-ttft-step": the all-cached TTFT step instead)
+#   ncuprefill Nsight Compute's sections for the kept prefill kernel at q512 and q4096
+#          (LAZYATTN_NCU_PREFILL_KERNEL, default wgmma-ws/pp-s5); only when named
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
 # Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
 # LAZYATTN_ENGINE_TIMEOUT (seconds, default 420), LAZYATTN_NCU_ARGS (the bench flags ncu runs,
@@ -148,6 +151,21 @@ if has ncu; then
     --profile-decode-steps 2 \
     2>&1 | tail -n 30 | tee "$logs/ncu-run.log" || status=1
   python3 tests/gpu/ncu_summary.py "$logs/ncu-decode.csv" 2>&1 | tee "$logs/ncu-summary.log"
+fi
+if has ncuprefill; then
+  echo "=== ncu: the kept prefill kernel (wgmma-ws, rotate-q) at q512 and q4096"
+  ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)"
+  for shape in q512 q4096; do
+    timeout 200 "$ncu_bin" --clock-control none -k regex:PagedPrefillWgmmaWs --launch-skip 1 \
+      --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --section LaunchStats --section Occupancy --section InstructionStats \
+      "$carry/bin/lazyattn-bench-prefill" --only="$shape" --variant=rotate-q \
+      --kernel="${LAZYATTN_NCU_PREFILL_KERNEL:-wgmma-ws/pp-s5}" --reps=2 --warmup=1 \
+      >"$logs/ncu-prefill-$shape.log" 2>&1 || status=1
+    grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|Hit Rate|Registers" \
+      "$logs/ncu-prefill-$shape.log" | head -n 60
+  done
 fi
 if has hfbase; then
   echo "=== HF transformers baseline (llama3-8b, sdpa, bf16)"
