@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/include/cpu_threads.h"
 #include "kernels/include/paged_attention.h"
 
 namespace lazyattn {
@@ -127,6 +128,15 @@ TEST(PagedAttentionCpuTest, DeferredRotationEqualsGlobalRotation) {
   // chunks of the CPU implementation.
   RunScenario({.num_heads = 8, .num_kv_heads = 2, .head_dim = 32,
                .segments = {{1}, {17}, {100}, {7}, {16}, {200}}, .num_queries = 150}, 2);
+}
+
+TEST(PagedAttentionCpuTest, PrefillChunksOverMoreThreadsThanCores) {
+  // Five query chunks of three query heads per KV head, handed out over three threads (more than
+  // this box's cores, so they interleave); GQA, an odd head_dim, a partial last chunk.
+  SetCpuKernelThreads(3);
+  RunScenario({.num_heads = 6, .num_kv_heads = 2, .head_dim = 24,
+               .segments = {{45}, {130}, {530}}, .num_queries = 530}, 7);
+  SetCpuKernelThreads(0);
 }
 
 TEST(PagedAttentionCpuTest, DecodeSingleQuery) {
