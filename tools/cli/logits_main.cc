@@ -2,9 +2,13 @@
 // implementations (tests/gpu/hf_logits_check.py runs it beside HF transformers).
 //
 //   lazyattn-logits --model PATH --tokens 1,2,3 --out FILE [--backend cpu|cuda|auto]
+//                   [--cpu-activations fp32|int8]
 //
 // Runs the prompt as one chunk in mode `full` (no cache) straight through the backend's runner
 // and writes vocab_size little-endian float32 values to FILE. Exit status: 0, 2 usage, 1 failure.
+// The CPU backend runs with fp32 activations unless told otherwise, unlike the worker (int8,
+// engine.cpu_activations): this tool exists to compare against fp32 references, and fp32 is the
+// CPU form whose results do not depend on the prompt's length (kernels/include/quant_linear.h).
 #include <fstream>
 #include <iostream>
 #include <numeric>
@@ -12,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "kernels/include/quant_linear.h"
 #include "services/worker/engine/runner_factory.h"
 #include "tools/cli/cli_args.h"
 
@@ -29,6 +34,8 @@ int Main(int argc, char** argv) {
   args.Declare("tokens", CliArgs::Kind::kValue, "comma-separated prompt token ids");
   args.Declare("out", CliArgs::Kind::kValue, "file for the float32 logits");
   args.Declare("backend", CliArgs::Kind::kValue, "cpu, cuda or auto (default)");
+  args.Declare("cpu-activations", CliArgs::Kind::kValue,
+               "cpu backend product inputs: fp32 (default here) or int8 (the worker's default)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) return Fail(s, 2);
   if (!args.Has("model") || !args.Has("tokens") || !args.Has("out")) {
     std::cerr << "lazyattn-logits: --model, --tokens and --out are required\n" << args.Help();
@@ -44,6 +51,11 @@ int Main(int argc, char** argv) {
   }
   auto backend = ParseBackend(args.String("backend", "auto"));
   if (!backend.ok()) return Fail(backend.status(), 2);
+  CpuActivations activations = CpuActivations::kFp32;
+  if (!ParseCpuActivations(args.String("cpu-activations", "fp32"), &activations)) {
+    return Fail(absl::InvalidArgumentError("--cpu-activations must be fp32 or int8"), 2);
+  }
+  SetCpuActivations(activations);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t blocks = (n + kDefaultKvBlockSize - 1) / kDefaultKvBlockSize;
   // No tokenizer: the prompt comes as ids, and HF directories made for the check carry none.
