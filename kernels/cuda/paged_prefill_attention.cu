@@ -1,7 +1,6 @@
 // Paged prefill attention's launcher (paged_prefill_attention.h): checks the arguments, picks
-// the kernel (the mma.sync one, paged_prefill_mma_sync.cu, the wgmma one,
-// paged_prefill_wgmma.cu, or its warp-specialized form, paged_prefill_wgmma_ws.cu) and launches
-// it, then the merge of the split-KV partials, which all
+// the kernel (the mma.sync one, paged_prefill_mma_sync.cu, or the warp-specialized wgmma one,
+// paged_prefill_wgmma_ws.cu) and launches it, then the merge of the split-KV partials, which both
 // kernels share and which lives here. The plan is paged_prefill_plan.cc.
 #include "kernels/cuda/paged_prefill_attention.h"
 
@@ -115,18 +114,16 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillCombineKernel(const Para
   }
 }
 
-// The attention kernel (`kernel`: kWgmma or kWgmmaWs, the sm_90a ones, only for the instances
-// they cover; the caller resolved the fallback), then the merge of the split-KV partials when
-// the plan splits.
+// The attention kernel (`kernel`: kWgmmaWs, the sm_90a one, only for the instances it covers;
+// the caller resolved the fallback), then the merge of the split-KV partials when the plan
+// splits.
 template <int D, PrefillRotation kRot>
 absl::Status Launch(const PagedPrefillPlan& plan, const Params& params, PrefillKernel kernel,
                     int variant, cudaStream_t stream) {
   const int kv_heads = plan.shape().num_kv_heads;
   if (plan.num_work_items() > 0) {
     constexpr bool kWgmmaCovers = D == 128 && kRot != PrefillRotation::kRotateK;
-    if (kWgmmaCovers && kernel == PrefillKernel::kWgmma) {
-      RETURN_IF_ERROR(prefill_internal::LaunchWgmmaAttention(plan, params, kRot, stream));
-    } else if (kWgmmaCovers && kernel == PrefillKernel::kWgmmaWs) {
+    if (kWgmmaCovers && kernel == PrefillKernel::kWgmmaWs) {
       RETURN_IF_ERROR(
           prefill_internal::LaunchWgmmaWsAttention(plan, params, kRot, variant, stream));
     } else {
@@ -165,9 +162,9 @@ bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation) {
 }
 
 int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation) {
-  const bool wgmma = kernel == PrefillKernel::kWgmma || kernel == PrefillKernel::kWgmmaWs;
-  return wgmma && PrefillWgmmaSupports(head_dim, rotation) ? prefill_internal::kWgmmaCtasPerSm
-                                                           : prefill_internal::kMmaSyncCtasPerSm;
+  return kernel == PrefillKernel::kWgmmaWs && PrefillWgmmaSupports(head_dim, rotation)
+             ? prefill_internal::kWgmmaCtasPerSm
+             : prefill_internal::kMmaSyncCtasPerSm;
 }
 
 absl::Status PagedPrefillAttention(const PagedPrefillPlan& plan, const PagedPrefillArgs& args,

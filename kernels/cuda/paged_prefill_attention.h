@@ -28,14 +28,12 @@
 //
 // Two kernels compute this same function from the same plan and merge (PagedPrefillArgs::kernel):
 // the FlashAttention-2-style mma.sync kernel (every head dim and rotation; the default) and a
-// Hopper wgmma kernel (sm_90a, FlashAttention-3 style: two consumer warpgroups of 64 query rows)
-// for head_dim 128 with kRotateQ or kNone. Asked for a shape or rotation the wgmma kernel does
-// not cover (PrefillWgmmaSupports() false: head_dim 64, kRotateK), the launcher runs the mma.sync
+// Hopper wgmma kernel, kWgmmaWs (sm_90a, FlashAttention-3 style: a producer warpgroup fills
+// mbarrier-handed stages, two consumer warpgroups of 64 query rows take turns in ping-pong), for
+// head_dim 128 with kRotateQ or kNone. Asked for a shape or rotation the wgmma kernel does not
+// cover (PrefillWgmmaSupports() false: head_dim 64, kRotateK), the launcher runs the mma.sync
 // kernel instead, silently. The wgmma kernel runs only on compute capability 9.0 devices (its
-// code is sm_90a only); elsewhere the launch returns the CUDA error as Internal. A third kernel,
-// kWgmmaWs, is the wgmma kernel warp-specialized (FlashAttention-3's producer warpgroup,
-// mbarrier-handed stages, two consumer warpgroups in ping-pong): same coverage, same fallback,
-// same function.
+// code is sm_90a only); elsewhere the launch returns the CUDA error as Internal.
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_H_
 
@@ -62,20 +60,18 @@ enum class PrefillRotation { kRotateQ, kRotateK, kNone };
 
 // Which attention kernel runs (both compute the same function; see the top of this file).
 //   kMmaSync: mma.sync m16n8k16, FlashAttention-2 style; every head dim and rotation.
-//   kWgmma:   wgmma m64nNk16 on Hopper (sm_90a); head_dim 128 with kRotateQ or kNone, else the
-//             launcher falls back to kMmaSync.
-//   kWgmmaWs: kWgmma warp-specialized (sm_90a; 384 threads: a producer warpgroup gathers K/V
-//             into mbarrier-guarded stages, two consumer warpgroups with setmaxnreg take turns
-//             on the tensor cores). Same coverage and fallback as kWgmma. Its compiled variants
+//   kWgmmaWs: wgmma m64nNk16 on Hopper (sm_90a), warp-specialized (384 threads: a producer
+//             warpgroup gathers K/V into mbarrier-guarded stages, two consumer warpgroups with
+//             setmaxnreg take turns on the tensor cores); head_dim 128 with kRotateQ or kNone,
+//             else the launcher falls back to kMmaSync. Its compiled variants
 //             (PagedPrefillArgs::variant) are for benchmarks; all compute the same function.
-enum class PrefillKernel { kMmaSync, kWgmma, kWgmmaWs };
+enum class PrefillKernel { kMmaSync, kWgmmaWs };
 
-// Whether PrefillKernel::kWgmma and kWgmmaWs run for this head dim and rotation (else mma.sync
-// runs).
+// Whether PrefillKernel::kWgmmaWs runs for this head dim and rotation (else mma.sync runs).
 bool PrefillWgmmaSupports(int head_dim, PrefillRotation rotation);
 
 // CTAs an SM holds at once of the attention kernel that `kernel` selects for this head dim and
-// rotation: 2 for mma.sync, 1 for wgmma and wgmma-ws (and 2 where they fall back to mma.sync).
+// rotation: 2 for mma.sync, 1 for wgmma-ws (and 2 where it falls back to mma.sync).
 // The value for PagedPrefillPlanOptions::ctas_per_sm.
 int PrefillCtasPerSm(PrefillKernel kernel, int head_dim, PrefillRotation rotation);
 
@@ -107,7 +103,7 @@ struct PagedPrefillPlanOptions {
   // CTAs of the kernel an SM runs at once, >= 1: KV is split so that the grid fills about
   // sm_count x ctas_per_sm CTAs (splits a query tile = sm_count x ctas_per_sm / (query tiles x
   // KV heads), within 1..max_splits, at least 4 K tiles a split). PrefillCtasPerSm() gives it for
-  // the kernel that will run (2: mma.sync, the default; 1: wgmma). Any plan computes the same
+  // the kernel that will run (2: mma.sync, the default; 1: wgmma-ws). Any plan computes the same
   // function on either kernel; only the speed differs.
   int ctas_per_sm = 2;
 };
@@ -170,7 +166,7 @@ struct PagedPrefillArgs {
   __nv_bfloat16* out = nullptr;
   const void* device_metadata = nullptr;           // the plan, Upload()ed
   void* workspace = nullptr;                       // plan.workspace_bytes()
-  PrefillKernel kernel = PrefillKernel::kMmaSync;  // kWgmma: see PrefillWgmmaSupports()
+  PrefillKernel kernel = PrefillKernel::kMmaSync;  // kWgmmaWs: see PrefillWgmmaSupports()
   // kWgmmaWs only: which compiled variant runs, 0..PrefillWgmmaWsVariants()-1 (0, the default,
   // is the one to use; the others exist to be measured). Ignored by the other kernels.
   int variant = 0;

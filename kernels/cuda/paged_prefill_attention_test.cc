@@ -4,9 +4,9 @@
 // them fails), every element checked.
 //
 // Every case runs every rotation variant on the mma.sync kernel and, where they apply (head_dim
-// 128, kRotateQ or kNone: PrefillWgmmaSupports), on the wgmma kernel and on every compiled
-// variant of the warp-specialized wgmma kernel (kWgmmaWs) too. The plan alone (no kernel) is
-// tested in paged_prefill_plan_test.cc.
+// 128, kRotateQ or kNone: PrefillWgmmaSupports), on every compiled variant of the
+// warp-specialized wgmma kernel (kWgmmaWs) too. The plan alone (no kernel) is tested in
+// paged_prefill_plan_test.cc.
 //
 // Tolerance, for every case, kernel and rotation variant: relative L2 error <= 1e-2 and every
 // element within 4e-2 of the reference. Sources of difference: the kernel rounds the rotated K
@@ -317,21 +317,17 @@ std::string Name(KernelRun k) {
   switch (k.kernel) {
     case PrefillKernel::kMmaSync:
       return "mma.sync";
-    case PrefillKernel::kWgmma:
-      return "wgmma";
     case PrefillKernel::kWgmmaWs:
       return std::string("wgmma-ws/") + PrefillWgmmaWsVariantName(k.variant);
   }
   return "?";
 }
 
-// The kernels a (head dim, rotation) runs on: mma.sync always, wgmma and every variant of
-// wgmma-ws where they apply (asked for elsewhere they would silently run mma.sync, which would
-// test nothing new).
+// The kernels a (head dim, rotation) runs on: mma.sync always, every variant of wgmma-ws where
+// it applies (asked for elsewhere it would silently run mma.sync, which would test nothing new).
 std::vector<KernelRun> KernelsFor(int head_dim, PrefillRotation r) {
   std::vector<KernelRun> kernels = {PrefillKernel::kMmaSync};
   if (PrefillWgmmaSupports(head_dim, r)) {
-    kernels.push_back(PrefillKernel::kWgmma);
     for (int v = 0; v < PrefillWgmmaWsVariants(); ++v) {
       kernels.push_back(KernelRun(PrefillKernel::kWgmmaWs, v));
     }
@@ -492,7 +488,7 @@ TEST_F(PagedPrefillGpuTest, ChunkedQueriesSeeTheirEarlierOwnTokens) {
 
 // Runs of plain tiles of lengths 1 to 7 (documents of whole tiles; the 3rd and 4th share a delta,
 // one run of 7), breaks at odd and even tiles, a partial last tile, and split-KV ranges that
-// start inside runs: plain runs and breaks are where kWgmmaWs's and kWgmma's tile loops branch.
+// start inside runs: plain runs and breaks are where kWgmmaWs's tile loop branches.
 TEST_F(PagedPrefillGpuTest, PlainRunsOfEveryLengthAndParity) {
   TEST_SEED(rng);
   std::uniform_int_distribution<uint32_t> delta(1, 200000);
@@ -624,12 +620,12 @@ TEST_F(PagedPrefillGpuTest, DeferredRotationEqualsKeysRotatedAtGlobalPositions) 
   }
 }
 
-// The wgmma kernels (kWgmma and every kWgmmaWs variant) against the mma.sync kernel (same
-// tolerance as against the twin) where the CPU twin would take minutes: the benchmark's shape,
-// 4,096 queries (GQA 32/8) after 5 documents of 4,096 tokens at their own deltas, both rotations it
-// covers (kNone ignores the deltas in both kernels: the same function). Then partial blocks:
-// documents of 100 and 17 tokens (last blocks of 4 and 1 slots, so tiles mix entries, deltas and
-// invalid slots), against the twin and the other kernel, at random deltas (kRotateQ) and at delta 0
+// The wgmma kernel (every kWgmmaWs variant) against the mma.sync kernel (same tolerance as
+// against the twin) where the CPU twin would take minutes: the benchmark's shape, 4,096 queries
+// (GQA 32/8) after 5 documents of 4,096 tokens at their own deltas, both rotations it covers
+// (kNone ignores the deltas in both kernels: the same function). Then partial blocks: documents
+// of 100 and 17 tokens (last blocks of 4 and 1 slots, so tiles mix entries, deltas and invalid
+// slots), against the twin and the other kernel, at random deltas (kRotateQ) and at delta 0
 // (kNone computes the twin's function).
 TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBlocks) {
   ASSERT_TRUE(PrefillWgmmaSupports(128, PrefillRotation::kRotateQ));
@@ -674,15 +670,6 @@ TEST_F(PagedPrefillGpuTest, WgmmaMatchesMmaSyncOnTheBenchmarkShapeAndPartialBloc
   partial.seqs[0].seg_delta.assign(5, 0);
   CheckCase(rng, partial, {PrefillRotation::kRotateQ, PrefillRotation::kNone});
   compare_kernels(partial, PrefillRotation::kNone);
-}
-
-// The warp-specialized kernel runs one CTA an SM (its plans are built for that) where it runs,
-// and where it falls back to mma.sync, mma.sync's two.
-TEST(PagedPrefillArgsTest, WgmmaWsHoldsOneCtaAnSmWhereItRuns) {
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateQ), 1);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kNone), 1);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 64, PrefillRotation::kRotateQ), 2);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateK), 2);
 }
 
 // A kWgmmaWs variant outside 0..PrefillWgmmaWsVariants()-1 is refused before anything is

@@ -1,8 +1,9 @@
 // Internal to the paged prefill attention (not a public header): what the launcher and the merge
 // (paged_prefill_attention.cu), the mma.sync kernel (paged_prefill_mma_sync.cu) and the wgmma
-// kernel (paged_prefill_wgmma.cu, compiled separately for sm_90a) share: the kernel parameters,
-// the small device helpers both kernels use, and the two kernels' launchers. The tiling constants
-// the plan is built for are in paged_prefill_tiling.h, which host-only code can include.
+// kernel (paged_prefill_wgmma_ws.cu, compiled separately for sm_90a) share: the kernel
+// parameters, the small device helpers both kernels use, and the mma.sync kernel's launcher (the
+// wgmma kernel's is in paged_prefill_wgmma_ws.cuh). The tiling constants the plan is built for
+// are in paged_prefill_tiling.h, which host-only code can include.
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_INTERNAL_CUH_
 
@@ -101,12 +102,6 @@ __device__ __forceinline__ uint32_t Swz(int row, int chunk) {
 template <int D, PrefillRotation kRot>
 absl::Status LaunchMmaSync(const PagedPrefillPlan& plan, const Params& params,
                            cudaStream_t stream);
-
-// The attention pass of the wgmma kernel (paged_prefill_wgmma.cu): enqueues the kernel for
-// head_dim 128 and kRotateQ or kNone (InvalidArgument otherwise); the caller launches the merge
-// of split-KV partials after it, as for the mma.sync kernel.
-absl::Status LaunchWgmmaAttention(const PagedPrefillPlan& plan, const Params& params,
-                                  PrefillRotation rotation, cudaStream_t stream);
 
 }  // namespace lazyattn::prefill_internal
 

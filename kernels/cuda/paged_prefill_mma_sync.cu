@@ -17,7 +17,7 @@
 // docs/kernels.md) and is kept for the measurement.
 //
 // The plan (paged_prefill_plan.cc), the launcher and the merge (paged_prefill_attention.cu) are
-// shared unchanged with the wgmma kernel (paged_prefill_wgmma.cu, PrefillKernel::kWgmma).
+// shared unchanged with the wgmma kernel (paged_prefill_wgmma_ws.cu, PrefillKernel::kWgmmaWs).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

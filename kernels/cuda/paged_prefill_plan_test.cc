@@ -51,13 +51,16 @@ TEST(PagedPrefillPlanTest, RejectsWhatTheKernelCannotDo) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// The warp-specialized kernel runs one CTA an SM (its plans are built for that) where it runs,
+// and where it falls back to mma.sync, mma.sync's two.
 TEST(PagedPrefillPlanTest, CtasPerSmFollowsTheKernelThatRuns) {
   EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kMmaSync, 128, PrefillRotation::kRotateQ), 2);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kRotateQ), 1);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kNone), 1);
-  // Where kWgmma falls back to mma.sync, so does the occupancy.
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 64, PrefillRotation::kRotateQ), 2);
-  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmma, 128, PrefillRotation::kRotateK), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kMmaSync, 64, PrefillRotation::kRotateK), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateQ), 1);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kNone), 1);
+  // Where kWgmmaWs falls back to mma.sync, so does the occupancy.
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 64, PrefillRotation::kRotateQ), 2);
+  EXPECT_EQ(PrefillCtasPerSm(PrefillKernel::kWgmmaWs, 128, PrefillRotation::kRotateK), 2);
 }
 
 TEST(PagedPrefillPlanTest, SplitsKvOnlyWhenQueryTilesLeaveTheChipIdle) {
@@ -162,7 +165,7 @@ TEST(PagedPrefillPlanTest, BreaksMarkExactlyTheTilesThatAreNotPlain) {
       EXPECT_EQ(breaks[tiles], tiles);
       EXPECT_EQ(breaks[tiles + 1], tiles);
       mid_starts += t_begin > 0 ? 1 : 0;
-      // The kernel's decisions, its statements in its order (paged_prefill_wgmma.cu): next_plain
+      // The kernel's decisions, its statements in its order (paged_prefill_wgmma_ws.cu): next_plain
       // and next_break set before the loop, then plan_next (deciding tile t + 1) run from the
       // passes of tile t, by the first pass only. A model that advanced next_break once a tile,
       // not where the kernel does, hid a kernel that ran plan_next in every pass (a tile of

@@ -1,10 +1,11 @@
 // Paged prefill attention on Hopper wgmma with warp specialization (PrefillKernel::kWgmmaWs,
 // sm_90a): FlashAttention-3's CTA shape on the same function, plan, split-KV partials and merge
-// as the other two kernels (paged_prefill_attention.h has the contract). head_dim 128, kRotateQ
-// and kNone only, like kWgmma; the math of a tile (RS Q K^T, softmax, P V, masking, kRotateQ's
-// passes and breaks) is kWgmma's (paged_prefill_wgmma.cu's header derives the descriptors and
-// fragment layouts used here); what differs is who loads, how loads are handed over, and how the
-// two consumer warpgroups share the tensor cores.
+// as the mma.sync kernel (paged_prefill_attention.h has the contract). head_dim 128, kRotateQ
+// and kNone only. The math of a tile (RS Q K^T, softmax, P V, masking, kRotateQ's passes and
+// breaks) and the layouts it relies on (K/V swizzle, descriptors, fragment layouts, Q in
+// registers, the plain-tile decision) are derived in paged_prefill_wgmma_ops.cuh's header; this
+// file holds who loads, how loads are handed over, and how the two consumer warpgroups share the
+// tensor cores.
 //
 // CTA = 3 warpgroups (384 threads), one CTA an SM, one work item (128 query rows of one KV head):
 //   warpgroup 0, producer:  setmaxnreg.dec to kProducerRegs. Warp w (0..3) gathers table entry w
@@ -14,9 +15,9 @@
 //     copies the entry record itself into the stage (the consumers mask with it).
 //   warpgroups 1, 2, consumers: setmaxnreg.inc to kConsumerRegs; consumer c owns query rows
 //     64c..64c+63 (wgmma's M), loads them into shared memory itself (the original q, which
-//     kRotateQ rotates from) and into registers (RS form), and runs kWgmma's tile loop on the
-//     stages, with its intra-warpgroup overlap (S of this pass issued, then P V of the previous
-//     pass, softmax while P V runs).
+//     kRotateQ rotates from) and into registers (RS form), and runs the tile loop on the stages,
+//     with its intra-warpgroup overlap (S of this pass issued, then P V of the previous pass,
+//     softmax while P V runs).
 // No CTA-wide barrier after the prologue: stages are handed over by mbarriers, and the two
 // consumers take turns issuing their GEMMs through two named barriers (ping-pong, kPingPong).
 //
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
       }
     };
     // Swizzled destinations of this lane's copies (the 128-byte swizzle of wgmma's K/V tiles,
-    // paged_prefill_wgmma.cu's Sw128): a lane-constant part, and the XOR of its chunk with key
+    // paged_prefill_wgmma_ops.cuh): a lane-constant part, and the XOR of its chunk with key
     // row 2 (i % 4) + half of copy i.
     const uint32_t dst_lane = (c >> 3) * (kBlockN * 128) + (w * kKvBlock + half) * 128;
     uint32_t swz[4];
@@ -313,7 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
 #pragma unroll
   for (int ks = 0; ks < kQkSteps; ++ks) load_q(ks, qa[ks]);
 
-  // kRotateQ: q' = R_{-delta} q into the A fragments from the original q (kWgmma's rotate_q).
+  // kRotateQ: q' = R_{-delta} q into the A fragments from the original q (dims i and i + 64 in
+  // the same register of k16 steps ks and ks + 4: paged_prefill_wgmma_ops.cuh).
   int cur_delta = 0;
   auto rotate_q = [&](int delta) {
     const float* cs = p.rope_cos + static_cast<int64_t>(delta) * (kD / 2);
@@ -355,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
   // Hands stage `stage` back to the producer (every wgmma of this warp reading it is done).
   auto release = [&](int stage) { MbarArrive(empty_bar(stage)); };
 
-  // kRotateQ's plain-tile decision a tile ahead, from the plan's breaks (kWgmma's logic).
+  // kRotateQ's plain-tile decision a tile ahead, from the plan's breaks
+  // (paged_prefill_wgmma_ops.cuh).
   const int* breaks = p.breaks + item.break_start;
   const int entry_start = item.entry_start, num_entries = item.num_entries;
   // Warms L1 with the cos/sin rows of tile t's deltas (a hint; entries read from global memory,
@@ -397,9 +400,9 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
     const int4 e0 = ent[0], e1 = ent[1], e2 = ent[2], e3 = ent[3];
     const uint32_t k_smem = sbase + L::kK + stage * L::kTileBytes;
 
-    // One pass over the entries in `active` (kWgmma's run_pass). `first`: the tile's first pass,
-    // which decides tile t + 1 (plan_next) and, its pending P V being the previous tile's last,
-    // releases the previous tile's stage once that P V is done.
+    // One pass over the entries in `active`. `first`: the tile's first pass, which decides tile
+    // t + 1 (plan_next) and, its pending P V being the previous tile's last, releases the
+    // previous tile's stage once that P V is done.
     auto run_pass = [&](int active, bool first) {
       FenceOperands(o);
       FenceOperands(qa);
@@ -479,7 +482,9 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillWgmmaWsKernel(const P
         l_run[r2] = l_run[r2] * alpha[r2] + sum;
       }
 
-      WgmmaWait<0>();  // unconditional: see paged_prefill_wgmma.cu
+      // Unconditional (nothing is in flight without a pending P V): ptxas does not correlate the
+      // two pv_pending branches, and with a conditional wait it serializes every wgmma.
+      WgmmaWait<0>();
       FenceOperands(o);
       FenceOperands(s);
       if (first && had_pv) release(pv_stage);  // the previous tile's last P V is done

@@ -1,7 +1,6 @@
 // Internal to the paged prefill attention (not a public header): the launcher of the
 // warp-specialized wgmma kernel (paged_prefill_wgmma_ws.cu, PrefillKernel::kWgmmaWs, sm_90a
-// only) that paged_prefill_attention.cu calls, beside LaunchWgmmaAttention
-// (paged_prefill_internal.cuh).
+// only) that paged_prefill_attention.cu calls, beside LaunchMmaSync (paged_prefill_internal.cuh).
 #ifndef LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_WGMMA_WS_CUH_
 #define LAZYATTN_KERNELS_CUDA_PAGED_PREFILL_WGMMA_WS_CUH_
 

@@ -1,5 +1,5 @@
 // Inline PTX wrappers for Hopper's warpgroup MMA (wgmma, sm_90a only) shared by the kernels that
-// use it (skinny_wgmma_kernel.cu, paged_prefill_wgmma.cu): shared-memory matrix descriptors for
+// use it (skinny_wgmma_kernel.cu, paged_prefill_wgmma_ws.cu): shared-memory matrix descriptors for
 // the 128-byte swizzle, the fence / commit / wait of the async pipeline, and the cross-proxy
 // fence. The MMA instructions themselves (one shape per use) stay in the kernel that needs them.
 //

@@ -13,7 +13,7 @@
 //                         [--profile-ttft-step]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--no-early-kv-loads] [--no-pipeline-decode]
-//                         [--prefill-kernel mma|wgmma|wgmma-ws]
+//                         [--prefill-kernel mma|wgmma-ws]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
@@ -65,7 +65,7 @@ int Main(int argc, char** argv) {
   args.Declare("no-wgmma-packed", CliArgs::Kind::kSwitch,
                "runner: the wgmma kernel reads the row-major weights, no packed copy (to compare)");
   args.Declare("prefill-kernel", CliArgs::Kind::kValue,
-               "runner: prefill attention kernel, mma, wgmma or wgmma-ws (default the runner's)");
+               "runner: prefill attention kernel, mma or wgmma-ws (default the runner's)");
   args.Declare("prefill-variant", CliArgs::Kind::kValue,
                "runner: wgmma-ws compiled variant (PagedPrefillArgs::variant; default 0)");
   args.Declare("no-pipeline-decode", CliArgs::Kind::kSwitch,
@@ -98,12 +98,11 @@ int Main(int argc, char** argv) {
     const std::string k = args.String("prefill-kernel");
     if (k == "mma") {
       b.prefill_kernel = PrefillKernel::kMmaSync;
-    } else if (k == "wgmma") {
-      b.prefill_kernel = PrefillKernel::kWgmma;
     } else if (k == "wgmma-ws") {
       b.prefill_kernel = PrefillKernel::kWgmmaWs;
     } else {
-      std::cerr << "--prefill-kernel: mma, wgmma or wgmma-ws, not " << k << "\n";
+      // "wgmma" named the first wgmma kernel, since removed: refused like any other name.
+      std::cerr << "--prefill-kernel: mma or wgmma-ws, not " << k << "\n";
       return 2;
     }
   }

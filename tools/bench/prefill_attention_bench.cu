@@ -6,26 +6,24 @@
 //                       blocks shuffled across the pool
 //   encode4096          a 4,096-token document encoded alone (one segment, delta 0, causal)
 // Each in three variants on the mma.sync kernel: rotate-q (the kept one), rotate-k, none (no
-// rotation: the price of it); and in the two the wgmma kernels cover (none, rotate-q): the wgmma
-// kernel (PrefillKernel::kWgmma) and every compiled variant of its warp-specialized form
-// (kWgmmaWs, rows "wgmma-ws/<variant>": pp = ping-pong between the consumer warpgroups, nopp =
-// none, sN = N K/V stages), side by side, each kernel on the plan built for it
-// (PrefillCtasPerSm: KV split to fill 2 CTAs an SM for mma.sync, 1 for both wgmma kernels; the
-// split counts go to stderr and the JSON). "vs none" compares a variant with the same kernel's
-// (and kernel variant's) none, "vs mma.sync" and "vs wgmma" a row's TFLOP/s with the mma.sync or
-// wgmma row of the same rotation variant.
+// rotation: the price of it); and in the two the wgmma kernel covers (none, rotate-q): every
+// compiled variant of the warp-specialized wgmma kernel (PrefillKernel::kWgmmaWs, rows
+// "wgmma-ws/<variant>": pp = ping-pong between the consumer warpgroups, nopp = none, sN = N K/V
+// stages), side by side, each kernel on the plan built for it (PrefillCtasPerSm: KV split to fill
+// 2 CTAs an SM for mma.sync, 1 for wgmma-ws; the split counts go to stderr and the JSON). "vs
+// none" compares a variant with the same kernel's (and kernel variant's) none, "vs mma.sync" a
+// row's TFLOP/s with the mma.sync row of the same rotation variant.
 // TFLOP/s = 4 * head_dim * heads * (visible query-key pairs) / time (causal pairs only counted),
 // time = median of --reps single launches timed with CUDA events after --warmup launches; each
 // variant is timed twice, interleaved, to show the run-to-run spread.
 // Prints a markdown table and one JSON object per line (prefixed "JSON ", with "kernel" and
 // "variant" naming the row); on stderr, per shape, the largest differences between variants that
-// compute the same function (rotate-q against rotate-k, wgmma against mma.sync).
+// compute the same function (rotate-q against rotate-k, wgmma-ws against mma.sync).
 //
-//   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma] [--reps=50]
+//   lazyattn-bench-prefill [--only=q4096] [--variant=rotate-q] [--kernel=wgmma-ws] [--reps=50]
 //                          [--warmup=5] [--wgmma-ctas-per-sm=N]
-// --kernel takes mma.sync, wgmma, wgmma-ws (every variant) or one variant (wgmma-ws/pp-s5).
-// --wgmma-ctas-per-sm builds both wgmma kernels' plan for N CTAs an SM instead (2: the mma.sync
-// plan).
+// --kernel takes mma.sync, wgmma-ws (every variant) or one variant (wgmma-ws/pp-s5).
+// --wgmma-ctas-per-sm builds the wgmma-ws plan for N CTAs an SM instead (2: the mma.sync plan).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -115,8 +113,6 @@ const char* KernelName(PrefillKernel k) {
   switch (k) {
     case PrefillKernel::kMmaSync:
       return "mma.sync";
-    case PrefillKernel::kWgmma:
-      return "wgmma";
     case PrefillKernel::kWgmmaWs:
       return "wgmma-ws";
   }
@@ -194,7 +190,7 @@ int Main(int argc, char** argv) {
   CHECK_CUDA(cudaGetLastError());
   unsigned int* d_diff;
   CHECK_CUDA(cudaMalloc(&d_diff, 8));
-  // One plan per kernel (PagedPrefillPlanOptions::ctas_per_sm: the wgmma kernel holds one CTA
+  // One plan per kernel (PagedPrefillPlanOptions::ctas_per_sm: the wgmma-ws kernel holds one CTA
   // an SM, so its plan splits KV half as much), each with its own metadata and workspace.
   struct KernelPlan {
     PagedPrefillPlan plan;
@@ -203,7 +199,7 @@ int Main(int argc, char** argv) {
     int64_t meta_cap = 0, ws_cap = 0;
   };
   KernelPlan plans[2];
-  auto plan_for = [&](PrefillKernel k) -> KernelPlan& {  // both wgmma kernels: 1 CTA an SM
+  auto plan_for = [&](PrefillKernel k) -> KernelPlan& {
     return plans[k == PrefillKernel::kMmaSync ? 0 : 1];
   };
 
@@ -216,9 +212,7 @@ int Main(int argc, char** argv) {
       {"q64", 64, 5}, {"q512", 512, 5}, {"q4096", 4096, 5}, {"encode4096", 4096, 0}};
   std::vector<Variant> variants = {{PrefillKernel::kMmaSync, PrefillRotation::kNone},
                                    {PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
-                                   {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
-                                   {PrefillKernel::kWgmma, PrefillRotation::kNone},
-                                   {PrefillKernel::kWgmma, PrefillRotation::kRotateQ}};
+                                   {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ}};
   for (int kv = 0; kv < PrefillWgmmaWsVariants(); ++kv) {
     variants.push_back({PrefillKernel::kWgmmaWs, PrefillRotation::kNone, kv});
     variants.push_back({PrefillKernel::kWgmmaWs, PrefillRotation::kRotateQ, kv});
@@ -236,8 +230,7 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "\n| shape | kernel | variant | queries | cached keys | visible pairs | ms (run 1 / run 2) | "
-      "TFLOP/s | vs none | vs mma.sync | vs wgmma |\n|---|---|---|---|---|---|---|---|---|---|---|"
-      "\n");
+      "TFLOP/s | vs none | vs mma.sync |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> json;
   for (const Shape& sh : shapes) {
     if (!only.empty() && only != sh.name) continue;
@@ -273,13 +266,13 @@ int Main(int argc, char** argv) {
     shape.num_kv_heads = kKvHeads;
     shape.head_dim = kDim;
     shape.num_pool_blocks = pool_blocks;
-    for (PrefillKernel k : {PrefillKernel::kMmaSync, PrefillKernel::kWgmma}) {
+    for (PrefillKernel k : {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaWs}) {
       KernelPlan& kp = plan_for(k);
       PagedPrefillPlanOptions options;
       options.sm_count = info->sm_count;
       options.rope_max_positions = positions;
-      // Both wgmma variants (none, rotate-q) run the wgmma kernel at head_dim 128.
-      options.ctas_per_sm = k == PrefillKernel::kWgmma && wgmma_ctas_per_sm > 0
+      // Both wgmma-ws variants (none, rotate-q) run the wgmma kernel at head_dim 128.
+      options.ctas_per_sm = k == PrefillKernel::kWgmmaWs && wgmma_ctas_per_sm > 0
                                 ? wgmma_ctas_per_sm
                                 : PrefillCtasPerSm(k, kDim, PrefillRotation::kRotateQ);
       CHECK_OK(kp.plan.Build(shape, &seq, 1, options));
@@ -355,16 +348,11 @@ int Main(int argc, char** argv) {
     if (only_variant.empty() && only_kernel.empty()) {
       max_diff({PrefillKernel::kMmaSync, PrefillRotation::kRotateK},
                {PrefillKernel::kMmaSync, PrefillRotation::kRotateQ}, "rotate-q - rotate-k");
-      max_diff({PrefillKernel::kMmaSync, PrefillRotation::kRotateQ},
-               {PrefillKernel::kWgmma, PrefillRotation::kRotateQ},
-               "wgmma rotate-q - mma.sync rotate-q");
-      max_diff({PrefillKernel::kMmaSync, PrefillRotation::kNone},
-               {PrefillKernel::kWgmma, PrefillRotation::kNone}, "wgmma none - mma.sync none");
       for (int kv = 0; kv < PrefillWgmmaWsVariants(); ++kv) {
         for (PrefillRotation r : {PrefillRotation::kRotateQ, PrefillRotation::kNone}) {
           const Variant ws{PrefillKernel::kWgmmaWs, r, kv};
-          max_diff({PrefillKernel::kWgmma, r}, ws,
-                   RowKernelName(ws) + " " + VariantName(r) + " - wgmma " + VariantName(r));
+          max_diff({PrefillKernel::kMmaSync, r}, ws,
+                   RowKernelName(ws) + " " + VariantName(r) + " - mma.sync " + VariantName(r));
         }
       }
     }
@@ -392,15 +380,10 @@ int Main(int argc, char** argv) {
       if (mma_ms > 0 && v.kernel != PrefillKernel::kMmaSync) {
         std::snprintf(vs_mma, sizeof(vs_mma), "x%.2f", mma_ms / best);
       }
-      const double wgmma_ms = best_ms(PrefillKernel::kWgmma, v.rotation, 0);
-      char vs_wgmma[32] = "-";
-      if (wgmma_ms > 0 && v.kernel == PrefillKernel::kWgmmaWs) {
-        std::snprintf(vs_wgmma, sizeof(vs_wgmma), "x%.2f", wgmma_ms / best);
-      }
-      std::printf("| %s | %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s | %s | %s |\n",
+      std::printf("| %s | %s | %s | %d | %d | %.4g | %.4f / %.4f | %.1f | %s | %s |\n",
                   sh.name.c_str(), RowKernelName(v).c_str(), VariantName(v.rotation),
-                  sh.num_queries, cached, pairs, medians[vi][0], medians[vi][1], tflops, vs, vs_mma,
-                  vs_wgmma);
+                  sh.num_queries, cached, pairs, medians[vi][0], medians[vi][1], tflops, vs,
+                  vs_mma);
       char line[640];
       std::snprintf(
           line, sizeof(line),

@@ -95,7 +95,8 @@ struct CudaRunnerOptions {
   // The prefill attention kernel (PagedPrefillArgs::kernel): the warp-specialized wgmma kernel
   // on compute capability 9.0 where it supports the shape (head_dim 128;
   // paged_prefill_attention.h), else mma.sync. Kernel rates: docs/benchmarks.md, "Prefill
-  // attention (H200)"; whole steps against kWgmma: "CUDA engine end to end".
+  // attention (H200)"; whole steps against the first wgmma kernel (since removed): "CUDA
+  // engine end to end".
   PrefillKernel prefill_kernel = PrefillKernel::kWgmmaWs;
   // kWgmmaWs's compiled variant (PagedPrefillArgs::variant; 0 is the one to use). Create
   // refuses one out of range.
