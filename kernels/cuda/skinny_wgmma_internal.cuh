@@ -60,9 +60,6 @@ struct Params {
   // pool slots; y is not written.
   RopeKvAppendArgs rope;
   bool y_fp32, accumulate;
-  // Each tile walks its K range from its own evenly spread starting point (the kernel's
-  // producer); off: every tile from the range's start.
-  bool k_stagger;
   int* counters;    // one per tile, zero between calls
   float* partials;  // [splits][tiles][accumulators][kConsumers] when splits > 1
   // Non-null: the weights in PackWeightsForWgmma's layout, read as contiguous 8 KB blocks

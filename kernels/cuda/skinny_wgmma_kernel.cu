@@ -217,26 +217,16 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   if (warp == kConsumers / 32) {  // producer
     if (lane == 0) {
       const uint64_t weights_policy = EvictFirstPolicy(), x_policy = EvictLastPolicy();
-      // The K block of step i. With p.k_stagger the tiles start at evenly spread points of their
-      // range and wrap around, so the CTAs running at once read different parts of x instead
-      // of all the same 8 KB at the same time (x is every tile's operand); the consumers do not
-      // care in which order K arrives, only the fp32 summation order of a tile changes.
-      const int rot = p.k_stagger && steps > 0 ? static_cast<int>(
-                                                     int64_t{tile} * steps / gridDim.y) : 0;
-      auto k_block = [&](int i) {
-        const int j = i + rot;
-        return kb_begin + (j >= steps ? j - steps : j);
-      };
       // The SwiGLU form's map has 64-row boxes: gate rows at n0, up rows at inter + n0.
       auto load_weights = [&](int s, int i) {
-        const int k = k_block(i) * kTileK;
+        const int k = (kb_begin + i) * kTileK;
         if (p.packed_w != nullptr) {
           // Block (64-row group g, K block kb) lies at (g * k_blocks + kb) * 8 KB, already in
           // the 128-byte-swizzled order TMA would write: a plain copy per 64-row group.
           for (int m = 0; m < kM; ++m) {
             const int row = p.swiglu_inter > 0 ? (m == 0 ? n0 : p.swiglu_inter + n0)
                                                 : n0 + m * kTileM;
-            const int64_t block = int64_t{row / kTileM} * p.k_blocks + k_block(i);
+            const int64_t block = int64_t{row / kTileM} * p.k_blocks + kb_begin + i;
             BulkLoad(a_tile(s) + m * kTileM * 128, p.packed_w + block * kTileM * kTileK,
                      kTileM * 128, full(s), weights_policy);
           }
@@ -258,14 +248,14 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
       WaitForPrerequisiteGrid();
       AllowDependentLaunch();
       for (int i = 0; i < first; ++i) {
-        TmaLoad2d(b_tile(i), &map_x, k_block(i) * kTileK, 0, full(i), x_policy);
+        TmaLoad2d(b_tile(i), &map_x, (kb_begin + i) * kTileK, 0, full(i), x_policy);
       }
       for (int i = kStages; i < steps; ++i) {
         const int s = i % kStages;
         MbarWait(empty(s), ((i / kStages) - 1) & 1);
         MbarArriveExpectTx(full(s), L::kStageBytes);
         load_weights(s, i);
-        TmaLoad2d(b_tile(s), &map_x, k_block(i) * kTileK, 0, full(s), x_policy);
+        TmaLoad2d(b_tile(s), &map_x, (kb_begin + i) * kTileK, 0, full(s), x_policy);
       }
     } else {
       WaitForPrerequisiteGrid();

@@ -10,8 +10,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -158,15 +156,6 @@ bool SkinnyWgmmaLinearSupports(int64_t rows, int64_t in, int64_t out, const void
 
 namespace {
 
-// LAZYATTN_WGMMA_K_STAGGER=1 staggers the tiles' K order (Params::k_stagger); read once.
-bool KStaggerEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("LAZYATTN_WGMMA_K_STAGGER");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return enabled;
-}
-
 int RowTile(int64_t rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
 // Both forms: `out` output features of y, or with swiglu_inter > 0 the SwiGLU form's inter
@@ -213,7 +202,6 @@ absl::Status Run(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t rows, i
                  .rope = rope != nullptr ? *rope : RopeKvAppendArgs{},
                  .y_fp32 = y_type == GemmOutputType::kFp32,
                  .accumulate = accumulate,
-                 .k_stagger = KStaggerEnabled(),
                  .counters = workspace.counters(),
                  .partials = workspace.partials(),
                  .packed_w = w_packed};
