@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/include/block_copy.h"
 
 namespace lazyattn {
@@ -63,6 +65,43 @@ TEST(BlockCopyCpuTest, CopiedKeysEqualKeysRotatedAtTheNewPosition) {
           for (int x = 0; x < d; ++x)
             ASSERT_EQ(k[l * layer_stride + shape.offset(b, h, s) + x], want[x]);
         }
+}
+
+// F16 pools: values and delta-0 copies move bit for bit; a re-rotated key is the fp32 copy's
+// result (from the same half keys) rounded once more to half: within 2^-11 of itself.
+TEST(BlockCopyCpuTest, F16PoolsCopyWithinOneMoreHalfRounding) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0, 2);
+  const int d = 64, kv_heads = 2, pool_blocks = 4;
+  PagedKvShape shape{.num_kv_heads = kv_heads, .head_dim = d, .block_size = 16};
+  const int64_t stride = pool_blocks * shape.block_stride();
+  RopeTable rope(RopeParams{.head_dim = d, .theta = 10000}, 10000);
+  std::vector<float> k(stride), v(stride);
+  for (float& x : k) x = dist(rng);
+  for (float& x : v) x = dist(rng);
+  std::vector<uint16_t> k16(stride), v16(stride);
+  cpu_internal::FloatToHalfRow(k.data(), stride, k16.data());
+  cpu_internal::FloatToHalfRow(v.data(), stride, v16.data());
+  // The fp32 copy starts from the same (half-rounded) keys, so only the second rounding differs.
+  for (int64_t i = 0; i < stride; ++i) k[i] = cpu_internal::HalfBitsToFloatValue(k16[i]);
+  const std::vector<uint16_t> k16_before = k16, v16_before = v16;
+  const std::vector<BlockCopy> copies = {{0, 2, 777}, {1, 3, 0}};
+  BlockCopyRerotateCpu(copies.data(), 2, 1, 0, shape, rope, k.data(), v.data());
+  BlockCopyRerotateCpu(copies.data(), 2, 1, 0, shape, rope, k16.data(), v16.data());
+  for (const BlockCopy& c : copies) {
+    for (int64_t i = 0; i < shape.block_stride(); ++i) {
+      const int64_t src = shape.offset(c.src, 0, 0) + i, dst = shape.offset(c.dst, 0, 0) + i;
+      ASSERT_EQ(v16[dst], v16_before[src]);
+      ASSERT_EQ(k16[src], k16_before[src]);  // sources untouched
+      if (c.delta == 0) {
+        ASSERT_EQ(k16[dst], k16_before[src]);
+      } else {
+        ASSERT_LE(std::abs(cpu_internal::HalfBitsToFloatValue(k16[dst]) - k[dst]),
+                  std::abs(k[dst]) * 0x1p-11f + 1e-6f)
+            << "element " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/paged_attention.h"
@@ -24,8 +25,9 @@ namespace {
 // Queries are processed in chunks so the score matrix stays small for 100K-token prompts.
 constexpr int kQueryChunk = 128;
 
-// Copies the visible keys of one KV head out of the pool into a contiguous [n][d] matrix, rotating
-// each block's keys forward by the block's delta, and its values likewise (unrotated).
+// Copies the visible keys of one KV head out of the pool into a contiguous [n][d] matrix (widened
+// to fp32 from an F16 pool), rotating each block's keys forward by the block's delta, and its
+// values likewise (unrotated).
 void GatherKv(const PagedAttentionArgs& a, int kv_head, int64_t n_keys, float* k, float* v) {
   const int d = a.shape.head_dim;
   int64_t row = 0;
@@ -35,8 +37,13 @@ void GatherKv(const PagedAttentionArgs& a, int kv_head, int64_t n_keys, float* k
     const int take = static_cast<int>(std::min<int64_t>(KvEntryValid(e), n_keys - row));
     const int64_t off = a.shape.offset(KvEntryBlock(e), kv_head, 0);
     // A block's rows of one head are contiguous ([block_size][head_dim]).
-    std::memcpy(k + row * d, a.k_pool + off, int64_t{take} * d * sizeof(float));
-    std::memcpy(v + row * d, a.v_pool + off, int64_t{take} * d * sizeof(float));
+    if (a.k_pool_f16 != nullptr) {
+      cpu_internal::HalfToFloatRow(a.k_pool_f16 + off, int64_t{take} * d, k + row * d);
+      cpu_internal::HalfToFloatRow(a.v_pool_f16 + off, int64_t{take} * d, v + row * d);
+    } else {
+      std::memcpy(k + row * d, a.k_pool + off, int64_t{take} * d * sizeof(float));
+      std::memcpy(v + row * d, a.v_pool + off, int64_t{take} * d * sizeof(float));
+    }
     if (delta != 0) {
       for (int s = 0; s < take; ++s) RopeRotateHeadCpu(k + (row + s) * d, delta, *a.rope);
     }
@@ -124,6 +131,21 @@ void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots
       const int64_t dst = shape.offset(block, h, slot);
       std::memcpy(k_pool + dst, k + src, d * sizeof(float));
       std::memcpy(v_pool + dst, v + src, d * sizeof(float));
+    }
+  }
+}
+
+void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
+                     const PagedKvShape& shape, uint16_t* k_pool, uint16_t* v_pool) {
+  const int d = shape.head_dim;
+  for (int t = 0; t < n; ++t) {
+    const uint32_t block = static_cast<uint32_t>(slots[t] / shape.block_size);
+    const int slot = static_cast<int>(slots[t] % shape.block_size);
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      const int64_t src = (int64_t{t} * shape.num_kv_heads + h) * d;
+      const int64_t dst = shape.offset(block, h, slot);
+      cpu_internal::FloatToHalfRow(k + src, d, k_pool + dst);
+      cpu_internal::FloatToHalfRow(v + src, d, v_pool + dst);
     }
   }
 }

@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/paged_attention.h"
 
@@ -115,6 +117,50 @@ void RunScenario(const Scenario& sc, uint32_t seed) {
                              .scale = 1.0f / std::sqrt(float(d)), .rope = &rope,
                              .out = dec.data()});
     for (size_t i = 0; i < dec.size(); ++i) ASSERT_NEAR(dec[i], ref[i], 2e-4) << "decode " << i;
+  }
+
+  // The same pools stored as IEEE half (an F16 KV cache) against the fp32 pools. Each stored
+  // value moves by at most u = 2^-11 of itself, so a score q.k * scale by at most
+  // u * scale * |q| |k|, which moves softmax-weighted outputs by at most twice that times max |v|
+  // (to first order; 10% for the rest), and the values' own rounding adds u * max |v|.
+  auto max_row_norm = [d](const std::vector<float>& m) {
+    double best = 0;
+    for (size_t r = 0; r + d <= m.size(); r += d) {
+      double n2 = 0;
+      for (int x = 0; x < d; ++x) n2 += double(m[r + x]) * m[r + x];
+      best = std::max(best, std::sqrt(n2));
+    }
+    return best;
+  };
+  double max_v = 0;
+  for (float x : v) max_v = std::max(max_v, double(std::abs(x)));
+  const double u = std::ldexp(1.0, -11), scale = 1.0 / std::sqrt(double(d));
+  const double bound =
+      max_v * u * (2.2 * scale * max_row_norm(q_global) * max_row_norm(k_raw) + 1) + 1e-5;
+  std::vector<uint16_t> k16(k_pool.size()), v16(v_pool.size());
+  cpu_internal::FloatToHalfRow(k_pool.data(), int64_t(k_pool.size()), k16.data());
+  cpu_internal::FloatToHalfRow(v_pool.data(), int64_t(v_pool.size()), v16.data());
+  PagedAttentionArgs half_args{.q = q_global.data(), .num_queries = sc.num_queries,
+                               .num_heads = H, .first_query_index = first_query,
+                               .block_table = table.data(),
+                               .num_blocks = static_cast<int>(table.size()), .shape = shape,
+                               .scale = 1.0f / std::sqrt(float(d)), .rope = &rope,
+                               .k_pool_f16 = k16.data(), .v_pool_f16 = v16.data()};
+  std::vector<float> out16(q_global.size(), NAN);
+  half_args.out = out16.data();
+  PagedAttentionCpu(half_args);
+  double worst = 0;
+  for (size_t i = 0; i < out16.size(); ++i) {
+    ASSERT_NEAR(out16[i], out[i], bound) << "f16 element " << i;
+    worst = std::max(worst, double(std::abs(out16[i] - out[i])));
+  }
+  EXPECT_GT(worst, 0.0) << "the f16 pools were not read";
+  if (sc.num_queries == 1) {
+    std::vector<float> dec16(q_global.size(), NAN);
+    half_args.out = dec16.data();
+    PagedDecodeAttentionCpu(half_args);
+    for (size_t i = 0; i < dec16.size(); ++i)
+      ASSERT_NEAR(dec16[i], out[i], bound + 2e-4) << "f16 decode " << i;
   }
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/half_rows.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/paged_attention.h"
 
@@ -41,9 +42,19 @@ constexpr int kBlocksPerTask = 16;
 // One task: the query heads of one KV head against the keys of blocks [b0, b1), each key and
 // value row read once for the whole group. Writes per head the range's largest score, its sum of
 // exp(score - max) and its exp-weighted sum of values, merged afterwards (split-K softmax).
+// One head's rows of a block ([valid][head_dim]): in place from an fp32 pool, widened into `tile`
+// from an F16 one (half the bytes read; the conversion is a few instructions per 8 values).
+const float* BlockRows(const float* pool, const uint16_t* pool_f16, int64_t offset, int64_t count,
+                       std::vector<float>& tile) {
+  if (pool_f16 == nullptr) return pool + offset;
+  tile.resize(count);
+  cpu_internal::HalfToFloatRow(pool_f16 + offset, count, tile.data());
+  return tile.data();
+}
+
 void DecodeRange(const PagedAttentionArgs& a, int kv_head, int b0, int b1, float* part_max,
                  double* part_sum, float* part_acc, std::vector<float>& q_rot,
-                 std::vector<float>& scores) {
+                 std::vector<float>& scores, std::vector<float>& tile) {
   const int d = a.shape.head_dim;
   const int group = a.num_heads / a.shape.num_kv_heads;
   int64_t keys = 0;
@@ -64,7 +75,8 @@ void DecodeRange(const PagedAttentionArgs& a, int kv_head, int b0, int b1, float
       current_delta = delta;
     }
     // A block's keys of one head are contiguous: [block_size][head_dim].
-    const float* k = a.k_pool + a.shape.offset(KvEntryBlock(e), kv_head, 0);
+    const float* k = BlockRows(a.k_pool, a.k_pool_f16, a.shape.offset(KvEntryBlock(e), kv_head, 0),
+                               int64_t{KvEntryValid(e)} * d, tile);
     for (uint32_t s = 0; s < KvEntryValid(e); ++s, ++j) {
       for (int g = 0; g < group; ++g) {
         const float score = Dot(q_rot.data() + int64_t{g} * d, k + int64_t{s} * d, d) * a.scale;
@@ -78,7 +90,8 @@ void DecodeRange(const PagedAttentionArgs& a, int kv_head, int b0, int b1, float
   j = 0;
   for (int b = b0; b < b1; ++b) {
     const KvBlockEntry e = a.block_table[b];
-    const float* v = a.v_pool + a.shape.offset(KvEntryBlock(e), kv_head, 0);
+    const float* v = BlockRows(a.v_pool, a.v_pool_f16, a.shape.offset(KvEntryBlock(e), kv_head, 0),
+                               int64_t{KvEntryValid(e)} * d, tile);
     for (uint32_t s = 0; s < KvEntryValid(e); ++s, ++j) {
       for (int g = 0; g < group; ++g) {
         const float p = std::exp(scores[j * group + g] - part_max[g]);
@@ -108,12 +121,12 @@ void PagedDecodeAttentionCpu(const PagedAttentionArgs& a) {
   // Short contexts stay on the calling thread (CpuWorkGrain).
   const int64_t work = 2 * int64_t{group} * d * a.shape.block_size * kBlocksPerTask;
   CpuParallelFor(tasks, CpuWorkGrain(tasks, 1, work), [&](int64_t begin, int64_t end) {
-    std::vector<float> q_rot, scores;
+    std::vector<float> q_rot, scores, tile;
     for (int64_t t = begin; t < end; ++t) {
       const int kv_head = static_cast<int>(t / ranges), r = static_cast<int>(t % ranges);
       DecodeRange(a, kv_head, r * kBlocksPerTask, std::min(a.num_blocks, (r + 1) * kBlocksPerTask),
                   &part_max[t * group], &part_sum[t * group], &part_acc[t * group * d], q_rot,
-                  scores);
+                  scores, tile);
     }
   });
   // Merge the ranges of each head: rescale every range to the head's largest score.

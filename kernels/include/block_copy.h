@@ -29,6 +29,12 @@ struct BlockCopy {
 void BlockCopyRerotateCpu(const BlockCopy* copies, int num_copies, int num_layers,
                           int64_t layer_stride, const PagedKvShape& shape, const RopeTable& rope,
                           float* k_pool, float* v_pool);
+// The same over F16 pools (the CPU backend's engine.cpu_kv_cache: f16): a re-rotated key is
+// widened to fp32, rotated and rounded back to half (one more rounding, at most 2^-11 relative,
+// per copy); values and delta-0 copies move bit for bit.
+void BlockCopyRerotateCpu(const BlockCopy* copies, int num_copies, int num_layers,
+                          int64_t layer_stride, const PagedKvShape& shape, const RopeTable& rope,
+                          uint16_t* k_pool, uint16_t* v_pool);
 
 }  // namespace lazyattn
 

@@ -44,6 +44,10 @@ struct PagedAttentionArgs {
   float scale = 0;             // softmax scale, usually 1/sqrt(head_dim)
   const RopeTable* rope = nullptr;  // for the deltas; every delta must be < rope->max_positions()
   float* out = nullptr;        // [num_queries][num_heads][head_dim]
+  // F16 pools (IEEE half bits, the same layout), for an F16 KV cache: when set they are read
+  // instead of k_pool / v_pool, each value widened to fp32 as it is read (set both or neither).
+  const uint16_t* k_pool_f16 = nullptr;
+  const uint16_t* v_pool_f16 = nullptr;
 };
 
 // Prefill form: each key is rotated forward by its block's delta, then softmax(q.k * scale) v.
@@ -60,6 +64,10 @@ void PagedDecodeAttentionCpu(const PagedAttentionArgs& args);
 // segment-local position) into the slots `slots[t]` = block * block_size + slot_in_block.
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
                      const PagedKvShape& shape, float* k_pool, float* v_pool);
+// The same into F16 pools: each value rounded to the nearest half (ties to even); values beyond
+// +-65504 become +-inf, as in llama.cpp's F16 cache (the models' keys and values stay far below).
+void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
+                     const PagedKvShape& shape, uint16_t* k_pool, uint16_t* v_pool);
 
 }  // namespace lazyattn
 

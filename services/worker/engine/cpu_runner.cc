@@ -33,8 +33,7 @@ void Linear(const float* x, int64_t rows, const std::vector<float>& w32, const P
 CpuRunner::CpuRunner(const ModelWeights* weights)
     : weights_(weights), rope_(weights->config.rope, weights->config.max_positions) {}
 
-absl::Status CpuRunner::Validate(std::span<const ForwardChunk> chunks,
-                                 const KvCacheCpu& kv) const {
+absl::Status CpuRunner::Validate(std::span<const ForwardChunk> chunks, const KvCacheCpu& kv) const {
   return ValidateForwardChunks(chunks, config(), kv.num_blocks(), kv.shape().block_size);
 }
 
@@ -88,7 +87,12 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
                             rope_);
         }
       }
-      PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
+      if (kv.dtype() == KvCacheDtype::kF16) {
+        PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k_f16(l),
+                        kv.v_f16(l));
+      } else {
+        PagedKvWriteCpu(k.data(), v.data(), n, ch.kv_slots.data(), kv.shape(), kv.k(l), kv.v(l));
+      }
       const PagedAttentionArgs args{.q = q.data(),
                                     .num_queries = n,
                                     .num_heads = c.num_heads,
@@ -100,7 +104,9 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
                                     .shape = kv.shape(),
                                     .scale = scale,
                                     .rope = &rope_,
-                                    .out = &attn[row * Q]};
+                                    .out = &attn[row * Q],
+                                    .k_pool_f16 = kv.k_f16(l),
+                                    .v_pool_f16 = kv.v_f16(l)};
       // One query that sees the whole table (a decode step) reads the pool in place
       // (PagedDecodeAttentionCpu, heads over the kernel threads); the prefill form would first
       // copy every key and value of the table, as many bytes again as the attention reads.
@@ -158,8 +164,14 @@ absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
     }
   }
   for (int l = 0; l < config().num_layers; ++l) {  // the CPU pools are one array per layer
-    BlockCopyRerotateCpu(copies.data(), static_cast<int>(copies.size()), /*num_layers=*/1,
-                         /*layer_stride=*/0, kv_.shape(), runner_.rope(), kv_.k(l), kv_.v(l));
+    if (kv_.dtype() == KvCacheDtype::kF16) {
+      BlockCopyRerotateCpu(copies.data(), static_cast<int>(copies.size()), /*num_layers=*/1,
+                           /*layer_stride=*/0, kv_.shape(), runner_.rope(), kv_.k_f16(l),
+                           kv_.v_f16(l));
+    } else {
+      BlockCopyRerotateCpu(copies.data(), static_cast<int>(copies.size()), /*num_layers=*/1,
+                           /*layer_stride=*/0, kv_.shape(), runner_.rope(), kv_.k(l), kv_.v(l));
+    }
   }
   return absl::OkStatus();
 }

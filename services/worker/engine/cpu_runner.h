@@ -1,7 +1,9 @@
 // One forward step of a llama-architecture model on the CPU: fp32 activations, the matrices fp32
 // or packed in their stored type (ModelWeights::packed(), kernels/include/quant_linear.h), whose
 // decode products take 8-bit inputs by default (engine.cpu_activations, CpuActivations). Decode
-// steps read the KV pool in place (PagedDecodeAttentionCpu); prefill takes the BLAS form.
+// steps read the KV pool in place (PagedDecodeAttentionCpu); prefill takes the BLAS form, its
+// (query head, query chunk) tasks over the kernel threads. The KV pools hold f16 or f32
+// (kv_cache_cpu.h); the attention kernels widen f16 as they read it.
 //
 // A step takes several chunks at once (continuous batching): each chunk is a run of consecutive
 // tokens of one segment of one sequence (model_runner.h). The linear layers run once over the rows
@@ -50,7 +52,8 @@ class CpuRunner {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  // `weights` must outlive the runner; `num_kv_blocks` fp32 blocks are allocated now.
+  // `weights` must outlive the runner; `num_kv_blocks` blocks are allocated now, of the
+  // configured element type (ConfiguredCpuKvCacheDtype(), engine.cpu_kv_cache).
   CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks);
   // Owns the weights (random-weight models that nothing else holds).
   CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks);

@@ -56,7 +56,12 @@ class CpuRunnerTest : public ::testing::Test {
 };
 
 TEST_F(CpuRunnerTest, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
-  KvCacheCpu kv1(runner_.config(), 8), kv2(runner_.config(), 8), kv3(runner_.config(), 8);
+  // f32 pools: chunking changes the keys' fp32 summation order, and an F16 pool can turn such a
+  // 1e-7 difference into a half's rounding step (2^-11), which would hide what this checks.
+  const auto f32 = KvCacheDtype::kF32;
+  KvCacheCpu kv1(runner_.config(), 8, kDefaultKvBlockSize, f32),
+      kv2(runner_.config(), 8, kDefaultKvBlockSize, f32),
+      kv3(runner_.config(), 8, kDefaultKvBlockSize, f32);
   const auto one_shot = RunInChunks(runner_, kv1, tokens_, 45);
   const auto chunked = RunInChunks(runner_, kv2, tokens_, 7);
   const auto decode = RunInChunks(runner_, kv3, tokens_, 1);

@@ -165,5 +165,46 @@ TEST(KvBlocksForBudgetTest, CountsFp32KeysAndValuesOfEveryLayer) {
   EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 100), 1);  // at least one
 }
 
+TEST(KvBlocksForBudgetTest, F16HoldsTwiceTheBlocksOfF32) {
+  // 2 bytes a value: a block is 4 KiB.
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 8192 * 10, KvCacheDtype::kF16), 20);
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 8192 * 10, KvCacheDtype::kF32), 10);
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 4095, KvCacheDtype::kF16), 1);
+  EXPECT_EQ(KvBlocksForBudget(TinyTestConfig(), 4096 * 3 - 1, KvCacheDtype::kF16), 2);
+}
+
+TEST(KvCacheCpuTest, PoolsAndBytesPerTokenFollowTheDtype) {
+  KvCacheCpu f16(TinyTestConfig(), 3, kDefaultKvBlockSize, KvCacheDtype::kF16);
+  KvCacheCpu f32(TinyTestConfig(), 3, kDefaultKvBlockSize, KvCacheDtype::kF32);
+  // 2 layers x 2 kv heads x 16 dims x K and V.
+  EXPECT_EQ(f16.bytes_per_token(), 128 * 2);
+  EXPECT_EQ(f32.bytes_per_token(), 128 * 4);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_NE(f16.k_f16(l), nullptr);
+    EXPECT_NE(f16.v_f16(l), nullptr);
+    EXPECT_EQ(f16.k(l), nullptr);
+    EXPECT_NE(f32.k(l), nullptr);
+    EXPECT_EQ(f32.v_f16(l), nullptr);
+  }
+  // Without an explicit type the pool takes the process-wide one.
+  SetCpuKvCacheDtype(KvCacheDtype::kF32);
+  EXPECT_EQ(KvCacheCpu(TinyTestConfig(), 1).dtype(), KvCacheDtype::kF32);
+  SetCpuKvCacheDtype(KvCacheDtype::kF16);
+  EXPECT_EQ(KvCacheCpu(TinyTestConfig(), 1).dtype(), KvCacheDtype::kF16);
+}
+
+TEST(KvCacheCpuTest, DtypeNamesParseBackAndOthersAreRefused) {
+  for (KvCacheDtype d : {KvCacheDtype::kF16, KvCacheDtype::kF32}) {
+    KvCacheDtype parsed = d == KvCacheDtype::kF16 ? KvCacheDtype::kF32 : KvCacheDtype::kF16;
+    ASSERT_TRUE(ParseKvCacheDtype(KvCacheDtypeName(d), &parsed));
+    EXPECT_EQ(parsed, d);
+  }
+  KvCacheDtype out = KvCacheDtype::kF32;
+  for (const char* bad : {"", "F16", "fp16", "bf16", "f8", "f16 "}) {
+    EXPECT_FALSE(ParseKvCacheDtype(bad, &out)) << bad;
+  }
+  EXPECT_EQ(out, KvCacheDtype::kF32);
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -95,7 +95,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
     // budget: memory the machine may not have, which must not abort the process.
     try {
       return std::make_unique<CpuModelRunner>(
-          weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes));
+          weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes,
+                                     ConfiguredCpuKvCacheDtype()));
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of memory for the CPU backend: a RoPE table of ", weights->config.max_positions,
@@ -147,7 +148,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
   if (backend == Backend::kCpu) {
     // HF's initialisation scale; MakeRandomWeights draws QKV at 4x its stddev.
     auto weights = MakeRandomWeights(spec.config, spec.seed, 0.02f);
-    const int64_t blocks = KvBlocksForBudget(spec.config, options.kv_budget_bytes);
+    const int64_t blocks =
+        KvBlocksForBudget(spec.config, options.kv_budget_bytes, ConfiguredCpuKvCacheDtype());
     return std::make_unique<CpuModelRunner>(std::move(weights), blocks);
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND

@@ -83,7 +83,8 @@ TEST(RunnerFactoryTest, RandomModelPathsParseAndServeOnTheCpu) {
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_EQ((*runner)->backend_name(), "cpu");
   EXPECT_EQ((*runner)->config().hidden_size, 512);
-  EXPECT_EQ((*runner)->num_kv_blocks(), KvBlocksForBudget(spec->config, 4 << 20));
+  EXPECT_EQ((*runner)->num_kv_blocks(),
+            KvBlocksForBudget(spec->config, 4 << 20, ConfiguredCpuKvCacheDtype()));
 }
 
 constexpr char kGguf[] = "tests/data/tiny/tiny-llama/tiny-llama-q8_0.gguf";
@@ -134,7 +135,8 @@ TEST(LoadServedModelTest, CpuServesTheHostLoadersModel) {
   ASSERT_NE(served->host_weights, nullptr);
   ASSERT_NE(served->tokenizer, nullptr);
   EXPECT_EQ(TokenizerFingerprint(*served->tokenizer), TokenizerFingerprint(*host->tokenizer));
-  EXPECT_EQ(served->runner->num_kv_blocks(), KvBlocksForBudget(served->config, 1 << 20));
+  EXPECT_EQ(served->runner->num_kv_blocks(),
+            KvBlocksForBudget(served->config, 1 << 20, ConfiguredCpuKvCacheDtype()));
 
   auto bare = LoadServedModel(
       kHfDir,

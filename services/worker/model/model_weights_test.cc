@@ -172,7 +172,8 @@ const nlohmann::json& TinyGolden() {
 // Logits of every position of `tokens` in one prefill.
 std::vector<float> AllLogits(const ModelWeights& w, const std::vector<int32_t>& tokens) {
   CpuRunner runner(&w);
-  KvCacheCpu kv(w.config, 8);
+  // f32 pools: the comparison with llama.cpp F32 is exact up to summation order.
+  KvCacheCpu kv(w.config, 8, kDefaultKvBlockSize, KvCacheDtype::kF32);
   std::vector<int64_t> slots(tokens.size());
   std::vector<KvBlockEntry> table;
   for (size_t i = 0; i < tokens.size(); ++i) slots[i] = static_cast<int64_t>(i);
