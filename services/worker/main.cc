@@ -33,14 +33,15 @@ namespace {
 constexpr char kUsage[] =
     "usage: lazyattn-worker --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]\n"
     "                       [--kvdir HOST:PORT] [--worker-id ID] [--cpu-threads N]\n"
-    "                       [--cpu-activations int8|fp32]\n"
+    "                       [--cpu-activations int8|fp32] [--cpu-kv-cache f16|f32]\n"
     "  --config     the YAML configuration (keys: docs/worker.md)\n"
     "  --listen     overrides server.listen (port 0: the OS picks one)\n"
     "  --metrics    overrides metrics.listen (\"\" turns the /metrics endpoint off)\n"
     "  --kvdir      overrides kvdir.address (\"\" runs standalone)\n"
     "  --worker-id  overrides worker.id\n"
     "  --cpu-threads overrides engine.cpu_threads (0: the CPU budget)\n"
-    "  --cpu-activations overrides engine.cpu_activations (decode products' inputs)\n";
+    "  --cpu-activations overrides engine.cpu_activations (decode products' inputs)\n"
+    "  --cpu-kv-cache overrides engine.cpu_kv_cache (cpu backend's KV element type)\n";
 
 struct Flag {
   bool set = false;
@@ -49,7 +50,7 @@ struct Flag {
 
 struct Flags {
   std::string config;
-  Flag listen, metrics, kvdir, worker_id, cpu_threads, cpu_activations;
+  Flag listen, metrics, kvdir, worker_id, cpu_threads, cpu_activations, cpu_kv_cache;
 };
 
 // Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
@@ -83,6 +84,8 @@ std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
       flag = &flags->cpu_threads;
     } else if (arg == "--cpu-activations") {
       flag = &flags->cpu_activations;
+    } else if (arg == "--cpu-kv-cache") {
+      flag = &flags->cpu_kv_cache;
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
@@ -179,6 +182,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   lazyattn::SetCpuActivations(config->cpu_activations);
+  if (flags.cpu_kv_cache.set &&
+      !lazyattn::ParseKvCacheDtype(flags.cpu_kv_cache.value, &config->cpu_kv_cache)) {
+    lazyattn::LogError("worker").Msg("--cpu-kv-cache: must be f16 or f32");
+    return 2;
+  }
+  lazyattn::SetCpuKvCacheDtype(config->cpu_kv_cache);
   // Mutual TLS (server.tls.ca_file) is what lets the worker check that its caller is a router.
   if (absl::Status s = lazyattn::CheckTransportSecurity(
           "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),

@@ -65,6 +65,8 @@ void DeclareBackendFlags(CliArgs& args) {
   args.Declare("kv-budget", CliArgs::Kind::kValue, "KV cache bytes (default 512 MiB)");
   args.Declare("cpu-activations", CliArgs::Kind::kValue,
                "cpu backend decode inputs: int8 (default) or fp32 (engine.cpu_activations)");
+  args.Declare("cpu-kv-cache", CliArgs::Kind::kValue,
+               "cpu backend KV element type: f16 (default) or f32 (engine.cpu_kv_cache)");
 }
 
 absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_code) {
@@ -79,6 +81,11 @@ absl::StatusOr<ServedModel> ServedModelFromArgs(const CliArgs& args, int* exit_c
     return absl::InvalidArgumentError("--cpu-activations must be int8 or fp32");
   }
   SetCpuActivations(activations);
+  KvCacheDtype kv_cache = KvCacheDtype::kF16;
+  if (!ParseKvCacheDtype(args.String("cpu-kv-cache", "f16"), &kv_cache)) {
+    return absl::InvalidArgumentError("--cpu-kv-cache must be f16 or f32");
+  }
+  SetCpuKvCacheDtype(kv_cache);
   ModelLoadStage stage = ModelLoadStage::kModel;
   absl::StatusOr<ServedModel> model = LoadServedModel(
       args.String("model"), {.runner = {.backend = backend, .kv_budget_bytes = budget}}, &stage);

@@ -96,6 +96,11 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
     return Error(config, "engine.cpu_activations",
                  absl::StrCat("expected int8 or fp32, got \"", activations, "\""));
   }
+  ASSIGN_OR_RETURN(const std::string kv_cache, config.String("engine.cpu_kv_cache", "f16"));
+  if (!ParseKvCacheDtype(kv_cache, &c.cpu_kv_cache)) {
+    return Error(config, "engine.cpu_kv_cache",
+                 absl::StrCat("expected f16 or f32, got \"", kv_cache, "\""));
+  }
   ASSIGN_OR_RETURN(const int64_t batch, IntInRange(config, "engine.max_batch_tokens",
                                                    o.engine.max_batch_tokens, 1, 1 << 20));
   o.engine.max_batch_tokens = static_cast<int>(batch);

@@ -11,6 +11,7 @@
 #include "common/yaml_config.h"
 #include "kernels/include/quant_linear.h"
 #include "services/worker/engine/fault_injection.h"
+#include "services/worker/engine/kv_cache_cpu.h"
 #include "common/log.h"
 #include "services/worker/model/model_config.h"
 #include "services/worker/server/worker_server.h"
@@ -28,6 +29,9 @@ struct WorkerConfig {
   // engine.cpu_activations: "int8" (default) or "fp32", the inputs of the cpu backend's decode
   // products (quant_linear.h); applied process-wide by main (SetCpuActivations).
   CpuActivations cpu_activations = CpuActivations::kInt8;
+  // engine.cpu_kv_cache: "f16" (default) or "f32", the element type of the cpu backend's KV pools
+  // (kv_cache_cpu.h); applied process-wide by main (SetCpuKvCacheDtype) before the runner is made.
+  KvCacheDtype cpu_kv_cache = KvCacheDtype::kF16;
   // Everything else; engine.num_kv_blocks and kvdir are filled in by ServerOptionsFor.
   WorkerServerOptions server;
   // kvdir.address empty: standalone (the --kvdir flag may set it).

@@ -25,6 +25,7 @@ TEST(WorkerConfigTest, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c->kv_budget_bytes, int64_t{512} << 20);
   EXPECT_EQ(c->cpu_threads, 0);  // the physical cores
   EXPECT_EQ(c->cpu_activations, CpuActivations::kInt8);
+  EXPECT_EQ(c->cpu_kv_cache, KvCacheDtype::kF16);
   EXPECT_EQ(c->server.grpc.listen_address, "127.0.0.1:7200");
   EXPECT_EQ(c->server.metrics_address, "127.0.0.1:9200");
   EXPECT_TRUE(c->kvdir.address.empty());
@@ -49,7 +50,7 @@ server:
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
 engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false,
          prep_threads: 3, max_pending_preparations: 5, default_deadline_s: 90, cpu_threads: 3,
-         cpu_activations: fp32,
+         cpu_activations: fp32, cpu_kv_cache: f32,
          max_waiting_requests: 12, max_queued_tokens: 4096, max_consecutive_step_failures: 5}
 testing: {fail_steps_after: 7, sticky_error_after: 9, abort_on_prompt_marker: "POISON"}
 limits:
@@ -80,6 +81,7 @@ metrics: {listen: ""}
   EXPECT_EQ(c->kv_budget_bytes, 1048576);
   EXPECT_EQ(c->cpu_threads, 3);
   EXPECT_EQ(c->cpu_activations, CpuActivations::kFp32);
+  EXPECT_EQ(c->cpu_kv_cache, KvCacheDtype::kF32);
   EXPECT_EQ(c->server.engine.max_batch_tokens, 256);
   EXPECT_EQ(c->server.engine.max_consecutive_step_failures, 5);
   EXPECT_EQ(c->testing.fail_steps_after, 7);
@@ -127,6 +129,8 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nengine: {max_queued_tokens: -5}\n", "engine.max_queued_tokens"},
       {"model: {path: m}\nengine: {cpu_threads: 257}\n", "engine.cpu_threads"},
       {"model: {path: m}\nengine: {cpu_activations: int4}\n", "engine.cpu_activations"},
+      {"model: {path: m}\nengine: {cpu_kv_cache: bf16}\n", "engine.cpu_kv_cache"},
+      {"model: {path: m}\nengine: {cpu_kv_cache: 16}\n", "engine.cpu_kv_cache"},
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
       {"model: {path: m}\nengine: {pipeline_decode: sometimes}\n", "engine.pipeline_decode"},
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
