@@ -2,13 +2,14 @@
 // implementations (tests/gpu/hf_logits_check.py runs it beside HF transformers).
 //
 //   lazyattn-logits --model PATH --tokens 1,2,3 --out FILE [--backend cpu|cuda|auto]
-//                   [--cpu-activations fp32|int8]
+//                   [--cpu-activations fp32|int8] [--cpu-kv-cache f32|f16]
 //
 // Runs the prompt as one chunk in mode `full` (no cache) straight through the backend's runner
 // and writes vocab_size little-endian float32 values to FILE. Exit status: 0, 2 usage, 1 failure.
-// The CPU backend runs with fp32 activations unless told otherwise, unlike the worker (int8,
-// engine.cpu_activations): this tool exists to compare against fp32 references, and fp32 is the
-// CPU form whose results do not depend on the prompt's length (kernels/include/quant_linear.h).
+// The CPU backend runs with fp32 activations and an fp32 KV cache unless told otherwise, unlike
+// the worker (int8 and f16: engine.cpu_activations, engine.cpu_kv_cache): this tool exists to
+// compare against fp32 references, and fp32 activations are the CPU form whose results do not
+// depend on the prompt's length (kernels/include/quant_linear.h).
 #include <fstream>
 #include <iostream>
 #include <numeric>
@@ -17,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/include/quant_linear.h"
+#include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/engine/runner_factory.h"
 #include "tools/cli/cli_args.h"
 
@@ -36,6 +38,8 @@ int Main(int argc, char** argv) {
   args.Declare("backend", CliArgs::Kind::kValue, "cpu, cuda or auto (default)");
   args.Declare("cpu-activations", CliArgs::Kind::kValue,
                "cpu backend product inputs: fp32 (default here) or int8 (the worker's default)");
+  args.Declare("cpu-kv-cache", CliArgs::Kind::kValue,
+               "cpu backend KV element type: f32 (default here) or f16 (the worker's default)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) return Fail(s, 2);
   if (!args.Has("model") || !args.Has("tokens") || !args.Has("out")) {
     std::cerr << "lazyattn-logits: --model, --tokens and --out are required\n" << args.Help();
@@ -56,6 +60,11 @@ int Main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--cpu-activations must be fp32 or int8"), 2);
   }
   SetCpuActivations(activations);
+  KvCacheDtype kv_cache = KvCacheDtype::kF32;
+  if (!ParseKvCacheDtype(args.String("cpu-kv-cache", "f32"), &kv_cache)) {
+    return Fail(absl::InvalidArgumentError("--cpu-kv-cache must be f32 or f16"), 2);
+  }
+  SetCpuKvCacheDtype(kv_cache);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t blocks = (n + kDefaultKvBlockSize - 1) / kDefaultKvBlockSize;
   // No tokenizer: the prompt comes as ids, and HF directories made for the check carry none.
