@@ -37,18 +37,37 @@ LAZYATTN_AVX2 void Scores(const float* q, int d, float scale, const KvRows& k, f
   }
 }
 
+// Columns of the accumulators kept in registers across all rows: G x kVecs vectors (at most 12
+// of the 16), so each is loaded and stored once per block instead of once per row.
 template <int G>
 LAZYATTN_AVX2 void Accumulate(const float* p, int d, const KvRows& v, float* acc) {
-  for (int64_t j = 0; j < v.rows; ++j) {
-    __m256 w[G];
-    for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(p[j * G + g]);
-    for (int x = 0; x < d; x += 8) {
-      const __m256 vv = Load8(v, j * d + x);
-      for (int g = 0; g < G; ++g) {
-        float* a = acc + g * d + x;
-        _mm256_storeu_ps(a, _mm256_fmadd_ps(w[g], vv, _mm256_loadu_ps(a)));
+  constexpr int kVecs = G <= 3 ? 4 : (G <= 6 ? 2 : 1);
+  int x0 = 0;
+  for (; x0 + 8 * kVecs <= d; x0 += 8 * kVecs) {
+    __m256 a[G][kVecs];
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < kVecs; ++c) a[g][c] = _mm256_loadu_ps(acc + g * d + x0 + 8 * c);
+    }
+    for (int64_t j = 0; j < v.rows; ++j) {
+      for (int c = 0; c < kVecs; ++c) {
+        const __m256 vv = Load8(v, j * d + x0 + 8 * c);
+        for (int g = 0; g < G; ++g) {
+          a[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * G + g]), vv, a[g][c]);
+        }
       }
     }
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < kVecs; ++c) _mm256_storeu_ps(acc + g * d + x0 + 8 * c, a[g][c]);
+    }
+  }
+  for (; x0 < d; x0 += 8) {  // d a multiple of 8 but not of 8 * kVecs
+    __m256 a[G];
+    for (int g = 0; g < G; ++g) a[g] = _mm256_loadu_ps(acc + g * d + x0);
+    for (int64_t j = 0; j < v.rows; ++j) {
+      const __m256 vv = Load8(v, j * d + x0);
+      for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[j * G + g]), vv, a[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * d + x0, a[g]);
   }
 }
 
