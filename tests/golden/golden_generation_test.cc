@@ -30,10 +30,11 @@ constexpr char kGolden[] = "tests/data/generation_golden.json";
 constexpr float kLogitTolerance = 1e-3f;  // observed: 2.5e-5 (2-core x86-64, OpenBLAS 0.3.21)
 // 8-bit activations: at the first step only the LM head (one row, Q8_0 x q8_0) takes int8
 // inputs (the prompt is many rows: fp32). Measured: 0.18 at worst over the top-10 logits of the 16
-// runs with the f16 KV cache (2-core AVX2 box; an earlier build measured 0.39); the integer sums are the same on every variant and CPU, so other CPUs
-// differ from it only by fp32 summation order (~1e-5). llama.cpp on this Q4_1 file, whose every
-// product takes q8 activations, is 0.47-1.98 from the same F32 reference (the golden file's
-// q4_1_info), so 0.5 is no looser than the engine the reference comes from.
+// runs with the f16 KV cache (2-core AVX2 box; an earlier build measured 0.39); the integer sums
+// are the same on every variant and CPU, so other CPUs differ from it only by fp32 summation order
+// (~1e-5). llama.cpp on this Q4_1 file, whose every product takes q8 activations, is 0.47-1.98 from
+// the same F32 reference (the golden file's q4_1_info), so 0.5 is no looser than the engine the
+// reference comes from.
 constexpr float kInt8LogitTolerance = 0.5f;
 // Greedy tokens part where the int8 run ranks two tokens the other way round than the fp32 one:
 // each of the two logits moves by the int8 error, so the fp32 margin between them is below twice
