@@ -5,6 +5,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/quant_int8.h"
 #include "kernels/include/block_copy.h"
 
 namespace lazyattn {
@@ -83,7 +85,7 @@ TEST(BlockCopyCpuTest, F16PoolsCopyWithinOneMoreHalfRounding) {
   cpu_internal::FloatToHalfRow(k.data(), stride, k16.data());
   cpu_internal::FloatToHalfRow(v.data(), stride, v16.data());
   // The fp32 copy starts from the same (half-rounded) keys, so only the second rounding differs.
-  for (int64_t i = 0; i < stride; ++i) k[i] = cpu_internal::HalfBitsToFloatValue(k16[i]);
+  for (int64_t i = 0; i < stride; ++i) k[i] = quant_internal::HalfBitsToFloat(k16[i]);
   const std::vector<uint16_t> k16_before = k16, v16_before = v16;
   const std::vector<BlockCopy> copies = {{0, 2, 777}, {1, 3, 0}};
   BlockCopyRerotateCpu(copies.data(), 2, 1, 0, shape, rope, k.data(), v.data());
@@ -96,7 +98,7 @@ TEST(BlockCopyCpuTest, F16PoolsCopyWithinOneMoreHalfRounding) {
       if (c.delta == 0) {
         ASSERT_EQ(k16[dst], k16_before[src]);
       } else {
-        ASSERT_LE(std::abs(cpu_internal::HalfBitsToFloatValue(k16[dst]) - k[dst]),
+        ASSERT_LE(std::abs(quant_internal::HalfBitsToFloat(k16[dst]) - k[dst]),
                   std::abs(k[dst]) * 0x1p-11f + 1e-6f)
             << "element " << i;
       }

@@ -2,9 +2,8 @@
 
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/quant_int8.h"
 #include "kernels/include/quant_linear.h"
 
 #define LAZYATTN_F16C __attribute__((target("avx2,f16c")))
@@ -17,50 +16,14 @@ bool UseF16c() {
   return f16c;
 }
 
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 }  // namespace
-
-// Round to nearest even without a table (F. Giesen's float_to_half_fast3_rtne): subnormal halves
-// by adding a magic float so the FPU's own rounding does it, normal ones by a rounding bias.
-uint16_t FloatToHalfBits(float f) {
-  constexpr uint32_t kF32Inf = 255u << 23, kF16Max = (127u + 16) << 23;
-  constexpr uint32_t kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;
-  uint32_t u = Bits(f);
-  const uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  uint16_t out;
-  if (u >= kF16Max) {
-    out = u > kF32Inf ? 0x7e00 : 0x7c00;  // NaN stays a (quiet) NaN; too large: inf
-  } else if (u < (113u << 23)) {
-    out = static_cast<uint16_t>(Bits(FromBits(u) + FromBits(kDenormMagic)) - kDenormMagic);
-  } else {
-    const uint32_t mant_odd = (u >> 13) & 1;
-    u += ((15u - 127u) << 23) + 0xfff;
-    u += mant_odd;
-    out = static_cast<uint16_t>(u >> 13);
-  }
-  return static_cast<uint16_t>(out | (sign >> 16));
-}
-
-float HalfBitsToFloatValue(uint16_t h) { return quant_internal::HalfBitsToFloat(h); }
 
 void HalfToFloatRowPortable(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = quant_internal::HalfBitsToFloat(src[i]);
 }
 
 void FloatToHalfRowPortable(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalfBits(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = quant_internal::FloatToHalfBits(src[i]);
 }
 
 LAZYATTN_F16C void HalfToFloatRowF16c(const uint16_t* src, int64_t n, float* dst) {

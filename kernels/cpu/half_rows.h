@@ -1,6 +1,8 @@
 // IEEE half <-> fp32 conversion of rows, for the F16 KV pools (paged_attention.h): F16C's
 // vcvtph2ps / vcvtps2ph where CpuSupportsIsa(kAvx2) (which requires F16C), portable code
-// otherwise, the same bits either way: round to nearest even, values beyond the half range
+// otherwise (one value at a time: quant_internal's FloatToHalfBits / HalfBitsToFloat, which the
+// quantized kernels share), the same bits either way: round to nearest even, values beyond the half
+// range
 // (|x| >= 65520) become +-inf, those below 2^-24 become (signed) zero, and NaN stays NaN.
 #ifndef LAZYATTN_KERNELS_CPU_HALF_ROWS_H_
 #define LAZYATTN_KERNELS_CPU_HALF_ROWS_H_
@@ -11,10 +13,6 @@ namespace lazyattn::cpu_internal {
 
 void HalfToFloatRow(const uint16_t* src, int64_t n, float* dst);
 void FloatToHalfRow(const float* src, int64_t n, uint16_t* dst);
-
-// One value, portable (the reference the F16C forms are tested against).
-uint16_t FloatToHalfBits(float f);
-float HalfBitsToFloatValue(uint16_t h);
 
 // The forms themselves, for tests (the F16C ones only where CpuSupportsIsa(kAvx2)).
 void HalfToFloatRowPortable(const uint16_t* src, int64_t n, float* dst);

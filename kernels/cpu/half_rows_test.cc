@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/quant_dot.h"
+#include "kernels/cpu/quant_int8.h"
 #include "kernels/include/paged_attention.h"
 #include "kernels/include/quant_linear.h"
 
@@ -63,7 +65,7 @@ TEST(HalfRowsTest, NarrowingMatchesF16cAndRoundsToNearest) {
   std::vector<uint16_t> h(x.size()), h_f16c(x.size());
   FloatToHalfRowPortable(x.data(), static_cast<int64_t>(x.size()), h.data());
   for (size_t i = 0; i < x.size(); ++i) {
-    const float got = HalfBitsToFloatValue(h[i]);
+    const float got = quant_internal::HalfBitsToFloat(h[i]);
     if (std::isinf(got)) {
       ASSERT_GE(std::abs(x[i]), 65520.0f) << x[i];
       continue;
@@ -73,7 +75,7 @@ TEST(HalfRowsTest, NarrowingMatchesF16cAndRoundsToNearest) {
       const uint16_t n = static_cast<uint16_t>(h[i] + step);
       if ((n & 0x7c00) == 0x7c00) continue;
       if (((h[i] ^ n) & 0x8000) != 0) continue;  // across zero's sign
-      ASSERT_LE(std::abs(got - x[i]), std::abs(HalfBitsToFloatValue(n) - x[i])) << x[i];
+      ASSERT_LE(std::abs(got - x[i]), std::abs(quant_internal::HalfBitsToFloat(n) - x[i])) << x[i];
     }
   }
   if (CpuSupportsIsa(CpuIsa::kAvx2)) {
@@ -109,9 +111,10 @@ TEST(HalfRowsTest, KvWriteF16StoresTheRoundedValuesInTheSameSlots) {
       ASSERT_EQ(v16[i], 0x7e00) << i;
       continue;
     }
-    ASSERT_EQ(k16[i], FloatToHalfBits(k32[i])) << i;
-    ASSERT_EQ(v16[i], FloatToHalfBits(v32[i])) << i;
-    ASSERT_LE(std::abs(HalfBitsToFloatValue(k16[i]) - k32[i]), std::abs(k32[i]) * 0x1p-11f);
+    ASSERT_EQ(k16[i], quant_internal::FloatToHalfBits(k32[i])) << i;
+    ASSERT_EQ(v16[i], quant_internal::FloatToHalfBits(v32[i])) << i;
+    ASSERT_LE(std::abs(quant_internal::HalfBitsToFloat(k16[i]) - k32[i]),
+              std::abs(k32[i]) * 0x1p-11f);
   }
 }
 
