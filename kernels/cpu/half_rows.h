@@ -1,9 +1,8 @@
 // IEEE half <-> fp32 conversion of rows, for the F16 KV pools (paged_attention.h): F16C's
-// vcvtph2ps / vcvtps2ph where CpuSupportsIsa(kAvx2) (which requires F16C), portable code
-// otherwise (one value at a time: quant_internal's FloatToHalfBits / HalfBitsToFloat, which the
-// quantized kernels share), the same bits either way: round to nearest even, values beyond the half
-// range
-// (|x| >= 65520) become +-inf, those below 2^-24 become (signed) zero, and NaN stays NaN.
+// vcvtph2ps / vcvtps2ph where CpuSupportsIsa(kAvx2) (which requires F16C), portable code otherwise
+// (one value at a time: quant_internal's FloatToHalfBits / HalfBitsToFloat, which the quantized
+// kernels share), the same bits either way: round to nearest even, |x| >= 65520 becomes +-inf,
+// |x| <= 2^-25 (signed) zero, and NaN stays NaN.
 #ifndef LAZYATTN_KERNELS_CPU_HALF_ROWS_H_
 #define LAZYATTN_KERNELS_CPU_HALF_ROWS_H_
 
