@@ -185,6 +185,18 @@ TEST(PagedAttentionCpuTest, PrefillChunksOverMoreThreadsThanCores) {
   SetCpuKernelThreads(0);
 }
 
+TEST(PagedAttentionCpuTest, DecodeRangesEvenedOverThreads) {
+  // Three threads: 2 KV heads x 21 blocks take three ranges of 7 blocks (six tasks, not four);
+  // 1 KV head x 5 blocks over four threads takes four ranges of 2, 2, 1 and none.
+  SetCpuKernelThreads(3);
+  RunScenario({.num_heads = 6, .num_kv_heads = 2, .head_dim = 32,
+               .segments = {{150}, {170}}, .num_queries = 1}, 8);
+  SetCpuKernelThreads(4);
+  RunScenario({.num_heads = 3, .num_kv_heads = 1, .head_dim = 16,
+               .segments = {{40}, {30}}, .num_queries = 1}, 9);
+  SetCpuKernelThreads(0);
+}
+
 TEST(PagedAttentionCpuTest, DecodeSingleQuery) {
   RunScenario({.num_heads = 4, .num_kv_heads = 4, .head_dim = 64,
                .segments = {{33}, {16}, {5}}, .num_queries = 1}, 3);
