@@ -66,16 +66,22 @@ TEST(HalfRowsTest, NarrowingMatchesF16cAndRoundsToNearest) {
   FloatToHalfRowPortable(x.data(), static_cast<int64_t>(x.size()), h.data());
   for (size_t i = 0; i < x.size(); ++i) {
     const float got = quant_internal::HalfBitsToFloat(h[i]);
+    // Overflow, both ways: +-inf exactly from 65520 (half-way past the largest half) on.
+    ASSERT_EQ(std::isinf(got), std::abs(x[i]) >= 65520.0f) << x[i];
     if (std::isinf(got)) {
-      ASSERT_GE(std::abs(x[i]), 65520.0f) << x[i];
+      ASSERT_EQ(std::signbit(got), std::signbit(x[i])) << x[i];
       continue;
     }
-    // No half lies strictly closer to x than the chosen one: its neighbours are not closer.
+    // No half lies strictly closer to x than the chosen one: its neighbours are not closer; at a
+    // tie (both at the same distance) the chosen one is the even one.
     for (int step : {-1, 1}) {
       const uint16_t n = static_cast<uint16_t>(h[i] + step);
       if ((n & 0x7c00) == 0x7c00) continue;
       if (((h[i] ^ n) & 0x8000) != 0) continue;  // across zero's sign
-      ASSERT_LE(std::abs(got - x[i]), std::abs(quant_internal::HalfBitsToFloat(n) - x[i])) << x[i];
+      const float d_got = std::abs(got - x[i]);
+      const float d_n = std::abs(quant_internal::HalfBitsToFloat(n) - x[i]);
+      ASSERT_LE(d_got, d_n) << x[i];
+      if (d_got == d_n) ASSERT_EQ(h[i] & 1, 0) << "tie not to even at " << x[i];
     }
   }
   if (CpuSupportsIsa(CpuIsa::kAvx2)) {

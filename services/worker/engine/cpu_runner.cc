@@ -149,13 +149,15 @@ absl::StatusOr<std::vector<float>> CpuRunner::Forward(std::span<const ForwardChu
   return logits;
 }
 
-CpuModelRunner::CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks)
-    : runner_(weights), kv_(weights->config, num_kv_blocks) {}
+CpuModelRunner::CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks,
+                               std::optional<KvCacheDtype> kv_dtype)
+    : runner_(weights), kv_(weights->config, num_kv_blocks, kDefaultKvBlockSize, kv_dtype) {}
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks)
+CpuModelRunner::CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks,
+                               std::optional<KvCacheDtype> kv_dtype)
     : owned_weights_(std::move(weights)),
       runner_(owned_weights_.get()),
-      kv_(owned_weights_->config, num_kv_blocks) {}
+      kv_(owned_weights_->config, num_kv_blocks, kDefaultKvBlockSize, kv_dtype) {}
 
 absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) {

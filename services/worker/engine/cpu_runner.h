@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -52,11 +53,14 @@ class CpuRunner {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  // `weights` must outlive the runner; `num_kv_blocks` blocks are allocated now, of the
-  // configured element type (ConfiguredCpuKvCacheDtype(), engine.cpu_kv_cache).
-  CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks);
+  // `weights` must outlive the runner; `num_kv_blocks` blocks are allocated now, of element type
+  // `kv_dtype` (nullopt: ConfiguredCpuKvCacheDtype(), engine.cpu_kv_cache). Callers that sized
+  // `num_kv_blocks` for a type pass that type, so the pool cannot take another.
+  CpuModelRunner(const ModelWeights* weights, int64_t num_kv_blocks,
+                 std::optional<KvCacheDtype> kv_dtype = std::nullopt);
   // Owns the weights (random-weight models that nothing else holds).
-  CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks);
+  CpuModelRunner(std::unique_ptr<ModelWeights> weights, int64_t num_kv_blocks,
+                 std::optional<KvCacheDtype> kv_dtype = std::nullopt);
 
   const ModelConfig& config() const override { return runner_.config(); }
   std::string backend_name() const override { return "cpu"; }

@@ -94,9 +94,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeight
     // Its RoPE table covers the model's whole context (up to 2^24 positions) and its KV pool the
     // budget: memory the machine may not have, which must not abort the process.
     try {
+      const KvCacheDtype dtype = ConfiguredCpuKvCacheDtype();
       return std::make_unique<CpuModelRunner>(
-          weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes,
-                                     ConfiguredCpuKvCacheDtype()));
+          weights, KvBlocksForBudget(weights->config, options.kv_budget_bytes, dtype), dtype);
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of memory for the CPU backend: a RoPE table of ", weights->config.max_positions,
@@ -148,9 +148,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
   if (backend == Backend::kCpu) {
     // HF's initialisation scale; MakeRandomWeights draws QKV at 4x its stddev.
     auto weights = MakeRandomWeights(spec.config, spec.seed, 0.02f);
-    const int64_t blocks =
-        KvBlocksForBudget(spec.config, options.kv_budget_bytes, ConfiguredCpuKvCacheDtype());
-    return std::make_unique<CpuModelRunner>(std::move(weights), blocks);
+    const KvCacheDtype dtype = ConfiguredCpuKvCacheDtype();
+    const int64_t blocks = KvBlocksForBudget(spec.config, options.kv_budget_bytes, dtype);
+    return std::make_unique<CpuModelRunner>(std::move(weights), blocks, dtype);
   }
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
   return CudaRunnerWith(

@@ -31,7 +31,9 @@ absl::Status Error(const YamlConfig& config, const std::string& key, const std::
 
 WorkerServerOptions ServerOptionsFor(const WorkerConfig& config, const ModelConfig& model) {
   WorkerServerOptions o = config.server;
-  o.engine.num_kv_blocks = KvBlocksForBudget(model, config.kv_budget_bytes);
+  // The cpu backend's pool for the budget; the worker replaces it with the runner's own count
+  // once the runner exists (main.cc), which is what any backend actually holds.
+  o.engine.num_kv_blocks = KvBlocksForBudget(model, config.kv_budget_bytes, config.cpu_kv_cache);
   // The metrics' model label: the model file's (or folder's) name.
   std::string name = config.model_path;
   while (name.size() > 1 && name.back() == '/') name.pop_back();
