@@ -64,8 +64,9 @@ void PagedDecodeAttentionCpu(const PagedAttentionArgs& args);
 // segment-local position) into the slots `slots[t]` = block * block_size + slot_in_block.
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
                      const PagedKvShape& shape, float* k_pool, float* v_pool);
-// The same into F16 pools: each value rounded to the nearest half (ties to even); values beyond
-// +-65504 become +-inf, as in llama.cpp's F16 cache (the models' keys and values stay far below).
+// The same into F16 pools: each value rounded to the nearest half (ties to even); magnitudes of
+// 65520 and more become +-inf, as in llama.cpp's F16 cache, and attention over such a key or value
+// then gives NaN where an f32 pool would not (the models' keys and values stay far below).
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
                      const PagedKvShape& shape, uint16_t* k_pool, uint16_t* v_pool);
 
