@@ -10,10 +10,13 @@
 // GEMMs, per consumer warpgroup (64 query rows, wgmma's M) and K tile of 64 keys (4 entries):
 //   S = Q K^T   8 x wgmma.m64n64k16, A = q (registers), B = K (shared memory, K-major)
 //   O += P V    4 x wgmma.m64n128k16, A = P (registers), B = V (shared memory, MN-major)
-// with fp32 accumulators (S 32, O 64 registers a thread). The two GEMMs overlap the softmax
-// (FlashAttention-3's intra-warpgroup pipelining): a pass issues S of this tile, then P V of the
-// previous pass, waits for S only, masks and exponentiates S while P V runs, then waits for P V
-// and rescales O.
+// with fp32 accumulators (S 32, O 64 registers a thread). The source orders a pass as
+// FlashAttention-3's intra-warpgroup pipelining: issue S of this tile, then P V of the previous
+// pass, wait for S only, mask and exponentiate S, then wait for P V and rescale O. ptxas,
+// however, puts the wait for P V ahead of the softmax (the SASS of every instance, 2026-12-02:
+// it waits for every wgmma in flight before the mask's in-place writes into S), so in the
+// compiled kernel a consumer's softmax overlaps the other consumer's GEMMs (ping-pong), not its
+// own P V. A form that keeps the wait after the softmax measured 1-3 % slower (docs/kernels.md).
 //
 // K and V tiles in the 128-byte-swizzle layout wgmma reads: [2 halves][64 keys][64 dims], half h
 // holding dims 64h..64h+63, 128 bytes a key, 16-byte chunk c of key r at chunk c ^ (r & 7) of its

@@ -15,9 +15,9 @@
 //     copies the entry record itself into the stage (the consumers mask with it).
 //   warpgroups 1, 2, consumers: setmaxnreg.inc to kConsumerRegs; consumer c owns query rows
 //     64c..64c+63 (wgmma's M), loads them into shared memory itself (the original q, which
-//     kRotateQ rotates from) and into registers (RS form), and runs the tile loop on the stages,
-//     with its intra-warpgroup overlap (S of this pass issued, then P V of the previous pass,
-//     softmax while P V runs).
+//     kRotateQ rotates from) and into registers (RS form), and runs the tile loop on the stages
+//     (S of this pass issued, then P V of the previous pass; where ptxas puts the wait for that
+//     P V: paged_prefill_wgmma_ops.cuh).
 // No CTA-wide barrier after the prologue: stages are handed over by mbarriers, and the two
 // consumers take turns issuing their GEMMs through two named barriers (ping-pong, kPingPong).
 //
