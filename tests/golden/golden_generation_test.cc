@@ -67,6 +67,14 @@ class KvCacheScope {
 
 class GoldenGenerationTest : public ::testing::Test {
  protected:
+  // An engine over the golden model whose KV pools hold `dtype` (each engine takes the type when
+  // it is made), keeping the first step's logits.
+  std::unique_ptr<Engine> EngineWithKvCache(KvCacheDtype dtype) const {
+    const KvCacheScope kv(dtype);
+    return std::make_unique<Engine>(model_->weights.get(), model_->tokenizer.get(),
+                                    EngineOptions{.num_kv_blocks = 256, .keep_first_logits = true});
+  }
+
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(kModel)) return;
     // Packed: the matrices stay Q4_1 as the CPU backend serves them (quant_linear.h).
@@ -237,19 +245,8 @@ void ExpectNearReferenceAndPartOnlyAtNearTies(const nlohmann::json& golden, cons
 TEST_F(GoldenGenerationTest, Int8ActivationsStayNearLlamaCppAndPartOnlyAtNearTies) {
   const Tokenizer& tok = *model_->tokenizer;
   // Separate engines: a prefix cached by one setting must not serve the other.
-  std::unique_ptr<Engine> engine, exact;
-  {
-    const KvCacheScope kv16(KvCacheDtype::kF16);
-    engine =
-        std::make_unique<Engine>(model_->weights.get(), &tok,
-                                 EngineOptions{.num_kv_blocks = 256, .keep_first_logits = true});
-  }
-  {
-    const KvCacheScope kv32(KvCacheDtype::kF32);
-    exact =
-        std::make_unique<Engine>(model_->weights.get(), &tok,
-                                 EngineOptions{.num_kv_blocks = 256, .keep_first_logits = true});
-  }
+  const std::unique_ptr<Engine> engine = EngineWithKvCache(KvCacheDtype::kF16);
+  const std::unique_ptr<Engine> exact = EngineWithKvCache(KvCacheDtype::kF32);
   ExpectNearReferenceAndPartOnlyAtNearTies(*golden_, tok, *engine, CpuActivations::kInt8, *exact,
                                            kInt8LogitTolerance, "int8 activations, f16 KV");
 }
@@ -258,19 +255,8 @@ TEST_F(GoldenGenerationTest, Int8ActivationsStayNearLlamaCppAndPartOnlyAtNearTie
 // only.
 TEST_F(GoldenGenerationTest, F16KvCacheStaysNearLlamaCppAndPartsOnlyAtNearTies) {
   const Tokenizer& tok = *model_->tokenizer;
-  std::unique_ptr<Engine> engine, exact;
-  {
-    const KvCacheScope kv16(KvCacheDtype::kF16);
-    engine =
-        std::make_unique<Engine>(model_->weights.get(), &tok,
-                                 EngineOptions{.num_kv_blocks = 256, .keep_first_logits = true});
-  }
-  {
-    const KvCacheScope kv32(KvCacheDtype::kF32);
-    exact =
-        std::make_unique<Engine>(model_->weights.get(), &tok,
-                                 EngineOptions{.num_kv_blocks = 256, .keep_first_logits = true});
-  }
+  const std::unique_ptr<Engine> engine = EngineWithKvCache(KvCacheDtype::kF16);
+  const std::unique_ptr<Engine> exact = EngineWithKvCache(KvCacheDtype::kF32);
   ExpectNearReferenceAndPartOnlyAtNearTies(*golden_, tok, *engine, CpuActivations::kFp32, *exact,
                                            kF16KvLogitTolerance, "f16 KV, fp32 activations");
 }
