@@ -120,8 +120,15 @@ void PagedAttentionCpu(const PagedAttentionArgs& a) {
   }
 }
 
-void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
-                     const PagedKvShape& shape, float* k_pool, float* v_pool) {
+namespace {
+
+// Stores one row of d values into a pool of either element type: fp32 as is, half rounded.
+void StoreRow(const float* src, int d, float* dst) { std::memcpy(dst, src, d * sizeof(float)); }
+void StoreRow(const float* src, int d, uint16_t* dst) { cpu_internal::FloatToHalfRow(src, d, dst); }
+
+template <typename T>
+void KvWrite(const float* k, const float* v, int n, const int64_t* slots,
+             const PagedKvShape& shape, T* k_pool, T* v_pool) {
   const int d = shape.head_dim;
   for (int t = 0; t < n; ++t) {
     const uint32_t block = static_cast<uint32_t>(slots[t] / shape.block_size);
@@ -129,25 +136,22 @@ void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots
     for (int h = 0; h < shape.num_kv_heads; ++h) {
       const int64_t src = (int64_t{t} * shape.num_kv_heads + h) * d;
       const int64_t dst = shape.offset(block, h, slot);
-      std::memcpy(k_pool + dst, k + src, d * sizeof(float));
-      std::memcpy(v_pool + dst, v + src, d * sizeof(float));
+      StoreRow(k + src, d, k_pool + dst);
+      StoreRow(v + src, d, v_pool + dst);
     }
   }
 }
 
+}  // namespace
+
+void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
+                     const PagedKvShape& shape, float* k_pool, float* v_pool) {
+  KvWrite(k, v, n, slots, shape, k_pool, v_pool);
+}
+
 void PagedKvWriteCpu(const float* k, const float* v, int n, const int64_t* slots,
                      const PagedKvShape& shape, uint16_t* k_pool, uint16_t* v_pool) {
-  const int d = shape.head_dim;
-  for (int t = 0; t < n; ++t) {
-    const uint32_t block = static_cast<uint32_t>(slots[t] / shape.block_size);
-    const int slot = static_cast<int>(slots[t] % shape.block_size);
-    for (int h = 0; h < shape.num_kv_heads; ++h) {
-      const int64_t src = (int64_t{t} * shape.num_kv_heads + h) * d;
-      const int64_t dst = shape.offset(block, h, slot);
-      cpu_internal::FloatToHalfRow(k + src, d, k_pool + dst);
-      cpu_internal::FloatToHalfRow(v + src, d, v_pool + dst);
-    }
-  }
+  KvWrite(k, v, n, slots, shape, k_pool, v_pool);
 }
 
 }  // namespace lazyattn

@@ -65,6 +65,18 @@ class KvCacheScope {
   KvCacheDtype previous_;
 };
 
+// The reference's top-10 first-step logits of `run` against ours, each within `tolerance`;
+// `worst` grows to the largest difference seen.
+void ExpectTop10Near(const nlohmann::json& run, const std::vector<float>& logits, float tolerance,
+                     float& worst) {
+  for (const auto& entry : run["top10"]) {
+    const int32_t id = entry[0].get<int32_t>();
+    const float expected = entry[1].get<float>();
+    worst = std::max(worst, std::abs(logits[id] - expected));
+    EXPECT_NEAR(logits[id], expected, tolerance) << "token " << id;
+  }
+}
+
 class GoldenGenerationTest : public ::testing::Test {
  protected:
   // An engine over the golden model whose KV pools hold `dtype` (each engine takes the type when
@@ -159,12 +171,7 @@ TEST_F(GoldenGenerationTest, GreedyContinuationsAndFirstLogitsMatchLlamaCpp) {
     // Top-10 of the first step: same ids in the same order, logits within tolerance.
     const auto& logits = result->first_logits;
     ASSERT_EQ(logits.size(), static_cast<size_t>(tok.vocab_size()));
-    for (const auto& entry : run["top10"]) {
-      const int32_t id = entry[0].get<int32_t>();
-      const float expected = entry[1].get<float>();
-      worst_logit_diff = std::max(worst_logit_diff, std::abs(logits[id] - expected));
-      EXPECT_NEAR(logits[id], expected, kLogitTolerance) << "token " << id;
-    }
+    ExpectTop10Near(run, logits, kLogitTolerance, worst_logit_diff);
     ++runs;
   }
   EXPECT_GE(runs, 12);
@@ -201,12 +208,7 @@ void ExpectNearReferenceAndPartOnlyAtNearTies(const nlohmann::json& golden, cons
 
     const auto& logits = result->first_logits;
     ASSERT_EQ(logits.size(), static_cast<size_t>(tok.vocab_size()));
-    for (const auto& entry : run["top10"]) {
-      const int32_t id = entry[0].get<int32_t>();
-      const float expected = entry[1].get<float>();
-      worst_logit_diff = std::max(worst_logit_diff, std::abs(logits[id] - expected));
-      EXPECT_NEAR(logits[id], expected, tolerance) << "token " << id;
-    }
+    ExpectTop10Near(run, logits, tolerance, worst_logit_diff);
     ++runs;
 
     const auto part = std::mismatch(no_stop.begin(), no_stop.end(), result->token_ids.begin());
