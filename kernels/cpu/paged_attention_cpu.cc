@@ -127,8 +127,8 @@ void StoreRow(const float* src, int d, float* dst) { std::memcpy(dst, src, d * s
 void StoreRow(const float* src, int d, uint16_t* dst) { cpu_internal::FloatToHalfRow(src, d, dst); }
 
 template <typename T>
-void KvWrite(const float* k, const float* v, int n, const int64_t* slots,
-             const PagedKvShape& shape, T* k_pool, T* v_pool) {
+void KvWrite(const float* k, const float* v, int n, const int64_t* slots, const PagedKvShape& shape,
+             T* k_pool, T* v_pool) {
   const int d = shape.head_dim;
   for (int t = 0; t < n; ++t) {
     const uint32_t block = static_cast<uint32_t>(slots[t] / shape.block_size);
