@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/include/quant_linear.h"
 #include "services/worker/engine/kv_cache_cpu.h"
@@ -75,6 +76,15 @@ int Main(int argc, char** argv) {
        .load_tokenizer = false});
   if (!model.ok()) return Fail(model.status(), 1);
   ModelRunner* runner = model->runner.get();
+  // A token outside the model's vocabulary is the caller's to fix, as a bad flag is (exit 2).
+  for (const int32_t id : tokens) {
+    if (id < 0 || id >= runner->config().vocab_size) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--tokens: id ", id, " outside the ",
+                                                          "vocabulary [0, ",
+                                                          runner->config().vocab_size, ")")),
+                  2);
+    }
+  }
   if (runner->num_kv_blocks() < blocks) {
     return Fail(absl::ResourceExhaustedError("KV pool too small for the prompt"), 1);
   }
