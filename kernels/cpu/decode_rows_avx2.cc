@@ -3,6 +3,7 @@
 // quant_dot_avx2.cc): no AVX2 code reaches a CPU without it.
 #include <immintrin.h>
 
+#include "kernels/cpu/avx2_sum.h"
 #include "kernels/cpu/decode_rows.h"
 
 #define LAZYATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -13,13 +14,6 @@ namespace {
 LAZYATTN_AVX2 inline __m256 Load8(const KvRows& r, int64_t offset) {
   if (r.f32 != nullptr) return _mm256_loadu_ps(r.f32 + offset);
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.f16 + offset)));
-}
-
-LAZYATTN_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 template <int G>

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_sum.h"
 #include "kernels/cpu/quant_dot.h"
 
 #define LAZYATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -18,12 +19,7 @@ LAZYATTN_AVX2 inline float Half(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-LAZYATTN_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using cpu_internal::HorizontalSum;
 
 // Eight unsigned / signed bytes (the low 8 of v) as floats.
 LAZYATTN_AVX2 inline __m256 U8ToF32(__m128i v) {

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_sum.h"
 #include "kernels/cpu/quant_dot.h"
 #include "kernels/cpu/quant_int8.h"
 #include "kernels/cpu/quant_int8_simd.h"
@@ -16,12 +17,7 @@
 namespace lazyattn::quant_internal {
 namespace {
 
-LAZYATTN_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using cpu_internal::HorizontalSum;
 
 // One block's eight int32 lane sums of u * s as floats.
 LAZYATTN_AVX2 inline __m256 DotBlock(__m256i u, __m256i s) {

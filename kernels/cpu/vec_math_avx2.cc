@@ -2,6 +2,7 @@
 // being built with -mavx2 (as quant_dot_avx2.cc), so no AVX2 code reaches a CPU without it.
 #include <immintrin.h>
 
+#include "kernels/cpu/avx2_sum.h"
 #include "kernels/cpu/vec_math.h"
 
 #define LAZYATTN_AVX2 __attribute__((target("avx2,fma")))
@@ -34,13 +35,6 @@ LAZYATTN_AVX2 inline __m256 Exp(__m256 x) {
       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
   p = _mm256_mul_ps(p, pow2);
   return _mm256_blendv_ps(p, _mm256_add_ps(p, p), _mm256_castsi256_ps(big));
-}
-
-LAZYATTN_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // The first `n` (< 8) lanes: all ones in their mask, zeros in the others.
