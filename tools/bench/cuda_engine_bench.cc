@@ -10,7 +10,8 @@
 //                         [--kv-budget-gib 64]
 //                         [--batches 32,0] [--serving-requests 60] [--serving-rates 2,6]
 //                         [--serving-kv-gib 12] [--profile-decode-steps N] [--wgmma-gemm]
-//                         [--profile-ttft-step]
+//                         [--profile-ttft-step] [--profile-cold-step]
+//                         [--ttft-modes full,prefix,block,lazy]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--no-early-kv-loads] [--no-pipeline-decode]
 //                         [--prefill-kernel mma|wgmma-ws]
@@ -19,7 +20,8 @@
 // --profile-decode-steps N brackets N steady-state steps of every decode run with
 // cudaProfilerStart/Stop, for `ncu --profile-from-start off` (tests/gpu/device.sh ncu): the
 // kernels' durations inside real steps, where the timed-alone table above has warm caches.
-// --profile-ttft-step does the same for the last all-cached lazy TTFT step (64 query rows).
+// --profile-ttft-step does the same for the last all-cached lazy TTFT step (64 query rows),
+// --profile-cold-step for one more cold lazy request's prefill (fresh documents, 1 token).
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -53,6 +55,14 @@ int Main(int argc, char** argv) {
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
   args.Declare("profile-ttft-step", CliArgs::Kind::kSwitch,
                "part ttft: the last all-cached lazy step inside cudaProfilerStart/Stop");
+  args.Declare("profile-cold-step", CliArgs::Kind::kSwitch,
+               "part ttft: one more cold lazy request (1 output token) inside "
+               "cudaProfilerStart/Stop");
+  args.Declare("ttft-modes", CliArgs::Kind::kValue,
+               "part ttft: cache modes to run (default full,prefix,block,lazy)");
+  args.Declare("no-residual-in-products", CliArgs::Kind::kSwitch,
+               "runner: prefill o/down products write a delta that the next norm adds (to "
+               "compare)");
   args.Declare("no-skinny", CliArgs::Kind::kSwitch, "one-row GEMMs on cuBLASLt (to compare)");
   args.Declare("no-fused-norms", CliArgs::Kind::kSwitch,
                "batch 1: RMSNorms as launches of their own (to compare)");
@@ -89,6 +99,19 @@ int Main(int argc, char** argv) {
   b.config = *config;
   b.skinny_gemms = !args.Has("no-skinny");
   b.profile_ttft_step = args.Has("profile-ttft-step");
+  b.profile_cold_step = args.Has("profile-cold-step");
+  b.residual_in_products = !args.Has("no-residual-in-products");
+  if (args.Has("ttft-modes")) {
+    b.ttft_modes.clear();
+    for (absl::string_view name : absl::StrSplit(args.String("ttft-modes"), ',')) {
+      auto mode = ParseCacheMode(std::string_view(name.data(), name.size()));
+      if (!mode.ok()) {
+        std::cerr << "--ttft-modes: " << mode.status().message() << "\n";
+        return 2;
+      }
+      b.ttft_modes.push_back(*mode);
+    }
+  }
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");
   b.wgmma_packed_weights = !args.Has("no-wgmma-packed");

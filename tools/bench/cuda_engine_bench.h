@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/worker/cache/cache_mode.h"
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/random_weights.h"
@@ -50,6 +51,13 @@ struct Bench {
   // Part ttft: the last all-cached lazy step inside cudaProfilerStart/Stop, for
   // `ncu --profile-from-start off` (tests/gpu/device.sh ncu with LAZYATTN_NCU_ARGS).
   bool profile_ttft_step = false;
+  // Part ttft: after the timed repeats, one more cold lazy request (5 fresh documents, one
+  // output token) inside cudaProfilerStart/Stop: where a cold prefill's time goes.
+  bool profile_cold_step = false;
+  bool residual_in_products = CudaRunnerOptions{}.residual_in_products;
+  // Part ttft: the cache modes it runs, in this order.
+  std::vector<CacheMode> ttft_modes = {CacheMode::kFull, CacheMode::kPrefix, CacheMode::kBlock,
+                                       CacheMode::kLazy};
 
   CudaModelRunner* runner = nullptr;  // of the last engine made (owned by it)
 
@@ -59,6 +67,8 @@ struct Bench {
                                                           {.kv_budget_bytes = kv_budget,
                                                            .skinny_gemms = skinny_gemms,
                                                            .fused_norms = fused_norms,
+                                                           .residual_in_products =
+                                                               residual_in_products,
                                                            .wgmma_max_rows = wgmma_max_rows,
                                                            .fused_qkv_rope = fused_qkv_rope,
                                                            .wgmma_packed_weights =

@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->device_ = options.device;
   r->use_graphs_ = options.cuda_graphs;
   r->fused_norms_ = options.fused_norms && options.skinny_gemms;
+  r->residual_in_products_ = options.residual_in_products;
   r->wgmma_max_rows_ = std::clamp(options.wgmma_max_rows, 0, 64);
   r->wgmma_cuts_ = options.wgmma_cuts;
   for (const auto& [name, cut] : {std::pair{"qkv", options.wgmma_cuts.qkv},

@@ -83,6 +83,15 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
   const bool fused = rows == 1 && runner.fused_norms_ &&
                      SkinnyRmsNormLinearSupports(H, qkv_width, x, weights->layer(0).wqkv) &&
                      SkinnyRmsNormLinearSupports(H, 2 * I, x, weights->layer(0).w_gate_up);
+  // Products on cuBLASLt at more than one row: the o and down projections add into x (beta =
+  // 1, the same fp32 sum x + delta) and the norms after them only normalize.
+  const bool add_in_products = !fused && !wgmma && rows > 1 && runner.residual_in_products_;
+  float* const branch_out = add_in_products ? x : delta;
+  // x += the branch that ended before this norm unless its product added it already.
+  auto norm_after_branch = [&](const bf16* norm_weight) {
+    return add_in_products ? RmsNormF32ToBf16Cuda(x, norm_weight, rows, dim, eps, h, st)
+                           : AddRmsNormF32ToBf16Cuda(x, delta, norm_weight, rows, dim, eps, h, st);
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const CudaLayerWeights& L = weights->layer(l);
     const State::PackedLayer P = s.packed.empty() ? State::PackedLayer{} : s.packed[l];
@@ -113,9 +122,8 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
                                               GemmOutputType::kBf16, /*accumulate=*/false, st));
     } else {
       // x += the previous layer's down projection (none before layer 0), then the norm.
-      RETURN_IF_ERROR(
-          l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
-                 : AddRmsNormF32ToBf16Cuda(x, delta, L.attn_norm, rows, dim, eps, h, st));
+      RETURN_IF_ERROR(l == 0 ? RmsNormF32ToBf16Cuda(x, L.attn_norm, rows, dim, eps, h, st)
+                             : norm_after_branch(L.attn_norm));
       if (!fused_rope) {
         RETURN_IF_ERROR(
             linear(h, L.wqkv, P.wqkv, H, qkv_width, qkv, GemmOutputType::kBf16,
@@ -177,23 +185,19 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
                                   /*accumulate=*/true, st));
       continue;
     }
-    RETURN_IF_ERROR(
-        linear(attn, L.wo, P.wo, Q, H, delta, GemmOutputType::kFp32, /*accumulate=*/false,
-               wgmma_cuts.o));
-    RETURN_IF_ERROR(AddRmsNormF32ToBf16Cuda(x, delta, L.ffn_norm, rows, dim, eps, h, st));
+    RETURN_IF_ERROR(linear(attn, L.wo, P.wo, Q, H, branch_out, GemmOutputType::kFp32,
+                           add_in_products, wgmma_cuts.o));
+    RETURN_IF_ERROR(norm_after_branch(L.ffn_norm));
     RETURN_IF_ERROR(linear_swiglu(h, L.w_gate_up, P.w_gate_up));
-    RETURN_IF_ERROR(
-        linear(act, L.w_down, P.w_down, I, H, delta, GemmOutputType::kFp32,
-               /*accumulate=*/false, wgmma_cuts.down));
+    RETURN_IF_ERROR(linear(act, L.w_down, P.w_down, I, H, branch_out, GemmOutputType::kFp32,
+                           add_in_products, wgmma_cuts.down));
   }
   if (out_rows > 0) {
     // The last residual step and the final norm over every row (one launch, cheap next to
     // the step), then the rows that sample, gathered like embedding rows, into the LM head.
     bf16* last = s.last_hidden.as<bf16>();
-    RETURN_IF_ERROR(
-        fused ? RmsNormF32ToBf16Cuda(x, weights->output_norm(), rows, dim, eps, h, st)
-              : AddRmsNormF32ToBf16Cuda(x, delta, weights->output_norm(), rows, dim, eps, h,
-                                        st));
+    RETURN_IF_ERROR(fused ? RmsNormF32ToBf16Cuda(x, weights->output_norm(), rows, dim, eps, h, st)
+                          : norm_after_branch(weights->output_norm()));
     // A lone row is its own logit row: no gather.
     if (rows == 1) {
       last = h;
