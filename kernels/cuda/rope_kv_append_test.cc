@@ -123,5 +123,82 @@ TEST(RopeKvAppendTest, MatchesCpuTwinOnFusedQkv) {
   }
 }
 
+// Where q's and k's rows are 16-byte aligned the kernel rotates 8 pairs a thread with vector
+// loads, else one pair (rope_kv_append.cu); both must give the same bits. The same values are
+// laid out once with aligned rows (stride (H + 2 KH) d) and once in separate q and k buffers
+// whose rows are 2 values longer (unaligned), v shared.
+TEST(RopeKvAppendTest, AlignedAndUnalignedRowsGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0, 1);
+  for (int d : {64, 128}) {
+    const int H = 8, KH = 2, n = 40, pool_blocks = 3;
+    const int row = (H + 2 * KH) * d, q_stride = H * d + 2, k_stride = KH * d + 2;
+    RopeTable rope(RopeParams{.head_dim = d, .theta = 500000}, 70000);
+    auto dev_rope = DeviceRopeTable::Create(rope);
+    ASSERT_TRUE(dev_rope.ok()) << dev_rope.status();
+    std::vector<uint16_t> qkv(size_t(n) * row), q(size_t(n) * q_stride), k(size_t(n) * k_stride);
+    for (auto& x : qkv) x = FloatToBf16Bits(normal(rng));
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < H * d; ++i) q[size_t(t) * q_stride + i] = qkv[size_t(t) * row + i];
+      for (int i = 0; i < KH * d; ++i) {
+        k[size_t(t) * k_stride + i] = qkv[size_t(t) * row + H * d + i];
+      }
+    }
+    std::vector<int32_t> local(n), delta(n);
+    std::vector<int64_t> slots(n);
+    for (int t = 0; t < n; ++t) {
+      local[t] = int32_t(rng() % 30000);
+      delta[t] = int32_t(rng() % 30000);
+      slots[t] = t;
+    }
+    DeviceBuffer<uint16_t> d_qkv, d_q, d_k;
+    d_qkv.Upload(qkv);
+    d_q.Upload(q);
+    d_k.Upload(k);
+    DeviceBuffer<int32_t> d_local, d_delta;
+    DeviceBuffer<int64_t> d_slots;
+    d_local.Upload(local);
+    d_delta.Upload(delta);
+    d_slots.Upload(slots);
+    const size_t pool = size_t(pool_blocks) * KH * 16 * d;
+    std::vector<std::vector<uint16_t>> q_out, k_out;
+    for (bool aligned : {true, false}) {
+      DeviceBuffer<uint16_t> d_qout(size_t(n) * H * d), d_kpool(pool), d_vpool(pool);
+      d_qout.Poison();
+      d_kpool.Poison();
+      auto* base = reinterpret_cast<const __nv_bfloat16*>(d_qkv.get());
+      RopeKvAppendArgs a;
+      a.q = aligned ? base : reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+      a.q_row_stride = aligned ? row : q_stride;
+      a.k = aligned ? base + H * d : reinterpret_cast<const __nv_bfloat16*>(d_k.get());
+      a.k_row_stride = aligned ? row : k_stride;
+      a.v = base + (H + KH) * d;
+      a.v_row_stride = row;
+      a.num_tokens = n;
+      a.num_heads = H;
+      a.num_kv_heads = KH;
+      a.head_dim = d;
+      a.local_positions = d_local.get();
+      a.deltas = d_delta.get();
+      a.slots = d_slots.get();
+      a.rope = (*dev_rope)->view();
+      a.q_out = reinterpret_cast<__nv_bfloat16*>(d_qout.get());
+      a.k_pool = reinterpret_cast<__nv_bfloat16*>(d_kpool.get());
+      a.v_pool = reinterpret_cast<__nv_bfloat16*>(d_vpool.get());
+      ASSERT_TRUE(RopeKvAppend(a, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      q_out.push_back(d_qout.Download());
+      k_out.push_back(d_kpool.Download());
+    }
+    EXPECT_EQ(q_out[0], q_out[1]) << "d " << d;
+    EXPECT_EQ(k_out[0], k_out[1]) << "d " << d;
+    // Real rotations were compared: the outputs are not the inputs.
+    EXPECT_NE(Bf16BitsToFloat(q_out[0][1]), Bf16BitsToFloat(qkv[1])) << "d " << d;
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn
