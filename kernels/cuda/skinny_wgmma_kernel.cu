@@ -301,6 +301,12 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     }
   }
   if constexpr (kOneGroupInFlight) WgmmaWait<0>();
+  // Every group is done; the epilogue's reads of d stay after the wait.
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) WgmmaFenceOperand(d[m][i]);
+  }
 
   // y's element (m, i) of this thread: its index, or -1 outside y.
   auto y_index = [&](int m, int i) -> int64_t {

@@ -102,7 +102,8 @@ class SkinnyWgmmaLinearGpuTest : public ::testing::Test {
 // another order (~1e-6 relative), and a bf16 output adds half an ulp (with accumulate, the
 // rounded sum of two values). Rows cover each row tile (8, 16, 32, 64) full and partial; out
 // covers partial tiles of each width (64, 128, 256 features); in a partial 64-element K block,
-// also split; splits 1 to 8 (8 over 33 K blocks: uneven splits), into fp32 and bf16 outputs.
+// also split; splits 1 to 8 (8 over 33 K blocks: uneven splits), into fp32 and bf16 outputs;
+// one K block (in 64: a single stage, which the 64-row tile's delayed release must handle).
 TEST_F(SkinnyWgmmaLinearGpuTest, MatchesCpuTwin) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   std::vector<Case> cases;
@@ -117,6 +118,7 @@ TEST_F(SkinnyWgmmaLinearGpuTest, MatchesCpuTwin) {
     cases.push_back({rows, 1088, 6144, false, false, {256, 2}});
     cases.push_back({rows, 2112, 200, true, true, {64, 8}});
     cases.push_back({rows, 4104, 520, true, false, {64, 3}});
+    cases.push_back({rows, 64, 99, true, true, {64, 1}});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " * " << c.out << " fp32 "

@@ -31,7 +31,8 @@ for round in $(seq 1 "$rounds"); do
   for side in A B; do
     flags="LAZYATTN_AB_$side"
     bin_var="LAZYATTN_AB_BIN_$side"
-    bin="${!bin_var:-$carry/bin/lazyattn-bench-engine}"
+    bin="${!bin_var:-$carry/bin/lazyattn-bench-engine}"  # relative: from the repository root
+    [ -x "$bin" ] || { echo "$bin_var: $bin is not an executable" >&2; exit 2; }
     log="$out/ab-$side-$round.log"
     # shellcheck disable=SC2086
     timeout "${LAZYATTN_ENGINE_TIMEOUT:-420}" "$bin" $parts \

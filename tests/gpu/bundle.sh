@@ -32,7 +32,9 @@ for bin in "${gpu_tests[@]}" "$build"/bin/* "$build"/tests/quant_linear_cpu_test
   # The CPU kernel test runs on the GPU machine's CPU, which has SIMD paths this box may lack.
   case "$(basename "$bin")" in
     lazyattn-kvdir | lazyattn-router | lazyattn-bench-engine-overhead | quant_linear_cpu_test) ;;
-    *) ldd "$bin" | grep -q libcudart || continue ;;
+    # grep without -q reads all of ldd's output: with -q it could exit at the first match, ldd
+    # then died of SIGPIPE, and pipefail dropped the program from the bundle now and then.
+    *) ldd "$bin" | grep libcudart >/dev/null || continue ;;
   esac
   cp "$bin" "$carry/bin/"
   # Every shared library but those the GPU machine has in newer or identical versions: glibc's,
@@ -45,6 +47,6 @@ done
 # xz-compressed: the libraries (OpenBLAS, gRPC for the CLI) would not fit the 64 MiB a device
 # call carries otherwise. tests/gpu/device.sh and run.sh unpack it.
 tar -C "$carry" -cf - bin lib | xz -T2 -6 > "$carry.tar.xz.tmp"
-rm -rf "$carry/bin" "$carry/lib"
+rm -rf "${carry:?}/bin" "${carry:?}/lib"
 mv "$carry.tar.xz.tmp" "$carry/bundle.tar.xz"
 du -sh "$carry"

@@ -22,6 +22,7 @@
 // kernels' durations inside real steps, where the timed-alone table above has warm caches.
 // --profile-ttft-step does the same for the last all-cached lazy TTFT step (64 query rows),
 // --profile-cold-step for one more cold lazy request's prefill (fresh documents, 1 token).
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -109,8 +110,17 @@ int Main(int argc, char** argv) {
         std::cerr << "--ttft-modes: " << mode.status().message() << "\n";
         return 2;
       }
+      if (std::find(b.ttft_modes.begin(), b.ttft_modes.end(), *mode) != b.ttft_modes.end()) {
+        std::cerr << "--ttft-modes: " << name << " named twice\n";
+        return 2;
+      }
       b.ttft_modes.push_back(*mode);
     }
+  }
+  if (b.profile_cold_step &&
+      std::find(b.ttft_modes.begin(), b.ttft_modes.end(), CacheMode::kLazy) == b.ttft_modes.end()) {
+    std::cerr << "--profile-cold-step profiles a lazy request: --ttft-modes must include lazy\n";
+    return 2;
   }
   b.fused_norms = !args.Has("no-fused-norms");
   b.fused_qkv_rope = args.Has("fused-qkv-rope");

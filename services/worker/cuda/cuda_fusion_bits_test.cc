@@ -41,6 +41,7 @@ class TwinRunners {
   }
 
   bool ready() const { return runners_.size() == 2; }
+  CudaModelRunner& off() { return *runners_[0]; }
   CudaModelRunner& on() { return *runners_[1]; }
 
   // Appends `new_tokens` random tokens as one chunk and runs it on both runners. Greedy steps
@@ -111,6 +112,9 @@ TEST(CudaFusionBitsTest, ResidualInPrefillProductsIsBitIdentical) {
     twins.Step(129, false);
     twins.Step(2, false);
     for (int i = 0; i < 6; ++i) twins.Step(1, i % 2 == 0);
+    // The fused path ran: the 300- and 129-row steps, and with wgmma off the 40- and 2-row ones.
+    EXPECT_EQ(twins.off().residual_in_product_steps(), 0);
+    EXPECT_EQ(twins.on().residual_in_product_steps(), wgmma_max_rows == 0 ? 4 : 2);
   }
 }
 

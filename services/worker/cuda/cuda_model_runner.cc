@@ -46,6 +46,10 @@ CudaModelRunner::~CudaModelRunner() = default;
 int64_t CudaModelRunner::fused_qkv_rope_launches() const {
   return state_->fused_qkv_rope_launches;
 }
+
+int64_t CudaModelRunner::residual_in_product_steps() const {
+  return state_->residual_in_product_steps;
+}
 int64_t CudaModelRunner::packed_weight_bytes() const { return state_->packed_bytes; }
 int64_t CudaModelRunner::chained_launches() const { return state_->chained_launches; }
 
@@ -193,6 +197,8 @@ absl::Status CudaModelRunner::WarmUpGemms() {
                               int64_t{sizeof(float)}));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(
       in.as<void>(), 0, kWarmRows * std::max({H, Q, I}) * int64_t{sizeof(bf16)}, s.stream));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(out.as<void>(), 0, kWarmRows * H * int64_t{sizeof(float)},
+                                       s.stream));
   const CudaLayerWeights& L = weights_->layer(0);
   const bf16* x = in.as<bf16>();
   CublasLtGemm& g = *s.gemm;
@@ -205,6 +211,14 @@ absl::Status CudaModelRunner::WarmUpGemms() {
                              GemmOutputType::kBf16, false, s.stream));
     RETURN_IF_ERROR(
         g.Linear(x, L.w_down, rows, I, H, out.as<void>(), GemmOutputType::kFp32, false, s.stream));
+    // Steps past the wgmma kernel's rows add o and down into the residual (residual_in_products):
+    // plans of their own, tuned here too (out is zeroed: the accumulating form reads it).
+    if (residual_in_products_ && rows > 1 && rows > wgmma_max_rows_) {
+      RETURN_IF_ERROR(
+          g.Linear(x, L.wo, rows, Q, H, out.as<void>(), GemmOutputType::kFp32, true, s.stream));
+      RETURN_IF_ERROR(g.Linear(x, L.w_down, rows, I, H, out.as<void>(), GemmOutputType::kFp32,
+                               true, s.stream));
+    }
     if (rows <= kWarmLogitRows) {
       RETURN_IF_ERROR(g.Linear(x, weights_->lm_head(), rows, H, c.vocab_size, out.as<void>(),
                                GemmOutputType::kFp32, false, s.stream));

@@ -189,6 +189,7 @@ struct CudaModelRunner::State {
   };
   std::map<GraphKey, Graph> graphs;
   int64_t graph_launches = 0, graph_captures = 0, fused_qkv_rope_launches = 0;
+  int64_t residual_in_product_steps = 0;
   int64_t chained_launches = 0;
   bool profiling = false;
   StepProfile profile;

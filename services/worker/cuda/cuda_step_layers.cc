@@ -83,9 +83,10 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
   const bool fused = rows == 1 && runner.fused_norms_ &&
                      SkinnyRmsNormLinearSupports(H, qkv_width, x, weights->layer(0).wqkv) &&
                      SkinnyRmsNormLinearSupports(H, 2 * I, x, weights->layer(0).w_gate_up);
-  // Products on cuBLASLt at more than one row: the o and down projections add into x (beta =
-  // 1, the same fp32 sum x + delta) and the norms after them only normalize.
+  // Steps past the wgmma kernel's rows (products on cuBLASLt): the o and down projections add
+  // into x (beta = 1, the same fp32 sum x + delta) and the norms after them only normalize.
   const bool add_in_products = !fused && !wgmma && rows > 1 && runner.residual_in_products_;
+  if (add_in_products) ++s.residual_in_product_steps;
   float* const branch_out = add_in_products ? x : delta;
   // x += the branch that ended before this norm unless its product added it already.
   auto norm_after_branch = [&](const bf16* norm_weight) {
