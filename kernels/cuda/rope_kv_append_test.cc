@@ -15,6 +15,32 @@ using testing::Bf16BitsToFloat;
 using testing::DeviceBuffer;
 using testing::FloatToBf16Bits;
 
+// Arguments over one fused QKV buffer ([n][(H + 2 KH) d], device bf16 bits) writing q_out and the
+// pools; a test may point q and k elsewhere with their own strides.
+RopeKvAppendArgs FusedQkvArgs(const uint16_t* qkv, int n, int H, int KH, int d,
+                              const int32_t* local, const int32_t* delta, const int64_t* slots,
+                              const RopeTableView& rope, uint16_t* q_out, uint16_t* k_pool,
+                              uint16_t* v_pool) {
+  RopeKvAppendArgs a;
+  auto* base = reinterpret_cast<const __nv_bfloat16*>(qkv);
+  a.q = base;
+  a.k = base + H * d;
+  a.v = base + (H + KH) * d;
+  a.q_row_stride = a.k_row_stride = a.v_row_stride = (H + 2 * KH) * d;
+  a.num_tokens = n;
+  a.num_heads = H;
+  a.num_kv_heads = KH;
+  a.head_dim = d;
+  a.local_positions = local;
+  a.deltas = delta;
+  a.slots = slots;
+  a.rope = rope;
+  a.q_out = reinterpret_cast<__nv_bfloat16*>(q_out);
+  a.k_pool = reinterpret_cast<__nv_bfloat16*>(k_pool);
+  a.v_pool = reinterpret_cast<__nv_bfloat16*>(v_pool);
+  return a;
+}
+
 // q and k come from one fused QKV row ([n][(H + 2 KH) d]); the kernel rotates q at delta + local
 // and k at local, and writes k and v into shuffled slots. Reference: RopeApplyCpu +
 // PagedKvWriteCpu on the same bf16 inputs. Tolerance: one bf16 rounding of a value computed in
@@ -58,23 +84,9 @@ TEST(RopeKvAppendTest, MatchesCpuTwinOnFusedQkv) {
     d_delta.Upload(delta);
     d_slots.Upload(slots);
 
-    RopeKvAppendArgs a;
-    auto* base = reinterpret_cast<const __nv_bfloat16*>(d_qkv.get());
-    a.q = base;
-    a.k = base + H * d;
-    a.v = base + (H + KH) * d;
-    a.q_row_stride = a.k_row_stride = a.v_row_stride = row;
-    a.num_tokens = n;
-    a.num_heads = H;
-    a.num_kv_heads = KH;
-    a.head_dim = d;
-    a.local_positions = d_local.get();
-    a.deltas = d_delta.get();
-    a.slots = d_slots.get();
-    a.rope = (*dev_rope)->view();
-    a.q_out = reinterpret_cast<__nv_bfloat16*>(d_qout.get());
-    a.k_pool = reinterpret_cast<__nv_bfloat16*>(d_k.get());
-    a.v_pool = reinterpret_cast<__nv_bfloat16*>(d_v.get());
+    const RopeKvAppendArgs a =
+        FusedQkvArgs(d_qkv.get(), n, H, KH, d, d_local.get(), d_delta.get(), d_slots.get(),
+                     (*dev_rope)->view(), d_qout.get(), d_k.get(), d_v.get());
     ASSERT_TRUE(RopeKvAppend(a, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -169,25 +181,15 @@ TEST(RopeKvAppendTest, AlignedAndUnalignedRowsGiveTheSameBits) {
       DeviceBuffer<uint16_t> d_qout(size_t(n) * H * d), d_kpool(pool), d_vpool(pool);
       d_qout.Poison();
       d_kpool.Poison();
-      auto* base = reinterpret_cast<const __nv_bfloat16*>(d_qkv.get());
-      RopeKvAppendArgs a;
-      a.q = aligned ? base : reinterpret_cast<const __nv_bfloat16*>(d_q.get());
-      a.q_row_stride = aligned ? row : q_stride;
-      a.k = aligned ? base + H * d : reinterpret_cast<const __nv_bfloat16*>(d_k.get());
-      a.k_row_stride = aligned ? row : k_stride;
-      a.v = base + (H + KH) * d;
-      a.v_row_stride = row;
-      a.num_tokens = n;
-      a.num_heads = H;
-      a.num_kv_heads = KH;
-      a.head_dim = d;
-      a.local_positions = d_local.get();
-      a.deltas = d_delta.get();
-      a.slots = d_slots.get();
-      a.rope = (*dev_rope)->view();
-      a.q_out = reinterpret_cast<__nv_bfloat16*>(d_qout.get());
-      a.k_pool = reinterpret_cast<__nv_bfloat16*>(d_kpool.get());
-      a.v_pool = reinterpret_cast<__nv_bfloat16*>(d_vpool.get());
+      RopeKvAppendArgs a =
+          FusedQkvArgs(d_qkv.get(), n, H, KH, d, d_local.get(), d_delta.get(), d_slots.get(),
+                       (*dev_rope)->view(), d_qout.get(), d_kpool.get(), d_vpool.get());
+      if (!aligned) {
+        a.q = reinterpret_cast<const __nv_bfloat16*>(d_q.get());
+        a.q_row_stride = q_stride;
+        a.k = reinterpret_cast<const __nv_bfloat16*>(d_k.get());
+        a.k_row_stride = k_stride;
+      }
       ASSERT_TRUE(RopeKvAppend(a, nullptr).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       q_out.push_back(d_qout.Download());
