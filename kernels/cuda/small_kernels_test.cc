@@ -1,5 +1,6 @@
 // RMSNorm (plain and fused with the residual add), SwiGLU and the embedding gather against their
 // CPU twins, on the same bf16 inputs, over odd sizes.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -156,6 +157,33 @@ TEST(SwiGluCudaTest, MatchesCpuTwin) {
     EXPECT_TRUE(testing::AllClose(Bf16ToFloats(dout.Download()), want, {1e-6, 1.0 / 256 + 1e-5, 5e-3}))
         << rows << "x" << dim;
   }
+}
+
+// SwiGluCuda takes its 16-byte form only where gate_up and out are 16-byte aligned and dim % 8 ==
+// 0 (swiglu.cu); a caller's buffers one element off must fall back to the one-value form with the
+// same bits, not fault or read across rows.
+TEST(SwiGluCudaTest, MisalignedBuffersGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int rows = 5, dim = 64;
+  const auto gu = RandomBf16(size_t(rows) * 2 * dim, rng, 4.0f);
+  std::vector<uint16_t> gu_shifted(gu.size() + 1, 0);
+  std::copy(gu.begin(), gu.end(), gu_shifted.begin() + 1);
+  DeviceBuffer<uint16_t> d_gu, d_gu_shifted, d_out(size_t(rows) * dim),
+      d_out_shifted(size_t(rows) * dim + 1);
+  d_gu.Upload(gu);
+  d_gu_shifted.Upload(gu_shifted);
+  d_out.Poison();
+  d_out_shifted.Poison();
+  ASSERT_TRUE(SwiGluCuda(Bf(d_gu), rows, dim, Bf(d_out), nullptr).ok());
+  ASSERT_TRUE(SwiGluCuda(Bf(d_gu_shifted) + 1, rows, dim, Bf(d_out_shifted) + 1, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> aligned = d_out.Download(), shifted = d_out_shifted.Download();
+  EXPECT_EQ(shifted[0], 0xffff);  // the element before out: untouched poison
+  EXPECT_EQ(aligned, std::vector<uint16_t>(shifted.begin() + 1, shifted.end()));
+  EXPECT_NE(aligned[0], 0xffff);  // a value was written
 }
 
 TEST(EmbeddingCudaTest, GathersRowsAndZeroesBadIds) {
