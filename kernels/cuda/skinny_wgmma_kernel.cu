@@ -193,8 +193,10 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   const uint32_t base = SmemAddr(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = blockIdx.x, tile = blockIdx.y;
-  // First output feature of the tile (the SwiGLU form's tile holds 64 features' gate and up).
-  const int n0 = tile * (p.swiglu_inter > 0 ? kTileM : L::kFeatures);
+  // First output feature of the tile (the SwiGLU form's tile holds the gate and up rows of
+  // 32 kM features: its first kM / 2 64-row blocks are gate rows, the others up rows).
+  constexpr int kSwiGluFeatures = L::kFeatures / 2;
+  const int n0 = tile * (p.swiglu_inter > 0 ? kSwiGluFeatures : L::kFeatures);
   // Splits differ by at most one K block (MaxSplits keeps them at >= 4 blocks on average).
   const int kb_begin = split * p.k_blocks / p.splits;
   const int kb_end = (split + 1) * p.k_blocks / p.splits;
@@ -217,23 +219,30 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
   if (warp == kConsumers / 32) {  // producer
     if (lane == 0) {
       const uint64_t weights_policy = EvictFirstPolicy(), x_policy = EvictLastPolicy();
-      // The SwiGLU form's map has 64-row boxes: gate rows at n0, up rows at inter + n0.
+      // The weight row of 64-row block m of the tile: the SwiGLU form's gate rows at n0 +
+      // 64 m, its up rows at inter + n0 + 64 (m - kM / 2). (Past inter, in a partial last
+      // tile, a gate block reads up rows and an up block the padding or zeros: their
+      // features are not stored.)
+      auto block_row = [&](int m) {
+        if (p.swiglu_inter == 0) return n0 + m * kTileM;
+        return m < kM / 2 ? n0 + m * kTileM : p.swiglu_inter + n0 + (m - kM / 2) * kTileM;
+      };
+      // The SwiGLU form's map has 64-row boxes, one per block.
       auto load_weights = [&](int s, int i) {
         const int k = (kb_begin + i) * kTileK;
         if (p.packed_w != nullptr) {
           // Block (64-row group g, K block kb) lies at (g * k_blocks + kb) * 8 KB, already in
           // the 128-byte-swizzled order TMA would write: a plain copy per 64-row group.
           for (int m = 0; m < kM; ++m) {
-            const int row = p.swiglu_inter > 0 ? (m == 0 ? n0 : p.swiglu_inter + n0)
-                                                : n0 + m * kTileM;
-            const int64_t block = int64_t{row / kTileM} * p.k_blocks + kb_begin + i;
+            const int64_t block = int64_t{block_row(m) / kTileM} * p.k_blocks + kb_begin + i;
             BulkLoad(a_tile(s) + m * kTileM * 128, p.packed_w + block * kTileM * kTileK,
                      kTileM * 128, full(s), weights_policy);
           }
         } else if (p.swiglu_inter > 0) {
-          TmaLoad2d(a_tile(s), &map_w, k, n0, full(s), weights_policy);
-          TmaLoad2d(a_tile(s) + kTileM * 128, &map_w, k, p.swiglu_inter + n0, full(s),
-                    weights_policy);
+          for (int m = 0; m < kM; ++m) {
+            TmaLoad2d(a_tile(s) + m * kTileM * 128, &map_w, k, block_row(m), full(s),
+                      weights_policy);
+          }
         } else {
           TmaLoad2d(a_tile(s), &map_w, k, n0, full(s), weights_policy);
         }
@@ -432,19 +441,22 @@ __global__ void __launch_bounds__(kThreads) SkinnyWgmmaKernel(
     return;
   }
   if (p.swiglu_inter > 0) {
-    if constexpr (kM == 2) {
+    if constexpr (kM >= 2) {
 #pragma unroll
-      for (int i = 0; i < kRows / 2; ++i) {
-        const int r = AccRow(lane, i), n = n0 + AccFeature(warp, lane, i);
-        if (r >= p.rows || n >= p.out) continue;
-        // Gate and up rounded to bf16 first, as SwiGluCuda reads them after a bf16 product:
-        // the same rounding points as the cuBLASLt path. (Kept in fp32, one SmolLM2 golden
-        // prompt's first-step cosine to the fp32 CPU model fell to 0.99892, against 0.99947
-        // this way and 0.99985 on cuBLASLt: that model amplifies any change of rounding;
-        // docs/kernels.md.)
-        const float gate = RoundToBf16(d[0][i]), up = RoundToBf16(d[1][i]);
-        static_cast<__nv_bfloat16*>(p.y)[static_cast<int64_t>(r) * p.out + n] =
-            __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+      for (int h = 0; h < kM / 2; ++h) {  // gate block h pairs with up block kM / 2 + h
+#pragma unroll
+        for (int i = 0; i < kRows / 2; ++i) {
+          const int r = AccRow(lane, i), n = n0 + h * kTileM + AccFeature(warp, lane, i);
+          if (r >= p.rows || n >= p.out) continue;
+          // Gate and up rounded to bf16 first, as SwiGluCuda reads them after a bf16 product:
+          // the same rounding points as the cuBLASLt path. (Kept in fp32, one SmolLM2 golden
+          // prompt's first-step cosine to the fp32 CPU model fell to 0.99892, against 0.99947
+          // this way and 0.99985 on cuBLASLt: that model amplifies any change of rounding;
+          // docs/kernels.md.)
+          const float gate = RoundToBf16(d[h][i]), up = RoundToBf16(d[kM / 2 + h][i]);
+          static_cast<__nv_bfloat16*>(p.y)[static_cast<int64_t>(r) * p.out + n] =
+              __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+        }
       }
     }
     return;
@@ -511,8 +523,8 @@ absl::Status Launch(const CUtensorMap& map_w, const CUtensorMap& map_x, const Pa
   if (CtasPerSmOf<kRows, kM, kQkvRope>() == 0) {
     return absl::InternalError("skinny wgmma linear: the kernel's shared memory does not fit");
   }
-  // The SwiGLU form's tile is 64 features (their gate and up rows fill the 128-row A tile).
-  const int tile_features = p.swiglu_inter > 0 ? kTileM : L::kFeatures;
+  // The SwiGLU form's tile is half as many features (their gate and up rows fill the A tile).
+  const int tile_features = p.swiglu_inter > 0 ? L::kFeatures / 2 : L::kFeatures;
   const dim3 grid(p.splits, (p.out + tile_features - 1) / tile_features);
   RETURN_IF_CUDA_ERROR(LaunchOverlapped(SkinnyWgmmaKernel<kRows, kM, kQkvRope>, grid,
                                         dim3(kThreads), L::kBytes, stream, map_w, map_x, p));

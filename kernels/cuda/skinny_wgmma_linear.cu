@@ -235,16 +235,24 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,
                                          __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
-                                         cudaStream_t stream, int splits,
+                                         cudaStream_t stream, SkinnyWgmmaConfig config,
                                          const __nv_bfloat16* w_packed) {
   if (inter < 1 || !SkinnyWgmmaLinearSupports(rows, in, 2 * inter, x, w_gate_up, act)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skinny wgmma linear: unsupported SwiGLU product ", rows, "x", in, " * ", 2 * inter, "x",
         in, "^T"));
   }
+  if (config.tile_features != 0 && config.tile_features != kTileM &&
+      config.tile_features != 2 * kTileM) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skinny wgmma linear: the SwiGLU form's tiles are 64 or 128 features, not ",
+        config.tile_features));
+  }
+  // A tile of F features reads 2 F weight rows (gate and up), the plain form's tile of 2 F.
+  const int features = config.tile_features != 0 ? config.tile_features : kTileM;
   return Run(x, w_gate_up, rows, in, 2 * inter, act, GemmOutputType::kBf16,
              /*accumulate=*/false, inter, /*rope=*/nullptr, workspace, stream,
-             {.tile_features = 2 * kTileM, .splits = splits}, w_packed);
+             {.tile_features = 2 * features, .splits = config.splits}, w_packed);
 }
 
 bool SkinnyWgmmaQkvRopeSupports(int64_t rows, int64_t in, const RopeKvAppendArgs& a,

@@ -79,12 +79,13 @@ absl::Status SkinnyWgmmaLinearCuda(const __nv_bfloat16* x, const __nv_bfloat16* 
 // act[r][i] = silu(gate) * up of y = x W^T for W = [gate rows; up rows] ([2 * inter][in]),
 // act bf16 [rows][inter]: gate and up are rounded to bf16 before the product, exactly as
 // SwiGluCuda reads them after a bf16 Linear, but the [rows][2 * inter] product is never
-// written. A CTA owns 64 features' gate and up rows (128 weight rows); `splits` as
-// SkinnyWgmmaConfig::splits. Errors as SkinnyWgmmaLinearCuda.
+// written. A CTA owns config.tile_features features' gate and up rows (64 or 128 features:
+// 128 or 256 weight rows; 0 is 64); splits as SkinnyWgmmaConfig::splits. Errors as
+// SkinnyWgmmaLinearCuda.
 absl::Status SkinnyWgmmaLinearSwiGluCuda(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up,
                                          int64_t rows, int64_t in, int64_t inter,
                                          __nv_bfloat16* act, const SkinnyWgmmaWorkspace& workspace,
-                                         cudaStream_t stream, int splits = 0,
+                                         cudaStream_t stream, SkinnyWgmmaConfig config = {},
                                          const __nv_bfloat16* w_packed = nullptr);
 
 // The QKV projection with RopeKvAppend's work as its epilogue: qkv = x W_qkv^T for W_qkv =

@@ -196,22 +196,26 @@ TEST_F(SkinnyWgmmaLinearGpuTest, BackToBackCallsAccumulate) {
 // The SwiGLU form against LinearCpu + SwiGluCpu on the same bf16 inputs, gate and up rounded to
 // bf16 on both sides: fp32 sums ~1e-6 relative apart may round to neighbouring bf16 values (an
 // ulp, up to 2^-7 relative, in gate or up), then the product is rounded once more (2^-9):
-// 3/256 relative. inter covers a partial
-// 64-feature tile; splits the kernel's choice, 3 (uneven) and 8.
+// 3/256 relative. inter covers partial 64- and 128-feature tiles (200: 8 features past the
+// last 64; 136 and 320: 64 past the last 128, so that tile's gate and up halves are half
+// empty); tiles of 64 and 128 features; splits the kernel's choice, 3 (uneven) and 8.
 TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   struct SwiGluCase {
-    int rows, in, inter, splits;
+    int rows, in, inter, features, splits;
   };
   std::vector<SwiGluCase> cases;
   for (int rows : {1, 8, 17, 32, 64}) {
-    cases.push_back({rows, 4096, 1024, 0});
-    cases.push_back({rows, 576, 200, 3});
-    cases.push_back({rows, 2112, 136, 8});
+    for (int features : {0, 128}) {
+      cases.push_back({rows, 4096, 1024, features, 0});
+      cases.push_back({rows, 576, 200, features, 3});
+      cases.push_back({rows, 2112, 136, features, 8});
+    }
+    cases.push_back({rows, 1088, 320, 128, 0});
   }
   for (const SwiGluCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.in << " inter " << c.inter
-                                      << " splits " << c.splits);
+                                      << " features " << c.features << " splits " << c.splits);
     const auto x = RandomBf16(size_t(c.rows) * c.in, rng_);
     const auto w = RandomBf16(size_t(2 * c.inter) * c.in, rng_);
     const size_t n = size_t(c.rows) * c.inter;
@@ -223,7 +227,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, SwiGluMatchesCpuTwin) {
     dact.Upload(act_bits);
     auto* act = AsMutableBf16(dact);
     ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(AsBf16(dx), AsBf16(dw), c.rows, c.in, c.inter, act,
-                                            ws_, nullptr, c.splits)
+                                            ws_, nullptr,
+                                            {.tile_features = c.features, .splits = c.splits})
                     .ok());
     CUDA_ASSERT(cudaDeviceSynchronize());
     const auto xf = Bf16ToFloats(x), wf = Bf16ToFloats(w);
@@ -400,10 +405,13 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
     EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
   }
-  // The SwiGLU form: inter 192 (3 tiles) and 1024, split and not.
-  for (const auto& [rows, in, inter, splits] :
-       {std::tuple{17, 576, 192, 0}, std::tuple{32, 1088, 1024, 3}}) {
-    SCOPED_TRACE(::testing::Message() << "SwiGLU " << rows << "x" << in << " inter " << inter);
+  // The SwiGLU form: inter 192 (3 tiles of 64 features; 2 of 128, the last half empty, its
+  // up block reading the packed copy's padding) and 1024, split and not.
+  for (const auto& [rows, in, inter, features, splits] :
+       {std::tuple{17, 576, 192, 0, 0}, std::tuple{32, 1088, 1024, 64, 3},
+        std::tuple{64, 576, 192, 128, 0}, std::tuple{32, 1088, 1024, 128, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "SwiGLU " << rows << "x" << in << " inter " << inter
+                                      << " features " << features);
     DeviceBuffer<uint16_t> x, w, act[2];
     x.Upload(RandomBf16(size_t(rows) * in, rng_));
     w.Upload(RandomBf16(size_t(2 * inter) * in, rng_));
@@ -413,7 +421,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
       act[v].Poison();
       ASSERT_TRUE(SkinnyWgmmaLinearSwiGluCuda(
                       AsBf16(x), AsBf16(w), rows, in, inter,
-                      AsMutableBf16(act[v]), ws_, nullptr, splits,
+                      AsMutableBf16(act[v]), ws_, nullptr,
+                      {.tile_features = features, .splits = splits},
                       v == 1 ? AsBf16(*packed) : nullptr)
                       .ok());
     }
@@ -467,8 +476,8 @@ TEST_F(SkinnyWgmmaLinearGpuTest, PackedWeightsGiveTheSameBits) {
   DeviceBuffer<uint16_t> x(8 * 576), w(400 * 576), act(8 * 200);
   auto packed = packed_of(w, 400, 576);
   EXPECT_EQ(SkinnyWgmmaLinearSwiGluCuda(AsBf16(x), AsBf16(w), 8, 576, 200,
-                                        AsMutableBf16(act), ws_, nullptr,
-                                        0, AsBf16(*packed))
+                                        AsMutableBf16(act), ws_, nullptr, {},
+                                        AsBf16(*packed))
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -490,6 +499,14 @@ TEST(SkinnyWgmmaLinearTest, RefusesWhatItCannotDo) {
                                       SkinnyWgmmaConfig{64, -1}}) {
     EXPECT_EQ(SkinnyWgmmaLinearCuda(AsBf16(x), AsBf16(w), 64, 1024, 64, y.get(),
                                     GemmOutputType::kFp32, false, ws, nullptr, bad)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // The SwiGLU form's tiles are 64 or 128 features (w: 2 x 32 rows of 1024).
+  for (const int features : {32, 256}) {
+    EXPECT_EQ(SkinnyWgmmaLinearSwiGluCuda(AsBf16(x), AsBf16(w), 64, 1024, 32,
+                                          reinterpret_cast<__nv_bfloat16*>(y.get()), ws, nullptr,
+                                          {.tile_features = features})
                   .code(),
               absl::StatusCode::kInvalidArgument);
   }

@@ -80,13 +80,14 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                   std::pair{"gate_up", options.wgmma_cuts.gate_up},
                                   std::pair{"down", options.wgmma_cuts.down}}) {
     const bool tile_ok = std::string_view(name) == "gate_up"
-                             ? cut.tile_features == 0 || cut.tile_features == 128
+                             ? cut.tile_features == 0 || cut.tile_features == 64 ||
+                                   cut.tile_features == 128
                              : cut.tile_features == 0 || cut.tile_features == 64 ||
                                    cut.tile_features == 128 || cut.tile_features == 256;
     if (!tile_ok || cut.splits < 0 || cut.splits > 8) {
       return absl::InvalidArgumentError(absl::StrCat(
           "wgmma_cuts.", name, ": tile_features ", cut.tile_features, " / splits ", cut.splits,
-          " (tile_features 0, 64, 128 or 256, gate_up 0 or 128; splits 0 to 8)"));
+          " (tile_features 0, 64, 128 or 256, gate_up 0, 64 or 128; splits 0 to 8)"));
     }
   }
   r->fused_qkv_rope_ = options.fused_qkv_rope;

@@ -80,7 +80,7 @@ struct CudaRunnerOptions {
   // Replayed from graphs its weight loads start before the previous kernel ends: batch 32 at 2K
   // context gained 0.7-3 % in tokens/s, all-cached TTFT (64 rows) was unchanged
   // (docs/benchmarks.md). `wgmma_cuts` overrides its choice of cut per product (zeros: the
-  // kernel's; gate_up takes only splits).
+  // kernel's; gate_up's tile_features count features, whose gate and up rows a CTA reads).
   int wgmma_max_rows = 64;
   // Where the wgmma kernel runs the QKV product and head_dim is 128, RoPE and the K/V append
   // run in its epilogue (SkinnyWgmmaLinearQkvRopeCuda) instead of RopeKvAppend's launch. Off:

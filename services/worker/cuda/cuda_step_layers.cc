@@ -68,7 +68,7 @@ absl::Status CudaModelRunner::State::EnqueueLayers(const CudaModelRunner& runner
                            const bf16* w_packed) -> absl::Status {
     if (wgmma && SkinnyWgmmaLinearSupports(rows, H, 2 * I, in_x, w, act)) {
       return SkinnyWgmmaLinearSwiGluCuda(in_x, w, rows, H, I, act, *s.wgmma_workspace, st,
-                                         wgmma_cuts.gate_up.splits, w_packed);
+                                         wgmma_cuts.gate_up, w_packed);
     }
     return gemm.LinearSwiGlu(in_x, w, rows, H, I, gu, act, st);
   };
