@@ -1,6 +1,6 @@
 // lazyattn-kvdir --config FILE.yaml [--listen HOST:PORT] [--metrics HOST:PORT]
 //
-// Serves the KV directory until SIGTERM or SIGINT. Once serving it prints
+// Serves the KV directory until SIGTERM, SIGHUP or SIGINT. Once serving it prints
 //   lazyattn-kvdir listening on HOST:PORT
 // on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a
 // bad command line or configuration, 1 when the server cannot start.
@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto server = lazyattn::kvdir::KvdirServer::Create(*options);

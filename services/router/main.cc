@@ -3,11 +3,12 @@
 //
 // The public entry point of a LazyAttention cluster (docs/router.md). Exits non-zero with a
 // message naming the key for a bad configuration; prints "lazyattn-router listening on HOST:PORT"
-// once serving (and "lazyattn-router http on http[s]://HOST:PORT" with the HTTP API); shuts down cleanly on SIGTERM or SIGINT. Exit status 2: bad command line or
+// once serving (and "lazyattn-router http on http[s]://HOST:PORT" with the HTTP API); shuts down cleanly on SIGTERM, SIGHUP or SIGINT. Exit status 2: bad command line or
 // configuration; 1: the server could not start.
 #include <pthread.h>
 
 #include <csignal>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // a closed terminal: the same clean shutdown
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   lazyattn::LogInfo("router")
-      .Str("signal", signal == SIGTERM ? "SIGTERM" : "SIGINT")
+      .Str("signal", strsignal(signal))
       .Msg("shutting down");
   // Both listeners drain at once with the same grace; the HTTP server returns only when no HTTP
   // call is alive, so the RouterContext (destroyed with the server below) is no longer used.

@@ -2,7 +2,8 @@
 //                 [--worker-id ID]
 //
 // Loads the model, serves lazyattn.v1.Worker and publishes the document cache to kvdir until
-// SIGTERM (graceful: WorkerServer::Drain, up to server.drain_timeout_s) or SIGINT (immediate).
+// SIGTERM or SIGHUP (graceful: WorkerServer::Drain, up to server.drain_timeout_s) or SIGINT
+// (immediate).
 // Once serving it prints
 //   lazyattn-worker listening on HOST:PORT
 // on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a bad
@@ -111,8 +112,8 @@ std::string WithPort(const std::string& address, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// SIGTERM/SIGINT -> one byte on a pipe that main() waits on. A handler rather than sigwait: the
-// BLAS library starts its threads before main() could block the signals in them.
+// SIGTERM/SIGHUP/SIGINT -> one byte on a pipe that main() waits on. A handler rather than sigwait:
+// the BLAS library starts its threads before main() could block the signals in them.
 int g_signal_pipe[2] = {-1, -1};
 
 // The model of model.path on the configured backend (LoadServedModel: a GGUF file on cuda is
@@ -206,6 +207,8 @@ int main(int argc, char** argv) {
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  // A closed terminal or SSH session (SIGHUP) drains too rather than dropping what is in flight.
+  sigaction(SIGHUP, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   lazyattn::LogInfo("worker")
@@ -258,9 +261,9 @@ int main(int argc, char** argv) {
   unsigned char signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
   }
-  // SIGTERM (Kubernetes, a rolling restart): drain, so no request in flight is lost. SIGINT (an
-  // operator's Ctrl-C): stop now.
-  if (signal_number == SIGTERM) {
+  // SIGTERM (Kubernetes, a rolling restart) or SIGHUP (the terminal went away): drain, so no
+  // request in flight is lost. SIGINT (an operator's Ctrl-C): stop now.
+  if (signal_number == SIGTERM || signal_number == SIGHUP) {
     lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("draining");
     if (!(*server)->Drain()) {
       lazyattn::LogWarning("worker").Msg(
