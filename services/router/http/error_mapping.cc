@@ -44,7 +44,9 @@ const char* ErrorTypeOf(int http_status) {
       return "permission_error";
     case 404:
       return "not_found_error";
+    case 411:  // no Content-Length (body_framing.h)
     case 413:
+    case 501:  // a Transfer-Encoding other than chunked: the request's fault, not the server's
       return "invalid_request_error";
     case 429:
       return "rate_limit_error";

@@ -13,7 +13,8 @@
 //   DEADLINE_EXCEEDED                                    504 timeout_error
 //   CANCELLED                                            499 (the client went away)
 //   anything else (INTERNAL, UNKNOWN, ABORTED, ...)      500 server_error
-// 413 (body too large) is produced by the HTTP layer itself (ErrorBody with its own type).
+// 411, 413 and 501 (a body without a length, too large, or in a coding other than chunked) are
+// produced by the HTTP layer itself (ErrorBody, type invalid_request_error).
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_ERROR_MAPPING_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_ERROR_MAPPING_H_
 
@@ -28,8 +29,8 @@ int HttpStatusOf(grpc::StatusCode code);
 // OpenAI's error `type` for an HTTP status.
 const char* ErrorTypeOf(int http_status);
 
-// The field a validation message names ("documents[2].text: empty document" -> "documents[2].text");
-// empty when the message does not start with a field name.
+// The field a validation message names ("documents[2].text: empty document" ->
+// "documents[2].text"); empty when the message does not start with a field name.
 std::string ParamOf(std::string_view message);
 
 // The JSON error body; `code` is the gRPC status name in lower case ("invalid_argument") or, for

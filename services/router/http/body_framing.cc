@@ -1,0 +1,80 @@
+#include "services/router/http/body_framing.h"
+
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace lazyattn::router {
+namespace {
+
+BodyFraming Refuse(int status, std::string message, std::string code) {
+  BodyFraming f;
+  f.error_status = status;
+  f.message = std::move(message);
+  f.code = std::move(code);
+  return f;
+}
+
+// RFC 9110's Content-Length = 1*DIGIT; a sign or a space inside is not one (strtoull would read
+// "-1" as 2^64 - 1 and "12abc" as 12). A value beyond int64 saturates: it is over any limit.
+bool ParseLength(absl::string_view text, int64_t* out) {
+  text = absl::StripAsciiWhitespace(text);
+  if (text.empty()) return false;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    if (value > (INT64_MAX - 9) / 10) {
+      value = INT64_MAX;
+    } else {
+      value = value * 10 + (c - '0');
+    }
+  }
+  *out = value;
+  return true;
+}
+
+}  // namespace
+
+std::string BodyTooLargeMessage(int64_t max_body_bytes) {
+  return absl::StrCat("body: larger than http.max_body_bytes (", max_body_bytes, " bytes)");
+}
+
+BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
+                             const std::vector<std::string>& transfer_encoding, bool body_required,
+                             int64_t max_body_bytes) {
+  if (!transfer_encoding.empty()) {
+    if (transfer_encoding.size() != 1 ||
+        !absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(transfer_encoding[0]), "chunked")) {
+      return Refuse(501, "Transfer-Encoding: only \"chunked\" is supported", "not_implemented");
+    }
+    if (!content_length.empty()) {
+      return Refuse(400, "Content-Length: not allowed with Transfer-Encoding", "invalid_argument");
+    }
+    BodyFraming f;
+    f.kind = BodyFraming::Kind::kChunked;
+    return f;
+  }
+  if (content_length.size() > 1) {
+    return Refuse(400, "Content-Length: given more than once", "invalid_argument");
+  }
+  if (content_length.size() == 1) {
+    BodyFraming f;
+    if (!ParseLength(content_length[0], &f.length)) {
+      return Refuse(400, "Content-Length: not a non-negative decimal integer", "invalid_argument");
+    }
+    if (f.length > max_body_bytes) {
+      return Refuse(413, BodyTooLargeMessage(max_body_bytes), "body_too_large");
+    }
+    f.kind = BodyFraming::Kind::kLength;
+    return f;
+  }
+  if (body_required) {
+    return Refuse(411, "Content-Length: required (or Transfer-Encoding: chunked)",
+                  "length_required");
+  }
+  return BodyFraming{};
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,47 @@
+// How a request's body is delimited, checked from its headers before any of it is read, so that a
+// body the router will refuse is never buffered and a request whose length is ambiguous (the
+// request-smuggling shapes of RFC 9112 section 6.3) is refused instead of guessed:
+//
+//   Transfer-Encoding other than a single "chunked"      501 (the only coding the router reads)
+//   Transfer-Encoding and Content-Length together        400
+//   Content-Length twice, or not a decimal integer >= 0  400
+//   Content-Length over the limit                        413 at once (the body is not read)
+//   neither, on a request that needs a body              411
+//
+// A chunked body has no length up front: its reader counts the bytes and stops at the limit
+// (http_server.cc), so that case passes here as kChunked.
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_BODY_FRAMING_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_BODY_FRAMING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lazyattn::router {
+
+struct BodyFraming {
+  enum class Kind { kNone, kLength, kChunked };
+  Kind kind = Kind::kNone;
+  int64_t length = 0;  // kLength: the announced length
+
+  // Set when the request is refused: the HTTP status, a message naming the header (and the limit
+  // for 413) and the error body's `code`.
+  int error_status = 0;
+  std::string message;
+  std::string code;
+  bool ok() const { return error_status == 0; }
+};
+
+// `content_length`, `transfer_encoding`: the values of every header of that name, in order.
+// `body_required`: the endpoint reads a body (no framing at all is then 411). `max_body_bytes`:
+// http.max_body_bytes.
+BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
+                             const std::vector<std::string>& transfer_encoding, bool body_required,
+                             int64_t max_body_bytes);
+
+// The 413 message for a body over the limit, whether announced or counted.
+std::string BodyTooLargeMessage(int64_t max_body_bytes);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_BODY_FRAMING_H_

@@ -1,0 +1,68 @@
+// A request body's framing, judged from its headers before any of it is read.
+#include "services/router/http/body_framing.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn::router {
+namespace {
+
+using ::testing::HasSubstr;
+using Kind = BodyFraming::Kind;
+
+constexpr int64_t kMax = 1 << 20;
+
+BodyFraming Check(std::vector<std::string> length, std::vector<std::string> encoding = {}) {
+  return CheckBodyFraming(length, encoding, /*body_required=*/true, kMax);
+}
+
+TEST(BodyFramingTest, AcceptsALengthUpToTheLimitAndChunked) {
+  BodyFraming f = Check({"1048576"});
+  ASSERT_TRUE(f.ok()) << f.message;
+  EXPECT_EQ(f.kind, Kind::kLength);
+  EXPECT_EQ(f.length, kMax);
+  f = Check({" 0 "});
+  ASSERT_TRUE(f.ok()) << f.message;
+  EXPECT_EQ(f.length, 0);
+  f = Check({}, {"Chunked"});
+  ASSERT_TRUE(f.ok()) << f.message;
+  EXPECT_EQ(f.kind, Kind::kChunked);
+}
+
+TEST(BodyFramingTest, ALengthOverTheLimitIs413NamingBodyAndTheKey) {
+  const BodyFraming f = Check({"1048577"});
+  EXPECT_EQ(f.error_status, 413);
+  EXPECT_THAT(f.message, HasSubstr("body: larger than http.max_body_bytes (1048576 bytes)"));
+  EXPECT_EQ(f.code, "body_too_large");
+  // Beyond int64 is over the limit too, not a wrapped small number; leading zeros are no length.
+  EXPECT_EQ(Check({"99999999999999999999999"}).error_status, 413);
+  EXPECT_TRUE(Check({"000000000000000000000000001"}).ok());
+}
+
+TEST(BodyFramingTest, ALengthThatIsNoNonNegativeIntegerIs400) {
+  for (const char* bad : {"-1", "-0", "+5", "12abc", "", "1 2", "0x10"}) {
+    const BodyFraming f = Check({bad});
+    EXPECT_EQ(f.error_status, 400) << bad;
+    EXPECT_THAT(f.message, HasSubstr("Content-Length")) << bad;
+  }
+}
+
+TEST(BodyFramingTest, AmbiguousFramingIsRefused) {
+  EXPECT_EQ(Check({"5", "5"}).error_status, 400);                  // twice
+  EXPECT_EQ(Check({"5"}, {"chunked"}).error_status, 400);          // both
+  EXPECT_EQ(Check({}, {"gzip, chunked"}).error_status, 501);       // another coding
+  EXPECT_EQ(Check({}, {"chunked", "chunked"}).error_status, 501);  // twice
+  EXPECT_THAT(Check({}, {"identity"}).message, HasSubstr("Transfer-Encoding"));
+}
+
+TEST(BodyFramingTest, NoFramingIs411OnlyWhereABodyIsRequired) {
+  const BodyFraming f = Check({});
+  EXPECT_EQ(f.error_status, 411);
+  EXPECT_THAT(f.message, HasSubstr("Content-Length"));
+  const BodyFraming none = CheckBodyFraming({}, {}, /*body_required=*/false, kMax);
+  EXPECT_TRUE(none.ok());
+  EXPECT_EQ(none.kind, Kind::kNone);
+}
+
+}  // namespace
+}  // namespace lazyattn::router
