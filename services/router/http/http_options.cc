@@ -1,5 +1,6 @@
 #include "services/router/http/http_options.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,11 @@ absl::StatusOr<absl::Duration> MillisIn(const YamlConfig& config, const std::str
 }
 
 }  // namespace
+
+int EffectiveMaxConnectionsPerClient(const HttpOptions& options) {
+  if (options.max_connections_per_client >= 0) return options.max_connections_per_client;
+  return std::max(1, options.threads / 2);
+}
 
 absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
   HttpOptions o;
@@ -38,6 +44,12 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.read_timeout_ms", o.read_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.write_timeout,
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(o.header_timeout,
+                   MillisIn(config, "http.header_timeout_ms", o.header_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(
+      const int64_t per_client,
+      config.IntIn("http.max_connections_per_client", o.max_connections_per_client, -1, 1000000));
+  o.max_connections_per_client = static_cast<int>(per_client);
   ASSIGN_OR_RETURN(o.keep_alive_timeout, MillisIn(config, "http.keep_alive_timeout_ms",
                                                   o.keep_alive_timeout, 1000, 3600000));
   ASSIGN_OR_RETURN(const int64_t keep_alive,

@@ -23,16 +23,27 @@ struct HttpOptions {
   // (they wait in the kernel's accept backlog), so open sockets stay bounded.
   int threads = 32;
   int max_queued_connections = 64;
-  // Slow clients: a request not received within read_timeout, or a response write that makes no
+  // Slow clients: a read that waits read_timeout for a byte, or a response write that makes no
   // progress for write_timeout, closes the connection.
   absl::Duration read_timeout = absl::Seconds(30);
   absl::Duration write_timeout = absl::Seconds(30);
+  // A request's line and headers must be in within this (a new connection's from when a thread
+  // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
+  // however steadily the bytes trickle in; else the connection is closed (guarded_server.h).
+  absl::Duration header_timeout = absl::Seconds(10);
+  // Connections one client address may have served at once; the excess is answered 503 (TLS:
+  // closed) at once. -1: half of `threads` (at least 1); 0: no cap. Clients behind one proxy or
+  // NAT share an address: there, set it to `threads` or 0.
+  int max_connections_per_client = -1;
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connection closed
-  int keep_alive_max_count = 100;                         // requests per connection
+  int keep_alive_max_count = 100;                        // requests per connection
   // HTTP has no deadline of its own: each request's deadline is its arrival plus this (the gRPC
   // API takes the call's deadline instead).
   absl::Duration request_timeout = absl::Seconds(600);
 };
+
+// max_connections_per_client with -1 resolved (half of threads, at least 1); 0 means no cap.
+int EffectiveMaxConnectionsPerClient(const HttpOptions& options);
 
 // Reads the `http.*` keys (defaults from HttpOptions); InvalidArgument naming the key for a wrong
 // type, a value out of range or a listen address that is not host:port.
