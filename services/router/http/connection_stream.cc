@@ -1,0 +1,192 @@
+#include "services/router/http/connection_stream.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+namespace lazyattn::router {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+void AddressOf(const sockaddr_storage& addr, std::string& ip, int& port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(addr);
+    inet_ntop(AF_INET, &in.sin_addr, text, sizeof(text));
+    port = ntohs(in.sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(addr);
+    inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof(text));
+    port = ntohs(in6.sin6_port);
+  }
+  ip = text;
+}
+
+// cpp-httplib's liveness test before each write: a peer that closed makes the socket readable
+// with nothing to peek, so a stream to a client that went away stops at its next event.
+bool PeerStillThere(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  const int ready = poll(&p, 1, 0);
+  if (ready == 0) return true;
+  if (ready < 0) return errno == EINTR;
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+}  // namespace
+
+bool WaitForSocket(int fd, short events, milliseconds timeout, SteadyTime deadline) {
+  const SteadyTime until = std::min(deadline, steady_clock::now() + timeout);
+  while (true) {
+    const auto left = std::chrono::ceil<milliseconds>(until - steady_clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, INT_MAX)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return false;
+  }
+}
+
+bool ConnectionStream::WaitForData(milliseconds timeout) const {
+  return HasReadAhead() || WaitForSocket(fd_, POLLIN, timeout, deadline_);
+}
+
+bool ConnectionStream::WaitReadable() const {
+  return WaitForSocket(fd_, POLLIN, read_timeout_, deadline_);
+}
+
+bool ConnectionStream::WaitWritable() const {
+  return WaitForSocket(fd_, POLLOUT, write_timeout_, kNoDeadline);
+}
+
+bool ConnectionStream::is_readable() const { return HasReadAhead() || WaitReadable(); }
+
+bool ConnectionStream::is_writable() const { return WaitWritable() && PeerStillThere(fd_); }
+
+void ConnectionStream::get_remote_ip_and_port(std::string& ip, int& port) const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) AddressOf(addr, ip, port);
+}
+
+void ConnectionStream::get_local_ip_and_port(std::string& ip, int& port) const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) AddressOf(addr, ip, port);
+}
+
+ssize_t PlainStream::read(char* ptr, size_t size) {
+  while (begin_ == end_) {
+    if (!WaitReadable()) return -1;
+    const ssize_t n = recv(fd_, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      begin_ = 0;
+      end_ = static_cast<size_t>(n);
+    } else if (n == 0) {
+      return 0;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return -1;
+    }
+  }
+  const size_t n = std::min(size, end_ - begin_);
+  std::memcpy(ptr, buffer_.data() + begin_, n);
+  begin_ += n;
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t PlainStream::write(const char* ptr, size_t size) {
+  if (!is_writable()) return -1;
+  // The socket is blocking with SO_SNDTIMEO = write_timeout (set at accept): a send that makes no
+  // progress for that long fails.
+  ssize_t n;
+  do {
+    n = send(fd_, ptr, size, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
+ssize_t TlsStream::read(char* ptr, size_t size) {
+  const int len = static_cast<int>(std::min<size_t>(size, INT_MAX));
+  while (true) {
+    ERR_clear_error();
+    const int n = SSL_read(ssl_, ptr, len);
+    if (n > 0) return n;
+    switch (SSL_get_error(ssl_, n)) {
+      case SSL_ERROR_WANT_READ:
+        if (!WaitReadable()) return -1;
+        break;
+      case SSL_ERROR_WANT_WRITE:
+        if (!WaitWritable()) return -1;
+        break;
+      case SSL_ERROR_ZERO_RETURN:
+        return 0;  // close_notify
+      default:
+        return -1;
+    }
+  }
+}
+
+ssize_t TlsStream::write(const char* ptr, size_t size) {
+  if (!is_writable()) return -1;
+  const int len = static_cast<int>(std::min<size_t>(size, INT_MAX));
+  while (true) {
+    // Retried with the same arguments, as OpenSSL requires after WANT_*.
+    ERR_clear_error();
+    const int n = SSL_write(ssl_, ptr, len);
+    if (n > 0) return n;
+    switch (SSL_get_error(ssl_, n)) {
+      case SSL_ERROR_WANT_WRITE:
+        if (!WaitWritable()) return -1;
+        break;
+      case SSL_ERROR_WANT_READ:
+        if (!WaitForSocket(fd_, POLLIN, write_timeout_, kNoDeadline)) return -1;
+        break;
+      default:
+        return -1;
+    }
+  }
+}
+
+SSL* AcceptTls(int fd, SSL_CTX* ctx, milliseconds timeout, SteadyTime deadline) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return nullptr;
+  SSL* ssl = SSL_new(ctx);
+  if (ssl == nullptr) return nullptr;
+  if (SSL_set_fd(ssl, fd) != 1) {
+    SSL_free(ssl);
+    return nullptr;
+  }
+  while (true) {
+    ERR_clear_error();
+    const int r = SSL_accept(ssl);
+    if (r == 1) return ssl;
+    bool waited = false;
+    switch (SSL_get_error(ssl, r)) {
+      case SSL_ERROR_WANT_READ:
+        waited = WaitForSocket(fd, POLLIN, timeout, deadline);
+        break;
+      case SSL_ERROR_WANT_WRITE:
+        waited = WaitForSocket(fd, POLLOUT, timeout, deadline);
+        break;
+      default:
+        break;
+    }
+    if (!waited) {
+      ERR_clear_error();
+      SSL_free(ssl);
+      return nullptr;
+    }
+  }
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,97 @@
+// httplib::Stream over one accepted connection, plaintext or TLS, for the router's own connection
+// loop (guarded_server.h). Besides cpp-httplib's per-operation read and write timeouts (each recv
+// may wait read_timeout, so a client sending a byte at a time is never timed out), reads stop at
+// a total deadline: the router sets it to the end of the header timeout while a request's line and
+// headers arrive, and clears it once they are in. The TLS handshake (AcceptTls) takes a deadline
+// the same way.
+//
+// One stream serves every request of a keep-alive connection, so bytes read ahead (a pipelined
+// request) are kept for the next one. Not thread-safe: one connection thread uses it.
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_CONNECTION_STREAM_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_CONNECTION_STREAM_H_
+
+#include <httplib.h>
+#include <openssl/ssl.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace lazyattn::router {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+constexpr SteadyTime kNoDeadline = SteadyTime::max();
+
+// Waits up to `timeout`, and never past `deadline`, for `events` (POLLIN, POLLOUT) on `fd`; true
+// when the socket is ready (or failed: the next read or write reports it).
+bool WaitForSocket(int fd, short events, std::chrono::milliseconds timeout, SteadyTime deadline);
+
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, std::chrono::milliseconds read_timeout,
+                   std::chrono::milliseconds write_timeout)
+      : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  // Reads wait no later than `deadline` (kNoDeadline: only their own timeout) and fail after it.
+  void set_deadline(SteadyTime deadline) { deadline_ = deadline; }
+  bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
+
+  // True when a byte of the next request is read ahead, or arrives within `timeout` (and before
+  // the deadline).
+  bool WaitForData(std::chrono::milliseconds timeout) const;
+
+  bool is_readable() const override;
+  bool is_writable() const override;
+  void get_remote_ip_and_port(std::string& ip, int& port) const override;
+  void get_local_ip_and_port(std::string& ip, int& port) const override;
+  int socket() const override { return fd_; }
+
+ protected:
+  virtual bool HasReadAhead() const = 0;
+  bool WaitReadable() const;  // read_timeout, bounded by the deadline
+  bool WaitWritable() const;  // write_timeout
+
+  const int fd_;
+  const std::chrono::milliseconds read_timeout_;
+  const std::chrono::milliseconds write_timeout_;
+  SteadyTime deadline_ = kNoDeadline;
+};
+
+// Plaintext: recv into a read-ahead buffer (cpp-httplib reads the request line and headers a byte
+// at a time), send with MSG_NOSIGNAL.
+class PlainStream final : public ConnectionStream {
+ public:
+  using ConnectionStream::ConnectionStream;
+  ssize_t read(char* ptr, size_t size) override;
+  ssize_t write(const char* ptr, size_t size) override;
+
+ private:
+  bool HasReadAhead() const override { return begin_ < end_; }
+  std::vector<char> buffer_ = std::vector<char>(16 * 1024);
+  size_t begin_ = 0, end_ = 0;
+};
+
+// TLS on a non-blocking socket: every wait for the peer is a poll with its timeout (and the
+// deadline), never a blocking recv inside OpenSSL. The SSL object must have been accepted by
+// AcceptTls on the same fd; the stream does not own it.
+class TlsStream final : public ConnectionStream {
+ public:
+  TlsStream(int fd, SSL* ssl, std::chrono::milliseconds read_timeout,
+            std::chrono::milliseconds write_timeout)
+      : ConnectionStream(fd, read_timeout, write_timeout), ssl_(ssl) {}
+  ssize_t read(char* ptr, size_t size) override;
+  ssize_t write(const char* ptr, size_t size) override;
+
+ private:
+  bool HasReadAhead() const override { return SSL_pending(ssl_) > 0; }
+  SSL* const ssl_;
+};
+
+// Sets `fd` non-blocking and runs the server side of the TLS handshake until `deadline` (each wait
+// at most `timeout`). The new SSL (the caller frees it), or null when the handshake failed or did
+// not finish in time.
+SSL* AcceptTls(int fd, SSL_CTX* ctx, std::chrono::milliseconds timeout, SteadyTime deadline);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_CONNECTION_STREAM_H_

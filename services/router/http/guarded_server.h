@@ -1,0 +1,76 @@
+// cpp-httplib servers (plaintext and TLS) that run each accepted connection in the router's own
+// loop instead of the library's, for three limits cpp-httplib 0.11 does not have:
+//
+//  - a total deadline for a request's line and headers, `header_timeout` (the library's read
+//    timeout is per recv, so a client sending one byte a second held a connection thread for
+//    ever). A new connection must finish its TLS handshake and its first request's headers within
+//    header_timeout of the connection thread taking it up; on a kept-alive connection each later
+//    request has header_timeout from its first byte (the idle wait before it is
+//    keep_alive_timeout, as in the library). Past the deadline the connection is closed without an
+//    answer, as nginx does on client_header_timeout.
+//  - a cap on the connections one client address holds at once (client_slots.h). The excess
+//    connection is answered 503 at once without reading its request (plaintext), or closed before
+//    the handshake (TLS), and holds no thread longer than that.
+//  - closing the connection after a response that says `Connection: close` (the library only adds
+//    the header). A response to a request whose body was not read (refused before it, or over the
+//    limit) is followed by a short lingering close: the router stops sending, reads and discards at
+//    most max_body_bytes more for at most 1 s, then closes, so a client still sending its body sees
+//    the response rather than a reset, and a client that goes on sending is cut off.
+//
+// Everything else (request parsing, routing, handlers, keep-alive count, the read and write
+// timeouts of each operation) is the library's: the loop calls Server::process_request.
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_GUARDED_SERVER_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_GUARDED_SERVER_H_
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "services/router/http/client_slots.h"
+#include "services/router/http/connection_stream.h"
+
+namespace lazyattn::router {
+
+struct ConnectionLimits {
+  std::chrono::milliseconds header_timeout{10000};
+  int64_t max_body_bytes = 4 << 20;  // bounds the lingering close's discard
+  // Counts the connections served and caps them per address; must outlive the server.
+  ClientSlots* slots = nullptr;
+};
+
+// For the handlers, on the thread that serves the request (no effect elsewhere):
+// the request's line and headers are in; its header deadline no longer applies (the body is read
+// under the read timeout).
+void MarkHeadersReceived();
+// The connection closes after this response; `body_unread`: the request's body (or part of it)
+// was not read, so the close lingers (above).
+void CloseConnectionAfterResponse(bool body_unread);
+
+class GuardedServer : public httplib::Server {
+ public:
+  explicit GuardedServer(const ConnectionLimits& limits) : limits_(limits) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+
+  const ConnectionLimits limits_;
+};
+
+class GuardedSslServer : public httplib::SSLServer {
+ public:
+  GuardedSslServer(const ConnectionLimits& limits, const std::string& cert_file,
+                   const std::string& key_file)
+      : httplib::SSLServer(cert_file.c_str(), key_file.c_str()), limits_(limits) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+
+  const ConnectionLimits limits_;
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_GUARDED_SERVER_H_
