@@ -18,12 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "nlohmann/json.hpp"
+#include "services/router/http/body_framing.h"
 #include "services/router/http/certificate_reloader.h"
 #include "services/router/http/completion_handler.h"
+#include "services/router/http/guarded_server.h"
 #include "services/router/http/http_auth.h"
 #include "services/router/http/openai_json.h"
 #include "services/router/server/api_key_auth.h"
-#include "nlohmann/json.hpp"
 
 namespace lazyattn::router {
 namespace {
@@ -125,18 +127,92 @@ const char* MethodOf(const httplib::Request& req) {
   return nullptr;
 }
 
+bool IsCompletion(const httplib::Request& req) { return MethodOf(req) == kCompleteMethod; }
+
+// Methods whose body cpp-httplib reads for any path (into memory, before its 404).
+bool LibraryReadsBody(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+         req.method == "DELETE" || req.method == "PRI";
+}
+
+// The request announces a body: refusing it leaves bytes unread on the connection.
+bool CarriesBody(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+std::vector<std::string> HeaderValues(const httplib::Request& req, const char* name) {
+  std::vector<std::string> out;
+  auto range = req.headers.equal_range(name);
+  for (auto it = range.first; it != range.second; ++it) out.push_back(it->second);
+  return out;
+}
+
+BodyFraming FramingOf(const httplib::Request& req, int64_t max_body_bytes) {
+  return CheckBodyFraming(HeaderValues(req, "Content-Length"),
+                          HeaderValues(req, "Transfer-Encoding"), /*body_required=*/true,
+                          max_body_bytes);
+}
+
+// Answers `req` without reading its body, and closes the connection after the response (the body
+// left on it would otherwise be read as the next request).
+void RefuseUnread(const httplib::Request& req, httplib::Response& res) {
+  res.set_header("Connection", "close");
+  CloseConnectionAfterResponse(CarriesBody(req));
+}
+
+// Reads a completion request's body into `req.body`, counting: a chunked body (whose length
+// cpp-httplib 0.11 neither knows nor limits) is cut off at `max_body_bytes` and refused 413, so
+// the router buffers at most that much. False after answering the request (413 or 400).
+bool ReadBody(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& read, int64_t max_body_bytes) {
+  // `req` is the library's own Request, which its routing holds non-const until the response is
+  // written; the content-reader API only hands it over as const.
+  std::string& body = const_cast<httplib::Request&>(req).body;
+  if (req.has_header("Content-Length")) {  // checked against the limit before routing
+    body.reserve(static_cast<size_t>(std::min<uint64_t>(
+        req.get_header_value<uint64_t>("Content-Length"), static_cast<uint64_t>(max_body_bytes))));
+  }
+  bool too_large = false;
+  const bool complete = read([&](const char* data, size_t size) {
+    if (body.size() + size > static_cast<size_t>(max_body_bytes)) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, size);
+    return true;
+  });
+  if (complete) return true;
+  body.clear();
+  RefuseUnread(req, res);
+  if (too_large) {
+    SendError(res, 413, BodyTooLargeMessage(max_body_bytes), "body_too_large");
+  } else {
+    SendError(res, 400,
+              "body: incomplete or malformed (chunked encoding, Content-Encoding, or the "
+              "connection ended)",
+              "invalid_argument");
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const HttpOptions& options, const TlsOptions& tls, RouterContext* router,
     std::shared_ptr<grpc::AuthMetadataProcessor> auth) {
   std::unique_ptr<HttpServer> server(new HttpServer());
+  server->slots_ = std::make_unique<ClientSlots>(EffectiveMaxConnectionsPerClient(options));
+  ConnectionLimits limits;
+  limits.header_timeout = absl::ToChronoMilliseconds(options.header_timeout);
+  limits.max_body_bytes = options.max_body_bytes;
+  limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(tls.cert_file.c_str(), tls.key_file.c_str());
+    auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);
     if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "http: cannot load the server certificate ", tls.cert_file, " or its key ",
-          tls.key_file, " (server.tls)"));
+      return absl::InvalidArgumentError(absl::StrCat("http: cannot load the server certificate ",
+                                                     tls.cert_file, " or its key ", tls.key_file,
+                                                     " (server.tls)"));
     }
     // The files are watched from here on: a replaced pair serves new connections
     // (certificate_reloader.h), as the gRPC listeners' certificate provider does.
@@ -148,7 +224,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     server->server_ = std::move(ssl);
     server->tls_ = true;
   } else {
-    server->server_ = std::make_unique<httplib::Server>();
+    server->server_ = std::make_unique<GuardedServer>(limits);
   }
   httplib::Server& s = *server->server_;
   const int threads = options.threads;
@@ -163,8 +239,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   s.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   s.set_read_timeout(absl::ToChronoMilliseconds(options.read_timeout));
   s.set_write_timeout(absl::ToChronoMilliseconds(options.write_timeout));
-  s.set_keep_alive_timeout(
-      std::max<time_t>(1, absl::ToInt64Seconds(options.keep_alive_timeout)));
+  s.set_keep_alive_timeout(std::max<time_t>(1, absl::ToInt64Seconds(options.keep_alive_timeout)));
   s.set_keep_alive_max_count(static_cast<size_t>(options.keep_alive_max_count));
 
   const HttpOptions opts = options;
@@ -178,33 +253,76 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   // The API key is checked here, after the headers and before the body is read (cpp-httplib runs
   // the pre-routing handler first), so an unauthenticated client never makes the router buffer a
   // body. The key's name reaches the handler, which runs next on this thread, in request_key_name.
+  // The body's framing is checked here too, so a body over the limit (by its Content-Length) or of
+  // an ambiguous length is refused at once, unread (body_framing.h). Only the completion endpoints
+  // read a body; any other request that would make the library read one gets its 404 unread.
   std::shared_ptr<const std::atomic<bool>> draining = server->draining_;
-  s.set_pre_routing_handler([processor, keep_auth, draining](const httplib::Request& req,
-                                                             httplib::Response& res) {
+  const int64_t max_body_bytes = options.max_body_bytes;
+  s.set_pre_routing_handler([processor, keep_auth, draining, max_body_bytes](
+                                const httplib::Request& req, httplib::Response& res) {
+    MarkHeadersReceived();
     request_key_name.clear();
     if (shed_connection) {
-      res.set_header("Connection", "close");
-      SendError(res, 503, "router busy: too many HTTP connections (http.threads, "
-                          "http.max_queued_connections); retry later", "unavailable");
+      RefuseUnread(req, res);
+      SendError(res, 503,
+                "router busy: too many HTTP connections (http.threads, "
+                "http.max_queued_connections); retry later",
+                "unavailable");
       return httplib::Server::HandlerResponse::Handled;
     }
     const char* method = MethodOf(req);
-    if (method == nullptr) return httplib::Server::HandlerResponse::Unhandled;  // open or 404
+    if (method == nullptr) {
+      if (LibraryReadsBody(req)) {
+        RefuseUnread(req, res);
+        res.status = 404;  // the error handler writes the body
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      // GET and the like: the library ignores a body, which must not be read as a next request.
+      if (CarriesBody(req)) RefuseUnread(req, res);
+      return httplib::Server::HandlerResponse::Unhandled;  // open or 404
+    }
+    if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res);
     if (draining->load()) {
-      res.set_header("Connection", "close");
+      RefuseUnread(req, res);
       SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
       return httplib::Server::HandlerResponse::Handled;
     }
-    grpc::Status s = CheckApiKey(processor, req.get_header_value("Authorization"), method,
-                                 &request_key_name);
-    if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      res.set_header("WWW-Authenticate", "Bearer");
+    grpc::Status s =
+        CheckApiKey(processor, req.get_header_value("Authorization"), method, &request_key_name);
+    if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        res.set_header("WWW-Authenticate", "Bearer");
+      }
+      RefuseUnread(req, res);
+      SendGrpcError(res, s);
+      return httplib::Server::HandlerResponse::Handled;
     }
-    // The body was not read: the connection cannot be reused for a next request.
-    res.set_header("Connection", "close");
-    SendGrpcError(res, s);
-    return httplib::Server::HandlerResponse::Handled;
+    if (IsCompletion(req)) {
+      const BodyFraming framing = FramingOf(req, max_body_bytes);
+      if (!framing.ok()) {
+        RefuseUnread(req, res);
+        SendError(res, framing.error_status, framing.message, framing.code);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // `Expect: 100-continue` is answered before the pre-routing handler runs: a body the router
+  // would refuse by its framing is refused here instead of invited.
+  s.set_expect_100_continue_handler(
+      [max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+        MarkHeadersReceived();
+        if (!IsCompletion(req)) return 100;
+        const BodyFraming framing = FramingOf(req, max_body_bytes);
+        if (framing.ok()) return 100;
+        RefuseUnread(req, res);
+        SendError(res, framing.error_status, framing.message, framing.code);
+        return framing.error_status;
+      });
+  // A response that says `Connection: close` closes the connection (the library only sends the
+  // header).
+  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.get_header_value("Connection") == "close") CloseConnectionAfterResponse(false);
   });
   // A handler that needs a key (checked by the pre-routing handler): runs `body(req, res,
   // key_name)`.
@@ -215,46 +333,50 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   };
   std::shared_ptr<const std::atomic<bool>> stopping = server->stopping_;
   std::shared_ptr<LiveCalls> live = server->live_;
+  // The completion endpoints read their body themselves (ReadBody), the key's name from the
+  // pre-routing handler.
   auto completion = [router, opts, stopping, key_limiter, live](ApiKind kind) {
-    return [router, opts, stopping, key_limiter, live, kind](const httplib::Request& req,
-                                                             httplib::Response& res,
-                                                             const std::string& key_name) {
-      HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, key_name, live);
-    };
+    return httplib::Server::HandlerWithContentReader(
+        [router, opts, stopping, key_limiter, live, kind](
+            const httplib::Request& req, httplib::Response& res,
+            const httplib::ContentReader& content_reader) {
+          if (!ReadBody(req, res, content_reader, opts.max_body_bytes)) return;
+          HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, request_key_name,
+                           live);
+        });
   };
   for (auto [path, kind] : {std::pair{"/v1/chat/completions", ApiKind::kChat},
                             std::pair{"/v1/completions", ApiKind::kCompletion}}) {
-    auto handle = completion(kind);
-    s.Post(path, authorized(handle));
+    s.Post(path, completion(kind));
   }
   s.Get("/v1/models", authorized([router](const httplib::Request&, httplib::Response& res,
                                           const std::string& /*key_name*/) {
           std::vector<lazyattn::v1::ModelInfo> models;
           for (ModelGroup& g : router->registry().Models()) models.push_back(std::move(g.info));
-          res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())),
-                          "application/json");
+          res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())), "application/json");
         }));
   s.Get("/health", [router](const httplib::Request&, httplib::Response& res) {
     const int live = router->registry().LiveCount();
     res.status = live > 0 ? 200 : 503;
-    res.set_content(nlohmann::json{{"status", live > 0 ? "ok" : "no live workers"},
-                                   {"workers", live}}.dump(),
-                    "application/json");
+    res.set_content(
+        nlohmann::json{{"status", live > 0 ? "ok" : "no live workers"}, {"workers", live}}.dump(),
+        "application/json");
   });
   // Errors the library produces itself (unknown path 404, wrong method 405, body over the limit
   // 413, malformed request 400): OpenAI's error shape unless a handler wrote a body.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([max_body_bytes](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string message;
     const char* code = "error";
     switch (res.status) {
       case 404:
-        message = absl::StrCat(req.path.substr(0, 64), ": no such endpoint (POST /v1/chat/completions, POST "
-                                         "/v1/completions, GET /v1/models, GET /health)");
+        message = absl::StrCat(req.path.substr(0, 64),
+                               ": no such endpoint (POST /v1/chat/completions, POST "
+                               "/v1/completions, GET /v1/models, GET /health)");
         code = "not_found";
         break;
       case 413:
-        message = "body: larger than http.max_body_bytes";
+        message = BodyTooLargeMessage(max_body_bytes);
         code = "body_too_large";
         break;
       default:
@@ -264,19 +386,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     }
     SendError(res, res.status, message, code);
   });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res,
-                             std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    // The exception's text is for the router's log, not for the client.
-    LogError("router").Str("api", "http").Msg(absl::StrCat("HTTP handler exception: ", what));
-    SendError(res, 500, "internal error in the router", "internal");
-  });
+  s.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        // The exception's text is for the router's log, not for the client.
+        LogError("router").Str("api", "http").Msg(absl::StrCat("HTTP handler exception: ", what));
+        SendError(res, 500, "internal error in the router", "internal");
+      });
 
   const size_t colon = options.listen.rfind(':');
   std::string host = options.listen.substr(0, colon);

@@ -9,9 +9,12 @@
 // configured, re-read when its files change (every server.tls.refresh_interval_s, as the gRPC
 // listeners do; certificate_reloader.h). Errors are OpenAI's JSON error objects (error_mapping.h).
 //
-// Limits: body size (413), the library's fixed 8 KiB header line and URI limits, read and write
-// timeouts for slow clients, `threads` connections served at once, `max_queued_connections`
-// waiting, further connections answered 503 at once.
+// Limits: body size (413 at once for a Content-Length over it; a chunked body is counted and cut
+// off at it), the body's framing (body_framing.h), the library's fixed 8 KiB header line and URI
+// limits, a total deadline for each request's headers and the TLS handshake (header_timeout), read
+// and write timeouts for slow clients, connections per client address, `threads` connections
+// served at once, `max_queued_connections` waiting, further connections answered 503 at once.
+// Connections run in the router's own loop over cpp-httplib's request handling (guarded_server.h).
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 
@@ -25,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "services/router/http/certificate_reloader.h"
+#include "services/router/http/client_slots.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/http_options.h"
 #include "services/router/server/router_context.h"
@@ -51,12 +55,14 @@ class HttpServer {
   int port() const { return port_; }
   bool tls() const { return tls_; }
   // Refuses new requests (503), lets requests in flight (streams included) run for up to `grace`
-  // (the gRPC listener's drain grace), then stops listening and cancels those left (503, or an error event on a stream), joins
-  // the connection threads and waits until no HttpCall is alive: after it returns nothing of the
-  // HTTP API touches the RouterContext. Idempotent.
+  // (the gRPC listener's drain grace), then stops listening and cancels those left (503, or an
+  // error event on a stream), joins the connection threads and waits until no HttpCall is alive:
+  // after it returns nothing of the HTTP API touches the RouterContext. Idempotent.
   void Shutdown(absl::Duration grace = absl::ZeroDuration());
   // HTTP calls alive now (tests).
   int live_calls() const { return live_->count(); }
+  // Connections a thread serves now (tests).
+  int open_connections() const { return slots_->open_total(); }
 
  private:
   HttpServer() = default;
@@ -69,6 +75,8 @@ class HttpServer {
   std::shared_ptr<std::atomic<bool>> draining_ = std::make_shared<std::atomic<bool>>(false);
   // Declared before server_: the handshakes that read it end before it goes.
   std::unique_ptr<CertificateReloader> reloader_;
+  // Declared before server_: its connection threads hold slots until they end.
+  std::unique_ptr<ClientSlots> slots_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

@@ -1,0 +1,419 @@
+// The HTTP listener's limits against hostile clients, over real sockets on 127.0.0.1 in front of a
+// router with a fake worker: a chunked body over http.max_body_bytes, a Content-Length it cannot
+// honour, a client that trickles its headers or never finishes its TLS handshake, and one address
+// opening more connections than its share. Clients of a second address bind 127.0.0.2 (all of
+// 127/8 is loopback on Linux).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/router/http/http_server.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+
+namespace lazyattn::router {
+namespace {
+
+using testing::FakeKvdir;
+using testing::FakeWorker;
+
+constexpr char kOtherAddress[] = "127.0.0.2";
+
+// A connection to 127.0.0.1:port from `source` (empty: the kernel's choice, 127.0.0.1). Reads and
+// writes that wait longer than 10 s fail: the test then fails on what it read.
+int Connect(int port, const std::string& source = "") {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (!source.empty()) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+      close(fd);
+      return -1;
+    }
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// The status line and headers (until the blank line, the server's close, or 10 s of silence).
+std::string ReadHead(int fd) {
+  std::string out;
+  char c;
+  while (out.find("\r\n\r\n") == std::string::npos && read(fd, &c, 1) == 1) out.push_back(c);
+  return out;
+}
+
+// Everything until the server closes; `closed` tells a close (EOF or reset) from 10 s of silence.
+std::string ReadAll(int fd, bool* closed = nullptr) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (closed != nullptr) *closed = n == 0 || errno != EAGAIN;
+    return out;
+  }
+}
+
+std::string Post(const std::string& extra_headers, const std::string& body = "") {
+  return absl::StrCat(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+      extra_headers, "\r\n", body);
+}
+
+std::string Chunk(const std::string& data) {
+  return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
+}
+
+constexpr char kChatBody[] =
+    R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8})";
+constexpr char kModels[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return cond();
+}
+
+class HttpLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    worker_.Start();
+    kvdir_.Start();
+    kvdir_.SetWorkers({worker_.Status()});
+    RouterOptions o;
+    o.server.listen_address = "127.0.0.1:0";
+    o.kvdir.address = kvdir_.address();
+    o.kvdir.lookup_timeout = absl::Seconds(10);
+    o.kvdir.list_timeout = absl::Seconds(10);
+    o.kvdir.refresh_interval = absl::Hours(1);
+    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    ASSERT_TRUE(server.ok()) << server.status();
+    router_ = std::move(*server);
+  }
+
+  void TearDown() override {
+    http_.reset();
+    if (!certs_.empty()) std::filesystem::remove_all(certs_);
+  }
+
+  void StartHttp(const HttpOptions& options, const TlsOptions& tls = TlsOptions{}) {
+    auto http = HttpServer::Create(options, tls, &router_->context(), nullptr);
+    ASSERT_TRUE(http.ok()) << http.status();
+    http_ = std::move(*http);
+  }
+
+  // Per-operation read timeouts long enough that only the new limits can explain a close.
+  static HttpOptions Options() {
+    HttpOptions o;
+    o.listen = "127.0.0.1:0";
+    o.read_timeout = absl::Seconds(30);
+    o.max_connections_per_client = 0;
+    return o;
+  }
+
+  // Sends `request` on a new connection; the reply until the server closes.
+  std::string Exchange(const std::string& request, bool* closed = nullptr,
+                       const std::string& source = "") {
+    const int fd = Connect(http_->port(), source);
+    if (fd < 0) return "(no connection)";
+    std::string reply = SendAll(fd, request) ? ReadAll(fd, closed) : "(send failed)";
+    close(fd);
+    return reply;
+  }
+
+  FakeWorker worker_{"w0"};
+  FakeKvdir kvdir_;
+  std::unique_ptr<RouterServer> router_;
+  std::unique_ptr<HttpServer> http_;  // shut down before the router
+  std::string certs_;
+};
+
+TEST_F(HttpLimitsTest, ChunkedBodyOverTheLimitIsRefusedAfterTheLimitAndTheConnectionCut) {
+  HttpOptions o = Options();
+  o.max_body_bytes = 1 << 20;
+  StartHttp(o);
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, Post("Transfer-Encoding: chunked\r\n")));
+  // 64 MiB in 64 KiB chunks, until the server stops taking them.
+  constexpr int64_t kTotal = int64_t{64} << 20;
+  std::atomic<int64_t> sent{0};
+  std::thread sender([&] {
+    const std::string chunk = Chunk(std::string(64 << 10, ' '));
+    while (sent.load() < kTotal) {
+      if (!SendAll(fd, chunk)) return;
+      sent += 64 << 10;
+    }
+    SendAll(fd, "0\r\n\r\n");
+  });
+  const std::string head = ReadHead(fd);
+  const int64_t sent_at_reply = sent.load();
+  bool closed = false;
+  const std::string body = ReadAll(fd, &closed);
+  sender.join();
+  close(fd);
+
+  EXPECT_EQ(head.rfind("HTTP/1.1 413", 0), 0u) << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_NE(body.find("body: larger than http.max_body_bytes (1048576 bytes)"), std::string::npos)
+      << body;
+  EXPECT_TRUE(closed);
+  // Answered after about the limit (plus what the sockets' buffers hold), not after the body, and
+  // the connection was cut before the body was all sent: the router never held it.
+  EXPECT_LT(sent_at_reply, int64_t{32} << 20);
+  EXPECT_LT(sent.load(), kTotal);
+}
+
+TEST_F(HttpLimitsTest, ChunkedAndPipelinedRequestsWithinTheLimitAreServed) {
+  HttpOptions o = Options();
+  o.max_body_bytes = 1 << 20;
+  StartHttp(o);
+  const std::string body = kChatBody;
+  // Two requests in one write: the second waits, read ahead, while the first is answered.
+  const std::string first =
+      Post("Transfer-Encoding: chunked\r\n",
+           absl::StrCat(Chunk(body.substr(0, 10)), Chunk(body.substr(10)), "0\r\n\r\n"));
+  const std::string second =
+      Post(absl::StrCat("Connection: close\r\nContent-Length: ", body.size(), "\r\n"), body);
+  bool closed = false;
+  const std::string reply = Exchange(first + second, &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  const size_t next = reply.find("HTTP/1.1 ", 1);
+  ASSERT_NE(next, std::string::npos) << reply;
+  EXPECT_EQ(reply.compare(next, 12, "HTTP/1.1 200"), 0) << reply;
+  EXPECT_TRUE(closed);
+}
+
+TEST_F(HttpLimitsTest, ContentLengthOverTheLimitIsAnsweredAtOnce) {
+  HttpOptions o = Options();
+  o.max_body_bytes = 1 << 20;
+  StartHttp(o);
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  // Announces 2 MiB and sends none of it: the 413 must not wait for the body (or the 30 s read
+  // timeout; the client gives up after 10 s).
+  ASSERT_TRUE(SendAll(fd, Post(absl::StrCat("Content-Length: ", 2 << 20, "\r\n"))));
+  bool closed = false;
+  const std::string reply = ReadAll(fd, &closed);
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 413", 0), 0u) << reply;
+  EXPECT_NE(reply.find("http.max_body_bytes"), std::string::npos) << reply;
+  EXPECT_TRUE(closed);
+}
+
+TEST_F(HttpLimitsTest, ABodyOfNoClearLengthIsRefusedUnread) {
+  StartHttp(Options());
+  const std::string body = kChatBody;
+  struct Case {
+    std::string headers;
+    const char* status;
+    const char* names;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"Content-Length: -5\r\n", "HTTP/1.1 400", "Content-Length"},
+           {"Content-Length: 5abc\r\n", "HTTP/1.1 400", "Content-Length"},
+           {"Content-Length: 5\r\nContent-Length: 6\r\n", "HTTP/1.1 400", "Content-Length"},
+           {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "HTTP/1.1 400",
+            "Content-Length"},
+           {"Transfer-Encoding: gzip, chunked\r\n", "HTTP/1.1 501", "Transfer-Encoding"},
+           {"", "HTTP/1.1 411", "Content-Length"}}) {
+    // The body that follows is never read: each refusal comes at once and closes.
+    bool closed = false;
+    const std::string reply = Exchange(Post(c.headers, body), &closed);
+    EXPECT_EQ(reply.rfind(c.status, 0), 0u) << c.headers << reply;
+    EXPECT_NE(reply.find(c.names), std::string::npos) << c.headers << reply;
+    EXPECT_NE(reply.find("\"error\""), std::string::npos) << reply;
+    EXPECT_TRUE(closed) << c.headers;
+  }
+  // Any other path would have its body read by the library before its 404: refused unread.
+  bool closed = false;
+  const std::string reply =
+      Exchange("POST /v1/other HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 404", 0), 0u) << reply;
+  EXPECT_TRUE(closed);
+}
+
+TEST_F(HttpLimitsTest, AClientTricklingItsHeadersIsClosedAtTheHeaderTimeout) {
+  HttpOptions o = Options();
+  o.header_timeout = absl::Milliseconds(500);
+  StartHttp(o);
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  // A byte every 100 ms never lets the 30 s read timeout run out; only the header timeout ends it.
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "GET /v1/models HTTP/1.1\r\nX-Slow: ";
+    for (size_t i = 0; !stop.load() && i < 300; ++i) {
+      if (send(fd, i < head.size() ? &head[i] : "a", 1, MSG_NOSIGNAL) != 1) return;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  const std::string reply = ReadAll(fd, &closed);
+  const absl::Duration took = absl::Now() - start;
+  stop = true;
+  trickle.join();
+  close(fd);
+  EXPECT_TRUE(closed) << "still open after " << took;
+  EXPECT_EQ(reply, "");  // closed without an answer, as nginx does
+  EXPECT_GE(took, absl::Milliseconds(400));
+}
+
+TEST_F(HttpLimitsTest, RequestsAreServedWhileSlowClientsTakeEveryThread) {
+  HttpOptions o = Options();
+  o.threads = 2;
+  o.max_queued_connections = 16;
+  o.header_timeout = absl::Milliseconds(500);
+  StartHttp(o);
+  // Three times as many trickling clients as threads, each sending a header byte every 100 ms
+  // for up to 30 s.
+  std::vector<int> slow;
+  for (int i = 0; i < 6; ++i) {
+    const int fd = Connect(http_->port(), kOtherAddress);
+    ASSERT_GE(fd, 0);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (int i = 0; i < 300 && !stop.load(); ++i) {
+      for (int fd : slow) (void)!send(fd, i == 0 ? "G" : "a", 1, MSG_NOSIGNAL);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 2; }, absl::Seconds(10)));
+  // Queued behind them: served once the header timeout frees the threads (they are not freed
+  // otherwise while the bytes keep coming, and the client gives up after 10 s).
+  const absl::Time start = absl::Now();
+  const std::string reply = Exchange(kModels);
+  const absl::Duration took = absl::Now() - start;
+  stop = true;
+  trickle.join();
+  for (int fd : slow) close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply << " after " << took;
+}
+
+TEST_F(HttpLimitsTest, AnAddressOverItsShareIsRefusedAtOnceAndOthersAreServed) {
+  HttpOptions o = Options();
+  o.threads = 4;
+  o.max_connections_per_client = 2;
+  o.header_timeout = absl::Seconds(60);
+  o.keep_alive_timeout = absl::Seconds(60);
+  StartHttp(o);
+  // Two idle connections from one address hold two threads.
+  std::vector<int> idle;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = Connect(http_->port(), kOtherAddress);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  ASSERT_TRUE(WaitFor([&] { return http_->open_connections() == 2; }, absl::Seconds(10)));
+  // A third from that address: 503 without its request being read, then closed.
+  {
+    const int fd = Connect(http_->port(), kOtherAddress);
+    ASSERT_GE(fd, 0);
+    bool closed = false;
+    const std::string reply = ReadAll(fd, &closed);
+    close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
+    EXPECT_NE(reply.find("http.max_connections_per_client 2"), std::string::npos) << reply;
+    EXPECT_TRUE(closed);
+  }
+  // Another address is served, and the first one again once its connections are gone.
+  EXPECT_EQ(Exchange(kModels).rfind("HTTP/1.1 200", 0), 0u);
+  for (int fd : idle) close(fd);
+  ASSERT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, absl::Seconds(10)));
+  const std::string again = Exchange(kModels, nullptr, kOtherAddress);
+  EXPECT_EQ(again.rfind("HTTP/1.1 200", 0), 0u) << again;
+}
+
+TEST_F(HttpLimitsTest, ATlsHandshakeThatNeverEndsIsClosedAtTheHeaderTimeout) {
+  certs_ = absl::StrCat(::testing::TempDir(), "/http-limits-certs-", getpid());
+  ASSERT_EQ(std::system(
+                absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
+                    .c_str()),
+            0)
+      << "tools/gen-certs (run from the source tree) failed";
+  HttpOptions o = Options();
+  o.header_timeout = absl::Milliseconds(500);
+  TlsOptions tls;
+  tls.cert_file = certs_ + "/router-0.crt";
+  tls.key_file = certs_ + "/router-0.key";
+  StartHttp(o, tls);
+  ASSERT_TRUE(http_->tls());
+  // A TCP connection that sends one byte of a ClientHello and then nothing: the handshake waited
+  // for the read timeout (30 s) per byte before.
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, std::string(1, '\x16')));
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  ReadAll(fd, &closed);
+  const absl::Duration took = absl::Now() - start;
+  close(fd);
+  EXPECT_TRUE(closed) << "still open after " << took;
+
+  // A real client still gets through, over the router's TLS stream.
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  const int tls_fd = Connect(http_->port());
+  ASSERT_GE(tls_fd, 0);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, tls_fd);
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  ASSERT_EQ(SSL_write(ssl, kModels, static_cast<int>(sizeof(kModels) - 1)),
+            static_cast<int>(sizeof(kModels) - 1));
+  std::string reply;
+  char buf[4096];
+  for (int n; (n = SSL_read(ssl, buf, sizeof(buf))) > 0;) reply.append(buf, static_cast<size_t>(n));
+  SSL_free(ssl);
+  close(tls_fd);
+  SSL_CTX_free(ctx);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+}
+
+}  // namespace
+}  // namespace lazyattn::router
