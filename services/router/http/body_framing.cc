@@ -17,9 +17,11 @@ BodyFraming Refuse(int status, std::string message, std::string code) {
   return f;
 }
 
+}  // namespace
+
 // RFC 9110's Content-Length = 1*DIGIT; a sign or a space inside is not one (strtoull would read
 // "-1" as 2^64 - 1 and "12abc" as 12). A value beyond int64 saturates: it is over any limit.
-bool ParseLength(absl::string_view text, int64_t* out) {
+bool ParseContentLength(absl::string_view text, int64_t* out) {
   text = absl::StripAsciiWhitespace(text);
   if (text.empty()) return false;
   int64_t value = 0;
@@ -34,8 +36,6 @@ bool ParseLength(absl::string_view text, int64_t* out) {
   *out = value;
   return true;
 }
-
-}  // namespace
 
 std::string BodyTooLargeMessage(int64_t max_body_bytes) {
   return absl::StrCat("body: larger than http.max_body_bytes (", max_body_bytes, " bytes)");
@@ -61,7 +61,7 @@ BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
   }
   if (content_length.size() == 1) {
     BodyFraming f;
-    if (!ParseLength(content_length[0], &f.length)) {
+    if (!ParseContentLength(content_length[0], &f.length)) {
       return Refuse(400, "Content-Length: not a non-negative decimal integer", "invalid_argument");
     }
     if (f.length > max_body_bytes) {

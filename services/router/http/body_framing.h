@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace lazyattn::router {
 
 struct BodyFraming {
@@ -38,6 +40,9 @@ struct BodyFraming {
 BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
                              const std::vector<std::string>& transfer_encoding, bool body_required,
                              int64_t max_body_bytes);
+
+// A Content-Length value: decimal digits (surrounding blanks allowed), saturating at INT64_MAX.
+bool ParseContentLength(absl::string_view text, int64_t* out);
 
 // The 413 message for a body over the limit, whether announced or counted.
 std::string BodyTooLargeMessage(int64_t max_body_bytes);

@@ -24,16 +24,16 @@ using std::chrono::steady_clock;
 // What the handlers tell the loop about the request this thread serves.
 struct ConnectionState {
   ConnectionStream* stream = nullptr;
-  bool close = false;   // close after this response
-  bool linger = false;  // ... lingering: the request's body was not read
+  bool close = false;  // close after this response
+  int64_t drain = 0;   // ... lingering to drop this much of an unread body
 };
 thread_local ConnectionState* current_connection = nullptr;
 
 // A kept-alive connection's idle wait polls in slices this long, so that a stopped server ends
 // its idle connections soon instead of after keep_alive_timeout.
 constexpr milliseconds kIdleSlice{100};
-// The lingering close's bound in time (its bound in bytes is max_body_bytes).
-constexpr milliseconds kLingerTime{1000};
+// The lingering close's bound in time (its bound in bytes is the handler's).
+constexpr milliseconds kLingerTime{2000};
 
 milliseconds Millis(time_t sec, time_t usec) {
   return milliseconds(static_cast<int64_t>(sec) * 1000 + static_cast<int64_t>(usec) / 1000);
@@ -75,9 +75,9 @@ bool AwaitRequest(const LoopParams& p, const ConnectionStream& stream, milliseco
 }
 
 // The keep-alive loop of cpp-httplib's process_server_socket_core, with the header deadline and
-// the handlers' close request. Returns the last request's result; `linger` as ConnectionState's.
+// the handlers' close request. Returns the last request's result; `drain` as ConnectionState's.
 bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime first_deadline,
-                   const ProcessRequest& process, bool* linger) {
+                   const ProcessRequest& process, int64_t* drain) {
   ConnectionState state;
   state.stream = &stream;
   current_connection = &state;
@@ -95,7 +95,7 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
     if (!ret || connection_closed || state.close) break;
   }
   current_connection = nullptr;
-  *linger = state.linger;
+  *drain = state.drain;
   return ret;
 }
 
@@ -150,10 +150,10 @@ void MarkHeadersReceived() {
   if (current_connection != nullptr) current_connection->stream->set_deadline(kNoDeadline);
 }
 
-void CloseConnectionAfterResponse(bool body_unread) {
+void CloseConnectionAfterResponse(int64_t drain_bytes) {
   if (current_connection == nullptr) return;
   current_connection->close = true;
-  current_connection->linger = current_connection->linger || body_unread;
+  current_connection->drain = std::max(current_connection->drain, drain_bytes);
 }
 
 bool GuardedServer::process_and_close_socket(socket_t sock) {
@@ -166,14 +166,14 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
                        Millis(write_timeout_sec_, write_timeout_usec_));
     const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
                             limits_.header_timeout};
-    bool linger = false;
+    int64_t drain = 0;
     ret = ServeRequests(
         params, stream, start + limits_.header_timeout,
         [this](httplib::Stream& strm, bool close_connection, bool& connection_closed) {
           return process_request(strm, close_connection, connection_closed, nullptr);
         },
-        &linger);
-    if (linger) LingeringClose(sock, limits_.max_body_bytes);
+        &drain);
+    if (drain > 0) LingeringClose(sock, drain);
   }
   CloseSocket(sock);
   return ret;
@@ -191,17 +191,17 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
       TlsStream stream(sock, ssl, read_timeout, Millis(write_timeout_sec_, write_timeout_usec_));
       const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
                               limits_.header_timeout};
-      bool linger = false;
+      int64_t drain = 0;
       ret = ServeRequests(
           params, stream, start + limits_.header_timeout,
           [this, ssl](httplib::Stream& strm, bool close_connection, bool& connection_closed) {
             return process_request(strm, close_connection, connection_closed,
                                    [ssl](httplib::Request& req) { req.ssl = ssl; });
           },
-          &linger);
+          &drain);
       // As cpp-httplib: close_notify only when the connection seemed healthy.
       if (ret) SSL_shutdown(ssl);
-      if (linger) LingeringClose(sock, limits_.max_body_bytes);
+      if (drain > 0) LingeringClose(sock, drain);
       SSL_free(ssl);
     }
   }

@@ -13,9 +13,10 @@
 //    the handshake (TLS), and holds no thread longer than that.
 //  - closing the connection after a response that says `Connection: close` (the library only adds
 //    the header). A response to a request whose body was not read (refused before it, or over the
-//    limit) is followed by a short lingering close: the router stops sending, reads and discards at
-//    most max_body_bytes more for at most 1 s, then closes, so a client still sending its body sees
-//    the response rather than a reset, and a client that goes on sending is cut off.
+//    limit) is followed by a lingering close, as nginx's: the router stops sending, reads and
+//    discards what the client still sends, up to the handler's budget and for at most 2 s, then
+//    closes. A client that sends its whole body before reading the answer (Python's http.client
+//    does) then sees the answer rather than a reset; one that goes on sending is cut off.
 //
 // Everything else (request parsing, routing, handlers, keep-alive count, the read and write
 // timeouts of each operation) is the library's: the loop calls Server::process_request.
@@ -36,7 +37,6 @@ namespace lazyattn::router {
 
 struct ConnectionLimits {
   std::chrono::milliseconds header_timeout{10000};
-  int64_t max_body_bytes = 4 << 20;  // bounds the lingering close's discard
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;
 };
@@ -45,9 +45,9 @@ struct ConnectionLimits {
 // the request's line and headers are in; its header deadline no longer applies (the body is read
 // under the read timeout).
 void MarkHeadersReceived();
-// The connection closes after this response; `body_unread`: the request's body (or part of it)
-// was not read, so the close lingers (above).
-void CloseConnectionAfterResponse(bool body_unread);
+// The connection closes after this response. `drain_bytes` > 0: that much of the request's body
+// is still to come unread, and the close lingers (above) to drop at most that much.
+void CloseConnectionAfterResponse(int64_t drain_bytes);
 
 class GuardedServer : public httplib::Server {
  public:

@@ -154,11 +154,28 @@ BodyFraming FramingOf(const httplib::Request& req, int64_t max_body_bytes) {
                           max_body_bytes);
 }
 
-// Answers `req` without reading its body, and closes the connection after the response (the body
-// left on it would otherwise be read as the next request).
-void RefuseUnread(const httplib::Request& req, httplib::Response& res) {
+// How much of an unread body to drop before closing (guarded_server.h): a client that announced
+// its length sends all of it before it reads the answer, so all of it; of a chunked body or an
+// unusable length, as much as the limit once more (a client sending more is cut off). Plus slack
+// for what the wire adds to the body (TLS records, chunk framing).
+int64_t UnreadBody(const httplib::Request& req, int64_t already_read, int64_t max_body_bytes) {
+  constexpr int64_t kWireSlack = 64 << 10;
+  if (!CarriesBody(req)) return 0;
+  int64_t announced = 0;
+  if (!req.has_header("Transfer-Encoding") && req.get_header_value_count("Content-Length") == 1 &&
+      ParseContentLength(req.get_header_value("Content-Length"), &announced)) {
+    return std::max<int64_t>(0, std::min(announced, INT64_MAX - kWireSlack) - already_read) +
+           kWireSlack;
+  }
+  return max_body_bytes + kWireSlack;
+}
+
+// Answers `req` without reading (the rest of) its body, and closes the connection after the
+// response (the body left on it would otherwise be read as the next request).
+void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes,
+                  int64_t already_read = 0) {
   res.set_header("Connection", "close");
-  CloseConnectionAfterResponse(CarriesBody(req));
+  CloseConnectionAfterResponse(UnreadBody(req, already_read, max_body_bytes));
 }
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
@@ -183,8 +200,8 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
     return true;
   });
   if (complete) return true;
-  body.clear();
-  RefuseUnread(req, res);
+  RefuseUnread(req, res, max_body_bytes, static_cast<int64_t>(body.size()));
+  std::string().swap(body);
   if (too_large) {
     SendError(res, 413, BodyTooLargeMessage(max_body_bytes), "body_too_large");
   } else {
@@ -205,7 +222,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   server->slots_ = std::make_unique<ClientSlots>(EffectiveMaxConnectionsPerClient(options));
   ConnectionLimits limits;
   limits.header_timeout = absl::ToChronoMilliseconds(options.header_timeout);
-  limits.max_body_bytes = options.max_body_bytes;
   limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
     auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);
@@ -263,7 +279,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     MarkHeadersReceived();
     request_key_name.clear();
     if (shed_connection) {
-      RefuseUnread(req, res);
+      RefuseUnread(req, res, max_body_bytes);
       SendError(res, 503,
                 "router busy: too many HTTP connections (http.threads, "
                 "http.max_queued_connections); retry later",
@@ -273,17 +289,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const char* method = MethodOf(req);
     if (method == nullptr) {
       if (LibraryReadsBody(req)) {
-        RefuseUnread(req, res);
+        RefuseUnread(req, res, max_body_bytes);
         res.status = 404;  // the error handler writes the body
         return httplib::Server::HandlerResponse::Handled;
       }
       // GET and the like: the library ignores a body, which must not be read as a next request.
-      if (CarriesBody(req)) RefuseUnread(req, res);
+      if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
       return httplib::Server::HandlerResponse::Unhandled;  // open or 404
     }
-    if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res);
+    if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res, max_body_bytes);
     if (draining->load()) {
-      RefuseUnread(req, res);
+      RefuseUnread(req, res, max_body_bytes);
       SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -293,14 +309,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
       if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
         res.set_header("WWW-Authenticate", "Bearer");
       }
-      RefuseUnread(req, res);
+      RefuseUnread(req, res, max_body_bytes);
       SendGrpcError(res, s);
       return httplib::Server::HandlerResponse::Handled;
     }
     if (IsCompletion(req)) {
       const BodyFraming framing = FramingOf(req, max_body_bytes);
       if (!framing.ok()) {
-        RefuseUnread(req, res);
+        RefuseUnread(req, res, max_body_bytes);
         SendError(res, framing.error_status, framing.message, framing.code);
         return httplib::Server::HandlerResponse::Handled;
       }
@@ -315,14 +331,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         if (!IsCompletion(req)) return 100;
         const BodyFraming framing = FramingOf(req, max_body_bytes);
         if (framing.ok()) return 100;
-        RefuseUnread(req, res);
+        RefuseUnread(req, res, max_body_bytes);
         SendError(res, framing.error_status, framing.message, framing.code);
         return framing.error_status;
       });
   // A response that says `Connection: close` closes the connection (the library only sends the
   // header).
   s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    if (res.get_header_value("Connection") == "close") CloseConnectionAfterResponse(false);
+    if (res.get_header_value("Connection") == "close") CloseConnectionAfterResponse(0);
   });
   // A handler that needs a key (checked by the pre-routing handler): runs `body(req, res,
   // key_name)`.
