@@ -28,6 +28,7 @@ struct ConnectionState {
   int64_t drain = 0;   // ... lingering to drop this much of an unread body
 };
 thread_local ConnectionState* current_connection = nullptr;
+thread_local bool shed_thread = false;
 
 // A kept-alive connection's idle wait polls in slices this long, so that a stopped server ends
 // its idle connections soon instead of after keep_alive_timeout.
@@ -119,14 +120,19 @@ void LingeringClose(int fd, int64_t max_bytes) {
   }
 }
 
-// A connection over its address's cap, plaintext: 503 without reading the request (the response
-// is small enough for the socket buffer, so the send never waits), then closed.
-void RefuseBusyPlain(int fd, int cap) {
-  const std::string body = ErrorBody(
-      503,
-      absl::StrCat("too many connections from this address (http.max_connections_per_client ", cap,
-                   "); retry later"),
-      "unavailable");
+constexpr char kShedMessage[] =
+    "router busy: too many HTTP connections (http.threads, http.max_queued_connections); retry "
+    "later";
+
+std::string OverCapMessage(int cap) {
+  return absl::StrCat("too many connections from this address (http.max_connections_per_client ",
+                      cap, "); retry later");
+}
+
+// A connection refused before its request, plaintext: 503 without reading the request (the
+// response is small enough for the socket buffer, so the send never waits), then closed.
+void RefuseBusyPlain(int fd, const std::string& message) {
+  const std::string body = ErrorBody(503, message, "unavailable");
   const std::string response = absl::StrCat(
       "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
       "Content-Length: ",
@@ -146,6 +152,8 @@ void CloseSocket(int fd) {
 
 }  // namespace
 
+void ShedConnectionsOnThisThread() { shed_thread = true; }
+
 void MarkHeadersReceived() {
   if (current_connection != nullptr) current_connection->stream->set_deadline(kNoDeadline);
 }
@@ -159,8 +167,10 @@ void CloseConnectionAfterResponse(int64_t drain_bytes) {
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   const SteadyTime start = steady_clock::now();
   bool ret = false;
-  if (auto slot = limits_.slots->TryAcquire(PeerAddress(sock)); slot == nullptr) {
-    RefuseBusyPlain(sock, limits_.slots->max_per_client());
+  if (shed_thread) {
+    RefuseBusyPlain(sock, kShedMessage);
+  } else if (auto slot = limits_.slots->TryAcquire(PeerAddress(sock)); slot == nullptr) {
+    RefuseBusyPlain(sock, OverCapMessage(limits_.slots->max_per_client()));
   } else {
     PlainStream stream(sock, Millis(read_timeout_sec_, read_timeout_usec_),
                        Millis(write_timeout_sec_, write_timeout_usec_));
@@ -182,9 +192,11 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
 bool GuardedSslServer::process_and_close_socket(socket_t sock) {
   const SteadyTime start = steady_clock::now();
   bool ret = false;
-  // Over the cap: closed before the handshake (an answer would need one, which the client could
-  // stretch to the header timeout).
-  if (auto slot = limits_.slots->TryAcquire(PeerAddress(sock)); slot != nullptr) {
+  // Shed or over the cap: closed before the handshake (an answer would need one, which the client
+  // could stretch to the header timeout).
+  if (shed_thread) {
+    // closed below
+  } else if (auto slot = limits_.slots->TryAcquire(PeerAddress(sock)); slot != nullptr) {
     const milliseconds read_timeout = Millis(read_timeout_sec_, read_timeout_usec_);
     SSL* ssl = AcceptTls(sock, ssl_context(), read_timeout, start + limits_.header_timeout);
     if (ssl != nullptr) {

@@ -10,7 +10,9 @@
 //    answer, as nginx does on client_header_timeout.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
-//    the handshake (TLS), and holds no thread longer than that.
+//    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
+//    marked with ShedConnectionsOnThisThread (the pool's overflow thread) are refused the same way,
+//    so a slow client among them delays none of the others.
 //  - closing the connection after a response that says `Connection: close` (the library only adds
 //    the header). A response to a request whose body was not read (refused before it, or over the
 //    limit) is followed by a lingering close, as nginx's: the router stops sending, reads and
@@ -48,6 +50,10 @@ void MarkHeadersReceived();
 // The connection closes after this response. `drain_bytes` > 0: that much of the request's body
 // is still to come unread, and the close lingers (above) to drop at most that much.
 void CloseConnectionAfterResponse(int64_t drain_bytes);
+
+// Every connection this thread takes up from now on is refused at once (above): for the thread
+// that answers connections beyond the pool's queues.
+void ShedConnectionsOnThisThread();
 
 class GuardedServer : public httplib::Server {
  public:

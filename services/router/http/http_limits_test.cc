@@ -391,6 +391,28 @@ TEST_F(HttpLimitsTest, AnAddressOverItsShareIsRefusedAtOnceAndOthersAreServed) {
   EXPECT_EQ(again.rfind("HTTP/1.1 200", 0), 0u) << again;
 }
 
+TEST_F(HttpLimitsTest, ConnectionsBeyondTheQueuesAreAnswered503AtOnceBehindSlowOnes) {
+  HttpOptions o = Options();
+  o.threads = 1;
+  o.max_queued_connections = 0;
+  o.header_timeout = absl::Seconds(60);
+  o.keep_alive_timeout = absl::Seconds(60);
+  StartHttp(o);
+  // A client that sends nothing holds the only thread; a second one waits to be shed.
+  const int first = Connect(http_->port(), kOtherAddress);
+  ASSERT_GE(first, 0);
+  ASSERT_TRUE(WaitFor([&] { return http_->open_connections() == 1; }, absl::Seconds(10)));
+  const int second = Connect(http_->port(), kOtherAddress);
+  ASSERT_GE(second, 0);
+  // The shed thread answers without reading a request, so the silent client before this one does
+  // not delay its 503 (it waited for that client's headers before, up to 60 s here).
+  const std::string reply = Exchange(kModels);
+  close(first);
+  close(second);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
+  EXPECT_NE(reply.find("http.max_queued_connections"), std::string::npos) << reply;
+}
+
 TEST_F(HttpLimitsTest, ATlsHandshakeThatNeverEndsIsClosedAtTheHeaderTimeout) {
   certs_ = absl::StrCat(::testing::TempDir(), "/http-limits-certs-", getpid());
   ASSERT_EQ(std::system(

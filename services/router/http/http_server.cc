@@ -30,13 +30,11 @@
 namespace lazyattn::router {
 namespace {
 
-// Set on the thread that answers connections beyond the pool's queue: their requests get 503.
-thread_local bool shed_connection = false;
-
 // cpp-httplib runs each connection as one task to its end (keep-alive included). This pool caps
 // the tasks running (`threads`) and waiting (`max_queued`); a connection beyond both waits in a
-// second queue, as bounded (`max_queued`), for one extra thread that answers every request 503 at
-// once. When that queue is full too, enqueue() blocks the accepting thread: cpp-httplib 0.11
+// second queue, as bounded (`max_queued`), for one extra thread that answers each 503 at once,
+// without reading its request (ShedConnectionsOnThisThread), so a slow client there delays no
+// other. When that queue is full too, enqueue() blocks the accepting thread: cpp-httplib 0.11
 // gives the pool no way to close a socket it will not serve (the socket is inside the task), so
 // further connections wait in the kernel's accept backlog instead, holding no file descriptor of
 // the process. The open sockets are thus at most threads + 2 * max_queued.
@@ -81,7 +79,7 @@ class BoundedPool final : public httplib::TaskQueue {
 
  private:
   void Run(std::deque<std::function<void()>>* queue, bool shed) {
-    shed_connection = shed;
+    if (shed) ShedConnectionsOnThisThread();
     while (true) {
       std::function<void()> fn;
       {
@@ -278,14 +276,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                                 const httplib::Request& req, httplib::Response& res) {
     MarkHeadersReceived();
     request_key_name.clear();
-    if (shed_connection) {
-      RefuseUnread(req, res, max_body_bytes);
-      SendError(res, 503,
-                "router busy: too many HTTP connections (http.threads, "
-                "http.max_queued_connections); retry later",
-                "unavailable");
-      return httplib::Server::HandlerResponse::Handled;
-    }
     const char* method = MethodOf(req);
     if (method == nullptr) {
       if (LibraryReadsBody(req)) {
