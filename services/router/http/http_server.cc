@@ -42,9 +42,15 @@ class BoundedPool final : public httplib::TaskQueue {
  public:
   // `stopping`: set when the server stops; an enqueue() waiting for room then queues anyway.
   BoundedPool(int threads, int max_queued, std::shared_ptr<const std::atomic<bool>> stopping)
-      : max_queued_(static_cast<size_t>(max_queued)), stopping_(std::move(stopping)) {
+      : max_queued_(static_cast<size_t>(max_queued)),
+        pool_threads_(static_cast<size_t>(threads)),
+        stopping_(std::move(stopping)) {
     for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Run(&jobs_, false); });
     workers_.emplace_back([this] { Run(&shed_jobs_, true); });
+    // Serve only once every pool thread waits for work: a connection that came before would find
+    // no idle thread and, with max_queued 0, be shed (seen on a loaded machine).
+    std::unique_lock<std::mutex> lock(mu_);
+    started_cv_.wait(lock, [&] { return idle_ == pool_threads_; });
   }
   ~BoundedPool() override = default;
 
@@ -84,7 +90,7 @@ class BoundedPool final : public httplib::TaskQueue {
       std::function<void()> fn;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (!shed) ++idle_;
+        if (!shed && ++idle_ == pool_threads_) started_cv_.notify_all();
         cv_.wait(lock, [&] { return shutdown_ || !queue->empty(); });
         if (!shed) --idle_;
         if (queue->empty()) return;  // shutting down with nothing left
@@ -97,9 +103,11 @@ class BoundedPool final : public httplib::TaskQueue {
   }
 
   const size_t max_queued_;
+  const size_t pool_threads_;  // not counting the shedding thread
   std::mutex mu_;
   std::condition_variable cv_;        // a job was queued, or shutdown
   std::condition_variable space_cv_;  // the shed queue has room, or stopping
+  std::condition_variable started_cv_;  // every pool thread waits for work (the constructor's)
   std::deque<std::function<void()>> jobs_, shed_jobs_;
   size_t idle_ = 0;  // pool threads waiting for a job
   const std::shared_ptr<const std::atomic<bool>> stopping_;
