@@ -139,6 +139,9 @@ TEST(RequestValidatorTest, NamesTheBadField) {
               HasSubstr("sampling.temperature"));
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_temperature(NAN); }),
               HasSubstr("sampling.temperature"));
+  // Denormal and tiny temperatures are valid: the samplers treat them as greedy.
+  EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_temperature(1e-40f); }), "ok");
+  EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_temperature(1e-45f); }), "ok");
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_top_k(-1); }),
               HasSubstr("sampling.top_k"));
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }),

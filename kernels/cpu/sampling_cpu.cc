@@ -71,7 +71,7 @@ int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams
     return static_cast<float>(double(SamplingScaled(x[c], 1.0f)) - mx - std::log(z));
   };
   int32_t chosen = argmax;
-  if (p.temperature > 0.0f && p.top_k != 1) {
+  if (!SamplingIsGreedy(p)) {
     const float inv_t = 1.0f / p.temperature;
     std::vector<float> y(V);
     float m = -INFINITY;

@@ -30,7 +30,7 @@ inline std::vector<double> ExactSamplingProbs(const std::vector<float>& logits,
   std::vector<double> probs(n, 0.0);
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  if (!(p.temperature > 0) || p.top_k == 1) {
+  if (SamplingIsGreedy(p)) {
     int best = 0;
     for (int i = 1; i < n; ++i) {
       if (x[i] > x[best] || (std::isnan(x[best]) && !std::isnan(x[i]))) best = i;
@@ -142,6 +142,11 @@ inline std::vector<SamplingCase> SamplingCases(int spread = 1) {
   add("min_p_edge", quarter, {.temperature = 1.0f, .min_p = 0.51f});
   add("top_k_top_p", eleven, {.temperature = 1.2f, .top_k = 6, .top_p = 0.8f});
   add("all_cuts", eleven, {.temperature = 0.9f, .top_k = 7, .top_p = 0.9f, .min_p = 0.1f});
+  // Below kMinSamplingTemperature a row is greedy: a denormal T's 1/T is inf, which would turn
+  // the logit 0 into NaN and every positive one into the same clamped maximum.
+  add("denormal_temperature", eleven, {.temperature = 1e-40f});
+  add("below_min_temperature", eleven,
+      {.temperature = 0.99f * kMinSamplingTemperature, .top_p = 0.9f});
   SamplingCase pen;
   pen.name = "penalties";
   pen.logits = place(eleven);

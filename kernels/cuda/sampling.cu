@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const float* x = args.logits + int64_t(row) * args.row_stride + begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  const bool greedy = !(p.temperature > 0.f) || p.top_k == 1;
+  const bool greedy = SamplingIsGreedy(p);
   const bool want_logprob = (p.flags & kSampleLogprob) && args.out_logprobs != nullptr;
   const float inv_t = greedy ? 1.f : 1.f / p.temperature;
   // A sampled row without log-probabilities keeps its scaled logits y = SamplingScaled(x, inv_t)

@@ -6,7 +6,8 @@
 // probability reaches p, min-p keeps tokens whose probability is at least min_p times the most
 // likely one's, then one draw. "Order" is (scaled logit desc, id asc) throughout, so every cut
 // is exact and ties at a boundary keep the lowest ids. Temperature 0 is greedy: the argmax of
-// the penalized logits (the lowest id among equal maxima, NaN lowest), nothing random.
+// the penalized logits (the lowest id among equal maxima, NaN lowest), nothing random. So is
+// any temperature below kMinSamplingTemperature, and top_k 1 (SamplingIsGreedy).
 //
 // Penalties (vLLM/OpenAI semantics) over the row's history of token ids: repetition r divides a
 // positive logit by r and multiplies a negative one by r for every id in the history (prompt or
@@ -50,9 +51,18 @@ namespace lazyattn {
 
 inline constexpr int kMaxSamplingRounds = 32;
 
+// Temperatures below this draw as greedy (temperature 0), on every backend and in every test
+// reference (vLLM's _SAMPLING_EPS, so clients see the same behaviour). Why a threshold and not
+// `> 0`: a denormal or tiny positive T makes 1/T overflow to inf (T < 2.9e-39), and then
+// x * inf is NaN for x = 0 and +-inf otherwise, so the draw picks among garbage; a T just above
+// that scales ordinary logits past FLT_MAX, where SamplingScaled clamps them into ties. At
+// 1e-5 the scaled logits of a real model (|x| < 1e3) stay below 1e8, and a logit gap of 1e-3
+// already weighs e^-100: below it the draw is greedy in all but exact ties anyway.
+inline constexpr float kMinSamplingTemperature = 1e-5f;
+
 // One logits row's sampling parameters (device-copyable, 48 bytes).
 struct SamplingRowParams {
-  float temperature = 0.0f;         // 0: greedy
+  float temperature = 0.0f;         // 0 (or below kMinSamplingTemperature): greedy
   int32_t top_k = 0;                // 0 (or >= vocab): off
   float top_p = 1.0f;               // in (0, 1]; 1: off
   float min_p = 0.0f;               // in [0, 1]; 0: off
@@ -79,6 +89,12 @@ struct PenaltyEntry {
   int32_t output_count = 0;  // occurrences in the output part
   int32_t in_prompt = 0;     // 1: occurs in the prompt part
 };
+
+// The row draws nothing: its token is the argmax of the penalized logits. The one rule every
+// backend and reference applies (NaN temperature counts as greedy too; validation refuses it).
+LAZYATTN_HD bool SamplingIsGreedy(const SamplingRowParams& p) {
+  return !(p.temperature >= kMinSamplingTemperature) || p.top_k == 1;
+}
 
 LAZYATTN_HD bool HasPenalties(const SamplingRowParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||

@@ -167,8 +167,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
       penalties.insert(penalties.end(), e.begin(), e.end());
       if (chained) p.flags |= kCountInputToken;
     }
-    argmax_only &= (!(p.temperature > 0) || p.top_k == 1) && !HasPenalties(p) &&
-                   !(p.flags & kSampleLogprob);
+    argmax_only &= SamplingIsGreedy(p) && !HasPenalties(p) && !(p.flags & kSampleLogprob);
     any_logprob |= (p.flags & kSampleLogprob) != 0;
     for (int64_t t = ch.logits_for_all_tokens ? 0 : n - 1; t < n; ++t) {
       logit_rows.push_back(static_cast<int32_t>(chunk_row[i] + t));

@@ -4,8 +4,9 @@
 // kept), min-p, then one Philox-seeded draw that is a function of (seed, step, logits): a fixed
 // seed gives the same tokens on every run, at any batch composition, on either backend (up to
 // exp/log rounding at a boundary). Temperature 0 is greedy (argmax of the penalized logits; the
-// lowest id wins ties). Both runners sample every row themselves (the CUDA one on the device) and
-// return only the ids; Sampler below is the same draw on the host, for callers that hold logits.
+// lowest id wins ties), and so is any temperature below kMinSamplingTemperature (1e-5). Both
+// runners sample every row themselves (the CUDA one on the device) and return only the ids;
+// Sampler below is the same draw on the host, for callers that hold logits.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_SAMPLER_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_SAMPLER_H_
 
@@ -21,7 +22,7 @@
 namespace lazyattn {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
+  float temperature = 0.0f;  // 0 (or below kMinSamplingTemperature): greedy
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off
   // Unset: the engine draws a fresh random seed when it accepts the request (EngineCore::Add), so

@@ -19,6 +19,17 @@ TEST(SamplerTest, TopKOneIsGreedyAtAnyTemperature) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(s.Sample(std::vector<float>{0.0f, 0.5f, 0.4f}), 1);
 }
 
+// A temperature under kMinSamplingTemperature (here a denormal, whose 1/T is inf) passes
+// validation and samples the greedy token, not one of the logits it would have blown up.
+TEST(SamplerTest, TinyTemperatureIsValidAndGreedy) {
+  const SamplingParams p{.temperature = 1e-40f, .seed = 11};
+  EXPECT_TRUE(ValidateSamplingParams(p, 8).ok());
+  Sampler s(p);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(s.Sample(std::vector<float>{0.0f, 3.0f, 2.9999f, -1.0f, 0.0f}), 1);
+  }
+}
+
 TEST(SamplerTest, TopPKeepsSmallestSetReachingP) {
   // probs ~ {0.64, 0.24, 0.09, 0.03}; top_p 0.8 keeps ids 0 and 1 only.
   const std::vector<float> logits = {std::log(0.64f), std::log(0.24f), std::log(0.09f),
