@@ -18,6 +18,13 @@ using nlohmann::json;
 using lazyattn::v1::Final;
 using lazyattn::v1::GenerateRequest;
 
+// OpenAI's top_p at or below this keeps only the most likely token. The gRPC API reads top_p 0
+// as "off", so such a top_p is sent as top_k 1 (top_p off): the same single token. The bound is
+// exact: a nucleus of mass p <= 1e-8 is the top token alone in any vocabulary under 1e8 ids
+// (the top token's probability is at least 1/vocab), and it keeps a tiny top_p from costing the
+// sampler its rejection rounds.
+constexpr double kGreedyTopP = 1e-8;
+
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
@@ -194,9 +201,11 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
   float f = 1.0f;
   RETURN_IF_ERROR(ReadFloat(body, "temperature", &f));
   s->set_temperature(f);
-  f = 0.0f;
+  f = 0.0f;  // absent: off
   RETURN_IF_ERROR(ReadFloat(body, "top_p", &f));
   s->set_top_p(f);
+  // Negative values stay as sent: the shared validator refuses them, naming top_p.
+  const bool greedy_top_p = Field(body, "top_p") != nullptr && f >= 0 && f <= kGreedyTopP;
   f = 0.0f;
   RETURN_IF_ERROR(ReadFloat(body, "presence_penalty", &f));
   s->set_presence_penalty(f);
@@ -213,6 +222,10 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
     ASSIGN_OR_RETURN(const int64_t k, IntegerOf(*v, "top_k"));
     if (k < 0 || k > std::numeric_limits<int32_t>::max()) return Invalid("top_k", "out of range");
     s->set_top_k(static_cast<int32_t>(k));
+  }
+  if (greedy_top_p) {  // after top_k: keeping one token overrides any larger top_k
+    s->set_top_k(1);
+    s->set_top_p(1.0f);
   }
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {  // the second wins
     if (const json* v = Field(body, name)) {

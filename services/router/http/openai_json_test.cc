@@ -2,6 +2,7 @@
 // response objects as OpenAI SDKs parse them.
 #include "services/router/http/openai_json.h"
 
+#include "common/request_validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -69,6 +70,54 @@ TEST(OpenAiJsonTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(r->request.sampling().has_seed());
   EXPECT_EQ(r->request.sampling().max_tokens(), 0);  // the server's default
   EXPECT_EQ(r->request.cache_mode(), v1::CACHE_MODE_UNSPECIFIED);
+}
+
+// OpenAI's top_p 0 keeps only the most likely token; the gRPC API's top_p 0 means "off", so it
+// must not pass through (it would sample the whole vocabulary). It becomes top_k 1.
+TEST(OpenAiJsonTest, TopPZeroKeepsOnlyTheMostLikelyToken) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  auto sampling = [&](const std::string& extra) {
+    auto r = ParseOpenAiRequest(ApiKind::kChat, "{" + user + extra + "}");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->request.sampling() : v1::SamplingParams();
+  };
+  for (const char* zero :
+       {R"(, "top_p": 0)", R"(, "top_p": 0.0)", R"(, "top_p": -0.0)", R"(, "top_p": 1e-9)",
+        R"(, "top_p": 0, "top_k": 40)", R"(, "top_k": 40, "top_p": 0, "temperature": 1.5)"}) {
+    SCOPED_TRACE(zero);
+    const v1::SamplingParams s = sampling(zero);
+    EXPECT_EQ(s.top_k(), 1);
+    EXPECT_EQ(s.top_p(), 1.0f);
+  }
+  // The temperature sent is kept (and validated as usual).
+  EXPECT_EQ(sampling(R"(, "top_p": 0, "temperature": 1.5)").temperature(), 1.5f);
+  // Other values pass through; absent and null are off (the proto's 0).
+  const v1::SamplingParams half = sampling(R"(, "top_p": 0.5, "top_k": 40)");
+  EXPECT_FLOAT_EQ(half.top_p(), 0.5f);
+  EXPECT_EQ(half.top_k(), 40);
+  EXPECT_FLOAT_EQ(sampling(R"(, "top_p": 1e-6)").top_p(), 1e-6f);
+  EXPECT_EQ(sampling(R"(, "top_p": 1e-6)").top_k(), 0);
+  for (const char* off : {"", R"(, "top_p": null)"}) {
+    const v1::SamplingParams s = sampling(off);
+    EXPECT_EQ(s.top_p(), 0.0f) << off;
+    EXPECT_EQ(s.top_k(), 0) << off;
+  }
+}
+
+// Out of [0, 1] top_p reaches the shared validator unchanged (a negative value is not read as
+// "keep one token"), and the client's 400 names top_p.
+TEST(OpenAiJsonTest, TopPOutsideTheUnitIntervalIsRefusedNamingTopP) {
+  for (const char* bad : {"1.5", "-0.5", "-1e-12", "1e20"}) {
+    SCOPED_TRACE(bad);
+    auto r = ParseOpenAiRequest(
+        ApiKind::kChat,
+        std::string(R"({"messages": [{"role": "user", "content": "x"}], "top_p": )") + bad + "}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::Status s = ValidateGenerateRequest(r->request, ApiLimits(), 0);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(ToHttpFieldNames(ApiKind::kChat, std::string(s.message())),
+                ::testing::StartsWith("top_p: "));
+  }
 }
 
 TEST(OpenAiJsonTest, CompletionPromptIsTheQuestionWithoutTemplate) {
