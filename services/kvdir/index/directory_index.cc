@@ -153,6 +153,28 @@ void DirectoryIndex::ShrinkIfSparse() {
 
 std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  return ExpireLocked(now);
+}
+
+bool DirectoryIndex::StalledAt(absl::Time now) const {
+  return last_sweep_ != absl::InfinitePast() && now - last_sweep_ > stall_after();
+}
+
+SweepResult DirectoryIndex::Sweep(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  SweepResult result;
+  if (StalledAt(now)) {
+    result.stalled = now - last_sweep_;
+    for (auto& [id, w] : workers_) w.lease_expiry = std::max(w.lease_expiry, now + lease_);
+    result.extended = static_cast<int64_t>(workers_.size());
+  } else {
+    result.expired = ExpireLocked(now);
+  }
+  last_sweep_ = now;
+  return result;
+}
+
+std::vector<std::string> DirectoryIndex::ExpireLocked(absl::Time now) {
   std::vector<std::string> expired;
   for (auto& [id, w] : workers_) {
     if (w.lease_expiry <= now) expired.push_back(id);
@@ -242,10 +264,12 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
                                                     absl::Span<const int64_t> offsets,
                                                     absl::Time now) const {
   absl::MutexLock lock(&mu_);
+  // Overdue sweeper: the directory itself was not running, so a passed lease says nothing.
+  const bool stalled = StalledAt(now);
   std::vector<const Worker*> live;
   live.reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
-    if (w.lease_expiry > now) live.push_back(&w);
+    if (stalled || w.lease_expiry > now) live.push_back(&w);
   }
   std::sort(live.begin(), live.end(), [](const Worker* a, const Worker* b) {
     return a->status.worker_id() < b->status.worker_id();

@@ -25,6 +25,17 @@
 // passes, so a quick reconnect loses nothing. ExpireLeases removes workers whose lease has passed,
 // with all their entries; Lookup already hides them before the sweep.
 //
+// Stalls of the directory itself: a lease only means something while the directory reads its
+// streams. When it stops (SIGSTOP, a paused VM, a long swap-in) the workers' heartbeats wait
+// unread in its sockets, and on resume every lease looks passed at once. Sweep, the periodic
+// sweeper's call, tells this apart: when the time since the previous Sweep is more than
+// stall_after() (lease / 2; the sweeper runs every lease / 4 or more often), it expires nobody
+// and extends every lease to now + lease instead, so the live workers' next heartbeats (sent
+// every lease / 3) renew them and only really dead workers expire, one lease later. Between the
+// resume and that sweep, Lookup likewise counts every registered worker as live (its lease
+// passed while nothing could renew it). Without Sweep calls (ExpireLeases alone) none of this
+// applies.
+//
 // Bounds (IndexLimits): a Hello of a new worker when max_workers are registered is refused
 // (HelloResult::refused, nothing changes). A snapshot of more than max_entries_per_worker entries,
 // or a stored event that would take the worker past it, returns kOverLimit and drops all of the
@@ -121,6 +132,14 @@ struct WorkerResidency {
   absl::Time last_seen;         // the last message from the worker
 };
 
+struct SweepResult {
+  std::vector<std::string> expired;  // workers removed, with their entries
+  // Non-zero: the time since the previous Sweep, which was more than stall_after(). Nobody
+  // expired; the leases of all `extended` registered workers run until now + lease at least.
+  absl::Duration stalled = absl::ZeroDuration();
+  int64_t extended = 0;
+};
+
 struct IndexStats {
   int64_t workers = 0;    // registered workers (including any whose lease passed but not swept)
   int64_t documents = 0;  // distinct document keys held by at least one worker
@@ -137,6 +156,8 @@ class DirectoryIndex {
   DirectoryIndex& operator=(const DirectoryIndex&) = delete;
 
   absl::Duration lease() const { return lease_; }
+  // A gap between two Sweep calls longer than this is a stall of the directory (file comment).
+  absl::Duration stall_after() const { return lease_ / 2; }
   const IndexLimits& limits() const { return limits_; }
 
   // Registers or re-registers the worker named by status.worker_id (must be non-empty) with a new
@@ -170,8 +191,14 @@ class DirectoryIndex {
   // Removes every worker whose lease expiry is <= now, with all its entries. Returns their ids.
   std::vector<std::string> ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Every worker whose lease has not passed at `now` (sorted by worker id), with, for `keys`,
-  // which of them it holds under `rule` and the sum of the counted entries' tokens (each
+  // The sweeper's call, every lease / 4 or more often: ExpireLeases, unless the previous Sweep
+  // was more than stall_after() before `now`; then the stall rule of the file comment (nobody
+  // expires, every lease is extended to now + lease). The first Sweep is never a stall.
+  SweepResult Sweep(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every worker whose lease has not passed at `now` (every registered worker while the sweeper
+  // is overdue by more than stall_after(): see the file comment), sorted by worker id, with, for
+  // `keys`, which of them it holds under `rule` and the sum of the counted entries' tokens (each
   // occurrence in `keys` counts). kAnyEntry takes a key held at several offsets with its largest
   // token count. kBlock reads the key's offset from `offsets` (same length as `keys`; a shorter
   // span or kUnknownOffset leaves the key not resident); the other rules ignore `offsets`.
@@ -224,6 +251,9 @@ class DirectoryIndex {
   void DropEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives the document table's memory back once most of it is empty.
   void ShrinkIfSparse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sweeps are tracked and the last one is more than stall_after() before `now`.
+  bool StalledAt(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_;
   const IndexLimits limits_;
@@ -233,6 +263,7 @@ class DirectoryIndex {
   int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
   WorkerHandle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // InfinitePast: none yet
 };
 
 }  // namespace lazyattn::kvdir

@@ -353,6 +353,69 @@ TEST_F(IndexTest, ReturningWorkerAfterExpiryStartsEmpty) {
   EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
 }
 
+// Sweeps every lease / 4 expire as ExpireLeases does; a sweep that comes more than lease / 2
+// after the previous one (the directory was stopped: SIGSTOP, a paused host) expires nobody and
+// gives every worker a fresh lease, so the live ones renew it and only the silent one goes.
+TEST_F(IndexTest, SweepAfterAStallOfTheDirectoryExtendsLeasesInsteadOfExpiring) {
+  const uint64_t live = Join("live");
+  Join("dead");
+  index_.ApplyEvent("live", live, 3, Stored(1, 10), now_);
+  EXPECT_THAT(index_.Sweep(now_).expired, IsEmpty());  // the first sweep: never a stall
+  now_ += kLease / 4;
+  SweepResult regular = index_.Sweep(now_);
+  EXPECT_THAT(regular.expired, IsEmpty());
+  EXPECT_EQ(regular.stalled, absl::ZeroDuration());
+
+  // Frozen for 25 s: both leases passed long ago, nothing was read meanwhile. Until the sweeper
+  // runs, lookups still list both workers (an empty list would empty every router's view).
+  const absl::Time frozen_at = now_;
+  now_ += absl::Seconds(25);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("dead", 0), Pair("live", 10)));
+  const SweepResult after = index_.Sweep(now_);
+  EXPECT_THAT(after.expired, IsEmpty());
+  EXPECT_EQ(after.stalled, now_ - frozen_at);
+  EXPECT_EQ(after.extended, 2);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("dead", 0), Pair("live", 10)));
+
+  // The live worker's next heartbeat renews its lease; the dead one stays silent.
+  now_ += kLease / 4;
+  EXPECT_EQ(index_.Heartbeat("live", live, 4, {}, now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_THAT(index_.Sweep(now_).expired, IsEmpty());
+  for (int i = 0; i < 2; ++i) {  // regular sweeps, up to one lease after the stalled one
+    now_ += kLease / 4;
+    const SweepResult r = index_.Sweep(now_);
+    EXPECT_EQ(r.stalled, absl::ZeroDuration());
+    EXPECT_THAT(r.expired, IsEmpty());
+  }
+  now_ += kLease / 4;
+  EXPECT_THAT(index_.Sweep(now_).expired, ElementsAre("dead"));
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("live", 10)));
+}
+
+// The stall bound is lease / 2 between sweeps: exactly that is a regular sweep (a lease that
+// passed expires), a little more is a stall. Lookup hides passed leases while sweeps are on time.
+TEST_F(IndexTest, SweepStallBoundIsHalfALease) {
+  EXPECT_EQ(index_.stall_after(), kLease / 2);
+  Join("a");
+  index_.Sweep(now_);
+  now_ += kLease / 2;
+  index_.Sweep(now_);
+  Join("b");  // b's lease ends at now + lease; a's ends half a lease from now
+  now_ += kLease / 2;
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));  // a's lease passed: hidden at once
+  const SweepResult on_time = index_.Sweep(now_);
+  EXPECT_EQ(on_time.stalled, absl::ZeroDuration());
+  EXPECT_THAT(on_time.expired, ElementsAre("a"));
+  now_ += kLease / 2 + absl::Milliseconds(1);  // b's lease passed during a (short) stall
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));
+  const SweepResult stalled = index_.Sweep(now_);
+  EXPECT_EQ(stalled.stalled, kLease / 2 + absl::Milliseconds(1));
+  EXPECT_THAT(stalled.expired, IsEmpty());
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));
+  // ExpireLeases alone keeps no sweep clock: it removes what passed, stall or not.
+  EXPECT_THAT(index_.ExpireLeases(now_ + kLease), ElementsAre("b"));
+}
+
 TEST(IndexLimitsTest, MaxWorkersRefusesNewWorkersButNotKnownOnes) {
   const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
   DirectoryIndex index(kLease, IndexLimits{.max_workers = 2, .max_entries_per_worker = 10});

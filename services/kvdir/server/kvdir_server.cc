@@ -99,7 +99,18 @@ void KvdirServer::SweepLoop() {
       absl::MutexLock lock(&stop_mu_);
       if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), interval)) return;
     }
-    const std::vector<std::string> expired = index_.ExpireLeases(absl::Now());
+    const SweepResult sweep = index_.Sweep(absl::Now());
+    if (sweep.stalled > absl::ZeroDuration()) {
+      // One line per stall: the directory (not the workers) stopped, e.g. SIGSTOP or a paused
+      // host; expiring everyone now would empty every router's worker list.
+      LogWarning("kvdir")
+          .Int("stalled_ms", absl::ToInt64Milliseconds(sweep.stalled))
+          .Int("leases_extended", sweep.extended)
+          .Msg(
+              "the directory did not run for longer than half a lease; no lease expires in "
+              "this sweep, every lease runs one more lease so live workers renew it");
+    }
+    const std::vector<std::string>& expired = sweep.expired;
     for (const std::string& id : expired) {
       LogWarning("kvdir").Str("worker", id).Msg("lease expired; its entries are dropped");
     }

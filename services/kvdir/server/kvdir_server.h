@@ -1,5 +1,7 @@
 // The lazyattn-kvdir server: the KvDirectory gRPC service over a DirectoryIndex, a lease sweeper
-// thread and the /metrics endpoint.
+// thread and the /metrics endpoint. The sweeper calls DirectoryIndex::Sweep: after a stall of the
+// directory itself (its previous sweep more than half a lease ago) it expires nobody, extends
+// every lease by one lease and logs one warning with the stall's length.
 //
 //   KvdirOptions options;
 //   options.listen_address = "127.0.0.1:0";
