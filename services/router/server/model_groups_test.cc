@@ -199,6 +199,42 @@ google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> Listing(
   return out;
 }
 
+// docs/router.md: forget_after counts only while the directory answers. A directory back from a
+// 25 s outage (restarted, empty until its workers reconnect) must not empty the list with its
+// first answer; it takes forget_after of answered time, as when a healthy directory stops
+// listing a worker.
+TEST(WorkerRegistryTest, AnOutageOfTheDirectoryDoesNotCountTowardsForgetting) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
+                            t0);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(1));
+  registry.ObserveDirectoryFailure();  // unreachable from here on
+  registry.ObserveDirectoryFailure();
+  const absl::Time back = t0 + absl::Seconds(26);
+  registry.ObserveDirectory(Listing({}), back);
+  EXPECT_EQ(registry.LiveCount(), 2);
+  // w1 was unlisted for 1 s before the outage: 9 s of answered time more and it goes; w0 was
+  // listed until the outage and stays for the full 10 s.
+  registry.ObserveDirectory(Listing({}), back + absl::Seconds(9));
+  EXPECT_EQ(registry.LiveCount(), 1);
+  EXPECT_EQ(registry.Snapshot()[0].id, "w0");
+  registry.ObserveDirectory(Listing({}), back + absl::Seconds(10));
+  EXPECT_EQ(registry.LiveCount(), 0);
+}
+
+// Without a failed call between two answers the gap counts: a healthy directory's empty list is
+// the truth (every worker gone) once forget_after has passed.
+TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0);
+  registry.ObserveDirectory(Listing({}), t0 + absl::Seconds(5));
+  EXPECT_EQ(registry.LiveCount(), 1);
+  registry.ObserveDirectory(Listing({}), t0 + absl::Seconds(10));
+  EXPECT_EQ(registry.LiveCount(), 0);
+}
+
 TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARollingUpgrade) {
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);

@@ -211,6 +211,7 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
       &raw->ctx, &raw->request, &raw->response,
       [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
        model = std::move(model)](grpc::Status status) mutable {
+        if (!status.ok()) registry_.ObserveDirectoryFailure();
         done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
                   model.has_value() ? &*model : nullptr));
       });
@@ -275,7 +276,11 @@ void RouterContext::RefreshWorkers() {
     ctx.set_wait_for_ready(true);
     lazyattn::v1::ListWorkersResponse response;
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
-    if (s.ok()) registry_.ObserveDirectory(response.workers(), absl::Now());
+    if (s.ok()) {
+      registry_.ObserveDirectory(response.workers(), absl::Now());
+    } else {
+      registry_.ObserveDirectoryFailure();
+    }
   }
   for (const std::string& address : registry_.static_addresses()) {
     auto stub = registry_.Stub(address);

@@ -37,6 +37,15 @@ void WorkerRegistry::ObserveDirectory(
     const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
     absl::Time now) {
   absl::MutexLock lock(&mu_);
+  if (failed_since_answer_ && now > last_answer_ && last_answer_ != absl::InfinitePast()) {
+    // The directory was unreachable since its last answer: that time was not "not listed".
+    const absl::Duration outage = now - last_answer_;
+    for (auto& [address, e] : by_address_) {
+      if (e.from_directory) e.last_listed = std::min(now, e.last_listed + outage);
+    }
+  }
+  failed_since_answer_ = false;
+  last_answer_ = std::max(last_answer_, now);
   for (const auto& w : workers) {
     const auto& status = w.worker();
     if (status.address().empty()) continue;
@@ -64,6 +73,11 @@ void WorkerRegistry::ObserveDirectory(
       ++it;
     }
   }
+}
+
+void WorkerRegistry::ObserveDirectoryFailure() {
+  absl::MutexLock lock(&mu_);
+  failed_since_answer_ = true;
 }
 
 void WorkerRegistry::ObserveStatic(const std::string& address,

@@ -2,7 +2,10 @@
 // every Lookup answer) plus the static addresses from the configuration (polled with
 // Worker.Status). It survives the directory going away: the last known list stays in use
 // ("load-only routing from the last known workers"). A directory worker the directory stops
-// listing is forgotten after `forget_after`, counted only while the directory answers.
+// listing is forgotten after `forget_after`, counted only while the directory answers: the time
+// from the last answer before a failed call to the next answer is not counted, so a directory
+// back from an outage longer than forget_after (restarted, still empty while its workers
+// reconnect) does not empty the list with its first answer.
 //
 // Also keeps one channel per worker address and the router's own in-flight count per worker, and
 // groups the reported workers by model (model_groups.h): a request is routed within one group.
@@ -47,6 +50,9 @@ class WorkerRegistry {
   void ObserveDirectory(
       const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
       absl::Time now);
+  // A directory call (ListWorkers or Lookup) failed or timed out: the time until its next answer
+  // does not count towards forget_after.
+  void ObserveDirectoryFailure();
   // A Status poll of a static worker; nullptr when it failed.
   void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status);
 
@@ -91,6 +97,8 @@ class WorkerRegistry {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the directory's
+  bool failed_since_answer_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace lazyattn::router
