@@ -21,6 +21,11 @@ Scenarios, in order, on one cluster, each under steady load (`--clients` threads
   rolling   SIGTERM (SIGHUP to every other one), wait for the exit, restart, for every worker in
             turn, under load: zero requests lost (every one answered), every one drains and
             exits 0.
+  kvdir-freeze  SIGSTOP kvdir for 12 s (past the lease and the router's forget_after, 10 s), then
+            SIGCONT, under load (docs/kvdir.md, stalls of kvdir itself): kvdir expires no lease
+            (its heartbeats were unread, not missing), logs the stall once, and every request
+            started during the freeze or in the 3 s after it is answered (the router never sees
+            an empty worker list).
 
   python3 tests/integration/resilience_test.py [--bin-dir build/bin]
 Prints one line per check (with the measured numbers) and "N passed, M failed" last.
@@ -297,6 +302,32 @@ def scenario_rolling(c, args):
             f"; {c.router_value('lazyattn_router_retries_total'):g} retries")
 
 
+def scenario_kvdir_freeze(c, args):
+    load = Load(c, args.clients, seed=3)
+    time.sleep(1)
+    expired_before = c.kvdir_value("lazyattn_kvdir_leases_expired_total") or 0
+    pid = c.procs["kvdir"].proc.pid
+    t_freeze = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(12)
+    os.kill(pid, signal.SIGCONT)
+    t_thaw = time.monotonic()
+    time.sleep(3)
+    load.stop()
+    during = load.since(t_freeze)
+    failed = [r for s, e, r in during if not r.get("ok")]
+    after = [d for d in during if d[0] >= t_thaw]
+    expired = (c.kvdir_value("lazyattn_kvdir_leases_expired_total") or 0) - expired_before
+    stall_lines = [l for l in c.log_tail("kvdir", 20000).splitlines() if "did not run" in l]
+    h.check("kvdir-freeze: no lease expired when kvdir resumed (heartbeats unread, not missing)",
+            expired == 0 and len(stall_lines) == 1,
+            f"{expired:g} leases expired; stall warnings: {stall_lines[-1:]}")
+    h.check("kvdir-freeze: every request during the freeze and the 3 s after it was answered",
+            during and after and not failed,
+            f"{len(during)} requests ({len(after)} after SIGCONT), {len(failed)} failed" +
+            (f": {failed[0].get('error', '')[:300]}" if failed else ""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default="build/bin")
@@ -311,12 +342,15 @@ def main():
             scenario_leave(c)
             scenario_freeze(c, args)
             scenario_rolling(c, args)
+            scenario_kvdir_freeze(c, args)
             h.check_workers_sound(c, "end")
         finally:
             for name in c.workers:
                 p = c.procs[name].proc
                 if p.poll() is None:
                     os.kill(p.pid, signal.SIGCONT)
+            if c.procs["kvdir"].proc.poll() is None:
+                os.kill(c.procs["kvdir"].proc.pid, signal.SIGCONT)
             c.stop()
             if not all(h.results):
                 for name in ("router", *c.workers):
