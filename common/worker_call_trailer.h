@@ -20,6 +20,15 @@ inline constexpr char kWorkerEndedCallValue[] = "1";
 // model it was not routed for. Absent (a client calling the worker directly): no check.
 inline constexpr char kExpectedModelKey[] = "lazyattn-expected-model";
 
+// Request metadata the router adds to Worker.Generate: send PrefillProgress events
+// (inference.proto) while the prompt is computed, at most one per kPrefillProgressInterval, so the
+// router's first-token timeout (routing.first_token_timeout_ms) cuts only attempts that show no
+// sign of life, not a long prompt on a slow backend. Absent (a client calling the worker
+// directly): none are sent.
+inline constexpr char kPrefillProgressKey[] = "lazyattn-prefill-progress";
+inline constexpr char kPrefillProgressValue[] = "1";
+inline constexpr int kPrefillProgressIntervalMs = 250;
+
 inline std::string ExpectedModelValue(std::string_view model_fingerprint,
                                       std::string_view tokenizer_fingerprint) {
   std::string v(model_fingerprint);

@@ -1,5 +1,7 @@
 #include "services/router/server/fake_cluster_for_test.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/worker_call_trailer.h"
@@ -91,6 +93,11 @@ bool FakeWorker::WaitForCancellation(absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
 }
 
+int FakeWorker::progress_events() const {
+  absl::MutexLock lock(&mu_);
+  return progress_events_;
+}
+
 grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
                                   const lazyattn::v1::GenerateRequest* request,
                                   grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) {
@@ -114,6 +121,32 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     if (context->IsCancelled()) {
       ++cancellations_;
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+  }
+  if (script.prefill > absl::ZeroDuration()) {
+    const auto& metadata = context->client_metadata();
+    const bool progress = metadata.find(kPrefillProgressKey) != metadata.end();
+    const absl::Time start = absl::Now();
+    const absl::Time done = start + script.prefill;
+    const absl::Time quiet_from = start + script.prefill_progress_for;
+    absl::Time next_event = start + script.prefill_progress_every;
+    int64_t ready = 0;
+    while (absl::Now() < done && !context->IsCancelled()) {
+      // Short sleeps, so a cancellation ends the call soon.
+      absl::SleepFor(std::min({absl::Milliseconds(10), done - absl::Now()}));
+      const absl::Time now = absl::Now();
+      if (!progress || now >= done || now < next_event || now >= quiet_from) continue;
+      next_event = now + script.prefill_progress_every;
+      lazyattn::v1::GenerateResponse r;
+      r.mutable_prefill_progress()->set_prompt_tokens_ready(ready += 100);
+      if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+      absl::MutexLock lock(&mu_);
+      ++progress_events_;
+    }
+    if (context->IsCancelled()) {
+      absl::MutexLock lock(&mu_);
+      ++cancellations_;
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled during the prefill");
     }
   }
   std::string text;

@@ -38,6 +38,12 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // Non-empty: sent after the tokens as a text-only chunk with token_id -1, as a real worker
     // releases text it held back (a possible stop string, an incomplete UTF-8 sequence).
     std::string held_back_tail;
+    // > 0: a prefill this long before the first token, sending a PrefillProgress event every
+    // prefill_progress_every when the call asks for them (the router's metadata), none otherwise.
+    absl::Duration prefill = absl::ZeroDuration();
+    absl::Duration prefill_progress_every = absl::Milliseconds(50);
+    // Events stop after this much of the prefill (a worker that froze mid-prefill).
+    absl::Duration prefill_progress_for = absl::InfiniteDuration();
   };
 
   explicit FakeWorker(std::string id);
@@ -55,6 +61,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int generate_calls() const;
   int prefetch_calls() const;
   lazyattn::v1::GenerateRequest last_request() const;
+  // PrefillProgress events sent, over all calls.
+  int progress_events() const;
   // Waits (up to `timeout`) until `n` Generate calls have arrived / a call saw its cancellation.
   bool WaitForCalls(int n, absl::Duration timeout) const;
   bool WaitForCancellation(absl::Duration timeout) const;
@@ -78,6 +86,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int generate_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int prefetch_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int cancellations_ ABSL_GUARDED_BY(mu_) = 0;
+  int progress_events_ ABSL_GUARDED_BY(mu_) = 0;
   lazyattn::v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
 };
 

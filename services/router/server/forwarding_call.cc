@@ -102,6 +102,8 @@ std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
     context->set_deadline(deadline_);
   }
   context->AddMetadata(kRequestIdKey, request_id_);
+  // Signs of life during a long prefill, which move the first-token timeout (WorkerAttempt).
+  context->AddMetadata(kPrefillProgressKey, kPrefillProgressValue);
   // The worker refuses the call (UNAVAILABLE, failed over) if it no longer holds this model.
   if (model_.has_value()) {
     context->AddMetadata(kExpectedModelKey, ExpectedModelValue(model_->model_fingerprint,

@@ -34,6 +34,7 @@ struct StreamResult {
   std::vector<std::string> tokens;
   std::optional<lazyattn::v1::Final> final;
   grpc::Status status;
+  int other_events = 0;  // neither a token nor the final: never meant for a client
 };
 
 class RouterServerTest : public ::testing::Test {
@@ -88,6 +89,7 @@ class RouterServerTest : public ::testing::Test {
     while (reader->Read(&r)) {
       if (r.has_token()) result.tokens.push_back(r.token().text());
       if (r.has_final()) result.final = r.final();
+      if (!r.has_token() && !r.has_final()) ++result.other_events;
     }
     result.status = reader->Finish();
     return result;
@@ -359,6 +361,46 @@ TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
               HasSubstr("no first token within 300 ms (routing.first_token_timeout_ms)"));
   workers_[0]->Unblock();
   workers_[1]->Unblock();
+}
+
+// A long prefill that shows signs of life (PrefillProgress events, which the router asks for)
+// outlasts the first-token timeout on the worker it started on: one attempt, no timeout counted,
+// and nothing of the events reaches the client. Without them the same prefill is cut.
+TEST_F(RouterServerTest, PrefillProgressKeepsALongPrefillFromTheFirstTokenTimeout) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.prefill = absl::Seconds(1.2)});
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello", ",", " world"}));
+  EXPECT_EQ(r.other_events, 0);
+  EXPECT_GE(workers_[0]->progress_events(), 5);
+  EXPECT_THAT(Metrics(),
+              ::testing::Not(
+                  HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1")));
+
+  // Progress that stops (a worker that froze mid-prefill) still times out, 300 ms after the last.
+  const int events_before = workers_[0]->progress_events();
+  workers_[0]->SetScript(
+      {.prefill = absl::Seconds(30), .prefill_progress_for = absl::Milliseconds(600)});
+  const absl::Time start = absl::Now();
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  // The last event came within one 50 ms interval of 600 ms; without the events the cut would
+  // have come at 300 ms.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(600 - 50 + 300));
+  EXPECT_GE(workers_[0]->progress_events() - events_before, 5);
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
 }
 
 TEST_F(RouterServerTest, HealthProbesEjectAWorkerThatStoppedAnswering) {

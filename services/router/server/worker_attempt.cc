@@ -20,13 +20,12 @@ WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
 
 void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
                           absl::Duration first_token_timeout) {
+  weak_self_ = self;
+  first_token_timeout_ = first_token_timeout;
   if (first_token_timeout > absl::ZeroDuration()) {
-    std::weak_ptr<WorkerAttempt> weak = self;
-    first_token_alarm_.Set(absl::ToChronoTime(absl::Now() + first_token_timeout),
-                           [weak](bool fired) {
-                             if (!fired) return;  // cancelled: a token came, or the attempt ended
-                             if (auto attempt = weak.lock()) attempt->OnFirstTokenTimeout();
-                           });
+    absl::MutexLock lock(&mu_);
+    first_token_due_ = absl::Now() + first_token_timeout;
+    ArmFirstTokenAlarmLocked();
   }
   self_ = std::move(self);
   stub_->async()->Generate(context_.get(), request, this);
@@ -58,10 +57,23 @@ void WorkerAttempt::Cancel() {
   if (remove_hold) RemoveHold();
 }
 
-void WorkerAttempt::OnFirstTokenTimeout() {
+void WorkerAttempt::ArmFirstTokenAlarmLocked() {
+  std::weak_ptr<WorkerAttempt> weak = weak_self_;
+  first_token_alarms_.push_back(std::make_unique<grpc::Alarm>());
+  first_token_alarms_.back()->Set(absl::ToChronoTime(first_token_due_), [weak](bool fired) {
+    if (!fired) return;  // cancelled: a token came, or the attempt ended
+    if (auto attempt = weak.lock()) attempt->OnFirstTokenAlarm();
+  });
+}
+
+void WorkerAttempt::OnFirstTokenAlarm() {
   {
     absl::MutexLock lock(&mu_);
     if (got_token_ || cancelled_) return;
+    if (absl::Now() < first_token_due_) {  // progress came since this alarm was set
+      ArmFirstTokenAlarmLocked();
+      return;
+    }
     timed_out_ = true;
   }
   Cancel();
@@ -89,20 +101,32 @@ bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
 void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;
-  bool first_token = false;
+  bool read_next = false;
+  grpc::Alarm* first_token_alarm = nullptr;  // to cancel: the first token came
   {
     absl::MutexLock lock(&mu_);
     read_outstanding_ = false;
     if (!ok || cancelled_) {
       remove_hold = hold_;
       hold_ = false;
+    } else if (message_.has_prefill_progress()) {
+      // The worker's sign of life, for this attempt alone: the timeout runs again from now, and
+      // the next message is read here (nothing goes to the call).
+      if (!got_token_ && first_token_timeout_ > absl::ZeroDuration()) {
+        first_token_due_ = absl::Now() + first_token_timeout_;
+      }
+      read_outstanding_ = read_next = true;
     } else {
       deliver = true;
-      if (!got_token_ && message_.has_token()) first_token = got_token_ = true;
+      if (!got_token_ && message_.has_token()) {
+        got_token_ = true;
+        if (!first_token_alarms_.empty()) first_token_alarm = first_token_alarms_.back().get();
+      }
     }
   }
-  if (first_token) first_token_alarm_.Cancel();
+  if (first_token_alarm != nullptr) first_token_alarm->Cancel();
   if (remove_hold) RemoveHold();
+  if (read_next) StartRead(&message_);
   if (deliver) call_->OnWorkerMessage(this, message_);
 }
 

@@ -1,5 +1,7 @@
 // One attempt of a routed Generate or Complete call: the Worker.Generate call to one worker, with
-// the callback client API, and its first-token timeout. ForwardingCall (forwarding_call.h) owns
+// the callback client API, and its first-token timeout: the attempt is cancelled when neither a
+// token nor a PrefillProgress event (the worker's sign of life while it computes a long prompt)
+// came for that long. ForwardingCall (forwarding_call.h) owns
 // the flow (routing, relaying tokens, failover); an attempt reads one message at a time, hands it
 // to its ForwardingCall, and reports its end there.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_ATTEMPT_H_
@@ -9,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -27,7 +30,8 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
                 std::unique_ptr<grpc::ClientContext> context);
 
-  // `first_token_timeout` zero: none.
+  // `first_token_timeout` zero: none. Otherwise it runs from the start and again from each
+  // PrefillProgress event, until the first token.
   void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
              absl::Duration first_token_timeout);
   // The previous message was consumed: read the next one.
@@ -53,7 +57,9 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   void OnDone(const grpc::Status& status) override;
 
  private:
-  void OnFirstTokenTimeout();
+  void OnFirstTokenAlarm();
+  // A new alarm at first_token_due_ (an alarm is not set again once it fired).
+  void ArmFirstTokenAlarmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ForwardingCall* const call_;
   const WorkerInfo worker_;
@@ -71,8 +77,13 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool got_token_ ABSL_GUARDED_BY(mu_) = false;
   bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
   bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived
-  // Its callback holds only a weak reference: it may fire after the attempt is gone.
-  grpc::Alarm first_token_alarm_;
+  std::weak_ptr<WorkerAttempt> weak_self_;     // for the alarms' callbacks
+  absl::Duration first_token_timeout_;
+  absl::Time first_token_due_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // One alarm per arming: the first, then one more each time progress had moved the due time
+  // past a firing. Kept until the attempt ends; their callbacks hold only a weak reference, as
+  // they may fire after the attempt is gone.
+  std::vector<std::unique_ptr<grpc::Alarm>> first_token_alarms_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lazyattn::router

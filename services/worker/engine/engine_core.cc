@@ -447,6 +447,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
   consecutive_step_failures_ = 0;
   const int64_t V = config().vocab_size;
   int64_t row = 0, logits_row = 0;
+  std::vector<RequestId> progressed;  // prompts that advanced in this step
   for (Planned& p : plan) {
     const int64_t n = static_cast<int64_t>(p.chunk.tokens.size());
     std::span<const float> out;
@@ -462,6 +463,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     if (p.job != 0) {
       EncodeJob* job = FindJob(p.job);
       if (job == nullptr) continue;
+      for (const EncodeJob::Waiter& w : job->waiters) progressed.push_back(w.request);
       job->ready += n;
       stats_.mode(job->mode).prefill_tokens_computed += n;
       if (job->ready == job->length()) CompleteJob(*job);
@@ -476,12 +478,33 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
       continue;
     }
     stats_.mode(r->prepared.mode).prefill_tokens_computed += n;
+    progressed.push_back(r->id);
     if (s.ready < s.length()) continue;
     if (s.kind == Segment::Kind::kPrefix) {
       cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick());
     } else if (s.kind == Segment::Kind::kQuery) {
       OnPrefillDone(*r, out, chosen, logprob);
     }
+  }
+  if (!progressed.empty()) ReportPrefillProgress(progressed);
+}
+
+void EngineCore::ReportPrefillProgress(std::vector<RequestId>& requests) {
+  std::sort(requests.begin(), requests.end());
+  requests.erase(std::unique(requests.begin(), requests.end()), requests.end());
+  for (RequestId id : requests) {
+    Request* r = FindRequest(id);
+    // A request that got its first token in this step (or ended) has said more than progress.
+    if (r == nullptr || r->phase == Request::Phase::kDone || r->phase == Request::Phase::kDecode ||
+        !r->result.token_ids.empty() || !r->prepared.callbacks.on_prefill_progress) {
+      continue;
+    }
+    int64_t ready = 0;
+    for (const Segment& s : r->segments) {
+      const EncodeJob* job = s.job != 0 ? FindJob(s.job) : nullptr;
+      ready += job != nullptr ? job->ready : s.ready;
+    }
+    r->prepared.callbacks.on_prefill_progress(ready);
   }
 }
 

@@ -241,6 +241,9 @@ class EngineCore {
   // Reads a step's results: samples, streams, finishes. On an error every request of the plan,
   // and every request waiting for an encoding job of the plan, fails with it.
   void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
+  // RequestCallbacks::on_prefill_progress for `requests` (ids, repeats allowed) still before
+  // their first token.
+  void ReportPrefillProgress(std::vector<RequestId>& requests);
   // With `launched` on the device and uncollected: launches the decode step after it when the
   // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
   std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,

@@ -310,6 +310,39 @@ TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
   EXPECT_EQ(out.result.text, *decoded);
 }
 
+// A prompt longer than one step reports its progress after each step before the first token
+// (the worker's sign of life to the router while a long prefill runs): increasing counts, all
+// before the first token, never once the tokens flow. Its documents are encoded by jobs, whose
+// steps count for the request too.
+TEST_F(EngineCoreTest, PrefillProgressComesBeforeTheFirstToken) {
+  Init(/*max_positions=*/4096, /*blocks=*/256, /*max_batch_tokens=*/16);
+  auto p = PrepareRequest(Request({0, 1, 2}, CacheMode::kLazy, 4), *tokenizer_, weights_->config,
+                          identity_, {});
+  ASSERT_TRUE(p.ok());
+  std::vector<int64_t> progress;
+  int tokens = 0;
+  int progress_after_tokens = 0;
+  Outcome out;
+  p->callbacks.on_prefill_progress = [&](int64_t ready) {
+    progress.push_back(ready);
+    if (tokens > 0) ++progress_after_tokens;
+  };
+  p->callbacks.on_token = [&](int32_t, std::string_view) { ++tokens; };
+  p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
+  core_->Add(std::move(*p));
+  while (core_->HasWork()) core_->Step(absl::Now());
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  const int64_t prompt = out.result.usage.prompt_tokens;
+  // 16 tokens a step over a prompt of ~130 tokens: several steps before the first token.
+  ASSERT_GT(prompt, 5 * 16);
+  EXPECT_GE(progress.size(), static_cast<size_t>(prompt / 16 - 1));
+  EXPECT_EQ(progress_after_tokens, 0);
+  EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+  EXPECT_GT(progress.front(), 0);
+  EXPECT_LT(progress.back(), prompt);  // the step that completes the prompt gives a token instead
+  EXPECT_EQ(tokens, 4);
+}
+
 // With sampling.logprobs every generated token comes with its log-probability, in the result
 // and through on_logprob just before its on_token; the first one is log_softmax of the first
 // logits (no penalties) at the drawn token.

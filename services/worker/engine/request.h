@@ -83,6 +83,11 @@ struct RequestCallbacks {
   // With SamplingParams::logprobs: the log-probability of the token whose on_token call follows
   // immediately (same thread). Not called for on_token's final flush (id -1).
   std::function<void(float logprob)> on_logprob;
+  // Before the first token: after each step that computed part of this request's prompt (its own
+  // chunks, or a document encoding it waits for), with the prompt tokens whose KV is ready so
+  // far. A sign of life for callers that time out a first token that is slow to come (a long
+  // prompt on a slow backend). Engine thread; keep it short.
+  std::function<void(int64_t prompt_tokens_ready)> on_prefill_progress;
   // Exactly once: OK with the result, or the error (InvalidArgument, ResourceExhausted, Cancelled,
   // DeadlineExceeded, Unavailable at shutdown). `result` carries what was generated so far.
   std::function<void(const absl::Status& status, const RequestResult& result)> on_done;

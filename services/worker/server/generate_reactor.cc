@@ -30,6 +30,13 @@ std::string ReceivedRequestId(const grpc::CallbackServerContext& call) {
                             : std::string_view(it->second.data(), it->second.size()));
 }
 
+bool WantsPrefillProgress(const grpc::CallbackServerContext& call) {
+  const auto& metadata = call.client_metadata();
+  const auto it = metadata.find(kPrefillProgressKey);
+  return it != metadata.end() &&
+         std::string_view(it->second.data(), it->second.size()) == kPrefillProgressValue;
+}
+
 }  // namespace
 
 std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
@@ -50,7 +57,8 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
       arrival_(absl::Now()),
       deadline_(DeadlineOf(call->deadline())),
       request_id_(ReceivedRequestId(*call)),
-      prep_(ctx.prep) {
+      prep_(ctx.prep),
+      progress_wanted_(WantsPrefillProgress(*call)) {
   // Sent with whatever status this reactor ends the call with; absent only when the call is cut
   // under the worker (its process died): the router's query-of-death quarantine counts those.
   call->AddTrailingMetadata(kWorkerEndedCallKey, kWorkerEndedCallValue);
@@ -141,6 +149,10 @@ void GenerateReactor::Prepare(const absl::Status& pool_status) {
           .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
           // Called just before the matching on_token, on the same thread.
           .on_logprob = [this](float logprob) { pending_logprob_ = logprob; },
+          .on_prefill_progress = progress_wanted_
+                                     ? std::function<void(int64_t)>(
+                                           [this](int64_t ready) { OnPrefillProgress(ready); })
+                                     : nullptr,
           .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
       auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
       if (id.ok()) {
@@ -194,6 +206,21 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
       chunk->set_text(ToValidUtf8(text));
       if (id >= 0 && pending_logprob_) chunk->set_logprob(*pending_logprob_);
     }
+  }
+  Pump();
+}
+
+void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = absl::Now();
+    // Throttled, and only while nothing else waits to go out (a queued message says as much).
+    if (finish_wanted_ || !queue_.empty() ||
+        now - last_progress_ < absl::Milliseconds(kPrefillProgressIntervalMs)) {
+      return;
+    }
+    last_progress_ = now;
+    queue_.emplace_back().mutable_prefill_progress()->set_prompt_tokens_ready(prompt_tokens_ready);
   }
   Pump();
 }

@@ -64,6 +64,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // with the pool's Cancelled / Unavailable.
   void Prepare(const absl::Status& status);
   void OnToken(int32_t id, std::string_view text);                     // engine thread
+  void OnPrefillProgress(int64_t prompt_tokens_ready);                 // engine thread
   void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread
   // Starts the next write, or Finish once the queue is empty and the end is known.
   void Pump();
@@ -105,6 +106,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool overflowed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_token_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   double ttft_ms_ ABSL_GUARDED_BY(mu_) = -1;
+  // The router asked for PrefillProgress events (kPrefillProgressKey); the last one sent.
+  const bool progress_wanted_;
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Engine thread only: the log-probability on_logprob gave for the token OnToken streams next.
   std::optional<float> pending_logprob_;
 };

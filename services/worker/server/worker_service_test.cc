@@ -292,6 +292,45 @@ TEST_F(WorkerServiceTest, RefusesCallsRoutedForAnotherModel) {
   ExpectIdle();
 }
 
+// A router asks for PrefillProgress events (its first-token timeout restarts on each): a prompt
+// of many steps sends at least one, each before the first token, with the prompt tokens ready so
+// far; a direct client that does not ask gets none.
+TEST_F(WorkerServiceTest, PrefillProgressOnlyWhenAskedAndOnlyBeforeTheFirstToken) {
+  StartServer(/*slow=*/true);
+  const auto generate = [&](bool ask) {
+    grpc::ClientContext ctx;
+    if (ask) ctx.AddMetadata(kPrefillProgressKey, kPrefillProgressValue);
+    // ~1,500 byte tokens: over 20 steps of 64 before the first token.
+    v1::GenerateRequest request =
+        Request({std::string(1500, 'a') + " fresh " + (ask ? "1" : "2")}, 3);
+    auto reader = stub_->Generate(&ctx, request);
+    std::vector<int64_t> progress;
+    int tokens = 0, progress_after_tokens = 0;
+    int64_t prompt_tokens = 0;
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+      if (m.has_prefill_progress()) {
+        progress.push_back(m.prefill_progress().prompt_tokens_ready());
+        if (tokens > 0) ++progress_after_tokens;
+      }
+      if (m.has_token() && m.token().token_id() >= 0) ++tokens;
+      if (m.has_final()) prompt_tokens = m.final().usage().prompt_tokens();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(tokens, 3);
+    EXPECT_EQ(progress_after_tokens, 0);
+    EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+    for (int64_t ready : progress) {
+      EXPECT_GT(ready, 0);
+      EXPECT_LT(ready, prompt_tokens);
+    }
+    return progress.size();
+  };
+  EXPECT_GE(generate(true), 1u);
+  EXPECT_EQ(generate(false), 0u);
+  ExpectIdle();
+}
+
 TEST_F(WorkerServiceTest, SameDocumentsInAnotherOrderHitTheCache) {
   StartServer();
   const StreamResult first = Generate(Request(kDocs, 4));
