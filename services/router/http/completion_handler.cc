@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "services/router/http/client_connection.h"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/sse_writer.h"
@@ -34,19 +35,29 @@ std::string NewId(ApiKind kind) {
                       absl::Hex(a, absl::kZeroPad16), absl::Hex(b, absl::kZeroPad16));
 }
 
-// Next() in slices, so a server shutdown is noticed: kTimeout at the deadline, with *stopped set
-// when the server is stopping instead.
-HttpCall::Event::Kind NextEvent(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
-                                const std::atomic<bool>& stopping, bool* stopped) {
+// How waiting for a call's next event ended.
+enum class Step { kToken, kEnd, kDeadline, kStopping, kClientGone };
+
+// Next() in slices, so that a server shutdown and a client that hung up are noticed while the
+// worker is silent (prefill, a non-streamed call). The shutdown is also checked before each
+// event: a stream whose tokens keep coming never waits a whole slice.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(250);
+
+Step NextStep(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
+              const std::atomic<bool>& stopping, const ClientConnection& client) {
   while (true) {
+    if (stopping.load()) return Step::kStopping;
     const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return HttpCall::Event::kTimeout;
-    const auto kind = call.Next(e, std::min(left, absl::Milliseconds(250)));
-    if (kind != HttpCall::Event::kTimeout) return kind;
-    if (stopping.load()) {
-      *stopped = true;
-      return HttpCall::Event::kTimeout;
+    if (left <= absl::ZeroDuration()) return Step::kDeadline;
+    switch (call.Next(e, std::min(left, kWaitSlice))) {
+      case HttpCall::Event::kToken:
+        return Step::kToken;
+      case HttpCall::Event::kEnd:
+        return Step::kEnd;
+      case HttpCall::Event::kTimeout:
+        break;
     }
+    if (client.Gone()) return Step::kClientGone;
   }
 }
 
@@ -59,10 +70,27 @@ void LogStreamError(const grpc::Status& status) {
       .Msg(absl::StrCat("stream ended: ", status.error_message()));
 }
 
-grpc::Status WaitFailure(bool stopped) {
-  return stopped ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down")
-                 : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                "deadline exceeded (http.request_timeout_ms)");
+// Why a call that was given up on ended. A client that hung up is counted as a gRPC client's
+// cancellation is (CANCELLED, 499), not as a failure of the router or its worker.
+grpc::Status StepFailure(Step step) {
+  switch (step) {
+    case Step::kStopping:
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down");
+    case Step::kClientGone:
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client closed the connection");
+    default:
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "deadline exceeded (http.request_timeout_ms)");
+  }
+}
+
+// The shutdown's own message, as the listener's refusal of new requests while it drains: the
+// generic 503 text ("no worker could serve") would not tell the client to go elsewhere.
+constexpr char kShuttingDown[] = "the router is shutting down; retry on another";
+
+std::string StepErrorBody(Step step) {
+  if (step == Step::kStopping) return ErrorBody(503, kShuttingDown, "unavailable");
+  return ErrorBodyOf(StepFailure(step));
 }
 
 // What a streamed response needs after the handler returned (the provider runs later).
@@ -73,6 +101,7 @@ struct StreamState {
   bool include_usage = false;
   absl::Time deadline;
   std::shared_ptr<const std::atomic<bool>> stopping;
+  ClientConnection client;
   bool started = false;  // the provider ran: it consumed the first token
   // cpp-httplib drops a provider it will not call again (the server stopped, the client went
   // away): a call left waiting for its next write would then hold its worker stream forever.
@@ -88,24 +117,35 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
   SseWriter out([&sink](const char* data, size_t size) { return sink.write(data, size); });
   if (s.meta.kind == ApiKind::kChat) out.Event(RoleChunkJson(s.meta, s.include_usage));
   HttpCall::Event e = std::move(s.first);
-  HttpCall::Event::Kind kind = HttpCall::Event::kToken;
-  bool stopped = false;
-  while (kind == HttpCall::Event::kToken) {
+  Step step = Step::kToken;
+  while (step == Step::kToken) {
+    // Before every token, the first one included (the shutdown may have begun while the
+    // response's head was written).
+    if (s.stopping->load()) {
+      // Not written: released so that the call can end, which also cancels its worker call.
+      s.call->Consumed(false);
+      step = Step::kStopping;
+      break;
+    }
     if (!e.token.text().empty()) out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
     s.call->Consumed(out.ok());
     if (!out.ok()) return false;  // the client is gone; the call cancels its worker stream
-    kind = NextEvent(*s.call, &e, s.deadline, *s.stopping, &stopped);
+    step = NextStep(*s.call, &e, s.deadline, *s.stopping, s.client);
   }
-  if (kind == HttpCall::Event::kTimeout) {
+  if (step != Step::kEnd) {
     s.call->Cancel();
-    out.Event(ErrorBodyOf(WaitFailure(stopped)));
+    if (step == Step::kClientGone) return false;  // nobody left to tell
+    out.Event(StepErrorBody(step));
     sink.done();
-    return true;
+    // A stream cut by the shutdown closes its connection too (cpp-httplib closes one whose
+    // provider failed, after the body's end was written): a keep-alive client would otherwise
+    // hold the shutdown for up to http.keep_alive_timeout_ms.
+    return step != Step::kStopping;
   }
   if (!e.status.ok() || !e.final.has_value()) {
-    const grpc::Status status = e.status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
-                                                             "the call ended without a result")
-                                              : e.status;
+    const grpc::Status status =
+        e.status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the call ended without a result")
+                      : e.status;
     LogStreamError(status);
     out.Event(ErrorBodyOf(status));
     sink.done();
@@ -174,15 +214,20 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
                                          ToHttpFieldNames(kind, status.error_message())));
     return;
   }
+  const ClientConnection client = ClientConnection::Of(request);
   HttpCall::Event first;
-  bool stopped = false;
-  const HttpCall::Event::Kind got = NextEvent(**call, &first, deadline, *stopping, &stopped);
-  if (got == HttpCall::Event::kTimeout) {
+  const Step got = NextStep(**call, &first, deadline, *stopping, client);
+  if (got != Step::kToken && got != Step::kEnd) {
     (*call)->Cancel();
-    SendGrpcError(response, WaitFailure(stopped));
+    if (got == Step::kStopping) {
+      response.set_header("Connection", "close");
+      SendError(response, 503, kShuttingDown, "unavailable");
+    } else {
+      SendGrpcError(response, StepFailure(got));
+    }
     return;
   }
-  if (got == HttpCall::Event::kEnd) {
+  if (got == Step::kEnd) {
     if (!first.status.ok()) {
       SendGrpcError(response, grpc::Status(first.status.error_code(),
                                            ToHttpFieldNames(kind, first.status.error_message())));
@@ -201,9 +246,10 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   state->include_usage = parsed->include_usage;
   state->deadline = deadline;
   state->stopping = std::move(stopping);
+  state->client = client;
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");
-  if (got == HttpCall::Event::kEnd) {
+  if (got == Step::kEnd) {
     // Ended before any token (e.g. max_tokens reached by a held-back stop): no deltas to send.
     response.set_chunked_content_provider(
         "text/event-stream", [state](size_t, httplib::DataSink& sink) {

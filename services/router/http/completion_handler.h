@@ -5,6 +5,11 @@
 // refused by validation, admission or every worker gets its HTTP error status and JSON body, as a
 // non-streamed one does. A failure after tokens were streamed is sent as a last event
 // `data: {"error": {...}}` (OpenAI SDKs raise it) and the stream ends without [DONE].
+//
+// A client that closes its connection cancels the worker call within a wait slice (250 ms) while
+// the worker is silent (prefill, a non-streamed request), or at the next write of a stream; the
+// call ends CANCELLED ("cancelled by the client", as a gRPC client's cancellation), which counts
+// against no worker.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_COMPLETION_HANDLER_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_COMPLETION_HANDLER_H_
 
@@ -26,8 +31,10 @@ struct Response;
 
 namespace lazyattn::router {
 
-// `stopping`: set when the server's shutdown grace is over; a call still waiting then ends with
-// 503 (streams: an error event) instead of holding the shutdown until its deadline.
+// `stopping`: set when the server's shutdown grace is over; a call still running then ends with
+// 503, a stream with the error event "the router is shutting down" before its next token (or
+// within 250 ms when none comes), and its worker call is cancelled, instead of holding the
+// shutdown until its end or its deadline.
 // `key_limiter`/`key_name`: the API key's in-flight cap (null: no API keys). `live`: counts the
 // request's HttpCall until it is destroyed (the shutdown waits for none).
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
