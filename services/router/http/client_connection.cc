@@ -1,37 +1,39 @@
 #include "services/router/http/client_connection.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <httplib.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <array>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace lazyattn::router {
 namespace {
 
-// An address as cpp-httplib writes it into Request::{local,remote}_{addr,port}: numeric host
-// (getnameinfo NI_NUMERICHOST) and port.
-bool SameAddress(const sockaddr_storage& addr, socklen_t len, const std::string& ip, int port) {
-  int p = -1;
+// Whether a socket address is the request's numeric host and port. Compared as binary
+// addresses, so that any numeric spelling of the host (getnameinfo's, inet_ntop's, with or without
+// an IPv6 zone) matches.
+bool SameAddress(const sockaddr_storage& addr, const std::string& ip, int port) {
+  const std::string host = ip.substr(0, ip.find('%'));  // an IPv6 zone names no other address
   if (addr.ss_family == AF_INET) {
-    p = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    p = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
+    in_addr want{};
+    return ntohs(a.sin_port) == port && inet_pton(AF_INET, host.c_str(), &want) == 1 &&
+           want.s_addr == a.sin_addr.s_addr;
   }
-  if (p != port) return false;
-  std::array<char, NI_MAXHOST> host{};
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host.data(),
-                  static_cast<socklen_t>(host.size()), nullptr, 0, NI_NUMERICHOST) != 0) {
-    return false;
+  if (addr.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(addr);
+    in6_addr want{};
+    return ntohs(a.sin6_port) == port && inet_pton(AF_INET6, host.c_str(), &want) == 1 &&
+           std::memcmp(&want, &a.sin6_addr, sizeof(want)) == 0;
   }
-  return ip == host.data();
+  return false;
 }
 
 // The descriptor is a TCP socket with the request's two ends. Within one process a connection's
@@ -41,12 +43,12 @@ bool IsRequestSocket(int fd, const httplib::Request& request) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-      !SameAddress(addr, len, request.local_addr, request.local_port)) {
+      !SameAddress(addr, request.local_addr, request.local_port)) {
     return false;
   }
   len = sizeof(addr);
   return getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
-         SameAddress(addr, len, request.remote_addr, request.remote_port);
+         SameAddress(addr, request.remote_addr, request.remote_port);
 }
 
 int FindRequestSocket(const httplib::Request& request) {
