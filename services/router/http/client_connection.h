@@ -4,20 +4,14 @@
 // generate the whole answer for nobody.
 //
 // cpp-httplib 0.11 hands a handler neither its Stream nor its socket (newer versions have
-// Request::is_connection_closed). The socket is found from the request: over TLS the descriptor of
-// the request's SSL object, over plain TCP the descriptor whose local and peer addresses are the
-// request's (one scan of the process's descriptors per connection; a thread's last match is tried
-// first, as cpp-httplib serves a keep-alive connection's requests on one thread). The socket is
-// only looked at (poll, MSG_PEEK), never read, so the library's own reads see every byte.
+// Request::is_connection_closed); the router's own connection loop (guarded_server.h) knows the
+// socket of the connection each thread serves. The socket is only looked at (poll, MSG_PEEK),
+// never read, so the library's own reads see every byte.
 //
 // Lifetime: the descriptor belongs to cpp-httplib, open while the request's handler and its
 // content provider run on the connection's thread; use the object only from there.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_CLIENT_CONNECTION_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_CLIENT_CONNECTION_H_
-
-namespace httplib {
-struct Request;
-}  // namespace httplib
 
 namespace lazyattn::router {
 
@@ -27,8 +21,8 @@ class ClientConnection {
   ClientConnection() = default;
   explicit ClientConnection(int fd) : fd_(fd) {}
 
-  // The connection `request` arrived on.
-  static ClientConnection Of(const httplib::Request& request);
+  // The connection of the request this thread serves (GuardedServer's; none elsewhere).
+  static ClientConnection OfThisThread();
 
   bool found() const { return fd_ >= 0; }
   // True once the client closed its side of the connection (FIN: EOF, even after unread bytes

@@ -214,7 +214,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
                                          ToHttpFieldNames(kind, status.error_message())));
     return;
   }
-  const ClientConnection client = ClientConnection::Of(request);
+  const ClientConnection client = ClientConnection::OfThisThread();
   HttpCall::Event first;
   const Step got = NextStep(**call, &first, deadline, *stopping, client);
   if (got != Step::kToken && got != Step::kEnd) {

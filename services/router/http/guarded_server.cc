@@ -154,6 +154,10 @@ void CloseSocket(int fd) {
 
 void ShedConnectionsOnThisThread() { shed_thread = true; }
 
+int CurrentConnectionSocket() {
+  return current_connection != nullptr ? current_connection->stream->socket() : -1;
+}
+
 void MarkHeadersReceived() {
   if (current_connection != nullptr) current_connection->stream->set_deadline(kNoDeadline);
 }

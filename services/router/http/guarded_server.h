@@ -51,6 +51,11 @@ void MarkHeadersReceived();
 // is still to come unread, and the close lingers (above) to drop at most that much.
 void CloseConnectionAfterResponse(int64_t drain_bytes);
 
+// The socket of the connection this thread serves a request of, -1 elsewhere (outside a
+// handler, or a server that is not one of these). Open while the request's handler and its
+// content provider run; for looking at (poll, MSG_PEEK), never for reading or writing.
+int CurrentConnectionSocket();
+
 // Every connection this thread takes up from now on is refused at once (above): for the thread
 // that answers connections beyond the pool's queues.
 void ShedConnectionsOnThisThread();

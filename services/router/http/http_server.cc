@@ -448,7 +448,7 @@ void HttpServer::Shutdown(absl::Duration grace) {
   // during the grace: new requests get 503 (draining_) and the calls in flight run on.
   draining_->store(true);
   live_->WaitForZero(grace);
-  // Whatever still waits on a worker ends now (within 250 ms: NextEvent's slice).
+  // Whatever still waits on a worker ends now (within 250 ms: NextStep's slice).
   stopping_->store(true);
   if (server_ != nullptr) server_->stop();
   thread_.join();
