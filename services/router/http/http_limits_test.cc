@@ -32,6 +32,8 @@ namespace lazyattn::router {
 namespace {
 
 using testing::FakeKvdir;
+using testing::RouterOptionsForFakeKvdir;
+using testing::WaitFor;
 using testing::FakeWorker;
 
 constexpr char kOtherAddress[] = "127.0.0.2";
@@ -126,27 +128,13 @@ constexpr char kChatBody[] =
     R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8})";
 constexpr char kModels[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 
-bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return cond();
-}
-
 class HttpLimitsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     worker_.Start();
     kvdir_.Start();
     kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);

@@ -26,6 +26,7 @@ namespace lazyattn::router {
 namespace {
 
 using testing::FakeKvdir;
+using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
 
 // Refuses every key, as the router's processor refuses a client without one.
@@ -89,12 +90,7 @@ class HttpServerTest : public ::testing::Test {
     worker_.Start();
     kvdir_.Start();
     kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);

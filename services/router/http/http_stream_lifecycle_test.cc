@@ -37,6 +37,8 @@ namespace lazyattn::router {
 namespace {
 
 using testing::FakeKvdir;
+using testing::WaitFor;
+using testing::RouterOptionsForFakeKvdir;
 
 // Sends "tok" every `interval` until the call is cancelled (or a million tokens, far beyond any
 // test), or, held in prefill, sends nothing until then; counts the calls that saw their
@@ -231,15 +233,6 @@ int Count(const std::string& haystack, const std::string& needle) {
   return n;
 }
 
-bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!cond()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
-
 // Everything here waits on events; the bounds are generous for a loaded machine. The behaviour
 // they guard is a worker call that runs on for the whole stream (here: ~1000 s) or not at all.
 constexpr absl::Duration kBound = absl::Seconds(10);
@@ -261,12 +254,7 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     worker_ = std::make_unique<PacedWorker>(interval, prefill_forever);
     kvdir_.Start();
     kvdir_.SetWorkers({worker_->Status()});
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     auto server = RouterServer::Create(o, registry_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);

@@ -33,6 +33,8 @@ namespace lazyattn::router {
 namespace {
 
 using testing::FakeKvdir;
+using testing::WaitFor;
+using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
 
 std::string SerialHex(X509* cert) {
@@ -120,15 +122,6 @@ std::string StreamRequest() {
       body.size(), "\r\n\r\n", body);
 }
 
-bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return cond();
-}
-
 class HttpTlsReloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -146,12 +139,7 @@ class HttpTlsReloadTest : public ::testing::Test {
     worker_.Start();
     kvdir_.Start();
     kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);

@@ -25,6 +25,25 @@ DocumentKey TextKey(const std::string& text) {
   return DocumentKeyFromText(kModelFp, kTokenizerFp, text);
 }
 
+RouterOptions RouterOptionsForFakeKvdir(const std::string& kvdir_address) {
+  RouterOptions o;
+  o.server.listen_address = "127.0.0.1:0";
+  o.kvdir.address = kvdir_address;
+  o.kvdir.lookup_timeout = absl::Seconds(10);
+  o.kvdir.list_timeout = absl::Seconds(10);
+  o.kvdir.refresh_interval = absl::Hours(1);
+  return o;
+}
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return cond();
+}
+
 // --- FakeWorker ------------------------------------------------------------------------------
 
 FakeWorker::FakeWorker(std::string id) : id_(std::move(id)) {}

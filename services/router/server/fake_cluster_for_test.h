@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "common/document_key.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/server/router_options.h"
 
 namespace lazyattn::router::testing {
 
@@ -24,6 +26,14 @@ inline constexpr char kModelFp[] = "fake-model-fp";
 inline constexpr char kTokenizerFp[] = "fake-tokenizer-fp";
 
 DocumentKey TextKey(const std::string& text);
+
+// A router's options in front of a FakeKvdir at `kvdir_address`: an OS-chosen port, directory
+// timeouts a loaded test machine does not reach (it must not fall back), and no periodic refresh
+// (the first listing, lookups and the tests' own refreshes keep the worker list).
+RouterOptions RouterOptionsForFakeKvdir(const std::string& kvdir_address);
+
+// Polls `cond` every 20 ms until it holds or `limit` has passed; its last value.
+bool WaitFor(const std::function<bool()>& cond, absl::Duration limit = absl::Seconds(10));
 
 class FakeWorker final : public lazyattn::v1::Worker::Service {
  public:

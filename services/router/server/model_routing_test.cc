@@ -24,6 +24,7 @@ using lazyattn::v1::GenerateResponse;
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using testing::FakeKvdir;
+using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
@@ -60,12 +61,7 @@ class ModelRoutingTest : public ::testing::Test {
   }
 
   void StartRouter(absl::Duration forget_after = absl::Seconds(10)) {
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);  // a loaded test machine must not fall back
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);  // lookups alone refresh the worker list
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     o.kvdir.forget_after = forget_after;
     o.routing.max_attempts = 4;  // enough to reach the other model, were it allowed
     registry_ = std::make_shared<prometheus::Registry>();

@@ -27,6 +27,7 @@ namespace {
 using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 using testing::FakeKvdir;
+using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -113,12 +114,7 @@ class ModelMetricsTest : public ::testing::Test {
     kvdir_.SetWorkers(statuses);
     kvdir_.Hold("w0", "doc", 500);  // under model A's key: w0 is A's first choice for "doc"
 
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);  // a loaded test machine must not fall back
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     o.routing.max_attempts = 4;
     registry_ = std::make_shared<prometheus::Registry>();
     auto server = RouterServer::Create(o, registry_);

@@ -26,6 +26,7 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 using ::testing::ElementsAre;
 using testing::FakeKvdir;
+using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
@@ -54,12 +55,7 @@ class RouterServerTest : public ::testing::Test {
   }
 
   RouterOptions Options() {
-    RouterOptions o;
-    o.server.listen_address = "127.0.0.1:0";
-    o.kvdir.address = kvdir_.address();
-    o.kvdir.lookup_timeout = absl::Seconds(10);  // a loaded test machine must not fall back
-    o.kvdir.list_timeout = absl::Seconds(10);
-    o.kvdir.refresh_interval = absl::Hours(1);  // the tests refresh explicitly
+    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     return o;
   }
 

@@ -33,15 +33,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-bool WaitFor(const std::function<bool()>& cond, absl::Duration limit = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return cond();
-}
+using testing::WaitFor;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
