@@ -154,11 +154,6 @@ std::vector<std::string> HeaderValues(const httplib::Request& req, const char* n
   return out;
 }
 
-BodyFraming FramingOf(const httplib::Request& req, int64_t max_body_bytes) {
-  return CheckBodyFraming(HeaderValues(req, "Content-Length"),
-                          HeaderValues(req, "Transfer-Encoding"), /*body_required=*/true,
-                          max_body_bytes);
-}
 
 // How much of an unread body to drop before closing (guarded_server.h): a client that announced
 // its length sends all of it before it reads the answer, so all of it; of a chunked body or an
@@ -182,6 +177,19 @@ void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t m
                   int64_t already_read = 0) {
   res.set_header("Connection", "close");
   CloseConnectionAfterResponse(UnreadBody(req, already_read, max_body_bytes));
+}
+
+// Checks a completion request's body framing (body_framing.h). Refused: answers it unread with
+// the framing's status and returns that status. Accepted: sends nothing and returns 100 (go on),
+// the value an `Expect: 100-continue` handler gives.
+int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes) {
+  const BodyFraming framing =
+      CheckBodyFraming(HeaderValues(req, "Content-Length"), HeaderValues(req, "Transfer-Encoding"),
+                       /*body_required=*/true, max_body_bytes);
+  if (framing.ok()) return 100;
+  RefuseUnread(req, res, max_body_bytes);
+  SendError(res, framing.error_status, framing.message, framing.code);
+  return framing.error_status;
 }
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
@@ -311,13 +319,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
       SendGrpcError(res, s);
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (IsCompletion(req)) {
-      const BodyFraming framing = FramingOf(req, max_body_bytes);
-      if (!framing.ok()) {
-        RefuseUnread(req, res, max_body_bytes);
-        SendError(res, framing.error_status, framing.message, framing.code);
-        return httplib::Server::HandlerResponse::Handled;
-      }
+    if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
+      return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -326,12 +329,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   s.set_expect_100_continue_handler(
       [max_body_bytes](const httplib::Request& req, httplib::Response& res) {
         MarkHeadersReceived();
-        if (!IsCompletion(req)) return 100;
-        const BodyFraming framing = FramingOf(req, max_body_bytes);
-        if (framing.ok()) return 100;
-        RefuseUnread(req, res, max_body_bytes);
-        SendError(res, framing.error_status, framing.message, framing.code);
-        return framing.error_status;
+        return IsCompletion(req) ? RefuseBadFraming(req, res, max_body_bytes) : 100;
       });
   // A response that says `Connection: close` closes the connection (the library only sends the
   // header).
