@@ -250,6 +250,41 @@ TEST_F(HttpLimitsTest, ContentLengthOverTheLimitIsAnsweredAtOnce) {
   EXPECT_TRUE(closed);
 }
 
+// `Expect: 100-continue` is answered before the body is sent: a body the router would refuse by
+// its framing is refused there (413 for a length over the limit, 400 for two lengths), never
+// invited with 100; an acceptable one is invited, then served.
+TEST_F(HttpLimitsTest, ExpectContinueInvitesOnlyABodyTheRouterWouldRead) {
+  HttpOptions o = Options();
+  o.max_body_bytes = 1 << 20;
+  StartHttp(o);
+  struct Case {
+    std::string headers;
+    const char* status;
+  };
+  for (const Case& c : {Case{absl::StrCat("Content-Length: ", 2 << 20, "\r\n"), "HTTP/1.1 413"},
+                        Case{"Content-Length: 5\r\nContent-Length: 6\r\n", "HTTP/1.1 400"}}) {
+    const int fd = Connect(http_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, Post(c.headers + "Expect: 100-continue\r\n")));
+    bool closed = false;
+    const std::string reply = ReadAll(fd, &closed);
+    close(fd);
+    EXPECT_EQ(reply.rfind(c.status, 0), 0u) << c.headers << reply;
+    EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
+    EXPECT_TRUE(closed) << c.headers;
+  }
+  const std::string body = kChatBody;
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, Post(absl::StrCat("Content-Length: ", body.size(),
+                                            "\r\nExpect: 100-continue\r\nConnection: close\r\n"))));
+  EXPECT_EQ(ReadHead(fd).rfind("HTTP/1.1 100 Continue", 0), 0u);
+  ASSERT_TRUE(SendAll(fd, body));
+  const std::string reply = ReadAll(fd);
+  close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+}
+
 TEST_F(HttpLimitsTest, ABodyOfNoClearLengthIsRefusedUnread) {
   StartHttp(Options());
   const std::string body = kChatBody;
