@@ -181,6 +181,14 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     }
     text += script.tokens[i];
     if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    if (script.progress_between_tokens &&
+        context->client_metadata().count(kPrefillProgressKey) != 0) {
+      lazyattn::v1::GenerateResponse progress;
+      progress.mutable_prefill_progress()->set_prompt_tokens_ready(1);
+      if (!writer->Write(progress)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+      absl::MutexLock lock(&mu_);
+      ++progress_events_;
+    }
   }
   if (!script.held_back_tail.empty()) {
     lazyattn::v1::GenerateResponse r;

@@ -54,6 +54,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     absl::Duration prefill_progress_every = absl::Milliseconds(50);
     // Events stop after this much of the prefill (a worker that froze mid-prefill).
     absl::Duration prefill_progress_for = absl::InfiniteDuration();
+    // A PrefillProgress event after every token too, when asked for (a worker that breaks the
+    // protocol: they belong before the first token).
+    bool progress_between_tokens = false;
   };
 
   explicit FakeWorker(std::string id);

@@ -397,6 +397,17 @@ TEST_F(RouterServerTest, PrefillProgressKeepsALongPrefillFromTheFirstTokenTimeou
   EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
   EXPECT_THAT(Metrics(),
               HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
+
+  // Events after the first token (a worker breaking the protocol) reach no client either.
+  workers_[1]->SetScript({.progress_between_tokens = true});
+  kvdir_.Hold("w1", "doc2", 500);
+  const int w1_events_before = workers_[1]->progress_events();
+  r = Stream(Request({"doc2"}));
+  EXPECT_EQ(workers_[1]->progress_events() - w1_events_before, 3);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello", ",", " world"}));
+  EXPECT_EQ(r.other_events, 0);
 }
 
 TEST_F(RouterServerTest, HealthProbesEjectAWorkerThatStoppedAnswering) {
