@@ -48,6 +48,10 @@ QUESTIONS = ["Where is the river?", "Who keeps the lighthouse?", "What does the 
 DOC = "The river runs north of the old city; the lighthouse keeper draws maps of it."
 # The router forgets a worker the directory stopped listing after this long.
 FORGET_AFTER_MS = 300
+# Long enough that a worker starved of CPU on a loaded test machine keeps its lease: one that
+# lapses drops out of its model's count, and the two-two tie the join scenario checks is gone.
+# Leaving workers disconnect, so only `leave` waits for it (wait_models allows 30 s).
+LEASE_MS = 3000
 ROUTER_EXTRA = {"kvdir": {"forget_after_ms": FORGET_AFTER_MS}, "http": {"listen": "127.0.0.1:0"}}
 WORKER_EXTRA = {"model": {"name": NAME}, "server": {"drain_timeout_s": 10}}
 
@@ -296,7 +300,8 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lazyattn-models-") as tmp:
         load_messages(tmp)
-        c = ModelCluster(args, tmp, workers=len(A_WORKERS), policy="cache_aware")
+        c = ModelCluster(args, tmp, workers=len(A_WORKERS), policy="cache_aware",
+                         lease_ms=LEASE_MS)
         try:
             c.procs["kvdir"].wait_workers_alive(len(A_WORKERS), 30)
             fp_a, answers_a = scenario_start(c)
