@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/malformed_request.h"
 
 namespace lazyattn {
 namespace {
@@ -143,6 +144,9 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeMalformedRequestInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   built.server = builder.BuildAndStart();
   if (built.server == nullptr || built.port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
