@@ -117,6 +117,16 @@ int FakeWorker::progress_events() const {
   return progress_events_;
 }
 
+bool FakeWorker::WaitUntilUnblocked(grpc::ServerContext* context) {
+  absl::MutexLock lock(&mu_);
+  while (!unblocked_ && !context->IsCancelled()) {
+    mu_.AwaitWithTimeout(absl::Condition(&unblocked_), absl::Milliseconds(5));
+  }
+  if (!context->IsCancelled()) return true;
+  ++cancellations_;
+  return false;
+}
+
 grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
                                   const lazyattn::v1::GenerateRequest* request,
                                   grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) {
@@ -132,15 +142,8 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   if (script.fail_before_first_token != grpc::StatusCode::OK) {
     return grpc::Status(script.fail_before_first_token, "scripted failure before the first token");
   }
-  if (script.block) {
-    absl::MutexLock lock(&mu_);
-    while (!unblocked_ && !context->IsCancelled()) {
-      mu_.AwaitWithTimeout(absl::Condition(&unblocked_), absl::Milliseconds(5));
-    }
-    if (context->IsCancelled()) {
-      ++cancellations_;
-      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-    }
+  if (script.block && !WaitUntilUnblocked(context)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   }
   if (script.prefill > absl::ZeroDuration()) {
     const auto& metadata = context->client_metadata();
@@ -172,6 +175,13 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   for (size_t i = 0; i < script.tokens.size(); ++i) {
     if (script.fail_after_tokens >= 0 && static_cast<int>(i) == script.fail_after_tokens) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted crash mid-stream");
+    }
+    if (script.block_after_tokens >= 0 && static_cast<int>(i) == script.block_after_tokens &&
+        !WaitUntilUnblocked(context)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled mid-stream");
+    }
+    if (i > 0 && script.token_interval > absl::ZeroDuration()) {
+      absl::SleepFor(script.token_interval);
     }
     lazyattn::v1::GenerateResponse r;
     r.mutable_token()->set_token_id(static_cast<int32_t>(100 + i));

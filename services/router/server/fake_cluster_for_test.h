@@ -45,6 +45,11 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     int fail_after_tokens = -1;
     // Wait for Unblock() (or the call's cancellation) before the first token.
     bool block = false;
+    // >= 0: after this many tokens, wait for Unblock() (or the call's cancellation), as a worker
+    // that froze mid-generation (SIGSTOP) does.
+    int block_after_tokens = -1;
+    // A pause before every token after the first (decode steps of a slow worker).
+    absl::Duration token_interval = absl::ZeroDuration();
     // Non-empty: sent after the tokens as a text-only chunk with token_id -1, as a real worker
     // releases text it held back (a possible stop string, an incomplete UTF-8 sequence).
     std::string held_back_tail;
@@ -89,6 +94,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
                       lazyattn::v1::WorkerStatus* response) override;
 
  private:
+  // Waits for Unblock() or the call's cancellation; false (and counted) when cancelled.
+  bool WaitUntilUnblocked(grpc::ServerContext* context);
+
   const std::string id_;
   std::string address_;
   std::unique_ptr<grpc::Server> server_;

@@ -252,7 +252,9 @@ void ForwardingCall::StartNextAttempt() {
       routing.first_token_timeout > absl::ZeroDuration()
           ? std::max(routing.speculative.ttl, routing.first_token_timeout)
           : routing.speculative.ttl);
-  attempt->Start(attempt, request_, router_->options().routing.first_token_timeout);
+  attempt->Start(attempt, request_,
+                 {.first_token = routing.first_token_timeout,
+                  .between_tokens = routing.token_idle_timeout});
 }
 
 void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateResponse& message) {
@@ -328,14 +330,24 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   router_->registry().AddInflight(w.id, -1);
   auto& breakers = router_->selector().breakers();
   grpc::Status status = worker_status;
-  if (!status.ok() && attempt->timed_out()) {
-    // Cancelled by the first-token timeout: the worker is frozen or wedged, not the request bad.
+  // Cancelled by a timeout: the worker is frozen or wedged, not the request bad.
+  const WorkerAttempt::Timeout timeout = status.ok() ? WorkerAttempt::Timeout::kNone
+                                                     : attempt->timed_out();
+  if (timeout == WorkerAttempt::Timeout::kFirstToken) {
     model_metrics_->CountFirstTokenTimeout();
     status = grpc::Status(
         grpc::StatusCode::UNAVAILABLE,
         absl::StrCat("no first token within ",
                      absl::ToInt64Milliseconds(router_->options().routing.first_token_timeout),
                      " ms (routing.first_token_timeout_ms); attempt cancelled"));
+  } else if (timeout == WorkerAttempt::Timeout::kBetweenTokens) {
+    model_metrics_->CountTokenIdleTimeout();
+    status = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no token for ",
+                     absl::ToInt64Milliseconds(router_->options().routing.token_idle_timeout),
+                     " ms after the stream began (routing.token_idle_timeout_ms); attempt "
+                     "cancelled"));
   }
   // The worker died holding this request (not a refusal, a timeout or our cancellation).
   const bool lost = attempt->LostMidCall(worker_status);

@@ -40,6 +40,7 @@ routing:
   bytes_per_token: 3.5
   max_attempts: 2
   first_token_timeout_ms: 4000
+  token_idle_timeout_ms: 7000
   quarantine_ttl_s: 60
   quarantine_max_entries: 50
 health_check:
@@ -79,6 +80,7 @@ limits:
   EXPECT_EQ(o->routing.max_attempts, 2);
   EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
+  EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
   EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));
   EXPECT_EQ(o->routing.quarantine.max_entries, 50);
   EXPECT_EQ(o->health.interval, absl::Milliseconds(200));
@@ -97,6 +99,7 @@ limits:
   EXPECT_EQ(d->kvdir.lookup_timeout, absl::Milliseconds(50));
   EXPECT_EQ(d->max_inflight_requests, 256);
   EXPECT_EQ(d->routing.first_token_timeout, absl::Seconds(30));
+  EXPECT_EQ(d->routing.token_idle_timeout, absl::Seconds(30));
   EXPECT_EQ(d->routing.quarantine.ttl, absl::Seconds(300));
   EXPECT_EQ(d->routing.quarantine.max_entries, 10000);
   EXPECT_EQ(d->health.interval, absl::Milliseconds(500));
@@ -131,6 +134,8 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("health_check.max_ejection_ms: must be >="));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),
               HasSubstr("routing.first_token_timeout_ms"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {token_idle_timeout_ms: 3600001}\n"),
+              HasSubstr("routing.token_idle_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_ttl_s: 100000}\n"),
               HasSubstr("routing.quarantine_ttl_s: must be in [0, 86400], got 100000"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_max_entries: 0}\n"),

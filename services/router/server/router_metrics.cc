@@ -110,6 +110,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                           "Attempts cancelled for sending no token within "
                                           "routing.first_token_timeout_ms")
                                       .Register(registry);
+  token_idle_timeouts_family_ = &prometheus::BuildCounter()
+                                     .Name("lazyattn_router_token_idle_timeouts_total")
+                                     .Help(
+                                         "Attempts cancelled because their worker sent nothing "
+                                         "for routing.token_idle_timeout_ms after the first "
+                                         "token (frozen mid-generation)")
+                                     .Register(registry);
   quarantined_family_ = &prometheus::BuildCounter()
                              .Name("lazyattn_router_quarantined_requests_total")
                              .Help(
@@ -150,6 +157,7 @@ std::unique_ptr<ModelMetrics> RouterMetrics::NewModelMetrics(std::string label) 
   m->prediction_error_ = &prediction_error_family_->Add(labels, kPredictionErrorBuckets);
   m->retries_ = &retries_family_->Add(labels);
   m->first_token_timeouts_ = &first_token_timeouts_family_->Add(labels);
+  m->token_idle_timeouts_ = &token_idle_timeouts_family_->Add(labels);
   m->quarantined_ = &quarantined_family_->Add(labels);
   m->connection_losses_ = &connection_losses_family_->Add(labels);
   return m;

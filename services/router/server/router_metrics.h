@@ -18,6 +18,8 @@
 //   lazyattn_router_retries_total{model}            attempts beyond the first (failover; Prefetch
 //                                                   replacements too)
 //   lazyattn_router_first_token_timeouts_total{model}  attempts cancelled without a first token
+//   lazyattn_router_token_idle_timeouts_total{model}  attempts cancelled for a stall after their
+//                                                   first token (routing.token_idle_timeout_ms)
 //   lazyattn_router_quarantined_requests_total{model}  requests ended FAILED_PRECONDITION by the
 //                                                   query-of-death quarantine (the one whose
 //                                                   second lost worker quarantined it, and every
@@ -99,6 +101,7 @@ class ModelMetrics {
   }
   void CountRetry() { retries_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
+  void CountTokenIdleTimeout() { token_idle_timeouts_->Increment(); }
   void CountQuarantined() { quarantined_->Increment(); }
   void CountConnectionLoss() { connection_losses_->Increment(); }
 
@@ -116,6 +119,7 @@ class ModelMetrics {
   prometheus::Histogram* prediction_error_ = nullptr;
   prometheus::Counter* retries_ = nullptr;
   prometheus::Counter* first_token_timeouts_ = nullptr;
+  prometheus::Counter* token_idle_timeouts_ = nullptr;
   prometheus::Counter* quarantined_ = nullptr;
   prometheus::Counter* connection_losses_ = nullptr;
 };
@@ -157,6 +161,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* prediction_error_family_;
   prometheus::Family<prometheus::Counter>* retries_family_;
   prometheus::Family<prometheus::Counter>* first_token_timeouts_family_;
+  prometheus::Family<prometheus::Counter>* token_idle_timeouts_family_;
   prometheus::Family<prometheus::Counter>* quarantined_family_;
   prometheus::Family<prometheus::Counter>* connection_losses_family_;
   prometheus::Family<prometheus::Counter>* selections_family_;

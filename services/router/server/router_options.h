@@ -44,6 +44,12 @@ struct RoutingOptions {
   // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
   // under load; GPU fleets set a few seconds (docs/router.md).
   absl::Duration first_token_timeout = absl::Seconds(30);
+  // Once the first token came: an attempt whose worker sends nothing for this long while the
+  // router waits on it (not while the router waits on its client) is cancelled, counted against
+  // the worker's breaker; a Complete call goes to the next worker, a stream ends UNAVAILABLE
+  // (its tokens were sent). A worker frozen mid-generation no longer holds its requests until
+  // their clients' deadlines, which may be none. Zero: no limit.
+  absl::Duration token_idle_timeout = absl::Seconds(30);
   // Query-of-death containment: a request content that lost two workers' connections mid-call
   // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
   QuarantineOptions quarantine;

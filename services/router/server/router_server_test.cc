@@ -359,6 +359,60 @@ TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
   workers_[1]->Unblock();
 }
 
+// A worker that froze after its first token (SIGSTOP mid-generation) holds no request past the
+// between-tokens timeout: a stream ends UNAVAILABLE naming routing.token_idle_timeout_ms (its
+// token was sent, so no other worker), a Complete call is retried on the next worker without the
+// frozen one's partial text. A worker whose tokens keep coming, each within the timeout, is not
+// cut however long its stream lasts.
+TEST_F(RouterServerTest, TokenIdleTimeoutCutsAWorkerFrozenMidGeneration) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.block_after_tokens = 1});
+  RouterOptions o = Options();
+  o.routing.token_idle_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("no token for 300 ms after the stream began "
+                        "(routing.token_idle_timeout_ms)"));
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello"}));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 1"));
+
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    lazyattn::v1::CompleteResponse response;
+    grpc::Status s = stub_->Complete(&ctx, Request({"doc"}), &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.text(), "Hello, world");
+    EXPECT_EQ(response.final().worker(), "w1");
+    EXPECT_EQ(response.final().attempts(), 2);
+  }
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 2"));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 0"));
+
+  // Five tokens 150 ms apart: 600 ms in all, twice the timeout, each gap within it.
+  for (auto& w : workers_) {
+    w->SetScript({.tokens = {"a", "b", "c", "d", "e"}, .token_interval = absl::Milliseconds(150)});
+  }
+  workers_[0]->Unblock();
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 2"));
+}
+
 // A long prefill that shows signs of life (PrefillProgress events, which the router asks for)
 // outlasts the first-token timeout on the worker it started on: one attempt, no timeout counted,
 // and nothing of the events reaches the client. Without them the same prefill is cut.

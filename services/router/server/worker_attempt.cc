@@ -19,13 +19,13 @@ WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
       context_(std::move(context)) {}
 
 void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateRequest* request,
-                          absl::Duration first_token_timeout) {
+                          Timeouts timeouts) {
   weak_self_ = self;
-  first_token_timeout_ = first_token_timeout;
-  if (first_token_timeout > absl::ZeroDuration()) {
+  timeouts_ = timeouts;
+  if (timeouts.first_token > absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
-    first_token_due_ = absl::Now() + first_token_timeout;
-    ArmFirstTokenAlarmLocked();
+    next_message_due_ = absl::Now() + timeouts.first_token;
+    ArmWatchdogLocked();
   }
   self_ = std::move(self);
   stub_->async()->Generate(context_.get(), request, this);
@@ -39,6 +39,10 @@ void WorkerAttempt::ReadNext() {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || !hold_ || read_outstanding_) return;
     read_outstanding_ = true;
+    if (got_token_ && timeouts_.between_tokens > absl::ZeroDuration()) {
+      next_message_due_ = absl::Now() + timeouts_.between_tokens;
+      if (!alarm_pending_) ArmWatchdogLocked();
+    }
   }
   StartRead(&message_);
 }
@@ -57,24 +61,28 @@ void WorkerAttempt::Cancel() {
   if (remove_hold) RemoveHold();
 }
 
-void WorkerAttempt::ArmFirstTokenAlarmLocked() {
+void WorkerAttempt::ArmWatchdogLocked() {
   std::weak_ptr<WorkerAttempt> weak = weak_self_;
-  first_token_alarms_.push_back(std::make_unique<grpc::Alarm>());
-  first_token_alarms_.back()->Set(absl::ToChronoTime(first_token_due_), [weak](bool fired) {
-    if (!fired) return;  // cancelled: a token came, or the attempt ended
-    if (auto attempt = weak.lock()) attempt->OnFirstTokenAlarm();
+  alarm_pending_ = true;
+  watchdog_alarms_.push_back(std::make_unique<grpc::Alarm>());
+  watchdog_alarms_.back()->Set(absl::ToChronoTime(next_message_due_), [weak](bool fired) {
+    if (!fired) return;  // cancelled: the attempt ended (or its only timeout no longer applies)
+    if (auto attempt = weak.lock()) attempt->OnWatchdogAlarm();
   });
 }
 
-void WorkerAttempt::OnFirstTokenAlarm() {
+void WorkerAttempt::OnWatchdogAlarm() {
   {
     absl::MutexLock lock(&mu_);
-    if (got_token_ || cancelled_) return;
-    if (absl::Now() < first_token_due_) {  // progress came since this alarm was set
-      ArmFirstTokenAlarmLocked();
+    alarm_pending_ = false;
+    if (cancelled_) return;
+    if (absl::Now() < next_message_due_) {
+      // A message came since this alarm was set; while one is awaited, watch the new due time
+      // (InfiniteFuture: the router is delivering to its client; ReadNext arms again).
+      if (next_message_due_ != absl::InfiniteFuture()) ArmWatchdogLocked();
       return;
     }
-    timed_out_ = true;
+    timed_out_ = got_token_ ? Timeout::kBetweenTokens : Timeout::kFirstToken;
   }
   Cancel();
 }
@@ -90,7 +98,7 @@ bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     end.worker_headers = reached_;
-    end.cancelled_by_router = cancelled_ || timed_out_;
+    end.cancelled_by_router = cancelled_ || timed_out_ != Timeout::kNone;
   }
   // A worker that ends a call itself says so in a trailer; without it, the transport ended the
   // call under the worker: its process (or its host) went away while holding the request.
@@ -102,29 +110,39 @@ void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;
   bool read_next = false;
-  grpc::Alarm* first_token_alarm = nullptr;  // to cancel: the first token came
+  grpc::Alarm* watchdog = nullptr;  // the first-token alarm, to cancel: the first token came
   {
     absl::MutexLock lock(&mu_);
     read_outstanding_ = false;
     if (!ok || cancelled_) {
       remove_hold = hold_;
       hold_ = false;
+      next_message_due_ = absl::InfiniteFuture();  // the stream ended: nothing more is due
     } else if (message_.has_prefill_progress()) {
-      // The worker's sign of life, for this attempt alone: the timeout runs again from now, and
-      // the next message is read here (nothing goes to the call).
-      if (!got_token_ && first_token_timeout_ > absl::ZeroDuration()) {
-        first_token_due_ = absl::Now() + first_token_timeout_;
+      // The worker's sign of life, for this attempt alone and only before its first token (after
+      // it, the events break the protocol and keep nothing alive): the timeout runs again from
+      // now, and the next message is read here (nothing goes to the call).
+      if (!got_token_ && timeouts_.first_token > absl::ZeroDuration()) {
+        next_message_due_ = absl::Now() + timeouts_.first_token;
       }
       read_outstanding_ = read_next = true;
     } else {
       deliver = true;
-      if (!got_token_ && message_.has_token()) {
-        got_token_ = true;
-        if (!first_token_alarms_.empty()) first_token_alarm = first_token_alarms_.back().get();
+      if (message_.has_token()) {
+        // Nothing is awaited from the worker until the call has delivered this token (ReadNext).
+        next_message_due_ = absl::InfiniteFuture();
+        if (!got_token_) {
+          got_token_ = true;
+          // The first-token alarm is done with; ReadNext arms the between-tokens one.
+          if (alarm_pending_) {
+            watchdog = watchdog_alarms_.back().get();
+            alarm_pending_ = false;
+          }
+        }
       }
     }
   }
-  if (first_token_alarm != nullptr) first_token_alarm->Cancel();
+  if (watchdog != nullptr) watchdog->Cancel();
   if (remove_hold) RemoveHold();
   if (read_next) StartRead(&message_);
   if (deliver) call_->OnWorkerMessage(this, message_);

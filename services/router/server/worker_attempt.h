@@ -1,7 +1,8 @@
 // One attempt of a routed Generate or Complete call: the Worker.Generate call to one worker, with
-// the callback client API, and its first-token timeout: the attempt is cancelled when neither a
-// token nor a PrefillProgress event (the worker's sign of life while it computes a long prompt)
-// came for that long. ForwardingCall (forwarding_call.h) owns
+// the callback client API, and its watchdog: before the first token the attempt is cancelled when
+// neither a token nor a PrefillProgress event (the worker's sign of life while it computes a long
+// prompt) came for the first-token timeout; after it, when the worker sends nothing for the
+// between-tokens timeout while the router waits on it. ForwardingCall (forwarding_call.h) owns
 // the flow (routing, relaying tokens, failover); an attempt reads one message at a time, hands it
 // to its ForwardingCall, and reports its end there.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_ATTEMPT_H_
@@ -30,17 +31,25 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
                 std::unique_ptr<grpc::ClientContext> context);
 
-  // `first_token_timeout` zero: none. Otherwise it runs from the start and again from each
-  // PrefillProgress event, until the first token.
+  struct Timeouts {
+    // Zero: none. Otherwise it runs from the start and again from each PrefillProgress event,
+    // until the first token.
+    absl::Duration first_token = absl::ZeroDuration();
+    // Zero: none. Otherwise, after the first token, it runs from each read of the next message
+    // (ReadNext), so the time the router spends delivering to a slow client never counts.
+    absl::Duration between_tokens = absl::ZeroDuration();
+  };
+  enum class Timeout { kNone, kFirstToken, kBetweenTokens };
+
   void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
-             absl::Duration first_token_timeout);
+             Timeouts timeouts);
   // The previous message was consumed: read the next one.
   void ReadNext();
   // Cancels the worker call; idempotent, safe at any time.
   void Cancel();
   const WorkerInfo& worker() const { return worker_; }
-  // The attempt was cancelled because no token came within the first-token timeout.
-  bool timed_out() {
+  // Which timeout, if any, cancelled the attempt.
+  Timeout timed_out() {
     absl::MutexLock lock(&mu_);
     return timed_out_;
   }
@@ -57,9 +66,9 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   void OnDone(const grpc::Status& status) override;
 
  private:
-  void OnFirstTokenAlarm();
-  // A new alarm at first_token_due_ (an alarm is not set again once it fired).
-  void ArmFirstTokenAlarmLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWatchdogAlarm();
+  // A new alarm at next_message_due_ (an alarm is not set again once it fired).
+  void ArmWatchdogLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ForwardingCall* const call_;
   const WorkerInfo worker_;
@@ -75,15 +84,20 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool read_outstanding_ ABSL_GUARDED_BY(mu_) = true;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool got_token_ ABSL_GUARDED_BY(mu_) = false;
-  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;
+  Timeout timed_out_ ABSL_GUARDED_BY(mu_) = Timeout::kNone;
   bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived
   std::weak_ptr<WorkerAttempt> weak_self_;     // for the alarms' callbacks
-  absl::Duration first_token_timeout_;
-  absl::Time first_token_due_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // One alarm per arming: the first, then one more each time progress had moved the due time
-  // past a firing. Kept until the attempt ends; their callbacks hold only a weak reference, as
-  // they may fire after the attempt is gone.
-  std::vector<std::unique_ptr<grpc::Alarm>> first_token_alarms_ ABSL_GUARDED_BY(mu_);
+  Timeouts timeouts_;
+  // When the worker's next message is due; InfiniteFuture while nothing is awaited from it (the
+  // router is delivering a token to its client) or no timeout applies.
+  absl::Time next_message_due_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // An alarm is set and will look at next_message_due_ (the chain's last; the first-token alarm
+  // is cancelled at the first token and the between-tokens chain starts at the next ReadNext).
+  bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // One alarm per arming: the first, then one more each time the due time had moved past a
+  // firing (at most one a timeout's length). Kept until the attempt ends; their callbacks hold
+  // only a weak reference, as they may fire after the attempt is gone.
+  std::vector<std::unique_ptr<grpc::Alarm>> watchdog_alarms_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lazyattn::router
