@@ -2,8 +2,8 @@
 // loop (guarded_server.h). Besides cpp-httplib's per-operation read and write timeouts (each recv
 // may wait read_timeout, so a client sending a byte at a time is never timed out), reads stop at
 // a total deadline: the router sets it to the end of the header timeout while a request's line and
-// headers arrive, and clears it once they are in. The TLS handshake (AcceptTls) takes a deadline
-// the same way.
+// headers arrive, then to the end of the body timeout while its body arrives, and clears it once
+// the body is in. The TLS handshake (AcceptTls) takes a deadline the same way.
 //
 // One stream serves every request of a keep-alive connection, so bytes read ahead (a pipelined
 // request) are kept for the next one. Not thread-safe: one connection thread uses it.

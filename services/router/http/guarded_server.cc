@@ -24,6 +24,7 @@ using std::chrono::steady_clock;
 // What the handlers tell the loop about the request this thread serves.
 struct ConnectionState {
   ConnectionStream* stream = nullptr;
+  milliseconds body_timeout{0};
   bool close = false;  // close after this response
   int64_t drain = 0;   // ... lingering to drop this much of an unread body
 };
@@ -58,6 +59,7 @@ struct LoopParams {
   size_t keep_alive_max_count;
   milliseconds keep_alive_timeout;
   milliseconds header_timeout;
+  milliseconds body_timeout;
 };
 
 using ProcessRequest =
@@ -81,6 +83,7 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
                    const ProcessRequest& process, int64_t* drain) {
   ConnectionState state;
   state.stream = &stream;
+  state.body_timeout = p.body_timeout;
   current_connection = &state;
   bool ret = false;
   bool first = true;
@@ -159,7 +162,16 @@ int CurrentConnectionSocket() {
 }
 
 void MarkHeadersReceived() {
+  if (current_connection == nullptr) return;
+  current_connection->stream->set_deadline(steady_clock::now() + current_connection->body_timeout);
+}
+
+void MarkBodyReceived() {
   if (current_connection != nullptr) current_connection->stream->set_deadline(kNoDeadline);
+}
+
+bool BodyTimedOut() {
+  return current_connection != nullptr && current_connection->stream->deadline_passed();
 }
 
 void CloseConnectionAfterResponse(int64_t drain_bytes) {
@@ -179,7 +191,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     PlainStream stream(sock, Millis(read_timeout_sec_, read_timeout_usec_),
                        Millis(write_timeout_sec_, write_timeout_usec_));
     const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
-                            limits_.header_timeout};
+                            limits_.header_timeout, limits_.body_timeout};
     int64_t drain = 0;
     ret = ServeRequests(
         params, stream, start + limits_.header_timeout,
@@ -206,7 +218,7 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
     if (ssl != nullptr) {
       TlsStream stream(sock, ssl, read_timeout, Millis(write_timeout_sec_, write_timeout_usec_));
       const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
-                              limits_.header_timeout};
+                              limits_.header_timeout, limits_.body_timeout};
       int64_t drain = 0;
       ret = ServeRequests(
           params, stream, start + limits_.header_timeout,

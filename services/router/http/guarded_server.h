@@ -8,6 +8,9 @@
 //    request has header_timeout from its first byte (the idle wait before it is
 //    keep_alive_timeout, as in the library). Past the deadline the connection is closed without an
 //    answer, as nginx does on client_header_timeout.
+//  - a total deadline for a request's body, `body_timeout`, from the end of its headers (each
+//    read still waits at most the read timeout). A body read that fails past it is reported by
+//    BodyTimedOut(), so that the handler answers 408 instead of 400.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
 //    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
@@ -39,14 +42,20 @@ namespace lazyattn::router {
 
 struct ConnectionLimits {
   std::chrono::milliseconds header_timeout{10000};
+  std::chrono::milliseconds body_timeout{30000};
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;
 };
 
 // For the handlers, on the thread that serves the request (no effect elsewhere):
-// the request's line and headers are in; its header deadline no longer applies (the body is read
-// under the read timeout).
+// the request's line and headers are in; its header deadline no longer applies, and its body must
+// be read within body_timeout from now.
 void MarkHeadersReceived();
+// The request's body is in; reads are no longer bounded by its deadline.
+void MarkBodyReceived();
+// True when the body's deadline has passed: a body read that failed failed for it. False outside
+// a handler.
+bool BodyTimedOut();
 // The connection closes after this response. `drain_bytes` > 0: that much of the request's body
 // is still to come unread, and the close lingers (above) to drop at most that much.
 void CloseConnectionAfterResponse(int64_t drain_bytes);

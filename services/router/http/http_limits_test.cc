@@ -1,8 +1,8 @@
 // The HTTP listener's limits against hostile clients, over real sockets on 127.0.0.1 in front of a
 // router with a fake worker: a chunked body over http.max_body_bytes, a Content-Length it cannot
-// honour, a client that trickles its headers or never finishes its TLS handshake, and one address
-// opening more connections than its share. Clients of a second address bind 127.0.0.2 (all of
-// 127/8 is loopback on Linux).
+// honour, a client that trickles its headers or its body or never finishes its TLS handshake, and
+// one address opening more connections than its share. Clients of a second address bind 127.0.0.2
+// (all of 127/8 is loopback on Linux).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -345,6 +345,49 @@ TEST_F(HttpLimitsTest, AClientTricklingItsHeadersIsClosedAtTheHeaderTimeout) {
   EXPECT_TRUE(closed) << "still open after " << took;
   EXPECT_EQ(reply, "");  // closed without an answer, as nginx does
   EXPECT_GE(took, absl::Milliseconds(400));
+}
+
+// A body sent a byte every 100 ms never lets the 30 s read timeout run out; only the body's own
+// deadline from the end of the headers ends it: 408 naming the key, then the connection closed.
+// Both framings, as the chunked one is read by other code in the library.
+TEST_F(HttpLimitsTest, AClientTricklingItsBodyIsAnswered408AtTheBodyTimeout) {
+  HttpOptions o = Options();
+  o.body_timeout = absl::Milliseconds(500);
+  StartHttp(o);
+  const std::string body = kChatBody;  // ~70 bytes: ~7 s at this pace
+  for (const bool chunked : {false, true}) {
+    SCOPED_TRACE(chunked ? "chunked" : "Content-Length");
+    const int fd = Connect(http_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, Post(chunked ? std::string("Transfer-Encoding: chunked\r\n")
+                                         : absl::StrCat("Content-Length: ", body.size(), "\r\n"))));
+    const absl::Time start = absl::Now();
+    std::atomic<bool> stop{false};
+    std::thread trickle([&] {
+      for (size_t i = 0; !stop.load() && i < body.size(); ++i) {
+        const std::string piece = body.substr(i, 1);
+        if (!SendAll(fd, chunked ? Chunk(piece) : piece)) return;
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+      if (chunked) SendAll(fd, "0\r\n\r\n");
+    });
+    bool closed = false;
+    const std::string reply = ReadAll(fd, &closed);
+    const absl::Duration took = absl::Now() - start;
+    stop = true;
+    trickle.join();
+    close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply << " after " << took;
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+    EXPECT_NE(reply.find(R"("param":"body")"), std::string::npos) << reply;
+    EXPECT_NE(reply.find("http.body_timeout_ms (500 ms)"), std::string::npos) << reply;
+    EXPECT_TRUE(closed) << "still open after " << took;
+    EXPECT_GE(took, absl::Milliseconds(400));
+  }
+  // A body that comes at once is served as before.
+  const std::string reply = Exchange(
+      Post(absl::StrCat("Connection: close\r\nContent-Length: ", body.size(), "\r\n"), body));
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
 }
 
 TEST_F(HttpLimitsTest, RequestsAreServedWhileSlowClientsTakeEveryThread) {

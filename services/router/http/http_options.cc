@@ -46,6 +46,8 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.header_timeout,
                    MillisIn(config, "http.header_timeout_ms", o.header_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(o.body_timeout,
+                   MillisIn(config, "http.body_timeout_ms", o.body_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(
       const int64_t per_client,
       config.IntIn("http.max_connections_per_client", o.max_connections_per_client, -1, 1000000));

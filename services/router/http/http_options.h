@@ -31,6 +31,9 @@ struct HttpOptions {
   // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
   // however steadily the bytes trickle in; else the connection is closed (guarded_server.h).
   absl::Duration header_timeout = absl::Seconds(10);
+  // A request's body must be in within this of its headers' end, however steadily it trickles in
+  // (read_timeout bounds only each read); else 408 and the connection is closed.
+  absl::Duration body_timeout = absl::Seconds(30);
   // Connections one client address may have served at once; the excess is answered 503 (TLS:
   // closed) at once. -1: half of `threads` (at least 1); 0: no cap. Clients behind one proxy or
   // NAT share an address: there, set it to `threads` or 0.

@@ -23,6 +23,7 @@ TEST(HttpOptionsTest, OffByDefault) {
   EXPECT_EQ(o->max_body_bytes, 4 << 20);  // each connection thread may buffer this much
   EXPECT_EQ(o->max_queued_connections, 64);
   EXPECT_EQ(o->header_timeout, absl::Seconds(10));
+  EXPECT_EQ(o->body_timeout, absl::Seconds(30));
   // Unset: half the threads, so one address leaves the other half to everyone else.
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 16);
 }
@@ -41,7 +42,7 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
       "http:\n  listen: 127.0.0.1:8000\n  max_body_bytes: 4096\n  threads: 4\n"
       "  max_queued_connections: 2\n  read_timeout_ms: 100\n  write_timeout_ms: 200\n"
       "  keep_alive_timeout_ms: 3000\n  keep_alive_max_count: 9\n  request_timeout_ms: 5000\n"
-      "  header_timeout_ms: 700\n  max_connections_per_client: 3\n");
+      "  header_timeout_ms: 700\n  max_connections_per_client: 3\n  body_timeout_ms: 800\n");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->listen, "127.0.0.1:8000");
   EXPECT_EQ(o->max_body_bytes, 4096);
@@ -53,6 +54,7 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
   EXPECT_EQ(o->keep_alive_max_count, 9);
   EXPECT_EQ(o->request_timeout, absl::Seconds(5));
   EXPECT_EQ(o->header_timeout, absl::Milliseconds(700));
+  EXPECT_EQ(o->body_timeout, absl::Milliseconds(800));
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 3);
 }
 
@@ -64,6 +66,10 @@ TEST(HttpOptionsTest, ErrorsNameTheKey) {
               HasSubstr("http.max_body_bytes"));
   EXPECT_THAT(Parse("http: {header_timeout_ms: 0}\n").status().message(),
               HasSubstr("http.header_timeout_ms"));
+  EXPECT_THAT(Parse("http: {body_timeout_ms: 0}\n").status().message(),
+              HasSubstr("http.body_timeout_ms"));
+  EXPECT_THAT(Parse("http: {body_timeout_ms: slow}\n").status().message(),
+              HasSubstr("http.body_timeout_ms"));
   EXPECT_THAT(Parse("http: {max_connections_per_client: -2}\n").status().message(),
               HasSubstr("http.max_connections_per_client"));
 }

@@ -194,9 +194,12 @@ int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
 // cpp-httplib 0.11 neither knows nor limits) is cut off at `max_body_bytes` and refused 413, so
-// the router buffers at most that much. False after answering the request (413 or 400).
+// the router buffers at most that much. A body still arriving at http.body_timeout_ms after the
+// headers (the stream's deadline, guarded_server.h) is refused 408. False after answering the
+// request (413, 408 or 400).
 bool ReadBody(const httplib::Request& req, httplib::Response& res,
-              const httplib::ContentReader& read, int64_t max_body_bytes) {
+              const httplib::ContentReader& read, const HttpOptions& options) {
+  const int64_t max_body_bytes = options.max_body_bytes;
   // `req` is the library's own Request, which its routing holds non-const until the response is
   // written; the content-reader API only hands it over as const.
   std::string& body = const_cast<httplib::Request&>(req).body;
@@ -213,11 +216,19 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
     body.append(data, size);
     return true;
   });
-  if (complete) return true;
+  if (complete) {
+    MarkBodyReceived();
+    return true;
+  }
   RefuseUnread(req, res, max_body_bytes, static_cast<int64_t>(body.size()));
   std::string().swap(body);
   if (too_large) {
     SendError(res, 413, BodyTooLargeMessage(max_body_bytes), "body_too_large");
+  } else if (BodyTimedOut()) {
+    SendError(res, 408,
+              absl::StrCat("body: not received within http.body_timeout_ms (",
+                           absl::ToInt64Milliseconds(options.body_timeout), " ms)"),
+              "body_timeout");
   } else {
     SendError(res, 400,
               "body: incomplete or malformed (chunked encoding, Content-Encoding, or the "
@@ -236,6 +247,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   server->slots_ = std::make_unique<ClientSlots>(EffectiveMaxConnectionsPerClient(options));
   ConnectionLimits limits;
   limits.header_timeout = absl::ToChronoMilliseconds(options.header_timeout);
+  limits.body_timeout = absl::ToChronoMilliseconds(options.body_timeout);
   limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
     auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);
@@ -352,7 +364,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         [router, opts, stopping, key_limiter, live, kind](
             const httplib::Request& req, httplib::Response& res,
             const httplib::ContentReader& content_reader) {
-          if (!ReadBody(req, res, content_reader, opts.max_body_bytes)) return;
+          if (!ReadBody(req, res, content_reader, opts)) return;
           HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, request_key_name,
                            live);
         });

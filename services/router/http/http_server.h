@@ -11,9 +11,10 @@
 //
 // Limits: body size (413 at once for a Content-Length over it; a chunked body is counted and cut
 // off at it), the body's framing (body_framing.h), the library's fixed 8 KiB header line and URI
-// limits, a total deadline for each request's headers and the TLS handshake (header_timeout), read
-// and write timeouts for slow clients, connections per client address, `threads` connections
-// served at once, `max_queued_connections` waiting, further connections answered 503 at once.
+// limits, a total deadline for each request's headers and the TLS handshake (header_timeout) and
+// one for its body (body_timeout, 408), read and write timeouts for slow clients, connections per
+// client address, `threads` connections served at once, `max_queued_connections` waiting, further
+// connections answered 503 at once.
 // Connections run in the router's own loop over cpp-httplib's request handling (guarded_server.h).
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_SERVER_H_
