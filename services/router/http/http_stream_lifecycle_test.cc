@@ -22,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -40,13 +41,13 @@ using testing::FakeKvdir;
 using testing::WaitFor;
 using testing::RouterOptionsForFakeKvdir;
 
-// Sends "tok" every `interval` until the call is cancelled (or a million tokens, far beyond any
-// test), or, held in prefill, sends nothing until then; counts the calls that saw their
-// cancellation.
+// Sends `token_text` ("tok") every `interval` until the call is cancelled (or a million tokens,
+// far beyond any test), or, held in prefill, sends nothing until then; counts the calls that saw
+// their cancellation.
 class PacedWorker final : public lazyattn::v1::Worker::Service {
  public:
-  PacedWorker(absl::Duration interval, bool prefill_forever)
-      : interval_(interval), prefill_forever_(prefill_forever) {
+  PacedWorker(absl::Duration interval, bool prefill_forever, std::string token_text = "tok")
+      : interval_(interval), prefill_forever_(prefill_forever), token_text_(std::move(token_text)) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -104,7 +105,7 @@ class PacedWorker final : public lazyattn::v1::Worker::Service {
       if (prefill_forever_) continue;
       lazyattn::v1::GenerateResponse r;
       r.mutable_token()->set_token_id(100);
-      r.mutable_token()->set_text("tok");
+      r.mutable_token()->set_text(token_text_);
       if (!writer->Write(r)) break;  // the router cancelled the call
       absl::MutexLock lock(&mu_);
       ++tokens_;
@@ -122,6 +123,7 @@ class PacedWorker final : public lazyattn::v1::Worker::Service {
  private:
   const absl::Duration interval_;
   const bool prefill_forever_;
+  const std::string token_text_;
   std::string address_;
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
@@ -249,9 +251,11 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     if (!certs_.empty()) std::filesystem::remove_all(certs_);
   }
 
-  // The router and its HTTP listener in front of a PacedWorker (worker_).
-  void Start(absl::Duration interval, bool prefill_forever) {
-    worker_ = std::make_unique<PacedWorker>(interval, prefill_forever);
+  // The router and its HTTP listener (`http`, but for its address and keep-alive) in front of a
+  // PacedWorker (worker_).
+  void Start(absl::Duration interval, bool prefill_forever, HttpOptions http = HttpOptions(),
+             std::string token_text = "tok") {
+    worker_ = std::make_unique<PacedWorker>(interval, prefill_forever, std::move(token_text));
     kvdir_.Start();
     kvdir_.SetWorkers({worker_->Status()});
     RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
@@ -270,7 +274,6 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
       tls_options.cert_file = certs_ + "/router-0.crt";
       tls_options.key_file = certs_ + "/router-0.key";
     }
-    HttpOptions http;
     http.listen = "127.0.0.1:0";
     // Far beyond the bounds below: a connection the server keeps open is not mistaken for one it
     // closed.
@@ -417,6 +420,42 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamMidTokens) {
   EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
       << RequestsEnded("cancelled");
   EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+}
+
+// A client that sends a streaming request and then never reads: once the sockets' buffers are
+// full no write makes progress, and within http.write_timeout_ms (twice that at most: the wait
+// for room, then the send) the stream is cut, its worker call cancelled and counted as the
+// client's cancellation, and the connection thread freed. The client stays connected throughout,
+// so nothing but the write timeout can end the stream. Large tokens fill the buffers (a few MiB
+// on loopback) within a second.
+TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteTimeout) {
+  HttpOptions http;
+  http.threads = 1;  // the stalled stream holds the only thread until it is cut
+  http.max_connections_per_client = 0;
+  http.write_timeout = absl::Milliseconds(500);
+  ASSERT_NO_FATAL_FAILURE(
+      Start(absl::Milliseconds(1), /*prefill_forever=*/false, http, std::string(16 << 10, 'x')));
+  PacedWorker& worker = *worker_;
+  Client stalled(http_->port(), tls());
+  ASSERT_TRUE(stalled.connected());
+  ASSERT_TRUE(stalled.Write(CompletionRequest(/*stream=*/true)));
+  ASSERT_TRUE(worker.WaitForTokens(1, kBound));
+
+  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
+  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
+      << RequestsEnded("cancelled");
+  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, kBound))
+      << "the stalled connection still holds its thread";
+  // The only thread serves the next request, and the worker is still live (the stall was not
+  // counted against it).
+  Client next(http_->port(), tls());
+  ASSERT_TRUE(next.connected());
+  ASSERT_TRUE(next.Write("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::string reply;
+  EXPECT_TRUE(next.ReadToEnd(&reply, kBound)) << reply;
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_NE(reply.find(R"("workers":1)"), std::string::npos) << reply;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HttpStreamLifecycleTest, ::testing::Bool(),
