@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -58,6 +60,28 @@ Step NextStep(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
         break;
     }
     if (client.Gone()) return Step::kClientGone;
+  }
+}
+
+// Fields the router accepts without reading (openai_fields.h) are logged once per name, at INFO:
+// an operator learns which ones clients send without a line per request. At most kMaxLoggedFields
+// names are remembered, so clients sending made-up names cannot grow the set without bound.
+constexpr size_t kMaxLoggedFields = 256;
+
+void LogUnknownFields(const std::vector<std::string>& fields) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* logged = new absl::flat_hash_set<std::string>();  // never destroyed
+  for (const std::string& field : fields) {
+    {
+      absl::MutexLock lock(&mu);
+      if (logged->size() >= kMaxLoggedFields || !logged->insert(field).second) continue;
+    }
+    LogInfo("router")
+        .Str("api", "http")
+        .Str("field", field)
+        .Msg(
+            "HTTP request field not used by the router; accepted and ignored (logged once "
+            "per field name)");
   }
 }
 
@@ -189,6 +213,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     SendError(response, 400, std::string(parsed.status().message()), "invalid_argument");
     return;
   }
+  LogUnknownFields(parsed->unknown_fields);
   // The call chooses its model again when it begins (model_choice.h); choosing here names the
   // model in the response and refuses an unknown one as OpenAI does (404 model_not_found).
   const auto model = router->registry().ResolveModel(parsed->model);

@@ -131,6 +131,37 @@ TEST_F(HttpServerTest, RefusesAMissingKeyBeforeReadingTheBody) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
+// A field the router does not implement, set to a value that changes the answer, is refused as
+// OpenAI refuses a bad field (400, invalid_request_error, `param` the field); a field it does not
+// know is accepted and the request served.
+TEST_F(HttpServerTest, AnUnsupportedFieldIs400NamingItAndAnUnknownOneIsServed) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  auto post = [&](const std::string& extra) {
+    const std::string body = absl::StrCat(
+        R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 4, )", extra, "}");
+    const std::string request = absl::StrCat(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Connection: close\r\nContent-Length: ",
+        body.size(), "\r\n\r\n", body);
+    const int fd = Connect(http_->port());
+    if (fd < 0) return std::string("(no connection)");
+    const bool sent =
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
+    std::string reply = sent ? ReadAll(fd) : "(send failed)";
+    close(fd);
+    return reply;
+  };
+  const std::string refused =
+      post(R"("tools": [{"type": "function", "function": {"name": "lookup"}}])");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+  EXPECT_NE(refused.find(R"("type":"invalid_request_error")"), std::string::npos) << refused;
+  EXPECT_NE(refused.find(R"("param":"tools")"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("tool calling is not supported"), std::string::npos) << refused;
+  const std::string served = post(R"("x_client_trace": {"id": 7})");
+  EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served;
+}
+
 TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {
   StartRouter();
   HttpOptions o = Options();

@@ -43,7 +43,7 @@ absl::StatusOr<std::string> StringOf(const json& v, absl::string_view field) {
 absl::StatusOr<double> NumberOf(const json& v, absl::string_view field) {
   if (!v.is_number()) return Invalid(field, absl::StrCat("expected a number, got ", v.type_name()));
   const double d = v.get<double>();
-  if (!std::isfinite(d)) return Invalid(field, "not a finite number");
+  if (!std::isfinite(d)) return Invalid(field, "expected a finite number");
   return d;
 }
 
@@ -51,7 +51,7 @@ absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
   if (v.is_number_integer()) {
     if (v.is_number_unsigned() &&
         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Invalid(field, "out of range");
+      return Invalid(field, absl::StrCat("expected an integer within 64 bits, got ", v.dump()));
     }
     return v.get<int64_t>();
   }
@@ -72,7 +72,9 @@ absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
 absl::Status ReadFloat(const json& body, const char* name, float* out) {
   if (const json* v = Field(body, name)) {
     ASSIGN_OR_RETURN(const double d, NumberOf(*v, name));
-    if (std::fabs(d) > 1e30) return Invalid(name, "out of range");
+    if (std::fabs(d) > 1e30) {
+      return Invalid(name, absl::StrCat("expected a number within [-1e30, 1e30], got ", v->dump()));
+    }
     *out = static_cast<float>(d);
   }
   return absl::OkStatus();
@@ -89,13 +91,19 @@ absl::StatusOr<std::string> ContentOf(const json& v, const std::string& field) {
   for (size_t j = 0; j < v.size(); ++j) {
     const std::string part = absl::StrCat(field, "[", j, "]");
     const json& p = v[j];
-    if (!p.is_object()) return Invalid(part, "expected an object {\"type\": \"text\", \"text\": ...}");
+    if (!p.is_object()) {
+      return Invalid(part,
+                     absl::StrCat("expected an object {\"type\": \"text\", \"text\": ...}, got ",
+                                  p.type_name()));
+    }
     const json* type = Field(p, "type");
     if (type == nullptr || !type->is_string() || type->get<std::string>() != "text") {
-      return Invalid(part + ".type", "only text parts are supported");
+      return Invalid(part + ".type",
+                     absl::StrCat("only text parts are supported, got ",
+                                  type == nullptr ? "none" : QuoteForMessage(*type)));
     }
     const json* t = Field(p, "text");
-    if (t == nullptr) return Invalid(part + ".text", "missing");
+    if (t == nullptr) return Invalid(part + ".text", "missing (a string)");
     ASSIGN_OR_RETURN(const std::string s, StringOf(*t, part + ".text"));
     text += s;
   }
@@ -108,24 +116,33 @@ absl::Status ReadMessages(const json& body, GenerateRequest* r) {
   if (!messages->is_array()) {
     return Invalid("messages", absl::StrCat("expected a list, got ", messages->type_name()));
   }
-  if (messages->empty()) return Invalid("messages", "empty list");
+  if (messages->empty()) {
+    return Invalid("messages", "expected at least one message, got an empty list");
+  }
   for (size_t i = 0; i < messages->size(); ++i) {
     const std::string field = absl::StrCat("messages[", i, "]");
     const json& m = (*messages)[i];
-    if (!m.is_object()) return Invalid(field, "expected an object with role and content");
+    if (!m.is_object()) {
+      return Invalid(field,
+                     absl::StrCat("expected an object with role and content, got ", m.type_name()));
+    }
     const json* role = Field(m, "role");
-    if (role == nullptr) return Invalid(field + ".role", "missing");
+    if (role == nullptr) {
+      return Invalid(field + ".role", "missing (system, developer, user or assistant)");
+    }
     ASSIGN_OR_RETURN(std::string role_name, StringOf(*role, field + ".role"));
     if (role_name == "developer") role_name = "system";  // OpenAI's newer name for it
     if (role_name != "system" && role_name != "user" && role_name != "assistant") {
-      return Invalid(field + ".role", "expected system, developer, user or assistant (tool and "
-                                      "function messages are not supported)");
+      return Invalid(field + ".role",
+                     absl::StrCat("expected system, developer, user or assistant (tool and "
+                                  "function messages are not supported), got ",
+                                  QuoteForMessage(*role)));
     }
     std::string content;
     if (const json* c = Field(m, "content")) {
       ASSIGN_OR_RETURN(content, ContentOf(*c, field + ".content"));
     } else if (role_name != "assistant") {
-      return Invalid(field + ".content", "missing");
+      return Invalid(field + ".content", "missing (a string or a list of text parts)");
     }
     lazyattn::v1::ChatMessage* out = r->add_messages();
     out->set_role(std::move(role_name));
@@ -137,11 +154,13 @@ absl::Status ReadMessages(const json& body, GenerateRequest* r) {
 
 absl::Status ReadPrompt(const json& body, GenerateRequest* r) {
   const json* prompt = Field(body, "prompt");
-  if (prompt == nullptr) return Invalid("prompt", "missing");
+  if (prompt == nullptr) return Invalid("prompt", "missing (a string)");
   if (prompt->is_array()) {
     if (prompt->size() != 1) {
-      return Invalid("prompt", "a list must hold exactly one string (batched prompts are not "
-                               "supported; send one request per prompt)");
+      return Invalid("prompt", absl::StrCat("a list must hold exactly one string (batched prompts "
+                                            "are not supported; send one request per prompt), got "
+                                            "a list of ",
+                                            prompt->size()));
     }
     ASSIGN_OR_RETURN(std::string text, StringOf((*prompt)[0], "prompt[0]"));
     r->set_question(std::move(text));
@@ -161,14 +180,17 @@ absl::Status ReadDocuments(const json& body, GenerateRequest* r) {
   for (size_t i = 0; i < docs->size(); ++i) {
     const std::string field = absl::StrCat("documents[", i, "]");
     const json& d = (*docs)[i];
-    if (!d.is_object()) return Invalid(field, "expected an object {\"id\": ..., \"text\": ...}");
+    if (!d.is_object()) {
+      return Invalid(field, absl::StrCat("expected an object {\"id\": ..., \"text\": ...}, got ",
+                                         d.type_name()));
+    }
     lazyattn::v1::Document* out = r->add_documents();
     if (const json* id = Field(d, "id")) {
       ASSIGN_OR_RETURN(std::string s, StringOf(*id, field + ".id"));
       out->set_id(std::move(s));
     }
     const json* text = Field(d, "text");
-    if (text == nullptr) return Invalid(field + ".text", "missing");
+    if (text == nullptr) return Invalid(field + ".text", "missing (a string)");
     ASSIGN_OR_RETURN(std::string s, StringOf(*text, field + ".text"));
     out->set_text(std::move(s));
   }
@@ -189,7 +211,8 @@ absl::Status ReadCacheMode(const json& body, GenerateRequest* r) {
   } else if (lower == "full") {
     r->set_cache_mode(lazyattn::v1::CACHE_MODE_FULL);
   } else {
-    return Invalid("cache_mode", "expected lazy, block, prefix or full");
+    return Invalid("cache_mode", absl::StrCat("expected lazy, block, prefix or full, got ",
+                                              QuoteForMessage(*mode)));
   }
   return absl::OkStatus();
 }
@@ -220,7 +243,9 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
   s->set_repetition_penalty(f);
   if (const json* v = Field(body, "top_k")) {
     ASSIGN_OR_RETURN(const int64_t k, IntegerOf(*v, "top_k"));
-    if (k < 0 || k > std::numeric_limits<int32_t>::max()) return Invalid("top_k", "out of range");
+    if (k < 0 || k > std::numeric_limits<int32_t>::max()) {
+      return Invalid("top_k", absl::StrCat("expected 0 to 2147483647, got ", k));
+    }
     s->set_top_k(static_cast<int32_t>(k));
   }
   if (greedy_top_p) {  // after top_k: keeping one token overrides any larger top_k
@@ -313,13 +338,19 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
     return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
   }
   if (body.is_discarded()) return Invalid("body", "not valid JSON");
-  if (!body.is_object()) return Invalid("body", "expected a JSON object");
+  if (!body.is_object()) {
+    return Invalid("body", absl::StrCat("expected a JSON object, got ", body.type_name()));
+  }
   OpenAiRequest out;
   out.kind = kind;
   if (const json* model = Field(body, "model")) {
     ASSIGN_OR_RETURN(out.model, StringOf(*model, "model"));
     out.request.set_model(out.model);  // the router chooses the model's workers by it
   }
+  // Before the fields read: a request asking for what the router does not do is refused as such,
+  // not for a lesser fault elsewhere.
+  RETURN_IF_ERROR(CheckUnsupportedFields(body));
+  out.unknown_fields = UnknownFields(kind, body);
   if (const json* n = Field(body, "n")) {
     ASSIGN_OR_RETURN(const int64_t choices, IntegerOf(*n, "n"));
     if (choices != 1) return Invalid("n", absl::StrCat("only 1 choice is supported, got ", choices));
@@ -328,13 +359,21 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
     RETURN_IF_ERROR(StringOf(*user, "user").status());
   }
   if (const json* stream = Field(body, "stream")) {
-    if (!stream->is_boolean()) return Invalid("stream", "expected true or false");
+    if (!stream->is_boolean()) {
+      return Invalid("stream", absl::StrCat("expected true or false, got ", stream->type_name()));
+    }
     out.stream = stream->get<bool>();
   }
   if (const json* options = Field(body, "stream_options")) {
-    if (!options->is_object()) return Invalid("stream_options", "expected an object");
+    if (!options->is_object()) {
+      return Invalid("stream_options",
+                     absl::StrCat("expected an object, got ", options->type_name()));
+    }
     if (const json* usage = Field(*options, "include_usage")) {
-      if (!usage->is_boolean()) return Invalid("stream_options.include_usage", "expected true or false");
+      if (!usage->is_boolean()) {
+        return Invalid("stream_options.include_usage",
+                       absl::StrCat("expected true or false, got ", usage->type_name()));
+      }
       out.include_usage = usage->get<bool>();
     }
   }

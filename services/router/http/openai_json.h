@@ -6,8 +6,11 @@
 // max_completion_tokens (wins over max_tokens), temperature (default 1, as OpenAI's), top_p, seed,
 // stop (string or list), n (1 only), presence_penalty, frequency_penalty, user (ignored), stream,
 // stream_options.include_usage; the extensions documents [{"id", "text"}], cache_mode ("lazy",
-// "block", "prefix", "full"), top_k, min_p and repetition_penalty. Other fields are ignored, as
-// OpenAI does. Errors: InvalidArgument "<field>: <what is wrong>" with the JSON field's name.
+// "block", "prefix", "full"), top_k, min_p and repetition_penalty. OpenAI fields the router does
+// not implement are refused when set to a value that would change the answer, and other fields
+// are accepted and listed in `unknown_fields` (openai_fields.h). Errors: InvalidArgument
+// "<field>: <what was expected>, got <what came>" with the JSON field's name; what came is quoted
+// by QuoteForMessage (a string cut short, a structure by its type).
 // Ranges the gRPC API also checks (max_tokens limit, temperature range, ...) are left to the
 // shared validator so both APIs refuse the same requests.
 //
@@ -25,10 +28,9 @@
 
 #include "absl/status/statusor.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/router/http/openai_fields.h"
 
 namespace lazyattn::router {
-
-enum class ApiKind { kChat, kCompletion };
 
 struct OpenAiRequest {
   ApiKind kind = ApiKind::kChat;
@@ -36,6 +38,7 @@ struct OpenAiRequest {
   std::string model;  // as sent; empty when absent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  std::vector<std::string> unknown_fields;  // accepted, not read (UnknownFields)
 };
 
 // Nesting deeper than this is refused (the body is parsed before any field is read).

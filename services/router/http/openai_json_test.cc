@@ -2,16 +2,23 @@
 // response objects as OpenAI SDKs parse them.
 #include "services/router/http/openai_json.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "common/request_validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/error_mapping.h"
 
 namespace lazyattn::router {
 namespace {
 
 using nlohmann::json;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 std::string ErrorOf(ApiKind kind, const std::string& body) {
   auto r = ParseOpenAiRequest(kind, body);
@@ -60,6 +67,8 @@ TEST(OpenAiJsonTest, ChatRequestMapsEveryField) {
   EXPECT_EQ(g.documents(0).text(), "alpha");
   EXPECT_EQ(g.documents(1).text(), "beta");
   EXPECT_EQ(g.cache_mode(), v1::CACHE_MODE_BLOCK);
+  // Accepted, not read, and reported for the log.
+  EXPECT_THAT(r->unknown_fields, ElementsAre("some_future_field"));
 }
 
 TEST(OpenAiJsonTest, DefaultsFollowOpenAi) {
@@ -128,7 +137,10 @@ TEST(OpenAiJsonTest, CompletionPromptIsTheQuestionWithoutTemplate) {
   EXPECT_EQ(r->request.question(), "Once upon");
   ASSERT_EQ(r->request.sampling().stop_size(), 1);
   EXPECT_EQ(r->request.sampling().stop(0), "\n");
-  EXPECT_EQ(ErrorOf(ApiKind::kCompletion, R"({"prompt": ["a", "b"]})").substr(0, 7), "prompt:");
+  EXPECT_THAT(ErrorOf(ApiKind::kCompletion, R"({"prompt": ["a", "b"]})"),
+              ::testing::AllOf(::testing::StartsWith("prompt: a list must hold exactly one string"),
+                               ::testing::EndsWith("got a list of 2")));
+  EXPECT_EQ(ErrorOf(ApiKind::kCompletion, "{}"), "prompt: missing (a string)");
   EXPECT_EQ(ErrorOf(ApiKind::kCompletion, R"({"prompt": [1]})"),
             "prompt[0]: expected a string, got number");
 }
@@ -137,14 +149,20 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
   const ApiKind chat = ApiKind::kChat;
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
   EXPECT_EQ(ErrorOf(chat, "not json"), "body: not valid JSON");
-  EXPECT_EQ(ErrorOf(chat, "[1]"), "body: expected a JSON object");
+  EXPECT_EQ(ErrorOf(chat, "[1]"), "body: expected a JSON object, got array");
   EXPECT_EQ(ErrorOf(chat, "{}"), "messages: missing (a list of chat messages)");
-  EXPECT_EQ(ErrorOf(chat, R"({"messages": []})"), "messages: empty list");
-  EXPECT_EQ(ErrorOf(chat, R"({"messages": [{"role": "tool", "content": "x"}]})").substr(0, 17),
-            "messages[0].role:");
-  EXPECT_EQ(ErrorOf(chat, R"({"messages": [{"role": "user"}]})"), "messages[0].content: missing");
-  EXPECT_EQ(ErrorOf(chat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
-            "messages[0].content[0].type: only text parts are supported");
+  EXPECT_EQ(ErrorOf(chat, R"({"messages": []})"),
+            "messages: expected at least one message, got an empty list");
+  EXPECT_EQ(ErrorOf(chat, R"({"messages": [{"role": "tool", "content": "x"}]})"),
+            "messages[0].role: expected system, developer, user or assistant (tool and function "
+            "messages are not supported), got \"tool\"");
+  EXPECT_EQ(ErrorOf(chat, R"({"messages": [3]})"),
+            "messages[0]: expected an object with role and content, got number");
+  EXPECT_EQ(ErrorOf(chat, R"({"messages": [{"role": "user"}]})"),
+            "messages[0].content: missing (a string or a list of text parts)");
+  EXPECT_EQ(
+      ErrorOf(chat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+      "messages[0].content[0].type: only text parts are supported, got \"image_url\"");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": 2})"), "n: only 1 choice is supported, got 2");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": 0})"),
             "max_tokens: must be at least 1, got 0");
@@ -162,16 +180,151 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
             "stop: expected a string or a list of strings, got number");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stop": ["a", 1]})"),
             "stop[1]: expected a string, got number");
-  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stream": "yes"})"), "stream: expected true or false");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stream": "yes"})"),
+            "stream: expected true or false, got string");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stream_options": true})"),
+            "stream_options: expected an object, got boolean");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": [{"id": "a"}]})"),
-            "documents[0].text: missing");
+            "documents[0].text: missing (a string)");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": ["a"]})"),
+            R"(documents[0]: expected an object {"id": ..., "text": ...}, got string)");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "top_k": -1})"),
+            "top_k: expected 0 to 2147483647, got -1");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "seed": 18446744073709551615})"),
+            "seed: expected an integer within 64 bits, got 18446744073709551615");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "temperature": 1e31})"),
+            "temperature: expected a number within [-1e30, 1e30], got 1e+31");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": {"text": "a"}})"),
             "documents: expected a list, got object");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "cache_mode": "radix"})"),
-            "cache_mode: expected lazy, block, prefix or full");
+            "cache_mode: expected lazy, block, prefix or full, got \"radix\"");
+  // A long string is quoted cut short, on a character boundary (é is two bytes: 16 fit in 32).
+  std::string accents;
+  for (int i = 0; i < 1000; ++i) accents += "\xc3\xa9";
+  EXPECT_EQ(
+      ErrorOf(chat, "{" + user + R"(, "cache_mode": ")" + big + R"("})"),
+      "cache_mode: expected lazy, block, prefix or full, got \"" + std::string(32, 'x') + "...\"");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "cache_mode": "x)" + accents + R"("})"),
+            "cache_mode: expected lazy, block, prefix or full, got \"x" + accents.substr(0, 30) +
+                "...\"");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "model": 7})"), "model: expected a string, got number");
   // Nulls are "not set", as OpenAI reads them.
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": null, "stop": null, "n": null})"), "ok");
+}
+
+// OpenAI fields the router does not implement, set to a value an answer that ignored them would
+// betray (log probabilities it never returns, a tool call it never makes, JSON it never
+// enforces): 400 naming the field (the error's `param`), saying it is not supported and quoting
+// what came.
+TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Case {
+    ApiKind kind;
+    std::string field;
+    std::string extra;
+    std::string message;
+  };
+  const ApiKind chat = ApiKind::kChat;
+  const ApiKind text = ApiKind::kCompletion;
+  const std::vector<Case> cases = {
+      {chat, "logprobs", R"("logprobs": true)",
+       "logprobs: not supported (the HTTP API returns no log probabilities), got true"},
+      {text, "logprobs", R"("logprobs": 0)",
+       "logprobs: not supported (the HTTP API returns no log probabilities), got 0"},
+      {chat, "top_logprobs", R"("top_logprobs": 5)",
+       "top_logprobs: not supported (the HTTP API returns no log probabilities), got 5"},
+      {text, "echo", R"("echo": true)", "echo: not supported (the prompt is not echoed), got true"},
+      {text, "best_of", R"("best_of": 3)",
+       "best_of: not supported (one completion is sampled; only 1), got 3"},
+      {text, "suffix", R"("suffix": "}")",
+       R"(suffix: not supported (no text is inserted after the completion), got "}")"},
+      {chat, "logit_bias", R"("logit_bias": {"50256": -100})",
+       "logit_bias: not supported (token biases are not applied), got an object of 1 entries"},
+      {chat, "tools", R"("tools": [{"type": "function", "function": {"name": "f"}}])",
+       "tools: not supported (tool calling is not supported), got a list of 1"},
+      {chat, "functions", R"("functions": [{"name": "f"}])",
+       "functions: not supported (tool calling is not supported), got a list of 1"},
+      {chat, "tool_choice", R"("tool_choice": "required")",
+       R"(tool_choice: not supported (tool calling is not supported; only "none" or "auto"))"
+       R"(, got "required")"},
+      {chat, "tool_choice", R"("tool_choice": {"type": "function", "function": {"name": "f"}})",
+       R"(tool_choice: not supported (tool calling is not supported; only "none" or "auto"))"
+       R"(, got object)"},
+      {chat, "function_call", R"("function_call": {"name": "f"})",
+       R"(function_call: not supported (tool calling is not supported; only "none" or "auto"))"
+       R"(, got object)"},
+      {chat, "response_format", R"("response_format": {"type": "json_object"})",
+       R"(response_format: not supported (output is not constrained; only {"type": "text"}))"
+       R"(, got "json_object")"},
+      {chat, "response_format", R"("response_format": {"type": "json_schema", "json_schema": {}})",
+       R"(response_format: not supported (output is not constrained; only {"type": "text"}))"
+       R"(, got "json_schema")"},
+      {chat, "modalities", R"("modalities": ["text", "audio"])",
+       R"(modalities: not supported (the router answers in text only), got "audio")"},
+      {chat, "audio", R"("audio": {"voice": "alloy", "format": "wav"})",
+       "audio: not supported (the router answers in text only), got object"},
+      {chat, "guided_json", R"("guided_json": {"type": "object"})",
+       "guided_json: not supported (output is not constrained), got object"},
+      {text, "guided_choice", R"("guided_choice": ["a", "b"])",
+       "guided_choice: not supported (output is not constrained), got array"},
+      // Wrong types name the field too.
+      {chat, "logprobs", R"("logprobs": "yes")",
+       "logprobs: expected true, false or a number, got string"},
+      {text, "best_of", R"("best_of": 0)", "best_of: must be at least 1, got 0"},
+      {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got number"},
+      {chat, "tools", R"("tools": {})", "tools: expected a list, got object"},
+      {chat, "response_format", R"("response_format": "json")",
+       "response_format: expected an object, got string"},
+      {chat, "response_format", R"("response_format": {})",
+       R"(response_format: expected {"type": "text"}, got type missing)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra);
+    const std::string head = c.kind == chat ? user : R"("prompt": "x")";
+    const std::string message = ErrorOf(c.kind, "{" + head + ", " + c.extra + "}");
+    EXPECT_EQ(message, c.message);
+    EXPECT_EQ(ParamOf(message), c.field);
+  }
+}
+
+// Their unset and default values change nothing and are accepted; so are the fields that are
+// harmless to ignore. None of these is reported as unknown.
+TEST(OpenAiJsonTest, DefaultValuesAndHarmlessFieldsAreAccepted) {
+  const std::string chat_body = R"({"messages": [{"role": "user", "content": "x"}],
+    "logprobs": false, "top_logprobs": 0, "echo": false, "best_of": 1, "suffix": "",
+    "logit_bias": {}, "tools": [], "functions": [], "tool_choice": "none",
+    "function_call": "auto", "response_format": {"type": "text"}, "modalities": ["text"],
+    "audio": null, "guided_json": null, "user": "u", "metadata": {"team": "a"}, "store": true,
+    "service_tier": "auto", "parallel_tool_calls": true, "prediction": {"type": "content"},
+    "stream_options": {"include_usage": false, "continuous_usage_stats": true}})";
+  auto r = ParseOpenAiRequest(ApiKind::kChat, chat_body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields, IsEmpty());
+  auto c = ParseOpenAiRequest(ApiKind::kCompletion,
+                              R"({"prompt": "x", "logprobs": null, "echo": false, "best_of": 1,
+                                  "suffix": null, "tool_choice": "auto"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->unknown_fields, IsEmpty());
+}
+
+// Anything else is accepted (SDKs add fields) and named for the log, sorted, bounded in number
+// and length; a field of the other endpoint counts as unknown.
+TEST(OpenAiJsonTest, UnknownFieldsAreAcceptedAndReported) {
+  auto r = ParseOpenAiRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low",
+          "prompt": "p", "x_trace": {"id": 1}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields, ElementsAre("prompt", "reasoning_effort", "x_trace"));
+
+  std::string body = R"({"prompt": "x", ")" + std::string(1000, 'a') + R"(": 1)";
+  for (int i = 0; i < 100; ++i) body += absl::StrCat(R"(, "f)", i, R"(": 1)");
+  body += "}";
+  auto many = ParseOpenAiRequest(ApiKind::kCompletion, body);
+  ASSERT_TRUE(many.ok()) << many.status();
+  ASSERT_EQ(many->unknown_fields.size(), kMaxUnknownFields);
+  EXPECT_EQ(many->unknown_fields[0], std::string(kMaxFieldNameBytes, 'a') + "...");
+  EXPECT_EQ(many->unknown_fields[1], "f0");
 }
 
 TEST(OpenAiJsonTest, DeepNestingIsRefusedNotRecursed) {

@@ -1,0 +1,201 @@
+#include "services/router/http/openai_fields.h"
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+namespace lazyattn::router {
+namespace {
+
+using nlohmann::json;
+
+// Each refusal says what is missing rather than only "not supported". (The gRPC API returns the
+// sampled tokens' log probabilities, SamplingParams.logprobs; the HTTP responses do not carry
+// them yet.)
+constexpr char kNoLogprobs[] = "the HTTP API returns no log probabilities";
+constexpr char kNoTools[] = "tool calling is not supported";
+constexpr char kNoGuidance[] = "output is not constrained";
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status NotSupported(absl::string_view field, absl::string_view why, const json& got) {
+  return Invalid(field, absl::StrCat("not supported (", why, "), got ", QuoteForMessage(got)));
+}
+
+absl::Status WrongType(absl::string_view field, absl::string_view expected, const json& got) {
+  return Invalid(field, absl::StrCat("expected ", expected, ", got ", got.type_name()));
+}
+
+// A field absent or null is "not set", as OpenAI treats null.
+const json* Field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// The value is a whole number (3 and 3.0 alike); `*n` is it.
+bool WholeNumber(const json& v, double* n) {
+  if (!v.is_number()) return false;
+  *n = v.get<double>();
+  return std::fabs(*n) < 9.0e15 && *n == std::floor(*n);
+}
+
+absl::Status CheckLogprobs(const json& body) {
+  // A boolean in chat, a count in completions; either asks for log probabilities unless false.
+  // (A completion's logprobs 0 still asks for the chosen tokens' own.)
+  if (const json* v = Field(body, "logprobs")) {
+    if (v->is_boolean()) {
+      if (v->get<bool>()) return NotSupported("logprobs", kNoLogprobs, *v);
+    } else if (v->is_number()) {
+      return NotSupported("logprobs", kNoLogprobs, *v);
+    } else {
+      return WrongType("logprobs", "true, false or a number", *v);
+    }
+  }
+  if (const json* v = Field(body, "top_logprobs")) {
+    double n = 0;
+    if (!WholeNumber(*v, &n)) return WrongType("top_logprobs", "an integer", *v);
+    if (n != 0) return NotSupported("top_logprobs", kNoLogprobs, *v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCompletionOptions(const json& body) {
+  if (const json* v = Field(body, "echo")) {
+    if (!v->is_boolean()) return WrongType("echo", "true or false", *v);
+    if (v->get<bool>()) return NotSupported("echo", "the prompt is not echoed", *v);
+  }
+  if (const json* v = Field(body, "best_of")) {
+    double n = 0;
+    if (!WholeNumber(*v, &n)) return WrongType("best_of", "an integer", *v);
+    if (n < 1) return Invalid("best_of", absl::StrCat("must be at least 1, got ", v->dump()));
+    if (n > 1) return NotSupported("best_of", "one completion is sampled; only 1", *v);
+  }
+  if (const json* v = Field(body, "suffix")) {
+    if (!v->is_string()) return WrongType("suffix", "a string", *v);
+    if (!v->get<std::string>().empty()) {
+      return NotSupported("suffix", "no text is inserted after the completion", *v);
+    }
+  }
+  if (const json* v = Field(body, "logit_bias")) {
+    if (!v->is_object()) return WrongType("logit_bias", "an object", *v);
+    if (!v->empty()) {
+      return Invalid("logit_bias", absl::StrCat("not supported (token biases are not applied), "
+                                                "got an object of ",
+                                                v->size(), " entries"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTools(const json& body) {
+  for (const char* name : {"tools", "functions"}) {
+    if (const json* v = Field(body, name)) {
+      if (!v->is_array()) return WrongType(name, "a list", *v);
+      if (!v->empty()) {
+        return Invalid(name,
+                       absl::StrCat("not supported (", kNoTools, "), got a list of ", v->size()));
+      }
+    }
+  }
+  // "none" and "auto" without tools ask for no tool call: the answer is the same.
+  for (const char* name : {"tool_choice", "function_call"}) {
+    if (const json* v = Field(body, name)) {
+      if (v->is_string() && (v->get<std::string>() == "none" || v->get<std::string>() == "auto")) {
+        continue;
+      }
+      return NotSupported(name, absl::StrCat(kNoTools, "; only \"none\" or \"auto\""), *v);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputForm(const json& body) {
+  if (const json* v = Field(body, "response_format")) {
+    if (!v->is_object()) return WrongType("response_format", "an object", *v);
+    const json* type = Field(*v, "type");
+    if (type == nullptr || !type->is_string()) {
+      return Invalid("response_format",
+                     absl::StrCat("expected {\"type\": \"text\"}, got type ",
+                                  type == nullptr ? "missing" : type->type_name()));
+    }
+    if (type->get<std::string>() != "text") {
+      return NotSupported("response_format",
+                          absl::StrCat(kNoGuidance, "; only {\"type\": \"text\"}"), *type);
+    }
+  }
+  if (const json* v = Field(body, "modalities")) {
+    if (!v->is_array()) return WrongType("modalities", "a list", *v);
+    for (const json& m : *v) {
+      if (!m.is_string() || m.get<std::string>() != "text") {
+        return NotSupported("modalities", "the router answers in text only", m);
+      }
+    }
+  }
+  if (const json* v = Field(body, "audio")) {
+    return NotSupported("audio", "the router answers in text only", *v);
+  }
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    if (const json* v = Field(body, name)) return NotSupported(name, kNoGuidance, *v);
+  }
+  return absl::OkStatus();
+}
+
+// Every field ParseOpenAiRequest reads (both kinds but for messages / prompt), ignores knowingly,
+// or checks above.
+const std::set<std::string_view>& KnownFields() {
+  static const auto* known = new std::set<std::string_view>{
+      // read
+      "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
+      "presence_penalty", "frequency_penalty", "stream", "stream_options", "documents",
+      "cache_mode", "top_k", "min_p", "repetition_penalty",
+      // ignored: harmless
+      "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
+      // refused unless unset or default
+      "logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "tools", "functions",
+      "tool_choice", "function_call", "response_format", "modalities", "audio", "guided_json",
+      "guided_regex", "guided_choice", "guided_grammar"};
+  return *known;
+}
+
+}  // namespace
+
+std::string TruncateUtf8(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  size_t end = max_bytes;
+  // Back off over continuation bytes (10xxxxxx) to the start of the character that was cut.
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
+std::string QuoteForMessage(const json& value) {
+  if (value.is_string()) {
+    return json(TruncateUtf8(value.get<std::string>(), kQuotedBytes))
+        .dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (value.is_number() || value.is_boolean() || value.is_null()) return value.dump();
+  return value.type_name();
+}
+
+absl::Status CheckUnsupportedFields(const json& body) {
+  if (absl::Status s = CheckLogprobs(body); !s.ok()) return s;
+  if (absl::Status s = CheckCompletionOptions(body); !s.ok()) return s;
+  if (absl::Status s = CheckTools(body); !s.ok()) return s;
+  return CheckOutputForm(body);
+}
+
+std::vector<std::string> UnknownFields(ApiKind kind, const json& body) {
+  std::vector<std::string> unknown;
+  const char* own = kind == ApiKind::kChat ? "messages" : "prompt";
+  for (auto it = body.begin(); it != body.end() && unknown.size() < kMaxUnknownFields; ++it) {
+    if (it.key() == own || KnownFields().count(it.key()) > 0) continue;
+    unknown.push_back(TruncateUtf8(it.key(), kMaxFieldNameBytes));
+  }
+  return unknown;
+}
+
+}  // namespace lazyattn::router
