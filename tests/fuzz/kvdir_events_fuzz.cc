@@ -6,7 +6,8 @@
 // take over one another often).
 //
 // A reference model of directory_index.h's contract (sequence numbers, sessions, leases, entries
-// per worker) runs beside the index; every outcome, Stats() and Lookup() must agree with it.
+// per worker, one live holder per worker id) runs beside the index; every outcome, Stats() and
+// Lookup() must agree with it.
 // A disagreement traps, so libFuzzer (and the replay test) report it with the input.
 #include <algorithm>
 #include <cstddef>
@@ -40,6 +41,7 @@ constexpr absl::Duration kLease = absl::Seconds(1);
 
 // The reference model of one registered worker.
 struct ModelWorker {
+  std::string address;
   uint64_t epoch = 0;
   uint64_t session = 0;
   uint64_t last_seq = 0;
@@ -63,7 +65,22 @@ class Harness {
     if (msg.has_hello()) {
       const std::string& id = msg.hello().status().worker_id();
       if (id.empty() || (!st.worker_id.empty() && id != st.worker_id)) return EndStream(s);
-      const HelloResult r = index_.Hello(msg.hello().status(), msg.hello().epoch(), msg.seq(), now_);
+      const HelloResult r =
+          index_.Hello(msg.hello().status(), msg.hello().epoch(), msg.seq(), now_, st.session);
+      const std::string& address = msg.hello().status().address();
+      if (auto held = model_.find(id); held != model_.end()) {
+        // Another live, connected holder at another address keeps the id; the handler ends
+        // the new stream (ALREADY_EXISTS).
+        const ModelWorker& h = held->second;
+        const bool in_use = h.session != 0 && h.session != st.session && h.lease_expiry > now_ &&
+                            h.address != address;
+        FUZZ_CHECK(r.id_in_use == in_use);
+        if (in_use) {
+          FUZZ_CHECK(r.session == 0 && !r.entries_dropped && r.holder_address == h.address);
+          return EndStream(s);
+        }
+      }
+      FUZZ_CHECK(!r.id_in_use);
       auto [it, inserted] = model_.try_emplace(id);
       ModelWorker& w = it->second;
       const bool dropped = !inserted && w.epoch != msg.hello().epoch();
@@ -71,6 +88,7 @@ class Harness {
       if (dropped) w.entries.clear();
       // A new session id, never one seen before.
       FUZZ_CHECK(r.session != 0 && sessions_.insert(r.session).second);
+      w.address = address;
       w.epoch = msg.hello().epoch();
       w.session = r.session;
       w.last_seq = msg.seq();
@@ -255,6 +273,9 @@ v1::WorkerMessage CompactMessage(FuzzInput& in, uint64_t& seq) {
     case 0: {
       v1::Hello* h = msg.mutable_hello();
       h->mutable_status()->set_worker_id("w" + std::to_string(in.Range(0, 2)));
+      // One of two addresses, from a bit of `b` the other fields leave unused: a second stream
+      // says hello from the holder's address (a takeover) or another one (refused while live).
+      h->mutable_status()->set_address((b >> 2) & 1 ? "h1:7000" : "h0:7000");
       h->set_epoch(in.Range(0, 2));
       break;
     }

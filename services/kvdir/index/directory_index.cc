@@ -34,11 +34,22 @@ DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
     : lease_(lease), limits_(limits) {}
 
 HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
-                                  absl::Time now) {
+                                  absl::Time now, uint64_t caller_session) {
   absl::MutexLock lock(&mu_);
   HelloResult result;
-  if (!workers_.contains(status.worker_id()) &&
-      static_cast<int64_t>(workers_.size()) >= limits_.max_workers) {
+  if (auto held = workers_.find(status.worker_id()); held != workers_.end()) {
+    const Worker& holder = held->second;
+    // The address tells a second process from the holder itself: a restarted or reconnecting
+    // worker comes back on its own address. Two processes configured with one address cannot be
+    // told apart here (nor can a router dialling that address).
+    const bool live = holder.lease_expiry > now || StalledAt(now);
+    if (holder.session != 0 && holder.session != caller_session && live &&
+        holder.status.address() != status.address()) {
+      result.id_in_use = true;
+      result.holder_address = holder.status.address();
+      return result;
+    }
+  } else if (static_cast<int64_t>(workers_.size()) >= limits_.max_workers) {
     result.refused = true;
     return result;
   }

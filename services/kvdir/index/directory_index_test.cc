@@ -315,6 +315,103 @@ TEST_F(IndexTest, OlderSessionIsIgnoredAfterANewHello) {
             ApplyOutcome::kNoSession);
 }
 
+v1::WorkerStatus StatusAt(const std::string& id, const std::string& address) {
+  v1::WorkerStatus s = Status(id);
+  s.set_address(address);
+  return s;
+}
+
+// A second live process started with the id of a live, connected worker (a copied
+// --worker-id): refused, so the two cannot take turns dropping each other's entries.
+TEST_F(IndexTest, HelloForAnIdHeldByALiveConnectedWorkerElsewhereIsRefused) {
+  const uint64_t holder = Join("w1");
+  ASSERT_EQ(index_.ApplyEvent("w1", holder, 3, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kApplied);
+
+  now_ += kLease / 2;  // well inside the lease
+  const HelloResult dup = index_.Hello(StatusAt("w1", "other.local:7000"), 99, 1, now_);
+  EXPECT_TRUE(dup.id_in_use);
+  EXPECT_EQ(dup.holder_address, "w1.local:7000");
+  EXPECT_EQ(dup.session, 0u);
+  EXPECT_FALSE(dup.entries_dropped);  // a new epoch, yet nothing was dropped
+  EXPECT_FALSE(dup.refused);
+
+  // The holder is untouched: same address and entries, and its session still owns the worker
+  // (its next message is in sequence and applied).
+  const auto r = index_.Lookup({Key(1)}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status.address(), "w1.local:7000");
+  EXPECT_EQ(r[0].resident_tokens, 10);
+  EXPECT_EQ(index_.ApplyEvent("w1", holder, 4, Stored(2, 20), now_).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index_.Heartbeat("w1", holder, 5, {}, now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("w1", 30)));
+  EXPECT_EQ(index_.Stats().workers, 1);
+
+  // The refusal did not renew anything: the holder's lease runs from its own last message.
+  now_ += kLease;
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("w1"));
+}
+
+TEST_F(IndexTest, HelloFromTheHoldersAddressReplacesIt) {
+  // A restart on the same port (new epoch) before the old stream is noticed closed.
+  const uint64_t old_session = Join("w1", /*epoch=*/7);
+  index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_);
+  const HelloResult restart = index_.Hello(Status("w1"), 8, 1, now_);
+  EXPECT_FALSE(restart.id_in_use);
+  EXPECT_NE(restart.session, 0u);
+  EXPECT_TRUE(restart.entries_dropped);
+  EXPECT_EQ(index_.Heartbeat("w1", old_session, 4, {}, now_).outcome, ApplyOutcome::kNoSession);
+  // A reconnect of the same process (same epoch) over a stream not yet seen closed.
+  const HelloResult reconnect = index_.Hello(Status("w1"), 8, 1, now_);
+  EXPECT_FALSE(reconnect.id_in_use);
+  EXPECT_NE(reconnect.session, restart.session);
+}
+
+TEST_F(IndexTest, HelloReplacesADisconnectedHolderAtOnceFromAnyAddress) {
+  // A crashed worker's stream closes; a replacement elsewhere (a pod with a new IP) takes over.
+  const uint64_t old_session = Join("w1");
+  index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_);
+  index_.Disconnect("w1", old_session);
+  const HelloResult moved = index_.Hello(StatusAt("w1", "10.0.0.9:7000"), 8, 1, now_);
+  EXPECT_FALSE(moved.id_in_use);
+  EXPECT_NE(moved.session, 0u);
+  EXPECT_TRUE(moved.entries_dropped);
+  const auto r = index_.Lookup({}, now_);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status.address(), "10.0.0.9:7000");
+}
+
+TEST_F(IndexTest, HelloReplacesAConnectedHolderWhoseLeasePassed) {
+  // A frozen process: its stream is open but it sends nothing.
+  const uint64_t frozen = Join("w1");
+  now_ += kLease - absl::Milliseconds(1);
+  EXPECT_TRUE(index_.Hello(StatusAt("w1", "10.0.0.9:7000"), 8, 1, now_).id_in_use);
+  now_ += absl::Milliseconds(1);  // the lease ends exactly now (not yet swept)
+  const HelloResult moved = index_.Hello(StatusAt("w1", "10.0.0.9:7000"), 8, 1, now_);
+  EXPECT_FALSE(moved.id_in_use);
+  EXPECT_NE(moved.session, 0u);
+  EXPECT_EQ(index_.Heartbeat("w1", frozen, 3, {}, now_).outcome, ApplyOutcome::kNoSession);
+}
+
+TEST_F(IndexTest, ASecondHelloOnTheHoldingStreamMayChangeTheAddress) {
+  const uint64_t s = Join("w1");
+  const HelloResult again = index_.Hello(StatusAt("w1", "renamed.local:7000"), 7, 3, now_, s);
+  EXPECT_FALSE(again.id_in_use);
+  EXPECT_NE(again.session, 0u);
+  // Any other session (an older stream) still counts as another process.
+  EXPECT_TRUE(index_.Hello(Status("w1"), 7, 1, now_, s).id_in_use);
+}
+
+TEST_F(IndexTest, AStallOfTheDirectoryDoesNotLetADuplicateTakeOver) {
+  // While the sweeper is overdue every registered worker counts as live (as in Lookup): its
+  // heartbeats wait unread, so a passed lease says nothing about the holder.
+  Join("w1");
+  index_.Sweep(now_);
+  now_ += kLease * 5;
+  EXPECT_TRUE(index_.Hello(StatusAt("w1", "10.0.0.9:7000"), 8, 1, now_).id_in_use);
+}
+
 TEST_F(IndexTest, LeaseExpiryRemovesWorkerAndAllItsEntries) {
   const uint64_t a = Join("a");
   const uint64_t b = Join("b");
