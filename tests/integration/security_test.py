@@ -34,7 +34,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_harness import MODEL, REPO, Cluster, check, cluster, finish, parse_metrics  # noqa: E402
+from cluster_harness import (MODEL, REPO, Cluster, check, cluster, finish, metric_sum,  # noqa: E402
+                             parse_metrics)
 
 GEN_CERTS = os.path.join(REPO, "tools", "gen-certs")
 
@@ -162,8 +163,8 @@ def run_checks(args, c, certs, other, docs):
     kvdir = parse_metrics(c.scrape("kvdir"))
     check("kvdir counts only the two real workers",
           kvdir.get(("lazyattn_kvdir_workers_alive", "")) == 2, str(kvdir.get(("lazyattn_kvdir_workers_alive", ""))))
-    check("the refused hello is counted",
-          kvdir.get(("lazyattn_kvdir_hellos_refused_total", ""), 0) >= 1)
+    check("the refused hello is counted, by reason",
+          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="not_certificate_id"}') or 0) >= 1)
     served = [c.request(docs[i % 3:] + docs[:i % 3], f"Question {i}?") for i in range(8)]
     check("every request is served by a real worker",
           all(s.get("ok") and s.get("worker") in ("worker-0", "worker-1") for s in served),

@@ -32,13 +32,12 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
               .Help("Workers removed, with all their entries, because their lease passed")
               .Register(registry)
               .Add({})),
-      hellos_refused_(
+      hellos_refused_family_(
           prometheus::BuildCounter()
               .Name("lazyattn_kvdir_hellos_refused_total")
-              .Help("Publish streams refused because hello claimed a worker id other than the "
-                    "one in the caller's certificate")
-              .Register(registry)
-              .Add({})),
+              .Help("Publish streams refused for the worker id their hello claimed, by reason: "
+                    "not the id in the caller's certificate, or held by another live worker")
+              .Register(registry)),
       lookup_duration_(prometheus::BuildHistogram()
                            .Name("lazyattn_kvdir_lookup_duration_seconds")
                            .Help("Time to answer a Lookup from the index")
@@ -55,6 +54,12 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
   limit_refusals_[1] = &limit_family_.Add({{"limit", "max_entries_per_worker"}});
   limit_refusals_[2] = &limit_family_.Add({{"limit", "worker_id"}});
   limit_refusals_[3] = &limit_family_.Add({{"limit", "status_bytes"}});
+  hellos_refused_[0] = &hellos_refused_family_.Add({{"reason", "not_certificate_id"}});
+  hellos_refused_[1] = &hellos_refused_family_.Add({{"reason", "worker_id_in_use"}});
+}
+
+void KvdirMetrics::HelloRefused(HelloRefusal reason) {
+  hellos_refused_[static_cast<int>(reason)]->Increment();
 }
 
 void KvdirMetrics::LimitRefused(Limit limit) {

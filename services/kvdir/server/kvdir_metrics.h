@@ -11,6 +11,10 @@
 //   lazyattn_kvdir_limit_refusals_total{limit}   counter: Publish streams ended by a bound:
 //                                                max_workers, max_entries_per_worker,
 //                                                worker_id, status_bytes
+//   lazyattn_kvdir_hellos_refused_total{reason}  counter: hellos refused for their worker id:
+//                                                not_certificate_id (another id than the
+//                                                caller's certificate names), worker_id_in_use
+//                                                (another live worker holds it)
 #ifndef LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 #define LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 
@@ -33,8 +37,8 @@ class KvdirMetrics {
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
   void LeasesExpired(int64_t workers);
-  // A hello claiming a worker id other than the one in the caller's certificate.
-  void HelloRefused() { hellos_refused_.Increment(); }
+  enum class HelloRefusal { kNotCertificateId, kWorkerIdInUse };
+  void HelloRefused(HelloRefusal reason);
   void ObserveLookup(absl::Duration d);
   enum class Limit { kMaxWorkers, kMaxEntriesPerWorker, kWorkerId, kStatusBytes };
   void LimitRefused(Limit limit);
@@ -50,7 +54,8 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_requested_gap_;
   prometheus::Counter& snapshots_applied_;
   prometheus::Counter& leases_expired_;
-  prometheus::Counter& hellos_refused_;
+  prometheus::Family<prometheus::Counter>& hellos_refused_family_;
+  prometheus::Counter* hellos_refused_[2];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Counter* limit_refusals_[4];

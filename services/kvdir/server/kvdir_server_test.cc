@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/kvdir_stream_trailer.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 
 namespace lazyattn::kvdir {
@@ -67,10 +68,11 @@ class FakeWorker {
   void SkipSeq() { ++next_seq_; }
   uint64_t next_seq() const { return next_seq_; }
 
-  bool Hello(uint64_t epoch = 1) {
+  // `address`: the advertised one; empty: ID:7000.
+  bool Hello(uint64_t epoch = 1, const std::string& address = "") {
     v1::WorkerMessage m;
     m.mutable_hello()->mutable_status()->set_worker_id(id_);
-    m.mutable_hello()->mutable_status()->set_address(id_ + ":7000");
+    m.mutable_hello()->mutable_status()->set_address(address.empty() ? id_ + ":7000" : address);
     m.mutable_hello()->set_epoch(epoch);
     return Send(m);
   }
@@ -92,8 +94,9 @@ class FakeWorker {
     return Send(m);
   }
   // Hello, then the LeaseGrant and SnapshotRequest it brings, then the snapshot.
-  void Join(const std::vector<v1::DocEntry>& entries) {
-    ASSERT_TRUE(Hello());
+  void Join(const std::vector<v1::DocEntry>& entries, uint64_t epoch = 1,
+            const std::string& address = "") {
+    ASSERT_TRUE(Hello(epoch, address));
     v1::DirectoryMessage m;
     ASSERT_TRUE(Read(&m));
     ASSERT_TRUE(m.has_lease());
@@ -115,6 +118,12 @@ class FakeWorker {
     while (stream_->Read(&m)) {
     }
     return stream_->Finish();
+  }
+  // A trailing metadata value of the ended stream ("" when absent).
+  std::string Trailer(const std::string& key) {
+    const auto& trailers = ctx_.GetServerTrailingMetadata();
+    auto it = trailers.find(key);
+    return it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
   }
 
  private:
@@ -316,6 +325,52 @@ TEST_F(KvdirServerTest, NewerStreamForTheSameWorkerAbortsTheOlderOne) {
   EXPECT_THAT(s.error_message(), HasSubstr("say hello"));
   EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 10)));  // the new stream is untouched
   EXPECT_TRUE(new_stream.Close().ok());
+}
+
+// Two live processes with one worker id (a copied --worker-id): the second is refused naming
+// the id and where it runs, instead of the two taking the id from each other in turn.
+TEST_F(KvdirServerTest, ASecondLiveWorkerWithTheSameIdIsRefusedAndTheFirstKeepsWorking) {
+  Start();
+  FakeWorker holder(stub_.get(), "w1");
+  holder.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+
+  FakeWorker copy(stub_.get(), "w1");
+  ASSERT_TRUE(copy.Hello(/*epoch=*/2, "10.0.0.9:7000"));
+  const grpc::Status s = copy.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("hello.status.worker_id: \"w1\" is held by a live "
+                                           "worker at w1:7000"));
+  EXPECT_THAT(s.error_message(), HasSubstr("10.0.0.9:7000"));
+  EXPECT_THAT(s.error_message(), HasSubstr("own worker id"));
+  EXPECT_EQ(copy.Trailer(kWorkerIdHolderKey), "w1:7000");
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_hellos_refused_total", "worker_id_in_use"), 1);
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_hellos_refused_total", "not_certificate_id"), 0);
+
+  // The holder's session, address and entries are intact: its next event and heartbeat are
+  // applied (a replaced session would have its stream ended ABORTED), and it closes cleanly.
+  ASSERT_TRUE(holder.Stored(2, 20));
+  ASSERT_TRUE(holder.Heartbeat(/*running=*/5));
+  ASSERT_TRUE(WaitFor([&] {
+    v1::LookupResponse r;
+    return Lookup({1, 2}, &r).ok() && r.workers_size() == 1 &&
+           r.workers(0).resident_tokens() == 30 &&
+           r.workers(0).worker().load().running_requests() == 5;
+  }));
+  v1::LookupResponse r;
+  ASSERT_TRUE(Lookup({1, 2}, &r).ok());
+  ASSERT_EQ(r.workers_size(), 1);
+  EXPECT_EQ(r.workers(0).worker().address(), "w1:7000");
+  EXPECT_TRUE(holder.Close().ok());
+
+  // Once the holder is gone the other process takes the id over at once (its retry).
+  FakeWorker retry(stub_.get(), "w1");
+  retry.Join({Entry(3, 30)}, /*epoch=*/2, "10.0.0.9:7000");
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2, 3}) == std::vector<Pair>{{"w1", 30}}; }));
+  ASSERT_TRUE(Lookup({}, &r).ok());
+  ASSERT_EQ(r.workers_size(), 1);
+  EXPECT_EQ(r.workers(0).worker().address(), "10.0.0.9:7000");
+  EXPECT_TRUE(retry.Close().ok());
 }
 
 TEST_F(KvdirServerTest, LookupWithTooManyKeysIsInvalidArgumentNamingKeys) {

@@ -20,7 +20,7 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::
     if (auto peer = AuthorizedPeerOf(*auth)) bound = peer->name;
     serial = PeerCertificateSerial(*auth);
   }
-  return new PublishReactor(ctx_, std::move(bound), std::move(serial));
+  return new PublishReactor(context, ctx_, std::move(bound), std::move(serial));
 }
 
 grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,

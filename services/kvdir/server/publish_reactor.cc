@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
 #include "services/kvdir/server/proto_convert.h"
 
@@ -19,18 +20,20 @@ bool IsWorkerIdChar(char c) {
          c == '_' || c == '-' || c == ':' || c == '[' || c == ']';
 }
 
-// What a log line or an error may show of a worker id that failed validation.
-std::string Printable(const std::string& id) {
+// What a log line or an error may show of a worker id that failed validation, or of an
+// address a worker advertised: its first `max` characters, any outside the id charset as '?'.
+std::string Printable(const std::string& id, size_t max = 64) {
   std::string out;
-  for (char c : id.substr(0, 64)) out.push_back(IsWorkerIdChar(c) ? c : '?');
+  for (char c : id.substr(0, max)) out.push_back(IsWorkerIdChar(c) ? c : '?');
   return out;
 }
 
 }  // namespace
 
-PublishReactor::PublishReactor(const ServiceContext& ctx, std::string bound_worker_id,
-                               std::string certificate_serial)
-    : ctx_(ctx),
+PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx,
+                               std::string bound_worker_id, std::string certificate_serial)
+    : call_(call),
+      ctx_(ctx),
       bound_worker_id_(std::move(bound_worker_id)),
       certificate_serial_(std::move(certificate_serial)) {
   StartRead(&in_);
@@ -130,7 +133,7 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   if (!bound_worker_id_.empty() && id != bound_worker_id_) {
     // The id is the directory's key: taking another worker's would replace its entries and
     // steer its users' requests to the caller.
-    ctx_.metrics->HelloRefused();
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kNotCertificateId);
     LogWarning("kvdir")
         .Str("certificate", "lazyattn://worker/" + bound_worker_id_)
         .Str("claimed_worker_id", id.substr(0, 128))
@@ -143,7 +146,9 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
     return absl::InvalidArgumentError(
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
   }
-  const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now());
+  const HelloResult r =
+      ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(), session_);
+  if (r.id_in_use) return WorkerIdInUse(id, r.holder_address, hello.status().address());
   if (r.refused) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
     LogWarning("kvdir").Str("worker", id).Msg(
@@ -166,6 +171,28 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   Send(std::move(lease));
   RequestSnapshot("reconnect", /*gap=*/false);
   return absl::OkStatus();
+}
+
+absl::Status PublishReactor::WorkerIdInUse(const std::string& id, const std::string& holder,
+                                           const std::string& claimant) {
+  // Refused rather than taken over: a takeover would be answered by the holder's reconnect and
+  // hello, and the two would drop each other's entries in turn forever, with nothing said.
+  ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kWorkerIdInUse);
+  LogWarning("kvdir")
+      .Str("worker", id)
+      .Str("holder_address", Printable(holder, 256))
+      .Str("refused_address", Printable(claimant, 256))
+      .Str("certificate_serial", certificate_serial_.empty() ? "none" : certificate_serial_)
+      .Msg(
+          "refused hello: another live worker holds this worker id; each worker needs its own "
+          "worker id (worker.id / --worker-id)");
+  // Printable: a metadata value must be visible ASCII, and a worker may advertise anything.
+  if (!holder.empty()) call_->AddTrailingMetadata(kWorkerIdHolderKey, Printable(holder, 256));
+  return absl::AlreadyExistsError(absl::StrCat(
+      "hello.status.worker_id: \"", id, "\" is held by a live worker at ", Printable(holder, 256),
+      "; this hello came from ", Printable(claimant, 256),
+      ". Each worker needs its own worker id (worker.id / --worker-id); kvdir accepts this one "
+      "once the holder disconnects or its lease passes"));
 }
 
 absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq) {

@@ -10,6 +10,10 @@
 //   - FAILED_PRECONDITION when the first message is not Hello;
 //   - ABORTED when the stream no longer owns its worker (a newer stream said Hello for the same
 //     worker id, or the lease expired): the worker should reconnect and say Hello;
+//   - ALREADY_EXISTS naming hello.status.worker_id and the holder's address when another live,
+//     connected worker at another address holds the id (DirectoryIndex's file comment); the
+//     holder is untouched, the address is also in the trailing metadata kWorkerIdHolderKey
+//     (common/kvdir_stream_trailer.h). Counted and logged, as a certificate mismatch is;
 //   - RESOURCE_EXHAUSTED naming the bound (limits.max_workers for a new worker's hello;
 //     limits.max_entries_per_worker for a snapshot or a stored event past it, which also drops
 //     the worker's entries); INVALID_ARGUMENT for a worker id of a bad length or charset
@@ -39,12 +43,14 @@ namespace lazyattn::kvdir {
 class PublishReactor final
     : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage> {
  public:
-  // Starts reading at once. Deletes itself in OnDone. `bound_worker_id`: the worker name in the
-  // caller's certificate (mutual TLS); when set, hello may only claim that id. Empty: the server
-  // runs without peer authorization and any id is taken. `certificate_serial`: that
+  // Starts reading at once. Deletes itself in OnDone. `call`: the RPC's context (for trailing
+  // metadata), outlives the reactor. `bound_worker_id`: the worker name in the caller's
+  // certificate (mutual TLS); when set, hello may only claim that id. Empty: the server runs
+  // without peer authorization and any id is taken. Either way one id has one live holder: two
+  // processes sharing a certificate are two claims on one id. `certificate_serial`: that
   // certificate's serial (hex), logged with the hello so a rotation can be seen; may be empty.
-  PublishReactor(const ServiceContext& ctx, std::string bound_worker_id,
-                 std::string certificate_serial = "");
+  PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx,
+                 std::string bound_worker_id, std::string certificate_serial = "");
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -53,6 +59,10 @@ class PublishReactor final
  private:
   absl::Status Handle(const v1::WorkerMessage& msg);
   absl::Status HandleHello(const v1::WorkerMessage& msg);
+  // Counts, logs and returns the ALREADY_EXISTS of a hello for an id another live worker holds
+  // at `holder`; `claimant`: the address this hello advertised.
+  absl::Status WorkerIdInUse(const std::string& id, const std::string& holder,
+                             const std::string& claimant);
   // Acts on what the index said about a message; an error ends the stream.
   absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
   // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker past max_entries_per_worker.
@@ -62,6 +72,7 @@ class PublishReactor final
   // Leaves the session and finishes the stream once queued replies are written.
   void Close(const grpc::Status& status);
 
+  grpc::CallbackServerContext* const call_;
   const ServiceContext ctx_;
   const std::string bound_worker_id_;
   const std::string certificate_serial_;
