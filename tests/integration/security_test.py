@@ -12,8 +12,10 @@ Checks:
   - impostor workers, each a real lazyattn-worker pointed at kvdir, get nothing: one without a
     client certificate (UNAUTHENTICATED), one whose valid certificate names another id and that
     claims worker-0 (PERMISSION_DENIED, hello refused and counted), one with the router's
-    certificate (PERMISSION_DENIED), one with a certificate from another CA (handshake refused);
-    kvdir still counts two workers and every request is served by worker-0 or worker-1;
+    certificate (PERMISSION_DENIED), one with a certificate from another CA (handshake refused),
+    one with worker-0's own certificate while worker-0 runs (ALREADY_EXISTS, logged as an error
+    naming worker-0's address, counted); kvdir still counts two workers and every request is
+    served by worker-0 or worker-1;
   - a worker refuses a caller whose certificate is not a router's; its gRPC health stays open;
   - raw gRPC calls with chosen client certificates: a router's certificate reads kvdir
     (ListWorkers) and a worker's Status (the controls); a worker's certificate is refused both
@@ -159,12 +161,22 @@ def run_checks(args, c, certs, other, docs):
                    f"    key_file: {other}/worker-0.key\n")
     ok, tail = wait_log(c, "other-ca", "cannot reach kvdir")
     check("certificate from another CA: refused at the handshake", ok, tail)
+    # worker-0's own certificate on a second process (one Secret mounted by two pods): the id is
+    # the certificate's, but a live worker-0 holds it at another address.
+    start_impostor(c, "twin", "worker-0",
+                   f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-0.crt\n"
+                   f"    key_file: {certs}/worker-0.key\n")
+    ok, tail = wait_log(c, "twin", ("ERROR", "6: hello.status.worker_id",
+                                    f"another live worker holds worker id worker-0 at {c.addrs['worker-0']}"))
+    check("a second worker-0 with worker-0's certificate: ALREADY_EXISTS, an error naming the holder",
+          ok, tail)
 
     kvdir = parse_metrics(c.scrape("kvdir"))
     check("kvdir counts only the two real workers",
           kvdir.get(("lazyattn_kvdir_workers_alive", "")) == 2, str(kvdir.get(("lazyattn_kvdir_workers_alive", ""))))
-    check("the refused hello is counted, by reason",
-          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="not_certificate_id"}') or 0) >= 1)
+    check("the refused hellos are counted by reason",
+          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="not_certificate_id"}') or 0) >= 1 and
+          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="worker_id_in_use"}') or 0) >= 1)
     served = [c.request(docs[i % 3:] + docs[:i % 3], f"Question {i}?") for i in range(8)]
     check("every request is served by a real worker",
           all(s.get("ok") and s.get("worker") in ("worker-0", "worker-1") for s in served),

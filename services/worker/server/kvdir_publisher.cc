@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
 
 namespace lazyattn {
@@ -43,13 +44,14 @@ void ToProto(const DocCacheKey& key, int64_t tokens, v1::DocEntry* out) {
 
 std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
-// Statuses with which kvdir refuses this worker (over its limits, a bad identity or message):
-// retrying soon gets the same answer.
+// Statuses with which kvdir refuses this worker (over its limits, a bad identity or message,
+// its worker id held by another live worker): retrying soon gets the same answer.
 bool IsRefusal(const grpc::Status& status) {
   switch (status.error_code()) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::PERMISSION_DENIED:
     case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::ALREADY_EXISTS:
       return true;
     default:
       return false;
@@ -278,7 +280,29 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
       .refused = IsRefusal(status)};
   if (end.refused) {
     const std::string refusal = absl::StrCat(status.error_code(), ": ", status.error_message());
-    if (!stopping && refusal != last_refusal_) {
+    if (!stopping && refusal != last_refusal_ &&
+        status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      // Waiting does not fix this one: an operator started two workers with one id. An error,
+      // not a warning; the retries go on so that this worker takes over once the other leaves.
+      const auto& trailers = call.GetServerTrailingMetadata();
+      const auto it = trailers.find(kWorkerIdHolderKey);
+      const std::string holder = it == trailers.end()
+                                     ? "an address kvdir did not send (see status)"
+                                     : std::string(it->second.data(), it->second.size());
+      const std::string& id = hello.hello().status().worker_id();
+      LogError("worker")
+          .Str("kvdir", options_.address)
+          .Str("worker", id)
+          .Str("address", hello.hello().status().address())
+          .Str("holder_address", holder)
+          .Str("status", refusal)
+          .Str("retry_every", absl::FormatDuration(options_.max_backoff))
+          .Msg(absl::StrCat(
+              "another live worker holds worker id ", id, " at ", holder,
+              "; each worker needs its own worker.id (--worker-id). Until that worker "
+              "disconnects or its lease passes this one is not published and gets no requests; "
+              "retrying at the maximum backoff (logged once until the refusal changes)"));
+    } else if (!stopping && refusal != last_refusal_) {
       LogWarning("worker")
           .Str("kvdir", options_.address)
           .Str("status", refusal)

@@ -9,9 +9,13 @@
 // max_backoff) and a new Hello. The backoff is reset only after a stream kvdir accepted: one that
 // stayed up at least max_backoff after its Hello (kvdir refuses a worker at its Hello or its
 // snapshot, at once). A refusal (RESOURCE_EXHAUSTED: limits.max_workers or
-// limits.max_entries_per_worker; PERMISSION_DENIED; INVALID_ARGUMENT) will not change within a
-// second: the next try waits max_backoff, so a refused worker re-sends its snapshot at most once
-// per max_backoff, and it is logged once per distinct refusal, not once per retry.
+// limits.max_entries_per_worker; PERMISSION_DENIED; INVALID_ARGUMENT; ALREADY_EXISTS: another
+// live worker holds this worker id) will not change within a second: the next try waits
+// max_backoff, so a refused worker re-sends its snapshot at most once per max_backoff, and it is
+// logged once per distinct refusal, not once per retry. ALREADY_EXISTS is logged as an error
+// naming the holder's address (kvdir's trailing metadata): the worker keeps retrying, and takes
+// the id over once the other worker disconnects or its lease passes, but until then it is not
+// published and gets no requests.
 //
 // Threading: OnCacheEvent is called on the engine thread and only appends to a bounded queue;
 // one publisher thread owns the stream and does all writes, and one reader thread per connection

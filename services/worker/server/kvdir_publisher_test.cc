@@ -3,10 +3,18 @@
 // a WorkerServer publishing its engine's document cache.
 #include "services/worker/server/kvdir_publisher.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
+#include <string>
+#include <vector>
 
+#include "common/kvdir_stream_trailer.h"
+#include "common/log.h"
 #include "gtest/gtest.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
@@ -229,6 +237,50 @@ TEST_F(KvdirPublisherTest, ARefusedWorkerRetriesAtTheMaximumBackoff) {
   absl::SleepFor(absl::Milliseconds(700));
   EXPECT_TRUE(publisher_->stats().connected);
   EXPECT_LE(publisher_->stats().refusals, refusals + 1);  // at most one refusal raced the switch
+}
+
+// Two workers started with one id: kvdir refuses the second with ALREADY_EXISTS. It says so as
+// an error naming where the other runs, once, and keeps retrying, so that it takes the id over
+// when the other leaves (it never gives up or exits).
+TEST_F(KvdirPublisherTest, AnIdHeldByAnotherLiveWorkerIsAnErrorAndRetriedUntilFree) {
+  kvdir_.SetRefusal(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                 "hello.status.worker_id: \"w1\" is held by a live worker at "
+                                 "10.0.0.9:7200"),
+                    {{kWorkerIdHolderKey, "10.0.0.9:7200"}});
+  const std::string path = absl::StrCat(::testing::TempDir(), "/publisher-log-", getpid());
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  SetLogSinkForTest(fd);
+  StartPublisher(4096, absl::Milliseconds(200));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (publisher_->stats().refusals < 3 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_GE(publisher_->stats().refusals, 3);  // still retrying after the first refusal
+  EXPECT_FALSE(publisher_->stats().connected);
+  // The other worker left: the next retry is accepted and stays.
+  kvdir_.SetRefusal(grpc::Status::OK);
+  EXPECT_TRUE(WaitConnected());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    publisher_.reset();
+  }
+  SetLogSinkForTest(STDERR_FILENO);
+  close(fd);
+
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> errors;
+  while (std::getline(in, line)) {
+    if (line.find(" ERROR worker: ") != std::string::npos) errors.push_back(line);
+  }
+  ASSERT_EQ(errors.size(), 1u) << "logged once, not once per retry";
+  EXPECT_NE(errors[0].find("another live worker holds worker id w1 at 10.0.0.9:7200"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("holder_address=10.0.0.9:7200"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("--worker-id"), std::string::npos) << errors[0];
+  unlink(path.c_str());
 }
 
 TEST_F(KvdirPublisherTest, ReconnectsWithANewHelloAfterKvdirRestarts) {

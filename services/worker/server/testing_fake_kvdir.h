@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -60,14 +61,20 @@ class FakeKvdir final : public v1::KvDirectory::Service {
     std::lock_guard<std::mutex> lock(mu_);
     stream_ = nullptr;
     cv_.notify_all();
+    if (!refusal_.ok()) {
+      for (const auto& [key, value] : refusal_trailers_) context->AddTrailingMetadata(key, value);
+    }
     return refusal_;
   }
 
-  // Not OK: every later stream is ended with `status` right after its Hello, as kvdir refuses a
-  // worker over its limits; OK: streams are accepted again.
-  void SetRefusal(const grpc::Status& status) {
+  // Not OK: every later stream is ended with `status` right after its Hello, with `trailers` as
+  // its trailing metadata, as kvdir refuses a worker over its limits or for an id another worker
+  // holds; OK: streams are accepted again.
+  void SetRefusal(const grpc::Status& status,
+                  std::vector<std::pair<std::string, std::string>> trailers = {}) {
     std::lock_guard<std::mutex> lock(mu_);
     refusal_ = status;
+    refusal_trailers_ = std::move(trailers);
   }
 
   bool Send(const v1::DirectoryMessage& m) {
@@ -109,6 +116,7 @@ class FakeKvdir final : public v1::KvDirectory::Service {
   Stream* stream_ = nullptr;
   int streams_ = 0;
   grpc::Status refusal_;
+  std::vector<std::pair<std::string, std::string>> refusal_trailers_;
   std::vector<v1::WorkerMessage> messages_;
 };
 
