@@ -42,6 +42,7 @@ constexpr absl::Duration kLease = absl::Seconds(1);
 // The reference model of one registered worker.
 struct ModelWorker {
   std::string address;
+  std::string peer_host;
   uint64_t epoch = 0;
   uint64_t session = 0;
   uint64_t last_seq = 0;
@@ -54,29 +55,34 @@ struct ModelWorker {
 struct Stream {
   std::string worker_id;  // set by its first hello
   uint64_t session = 0;   // 0: no hello yet, or the stream ended
+  std::string peer_host;  // the host it connects from, set by its first hello
 };
 
 class Harness {
  public:
   Harness() : index_(kLease) {}
 
-  void Message(int s, const v1::WorkerMessage& msg) {
+  // `peer_host`: the host a stream that starts with this message connects from (a stream keeps
+  // the host of its first message).
+  void Message(int s, const v1::WorkerMessage& msg, const std::string& peer_host) {
     Stream& st = streams_[s];
+    if (st.worker_id.empty() && st.session == 0) st.peer_host = peer_host;
     if (msg.has_hello()) {
       const std::string& id = msg.hello().status().worker_id();
       if (id.empty() || (!st.worker_id.empty() && id != st.worker_id)) return EndStream(s);
-      const HelloResult r =
-          index_.Hello(msg.hello().status(), msg.hello().epoch(), msg.seq(), now_, st.session);
+      const HelloResult r = index_.Hello(msg.hello().status(), msg.hello().epoch(), msg.seq(), now_,
+                                         {.session = st.session, .peer_host = st.peer_host});
       const std::string& address = msg.hello().status().address();
       if (auto held = model_.find(id); held != model_.end()) {
-        // Another live, connected holder at another address keeps the id; the handler ends
-        // the new stream (ALREADY_EXISTS).
+        // Another live, connected holder at another address or from another host keeps the id;
+        // the handler ends the new stream (ALREADY_EXISTS).
         const ModelWorker& h = held->second;
         const bool in_use = h.session != 0 && h.session != st.session && h.lease_expiry > now_ &&
-                            h.address != address;
+                            (h.address != address || h.peer_host != st.peer_host);
         FUZZ_CHECK(r.id_in_use == in_use);
         if (in_use) {
-          FUZZ_CHECK(r.session == 0 && !r.entries_dropped && r.holder_address == h.address);
+          FUZZ_CHECK(r.session == 0 && !r.entries_dropped && r.holder_address == h.address &&
+                     r.holder_peer_host == h.peer_host);
           return EndStream(s);
         }
       }
@@ -89,6 +95,7 @@ class Harness {
       // A new session id, never one seen before.
       FUZZ_CHECK(r.session != 0 && sessions_.insert(r.session).second);
       w.address = address;
+      w.peer_host = st.peer_host;
       w.epoch = msg.hello().epoch();
       w.session = r.session;
       w.last_seq = msg.seq();
@@ -319,15 +326,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int op = 0; op < kMaxOps && !in.empty(); ++op) {
     const uint8_t choice = in.Byte();
     const int s = choice % kStreams;
+    // One of two peer hosts, from the bits the stream and the operation leave: copies of one
+    // worker on one host and on two hosts.
+    const std::string host = (choice / (kStreams * 6)) % 2 ? "10.0.0.2" : "10.0.0.1";
     switch ((choice / kStreams) % 6) {
       case 0:
       case 1:
-        h.Message(s, CompactMessage(in, seq[s]));
+        h.Message(s, CompactMessage(in, seq[s]), host);
         break;
       case 2: {  // serialized proto bytes, as the wire would carry them
         const std::string bytes = in.Bytes(in.Byte());
         lazyattn::v1::WorkerMessage msg;
-        if (msg.ParseFromString(bytes)) h.Message(s, msg);
+        if (msg.ParseFromString(bytes)) h.Message(s, msg, host);
         break;
       }
       case 3:

@@ -34,19 +34,20 @@ DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
     : lease_(lease), limits_(limits) {}
 
 HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
-                                  absl::Time now, uint64_t caller_session) {
+                                  absl::Time now, const HelloCaller& caller) {
   absl::MutexLock lock(&mu_);
   HelloResult result;
   if (auto held = workers_.find(status.worker_id()); held != workers_.end()) {
     const Worker& holder = held->second;
-    // The address tells a second process from the holder itself: a restarted or reconnecting
-    // worker comes back on its own address. Two processes configured with one address cannot be
-    // told apart here (nor can a router dialling that address).
+    // The address and the peer host tell a second process from the holder itself: a restarted
+    // or reconnecting worker comes back on its own address from its own host. Two processes on
+    // one host (or behind one NAT) configured with one address cannot be told apart here.
     const bool live = holder.lease_expiry > now || StalledAt(now);
-    if (holder.session != 0 && holder.session != caller_session && live &&
-        holder.status.address() != status.address()) {
+    if (holder.session != 0 && holder.session != caller.session && live &&
+        (holder.status.address() != status.address() || holder.peer_host != caller.peer_host)) {
       result.id_in_use = true;
       result.holder_address = holder.status.address();
+      result.holder_peer_host = holder.peer_host;
       return result;
     }
   } else if (static_cast<int64_t>(workers_.size()) >= limits_.max_workers) {
@@ -62,6 +63,7 @@ HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch
     result.entries_dropped = true;
   }
   w.status = status;
+  w.peer_host = caller.peer_host;
   w.epoch = epoch;
   w.session = next_session_++;
   w.last_seq = seq;

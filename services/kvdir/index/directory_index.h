@@ -23,11 +23,15 @@
 // One live process per worker id: a Hello takes the id over only from a holder that cannot be a
 // second live process. It is refused (HelloResult::id_in_use, nothing changes) while the holder
 // is connected (a session that has not disconnected), its lease has not passed (or the directory
-// stalled, as for Lookup) and it advertised another address than the new Hello. Two workers
-// started with one id would otherwise take turns forever, each Hello dropping the other's
-// entries. The same address (a restart on the same port, a reconnect the old stream has not
-// noticed yet), a disconnected holder (a crash closes its stream) or a lapsed lease (a frozen
-// process) all let the new Hello take over, as a restarted or moved worker needs.
+// stalled, as for Lookup), and either it advertised another address than the new Hello or its
+// stream came from another peer host (HelloCaller::peer_host). Two workers started with one id
+// would otherwise take turns forever, each Hello dropping the other's entries. The peer host
+// catches copies that also advertise one address (a compose service scaled to two, a copied
+// service whose config still names the first one). The same address from the same host (a
+// restart on the same port, a reconnect the old stream has not noticed yet), a disconnected
+// holder (a crash closes its stream) or a lapsed lease (a frozen process) all let the new Hello
+// take over, as a restarted or moved worker needs. Workers behind one NAT (or one proxy) share a
+// peer host, so among them only the address tells a copy apart, as when the host is unknown.
 //
 // Leases: every message from the owning session renews the lease to now + lease. Closing the
 // stream does not end the lease; the worker stays live (and keeps its entries) until the lease
@@ -114,10 +118,21 @@ struct HelloResult {
   uint64_t session = 0;          // pass to every later call from the same stream
   bool entries_dropped = false;  // a new epoch: the worker's entries were removed
   bool refused = false;          // a new worker beyond max_workers: not registered, session 0
-  // Another live worker holds the id from `holder_address` (file comment): session 0, the holder
-  // keeps its session, lease and entries.
+  // Another live worker holds the id, advertising `holder_address`, on a stream from
+  // `holder_peer_host` (file comment): session 0, the holder keeps its session, lease and entries.
   bool id_in_use = false;
   std::string holder_address;
+  std::string holder_peer_host;
+};
+
+// Who says a Hello: the stream it comes on.
+struct HelloCaller {
+  // The session this stream already owns, if any: a second Hello on one stream is never a
+  // duplicate of itself.
+  uint64_t session = 0;
+  // The host the stream connects from, without the port (kvdir's PeerHost()); "" when unknown.
+  // Compared as a string: callers pass one form for every Hello.
+  std::string peer_host;
 };
 
 // Which of a worker's entries of a key a Lookup counts as resident: what a request of that cache
@@ -176,11 +191,10 @@ class DirectoryIndex {
   // Registers or re-registers the worker named by status.worker_id (must be non-empty) with a new
   // session, seq as its last seq, a fresh lease, awaiting a snapshot. A different epoch than the
   // registered one drops the worker's entries. A worker not yet registered when max_workers are
-  // is refused; one held by another live worker at another address is refused with id_in_use
-  // (file comment). `caller_session`: the session the calling stream already owns, if any; a
-  // second Hello on one stream is never a duplicate of itself.
+  // is refused; one held by another live worker at another address or from another peer host is
+  // refused with id_in_use (file comment). The caller's peer host is kept as the holder's.
   HelloResult Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq, absl::Time now,
-                    uint64_t caller_session = 0) ABSL_LOCKS_EXCLUDED(mu_);
+                    const HelloCaller& caller = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   ApplyResult ApplyEvent(const std::string& worker_id, uint64_t session, uint64_t seq,
                          const DocEvent& event, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,6 +259,7 @@ class DirectoryIndex {
   struct Worker {
     WorkerHandle handle = 0;
     v1::WorkerStatus status;
+    std::string peer_host;  // of the last accepted Hello's stream
     uint64_t epoch = 0;
     uint64_t session = 0;  // 0: no stream owns it
     uint64_t last_seq = 0;

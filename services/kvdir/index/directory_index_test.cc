@@ -33,8 +33,10 @@ DocEvent Evicted(uint64_t key, int64_t offset = kLazyOffset) {
 // A worker that said Hello (seq 1) and sent an empty snapshot (seq 2): ready for events at seq 3.
 class IndexTest : public ::testing::Test {
  protected:
-  uint64_t Join(const std::string& id, uint64_t epoch = 7) {
-    const uint64_t session = index_.Hello(Status(id), epoch, 1, now_).session;
+  // `peer_host`: the host the worker's stream comes from.
+  uint64_t Join(const std::string& id, uint64_t epoch = 7, const std::string& peer_host = "") {
+    const uint64_t session =
+        index_.Hello(Status(id), epoch, 1, now_, {.peer_host = peer_host}).session;
     EXPECT_EQ(index_.ApplySnapshot(id, session, 2, {}, nullptr, now_).outcome,
               ApplyOutcome::kApplied);
     return session;
@@ -396,11 +398,12 @@ TEST_F(IndexTest, HelloReplacesAConnectedHolderWhoseLeasePassed) {
 
 TEST_F(IndexTest, ASecondHelloOnTheHoldingStreamMayChangeTheAddress) {
   const uint64_t s = Join("w1");
-  const HelloResult again = index_.Hello(StatusAt("w1", "renamed.local:7000"), 7, 3, now_, s);
+  const HelloResult again =
+      index_.Hello(StatusAt("w1", "renamed.local:7000"), 7, 3, now_, {.session = s});
   EXPECT_FALSE(again.id_in_use);
   EXPECT_NE(again.session, 0u);
   // Any other session (an older stream) still counts as another process.
-  EXPECT_TRUE(index_.Hello(Status("w1"), 7, 1, now_, s).id_in_use);
+  EXPECT_TRUE(index_.Hello(Status("w1"), 7, 1, now_, {.session = s}).id_in_use);
 }
 
 TEST_F(IndexTest, AStallOfTheDirectoryDoesNotLetADuplicateTakeOver) {
@@ -410,6 +413,78 @@ TEST_F(IndexTest, AStallOfTheDirectoryDoesNotLetADuplicateTakeOver) {
   index_.Sweep(now_);
   now_ += kLease * 5;
   EXPECT_TRUE(index_.Hello(StatusAt("w1", "10.0.0.9:7000"), 8, 1, now_).id_in_use);
+}
+
+// Two copies advertising one address (a compose service scaled to two: both say worker-0:7000)
+// from two hosts: the peer host tells them apart, and the second is refused as a copy with another
+// address would be.
+TEST_F(IndexTest, HelloWithTheHoldersAddressFromAnotherPeerHostIsRefused) {
+  const uint64_t holder = Join("w1", /*epoch=*/7, "10.0.0.5");
+  ASSERT_EQ(index_.ApplyEvent("w1", holder, 3, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kApplied);
+  now_ += kLease / 2;
+  const HelloResult dup = index_.Hello(Status("w1"), 99, 1, now_, {.peer_host = "10.0.0.6"});
+  EXPECT_TRUE(dup.id_in_use);
+  EXPECT_EQ(dup.holder_address, "w1.local:7000");
+  EXPECT_EQ(dup.holder_peer_host, "10.0.0.5");
+  EXPECT_EQ(dup.session, 0u);
+  EXPECT_FALSE(dup.entries_dropped);
+
+  // The holder keeps its session and entries, and its host: a second try from the other host is
+  // refused again, one from the holder's own host is the holder reconnecting.
+  EXPECT_EQ(index_.ApplyEvent("w1", holder, 4, Stored(2, 20), now_).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("w1", 30)));
+  EXPECT_TRUE(index_.Hello(Status("w1"), 99, 1, now_, {.peer_host = "10.0.0.6"}).id_in_use);
+  const HelloResult reconnect = index_.Hello(Status("w1"), 7, 1, now_, {.peer_host = "10.0.0.5"});
+  EXPECT_FALSE(reconnect.id_in_use);
+  EXPECT_NE(reconnect.session, 0u);
+  EXPECT_FALSE(reconnect.entries_dropped);  // same epoch: a reconnect keeps the entries
+}
+
+TEST_F(IndexTest, AnotherAddressFromTheHoldersPeerHostIsStillRefused) {
+  // Two workers on one host (or behind one NAT) share a peer host: the address tells them apart.
+  Join("w1", /*epoch=*/7, "10.0.0.5");
+  const HelloResult dup =
+      index_.Hello(StatusAt("w1", "w1.local:7001"), 8, 1, now_, {.peer_host = "10.0.0.5"});
+  EXPECT_TRUE(dup.id_in_use);
+  EXPECT_EQ(dup.holder_address, "w1.local:7000");
+  EXPECT_EQ(dup.holder_peer_host, "10.0.0.5");
+}
+
+TEST_F(IndexTest, HelloWithTheHoldersAddressFromItsPeerHostReplacesIt) {
+  // A restart on the same host and port (new epoch) before the old stream is noticed closed.
+  const uint64_t old_session = Join("w1", /*epoch=*/7, "[::1]");
+  index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_);
+  const HelloResult restart = index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "[::1]"});
+  EXPECT_FALSE(restart.id_in_use);
+  EXPECT_NE(restart.session, 0u);
+  EXPECT_TRUE(restart.entries_dropped);
+  EXPECT_EQ(index_.Heartbeat("w1", old_session, 4, {}, now_).outcome, ApplyOutcome::kNoSession);
+}
+
+TEST_F(IndexTest, ADisconnectedHolderIsReplacedFromAnyPeerHost) {
+  // A crashed worker's replacement on another machine, advertising the same name.
+  const uint64_t old_session = Join("w1", /*epoch=*/7, "10.0.0.5");
+  index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_);
+  index_.Disconnect("w1", old_session);
+  const HelloResult moved = index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "10.0.0.6"});
+  EXPECT_FALSE(moved.id_in_use);
+  EXPECT_NE(moved.session, 0u);
+  EXPECT_TRUE(moved.entries_dropped);
+  // The new holder's host is now the one a later copy is compared with.
+  EXPECT_TRUE(index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "10.0.0.5"}).id_in_use);
+}
+
+TEST_F(IndexTest, AConnectedHolderWhoseLeasePassedIsReplacedFromAnyPeerHost) {
+  const uint64_t frozen = Join("w1", /*epoch=*/7, "10.0.0.5");
+  now_ += kLease - absl::Milliseconds(1);
+  EXPECT_TRUE(index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "10.0.0.6"}).id_in_use);
+  now_ += absl::Milliseconds(1);  // the lease ends exactly now (not yet swept)
+  const HelloResult moved = index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "10.0.0.6"});
+  EXPECT_FALSE(moved.id_in_use);
+  EXPECT_NE(moved.session, 0u);
+  EXPECT_EQ(index_.Heartbeat("w1", frozen, 3, {}, now_).outcome, ApplyOutcome::kNoSession);
 }
 
 TEST_F(IndexTest, LeaseExpiryRemovesWorkerAndAllItsEntries) {

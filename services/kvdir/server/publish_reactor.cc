@@ -146,8 +146,8 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
     return absl::InvalidArgumentError(
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
   }
-  const HelloResult r =
-      ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(), session_);
+  const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(),
+                                          {.session = session_});
   if (r.id_in_use) return WorkerIdInUse(id, r.holder_address, hello.status().address());
   if (r.refused) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
