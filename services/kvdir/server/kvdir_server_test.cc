@@ -1,14 +1,17 @@
-// The directory over real gRPC on 127.0.0.1 (port 0): a test client plays a worker on a Publish
-// stream and a router on Lookup / ListWorkers. Stream handling is asynchronous to lookups, so
-// checks that depend on it wait in a bounded loop; ordering on the stream makes a later message's
-// visibility prove that earlier ones were handled.
+// The directory over real gRPC on 127.0.0.1 (port 0; one test on [::] to see two peer hosts): a
+// test client plays a worker on a Publish stream and a router on Lookup / ListWorkers. Stream
+// handling is asynchronous to lookups, so checks that depend on it wait in a bounded loop; ordering
+// on the stream makes a later message's visibility prove that earlier ones were handled.
 #include "services/kvdir/server/kvdir_server.h"
 
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <prometheus/metric_family.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -141,8 +144,9 @@ class KvdirServerTest : public ::testing::Test {
     options.limits.max_keys_per_lookup = max_keys;
     StartWith(options);
   }
-  void StartWith(KvdirOptions options) {
-    options.listen_address = "127.0.0.1:0";
+  // `listen_address`: with port 0; the test's own stub dials 127.0.0.1.
+  void StartWith(KvdirOptions options, const std::string& listen_address = "127.0.0.1:0") {
+    options.listen_address = listen_address;
     options.metrics_address = "";
     auto server = KvdirServer::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -370,6 +374,55 @@ TEST_F(KvdirServerTest, ASecondLiveWorkerWithTheSameIdIsRefusedAndTheFirstKeepsW
   ASSERT_TRUE(Lookup({}, &r).ok());
   ASSERT_EQ(r.workers_size(), 1);
   EXPECT_EQ(r.workers(0).worker().address(), "10.0.0.9:7000");
+  EXPECT_TRUE(retry.Close().ok());
+}
+
+// Whether this machine has an IPv6 loopback (containers may run without one).
+bool HaveIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// Two copies that also advertise one address (a compose service scaled to two: both say
+// w1:7000) on two hosts: the hosts their streams come from tell them apart. To kvdir listening
+// on [::], a client dialling 127.0.0.1 and one dialling [::1] are two peer hosts (127.0.0.2 would
+// not do: Linux connects to it from 127.0.0.1).
+TEST_F(KvdirServerTest, ACopyAdvertisingTheHoldersAddressFromAnotherHostIsRefused) {
+  if (!HaveIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback to connect from a second host";
+  StartWith(KvdirOptions{}, "[::]:0");
+  FakeWorker holder(stub_.get(), "w1");  // from 127.0.0.1
+  holder.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+
+  auto other_host = v1::KvDirectory::NewStub(grpc::CreateChannel(
+      absl::StrCat("[::1]:", server_->port()), grpc::InsecureChannelCredentials()));
+  FakeWorker copy(other_host.get(), "w1");
+  ASSERT_TRUE(copy.Hello(/*epoch=*/2));  // the holder's address, w1:7000
+  const grpc::Status s = copy.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("\"w1\" is held by a live worker at w1:7000 (connected from 127.0.0.1); "
+                        "this hello came from w1:7000 (connected from [::1]): two processes "
+                        "advertise one address from two hosts"));
+  EXPECT_THAT(s.error_message(), HasSubstr("own worker id"));
+  EXPECT_EQ(copy.Trailer(kWorkerIdHolderKey), "w1:7000");
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_hellos_refused_total", "worker_id_in_use"), 1);
+
+  // The holder keeps its session and entries: its next event is applied, it closes cleanly.
+  ASSERT_TRUE(holder.Stored(2, 20));
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2}) == std::vector<Pair>{{"w1", 30}}; }));
+  EXPECT_TRUE(holder.Close().ok());
+
+  // Once the holder is gone the copy on the other host takes the id over (its retry).
+  FakeWorker retry(other_host.get(), "w1");
+  retry.Join({Entry(3, 30)}, /*epoch=*/2);
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2, 3}) == std::vector<Pair>{{"w1", 30}}; }));
   EXPECT_TRUE(retry.Close().ok());
 }
 

@@ -10,6 +10,7 @@
 #include "common/grpc_util.h"
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
+#include "services/kvdir/server/peer_host.h"
 #include "services/kvdir/server/proto_convert.h"
 
 namespace lazyattn::kvdir {
@@ -33,6 +34,7 @@ std::string Printable(const std::string& id, size_t max = 64) {
 PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx,
                                std::string bound_worker_id, std::string certificate_serial)
     : call_(call),
+      peer_host_(PeerHost(call->peer())),
       ctx_(ctx),
       bound_worker_id_(std::move(bound_worker_id)),
       certificate_serial_(std::move(certificate_serial)) {
@@ -147,8 +149,8 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
   }
   const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(),
-                                          {.session = session_});
-  if (r.id_in_use) return WorkerIdInUse(id, r.holder_address, hello.status().address());
+                                          {.session = session_, .peer_host = peer_host_});
+  if (r.id_in_use) return WorkerIdInUse(id, r, hello.status().address());
   if (r.refused) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
     LogWarning("kvdir").Str("worker", id).Msg(
@@ -173,24 +175,35 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   return absl::OkStatus();
 }
 
-absl::Status PublishReactor::WorkerIdInUse(const std::string& id, const std::string& holder,
+absl::Status PublishReactor::WorkerIdInUse(const std::string& id, const HelloResult& held,
                                            const std::string& claimant) {
   // Refused rather than taken over: a takeover would be answered by the holder's reconnect and
   // hello, and the two would drop each other's entries in turn forever, with nothing said.
   ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kWorkerIdInUse);
+  // Printable: a metadata value must be visible ASCII, and a worker may advertise anything. The
+  // peer hosts come from the connections, not from the worker, and are shown as they are.
+  const std::string holder = Printable(held.holder_address, 256);
+  const std::string refused = Printable(claimant, 256);
   LogWarning("kvdir")
       .Str("worker", id)
-      .Str("holder_address", Printable(holder, 256))
-      .Str("refused_address", Printable(claimant, 256))
+      .Str("holder_address", holder)
+      .Str("holder_peer_host", held.holder_peer_host)
+      .Str("refused_address", refused)
+      .Str("refused_peer_host", peer_host_)
       .Str("certificate_serial", certificate_serial_.empty() ? "none" : certificate_serial_)
       .Msg(
           "refused hello: another live worker holds this worker id; each worker needs its own "
           "worker id (worker.id / --worker-id)");
-  // Printable: a metadata value must be visible ASCII, and a worker may advertise anything.
-  if (!holder.empty()) call_->AddTrailingMetadata(kWorkerIdHolderKey, Printable(holder, 256));
+  if (!holder.empty()) call_->AddTrailingMetadata(kWorkerIdHolderKey, holder);
+  // With one address on both sides, only the hosts tell the reader which copy is which.
+  const std::string why =
+      held.holder_address == claimant
+          ? ": two processes advertise one address from two hosts (a scaled or copied service)"
+          : "";
   return absl::AlreadyExistsError(absl::StrCat(
-      "hello.status.worker_id: \"", id, "\" is held by a live worker at ", Printable(holder, 256),
-      "; this hello came from ", Printable(claimant, 256),
+      "hello.status.worker_id: \"", id, "\" is held by a live worker at ", holder,
+      " (connected from ", held.holder_peer_host, "); this hello came from ", refused,
+      " (connected from ", peer_host_, ")", why,
       ". Each worker needs its own worker id (worker.id / --worker-id); kvdir accepts this one "
       "once the holder disconnects or its lease passes"));
 }

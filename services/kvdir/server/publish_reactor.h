@@ -10,9 +10,10 @@
 //   - FAILED_PRECONDITION when the first message is not Hello;
 //   - ABORTED when the stream no longer owns its worker (a newer stream said Hello for the same
 //     worker id, or the lease expired): the worker should reconnect and say Hello;
-//   - ALREADY_EXISTS naming hello.status.worker_id and the holder's address when another live,
-//     connected worker at another address holds the id (DirectoryIndex's file comment); the
-//     holder is untouched, the address is also in the trailing metadata kWorkerIdHolderKey
+//   - ALREADY_EXISTS naming hello.status.worker_id, both addresses and both peer hosts when
+//     another live, connected worker at another address or from another peer host holds the id
+//     (DirectoryIndex's file comment; the peer host is PeerHost() of the stream's peer); the
+//     holder is untouched, its address is also in the trailing metadata kWorkerIdHolderKey
 //     (common/kvdir_stream_trailer.h). Counted and logged, as a certificate mismatch is;
 //   - RESOURCE_EXHAUSTED naming the bound (limits.max_workers for a new worker's hello;
 //     limits.max_entries_per_worker for a snapshot or a stored event past it, which also drops
@@ -60,8 +61,8 @@ class PublishReactor final
   absl::Status Handle(const v1::WorkerMessage& msg);
   absl::Status HandleHello(const v1::WorkerMessage& msg);
   // Counts, logs and returns the ALREADY_EXISTS of a hello for an id another live worker holds
-  // at `holder`; `claimant`: the address this hello advertised.
-  absl::Status WorkerIdInUse(const std::string& id, const std::string& holder,
+  // (`held`: the index's refusal); `claimant`: the address this hello advertised.
+  absl::Status WorkerIdInUse(const std::string& id, const HelloResult& held,
                              const std::string& claimant);
   // Acts on what the index said about a message; an error ends the stream.
   absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
@@ -73,6 +74,7 @@ class PublishReactor final
   void Close(const grpc::Status& status);
 
   grpc::CallbackServerContext* const call_;
+  const std::string peer_host_;  // the stream's peer without the port (peer_host.h)
   const ServiceContext ctx_;
   const std::string bound_worker_id_;
   const std::string certificate_serial_;
