@@ -74,10 +74,11 @@ class Harness {
                                          {.session = st.session, .peer_host = st.peer_host});
       const std::string& address = msg.hello().status().address();
       if (auto held = model_.find(id); held != model_.end()) {
-        // Another live, connected holder at another address or from another host keeps the id;
-        // the handler ends the new stream (ALREADY_EXISTS).
+        // Another live, connected holder (another epoch: another process) at another address or
+        // from another host keeps the id; the handler ends the new stream (ALREADY_EXISTS).
         const ModelWorker& h = held->second;
         const bool in_use = h.session != 0 && h.session != st.session && h.lease_expiry > now_ &&
+                            h.epoch != msg.hello().epoch() &&
                             (h.address != address || h.peer_host != st.peer_host);
         FUZZ_CHECK(r.id_in_use == in_use);
         if (in_use) {

@@ -39,11 +39,14 @@ HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch
   HelloResult result;
   if (auto held = workers_.find(status.worker_id()); held != workers_.end()) {
     const Worker& holder = held->second;
-    // The address and the peer host tell a second process from the holder itself: a restarted
-    // or reconnecting worker comes back on its own address from its own host. Two processes on
-    // one host (or behind one NAT) configured with one address cannot be told apart here.
+    // The holder's own process reconnecting carries its epoch (random per process): it takes
+    // its id back whatever address or host it now comes from (a dual-stack name, a new IP).
+    // Otherwise the address and the peer host tell a second process from a restart of the
+    // holder, which comes back on its own address from its own host. Two processes on one host
+    // (or behind one NAT) configured with one address cannot be told apart here.
     const bool live = holder.lease_expiry > now || StalledAt(now);
-    if (holder.session != 0 && holder.session != caller.session && live &&
+    const bool same_process = holder.epoch == epoch;
+    if (holder.session != 0 && holder.session != caller.session && live && !same_process &&
         (holder.status.address() != status.address() || holder.peer_host != caller.peer_host)) {
       result.id_in_use = true;
       result.holder_address = holder.status.address();

@@ -402,8 +402,8 @@ TEST_F(IndexTest, ASecondHelloOnTheHoldingStreamMayChangeTheAddress) {
       index_.Hello(StatusAt("w1", "renamed.local:7000"), 7, 3, now_, {.session = s});
   EXPECT_FALSE(again.id_in_use);
   EXPECT_NE(again.session, 0u);
-  // Any other session (an older stream) still counts as another process.
-  EXPECT_TRUE(index_.Hello(Status("w1"), 7, 1, now_, {.session = s}).id_in_use);
+  // Any other session (an older stream) of another process (epoch) is refused.
+  EXPECT_TRUE(index_.Hello(Status("w1"), 8, 1, now_, {.session = s}).id_in_use);
 }
 
 TEST_F(IndexTest, AStallOfTheDirectoryDoesNotLetADuplicateTakeOver) {
@@ -442,6 +442,24 @@ TEST_F(IndexTest, HelloWithTheHoldersAddressFromAnotherPeerHostIsRefused) {
   EXPECT_FALSE(reconnect.entries_dropped);  // same epoch: a reconnect keeps the entries
 }
 
+// The holder's own process (its epoch) reconnecting from a new address and host, before its
+// old stream is seen closed (a dual-stack name, a changed IP): it takes its id back at once and
+// keeps its entries, where another process would be refused until the lease passed.
+TEST_F(IndexTest, TheHoldersOwnProcessReconnectsFromAnywhere) {
+  const uint64_t old_session = Join("w1", /*epoch=*/7, "10.0.0.5");
+  ASSERT_EQ(index_.ApplyEvent("w1", old_session, 3, Stored(1, 10), now_).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_TRUE(
+      index_.Hello(StatusAt("w1", "w1.v6:7000"), 8, 1, now_, {.peer_host = "[fd00::5]"}).id_in_use);
+  const HelloResult back =
+      index_.Hello(StatusAt("w1", "w1.v6:7000"), 7, 1, now_, {.peer_host = "[fd00::5]"});
+  EXPECT_FALSE(back.id_in_use);
+  EXPECT_NE(back.session, 0u);
+  EXPECT_FALSE(back.entries_dropped);
+  EXPECT_EQ(index_.Heartbeat("w1", old_session, 4, {}, now_).outcome, ApplyOutcome::kNoSession);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 10)));
+}
+
 TEST_F(IndexTest, AnotherAddressFromTheHoldersPeerHostIsStillRefused) {
   // Two workers on one host (or behind one NAT) share a peer host: the address tells them apart.
   Join("w1", /*epoch=*/7, "10.0.0.5");
@@ -472,8 +490,8 @@ TEST_F(IndexTest, ADisconnectedHolderIsReplacedFromAnyPeerHost) {
   EXPECT_FALSE(moved.id_in_use);
   EXPECT_NE(moved.session, 0u);
   EXPECT_TRUE(moved.entries_dropped);
-  // The new holder's host is now the one a later copy is compared with.
-  EXPECT_TRUE(index_.Hello(Status("w1"), 8, 1, now_, {.peer_host = "10.0.0.5"}).id_in_use);
+  // The new holder's host is now the one a later copy (another process) is compared with.
+  EXPECT_TRUE(index_.Hello(Status("w1"), 9, 1, now_, {.peer_host = "10.0.0.5"}).id_in_use);
 }
 
 TEST_F(IndexTest, AConnectedHolderWhoseLeasePassedIsReplacedFromAnyPeerHost) {
