@@ -8,6 +8,26 @@
 #include "services/worker/model/tokenizer/chat_template.h"
 
 namespace lazyattn {
+namespace {
+
+constexpr int kMarkerAttempts = 4;
+
+// "\x01lazyattn-user-content\x01", or one with numbers when a message holds that text. The
+// search ends: each marker a message holds takes 20-odd of its bytes. `salt` starts a retry
+// among other markers.
+std::string UnusedMarker(const std::vector<ChatMessage>& messages, int salt) {
+  for (size_t n = 0;; ++n) {
+    const std::string marker =
+        n == 0 && salt == 0 ? std::string("\x01lazyattn-user-content\x01")
+                            : absl::StrCat("\x01lazyattn-user-content-", salt, "-", n, "\x01");
+    bool used = false;
+    for (const ChatMessage& m : messages)
+      used = used || m.content.find(marker) != std::string::npos;
+    if (!used) return marker;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<PromptParts> BuildPrompt(const Tokenizer& tokenizer, bool chat,
                                         const std::string& system, const std::string& question,
@@ -41,14 +61,26 @@ absl::StatusOr<PromptParts> CutChatMessages(const ChatTemplate& tmpl,
   }
   // Render with a marker in front of the last user content and cut there: documents go in front
   // of it inside the user turn. The content goes through the template (so Llama-3's |trim takes
-  // its trailing whitespace, as it would of the whole user message).
-  const std::string marker = "\x01lazyattn-user-content\x01";
+  // its trailing whitespace, as it would of the whole user message). The marker is one no message
+  // holds and the rendering holds once: a client's text that contains the usual marker (a system
+  // message, an earlier turn) must not move the cut.
   const std::string content = messages.back().content;
-  messages.back().content = marker + content;
-  ASSIGN_OR_RETURN(const std::string rendered, tmpl.Apply(messages, /*add_generation_prompt=*/true));
-  const size_t at = rendered.find(marker);
+  std::string marker;
+  std::string rendered;
+  size_t at = std::string::npos;
+  for (int attempt = 0; attempt < kMarkerAttempts && at == std::string::npos; ++attempt) {
+    marker = UnusedMarker(messages, attempt);
+    messages.back().content = marker + content;
+    ASSIGN_OR_RETURN(rendered, tmpl.Apply(messages, /*add_generation_prompt=*/true));
+    at = rendered.find(marker);
+    if (at == std::string::npos) {
+      return absl::InternalError("chat template dropped the user message");
+    }
+    if (rendered.find(marker, at + 1) != std::string::npos)
+      at = std::string::npos;  // template text
+  }
   if (at == std::string::npos) {
-    return absl::InternalError("chat template dropped the user message");
+    return absl::InternalError("chat template renders every marker of the user message twice");
   }
   PromptParts parts{rendered.substr(0, at), rendered.substr(at + marker.size())};
   if (has_documents) return parts;

@@ -44,6 +44,29 @@ TEST(ChatPromptTest, ChatMLKeepsTheQuestionVerbatim) {
   }
 }
 
+// A client's text holding the marker the cut uses (in the system message, an earlier turn or the
+// question itself) does not move the cut: the parts still join into the template's own rendering
+// and the question is the last user message. (Found by fuzz_chat_template: with the marker in the
+// system message, the cut fell inside it.)
+TEST(ChatPromptTest, MarkerTextInTheMessagesDoesNotMoveTheCut) {
+  auto tmpl = ChatTemplate::FromName("chatml");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::string marker = "\x01lazyattn-user-content\x01";
+  const std::vector<ChatMessage> conversation = {
+      {"system", "Keep " + marker + " as it is."},
+      {"user", marker},
+      {"assistant", "ok " + marker + "\x01lazyattn-user-content-0-1\x01"},
+      {"user", "Why " + marker + "?"}};
+  auto whole = tmpl->Apply(conversation);
+  ASSERT_TRUE(whole.ok());
+  for (bool has_documents : {true, false}) {
+    auto parts = CutChatMessages(*tmpl, conversation, has_documents);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_EQ(parts->question, "Why " + marker + "?<|im_end|>\n<|im_start|>assistant\n");
+    EXPECT_EQ(parts->system_prefix + parts->question, *whole);
+  }
+}
+
 // A conversation is cut at the start of the last user message: the history (and SmolLM2's
 // default system message, inserted because the first turn is not a system turn) is the prefix,
 // the documents' place is the start of the last user content. Expected text written out from the
