@@ -120,6 +120,29 @@ std::string Post(const std::string& extra_headers, const std::string& body = "")
       extra_headers, "\r\n", body);
 }
 
+// What the router sent back to a client that trickled its request, until it closed.
+struct TrickleResult {
+  std::string reply;
+  bool closed = false;
+  absl::Duration took;  // from the call to the close (or the read's end)
+};
+
+// Runs `trickle(stop)` on its own thread (it sends, a byte at a time, until `stop` or its end)
+// while this one reads everything the router sends back; then closes `fd`.
+TrickleResult ReadWhileTrickling(int fd,
+                                 const std::function<void(const std::atomic<bool>&)>& trickle) {
+  std::atomic<bool> stop{false};
+  std::thread sender([&] { trickle(stop); });
+  const absl::Time start = absl::Now();
+  TrickleResult r;
+  r.reply = ReadAll(fd, &r.closed);
+  r.took = absl::Now() - start;
+  stop = true;
+  sender.join();
+  close(fd);
+  return r;
+}
+
 std::string Chunk(const std::string& data) {
   return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
 }
@@ -327,24 +350,16 @@ TEST_F(HttpLimitsTest, AClientTricklingItsHeadersIsClosedAtTheHeaderTimeout) {
   const int fd = Connect(http_->port());
   ASSERT_GE(fd, 0);
   // A byte every 100 ms never lets the 30 s read timeout run out; only the header timeout ends it.
-  std::atomic<bool> stop{false};
-  std::thread trickle([&] {
+  const TrickleResult r = ReadWhileTrickling(fd, [fd](const std::atomic<bool>& stop) {
     const std::string head = "GET /v1/models HTTP/1.1\r\nX-Slow: ";
     for (size_t i = 0; !stop.load() && i < 300; ++i) {
       if (send(fd, i < head.size() ? &head[i] : "a", 1, MSG_NOSIGNAL) != 1) return;
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
-  const absl::Time start = absl::Now();
-  bool closed = false;
-  const std::string reply = ReadAll(fd, &closed);
-  const absl::Duration took = absl::Now() - start;
-  stop = true;
-  trickle.join();
-  close(fd);
-  EXPECT_TRUE(closed) << "still open after " << took;
-  EXPECT_EQ(reply, "");  // closed without an answer, as nginx does
-  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_TRUE(r.closed) << "still open after " << r.took;
+  EXPECT_EQ(r.reply, "");  // closed without an answer, as nginx does
+  EXPECT_GE(r.took, absl::Milliseconds(400));
 }
 
 // A body sent a byte every 100 ms never lets the 30 s read timeout run out; only the body's own
@@ -361,9 +376,7 @@ TEST_F(HttpLimitsTest, AClientTricklingItsBodyIsAnswered408AtTheBodyTimeout) {
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(SendAll(fd, Post(chunked ? std::string("Transfer-Encoding: chunked\r\n")
                                          : absl::StrCat("Content-Length: ", body.size(), "\r\n"))));
-    const absl::Time start = absl::Now();
-    std::atomic<bool> stop{false};
-    std::thread trickle([&] {
+    const TrickleResult r = ReadWhileTrickling(fd, [&](const std::atomic<bool>& stop) {
       for (size_t i = 0; !stop.load() && i < body.size(); ++i) {
         const std::string piece = body.substr(i, 1);
         if (!SendAll(fd, chunked ? Chunk(piece) : piece)) return;
@@ -371,18 +384,12 @@ TEST_F(HttpLimitsTest, AClientTricklingItsBodyIsAnswered408AtTheBodyTimeout) {
       }
       if (chunked) SendAll(fd, "0\r\n\r\n");
     });
-    bool closed = false;
-    const std::string reply = ReadAll(fd, &closed);
-    const absl::Duration took = absl::Now() - start;
-    stop = true;
-    trickle.join();
-    close(fd);
-    EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply << " after " << took;
-    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
-    EXPECT_NE(reply.find(R"("param":"body")"), std::string::npos) << reply;
-    EXPECT_NE(reply.find("http.body_timeout_ms (500 ms)"), std::string::npos) << reply;
-    EXPECT_TRUE(closed) << "still open after " << took;
-    EXPECT_GE(took, absl::Milliseconds(400));
+    EXPECT_EQ(r.reply.rfind("HTTP/1.1 408", 0), 0u) << r.reply << " after " << r.took;
+    EXPECT_NE(r.reply.find("Connection: close"), std::string::npos) << r.reply;
+    EXPECT_NE(r.reply.find(R"("param":"body")"), std::string::npos) << r.reply;
+    EXPECT_NE(r.reply.find("http.body_timeout_ms (500 ms)"), std::string::npos) << r.reply;
+    EXPECT_TRUE(r.closed) << "still open after " << r.took;
+    EXPECT_GE(r.took, absl::Milliseconds(400));
   }
   // A body that comes at once is served as before.
   const std::string reply = Exchange(
