@@ -346,7 +346,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
         grpc::StatusCode::UNAVAILABLE,
         absl::StrCat("no token for ",
                      absl::ToInt64Milliseconds(router_->options().routing.token_idle_timeout),
-                     " ms after the stream began (routing.token_idle_timeout_ms); attempt "
+                     " ms after the previous token (routing.token_idle_timeout_ms); attempt "
                      "cancelled"));
   }
   // The worker died holding this request (not a refusal, a timeout or our cancellation).
