@@ -284,6 +284,15 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     ASSERT_EQ(http_->tls(), tls());
   }
 
+  // The one request so far ended as the client's cancellation: its worker call cancelled, counted
+  // as `cancelled` (not against the worker), and no call left live.
+  void ExpectEndedByItsClient(PacedWorker& worker) {
+    EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
+    EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
+        << RequestsEnded("cancelled");
+    EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  }
+
   // Requests the router ended with `status` (a gRPC status name in lower case).
   int RequestsEnded(const std::string& status) const {
     std::istringstream text(prometheus::TextSerializer().Serialize(registry_->Collect()));
@@ -382,10 +391,7 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsNonStreamedCall) {
     ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/false)));
     ASSERT_TRUE(worker.WaitForTokens(20, kBound));
   }  // hangs up
-  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
-  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
-      << RequestsEnded("cancelled");
-  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  ExpectEndedByItsClient(worker);
 }
 
 TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamInPrefill) {
@@ -397,10 +403,7 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamInPrefill) {
     ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/true)));
     ASSERT_TRUE(worker.WaitForCalls(1, kBound));
   }  // hangs up
-  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
-  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
-      << RequestsEnded("cancelled");
-  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  ExpectEndedByItsClient(worker);
 }
 
 // Mid-stream the hang-up is found by the next writes.
@@ -416,10 +419,7 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamMidTokens) {
         &reply, [](const std::string& r) { return Count(r, "\"tok\"") >= 20; }, kBound))
         << reply;
   }  // hangs up
-  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
-  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
-      << RequestsEnded("cancelled");
-  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  ExpectEndedByItsClient(worker);
 }
 
 // A client that sends a streaming request and then never reads: once the sockets' buffers are
@@ -441,10 +441,7 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   ASSERT_TRUE(stalled.Write(CompletionRequest(/*stream=*/true)));
   ASSERT_TRUE(worker.WaitForTokens(1, kBound));
 
-  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
-  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
-      << RequestsEnded("cancelled");
-  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
+  ExpectEndedByItsClient(worker);
   EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, kBound))
       << "the stalled connection still holds its thread";
   // The only thread serves the next request, and the worker is still live (the stall was not
