@@ -154,11 +154,7 @@ constexpr char kModels[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: cl
 class HttpLimitsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    worker_.Start();
-    kvdir_.Start();
-    kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
-    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    auto server = StartOneWorkerRouter(worker_, kvdir_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
   }

@@ -87,11 +87,7 @@ int OpenFds() {
 class HttpServerTest : public ::testing::Test {
  protected:
   void StartRouter() {
-    worker_.Start();
-    kvdir_.Start();
-    kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
-    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    auto server = StartOneWorkerRouter(worker_, kvdir_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
   }

@@ -136,11 +136,7 @@ class HttpTlsReloadTest : public ::testing::Test {
     std::filesystem::copy_file(certs_ + "/router-0.crt", certs_ + "/live.crt");
     std::filesystem::copy_file(certs_ + "/router-0.key", certs_ + "/live.key");
 
-    worker_.Start();
-    kvdir_.Start();
-    kvdir_.SetWorkers({worker_.Status()});
-    RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
-    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    auto server = StartOneWorkerRouter(worker_, kvdir_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
 

@@ -1,5 +1,7 @@
 #include "services/router/server/fake_cluster_for_test.h"
 
+#include <prometheus/registry.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +35,15 @@ RouterOptions RouterOptionsForFakeKvdir(const std::string& kvdir_address) {
   o.kvdir.list_timeout = absl::Seconds(10);
   o.kvdir.refresh_interval = absl::Hours(1);
   return o;
+}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> StartOneWorkerRouter(FakeWorker& worker,
+                                                                   FakeKvdir& kvdir) {
+  worker.Start();
+  kvdir.Start();
+  kvdir.SetWorkers({worker.Status()});
+  return RouterServer::Create(RouterOptionsForFakeKvdir(kvdir.address()),
+                              std::make_shared<prometheus::Registry>());
 }
 
 bool WaitFor(const std::function<bool()>& cond, absl::Duration limit) {

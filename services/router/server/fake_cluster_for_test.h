@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/document_key.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/router_options.h"
+#include "services/router/server/router_server.h"
 
 namespace lazyattn::router::testing {
 
@@ -143,6 +145,11 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The smallest cluster the HTTP front's tests need: starts `worker` and `kvdir`, lists the worker
+// there, and creates a router in front of them (RouterOptionsForFakeKvdir, its own registry).
+absl::StatusOr<std::unique_ptr<RouterServer>> StartOneWorkerRouter(FakeWorker& worker,
+                                                                   FakeKvdir& kvdir);
 
 }  // namespace lazyattn::router::testing
 
