@@ -259,6 +259,7 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     kvdir_.Start();
     kvdir_.SetWorkers({worker_->Status()});
     RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
+    o.routing.token_idle_timeout = token_idle_timeout_;
     auto server = RouterServer::Create(o, registry_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
@@ -295,16 +296,23 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
 
   // Requests the router ended with `status` (a gRPC status name in lower case).
   int RequestsEnded(const std::string& status) const {
+    return CounterSum("lazyattn_router_requests_total", absl::StrCat("status=\"", status, "\""));
+  }
+
+  // The sum of the router's `name` series whose labels hold `label`.
+  int CounterSum(const std::string& name, const std::string& label = "") const {
     std::istringstream text(prometheus::TextSerializer().Serialize(registry_->Collect()));
     int total = 0;
     for (std::string line; std::getline(text, line);) {
-      if (absl::StartsWith(line, "lazyattn_router_requests_total{") &&
-          absl::StrContains(line, absl::StrCat("status=\"", status, "\""))) {
+      if (absl::StartsWith(line, name + "{") && absl::StrContains(line, label)) {
         total += static_cast<int>(std::stod(line.substr(line.rfind(' ') + 1)));
       }
     }
     return total;
   }
+
+  // routing.token_idle_timeout for the router Start creates.
+  absl::Duration token_idle_timeout_ = RoutingOptions().token_idle_timeout;
 
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<PacedWorker> worker_;  // outlives the router
@@ -428,7 +436,10 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamMidTokens) {
 // client's cancellation, and the connection thread freed. The client stays connected throughout,
 // so nothing but the write timeout can end the stream. Large tokens fill the buffers (a few MiB
 // on loopback) within a second.
+// The router's between-tokens timeout, shorter here than the write timeout, never fires for it:
+// its clock runs only while the router waits on the worker, not on a client that stopped reading.
 TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteTimeout) {
+  token_idle_timeout_ = absl::Milliseconds(100);
   HttpOptions http;
   http.threads = 1;  // the stalled stream holds the only thread until it is cut
   http.max_connections_per_client = 0;
@@ -442,6 +453,7 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   ASSERT_TRUE(worker.WaitForTokens(1, kBound));
 
   ExpectEndedByItsClient(worker);
+  EXPECT_EQ(CounterSum("lazyattn_router_token_idle_timeouts_total"), 0);
   EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, kBound))
       << "the stalled connection still holds its thread";
   // The only thread serves the next request, and the worker is still live (the stall was not
