@@ -171,7 +171,8 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
       if (!progress || now >= done || now < next_event || now >= quiet_from) continue;
       next_event = now + script.prefill_progress_every;
       lazyattn::v1::GenerateResponse r;
-      r.mutable_prefill_progress()->set_prompt_tokens_ready(ready += 100);
+      if (!script.progress_stuck || ready == 0) ready += 100;
+      r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
       if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
       absl::MutexLock lock(&mu_);
       ++progress_events_;
@@ -195,7 +196,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
       absl::SleepFor(script.token_interval);
     }
     lazyattn::v1::GenerateResponse r;
-    r.mutable_token()->set_token_id(static_cast<int32_t>(100 + i));
+    r.mutable_token()->set_token_id(script.first_token_id + static_cast<int32_t>(i));
     r.mutable_token()->set_text(script.tokens[i]);
     if (request->sampling().logprobs()) {
       r.mutable_token()->set_logprob(-0.5f * static_cast<float>(i + 1));
@@ -226,7 +227,10 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   final->set_ttft_ms(1.5);
   final->mutable_usage()->set_documents(request->documents_size());
   final->mutable_usage()->set_completion_tokens(static_cast<int64_t>(script.tokens.size()));
-  writer->Write(last);
+  if (!writer->Write(last)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+  for (const lazyattn::v1::GenerateResponse& extra : script.after_final) {
+    if (!writer->Write(extra)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+  }
   return grpc::Status::OK;
 }
 

@@ -64,6 +64,13 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // A PrefillProgress event after every token too, when asked for (a worker that breaks the
     // protocol: they belong before the first token).
     bool progress_between_tokens = false;
+    // Every PrefillProgress event reports the same count (a worker whose engine is wedged while
+    // something still sends its events).
+    bool progress_stuck = false;
+    // A broken or hostile worker (worker_stream_check.h): token i gets id first_token_id + i, and
+    // these messages follow the final one.
+    int first_token_id = 100;
+    std::vector<lazyattn::v1::GenerateResponse> after_final;
   };
 
   explicit FakeWorker(std::string id);

@@ -333,7 +333,22 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   // Cancelled by a timeout: the worker is frozen or wedged, not the request bad.
   const WorkerAttempt::Timeout timeout = status.ok() ? WorkerAttempt::Timeout::kNone
                                                      : attempt->timed_out();
-  if (timeout == WorkerAttempt::Timeout::kFirstToken) {
+  // A break of the stream's grammar overrides any status: the worker may have ended its call OK
+  // before the router's cancellation reached it (a message after the final one).
+  const std::string violation = attempt->protocol_violation();
+  if (!violation.empty()) {
+    model_metrics_->CountWorkerProtocolError();
+    LogError("router")
+        .Str("request_id", request_id_)
+        .Str("worker", w.id)
+        .Str("address", w.address)
+        .Str("violation", violation)
+        .Msg("worker broke the Generate stream's protocol; attempt cancelled");
+    status =
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("the worker broke the Generate stream's protocol: ", violation,
+                                  "; attempt cancelled"));
+  } else if (timeout == WorkerAttempt::Timeout::kFirstToken) {
     model_metrics_->CountFirstTokenTimeout();
     status = grpc::Status(
         grpc::StatusCode::UNAVAILABLE,

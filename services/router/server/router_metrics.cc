@@ -117,6 +117,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                          "for routing.token_idle_timeout_ms after the first "
                                          "token (frozen mid-generation)")
                                      .Register(registry);
+  protocol_errors_family_ = &prometheus::BuildCounter()
+                                 .Name("lazyattn_router_worker_protocol_errors_total")
+                                 .Help(
+                                     "Attempts cancelled because their worker's Generate stream "
+                                     "broke the protocol (a token past max_tokens, outside the "
+                                     "vocabulary or after the final message)")
+                                 .Register(registry);
   quarantined_family_ = &prometheus::BuildCounter()
                              .Name("lazyattn_router_quarantined_requests_total")
                              .Help(
@@ -158,6 +165,7 @@ std::unique_ptr<ModelMetrics> RouterMetrics::NewModelMetrics(std::string label) 
   m->retries_ = &retries_family_->Add(labels);
   m->first_token_timeouts_ = &first_token_timeouts_family_->Add(labels);
   m->token_idle_timeouts_ = &token_idle_timeouts_family_->Add(labels);
+  m->protocol_errors_ = &protocol_errors_family_->Add(labels);
   m->quarantined_ = &quarantined_family_->Add(labels);
   m->connection_losses_ = &connection_losses_family_->Add(labels);
   return m;

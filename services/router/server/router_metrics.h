@@ -20,6 +20,9 @@
 //   lazyattn_router_first_token_timeouts_total{model}  attempts cancelled without a first token
 //   lazyattn_router_token_idle_timeouts_total{model}  attempts cancelled for a stall after their
 //                                                   first token (routing.token_idle_timeout_ms)
+//   lazyattn_router_worker_protocol_errors_total{model}  attempts cancelled because their worker
+//                                                   broke the Generate stream's grammar
+//                                                   (worker_stream_check.h)
 //   lazyattn_router_quarantined_requests_total{model}  requests ended FAILED_PRECONDITION by the
 //                                                   query-of-death quarantine (the one whose
 //                                                   second lost worker quarantined it, and every
@@ -102,6 +105,7 @@ class ModelMetrics {
   void CountRetry() { retries_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountTokenIdleTimeout() { token_idle_timeouts_->Increment(); }
+  void CountWorkerProtocolError() { protocol_errors_->Increment(); }
   void CountQuarantined() { quarantined_->Increment(); }
   void CountConnectionLoss() { connection_losses_->Increment(); }
 
@@ -120,6 +124,7 @@ class ModelMetrics {
   prometheus::Counter* retries_ = nullptr;
   prometheus::Counter* first_token_timeouts_ = nullptr;
   prometheus::Counter* token_idle_timeouts_ = nullptr;
+  prometheus::Counter* protocol_errors_ = nullptr;
   prometheus::Counter* quarantined_ = nullptr;
   prometheus::Counter* connection_losses_ = nullptr;
 };
@@ -162,6 +167,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* retries_family_;
   prometheus::Family<prometheus::Counter>* first_token_timeouts_family_;
   prometheus::Family<prometheus::Counter>* token_idle_timeouts_family_;
+  prometheus::Family<prometheus::Counter>* protocol_errors_family_;
   prometheus::Family<prometheus::Counter>* quarantined_family_;
   prometheus::Family<prometheus::Counter>* connection_losses_family_;
   prometheus::Family<prometheus::Counter>* selections_family_;

@@ -1,5 +1,6 @@
 #include "services/router/server/worker_attempt.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/worker_call_trailer.h"
@@ -22,10 +23,13 @@ void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateReq
                           Timeouts timeouts) {
   weak_self_ = self;
   timeouts_ = timeouts;
-  if (timeouts.first_token > absl::ZeroDuration()) {
+  {
     absl::MutexLock lock(&mu_);
-    next_message_due_ = absl::Now() + timeouts.first_token;
-    ArmWatchdogLocked();
+    stream_check_.emplace(WorkerStreamCheck::For(*request, worker_.status.model()));
+    if (timeouts.first_token > absl::ZeroDuration()) {
+      next_message_due_ = absl::Now() + timeouts.first_token;
+      ArmWatchdogLocked();
+    }
   }
   self_ = std::move(self);
   stub_->async()->Generate(context_.get(), request, this);
@@ -98,7 +102,8 @@ bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     end.worker_headers = reached_;
-    end.cancelled_by_router = cancelled_ || timed_out_ != Timeout::kNone;
+    end.cancelled_by_router =
+        cancelled_ || timed_out_ != Timeout::kNone || !protocol_violation_.empty();
   }
   // A worker that ends a call itself says so in a trailer; without it, the transport ended the
   // call under the worker: its process (or its host) went away while holding the request.
@@ -110,6 +115,7 @@ void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;
   bool read_next = false;
+  bool violated = false;
   grpc::Alarm* watchdog = nullptr;  // the first-token alarm, to cancel: the first token came
   {
     absl::MutexLock lock(&mu_);
@@ -118,14 +124,22 @@ void WorkerAttempt::OnReadDone(bool ok) {
       remove_hold = hold_;
       hold_ = false;
       next_message_due_ = absl::InfiniteFuture();  // the stream ended: nothing more is due
+    } else if (std::string violation = stream_check_->Next(message_); !violation.empty()) {
+      protocol_violation_ = std::move(violation);
+      violated = true;  // cancelled below: nothing of this message goes to the call
     } else if (message_.has_prefill_progress()) {
       // The worker's sign of life, for this attempt alone and only before its first token (after
-      // it, the events break the protocol and keep nothing alive): the timeout runs again from
-      // now, and the next message is read here (nothing goes to the call).
-      if (!got_token_ && timeouts_.first_token > absl::ZeroDuration()) {
+      // it, the events break the protocol and keep nothing alive), and only when the prefill
+      // moved: the timeout runs again from now. The next message is read here (nothing goes to
+      // the call).
+      const int64_t ready = message_.prefill_progress().prompt_tokens_ready();
+      if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && ready > progress_high_) {
         next_message_due_ = absl::Now() + timeouts_.first_token;
       }
+      progress_high_ = std::max(progress_high_, ready);
       read_outstanding_ = read_next = true;
+    } else if (!message_.has_token() && !message_.has_final()) {
+      read_outstanding_ = read_next = true;  // an event this router does not know: dropped
     } else {
       deliver = true;
       if (message_.has_token()) {
@@ -145,6 +159,7 @@ void WorkerAttempt::OnReadDone(bool ok) {
   if (watchdog != nullptr) watchdog->Cancel();
   if (remove_hold) RemoveHold();
   if (read_next) StartRead(&message_);
+  if (violated) Cancel();
   if (deliver) call_->OnWorkerMessage(this, message_);
 }
 

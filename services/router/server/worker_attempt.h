@@ -2,16 +2,25 @@
 // the callback client API, and its watchdog: before the first token the attempt is cancelled when
 // neither a token nor a PrefillProgress event (the worker's sign of life while it computes a long
 // prompt) came for the first-token timeout; after it, when the worker sends nothing for the
-// between-tokens timeout while the router waits on it. ForwardingCall (forwarding_call.h) owns
-// the flow (routing, relaying tokens, failover); an attempt reads one message at a time, hands it
-// to its ForwardingCall, and reports its end there.
+// between-tokens timeout while the router waits on it. Every message is checked against the
+// stream's grammar (worker_stream_check.h): one outside it (a token past max_tokens or after the
+// final message, an id outside the vocabulary) cancels the attempt before it reaches the call.
+// A PrefillProgress event re-arms the first-token timeout only when it reports more prompt tokens
+// than any before, so a worker whose engine is wedged but whose events keep coming is still cut.
+// Messages with no event this router knows are dropped and re-arm nothing. ForwardingCall
+// (forwarding_call.h) owns the flow (routing, relaying tokens, failover); an attempt reads one
+// message at a time, hands tokens and the final message to its ForwardingCall, and reports its
+// end there.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_ATTEMPT_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_ATTEMPT_H_
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,6 +28,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/worker_registry.h"
+#include "services/router/server/worker_stream_check.h"
 
 namespace lazyattn::router {
 
@@ -53,6 +63,12 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     absl::MutexLock lock(&mu_);
     return timed_out_;
   }
+  // What the worker sent outside the stream's grammar, which cancelled the attempt; empty if
+  // nothing did.
+  std::string protocol_violation() {
+    absl::MutexLock lock(&mu_);
+    return protocol_violation_;
+  }
 
   // Whether the call, ended with `status`, lost its worker's connection mid-call
   // (CountsAsLostMidCall): the worker's initial metadata came (a READY channel alone does not
@@ -85,6 +101,10 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool got_token_ ABSL_GUARDED_BY(mu_) = false;
   Timeout timed_out_ ABSL_GUARDED_BY(mu_) = Timeout::kNone;
+  std::optional<WorkerStreamCheck> stream_check_ ABSL_GUARDED_BY(mu_);  // made in Start
+  std::string protocol_violation_ ABSL_GUARDED_BY(mu_);
+  // The most prompt tokens a PrefillProgress event reported; -1 before the first event.
+  int64_t progress_high_ ABSL_GUARDED_BY(mu_) = -1;
   bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived
   std::weak_ptr<WorkerAttempt> weak_self_;     // for the alarms' callbacks
   Timeouts timeouts_;

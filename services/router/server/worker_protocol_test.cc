@@ -1,0 +1,222 @@
+// A broken or hostile worker behind the router, over real gRPC with scripted fake workers: a
+// Generate stream outside its grammar (worker_stream_check.h) is cut at the router, counted
+// against the worker, and never reaches the client as an answer; a Complete call fails over to a
+// sound worker. PrefillProgress events that report no progress keep no attempt alive.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+
+namespace lazyattn::router {
+namespace {
+
+using lazyattn::v1::GenerateRequest;
+using lazyattn::v1::GenerateResponse;
+using testing::FakeWorker;
+using ::testing::HasSubstr;
+using testing::RouterOptionsForFakeKvdir;
+
+class WorkerProtocolTest : public ::testing::Test {
+ protected:
+  // w0 holds "doc", so it is every request's first choice; w1 is sound.
+  void SetUp() override {
+    for (int i = 0; i < 2; ++i) {
+      workers_.push_back(std::make_unique<FakeWorker>(absl::StrCat("w", i)));
+      workers_.back()->Start();
+    }
+    kvdir_.Start();
+    kvdir_.SetWorkers({workers_[0]->Status(), workers_[1]->Status()});
+    kvdir_.Hold("w0", "doc", 500);
+  }
+
+  void StartRouter(RouterOptions options) {
+    // No breaker trips inside a test: each case starts from a closed one.
+    options.routing.breaker.failure_threshold = 1000;
+    registry_ = std::make_shared<prometheus::Registry>();
+    auto server = RouterServer::Create(options, registry_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    router_ = std::move(*server);
+    stub_ = lazyattn::v1::Inference::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials()));
+  }
+
+  static GenerateRequest Request(int max_tokens = 0) {
+    GenerateRequest r;
+    r.add_documents()->set_text("doc");
+    r.set_question("What is it?");
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    return r;
+  }
+
+  struct StreamResult {
+    std::vector<std::string> tokens;
+    std::optional<lazyattn::v1::Final> final;
+    grpc::Status status;
+  };
+
+  StreamResult Stream(const GenerateRequest& request) {
+    StreamResult result;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto reader = stub_->Generate(&ctx, request);
+    GenerateResponse r;
+    while (reader->Read(&r)) {
+      if (r.has_token()) result.tokens.push_back(r.token().text());
+      if (r.has_final()) result.final = r.final();
+    }
+    result.status = reader->Finish();
+    return result;
+  }
+
+  grpc::Status Complete(const GenerateRequest& request, lazyattn::v1::CompleteResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return stub_->Complete(&ctx, request, response);
+  }
+
+  std::string ProtocolErrors() const {
+    const std::string text = prometheus::TextSerializer().Serialize(registry_->Collect());
+    const std::string key = "lazyattn_router_worker_protocol_errors_total{model=\"fake-model\"} ";
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return "absent";
+    return text.substr(at + key.size(), text.find('\n', at) - at - key.size());
+  }
+
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+  testing::FakeKvdir kvdir_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<RouterServer> router_;  // destroyed before the fakes
+  std::unique_ptr<lazyattn::v1::Inference::Stub> stub_;
+};
+
+GenerateResponse TokenMessage(int id, const std::string& text) {
+  GenerateResponse r;
+  r.mutable_token()->set_token_id(id);
+  r.mutable_token()->set_text(text);
+  return r;
+}
+
+// One stream per kind of break: the client gets UNAVAILABLE naming it and never the offending
+// message; each is counted once.
+TEST_F(WorkerProtocolTest, AStreamOutsideTheGrammarIsCutBeforeTheOffendingMessage) {
+  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  struct Case {
+    const char* what;
+    FakeWorker::Script script;
+    int max_tokens;
+    std::vector<std::string> relayed;  // what reached the client before the cut
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"more tokens than max_tokens",
+       {.tokens = {"a", "b", "c"}},
+       2,
+       {"a", "b"},
+       "more than 2 tokens"},
+      {"a token id past the vocabulary (1000)",
+       {.tokens = {"a", "b"}, .first_token_id = 999},
+       0,
+       {"a"},
+       "token.token_id 1000 outside the model's vocabulary [0, 1000)"},
+      {"a token after the final message",
+       {.tokens = {"a"}, .after_final = {TokenMessage(5, "smuggled")}},
+       0,
+       {"a"},
+       "a message after the final one"},
+  };
+  int counted = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    workers_[0]->SetScript(c.script);
+    StreamResult r = Stream(Request(c.max_tokens));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(
+        r.status.error_message(),
+        HasSubstr(absl::StrCat("the worker broke the Generate stream's protocol: ", c.message)));
+    // Streamed output cannot be taken back, so no other worker is tried.
+    EXPECT_THAT(r.status.error_message(), HasSubstr("not retried on another worker"));
+    EXPECT_EQ(r.tokens, c.relayed);
+    EXPECT_FALSE(r.final.has_value());
+    EXPECT_EQ(workers_[1]->generate_calls(), 0);
+    EXPECT_EQ(ProtocolErrors(), absl::StrCat(++counted));
+  }
+}
+
+// A unary call has sent nothing when the break comes: it fails over to the sound worker and
+// returns its answer, nothing of the broken one's.
+TEST_F(WorkerProtocolTest, CompleteFailsOverFromABrokenStream) {
+  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  workers_[0]->SetScript({.tokens = {"bad", "worse", "worst"}});
+  workers_[1]->SetScript({.tokens = {"good"}});
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = Complete(Request(/*max_tokens=*/2), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "good");
+  EXPECT_EQ(response.final().worker(), "w1");
+  EXPECT_EQ(response.final().attempts(), 2);
+  EXPECT_EQ(ProtocolErrors(), "1");
+
+  // Both broken: the status names the break on each.
+  workers_[1]->SetScript({.tokens = {"a"}, .first_token_id = -7});
+  response.Clear();
+  s = Complete(Request(2), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("w0 ("));
+  EXPECT_THAT(s.error_message(), HasSubstr("more than 2 tokens"));
+  EXPECT_THAT(s.error_message(), HasSubstr("w1 ("));
+  EXPECT_THAT(s.error_message(), HasSubstr("token.token_id -7 is negative"));
+  EXPECT_EQ(ProtocolErrors(), "3");
+}
+
+// Sound streams at the edges of the grammar pass untouched: exactly max_tokens tokens and the
+// held-back text after them.
+TEST_F(WorkerProtocolTest, AStreamAtItsLimitsPasses) {
+  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  workers_[0]->SetScript({.tokens = {"a", "b"}, .held_back_tail = "c", .first_token_id = 998});
+  StreamResult r = Stream(Request(/*max_tokens=*/2));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a", "b", "c"}));
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(ProtocolErrors(), "0");
+}
+
+// PrefillProgress events re-arm the first-token timeout only while the count they report grows:
+// a worker whose events keep coming with the same count (its engine wedged) is cut at the
+// timeout, and the request fails over.
+TEST_F(WorkerProtocolTest, ProgressEventsThatReportNoProgressKeepNothingAlive) {
+  RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
+  o.routing.first_token_timeout = absl::Milliseconds(400);
+  StartRouter(o);
+  workers_[0]->SetScript({.prefill = absl::Seconds(30),
+                          .prefill_progress_every = absl::Milliseconds(50),
+                          .progress_stuck = true});
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  // One growing event (the first) may re-arm it once: cut within two timeouts, far from 30 s.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_GE(workers_[0]->progress_events(), 3);
+  const std::string metrics = prometheus::TextSerializer().Serialize(registry_->Collect());
+  EXPECT_THAT(metrics,
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
+  EXPECT_EQ(ProtocolErrors(), "0");  // a timeout, not a break of the grammar
+}
+
+}  // namespace
+}  // namespace lazyattn::router

@@ -1,0 +1,73 @@
+#include "services/router/server/worker_stream_check.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace lazyattn::router {
+
+using lazyattn::v1::GenerateResponse;
+using lazyattn::v1::TokenChunk;
+
+WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateRequest& request,
+                                                 const lazyattn::v1::ModelInfo& model) {
+  Bounds b;
+  b.vocab_size = model.vocab_size() > 0 ? model.vocab_size() : 0;
+  b.max_context_tokens = model.max_context_tokens() > 0 ? model.max_context_tokens() : 0;
+  // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context.
+  b.max_tokens =
+      request.sampling().max_tokens() > 0 ? request.sampling().max_tokens() : b.max_context_tokens;
+  return b;
+}
+
+std::string WorkerStreamCheck::Next(const GenerateResponse& message) {
+  if (final_sent_) {
+    return "a message after the final one (the stream must end with its final message)";
+  }
+  switch (message.event_case()) {
+    case GenerateResponse::kToken:
+      return NextToken(message.token());
+    case GenerateResponse::kFinal:
+      final_sent_ = true;
+      return "";
+    case GenerateResponse::kPrefillProgress: {
+      const int64_t ready = message.prefill_progress().prompt_tokens_ready();
+      if (ready < 0) {
+        return absl::StrCat("prefill_progress.prompt_tokens_ready ", ready, " is negative");
+      }
+      if (bounds_.max_context_tokens > 0 && ready > bounds_.max_context_tokens) {
+        return absl::StrCat("prefill_progress.prompt_tokens_ready ", ready,
+                            " past the model's context of ", bounds_.max_context_tokens, " tokens");
+      }
+      return "";
+    }
+    case GenerateResponse::EVENT_NOT_SET:
+      return "";
+  }
+  return "";
+}
+
+std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
+  const int32_t id = token.token_id();
+  if (id == -1) {
+    if (held_back_sent_) return "token.token_id -1 twice (one held-back text chunk at most)";
+    held_back_sent_ = true;
+    return "";
+  }
+  if (id < -1) return absl::StrCat("token.token_id ", id, " is negative (only -1 may be)");
+  if (bounds_.vocab_size > 0 && id >= bounds_.vocab_size) {
+    return absl::StrCat("token.token_id ", id, " outside the model's vocabulary [0, ",
+                        bounds_.vocab_size, ")");
+  }
+  if (held_back_sent_) {
+    return absl::StrCat("token.token_id ", id,
+                        " after the held-back text chunk (token_id -1 ends the tokens)");
+  }
+  if (bounds_.max_tokens > 0 && tokens_ >= bounds_.max_tokens) {
+    return absl::StrCat("more than ", bounds_.max_tokens,
+                        " tokens (the request's sampling.max_tokens, or the model's context when "
+                        "it is 0)");
+  }
+  ++tokens_;
+  return "";
+}
+
+}  // namespace lazyattn::router

@@ -1,0 +1,52 @@
+// What a worker's Worker.Generate stream may hold, checked message by message at the router.
+//
+// The grammar (proto/lazyattn/v1/inference.proto): PrefillProgress events, then token chunks,
+// then exactly one Final, then nothing. A chunk carries a token id of the model's vocabulary, or
+// -1 for the one last chunk of held-back text (after it no other token comes); there are at most
+// the request's max_tokens real tokens (ids >= 0), or, when the request leaves max_tokens to the
+// worker's default, at most the model's context. A PrefillProgress event counts prompt tokens,
+// so it is never negative nor past the context. A message with no event set is tolerated: a newer
+// worker may send events this router does not know, and they are dropped.
+//
+// The router relays a worker's stream to its client. A stream outside the grammar comes from a
+// broken or hostile worker: the attempt is cut there (worker_attempt.h) and counted against the
+// worker, instead of relaying tokens past the client's limit or after the end of its answer.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_STREAM_CHECK_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_STREAM_CHECK_H_
+
+#include <cstdint>
+#include <string>
+
+#include "lazyattn/v1/inference.pb.h"
+
+namespace lazyattn::router {
+
+class WorkerStreamCheck {
+ public:
+  struct Bounds {
+    int64_t max_tokens = 0;          // real tokens a stream may carry; 0: no bound known
+    int64_t vocab_size = 0;          // token ids below it; 0: unknown
+    int64_t max_context_tokens = 0;  // bound of PrefillProgress; 0: unknown
+  };
+  // The bounds of `request` on a worker of `model` (its WorkerStatus.model).
+  static Bounds For(const lazyattn::v1::GenerateRequest& request,
+                    const lazyattn::v1::ModelInfo& model);
+
+  explicit WorkerStreamCheck(Bounds bounds) : bounds_(bounds) {}
+
+  // Empty when `message` may come next (and it is taken as come); otherwise what is wrong with
+  // it, naming the field, for the attempt's status and the log.
+  std::string Next(const lazyattn::v1::GenerateResponse& message);
+
+ private:
+  std::string NextToken(const lazyattn::v1::TokenChunk& token);
+
+  const Bounds bounds_;
+  int64_t tokens_ = 0;           // real tokens so far
+  bool held_back_sent_ = false;  // the token_id -1 chunk came
+  bool final_sent_ = false;
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_STREAM_CHECK_H_

@@ -1,0 +1,123 @@
+// The Generate stream's grammar as the router checks it (worker_stream_check.h): every legal shape
+// passes, and each kind of break is named.
+#include "services/router/server/worker_stream_check.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace lazyattn::router {
+namespace {
+
+using lazyattn::v1::GenerateResponse;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+GenerateResponse Token(int id) {
+  GenerateResponse r;
+  r.mutable_token()->set_token_id(id);
+  r.mutable_token()->set_text("t");
+  return r;
+}
+
+GenerateResponse Progress(int64_t ready) {
+  GenerateResponse r;
+  r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
+  return r;
+}
+
+GenerateResponse Final() {
+  GenerateResponse r;
+  r.mutable_final()->set_finish_reason("stop");
+  return r;
+}
+
+constexpr WorkerStreamCheck::Bounds kBounds{
+    .max_tokens = 3, .vocab_size = 1000, .max_context_tokens = 8192};
+
+TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
+  lazyattn::v1::GenerateRequest request;
+  lazyattn::v1::ModelInfo model;
+  model.set_vocab_size(49152);
+  model.set_max_context_tokens(8192);
+  request.mutable_sampling()->set_max_tokens(16);
+  WorkerStreamCheck::Bounds b = WorkerStreamCheck::For(request, model);
+  EXPECT_EQ(b.max_tokens, 16);
+  EXPECT_EQ(b.vocab_size, 49152);
+  EXPECT_EQ(b.max_context_tokens, 8192);
+  // max_tokens 0 is the worker's default, unknown here: the context bounds it.
+  request.mutable_sampling()->set_max_tokens(0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).max_tokens, 8192);
+  // A worker that never reported its model: no bound at all, rather than a wrong one.
+  b = WorkerStreamCheck::For(request, lazyattn::v1::ModelInfo());
+  EXPECT_EQ(b.max_tokens, 0);
+  EXPECT_EQ(b.vocab_size, 0);
+  EXPECT_EQ(b.max_context_tokens, 0);
+}
+
+TEST(WorkerStreamCheckTest, EveryLegalShapePasses) {
+  {
+    WorkerStreamCheck check(kBounds);
+    EXPECT_THAT(check.Next(Progress(0)), IsEmpty());
+    EXPECT_THAT(check.Next(Progress(8192)), IsEmpty());
+    EXPECT_THAT(check.Next(Token(0)), IsEmpty());
+    // Events after the first token are dropped by the attempt, not fatal.
+    EXPECT_THAT(check.Next(Progress(100)), IsEmpty());
+    EXPECT_THAT(check.Next(Token(999)), IsEmpty());
+    EXPECT_THAT(check.Next(Token(5)), IsEmpty());            // max_tokens real tokens
+    EXPECT_THAT(check.Next(Token(-1)), IsEmpty());           // then the held-back text
+    EXPECT_THAT(check.Next(GenerateResponse()), IsEmpty());  // an event unknown here
+    EXPECT_THAT(check.Next(Final()), IsEmpty());
+  }
+  {
+    WorkerStreamCheck check(kBounds);
+    EXPECT_THAT(check.Next(Final()), IsEmpty());  // no token at all (an empty answer)
+  }
+  {
+    // Nothing known: anything but the order passes.
+    WorkerStreamCheck check(WorkerStreamCheck::Bounds{});
+    for (int i = 0; i < 10'000; ++i) ASSERT_THAT(check.Next(Token(1 << 30)), IsEmpty());
+    EXPECT_THAT(check.Next(Progress(1LL << 40)), IsEmpty());
+    EXPECT_THAT(check.Next(Final()), IsEmpty());
+  }
+}
+
+TEST(WorkerStreamCheckTest, EachBreakIsNamed) {
+  struct Case {
+    const char* what;
+    std::vector<GenerateResponse> stream;  // the last message breaks the grammar
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"a token past max_tokens", {Token(1), Token(2), Token(3), Token(4)}, "more than 3 tokens"},
+      {"an id past the vocabulary",
+       {Token(1000)},
+       "token.token_id 1000 outside the model's vocabulary [0, 1000)"},
+      {"a negative id", {Token(-2)}, "token.token_id -2 is negative"},
+      {"a token after the held-back text",
+       {Token(1), Token(-1), Token(2)},
+       "token.token_id 2 after the held-back text chunk"},
+      {"two held-back texts", {Token(-1), Token(-1)}, "token.token_id -1 twice"},
+      {"a token after the final", {Token(1), Final(), Token(2)}, "a message after the final one"},
+      {"a second final", {Final(), Final()}, "a message after the final one"},
+      {"progress after the final", {Final(), Progress(1)}, "a message after the final one"},
+      {"an unknown event after the final",
+       {Final(), GenerateResponse()},
+       "a message after the final one"},
+      {"negative progress", {Progress(-1)}, "prefill_progress.prompt_tokens_ready -1 is negative"},
+      {"progress past the context",
+       {Progress(8193)},
+       "prefill_progress.prompt_tokens_ready 8193 past the model's context of 8192 tokens"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    WorkerStreamCheck check(kBounds);
+    for (size_t i = 0; i + 1 < c.stream.size(); ++i)
+      ASSERT_THAT(check.Next(c.stream[i]), IsEmpty());
+    EXPECT_THAT(check.Next(c.stream.back()), HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn::router
