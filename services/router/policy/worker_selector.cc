@@ -45,7 +45,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
 
   for (size_t w = 0; w < n; ++w) {
     const WorkerObservation& obs = workers[w];
-    int64_t hits = obs.resident_tokens;
+    int64_t hits = std::clamp<int64_t>(obs.resident_tokens, 0, kMaxObservedTokens);
     for (size_t d = 0; d < docs.size(); ++d) {
       const bool known = d < obs.resident.size() && obs.resident[d];
       if (known) continue;
@@ -80,9 +80,10 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
     candidates.push_back(Candidate{
         .id = obs.id,
         .hit_tokens = selection.predicted_hit_tokens[w],
-        .queued_prefill_tokens = std::max<int64_t>(0, obs.queued_prefill_tokens),
+        .queued_prefill_tokens =
+            std::clamp<int64_t>(obs.queued_prefill_tokens, 0, kMaxObservedTokens),
         .requests = std::max<int64_t>({0, obs.requests, obs.router_inflight}),
-        .copy_tokens = std::max<int64_t>(0, obs.copyable_tokens),
+        .copy_tokens = std::clamp<int64_t>(obs.copyable_tokens, 0, kMaxObservedTokens),
     });
   }
   Ranking ranking = policy_.Rank(candidates);

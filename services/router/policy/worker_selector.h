@@ -68,7 +68,12 @@ struct WorkerObservation {
   int64_t resident_tokens = 0;  // tokens of the request's documents the directory says it holds
   std::vector<bool> resident;   // per DocumentRef, same order; empty when unknown
   int64_t copyable_tokens = 0;  // mode block: held at other offsets only (ranked, not predicted)
+  // The three counts above and the load are another process's answer, taken as they came: Select
+  // clamps the token counts into [0, kMaxObservedTokens], so no answer overflows a sum.
 };
+
+// Far beyond any model's context times any document count; a larger count is not a real one.
+inline constexpr int64_t kMaxObservedTokens = int64_t{1} << 40;
 
 struct Selection {
   std::vector<size_t> order;                  // indices into the observations, best first

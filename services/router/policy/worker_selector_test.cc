@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -185,6 +186,27 @@ TEST(WorkerSelectorTest, PredictionIsTheDirectorysModeAwareAnswer) {
   Selection s = selector.Select(obs, docs, kT0);
   EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(0, 96));
   EXPECT_EQ(obs[s.order[0]].id, "w1");  // 96 hit tokens beat 50 queued
+}
+
+// A directory's answer is another process's data: counts at the int64 limits (a broken or hostile
+// directory) overflow no sum (the sanitizer build would trap) and rank as the largest real ones.
+TEST(WorkerSelectorTest, DirectoryCountsAtTheInt64LimitsOverflowNothing) {
+  const DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200);
+  const std::vector<DocumentRef> docs = {a, b};
+  WorkerSelector selector = MakeSelector();
+  selector.RecordChoice(docs, "w0", kT0);  // a speculative hit on w0 for both documents
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  std::vector<WorkerObservation> obs = {
+      {.id = "w0", .queued_prefill_tokens = kMin, .resident_tokens = kMax, .copyable_tokens = kMax},
+      {.id = "w1", .queued_prefill_tokens = kMax, .resident_tokens = kMin, .copyable_tokens = kMin},
+      {.id = "w2", .resident_tokens = 500, .resident = {true, true}}};
+  Selection s = selector.Select(obs, docs, kT0);
+  ASSERT_EQ(s.order.size(), 3u);
+  EXPECT_EQ(s.predicted_hit_tokens[0], kMaxObservedTokens + 500);
+  EXPECT_EQ(s.predicted_hit_tokens[1], 0);  // the speculative entries are w0's
+  EXPECT_EQ(obs[s.order[0]].id, "w0");
+  EXPECT_EQ(obs[s.order.back()].id, "w1");  // no hits, the most queued
 }
 
 TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
