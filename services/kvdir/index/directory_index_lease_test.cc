@@ -1,0 +1,125 @@
+// DirectoryIndex leases: expiry removes a worker with all its entries, a returning worker starts
+// empty, and a sweep after a stall of the directory itself extends leases instead of expiring them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "services/kvdir/index/directory_index.h"
+#include "services/kvdir/index/directory_index_test_fixture.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::IndexTest;
+using ::testing::IsEmpty;
+using testing::Key;
+using testing::kLease;
+using testing::Pair;
+using testing::Stored;
+
+TEST_F(IndexTest, LeaseExpiryRemovesWorkerAndAllItsEntries) {
+  const uint64_t a = Join("a");
+  const uint64_t b = Join("b");
+  index_.ApplyEvent("a", a, 3, Stored(1, 10), now_);
+  index_.ApplyEvent("a", a, 4, Stored(2, 20), now_);
+  index_.ApplyEvent("b", b, 3, Stored(2, 20), now_);
+  index_.Disconnect("a", a);  // the stream closed; the lease still runs
+
+  now_ += kLease / 2;
+  index_.Heartbeat("b", b, 4, {}, now_);
+  EXPECT_THAT(index_.ExpireLeases(now_), IsEmpty());
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("a", 30), Pair("b", 20)));
+
+  now_ += kLease / 2;  // a's lease ends exactly now; b's runs another half lease
+  // Lookup hides an expired worker even before the sweep.
+  EXPECT_THAT(Tokens({Key(1), Key(2)}), ElementsAre(Pair("b", 20)));
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("a"));
+  EXPECT_EQ(index_.Stats().workers, 1);
+  EXPECT_EQ(index_.Stats().documents, 1);
+  EXPECT_EQ(index_.Stats().entries, 1);
+  // The expired worker's stream (had it stayed open) no longer owns anything.
+  EXPECT_EQ(index_.ApplyEvent("a", a, 5, Stored(3, 1), now_).outcome, ApplyOutcome::kNoSession);
+
+  now_ += kLease;
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("b"));
+  EXPECT_THAT(index_.Lookup({Key(2)}, now_), IsEmpty());
+  EXPECT_EQ(index_.Stats().documents, 0);
+}
+
+TEST_F(IndexTest, ReturningWorkerAfterExpiryStartsEmpty) {
+  const uint64_t s = Join("w1");
+  index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_);
+  now_ += kLease;
+  index_.ExpireLeases(now_);
+  Join("w1");
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("w1", 0)));
+}
+
+// Sweeps every lease / 4 expire as ExpireLeases does; a sweep that comes more than lease / 2
+// after the previous one (the directory was stopped: SIGSTOP, a paused host) expires nobody and
+// gives every worker a fresh lease, so the live ones renew it and only the silent one goes.
+TEST_F(IndexTest, SweepAfterAStallOfTheDirectoryExtendsLeasesInsteadOfExpiring) {
+  const uint64_t live = Join("live");
+  Join("dead");
+  index_.ApplyEvent("live", live, 3, Stored(1, 10), now_);
+  EXPECT_THAT(index_.Sweep(now_).expired, IsEmpty());  // the first sweep: never a stall
+  now_ += kLease / 4;
+  SweepResult regular = index_.Sweep(now_);
+  EXPECT_THAT(regular.expired, IsEmpty());
+  EXPECT_EQ(regular.stalled, absl::ZeroDuration());
+
+  // Frozen for 25 s: both leases passed long ago, nothing was read meanwhile. Until the sweeper
+  // runs, lookups still list both workers (an empty list would empty every router's view).
+  const absl::Time frozen_at = now_;
+  now_ += absl::Seconds(25);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("dead", 0), Pair("live", 10)));
+  const SweepResult after = index_.Sweep(now_);
+  EXPECT_THAT(after.expired, IsEmpty());
+  EXPECT_EQ(after.stalled, now_ - frozen_at);
+  EXPECT_EQ(after.extended, 2);
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("dead", 0), Pair("live", 10)));
+
+  // The live worker's next heartbeat renews its lease; the dead one stays silent.
+  now_ += kLease / 4;
+  EXPECT_EQ(index_.Heartbeat("live", live, 4, {}, now_).outcome, ApplyOutcome::kApplied);
+  EXPECT_THAT(index_.Sweep(now_).expired, IsEmpty());
+  for (int i = 0; i < 2; ++i) {  // regular sweeps, up to one lease after the stalled one
+    now_ += kLease / 4;
+    const SweepResult r = index_.Sweep(now_);
+    EXPECT_EQ(r.stalled, absl::ZeroDuration());
+    EXPECT_THAT(r.expired, IsEmpty());
+  }
+  now_ += kLease / 4;
+  EXPECT_THAT(index_.Sweep(now_).expired, ElementsAre("dead"));
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("live", 10)));
+}
+
+// The stall bound is lease / 2 between sweeps: exactly that is a regular sweep (a lease that
+// passed expires), a little more is a stall. Lookup hides passed leases while sweeps are on time.
+TEST_F(IndexTest, SweepStallBoundIsHalfALease) {
+  EXPECT_EQ(index_.stall_after(), kLease / 2);
+  Join("a");
+  index_.Sweep(now_);
+  now_ += kLease / 2;
+  index_.Sweep(now_);
+  Join("b");  // b's lease ends at now + lease; a's ends half a lease from now
+  now_ += kLease / 2;
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));  // a's lease passed: hidden at once
+  const SweepResult on_time = index_.Sweep(now_);
+  EXPECT_EQ(on_time.stalled, absl::ZeroDuration());
+  EXPECT_THAT(on_time.expired, ElementsAre("a"));
+  now_ += kLease / 2 + absl::Milliseconds(1);  // b's lease passed during a (short) stall
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));
+  const SweepResult stalled = index_.Sweep(now_);
+  EXPECT_EQ(stalled.stalled, kLease / 2 + absl::Milliseconds(1));
+  EXPECT_THAT(stalled.expired, IsEmpty());
+  EXPECT_THAT(Tokens({}), ElementsAre(Pair("b", 0)));
+  // ExpireLeases alone keeps no sweep clock: it removes what passed, stall or not.
+  EXPECT_THAT(index_.ExpireLeases(now_ + kLease), ElementsAre("b"));
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir

@@ -1,0 +1,86 @@
+// DirectoryIndex bounds (IndexLimits): max_workers refuses new workers but not known ones, entries
+// past max_entries_per_worker drop the worker's entries, and a large worker leaving shrinks the
+// table without losing the others' entries.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "services/kvdir/index/directory_index.h"
+#include "services/kvdir/index/directory_index_test_fixture.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::Evicted;
+using testing::Key;
+using testing::kLease;
+using testing::Status;
+using testing::Stored;
+
+TEST(IndexLimitsTest, MaxWorkersRefusesNewWorkersButNotKnownOnes) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(kLease, IndexLimits{.max_workers = 2, .max_entries_per_worker = 10});
+  EXPECT_FALSE(index.Hello(Status("a"), 1, 1, now).refused);
+  EXPECT_FALSE(index.Hello(Status("b"), 1, 1, now).refused);
+  const HelloResult c = index.Hello(Status("c"), 1, 1, now);
+  EXPECT_TRUE(c.refused);
+  EXPECT_EQ(c.session, 0u);
+  EXPECT_EQ(index.Stats().workers, 2);
+  EXPECT_FALSE(index.Hello(Status("a"), 2, 1, now).refused);  // a reconnect of a known worker
+  // A lease that passed frees the place.
+  index.ExpireLeases(now + kLease);
+  EXPECT_FALSE(index.Hello(Status("c"), 1, 1, now + kLease).refused);
+}
+
+TEST(IndexLimitsTest, EntriesPastTheBoundDropTheWorkersEntries) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(kLease, IndexLimits{.max_workers = 4, .max_entries_per_worker = 3});
+  const uint64_t s = index.Hello(Status("w"), 1, 1, now).session;
+  const std::vector<DocEntry> three = {{Key(1), 10, kLazyOffset}, {Key(2), 10, kLazyOffset},
+                                       {Key(2), 10, 64}};
+  ASSERT_EQ(index.ApplySnapshot("w", s, 2, three, nullptr, now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 3);
+  // Replacing a held entry at the bound is fine; evicting one makes room for another.
+  EXPECT_EQ(index.ApplyEvent("w", s, 3, Stored(1, 11), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("w", s, 4, Evicted(1), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("w", s, 5, Stored(3, 30), now).outcome, ApplyOutcome::kApplied);
+  // A fourth distinct entry: refused, and the worker keeps nothing (it stays registered).
+  EXPECT_EQ(index.ApplyEvent("w", s, 6, Stored(4, 40), now).outcome, ApplyOutcome::kOverLimit);
+  EXPECT_EQ(index.Stats().entries, 0);
+  EXPECT_EQ(index.Stats().documents, 0);
+  EXPECT_EQ(index.Stats().workers, 1);
+  // A snapshot over the bound: refused whole.
+  const std::vector<DocEntry> four = {{Key(1), 1, kLazyOffset}, {Key(2), 1, kLazyOffset},
+                                      {Key(3), 1, kLazyOffset}, {Key(4), 1, kLazyOffset}};
+  EXPECT_EQ(index.ApplySnapshot("w", s, 7, four, nullptr, now).outcome, ApplyOutcome::kOverLimit);
+  EXPECT_EQ(index.Stats().entries, 0);
+}
+
+TEST(IndexLimitsTest, ALargeWorkerLeavingGivesTheTableBack) {
+  // Not observable through the interface except as memory; this checks the bookkeeping stays
+  // right across the shrink (entries of the remaining worker still found).
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(kLease);
+  const uint64_t big = index.Hello(Status("big"), 1, 1, now).session;
+  std::vector<DocEntry> many;
+  for (uint64_t k = 0; k < 50'000; ++k) many.push_back({Key(k + 100), 1, kLazyOffset});
+  ASSERT_EQ(index.ApplySnapshot("big", big, 2, many, nullptr, now).outcome,
+            ApplyOutcome::kApplied);
+  const uint64_t small = index.Hello(Status("small"), 1, 1, now + kLease / 2).session;
+  ASSERT_EQ(index.ApplySnapshot("small", small, 2, {{Key(1), 7, kLazyOffset}}, nullptr,
+                                now + kLease / 2)
+                .outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_THAT(index.ExpireLeases(now + kLease), ElementsAre("big"));
+  EXPECT_EQ(index.Stats().documents, 1);
+  const auto r = index.Lookup({Key(1), Key(100)}, now + kLease);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].resident_tokens, 7);
+  EXPECT_THAT(r[0].resident, ElementsAre(true, false));
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir
