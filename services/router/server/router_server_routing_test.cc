@@ -1,0 +1,268 @@
+// Where the router sends a request and what it does when a worker fails: the worker holding the
+// documents (in any order) streams the answer, failures before the first token fail over to the
+// next worker (after tokens a stream ends, a Complete call still fails over), the router serves
+// with the directory down, hanging or absent, a burst for new documents stays on one worker, and
+// the circuit breaker and health probes stop sending to a failing worker.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+#include "services/router/server/router_server_test_fixture.h"
+
+namespace lazyattn::router {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::RouterServerTest;
+using testing::StreamResult;
+
+TEST_F(RouterServerTest, StreamsFromTheWorkerHoldingTheDocumentsInAnyOrder) {
+  StartWorkers(3);
+  StartKvdir();
+  kvdir_.Hold("w2", "doc alpha", 300);
+  kvdir_.Hold("w2", "doc beta", 200);
+  kvdir_.Hold("w0", "doc gamma", 100);
+  StartRouter(Options());
+
+  for (const auto& docs : std::vector<std::vector<std::string>>{
+           {"doc alpha", "doc beta"}, {"doc beta", "doc gamma", "doc alpha"}}) {
+    StreamResult r = Stream(Request(docs));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_THAT(r.tokens, ElementsAre("Hello", ",", " world"));
+    ASSERT_TRUE(r.final.has_value());
+    EXPECT_EQ(r.final->worker(), "w2");
+    EXPECT_EQ(r.final->attempts(), 1);
+    EXPECT_EQ(r.final->text(), "Hello, world");
+    EXPECT_EQ(r.final->usage().documents(), static_cast<int64_t>(docs.size()));
+  }
+  EXPECT_EQ(workers_[2]->generate_calls(), 2);
+  EXPECT_EQ(workers_[2]->last_request().documents_size(), 3);
+  EXPECT_EQ(kvdir_.lookups(), 2);
+
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"ok\"} 2"));
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("lazyattn_router_worker_selections_total{model=\"fake-model\",worker=\"w2\"} 2"));
+  EXPECT_THAT(metrics,
+              HasSubstr("lazyattn_router_predicted_hit_tokens_total{model=\"fake-model\"} 1000"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_routing_duration_seconds_count 2"));
+}
+
+TEST_F(RouterServerTest, FailsOverWhenAWorkerFailsBeforeItsFirstToken) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  StartRouter(Options());
+
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_THAT(r.tokens, ElementsAre("Hello", ",", " world"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 1);
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 1"));
+}
+
+TEST_F(RouterServerTest, FailsOverFromAWorkerThatIsGone) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);
+  StartRouter(Options());
+  workers_[0]->Stop();  // the directory still lists it (its lease has not expired yet)
+
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+}
+
+TEST_F(RouterServerTest, AllWorkersFailingBeforeTokensNamesEachAttempt) {
+  StartWorkers(2);
+  StartKvdir();
+  for (auto& w : workers_) w->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  StartRouter(Options());
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("2 attempts"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("w0 ("));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("w1 ("));
+}
+
+TEST_F(RouterServerTest, FailureAfterTokensEndsTheStreamWithUnavailable) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);
+  workers_[0]->SetScript({.tokens = {"a", "b", "c", "d"}, .fail_after_tokens = 2});
+  StartRouter(Options());
+
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_THAT(r.tokens, ElementsAre("a", "b"));
+  EXPECT_FALSE(r.final.has_value());
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("w0"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("after 2 tokens"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("not retried"));
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                   "\"cache_aware\",status=\"unavailable\"} 1"));
+}
+
+TEST_F(RouterServerTest, CompleteFailsOverEvenAfterTokensSinceNothingWasSent) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);
+  workers_[0]->SetScript({.tokens = {"a", "b", "c"}, .fail_after_tokens = 2});
+  StartRouter(Options());
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, Request({"doc"}), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "Hello, world");
+  EXPECT_EQ(response.token_ids_size(), 3);
+  EXPECT_EQ(response.final().worker(), "w1");
+  EXPECT_EQ(response.final().attempts(), 2);
+}
+
+TEST_F(RouterServerTest, ServesWhenTheDirectoryIsDown) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w1", "doc", 500);
+  StartRouter(Options());
+  kvdir_.Stop();  // the router keeps the last list it had
+
+  std::vector<std::string> served;
+  for (int i = 0; i < 4; ++i) {
+    StreamResult r = Stream(Request({"doc"}, absl::StrCat("question ", i)));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    served.push_back(r.final->worker());
+  }
+  EXPECT_EQ(served.size(), 4u);
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 4);
+}
+
+TEST_F(RouterServerTest, AHangingDirectoryCostsOnlyTheLookupTimeout) {
+  StartWorkers(2);
+  StartKvdir();
+  RouterOptions o = Options();
+  o.kvdir.lookup_timeout = absl::Milliseconds(50);
+  StartRouter(o);
+  kvdir_.SetHang(true);
+  StreamResult r = Stream(Request({"doc"}), absl::Seconds(30));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(kvdir_.lookups(), 1);
+}
+
+TEST_F(RouterServerTest, StaticWorkersWithoutADirectory) {
+  StartWorkers(2);
+  RouterOptions o = Options();
+  o.kvdir.address.clear();
+  o.workers = {workers_[0]->address(), workers_[1]->address()};
+  o.routing.policy.kind = PolicyKind::kRoundRobin;
+  StartRouter(o);
+
+  std::vector<std::string> served;
+  for (int i = 0; i < 4; ++i) {
+    StreamResult r = Stream(Request({"doc"}));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    served.push_back(r.final->worker());
+  }
+  EXPECT_THAT(served, ElementsAre("w0", "w1", "w0", "w1"));
+
+  grpc::ClientContext ctx;
+  lazyattn::v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.workers(), 2);
+  EXPECT_EQ(info.model_fingerprint(), testing::kModelFp);
+  EXPECT_EQ(info.max_documents(), 32);  // the worker's limit is below the router's 64
+}
+
+TEST_F(RouterServerTest, ABurstForNewDocumentsStaysOnOneWorker) {
+  StartWorkers(3);
+  StartKvdir();  // nobody holds the documents: only the speculative entries steer
+  RouterOptions o = Options();
+  o.routing.speculative.ttl = absl::Hours(1);  // the burst's pace must not matter
+  StartRouter(o);
+  std::vector<std::string> served;
+  for (int i = 0; i < 5; ++i) {
+    StreamResult r = Stream(i % 2 ? Request({"new b", "new a"}) : Request({"new a", "new b"}));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    served.push_back(r.final->worker());
+  }
+  for (const auto& w : served) EXPECT_EQ(w, served[0]);
+}
+
+TEST_F(RouterServerTest, CircuitBreakerStopsSendingToAFailingWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 would always be first
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 2, .open_duration = absl::Hours(1)};
+  StartRouter(o);
+  for (int i = 0; i < 5; ++i) {
+    StreamResult r = Stream(Request({"doc"}));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.final->worker(), "w1");
+    EXPECT_EQ(r.final->attempts(), i < 2 ? 2 : 1) << "request " << i;
+  }
+  EXPECT_EQ(workers_[0]->generate_calls(), 2);
+}
+
+TEST_F(RouterServerTest, InternalErrorsCountAgainstTheBreaker) {
+  // A worker whose device is broken fails every request at once with INTERNAL: not retried (it may
+  // be the request), but counted, so the breaker takes the worker out.
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::INTERNAL});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 2, .open_duration = absl::Hours(1)};
+  StartRouter(o);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Stream(Request({"doc"})).status.error_code(), grpc::StatusCode::INTERNAL) << i;
+  }
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(workers_[0]->generate_calls(), 2);
+}
+
+TEST_F(RouterServerTest, HealthProbesEjectAWorkerThatStoppedAnswering) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 would be first
+  RouterOptions o = Options();
+  o.health.interval = absl::Milliseconds(50);
+  o.health.timeout = absl::Milliseconds(200);
+  o.health.outliers = {.consecutive_failures = 2,
+                       .base_ejection = absl::Hours(1),
+                       .max_ejection = absl::Hours(1)};
+  StartRouter(o);
+  workers_[0]->Stop();  // the directory still lists it
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < give_up &&
+         Metrics().find("lazyattn_router_worker_ejections_total 1") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(Metrics(), HasSubstr("lazyattn_router_worker_ejections_total 1"));
+  // No request is sent to it any more: the first attempt goes to w1.
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 1);
+}
+
+}  // namespace
+}  // namespace lazyattn::router

@@ -1,0 +1,230 @@
+// Time limits on a request: the first-token and between-tokens timeouts cut a frozen worker (a
+// long prefill that sends progress events is not cut), and the client's deadline and cancellation
+// reach the worker, each deadline counted once as deadline_exceeded.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/router_server.h"
+#include "services/router/server/router_server_test_fixture.h"
+
+namespace lazyattn::router {
+namespace {
+
+using lazyattn::v1::GenerateResponse;
+using ::testing::HasSubstr;
+using testing::RouterServerTest;
+using testing::StreamResult;
+
+TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice, and never sends a token
+  workers_[0]->SetScript({.block = true});
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
+
+  // Every worker frozen: the final status says why each attempt was given up.
+  workers_[1]->SetScript({.block = true});
+  r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("no first token within 300 ms (routing.first_token_timeout_ms)"));
+  workers_[0]->Unblock();
+  workers_[1]->Unblock();
+}
+
+// A worker that froze after its first token (SIGSTOP mid-generation) holds no request past the
+// between-tokens timeout: a stream ends UNAVAILABLE naming routing.token_idle_timeout_ms (its
+// token was sent, so no other worker), a Complete call is retried on the next worker without the
+// frozen one's partial text. A worker whose tokens keep coming, each within the timeout, is not
+// cut however long its stream lasts.
+TEST_F(RouterServerTest, TokenIdleTimeoutCutsAWorkerFrozenMidGeneration) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.block_after_tokens = 1});
+  RouterOptions o = Options();
+  o.routing.token_idle_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("no token for 300 ms after the previous token "
+                                                  "(routing.token_idle_timeout_ms)"));
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello"}));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 1"));
+
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    lazyattn::v1::CompleteResponse response;
+    grpc::Status s = stub_->Complete(&ctx, Request({"doc"}), &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.text(), "Hello, world");
+    EXPECT_EQ(response.final().worker(), "w1");
+    EXPECT_EQ(response.final().attempts(), 2);
+  }
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 2"));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 0"));
+
+  // Five tokens 150 ms apart: 600 ms in all, twice the timeout, each gap within it.
+  for (auto& w : workers_) {
+    w->SetScript({.tokens = {"a", "b", "c", "d", "e"}, .token_interval = absl::Milliseconds(150)});
+  }
+  workers_[0]->Unblock();
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_token_idle_timeouts_total{model=\"fake-model\"} 2"));
+}
+
+// A long prefill that shows signs of life (PrefillProgress events, which the router asks for)
+// outlasts the first-token timeout on the worker it started on: one attempt, no timeout counted,
+// and nothing of the events reaches the client. Without them the same prefill is cut.
+TEST_F(RouterServerTest, PrefillProgressKeepsALongPrefillFromTheFirstTokenTimeout) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.prefill = absl::Seconds(1.2)});
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello", ",", " world"}));
+  EXPECT_EQ(r.other_events, 0);
+  EXPECT_GE(workers_[0]->progress_events(), 5);
+  EXPECT_THAT(Metrics(),
+              ::testing::Not(
+                  HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1")));
+
+  // Progress that stops (a worker that froze mid-prefill) still times out, 300 ms after the last.
+  const int events_before = workers_[0]->progress_events();
+  workers_[0]->SetScript(
+      {.prefill = absl::Seconds(30), .prefill_progress_for = absl::Milliseconds(600)});
+  const absl::Time start = absl::Now();
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  // The last event came within one 50 ms interval of 600 ms; without the events the cut would
+  // have come at 300 ms.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(600 - 50 + 300));
+  EXPECT_GE(workers_[0]->progress_events() - events_before, 5);
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
+
+  // Events after the first token (a worker breaking the protocol) reach no client either.
+  workers_[1]->SetScript({.progress_between_tokens = true});
+  kvdir_.Hold("w1", "doc2", 500);
+  const int w1_events_before = workers_[1]->progress_events();
+  r = Stream(Request({"doc2"}));
+  EXPECT_EQ(workers_[1]->progress_events() - w1_events_before, 3);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"Hello", ",", " world"}));
+  EXPECT_EQ(r.other_events, 0);
+}
+
+TEST_F(RouterServerTest, ClientDeadlineReachesTheWorker) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.block = true});
+  StartRouter(Options());
+  StreamResult r = Stream(Request({"doc"}), absl::Milliseconds(300));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
+}
+
+// However the expiry reaches the router first (gRPC's cancellation at the deadline, the worker's
+// own DEADLINE_EXCEEDED, a failover cut short), one client deadline is one deadline_exceeded.
+TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) {
+  StartWorkers(2);
+  StartKvdir();
+  workers_[0]->SetScript({.block = true});
+  workers_[1]->SetScript({.block = true});
+  StartRouter(Options());
+  const std::vector<absl::Duration> deadlines = {absl::Milliseconds(50), absl::Milliseconds(150),
+                                                 absl::Milliseconds(300)};
+  for (absl::Duration d : deadlines) {
+    EXPECT_EQ(Stream(Request({"doc"}), d).status.error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
+    lazyattn::v1::CompleteResponse response;
+    EXPECT_EQ(stub_->Complete(&ctx, Request({"doc"}), &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // A failover cut short: the first worker fails fast, the second holds the call past the
+  // deadline.
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  workers_[1]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Stream(Request({"doc"}), absl::Milliseconds(200)).status.error_code(),
+              grpc::StatusCode::UNAVAILABLE);  // both failed fast: the client's deadline is not it
+  }
+  workers_[1]->SetScript({.block = true});
+  EXPECT_EQ(Stream(Request({"doc"}), absl::Milliseconds(200)).status.error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The router counts each call once it has ended on its side too.
+  const std::string want = absl::StrCat(
+      "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
+      "\"deadline_exceeded\"} ",
+      2 * deadlines.size() + 1);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr(want));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"cancelled\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"unavailable\"} 2"));
+}
+
+TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.block = true});
+  StartRouter(Options());
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request({"doc"}));
+  ASSERT_TRUE(workers_[0]->WaitForCalls(1, absl::Seconds(30)));
+  ctx.TryCancel();
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
+  GenerateResponse r;
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+}  // namespace
+}  // namespace lazyattn::router

@@ -1,0 +1,125 @@
+// The router's unary calls: Complete returns the whole text with its token ids (text a worker held
+// back included, never its id -1) and log-probabilities when asked, Prefetch warms the routed
+// worker or several, and GetModelInfo without workers is UNAVAILABLE.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+#include "services/router/server/router_server_test_fixture.h"
+
+namespace lazyattn::router {
+namespace {
+
+using lazyattn::v1::GenerateRequest;
+using ::testing::ElementsAre;
+using testing::FakeWorker;
+using ::testing::HasSubstr;
+using testing::RouterServerTest;
+using testing::StreamResult;
+using ::testing::UnorderedElementsAre;
+
+TEST_F(RouterServerTest, CompleteReturnsTheWholeText) {
+  StartWorkers(1);
+  StartKvdir();
+  StartRouter(Options());
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, Request({"some doc"}), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "Hello, world");
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  EXPECT_EQ(response.final().worker(), "w0");
+  EXPECT_EQ(response.final().attempts(), 1);
+}
+
+TEST_F(RouterServerTest, CompleteReturnsHeldBackTextButNeverTokenIdMinusOne) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"Hello", ",", " wor"};
+  script.held_back_tail = "ld";  // e.g. held while it could begin the stop string "ldx"
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->add_stop("ldx");
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "Hello, world");
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  // The stream still relays the text-only chunk (its text belongs to the answer).
+  StreamResult streamed = Stream(request);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  EXPECT_THAT(streamed.tokens, ElementsAre("Hello", ",", " wor", "ld"));
+}
+
+// Log-probabilities come back from Complete too: one per token id (the text-only chunk has
+// none), and none when the request did not ask for them.
+TEST_F(RouterServerTest, CompleteReturnsOneLogprobPerTokenIdWhenAsked) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"Hello", ",", " wor"};
+  script.held_back_tail = "ld";
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->set_logprobs(true);
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  EXPECT_THAT(response.logprobs(), ElementsAre(-0.5f, -1.0f, -1.5f));
+  request.mutable_sampling()->set_logprobs(false);
+  grpc::ClientContext plain_ctx;
+  lazyattn::v1::CompleteResponse plain;
+  ASSERT_TRUE(stub_->Complete(&plain_ctx, request, &plain).ok());
+  EXPECT_TRUE(plain.logprobs().empty());
+}
+
+TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {
+  StartWorkers(3);
+  StartKvdir();
+  kvdir_.Hold("w1", "doc", 500);
+  StartRouter(Options());
+
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  lazyattn::v1::PrefetchResponse response;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Prefetch(&ctx, request, &response).ok());
+    EXPECT_THAT(response.workers(), ElementsAre("w1"));
+    EXPECT_EQ(response.computed_tokens(), 3);
+  }
+  request.set_replicas(3);
+  workers_[2]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  {
+    grpc::ClientContext ctx;
+    response.Clear();
+    ASSERT_TRUE(stub_->Prefetch(&ctx, request, &response).ok());
+    EXPECT_THAT(response.workers(), UnorderedElementsAre("w0", "w1"));
+  }
+}
+
+TEST_F(RouterServerTest, GetModelInfoWithoutWorkersIsUnavailable) {
+  StartKvdir();  // lists nobody
+  StartRouter(Options());
+  grpc::ClientContext ctx;
+  lazyattn::v1::ModelInfo info;
+  EXPECT_EQ(stub_->GetModelInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("no live workers"));
+}
+
+}  // namespace
+}  // namespace lazyattn::router
