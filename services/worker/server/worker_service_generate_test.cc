@@ -1,0 +1,124 @@
+// What a Generate stream returns: its tokens, then a final message with the usage; unseeded
+// requests differ while a seed repeats; log-probabilities come with each token only when asked.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/worker/server/worker_service.h"
+#include "services/worker/server/worker_service_test_fixture.h"
+
+namespace lazyattn {
+namespace {
+
+using testing::kDocs;
+using testing::MetricValue;
+using testing::StreamResult;
+using testing::WorkerServiceTest;
+
+TEST_F(WorkerServiceTest, StreamsTokensThenFinalWithUsage) {
+  StartServer();
+  const StreamResult r = Generate(Request(kDocs, 8));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  int tokens = 0;
+  for (const v1::TokenChunk& c : r.chunks) tokens += c.token_id() >= 0 ? 1 : 0;
+  EXPECT_EQ(tokens, 8);
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->finish_reason(), "length");
+  EXPECT_EQ(r.final->worker(), "worker-under-test");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_EQ(r.final->text(), r.text);
+  EXPECT_GT(r.final->ttft_ms(), 0);
+  const v1::Usage& u = r.final->usage();
+  EXPECT_EQ(u.completion_tokens(), 8);
+  EXPECT_EQ(u.documents(), 3);
+  EXPECT_EQ(u.documents_hit(), 0);
+  EXPECT_GT(u.prompt_tokens(), 150);  // three byte-tokenized documents
+  EXPECT_EQ(u.prompt_tokens(), u.cached_tokens() + u.computed_tokens());
+  ExpectIdle();
+  server_->RefreshMetrics();
+  EXPECT_EQ(Requests("ok"), 1);
+  EXPECT_GT(MetricValue(*server_->registry(), "lazyattn_worker_prefill_tokens_total",
+                        {{"kind", "computed"}}),
+            150);
+}
+
+// The ids of the generated tokens (the final flush chunk, id -1, left out).
+std::vector<int32_t> Ids(const StreamResult& r) {
+  std::vector<int32_t> ids;
+  for (const v1::TokenChunk& c : r.chunks) {
+    if (c.token_id() >= 0) ids.push_back(c.token_id());
+  }
+  return ids;
+}
+
+TEST_F(WorkerServiceTest, UnseededRequestsDifferAndASeedRepeats) {
+  StartServer();
+  v1::GenerateRequest r = Request(kDocs, 24);
+  r.mutable_sampling()->set_temperature(1.5f);  // near-uniform over 300 ids: a repeat is ~300^-24
+  const StreamResult a = Generate(r), b = Generate(r);
+  ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.error_message();
+  ASSERT_EQ(Ids(a).size(), 24u);
+  EXPECT_NE(Ids(a), Ids(b)) << "two unseeded requests drew the same tokens";
+  r.mutable_sampling()->set_seed(0);  // a set seed, even 0, is not "unseeded"
+  const StreamResult c = Generate(r), d = Generate(r);
+  ASSERT_TRUE(c.status.ok() && d.status.ok());
+  EXPECT_EQ(Ids(c), Ids(d));
+  EXPECT_NE(Ids(c), Ids(a));
+  r.mutable_sampling()->set_seed(12345);
+  const StreamResult e = Generate(r), f = Generate(r);
+  ASSERT_TRUE(e.status.ok() && f.status.ok());
+  EXPECT_EQ(Ids(e), Ids(f));
+  EXPECT_NE(Ids(e), Ids(c));
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, LogprobsComeWithEachTokenOnlyWhenAsked) {
+  StartServer();
+  v1::GenerateRequest r = Request(kDocs, 12);
+  const StreamResult plain = Generate(r);
+  ASSERT_TRUE(plain.status.ok());
+  for (const v1::TokenChunk& c : plain.chunks) EXPECT_FALSE(c.has_logprob());
+
+  // Greedy: the chosen token is the most likely, so its probability is at least 1/vocab.
+  r.mutable_sampling()->set_logprobs(true);
+  const StreamResult greedy = Generate(r);
+  ASSERT_TRUE(greedy.status.ok());
+  EXPECT_EQ(Ids(greedy), Ids(plain));  // asking for logprobs changes no token
+  int with = 0;
+  for (const v1::TokenChunk& c : greedy.chunks) {
+    EXPECT_EQ(c.has_logprob(), c.token_id() >= 0) << "chunk " << c.token_id();
+    if (!c.has_logprob()) continue;
+    ++with;
+    EXPECT_LE(c.logprob(), 0.0f);
+    EXPECT_GE(c.logprob(), -std::log(300.0f) - 1e-4f);
+  }
+  EXPECT_EQ(with, 12);
+
+  // Sampled and seeded: the same tokens and log-probabilities again, each a real probability.
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_seed(7);
+  const StreamResult s1 = Generate(r), s2 = Generate(r);
+  ASSERT_TRUE(s1.status.ok() && s2.status.ok());
+  ASSERT_EQ(s1.chunks.size(), s2.chunks.size());
+  bool below_greedy_bound = false;
+  for (size_t i = 0; i < s1.chunks.size(); ++i) {
+    if (s1.chunks[i].token_id() < 0) continue;
+    ASSERT_TRUE(s1.chunks[i].has_logprob());
+    EXPECT_EQ(s1.chunks[i].logprob(), s2.chunks[i].logprob());
+    EXPECT_LT(s1.chunks[i].logprob(), 0.0f);
+    EXPECT_GT(s1.chunks[i].logprob(), -60.0f);
+    below_greedy_bound |= s1.chunks[i].logprob() < -std::log(300.0f);
+  }
+  // Temperature 1 over 300 near-uniform ids: some draw is less likely than 1/300.
+  EXPECT_TRUE(below_greedy_bound);
+  ExpectIdle();
+}
+
+}  // namespace
+}  // namespace lazyattn

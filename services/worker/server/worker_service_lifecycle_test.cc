@@ -1,0 +1,223 @@
+// How a request ends early without leaking: a full preparation queue refuses at once, cancellation
+// and deadlines reach requests still waiting for preparation or mid-stream and free every block, a
+// slow client is cut off without blocking other streams, and shutdown ends running streams.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/worker/server/worker_service.h"
+#include "services/worker/server/worker_service_test_fixture.h"
+
+namespace lazyattn {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::kDocs;
+using testing::StreamResult;
+using testing::TextDoc;
+using testing::WorkerServiceTest;
+
+// Occupies every preparation thread until released (tasks submitted straight to the pool).
+class PoolBlocker {
+ public:
+  explicit PoolBlocker(PrepPool& pool) {
+    for (int i = 0; i < pool.options().threads; ++i) {
+      EXPECT_TRUE(pool.Submit([this](const absl::Status&) {
+                        started_.fetch_add(1);
+                        release_.WaitForNotification();
+                      }).ok());
+    }
+    while (started_.load() < pool.options().threads) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ~PoolBlocker() { Release(); }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+
+ private:
+  std::atomic<int> started_{0};
+  absl::Notification release_;
+};
+
+TEST_F(WorkerServiceTest, AFullPreparationQueueIsResourceExhaustedAtOnce) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 1});
+  PrepPool& pool = server_->service().prep_pool();
+  PoolBlocker blocker(pool);
+  // One request waits in the queue ...
+  grpc::ClientContext queued_ctx;
+  auto queued = stub_->Generate(&queued_ctx, Request(kDocs, 2));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.pending() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(pool.pending(), 1);
+  // ... so the next is refused without waiting.
+  const StreamResult refused = Generate(Request(kDocs, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("engine.max_pending_preparations 1"));
+  {
+    v1::PrefetchRequest p;
+    *p.add_documents() = TextDoc(kDocs[0]);
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse resp;
+    EXPECT_EQ(stub_->Prefetch(&ctx, p, &resp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  EXPECT_EQ(Requests("resource_exhausted"), 1);
+  // Once the pool frees up, the queued request is served.
+  blocker.Release();
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (queued->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  EXPECT_TRUE(queued->Finish().ok());
+  EXPECT_EQ(tokens, 2);
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, CancellationAndDeadlinesReachARequestWaitingForPreparation) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
+  PrepPool& pool = server_->service().prep_pool();
+  PoolBlocker blocker(pool);
+  {
+    // The deadline passes while the request is queued: it ends without a pool thread.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    v1::GenerateResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  {
+    // The client's deadline fires a little before the worker's (which counts from arrival): wait
+    // until the worker has taken the expired call out of the queue, so that the queued call seen
+    // below is the next one. (Without this wait the next call was sometimes cancelled before it
+    // reached the worker at all, which then rightly never counted it.)
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (pool.pending() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(pool.pending(), 0);
+  }
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (pool.pending() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(pool.pending(), 1);
+    ctx.TryCancel();
+    v1::GenerateResponse m;
+    EXPECT_FALSE(reader->Read(&m));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // Both left the queue while its only thread was still busy.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.pending() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(pool.pending(), 0);
+  EXPECT_EQ(pool.running(), 1);  // the blocker
+  while (Requests("cancelled") + Requests("deadline_exceeded") < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(Requests("deadline_exceeded"), 1);
+  EXPECT_EQ(Requests("cancelled"), 1);
+  blocker.Release();
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  ExpectIdle();
+  // Neither reached the engine nor was tokenized: only the last request was.
+  const EngineStats stats = server_->engine().stats();
+  EXPECT_EQ(stats.requests_ok, 1);
+  EXPECT_EQ(stats.requests_failed, 0);
+  EXPECT_EQ(stats.text_docs_tokenized, 3);
+}
+
+TEST_F(WorkerServiceTest, ClientCancellationMidStreamFreesEveryBlock) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (tokens < 2 && reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  ASSERT_EQ(tokens, 2);
+  EXPECT_GT(Status().referenced_blocks(), 0);  // the request holds its KV while it runs
+  ctx.TryCancel();
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectIdle();
+  EXPECT_EQ(Requests("cancelled"), 1);  // ended by the cancellation, not by finishing
+  EXPECT_EQ(Requests("ok"), 0);
+}
+
+TEST_F(WorkerServiceTest, ASlowClientIsCutOffWithoutBlockingOtherStreams) {
+  StartServer(/*slow=*/false, /*max_documents=*/4, /*max_buffered_tokens=*/16);
+  // A client that announces a tiny receive window and does not read: the worker's writes stall,
+  // generated tokens pile up in the call's queue, and the call is cut off at 16.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto slow_channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                                grpc::InsecureChannelCredentials(), args);
+  auto slow_stub = v1::Worker::NewStub(slow_channel);
+  grpc::ClientContext ctx;
+  auto reader = slow_stub->Generate(&ctx, Request(kDocs, 3500));
+  // Meanwhile another client is served normally.
+  const StreamResult other = Generate(Request(kDocs, 8));
+  EXPECT_TRUE(other.status.ok()) << other.status.error_message();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Requests("resource_exhausted") < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Requests("resource_exhausted"), 1);
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("client too slow"));
+  EXPECT_LT(tokens, 3500);
+  ExpectIdle();
+}
+
+TEST_F(WorkerServiceTest, DeadlineEndsTheRequestAndFreesItsBlocks) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  bool final = false;
+  while (reader->Read(&m)) {
+    tokens += m.has_token() ? 1 : 0;
+    final = final || m.has_final();
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_FALSE(final);
+  EXPECT_LT(tokens, 3000);
+  ExpectIdle();
+  EXPECT_EQ(Requests("deadline_exceeded"), 1);
+}
+
+TEST_F(WorkerServiceTest, ShutdownEndsRunningStreamsWithUnavailable) {
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  std::thread stopper([&] { server_->Shutdown(); });
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status s = reader->Finish();
+  stopper.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+  EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+}
+
+}  // namespace
+}  // namespace lazyattn
