@@ -175,6 +175,47 @@ def secured_checks(args, tmp):
             stream=True) if ch.choices)
         check("completions, streamed: the same text", streamed == want.get("text"), repr(streamed))
 
+        # Log probabilities: the gRPC API's, one per token, in OpenAI's forms.
+        want = grpc_answer(c, QUESTION, chat=True, system=SYSTEM, extra=["--logprobs"])
+        got = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                             max_tokens=12, logprobs=True)
+        entries = got.choices[0].logprobs.content if got.choices[0].logprobs else []
+        close = lambda a, b: len(a) == len(b) and all(abs(x - y) <= 1e-6 for x, y in zip(a, b))
+        check("chat logprobs: the gRPC API's, one entry per token, each with its bytes",
+              want.get("ok") and close([e.logprob for e in entries], want.get("logprobs", [])) and
+              len(entries) == want.get("completion_tokens") and
+              all(e.bytes is not None and e.top_logprobs == [] for e in entries),
+              f"http={[e.logprob for e in entries]} grpc={want.get('logprobs')}")
+        # (Bytes that are no UTF-8 alone show as U+FFFD in the text; Python and the worker may
+        # replace a broken sequence by one or by several.)
+        joined = b"".join(bytes(e.bytes) for e in entries)
+        one_fffd = lambda t: re.sub("\ufffd+", "\ufffd", t)
+        check("chat logprobs: the tokens' bytes spell the text",
+              one_fffd(joined.decode("utf-8", "replace")) == one_fffd(got.choices[0].message.content),
+              f"{joined!r} vs {got.choices[0].message.content!r}")
+        streamed = [e.logprob for ch in client.chat.completions.create(
+            model=model, messages=messages, temperature=0, max_tokens=12, logprobs=True,
+            stream=True) for choice in ch.choices if choice.logprobs
+            for e in choice.logprobs.content or []]
+        check("chat logprobs, streamed: the same entries", close(streamed, [e.logprob for e in entries]),
+              f"{streamed}")
+        completion = client.completions.create(model=model, prompt="The capital of France is",
+                                               temperature=0, max_tokens=12, logprobs=0)
+        lp = completion.choices[0].logprobs
+        check("completions logprobs 0: tokens, token_logprobs and text_offset, one per token",
+              lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) ==
+              completion.usage.completion_tokens and lp.text_offset[0] == 0 and
+              lp.text_offset == sorted(lp.text_offset), str(lp))
+        raises_top = None
+        try:
+            client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                           logprobs=True, top_logprobs=3)
+        except openai.BadRequestError as e:
+            raises_top = e
+        check("top_logprobs 3: 400 naming top_logprobs (alternatives are not computed)",
+              raises_top is not None and (raises_top.body or {}).get("param") == "top_logprobs",
+              str(raises_top))
+
         # Documents: placed as the gRPC API places them, and hit on the second request.
         want = grpc_answer(c, QUESTION, docs=docs, chat=True, system=SYSTEM)
         body = {"documents": [{"id": f"doc{i}", "text": t} for i, t in enumerate(DOCS)]}

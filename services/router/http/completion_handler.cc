@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "services/router/http/client_connection.h"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_call.h"
+#include "services/router/http/openai_logprobs.h"
 #include "services/router/http/sse_writer.h"
 #include "services/router/server/router_metrics.h"
 
@@ -117,12 +120,20 @@ std::string StepErrorBody(Step step) {
   return ErrorBodyOf(StepFailure(step));
 }
 
+// The choice's "logprobs" for `tokens` in the form of `kind` (openai_logprobs.h).
+nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens,
+                            TextOffset* offset) {
+  return kind == ApiKind::kChat ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, offset);
+}
+
 // What a streamed response needs after the handler returned (the provider runs later).
 struct StreamState {
   std::shared_ptr<HttpCall> call;
   HttpCall::Event first;  // the first event, already taken (a token)
   ResponseMeta meta;
   bool include_usage = false;
+  bool logprobs = false;  // the request asked for them
+  TextOffset offset;      // completions' text_offset, across chunks
   absl::Time deadline;
   std::shared_ptr<const std::atomic<bool>> stopping;
   ClientConnection client;
@@ -151,7 +162,14 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
       step = Step::kStopping;
       break;
     }
-    if (!e.token.text().empty()) out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
+    // With log probabilities every real token has a chunk, also one whose text is held back.
+    const std::optional<TokenLogprob> entry = s.logprobs ? LogprobOf(e.token) : std::nullopt;
+    if (entry.has_value()) {
+      const nlohmann::json logprobs = LogprobsJson(s.meta.kind, {&*entry, 1}, &s.offset);
+      out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage, &logprobs));
+    } else if (!e.token.text().empty()) {
+      out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
+    }
     s.call->Consumed(out.ok());
     if (!out.ok()) return false;  // the client is gone; the call cancels its worker stream
     step = NextStep(*s.call, &e, s.deadline, *s.stopping, s.client);
@@ -231,6 +249,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   if (model_name.empty() && model->has_value()) model_name = (*model)->id;
   ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
   const absl::Time deadline = absl::Now() + options.request_timeout;
+  const bool logprobs = parsed->request.sampling().logprobs();  // the request moves to the call
   auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
                               absl::ToChronoTime(deadline), parsed->stream, std::move(live));
   if (!call.ok()) {
@@ -259,7 +278,14 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
       return;
     }
     if (!parsed->stream) {
-      response.set_content(CompletionJson(meta, first.text, *first.final), "application/json");
+      std::optional<nlohmann::json> choice_logprobs;
+      if (logprobs) {
+        TextOffset offset;
+        choice_logprobs = LogprobsJson(kind, first.logprobs, &offset);
+      }
+      response.set_content(CompletionJson(meta, first.text, *first.final,
+                                          choice_logprobs ? &*choice_logprobs : nullptr),
+                           "application/json");
       return;
     }
   }
@@ -269,6 +295,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   state->first = std::move(first);
   state->meta = std::move(meta);
   state->include_usage = parsed->include_usage;
+  state->logprobs = logprobs;
   state->deadline = deadline;
   state->stopping = std::move(stopping);
   state->client = client;

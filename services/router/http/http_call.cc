@@ -72,6 +72,7 @@ HttpCall::Event::Kind HttpCall::Next(Event* event, absl::Duration timeout) {
   event->status = status_;
   event->final = final_;
   event->text = text_;
+  event->logprobs = logprobs_;
   return Event::kEnd;
 }
 
@@ -80,6 +81,7 @@ void HttpCall::DeliverToken(const GenerateResponse& token) {
     {
       absl::MutexLock lock(&mu_);
       text_ += token.token().text();
+      if (auto entry = LogprobOf(token.token())) logprobs_.push_back(std::move(*entry));
     }
     ClientWriteDone(true);
     return;
@@ -113,6 +115,7 @@ void HttpCall::Cancel() {
 void HttpCall::DiscardPartial() {
   absl::MutexLock lock(&mu_);
   text_.clear();
+  logprobs_.clear();
 }
 
 void HttpCall::DeliverEnd(const grpc::Status& status, const Final* final) {

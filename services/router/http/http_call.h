@@ -22,12 +22,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/router/http/openai_logprobs.h"
 #include "services/router/server/admission.h"
 #include "services/router/server/forwarding_call.h"
 #include "services/router/server/key_limits.h"
@@ -58,6 +60,8 @@ class HttpCall final : public ForwardingCall {
     grpc::Status status;                      // kEnd
     std::optional<lazyattn::v1::Final> final;  // kEnd with OK status
     std::string text;                         // kEnd, not streaming: the whole text
+    // kEnd, not streaming: the tokens' log probabilities when the request asked for them.
+    std::vector<TokenLogprob> logprobs;
   };
 
   // Admits the request as the gRPC API does (AdmitRequest, admission.h: validation, the served
@@ -98,6 +102,7 @@ class HttpCall final : public ForwardingCall {
   absl::Mutex mu_;
   std::optional<lazyattn::v1::TokenChunk> pending_ ABSL_GUARDED_BY(mu_);
   std::string text_ ABSL_GUARDED_BY(mu_);  // not streaming: collected text
+  std::vector<TokenLogprob> logprobs_ ABSL_GUARDED_BY(mu_);  // not streaming: collected
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // Cancel() was called
   grpc::Status status_ ABSL_GUARDED_BY(mu_);

@@ -1,24 +1,26 @@
 // The HTTP listener over real sockets on 127.0.0.1, in front of a router with a scripted fake
-// worker and a fake KV directory: what a hostile or idle client can make it hold, and what its
-// shutdown waits for.
+// worker and a fake KV directory: what a hostile or idle client can make it hold, what its
+// shutdown waits for, and the responses' log probabilities.
 #include "services/router/http/http_server.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
 
@@ -104,6 +106,21 @@ class HttpServerTest : public ::testing::Test {
     return o;
   }
 
+  // One POST on its own connection; the whole reply as it came (head, then the body, chunked
+  // when streamed).
+  std::string Post(const std::string& path, const std::string& body) {
+    const std::string request =
+        absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                     "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+    const int fd = Connect(http_->port());
+    if (fd < 0) return "(no connection)";
+    const bool sent =
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
+    std::string reply = sent ? ReadAll(fd) : "(send failed)";
+    close(fd);
+    return reply;
+  }
+
   FakeWorker worker_{"w0"};
   FakeKvdir kvdir_;
   std::unique_ptr<RouterServer> router_;
@@ -134,19 +151,10 @@ TEST_F(HttpServerTest, AnUnsupportedFieldIs400NamingItAndAnUnknownOneIsServed) {
   StartRouter();
   StartHttp(Options(), nullptr);
   auto post = [&](const std::string& extra) {
-    const std::string body = absl::StrCat(
-        R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 4, )", extra, "}");
-    const std::string request = absl::StrCat(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        "Connection: close\r\nContent-Length: ",
-        body.size(), "\r\n\r\n", body);
-    const int fd = Connect(http_->port());
-    if (fd < 0) return std::string("(no connection)");
-    const bool sent =
-        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
-    std::string reply = sent ? ReadAll(fd) : "(send failed)";
-    close(fd);
-    return reply;
+    return Post("/v1/chat/completions",
+                absl::StrCat(R"({"messages": [{"role": "user", "content": "Hi?"}], )"
+                             R"("max_tokens": 4, )",
+                             extra, "}"));
   };
   const std::string refused =
       post(R"("tools": [{"type": "function", "function": {"name": "lookup"}}])");
@@ -156,6 +164,79 @@ TEST_F(HttpServerTest, AnUnsupportedFieldIs400NamingItAndAnUnknownOneIsServed) {
   EXPECT_NE(refused.find("tool calling is not supported"), std::string::npos) << refused;
   const std::string served = post(R"("x_client_trace": {"id": 7})");
   EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served;
+}
+
+// The JSON objects of a reply: the body of a whole response, or each SSE event's data.
+std::vector<nlohmann::json> JsonOf(const std::string& reply) {
+  std::vector<nlohmann::json> out;
+  const size_t body = reply.find("\r\n\r\n");
+  if (body == std::string::npos) return out;
+  if (reply.find("text/event-stream") == std::string::npos) {
+    out.push_back(nlohmann::json::parse(reply.substr(body + 4), nullptr, false));
+    return out;
+  }
+  for (const absl::string_view line : absl::StrSplit(reply.substr(body + 4), '\n')) {
+    if (absl::StartsWith(line, "data: {")) {
+      out.push_back(nlohmann::json::parse(std::string(line.substr(6)), nullptr, false));
+    }
+  }
+  return out;
+}
+
+// The chosen tokens' log probabilities come back in OpenAI's forms, whole and streamed: one
+// entry per token with its bytes (the fake worker's tokens are its texts, log probabilities
+// -0.5, -1.0, ...), also for a token whose text is held back; completions count text offsets.
+TEST_F(HttpServerTest, LogprobsOfTheChosenTokensComeBackInOpenAisForms) {
+  FakeWorker::Script script;
+  script.tokens = {"Hel", "lo"};
+  script.held_back_tail = "!";
+  worker_.SetScript(script);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi?"}], "logprobs": true)";
+
+  auto whole = JsonOf(Post("/v1/chat/completions", chat + "}"));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0]["choices"][0]["message"]["content"], "Hello!");
+  EXPECT_EQ(whole[0]["choices"][0]["logprobs"], nlohmann::json::parse(R"({"content": [
+      {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108], "top_logprobs": []},
+      {"token": "lo", "logprob": -1.0, "bytes": [108, 111], "top_logprobs": []}],
+      "refusal": null})"))
+      << whole[0].dump();
+
+  std::vector<nlohmann::json> entries;
+  std::string text;
+  for (const auto& chunk : JsonOf(Post("/v1/chat/completions", chat + R"(, "stream": true})"))) {
+    const auto& choice = chunk["choices"][0];
+    if (choice["delta"].contains("content")) text += choice["delta"]["content"];
+    if (!choice["logprobs"].is_null()) {
+      for (const auto& e : choice["logprobs"]["content"]) entries.push_back(e);
+    }
+  }
+  EXPECT_EQ(text, "Hello!");
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0]["token"], "Hel");
+  EXPECT_EQ(entries[1]["logprob"], -1.0);
+
+  const std::string prompt = R"({"prompt": "Hi?", "logprobs": 0)";
+  whole = JsonOf(Post("/v1/completions", prompt + "}"));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0]["choices"][0]["logprobs"], nlohmann::json::parse(R"({
+      "tokens": ["Hel", "lo"], "token_logprobs": [-0.5, -1.0], "top_logprobs": null,
+      "text_offset": [0, 3]})"))
+      << whole[0].dump();
+  std::vector<int64_t> offsets;
+  for (const auto& chunk : JsonOf(Post("/v1/completions", prompt + R"(, "stream": true})"))) {
+    const auto& logprobs = chunk["choices"][0]["logprobs"];
+    if (!logprobs.is_null()) offsets.push_back(logprobs["text_offset"][0]);
+  }
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, 3}));
+
+  // Not asked for: null, as before.
+  whole =
+      JsonOf(Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi?"}]})"));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_TRUE(whole[0]["choices"][0]["logprobs"].is_null());
 }
 
 TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {

@@ -12,10 +12,9 @@ namespace {
 
 using nlohmann::json;
 
-// Each refusal says what is missing rather than only "not supported". (The gRPC API returns the
-// sampled tokens' log probabilities, SamplingParams.logprobs; the HTTP responses do not carry
-// them yet.)
-constexpr char kNoLogprobs[] = "the HTTP API returns no log probabilities";
+// Each refusal says what is missing rather than only "not supported".
+constexpr char kOnlyChosenLogprob[] =
+    "only the chosen token's log probability is returned, no alternatives; ask for 0";
 constexpr char kNoTools[] = "tool calling is not supported";
 constexpr char kNoGuidance[] = "output is not constrained";
 
@@ -44,24 +43,8 @@ bool WholeNumber(const json& v, double* n) {
   return std::fabs(*n) < 9.0e15 && *n == std::floor(*n);
 }
 
-absl::Status CheckLogprobs(const json& body) {
-  // A boolean in chat, a count in completions; either asks for log probabilities unless false.
-  // (A completion's logprobs 0 still asks for the chosen tokens' own.)
-  if (const json* v = Field(body, "logprobs")) {
-    if (v->is_boolean()) {
-      if (v->get<bool>()) return NotSupported("logprobs", kNoLogprobs, *v);
-    } else if (v->is_number()) {
-      return NotSupported("logprobs", kNoLogprobs, *v);
-    } else {
-      return WrongType("logprobs", "true, false or a number", *v);
-    }
-  }
-  if (const json* v = Field(body, "top_logprobs")) {
-    double n = 0;
-    if (!WholeNumber(*v, &n)) return WrongType("top_logprobs", "an integer", *v);
-    if (n != 0) return NotSupported("top_logprobs", kNoLogprobs, *v);
-  }
-  return absl::OkStatus();
+absl::Status NegativeCount(absl::string_view field, const json& got) {
+  return Invalid(field, absl::StrCat("expected an integer >= 0, got ", QuoteForMessage(got)));
 }
 
 absl::Status CheckCompletionOptions(const json& body) {
@@ -152,13 +135,13 @@ const std::set<std::string_view>& KnownFields() {
       // read
       "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
       "presence_penalty", "frequency_penalty", "stream", "stream_options", "documents",
-      "cache_mode", "top_k", "min_p", "repetition_penalty",
+      "cache_mode", "top_k", "min_p", "repetition_penalty", "logprobs", "top_logprobs",
       // ignored: harmless
       "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
       // refused unless unset or default
-      "logprobs", "top_logprobs", "echo", "best_of", "suffix", "logit_bias", "tools", "functions",
-      "tool_choice", "function_call", "response_format", "modalities", "audio", "guided_json",
-      "guided_regex", "guided_choice", "guided_grammar"};
+      "echo", "best_of", "suffix", "logit_bias", "tools", "functions", "tool_choice",
+      "function_call", "response_format", "modalities", "audio", "guided_json", "guided_regex",
+      "guided_choice", "guided_grammar"};
   return *known;
 }
 
@@ -181,8 +164,32 @@ std::string QuoteForMessage(const json& value) {
   return value.type_name();
 }
 
-absl::Status CheckUnsupportedFields(const json& body) {
-  if (absl::Status s = CheckLogprobs(body); !s.ok()) return s;
+absl::StatusOr<bool> ReadLogprobs(ApiKind kind, const json& body) {
+  bool wanted = false;
+  if (const json* v = Field(body, "logprobs")) {
+    if (kind == ApiKind::kChat) {
+      if (!v->is_boolean()) return WrongType("logprobs", "true or false", *v);
+      wanted = v->get<bool>();
+    } else {
+      // A completion's logprobs counts alternatives; 0 still asks for the chosen tokens' own.
+      double n = 0;
+      if (!WholeNumber(*v, &n)) return WrongType("logprobs", "an integer", *v);
+      if (n < 0) return NegativeCount("logprobs", *v);
+      if (n > 0) return NotSupported("logprobs", kOnlyChosenLogprob, *v);
+      wanted = true;
+    }
+  }
+  if (const json* v = Field(body, "top_logprobs")) {
+    double n = 0;
+    if (!WholeNumber(*v, &n)) return WrongType("top_logprobs", "an integer", *v);
+    if (n < 0) return NegativeCount("top_logprobs", *v);
+    if (n > 0) return NotSupported("top_logprobs", kOnlyChosenLogprob, *v);
+  }
+  return wanted;
+}
+
+absl::Status CheckUnsupportedFields(ApiKind kind, const json& body) {
+  if (absl::Status s = ReadLogprobs(kind, body).status(); !s.ok()) return s;
   if (absl::Status s = CheckCompletionOptions(body); !s.ok()) return s;
   if (absl::Status s = CheckTools(body); !s.ok()) return s;
   return CheckOutputForm(body);

@@ -1,13 +1,15 @@
 // Which top-level fields of an OpenAI request the router honours, which it may ignore, and which
 // it must refuse (docs/http-api.md, "Requests").
 //
-//  - Read: the fields openai_json.h maps, and the extensions.
+//  - Read: the fields openai_json.h maps, the extensions, and the request for log probabilities
+//    (ReadLogprobs).
 //  - Ignored, harmless: user, metadata, store, service_tier, parallel_tool_calls (no tools are
 //    ever accepted), prediction (a latency hint), and the unset or default value of any field
 //    below.
 //  - Refused when set to a value that asks for what the router does not do, because an answer
-//    that ignored it would mean something else than the client asked for: logprobs (true or a
-//    number), top_logprobs > 0, echo true, best_of > 1, suffix non-empty, logit_bias non-empty,
+//    that ignored it would mean something else than the client asked for: alternatives to the
+//    chosen tokens (top_logprobs > 0, a completion's logprobs > 0), echo true, best_of > 1,
+//    suffix non-empty, logit_bias non-empty,
 //    tools / functions non-empty, tool_choice / function_call other than "none" or "auto",
 //    response_format other than {"type": "text"}, modalities other than ["text"], audio, and
 //    vLLM's guided_json / guided_regex / guided_choice / guided_grammar. InvalidArgument
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
 namespace lazyattn::router {
@@ -40,7 +43,13 @@ std::string TruncateUtf8(const std::string& s, size_t max_bytes);
 
 // OK, or InvalidArgument naming the first field (in the order above) set to a value the router
 // does not implement, or of the wrong type. `body` is a JSON object.
-absl::Status CheckUnsupportedFields(const nlohmann::json& body);
+absl::Status CheckUnsupportedFields(ApiKind kind, const nlohmann::json& body);
+
+// Whether the request asks for the sampled tokens' log probabilities (chat: `logprobs: true`;
+// completions: `logprobs: 0`, a count of alternatives that still asks for the chosen token's
+// own); InvalidArgument for a wrong type, a negative count, or alternatives (top_logprobs > 0,
+// a completion's logprobs > 0), which the engine does not compute (openai_logprobs.h).
+absl::StatusOr<bool> ReadLogprobs(ApiKind kind, const nlohmann::json& body);
 
 // The body's top-level fields that the router neither reads, ignores knowingly, nor refuses
 // (for `kind`: a chat request's `prompt` is unknown, as a completion's `messages`), sorted by

@@ -308,8 +308,8 @@ json Envelope(const ResponseMeta& meta, bool chunk) {
 }
 
 json ChunkChoice(const ResponseMeta& meta, const std::string* text, bool role,
-                 const char* finish_reason) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+                 const char* finish_reason, const json* logprobs = nullptr) {
+  json choice = {{"index", 0}, {"logprobs", logprobs != nullptr ? *logprobs : json(nullptr)}};
   if (meta.kind == ApiKind::kChat) {
     json delta = json::object();
     if (role) delta["role"] = "assistant";
@@ -349,7 +349,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   }
   // Before the fields read: a request asking for what the router does not do is refused as such,
   // not for a lesser fault elsewhere.
-  RETURN_IF_ERROR(CheckUnsupportedFields(body));
+  RETURN_IF_ERROR(CheckUnsupportedFields(kind, body));
   out.unknown_fields = UnknownFields(kind, body);
   if (const json* n = Field(body, "n")) {
     ASSIGN_OR_RETURN(const int64_t choices, IntegerOf(*n, "n"));
@@ -386,6 +386,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
   RETURN_IF_ERROR(ReadSampling(body, &r));
+  ASSIGN_OR_RETURN(const bool logprobs, ReadLogprobs(kind, body));
+  r.mutable_sampling()->set_logprobs(logprobs);
   return out;
 }
 
@@ -402,8 +404,10 @@ const char* OpenAiFinishReason(std::string_view worker_reason) {
   return worker_reason == "length" ? "length" : "stop";
 }
 
-std::string CompletionJson(const ResponseMeta& meta, const std::string& text, const Final& final) {
-  json choice = {{"index", 0}, {"logprobs", nullptr},
+std::string CompletionJson(const ResponseMeta& meta, const std::string& text, const Final& final,
+                           const json* logprobs) {
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs != nullptr ? *logprobs : json(nullptr)},
                  {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
   if (meta.kind == ApiKind::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -424,9 +428,10 @@ std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage) {
   return Dump(j);
 }
 
-std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage) {
+std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage,
+                          const json* logprobs) {
   json j = Envelope(meta, true);
-  j["choices"] = json::array({ChunkChoice(meta, &text, false, nullptr)});
+  j["choices"] = json::array({ChunkChoice(meta, &text, false, nullptr, logprobs)});
   if (include_usage) j["usage"] = nullptr;
   return Dump(j);
 }

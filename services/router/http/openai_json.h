@@ -61,15 +61,18 @@ struct ResponseMeta {
 // OpenAI's finish_reason for the worker's ("stop", "length"; anything else is "stop").
 const char* OpenAiFinishReason(std::string_view worker_reason);
 
-// The whole response (stream: false).
+// The whole response (stream: false). `logprobs`: the choice's "logprobs" (openai_logprobs.h);
+// null when not asked for.
 std::string CompletionJson(const ResponseMeta& meta, const std::string& text,
-                           const lazyattn::v1::Final& final);
+                           const lazyattn::v1::Final& final,
+                           const nlohmann::json* logprobs = nullptr);
 // Stream chunks. The first chunk of a chat stream carries the assistant role; every chunk carries
 // "usage": null when the client asked for usage (as OpenAI streams do); the last chunk of the
 // choice has its finish_reason and the "lazyattn" extension; with include_usage a chunk with no
 // choices and the usage follows it.
 std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage);
-std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage);
+std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage,
+                          const nlohmann::json* logprobs = nullptr);
 std::string FinishChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final,
                             bool include_usage);
 std::string UsageChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final);

@@ -213,9 +213,9 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
 }
 
 // OpenAI fields the router does not implement, set to a value an answer that ignored them would
-// betray (log probabilities it never returns, a tool call it never makes, JSON it never
-// enforces): 400 naming the field (the error's `param`), saying it is not supported and quoting
-// what came.
+// betray (alternatives to the chosen tokens it never computes, a tool call it never makes, JSON
+// it never enforces): 400 naming the field (the error's `param`), saying it is not supported and
+// quoting what came.
 TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
   struct Case {
@@ -227,12 +227,12 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
   const ApiKind chat = ApiKind::kChat;
   const ApiKind text = ApiKind::kCompletion;
   const std::vector<Case> cases = {
-      {chat, "logprobs", R"("logprobs": true)",
-       "logprobs: not supported (the HTTP API returns no log probabilities), got true"},
-      {text, "logprobs", R"("logprobs": 0)",
-       "logprobs: not supported (the HTTP API returns no log probabilities), got 0"},
-      {chat, "top_logprobs", R"("top_logprobs": 5)",
-       "top_logprobs: not supported (the HTTP API returns no log probabilities), got 5"},
+      {text, "logprobs", R"("logprobs": 3)",
+       "logprobs: not supported (only the chosen token's log probability is returned, no "
+       "alternatives; ask for 0), got 3"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 5)",
+       "top_logprobs: not supported (only the chosen token's log probability is returned, no "
+       "alternatives; ask for 0), got 5"},
       {text, "echo", R"("echo": true)", "echo: not supported (the prompt is not echoed), got true"},
       {text, "best_of", R"("best_of": 3)",
        "best_of: not supported (one completion is sampled; only 1), got 3"},
@@ -268,8 +268,12 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
       {text, "guided_choice", R"("guided_choice": ["a", "b"])",
        "guided_choice: not supported (output is not constrained), got array"},
       // Wrong types name the field too.
-      {chat, "logprobs", R"("logprobs": "yes")",
-       "logprobs: expected true, false or a number, got string"},
+      {chat, "logprobs", R"("logprobs": "yes")", "logprobs: expected true or false, got string"},
+      {chat, "logprobs", R"("logprobs": 1)", "logprobs: expected true or false, got number"},
+      {text, "logprobs", R"("logprobs": true)", "logprobs: expected an integer, got boolean"},
+      {text, "logprobs", R"("logprobs": -1)", "logprobs: expected an integer >= 0, got -1"},
+      {chat, "top_logprobs", R"("top_logprobs": -2)",
+       "top_logprobs: expected an integer >= 0, got -2"},
       {text, "best_of", R"("best_of": 0)", "best_of: must be at least 1, got 0"},
       {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got number"},
       {chat, "tools", R"("tools": {})", "tools: expected a list, got object"},
@@ -305,6 +309,35 @@ TEST(OpenAiJsonTest, DefaultValuesAndHarmlessFieldsAreAccepted) {
                                   "suffix": null, "tool_choice": "auto"})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(c->unknown_fields, IsEmpty());
+}
+
+// The chosen tokens' log probabilities are returned: chat's logprobs true (top_logprobs 0 or
+// absent) and a completion's logprobs 0 set SamplingParams.logprobs; false, null and absent do
+// not.
+TEST(OpenAiJsonTest, LogprobsOfTheChosenTokensAreAskedFor) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Case {
+    ApiKind kind;
+    std::string body;
+    bool logprobs;
+  };
+  const std::vector<Case> cases = {
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true})", true},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 0})", true},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": false})", false},
+      {ApiKind::kChat, "{" + user + "}", false},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0})", true},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0.0})", true},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": null})", false},
+      {ApiKind::kCompletion, R"({"prompt": "x"})", false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto r = ParseOpenAiRequest(c.kind, c.body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->request.sampling().logprobs(), c.logprobs);
+    EXPECT_THAT(r->unknown_fields, IsEmpty());
+  }
 }
 
 // Anything else is accepted (SDKs add fields) and named for the log, sorted, bounded in number

@@ -200,6 +200,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     r.mutable_token()->set_text(script.tokens[i]);
     if (request->sampling().logprobs()) {
       r.mutable_token()->set_logprob(-0.5f * static_cast<float>(i + 1));
+      r.mutable_token()->set_token_bytes(script.tokens[i]);
     }
     text += script.tokens[i];
     if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");

@@ -86,7 +86,10 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     // sequence or a possible stop string released at the end): text, never an id.
     if (token.token().token_id() >= 0) {
       token_ids_.push_back(token.token().token_id());
-      if (token.token().has_logprob()) logprobs_.push_back(token.token().logprob());
+      if (token.token().has_logprob()) {
+        logprobs_.push_back(token.token().logprob());
+        token_bytes_.push_back(token.token().token_bytes());
+      }
     }
     ClientWriteDone(true);
   }
@@ -97,6 +100,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
       // One per token id, or none (a worker sends a logprob with every token or with none).
       if (logprobs_.size() == token_ids_.size()) {
         response_->mutable_logprobs()->Assign(logprobs_.begin(), logprobs_.end());
+        response_->mutable_token_bytes()->Assign(token_bytes_.begin(), token_bytes_.end());
       }
       *response_->mutable_final() = *final;
     }
@@ -107,12 +111,14 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     text_.clear();
     token_ids_.clear();
     logprobs_.clear();
+    token_bytes_.clear();
   }
 
   CompleteResponse* const response_;
   std::string text_;
   std::vector<int32_t> token_ids_;
   std::vector<float> logprobs_;
+  std::vector<std::string> token_bytes_;  // with each logprob
   AdmissionTicket admission_;  // given back with the reactor
 };
 

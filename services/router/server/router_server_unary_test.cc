@@ -78,11 +78,13 @@ TEST_F(RouterServerTest, CompleteReturnsOneLogprobPerTokenIdWhenAsked) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
   EXPECT_THAT(response.logprobs(), ElementsAre(-0.5f, -1.0f, -1.5f));
+  EXPECT_THAT(response.token_bytes(), ElementsAre("Hello", ",", " wor"));
   request.mutable_sampling()->set_logprobs(false);
   grpc::ClientContext plain_ctx;
   lazyattn::v1::CompleteResponse plain;
   ASSERT_TRUE(stub_->Complete(&plain_ctx, request, &plain).ok());
   EXPECT_TRUE(plain.logprobs().empty());
+  EXPECT_TRUE(plain.token_bytes().empty());
 }
 
 TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {

@@ -204,7 +204,10 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
       v1::TokenChunk* chunk = queue_.emplace_back().mutable_token();
       chunk->set_token_id(id);
       chunk->set_text(ToValidUtf8(text));
-      if (id >= 0 && pending_logprob_) chunk->set_logprob(*pending_logprob_);
+      if (id >= 0 && pending_logprob_) {
+        chunk->set_logprob(*pending_logprob_);
+        chunk->set_token_bytes(std::string(ctx_.tokenizer->TokenPiece(id)));
+      }
     }
   }
   Pump();

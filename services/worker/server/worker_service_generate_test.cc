@@ -91,10 +91,16 @@ TEST_F(WorkerServiceTest, LogprobsComeWithEachTokenOnlyWhenAsked) {
   ASSERT_TRUE(greedy.status.ok());
   EXPECT_EQ(Ids(greedy), Ids(plain));  // asking for logprobs changes no token
   int with = 0;
+  for (const v1::TokenChunk& c : plain.chunks) EXPECT_TRUE(c.token_bytes().empty());
   for (const v1::TokenChunk& c : greedy.chunks) {
     EXPECT_EQ(c.has_logprob(), c.token_id() >= 0) << "chunk " << c.token_id();
-    if (!c.has_logprob()) continue;
+    if (!c.has_logprob()) {
+      EXPECT_TRUE(c.token_bytes().empty());
+      continue;
+    }
     ++with;
+    // Each token's own bytes, as the tokenizer decodes it alone.
+    EXPECT_EQ(c.token_bytes(), tokenizer_->TokenPiece(c.token_id())) << "chunk " << c.token_id();
     EXPECT_LE(c.logprob(), 0.0f);
     EXPECT_GE(c.logprob(), -std::log(300.0f) - 1e-4f);
   }

@@ -1,0 +1,64 @@
+// The sampled tokens' log probabilities in OpenAI's two response forms (docs/http-api.md, "Log
+// probabilities"). A request that asks for them (chat: `logprobs: true`; completions:
+// `logprobs: 0`) sets SamplingParams.logprobs, and each real token's chunk then carries its
+// log-probability and its own bytes (TokenChunk.logprob, token_bytes). The engine returns the
+// chosen token's only, so alternatives (top_logprobs > 0, a completion's logprobs > 0) are
+// refused when the request is read (openai_fields.h).
+//
+// One entry per generated token, the tokens of a stop string included although the text leaves
+// the stop string out (as each token was sampled, the entries say so).
+#ifndef LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_LOGPROBS_H_
+#define LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_LOGPROBS_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "lazyattn/v1/inference.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace lazyattn::router {
+
+struct TokenLogprob {
+  std::string bytes;  // the token's own bytes; may be part of a UTF-8 character
+  float logprob = 0;
+};
+
+// The entry of `chunk`: a real token (token_id >= 0) that carries its logprob; nullopt for the
+// held-back text chunk (token_id -1) and for tokens sent without one.
+std::optional<TokenLogprob> LogprobOf(const lazyattn::v1::TokenChunk& chunk);
+
+// An entry's "token": its bytes when they are valid UTF-8; otherwise the valid characters as
+// they are and every byte outside them as the four characters \xNN (its exact bytes are in
+// "bytes", as OpenAI's are for tokens that hold part of a character).
+std::string TokenString(std::string_view bytes);
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": []}, ...], "refusal": null}.
+nlohmann::json ChatLogprobs(std::span<const TokenLogprob> tokens);
+
+// Where the generated text stands, in characters (code points, as Python counts a string), as
+// its bytes arrive token by token: a character counts once its last byte came, so a token that
+// starts inside a character is at that character's offset. Exact for well-formed text; a byte
+// that starts no character, and each byte of a character cut short, count as one (the text shows
+// each as U+FFFD).
+class TextOffset {
+ public:
+  int64_t characters() const { return characters_; }
+  void Add(std::string_view bytes);
+
+ private:
+  int64_t characters_ = 0;
+  int bytes_of_character_ = 0;      // of the character under way, so far
+  int continuation_bytes_due_ = 0;  // of the character under way
+};
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}. text_offset is
+// each token's start in the generated text (the prompt is not echoed), counted on from `*offset`,
+// which ends past the tokens, so a stream's chunks continue where the last one ended.
+nlohmann::json CompletionLogprobs(std::span<const TokenLogprob> tokens, TextOffset* offset);
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_LOGPROBS_H_
