@@ -58,6 +58,11 @@ bool IsRefusal(const grpc::Status& status) {
   }
 }
 
+// The leases taken from kvdir: its own bounds (kvdir.lease_ms, 50 ms to 1 h). A broken or hostile
+// directory granting 1 ms would otherwise turn the heartbeats (every lease/3) into a busy loop.
+constexpr absl::Duration kMinGrantedLease = absl::Milliseconds(50);
+constexpr absl::Duration kMaxGrantedLease = absl::Hours(1);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvdirPublisher>> KvdirPublisher::Create(
@@ -336,7 +341,10 @@ void KvdirPublisher::ReadLoop(
   while (stream->Read(&m)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (m.has_snapshot_request()) snapshot_wanted_ = true;
-    if (m.has_lease() && m.lease().lease_ms() > 0) lease_ = absl::Milliseconds(m.lease().lease_ms());
+    if (m.has_lease() && m.lease().lease_ms() > 0) {
+      lease_ =
+          std::clamp(absl::Milliseconds(m.lease().lease_ms()), kMinGrantedLease, kMaxGrantedLease);
+    }
     cv_.notify_all();
   }
   std::lock_guard<std::mutex> lock(mu_);

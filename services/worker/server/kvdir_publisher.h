@@ -4,7 +4,8 @@
 // epoch}, then DocEvent STORED/EVICTED for every document cache change, a Heartbeat{load} every
 // lease/3, and a Snapshot{entries, load} whenever kvdir sends a SnapshotRequest (kvdir asks after
 // every Hello) or when events had to be dropped. Every message carries `seq`, 1 for the Hello of
-// a connection and +1 per message after it. A LeaseGrant from kvdir sets the lease. When the
+// a connection and +1 per message after it. A LeaseGrant from kvdir sets the lease, kept within
+// kvdir's own bounds (50 ms to 1 h). When the
 // stream fails the publisher reconnects with exponential backoff (min_backoff doubling up to
 // max_backoff) and a new Hello. The backoff is reset only after a stream kvdir accepted: one that
 // stayed up at least max_backoff after its Hello (kvdir refuses a worker at its Hello or its

@@ -188,6 +188,23 @@ TEST_F(KvdirPublisherTest, HelloEventsSnapshotOnRequestAndHeartbeats) {
   EXPECT_EQ(publisher_->stats().events_dropped, 0);
 }
 
+// A directory granting a 1 ms lease (broken, or hostile) does not make the heartbeats a busy
+// loop: the lease is taken as 50 ms at least, so a heartbeat every ~17 ms.
+TEST_F(KvdirPublisherTest, ALeaseBelowKvdirsOwnBoundIsRaisedToIt) {
+  StartPublisher();
+  ASSERT_TRUE(WaitConnected());
+  v1::DirectoryMessage grant;
+  grant.mutable_lease()->set_lease_ms(1);
+  ASSERT_TRUE(kvdir_.Send(grant));
+  absl::SleepFor(absl::Milliseconds(200));  // the grant arrives; heartbeats follow its lease
+  const int before = Count(kvdir_.messages(), v1::WorkerMessage::kHeartbeat);
+  absl::SleepFor(absl::Milliseconds(500));
+  const int during = Count(kvdir_.messages(), v1::WorkerMessage::kHeartbeat) - before;
+  // 500 ms / (50 ms / 3) = 30; a 1 ms lease would have sent some 1,500.
+  EXPECT_LE(during, 40);
+  EXPECT_GE(during, 5);  // and more often than the 300 ms lease's 100 ms
+}
+
 TEST_F(KvdirPublisherTest, QueueOverflowDropsEventsAndSendsASnapshotInstead) {
   StartPublisher(/*max_queued_events=*/4);
   ASSERT_TRUE(WaitConnected());
