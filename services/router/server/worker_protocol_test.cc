@@ -5,11 +5,7 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
 
-#include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,8 +13,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
-#include "services/router/server/fake_cluster_for_test.h"
-#include "services/router/server/router_server.h"
+#include "services/router/server/router_server_test_fixture.h"
 
 namespace lazyattn::router {
 namespace {
@@ -27,58 +22,28 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
-using testing::RouterOptionsForFakeKvdir;
+using testing::StreamResult;
 
-class WorkerProtocolTest : public ::testing::Test {
+// w0 holds "doc", so it is every request's first choice; w1 is sound. No breaker trips inside a
+// test: each case starts from a closed one.
+class WorkerProtocolTest : public testing::RouterServerTest {
  protected:
-  // w0 holds "doc", so it is every request's first choice; w1 is sound.
   void SetUp() override {
-    for (int i = 0; i < 2; ++i) {
-      workers_.push_back(std::make_unique<FakeWorker>(absl::StrCat("w", i)));
-      workers_.back()->Start();
-    }
-    kvdir_.Start();
-    kvdir_.SetWorkers({workers_[0]->Status(), workers_[1]->Status()});
+    StartWorkers(2);
+    StartKvdir();
     kvdir_.Hold("w0", "doc", 500);
   }
 
-  void StartRouter(RouterOptions options) {
-    // No breaker trips inside a test: each case starts from a closed one.
-    options.routing.breaker.failure_threshold = 1000;
-    registry_ = std::make_shared<prometheus::Registry>();
-    auto server = RouterServer::Create(options, registry_);
-    ASSERT_TRUE(server.ok()) << server.status();
-    router_ = std::move(*server);
-    stub_ = lazyattn::v1::Inference::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials()));
+  RouterOptions Options() {
+    RouterOptions o = RouterServerTest::Options();
+    o.routing.breaker.failure_threshold = 1000;
+    return o;
   }
 
   static GenerateRequest Request(int max_tokens = 0) {
-    GenerateRequest r;
-    r.add_documents()->set_text("doc");
-    r.set_question("What is it?");
+    GenerateRequest r = RouterServerTest::Request({"doc"});
     r.mutable_sampling()->set_max_tokens(max_tokens);
     return r;
-  }
-
-  struct StreamResult {
-    std::vector<std::string> tokens;
-    std::optional<lazyattn::v1::Final> final;
-    grpc::Status status;
-  };
-
-  StreamResult Stream(const GenerateRequest& request) {
-    StreamResult result;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    auto reader = stub_->Generate(&ctx, request);
-    GenerateResponse r;
-    while (reader->Read(&r)) {
-      if (r.has_token()) result.tokens.push_back(r.token().text());
-      if (r.has_final()) result.final = r.final();
-    }
-    result.status = reader->Finish();
-    return result;
   }
 
   grpc::Status Complete(const GenerateRequest& request, lazyattn::v1::CompleteResponse* response) {
@@ -88,18 +53,12 @@ class WorkerProtocolTest : public ::testing::Test {
   }
 
   std::string ProtocolErrors() const {
-    const std::string text = prometheus::TextSerializer().Serialize(registry_->Collect());
+    const std::string text = Metrics();
     const std::string key = "lazyattn_router_worker_protocol_errors_total{model=\"fake-model\"} ";
     const size_t at = text.find(key);
     if (at == std::string::npos) return "absent";
     return text.substr(at + key.size(), text.find('\n', at) - at - key.size());
   }
-
-  std::vector<std::unique_ptr<FakeWorker>> workers_;
-  testing::FakeKvdir kvdir_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<RouterServer> router_;  // destroyed before the fakes
-  std::unique_ptr<lazyattn::v1::Inference::Stub> stub_;
 };
 
 GenerateResponse TokenMessage(int id, const std::string& text) {
@@ -112,7 +71,7 @@ GenerateResponse TokenMessage(int id, const std::string& text) {
 // One stream per kind of break: the client gets UNAVAILABLE naming it and never the offending
 // message; each is counted once.
 TEST_F(WorkerProtocolTest, AStreamOutsideTheGrammarIsCutBeforeTheOffendingMessage) {
-  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  StartRouter(Options());
   struct Case {
     const char* what;
     FakeWorker::Script script;
@@ -158,7 +117,7 @@ TEST_F(WorkerProtocolTest, AStreamOutsideTheGrammarIsCutBeforeTheOffendingMessag
 // A unary call has sent nothing when the break comes: it fails over to the sound worker and
 // returns its answer, nothing of the broken one's.
 TEST_F(WorkerProtocolTest, CompleteFailsOverFromABrokenStream) {
-  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  StartRouter(Options());
   workers_[0]->SetScript({.tokens = {"bad", "worse", "worst"}});
   workers_[1]->SetScript({.tokens = {"good"}});
   lazyattn::v1::CompleteResponse response;
@@ -184,7 +143,7 @@ TEST_F(WorkerProtocolTest, CompleteFailsOverFromABrokenStream) {
 // Sound streams at the edges of the grammar pass untouched: exactly max_tokens tokens and the
 // held-back text after them.
 TEST_F(WorkerProtocolTest, AStreamAtItsLimitsPasses) {
-  StartRouter(RouterOptionsForFakeKvdir(kvdir_.address()));
+  StartRouter(Options());
   workers_[0]->SetScript({.tokens = {"a", "b"}, .held_back_tail = "c", .first_token_id = 998});
   StreamResult r = Stream(Request(/*max_tokens=*/2));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -198,7 +157,7 @@ TEST_F(WorkerProtocolTest, AStreamAtItsLimitsPasses) {
 // a worker whose events keep coming with the same count (its engine wedged) is cut at the
 // timeout, and the request fails over.
 TEST_F(WorkerProtocolTest, ProgressEventsThatReportNoProgressKeepNothingAlive) {
-  RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
+  RouterOptions o = Options();
   o.routing.first_token_timeout = absl::Milliseconds(400);
   StartRouter(o);
   workers_[0]->SetScript({.prefill = absl::Seconds(30),
@@ -212,8 +171,7 @@ TEST_F(WorkerProtocolTest, ProgressEventsThatReportNoProgressKeepNothingAlive) {
   // One growing event (the first) may re-arm it once: cut within two timeouts, far from 30 s.
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_GE(workers_[0]->progress_events(), 3);
-  const std::string metrics = prometheus::TextSerializer().Serialize(registry_->Collect());
-  EXPECT_THAT(metrics,
+  EXPECT_THAT(Metrics(),
               HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
   EXPECT_EQ(ProtocolErrors(), "0");  // a timeout, not a break of the grammar
 }
