@@ -1,5 +1,7 @@
 #include "services/router/server/worker_stream_check.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace lazyattn::router {
@@ -60,6 +62,10 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   if (held_back_sent_) {
     return absl::StrCat("token.token_id ", id,
                         " after the held-back text chunk (token_id -1 ends the tokens)");
+  }
+  if (token.has_logprob() && !std::isfinite(token.logprob())) {
+    // A sampled token's log-probability is finite; JSON has no NaN or infinity to relay it in.
+    return absl::StrCat("token.logprob ", token.logprob(), " is not a finite number");
   }
   if (bounds_.max_tokens > 0 && tokens_ >= bounds_.max_tokens) {
     return absl::StrCat("more than ", bounds_.max_tokens,

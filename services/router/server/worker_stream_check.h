@@ -2,11 +2,12 @@
 //
 // The grammar (proto/lazyattn/v1/inference.proto): PrefillProgress events, then token chunks,
 // then exactly one Final, then nothing. A chunk carries a token id of the model's vocabulary, or
-// -1 for the one last chunk of held-back text (after it no other token comes); there are at most
-// the request's max_tokens real tokens (ids >= 0), or, when the request leaves max_tokens to the
-// worker's default, at most the model's context. A PrefillProgress event counts prompt tokens,
-// so it is never negative nor past the context. A message with no event set is tolerated: a newer
-// worker may send events this router does not know, and they are dropped.
+// -1 for the one last chunk of held-back text (after it no other token comes), and a finite
+// log-probability when it carries one; there are at most the request's max_tokens real tokens
+// (ids >= 0), or, when the request leaves max_tokens to the worker's default, at most the model's
+// context. A PrefillProgress event counts prompt tokens, so it is never negative nor past the
+// context. A message with no event set is tolerated: a newer worker may send events this router
+// does not know, and they are dropped.
 //
 // The router relays a worker's stream to its client. A stream outside the grammar comes from a
 // broken or hostile worker: the attempt is cut there (worker_attempt.h) and counted against the

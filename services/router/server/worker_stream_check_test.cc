@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 namespace lazyattn::router {
@@ -18,6 +19,11 @@ GenerateResponse Token(int id) {
   GenerateResponse r;
   r.mutable_token()->set_token_id(id);
   r.mutable_token()->set_text("t");
+  return r;
+}
+
+GenerateResponse WithLogprob(GenerateResponse r, float logprob) {
+  r.mutable_token()->set_logprob(logprob);
   return r;
 }
 
@@ -61,7 +67,7 @@ TEST(WorkerStreamCheckTest, EveryLegalShapePasses) {
     WorkerStreamCheck check(kBounds);
     EXPECT_THAT(check.Next(Progress(0)), IsEmpty());
     EXPECT_THAT(check.Next(Progress(8192)), IsEmpty());
-    EXPECT_THAT(check.Next(Token(0)), IsEmpty());
+    EXPECT_THAT(check.Next(WithLogprob(Token(0), 0.0f)), IsEmpty());  // probability 1
     // Events after the first token are dropped by the attempt, not fatal.
     EXPECT_THAT(check.Next(Progress(100)), IsEmpty());
     EXPECT_THAT(check.Next(Token(999)), IsEmpty());
@@ -99,6 +105,12 @@ TEST(WorkerStreamCheckTest, EachBreakIsNamed) {
        {Token(1), Token(-1), Token(2)},
        "token.token_id 2 after the held-back text chunk"},
       {"two held-back texts", {Token(-1), Token(-1)}, "token.token_id -1 twice"},
+      {"a NaN log-probability",
+       {WithLogprob(Token(1), std::nanf(""))},
+       "token.logprob nan is not a finite number"},
+      {"an infinite log-probability",
+       {WithLogprob(Token(1), -INFINITY)},
+       "token.logprob -inf is not a finite number"},
       {"a token after the final", {Token(1), Final(), Token(2)}, "a message after the final one"},
       {"a second final", {Final(), Final()}, "a message after the final one"},
       {"progress after the final", {Final(), Progress(1)}, "a message after the final one"},
