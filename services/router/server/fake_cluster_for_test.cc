@@ -188,6 +188,17 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     if (script.fail_after_tokens >= 0 && static_cast<int>(i) == script.fail_after_tokens) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted crash mid-stream");
     }
+    if (script.unparsable_after_tokens >= 0 &&
+        static_cast<int>(i) == script.unparsable_after_tokens) {
+      lazyattn::v1::GenerateResponse bad;
+      bad.mutable_token()->set_token_id(script.first_token_id + static_cast<int32_t>(i));
+      bad.mutable_token()->set_text("\xff\xfe");  // proto3 `string`: the reader refuses it
+      writer->Write(bad);
+      if (!WaitUntilUnblocked(context)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled after an unparsable message");
+      }
+      return grpc::Status::OK;
+    }
     if (script.block_after_tokens >= 0 && static_cast<int>(i) == script.block_after_tokens &&
         !WaitUntilUnblocked(context)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled mid-stream");

@@ -71,6 +71,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // these messages follow the final one.
     int first_token_id = 100;
     std::vector<lazyattn::v1::GenerateResponse> after_final;
+    // >= 0: after this many tokens, one whose text is not UTF-8 (the router cannot parse it),
+    // then the call is held open until Unblock() or its cancellation.
+    int unparsable_after_tokens = -1;
   };
 
   explicit FakeWorker(std::string id);

@@ -335,7 +335,13 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                                                      : attempt->timed_out();
   // A break of the stream's grammar overrides any status: the worker may have ended its call OK
   // before the router's cancellation reached it (a message after the final one).
-  const std::string violation = attempt->protocol_violation();
+  std::string violation = attempt->protocol_violation();
+  if (violation.empty() && !status.ok() && attempt->stuck_after_failed_read()) {
+    violation = absl::StrCat(
+        "a message that does not parse as a GenerateResponse (a string "
+        "field that is not UTF-8?), after which the call stayed open for ",
+        absl::ToInt64Seconds(WorkerAttempt::kEndGrace), " s");
+  }
   if (!violation.empty()) {
     model_metrics_->CountWorkerProtocolError();
     LogError("router")

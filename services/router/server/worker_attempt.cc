@@ -86,7 +86,11 @@ void WorkerAttempt::OnWatchdogAlarm() {
       if (next_message_due_ != absl::InfiniteFuture()) ArmWatchdogLocked();
       return;
     }
-    timed_out_ = got_token_ ? Timeout::kBetweenTokens : Timeout::kFirstToken;
+    if (read_failed_) {
+      stuck_after_failed_read_ = true;
+    } else {
+      timed_out_ = got_token_ ? Timeout::kBetweenTokens : Timeout::kFirstToken;
+    }
   }
   Cancel();
 }
@@ -124,6 +128,15 @@ void WorkerAttempt::OnReadDone(bool ok) {
       remove_hold = hold_;
       hold_ = false;
       next_message_due_ = absl::InfiniteFuture();  // the stream ended: nothing more is due
+      if (!ok && !cancelled_) {
+        // gRPC fails a read both at the stream's end and on a message that does not parse (a
+        // string field that is not UTF-8). A worker that ended its stream ends its call with it;
+        // one whose message did not parse may hold the call open for ever: cut it if it has
+        // not ended kEndGrace later.
+        read_failed_ = true;
+        next_message_due_ = absl::Now() + kEndGrace;
+        ArmWatchdogLocked();
+      }
     } else if (std::string violation = stream_check_->Next(message_); !violation.empty()) {
       protocol_violation_ = std::move(violation);
       violated = true;  // cancelled below: nothing of this message goes to the call

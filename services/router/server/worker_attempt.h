@@ -7,7 +7,9 @@
 // final message, an id outside the vocabulary) cancels the attempt before it reaches the call.
 // A PrefillProgress event re-arms the first-token timeout only when it reports more prompt tokens
 // than any before, so a worker whose engine is wedged but whose events keep coming is still cut.
-// Messages with no event this router knows are dropped and re-arm nothing. ForwardingCall
+// Messages with no event this router knows are dropped and re-arm nothing. A message that does
+// not parse fails the read as the stream's end does; a call still open kEndGrace after a failed
+// read is cancelled (a worker that ends its stream ends its call with it). ForwardingCall
 // (forwarding_call.h) owns the flow (routing, relaying tokens, failover); an attempt reads one
 // message at a time, hands tokens and the final message to its ForwardingCall, and reports its
 // end there.
@@ -69,6 +71,14 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     absl::MutexLock lock(&mu_);
     return protocol_violation_;
   }
+  // A read failed (the stream's end, or a message that did not parse) and the call had not
+  // ended kEndGrace later, so the attempt was cancelled. Meaningful only for a call that did not
+  // end OK: an OK end that raced the cut is the stream's end.
+  bool stuck_after_failed_read() {
+    absl::MutexLock lock(&mu_);
+    return stuck_after_failed_read_;
+  }
+  static constexpr absl::Duration kEndGrace = absl::Seconds(2);
 
   // Whether the call, ended with `status`, lost its worker's connection mid-call
   // (CountsAsLostMidCall): the worker's initial metadata came (a READY channel alone does not
@@ -103,6 +113,8 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   Timeout timed_out_ ABSL_GUARDED_BY(mu_) = Timeout::kNone;
   std::optional<WorkerStreamCheck> stream_check_ ABSL_GUARDED_BY(mu_);  // made in Start
   std::string protocol_violation_ ABSL_GUARDED_BY(mu_);
+  bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stuck_after_failed_read_ ABSL_GUARDED_BY(mu_) = false;
   // The most prompt tokens a PrefillProgress event reported; -1 before the first event.
   int64_t progress_high_ ABSL_GUARDED_BY(mu_) = -1;
   bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived

@@ -1,7 +1,8 @@
 // A broken or hostile worker behind the router, over real gRPC with scripted fake workers: a
 // Generate stream outside its grammar (worker_stream_check.h) is cut at the router, counted
 // against the worker, and never reaches the client as an answer; a Complete call fails over to a
-// sound worker. PrefillProgress events that report no progress keep no attempt alive.
+// sound worker. A message that does not parse ends the attempt too, and PrefillProgress events
+// that report no progress keep no attempt alive.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/router_server_test_fixture.h"
+#include "services/router/server/worker_attempt.h"
 
 namespace lazyattn::router {
 namespace {
@@ -151,6 +153,35 @@ TEST_F(WorkerProtocolTest, AStreamAtItsLimitsPasses) {
   ASSERT_TRUE(r.final.has_value());
   EXPECT_EQ(r.final->worker(), "w0");
   EXPECT_EQ(ProtocolErrors(), "0");
+}
+
+// A message that does not parse (a string field that is not UTF-8) fails the router's read as
+// the stream's end does; a worker that then holds its call open is cut kEndGrace later instead
+// of holding the request until the client's deadline (which may be none): a stream ends
+// UNAVAILABLE naming it, a Complete call fails over.
+TEST_F(WorkerProtocolTest, AMessageThatDoesNotParseEndsTheAttemptWithinTheGrace) {
+  StartRouter(Options());
+  workers_[0]->SetScript({.tokens = {"a", "b", "c"}, .unparsable_after_tokens = 1});
+  absl::Time start = absl::Now();
+  StreamResult r = Stream(Request());
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("a message that does not parse as a GenerateResponse"));
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a"}));
+  EXPECT_GE(absl::Now() - start, WorkerAttempt::kEndGrace);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // not the client's 30 s deadline
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_EQ(ProtocolErrors(), "1");
+
+  workers_[1]->SetScript({.tokens = {"good"}});
+  lazyattn::v1::CompleteResponse response;
+  start = absl::Now();
+  grpc::Status s = Complete(Request(), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "good");
+  EXPECT_EQ(response.final().attempts(), 2);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(ProtocolErrors(), "2");
 }
 
 // PrefillProgress events re-arm the first-token timeout only while the count they report grows:
