@@ -1,8 +1,11 @@
 #include "services/worker/server/kvdir_publisher.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <iostream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -62,6 +65,33 @@ bool IsRefusal(const grpc::Status& status) {
 // directory granting 1 ms would otherwise turn the heartbeats (every lease/3) into a busy loop.
 constexpr absl::Duration kMinGrantedLease = absl::Milliseconds(50);
 constexpr absl::Duration kMaxGrantedLease = absl::Hours(1);
+
+// A read fails at the stream's end and also on a message that does not parse (a string field
+// that is not UTF-8). kvdir's status comes with the end, so Finish returns at once; after a
+// message that did not parse the stream may stay open, and Finish would wait for ever (this
+// thread would never reconnect). Past `grace` the call is cancelled, which ends Finish.
+constexpr absl::Duration kFinishGrace = absl::Seconds(2);
+
+grpc::Status FinishWithin(grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>& stream,
+                          grpc::ClientContext& call, absl::Duration grace) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::thread guard([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, absl::ToChronoNanoseconds(grace), [&] { return finished; })) {
+      call.TryCancel();
+    }
+  });
+  grpc::Status status = stream.Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+  }
+  cv.notify_all();
+  guard.join();
+  return status;
+}
 
 }  // namespace
 
@@ -277,7 +307,7 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
   }
   if (!ended) call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
   if (reader.joinable()) reader.join();
-  const grpc::Status status = stream->Finish();
+  const grpc::Status status = FinishWithin(*stream, call, kFinishGrace);
   const StreamEnd end{
       .hello_sent = hello_sent,
       .accepted = hello_sent && !IsRefusal(status) &&

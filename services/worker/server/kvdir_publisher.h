@@ -5,8 +5,9 @@
 // lease/3, and a Snapshot{entries, load} whenever kvdir sends a SnapshotRequest (kvdir asks after
 // every Hello) or when events had to be dropped. Every message carries `seq`, 1 for the Hello of
 // a connection and +1 per message after it. A LeaseGrant from kvdir sets the lease, kept within
-// kvdir's own bounds (50 ms to 1 h). When the
-// stream fails the publisher reconnects with exponential backoff (min_backoff doubling up to
+// kvdir's own bounds (50 ms to 1 h). A message from kvdir that does not parse ends the stream as
+// kvdir's end does; a call still open 2 s later is cancelled, and the publisher reconnects. When
+// the stream fails the publisher reconnects with exponential backoff (min_backoff doubling up to
 // max_backoff) and a new Hello. The backoff is reset only after a stream kvdir accepted: one that
 // stayed up at least max_backoff after its Hello (kvdir refuses a worker at its Hello or its
 // snapshot, at once). A refusal (RESOURCE_EXHAUSTED: limits.max_workers or

@@ -205,6 +205,22 @@ TEST_F(KvdirPublisherTest, ALeaseBelowKvdirsOwnBoundIsRaisedToIt) {
   EXPECT_GE(during, 5);  // and more often than the 300 ms lease's 100 ms
 }
 
+// A directory message that does not parse (a string field that is not UTF-8) fails the
+// publisher's read as the stream's end does; a directory that then keeps the stream open does
+// not hold the publisher: it cancels the call within its grace and reconnects with a new Hello.
+TEST_F(KvdirPublisherTest, AMessageThatDoesNotParseEndsTheStreamAndThePublisherReconnects) {
+  StartPublisher();
+  ASSERT_TRUE(WaitConnected());
+  v1::DirectoryMessage bad;
+  bad.mutable_snapshot_request()->set_reason("\xff\xfe");  // proto3 `string`: refused on read
+  ASSERT_TRUE(kvdir_.Send(bad));
+  EXPECT_TRUE(
+      kvdir_.WaitFor([](const Messages& ms) { return Count(ms, v1::WorkerMessage::kHello) >= 2; },
+                     std::chrono::seconds(15)));
+  EXPECT_GE(kvdir_.streams(), 2);
+  EXPECT_TRUE(WaitConnected());
+}
+
 TEST_F(KvdirPublisherTest, QueueOverflowDropsEventsAndSendsASnapshotInstead) {
   StartPublisher(/*max_queued_events=*/4);
   ASSERT_TRUE(WaitConnected());
