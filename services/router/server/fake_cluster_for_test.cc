@@ -234,7 +234,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   lazyattn::v1::GenerateResponse last;
   auto* final = last.mutable_final();
   final->set_finish_reason("stop");
-  final->set_text(text);
+  final->set_text(script.final_text.value_or(text));
   final->set_worker("worker-internal-name");
   final->set_ttft_ms(1.5);
   final->mutable_usage()->set_documents(request->documents_size());

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // >= 0: after this many tokens, one whose text is not UTF-8 (the router cannot parse it),
     // then the call is held open until Unblock() or its cancellation.
     int unparsable_after_tokens = -1;
+    // Set: the final message's text instead of the tokens' (a worker whose answer and tokens
+    // disagree).
+    std::optional<std::string> final_text;
   };
 
   explicit FakeWorker(std::string id);

@@ -223,6 +223,7 @@ void ForwardingCall::StartNextAttempt() {
         current_ = attempt;
         last_worker_ = w.id;
         tokens_ = 0;
+        streamed_text_.clear();
         final_.reset();
         predicted_hits = plan_.predicted_hits[index];
         attempt_number = attempts_;
@@ -264,6 +265,7 @@ void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateRespo
       absl::MutexLock lock(&mu_);
       if (!cancelled_ && !ended_) {
         ++tokens_;
+        streamed_text_ += message.token().text();
         if (first_token_at_ == absl::InfinitePast()) first_token_at_ = absl::Now();
         // Prefill done: the documents are stored; the entries last the TTL from here.
         if (tokens_ == 1) {
@@ -283,6 +285,9 @@ void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateRespo
   if (message.has_final()) {
     absl::MutexLock lock(&mu_);
     final_ = message.final();
+    // The answer is what the tokens said, whatever the worker's copy of it claims: a stream
+    // client and a unary one get the same text, bounded as the tokens are (worker_stream_check.h).
+    final_->set_text(streamed_text_);
   }
   attempt->ReadNext();
 }
@@ -383,8 +388,10 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
     absl::MutexLock lock(&mu_);
     current_.reset();
     if (status.ok() && !final_.has_value()) {
+      model_metrics_->CountWorkerProtocolError();
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            "the worker ended its stream without a final message");
+                            "the worker ended its stream without a final message (or with one "
+                            "that does not parse)");
     }
     if (status.ok()) {
       breakers.RecordSuccess(w.id);

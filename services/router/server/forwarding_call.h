@@ -125,6 +125,8 @@ class ForwardingCall {
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<WorkerAttempt> current_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;  // delivered from the current attempt
+  // Their text: the Final's text (bounded by the stream's checks, worker_stream_check.h).
+  std::string streamed_text_ ABSL_GUARDED_BY(mu_);
   std::optional<lazyattn::v1::Final> final_ ABSL_GUARDED_BY(mu_);
   grpc::StatusCode last_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);

@@ -184,6 +184,24 @@ TEST_F(WorkerProtocolTest, AMessageThatDoesNotParseEndsTheAttemptWithinTheGrace)
   EXPECT_EQ(ProtocolErrors(), "2");
 }
 
+// The answer is the tokens' text whatever the worker's final message claims: a stream's final
+// message and a Complete call carry what the tokens said (here 1 MB of claimed text for 2
+// tokens), so streamed and unary answers agree and stay bounded by max_tokens.
+TEST_F(WorkerProtocolTest, TheAnswerIsTheTokensTextNotTheFinalMessagesClaim) {
+  StartRouter(Options());
+  workers_[0]->SetScript({.tokens = {"a", "b"}, .final_text = std::string(1 << 20, 'z')});
+  StreamResult r = Stream(Request(2));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->text(), "ab");
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = Complete(Request(2), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "ab");
+  EXPECT_EQ(response.final().text(), "ab");
+  EXPECT_EQ(ProtocolErrors(), "0");
+}
+
 // PrefillProgress events re-arm the first-token timeout only while the count they report grows:
 // a worker whose events keep coming with the same count (its engine wedged) is cut at the
 // timeout, and the request fails over.

@@ -1,6 +1,7 @@
 #include "services/router/server/worker_stream_check.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,7 +30,7 @@ std::string WorkerStreamCheck::Next(const GenerateResponse& message) {
       return NextToken(message.token());
     case GenerateResponse::kFinal:
       final_sent_ = true;
-      return "";
+      return NextFinal(message.final());
     case GenerateResponse::kPrefillProgress: {
       const int64_t ready = message.prefill_progress().prompt_tokens_ready();
       if (ready < 0) {
@@ -47,8 +48,34 @@ std::string WorkerStreamCheck::Next(const GenerateResponse& message) {
   return "";
 }
 
+std::string WorkerStreamCheck::NextFinal(const lazyattn::v1::Final& final) {
+  const lazyattn::v1::Usage& u = final.usage();
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"prompt_tokens", u.prompt_tokens()},
+        {"cached_tokens", u.cached_tokens()},
+        {"computed_tokens", u.computed_tokens()},
+        {"completion_tokens", u.completion_tokens()},
+        {"documents", u.documents()},
+        {"documents_hit", u.documents_hit()},
+        {"document_hit_tokens", u.document_hit_tokens()},
+        {"prefix_tokens", u.prefix_tokens()}}) {
+    if (value < 0) return absl::StrCat("final.usage.", name, " ", value, " is negative");
+  }
+  return "";
+}
+
 std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   const int32_t id = token.token_id();
+  if (token.has_logprob() && !std::isfinite(token.logprob())) {
+    // A sampled token's log-probability is finite; JSON has no NaN or infinity to relay it in.
+    return absl::StrCat("token.logprob ", token.logprob(), " is not a finite number");
+  }
+  text_bytes_ += static_cast<int64_t>(token.text().size());
+  if (text_bytes_ > kTextBytesPerToken * (tokens_ + 1) + kTextSlackBytes) {
+    return absl::StrCat("token.text: ", text_bytes_, " bytes of text for ", tokens_ + 1,
+                        " tokens (a token's text is a token's bytes, at most ", kTextBytesPerToken,
+                        " a token, plus held-back text)");
+  }
   if (id == -1) {
     if (held_back_sent_) return "token.token_id -1 twice (one held-back text chunk at most)";
     held_back_sent_ = true;
@@ -62,10 +89,6 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   if (held_back_sent_) {
     return absl::StrCat("token.token_id ", id,
                         " after the held-back text chunk (token_id -1 ends the tokens)");
-  }
-  if (token.has_logprob() && !std::isfinite(token.logprob())) {
-    // A sampled token's log-probability is finite; JSON has no NaN or infinity to relay it in.
-    return absl::StrCat("token.logprob ", token.logprob(), " is not a finite number");
   }
   if (bounds_.max_tokens > 0 && tokens_ >= bounds_.max_tokens) {
     return absl::StrCat("more than ", bounds_.max_tokens,

@@ -5,9 +5,12 @@
 // -1 for the one last chunk of held-back text (after it no other token comes), and a finite
 // log-probability when it carries one; there are at most the request's max_tokens real tokens
 // (ids >= 0), or, when the request leaves max_tokens to the worker's default, at most the model's
-// context. A PrefillProgress event counts prompt tokens, so it is never negative nor past the
-// context. A message with no event set is tolerated: a newer worker may send events this router
-// does not know, and they are dropped.
+// context. The chunks' text is what the tokens' bytes complete: at most kTextBytesPerToken a token
+// on average, plus kTextSlackBytes of held-back text. The final message's usage counts are never
+// negative. A PrefillProgress event counts prompt tokens, so it is never negative nor past the
+// context; events after the first token are tolerated and dropped (they keep nothing alive). A
+// message with no event set is tolerated: a newer worker may send events this router does not
+// know, and they are dropped.
 //
 // The router relays a worker's stream to its client. A stream outside the grammar comes from a
 // broken or hostile worker: the attempt is cut there (worker_attempt.h) and counted against the
@@ -33,6 +36,12 @@ class WorkerStreamCheck {
   static Bounds For(const lazyattn::v1::GenerateRequest& request,
                     const lazyattn::v1::ModelInfo& model);
 
+  // A token's bytes are at most a few hundred (a vocabulary entry), each shown as up to 3 bytes
+  // of text (U+FFFD for a byte that is not UTF-8 alone); held-back text is at most a stop string
+  // (limits.max_stop_bytes, 256) and a partial character.
+  static constexpr int64_t kTextBytesPerToken = 1024;
+  static constexpr int64_t kTextSlackBytes = 64 << 10;
+
   explicit WorkerStreamCheck(Bounds bounds) : bounds_(bounds) {}
 
   // Empty when `message` may come next (and it is taken as come); otherwise what is wrong with
@@ -41,9 +50,11 @@ class WorkerStreamCheck {
 
  private:
   std::string NextToken(const lazyattn::v1::TokenChunk& token);
+  std::string NextFinal(const lazyattn::v1::Final& final);
 
   const Bounds bounds_;
   int64_t tokens_ = 0;           // real tokens so far
+  int64_t text_bytes_ = 0;       // of every chunk so far
   bool held_back_sent_ = false;  // the token_id -1 chunk came
   bool final_sent_ = false;
 };

@@ -27,6 +27,18 @@ GenerateResponse WithLogprob(GenerateResponse r, float logprob) {
   return r;
 }
 
+GenerateResponse WithText(GenerateResponse r, const std::string& text) {
+  r.mutable_token()->set_text(text);
+  return r;
+}
+
+GenerateResponse FinalWithCompletionTokens(int64_t n) {
+  GenerateResponse r;
+  r.mutable_final()->set_finish_reason("stop");
+  r.mutable_final()->mutable_usage()->set_completion_tokens(n);
+  return r;
+}
+
 GenerateResponse Progress(int64_t ready) {
   GenerateResponse r;
   r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
@@ -72,7 +84,8 @@ TEST(WorkerStreamCheckTest, EveryLegalShapePasses) {
     EXPECT_THAT(check.Next(Progress(100)), IsEmpty());
     EXPECT_THAT(check.Next(Token(999)), IsEmpty());
     EXPECT_THAT(check.Next(Token(5)), IsEmpty());            // max_tokens real tokens
-    EXPECT_THAT(check.Next(Token(-1)), IsEmpty());           // then the held-back text
+    // then the held-back text (a stop string's worth and more fits the slack)
+    EXPECT_THAT(check.Next(WithText(Token(-1), std::string(4096, 'x'))), IsEmpty());
     EXPECT_THAT(check.Next(GenerateResponse()), IsEmpty());  // an event unknown here
     EXPECT_THAT(check.Next(Final()), IsEmpty());
   }
@@ -105,6 +118,15 @@ TEST(WorkerStreamCheckTest, EachBreakIsNamed) {
        {Token(1), Token(-1), Token(2)},
        "token.token_id 2 after the held-back text chunk"},
       {"two held-back texts", {Token(-1), Token(-1)}, "token.token_id -1 twice"},
+      {"a NaN log-probability on the held-back chunk",
+       {WithLogprob(Token(-1), std::nanf(""))},
+       "token.logprob nan is not a finite number"},
+      {"text far beyond the tokens'",
+       {Token(1), WithText(Token(2), std::string(70'000, 'x'))},
+       "token.text: 70001 bytes of text for 2 tokens"},
+      {"a negative usage count",
+       {Token(1), FinalWithCompletionTokens(-7)},
+       "final.usage.completion_tokens -7 is negative"},
       {"a NaN log-probability",
        {WithLogprob(Token(1), std::nanf(""))},
        "token.logprob nan is not a finite number"},
