@@ -12,7 +12,9 @@ using nlohmann::json;
 
 std::optional<TokenLogprob> LogprobOf(const lazyattn::v1::TokenChunk& chunk) {
   if (chunk.token_id() < 0 || !chunk.has_logprob()) return std::nullopt;
-  return TokenLogprob{.bytes = chunk.token_bytes(), .logprob = chunk.logprob()};
+  // A worker from before token_bytes sends the token's text only: the nearest there is.
+  return TokenLogprob{.bytes = chunk.token_bytes().empty() ? chunk.text() : chunk.token_bytes(),
+                      .logprob = chunk.logprob()};
 }
 
 std::string TokenString(std::string_view bytes) {

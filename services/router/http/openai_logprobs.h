@@ -27,7 +27,8 @@ struct TokenLogprob {
 };
 
 // The entry of `chunk`: a real token (token_id >= 0) that carries its logprob; nullopt for the
-// held-back text chunk (token_id -1) and for tokens sent without one.
+// held-back text chunk (token_id -1) and for tokens sent without one. Its bytes are the chunk's
+// token_bytes, or its text from a worker that does not send them.
 std::optional<TokenLogprob> LogprobOf(const lazyattn::v1::TokenChunk& chunk);
 
 // An entry's "token": its bytes when they are valid UTF-8; otherwise the valid characters as

@@ -23,6 +23,8 @@ TEST(OpenAiLogprobsTest, AnEntryIsARealTokenWithItsLogprob) {
   ASSERT_TRUE(entry.has_value());
   EXPECT_EQ(entry->bytes, "Hi");
   EXPECT_EQ(entry->logprob, -0.25f);
+  chunk.clear_token_bytes();  // a worker that does not send them: the text stands in
+  EXPECT_EQ(LogprobOf(chunk)->bytes, "Hi");
   chunk.set_token_id(-1);  // the held-back text chunk is text, not a token
   EXPECT_FALSE(LogprobOf(chunk).has_value());
 }
