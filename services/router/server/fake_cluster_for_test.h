@@ -62,8 +62,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     absl::Duration prefill_progress_every = absl::Milliseconds(50);
     // Events stop after this much of the prefill (a worker that froze mid-prefill).
     absl::Duration prefill_progress_for = absl::InfiniteDuration();
-    // A PrefillProgress event after every token too, when asked for (a worker that breaks the
-    // protocol: they belong before the first token).
+    // A PrefillProgress event after every token too, when asked for (out of place: they belong
+    // before the first token; the router tolerates and drops them).
     bool progress_between_tokens = false;
     // Every PrefillProgress event reports the same count (a worker whose engine is wedged while
     // something still sends its events).

@@ -142,9 +142,9 @@ void WorkerAttempt::OnReadDone(bool ok) {
       violated = true;  // cancelled below: nothing of this message goes to the call
     } else if (message_.has_prefill_progress()) {
       // The worker's sign of life, for this attempt alone and only before its first token (after
-      // it, the events break the protocol and keep nothing alive), and only when the prefill
-      // moved: the timeout runs again from now. The next message is read here (nothing goes to
-      // the call).
+      // it the events are tolerated and keep nothing alive), and only when the prefill moved:
+      // the timeout runs again from now. The next message is read here (nothing goes to the
+      // call).
       const int64_t ready = message_.prefill_progress().prompt_tokens_ready();
       if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && ready > progress_high_) {
         next_message_due_ = absl::Now() + timeouts_.first_token;
