@@ -216,10 +216,10 @@ class Client {
 };
 
 // Keep-alive, as SDK clients are: the server decides when the connection closes.
-std::string CompletionRequest(bool stream) {
+std::string CompletionRequest(bool stream, int max_tokens = 4000) {
   const std::string body =
-      absl::StrCat(R"({"messages": [{"role": "user", "content": "Hi?"}], )",
-                   R"("max_tokens": 4000, "stream": )", stream ? "true" : "false", "}");
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": )",
+                   max_tokens, R"(, "stream": )", stream ? "true" : "false", "}");
   return absl::StrCat(
       "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
       "Content-Length: ",
@@ -260,6 +260,7 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     kvdir_.SetWorkers({worker_->Status()});
     RouterOptions o = RouterOptionsForFakeKvdir(kvdir_.address());
     o.routing.token_idle_timeout = token_idle_timeout_;
+    if (max_tokens_limit_ > 0) o.limits.max_tokens = max_tokens_limit_;
     auto server = RouterServer::Create(o, registry_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
@@ -313,6 +314,7 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
 
   // routing.token_idle_timeout for the router Start creates.
   absl::Duration token_idle_timeout_ = RoutingOptions().token_idle_timeout;
+  int max_tokens_limit_ = 0;  // > 0: the router's limits.max_tokens
 
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<PacedWorker> worker_;  // outlives the router
@@ -434,22 +436,24 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamMidTokens) {
 // full no write makes progress, and within http.write_timeout_ms (twice that at most: the wait
 // for room, then the send) the stream is cut, its worker call cancelled and counted as the
 // client's cancellation, and the connection thread freed. The client stays connected throughout,
-// so nothing but the write timeout can end the stream. Large tokens fill the buffers (a few MiB
-// on loopback) within a second.
+// so nothing but the write timeout can end the stream. Tokens of 1,000 bytes (about the most a
+// real token's text holds: worker_stream_check.h), sent as fast as the router takes them, fill
+// the buffers (a few MiB on loopback) within a second, long before max_tokens.
 // The router's between-tokens timeout, shorter here than the write timeout, never fires for it:
 // its clock runs only while the router waits on the worker, not on a client that stopped reading.
 TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteTimeout) {
   token_idle_timeout_ = absl::Milliseconds(100);
+  max_tokens_limit_ = 1 << 16;
   HttpOptions http;
   http.threads = 1;  // the stalled stream holds the only thread until it is cut
   http.max_connections_per_client = 0;
   http.write_timeout = absl::Milliseconds(500);
   ASSERT_NO_FATAL_FAILURE(
-      Start(absl::Milliseconds(1), /*prefill_forever=*/false, http, std::string(16 << 10, 'x')));
+      Start(absl::ZeroDuration(), /*prefill_forever=*/false, http, std::string(1000, 'x')));
   PacedWorker& worker = *worker_;
   Client stalled(http_->port(), tls());
   ASSERT_TRUE(stalled.connected());
-  ASSERT_TRUE(stalled.Write(CompletionRequest(/*stream=*/true)));
+  ASSERT_TRUE(stalled.Write(CompletionRequest(/*stream=*/true, /*max_tokens=*/1 << 16)));
   ASSERT_TRUE(worker.WaitForTokens(1, kBound));
 
   ExpectEndedByItsClient(worker);
