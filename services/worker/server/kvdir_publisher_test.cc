@@ -112,6 +112,13 @@ class KvdirPublisherTest : public ::testing::Test {
     return true;
   }
 
+  // Waits until the fake directory holds the stream (it has read the Hello), so that Send
+  // reaches the publisher: the publisher counts itself connected once the Hello is sent.
+  bool WaitForHello() {
+    return kvdir_.WaitFor(
+        [](const Messages& ms) { return Count(ms, v1::WorkerMessage::kHello) >= 1; });
+  }
+
   // Waits until the publisher thread is blocked in load().
   bool WaitBlockedInLoad() {
     std::unique_lock<std::mutex> lock(gate_mu_);
@@ -192,7 +199,7 @@ TEST_F(KvdirPublisherTest, HelloEventsSnapshotOnRequestAndHeartbeats) {
 // loop: the lease is taken as 50 ms at least, so a heartbeat every ~17 ms.
 TEST_F(KvdirPublisherTest, ALeaseBelowKvdirsOwnBoundIsRaisedToIt) {
   StartPublisher();
-  ASSERT_TRUE(WaitConnected());
+  ASSERT_TRUE(WaitForHello());
   v1::DirectoryMessage grant;
   grant.mutable_lease()->set_lease_ms(1);
   ASSERT_TRUE(kvdir_.Send(grant));
@@ -210,7 +217,7 @@ TEST_F(KvdirPublisherTest, ALeaseBelowKvdirsOwnBoundIsRaisedToIt) {
 // not hold the publisher: it cancels the call within its grace and reconnects with a new Hello.
 TEST_F(KvdirPublisherTest, AMessageThatDoesNotParseEndsTheStreamAndThePublisherReconnects) {
   StartPublisher();
-  ASSERT_TRUE(WaitConnected());
+  ASSERT_TRUE(WaitForHello());
   v1::DirectoryMessage bad;
   bad.mutable_snapshot_request()->set_reason("\xff\xfe");  // proto3 `string`: refused on read
   ASSERT_TRUE(kvdir_.Send(bad));
