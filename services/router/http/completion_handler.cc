@@ -283,7 +283,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
         TextOffset offset;
         choice_logprobs = LogprobsJson(kind, first.logprobs, &offset);
       }
-      response.set_content(CompletionJson(meta, first.text, *first.final,
+      response.set_content(CompletionJson(meta, first.final->text(), *first.final,
                                           choice_logprobs ? &*choice_logprobs : nullptr),
                            "application/json");
       return;

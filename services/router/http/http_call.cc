@@ -71,7 +71,6 @@ HttpCall::Event::Kind HttpCall::Next(Event* event, absl::Duration timeout) {
   }
   event->status = status_;
   event->final = final_;
-  event->text = text_;
   event->logprobs = logprobs_;
   return Event::kEnd;
 }
@@ -80,7 +79,6 @@ void HttpCall::DeliverToken(const GenerateResponse& token) {
   if (!stream_) {
     {
       absl::MutexLock lock(&mu_);
-      text_ += token.token().text();
       if (auto entry = LogprobOf(token.token())) logprobs_.push_back(std::move(*entry));
     }
     ClientWriteDone(true);
@@ -114,7 +112,6 @@ void HttpCall::Cancel() {
 
 void HttpCall::DiscardPartial() {
   absl::MutexLock lock(&mu_);
-  text_.clear();
   logprobs_.clear();
 }
 
@@ -126,7 +123,6 @@ void HttpCall::DeliverEnd(const grpc::Status& status, const Final* final) {
   status_ = status;
   if (status.ok() && final != nullptr) {
     final_ = *final;
-    if (!stream_ && !final->text().empty()) text_ = final->text();
   }
 }
 

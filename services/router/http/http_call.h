@@ -12,7 +12,7 @@
 // Streaming (`stream`): tokens are delivered as they come and a failure after the first token
 // ends the call (no failover: output was sent). Not streaming: tokens are collected here and the
 // call may still fail over after partial output (as Complete does); Next() returns only the end,
-// with the whole text in Event::text.
+// with the whole text in Event::final.
 // Lifetime: shared_ptr; the call also keeps itself alive until the ForwardingCall ends, so the
 // handler may drop it at any time (Cancel() first, or the worker stream runs to its end).
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_CALL_H_
@@ -59,7 +59,6 @@ class HttpCall final : public ForwardingCall {
     lazyattn::v1::TokenChunk token;           // kToken
     grpc::Status status;                      // kEnd
     std::optional<lazyattn::v1::Final> final;  // kEnd with OK status
-    std::string text;                         // kEnd, not streaming: the whole text
     // kEnd, not streaming: the tokens' log probabilities when the request asked for them.
     std::vector<TokenLogprob> logprobs;
   };
@@ -101,7 +100,6 @@ class HttpCall final : public ForwardingCall {
 
   absl::Mutex mu_;
   std::optional<lazyattn::v1::TokenChunk> pending_ ABSL_GUARDED_BY(mu_);
-  std::string text_ ABSL_GUARDED_BY(mu_);  // not streaming: collected text
   std::vector<TokenLogprob> logprobs_ ABSL_GUARDED_BY(mu_);  // not streaming: collected
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // Cancel() was called

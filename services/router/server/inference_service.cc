@@ -81,7 +81,6 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
 
  private:
   void DeliverToken(const GenerateResponse& token) override {
-    text_ += token.token().text();
     // A worker's last chunk may carry only text it held back (token_id -1: an incomplete UTF-8
     // sequence or a possible stop string released at the end): text, never an id.
     if (token.token().token_id() >= 0) {
@@ -95,7 +94,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   }
   void DeliverEnd(const grpc::Status& status, const Final* final) override {
     if (status.ok() && final != nullptr) {
-      response_->set_text(final->text().empty() ? text_ : final->text());
+      response_->set_text(final->text());  // the tokens' text (ForwardingCall sets it)
       response_->mutable_token_ids()->Assign(token_ids_.begin(), token_ids_.end());
       // One per token id, or none (a worker sends a logprob with every token or with none).
       if (logprobs_.size() == token_ids_.size()) {
@@ -108,14 +107,12 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
   }
   bool StreamsToClient() const override { return false; }
   void DiscardPartial() override {
-    text_.clear();
     token_ids_.clear();
     logprobs_.clear();
     token_bytes_.clear();
   }
 
   CompleteResponse* const response_;
-  std::string text_;
   std::vector<int32_t> token_ids_;
   std::vector<float> logprobs_;
   std::vector<std::string> token_bytes_;  // with each logprob
