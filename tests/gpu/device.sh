@@ -2,7 +2,7 @@
 # Everything the GPU machine runs, in one command (after tests/gpu/bundle.sh packed the carry
 # folder here and the device call carried it):
 #   tests/gpu/device.sh [PARTS]  PARTS: comma list of tests,cli,hf,bench,engine,hfbase (the
-#   default), cluster, ncu and ncuprefill (only when named)
+#   default), cluster, ncu, ncuprefill and ncusource (only when named)
 #   tests  every GPU test binary (tests/gpu/run.sh)
 #   cli    `lazyattn generate` on SmolLM2 with --backend cuda and cpu, and `lazyattn replay` on
 #          both (tests/integration/replay_check.py: same document hits), when the model came along
@@ -30,6 +30,10 @@
 #          (LAZYATTN_NCU_ARGS="--parts ttft --profile-ttft-step": the all-cached TTFT step instead)
 #   ncuprefill Nsight Compute's sections for the kept prefill kernel at q512 and q4096
 #          (LAZYATTN_NCU_PREFILL_KERNEL, default wgmma-ws/pp-s5); only when named
+#   ncusource per-instruction stall samples (SourceCounters) of the prefill kernel at q512 and
+#          q4096 and of the few-row products in the all-cached TTFT step and a batch-32 decode
+#          step, as reports and SASS CSV in $OUT/ncu-source.tgz (tests/gpu/ncu_source.sh);
+#          only when named
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
 # Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
 # LAZYATTN_ENGINE_TIMEOUT (seconds, default 420), LAZYATTN_NCU_ARGS (the bench flags ncu runs,
@@ -166,6 +170,10 @@ if has ncuprefill; then
     grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|Hit Rate|Registers" \
       "$logs/ncu-prefill-$shape.log" | head -n 60
   done
+fi
+if has ncusource; then
+  echo "=== ncu: per-instruction stall samples (tests/gpu/ncu_source.sh)"
+  OUT="$logs" timeout 560 tests/gpu/ncu_source.sh "$carry" || status=1
 fi
 if has hfbase; then
   echo "=== HF transformers baseline (llama3-8b, sdpa, bf16)"

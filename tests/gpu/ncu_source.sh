@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Per-instruction stall samples (Nsight Compute's SourceCounters) of the kept prefill kernel and
+# of the few-row wgmma products inside the all-cached TTFT step (64 rows) and a batch-32 decode
+# step (32 rows), packed into $OUT/ncu-source.tgz: .ncu-rep reports, the details pages, and the
+# source pages as CSV (every SASS instruction with its samples and stall reasons), for reading
+# where a kernel's warps wait (docs/kernels.md; tests/gpu/ncu_stalls.py sums them). Run on the
+# GPU machine after tests/gpu/carry_env.sh's use_carry unpacked the bundle into CARRY.
+#   ncu_source.sh CARRY [prefill] [products]
+set -uo pipefail
+carry="$1"
+shift
+parts="${*:-prefill products}"
+final_out="$OUT"
+OUT="$(mktemp -d)"
+ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)"
+sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
+  --section SourceCounters --section MemoryWorkloadAnalysis --import-source no)
+export_source() {  # report -> CSV of SASS with per-instruction samples
+  "$ncu_bin" -i "$1.ncu-rep" --page source --csv --print-source sass >"$1-sass.csv" 2>&1 ||
+    "$ncu_bin" -i "$1.ncu-rep" --page source --csv >"$1-sass.csv" 2>&1
+  "$ncu_bin" -i "$1.ncu-rep" --page details >"$1-details.txt" 2>&1
+}
+for part in $parts; do
+  case "$part" in
+    prefill)
+      for shape in q512 q4096; do
+        timeout 240 "$ncu_bin" --clock-control none -k regex:PagedPrefillWgmmaWs --launch-skip 1 \
+          --launch-count 1 "${sections[@]}" -f -o "$OUT/prefill-$shape" \
+          "$carry/bin/lazyattn-bench-prefill" --only="$shape" --variant=rotate-q \
+          --kernel=wgmma-ws/pp-s5 --reps=2 --warmup=1 >"$OUT/prefill-$shape.log" 2>&1
+        export_source "$OUT/prefill-$shape"
+      done
+      ;;
+    products)
+      # Layer 1's four products (qkv, o, gate/up, down) of the profiled step.
+      timeout 300 "$ncu_bin" --profile-from-start off --clock-control none -k regex:SkinnyWgmma \
+        --launch-skip 4 --launch-count 4 "${sections[@]}" -f -o "$OUT/products-64" \
+        "$carry/bin/lazyattn-bench-engine" --parts ttft --ttft-modes lazy --profile-ttft-step \
+        >"$OUT/products-64.log" 2>&1
+      export_source "$OUT/products-64"
+      timeout 300 "$ncu_bin" --profile-from-start off --clock-control none -k regex:SkinnyWgmma \
+        --launch-skip 4 --launch-count 4 "${sections[@]}" -f -o "$OUT/products-32" \
+        "$carry/bin/lazyattn-bench-engine" --parts decode --batches 32 --profile-decode-steps 1 \
+        >"$OUT/products-32.log" 2>&1
+      export_source "$OUT/products-32"
+      ;;
+  esac
+done
+tar -C "$OUT" -czf "$final_out/ncu-source.tgz" .
