@@ -32,8 +32,9 @@
 #          (LAZYATTN_NCU_PREFILL_KERNEL, default wgmma-ws/pp-s5); only when named
 #   ncusource per-instruction stall samples (SourceCounters) of the prefill kernel at q512 and
 #          q4096 and of the few-row products in the all-cached TTFT step and a batch-32 decode
-#          step, as reports and SASS CSV in $OUT/ncu-source.tgz (tests/gpu/ncu_source.sh);
-#          only when named
+#          step, and the same sections for SDPA's cuDNN kernel at q512 and q4096, as reports and
+#          SASS CSV in $OUT/ncu-source.tgz (tests/gpu/ncu_source.sh; LAZYATTN_NCU_SOURCE_PARTS,
+#          default "prefill products peer"); only when named
 # Logs go to a scratch folder and come back as one archive, $OUT/gpu-logs.tgz, plus a summary.
 # Environment: LAZYATTN_CARRY (default .device-carry), LAZYATTN_ENGINE_ARGS (extra bench flags),
 # LAZYATTN_ENGINE_TIMEOUT (seconds, default 420), LAZYATTN_NCU_ARGS (the bench flags ncu runs,
@@ -173,7 +174,9 @@ if has ncuprefill; then
 fi
 if has ncusource; then
   echo "=== ncu: per-instruction stall samples (tests/gpu/ncu_source.sh)"
-  OUT="$logs" timeout 560 tests/gpu/ncu_source.sh "$carry" || status=1
+  # shellcheck disable=SC2086
+  OUT="$logs" timeout 560 tests/gpu/ncu_source.sh "$carry" ${LAZYATTN_NCU_SOURCE_PARTS:-} ||
+    status=1
 fi
 if has hfbase; then
   echo "=== HF transformers baseline (llama3-8b, sdpa, bf16)"

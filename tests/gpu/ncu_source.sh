@@ -5,16 +5,19 @@
 # source pages as CSV (every SASS instruction with its samples and stall reasons), for reading
 # where a kernel's warps wait (docs/kernels.md; tests/gpu/ncu_stalls.py sums them). Run on the
 # GPU machine after tests/gpu/carry_env.sh's use_carry unpacked the bundle into CARRY.
-#   ncu_source.sh CARRY [prefill] [products]
+# Part peer: the same sections for PyTorch SDPA's cuDNN kernel on the prefill shapes (its launch
+# shape, registers, pipes and stalls beside ours; no source page, cuDNN ships no SASS names).
+#   ncu_source.sh CARRY [prefill] [products] [peer]
 set -uo pipefail
 carry="$1"
 shift
-parts="${*:-prefill products}"
+parts="${*:-prefill products peer}"
 final_out="$OUT"
 OUT="$(mktemp -d)"
 ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)"
 sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats
-  --section SourceCounters --section MemoryWorkloadAnalysis --import-source no)
+  --section SourceCounters --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis
+  --section LaunchStats --section Occupancy --import-source no)
 export_source() {  # report -> CSV of SASS with per-instruction samples
   "$ncu_bin" -i "$1.ncu-rep" --page source --csv --print-source sass >"$1-sass.csv" 2>&1 ||
     "$ncu_bin" -i "$1.ncu-rep" --page source --csv >"$1-sass.csv" 2>&1
@@ -29,6 +32,16 @@ for part in $parts; do
           "$carry/bin/lazyattn-bench-prefill" --only="$shape" --variant=rotate-q \
           --kernel=wgmma-ws/pp-s5 --reps=2 --warmup=1 >"$OUT/prefill-$shape.log" 2>&1
         export_source "$OUT/prefill-$shape"
+      done
+      ;;
+    peer)
+      for shape in q512 q4096; do
+        # Launches: the backend check, one warm-up, then the timed ones; the fourth is profiled.
+        timeout 240 "$ncu_bin" --clock-control none -k "regex:sdpa|fprop|fmha|flash" \
+          --launch-skip 3 --launch-count 1 "${sections[@]}" -f -o "$OUT/peer-$shape" \
+          python3 tools/bench/sdpa_prefill_baseline.py --only="$shape" --backends=cudnn --reps=2 \
+          --warmup=1 >"$OUT/peer-$shape.log" 2>&1
+        "$ncu_bin" -i "$OUT/peer-$shape.ncu-rep" --page details >"$OUT/peer-$shape-details.txt" 2>&1
       done
       ;;
     products)

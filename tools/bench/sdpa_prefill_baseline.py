@@ -47,7 +47,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma list of shapes (default: all)")
+    ap.add_argument("--backends", default="", help="comma list of cudnn, flash (default: both)")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    backends = set(filter(None, args.backends.split(",")))
+    for name_set, known, what in ((only, [x[0] for x in SHAPES], "shape"),
+                                  (backends, [x[0] for x in BACKENDS], "backend")):
+        if name_set - set(known):
+            ap.error(f"unknown {what}: {', '.join(sorted(name_set - set(known)))}")
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     print(f"device: {name}, torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
@@ -56,6 +64,8 @@ def main():
     lines = []
     gen = torch.Generator(device=dev).manual_seed(0)
     for shape, nq, causal in SHAPES:
+        if only and shape not in only:
+            continue
         nk = nq if causal else CACHED + nq
         q = torch.rand(1, HEADS, nq, DIM, device=dev, generator=gen, dtype=torch.float32)
         k = torch.rand(1, KV_HEADS, nk, DIM, device=dev, generator=gen, dtype=torch.float32)
@@ -64,6 +74,8 @@ def main():
         pairs = nq * (nq + 1) / 2 if causal else nq * nk
         flops = 4.0 * DIM * HEADS * pairs
         for backend_name, backend in BACKENDS:
+            if backends and backend_name not in backends:
+                continue
             note = "enable_gqa"
             kk, vv = k, v
 
