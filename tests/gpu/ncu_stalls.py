@@ -8,7 +8,8 @@ command line (to split a loop into its phases by reading the SASS beside it).
 
 A range starts at the low 20 bits of its address (as the SASS listing prints them) and runs to the
 next range's start; samples are every warp's, producer and consumer alike, so a phase's share is
-of the whole kernel's samples.
+of the whole kernel's samples. ncu's CSV lists each profiled kernel twice, the same rows under the
+same name: with ncu_source.sh's products, kernels 0, 2, 4 and 6 are qkv, o, gate/up and down.
 """
 import argparse
 import collections
