@@ -1,13 +1,12 @@
 #include "services/worker/server/kvdir_publisher.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <iostream>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
@@ -74,21 +73,12 @@ constexpr absl::Duration kFinishGrace = absl::Seconds(2);
 
 grpc::Status FinishWithin(grpc::ClientReaderWriter<v1::WorkerMessage, v1::DirectoryMessage>& stream,
                           grpc::ClientContext& call, absl::Duration grace) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
+  absl::Notification finished;
   std::thread guard([&] {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, absl::ToChronoNanoseconds(grace), [&] { return finished; })) {
-      call.TryCancel();
-    }
+    if (!finished.WaitForNotificationWithTimeout(grace)) call.TryCancel();
   });
   grpc::Status status = stream.Finish();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    finished = true;
-  }
-  cv.notify_all();
+  finished.Notify();
   guard.join();
   return status;
 }
