@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
+#include "kernels/include/sampling.h"
 
 namespace lazyattn {
 namespace {
@@ -163,6 +164,15 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
   for (int i = 0; i < p.stop_token_ids_size(); ++i) {
     RETURN_IF_ERROR(CheckTokenId(absl::StrCat("sampling.stop_token_ids[", i, "]"),
                                  p.stop_token_ids(i), vocab_size));
+  }
+  if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("sampling.top_logprobs",
+                   absl::StrCat(p.top_logprobs(), " outside [0, ", kMaxTopLogprobs, "]"));
+  }
+  if (p.top_logprobs() > 0 && !p.logprobs()) {
+    return Invalid(
+        "sampling.top_logprobs",
+        absl::StrCat(p.top_logprobs(), " needs sampling.logprobs (the chosen tokens' own)"));
   }
   return absl::OkStatus();
 }

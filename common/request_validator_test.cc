@@ -150,6 +150,23 @@ TEST(RequestValidatorTest, NamesTheBadField) {
             "sampling.max_tokens: 101 outside [0, 100]");
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(-1); }),
               HasSubstr("sampling.max_tokens"));
+  EXPECT_EQ(with([](GenerateRequest& r) {
+              r.mutable_sampling()->set_logprobs(true);
+              r.mutable_sampling()->set_top_logprobs(20);
+            }),
+            "ok");
+  EXPECT_EQ(with([](GenerateRequest& r) {
+              r.mutable_sampling()->set_logprobs(true);
+              r.mutable_sampling()->set_top_logprobs(21);
+            }),
+            "sampling.top_logprobs: 21 outside [0, 20]");
+  EXPECT_THAT(with([](GenerateRequest& r) {
+                r.mutable_sampling()->set_logprobs(true);
+                r.mutable_sampling()->set_top_logprobs(-1);
+              }),
+              HasSubstr("sampling.top_logprobs: -1 outside"));
+  EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(3); }),
+              HasSubstr("sampling.top_logprobs: 3 needs sampling.logprobs"));
   EXPECT_THAT(with([](GenerateRequest& r) {
                 r.mutable_sampling()->add_stop("a");
                 r.mutable_sampling()->add_stop("b");

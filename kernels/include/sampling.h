@@ -51,6 +51,10 @@ namespace lazyattn {
 
 inline constexpr int kMaxSamplingRounds = 32;
 
+// The most alternatives a request may ask for at each generated token (SamplingParams'
+// top_logprobs in inference.proto; OpenAI's bound and vLLM's default): every API layer checks it.
+inline constexpr int kMaxTopLogprobs = 20;
+
 // Temperatures below this draw as greedy (temperature 0), on every backend and in every test
 // reference (vLLM's _SAMPLING_EPS, so clients see the same behaviour). Why a threshold and not
 // `> 0`: a denormal or tiny positive T makes 1/T overflow to inf (T < 2.9e-39), and then

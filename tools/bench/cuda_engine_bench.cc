@@ -13,7 +13,7 @@
 //                         [--profile-ttft-step] [--profile-cold-step]
 //                         [--ttft-modes full,prefix,block,lazy]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
-//                         [--no-early-kv-loads] [--no-pipeline-decode]
+//                         [--no-early-kv-loads] [--no-pipeline-decode] [--decode-top-logprobs]
 //                         [--prefill-kernel mma|wgmma-ws]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
@@ -52,6 +52,8 @@ int Main(int argc, char** argv) {
                "requests per closed-loop trace (part saturation, only when named; default 96)");
   args.Declare("saturation-clients", CliArgs::Kind::kValue,
                "closed-loop clients (part saturation; default 16)");
+  args.Declare("decode-top-logprobs", CliArgs::Kind::kSwitch,
+               "part decode: also sampled batches with top_logprobs 5 on one / every request");
   args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
   args.Declare("profile-ttft-step", CliArgs::Kind::kSwitch,
@@ -187,7 +189,8 @@ int Main(int argc, char** argv) {
   }
   if (status.ok() && parts.find("decode") != std::string::npos) {
     status = RunDecode(b, budget, batches,
-                       static_cast<int>(args.Int("profile-decode-steps", 0).value_or(0)), out);
+                       static_cast<int>(args.Int("profile-decode-steps", 0).value_or(0)),
+                       args.Has("decode-top-logprobs"), out);
   }
   if (status.ok() && parts.find("serving") != std::string::npos) {
     status = RunServing(b, args.Int("serving-kv-gib", 12).value_or(12) * gib,

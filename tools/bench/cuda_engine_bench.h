@@ -108,8 +108,10 @@ TraceResult RunTrace(Engine& engine, const std::vector<EngineRequest>& requests,
 absl::Status RunGemms(const ModelConfig& c, bool with_wgmma, bool gemms, bool kernels, json& out);
 absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out);
 absl::Status RunLongContext(Bench& b, int64_t kv_budget, json& out);
+// `top_logprobs`: also the sampled rows of `batches` with SamplingParams::top_logprobs 5 on one
+// request of the batch, then on every request (what their logits' trip to the host costs).
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
-                       int profile_steps, json& out);
+                       int profile_steps, bool top_logprobs, json& out);
 absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
                         const std::vector<double>& rates, json& out);
 absl::Status RunSaturation(Bench& b, int64_t kv_budget, int num_requests, int clients, json& out);

@@ -113,14 +113,16 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
 
 // --- Decode: batch 1 at 20K context, batch 32 at 2K, and the largest batch that fits. ---
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
-                       int profile_steps, json& out) {
+                       int profile_steps, bool top_logprobs, json& out) {
   std::cout << "\n### Decode\n\n| batch | context | sampling | step ms | output tok/s | GPU ms/step | "
                "runner wall ms/step | host prep ms/step | launch ms/step | "
                "engine ms between steps | CUDA graph replays |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|\n";
   ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 512));
-  // `sampled`: temperature 0.8, top-p 0.95, a seed per request (the sampled decode row).
-  auto one = [&](int batch, int context, int steps, bool sampled) -> absl::Status {
+  // `sampled`: temperature 0.8, top-p 0.95, a seed per request (the sampled decode row);
+  // `top_rows`: the first top_rows requests also ask for logprobs with 5 alternatives.
+  auto one = [&](int batch, int context, int steps, bool sampled,
+                 int top_rows = 0) -> absl::Status {
     std::vector<EngineRequest> reqs;
     for (int i = 0; i < batch; ++i) {
       EngineRequest r{.mode = CacheMode::kFull,
@@ -129,6 +131,10 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
         r.sampling.temperature = 0.8f;
         r.sampling.top_p = 0.95f;
         r.sampling.seed = 7 + i;
+      }
+      if (i < top_rows) {
+        r.sampling.logprobs = true;
+        r.sampling.top_logprobs = 5;
       }
       r.question_token_ids = DocumentTokens(5000 + 1000 * context + i, context);
       reqs.push_back(std::move(r));
@@ -188,16 +194,24 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     const double launch_ms = prof.steps ? prof.enqueue_ms / prof.steps : 0;
     const double between_ms = prof.steps > 1 ? prof.between_ms / (prof.steps - 1) : 0;
     const int64_t replays = b.runner->graph_launches() - replays_before;
-    std::cout << absl::StrCat("| ", batch, " | ", context, " | ",
-                              sampled ? "T 0.8 top-p 0.95" : "greedy", " | ", step_ms, " | ",
-                              tok_s, " | ",
-                              gpu_ms, " | ", wall_ms, " | ", prep_ms, " | ", launch_ms - prep_ms,
-                              " | ", between_ms, " | ",
-                              replays, " |\n");
-    out["decode"].push_back({{"batch", batch}, {"context", context},
-                             {"sampling", sampled ? "t0.8_p0.95" : "greedy"}, {"step_ms", step_ms},
-                             {"tok_s", tok_s}, {"gpu_ms", gpu_ms}, {"runner_wall_ms", wall_ms},
-                             {"host_prep_ms", prep_ms}, {"launch_ms", launch_ms - prep_ms},
+    std::string label = sampled ? "T 0.8 top-p 0.95" : "greedy";
+    std::string key = sampled ? "t0.8_p0.95" : "greedy";
+    if (top_rows > 0) {
+      absl::StrAppend(&label, ", top_logprobs 5 on ", top_rows, " of ", batch);
+      absl::StrAppend(&key, "_top5_", top_rows);
+    }
+    std::cout << absl::StrCat("| ", batch, " | ", context, " | ", label, " | ", step_ms, " | ",
+                              tok_s, " | ", gpu_ms, " | ", wall_ms, " | ", prep_ms, " | ",
+                              launch_ms - prep_ms, " | ", between_ms, " | ", replays, " |\n");
+    out["decode"].push_back({{"batch", batch},
+                             {"context", context},
+                             {"sampling", key},
+                             {"step_ms", step_ms},
+                             {"tok_s", tok_s},
+                             {"gpu_ms", gpu_ms},
+                             {"runner_wall_ms", wall_ms},
+                             {"host_prep_ms", prep_ms},
+                             {"launch_ms", launch_ms - prep_ms},
                              {"engine_between_ms", between_ms},
                              {"graph_replays", replays}});
     return absl::OkStatus();
@@ -211,6 +225,10 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
   for (int batch : batches) {
     if (batch == 0) batch = static_cast<int>(engine->blocks().total / blocks_per_request);
     for (bool sampled : {false, true}) RETURN_IF_ERROR(one(batch, 2048, 128, sampled));
+    if (top_logprobs) {
+      RETURN_IF_ERROR(one(batch, 2048, 128, true, 1));
+      RETURN_IF_ERROR(one(batch, 2048, 128, true, batch));
+    }
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/include/quant_linear.h"
+#include "kernels/include/sampling.h"
 #include "services/worker/model/model_loader.h"
 
 namespace lazyattn {
@@ -27,6 +28,8 @@ void DeclareSamplingFlags(CliArgs& args) {
                "[-2, 2], subtracted per occurrence in the output (0 = off)");
   args.Declare("logprobs", CliArgs::Kind::kSwitch,
                "report each generated token's log-probability (with --json)");
+  args.Declare("top-logprobs", CliArgs::Kind::kValue,
+               "with --logprobs: also each position's N most likely tokens, N in [0, 20] (--json)");
   args.Declare("stop", CliArgs::Kind::kRepeated, "stop before this string");
   args.Declare("ignore-eos", CliArgs::Kind::kSwitch, "keep generating past end-of-generation");
 }
@@ -41,6 +44,7 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args) {
   ASSIGN_OR_RETURN(double repetition_penalty, args.Double("repetition-penalty", 1.0));
   ASSIGN_OR_RETURN(double presence_penalty, args.Double("presence-penalty", 0.0));
   ASSIGN_OR_RETURN(double frequency_penalty, args.Double("frequency-penalty", 0.0));
+  ASSIGN_OR_RETURN(int64_t top_logprobs, args.Int("top-logprobs", 0));
   p.max_tokens = static_cast<int>(max_tokens);
   p.temperature = static_cast<float>(temperature);
   p.top_k = static_cast<int>(top_k);
@@ -54,6 +58,12 @@ absl::StatusOr<SamplingParams> SamplingFromArgs(const CliArgs& args) {
   p.presence_penalty = static_cast<float>(presence_penalty);
   p.frequency_penalty = static_cast<float>(frequency_penalty);
   p.logprobs = args.Has("logprobs");
+  // Bounded here so the int narrowing below cannot wrap; the engine checks the rest.
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-logprobs ", top_logprobs, ": must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  p.top_logprobs = static_cast<int>(top_logprobs);
   p.stop = args.Strings("stop");
   p.ignore_eos = args.Has("ignore-eos");
   return p;

@@ -86,6 +86,7 @@ int ClientCommand(int argc, char** argv) {
   sp->set_presence_penalty(sampling->presence_penalty);
   sp->set_frequency_penalty(sampling->frequency_penalty);
   sp->set_logprobs(sampling->logprobs);
+  sp->set_top_logprobs(sampling->top_logprobs);
 
   auto channel = MakeRouterChannel(args, args.String("router"));
   if (!channel.ok()) return CliFail(channel.status());
@@ -98,11 +99,18 @@ int ClientCommand(int argc, char** argv) {
   v1::Final final;
   std::vector<int32_t> token_ids;  // the text alone can hide differences (U+FFFD replacements)
   std::vector<float> logprobs;     // with --logprobs
+  nlohmann::json top_logprobs = nlohmann::json::array();  // with --top-logprobs N
   const bool json = args.Has("json");
   while (reader->Read(&response)) {
     if (response.has_token()) {
       token_ids.push_back(response.token().token_id());
       if (response.token().has_logprob()) logprobs.push_back(response.token().logprob());
+      if (sampling->top_logprobs > 0 && response.token().token_id() >= 0) {
+        nlohmann::json& entries = top_logprobs.emplace_back(nlohmann::json::array());
+        for (const v1::TopLogprob& t : response.token().top_logprobs()) {
+          entries.push_back({{"id", t.token_id()}, {"logprob", t.logprob()}});
+        }
+      }
       if (!json) std::cout << response.token().text() << std::flush;
     }
     if (response.has_final()) final = response.final();
@@ -128,6 +136,7 @@ int ClientCommand(int argc, char** argv) {
                           {"documents", u.documents()},
                           {"documents_hit", u.documents_hit()}};
     if (sampling->logprobs) out["logprobs"] = logprobs;
+    if (sampling->top_logprobs > 0) out["top_logprobs"] = std::move(top_logprobs);
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << std::endl;

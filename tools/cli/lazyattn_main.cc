@@ -5,7 +5,7 @@
 //                     [--kv-budget BYTES] [--max-tokens N]
 //                     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]
 //                     [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
-//                     [--stop STR]... [--ignore-eos] [--logprobs] [--json]
+//                     [--stop STR]... [--ignore-eos] [--logprobs] [--top-logprobs N] [--json]
 //   lazyattn replay --model PATH --requests FILE.jsonl [--mode M] [--backend B]
 //                   [--kv-budget BYTES] [generate's sampling flags] [--json]
 //   lazyattn client --router HOST:PORT --prompt TEXT [generate's flags but --model] [--timeout S]
@@ -41,6 +41,14 @@ nlohmann::json ResultJson(const RequestResult& r, const std::string& model, Cach
                       {"decode_tokens_per_s", r.decode_tokens_per_s},
                       {"preemptions", r.preemptions}};
   if (!r.logprobs.empty()) j["logprobs"] = r.logprobs;  // with --logprobs
+  if (!r.top_logprobs.empty()) {  // with --top-logprobs N: [[{"id", "logprob"}, ...], ...]
+    nlohmann::json& all = j["top_logprobs"] = nlohmann::json::array();
+    for (const std::vector<TopLogprob>& position : r.top_logprobs) {
+      nlohmann::json& entries = all.emplace_back(nlohmann::json::array());
+      for (const TopLogprob& t : position)
+        entries.push_back({{"id", t.token_id}, {"logprob", t.logprob}});
+    }
+  }
   return j;
 }
 

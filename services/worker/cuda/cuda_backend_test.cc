@@ -13,18 +13,20 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/skinny_wgmma_linear.h"
-#include "services/worker/cuda/cuda_backend_test_util.h"
 #include "nlohmann/json.hpp"
+#include "services/worker/cuda/cuda_backend_test_util.h"
 #include "services/worker/cuda/cuda_model_runner.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
 #include "services/worker/engine/runner_factory.h"
-#include "services/worker/model/tokenizer/byte_tokenizer.h"
+#include "services/worker/engine/sampler.h"
+#include "services/worker/engine/top_logprobs.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 namespace lazyattn {
 namespace {
@@ -155,6 +157,50 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
   ASSERT_EQ(drawn->token_ids.size(), full->token_ids.size());
   const ForwardOutput twin = SampleRowsOnHost(sampled, drawn->logits, V);
   EXPECT_EQ(drawn->token_ids, twin.token_ids);
+
+  // A penalized draw's log-probability, computed on the device, anchors the host's TopLogprobs
+  // (top_logprobs.h): the list equals a log_softmax in double of the returned row with the
+  // penalties applied here. The row's two best ids are in the history, so the penalties move it.
+  const float* decode_row = full->logits.data() + (full->logits.size() / V - 1) * V;
+  std::vector<int32_t> by_logit(V);
+  std::iota(by_logit.begin(), by_logit.end(), 0);
+  std::stable_sort(by_logit.begin(), by_logit.end(),
+                   [&](int32_t a, int32_t b) { return decode_row[a] > decode_row[b]; });
+  const std::vector<int32_t> history = {by_logit[1], 7, by_logit[0], by_logit[0], 9};
+  ForwardChunk penalized = step2[1];
+  penalized.return_logits = true;
+  penalized.sampling = {.temperature = 0.7f,
+                        .repetition_penalty = 1.3f,
+                        .presence_penalty = 0.5f,
+                        .frequency_penalty = 0.4f,
+                        .flags = kSampleLogprob,
+                        .seed = 9,
+                        .step = 2};
+  penalized.penalty_tokens = history;
+  penalized.penalty_prompt_tokens = 2;
+  auto pd = gpu->Forward(std::span(&penalized, 1));
+  ASSERT_TRUE(pd.ok()) << pd.status();
+  ASSERT_EQ(pd->logits.size(), size_t(V));
+  const std::vector<PenaltyEntry> penalties = PenaltyEntries(history, 2);
+  const std::vector<TopLogprob> top =
+      TopLogprobs(pd->logits, penalized.sampling, penalties, pd->token_ids[0], pd->logprobs[0], 10);
+  std::vector<double> x(pd->logits.begin(), pd->logits.end());
+  for (const PenaltyEntry& e : penalties) {
+    x[e.id] =
+        PenalizedLogit(pd->logits[e.id], penalized.sampling, e.output_count, e.in_prompt != 0);
+  }
+  const double mx = *std::max_element(x.begin(), x.end());
+  double z = 0;
+  for (double v : x) z += std::exp(v - mx);
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+  EXPECT_NE(order[0], by_logit[0]) << "the penalties should move the best id down";
+  ASSERT_EQ(top.size(), 10u);
+  for (size_t i = 0; i < top.size(); ++i) {
+    EXPECT_EQ(top[i].token_id, order[i]) << "entry " << i;
+    EXPECT_NEAR(top[i].logprob, x[order[i]] - mx - std::log(z), 1e-4) << "entry " << i;
+  }
 }
 
 // Engines on both backends answer the same RAG requests (3 documents, reordered) in lazy and
@@ -545,6 +591,10 @@ void CheckPipelinedDecode(bool sampled) {
         r.sampling.top_p = 0.95f;
         r.sampling.seed = 7 + i;
         if (i == 3) r.sampling.min_p = 0.05f;
+        if (i == 1 || i == 7) {  // their rows bring logits back each step, still pipelined
+          r.sampling.logprobs = true;
+          r.sampling.top_logprobs = 5;
+        }
         if (i == 7) {
           r.sampling.repetition_penalty = 1.3f;
           r.sampling.frequency_penalty = 0.4f;
@@ -591,6 +641,24 @@ void CheckPipelinedDecode(bool sampled) {
     ASSERT_TRUE(want[i].status.ok()) << want[i].status;
     EXPECT_EQ(want[i].result.token_ids.size(), static_cast<size_t>(max_tokens[i]));
     EXPECT_EQ(got[i].result.token_ids, want[i].result.token_ids);
+    // The alternatives of chained steps are those of step-by-step decode; the drawn token, when
+    // among them, carries exactly its own logprob.
+    ASSERT_EQ(got[i].result.top_logprobs.size(), want[i].result.top_logprobs.size());
+    EXPECT_EQ(want[i].result.top_logprobs.size(),
+              sampled && (i == 1 || i == 7) ? want[i].result.token_ids.size() : 0u);
+    for (size_t t = 0; t < got[i].result.top_logprobs.size(); ++t) {
+      const std::vector<TopLogprob>& g = got[i].result.top_logprobs[t];
+      const std::vector<TopLogprob>& w = want[i].result.top_logprobs[t];
+      ASSERT_EQ(g.size(), 5u) << "token " << t;
+      ASSERT_EQ(w.size(), 5u) << "token " << t;
+      for (size_t k = 0; k < g.size(); ++k) {
+        EXPECT_EQ(g[k].token_id, w[k].token_id) << "token " << t << " entry " << k;
+        EXPECT_NEAR(g[k].logprob, w[k].logprob, 1e-5) << "token " << t << " entry " << k;
+        if (g[k].token_id == got[i].result.token_ids[t]) {
+          EXPECT_EQ(g[k].logprob, got[i].result.logprobs[t]) << "token " << t;
+        }
+      }
+    }
   }
 }
 

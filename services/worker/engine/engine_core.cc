@@ -252,12 +252,15 @@ bool EngineCore::RunStep(absl::Time now) {
     p.chunk.emit_logits = s.kind == Segment::Kind::kQuery && s.ready + n == s.length();
     // The runner draws the token (draw number = tokens generated so far; penalties over the
     // query segment: the question, then what was generated); the first step's logits come
-    // back too when they are to be kept.
+    // back too when they are to be kept, and every step's when the request wants the most
+    // likely alternatives (EngineCore::SampleAndEmit ranks them on the host).
     p.chunk.sampling = RowSamplingParams(r.prepared.sampling, r.result.token_ids.size());
     p.chunk.penalty_tokens = s.tokens;
     p.chunk.penalty_prompt_tokens = std::min<int64_t>(
         static_cast<int64_t>(r.prepared.question.size()), s.length());
-    p.chunk.return_logits = options_.keep_first_logits && r.result.token_ids.empty();
+    p.chunk.return_logits =
+        p.chunk.emit_logits && ((options_.keep_first_logits && r.result.token_ids.empty()) ||
+                                r.prepared.sampling.top_logprobs > 0);
     r.scheduled = true;
     plan.push_back(std::move(p));
     budget -= n;
@@ -335,7 +338,7 @@ bool EngineCore::RunStep(absl::Time now) {
   std::vector<ForwardChunk> chunks = ChunksOf(plan);
   const bool pipeline = options_.pipeline_decode && runner_->SupportsPipelinedDecode() &&
                         std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
-                          return p.decode && p.chunk.emit_logits && !p.chunk.return_logits;
+                          return p.decode && p.chunk.emit_logits;
                         });
   if (pipeline) {
     absl::Status launched = runner_->Launch(chunks, /*previous_step_rows=*/{});

@@ -1,19 +1,20 @@
 // The cache modes computed by the engine core on a tiny random model: equalities between modes,
 // reuse, and what happens to blocks.
 #include "services/worker/engine/engine_core.h"
-#include "services/worker/engine/cpu_runner.h"
 
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <numeric>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/engine/request_prep.h"
-#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 
 namespace lazyattn {
 namespace {
@@ -357,7 +358,8 @@ TEST_F(EngineCoreTest, LogprobsFollowEachTokenWhenAsked) {
   std::vector<int32_t> streamed_ids;
   int pending = 0;  // on_logprob calls not yet followed by their on_token
   Outcome out;
-  p->callbacks.on_logprob = [&](float lp) {
+  p->callbacks.on_logprob = [&](float lp, std::span<const TopLogprob> top) {
+    EXPECT_TRUE(top.empty());  // none asked
     streamed.push_back(lp);
     ++pending;
   };
@@ -386,6 +388,81 @@ TEST_F(EngineCoreTest, LogprobsFollowEachTokenWhenAsked) {
   // Not asked: none.
   r.sampling.logprobs = false;
   EXPECT_TRUE(RunOne(r).result.logprobs.empty());
+}
+
+// With sampling.top_logprobs = k every generated token comes with the k most likely tokens of the
+// draw's softmax, streamed with its logprob. The first list is log_softmax of the first logits
+// (the frequency penalty counts output only, so it has nothing to change yet); every list is
+// ranked, and holds the drawn token with exactly its logprob whenever that token ranks inside.
+// Asking for them changes no token.
+TEST_F(EngineCoreTest, TopLogprobsRankEachPositionAndChangeNoToken) {
+  EngineRequest r = Request({0}, CacheMode::kLazy, 10);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 9;
+  r.sampling.frequency_penalty = 1.5f;
+  r.sampling.logprobs = true;
+  const Outcome plain = RunOne(r);
+  ASSERT_TRUE(plain.status.ok());
+  EXPECT_TRUE(plain.result.top_logprobs.empty());
+
+  constexpr int kTop = 5;
+  r.sampling.top_logprobs = kTop;
+  auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+  ASSERT_TRUE(p.ok());
+  std::vector<std::vector<TopLogprob>> streamed;
+  Outcome out;
+  p->callbacks.on_logprob = [&](float, std::span<const TopLogprob> top) {
+    streamed.emplace_back(top.begin(), top.end());
+  };
+  p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
+  core_->Add(std::move(*p));
+  while (core_->HasWork()) core_->Step(absl::Now());
+  ASSERT_TRUE(out.status.ok());
+  const RequestResult& res = out.result;
+  EXPECT_EQ(res.token_ids, plain.result.token_ids);
+  // The same up to rounding: the first run encoded the document, this one reuses its KV.
+  ASSERT_EQ(res.logprobs.size(), plain.result.logprobs.size());
+  for (size_t t = 0; t < res.logprobs.size(); ++t) {
+    EXPECT_NEAR(res.logprobs[t], plain.result.logprobs[t], 1e-4) << "token " << t;
+  }
+  ASSERT_EQ(res.top_logprobs.size(), res.token_ids.size());
+  ASSERT_EQ(streamed.size(), res.token_ids.size());
+  int inside = 0;
+  for (size_t t = 0; t < res.token_ids.size(); ++t) {
+    const std::vector<TopLogprob>& top = res.top_logprobs[t];
+    ASSERT_EQ(top.size(), size_t(kTop)) << "token " << t;
+    for (size_t i = 0; i < top.size(); ++i) {
+      EXPECT_EQ(top[i].token_id, streamed[t][i].token_id);
+      EXPECT_EQ(top[i].logprob, streamed[t][i].logprob);
+      EXPECT_LE(top[i].logprob, 0.0f);
+      if (i > 0) {
+        EXPECT_LE(top[i].logprob, top[i - 1].logprob) << "token " << t;
+      }
+    }
+    const auto drawn = std::find_if(top.begin(), top.end(), [&](const TopLogprob& e) {
+      return e.token_id == res.token_ids[t];
+    });
+    if (drawn != top.end()) {
+      EXPECT_EQ(drawn->logprob, res.logprobs[t]) << "token " << t;
+      ++inside;
+    } else {
+      EXPECT_LE(res.logprobs[t], top.back().logprob) << "token " << t << " ranks inside";
+    }
+  }
+  EXPECT_GT(inside, 0);
+  // The first position against an independent log_softmax of the first logits.
+  const std::vector<float>& x = res.first_logits;
+  ASSERT_EQ(x.size(), size_t(weights_->config.vocab_size));
+  const double mx = *std::max_element(x.begin(), x.end());
+  double z = 0;
+  for (float v : x) z += std::exp(double(v) - mx);
+  std::vector<int32_t> ids(x.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+  for (int i = 0; i < kTop; ++i) {
+    EXPECT_EQ(res.top_logprobs[0][i].token_id, ids[i]) << "entry " << i;
+    EXPECT_NEAR(res.top_logprobs[0][i].logprob, double(x[ids[i]]) - mx - std::log(z), 1e-4);
+  }
 }
 
 TEST_F(EngineCoreTest, StopTokensAndStopStringsEndGeneration) {
@@ -565,6 +642,55 @@ TEST_F(EngineCoreTest, PipelinedDecodeMatchesStepByStepDecode) {
         }
       }
     }
+  }
+}
+
+// A request that wants top_logprobs brings its rows' logits back every step, and its steps stay
+// pipelined: the lists of chained steps are those of step-by-step decode, beside a request that
+// asked for none.
+TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
+  auto run = [&](bool pipeline, int* chained) {
+    auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, /*fail_every=*/0);
+    PipeliningCpuRunner* raw = runner.get();
+    EngineCore core(std::move(runner), tokenizer_.get(),
+                    {.max_batch_tokens = 512, .pipeline_decode = pipeline});
+    std::vector<RequestResult> out(2);
+    for (int i = 0; i < 2; ++i) {
+      EngineRequest r = Request({i, 3}, CacheMode::kLazy, 16);
+      r.sampling.logprobs = true;
+      r.sampling.top_logprobs = i == 0 ? 4 : 0;
+      auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+      EXPECT_TRUE(p.ok()) << p.status();
+      p->callbacks.on_done = [&out, i](const absl::Status& st, const RequestResult& res) {
+        EXPECT_TRUE(st.ok()) << st;
+        out[i] = res;
+      };
+      core.Add(std::move(*p));
+    }
+    for (int step = 0; core.HasWork() && step < 1000; ++step) core.Step(absl::Now());
+    EXPECT_FALSE(core.HasWork());
+    *chained = raw->chained();
+    return out;
+  };
+  int chained = 0;
+  const std::vector<RequestResult> want = run(false, &chained);
+  const std::vector<RequestResult> got = run(true, &chained);
+  EXPECT_GT(chained, 5) << "no step was chained";
+  ASSERT_EQ(want[0].top_logprobs.size(), 16u);
+  EXPECT_TRUE(want[1].top_logprobs.empty());
+  EXPECT_TRUE(got[1].top_logprobs.empty());
+  EXPECT_EQ(got[0].token_ids, want[0].token_ids);
+  EXPECT_EQ(got[1].token_ids, want[1].token_ids);
+  ASSERT_EQ(got[0].top_logprobs.size(), want[0].top_logprobs.size());
+  for (size_t t = 0; t < want[0].top_logprobs.size(); ++t) {
+    ASSERT_EQ(got[0].top_logprobs[t].size(), 4u) << "token " << t;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[0].top_logprobs[t][i].token_id, want[0].top_logprobs[t][i].token_id);
+      EXPECT_NEAR(got[0].top_logprobs[t][i].logprob, want[0].top_logprobs[t][i].logprob, 1e-5);
+    }
+    // Greedy: the drawn token heads its list with its own logprob.
+    EXPECT_EQ(got[0].top_logprobs[t][0].token_id, got[0].token_ids[t]);
+    EXPECT_EQ(got[0].top_logprobs[t][0].logprob, got[0].logprobs[t]);
   }
 }
 

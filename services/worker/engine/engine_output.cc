@@ -46,15 +46,33 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
     finish("stop");
     return;
   }
-  res.token_ids.push_back(id);
-  const bool want_logprob = r.prepared.sampling.logprobs;
-  if (want_logprob) res.logprobs.push_back(logprob);
   Segment& q = r.query();
+  const bool want_logprob = r.prepared.sampling.logprobs;
+  std::vector<TopLogprob> top;
+  if (want_logprob && r.prepared.sampling.top_logprobs > 0) {
+    // One entry per token. The step brought this row's logits back (the plan asks for them);
+    // ranked under the draw's own row parameters and history (the query segment before this
+    // token), as the runner saw them when it drew `id`.
+    const SamplingRowParams row = RowSamplingParams(r.prepared.sampling, res.token_ids.size());
+    std::vector<PenaltyEntry> penalties;
+    if (HasPenalties(row)) {
+      penalties = PenaltyEntries(
+          q.tokens,
+          std::min<int64_t>(r.prepared.question.size(), static_cast<int64_t>(q.tokens.size())));
+    }
+    if (!logits.empty()) {
+      top = TopLogprobs(logits, row, penalties, id, logprob, r.prepared.sampling.top_logprobs);
+    }
+    res.top_logprobs.push_back(top);
+  }
+  res.token_ids.push_back(id);
+  if (want_logprob) res.logprobs.push_back(logprob);
   q.tokens.push_back(id);
   auto piece = r.decoder->Push(id);
   const std::string text = r.stop->Push(piece.ok() ? *piece : std::string());
   res.text += text;
-  if (want_logprob && r.prepared.callbacks.on_logprob) r.prepared.callbacks.on_logprob(logprob);
+  if (want_logprob && r.prepared.callbacks.on_logprob)
+    r.prepared.callbacks.on_logprob(logprob, top);
   if (r.prepared.callbacks.on_token) r.prepared.callbacks.on_token(id, text);
   if (r.stop->stopped()) {
     res.finish_reason = "stop";

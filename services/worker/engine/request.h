@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "services/worker/cache/cache_mode.h"
 #include "services/worker/engine/sampler.h"
+#include "services/worker/engine/top_logprobs.h"
 
 namespace lazyattn {
 
@@ -64,6 +66,9 @@ struct RequestResult {
   // With SamplingParams::logprobs: each token_ids entry's log-probability (kSampleLogprob's: the
   // softmax of the penalized logits at temperature 1, before truncation); else empty.
   std::vector<float> logprobs;
+  // With SamplingParams::top_logprobs = k > 0: each token_ids entry's k most likely tokens
+  // (TopLogprobs, top_logprobs.h); else empty.
+  std::vector<std::vector<TopLogprob>> top_logprobs;
   std::string text;
   std::string finish_reason;       // "stop" or "length"
   RequestUsage usage;
@@ -81,8 +86,10 @@ struct RequestCallbacks {
   // possible stop string is incomplete). Called on the engine thread: keep it short.
   std::function<void(int32_t id, std::string_view text)> on_token;
   // With SamplingParams::logprobs: the log-probability of the token whose on_token call follows
-  // immediately (same thread). Not called for on_token's final flush (id -1).
-  std::function<void(float logprob)> on_logprob;
+  // immediately (same thread), and its most likely alternatives (empty unless
+  // SamplingParams::top_logprobs > 0; valid during the call). Not called for on_token's final
+  // flush (id -1).
+  std::function<void(float logprob, std::span<const TopLogprob> top)> on_logprob;
   // Before the first token: after each step that computed part of this request's prompt (its own
   // chunks, or a document encoding it waits for), with the prompt tokens whose KV is ready so
   // far. A sign of life for callers that time out a first token that is slow to come (a long

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "services/worker/engine/top_logprobs.h"
 
 namespace lazyattn {
 
@@ -28,6 +29,13 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
     return bad("frequency_penalty", p.frequency_penalty, "must be in [-2, 2]");
   }
   if (p.max_tokens < 1) return bad("max_tokens", p.max_tokens, "must be >= 1");
+  if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs) {
+    return bad("top_logprobs", p.top_logprobs,
+               absl::StrCat("must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  if (p.top_logprobs > 0 && !p.logprobs) {
+    return bad("top_logprobs", p.top_logprobs, "needs logprobs (the chosen tokens' own)");
+  }
   if (p.stop.size() > 16) return bad("stop", p.stop.size(), "at most 16 stop strings");
   for (const auto& s : p.stop) {
     if (s.empty()) return absl::InvalidArgumentError("stop: stop strings must not be empty");

@@ -37,11 +37,16 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // 0: off; over the generated tokens
   float frequency_penalty = 0.0f;   // 0: off; over the generated tokens
   bool logprobs = false;            // report each chosen token's log-probability
+  // With logprobs: also the top_logprobs most likely tokens at each position (TopLogprobs in
+  // top_logprobs.h), [0, kMaxTopLogprobs]. Each such request's rows bring their logits to the
+  // host every step.
+  int top_logprobs = 0;
 };
 
 // InvalidArgument naming the field: temperature in [0, 100], top_k >= 0, top_p in (0, 1],
 // min_p in [0, 1], repetition_penalty in (0, 100], presence/frequency_penalty in [-2, 2],
-// max_tokens >= 1, stop strings non-empty (at most 16), stop ids inside the vocabulary.
+// max_tokens >= 1, stop strings non-empty (at most 16), stop ids inside the vocabulary,
+// top_logprobs in [0, kMaxTopLogprobs] and above 0 only with logprobs.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // The per-row form of `params` for the draw of generated token number `step` (0 for the first).

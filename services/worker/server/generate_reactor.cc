@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -35,6 +36,14 @@ bool WantsPrefillProgress(const grpc::CallbackServerContext& call) {
   const auto it = metadata.find(kPrefillProgressKey);
   return it != metadata.end() &&
          std::string_view(it->second.data(), it->second.size()) == kPrefillProgressValue;
+}
+
+// A log-probability as the API reports it (inference.proto, TopLogprob.logprob): a token of
+// probability 0 (-inf, or NaN from a NaN logit) as -9999, OpenAI's value, since JSON has no
+// infinity; a rounding above 0 as 0.
+float ReportedLogprob(float logprob) {
+  if (!(logprob >= -9999.0f)) return -9999.0f;
+  return logprob > 0.0f ? 0.0f : logprob;
 }
 
 }  // namespace
@@ -148,7 +157,11 @@ void GenerateReactor::Prepare(const absl::Status& pool_status) {
       prepared->callbacks = RequestCallbacks{
           .on_token = [this](int32_t id, std::string_view text) { OnToken(id, text); },
           // Called just before the matching on_token, on the same thread.
-          .on_logprob = [this](float logprob) { pending_logprob_ = logprob; },
+          .on_logprob =
+              [this](float logprob, std::span<const TopLogprob> top) {
+                pending_logprob_ = logprob;
+                pending_top_.assign(top.begin(), top.end());
+              },
           .on_prefill_progress = progress_wanted_
                                      ? std::function<void(int64_t)>(
                                            [this](int64_t ready) { OnPrefillProgress(ready); })
@@ -205,8 +218,14 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
       chunk->set_token_id(id);
       chunk->set_text(ToValidUtf8(text));
       if (id >= 0 && pending_logprob_) {
-        chunk->set_logprob(*pending_logprob_);
+        chunk->set_logprob(ReportedLogprob(*pending_logprob_));
         chunk->set_token_bytes(std::string(ctx_.tokenizer->TokenPiece(id)));
+        for (const TopLogprob& t : pending_top_) {
+          v1::TopLogprob* entry = chunk->add_top_logprobs();
+          entry->set_token_id(t.token_id);
+          entry->set_logprob(ReportedLogprob(t.logprob));
+          entry->set_token_bytes(std::string(ctx_.tokenizer->TokenPiece(t.token_id)));
+        }
       }
     }
   }

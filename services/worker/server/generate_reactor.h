@@ -111,6 +111,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Engine thread only: the log-probability on_logprob gave for the token OnToken streams next.
   std::optional<float> pending_logprob_;
+  std::vector<TopLogprob> pending_top_;  // its alternatives (SamplingParams::top_logprobs)
 };
 
 }  // namespace lazyattn

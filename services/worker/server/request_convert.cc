@@ -51,6 +51,7 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   p.presence_penalty = s.presence_penalty();
   p.frequency_penalty = s.frequency_penalty();
   p.logprobs = s.logprobs();
+  p.top_logprobs = s.top_logprobs();
   // Validated here too so the error names the request field ("sampling.top_k = -1: ...").
   absl::Status st = ValidateSamplingParams(p, config.vocab_size);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));

@@ -126,5 +126,43 @@ TEST_F(WorkerServiceTest, LogprobsComeWithEachTokenOnlyWhenAsked) {
   ExpectIdle();
 }
 
+// top_logprobs = k: each real token's chunk carries k alternatives with their own bytes, ranked;
+// greedy, the chosen token heads them with exactly the chunk's logprob. Tokens do not change.
+TEST_F(WorkerServiceTest, TopLogprobsComeRankedWithEachToken) {
+  StartServer();
+  v1::GenerateRequest r = Request(kDocs, 12);
+  r.mutable_sampling()->set_logprobs(true);
+  const StreamResult plain = Generate(r);
+  ASSERT_TRUE(plain.status.ok());
+  for (const v1::TokenChunk& c : plain.chunks) EXPECT_EQ(c.top_logprobs_size(), 0);
+
+  r.mutable_sampling()->set_top_logprobs(3);
+  const StreamResult top = Generate(r);
+  ASSERT_TRUE(top.status.ok()) << top.status.error_message();
+  EXPECT_EQ(Ids(top), Ids(plain));
+  int with = 0;
+  for (const v1::TokenChunk& c : top.chunks) {
+    if (c.token_id() < 0) {
+      EXPECT_EQ(c.top_logprobs_size(), 0);
+      continue;
+    }
+    ++with;
+    ASSERT_EQ(c.top_logprobs_size(), 3) << "chunk " << c.token_id();
+    EXPECT_EQ(c.top_logprobs(0).token_id(), c.token_id());
+    EXPECT_EQ(c.top_logprobs(0).logprob(), c.logprob());
+    for (int i = 0; i < 3; ++i) {
+      const v1::TopLogprob& e = c.top_logprobs(i);
+      EXPECT_EQ(e.token_bytes(), tokenizer_->TokenPiece(e.token_id()));
+      EXPECT_LE(e.logprob(), 0.0f);
+      if (i > 0) {
+        EXPECT_LE(e.logprob(), c.top_logprobs(i - 1).logprob());
+        EXPECT_NE(e.token_id(), c.top_logprobs(i - 1).token_id());
+      }
+    }
+  }
+  EXPECT_EQ(with, 12);
+  ExpectIdle();
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -57,6 +57,15 @@ TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
       {"negative max_tokens",
        [](v1::GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(-1); },
        "sampling.max_tokens"},
+      {"top_logprobs above 20",
+       [](v1::GenerateRequest& r) {
+         r.mutable_sampling()->set_logprobs(true);
+         r.mutable_sampling()->set_top_logprobs(21);
+       },
+       "sampling.top_logprobs"},
+      {"top_logprobs without logprobs",
+       [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(2); },
+       "sampling.top_logprobs"},
       {"unknown cache mode",
        [](v1::GenerateRequest& r) { r.set_cache_mode(static_cast<v1::CacheMode>(42)); },
        "cache_mode"},

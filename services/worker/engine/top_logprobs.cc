@@ -1,0 +1,87 @@
+#include "services/worker/engine/top_logprobs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace lazyattn {
+namespace {
+
+// The draw's order (sampling_cpu.cc's Rank): order key of the value, then the lowest id.
+uint64_t Rank(float x, int32_t id) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (uint64_t{SamplingOrderKey(x, bits)} << 32) | uint32_t(~uint32_t(id));
+}
+
+int32_t IdOf(uint64_t rank) { return static_cast<int32_t>(~static_cast<uint32_t>(rank)); }
+
+// log(sum exp(x)) over the row as SampleRowCpu's log-probability computes it (double sum).
+double LogNormalizer(std::span<const float> x) {
+  float mx = -INFINITY;
+  for (float v : x) mx = std::max(mx, SamplingScaled(v, 1.0f));
+  double z = 0;
+  for (float v : x) z += std::exp(double(SamplingScaled(v, 1.0f)) - mx);
+  return double(mx) + std::log(z);
+}
+
+}  // namespace
+
+std::vector<TopLogprob> TopLogprobs(std::span<const float> logits, const SamplingRowParams& row,
+                                    std::span<const PenaltyEntry> penalties, int32_t chosen,
+                                    float chosen_logprob, int k) {
+  const int32_t V = static_cast<int32_t>(logits.size());
+  std::vector<float> penalized;
+  std::span<const float> x = logits;
+  if (HasPenalties(row)) {
+    // The draw's penalties (SampleRowCpu): each history id once, the input token as one more
+    // output occurrence when the row counts it.
+    penalized.assign(logits.begin(), logits.end());
+    for (const PenaltyEntry& e : penalties) {
+      if (e.id < 0 || e.id >= V) continue;
+      penalized[e.id] = PenalizedLogit(logits[e.id], row, e.output_count, e.in_prompt != 0);
+    }
+    x = penalized;
+  }
+
+  // The k best ranks, best first. Once the list is full a value below its last one's is skipped
+  // by one float compare: ranking every id (its sign decides the order key's branch) cost about
+  // 5 ns an id on random logits, 0.6 ms for a 128K row, against ~0.02 ms for the compare.
+  const size_t want = static_cast<size_t>(std::clamp<int64_t>(k, 0, V));
+  std::vector<uint64_t> best;
+  best.reserve(want + 1);
+  float floor = -INFINITY;  // the list's last value once full (NaN ranks below everything)
+  bool full = false;
+  const float* values = x.data();
+  for (int32_t i = 0; i < V && want > 0; ++i) {
+    if (full) {
+      while (i < V && !(values[i] >= floor)) ++i;  // below the last, or NaN: the hot loop
+      if (i == V) break;
+    }
+    const uint64_t r = Rank(values[i], i);
+    if (full && r <= best.back()) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), r, std::greater<>()), r);
+    if (best.size() > want) best.pop_back();
+    if (best.size() == want) {
+      full = true;
+      const float last = values[IdOf(best.back())];
+      floor = last == last ? last : -INFINITY;
+    }
+  }
+
+  const float x_chosen = SamplingScaled(x[chosen], 1.0f);
+  double log_z = double(x_chosen) - double(chosen_logprob);
+  if (!std::isfinite(log_z)) log_z = LogNormalizer(x);
+  std::vector<TopLogprob> out;
+  out.reserve(best.size());
+  for (uint64_t r : best) {
+    const int32_t id = IdOf(r);
+    const float lp = id == chosen && std::isfinite(chosen_logprob)
+                         ? chosen_logprob
+                         : static_cast<float>(double(SamplingScaled(x[id], 1.0f)) - log_z);
+    out.push_back({id, lp > 0.0f ? 0.0f : lp});
+  }
+  return out;
+}
+
+}  // namespace lazyattn
