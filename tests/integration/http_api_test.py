@@ -206,15 +206,49 @@ def secured_checks(args, tmp):
               lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) ==
               completion.usage.completion_tokens and lp.text_offset[0] == 0 and
               lp.text_offset == sorted(lp.text_offset), str(lp))
-        raises_top = None
-        try:
-            client.chat.completions.create(model=model, messages=messages, max_tokens=4,
-                                           logprobs=True, top_logprobs=3)
-        except openai.BadRequestError as e:
-            raises_top = e
-        check("top_logprobs 3: 400 naming top_logprobs (alternatives are not computed)",
-              raises_top is not None and (raises_top.body or {}).get("param") == "top_logprobs",
-              str(raises_top))
+        # Alternatives: the gRPC API's, k per token, most likely first; greedy, the chosen token
+        # heads them with its own logprob.
+        want = grpc_answer(c, QUESTION, chat=True, system=SYSTEM,
+                           extra=["--logprobs", "--top-logprobs", "3"])
+        got = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                             max_tokens=12, logprobs=True, top_logprobs=3)
+        entries = got.choices[0].logprobs.content if got.choices[0].logprobs else []
+        want_top = want.get("top_logprobs", [])
+        check("chat top_logprobs 3: the gRPC API's alternatives, ranked, the chosen token first",
+              want.get("ok") and len(entries) == len(want_top) == want.get("completion_tokens") and
+              all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token and
+                  e.top_logprobs[0].logprob == e.logprob and
+                  all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:])) and
+                  all(t.bytes is not None for t in e.top_logprobs) and
+                  close([t.logprob for t in e.top_logprobs], [w["logprob"] for w in ws])
+                  for e, ws in zip(entries, want_top)),
+              f"http={[[t.logprob for t in e.top_logprobs] for e in entries]} grpc={want_top}")
+        streamed = [[t.logprob for t in e.top_logprobs] for ch in client.chat.completions.create(
+            model=model, messages=messages, temperature=0, max_tokens=12, logprobs=True,
+            top_logprobs=3, stream=True) for choice in ch.choices if choice.logprobs
+            for e in choice.logprobs.content or []]
+        check("chat top_logprobs, streamed: the same alternatives",
+              streamed == [[t.logprob for t in e.top_logprobs] for e in entries], f"{streamed}")
+        completion = client.completions.create(model=model, prompt="The capital of France is",
+                                               temperature=0, max_tokens=12, logprobs=2)
+        lp = completion.choices[0].logprobs
+        check("completions logprobs 2: one {token: logprob} object per token, the chosen one in it",
+              lp is not None and lp.top_logprobs is not None and
+              len(lp.top_logprobs) == len(lp.tokens) == completion.usage.completion_tokens and
+              all(1 <= len(alts) <= 3 and alts.get(tok) == tlp
+                  for alts, tok, tlp in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs)),
+              str(lp))
+        for name, kwargs in [("top_logprobs 3 without logprobs", {"top_logprobs": 3}),
+                             ("top_logprobs 21", {"logprobs": True, "top_logprobs": 21})]:
+            refused = None
+            try:
+                client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                               **kwargs)
+            except openai.BadRequestError as e:
+                refused = e
+            check(f"{name}: 400 naming top_logprobs",
+                  refused is not None and (refused.body or {}).get("param") == "top_logprobs",
+                  str(refused))
 
         # Documents: placed as the gRPC API places them, and hit on the second request.
         want = grpc_answer(c, QUESTION, docs=docs, chat=True, system=SYSTEM)

@@ -120,10 +120,12 @@ std::string StepErrorBody(Step step) {
   return ErrorBodyOf(StepFailure(step));
 }
 
-// The choice's "logprobs" for `tokens` in the form of `kind` (openai_logprobs.h).
-nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens,
-                            TextOffset* offset) {
-  return kind == ApiKind::kChat ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, offset);
+// The choice's "logprobs" for `tokens` in the form of `kind` (openai_logprobs.h); `alternatives`:
+// the request asked for top_logprobs.
+nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens, TextOffset* offset,
+                            bool alternatives) {
+  return kind == ApiKind::kChat ? ChatLogprobs(tokens)
+                                : CompletionLogprobs(tokens, offset, alternatives);
 }
 
 // What a streamed response needs after the handler returned (the provider runs later).
@@ -132,8 +134,9 @@ struct StreamState {
   HttpCall::Event first;  // the first event, already taken (a token)
   ResponseMeta meta;
   bool include_usage = false;
-  bool logprobs = false;  // the request asked for them
-  TextOffset offset;      // completions' text_offset, across chunks
+  bool logprobs = false;      // the request asked for them
+  bool alternatives = false;  // and for top_logprobs
+  TextOffset offset;          // completions' text_offset, across chunks
   absl::Time deadline;
   std::shared_ptr<const std::atomic<bool>> stopping;
   ClientConnection client;
@@ -165,7 +168,8 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     // With log probabilities every real token has a chunk, also one whose text is held back.
     const std::optional<TokenLogprob> entry = s.logprobs ? LogprobOf(e.token) : std::nullopt;
     if (entry.has_value()) {
-      const nlohmann::json logprobs = LogprobsJson(s.meta.kind, {&*entry, 1}, &s.offset);
+      const nlohmann::json logprobs =
+          LogprobsJson(s.meta.kind, {&*entry, 1}, &s.offset, s.alternatives);
       out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage, &logprobs));
     } else if (!e.token.text().empty()) {
       out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
@@ -249,7 +253,9 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   if (model_name.empty() && model->has_value()) model_name = (*model)->id;
   ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
   const absl::Time deadline = absl::Now() + options.request_timeout;
-  const bool logprobs = parsed->request.sampling().logprobs();  // the request moves to the call
+  // The request moves to the call.
+  const bool logprobs = parsed->request.sampling().logprobs();
+  const bool alternatives = parsed->request.sampling().top_logprobs() > 0;
   auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
                               absl::ToChronoTime(deadline), parsed->stream, std::move(live));
   if (!call.ok()) {
@@ -281,7 +287,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
       std::optional<nlohmann::json> choice_logprobs;
       if (logprobs) {
         TextOffset offset;
-        choice_logprobs = LogprobsJson(kind, first.logprobs, &offset);
+        choice_logprobs = LogprobsJson(kind, first.logprobs, &offset, alternatives);
       }
       response.set_content(CompletionJson(meta, first.final->text(), *first.final,
                                           choice_logprobs ? &*choice_logprobs : nullptr),
@@ -296,6 +302,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   state->meta = std::move(meta);
   state->include_usage = parsed->include_usage;
   state->logprobs = logprobs;
+  state->alternatives = alternatives;
   state->deadline = deadline;
   state->stopping = std::move(stopping);
   state->client = client;

@@ -59,7 +59,8 @@ class HttpCall final : public ForwardingCall {
     lazyattn::v1::TokenChunk token;           // kToken
     grpc::Status status;                      // kEnd
     std::optional<lazyattn::v1::Final> final;  // kEnd with OK status
-    // kEnd, not streaming: the tokens' log probabilities when the request asked for them.
+    // kEnd, not streaming: the tokens' log probabilities (with their alternatives) when the
+    // request asked for them.
     std::vector<TokenLogprob> logprobs;
   };
 

@@ -239,6 +239,98 @@ TEST_F(HttpServerTest, LogprobsOfTheChosenTokensComeBackInOpenAisForms) {
   EXPECT_TRUE(whole[0]["choices"][0]["logprobs"].is_null());
 }
 
+// The alternatives come back in OpenAI's forms, whole and streamed: chat's top_logprobs list per
+// entry, completions' object per token. The fake worker's alternatives (fake_cluster_for_test.h)
+// are the token itself, then "alt1" one nat less likely.
+TEST_F(HttpServerTest, TopLogprobsComeBackInOpenAisForms) {
+  FakeWorker::Script script;
+  script.tokens = {"Hel", "lo"};
+  worker_.SetScript(script);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "logprobs": true, "top_logprobs": 2)";
+
+  auto whole = JsonOf(Post("/v1/chat/completions", chat + "}"));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(worker_.last_request().sampling().top_logprobs(), 2);
+  const nlohmann::json content = nlohmann::json::parse(R"([
+      {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108], "top_logprobs": [
+        {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+        {"token": "alt1", "logprob": -1.5, "bytes": [97, 108, 116, 49]}]},
+      {"token": "lo", "logprob": -1.0, "bytes": [108, 111], "top_logprobs": [
+        {"token": "lo", "logprob": -1.0, "bytes": [108, 111]},
+        {"token": "alt1", "logprob": -2.0, "bytes": [97, 108, 116, 49]}]}])");
+  EXPECT_EQ(whole[0]["choices"][0]["logprobs"]["content"], content) << whole[0].dump();
+
+  nlohmann::json streamed = nlohmann::json::array();
+  for (const auto& chunk : JsonOf(Post("/v1/chat/completions", chat + R"(, "stream": true})"))) {
+    const auto& logprobs = chunk["choices"][0]["logprobs"];
+    if (!logprobs.is_null()) {
+      for (const auto& e : logprobs["content"]) streamed.push_back(e);
+    }
+  }
+  EXPECT_EQ(streamed, content);
+
+  const std::string prompt = R"({"prompt": "Hi?", "logprobs": 2)";
+  const nlohmann::json top =
+      nlohmann::json::parse(R"([{"Hel": -0.5, "alt1": -1.5}, {"lo": -1.0, "alt1": -2.0}])");
+  whole = JsonOf(Post("/v1/completions", prompt + "}"));
+  ASSERT_EQ(whole.size(), 1u);
+  const nlohmann::json& logprobs = whole[0]["choices"][0]["logprobs"];
+  EXPECT_EQ(logprobs["top_logprobs"], top) << whole[0].dump();
+  EXPECT_EQ(logprobs["tokens"], nlohmann::json::parse(R"(["Hel", "lo"])"));
+  EXPECT_EQ(logprobs["token_logprobs"], nlohmann::json::parse("[-0.5, -1.0]"));
+  EXPECT_EQ(logprobs["text_offset"], nlohmann::json::parse("[0, 3]"));
+  streamed = nlohmann::json::array();
+  for (const auto& chunk : JsonOf(Post("/v1/completions", prompt + R"(, "stream": true})"))) {
+    const auto& logprobs = chunk["choices"][0]["logprobs"];
+    if (!logprobs.is_null()) {
+      ASSERT_EQ(logprobs["top_logprobs"].size(), 1u) << chunk.dump();
+      streamed.push_back(logprobs["top_logprobs"][0]);
+    }
+  }
+  EXPECT_EQ(streamed, top);
+}
+
+// Counts of alternatives out of bounds, and top_logprobs without logprobs, are 400 naming the
+// field; no worker is asked.
+TEST_F(HttpServerTest, TopLogprobsOutOfBoundsAre400NamingTheField) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const int calls = worker_.generate_calls();
+  struct Case {
+    const char* path;
+    std::string body;
+    const char* param;
+    const char* message;
+  };
+  const std::string user = R"("messages": [{"role": "user", "content": "Hi?"}])";
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": 21})",
+       "top_logprobs", "expected an integer in [0, 20], got 21"},
+      {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": -1})",
+       "top_logprobs", "expected an integer in [0, 20], got -1"},
+      {"/v1/chat/completions", "{" + user + R"(, "top_logprobs": 2})", "top_logprobs",
+       "needs logprobs: true"},
+      {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": 2.5})",
+       "top_logprobs", "expected an integer, got number"},
+      {"/v1/completions", R"({"prompt": "Hi?", "logprobs": 21})", "logprobs",
+       "expected an integer in [0, 20], got 21"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    const std::string reply = Post(c.path, c.body);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    const auto body = JsonOf(reply);
+    ASSERT_EQ(body.size(), 1u);
+    EXPECT_EQ(body[0]["error"]["param"], c.param) << reply;
+    EXPECT_NE(body[0]["error"]["message"].get<std::string>().find(c.message), std::string::npos)
+        << reply;
+  }
+  EXPECT_EQ(worker_.generate_calls(), calls);
+}
+
 TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {
   StartRouter();
   HttpOptions o = Options();

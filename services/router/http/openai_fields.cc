@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace lazyattn::router {
 namespace {
@@ -13,8 +14,6 @@ namespace {
 using nlohmann::json;
 
 // Each refusal says what is missing rather than only "not supported".
-constexpr char kOnlyChosenLogprob[] =
-    "only the chosen token's log probability is returned, no alternatives; ask for 0";
 constexpr char kNoTools[] = "tool calling is not supported";
 constexpr char kNoGuidance[] = "output is not constrained";
 
@@ -43,8 +42,15 @@ bool WholeNumber(const json& v, double* n) {
   return std::fabs(*n) < 9.0e15 && *n == std::floor(*n);
 }
 
-absl::Status NegativeCount(absl::string_view field, const json& got) {
-  return Invalid(field, absl::StrCat("expected an integer >= 0, got ", QuoteForMessage(got)));
+// A count of alternatives: a whole number in [0, kMaxTopLogprobs].
+absl::StatusOr<int> AlternativesCount(absl::string_view field, const json& v) {
+  double n = 0;
+  if (!WholeNumber(v, &n)) return WrongType(field, "an integer", v);
+  if (n < 0 || n > kMaxTopLogprobs) {
+    return Invalid(field, absl::StrCat("expected an integer in [0, ", kMaxTopLogprobs, "], got ",
+                                       QuoteForMessage(v)));
+  }
+  return static_cast<int>(n);
 }
 
 absl::Status CheckCompletionOptions(const json& body) {
@@ -164,28 +170,40 @@ std::string QuoteForMessage(const json& value) {
   return value.type_name();
 }
 
-absl::StatusOr<bool> ReadLogprobs(ApiKind kind, const json& body) {
-  bool wanted = false;
-  if (const json* v = Field(body, "logprobs")) {
-    if (kind == ApiKind::kChat) {
-      if (!v->is_boolean()) return WrongType("logprobs", "true or false", *v);
-      wanted = v->get<bool>();
-    } else {
+absl::StatusOr<LogprobsRequest> ReadLogprobs(ApiKind kind, const json& body) {
+  LogprobsRequest asked;
+  const json* logprobs = Field(body, "logprobs");
+  const json* top = Field(body, "top_logprobs");
+  if (kind == ApiKind::kCompletion) {
+    if (logprobs != nullptr) {
       // A completion's logprobs counts alternatives; 0 still asks for the chosen tokens' own.
-      double n = 0;
-      if (!WholeNumber(*v, &n)) return WrongType("logprobs", "an integer", *v);
-      if (n < 0) return NegativeCount("logprobs", *v);
-      if (n > 0) return NotSupported("logprobs", kOnlyChosenLogprob, *v);
-      wanted = true;
+      ASSIGN_OR_RETURN(asked.top_logprobs, AlternativesCount("logprobs", *logprobs));
+      asked.logprobs = true;
+    }
+    if (top != nullptr) {
+      ASSIGN_OR_RETURN(const int n, AlternativesCount("top_logprobs", *top));
+      if (n > 0) {
+        return NotSupported("top_logprobs", "a completion counts its alternatives in logprobs: n",
+                            *top);
+      }
+    }
+    return asked;
+  }
+  if (logprobs != nullptr) {
+    if (!logprobs->is_boolean()) return WrongType("logprobs", "true or false", *logprobs);
+    asked.logprobs = logprobs->get<bool>();
+  }
+  if (top != nullptr) {
+    ASSIGN_OR_RETURN(asked.top_logprobs, AlternativesCount("top_logprobs", *top));
+    // As OpenAI: the alternatives come beside the chosen token's own, which must be asked for.
+    if (asked.top_logprobs > 0 && !asked.logprobs) {
+      return Invalid(
+          "top_logprobs",
+          absl::StrCat("needs logprobs: true, got ", QuoteForMessage(*top), " with logprobs ",
+                       logprobs == nullptr ? "unset" : QuoteForMessage(*logprobs)));
     }
   }
-  if (const json* v = Field(body, "top_logprobs")) {
-    double n = 0;
-    if (!WholeNumber(*v, &n)) return WrongType("top_logprobs", "an integer", *v);
-    if (n < 0) return NegativeCount("top_logprobs", *v);
-    if (n > 0) return NotSupported("top_logprobs", kOnlyChosenLogprob, *v);
-  }
-  return wanted;
+  return asked;
 }
 
 absl::Status CheckUnsupportedFields(ApiKind kind, const json& body) {

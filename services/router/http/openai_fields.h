@@ -2,18 +2,18 @@
 // it must refuse (docs/http-api.md, "Requests").
 //
 //  - Read: the fields openai_json.h maps, the extensions, and the request for log probabilities
-//    (ReadLogprobs).
+//    and their alternatives (ReadLogprobs).
 //  - Ignored, harmless: user, metadata, store, service_tier, parallel_tool_calls (no tools are
 //    ever accepted), prediction (a latency hint), and the unset or default value of any field
 //    below.
 //  - Refused when set to a value that asks for what the router does not do, because an answer
-//    that ignored it would mean something else than the client asked for: alternatives to the
-//    chosen tokens (top_logprobs > 0, a completion's logprobs > 0), echo true, best_of > 1,
-//    suffix non-empty, logit_bias non-empty,
-//    tools / functions non-empty, tool_choice / function_call other than "none" or "auto",
-//    response_format other than {"type": "text"}, modalities other than ["text"], audio, and
-//    vLLM's guided_json / guided_regex / guided_choice / guided_grammar. InvalidArgument
-//    "<field>: not supported (...)", so the HTTP answer is 400 with `param` the field.
+//    that ignored it would mean something else than the client asked for: echo true,
+//    best_of > 1, suffix non-empty, logit_bias non-empty, a completion's top_logprobs > 0 (a
+//    completion counts its alternatives in `logprobs`), tools / functions non-empty, tool_choice /
+//    function_call other than "none" or "auto", response_format other than {"type": "text"},
+//    modalities other than ["text"], audio, and vLLM's guided_json / guided_regex / guided_choice /
+//    guided_grammar. InvalidArgument "<field>: not supported (...)", so the HTTP answer is 400
+//    with `param` the field.
 //  - Anything else: accepted (SDKs add fields faster than servers learn them) and reported by
 //    UnknownFields, for the handler to log.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_FIELDS_H_
@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/include/sampling.h"
 #include "nlohmann/json.hpp"
 
 namespace lazyattn::router {
@@ -45,11 +46,21 @@ std::string TruncateUtf8(const std::string& s, size_t max_bytes);
 // does not implement, or of the wrong type. `body` is a JSON object.
 absl::Status CheckUnsupportedFields(ApiKind kind, const nlohmann::json& body);
 
-// Whether the request asks for the sampled tokens' log probabilities (chat: `logprobs: true`;
-// completions: `logprobs: 0`, a count of alternatives that still asks for the chosen token's
-// own); InvalidArgument for a wrong type, a negative count, or alternatives (top_logprobs > 0,
-// a completion's logprobs > 0), which the engine does not compute (openai_logprobs.h).
-absl::StatusOr<bool> ReadLogprobs(ApiKind kind, const nlohmann::json& body);
+// What a request asks for of the sampled tokens' log probabilities (SamplingParams.logprobs and
+// top_logprobs).
+struct LogprobsRequest {
+  bool logprobs = false;  // the chosen tokens' own
+  // The most likely alternatives at each token, [0, kMaxTopLogprobs] (kernels/include/
+  // sampling.h: OpenAI's chat bound; its legacy completions stop at 5, vLLM takes 20 for both).
+  int top_logprobs = 0;
+};
+
+// Chat: `logprobs: true` asks for the chosen tokens', `top_logprobs: k` for k alternatives too
+// (k > 0 needs logprobs true, as OpenAI's). Completions: `logprobs: n` asks for the chosen
+// tokens' and n alternatives (0: the chosen tokens' only). InvalidArgument naming the field for a
+// wrong type, a count outside [0, kMaxTopLogprobs], top_logprobs > 0 without logprobs, and a
+// completion's top_logprobs > 0 (not a completions field; its count is `logprobs`).
+absl::StatusOr<LogprobsRequest> ReadLogprobs(ApiKind kind, const nlohmann::json& body);
 
 // The body's top-level fields that the router neither reads, ignores knowingly, nor refuses
 // (for `kind`: a chat request's `prompt` is unknown, as a completion's `messages`), sorted by

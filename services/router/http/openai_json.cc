@@ -386,8 +386,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
   RETURN_IF_ERROR(ReadSampling(body, &r));
-  ASSIGN_OR_RETURN(const bool logprobs, ReadLogprobs(kind, body));
-  r.mutable_sampling()->set_logprobs(logprobs);
+  ASSIGN_OR_RETURN(const LogprobsRequest logprobs, ReadLogprobs(kind, body));
+  r.mutable_sampling()->set_logprobs(logprobs.logprobs);
+  r.mutable_sampling()->set_top_logprobs(logprobs.top_logprobs);
   return out;
 }
 

@@ -213,9 +213,9 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
 }
 
 // OpenAI fields the router does not implement, set to a value an answer that ignored them would
-// betray (alternatives to the chosen tokens it never computes, a tool call it never makes, JSON
-// it never enforces): 400 naming the field (the error's `param`), saying it is not supported and
-// quoting what came.
+// betray (a tool call it never makes, JSON it never enforces), and counts of alternatives out of
+// bounds: 400 naming the field (the error's `param`), saying what was expected and quoting what
+// came.
 TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
   struct Case {
@@ -227,12 +227,8 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
   const ApiKind chat = ApiKind::kChat;
   const ApiKind text = ApiKind::kCompletion;
   const std::vector<Case> cases = {
-      {text, "logprobs", R"("logprobs": 3)",
-       "logprobs: not supported (only the chosen token's log probability is returned, no "
-       "alternatives; ask for 0), got 3"},
-      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 5)",
-       "top_logprobs: not supported (only the chosen token's log probability is returned, no "
-       "alternatives; ask for 0), got 5"},
+      {text, "top_logprobs", R"("logprobs": 3, "top_logprobs": 3)",
+       "top_logprobs: not supported (a completion counts its alternatives in logprobs: n), got 3"},
       {text, "echo", R"("echo": true)", "echo: not supported (the prompt is not echoed), got true"},
       {text, "best_of", R"("best_of": 3)",
        "best_of: not supported (one completion is sampled; only 1), got 3"},
@@ -271,9 +267,25 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
       {chat, "logprobs", R"("logprobs": "yes")", "logprobs: expected true or false, got string"},
       {chat, "logprobs", R"("logprobs": 1)", "logprobs: expected true or false, got number"},
       {text, "logprobs", R"("logprobs": true)", "logprobs: expected an integer, got boolean"},
-      {text, "logprobs", R"("logprobs": -1)", "logprobs: expected an integer >= 0, got -1"},
-      {chat, "top_logprobs", R"("top_logprobs": -2)",
-       "top_logprobs: expected an integer >= 0, got -2"},
+      {text, "logprobs", R"("logprobs": -1)", "logprobs: expected an integer in [0, 20], got -1"},
+      {text, "logprobs", R"("logprobs": 21)", "logprobs: expected an integer in [0, 20], got 21"},
+      {text, "logprobs", R"("logprobs": 2.5)", "logprobs: expected an integer, got number"},
+      {text, "logprobs", R"("logprobs": "5")", "logprobs: expected an integer, got string"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": -2)",
+       "top_logprobs: expected an integer in [0, 20], got -2"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 21)",
+       "top_logprobs: expected an integer in [0, 20], got 21"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 1e9)",
+       "top_logprobs: expected an integer in [0, 20], got 1000000000.0"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 1.5)",
+       "top_logprobs: expected an integer, got number"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": true)",
+       "top_logprobs: expected an integer, got boolean"},
+      // Alternatives come beside the chosen token's own, as OpenAI's.
+      {chat, "top_logprobs", R"("top_logprobs": 3)",
+       "top_logprobs: needs logprobs: true, got 3 with logprobs unset"},
+      {chat, "top_logprobs", R"("logprobs": false, "top_logprobs": 3)",
+       "top_logprobs: needs logprobs: true, got 3 with logprobs false"},
       {text, "best_of", R"("best_of": 0)", "best_of: must be at least 1, got 0"},
       {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got number"},
       {chat, "tools", R"("tools": {})", "tools: expected a list, got object"},
@@ -311,31 +323,41 @@ TEST(OpenAiJsonTest, DefaultValuesAndHarmlessFieldsAreAccepted) {
   EXPECT_THAT(c->unknown_fields, IsEmpty());
 }
 
-// The chosen tokens' log probabilities are returned: chat's logprobs true (top_logprobs 0 or
-// absent) and a completion's logprobs 0 set SamplingParams.logprobs; false, null and absent do
-// not.
-TEST(OpenAiJsonTest, LogprobsOfTheChosenTokensAreAskedFor) {
+// The chosen tokens' log probabilities and their alternatives: chat's logprobs true with
+// top_logprobs k, and a completion's logprobs n, set SamplingParams.logprobs and top_logprobs;
+// false, null and absent ask for nothing.
+TEST(OpenAiJsonTest, LogprobsAndTheirAlternativesAreAskedFor) {
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
   struct Case {
     ApiKind kind;
     std::string body;
     bool logprobs;
+    int top_logprobs;
   };
   const std::vector<Case> cases = {
-      {ApiKind::kChat, "{" + user + R"(, "logprobs": true})", true},
-      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 0})", true},
-      {ApiKind::kChat, "{" + user + R"(, "logprobs": false})", false},
-      {ApiKind::kChat, "{" + user + "}", false},
-      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0})", true},
-      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0.0})", true},
-      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": null})", false},
-      {ApiKind::kCompletion, R"({"prompt": "x"})", false},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true})", true, 0},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 0})", true, 0},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 1})", true, 1},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 5.0})", true, 5},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": 20})", true, 20},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": true, "top_logprobs": null})", true, 0},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": false})", false, 0},
+      {ApiKind::kChat, "{" + user + R"(, "logprobs": false, "top_logprobs": 0})", false, 0},
+      {ApiKind::kChat, "{" + user + "}", false, 0},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0})", true, 0},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 0.0})", true, 0},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 3})", true, 3},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 20})", true, 20},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 2, "top_logprobs": 0})", true, 2},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": null})", false, 0},
+      {ApiKind::kCompletion, R"({"prompt": "x"})", false, 0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);
     auto r = ParseOpenAiRequest(c.kind, c.body);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->request.sampling().logprobs(), c.logprobs);
+    EXPECT_EQ(r->request.sampling().top_logprobs(), c.top_logprobs);
     EXPECT_THAT(r->unknown_fields, IsEmpty());
   }
 }

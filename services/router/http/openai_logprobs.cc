@@ -13,8 +13,13 @@ using nlohmann::json;
 std::optional<TokenLogprob> LogprobOf(const lazyattn::v1::TokenChunk& chunk) {
   if (chunk.token_id() < 0 || !chunk.has_logprob()) return std::nullopt;
   // A worker from before token_bytes sends the token's text only: the nearest there is.
-  return TokenLogprob{.bytes = chunk.token_bytes().empty() ? chunk.text() : chunk.token_bytes(),
-                      .logprob = chunk.logprob()};
+  TokenLogprob entry{.bytes = chunk.token_bytes().empty() ? chunk.text() : chunk.token_bytes(),
+                     .logprob = chunk.logprob()};
+  entry.top_logprobs.reserve(chunk.top_logprobs_size());
+  for (const lazyattn::v1::TopLogprob& t : chunk.top_logprobs()) {
+    entry.top_logprobs.push_back({.bytes = t.token_bytes(), .logprob = t.logprob()});
+  }
+  return entry;
 }
 
 std::string TokenString(std::string_view bytes) {
@@ -85,25 +90,43 @@ void TextOffset::Add(std::string_view bytes) {
 json ChatLogprobs(std::span<const TokenLogprob> tokens) {
   json content = json::array();
   for (const TokenLogprob& t : tokens) {
+    json top = json::array();
+    for (const TokenAlternative& a : t.top_logprobs) {
+      top.push_back({{"token", TokenString(a.bytes)},
+                     {"logprob", AsPrintedDouble(a.logprob)},
+                     {"bytes", ByteList(a.bytes)}});
+    }
     content.push_back({{"token", TokenString(t.bytes)},
                        {"logprob", AsPrintedDouble(t.logprob)},
                        {"bytes", ByteList(t.bytes)},
-                       {"top_logprobs", json::array()}});
+                       {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-json CompletionLogprobs(std::span<const TokenLogprob> tokens, TextOffset* offset) {
+json CompletionLogprobs(std::span<const TokenLogprob> tokens, TextOffset* offset,
+                        bool alternatives) {
   json strings = json::array(), logprobs = json::array(), offsets = json::array();
+  json top = alternatives ? json::array() : json(nullptr);
   for (const TokenLogprob& t : tokens) {
-    strings.push_back(TokenString(t.bytes));
+    std::string token = TokenString(t.bytes);
+    if (alternatives) {
+      json by_string = json::object();
+      // emplace keeps a key's first value: the more likely token's (openai_logprobs.h).
+      for (const TokenAlternative& a : t.top_logprobs) {
+        by_string.emplace(TokenString(a.bytes), AsPrintedDouble(a.logprob));
+      }
+      by_string.emplace(token, AsPrintedDouble(t.logprob));
+      top.push_back(std::move(by_string));
+    }
+    strings.push_back(std::move(token));
     logprobs.push_back(AsPrintedDouble(t.logprob));
     offsets.push_back(offset->characters());
     offset->Add(t.bytes);
   }
   return {{"tokens", std::move(strings)},
           {"token_logprobs", std::move(logprobs)},
-          {"top_logprobs", nullptr},
+          {"top_logprobs", std::move(top)},
           {"text_offset", std::move(offsets)}};
 }
 

@@ -210,9 +210,17 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     r.mutable_token()->set_token_id(script.first_token_id + static_cast<int32_t>(i));
     r.mutable_token()->set_text(script.tokens[i]);
     if (request->sampling().logprobs()) {
-      r.mutable_token()->set_logprob(-0.5f * static_cast<float>(i + 1));
+      const float logprob = -0.5f * static_cast<float>(i + 1);
+      r.mutable_token()->set_logprob(logprob);
       r.mutable_token()->set_token_bytes(script.tokens[i]);
+      for (int j = 0; j < request->sampling().top_logprobs(); ++j) {
+        lazyattn::v1::TopLogprob* t = r.mutable_token()->add_top_logprobs();
+        t->set_token_id(j == 0 ? r.token().token_id() : kAlternativeIds + j);
+        t->set_logprob(logprob - static_cast<float>(j));
+        t->set_token_bytes(j == 0 ? script.tokens[i] : absl::StrCat("alt", j));
+      }
     }
+    if (script.edit_token) script.edit_token(static_cast<int>(i), r.mutable_token());
     text += script.tokens[i];
     if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
     if (script.progress_between_tokens &&

@@ -78,7 +78,15 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // Set: the final message's text instead of the tokens' (a worker whose answer and tokens
     // disagree).
     std::optional<std::string> final_text;
+    // Set: applied to token i's chunk (i counts from 0) before it is sent, as a broken or hostile
+    // worker would change it.
+    std::function<void(int i, lazyattn::v1::TokenChunk* chunk)> edit_token;
   };
+  // With sampling.logprobs, token i carries logprob -0.5 * (i + 1) and its text as token_bytes.
+  // With sampling.top_logprobs k > 0 as well, its k alternatives are the token itself, then
+  // made-up ones j = 1 .. k-1 of id kAlternativeIds + j, logprob the token's minus j and bytes
+  // "alt<j>" (most likely first, as a worker sends them).
+  static constexpr int32_t kAlternativeIds = 900;
 
   explicit FakeWorker(std::string id);
   ~FakeWorker() override;

@@ -89,6 +89,10 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
         logprobs_.push_back(token.token().logprob());
         token_bytes_.push_back(token.token().token_bytes());
       }
+      if (!token.token().top_logprobs().empty()) {
+        lazyattn::v1::TopLogprobs& top = top_logprobs_.emplace_back();
+        *top.mutable_entries() = token.token().top_logprobs();
+      }
     }
     ClientWriteDone(true);
   }
@@ -101,6 +105,13 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
         response_->mutable_logprobs()->Assign(logprobs_.begin(), logprobs_.end());
         response_->mutable_token_bytes()->Assign(token_bytes_.begin(), token_bytes_.end());
       }
+      // Likewise for the alternatives: one list per token id, or none.
+      if (top_logprobs_.size() == token_ids_.size()) {
+        response_->mutable_top_logprobs()->Reserve(static_cast<int>(top_logprobs_.size()));
+        for (lazyattn::v1::TopLogprobs& top : top_logprobs_) {
+          *response_->add_top_logprobs() = std::move(top);
+        }
+      }
       *response_->mutable_final() = *final;
     }
     Finish(status);
@@ -110,13 +121,15 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     token_ids_.clear();
     logprobs_.clear();
     token_bytes_.clear();
+    top_logprobs_.clear();
   }
 
   CompleteResponse* const response_;
   std::vector<int32_t> token_ids_;
   std::vector<float> logprobs_;
-  std::vector<std::string> token_bytes_;  // with each logprob
-  AdmissionTicket admission_;  // given back with the reactor
+  std::vector<std::string> token_bytes_;                 // with each logprob
+  std::vector<lazyattn::v1::TopLogprobs> top_logprobs_;  // of each token that carried some
+  AdmissionTicket admission_;                            // given back with the reactor
 };
 
 }  // namespace

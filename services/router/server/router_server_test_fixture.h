@@ -28,6 +28,7 @@ namespace lazyattn::router::testing {
 
 struct StreamResult {
   std::vector<std::string> tokens;
+  std::vector<lazyattn::v1::TokenChunk> chunks;  // the token messages as they came
   std::optional<lazyattn::v1::Final> final;
   grpc::Status status;
   int other_events = 0;  // neither a token nor the final: never meant for a client
@@ -80,7 +81,10 @@ class RouterServerTest : public ::testing::Test {
     auto reader = stub_->Generate(&ctx, request);
     lazyattn::v1::GenerateResponse r;
     while (reader->Read(&r)) {
-      if (r.has_token()) result.tokens.push_back(r.token().text());
+      if (r.has_token()) {
+        result.tokens.push_back(r.token().text());
+        result.chunks.push_back(r.token());
+      }
       if (r.has_final()) result.final = r.final();
       if (!r.has_token() && !r.has_final()) ++result.other_events;
     }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lazyattn/v1/inference.grpc.pb.h"
@@ -85,6 +86,87 @@ TEST_F(RouterServerTest, CompleteReturnsOneLogprobPerTokenIdWhenAsked) {
   ASSERT_TRUE(stub_->Complete(&plain_ctx, request, &plain).ok());
   EXPECT_TRUE(plain.logprobs().empty());
   EXPECT_TRUE(plain.token_bytes().empty());
+}
+
+// The alternatives come back too: Complete has one list per token id (none for the text-only
+// chunk), as the worker sent them; a stream relays each chunk's list as it came.
+TEST_F(RouterServerTest, CompleteAndGenerateReturnTheAlternativesWhenAsked) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"Hello", " wor"};
+  script.held_back_tail = "ld";
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->set_logprobs(true);
+  request.mutable_sampling()->set_top_logprobs(3);
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(workers_[0]->last_request().sampling().top_logprobs(), 3);
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101));
+  EXPECT_THAT(response.logprobs(), ElementsAre(-0.5f, -1.0f));
+  ASSERT_EQ(response.top_logprobs_size(), 2);
+  // The fake worker's alternatives (fake_cluster_for_test.h): the token, then 901, 902.
+  auto entries = [](const lazyattn::v1::TopLogprobs& top) {
+    std::vector<std::tuple<int, float, std::string>> out;
+    for (const lazyattn::v1::TopLogprob& e : top.entries()) {
+      out.emplace_back(e.token_id(), e.logprob(), e.token_bytes());
+    }
+    return out;
+  };
+  using Entry = std::tuple<int, float, std::string>;
+  EXPECT_THAT(entries(response.top_logprobs(0)),
+              ElementsAre(Entry{100, -0.5f, "Hello"}, Entry{901, -1.5f, "alt1"},
+                          Entry{902, -2.5f, "alt2"}));
+  EXPECT_THAT(
+      entries(response.top_logprobs(1)),
+      ElementsAre(Entry{101, -1.0f, " wor"}, Entry{901, -2.0f, "alt1"}, Entry{902, -3.0f, "alt2"}));
+
+  StreamResult streamed = Stream(request);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  ASSERT_EQ(streamed.chunks.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    lazyattn::v1::TopLogprobs relayed;
+    *relayed.mutable_entries() = streamed.chunks[i].top_logprobs();
+    EXPECT_EQ(entries(relayed), entries(response.top_logprobs(i)));
+  }
+  EXPECT_EQ(streamed.chunks[2].token_id(), -1);
+  EXPECT_TRUE(streamed.chunks[2].top_logprobs().empty());
+
+  // Not asked for: none.
+  request.mutable_sampling()->set_top_logprobs(0);
+  grpc::ClientContext plain_ctx;
+  lazyattn::v1::CompleteResponse plain;
+  ASSERT_TRUE(stub_->Complete(&plain_ctx, request, &plain).ok());
+  EXPECT_THAT(plain.logprobs(), ElementsAre(-0.5f, -1.0f));
+  EXPECT_TRUE(plain.top_logprobs().empty());
+}
+
+// A worker whose tokens do not all carry alternatives (one lost them): Complete returns none
+// rather than lists that no longer line up with the token ids.
+TEST_F(RouterServerTest, CompleteReturnsNoAlternativesUnlessEveryTokenHadThem) {
+  StartWorkers(1);
+  FakeWorker::Script script;
+  script.tokens = {"a", "b", "c"};
+  script.edit_token = [](int i, lazyattn::v1::TokenChunk* chunk) {
+    if (i == 1) chunk->clear_top_logprobs();
+  };
+  workers_[0]->SetScript(script);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"some doc"});
+  request.mutable_sampling()->set_logprobs(true);
+  request.mutable_sampling()->set_top_logprobs(2);
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  grpc::Status s = stub_->Complete(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(response.token_ids(), ElementsAre(100, 101, 102));
+  EXPECT_EQ(response.logprobs_size(), 3);
+  EXPECT_TRUE(response.top_logprobs().empty());
 }
 
 TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {

@@ -116,6 +116,39 @@ TEST_F(WorkerProtocolTest, AStreamOutsideTheGrammarIsCutBeforeTheOffendingMessag
   }
 }
 
+// Alternatives outside what was asked for (worker_stream_check.h) cut the stream the same way,
+// before the offending chunk: more than the request's top_logprobs, and some on a request that
+// asked for none.
+TEST_F(WorkerProtocolTest, AlternativesBeyondTheRequestCutTheStream) {
+  StartRouter(Options());
+  FakeWorker::Script script;
+  script.tokens = {"a", "b"};
+  script.edit_token = [](int i, lazyattn::v1::TokenChunk* chunk) {
+    if (i != 1) return;
+    lazyattn::v1::TopLogprob* extra = chunk->add_top_logprobs();
+    extra->set_token_id(7);
+    extra->set_logprob(-9999.0f);
+  };
+  workers_[0]->SetScript(script);
+  GenerateRequest request = Request();
+  request.mutable_sampling()->set_logprobs(true);
+  request.mutable_sampling()->set_top_logprobs(2);
+  StreamResult r = Stream(request);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("token.top_logprobs: 3 entries, more than the request's 2"));
+  ASSERT_EQ(r.chunks.size(), 1u);
+  EXPECT_EQ(r.chunks[0].top_logprobs_size(), 2);
+  EXPECT_EQ(ProtocolErrors(), "1");
+
+  r = Stream(Request());  // no logprobs asked for: the one extra entry is already too many
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("token.top_logprobs: 1 entries, but the request asked for none"));
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(ProtocolErrors(), "2");
+}
+
 // A unary call has sent nothing when the break comes: it fails over to the sound worker and
 // returns its answer, nothing of the broken one's.
 TEST_F(WorkerProtocolTest, CompleteFailsOverFromABrokenStream) {

@@ -15,6 +15,7 @@ WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateReq
   Bounds b;
   b.vocab_size = model.vocab_size() > 0 ? model.vocab_size() : 0;
   b.max_context_tokens = model.max_context_tokens() > 0 ? model.max_context_tokens() : 0;
+  b.top_logprobs = request.sampling().top_logprobs() > 0 ? request.sampling().top_logprobs() : 0;
   // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context.
   b.max_tokens =
       request.sampling().max_tokens() > 0 ? request.sampling().max_tokens() : b.max_context_tokens;
@@ -70,6 +71,10 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
     // A sampled token's log-probability is finite; JSON has no NaN or infinity to relay it in.
     return absl::StrCat("token.logprob ", token.logprob(), " is not a finite number");
   }
+  if (static_cast<int64_t>(token.token_bytes().size()) > kTextBytesPerToken) {
+    return absl::StrCat("token.token_bytes: ", token.token_bytes().size(),
+                        " bytes (a token's bytes are at most ", kTextBytesPerToken, ")");
+  }
   text_bytes_ += static_cast<int64_t>(token.text().size());
   if (text_bytes_ > kTextBytesPerToken * (tokens_ + 1) + kTextSlackBytes) {
     return absl::StrCat("token.text: ", text_bytes_, " bytes of text for ", tokens_ + 1,
@@ -78,6 +83,10 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   }
   if (id == -1) {
     if (held_back_sent_) return "token.token_id -1 twice (one held-back text chunk at most)";
+    if (!token.top_logprobs().empty()) {
+      return absl::StrCat("token.top_logprobs: ", token.top_logprobs_size(),
+                          " entries on the held-back text chunk (token_id -1 is no token)");
+    }
     held_back_sent_ = true;
     return "";
   }
@@ -95,7 +104,50 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
                         " tokens (the request's sampling.max_tokens, or the model's context when "
                         "it is 0)");
   }
+  if (std::string error = CheckTopLogprobs(token); !error.empty()) return error;
   ++tokens_;
+  return "";
+}
+
+std::string WorkerStreamCheck::CheckTopLogprobs(const TokenChunk& token) const {
+  const int n = token.top_logprobs_size();
+  if (n == 0) return "";
+  if (n > bounds_.top_logprobs) {
+    return bounds_.top_logprobs == 0
+               ? absl::StrCat("token.top_logprobs: ", n,
+                              " entries, but the request asked for none (sampling.top_logprobs 0)")
+               : absl::StrCat("token.top_logprobs: ", n, " entries, more than the request's ",
+                              bounds_.top_logprobs, " (sampling.top_logprobs)");
+  }
+  for (int i = 0; i < n; ++i) {
+    const lazyattn::v1::TopLogprob& e = token.top_logprobs(i);
+    const float logprob = e.logprob();
+    if (!std::isfinite(logprob)) {
+      // Probability 0 is sent as -9999 (inference.proto): JSON has no NaN or infinity.
+      return absl::StrCat("token.top_logprobs[", i, "].logprob ", logprob,
+                          " is not a finite number");
+    }
+    if (logprob > kMaxLogprob) {
+      return absl::StrCat("token.top_logprobs[", i, "].logprob ", logprob,
+                          " is above 0 (not a log-probability)");
+    }
+    if (i > 0 && logprob > token.top_logprobs(i - 1).logprob()) {
+      return absl::StrCat("token.top_logprobs[", i, "].logprob ", logprob, " above entry ", i - 1,
+                          "'s ", token.top_logprobs(i - 1).logprob(),
+                          " (the entries come most likely first)");
+    }
+    if (e.token_id() < 0) {
+      return absl::StrCat("token.top_logprobs[", i, "].token_id ", e.token_id(), " is negative");
+    }
+    if (bounds_.vocab_size > 0 && e.token_id() >= bounds_.vocab_size) {
+      return absl::StrCat("token.top_logprobs[", i, "].token_id ", e.token_id(),
+                          " outside the model's vocabulary [0, ", bounds_.vocab_size, ")");
+    }
+    if (static_cast<int64_t>(e.token_bytes().size()) > kTextBytesPerToken) {
+      return absl::StrCat("token.top_logprobs[", i, "].token_bytes: ", e.token_bytes().size(),
+                          " bytes (a token's bytes are at most ", kTextBytesPerToken, ")");
+    }
+  }
   return "";
 }
 

@@ -2,11 +2,15 @@
 //
 // The grammar (proto/lazyattn/v1/inference.proto): PrefillProgress events, then token chunks,
 // then exactly one Final, then nothing. A chunk carries a token id of the model's vocabulary, or
-// -1 for the one last chunk of held-back text (after it no other token comes), and a finite
-// log-probability when it carries one; there are at most the request's max_tokens real tokens
-// (ids >= 0), or, when the request leaves max_tokens to the worker's default, at most the model's
-// context. The chunks' text is what the tokens' bytes complete: at most kTextBytesPerToken a token
-// on average, plus kTextSlackBytes of held-back text. The final message's usage counts are never
+// -1 for the one last chunk of held-back text (after it no other token comes), a finite
+// log-probability when it carries one, and its own bytes (at most kTextBytesPerToken); there are
+// at most the request's max_tokens real tokens (ids >= 0), or, when the request leaves max_tokens
+// to the worker's default, at most the model's context. The chunks' text is what the tokens'
+// bytes complete: at most kTextBytesPerToken a token on average, plus kTextSlackBytes of
+// held-back text. A real token carries at most the request's sampling.top_logprobs alternatives
+// (none on the held-back text chunk, none when not asked for), most likely first, each a token of
+// the vocabulary of at most kTextBytesPerToken bytes with a finite log-probability of at most
+// kMaxLogprob; checking them costs O(entries). The final message's usage counts are never
 // negative. A PrefillProgress event counts prompt tokens, so it is never negative nor past the
 // context; events after the first token are tolerated and dropped (they keep nothing alive). A
 // message with no event set is tolerated: a newer worker may send events this router does not
@@ -31,6 +35,7 @@ class WorkerStreamCheck {
     int64_t max_tokens = 0;          // real tokens a stream may carry; 0: no bound known
     int64_t vocab_size = 0;          // token ids below it; 0: unknown
     int64_t max_context_tokens = 0;  // bound of PrefillProgress; 0: unknown
+    int64_t top_logprobs = 0;        // alternatives a token may carry (sampling.top_logprobs)
   };
   // The bounds of `request` on a worker of `model` (its WorkerStatus.model).
   static Bounds For(const lazyattn::v1::GenerateRequest& request,
@@ -41,6 +46,12 @@ class WorkerStreamCheck {
   // (limits.max_stop_bytes, 256) and a partial character.
   static constexpr int64_t kTextBytesPerToken = 1024;
   static constexpr int64_t kTextSlackBytes = 64 << 10;
+  // A log-probability is at most 0 in exact arithmetic; a worker's float log-softmax of a
+  // near-certain token can come out a few ulps above it (around 1e-7: an online softmax whose
+  // rescaled sum rounds below 1, fast __expf/__logf approximations). 1e-3 (a probability of
+  // 1.001) takes any such rounding and still refuses what is not a log-probability at all (a raw
+  // logit, a probability).
+  static constexpr float kMaxLogprob = 1e-3f;
 
   explicit WorkerStreamCheck(Bounds bounds) : bounds_(bounds) {}
 
@@ -50,6 +61,7 @@ class WorkerStreamCheck {
 
  private:
   std::string NextToken(const lazyattn::v1::TokenChunk& token);
+  std::string CheckTopLogprobs(const lazyattn::v1::TokenChunk& token) const;
   std::string NextFinal(const lazyattn::v1::Final& final);
 
   const Bounds bounds_;

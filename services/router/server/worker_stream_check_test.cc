@@ -32,6 +32,27 @@ GenerateResponse WithText(GenerateResponse r, const std::string& text) {
   return r;
 }
 
+GenerateResponse WithBytes(GenerateResponse r, const std::string& bytes) {
+  r.mutable_token()->set_token_bytes(bytes);
+  return r;
+}
+
+struct Alternative {
+  int id;
+  float logprob;
+  std::string bytes = "t";
+};
+
+GenerateResponse WithAlternatives(GenerateResponse r, const std::vector<Alternative>& entries) {
+  for (const Alternative& a : entries) {
+    lazyattn::v1::TopLogprob* t = r.mutable_token()->add_top_logprobs();
+    t->set_token_id(a.id);
+    t->set_logprob(a.logprob);
+    t->set_token_bytes(a.bytes);
+  }
+  return r;
+}
+
 GenerateResponse FinalWithCompletionTokens(int64_t n) {
   GenerateResponse r;
   r.mutable_final()->set_finish_reason("stop");
@@ -52,7 +73,7 @@ GenerateResponse Final() {
 }
 
 constexpr WorkerStreamCheck::Bounds kBounds{
-    .max_tokens = 3, .vocab_size = 1000, .max_context_tokens = 8192};
+    .max_tokens = 3, .vocab_size = 1000, .max_context_tokens = 8192, .top_logprobs = 3};
 
 TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
   lazyattn::v1::GenerateRequest request;
@@ -64,6 +85,12 @@ TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
   EXPECT_EQ(b.max_tokens, 16);
   EXPECT_EQ(b.vocab_size, 49152);
   EXPECT_EQ(b.max_context_tokens, 8192);
+  EXPECT_EQ(b.top_logprobs, 0);
+  request.mutable_sampling()->set_logprobs(true);
+  request.mutable_sampling()->set_top_logprobs(5);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 5);
+  request.mutable_sampling()->set_top_logprobs(-4);  // refused by validation; no entries either
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 0);
   // max_tokens 0 is the worker's default, unknown here: the context bounds it.
   request.mutable_sampling()->set_max_tokens(0);
   EXPECT_EQ(WorkerStreamCheck::For(request, model).max_tokens, 8192);
@@ -92,6 +119,22 @@ TEST(WorkerStreamCheckTest, EveryLegalShapePasses) {
   {
     WorkerStreamCheck check(kBounds);
     EXPECT_THAT(check.Next(Final()), IsEmpty());  // no token at all (an empty answer)
+  }
+  {
+    // Alternatives: up to the request's count, most likely first (ties in any order), ids of the
+    // vocabulary, probability 0 as -9999, a rounding above 0 within kMaxLogprob, a token's bytes
+    // at their bound, and fewer than asked (a worker from before them sends none).
+    WorkerStreamCheck check(kBounds);
+    EXPECT_THAT(check.Next(WithAlternatives(WithLogprob(Token(1), 1e-7f),
+                                            {{1, 1e-7f}, {0, -1.5f}, {999, -1.5f}})),
+                IsEmpty());
+    EXPECT_THAT(
+        check.Next(WithAlternatives(
+            Token(2), {{2, WorkerStreamCheck::kMaxLogprob},
+                       {3, -9999.0f, std::string(WorkerStreamCheck::kTextBytesPerToken, 'b')}})),
+        IsEmpty());
+    EXPECT_THAT(check.Next(Token(3)), IsEmpty());
+    EXPECT_THAT(check.Next(Final()), IsEmpty());
   }
   {
     // Nothing known: anything but the order passes.
@@ -140,6 +183,40 @@ TEST(WorkerStreamCheckTest, EachBreakIsNamed) {
        {Final(), GenerateResponse()},
        "a message after the final one"},
       {"negative progress", {Progress(-1)}, "prefill_progress.prompt_tokens_ready -1 is negative"},
+      {"a token's bytes beyond a token's",
+       {Token(1), WithBytes(Token(2), std::string(1025, 'b'))},
+       "token.token_bytes: 1025 bytes (a token's bytes are at most 1024)"},
+      {"more alternatives than asked for",
+       {WithAlternatives(Token(1), {{1, -0.1f}, {2, -0.2f}, {3, -0.3f}, {4, -0.4f}})},
+       "token.top_logprobs: 4 entries, more than the request's 3 (sampling.top_logprobs)"},
+      {"alternatives on the held-back text chunk",
+       {Token(1), WithAlternatives(Token(-1), {{1, -0.1f}})},
+       "token.top_logprobs: 1 entries on the held-back text chunk"},
+      {"a NaN alternative",
+       {WithAlternatives(Token(1), {{1, -0.1f}, {2, std::nanf("")}})},
+       "token.top_logprobs[1].logprob nan is not a finite number"},
+      {"an infinite alternative",
+       {WithAlternatives(Token(1), {{1, -INFINITY}})},
+       "token.top_logprobs[0].logprob -inf is not a finite number"},
+      {"an alternative above 0",
+       {WithAlternatives(Token(1), {{1, 0.5f}})},
+       "token.top_logprobs[0].logprob 0.5 is above 0 (not a log-probability)"},
+      {"an alternative just past the rounding allowed",
+       {WithAlternatives(Token(1), {{1, 2e-3f}})},
+       "token.top_logprobs[0].logprob 0.002 is above 0"},
+      {"alternatives out of order",
+       {WithAlternatives(Token(1), {{1, -0.5f}, {2, -0.25f}})},
+       "token.top_logprobs[1].logprob -0.25 above entry 0's -0.5 (the entries come most likely "
+       "first)"},
+      {"an alternative past the vocabulary",
+       {WithAlternatives(Token(1), {{1, -0.1f}, {1000, -0.2f}})},
+       "token.top_logprobs[1].token_id 1000 outside the model's vocabulary [0, 1000)"},
+      {"a negative alternative id",
+       {WithAlternatives(Token(1), {{-1, -0.1f}})},
+       "token.top_logprobs[0].token_id -1 is negative"},
+      {"an alternative's bytes beyond a token's",
+       {WithAlternatives(Token(1), {{1, -0.1f, std::string(1025, 'b')}})},
+       "token.top_logprobs[0].token_bytes: 1025 bytes (a token's bytes are at most 1024)"},
       {"progress past the context",
        {Progress(8193)},
        "prefill_progress.prompt_tokens_ready 8193 past the model's context of 8192 tokens"},
@@ -151,6 +228,24 @@ TEST(WorkerStreamCheckTest, EachBreakIsNamed) {
       ASSERT_THAT(check.Next(c.stream[i]), IsEmpty());
     EXPECT_THAT(check.Next(c.stream.back()), HasSubstr(c.message));
   }
+}
+
+// A request that did not ask for alternatives gets none; the vocabulary, when unknown, bounds
+// no id (the other rules still hold).
+TEST(WorkerStreamCheckTest, AlternativesNotAskedForAreRefused) {
+  WorkerStreamCheck::Bounds none = kBounds;
+  none.top_logprobs = 0;
+  WorkerStreamCheck check(none);
+  EXPECT_THAT(check.Next(Token(1)), IsEmpty());
+  EXPECT_EQ(check.Next(WithAlternatives(Token(2), {{2, -0.1f}})),
+            "token.top_logprobs: 1 entries, but the request asked for none (sampling.top_logprobs "
+            "0)");
+
+  WorkerStreamCheck unknown_vocabulary(WorkerStreamCheck::Bounds{.top_logprobs = 2});
+  EXPECT_THAT(unknown_vocabulary.Next(WithAlternatives(Token(5), {{1 << 30, -0.1f}, {7, -0.2f}})),
+              IsEmpty());
+  EXPECT_THAT(unknown_vocabulary.Next(WithAlternatives(Token(6), {{7, -0.2f}, {8, -0.1f}})),
+              HasSubstr("token.top_logprobs[1].logprob -0.1 above entry 0's -0.2"));
 }
 
 }  // namespace
