@@ -83,7 +83,14 @@ lazyattn::v1::WorkerStatus FakeWorker::Status() const {
   m->set_max_context_tokens(8192);
   m->set_max_documents(32);
   m->set_chat_template("smollm2");
+  absl::MutexLock lock(&mu_);
+  m->set_max_top_logprobs(max_top_logprobs_);
   return s;
+}
+
+void FakeWorker::SetMaxTopLogprobs(int n) {
+  absl::MutexLock lock(&mu_);
+  max_top_logprobs_ = n;
 }
 
 void FakeWorker::SetScript(const Script& script) {

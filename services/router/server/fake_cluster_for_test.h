@@ -99,6 +99,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   lazyattn::v1::WorkerStatus Status() const;
 
   void SetScript(const Script& script);
+  // What its status advertises as ModelInfo.max_top_logprobs (20 unless set; 0 plays a worker
+  // older than alternatives). Set before the directory learns the status.
+  void SetMaxTopLogprobs(int n);
   void Unblock();
   int generate_calls() const;
   int prefetch_calls() const;
@@ -127,6 +130,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
 
   mutable absl::Mutex mu_;
   Script script_ ABSL_GUARDED_BY(mu_);
+  int max_top_logprobs_ ABSL_GUARDED_BY(mu_) = 20;
   bool unblocked_ ABSL_GUARDED_BY(mu_) = false;
   int generate_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int prefetch_calls_ ABSL_GUARDED_BY(mu_) = 0;

@@ -145,10 +145,12 @@ TEST_F(RouterServerTest, CompleteAndGenerateReturnTheAlternativesWhenAsked) {
   EXPECT_TRUE(plain.top_logprobs().empty());
 }
 
-// A worker whose tokens do not all carry alternatives (one lost them): Complete returns none
-// rather than lists that no longer line up with the token ids.
+// A worker that does not advertise alternatives (ModelInfo.max_top_logprobs 0, one older than
+// them) whose tokens do not all carry some: Complete returns none rather than lists that no
+// longer line up with the token ids.
 TEST_F(RouterServerTest, CompleteReturnsNoAlternativesUnlessEveryTokenHadThem) {
   StartWorkers(1);
+  workers_[0]->SetMaxTopLogprobs(0);
   FakeWorker::Script script;
   script.tokens = {"a", "b", "c"};
   script.edit_token = [](int i, lazyattn::v1::TokenChunk* chunk) {

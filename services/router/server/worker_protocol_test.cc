@@ -117,8 +117,8 @@ TEST_F(WorkerProtocolTest, AStreamOutsideTheGrammarIsCutBeforeTheOffendingMessag
 }
 
 // Alternatives outside what was asked for (worker_stream_check.h) cut the stream the same way,
-// before the offending chunk: more than the request's top_logprobs, and some on a request that
-// asked for none.
+// before the offending chunk: other than the request's top_logprobs (the fake worker advertises
+// them), and some on a request that asked for none.
 TEST_F(WorkerProtocolTest, AlternativesBeyondTheRequestCutTheStream) {
   StartRouter(Options());
   FakeWorker::Script script;
@@ -136,7 +136,7 @@ TEST_F(WorkerProtocolTest, AlternativesBeyondTheRequestCutTheStream) {
   StreamResult r = Stream(request);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(r.status.error_message(),
-              HasSubstr("token.top_logprobs: 3 entries, more than the request's 2"));
+              HasSubstr("token.top_logprobs: 3 entries, the request's 2 expected"));
   ASSERT_EQ(r.chunks.size(), 1u);
   EXPECT_EQ(r.chunks[0].top_logprobs_size(), 2);
   EXPECT_EQ(ProtocolErrors(), "1");

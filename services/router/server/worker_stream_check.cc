@@ -1,5 +1,6 @@
 #include "services/router/server/worker_stream_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -16,6 +17,10 @@ WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateReq
   b.vocab_size = model.vocab_size() > 0 ? model.vocab_size() : 0;
   b.max_context_tokens = model.max_context_tokens() > 0 ? model.max_context_tokens() : 0;
   b.top_logprobs = request.sampling().top_logprobs() > 0 ? request.sampling().top_logprobs() : 0;
+  if (b.top_logprobs > 0 && model.max_top_logprobs() >= b.top_logprobs) {
+    b.exact_top_logprobs =
+        b.vocab_size > 0 ? std::min(b.top_logprobs, b.vocab_size) : b.top_logprobs;
+  }
   // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context.
   b.max_tokens =
       request.sampling().max_tokens() > 0 ? request.sampling().max_tokens() : b.max_context_tokens;
@@ -109,8 +114,13 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   return "";
 }
 
-std::string WorkerStreamCheck::CheckTopLogprobs(const TokenChunk& token) const {
+std::string WorkerStreamCheck::CheckTopLogprobs(const TokenChunk& token) {
   const int n = token.top_logprobs_size();
+  if (bounds_.exact_top_logprobs > 0 && n != bounds_.exact_top_logprobs) {
+    return absl::StrCat("token.top_logprobs: ", n, " entries, the request's ",
+                        bounds_.exact_top_logprobs,
+                        " expected (sampling.top_logprobs; the worker advertises them)");
+  }
   if (n == 0) return "";
   if (n > bounds_.top_logprobs) {
     return bounds_.top_logprobs == 0
@@ -147,6 +157,12 @@ std::string WorkerStreamCheck::CheckTopLogprobs(const TokenChunk& token) const {
       return absl::StrCat("token.top_logprobs[", i, "].token_bytes: ", e.token_bytes().size(),
                           " bytes (a token's bytes are at most ", kTextBytesPerToken, ")");
     }
+    alternative_bytes_ += static_cast<int64_t>(e.token_bytes().size());
+  }
+  if (alternative_bytes_ > kTextBytesPerToken * (tokens_ + 1) + kTextSlackBytes) {
+    return absl::StrCat("token.top_logprobs: ", alternative_bytes_, " bytes of alternatives for ",
+                        tokens_ + 1, " tokens (at most ", kTextBytesPerToken,
+                        " a token on average, as the text)");
   }
   return "";
 }

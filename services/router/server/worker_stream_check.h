@@ -7,12 +7,16 @@
 // at most the request's max_tokens real tokens (ids >= 0), or, when the request leaves max_tokens
 // to the worker's default, at most the model's context. The chunks' text is what the tokens'
 // bytes complete: at most kTextBytesPerToken a token on average, plus kTextSlackBytes of
-// held-back text. A real token carries at most the request's sampling.top_logprobs alternatives
-// (none on the held-back text chunk, none when not asked for), most likely first, each a token of
-// the vocabulary of at most kTextBytesPerToken bytes with a finite log-probability of at most
-// kMaxLogprob; checking them costs O(entries). The final message's usage counts are never
-// negative. A PrefillProgress event counts prompt tokens, so it is never negative nor past the
-// context; events after the first token are tolerated and dropped (they keep nothing alive). A
+// held-back text. A real token carries the request's sampling.top_logprobs alternatives: exactly
+// min(top_logprobs, vocab_size) from a worker that advertises them (ModelInfo.max_top_logprobs at
+// least that), at most top_logprobs from one that does not (an older worker sends none); none on
+// the held-back text chunk, none when not asked for; most likely first, each a token of the
+// vocabulary of at most kTextBytesPerToken bytes with a finite log-probability of at most
+// kMaxLogprob, and all the alternatives' bytes together at most kTextBytesPerToken a token on
+// average plus kTextSlackBytes, as the text (20 of them would otherwise let a stream hold 20
+// times the text's bytes); checking them costs O(entries). The final message's usage counts are
+// never negative. A PrefillProgress event counts prompt tokens, so it is never negative nor past
+// the context; events after the first token are tolerated and dropped (they keep nothing alive). A
 // message with no event set is tolerated: a newer worker may send events this router does not
 // know, and they are dropped.
 //
@@ -36,6 +40,9 @@ class WorkerStreamCheck {
     int64_t vocab_size = 0;          // token ids below it; 0: unknown
     int64_t max_context_tokens = 0;  // bound of PrefillProgress; 0: unknown
     int64_t top_logprobs = 0;        // alternatives a token may carry (sampling.top_logprobs)
+    // Alternatives every real token must carry (0: no such promise): min(top_logprobs,
+    // vocab_size) when the worker advertises at least top_logprobs (ModelInfo.max_top_logprobs).
+    int64_t exact_top_logprobs = 0;
   };
   // The bounds of `request` on a worker of `model` (its WorkerStatus.model).
   static Bounds For(const lazyattn::v1::GenerateRequest& request,
@@ -61,12 +68,13 @@ class WorkerStreamCheck {
 
  private:
   std::string NextToken(const lazyattn::v1::TokenChunk& token);
-  std::string CheckTopLogprobs(const lazyattn::v1::TokenChunk& token) const;
+  std::string CheckTopLogprobs(const lazyattn::v1::TokenChunk& token);
   std::string NextFinal(const lazyattn::v1::Final& final);
 
   const Bounds bounds_;
   int64_t tokens_ = 0;           // real tokens so far
   int64_t text_bytes_ = 0;       // of every chunk so far
+  int64_t alternative_bytes_ = 0;  // of every chunk's top_logprobs so far
   bool held_back_sent_ = false;  // the token_id -1 chunk came
   bool final_sent_ = false;
 };

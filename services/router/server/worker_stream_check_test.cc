@@ -89,6 +89,16 @@ TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
   request.mutable_sampling()->set_logprobs(true);
   request.mutable_sampling()->set_top_logprobs(5);
   EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 5);
+  // A worker that does not advertise alternatives (an older one) promises none; one that does,
+  // exactly the count asked for, or the whole vocabulary when it is smaller.
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 0);
+  model.set_max_top_logprobs(20);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 5);
+  model.set_vocab_size(3);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 3);
+  model.set_vocab_size(49152);
+  model.set_max_top_logprobs(4);  // advertises fewer than asked: no promise to hold it to
+  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 0);
   request.mutable_sampling()->set_top_logprobs(-4);  // refused by validation; no entries either
   EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 0);
   // max_tokens 0 is the worker's default, unknown here: the context bounds it.
@@ -246,6 +256,47 @@ TEST(WorkerStreamCheckTest, AlternativesNotAskedForAreRefused) {
               IsEmpty());
   EXPECT_THAT(unknown_vocabulary.Next(WithAlternatives(Token(6), {{7, -0.2f}, {8, -0.1f}})),
               HasSubstr("token.top_logprobs[1].logprob -0.1 above entry 0's -0.2"));
+}
+
+// A worker that advertises alternatives sends exactly the count asked for on every real token:
+// one that sends fewer, or none, breaks its promise (a client reading entry [k - 1] would fail).
+TEST(WorkerStreamCheckTest, AnAdvertisingWorkerSendsExactlyTheCount) {
+  WorkerStreamCheck::Bounds exact = kBounds;
+  exact.top_logprobs = 2;
+  exact.exact_top_logprobs = 2;
+  WorkerStreamCheck check(exact);
+  EXPECT_THAT(check.Next(WithAlternatives(Token(1), {{1, -0.1f}, {2, -0.2f}})), IsEmpty());
+  EXPECT_EQ(check.Next(WithAlternatives(Token(2), {{2, -0.1f}})),
+            "token.top_logprobs: 1 entries, the request's 2 expected (sampling.top_logprobs; the "
+            "worker advertises them)");
+  WorkerStreamCheck none_sent(exact);
+  EXPECT_THAT(none_sent.Next(Token(1)), HasSubstr("token.top_logprobs: 0 entries"));
+  // The held-back text chunk carries none, as always.
+  WorkerStreamCheck held_back(exact);
+  EXPECT_THAT(held_back.Next(WithAlternatives(Token(1), {{1, -0.1f}, {2, -0.2f}})), IsEmpty());
+  EXPECT_THAT(held_back.Next(Token(-1)), IsEmpty());
+}
+
+// All the alternatives' bytes together are bounded as the text is (1 KiB a token on average,
+// plus the slack): 20 alternatives of 1 KiB each on every token would otherwise let a stream
+// hold 20 times the text's bytes. Short tokens far below the bound pass.
+TEST(WorkerStreamCheckTest, AlternativesBytesAreBoundedAsTheText) {
+  WorkerStreamCheck::Bounds b{.max_tokens = 1000, .vocab_size = 1000, .top_logprobs = 20};
+  std::vector<Alternative> short_ones, long_ones;
+  for (int i = 0; i < 20; ++i) {
+    short_ones.push_back({i, -1.0f - i, std::string(16, 'a')});
+    long_ones.push_back({i, -1.0f - i, std::string(1024, 'a')});
+  }
+  WorkerStreamCheck fine(b);
+  for (int t = 0; t < 200; ++t)
+    ASSERT_THAT(fine.Next(WithAlternatives(Token(1), short_ones)), IsEmpty());
+  WorkerStreamCheck bloated(b);
+  std::string error;
+  int t = 0;
+  for (; t < 100 && error.empty(); ++t) error = bloated.Next(WithAlternatives(Token(1), long_ones));
+  // 20 KiB a token against 1 KiB a token plus 64 KiB: the fourth token is over.
+  EXPECT_EQ(t, 4);
+  EXPECT_THAT(error, HasSubstr("token.top_logprobs: 81920 bytes of alternatives for 4 tokens"));
 }
 
 }  // namespace

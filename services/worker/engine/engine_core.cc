@@ -251,13 +251,12 @@ bool EngineCore::RunStep(absl::Time now) {
     p.chunk.tokens = std::span(s.tokens).subspan(s.ready, n);
     p.chunk.emit_logits = s.kind == Segment::Kind::kQuery && s.ready + n == s.length();
     // The runner draws the token (draw number = tokens generated so far; penalties over the
-    // query segment: the question, then what was generated); the first step's logits come
+    // question, then what was generated: Request::PenaltyHistory); the first step's logits come
     // back too when they are to be kept, and every step's when the request wants the most
     // likely alternatives (EngineCore::SampleAndEmit ranks them on the host).
     p.chunk.sampling = RowSamplingParams(r.prepared.sampling, r.result.token_ids.size());
-    p.chunk.penalty_tokens = s.tokens;
-    p.chunk.penalty_prompt_tokens = std::min<int64_t>(
-        static_cast<int64_t>(r.prepared.question.size()), s.length());
+    p.chunk.penalty_tokens = r.PenaltyHistory();
+    p.chunk.penalty_prompt_tokens = r.PenaltyPromptTokens();
     p.chunk.return_logits =
         p.chunk.emit_logits && ((options_.keep_first_logits && r.result.token_ids.empty()) ||
                                 r.prepared.sampling.top_logprobs > 0);
@@ -408,7 +407,9 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
     n.chunk = p.chunk;  // the segment's offsets, sampling and logits flags
     TableFor(r, p.segment, q.ready + 2, n.chunk);
     n.chunk.sampling.step = p.chunk.sampling.step + 1;
-    n.chunk.penalty_tokens = q.tokens;  // the runner adds the input token drawn on the device
+    // The runner adds the input token drawn on the device.
+    n.chunk.penalty_tokens = r.PenaltyHistory();
+    n.chunk.penalty_prompt_tokens = r.PenaltyPromptTokens();
     n.chunk.tokens = std::span(&kTokenFromDevice, 1);
     n.chunk.local_start = q.ready + 1;
     n.chunk.first_query_index = p.chunk.first_query_index + 1;

@@ -8,8 +8,10 @@
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_STATE_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_STATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "services/worker/engine/engine_core.h"
@@ -71,6 +73,19 @@ struct EngineCore::Request {
   absl::Time first_token;
   Segment& query() { return segments.back(); }
   const Segment& query() const { return segments.back(); }
+  // The history the penalties count (sampler.h): the question, then what was generated so far.
+  // It is the tail of the query segment, which in modes prefix and full also starts with the
+  // system prefix and the documents (those count for no penalty in any mode). A view of the
+  // query segment's tokens: valid until they change.
+  std::span<const int32_t> PenaltyHistory() const {
+    const std::vector<int32_t>& t = query().tokens;
+    return std::span(t).last(
+        std::min(t.size(), prepared.question.size() + result.token_ids.size()));
+  }
+  // How many of PenaltyHistory()'s tokens are the question (repetition penalty only).
+  int64_t PenaltyPromptTokens() const {
+    return static_cast<int64_t>(std::min(prepared.question.size(), PenaltyHistory().size()));
+  }
 };
 
 // One chunk of a step and what it belongs to: a request's segment, or an encoding job.

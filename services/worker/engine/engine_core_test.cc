@@ -7,6 +7,7 @@
 #include <deque>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -291,6 +292,35 @@ TEST_F(EngineCoreTest, GreedyMatchesStepByStepRecomputationInEveryMode) {
   }
 }
 
+// Penalties count the question and the output in every mode, never the system prefix or the
+// documents, which modes prefix and full carry in the same segment as the question. The first
+// token is the argmax of the first logits with only the question's ids penalized (no output
+// yet, so frequency and presence change nothing).
+TEST_F(EngineCoreTest, PenaltiesCountTheQuestionAndOutputInEveryMode) {
+  for (int docs = 0; docs < 3; ++docs) {
+    for (CacheMode mode :
+         {CacheMode::kFull, CacheMode::kPrefix, CacheMode::kBlock, CacheMode::kLazy}) {
+      SCOPED_TRACE(::testing::Message() << CacheModeName(mode) << " docs " << docs);
+      EngineRequest r = Request({docs, docs + 3}, mode, 2);
+      r.sampling.repetition_penalty = 3.0f;
+      r.sampling.frequency_penalty = 2.0f;
+      r.sampling.presence_penalty = 2.0f;
+      const Outcome o = RunOne(r);
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      std::vector<float> x = o.result.first_logits;
+      ASSERT_EQ(x.size(), size_t(weights_->config.vocab_size));
+      auto prepared = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      const std::vector<int32_t>& question = prepared->question;
+      ASSERT_FALSE(question.empty());
+      for (int32_t id : std::set<int32_t>(question.begin(), question.end())) {
+        x[id] = x[id] > 0 ? x[id] / 3.0f : x[id] * 3.0f;
+      }
+      EXPECT_EQ(o.result.token_ids.at(0), ArgMax(x));
+    }
+  }
+}
+
 TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
   EngineRequest r = Request({0}, CacheMode::kLazy, 20);
   r.sampling.temperature = 0.8f;
@@ -526,7 +556,9 @@ class PipeliningCpuRunner final : public ModelRunner {
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
     EXPECT_TRUE(launched_.empty()) << "Forward with a launched step uncollected";
     last_greedy_.clear();
-    return inner_.Forward(chunks);
+    auto out = inner_.Forward(chunks);
+    if (out.ok()) Record(*out);
+    return out;
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
     EXPECT_TRUE(launched_.empty()) << "CopyBlocks with a launched step uncollected";
@@ -547,11 +579,14 @@ class PipeliningCpuRunner final : public ModelRunner {
         EXPECT_LT(static_cast<size_t>(previous_step_rows[i]), last_greedy_.size());
         tokens[i] = last_greedy_.at(previous_step_rows[i]);
         own[i].tokens = std::span(&tokens[i], 1);
+        // As the CUDA runner: the history lacks the input token drawn "on the device".
+        if (HasPenalties(own[i].sampling)) own[i].sampling.flags |= kCountInputToken;
       }
       ++chained_;
     }
     auto out = inner_.Forward(own);
     if (!out.ok()) return out.status();
+    Record(*out);
     last_greedy_ = out->token_ids;
     launched_.push_back(*std::move(out));
     return absl::OkStatus();
@@ -563,13 +598,22 @@ class PipeliningCpuRunner final : public ModelRunner {
     return out;
   }
   int chained() const { return chained_; }
+  // Every logits row returned (return_logits chunks), in the order the steps ran.
+  const std::vector<std::vector<float>>& returned_rows() const { return returned_rows_; }
 
  private:
+  void Record(const ForwardOutput& out) {
+    const size_t V = static_cast<size_t>(config().vocab_size);
+    for (size_t at = 0; at + V <= out.logits.size(); at += V) {
+      returned_rows_.emplace_back(out.logits.begin() + at, out.logits.begin() + at + V);
+    }
+  }
   CpuModelRunner inner_;
   int fail_every_;
   int chained_tries_ = 0, chained_ = 0;
   std::vector<int32_t> last_greedy_;
   std::deque<ForwardOutput> launched_;
+  std::vector<std::vector<float>> returned_rows_;
 };
 
 // Pipelined decode (EngineOptions::pipeline_decode) generates what step-by-step decode does, in
@@ -647,9 +691,14 @@ TEST_F(EngineCoreTest, PipelinedDecodeMatchesStepByStepDecode) {
 
 // A request that wants top_logprobs brings its rows' logits back every step, and its steps stay
 // pipelined: the lists of chained steps are those of step-by-step decode, beside a request that
-// asked for none.
+// asked for none. The second run draws with penalties: in a chained step the runner counts the
+// input token it drew itself (kCountInputToken) and the host ranks with a history that holds it,
+// so both must agree for the lists to match.
 TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
-  auto run = [&](bool pipeline, int* chained) {
+  std::vector<int32_t> question;  // request 0's
+  SamplingParams sampling0;
+  auto run = [&](bool pipeline, bool penalties, int* chained,
+                 std::vector<std::vector<float>>* rows) {
     auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, /*fail_every=*/0);
     PipeliningCpuRunner* raw = runner.get();
     EngineCore core(std::move(runner), tokenizer_.get(),
@@ -658,9 +707,17 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
     for (int i = 0; i < 2; ++i) {
       EngineRequest r = Request({i, 3}, CacheMode::kLazy, 16);
       r.sampling.logprobs = true;
-      r.sampling.top_logprobs = i == 0 ? 4 : 0;
+      r.sampling.top_logprobs = i == 0 ? kMaxTopLogprobs : 0;
+      if (penalties) {
+        r.sampling.temperature = 0.7f;
+        r.sampling.seed = 3 + i;
+        r.sampling.repetition_penalty = 1.4f;
+        r.sampling.frequency_penalty = 1.0f;
+        r.sampling.presence_penalty = 0.5f;
+      }
       auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
       EXPECT_TRUE(p.ok()) << p.status();
+      if (i == 0) question = p->question, sampling0 = r.sampling;
       p->callbacks.on_done = [&out, i](const absl::Status& st, const RequestResult& res) {
         EXPECT_TRUE(st.ok()) << st;
         out[i] = res;
@@ -670,27 +727,70 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
     for (int step = 0; core.HasWork() && step < 1000; ++step) core.Step(absl::Now());
     EXPECT_FALSE(core.HasWork());
     *chained = raw->chained();
+    *rows = raw->returned_rows();  // request 0's only: the other asks for no alternatives
     return out;
   };
-  int chained = 0;
-  const std::vector<RequestResult> want = run(false, &chained);
-  const std::vector<RequestResult> got = run(true, &chained);
-  EXPECT_GT(chained, 5) << "no step was chained";
-  ASSERT_EQ(want[0].top_logprobs.size(), 16u);
-  EXPECT_TRUE(want[1].top_logprobs.empty());
-  EXPECT_TRUE(got[1].top_logprobs.empty());
-  EXPECT_EQ(got[0].token_ids, want[0].token_ids);
-  EXPECT_EQ(got[1].token_ids, want[1].token_ids);
-  ASSERT_EQ(got[0].top_logprobs.size(), want[0].top_logprobs.size());
-  for (size_t t = 0; t < want[0].top_logprobs.size(); ++t) {
-    ASSERT_EQ(got[0].top_logprobs[t].size(), 4u) << "token " << t;
-    for (size_t i = 0; i < 4; ++i) {
-      EXPECT_EQ(got[0].top_logprobs[t][i].token_id, want[0].top_logprobs[t][i].token_id);
-      EXPECT_NEAR(got[0].top_logprobs[t][i].logprob, want[0].top_logprobs[t][i].logprob, 1e-5);
+  // Request 0's lists against a log_softmax in double of each returned row, penalized here with
+  // the history that position's draw saw: the question, then the tokens before it.
+  auto expect_reference = [&](const RequestResult& res,
+                              const std::vector<std::vector<float>>& rows) {
+    ASSERT_EQ(rows.size(), res.token_ids.size());
+    for (size_t t = 0; t < rows.size(); ++t) {
+      std::vector<int32_t> history = question;
+      history.insert(history.end(), res.token_ids.begin(), res.token_ids.begin() + t);
+      const SamplingRowParams row = RowSamplingParams(sampling0, t);
+      std::vector<double> x(rows[t].begin(), rows[t].end());
+      if (HasPenalties(row)) {
+        for (const PenaltyEntry& e : PenaltyEntries(history, question.size())) {
+          x[e.id] = PenalizedLogit(rows[t][e.id], row, e.output_count, e.in_prompt != 0);
+        }
+      }
+      const double mx = *std::max_element(x.begin(), x.end());
+      double z = 0;
+      for (double v : x) z += std::exp(v - mx);
+      std::vector<int32_t> order(x.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      for (size_t i = 0; i < res.top_logprobs[t].size(); ++i) {
+        EXPECT_EQ(res.top_logprobs[t][i].token_id, order[i]) << "token " << t << " entry " << i;
+        EXPECT_NEAR(res.top_logprobs[t][i].logprob, x[order[i]] - mx - std::log(z), 1e-4)
+            << "token " << t << " entry " << i;
+      }
     }
-    // Greedy: the drawn token heads its list with its own logprob.
-    EXPECT_EQ(got[0].top_logprobs[t][0].token_id, got[0].token_ids[t]);
-    EXPECT_EQ(got[0].top_logprobs[t][0].logprob, got[0].logprobs[t]);
+  };
+  for (bool penalties : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "penalties " << penalties);
+    int chained = 0;
+    std::vector<std::vector<float>> want_rows, got_rows;
+    const std::vector<RequestResult> want = run(false, penalties, &chained, &want_rows);
+    const std::vector<RequestResult> got = run(true, penalties, &chained, &got_rows);
+    EXPECT_GT(chained, 5) << "no step was chained";
+    expect_reference(want[0], want_rows);
+    expect_reference(got[0], got_rows);
+    ASSERT_EQ(want[0].top_logprobs.size(), 16u);
+    EXPECT_TRUE(want[1].top_logprobs.empty());
+    EXPECT_TRUE(got[1].top_logprobs.empty());
+    EXPECT_EQ(got[0].token_ids, want[0].token_ids);
+    EXPECT_EQ(got[1].token_ids, want[1].token_ids);
+    ASSERT_EQ(got[0].top_logprobs.size(), want[0].top_logprobs.size());
+    int drawn_in_list = 0;
+    for (size_t t = 0; t < want[0].top_logprobs.size(); ++t) {
+      ASSERT_EQ(got[0].top_logprobs[t].size(), size_t(kMaxTopLogprobs)) << "token " << t;
+      for (size_t i = 0; i < size_t(kMaxTopLogprobs); ++i) {
+        EXPECT_EQ(got[0].top_logprobs[t][i].token_id, want[0].top_logprobs[t][i].token_id);
+        EXPECT_NEAR(got[0].top_logprobs[t][i].logprob, want[0].top_logprobs[t][i].logprob, 1e-5);
+        if (got[0].top_logprobs[t][i].token_id == got[0].token_ids[t]) {
+          EXPECT_EQ(got[0].top_logprobs[t][i].logprob, got[0].logprobs[t]);
+          ++drawn_in_list;
+        }
+      }
+      // Greedy: the drawn token heads its list.
+      if (!penalties) {
+        EXPECT_EQ(got[0].top_logprobs[t][0].token_id, got[0].token_ids[t]);
+      }
+    }
+    EXPECT_GT(drawn_in_list, 0);
   }
 }
 

@@ -51,15 +51,11 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
   std::vector<TopLogprob> top;
   if (want_logprob && r.prepared.sampling.top_logprobs > 0) {
     // One entry per token. The step brought this row's logits back (the plan asks for them);
-    // ranked under the draw's own row parameters and history (the query segment before this
-    // token), as the runner saw them when it drew `id`.
+    // ranked under the draw's own row parameters and history (before this token; in a chained
+    // step it already holds the input token the device counted), as the runner drew `id`.
     const SamplingRowParams row = RowSamplingParams(r.prepared.sampling, res.token_ids.size());
     std::vector<PenaltyEntry> penalties;
-    if (HasPenalties(row)) {
-      penalties = PenaltyEntries(
-          q.tokens,
-          std::min<int64_t>(r.prepared.question.size(), static_cast<int64_t>(q.tokens.size())));
-    }
+    if (HasPenalties(row)) penalties = PenaltyEntries(r.PenaltyHistory(), r.PenaltyPromptTokens());
     if (!logits.empty()) {
       top = TopLogprobs(logits, row, penalties, id, logprob, r.prepared.sampling.top_logprobs);
     }

@@ -33,10 +33,12 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
     for (int64_t r = 0; r < rows; ++r, ++row) {
       const float* begin = logits.data() + row * vocab_size;
       float logprob = 0;
-      out.token_ids.push_back(SampleRowCpu(
-          begin, static_cast<int32_t>(vocab_size), ch.sampling, penalties.data(),
-          static_cast<int32_t>(penalties.size()), -1,
-          (ch.sampling.flags & kSampleLogprob) ? &logprob : nullptr));
+      // The row's own input token, which kCountInputToken counts as one more output occurrence.
+      const int32_t input = ch.tokens[ch.logits_for_all_tokens ? r : ch.tokens.size() - 1];
+      out.token_ids.push_back(
+          SampleRowCpu(begin, static_cast<int32_t>(vocab_size), ch.sampling, penalties.data(),
+                       static_cast<int32_t>(penalties.size()), input,
+                       (ch.sampling.flags & kSampleLogprob) ? &logprob : nullptr));
       out.logprobs.push_back(logprob);
       if (ch.return_logits && !all_rows) out.logits.insert(out.logits.end(), begin, begin + vocab_size);
     }

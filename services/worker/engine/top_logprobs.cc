@@ -20,6 +20,7 @@ int32_t IdOf(uint64_t rank) { return static_cast<int32_t>(~static_cast<uint32_t>
 double LogNormalizer(std::span<const float> x) {
   float mx = -INFINITY;
   for (float v : x) mx = std::max(mx, SamplingScaled(v, 1.0f));
+  if (!(mx > -INFINITY)) return NAN;  // no finite logit: no distribution
   double z = 0;
   for (float v : x) z += std::exp(double(SamplingScaled(v, 1.0f)) - mx);
   return double(mx) + std::log(z);
@@ -69,17 +70,21 @@ std::vector<TopLogprob> TopLogprobs(std::span<const float> logits, const Samplin
     }
   }
 
-  const float x_chosen = SamplingScaled(x[chosen], 1.0f);
-  double log_z = double(x_chosen) - double(chosen_logprob);
-  if (!std::isfinite(log_z)) log_z = LogNormalizer(x);
+  // Anchored as a difference from the chosen token, chosen_logprob + (x_i - x_chosen), not as
+  // x_i - (x_chosen - chosen_logprob): with logits at the float limit (+inf scales to FLT_MAX)
+  // that normalizer rounds away the log of the tie count, and an id tied with the chosen one
+  // would come out above it. As a difference, a tie gives chosen_logprob exactly, and the values
+  // keep the list's order.
+  const double x_chosen = SamplingScaled(x[chosen], 1.0f);
+  const bool anchored = std::isfinite(chosen_logprob) && std::isfinite(x_chosen);
+  const double log_z = anchored ? 0.0 : LogNormalizer(x);
   std::vector<TopLogprob> out;
   out.reserve(best.size());
   for (uint64_t r : best) {
-    const int32_t id = IdOf(r);
-    const float lp = id == chosen && std::isfinite(chosen_logprob)
-                         ? chosen_logprob
-                         : static_cast<float>(double(SamplingScaled(x[id], 1.0f)) - log_z);
-    out.push_back({id, lp > 0.0f ? 0.0f : lp});
+    const double x_i = SamplingScaled(x[IdOf(r)], 1.0f);
+    double lp = anchored ? double(chosen_logprob) + (x_i - x_chosen) : x_i - log_z;
+    if (!(lp <= 0.0)) lp = lp > 0.0 ? 0.0 : -INFINITY;  // rounding above 0; no distribution
+    out.push_back({IdOf(r), static_cast<float>(lp)});
   }
   return out;
 }

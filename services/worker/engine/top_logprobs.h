@@ -22,18 +22,19 @@ struct TopLogprob {
 // likely first: penalized logit descending, the lowest id first among equals, NaN last.
 //
 // Their log-probabilities are anchored on the chosen token's, which the backend's draw already
-// computed with the row's normalizer: logprob(i) = x_i - (x_chosen - chosen_logprob), x the
+// computed with the row's normalizer: logprob(i) = chosen_logprob + (x_i - x_chosen), x the
 // penalized logits. So no pass over the vocabulary needs an exp (a 128K row is one pass of
-// compares), the values agree with `chosen_logprob` to rounding, and the chosen token's entry is
-// exactly `chosen_logprob`. Where that anchor is not finite (a row of -inf or NaN logits) the
-// normalizer is computed here instead. Values are clamped to at most 0; one may be -inf or NaN
-// for a logit that is.
+// compares), the values agree with `chosen_logprob` to rounding and keep the list's order, and
+// the chosen token's entry (and any tied with it) is exactly `chosen_logprob`. Where that anchor
+// is not finite the row's own log-sum-exp is computed here instead. Values are clamped to at
+// most 0; a NaN or -inf logit reports -inf, and so does every entry of a row without a finite
+// logit (it has no distribution).
 //
 // `row` is the draw's parameters; `penalties` the entries of the history the draw saw
 // (PenaltyEntries; its input token included, since kCountInputToken is not read here), used
-// only when the row has penalties.
-// Preconditions: k >= 0; chosen inside the row. O(vocab x log k), one copy of the row only when
-// it has penalties.
+// only when the row has penalties. Preconditions: k >= 0; chosen inside the row. O(vocab +
+// inserts x k): once the list is full an id costs one float compare; one copy of the row only
+// when it has penalties.
 std::vector<TopLogprob> TopLogprobs(std::span<const float> logits, const SamplingRowParams& row,
                                     std::span<const PenaltyEntry> penalties, int32_t chosen,
                                     float chosen_logprob, int k);

@@ -149,6 +149,31 @@ TEST(TopLogprobsTest, MatchesAFullSortOnRowsOfTiesAndNans) {
   }
 }
 
+// Logits at the float limit (+inf scales to FLT_MAX, as the draw takes it): the ids tied with
+// the chosen one get exactly its logprob, log(1/2) here, and the list stays most likely first.
+// Anchoring on x_chosen - chosen_logprob rounded that normalizer to FLT_MAX and put id 2 at 0.
+TEST(TopLogprobsTest, TiesAtTheFloatLimitKeepTheOrder) {
+  const std::vector<float> x = {INFINITY, 1.0f, INFINITY, 0.0f};
+  SamplingRowParams row{.flags = kSampleLogprob};
+  float lp = 0;
+  const int32_t chosen = SampleRowCpu(x.data(), 4, row, nullptr, 0, -1, &lp);
+  ASSERT_EQ(chosen, 0);
+  EXPECT_NEAR(lp, std::log(0.5), 1e-6);
+  const std::vector<TopLogprob> top = TopLogprobs(x, row, {}, chosen, lp, 4);
+  ASSERT_EQ(top.size(), 4u);
+  EXPECT_EQ(top[0].token_id, 0);
+  EXPECT_EQ(top[1].token_id, 2);
+  EXPECT_EQ(top[0].logprob, lp);
+  EXPECT_EQ(top[1].logprob, lp);
+  EXPECT_LT(top[2].logprob, -1e30f);  // finite next to FLT_MAX: probability 0 in float terms
+  for (size_t i = 1; i < top.size(); ++i) EXPECT_LE(top[i].logprob, top[i - 1].logprob);
+  // No finite logit at all: no distribution, every entry -inf (reported as -9999).
+  const std::vector<float> none = {-INFINITY, NAN, -INFINITY};
+  for (const TopLogprob& t : TopLogprobs(none, row, {}, 0, NAN, 3)) {
+    EXPECT_EQ(t.logprob, -INFINITY) << "id " << t.token_id;
+  }
+}
+
 TEST(TopLogprobsTest, AnAnchorThatIsNotFiniteFallsBackToTheRowsOwnNormalizer) {
   const std::vector<float> x = RandomRow(200, 4);
   SamplingRowParams row{.flags = kSampleLogprob};

@@ -1,7 +1,7 @@
 #include "services/worker/server/worker_service.h"
 
 #include "common/worker_call_trailer.h"
-
+#include "kernels/include/sampling.h"
 #include "services/worker/model/tokenizer/chat_template.h"
 #include "services/worker/server/generate_reactor.h"
 #include "services/worker/server/prefetch_reactor.h"
@@ -33,6 +33,7 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   model_info_.set_vocab_size(config.vocab_size);
   model_info_.set_max_context_tokens(config.max_positions);
   model_info_.set_max_documents(options.max_documents);
+  model_info_.set_max_top_logprobs(kMaxTopLogprobs);
   if (!tokenizer->chat_template().empty()) {
     auto tmpl = ChatTemplate::FromJinja(tokenizer->chat_template());
     if (tmpl.ok()) model_info_.set_chat_template(tmpl->name());
