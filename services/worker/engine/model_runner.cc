@@ -34,7 +34,8 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
       const float* begin = logits.data() + row * vocab_size;
       float logprob = 0;
       // The row's own input token, which kCountInputToken counts as one more output occurrence.
-      const int32_t input = ch.tokens[ch.logits_for_all_tokens ? r : ch.tokens.size() - 1];
+      const int32_t input =
+          ch.tokens.empty() ? -1 : ch.tokens[ch.logits_for_all_tokens ? r : ch.tokens.size() - 1];
       out.token_ids.push_back(
           SampleRowCpu(begin, static_cast<int32_t>(vocab_size), ch.sampling, penalties.data(),
                        static_cast<int32_t>(penalties.size()), input,
