@@ -90,17 +90,28 @@ TEST_F(RouterServerTest, CompleteReturnsOneLogprobPerTokenIdWhenAsked) {
 
 // The alternatives come back too: Complete has one list per token id (none for the text-only
 // chunk), as the worker sent them; a stream relays each chunk's list as it came.
-TEST_F(RouterServerTest, CompleteAndGenerateReturnTheAlternativesWhenAsked) {
-  StartWorkers(1);
+// One fake worker running `script` (advertising `max_top_logprobs` alternatives), and requests
+// that ask for `top_logprobs` of them.
+class RouterAlternativesTest : public RouterServerTest {
+ protected:
+  GenerateRequest Start(const FakeWorker::Script& script, int max_top_logprobs, int top_logprobs) {
+    StartWorkers(1);
+    workers_[0]->SetMaxTopLogprobs(max_top_logprobs);
+    workers_[0]->SetScript(script);
+    StartKvdir();
+    StartRouter(Options());
+    GenerateRequest request = Request({"some doc"});
+    request.mutable_sampling()->set_logprobs(true);
+    request.mutable_sampling()->set_top_logprobs(top_logprobs);
+    return request;
+  }
+};
+
+TEST_F(RouterAlternativesTest, CompleteAndGenerateReturnTheAlternativesWhenAsked) {
   FakeWorker::Script script;
   script.tokens = {"Hello", " wor"};
   script.held_back_tail = "ld";
-  workers_[0]->SetScript(script);
-  StartKvdir();
-  StartRouter(Options());
-  GenerateRequest request = Request({"some doc"});
-  request.mutable_sampling()->set_logprobs(true);
-  request.mutable_sampling()->set_top_logprobs(3);
+  GenerateRequest request = Start(script, /*max_top_logprobs=*/20, /*top_logprobs=*/3);
   grpc::ClientContext ctx;
   lazyattn::v1::CompleteResponse response;
   grpc::Status s = stub_->Complete(&ctx, request, &response);
@@ -148,20 +159,13 @@ TEST_F(RouterServerTest, CompleteAndGenerateReturnTheAlternativesWhenAsked) {
 // A worker that does not advertise alternatives (ModelInfo.max_top_logprobs 0, one older than
 // them) whose tokens do not all carry some: Complete returns none rather than lists that no
 // longer line up with the token ids.
-TEST_F(RouterServerTest, CompleteReturnsNoAlternativesUnlessEveryTokenHadThem) {
-  StartWorkers(1);
-  workers_[0]->SetMaxTopLogprobs(0);
+TEST_F(RouterAlternativesTest, CompleteReturnsNoAlternativesUnlessEveryTokenHadThem) {
   FakeWorker::Script script;
   script.tokens = {"a", "b", "c"};
   script.edit_token = [](int i, lazyattn::v1::TokenChunk* chunk) {
     if (i == 1) chunk->clear_top_logprobs();
   };
-  workers_[0]->SetScript(script);
-  StartKvdir();
-  StartRouter(Options());
-  GenerateRequest request = Request({"some doc"});
-  request.mutable_sampling()->set_logprobs(true);
-  request.mutable_sampling()->set_top_logprobs(2);
+  GenerateRequest request = Start(script, /*max_top_logprobs=*/0, /*top_logprobs=*/2);
   grpc::ClientContext ctx;
   lazyattn::v1::CompleteResponse response;
   grpc::Status s = stub_->Complete(&ctx, request, &response);
