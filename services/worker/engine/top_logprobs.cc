@@ -35,8 +35,8 @@ std::vector<TopLogprob> TopLogprobs(std::span<const float> logits, const Samplin
   std::vector<float> penalized;
   std::span<const float> x = logits;
   if (HasPenalties(row)) {
-    // The draw's penalties (SampleRowCpu): each history id once, the input token as one more
-    // output occurrence when the row counts it.
+    // The draw's penalties (SampleRowCpu), each history id once. The history already holds a
+    // chained step's input token, which the runner counted with kCountInputToken.
     penalized.assign(logits.begin(), logits.end());
     for (const PenaltyEntry& e : penalties) {
       if (e.id < 0 || e.id >= V) continue;
