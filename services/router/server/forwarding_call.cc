@@ -77,7 +77,8 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
       deadline_(server_context->deadline()),
       request_(request),
       started_(absl::Now()),
-      model_metrics_(&router->metrics().NoModel()) {
+      model_metrics_(&router->metrics().NoModel()),
+      budget_request_(router->retry_budget().StartRequest()) {
   // Initial metadata goes out with the first token or the end, both later than this.
   server_context->AddInitialMetadata(kRequestIdKey, request_id_);
 }
@@ -91,7 +92,8 @@ ForwardingCall::ForwardingCall(RouterContext* router,
       deadline_(deadline),
       request_(request),
       started_(absl::Now()),
-      model_metrics_(&router->metrics().NoModel()) {}
+      model_metrics_(&router->metrics().NoModel()),
+      budget_request_(router->retry_budget().StartRequest()) {}
 
 std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
   std::unique_ptr<grpc::ClientContext> context;
@@ -196,6 +198,7 @@ void ForwardingCall::StartNextAttempt() {
   int attempt_number = 0;
   std::vector<DocumentRef> docs;
   grpc::Status failure;
+  bool retry_refused = false;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
@@ -218,6 +221,20 @@ void ForwardingCall::StartNextAttempt() {
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
           continue;
         }
+        if (attempts_ > 0 && !budget_retry_.held()) {
+          budget_retry_ = router_->retry_budget().TryStartRetry();
+          if (!budget_retry_.held()) {
+            // Many requests are failing over at once: this one ends with its failure rather
+            // than add to the load on the workers that are left.
+            router_->selector().breakers().Release(w.id);
+            failures_.push_back(absl::StrCat(
+                "failover to ", w.id, " not tried: the retry budget is spent (",
+                router_->retry_budget().retries_in_flight(),
+                " failovers in flight; routing.retry_budget_percent, retry_budget_min)"));
+            retry_refused = true;
+            break;
+          }
+        }
         ++attempts_;
         attempt = std::make_shared<WorkerAttempt>(this, w, *stub, NewWorkerContext());
         current_ = attempt;
@@ -233,6 +250,7 @@ void ForwardingCall::StartNextAttempt() {
     }
   }
   if (attempt == nullptr) {
+    if (retry_refused) model_metrics_->CountRetryRefused();
     End(failure, std::nullopt);
     return;
   }
@@ -532,6 +550,8 @@ void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
     absl::MutexLock lock(&mu_);
     if (ended_) return;
     ended_ = true;
+    budget_retry_.Reset();  // no longer in flight, however long the object lingers
+    budget_request_.Reset();
     model_metrics_->CountRequest(status.error_code());
     LogAccess(status, final.has_value() ? &*final : nullptr);
     if (write_pending_) {

@@ -8,9 +8,10 @@
 //
 // Failover: a worker that fails before its first token (UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED;
 // connection failures are UNAVAILABLE) is replaced by the next worker of the plan, up to
-// routing.max_attempts. After tokens reached the client, a failure ends the call with UNAVAILABLE
-// saying so (a unary Complete has sent nothing yet, so it may still fail over). Final.worker and
-// Final.attempts are filled in by the router.
+// routing.max_attempts, while the router's retry budget allows (retry_budget.h). After tokens
+// reached the client, a failure ends the call with UNAVAILABLE saying so (a unary Complete has sent
+// nothing yet, so it may still fail over). Final.worker and Final.attempts are filled in by the
+// router.
 //
 // First-token timeout: an attempt that has sent no token within routing.first_token_timeout (a
 // frozen or wedged worker) is cancelled; it counts against the worker's breaker and the request
@@ -25,8 +26,8 @@
 // Query-of-death quarantine (query_quarantine.h): an attempt whose worker connection was lost
 // mid-call (the worker's initial metadata came, then it ended UNAVAILABLE without the trailer a
 // worker adds to every call it ends itself: common/worker_call_trailer.h) is reported under the
-// request's content fingerprint. When that quarantines it, the call is not retried and ends FAILED_PRECONDITION;
-// a request whose fingerprint is quarantined is refused before routing.
+// request's content fingerprint. When that quarantines it, the call is not retried and ends
+// FAILED_PRECONDITION; a request whose fingerprint is quarantined is refused before routing.
 //
 // Lifetime: the reactor (subclass) deletes itself in OnDone, which gRPC runs only after Finish;
 // DeliverEnd (which calls Finish) runs only after the lookup callback and the current attempt's
@@ -130,6 +131,10 @@ class ForwardingCall {
   std::optional<lazyattn::v1::Final> final_ ABSL_GUARDED_BY(mu_);
   grpc::StatusCode last_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  // This request in the retry budget's count until it ends, and its failover attempt when one
+  // runs (one slot for all of its failovers: they run one at a time).
+  RetryBudget::RequestSlot budget_request_ ABSL_GUARDED_BY(mu_);
+  RetryBudget::RetrySlot budget_retry_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // any attempt's

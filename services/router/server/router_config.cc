@@ -155,6 +155,11 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(const int64_t attempts,
                    config.IntIn("routing.max_attempts", r.max_attempts, 1, 100));
   r.max_attempts = static_cast<int>(attempts);
+  ASSIGN_OR_RETURN(r.retry_budget.percent, DoubleIn(config, "routing.retry_budget_percent",
+                                                    r.retry_budget.percent, 0, 100));
+  ASSIGN_OR_RETURN(const int64_t min_retries,
+                   config.IntIn("routing.retry_budget_min", r.retry_budget.min_retries, 0, 100000));
+  r.retry_budget.min_retries = static_cast<int>(min_retries);
   ASSIGN_OR_RETURN(const int64_t threshold, config.IntIn("circuit_breaker.failure_threshold",
                                                          r.breaker.failure_threshold, 1, 1000000));
   r.breaker.failure_threshold = static_cast<int>(threshold);

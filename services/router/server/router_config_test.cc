@@ -39,6 +39,8 @@ routing:
   speculative_max_keys: 10
   bytes_per_token: 3.5
   max_attempts: 2
+  retry_budget_percent: 35
+  retry_budget_min: 7
   first_token_timeout_ms: 4000
   token_idle_timeout_ms: 7000
   quarantine_ttl_s: 60
@@ -78,6 +80,8 @@ limits:
   EXPECT_EQ(o->routing.policy.running_request_tokens, 10);
   EXPECT_EQ(o->routing.speculative.ttl, absl::Milliseconds(1500));
   EXPECT_EQ(o->routing.max_attempts, 2);
+  EXPECT_EQ(o->routing.retry_budget.percent, 35.0);
+  EXPECT_EQ(o->routing.retry_budget.min_retries, 7);
   EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
@@ -136,6 +140,10 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("routing.first_token_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {token_idle_timeout_ms: 3600001}\n"),
               HasSubstr("routing.token_idle_timeout_ms"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {retry_budget_percent: 101}\n"),
+              HasSubstr("routing.retry_budget_percent: must be in [0, 100]"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {retry_budget_min: -1}\n"),
+              HasSubstr("routing.retry_budget_min: must be in [0, 100000]"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_ttl_s: 100000}\n"),
               HasSubstr("routing.quarantine_ttl_s: must be in [0, 86400], got 100000"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {quarantine_max_entries: 0}\n"),

@@ -36,7 +36,8 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
       selector_(options.routing.policy, options.routing.speculative, options.routing.breaker,
                 options.health.outliers),
       metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))),
-      quarantine_(options.routing.quarantine) {
+      quarantine_(options.routing.quarantine),
+      retry_budget_(options.routing.retry_budget) {
   if (!options.kvdir.address.empty()) {
     auto channel =
         MakeChannel(options.kvdir.address, options.client_tls, options.server.max_message_bytes);

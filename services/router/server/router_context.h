@@ -48,6 +48,7 @@ class RouterContext {
   WorkerSelector& selector() { return selector_; }
   RouterMetrics& metrics() { return metrics_; }
   QueryQuarantine& quarantine() { return quarantine_; }
+  RetryBudget& retry_budget() { return retry_budget_; }
 
   // Backpressure: at most max_inflight_requests admitted calls at once.
   bool TryAdmit();
@@ -87,6 +88,7 @@ class RouterContext {
   WorkerSelector selector_;
   RouterMetrics metrics_;
   QueryQuarantine quarantine_;
+  RetryBudget retry_budget_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   std::atomic<int> inflight_{0};
 

@@ -97,6 +97,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                              "Requests sent to another worker after a failure before the first "
                              "token")
                          .Register(registry);
+  retries_refused_family_ = &prometheus::BuildCounter()
+                                 .Name("lazyattn_router_retries_refused_total")
+                                 .Help(
+                                     "Failovers not tried because the retry budget was spent "
+                                     "(routing.retry_budget_percent, routing.retry_budget_min)")
+                                 .Register(registry);
   ejections_ = &prometheus::BuildCounter()
                     .Name("lazyattn_router_worker_ejections_total")
                     .Help(
@@ -163,6 +169,7 @@ std::unique_ptr<ModelMetrics> RouterMetrics::NewModelMetrics(std::string label) 
   m->observed_hits_ = &observed_hits_family_->Add(labels);
   m->prediction_error_ = &prediction_error_family_->Add(labels, kPredictionErrorBuckets);
   m->retries_ = &retries_family_->Add(labels);
+  m->retries_refused_ = &retries_refused_family_->Add(labels);
   m->first_token_timeouts_ = &first_token_timeouts_family_->Add(labels);
   m->token_idle_timeouts_ = &token_idle_timeouts_family_->Add(labels);
   m->protocol_errors_ = &protocol_errors_family_->Add(labels);

@@ -17,6 +17,8 @@
 //                                                   request (docs/router.md, "Predictions")
 //   lazyattn_router_retries_total{model}            attempts beyond the first (failover; Prefetch
 //                                                   replacements too)
+//   lazyattn_router_retries_refused_total{model}    failovers not tried because the retry budget
+//                                                   was spent (retry_budget.h)
 //   lazyattn_router_first_token_timeouts_total{model}  attempts cancelled without a first token
 //   lazyattn_router_token_idle_timeouts_total{model}  attempts cancelled for a stall after their
 //                                                   first token (routing.token_idle_timeout_ms)
@@ -103,6 +105,7 @@ class ModelMetrics {
         static_cast<double>(predicted > observed ? predicted - observed : observed - predicted));
   }
   void CountRetry() { retries_->Increment(); }
+  void CountRetryRefused() { retries_refused_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountTokenIdleTimeout() { token_idle_timeouts_->Increment(); }
   void CountWorkerProtocolError() { protocol_errors_->Increment(); }
@@ -122,6 +125,7 @@ class ModelMetrics {
   prometheus::Counter* observed_hits_ = nullptr;
   prometheus::Histogram* prediction_error_ = nullptr;
   prometheus::Counter* retries_ = nullptr;
+  prometheus::Counter* retries_refused_ = nullptr;
   prometheus::Counter* first_token_timeouts_ = nullptr;
   prometheus::Counter* token_idle_timeouts_ = nullptr;
   prometheus::Counter* protocol_errors_ = nullptr;
@@ -165,6 +169,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* observed_hits_family_;
   prometheus::Family<prometheus::Histogram>* prediction_error_family_;
   prometheus::Family<prometheus::Counter>* retries_family_;
+  prometheus::Family<prometheus::Counter>* retries_refused_family_;
   prometheus::Family<prometheus::Counter>* first_token_timeouts_family_;
   prometheus::Family<prometheus::Counter>* token_idle_timeouts_family_;
   prometheus::Family<prometheus::Counter>* protocol_errors_family_;

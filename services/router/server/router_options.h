@@ -9,13 +9,14 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/request_validator.h"
 #include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
 #include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/routing_policy.h"
 #include "services/router/policy/speculative_entries.h"
-#include "common/request_validator.h"
+#include "services/router/server/retry_budget.h"
 
 namespace lazyattn::router {
 
@@ -40,6 +41,9 @@ struct RoutingOptions {
   CircuitBreakerOptions breaker;
   double bytes_per_token = 4.0;  // estimate of a text document's tokens for speculative hits
   int max_attempts = 3;          // workers tried per request (failover before the first token)
+  // Failover attempts in flight over all requests (retry_budget.h): at most
+  // max(retry_budget.min_retries, retry_budget.percent % of the requests in flight).
+  RetryBudgetOptions retry_budget;
   // An attempt with no token by then is cancelled and the request goes to the next worker (the
   // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
   // under load; GPU fleets set a few seconds (docs/router.md).

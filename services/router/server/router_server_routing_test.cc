@@ -75,6 +75,37 @@ TEST_F(RouterServerTest, FailsOverWhenAWorkerFailsBeforeItsFirstToken) {
   EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 1"));
 }
 
+// With the retry budget spent (here: none at all), a request that lost its worker ends with that
+// failure instead of failing over, and the refusal is counted; the next worker is never called.
+TEST_F(RouterServerTest, ASpentRetryBudgetEndsTheRequestWithItsFailure) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  RouterOptions options = Options();
+  options.routing.retry_budget = {.percent = 0.0, .min_retries = 0};
+  StartRouter(options);
+
+  StreamResult r = Stream(Request({"doc"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("1 attempt): w0 ("));
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("failover to w1 not tried: the retry budget is spent (0 failovers in "
+                        "flight; routing.retry_budget_percent, retry_budget_min)"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 1);
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_retries_refused_total{model=\"fake-model\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 0"));
+
+  // The default budget (3 failovers at once however few requests) lets it through.
+  StartRouter(Options());
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+}
+
 TEST_F(RouterServerTest, FailsOverFromAWorkerThatIsGone) {
   StartWorkers(2);
   StartKvdir();
