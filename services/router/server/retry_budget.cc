@@ -19,7 +19,9 @@ RetryBudget::RetrySlot RetryBudget::TryStartRetry() {
 }
 
 int64_t RetryBudget::AllowedLocked() const {
-  const double share = std::floor(options_.percent / 100.0 * static_cast<double>(requests_));
+  // percent x requests first: percent / 100 is inexact (0.29 x 100 = 28.999...), the product of
+  // whole numbers is not.
+  const double share = std::floor(options_.percent * static_cast<double>(requests_) / 100.0);
   return std::max<int64_t>(options_.min_retries, static_cast<int64_t>(share));
 }
 

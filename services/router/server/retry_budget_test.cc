@@ -45,6 +45,16 @@ TEST(RetryBudgetTest, AllowsTheLargerOfTheMinimumAndThePercentOfRequests) {
   EXPECT_TRUE(budget.TryStartRetry().held());
 }
 
+// Whole percents of whole request counts come out exact (29 % of 100 is 29, not 28).
+TEST(RetryBudgetTest, WholePercentsAreExact) {
+  for (double percent : {29.0, 35.0, 57.0}) {
+    RetryBudget budget({.percent = percent, .min_retries = 0});
+    std::vector<RetryBudget::RequestSlot> requests;
+    for (int i = 0; i < 100; ++i) requests.push_back(budget.StartRequest());
+    EXPECT_EQ(budget.allowed(), static_cast<int64_t>(percent)) << percent;
+  }
+}
+
 TEST(RetryBudgetTest, AZeroBudgetRefusesEveryRetry) {
   RetryBudget budget({.percent = 0.0, .min_retries = 0});
   RetryBudget::RequestSlot request = budget.StartRequest();
