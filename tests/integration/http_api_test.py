@@ -303,6 +303,32 @@ def secured_checks(args, tmp):
         else:
             check("stop strings: the model produced text to stop in", False, repr(full))
 
+        # n: choice i is the request with seed + i, whole and streamed; the prompt is counted once.
+        sampled = dict(model=model, messages=messages, temperature=1.0, max_tokens=12)
+        many = client.chat.completions.create(n=3, seed=11, **sampled)
+        alone = [client.chat.completions.create(seed=11 + i, **sampled) for i in range(3)]
+        check("n=3 seeded: choice i is the answer of seed + i, index i",
+              [ch.index for ch in many.choices] == [0, 1, 2] and
+              [ch.message.content for ch in many.choices] ==
+              [a.choices[0].message.content for a in alone] and
+              many.usage.prompt_tokens == alone[0].usage.prompt_tokens and
+              many.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone),
+              f"{[ch.message.content for ch in many.choices]} vs "
+              f"{[a.choices[0].message.content for a in alone]} {many.usage}")
+        texts, finished = ["", "", ""], [None, None, None]
+        for ch in client.chat.completions.create(n=3, seed=11, stream=True, **sampled):
+            for choice in ch.choices:
+                texts[choice.index] += choice.delta.content or ""
+                finished[choice.index] = choice.finish_reason or finished[choice.index]
+        check("n=3 seeded, streamed: the same choices, each finished",
+              texts == [ch.message.content for ch in many.choices] and
+              finished == [ch.finish_reason for ch in many.choices], f"{texts} {finished}")
+        prompts = client.completions.create(model=model, prompt="The capital of France is",
+                                            temperature=0, max_tokens=12, n=2)
+        check("completions n=2 greedy: two equal choices",
+              len(prompts.choices) == 2 and prompts.choices[0].text == prompts.choices[1].text,
+              str(prompts.choices))
+
         # SSE framing as curl -N sees it.
         p = subprocess.run(["curl", "-sN", "-i", "--cacert", ca, "-H", f"Authorization: Bearer {key}",
                             "-H", "Content-Type: application/json", "-d", json.dumps({
@@ -327,8 +353,12 @@ def secured_checks(args, tmp):
                 check(name, e.status_code == status and (param is None or body.get("param") == param),
                       f"{e.status_code} {body}")
         ask = dict(model=model, messages=messages, max_tokens=2)
-        raises("n=2: 400 naming n", openai.BadRequestError,
-               lambda: client.chat.completions.create(n=2, **ask), 400, "n")
+        raises("n=129: 400 naming n", openai.BadRequestError,
+               lambda: client.chat.completions.create(n=129, **ask), 400, "n")
+        capped = openai.OpenAI(base_url=f"{base}/v1", api_key=capped_key, max_retries=0,
+                               http_client=httpx.Client(verify=ca, timeout=60))
+        raises("n=2 on a key with one place in flight: 429 naming n", openai.RateLimitError,
+               lambda: capped.chat.completions.create(n=2, **ask), 429, "n")
         raises("max_tokens over the limit: 400 naming max_tokens", openai.BadRequestError,
                lambda: client.chat.completions.create(**dict(ask, max_tokens=10**6)), 400, "max_tokens")
         raises("last turn not a user turn: 400 naming the message", openai.BadRequestError,
@@ -355,8 +385,6 @@ def secured_checks(args, tmp):
         check("body over http.max_body_bytes: 413", status == 413 and "error" in body, str(body)[:200])
         status, body = raw(f"{base}/v1/embeddings", b"{}", key=key, ca=ca)
         check("unknown path: 404 in OpenAI's error shape", status == 404 and "error" in body, str(body))
-        capped = openai.OpenAI(base_url=f"{base}/v1", api_key=capped_key, max_retries=0,
-                               http_client=httpx.Client(verify=ca, timeout=60))
         worker = c.procs["worker-0"].proc
         os.kill(worker.pid, signal.SIGSTOP)  # the key's first request stays in flight
         held = {}

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "services/router/http/choice_calls.h"
 #include "services/router/http/client_connection.h"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_call.h"
@@ -48,13 +49,13 @@ enum class Step { kToken, kEnd, kDeadline, kStopping, kClientGone };
 // event: a stream whose tokens keep coming never waits a whole slice.
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(250);
 
-Step NextStep(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
+Step NextStep(ChoiceCalls& calls, int* choice, HttpCall::Event* e, absl::Time deadline,
               const std::atomic<bool>& stopping, const ClientConnection& client) {
   while (true) {
     if (stopping.load()) return Step::kStopping;
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return Step::kDeadline;
-    switch (call.Next(e, std::min(left, kWaitSlice))) {
+    switch (calls.Next(choice, e, std::min(left, kWaitSlice))) {
       case HttpCall::Event::kToken:
         return Step::kToken;
       case HttpCall::Event::kEnd:
@@ -64,6 +65,14 @@ Step NextStep(HttpCall& call, HttpCall::Event* e, absl::Time deadline,
     }
     if (client.Gone()) return Step::kClientGone;
   }
+}
+
+// A call's end as the client sees it: a success without a result is the router's fault.
+grpc::Status EndStatus(const HttpCall::Event& e) {
+  if (e.status.ok() && !e.final.has_value()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the call ended without a result");
+  }
+  return e.status;
 }
 
 // Fields the router accepts without reading (openai_fields.h) are logged once per name, at INFO:
@@ -130,56 +139,87 @@ nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens, 
 
 // What a streamed response needs after the handler returned (the provider runs later).
 struct StreamState {
-  std::shared_ptr<HttpCall> call;
-  HttpCall::Event first;  // the first event, already taken (a token)
+  std::unique_ptr<ChoiceCalls> calls;  // cancelled when the state goes (CancelAll)
+  // Each choice's first event, already taken: a token (held, not yet consumed) or an end.
+  std::vector<HttpCall::Event> firsts;
   ResponseMeta meta;
   bool include_usage = false;
   bool logprobs = false;      // the request asked for them
   bool alternatives = false;  // and for top_logprobs
-  TextOffset offset;          // completions' text_offset, across chunks
+  std::vector<TextOffset> offsets;          // completions' text_offset per choice, across chunks
+  std::vector<lazyattn::v1::Final> finals;  // each choice's end, for the usage
   absl::Time deadline;
   std::shared_ptr<const std::atomic<bool>> stopping;
   ClientConnection client;
-  bool started = false;  // the provider ran: it consumed the first token
   // cpp-httplib drops a provider it will not call again (the server stopped, the client went
-  // away): a call left waiting for its next write would then hold its worker stream forever.
-  ~StreamState() {
-    if (call != nullptr) call->Cancel();
-  }
+  // away): the calls go with it, so none is left holding its worker stream.
 };
 
-// Writes the whole stream in one provider call: the call blocks on its tokens anyway, and a
+// One event of choice `i`: a token's chunk, or its finish chunk. False when the client is gone.
+bool WriteEvent(StreamState& s, SseWriter& out, int i, const HttpCall::Event& e, Step step) {
+  if (step == Step::kEnd) {
+    s.finals[i] = *e.final;
+    out.Event(FinishChunkJson(s.meta, i, *e.final, s.include_usage));
+    return out.ok();
+  }
+  // With log probabilities every real token has a chunk, also one whose text is held back.
+  const std::optional<TokenLogprob> entry = s.logprobs ? LogprobOf(e.token) : std::nullopt;
+  if (entry.has_value()) {
+    const nlohmann::json logprobs =
+        LogprobsJson(s.meta.kind, {&*entry, 1}, &s.offsets[i], s.alternatives);
+    out.Event(TextChunkJson(s.meta, i, e.token.text(), s.include_usage, &logprobs));
+  } else if (!e.token.text().empty()) {
+    out.Event(TextChunkJson(s.meta, i, e.token.text(), s.include_usage));
+  }
+  s.calls->Consumed(i, out.ok());
+  return out.ok();
+}
+
+// Writes the whole stream in one provider call: the calls block on their tokens anyway, and a
 // provider that returns without writing would be called again at once (a busy loop).
 bool WriteStream(StreamState& s, httplib::DataSink& sink) {
-  s.started = true;
   SseWriter out([&sink](const char* data, size_t size) { return sink.write(data, size); });
-  if (s.meta.kind == ApiKind::kChat) out.Event(RoleChunkJson(s.meta, s.include_usage));
-  HttpCall::Event e = std::move(s.first);
+  const int n = s.calls->size();
+  if (s.meta.kind == ApiKind::kChat) {
+    for (int i = 0; i < n; ++i) out.Event(RoleChunkJson(s.meta, i, s.include_usage));
+  }
   Step step = Step::kToken;
-  while (step == Step::kToken) {
-    // Before every token, the first one included (the shutdown may have begun while the
-    // response's head was written).
-    if (s.stopping->load()) {
-      // Not written: released so that the call can end, which also cancels its worker call.
-      s.call->Consumed(false);
+  // The first events, in choice order. The shutdown is checked before every token, the first
+  // ones included (it may have begun while the response's head was written).
+  for (int i = 0; i < n; ++i) {
+    const HttpCall::Event& e = s.firsts[i];
+    const Step kind = e.final.has_value() ? Step::kEnd : Step::kToken;
+    if (kind == Step::kToken && s.stopping->load()) {
       step = Step::kStopping;
       break;
     }
-    // With log probabilities every real token has a chunk, also one whose text is held back.
-    const std::optional<TokenLogprob> entry = s.logprobs ? LogprobOf(e.token) : std::nullopt;
-    if (entry.has_value()) {
-      const nlohmann::json logprobs =
-          LogprobsJson(s.meta.kind, {&*entry, 1}, &s.offset, s.alternatives);
-      out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage, &logprobs));
-    } else if (!e.token.text().empty()) {
-      out.Event(TextChunkJson(s.meta, e.token.text(), s.include_usage));
-    }
-    s.call->Consumed(out.ok());
-    if (!out.ok()) return false;  // the client is gone; the call cancels its worker stream
-    step = NextStep(*s.call, &e, s.deadline, *s.stopping, s.client);
+    if (!WriteEvent(s, out, i, e, kind)) return false;  // the client is gone
   }
-  if (step != Step::kEnd) {
-    s.call->Cancel();
+  s.firsts.clear();
+  HttpCall::Event e;
+  while (step != Step::kStopping && !s.calls->AllEnded()) {
+    int i = 0;
+    step = NextStep(*s.calls, &i, &e, s.deadline, *s.stopping, s.client);
+    if (step != Step::kToken && step != Step::kEnd) break;
+    if (step == Step::kEnd && !EndStatus(e).ok()) {
+      // A choice failed after the stream began: the others are given up on too.
+      s.calls->CancelAll();
+      const grpc::Status status = EndStatus(e);
+      LogStreamError(status);
+      out.Event(ErrorBodyOf(status));
+      sink.done();
+      return true;
+    }
+    // Before every token: a stream whose tokens keep coming never waits a whole slice.
+    if (step == Step::kToken && s.stopping->load()) {
+      step = Step::kStopping;
+      break;
+    }
+    if (!WriteEvent(s, out, i, e, step)) return false;  // the calls cancel their worker streams
+  }
+  if (!s.calls->AllEnded()) {
+    // Not written: released so that the calls can end, which also cancels their worker calls.
+    s.calls->CancelAll();
     if (step == Step::kClientGone) return false;  // nobody left to tell
     out.Event(StepErrorBody(step));
     sink.done();
@@ -188,17 +228,7 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     // hold the shutdown for up to http.keep_alive_timeout_ms.
     return step != Step::kStopping;
   }
-  if (!e.status.ok() || !e.final.has_value()) {
-    const grpc::Status status =
-        e.status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the call ended without a result")
-                      : e.status;
-    LogStreamError(status);
-    out.Event(ErrorBodyOf(status));
-    sink.done();
-    return true;
-  }
-  out.Event(FinishChunkJson(s.meta, *e.final, s.include_usage));
-  if (s.include_usage) out.Event(UsageChunkJson(s.meta, *e.final));
+  if (s.include_usage) out.Event(UsageChunkJson(s.meta, s.finals));
   out.Done();
   sink.done();
   return out.ok();
@@ -253,86 +283,83 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   if (model_name.empty() && model->has_value()) model_name = (*model)->id;
   ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
   const absl::Time deadline = absl::Now() + options.request_timeout;
-  // The request moves to the call.
   const bool logprobs = parsed->request.sampling().logprobs();
   const bool alternatives = parsed->request.sampling().top_logprobs() > 0;
-  auto call = HttpCall::Start(router, key_limiter, key_name, std::move(parsed->request),
-                              absl::ToChronoTime(deadline), parsed->stream, std::move(live));
-  if (!call.ok()) {
-    grpc::Status status = ToGrpcStatus(call.status());
+  auto started = ChoiceCalls::Start(router, key_limiter, key_name, parsed->request, parsed->choices,
+                                    deadline, parsed->stream, std::move(live));
+  if (!started.ok()) {
+    grpc::Status status = ToGrpcStatus(started.status());
     SendGrpcError(response, grpc::Status(status.error_code(),
                                          ToHttpFieldNames(kind, status.error_message())));
     return;
   }
+  std::unique_ptr<ChoiceCalls> calls = std::move(*started);
+  const int n = calls->size();
   const ClientConnection client = ClientConnection::OfThisThread();
-  HttpCall::Event first;
-  const Step got = NextStep(**call, &first, deadline, *stopping, client);
-  if (got != Step::kToken && got != Step::kEnd) {
-    (*call)->Cancel();
-    if (got == Step::kStopping) {
-      response.set_header("Connection", "close");
-      SendError(response, 503, kShuttingDown, "unavailable");
-    } else {
-      SendGrpcError(response, StepFailure(got));
-    }
-    return;
-  }
-  if (got == Step::kEnd) {
-    if (!first.status.ok()) {
-      SendGrpcError(response, grpc::Status(first.status.error_code(),
-                                           ToHttpFieldNames(kind, first.status.error_message())));
+  // Every choice's first event (a streamed call's first token, or any call's end). A streamed
+  // response commits to 200 only once all are known, so that a refusal of any choice (every
+  // worker failing it before its first token) is still the whole response's HTTP error.
+  std::vector<HttpCall::Event> firsts(n);
+  for (int missing = n; missing > 0; --missing) {
+    int i = 0;
+    HttpCall::Event e;
+    const Step got = NextStep(*calls, &i, &e, deadline, *stopping, client);
+    if (got != Step::kToken && got != Step::kEnd) {
+      calls->CancelAll();
+      if (got == Step::kStopping) {
+        response.set_header("Connection", "close");
+        SendError(response, 503, kShuttingDown, "unavailable");
+      } else {
+        SendGrpcError(response, StepFailure(got));
+      }
       return;
     }
-    if (!parsed->stream) {
-      std::optional<nlohmann::json> choice_logprobs;
+    if (got == Step::kEnd && !EndStatus(e).ok()) {
+      calls->CancelAll();
+      const grpc::Status status = EndStatus(e);
+      SendGrpcError(response, grpc::Status(status.error_code(),
+                                           ToHttpFieldNames(kind, status.error_message())));
+      return;
+    }
+    firsts[i] = std::move(e);
+  }
+  if (!parsed->stream) {
+    // Not streaming: every first event is its choice's end.
+    std::vector<std::optional<nlohmann::json>> choice_logprobs(n);
+    std::vector<ChoiceResult> results(n);
+    for (int i = 0; i < n; ++i) {
       if (logprobs) {
         TextOffset offset;
-        choice_logprobs = LogprobsJson(kind, first.logprobs, &offset, alternatives);
+        choice_logprobs[i] = LogprobsJson(kind, firsts[i].logprobs, &offset, alternatives);
       }
-      response.set_content(CompletionJson(meta, first.final->text(), *first.final,
-                                          choice_logprobs ? &*choice_logprobs : nullptr),
-                           "application/json");
-      return;
+      results[i] =
+          ChoiceResult{&*firsts[i].final, choice_logprobs[i] ? &*choice_logprobs[i] : nullptr};
     }
+    response.set_content(CompletionJson(meta, results), "application/json");
+    return;
   }
-  // Streaming, and the first token (or an empty successful end) is known: commit to 200.
+  // Streaming, and every choice's first token (or successful end) is known: commit to 200.
   auto state = std::make_shared<StreamState>();
-  state->call = std::move(*call);
-  state->first = std::move(first);
+  state->calls = std::move(calls);
+  state->firsts = std::move(firsts);
   state->meta = std::move(meta);
   state->include_usage = parsed->include_usage;
   state->logprobs = logprobs;
   state->alternatives = alternatives;
+  state->offsets.resize(n);
+  state->finals.resize(n);
   state->deadline = deadline;
   state->stopping = std::move(stopping);
   state->client = client;
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");
-  if (got == Step::kEnd) {
-    // Ended before any token (e.g. max_tokens reached by a held-back stop): no deltas to send.
-    response.set_chunked_content_provider(
-        "text/event-stream", [state](size_t, httplib::DataSink& sink) {
-          SseWriter out([&sink](const char* d, size_t n) { return sink.write(d, n); });
-          if (state->meta.kind == ApiKind::kChat) {
-            out.Event(RoleChunkJson(state->meta, state->include_usage));
-          }
-          out.Event(FinishChunkJson(state->meta, *state->first.final, state->include_usage));
-          if (state->include_usage) out.Event(UsageChunkJson(state->meta, *state->first.final));
-          out.Done();
-          sink.done();
-          return out.ok();
-        });
-    return;
-  }
   response.set_chunked_content_provider(
       "text/event-stream",
       [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); },
       [state](bool success) {
-        // The connection failed. Before the provider ran, the first token is still unconsumed
-        // (the call waits for it); after, WriteStream already released it.
-        if (success) return;
-        if (!state->started) state->call->Consumed(false);
-        state->call->Cancel();
+        // The connection failed: the tokens taken and not written are released, and the worker
+        // calls cancelled.
+        if (!success) state->calls->CancelAll();
       });
 }
 

@@ -290,5 +290,24 @@ TEST_F(FrontParityTest, EveryRefusalBeforeForwardingIsTheSameOnBothFronts) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// Each of a request's `n` choices takes a place under the key's cap and the router's limit: more
+// choices than places are refused (429) naming the choice that met the cap, and the places of
+// the choices already started are given back.
+TEST_F(FrontParityTest, ChoicesBeyondTheInFlightCapsAreRefused) {
+  const std::string two = R"({"messages": [{"role": "user", "content": "What is it?"}],
+                             "max_tokens": 4, "n": 2})";
+  const Refusal capped = Http(kCapped, two);
+  EXPECT_EQ(capped.status, 429);
+  EXPECT_THAT(capped.message, HasSubstr("n: choice 2 of 2 refused"));
+  EXPECT_THAT(capped.message, HasSubstr("API key \"capped\""));
+  EXPECT_EQ(capped.param, "n");
+  WaitForFreeSlot();
+  const Refusal busy = Http(kDemo, two);
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_THAT(busy.message, HasSubstr("limits.max_inflight_requests"));
+  WaitForFreeSlot();
+  EXPECT_EQ(Http(kCapped, Body()).status, 200);
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -29,6 +29,22 @@ bool LiveCalls::WaitForZero(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n == 0; }, &count_), timeout);
 }
 
+void ReadySignal::Notify() {
+  absl::MutexLock lock(&mu_);
+  ++generation_;
+}
+
+uint64_t ReadySignal::generation() {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+void ReadySignal::WaitForChange(uint64_t seen, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ != seen; };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+}
+
 int LiveCalls::count() {
   absl::MutexLock lock(&mu_);
   return count_;
@@ -39,7 +55,7 @@ HttpCall::~HttpCall() = default;
 absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
     RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
     GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream,
-    std::shared_ptr<LiveCalls> live) {
+    std::shared_ptr<LiveCalls> live, std::shared_ptr<ReadySignal> ready) {
   // The gRPC API's own admission (admission.h); its refusals are already counted.
   AdmissionTicket ticket;
   if (grpc::Status s = AdmitRequest(router, key_limiter, key_name, request, &ticket); !s.ok()) {
@@ -54,6 +70,7 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
                                    if (live != nullptr) live->Remove();
                                  });
   call->admission_ = std::move(ticket);
+  call->ready_ = std::move(ready);
   call->self_ = call;
   call->Begin();
   return call;
@@ -88,6 +105,7 @@ void HttpCall::DeliverToken(const GenerateResponse& token) {
     absl::MutexLock lock(&mu_);
     if (!abandoned_) {
       pending_ = token.token();
+      if (ready_ != nullptr) ready_->Notify();
       return;
     }
   }
@@ -124,6 +142,7 @@ void HttpCall::DeliverEnd(const grpc::Status& status, const Final* final) {
   if (status.ok() && final != nullptr) {
     final_ = *final;
   }
+  if (ready_ != nullptr) ready_->Notify();
 }
 
 }  // namespace lazyattn::router

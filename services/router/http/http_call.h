@@ -19,6 +19,7 @@
 #define LAZYATTN_SERVICES_ROUTER_HTTP_HTTP_CALL_H_
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,21 @@ class LiveCalls {
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Wakes a handler that waits on several calls at once (the choices of one request with n > 1,
+// choice_calls.h): every call sharing the signal bumps its generation when it has a token or its
+// end ready, so a waiter that read the generation before polling the calls misses no event.
+class ReadySignal {
+ public:
+  void Notify();
+  uint64_t generation();
+  // Waits until the generation differs from `seen`, at most `timeout`.
+  void WaitForChange(uint64_t seen, absl::Duration timeout);
+
+ private:
+  absl::Mutex mu_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class HttpCall final : public ForwardingCall {
  public:
   struct Event {
@@ -68,14 +84,16 @@ class HttpCall final : public ForwardingCall {
   // model's document limit, the API key's in-flight cap, the router's in-flight limit;
   // `key_limiter` null: no API keys; `key_name` from CheckApiKey) and starts it; the refusal
   // otherwise (counted in the router's request metrics). `live` (may be null) counts the call
-  // until it is destroyed.
+  // until it is destroyed; `ready` (may be null) is notified whenever an event becomes ready.
   static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
       lazyattn::v1::GenerateRequest request, std::chrono::system_clock::time_point deadline,
-      bool stream, std::shared_ptr<LiveCalls> live = nullptr);
+      bool stream, std::shared_ptr<LiveCalls> live = nullptr,
+      std::shared_ptr<ReadySignal> ready = nullptr);
   ~HttpCall() override;
 
-  // Waits for the next event, at most `timeout`; the event's kind. After kEnd, returns kEnd again.
+  // Waits for the next event, at most `timeout` (zero: a poll); the event's kind. After kEnd,
+  // returns kEnd again.
   Event::Kind Next(Event* event, absl::Duration timeout = absl::InfiniteDuration());
   // The last token was written to the client (ok) or could not be (the client is gone).
   void Consumed(bool ok) { ClientWriteDone(ok); }
@@ -97,6 +115,7 @@ class HttpCall final : public ForwardingCall {
   const bool stream_;
   // The call's places under its key's in-flight cap and the router's limit, given back with it.
   AdmissionTicket admission_;
+  std::shared_ptr<ReadySignal> ready_;  // may be null
   std::shared_ptr<HttpCall> self_;  // set by Start, dropped by DeliverEnd
 
   absl::Mutex mu_;

@@ -11,6 +11,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -380,6 +381,95 @@ TEST_F(HttpServerTest, ShutdownLetsAStreamFinishWithinTheGraceAndWaitsForItsCall
   EXPECT_EQ(http_->live_calls(), 0);
   EXPECT_NE(reply.find(" world"), std::string::npos) << reply;
   EXPECT_NE(reply.find("[DONE]"), std::string::npos) << reply;
+}
+
+// OpenAI's `n`: each choice is its own worker call with seed + i, and comes back as choice i,
+// whole (one object per choice, the prompt counted once in the usage) and streamed (chunks of
+// the choices interleaved, each choice with its own role and finish chunks, one usage chunk).
+TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed) {
+  FakeWorker::Script script;
+  script.tokens = {"Hel", "lo"};
+  script.tokens_name_the_seed = true;
+  script.token_interval = absl::Milliseconds(20);  // the choices' tokens interleave
+  worker_.SetScript(script);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  auto text_of = [](uint64_t seed) { return absl::StrCat("Hel#", seed, "lo#", seed); };
+
+  auto whole = JsonOf(Post("/v1/chat/completions", R"({"messages": [{"role": "user",
+      "content": "Hi?"}], "n": 3, "seed": 7, "logprobs": true})"));
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(whole[0]["choices"].size(), 3u) << whole[0].dump();
+  for (int i = 0; i < 3; ++i) {
+    const auto& choice = whole[0]["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["message"]["content"], text_of(7 + i));
+    EXPECT_EQ(choice["logprobs"]["content"].size(), 2u);
+    EXPECT_EQ(choice["lazyattn"]["documents"], 0);
+  }
+  EXPECT_EQ(whole[0]["usage"]["completion_tokens"], 6);
+  std::vector<uint64_t> seeds;
+  for (const auto& request : worker_.requests()) seeds.push_back(request.sampling().seed());
+  std::sort(seeds.begin(), seeds.end());
+  EXPECT_EQ(seeds, (std::vector<uint64_t>{7, 8, 9}));
+
+  const std::string reply = Post("/v1/completions", R"({"prompt": "Hi?", "n": 3, "seed": 7,
+      "stream": true, "stream_options": {"include_usage": true}})");
+  std::vector<std::string> texts(3);
+  std::vector<int> finishes(3);
+  int usage_chunks = 0;
+  for (const auto& chunk : JsonOf(reply)) {
+    if (chunk["choices"].empty()) {
+      ++usage_chunks;
+      EXPECT_EQ(chunk["usage"]["completion_tokens"], 6);
+      continue;
+    }
+    const int i = chunk["choices"][0]["index"];
+    ASSERT_TRUE(i >= 0 && i < 3) << chunk.dump();
+    texts[i] += chunk["choices"][0]["text"];
+    if (!chunk["choices"][0]["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(texts[i], text_of(7 + i));
+  EXPECT_EQ(finishes, (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(usage_chunks, 1);
+  EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);
+
+  // Chat streams open every choice with its role; unseeded choices send no seed.
+  std::vector<int> roles(2);
+  for (const auto& chunk : JsonOf(Post("/v1/chat/completions", R"({"messages": [{"role": "user",
+      "content": "Hi?"}], "n": 2, "stream": true})"))) {
+    const auto& choice = chunk["choices"][0];
+    if (choice["delta"].contains("role")) ++roles[choice["index"].get<int>()];
+  }
+  EXPECT_EQ(roles, (std::vector<int>{1, 1}));
+  EXPECT_FALSE(worker_.last_request().sampling().has_seed());
+}
+
+// A choice that fails fails the whole response: before the stream began, with the error's HTTP
+// status; after, with the stream's error event and no [DONE].
+TEST_F(HttpServerTest, AFailingChoiceFailsTheWholeResponse) {
+  FakeWorker::Script script;
+  script.fail_before_first_token = grpc::StatusCode::INVALID_ARGUMENT;
+  worker_.SetScript(script);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi?"}], "n": 2)";
+  std::string reply = Post("/v1/chat/completions", chat + R"(, "stream": true})");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  reply = Post("/v1/chat/completions", chat + "}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+
+  script = FakeWorker::Script();
+  script.fail_after_tokens = 1;
+  worker_.SetScript(script);
+  reply = Post("/v1/chat/completions", chat + R"(, "stream": true})");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  const auto chunks = JsonOf(reply);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_TRUE(chunks.back().contains("error")) << reply;
+  EXPECT_EQ(reply.find("data: [DONE]"), std::string::npos) << reply;
+  reply = Post("/v1/chat/completions", chat + "}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
 }
 
 }  // namespace

@@ -86,9 +86,10 @@ class PacedWorker final : public lazyattn::v1::Worker::Service {
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return calls_ >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   }
-  bool WaitForCancellation(absl::Duration timeout) {
+  // Waits until `n` calls saw their cancellation.
+  bool WaitForCancellation(absl::Duration timeout, int n = 1) {
     absl::MutexLock lock(&mu_);
-    auto seen = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancellations_ > 0; };
+    auto seen = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancellations_ >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
   }
 
@@ -216,10 +217,11 @@ class Client {
 };
 
 // Keep-alive, as SDK clients are: the server decides when the connection closes.
-std::string CompletionRequest(bool stream, int max_tokens = 4000) {
-  const std::string body =
-      absl::StrCat(R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": )",
-                   max_tokens, R"(, "stream": )", stream ? "true" : "false", "}");
+// `choices`: OpenAI's `n`.
+std::string CompletionRequest(bool stream, int max_tokens = 4000, int choices = 1) {
+  const std::string body = absl::StrCat(
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": )", max_tokens,
+      R"(, "stream": )", stream ? "true" : "false", R"(, "n": )", choices, "}");
   return absl::StrCat(
       "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
       "Content-Length: ",
@@ -286,11 +288,11 @@ class HttpStreamLifecycleTest : public ::testing::TestWithParam<bool> {
     ASSERT_EQ(http_->tls(), tls());
   }
 
-  // The one request so far ended as the client's cancellation: its worker call cancelled, counted
-  // as `cancelled` (not against the worker), and no call left live.
-  void ExpectEndedByItsClient(PacedWorker& worker) {
-    EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
-    EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 1; }, kBound))
+  // The one request so far ended as the client's cancellation: its worker calls (one per choice)
+  // cancelled, counted as `cancelled` (not against the worker), and no call left live.
+  void ExpectEndedByItsClient(PacedWorker& worker, int choices = 1) {
+    EXPECT_TRUE(worker.WaitForCancellation(kBound, choices)) << "a worker call was not cancelled";
+    EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == choices; }, kBound))
         << RequestsEnded("cancelled");
     EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
   }
@@ -430,6 +432,39 @@ TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsItsStreamMidTokens) {
         << reply;
   }  // hangs up
   ExpectEndedByItsClient(worker);
+}
+
+// With several choices (OpenAI's `n`) every choice's worker call is cancelled, streamed or not.
+TEST_P(HttpStreamLifecycleTest, AClientThatHangsUpCancelsEveryChoice) {
+  ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
+  PacedWorker& worker = *worker_;
+  {
+    Client client(http_->port(), tls());
+    ASSERT_TRUE(client.connected());
+    ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/true, 4000, /*choices=*/3)));
+    std::string reply;
+    // Every choice streams: its tokens come in chunks naming its index.
+    ASSERT_TRUE(client.ReadUntil(
+        &reply,
+        [](const std::string& r) {
+          return Count(r, R"("index":0)") >= 5 && Count(r, R"("index":1)") >= 5 &&
+                 Count(r, R"("index":2)") >= 5;
+        },
+        kBound))
+        << reply;
+  }  // hangs up
+  ExpectEndedByItsClient(worker, 3);
+
+  {
+    Client client(http_->port(), tls());
+    ASSERT_TRUE(client.connected());
+    ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/false, 4000, /*choices=*/2)));
+    ASSERT_TRUE(worker.WaitForCalls(5, kBound));
+    ASSERT_TRUE(worker.WaitForTokens(200, kBound));
+  }  // hangs up
+  EXPECT_TRUE(worker.WaitForCancellation(kBound, 5)) << "a worker call was not cancelled";
+  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("cancelled") == 5; }, kBound));
+  EXPECT_TRUE(WaitFor([&] { return http_->live_calls() == 0; }, kBound));
 }
 
 // A client that sends a streaming request and then never reads: once the sockets' buffers are

@@ -307,9 +307,9 @@ json Envelope(const ResponseMeta& meta, bool chunk) {
   return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
 }
 
-json ChunkChoice(const ResponseMeta& meta, const std::string* text, bool role,
+json ChunkChoice(const ResponseMeta& meta, int index, const std::string* text, bool role,
                  const char* finish_reason, const json* logprobs = nullptr) {
-  json choice = {{"index", 0}, {"logprobs", logprobs != nullptr ? *logprobs : json(nullptr)}};
+  json choice = {{"index", index}, {"logprobs", logprobs != nullptr ? *logprobs : json(nullptr)}};
   if (meta.kind == ApiKind::kChat) {
     json delta = json::object();
     if (role) delta["role"] = "assistant";
@@ -353,7 +353,10 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   out.unknown_fields = UnknownFields(kind, body);
   if (const json* n = Field(body, "n")) {
     ASSIGN_OR_RETURN(const int64_t choices, IntegerOf(*n, "n"));
-    if (choices != 1) return Invalid("n", absl::StrCat("only 1 choice is supported, got ", choices));
+    if (choices < 1 || choices > kMaxChoices) {
+      return Invalid("n", absl::StrCat("expected 1 to ", kMaxChoices, ", got ", choices));
+    }
+    out.choices = static_cast<int>(choices);
   }
   if (const json* user = Field(body, "user")) {
     RETURN_IF_ERROR(StringOf(*user, "user").status());
@@ -405,52 +408,72 @@ const char* OpenAiFinishReason(std::string_view worker_reason) {
   return worker_reason == "length" ? "length" : "stop";
 }
 
-std::string CompletionJson(const ResponseMeta& meta, const std::string& text, const Final& final,
-                           const json* logprobs) {
-  json choice = {{"index", 0},
-                 {"logprobs", logprobs != nullptr ? *logprobs : json(nullptr)},
-                 {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
-  if (meta.kind == ApiKind::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+lazyattn::v1::Usage CombinedUsage(std::span<const Final> finals) {
+  lazyattn::v1::Usage usage;
+  if (finals.empty()) return usage;
+  usage = finals.front().usage();
+  for (const Final& f : finals.subspan(1)) {
+    usage.set_completion_tokens(usage.completion_tokens() + f.usage().completion_tokens());
+  }
+  return usage;
+}
+
+std::string CompletionJson(const ResponseMeta& meta, std::span<const ChoiceResult> choices) {
+  json list = json::array();
+  std::vector<Final> finals;
+  finals.reserve(choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Final& final = *choices[i].final;
+    finals.push_back(final);
+    json choice = {
+        {"index", i},
+        {"logprobs", choices[i].logprobs != nullptr ? *choices[i].logprobs : json(nullptr)},
+        {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
+    if (meta.kind == ApiKind::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", final.text()}};
+    } else {
+      choice["text"] = final.text();
+    }
+    if (choices.size() > 1) choice["lazyattn"] = ExtensionJson(final);
+    list.push_back(std::move(choice));
   }
   json j = Envelope(meta, /*chunk=*/false);
-  j["choices"] = json::array({std::move(choice)});
-  j["usage"] = UsageJson(final.usage());
+  j["choices"] = std::move(list);
+  j["usage"] = UsageJson(CombinedUsage(finals));
+  if (!finals.empty()) j["lazyattn"] = ExtensionJson(finals.front());
+  return Dump(j);
+}
+
+std::string RoleChunkJson(const ResponseMeta& meta, int choice, bool include_usage) {
+  json j = Envelope(meta, true);
+  j["choices"] = json::array({ChunkChoice(meta, choice, nullptr, /*role=*/true, nullptr)});
+  if (include_usage) j["usage"] = nullptr;
+  return Dump(j);
+}
+
+std::string TextChunkJson(const ResponseMeta& meta, int choice, const std::string& text,
+                          bool include_usage, const json* logprobs) {
+  json j = Envelope(meta, true);
+  j["choices"] = json::array({ChunkChoice(meta, choice, &text, false, nullptr, logprobs)});
+  if (include_usage) j["usage"] = nullptr;
+  return Dump(j);
+}
+
+std::string FinishChunkJson(const ResponseMeta& meta, int choice, const Final& final,
+                            bool include_usage) {
+  json j = Envelope(meta, true);
+  json c = ChunkChoice(meta, choice, nullptr, false, OpenAiFinishReason(final.finish_reason()));
+  if (meta.kind == ApiKind::kCompletion) c["text"] = "";
+  j["choices"] = json::array({std::move(c)});
+  if (include_usage) j["usage"] = nullptr;
   j["lazyattn"] = ExtensionJson(final);
   return Dump(j);
 }
 
-std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage) {
-  json j = Envelope(meta, true);
-  j["choices"] = json::array({ChunkChoice(meta, nullptr, /*role=*/true, nullptr)});
-  if (include_usage) j["usage"] = nullptr;
-  return Dump(j);
-}
-
-std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage,
-                          const json* logprobs) {
-  json j = Envelope(meta, true);
-  j["choices"] = json::array({ChunkChoice(meta, &text, false, nullptr, logprobs)});
-  if (include_usage) j["usage"] = nullptr;
-  return Dump(j);
-}
-
-std::string FinishChunkJson(const ResponseMeta& meta, const Final& final, bool include_usage) {
-  json j = Envelope(meta, true);
-  json choice = ChunkChoice(meta, nullptr, false, OpenAiFinishReason(final.finish_reason()));
-  if (meta.kind == ApiKind::kCompletion) choice["text"] = "";
-  j["choices"] = json::array({std::move(choice)});
-  if (include_usage) j["usage"] = nullptr;
-  j["lazyattn"] = ExtensionJson(final);
-  return Dump(j);
-}
-
-std::string UsageChunkJson(const ResponseMeta& meta, const Final& final) {
+std::string UsageChunkJson(const ResponseMeta& meta, std::span<const Final> finals) {
   json j = Envelope(meta, true);
   j["choices"] = json::array();
-  j["usage"] = UsageJson(final.usage());
+  j["usage"] = UsageJson(CombinedUsage(finals));
   return Dump(j);
 }
 

@@ -4,11 +4,11 @@
 // the model's chat template; documents open the last user turn), /v1/completions bodies one with
 // `question` = prompt and no template. Fields read: model, messages, prompt, max_tokens,
 // max_completion_tokens (wins over max_tokens), temperature (default 1, as OpenAI's), top_p, seed,
-// stop (string or list), n (1 only), presence_penalty, frequency_penalty, user (ignored), stream,
-// stream_options.include_usage; the extensions documents [{"id", "text"}], cache_mode ("lazy",
-// "block", "prefix", "full"), top_k, min_p and repetition_penalty. OpenAI fields the router does
-// not implement are refused when set to a value that would change the answer, and other fields
-// are accepted and listed in `unknown_fields` (openai_fields.h). Errors: InvalidArgument
+// stop (string or list), n (1 to kMaxChoices), presence_penalty, frequency_penalty, user (ignored),
+// stream, stream_options.include_usage; the extensions documents [{"id", "text"}], cache_mode
+// ("lazy", "block", "prefix", "full"), top_k, min_p and repetition_penalty. OpenAI fields the
+// router does not implement are refused when set to a value that would change the answer, and other
+// fields are accepted and listed in `unknown_fields` (openai_fields.h). Errors: InvalidArgument
 // "<field>: <what was expected>, got <what came>" with the JSON field's name; what came is quoted
 // by QuoteForMessage (a string cut short, a structure by its type).
 // Ranges the gRPC API also checks (max_tokens limit, temperature range, ...) are left to the
@@ -22,6 +22,7 @@
 #define LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,8 +39,14 @@ struct OpenAiRequest {
   std::string model;  // as sent; empty when absent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // OpenAI's `n`: how many completions of the prompt to return (choice_calls.h runs them).
+  int choices = 1;
   std::vector<std::string> unknown_fields;  // accepted, not read (UnknownFields)
 };
+
+// The largest `n`, as OpenAI's API bounds it. Each choice is its own call on the routing path and
+// is admitted as one (the key's in-flight cap, the router's limit), so those bound the load.
+inline constexpr int kMaxChoices = 128;
 
 // Nesting deeper than this is refused (the body is parsed before any field is read).
 inline constexpr int kMaxJsonDepth = 64;
@@ -61,21 +68,31 @@ struct ResponseMeta {
 // OpenAI's finish_reason for the worker's ("stop", "length"; anything else is "stop").
 const char* OpenAiFinishReason(std::string_view worker_reason);
 
-// The whole response (stream: false). `logprobs`: the choice's "logprobs" (openai_logprobs.h);
-// null when not asked for.
-std::string CompletionJson(const ResponseMeta& meta, const std::string& text,
-                           const lazyattn::v1::Final& final,
-                           const nlohmann::json* logprobs = nullptr);
-// Stream chunks. The first chunk of a chat stream carries the assistant role; every chunk carries
-// "usage": null when the client asked for usage (as OpenAI streams do); the last chunk of the
-// choice has its finish_reason and the "lazyattn" extension; with include_usage a chunk with no
-// choices and the usage follows it.
-std::string RoleChunkJson(const ResponseMeta& meta, bool include_usage);
-std::string TextChunkJson(const ResponseMeta& meta, const std::string& text, bool include_usage,
-                          const nlohmann::json* logprobs = nullptr);
-std::string FinishChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final,
+// One choice of a whole response: its worker's end (text, finish reason, usage) and its
+// "logprobs" (openai_logprobs.h), null when not asked for.
+struct ChoiceResult {
+  const lazyattn::v1::Final* final = nullptr;
+  const nlohmann::json* logprobs = nullptr;
+};
+
+// The usage of a response with these choices' ends: the prompt (and its cached tokens) counted
+// once, from the first choice, as OpenAI bills `n`; the completion tokens of all of them.
+lazyattn::v1::Usage CombinedUsage(std::span<const lazyattn::v1::Final> finals);
+
+// The whole response (stream: false), choice i with index i. The top-level "lazyattn" extension
+// is the first choice's; with several choices each also carries its own.
+std::string CompletionJson(const ResponseMeta& meta, std::span<const ChoiceResult> choices);
+// Stream chunks, each for the choice with index `choice`. The first chunk of a chat choice
+// carries the assistant role; every chunk carries "usage": null when the client asked for usage
+// (as OpenAI streams do); the last chunk of a choice has its finish_reason and its "lazyattn"
+// extension; with include_usage, a chunk with no choices and the usage (CombinedUsage) ends the
+// stream.
+std::string RoleChunkJson(const ResponseMeta& meta, int choice, bool include_usage);
+std::string TextChunkJson(const ResponseMeta& meta, int choice, const std::string& text,
+                          bool include_usage, const nlohmann::json* logprobs = nullptr);
+std::string FinishChunkJson(const ResponseMeta& meta, int choice, const lazyattn::v1::Final& final,
                             bool include_usage);
-std::string UsageChunkJson(const ResponseMeta& meta, const lazyattn::v1::Final& final);
+std::string UsageChunkJson(const ResponseMeta& meta, std::span<const lazyattn::v1::Final> finals);
 
 // GET /v1/models: the served model (its ModelInfo.name), or an empty list.
 std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created);

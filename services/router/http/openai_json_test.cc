@@ -163,7 +163,11 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
   EXPECT_EQ(
       ErrorOf(chat, R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
       "messages[0].content[0].type: only text parts are supported, got \"image_url\"");
-  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": 2})"), "n: only 1 choice is supported, got 2");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": 0})"), "n: expected 1 to 128, got 0");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": 129})"), "n: expected 1 to 128, got 129");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": -1})"), "n: expected 1 to 128, got -1");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": 1.5})"), "n: expected an integer, got 1.5");
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "n": "2"})"), "n: expected an integer, got string");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": 0})"),
             "max_tokens: must be at least 1, got 0");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "max_tokens": 2.5})"),
@@ -412,7 +416,10 @@ v1::Final SampleFinal() {
 
 TEST(OpenAiJsonTest, ChatCompletionObject) {
   const ResponseMeta meta{ApiKind::kChat, "chatcmpl-1", 1700000000, "smol"};
-  const json j = json::parse(CompletionJson(meta, "Hello", SampleFinal()));
+  v1::Final final = SampleFinal();
+  final.set_text("Hello");
+  const ChoiceResult one{&final};
+  const json j = json::parse(CompletionJson(meta, {&one, 1}));
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"], "chatcmpl-1");
   EXPECT_EQ(j["created"], 1700000000);
@@ -426,27 +433,64 @@ TEST(OpenAiJsonTest, ChatCompletionObject) {
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 6);
   EXPECT_EQ(j["lazyattn"]["documents_hit"], 1);
   EXPECT_EQ(j["lazyattn"]["worker"], "worker-1");
+  EXPECT_FALSE(j["choices"][0].contains("lazyattn"));  // one choice: the top level's only
+}
+
+// n > 1: one choice object each, with its index and its own extension; the prompt is counted
+// once in the usage and the completions are summed.
+TEST(OpenAiJsonTest, SeveralChoices) {
+  const ResponseMeta meta{ApiKind::kCompletion, "cmpl-1", 1, "smol"};
+  std::vector<v1::Final> finals(3, SampleFinal());
+  finals[0].set_text("a");
+  finals[1].set_text("bb");
+  finals[1].set_finish_reason("stop");
+  finals[1].mutable_usage()->set_completion_tokens(5);
+  finals[1].set_worker("worker-2");
+  finals[2].set_text("ccc");
+  const json lp = {{"tokens", json::array()}};
+  const std::vector<ChoiceResult> results = {{&finals[0]}, {&finals[1], &lp}, {&finals[2]}};
+  const json j = json::parse(CompletionJson(meta, results));
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], finals[i].text());
+  }
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][1]["logprobs"], lp);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["choices"][1]["lazyattn"]["worker"], "worker-2");
+  EXPECT_EQ(j["lazyattn"]["worker"], "worker-1");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 6);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 + 5 + 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 10 + 11);
+  const json usage = json::parse(UsageChunkJson(meta, finals));
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 11);
+  EXPECT_EQ(json::parse(TextChunkJson(meta, 2, "x", false))["choices"][0]["index"], 2);
+  EXPECT_EQ(json::parse(FinishChunkJson(meta, 1, finals[1], false))["lazyattn"]["worker"],
+            "worker-2");
 }
 
 TEST(OpenAiJsonTest, StreamChunks) {
   const ResponseMeta chat{ApiKind::kChat, "chatcmpl-1", 1, "smol"};
-  json role = json::parse(RoleChunkJson(chat, true));
+  json role = json::parse(RoleChunkJson(chat, 0, true));
   EXPECT_EQ(role["object"], "chat.completion.chunk");
   EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
   EXPECT_TRUE(role["usage"].is_null());
-  json text = json::parse(TextChunkJson(chat, "Hi", false));
+  json text = json::parse(TextChunkJson(chat, 0, "Hi", false));
   EXPECT_EQ(text["choices"][0]["delta"]["content"], "Hi");
   EXPECT_TRUE(text["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(text.contains("usage"));
-  json finish = json::parse(FinishChunkJson(chat, SampleFinal(), true));
+  json finish = json::parse(FinishChunkJson(chat, 0, SampleFinal(), true));
   EXPECT_EQ(finish["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(finish["choices"][0]["delta"].empty());
-  json usage = json::parse(UsageChunkJson(chat, SampleFinal()));
+  const v1::Final final = SampleFinal();
+  json usage = json::parse(UsageChunkJson(chat, {&final, 1}));
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 13);
 
   const ResponseMeta completion{ApiKind::kCompletion, "cmpl-1", 1, "smol"};
-  json c = json::parse(TextChunkJson(completion, "abc", false));
+  json c = json::parse(TextChunkJson(completion, 0, "abc", false));
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "abc");
 }

@@ -113,6 +113,11 @@ int FakeWorker::prefetch_calls() const {
   return prefetch_calls_;
 }
 
+std::vector<lazyattn::v1::GenerateRequest> FakeWorker::requests() const {
+  absl::MutexLock lock(&mu_);
+  return requests_;
+}
+
 lazyattn::v1::GenerateRequest FakeWorker::last_request() const {
   absl::MutexLock lock(&mu_);
   return last_request_;
@@ -155,6 +160,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     ++generate_calls_;
     last_request_ = *request;
+    requests_.push_back(*request);
     script = script_;
   }
   if (script.fail_before_first_token != grpc::StatusCode::OK) {
@@ -189,6 +195,11 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
       ++cancellations_;
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled during the prefill");
     }
+  }
+  if (script.tokens_name_the_seed) {
+    const std::string seed =
+        request->sampling().has_seed() ? absl::StrCat(request->sampling().seed()) : "-";
+    for (std::string& token : script.tokens) absl::StrAppend(&token, "#", seed);
   }
   std::string text;
   for (size_t i = 0; i < script.tokens.size(); ++i) {

@@ -75,6 +75,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // >= 0: after this many tokens, one whose text is not UTF-8 (the router cannot parse it),
     // then the call is held open until Unblock() or its cancellation.
     int unparsable_after_tokens = -1;
+    // Every token's text gets "#<the request's seed>" appended (the choices of one request told
+    // apart; "#-" for an unseeded request).
+    bool tokens_name_the_seed = false;
     // Set: the final message's text instead of the tokens' (a worker whose answer and tokens
     // disagree).
     std::optional<std::string> final_text;
@@ -106,6 +109,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int generate_calls() const;
   int prefetch_calls() const;
   lazyattn::v1::GenerateRequest last_request() const;
+  // Every Generate request received, in arrival order.
+  std::vector<lazyattn::v1::GenerateRequest> requests() const;
   // PrefillProgress events sent, over all calls.
   int progress_events() const;
   // Waits (up to `timeout`) until `n` Generate calls have arrived / a call saw its cancellation.
@@ -137,6 +142,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int cancellations_ ABSL_GUARDED_BY(mu_) = 0;
   int progress_events_ ABSL_GUARDED_BY(mu_) = 0;
   lazyattn::v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
+  std::vector<lazyattn::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {

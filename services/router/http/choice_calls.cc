@@ -1,0 +1,85 @@
+#include "services/router/http/choice_calls.h"
+
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
+
+namespace lazyattn::router {
+
+absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
+    RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
+    const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
+    std::shared_ptr<LiveCalls> live) {
+  std::unique_ptr<ChoiceCalls> calls(new ChoiceCalls());
+  calls->choices_.reserve(choices);
+  for (int i = 0; i < choices; ++i) {
+    lazyattn::v1::GenerateRequest copy = request;
+    if (copy.sampling().has_seed()) {
+      copy.mutable_sampling()->set_seed(copy.sampling().seed() + static_cast<uint64_t>(i));
+    }
+    auto call = HttpCall::Start(router, key_limiter, key_name, std::move(copy),
+                                absl::ToChronoTime(deadline), stream, live, calls->ready_);
+    if (!call.ok()) {
+      // The destructor cancels the choices already started. A later choice's refusal (a cap
+      // the earlier ones filled) says which choice met it.
+      if (i == 0) return call.status();
+      return absl::Status(call.status().code(),
+                          absl::StrCat("n: choice ", i + 1, " of ", choices,
+                                       " refused: ", call.status().message()));
+    }
+    calls->choices_.push_back(Choice{std::move(*call)});
+  }
+  return calls;
+}
+
+ChoiceCalls::~ChoiceCalls() { CancelAll(); }
+
+HttpCall::Event::Kind ChoiceCalls::Next(int* choice, HttpCall::Event* event,
+                                        absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  const int n = size();
+  while (true) {
+    // Read before polling: an event that becomes ready after its call was polled changes it.
+    const uint64_t seen = ready_->generation();
+    for (int k = 0; k < n; ++k) {
+      const int i = (next_poll_ + k) % n;
+      Choice& c = choices_[i];
+      if (c.ended || c.holding) continue;
+      const HttpCall::Event::Kind kind = c.call->Next(event, absl::ZeroDuration());
+      if (kind == HttpCall::Event::kTimeout) continue;
+      if (kind == HttpCall::Event::kToken) {
+        c.holding = true;
+      } else {
+        c.ended = true;
+        ++ended_;
+      }
+      next_poll_ = (i + 1) % n;
+      *choice = i;
+      return kind;
+    }
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return HttpCall::Event::kTimeout;
+    ready_->WaitForChange(seen, left);
+  }
+}
+
+void ChoiceCalls::Consumed(int choice, bool ok) {
+  Choice& c = choices_[choice];
+  if (!c.holding) return;
+  c.holding = false;
+  c.call->Consumed(ok);
+}
+
+void ChoiceCalls::CancelAll() {
+  for (Choice& c : choices_) {
+    // Released before the cancel, as a single call's handler does: the call is waiting for it.
+    if (c.holding) {
+      c.holding = false;
+      c.call->Consumed(false);
+    }
+    c.call->Cancel();
+  }
+}
+
+}  // namespace lazyattn::router
