@@ -2,8 +2,10 @@
 
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "services/router/server/admission.h"
 
 namespace lazyattn::router {
 
@@ -11,6 +13,30 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
     const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
     std::shared_ptr<LiveCalls> live) {
+  const int limit = router->options().max_inflight_requests;
+  if (choices > 1 && choices > limit) {
+    // No retry could be admitted: not a 429.
+    router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n: ", choices, " choices need as many places in flight; the router admits at most ", limit,
+        " (limits.max_inflight_requests)"));
+  }
+  // Every choice's places first, so that a refusal starts nothing. The request is validated
+  // once: the choices differ only in their seeds.
+  std::vector<AdmissionTicket> tickets(choices);
+  for (int i = 0; i < choices; ++i) {
+    const grpc::Status s = i == 0
+                               ? AdmitRequest(router, key_limiter, key_name, request, &tickets[0])
+                               : AdmitAnotherPlace(router, key_limiter, key_name, &tickets[i]);
+    if (s.ok()) continue;
+    // The places taken so far are given back with `tickets`. A cap that the earlier choices
+    // filled is named with the choice that met it.
+    if (choices > 1 && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("n: choice ", i + 1, " of ", choices, " refused: ", s.error_message()));
+    }
+    return FromGrpcStatus(s);
+  }
   std::unique_ptr<ChoiceCalls> calls(new ChoiceCalls());
   calls->choices_.reserve(choices);
   for (int i = 0; i < choices; ++i) {
@@ -18,17 +44,9 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     if (copy.sampling().has_seed()) {
       copy.mutable_sampling()->set_seed(copy.sampling().seed() + static_cast<uint64_t>(i));
     }
-    auto call = HttpCall::Start(router, key_limiter, key_name, std::move(copy),
-                                absl::ToChronoTime(deadline), stream, live, calls->ready_);
-    if (!call.ok()) {
-      // The destructor cancels the choices already started. A later choice's refusal (a cap
-      // the earlier ones filled) says which choice met it.
-      if (i == 0) return call.status();
-      return absl::Status(call.status().code(),
-                          absl::StrCat("n: choice ", i + 1, " of ", choices,
-                                       " refused: ", call.status().message()));
-    }
-    calls->choices_.push_back(Choice{std::move(*call)});
+    calls->choices_.push_back(
+        Choice{HttpCall::Start(std::move(tickets[i]), router, std::move(copy),
+                               absl::ToChronoTime(deadline), stream, live, calls->ready_)});
   }
   return calls;
 }

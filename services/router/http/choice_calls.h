@@ -12,8 +12,10 @@
 // cap, the router's limit), routed, failed over and counted in the metrics as one. They carry the
 // same documents, so they meet on the worker that holds them. A seeded request gives choice i the
 // seed `seed + i` (wrapping), so its choices differ and the whole response is reproducible;
-// unseeded ones each get a fresh seed from their worker. One choice refused at admission refuses
-// the whole request and cancels the choices already started.
+// unseeded ones each get a fresh seed from their worker. Every choice is admitted before any
+// starts, so a choice refused at admission refuses the whole request and nothing reaches a
+// worker; more choices than the router's in-flight limit is InvalidArgument (no retry could
+// pass).
 //
 // Not thread-safe: one thread at a time (the handler, then the stream's writer).
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_CHOICE_CALLS_H_
@@ -32,7 +34,8 @@ namespace lazyattn::router {
 
 class ChoiceCalls {
  public:
-  // Starts `choices` (>= 1) calls of `request`; the first refusal otherwise.
+  // Admits and starts `choices` (>= 1) calls of `request`; the first refusal otherwise
+  // (already counted in the router's metrics).
   static absl::StatusOr<std::unique_ptr<ChoiceCalls>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
       const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,

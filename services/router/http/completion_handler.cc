@@ -140,8 +140,9 @@ nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens, 
 // What a streamed response needs after the handler returned (the provider runs later).
 struct StreamState {
   std::unique_ptr<ChoiceCalls> calls;  // cancelled when the state goes (CancelAll)
-  // Each choice's first event, already taken: a token (held, not yet consumed) or an end.
-  std::vector<HttpCall::Event> firsts;
+  // The events taken before the response began, by choice: a token (held, not yet consumed)
+  // or an end; none for a choice that had none yet.
+  std::vector<std::optional<HttpCall::Event>> firsts;
   ResponseMeta meta;
   bool include_usage = false;
   bool logprobs = false;      // the request asked for them
@@ -184,10 +185,12 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     for (int i = 0; i < n; ++i) out.Event(RoleChunkJson(s.meta, i, s.include_usage));
   }
   Step step = Step::kToken;
-  // The first events, in choice order. The shutdown is checked before every token, the first
-  // ones included (it may have begun while the response's head was written).
+  // The events taken before the response began, in choice order. The shutdown is checked
+  // before every token, the first ones included (it may have begun while the response's head
+  // was written).
   for (int i = 0; i < n; ++i) {
-    const HttpCall::Event& e = s.firsts[i];
+    if (!s.firsts[i].has_value()) continue;
+    const HttpCall::Event& e = *s.firsts[i];
     const Step kind = e.final.has_value() ? Step::kEnd : Step::kToken;
     if (kind == Step::kToken && s.stopping->load()) {
       step = Step::kStopping;
@@ -296,11 +299,12 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   std::unique_ptr<ChoiceCalls> calls = std::move(*started);
   const int n = calls->size();
   const ClientConnection client = ClientConnection::OfThisThread();
-  // Every choice's first event (a streamed call's first token, or any call's end). A streamed
-  // response commits to 200 only once all are known, so that a refusal of any choice (every
-  // worker failing it before its first token) is still the whole response's HTTP error.
-  std::vector<HttpCall::Event> firsts(n);
-  for (int missing = n; missing > 0; --missing) {
+  // Not streaming: every choice's end. Streaming: the first event of any choice (a token, or an
+  // end), so that a request no worker serves is still refused with its HTTP status; the other
+  // choices' first tokens are not waited for, as a choice holding its first token unread would
+  // hold its worker's stream (whose buffer is bounded) while a slow sibling starts.
+  std::vector<std::optional<HttpCall::Event>> firsts(n);
+  for (int missing = n; missing > 0 && (!parsed->stream || missing == n); --missing) {
     int i = 0;
     HttpCall::Event e;
     const Step got = NextStep(*calls, &i, &e, deadline, *stopping, client);
@@ -330,15 +334,15 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     for (int i = 0; i < n; ++i) {
       if (logprobs) {
         TextOffset offset;
-        choice_logprobs[i] = LogprobsJson(kind, firsts[i].logprobs, &offset, alternatives);
+        choice_logprobs[i] = LogprobsJson(kind, firsts[i]->logprobs, &offset, alternatives);
       }
       results[i] =
-          ChoiceResult{&*firsts[i].final, choice_logprobs[i] ? &*choice_logprobs[i] : nullptr};
+          ChoiceResult{&*firsts[i]->final, choice_logprobs[i] ? &*choice_logprobs[i] : nullptr};
     }
     response.set_content(CompletionJson(meta, results), "application/json");
     return;
   }
-  // Streaming, and every choice's first token (or successful end) is known: commit to 200.
+  // Streaming, and a first token (or a successful end) is known: commit to 200.
   auto state = std::make_shared<StreamState>();
   state->calls = std::move(calls);
   state->firsts = std::move(firsts);

@@ -1,7 +1,7 @@
 // POST /v1/chat/completions and /v1/completions: JSON -> GenerateRequest (openai_json.h) -> an
 // HttpCall on the router's routing path -> one JSON response, or server-sent events.
 //
-// A streamed request is answered 200 only once its first token (or its end) is known, for each of
+// A streamed request is answered 200 only once its first token (or its end) is known, of any of
 // its choices (OpenAI's `n`, choice_calls.h): a request refused by validation, admission or every
 // worker gets its HTTP error status and JSON body, as a non-streamed one does. A failure after
 // tokens were streamed is sent as a last event `data: {"error": {...}}` (OpenAI SDKs raise it) and

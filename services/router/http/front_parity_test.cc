@@ -290,23 +290,21 @@ TEST_F(FrontParityTest, EveryRefusalBeforeForwardingIsTheSameOnBothFronts) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
-// Each of a request's `n` choices takes a place under the key's cap and the router's limit: more
-// choices than places are refused (429) naming the choice that met the cap, and the places of
-// the choices already started are given back.
-TEST_F(FrontParityTest, ChoicesBeyondTheInFlightCapsAreRefused) {
+// Each of a request's `n` choices takes a place under the router's in-flight limit (1 here), all
+// before any starts: more choices than the limit can never pass, a 400 naming `n`, and nothing
+// reaches the worker. (A key's cap met by a later choice, 429 naming it: http_api.)
+TEST_F(FrontParityTest, MoreChoicesThanTheRoutersLimitAre400BeforeAnyStarts) {
   const std::string two = R"({"messages": [{"role": "user", "content": "What is it?"}],
                              "max_tokens": 4, "n": 2})";
-  const Refusal capped = Http(kCapped, two);
-  EXPECT_EQ(capped.status, 429);
-  EXPECT_THAT(capped.message, HasSubstr("n: choice 2 of 2 refused"));
-  EXPECT_THAT(capped.message, HasSubstr("API key \"capped\""));
-  EXPECT_EQ(capped.param, "n");
+  const int calls_before = worker_.generate_calls();
+  const Refusal refused = Http(kDemo, two);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_THAT(refused.message, HasSubstr("n: 2 choices need as many places in flight"));
+  EXPECT_THAT(refused.message, HasSubstr("limits.max_inflight_requests"));
+  EXPECT_EQ(refused.param, "n");
   WaitForFreeSlot();
-  const Refusal busy = Http(kDemo, two);
-  EXPECT_EQ(busy.status, 429);
-  EXPECT_THAT(busy.message, HasSubstr("limits.max_inflight_requests"));
-  WaitForFreeSlot();
-  EXPECT_EQ(Http(kCapped, Body()).status, 200);
+  EXPECT_EQ(Http(kDemo, Body()).status, 200);
+  EXPECT_EQ(worker_.generate_calls(), calls_before + 1);  // the last request's only
 }
 
 }  // namespace

@@ -52,15 +52,11 @@ int LiveCalls::count() {
 
 HttpCall::~HttpCall() = default;
 
-absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
-    RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
-    GenerateRequest request, std::chrono::system_clock::time_point deadline, bool stream,
-    std::shared_ptr<LiveCalls> live, std::shared_ptr<ReadySignal> ready) {
-  // The gRPC API's own admission (admission.h); its refusals are already counted.
-  AdmissionTicket ticket;
-  if (grpc::Status s = AdmitRequest(router, key_limiter, key_name, request, &ticket); !s.ok()) {
-    return FromGrpcStatus(s);
-  }
+std::shared_ptr<HttpCall> HttpCall::Start(AdmissionTicket admitted, RouterContext* router,
+                                          GenerateRequest request,
+                                          std::chrono::system_clock::time_point deadline,
+                                          bool stream, std::shared_ptr<LiveCalls> live,
+                                          std::shared_ptr<ReadySignal> ready) {
   // Counted until the whole object is gone: ~ForwardingCall, which runs after ~HttpCall, still
   // uses the router.
   if (live != nullptr) live->Add();
@@ -69,7 +65,7 @@ absl::StatusOr<std::shared_ptr<HttpCall>> HttpCall::Start(
                                    delete c;
                                    if (live != nullptr) live->Remove();
                                  });
-  call->admission_ = std::move(ticket);
+  call->admission_ = std::move(admitted);
   call->ready_ = std::move(ready);
   call->self_ = call;
   call->Begin();

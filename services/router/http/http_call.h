@@ -2,7 +2,8 @@
 // that serves Inference.Generate/Complete: validation, kvdir lookup, worker choice, failover,
 // metrics) whose sink hands tokens to the HTTP handler's thread instead of a gRPC stream.
 //
-//   ASSIGN_OR_RETURN(auto call, HttpCall::Start(router, std::move(request), deadline, stream));
+//   AdmissionTicket ticket;  // AdmitRequest(...) filled it
+//   auto call = HttpCall::Start(std::move(ticket), router, std::move(request), deadline, stream);
 //   HttpCall::Event e;
 //   while (call->Next(&e) == HttpCall::Event::kToken) { write e.token ...; call->Consumed(ok); }
 //   // e.status, e.final: the end
@@ -80,16 +81,15 @@ class HttpCall final : public ForwardingCall {
     std::vector<TokenLogprob> logprobs;
   };
 
-  // Admits the request as the gRPC API does (AdmitRequest, admission.h: validation, the served
-  // model's document limit, the API key's in-flight cap, the router's in-flight limit;
-  // `key_limiter` null: no API keys; `key_name` from CheckApiKey) and starts it; the refusal
-  // otherwise (counted in the router's request metrics). `live` (may be null) counts the call
-  // until it is destroyed; `ready` (may be null) is notified whenever an event becomes ready.
-  static absl::StatusOr<std::shared_ptr<HttpCall>> Start(
-      RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
-      lazyattn::v1::GenerateRequest request, std::chrono::system_clock::time_point deadline,
-      bool stream, std::shared_ptr<LiveCalls> live = nullptr,
-      std::shared_ptr<ReadySignal> ready = nullptr);
+  // Starts a request that AdmitRequest (admission.h: validation, the served model's document
+  // limit, the API key's in-flight cap, the router's in-flight limit) admitted: `admitted` holds
+  // its places, given back when the call ends. `live` (may be null) counts the call until it is
+  // destroyed; `ready` (may be null) is notified whenever an event becomes ready.
+  static std::shared_ptr<HttpCall> Start(AdmissionTicket admitted, RouterContext* router,
+                                         lazyattn::v1::GenerateRequest request,
+                                         std::chrono::system_clock::time_point deadline,
+                                         bool stream, std::shared_ptr<LiveCalls> live = nullptr,
+                                         std::shared_ptr<ReadySignal> ready = nullptr);
   ~HttpCall() override;
 
   // Waits for the next event, at most `timeout` (zero: a poll); the event's kind. After kEnd,

@@ -417,6 +417,7 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
       "stream": true, "stream_options": {"include_usage": true}})");
   std::vector<std::string> texts(3);
   std::vector<int> finishes(3);
+  std::vector<int> order;  // the choices' indexes, chunk after chunk
   int usage_chunks = 0;
   for (const auto& chunk : JsonOf(reply)) {
     if (chunk["choices"].empty()) {
@@ -427,10 +428,13 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
     const int i = chunk["choices"][0]["index"];
     ASSERT_TRUE(i >= 0 && i < 3) << chunk.dump();
     texts[i] += chunk["choices"][0]["text"];
+    order.push_back(i);
     if (!chunk["choices"][0]["finish_reason"].is_null()) ++finishes[i];
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(texts[i], text_of(7 + i));
   EXPECT_EQ(finishes, (std::vector<int>{1, 1, 1}));
+  // Interleaved as the tokens came (20 ms apart on every choice), not one choice after another.
+  EXPECT_FALSE(std::is_sorted(order.begin(), order.end())) << ::testing::PrintToString(order);
   EXPECT_EQ(usage_chunks, 1);
   EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);
 
@@ -470,6 +474,27 @@ TEST_F(HttpServerTest, AFailingChoiceFailsTheWholeResponse) {
   EXPECT_EQ(reply.find("data: [DONE]"), std::string::npos) << reply;
   reply = Post("/v1/chat/completions", chat + "}");
   EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
+
+  // One choice of three fails while the others wait after their first token: the stream ends
+  // with the error event, and the others' worker calls are cancelled.
+  script = FakeWorker::Script();
+  script.tokens = {"a", "b", "c"};
+  script.fail_after_tokens = 1;
+  script.fail_only_seed = 8;
+  script.block_after_tokens = 1;
+  worker_.SetScript(script);
+  const std::string three = R"({"messages": [{"role": "user", "content": "Hi?"}], "n": 3,
+      "seed": 7)";
+  reply = Post("/v1/chat/completions", three + R"(, "stream": true})");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  ASSERT_FALSE(JsonOf(reply).empty()) << reply;
+  EXPECT_TRUE(JsonOf(reply).back().contains("error")) << reply;
+  EXPECT_EQ(reply.find("data: [DONE]"), std::string::npos) << reply;
+  EXPECT_TRUE(worker_.WaitForCancellation(absl::Seconds(10), 2));
+  // Not streamed, the same: the whole request fails, and the two others are cancelled too.
+  reply = Post("/v1/chat/completions", three + "}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
+  EXPECT_TRUE(worker_.WaitForCancellation(absl::Seconds(10), 4));
 }
 
 }  // namespace

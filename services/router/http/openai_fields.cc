@@ -1,5 +1,6 @@
 #include "services/router/http/openai_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <set>
@@ -59,10 +60,20 @@ absl::Status CheckCompletionOptions(const json& body) {
     if (v->get<bool>()) return NotSupported("echo", "the prompt is not echoed", *v);
   }
   if (const json* v = Field(body, "best_of")) {
-    double n = 0;
-    if (!WholeNumber(*v, &n)) return WrongType("best_of", "an integer", *v);
-    if (n < 1) return Invalid("best_of", absl::StrCat("must be at least 1, got ", v->dump()));
-    if (n > 1) return NotSupported("best_of", "one completion is sampled; only 1", *v);
+    // best_of candidates, the n most likely returned: the same as `n` alone when they are equal.
+    double choices = 1;
+    if (const json* n = Field(body, "n"); n != nullptr && !WholeNumber(*n, &choices)) {
+      choices = 1;  // `n` itself is refused when it is read
+    }
+    double best = 0;
+    if (!WholeNumber(*v, &best)) return WrongType("best_of", "an integer", *v);
+    if (best < std::max(choices, 1.0)) {
+      return Invalid("best_of", absl::StrCat("must be at least n (", std::max(choices, 1.0),
+                                             "), got ", v->dump()));
+    }
+    if (best > choices) {
+      return NotSupported("best_of", "candidates are not ranked; only best_of equal to n", *v);
+    }
   }
   if (const json* v = Field(body, "suffix")) {
     if (!v->is_string()) return WrongType("suffix", "a string", *v);

@@ -235,7 +235,10 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
        "top_logprobs: not supported (a completion counts its alternatives in logprobs: n), got 3"},
       {text, "echo", R"("echo": true)", "echo: not supported (the prompt is not echoed), got true"},
       {text, "best_of", R"("best_of": 3)",
-       "best_of: not supported (one completion is sampled; only 1), got 3"},
+       "best_of: not supported (candidates are not ranked; only best_of equal to n), got 3"},
+      {text, "best_of", R"("best_of": 3, "n": 2)",
+       "best_of: not supported (candidates are not ranked; only best_of equal to n), got 3"},
+      {text, "best_of", R"("best_of": 2, "n": 3)", "best_of: must be at least n (3), got 2"},
       {text, "suffix", R"("suffix": "}")",
        R"(suffix: not supported (no text is inserted after the completion), got "}")"},
       {chat, "logit_bias", R"("logit_bias": {"50256": -100})",
@@ -290,7 +293,7 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
        "top_logprobs: needs logprobs: true, got 3 with logprobs unset"},
       {chat, "top_logprobs", R"("logprobs": false, "top_logprobs": 3)",
        "top_logprobs: needs logprobs: true, got 3 with logprobs false"},
-      {text, "best_of", R"("best_of": 0)", "best_of: must be at least 1, got 0"},
+      {text, "best_of", R"("best_of": 0)", "best_of: must be at least n (1), got 0"},
       {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got number"},
       {chat, "tools", R"("tools": {})", "tools: expected a list, got object"},
       {chat, "response_format", R"("response_format": "json")",
@@ -325,6 +328,10 @@ TEST(OpenAiJsonTest, DefaultValuesAndHarmlessFieldsAreAccepted) {
                                   "suffix": null, "tool_choice": "auto"})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(c->unknown_fields, IsEmpty());
+  // best_of equal to n is n alone.
+  auto three = ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "n": 3, "best_of": 3})");
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->choices, 3);
 }
 
 // The chosen tokens' log probabilities and their alternatives: chat's logprobs true with

@@ -52,6 +52,15 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
                                                 model->max_documents(), " (GetModelInfo)"));
     return refuse(ToGrpcStatus(too_many));
   }
+  return AdmitAnotherPlace(router, key_limiter, key_name, ticket);
+}
+
+grpc::Status AdmitAnotherPlace(RouterContext* router, KeyLimiter* key_limiter,
+                               const std::string& key_name, AdmissionTicket* ticket) {
+  const auto refuse = [router](const grpc::Status& s) {
+    router->metrics().CountRequest(s.error_code());
+    return s;
+  };
   KeySlot slot;
   if (key_limiter != nullptr) {
     if (grpc::Status s = key_limiter->Acquire(key_name, &slot); !s.ok()) return refuse(s);

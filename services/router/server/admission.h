@@ -45,8 +45,8 @@ class AdmissionTicket {
   bool admitted() const { return router_ != nullptr; }
 
  private:
-  friend grpc::Status AdmitRequest(RouterContext*, KeyLimiter*, const std::string&,
-                                   const lazyattn::v1::GenerateRequest&, AdmissionTicket*);
+  friend grpc::Status AdmitAnotherPlace(RouterContext*, KeyLimiter*, const std::string&,
+                                        AdmissionTicket*);
   void Reset();
 
   RouterContext* router_ = nullptr;  // set: holds one of the router's in-flight places
@@ -59,6 +59,12 @@ class AdmissionTicket {
 grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
                           const std::string& key_name, const lazyattn::v1::GenerateRequest& request,
                           AdmissionTicket* ticket);
+
+// Steps 2c-2d alone: one more place for a request that AdmitRequest already admitted (another
+// choice of an HTTP request with OpenAI's `n`, services/router/http/choice_calls.h). The same
+// contract.
+grpc::Status AdmitAnotherPlace(RouterContext* router, KeyLimiter* key_limiter,
+                               const std::string& key_name, AdmissionTicket* ticket);
 
 }  // namespace lazyattn::router
 

@@ -129,9 +129,9 @@ bool FakeWorker::WaitForCalls(int n, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
 }
 
-bool FakeWorker::WaitForCancellation(absl::Duration timeout) const {
+bool FakeWorker::WaitForCancellation(absl::Duration timeout, int n) const {
   absl::MutexLock lock(&mu_);
-  auto seen = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancellations_ > 0; };
+  auto seen = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancellations_ >= n; };
   return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
 }
 
@@ -162,6 +162,11 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     last_request_ = *request;
     requests_.push_back(*request);
     script = script_;
+  }
+  if (script.fail_only_seed.has_value() &&
+      (!request->sampling().has_seed() || request->sampling().seed() != *script.fail_only_seed)) {
+    script.fail_before_first_token = grpc::StatusCode::OK;
+    script.fail_after_tokens = -1;
   }
   if (script.fail_before_first_token != grpc::StatusCode::OK) {
     return grpc::Status(script.fail_before_first_token, "scripted failure before the first token");

@@ -75,6 +75,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // >= 0: after this many tokens, one whose text is not UTF-8 (the router cannot parse it),
     // then the call is held open until Unblock() or its cancellation.
     int unparsable_after_tokens = -1;
+    // Set: the two failures above apply only to the request with this seed (one choice of an
+    // HTTP request with OpenAI's `n` failing while the others run).
+    std::optional<uint64_t> fail_only_seed;
     // Every token's text gets "#<the request's seed>" appended (the choices of one request told
     // apart; "#-" for an unseeded request).
     bool tokens_name_the_seed = false;
@@ -115,7 +118,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int progress_events() const;
   // Waits (up to `timeout`) until `n` Generate calls have arrived / a call saw its cancellation.
   bool WaitForCalls(int n, absl::Duration timeout) const;
-  bool WaitForCancellation(absl::Duration timeout) const;
+  bool WaitForCancellation(absl::Duration timeout, int n = 1) const;  // n calls saw theirs
 
   grpc::Status Generate(grpc::ServerContext* context, const lazyattn::v1::GenerateRequest* request,
                         grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) override;
