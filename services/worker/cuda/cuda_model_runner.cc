@@ -29,8 +29,13 @@ CudaModelRunner::State::~State() {
     ClearGraphs();
     cudaStreamDestroy(stream);
   }
+  if (copy_stream != nullptr) {
+    cudaStreamSynchronize(copy_stream);
+    cudaStreamDestroy(copy_stream);
+  }
   for (HostSlot& slot : slots) {
-    for (cudaEvent_t e : {slot.copied, slot.start, slot.end}) {
+    for (cudaEvent_t e :
+         {slot.copied, slot.rows_staged, slot.logits_copied, slot.start, slot.end}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
   }
@@ -112,8 +117,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   State& s = *r->state_;
   s.sm_count = info.sm_count;
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s.copy_stream, cudaStreamNonBlocking));
   for (State::HostSlot& slot : s.slots) {
-    RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    for (cudaEvent_t* e : {&slot.copied, &slot.rows_staged, &slot.logits_copied}) {
+      RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
   }
   ASSIGN_OR_RETURN(s.rope, DeviceRopeTable::Create(RopeTable(c.rope, c.max_positions)));
   ASSIGN_OR_RETURN(s.gemm, CublasLtGemm::Create());
@@ -284,6 +292,10 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Collect() {
   State::HostSlot& slot = s.slots[slot_index];
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.copied));
+  if (slot.logits_pending) {
+    slot.logits_pending = false;
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.logits_copied));
+  }
   if (slot.profiled && s.profiling) s.RecordStepProfile(slot);
   const int64_t V = config().vocab_size;
   const int64_t out_rows = static_cast<int64_t>(slot.row_logits.size());

@@ -272,6 +272,11 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
   RETURN_IF_ERROR(slot.logits.Reserve(std::max<int64_t>(logits_rows, 1) * V *
                                       static_cast<int64_t>(sizeof(float))));
+  // A device buffer no graph reads: growing it clears none (the check is above).
+  if (logits_rows > 0) {
+    RETURN_IF_ERROR(
+        slot.staged_logits.Reserve(logits_rows * V * static_cast<int64_t>(sizeof(float))));
+  }
   RETURN_IF_ERROR(slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) *
                                        static_cast<int64_t>(sizeof(uint64_t))));
   RETURN_IF_ERROR(slot.ids.Reserve(std::max<int64_t>(out_rows, 1) * 4));
@@ -346,14 +351,30 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                                                st));
         }
       }
-      // Whole rows only where they were asked for, packed in order.
+      // Whole rows only where they were asked for, packed in order: staged on the device (one
+      // copy per run of consecutive rows), then brought back on the copy stream.
       int64_t packed = 0;
-      for (int64_t r = 0; r < out_rows; ++r) {
-        if (!row_logits[r]) continue;
-        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<float>() + packed * V,
-                                             s.logits.as<float>() + r * V, V * sizeof(float),
-                                             cudaMemcpyDeviceToHost, st));
-        ++packed;
+      for (int64_t r = 0; r < out_rows;) {
+        if (!row_logits[r]) {
+          ++r;
+          continue;
+        }
+        int64_t run = 1;
+        while (r + run < out_rows && row_logits[r + run]) ++run;
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.staged_logits.as<float>() + packed * V,
+                                             s.logits.as<float>() + r * V, run * V * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, st));
+        packed += run;
+        r += run;
+      }
+      if (packed > 0) {
+        RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.rows_staged, st));
+        RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s.copy_stream, slot.rows_staged, 0));
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<void>(), slot.staged_logits.as<void>(),
+                                             packed * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                             s.copy_stream));
+        RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.logits_copied, s.copy_stream));
+        slot.logits_pending = true;
       }
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.copied, st));
@@ -363,6 +384,8 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     // Leave no launch reading buffers that may be regrown; an uncollected step before this one
     // stays collectable (its results are in its own slot).
     cudaStreamSynchronize(s.stream);
+    cudaStreamSynchronize(s.copy_stream);
+    slot.logits_pending = false;
     s.last_greedy_rows = -1;
     return status;
   }
