@@ -437,6 +437,8 @@ TEST_F(EngineCoreTest, TopLogprobsRankEachPositionAndChangeNoToken) {
 
   constexpr int kTop = 5;
   r.sampling.top_logprobs = kTop;
+  const Outcome kept = RunOne(r);  // no on_logprob: the result keeps the lists
+  ASSERT_TRUE(kept.status.ok());
   auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
   ASSERT_TRUE(p.ok());
   std::vector<std::vector<TopLogprob>> streamed;
@@ -448,7 +450,10 @@ TEST_F(EngineCoreTest, TopLogprobsRankEachPositionAndChangeNoToken) {
   core_->Add(std::move(*p));
   while (core_->HasWork()) core_->Step(absl::Now());
   ASSERT_TRUE(out.status.ok());
-  const RequestResult& res = out.result;
+  // Streamed through on_logprob, they are not kept in the result too.
+  EXPECT_TRUE(out.result.top_logprobs.empty());
+  EXPECT_EQ(out.result.token_ids, kept.result.token_ids);
+  const RequestResult& res = kept.result;
   EXPECT_EQ(res.token_ids, plain.result.token_ids);
   // The same up to rounding: the first run encoded the document, this one reuses its KV.
   ASSERT_EQ(res.logprobs.size(), plain.result.logprobs.size());

@@ -59,7 +59,9 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
     if (!logits.empty()) {
       top = TopLogprobs(logits, row, penalties, id, logprob, r.prepared.sampling.top_logprobs);
     }
-    res.top_logprobs.push_back(top);
+    // A caller that streams them (on_logprob) has them there: a long generation does not hold
+    // its lists (up to 160 bytes a token) twice.
+    if (!r.prepared.callbacks.on_logprob) res.top_logprobs.push_back(top);
   }
   res.token_ids.push_back(id);
   if (want_logprob) res.logprobs.push_back(logprob);

@@ -66,8 +66,9 @@ struct RequestResult {
   // With SamplingParams::logprobs: each token_ids entry's log-probability (kSampleLogprob's: the
   // softmax of the penalized logits at temperature 1, before truncation); else empty.
   std::vector<float> logprobs;
-  // With SamplingParams::top_logprobs = k > 0: each token_ids entry's k most likely tokens
-  // (TopLogprobs, top_logprobs.h); else empty.
+  // With SamplingParams::top_logprobs = k > 0 and no RequestCallbacks::on_logprob: each
+  // token_ids entry's k most likely tokens (TopLogprobs, top_logprobs.h); else empty (a caller
+  // with on_logprob gets each list there, so a long generation does not keep them).
   std::vector<std::vector<TopLogprob>> top_logprobs;
   std::string text;
   std::string finish_reason;       // "stop" or "length"
