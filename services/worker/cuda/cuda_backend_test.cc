@@ -591,7 +591,7 @@ void CheckPipelinedDecode(bool sampled) {
         r.sampling.top_p = 0.95f;
         r.sampling.seed = 7 + i;
         if (i == 3) r.sampling.min_p = 0.05f;
-        if (i == 1 || i == 7) {  // their rows bring logits back each step, still pipelined
+        if (i == 1 || i == 3 || i == 7) {  // their rows bring logits back each step, pipelined
           r.sampling.logprobs = true;
           r.sampling.top_logprobs = 5;
         }
@@ -600,6 +600,12 @@ void CheckPipelinedDecode(bool sampled) {
           r.sampling.frequency_penalty = 0.4f;
           r.sampling.presence_penalty = 0.3f;
         }
+      }
+      // A greedy row with alternatives too: rows 1-3 come back as one run of consecutive rows
+      // (after row 0, which does not), and the runs change as requests finish.
+      if (sampled && i == 2) {
+        r.sampling.logprobs = true;
+        r.sampling.top_logprobs = 5;
       }
       std::mt19937 rng(100 + i);
       std::vector<int> question(5 + 7 * i);
@@ -644,8 +650,9 @@ void CheckPipelinedDecode(bool sampled) {
     // The alternatives of chained steps are those of step-by-step decode; the drawn token, when
     // among them, carries exactly its own logprob.
     ASSERT_EQ(got[i].result.top_logprobs.size(), want[i].result.top_logprobs.size());
-    EXPECT_EQ(want[i].result.top_logprobs.size(),
-              sampled && (i == 1 || i == 7) ? want[i].result.token_ids.size() : 0u);
+    EXPECT_EQ(want[i].result.top_logprobs.size(), sampled && (i == 1 || i == 2 || i == 3 || i == 7)
+                                                      ? want[i].result.token_ids.size()
+                                                      : 0u);
     for (size_t t = 0; t < got[i].result.top_logprobs.size(); ++t) {
       const std::vector<TopLogprob>& g = got[i].result.top_logprobs[t];
       const std::vector<TopLogprob>& w = want[i].result.top_logprobs[t];

@@ -168,7 +168,9 @@ struct CudaModelRunner::State {
     Buffer staged_logits;
     cudaEvent_t rows_staged = nullptr;     // on the step's stream, after the device copy
     cudaEvent_t logits_copied = nullptr;   // on copy_stream, after the copy back
-    bool logits_pending = false;           // the step has rows coming back on copy_stream
+    // The step has rows coming back on copy_stream: Collect waits for them, and so does the
+    // next Launch on this slot where a failed Collect did not.
+    bool logits_pending = false;
     Buffer sampled{/*pinned_host=*/true};  // packed argmax keys (all-greedy steps)
     Buffer ids{/*pinned_host=*/true};      // drawn ids (other steps)
     Buffer logprobs{/*pinned_host=*/true};

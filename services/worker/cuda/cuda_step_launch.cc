@@ -90,6 +90,12 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   // The slot the uncollected step (if any) does not use.
   const int slot_index = s.in_flight.empty() ? 0 : 1 - s.in_flight.back();
   State::HostSlot& slot = s.slots[slot_index];
+  if (slot.logits_pending) {
+    // Its step's collection failed before waiting for the rows' copy: that copy still reads
+    // the slot's buffers.
+    slot.logits_pending = false;
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.logits_copied));
+  }
 
   // --- Host: the step's metadata, rows in device order (decode chunks first). ---
   std::vector<size_t> order;
@@ -272,11 +278,16 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
   RETURN_IF_ERROR(slot.logits.Reserve(std::max<int64_t>(logits_rows, 1) * V *
                                       static_cast<int64_t>(sizeof(float))));
-  // A device buffer no graph reads: growing it clears none (the check is above).
-  if (logits_rows > 0) {
-    RETURN_IF_ERROR(
-        slot.staged_logits.Reserve(logits_rows * V * static_cast<int64_t>(sizeof(float))));
-  }
+  // A device buffer no graph reads: growing it clears none (the check is above). Grown by
+  // doubling, as batches ramp up; where the card has no room for it the rows come back as they
+  // did before it, straight to the host on the step's stream.
+  const int64_t staged_bytes = logits_rows * V * static_cast<int64_t>(sizeof(float));
+  const bool stage_logits =
+      logits_rows > 0 && slot.staged_logits
+                             .Reserve(staged_bytes > slot.staged_logits.bytes()
+                                          ? std::max(staged_bytes, 2 * slot.staged_logits.bytes())
+                                          : staged_bytes)
+                             .ok();
   RETURN_IF_ERROR(slot.sampled.Reserve(std::max<int64_t>(out_rows, 1) *
                                        static_cast<int64_t>(sizeof(uint64_t))));
   RETURN_IF_ERROR(slot.ids.Reserve(std::max<int64_t>(out_rows, 1) * 4));
@@ -351,8 +362,8 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                                                st));
         }
       }
-      // Whole rows only where they were asked for, packed in order: staged on the device (one
-      // copy per run of consecutive rows), then brought back on the copy stream.
+      // Whole rows only where they were asked for, packed in order (one copy per run of
+      // consecutive rows): staged on the device, then brought back on the copy stream.
       int64_t packed = 0;
       for (int64_t r = 0; r < out_rows;) {
         if (!row_logits[r]) {
@@ -361,13 +372,14 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
         }
         int64_t run = 1;
         while (r + run < out_rows && row_logits[r + run]) ++run;
-        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.staged_logits.as<float>() + packed * V,
-                                             s.logits.as<float>() + r * V, run * V * sizeof(float),
-                                             cudaMemcpyDeviceToDevice, st));
+        float* to = stage_logits ? slot.staged_logits.as<float>() : slot.logits.as<float>();
+        RETURN_IF_CUDA_ERROR(
+            cudaMemcpyAsync(to + packed * V, s.logits.as<float>() + r * V, run * V * sizeof(float),
+                            stage_logits ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, st));
         packed += run;
         r += run;
       }
-      if (packed > 0) {
+      if (packed > 0 && stage_logits) {
         RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.rows_staged, st));
         RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s.copy_stream, slot.rows_staged, 0));
         RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.logits.as<void>(), slot.staged_logits.as<void>(),
