@@ -25,7 +25,8 @@ void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateReq
   timeouts_ = timeouts;
   {
     absl::MutexLock lock(&mu_);
-    stream_check_.emplace(WorkerStreamCheck::For(*request, worker_.status.model()));
+    stream_check_.emplace(WorkerStreamCheck::For(*request, worker_.status.model(),
+                                                 call_->router()->options().limits.max_tokens));
     if (timeouts.first_token > absl::ZeroDuration()) {
       next_message_due_ = absl::Now() + timeouts.first_token;
       ArmWatchdogLocked();

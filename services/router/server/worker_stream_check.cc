@@ -12,7 +12,8 @@ using lazyattn::v1::GenerateResponse;
 using lazyattn::v1::TokenChunk;
 
 WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateRequest& request,
-                                                 const lazyattn::v1::ModelInfo& model) {
+                                                 const lazyattn::v1::ModelInfo& model,
+                                                 int64_t max_tokens_limit) {
   Bounds b;
   b.vocab_size = model.vocab_size() > 0 ? model.vocab_size() : 0;
   b.max_context_tokens = model.max_context_tokens() > 0 ? model.max_context_tokens() : 0;
@@ -21,9 +22,12 @@ WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateReq
     b.exact_top_logprobs =
         b.vocab_size > 0 ? std::min(b.top_logprobs, b.vocab_size) : b.top_logprobs;
   }
-  // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context.
-  b.max_tokens =
-      request.sampling().max_tokens() > 0 ? request.sampling().max_tokens() : b.max_context_tokens;
+  // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context,
+  // and where it reported none, past the limit the router and the workers share (a worker's
+  // default is within its limits.max_tokens, which a cluster sets alike everywhere).
+  b.max_tokens = request.sampling().max_tokens() > 0 ? request.sampling().max_tokens()
+                 : b.max_context_tokens > 0          ? b.max_context_tokens
+                                                     : std::max<int64_t>(max_tokens_limit, 0);
   return b;
 }
 

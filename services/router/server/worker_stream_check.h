@@ -44,9 +44,11 @@ class WorkerStreamCheck {
     // vocab_size) when the worker advertises at least top_logprobs (ModelInfo.max_top_logprobs).
     int64_t exact_top_logprobs = 0;
   };
-  // The bounds of `request` on a worker of `model` (its WorkerStatus.model).
+  // The bounds of `request` on a worker of `model` (its WorkerStatus.model). `max_tokens_limit`:
+  // the router's limits.max_tokens, which bounds a request without max_tokens (the worker's
+  // default) on a worker that reported no context; 0 for none.
   static Bounds For(const lazyattn::v1::GenerateRequest& request,
-                    const lazyattn::v1::ModelInfo& model);
+                    const lazyattn::v1::ModelInfo& model, int64_t max_tokens_limit);
 
   // A token's bytes are at most a few hundred (a vocabulary entry), each shown as up to 3 bytes
   // of text (U+FFFD for a byte that is not UTF-8 alone); held-back text is at most a stop string

@@ -81,34 +81,36 @@ TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
   model.set_vocab_size(49152);
   model.set_max_context_tokens(8192);
   request.mutable_sampling()->set_max_tokens(16);
-  WorkerStreamCheck::Bounds b = WorkerStreamCheck::For(request, model);
+  WorkerStreamCheck::Bounds b = WorkerStreamCheck::For(request, model, 4096);
   EXPECT_EQ(b.max_tokens, 16);
   EXPECT_EQ(b.vocab_size, 49152);
   EXPECT_EQ(b.max_context_tokens, 8192);
   EXPECT_EQ(b.top_logprobs, 0);
   request.mutable_sampling()->set_logprobs(true);
   request.mutable_sampling()->set_top_logprobs(5);
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 5);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).top_logprobs, 5);
   // A worker that does not advertise alternatives (an older one) promises none; one that does,
   // exactly the count asked for, or the whole vocabulary when it is smaller.
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).exact_top_logprobs, 0);
   model.set_max_top_logprobs(20);
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 5);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).exact_top_logprobs, 5);
   model.set_vocab_size(3);
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 3);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).exact_top_logprobs, 3);
   model.set_vocab_size(49152);
   model.set_max_top_logprobs(4);  // advertises fewer than asked: no promise to hold it to
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).exact_top_logprobs, 0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).exact_top_logprobs, 0);
   request.mutable_sampling()->set_top_logprobs(-4);  // refused by validation; no entries either
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).top_logprobs, 0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).top_logprobs, 0);
   // max_tokens 0 is the worker's default, unknown here: the context bounds it.
   request.mutable_sampling()->set_max_tokens(0);
-  EXPECT_EQ(WorkerStreamCheck::For(request, model).max_tokens, 8192);
-  // A worker that never reported its model: no bound at all, rather than a wrong one.
-  b = WorkerStreamCheck::For(request, lazyattn::v1::ModelInfo());
-  EXPECT_EQ(b.max_tokens, 0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).max_tokens, 8192);
+  // A worker that never reported its model: no id or context bound, rather than a wrong one;
+  // its tokens are bounded by the router's limits.max_tokens, which every request is within.
+  b = WorkerStreamCheck::For(request, lazyattn::v1::ModelInfo(), 4096);
+  EXPECT_EQ(b.max_tokens, 4096);
   EXPECT_EQ(b.vocab_size, 0);
   EXPECT_EQ(b.max_context_tokens, 0);
+  EXPECT_EQ(WorkerStreamCheck::For(request, lazyattn::v1::ModelInfo(), 0).max_tokens, 0);
 }
 
 TEST(WorkerStreamCheckTest, EveryLegalShapePasses) {
