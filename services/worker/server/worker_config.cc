@@ -1,5 +1,6 @@
 #include "services/worker/server/worker_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -144,8 +145,13 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t msg, IntInRange(config, "limits.max_message_bytes",
                                                  o.grpc.max_message_bytes, 4096, INT32_MAX));
   o.grpc.max_message_bytes = static_cast<int>(msg);
-  ASSIGN_OR_RETURN(const int64_t def_tokens, IntInRange(config, "limits.default_max_tokens",
-                                                        o.service.default_max_tokens, 1, 1 << 20));
+  // Within limits.max_tokens, as an explicit max_tokens must be (the router bounds the stream
+  // of a request without one by that limit when a worker reported no context); unset, the
+  // default is lowered to the limit where the limit is smaller.
+  ASSIGN_OR_RETURN(const int64_t def_tokens,
+                   IntInRange(config, "limits.default_max_tokens",
+                              std::min(o.service.default_max_tokens, o.service.limits.max_tokens),
+                              1, o.service.limits.max_tokens));
   o.service.default_max_tokens = static_cast<int>(def_tokens);
   ASSIGN_OR_RETURN(const int64_t buffered,
                    IntInRange(config, "limits.max_buffered_tokens", o.service.max_buffered_tokens,

@@ -119,6 +119,20 @@ metrics: {listen: ""}
   EXPECT_EQ(o.engine.num_kv_blocks, 128);
 }
 
+// The default answer length stays within limits.max_tokens: refused above it when set, lowered
+// to it when not.
+TEST(WorkerConfigTest, DefaultMaxTokensStaysWithinTheLimit) {
+  auto c = Parse("model: {path: m}\nlimits: {max_tokens: 64}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.service.default_max_tokens, 64);
+  c = Parse("model: {path: m}\nlimits: {max_tokens: 64, default_max_tokens: 64}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.service.default_max_tokens, 64);
+  c = Parse("model: {path: m}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.service.default_max_tokens, 128);
+}
+
 TEST(WorkerConfigTest, ErrorsNameTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"backend: cpu\n", "model.path"},
@@ -136,6 +150,8 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
       {"model: {path: m}\nlimits: {max_documents: 5000}\n", "limits.max_documents"},
       {"model: {path: m}\nlimits: {max_tokens: 0}\n", "limits.max_tokens"},
+      {"model: {path: m}\nlimits: {max_tokens: 64, default_max_tokens: 65}\n",
+       "limits.default_max_tokens"},
       {"model: {path: m}\nlimits: {max_stop_bytes: many}\n", "limits.max_stop_bytes"},
       {"model: {path: m}\nengine: {prep_threads: 0}\n", "engine.prep_threads"},
       {"model: {path: m}\nengine: {max_consecutive_step_failures: 0}\n",
