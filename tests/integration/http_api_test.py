@@ -357,8 +357,8 @@ def secured_checks(args, tmp):
                lambda: client.chat.completions.create(n=129, **ask), 400, "n")
         capped = openai.OpenAI(base_url=f"{base}/v1", api_key=capped_key, max_retries=0,
                                http_client=httpx.Client(verify=ca, timeout=60))
-        raises("n=2 on a key with one place in flight: 429 naming n", openai.RateLimitError,
-               lambda: capped.chat.completions.create(n=2, **ask), 429, "n")
+        raises("n=2 on a key with one place in flight: 400 naming n (no retry could pass)",
+               openai.BadRequestError, lambda: capped.chat.completions.create(n=2, **ask), 400, "n")
         raises("max_tokens over the limit: 400 naming max_tokens", openai.BadRequestError,
                lambda: client.chat.completions.create(**dict(ask, max_tokens=10**6)), 400, "max_tokens")
         raises("last turn not a user turn: 400 naming the message", openai.BadRequestError,

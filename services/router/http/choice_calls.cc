@@ -13,13 +13,19 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
     const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
     std::shared_ptr<LiveCalls> live) {
+  // More choices than a cap has places could never be admitted, however often retried: not a
+  // 429.
   const int limit = router->options().max_inflight_requests;
-  if (choices > 1 && choices > limit) {
-    // No retry could be admitted: not a 429.
+  const int key_cap = key_limiter != nullptr ? key_limiter->MaxInFlight(key_name) : 0;
+  if (choices > 1 && (choices > limit || (key_cap > 0 && choices > key_cap))) {
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "n: ", choices, " choices need as many places in flight; the router admits at most ", limit,
-        " (limits.max_inflight_requests)"));
+    return absl::InvalidArgumentError(
+        choices > limit
+            ? absl::StrCat("n: ", choices,
+                           " choices need as many places in flight; the router admits at most ",
+                           limit, " (limits.max_inflight_requests)")
+            : absl::StrCat("n: ", choices, " choices need as many places in flight; the API key \"",
+                           key_name, "\" takes at most ", key_cap, " (its limits.max_in_flight)"));
   }
   // Every choice's places first, so that a refusal starts nothing. The request is validated
   // once: the choices differ only in their seeds.
@@ -30,8 +36,9 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
                                : AdmitAnotherPlace(router, key_limiter, key_name, &tickets[i]);
     if (s.ok()) continue;
     // The places taken so far are given back with `tickets`. A cap that the earlier choices
-    // filled is named with the choice that met it.
-    if (choices > 1 && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    // filled is named with the choice that met it; the first choice's refusal is the one a
+    // request with n = 1 would get.
+    if (i > 0 && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       return absl::ResourceExhaustedError(
           absl::StrCat("n: choice ", i + 1, " of ", choices, " refused: ", s.error_message()));
     }

@@ -390,7 +390,7 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
   FakeWorker::Script script;
   script.tokens = {"Hel", "lo"};
   script.tokens_name_the_seed = true;
-  script.token_interval = absl::Milliseconds(20);  // the choices' tokens interleave
+  script.token_interval = absl::Milliseconds(50);  // the choices' tokens interleave
   worker_.SetScript(script);
   StartRouter();
   StartHttp(Options(), nullptr);
@@ -433,7 +433,7 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(texts[i], text_of(7 + i));
   EXPECT_EQ(finishes, (std::vector<int>{1, 1, 1}));
-  // Interleaved as the tokens came (20 ms apart on every choice), not one choice after another.
+  // Interleaved as the tokens came (50 ms apart on every choice), not one choice after another.
   EXPECT_FALSE(std::is_sorted(order.begin(), order.end())) << ::testing::PrintToString(order);
   EXPECT_EQ(usage_chunks, 1);
   EXPECT_NE(reply.find("data: [DONE]"), std::string::npos);

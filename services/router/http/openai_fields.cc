@@ -61,17 +61,19 @@ absl::Status CheckCompletionOptions(const json& body) {
   }
   if (const json* v = Field(body, "best_of")) {
     // best_of candidates, the n most likely returned: the same as `n` alone when they are equal.
-    double choices = 1;
-    if (const json* n = Field(body, "n"); n != nullptr && !WholeNumber(*n, &choices)) {
-      choices = 1;  // `n` itself is refused when it is read
-    }
     double best = 0;
     if (!WholeNumber(*v, &best)) return WrongType("best_of", "an integer", *v);
-    if (best < std::max(choices, 1.0)) {
-      return Invalid("best_of", absl::StrCat("must be at least n (", std::max(choices, 1.0),
-                                             "), got ", v->dump()));
-    }
-    if (best > choices) {
+    double choices = 1;
+    const json* n = Field(body, "n");
+    const bool n_valid =
+        n == nullptr || (WholeNumber(*n, &choices) && choices >= 1 && choices <= kMaxChoices);
+    if (!n_valid) {
+      // `n` is refused when it is read; best_of is not held against it.
+      if (best < 1) return Invalid("best_of", absl::StrCat("must be at least 1, got ", v->dump()));
+    } else if (best < choices) {
+      return Invalid("best_of",
+                     absl::StrCat("must be at least n (", choices, "), got ", v->dump()));
+    } else if (best > choices) {
       return NotSupported("best_of", "candidates are not ranked; only best_of equal to n", *v);
     }
   }

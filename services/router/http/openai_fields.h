@@ -42,6 +42,11 @@ std::string QuoteForMessage(const nlohmann::json& value);
 // `s` cut to at most `max_bytes` without splitting a UTF-8 character; "..." appended when cut.
 std::string TruncateUtf8(const std::string& s, size_t max_bytes);
 
+// The largest `n`, as OpenAI's API bounds it (openai_json.h reads it; best_of is checked against
+// it here). Each choice is its own call on the routing path and is admitted as one (the key's
+// in-flight cap, the router's limit), so those bound the load.
+inline constexpr int kMaxChoices = 128;
+
 // OK, or InvalidArgument naming the first field (in the order above) set to a value the router
 // does not implement, or of the wrong type. `body` is a JSON object.
 absl::Status CheckUnsupportedFields(ApiKind kind, const nlohmann::json& body);

@@ -44,10 +44,6 @@ struct OpenAiRequest {
   std::vector<std::string> unknown_fields;  // accepted, not read (UnknownFields)
 };
 
-// The largest `n`, as OpenAI's API bounds it. Each choice is its own call on the routing path and
-// is admitted as one (the key's in-flight cap, the router's limit), so those bound the load.
-inline constexpr int kMaxChoices = 128;
-
 // Nesting deeper than this is refused (the body is parsed before any field is read).
 inline constexpr int kMaxJsonDepth = 64;
 

@@ -239,6 +239,9 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
       {text, "best_of", R"("best_of": 3, "n": 2)",
        "best_of: not supported (candidates are not ranked; only best_of equal to n), got 3"},
       {text, "best_of", R"("best_of": 2, "n": 3)", "best_of: must be at least n (3), got 2"},
+      // An n refused on its own is named, not best_of.
+      {text, "n", R"("best_of": 1, "n": 0)", "n: expected 1 to 128, got 0"},
+      {text, "n", R"("best_of": 2, "n": "2")", "n: expected an integer, got string"},
       {text, "suffix", R"("suffix": "}")",
        R"(suffix: not supported (no text is inserted after the completion), got "}")"},
       {chat, "logit_bias", R"("logit_bias": {"50256": -100})",

@@ -150,6 +150,12 @@ bool FakeWorker::WaitUntilUnblocked(grpc::ServerContext* context) {
   return false;
 }
 
+grpc::Status FakeWorker::ClientGone() {
+  absl::MutexLock lock(&mu_);
+  ++cancellations_;
+  return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+}
+
 grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
                                   const lazyattn::v1::GenerateRequest* request,
                                   grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) {
@@ -191,7 +197,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
       lazyattn::v1::GenerateResponse r;
       if (!script.progress_stuck || ready == 0) ready += 100;
       r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
-      if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+      if (!writer->Write(r)) return ClientGone();
       absl::MutexLock lock(&mu_);
       ++progress_events_;
     }
@@ -245,12 +251,12 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     }
     if (script.edit_token) script.edit_token(static_cast<int>(i), r.mutable_token());
     text += script.tokens[i];
-    if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    if (!writer->Write(r)) return ClientGone();
     if (script.progress_between_tokens &&
         context->client_metadata().count(kPrefillProgressKey) != 0) {
       lazyattn::v1::GenerateResponse progress;
       progress.mutable_prefill_progress()->set_prompt_tokens_ready(1);
-      if (!writer->Write(progress)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+      if (!writer->Write(progress)) return ClientGone();
       absl::MutexLock lock(&mu_);
       ++progress_events_;
     }
@@ -260,7 +266,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     r.mutable_token()->set_token_id(-1);
     r.mutable_token()->set_text(script.held_back_tail);
     text += script.held_back_tail;
-    if (!writer->Write(r)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    if (!writer->Write(r)) return ClientGone();
   }
   lazyattn::v1::GenerateResponse last;
   auto* final = last.mutable_final();
@@ -270,9 +276,9 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   final->set_ttft_ms(1.5);
   final->mutable_usage()->set_documents(request->documents_size());
   final->mutable_usage()->set_completion_tokens(static_cast<int64_t>(script.tokens.size()));
-  if (!writer->Write(last)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+  if (!writer->Write(last)) return ClientGone();
   for (const lazyattn::v1::GenerateResponse& extra : script.after_final) {
-    if (!writer->Write(extra)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    if (!writer->Write(extra)) return ClientGone();
   }
   return grpc::Status::OK;
 }

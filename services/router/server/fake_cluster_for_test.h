@@ -116,7 +116,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   std::vector<lazyattn::v1::GenerateRequest> requests() const;
   // PrefillProgress events sent, over all calls.
   int progress_events() const;
-  // Waits (up to `timeout`) until `n` Generate calls have arrived / a call saw its cancellation.
+  // Waits (up to `timeout`) until `n` Generate calls have arrived / `n` calls saw their
+  // cancellation (while blocked, or as a write that failed).
   bool WaitForCalls(int n, absl::Duration timeout) const;
   bool WaitForCancellation(absl::Duration timeout, int n = 1) const;  // n calls saw theirs
 
@@ -131,6 +132,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
  private:
   // Waits for Unblock() or the call's cancellation; false (and counted) when cancelled.
   bool WaitUntilUnblocked(grpc::ServerContext* context);
+  // A write the router no longer reads (it cancelled the call): counted as a cancellation.
+  grpc::Status ClientGone();
 
   const std::string id_;
   std::string address_;

@@ -120,6 +120,12 @@ int KeyLimiter::InFlight(const std::string& key_name) {
   return it == keys_.end() ? 0 : it->second->slots->in_flight.load();
 }
 
+int KeyLimiter::MaxInFlight(const std::string& key_name) {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key_name);
+  return it == keys_.end() ? 0 : std::max(it->second->limits.max_in_flight, 0);
+}
+
 std::string ApiKeyNameOf(const grpc::ServerContextBase& context) {
   const auto auth = context.auth_context();
   if (auth == nullptr) return "";

@@ -78,6 +78,8 @@ class KeyLimiter {
 
   // Calls of `key_name` holding a slot now (tests, diagnostics).
   int InFlight(const std::string& key_name);
+  // The key's limits.max_in_flight; 0 when it has none (or is unknown).
+  int MaxInFlight(const std::string& key_name);
 
  private:
   struct Key;

@@ -110,8 +110,8 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   }
   if (bounds_.max_tokens > 0 && tokens_ >= bounds_.max_tokens) {
     return absl::StrCat("more than ", bounds_.max_tokens,
-                        " tokens (the request's sampling.max_tokens, or the model's context when "
-                        "it is 0)");
+                        " tokens (the request's sampling.max_tokens; when it is 0, the model's "
+                        "context, or the router's limits.max_tokens if the worker reported none)");
   }
   if (std::string error = CheckTopLogprobs(token); !error.empty()) return error;
   ++tokens_;
