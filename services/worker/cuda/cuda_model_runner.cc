@@ -293,8 +293,10 @@ absl::StatusOr<ForwardOutput> CudaModelRunner::Collect() {
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.copied));
   if (slot.logits_pending) {
-    slot.logits_pending = false;
+    // Cleared only once the copy is known done: after a failed wait the next Launch on this
+    // slot waits again.
     RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.logits_copied));
+    slot.logits_pending = false;
   }
   if (slot.profiled && s.profiling) s.RecordStepProfile(slot);
   const int64_t V = config().vocab_size;

@@ -91,10 +91,10 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
   const int slot_index = s.in_flight.empty() ? 0 : 1 - s.in_flight.back();
   State::HostSlot& slot = s.slots[slot_index];
   if (slot.logits_pending) {
-    // Its step's collection failed before waiting for the rows' copy: that copy still reads
-    // the slot's buffers.
-    slot.logits_pending = false;
+    // Its step's collection failed before its wait for the rows' copy ended: that copy may
+    // still read the slot's buffers.
     RETURN_IF_CUDA_ERROR(cudaEventSynchronize(slot.logits_copied));
+    slot.logits_pending = false;
   }
 
   // --- Host: the step's metadata, rows in device order (decode chunks first). ---
