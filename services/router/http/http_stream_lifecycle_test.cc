@@ -367,6 +367,32 @@ TEST_P(HttpStreamLifecycleTest, ShutdownEndsAStreamStillGettingTokensAfterTheGra
   EXPECT_EQ(http_->live_calls(), 0);
 }
 
+// A draining router cuts a stream of several choices (OpenAI's `n`) as it cuts one: the error
+// event last, no [DONE], and every choice's worker call cancelled.
+TEST_P(HttpStreamLifecycleTest, ShutdownEndsAStreamOfSeveralChoicesAndCancelsEveryOne) {
+  ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
+  PacedWorker& worker = *worker_;
+  Client client(http_->port(), tls());
+  ASSERT_TRUE(client.connected());
+  ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/true, 4000, /*choices=*/3)));
+  std::string reply;
+  ASSERT_TRUE(client.ReadUntil(
+      &reply, [](const std::string& r) { return Count(r, "\"tok\"") >= 30; }, kBound))
+      << reply;
+  std::thread shutdown([&] { http_->Shutdown(kGrace); });
+  const bool closed = client.ReadToEnd(&reply, kGrace + kBound);
+  client.Close();
+  shutdown.join();
+  EXPECT_TRUE(closed);
+  const size_t last_event = reply.rfind("data: ");
+  ASSERT_NE(last_event, std::string::npos) << reply;
+  EXPECT_NE(reply.substr(last_event).find("the router is shutting down"), std::string::npos)
+      << reply.substr(last_event);
+  EXPECT_EQ(reply.find("[DONE]"), std::string::npos);
+  EXPECT_TRUE(worker.WaitForCancellation(kBound, 3)) << "a choice's worker call ran on";
+  EXPECT_EQ(http_->live_calls(), 0);
+}
+
 TEST_P(HttpStreamLifecycleTest, ShutdownAnswersANonStreamedRequest503AfterTheGrace) {
   ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
   PacedWorker& worker = *worker_;
