@@ -1,9 +1,12 @@
 #include "common/request_validator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -165,6 +168,23 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
     RETURN_IF_ERROR(CheckTokenId(absl::StrCat("sampling.stop_token_ids[", i, "]"),
                                  p.stop_token_ids(i), vocab_size));
   }
+  if (p.logit_bias_size() > limits.max_logit_bias) {
+    return Invalid("sampling.logit_bias",
+                   absl::StrCat(p.logit_bias_size(), " entries, the limit is ",
+                                limits.max_logit_bias, " (limits.max_logit_bias)"));
+  }
+  // A map's order is unspecified: the entries are checked in id order, so a request with several
+  // bad entries is always refused with the same message.
+  std::vector<std::pair<int32_t, float>> biases(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(biases.begin(), biases.end());
+  for (const auto& [id, bias] : biases) {
+    const std::string field = absl::StrCat("sampling.logit_bias[", id, "]");
+    RETURN_IF_ERROR(CheckTokenId(field, id, vocab_size));
+    if (!std::isfinite(bias) || std::fabs(bias) > kMaxLogitBias) {
+      return Invalid(field, absl::StrCat("bias ", bias, " outside [-", kMaxLogitBias, ", ",
+                                         kMaxLogitBias, "]"));
+    }
+  }
   if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {
     return Invalid("sampling.top_logprobs",
                    absl::StrCat(p.top_logprobs(), " outside [0, ", kMaxTopLogprobs, "]"));
@@ -251,6 +271,9 @@ absl::StatusOr<ApiLimits> ApiLimitsFromYaml(const YamlConfig& config, const ApiL
   ASSIGN_OR_RETURN(const int64_t stop_ids,
                    config.IntIn("limits.max_stop_token_ids", l.max_stop_token_ids, 0, 1 << 16));
   l.max_stop_token_ids = static_cast<int>(stop_ids);
+  ASSIGN_OR_RETURN(const int64_t biases,
+                   config.IntIn("limits.max_logit_bias", l.max_logit_bias, 0, 1 << 16));
+  l.max_logit_bias = static_cast<int>(biases);
   ASSIGN_OR_RETURN(const int64_t replicas,
                    config.IntIn("limits.max_prefetch_replicas", l.max_prefetch_replicas, 1, 10000));
   l.max_prefetch_replicas = static_cast<int>(replicas);

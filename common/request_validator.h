@@ -35,6 +35,7 @@ struct ApiLimits {
   int max_stop_strings = 16;
   int64_t max_stop_bytes = 256;
   int max_stop_token_ids = 64;
+  int max_logit_bias = 300;  // sampling.logit_bias entries
   int max_prefetch_replicas = 64;
 };
 

@@ -3,9 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/utf8.h"
@@ -39,6 +42,7 @@ std::string Error(const GenerateRequest& r, int64_t vocab = 1000) {
   limits.max_stop_strings = 2;
   limits.max_stop_bytes = 4;
   limits.max_stop_token_ids = 2;
+  limits.max_logit_bias = 2;
   limits.max_system_bytes = 8;
   limits.max_question_bytes = 8;
   limits.max_tokens = 100;
@@ -187,6 +191,28 @@ TEST(RequestValidatorTest, NamesTheBadField) {
       "cache_mode: unknown cache mode 9");
 }
 
+TEST(RequestValidatorTest, LogitBias) {
+  auto with = [](std::initializer_list<std::pair<int32_t, float>> entries, int64_t vocab = 1000) {
+    GenerateRequest r = Valid();
+    for (const auto& [id, bias] : entries) (*r.mutable_sampling()->mutable_logit_bias())[id] = bias;
+    return Error(r, vocab);
+  };
+  EXPECT_EQ(with({{0, -100.0f}, {999, 100.0f}}), "ok");
+  EXPECT_EQ(with({{1, 0.5f}, {2, 0.5f}, {3, 0.5f}}),
+            "sampling.logit_bias: 3 entries, the limit is 2 (limits.max_logit_bias)");
+  EXPECT_EQ(with({{1000, 1.0f}}),
+            "sampling.logit_bias[1000]: token id 1000 outside the vocabulary (size 1000)");
+  EXPECT_EQ(with({{1000, 1.0f}}, /*vocab=*/0), "ok");
+  EXPECT_EQ(with({{-3, 1.0f}}), "sampling.logit_bias[-3]: negative token id -3");
+  EXPECT_EQ(with({{7, 100.5f}}), "sampling.logit_bias[7]: bias 100.5 outside [-100, 100]");
+  EXPECT_EQ(with({{7, -101.0f}}), "sampling.logit_bias[7]: bias -101 outside [-100, 100]");
+  EXPECT_EQ(with({{7, std::nanf("")}}), "sampling.logit_bias[7]: bias nan outside [-100, 100]");
+  EXPECT_EQ(with({{7, INFINITY}}), "sampling.logit_bias[7]: bias inf outside [-100, 100]");
+  // Several bad entries: the lowest id is named, whatever the map's order.
+  EXPECT_EQ(with({{9, 500.0f}, {4, 200.0f}}),
+            "sampling.logit_bias[4]: bias 200 outside [-100, 100]");
+}
+
 TEST(RequestValidatorTest, UnknownVocabularySkipsTheUpperBound) {
   GenerateRequest r = Valid();
   r.mutable_documents(1)->mutable_tokens()->add_ids(123456);
@@ -281,7 +307,7 @@ TEST(RequestValidatorTest, LimitsFromYaml) {
                               "  max_stop_token_ids: 4\n  max_document_id_bytes: 9\n"
                               "  max_document_bytes: 1000\n  max_document_tokens: 50\n"
                               "  max_system_bytes: 11\n  max_question_bytes: 12\n"
-                              "  max_prefetch_replicas: 2\n")
+                              "  max_prefetch_replicas: 2\n  max_logit_bias: 17\n")
                   .ok());
   auto l = ApiLimitsFromYaml(config);
   ASSERT_TRUE(l.ok()) << l.status();
@@ -296,6 +322,7 @@ TEST(RequestValidatorTest, LimitsFromYaml) {
   EXPECT_EQ(l->max_system_bytes, 11);
   EXPECT_EQ(l->max_question_bytes, 12);
   EXPECT_EQ(l->max_prefetch_replicas, 2);
+  EXPECT_EQ(l->max_logit_bias, 17);
   EXPECT_TRUE(config.Finish().ok());
 
   YamlConfig bad;

@@ -46,17 +46,17 @@ int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams
   const int32_t V = vocab;
   std::vector<float> x(logits, logits + V);
   const std::span<const PenaltyEntry> penalties(penalty_entries, num_penalties);
-  if (HasPenalties(p)) {
+  if (AdjustsLogits(p)) {
     bool input_seen = false;
     const bool count_input = (p.flags & kCountInputToken) && input_token >= 0 && input_token < V;
     for (const PenaltyEntry& e : penalties) {
       if (e.id < 0 || e.id >= V) continue;
       const int32_t extra = count_input && e.id == input_token ? 1 : 0;
       input_seen |= extra != 0;
-      x[e.id] = PenalizedLogit(logits[e.id], p, e.output_count + extra, e.in_prompt != 0);
+      x[e.id] = PenalizedLogit(logits[e.id], p, e, extra);
     }
     if (count_input && !input_seen) {
-      x[input_token] = PenalizedLogit(logits[input_token], p, 1, false);
+      x[input_token] = PenalizedLogit(logits[input_token], p, PenaltyEntry{.id = input_token}, 1);
     }
   }
   // Greedy argmax key: (order key, lowest id), NaN lowest.

@@ -75,5 +75,46 @@ TEST(SamplingCpuTest, TemperaturesBelowTheThresholdAreGreedy) {
   EXPECT_GT(drawn[1], 0);
 }
 
+// The bias is added first and the penalties act on the biased logit (vLLM's order), written out
+// by hand rather than through PenalizedLogit, which the reference above shares.
+TEST(SamplingCpuTest, LogitBiasComesBeforeThePenalties) {
+  const SamplingRowParams p{.repetition_penalty = 2.0f,
+                            .presence_penalty = 0.5f,
+                            .frequency_penalty = 0.25f,
+                            .flags = kLogitBias};
+  // In the prompt: (2 + 2) / 2 = 2 (the other order would give 2 / 2 + 2 = 3).
+  EXPECT_EQ(PenalizedLogit(2.0f, p, PenaltyEntry{.id = 0, .in_prompt = 1, .bias = 2.0f}), 2.0f);
+  // Bias turns the logit negative, so the repetition penalty multiplies: (1 - 3) * 2 = -4, then
+  // two output occurrences: -4 - (2 * 0.25 + 0.5) = -5.
+  EXPECT_EQ(PenalizedLogit(1.0f, p, PenaltyEntry{.id = 0, .output_count = 1, .bias = -3.0f}, 1),
+            -5.0f);
+  // A bias-only entry of a row with no penalties: just the sum.
+  const SamplingRowParams bias_only{.flags = kLogitBias};
+  EXPECT_EQ(PenalizedLogit(-1.5f, bias_only, PenaltyEntry{.id = 0, .bias = 100.0f}), 98.5f);
+  EXPECT_TRUE(AdjustsLogits(bias_only));
+  EXPECT_FALSE(HasPenalties(bias_only));
+}
+
+TEST(SamplingCpuTest, LogitBiasBansAndForcesTokens) {
+  const std::vector<float> x = {1.0f, 5.0f, 2.0f, -3.0f};
+  SamplingRowParams greedy{.flags = kLogitBias};
+  const std::vector<PenaltyEntry> ban = {{.id = 1, .bias = -100.0f}};
+  EXPECT_EQ(SampleRowCpu(x.data(), 4, greedy, ban.data(), 1, -1), 2);
+  const std::vector<PenaltyEntry> force = {{.id = 3, .bias = 100.0f}};
+  EXPECT_EQ(SampleRowCpu(x.data(), 4, greedy, force.data(), 1, -1), 3);
+  // Without the flag the entries' biases are not applied (a penalty-free row ignores its list).
+  SamplingRowParams no_flag;
+  EXPECT_EQ(SampleRowCpu(x.data(), 4, no_flag, force.data(), 1, -1), 1);
+  // Sampled at T 1: +100 on id 3 leaves the others e^-95 or less of its mass; the logprob is the
+  // biased softmax's.
+  SamplingRowParams hot{.temperature = 1.0f, .flags = kLogitBias | kSampleLogprob, .seed = 3};
+  for (uint64_t step = 0; step < 100; ++step) {
+    hot.step = step;
+    float lp = -1;
+    ASSERT_EQ(SampleRowCpu(x.data(), 4, hot, force.data(), 1, -1, &lp), 3);
+    EXPECT_NEAR(lp, 0.0f, 1e-6f);
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -21,11 +21,17 @@ inline std::vector<double> ExactSamplingProbs(const std::vector<float>& logits,
                                               int32_t input_token = -1) {
   const int n = static_cast<int>(logits.size());
   std::vector<float> x = logits;
-  if (HasPenalties(p)) {
-    std::vector<int> out(n, 0), prompt(n, 0);
-    for (const PenaltyEntry& e : penalties) out[e.id] += e.output_count, prompt[e.id] |= e.in_prompt;
-    if ((p.flags & kCountInputToken) && input_token >= 0) ++out[input_token];
-    for (int i = 0; i < n; ++i) x[i] = PenalizedLogit(logits[i], p, out[i], prompt[i] != 0);
+  if (AdjustsLogits(p)) {
+    // Every id through the rule, not only the listed ones: an entry-free id must come out as it
+    // went in.
+    std::vector<PenaltyEntry> all(n);
+    for (int i = 0; i < n; ++i) all[i].id = i;
+    for (const PenaltyEntry& e : penalties) {
+      all[e.id].output_count += e.output_count, all[e.id].in_prompt |= e.in_prompt;
+      all[e.id].bias += e.bias;
+    }
+    if ((p.flags & kCountInputToken) && input_token >= 0) ++all[input_token].output_count;
+    for (int i = 0; i < n; ++i) x[i] = PenalizedLogit(logits[i], p, all[i]);
   }
   std::vector<double> probs(n, 0.0);
   std::vector<int> order(n);
@@ -160,6 +166,31 @@ inline std::vector<SamplingCase> SamplingCases(int spread = 1) {
   pen2.name = "penalties_input_listed";
   pen2.input_token = id(2);  // listed: its output count becomes 3
   c.push_back(pen2);
+  // Logit bias: alone (a ban, a boost of an unlikely id, a small nudge), and with the penalties
+  // on ids that have both (the bias comes first: the repetition penalty then divides the biased
+  // logit) and with the unlisted input token.
+  SamplingCase bias;
+  bias.name = "logit_bias";
+  bias.logits = place(eleven);
+  bias.params = {.temperature = 1.0f, .flags = kLogitBias};
+  bias.penalties = {
+      {.id = id(2), .bias = -100.0f}, {.id = id(9), .bias = 4.0f}, {.id = id(4), .bias = -0.5f}};
+  bias.params.penalty_count = int32_t(bias.penalties.size());
+  c.push_back(bias);
+  SamplingCase bias_greedy = bias;
+  bias_greedy.name = "logit_bias_greedy";  // id(9) at -2 + 4 overtakes id(5) at 1.5
+  bias_greedy.params.temperature = 0.0f;
+  c.push_back(bias_greedy);
+  SamplingCase both = pen;
+  both.name = "logit_bias_and_penalties";
+  both.params.flags |= kLogitBias;
+  both.penalties = {{id(2), 2, 1, -1.0f},
+                    {id(5), 0, 1, 0.0f},
+                    {id(9), 1, 0, 2.5f},
+                    {id(3), 1, 0, 0.0f},
+                    {id(6), 0, 0, 1.25f}};
+  both.params.penalty_count = int32_t(both.penalties.size());
+  c.push_back(both);
   return c;
 }
 

@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int j = n + threadIdx.x; j < padded; j += kThreads) xs[j] = -INFINITY;
   }
   __syncthreads();
-  // Penalties, on this CTA's ids, from the raw logits (global memory: the stored values may be
-  // scaled already).
-  if (HasPenalties(p)) {
+  // Bias and penalties, on this CTA's ids, from the raw logits (global memory: the stored values
+  // may be scaled already).
+  if (AdjustsLogits(p)) {
     const PenaltyEntry* e = args.penalties + p.penalty_begin;
     const bool count_input = (p.flags & kCountInputToken) && args.input_tokens != nullptr;
     int input = -1;
@@ -97,13 +97,12 @@ __global__ void __launch_bounds__(kThreads, 3)
       const int extra = pe.id == input ? 1 : 0;
       seen |= extra;
       if (pe.id >= begin && pe.id < begin + n) {
-        xs[pe.id - begin] = stored(
-            PenalizedLogit(x[pe.id - begin], p, pe.output_count + extra, pe.in_prompt != 0));
+        xs[pe.id - begin] = stored(PenalizedLogit(x[pe.id - begin], p, pe, extra));
       }
     }
     seen = __syncthreads_or(seen);
     if (threadIdx.x == 0 && input >= 0 && !seen && input >= begin && input < begin + n) {
-      xs[input - begin] = stored(PenalizedLogit(x[input - begin], p, 1, false));
+      xs[input - begin] = stored(PenalizedLogit(x[input - begin], p, PenaltyEntry{.id = input}, 1));
     }
     __syncthreads();
   }

@@ -12,7 +12,9 @@
 // Penalties (vLLM/OpenAI semantics) over the row's history of token ids: repetition r divides a
 // positive logit by r and multiplies a negative one by r for every id in the history (prompt or
 // output part); frequency f subtracts f * (times the id occurs in the output part); presence
-// subtracts `presence` once for any id in the output part.
+// subtracts `presence` once for any id in the output part. A row's logit bias (OpenAI's
+// logit_bias, kLogitBias rows) is added to its ids' logits before the penalties, as vLLM does.
+// Bias and history travel as one list of entries per row (PenaltyEntry: distinct ids).
 //
 // The draw, without sorting the vocabulary: Gumbel-max over groups, then inside the winner.
 // The row's ids fall into aligned groups of kSamplingGroup (128); a group's key is the
@@ -55,6 +57,9 @@ inline constexpr int kMaxSamplingRounds = 32;
 // top_logprobs in inference.proto; OpenAI's bound and vLLM's default): every API layer checks it.
 inline constexpr int kMaxTopLogprobs = 20;
 
+// The largest |bias| of a logit_bias entry (SamplingParams.logit_bias; OpenAI's bound).
+inline constexpr float kMaxLogitBias = 100.0f;
+
 // Temperatures below this draw as greedy (temperature 0), on every backend and in every test
 // reference (vLLM's _SAMPLING_EPS, so clients see the same behaviour). Why a threshold and not
 // `> 0`: a denormal or tiny positive T makes 1/T overflow to inf (T < 2.9e-39), and then
@@ -87,11 +92,23 @@ inline constexpr uint32_t kSampleLogprob = 1;
 // Count the row's input token as one more output occurrence (pipelined decode: the token the
 // previous step drew on the device is not in the host's history yet).
 inline constexpr uint32_t kCountInputToken = 2;
+// The row's entries carry a logit bias (PenaltyEntry::bias) to apply, with or without penalties.
+inline constexpr uint32_t kLogitBias = 4;
 
+// One id's adjustments: its history counts (for the penalties) and its logit bias.
 struct PenaltyEntry {
   int32_t id = 0;
   int32_t output_count = 0;  // occurrences in the output part
   int32_t in_prompt = 0;     // 1: occurs in the prompt part
+  float bias = 0.0f;         // added to the logit before the penalties (0: none)
+};
+
+// One entry of a request's logit bias (OpenAI's logit_bias), as the host keeps it: `bias` is
+// added to token `id`'s logit at every generated token, before the penalties. The rows' entry
+// lists (PenaltyEntry) carry it to the samplers.
+struct LogitBias {
+  int32_t id = 0;
+  float bias = 0.0f;
 };
 
 // The row draws nothing: its token is the argmax of the penalized logits. The one rule every
@@ -105,10 +122,18 @@ LAZYATTN_HD bool HasPenalties(const SamplingRowParams& p) {
          p.frequency_penalty != 0.0f;
 }
 
-// The penalized logit (see the file comment).
-LAZYATTN_HD float PenalizedLogit(float x, const SamplingRowParams& p, int32_t output_count,
-                                 bool in_prompt) {
-  if (output_count > 0 || in_prompt) {
+// The row has entries to apply: penalties, a logit bias, or both.
+LAZYATTN_HD bool AdjustsLogits(const SamplingRowParams& p) {
+  return HasPenalties(p) || (p.flags & kLogitBias) != 0;
+}
+
+// The adjusted logit of entry `e`'s id (see the file comment): its bias, then the penalties,
+// counting `extra_output` more output occurrences than the entry holds (kCountInputToken).
+LAZYATTN_HD float PenalizedLogit(float x, const SamplingRowParams& p, const PenaltyEntry& e,
+                                 int32_t extra_output = 0) {
+  if (e.bias != 0.0f) x += e.bias;  // a zero bias leaves even -0 as it is
+  const int32_t output_count = e.output_count + extra_output;
+  if (output_count > 0 || e.in_prompt != 0) {
     x = x > 0.0f ? x / p.repetition_penalty : x * p.repetition_penalty;
   }
   if (output_count > 0) {
@@ -182,11 +207,11 @@ LAZYATTN_HD float SamplingGroupKey(float group_max, float sum_rel_max, uint32_t 
 // Validation shared by both backends' callers: the rule each field breaks, or null.
 const char* SamplingRowParamsError(const SamplingRowParams& p);
 
-// The CPU twin: penalties, then the draw above, from a row of `vocab` >= 1 logits.
-// `penalties` are the row's entries (its penalty_begin/count are ignored); `input_token` is used
-// with kCountInputToken. Selection is by partial selection (std::nth_element) and thresholds,
-// never by sorting the vocabulary. Returns the id; `logprob`
-// (optional) receives the chosen token's log-probability.
+// The CPU twin: bias and penalties, then the draw above, from a row of `vocab` >= 1 logits.
+// `penalties` are the row's entries (its penalty_begin/count are ignored), applied when
+// AdjustsLogits(params); `input_token` is used with kCountInputToken. Selection is by partial
+// selection (std::nth_element) and thresholds, never by sorting the vocabulary. Returns the id;
+// `logprob` (optional) receives the chosen token's log-probability.
 int32_t SampleRowCpu(const float* logits, int32_t vocab, const SamplingRowParams& params,
                      const PenaltyEntry* penalties, int32_t num_penalties, int32_t input_token,
                      float* logprob = nullptr);

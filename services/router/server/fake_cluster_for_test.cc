@@ -85,7 +85,13 @@ lazyattn::v1::WorkerStatus FakeWorker::Status() const {
   m->set_chat_template("smollm2");
   absl::MutexLock lock(&mu_);
   m->set_max_top_logprobs(max_top_logprobs_);
+  m->set_max_logit_bias(max_logit_bias_);
   return s;
+}
+
+void FakeWorker::SetMaxLogitBias(int n) {
+  absl::MutexLock lock(&mu_);
+  max_logit_bias_ = n;
 }
 
 void FakeWorker::SetMaxTopLogprobs(int n) {

@@ -108,6 +108,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   // What its status advertises as ModelInfo.max_top_logprobs (20 unless set; 0 plays a worker
   // older than alternatives). Set before the directory learns the status.
   void SetMaxTopLogprobs(int n);
+  // ... and as ModelInfo.max_logit_bias (300 unless set; 0 plays a worker older than logit_bias).
+  void SetMaxLogitBias(int n);
   void Unblock();
   int generate_calls() const;
   int prefetch_calls() const;
@@ -142,6 +144,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   mutable absl::Mutex mu_;
   Script script_ ABSL_GUARDED_BY(mu_);
   int max_top_logprobs_ ABSL_GUARDED_BY(mu_) = 20;
+  int max_logit_bias_ ABSL_GUARDED_BY(mu_) = 300;
   bool unblocked_ ABSL_GUARDED_BY(mu_) = false;
   int generate_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int prefetch_calls_ ABSL_GUARDED_BY(mu_) = 0;

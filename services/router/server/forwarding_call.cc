@@ -2,17 +2,19 @@
 
 #include <algorithm>
 #include <chrono>
-#include <string_view>
-#include <vector>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/log.h"
 #include "common/grpc_util.h"
+#include "common/log.h"
 #include "common/worker_call_trailer.h"
 #include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
@@ -29,6 +31,20 @@ namespace {
 // chosen model's tokenizer and template: the key under which the router learns its token count
 // from the workers (document_placement.h). Two models count the same text differently, so the
 // model is part of the key. Neither the documents nor the question nor sampling enter.
+// Why worker `w` must not be sent `r` though it serves its model, or nullopt: a worker that
+// reported its model but advertises fewer logit_bias entries than the request has (one older
+// than logit_bias advertises 0) would ignore them and answer as if they were not there. A
+// worker that never reported is tried: its answer is the only way to learn what it is.
+std::optional<std::string> WhyCannotServe(const WorkerInfo& w, const GenerateRequest& r) {
+  const int biases = r.sampling().logit_bias_size();
+  if (biases > 0 && w.reported && w.status.model().max_logit_bias() < biases) {
+    return absl::StrCat("not tried: it applies at most ", w.status.model().max_logit_bias(),
+                        " sampling.logit_bias entries (ModelInfo.max_logit_bias), the request has ",
+                        biases);
+  }
+  return std::nullopt;
+}
+
 uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>& model) {
   std::vector<std::pair<std::string_view, std::string_view>> turns;
   for (int i = 0; i + 1 < r.messages_size(); ++i) {
@@ -199,6 +215,7 @@ void ForwardingCall::StartNextAttempt() {
   std::vector<DocumentRef> docs;
   grpc::Status failure;
   bool retry_refused = false;
+  bool skipped_unfit = false;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
@@ -210,6 +227,11 @@ void ForwardingCall::StartNextAttempt() {
              attempts_ < max_attempts) {
         const size_t index = next_worker_++;
         const WorkerInfo& w = plan_.workers[index];
+        if (std::optional<std::string> why = WhyCannotServe(w, *request_)) {
+          failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", *why));
+          skipped_unfit = true;
+          continue;
+        }
         if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) {
           // Opened (or its probe taken) since the plan was made.
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
@@ -246,7 +268,12 @@ void ForwardingCall::StartNextAttempt() {
         attempt_number = attempts_;
         docs = plan_.docs;
       }
-      if (attempt == nullptr) failure = ExhaustedStatus();
+      if (attempt == nullptr) {
+        // Only workers that cannot apply the request were left: no retry can help until they
+        // are upgraded.
+        if (attempts_ == 0 && skipped_unfit) last_code_ = grpc::StatusCode::FAILED_PRECONDITION;
+        failure = ExhaustedStatus();
+      }
     }
   }
   if (attempt == nullptr) {

@@ -2,7 +2,8 @@
 // documents (in any order) streams the answer, failures before the first token fail over to the
 // next worker (after tokens a stream ends, a Complete call still fails over), the router serves
 // with the directory down, hanging or absent, a burst for new documents stays on one worker, and
-// the circuit breaker and health probes stop sending to a failing worker.
+// the circuit breaker and health probes stop sending to a failing worker, and a request with
+// logit_bias reaches only workers that apply it.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -129,6 +130,44 @@ TEST_F(RouterServerTest, AllWorkersFailingBeforeTokensNamesEachAttempt) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("2 attempts"));
   EXPECT_THAT(r.status.error_message(), HasSubstr("w0 ("));
   EXPECT_THAT(r.status.error_message(), HasSubstr("w1 ("));
+}
+
+// During a rolling upgrade a worker older than logit_bias (ModelInfo.max_logit_bias 0) would
+// ignore a request's biases: such a request goes only to workers that apply as many entries as it
+// has; when none does it is refused before any worker sees it. Requests without biases still go
+// anywhere.
+TEST_F(RouterServerTest, LogitBiasGoesOnlyToWorkersThatApplyIt) {
+  auto BiasedRequest = [](int doc, int entries) {
+    lazyattn::v1::GenerateRequest r = Request({absl::StrCat("biased doc ", doc)});
+    for (int k = 0; k < entries; ++k) (*r.mutable_sampling()->mutable_logit_bias())[10 + k] = 1.5f;
+    return r;
+  };
+  StartWorkers(2);
+  workers_[0]->SetMaxLogitBias(0);
+  workers_[1]->SetMaxLogitBias(2);
+  StartKvdir();
+  StartRouter(Options());
+  for (int i = 0; i < 6; ++i) {  // different documents: the plan's first choice varies
+    StreamResult r = Stream(BiasedRequest(i, /*entries=*/2));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+  EXPECT_EQ(workers_[1]->generate_calls(), 6);
+
+  // More entries than any worker applies: FAILED_PRECONDITION, naming each worker, none called.
+  StreamResult refused = Stream(BiasedRequest(0, /*entries=*/3));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("w0 ("));
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("applies at most 2 sampling.logit_bias entries"));
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("the request has 3"));
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 6);
+
+  // Without biases the old worker serves as before.
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(Stream(Request({absl::StrCat("plain doc ", i)})).status.ok());
+  }
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 12);
 }
 
 TEST_F(RouterServerTest, FailureAfterTokensEndsTheStreamWithUnavailable) {

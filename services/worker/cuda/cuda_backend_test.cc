@@ -186,8 +186,7 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
       TopLogprobs(pd->logits, penalized.sampling, penalties, pd->token_ids[0], pd->logprobs[0], 10);
   std::vector<double> x(pd->logits.begin(), pd->logits.end());
   for (const PenaltyEntry& e : penalties) {
-    x[e.id] =
-        PenalizedLogit(pd->logits[e.id], penalized.sampling, e.output_count, e.in_prompt != 0);
+    x[e.id] = PenalizedLogit(pd->logits[e.id], penalized.sampling, e);
   }
   const double mx = *std::max_element(x.begin(), x.end());
   double z = 0;
@@ -201,6 +200,38 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
     EXPECT_EQ(top[i].token_id, order[i]) << "entry " << i;
     EXPECT_NEAR(top[i].logprob, x[order[i]] - mx - std::log(z), 1e-4) << "entry " << i;
   }
+
+  // Logit bias on the device (kLogitBias rows go through the sampler, not the greedy argmax):
+  // a greedy row whose best id is banned takes the second; one that boosts the worst id by 100
+  // takes it (a random model's logits span far less than 100); a sampled row with bias and
+  // penalties draws what the CPU twin draws from the returned logits, with the same logprob.
+  const std::vector<LogitBias> ban = {{by_logit[0], -100.0f}};
+  const std::vector<LogitBias> force = {{by_logit[V - 1], 100.0f}};
+  ForwardChunk biased[] = {step2[1], step2[1], step2[1]};
+  biased[0].sampling = {.flags = kLogitBias};
+  biased[0].logit_bias = ban;
+  biased[1].sampling = {.flags = kLogitBias};
+  biased[1].logit_bias = force;
+  std::vector<LogitBias> mixed = {{by_logit[0], -2.5f}, {by_logit[3], 1.75f}, {7, 0.5f}};
+  std::sort(mixed.begin(), mixed.end(), [](auto& a, auto& b) { return a.id < b.id; });
+  biased[2] = penalized;
+  biased[2].sampling.flags |= kLogitBias;
+  biased[2].logit_bias = mixed;
+  for (ForwardChunk& ch : biased) ch.return_logits = true;
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    auto out = gpu->Forward(std::span(&biased[k], 1));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->logits.size(), size_t(V));
+    const ForwardOutput host = SampleRowsOnHost(std::span(&biased[k], 1), out->logits, V);
+    EXPECT_EQ(out->token_ids, host.token_ids);
+    if (k == 2) EXPECT_NEAR(out->logprobs[0], host.logprobs[0], 1e-4);
+  }
+  auto banned = gpu->Forward(std::span(&biased[0], 1));
+  auto forced = gpu->Forward(std::span(&biased[1], 1));
+  ASSERT_TRUE(banned.ok() && forced.ok());
+  EXPECT_EQ(banned->token_ids[0], by_logit[1]);
+  EXPECT_EQ(forced->token_ids[0], by_logit[V - 1]);
 }
 
 // Engines on both backends answer the same RAG requests (3 documents, reordered) in lazy and

@@ -166,14 +166,15 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     const int64_t n = static_cast<int64_t>(ch.tokens.size());
     SamplingRowParams p = ch.sampling;
     p.penalty_begin = p.penalty_count = 0;
-    if (HasPenalties(p)) {
-      const std::vector<PenaltyEntry> e = PenaltyEntries(ch.penalty_tokens, ch.penalty_prompt_tokens);
+    if (AdjustsLogits(p)) {
+      const std::vector<PenaltyEntry> e =
+          RowAdjustments(p, ch.penalty_tokens, ch.penalty_prompt_tokens, ch.logit_bias);
       p.penalty_begin = static_cast<int32_t>(penalties.size());
       p.penalty_count = static_cast<int32_t>(e.size());
       penalties.insert(penalties.end(), e.begin(), e.end());
-      if (chained) p.flags |= kCountInputToken;
+      if (chained && HasPenalties(p)) p.flags |= kCountInputToken;
     }
-    argmax_only &= SamplingIsGreedy(p) && !HasPenalties(p) && !(p.flags & kSampleLogprob);
+    argmax_only &= SamplingIsGreedy(p) && !AdjustsLogits(p) && !(p.flags & kSampleLogprob);
     any_logprob |= (p.flags & kSampleLogprob) != 0;
     for (int64_t t = ch.logits_for_all_tokens ? 0 : n - 1; t < n; ++t) {
       logit_rows.push_back(static_cast<int32_t>(chunk_row[i] + t));

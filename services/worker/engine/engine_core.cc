@@ -257,6 +257,7 @@ bool EngineCore::RunStep(absl::Time now) {
     p.chunk.sampling = RowSamplingParams(r.prepared.sampling, r.result.token_ids.size());
     p.chunk.penalty_tokens = r.PenaltyHistory();
     p.chunk.penalty_prompt_tokens = r.PenaltyPromptTokens();
+    p.chunk.logit_bias = r.prepared.sampling.logit_bias;
     p.chunk.return_logits =
         p.chunk.emit_logits && ((options_.keep_first_logits && r.result.token_ids.empty()) ||
                                 r.prepared.sampling.top_logprobs > 0);

@@ -698,11 +698,12 @@ TEST_F(EngineCoreTest, PipelinedDecodeMatchesStepByStepDecode) {
 // pipelined: the lists of chained steps are those of step-by-step decode, beside a request that
 // asked for none. The second run draws with penalties: in a chained step the runner counts the
 // input token it drew itself (kCountInputToken) and the host ranks with a history that holds it,
-// so both must agree for the lists to match.
+// so both must agree for the lists to match. The third adds a logit bias, which chained steps
+// must carry on as the first step of each request had it.
 TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
   std::vector<int32_t> question;  // request 0's
   SamplingParams sampling0;
-  auto run = [&](bool pipeline, bool penalties, int* chained,
+  auto run = [&](bool pipeline, bool penalties, bool bias, int* chained,
                  std::vector<std::vector<float>>* rows) {
     auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, /*fail_every=*/0);
     PipeliningCpuRunner* raw = runner.get();
@@ -720,6 +721,7 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
         r.sampling.frequency_penalty = 1.0f;
         r.sampling.presence_penalty = 0.5f;
       }
+      if (bias) r.sampling.logit_bias = {{3, 2.0f}, {17, -1.5f}, {40 + i, 4.0f}};
       auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
       EXPECT_TRUE(p.ok()) << p.status();
       if (i == 0) question = p->question, sampling0 = r.sampling;
@@ -745,10 +747,9 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
       history.insert(history.end(), res.token_ids.begin(), res.token_ids.begin() + t);
       const SamplingRowParams row = RowSamplingParams(sampling0, t);
       std::vector<double> x(rows[t].begin(), rows[t].end());
-      if (HasPenalties(row)) {
-        for (const PenaltyEntry& e : PenaltyEntries(history, question.size())) {
-          x[e.id] = PenalizedLogit(rows[t][e.id], row, e.output_count, e.in_prompt != 0);
-        }
+      for (const PenaltyEntry& e :
+           RowAdjustments(row, history, question.size(), sampling0.logit_bias)) {
+        x[e.id] = PenalizedLogit(rows[t][e.id], row, e);
       }
       const double mx = *std::max_element(x.begin(), x.end());
       double z = 0;
@@ -764,12 +765,13 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
       }
     }
   };
-  for (bool penalties : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << "penalties " << penalties);
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool penalties = mode >= 1, bias = mode == 2;
+    SCOPED_TRACE(::testing::Message() << "penalties " << penalties << " bias " << bias);
     int chained = 0;
     std::vector<std::vector<float>> want_rows, got_rows;
-    const std::vector<RequestResult> want = run(false, penalties, &chained, &want_rows);
-    const std::vector<RequestResult> got = run(true, penalties, &chained, &got_rows);
+    const std::vector<RequestResult> want = run(false, penalties, bias, &chained, &want_rows);
+    const std::vector<RequestResult> got = run(true, penalties, bias, &chained, &got_rows);
     EXPECT_GT(chained, 5) << "no step was chained";
     expect_reference(want[0], want_rows);
     expect_reference(got[0], got_rows);

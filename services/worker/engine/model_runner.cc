@@ -1,6 +1,7 @@
 #include "services/worker/engine/model_runner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "services/worker/engine/sampler.h"
@@ -26,10 +27,8 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
   for (const ForwardChunk& ch : chunks) {
     if (!ch.emit_logits) continue;
     const int64_t rows = ch.logits_for_all_tokens ? static_cast<int64_t>(ch.tokens.size()) : 1;
-    std::vector<PenaltyEntry> penalties;
-    if (HasPenalties(ch.sampling)) {
-      penalties = PenaltyEntries(ch.penalty_tokens, ch.penalty_prompt_tokens);
-    }
+    const std::vector<PenaltyEntry> penalties =
+        RowAdjustments(ch.sampling, ch.penalty_tokens, ch.penalty_prompt_tokens, ch.logit_bias);
     for (int64_t r = 0; r < rows; ++r, ++row) {
       const float* begin = logits.data() + row * vocab_size;
       float logprob = 0;
@@ -65,6 +64,14 @@ absl::StatusOr<TableSummary> ValidateForwardChunk(const ForwardChunk& ch, size_t
     if (HasPenalties(ch.sampling)) {
       for (int32_t t : ch.penalty_tokens) {
         if (t < 0 || t >= c.vocab_size) return bad("penalty history id outside the vocabulary");
+      }
+    }
+    if (ch.sampling.flags & kLogitBias) {
+      for (size_t k = 0; k < ch.logit_bias.size(); ++k) {
+        const LogitBias& b = ch.logit_bias[k];
+        if (b.id < 0 || b.id >= c.vocab_size) return bad("logit_bias id outside the vocabulary");
+        if (k > 0 && b.id <= ch.logit_bias[k - 1].id) return bad("logit_bias ids not increasing");
+        if (!(std::fabs(b.bias) <= kMaxLogitBias)) return bad("logit_bias value out of range");
       }
     }
   }

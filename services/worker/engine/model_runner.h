@@ -69,6 +69,9 @@ struct ForwardChunk {
   // output occurrence.
   std::span<const int32_t> penalty_tokens;
   int64_t penalty_prompt_tokens = 0;
+  // The request's logit bias (SamplingParams::logit_bias: distinct ids in increasing order),
+  // read only when `sampling` has kLogitBias.
+  std::span<const LogitBias> logit_bias;
   // Also return the emitting rows' fp32 logits (the LM head's, before penalties): tests,
   // scoring, EngineOptions::keep_first_logits. A GPU backend copies vocab_size floats per row.
   bool return_logits = false;

@@ -45,6 +45,19 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
       return bad("stop_token_ids", id, absl::StrCat("outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const LogitBias& b = p.logit_bias[i];
+    if (b.id < 0 || b.id >= vocab_size) {
+      return bad("logit_bias", b.id, absl::StrCat("outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (i > 0 && b.id <= p.logit_bias[i - 1].id) {
+      return bad("logit_bias", b.id, "ids must be distinct and in increasing order");
+    }
+    if (!(std::fabs(b.bias) <= kMaxLogitBias)) {
+      return bad(absl::StrCat("logit_bias[", b.id, "]"), b.bias,
+                 absl::StrCat("must be in [-", kMaxLogitBias, ", ", kMaxLogitBias, "]"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -57,7 +70,7 @@ SamplingRowParams RowSamplingParams(const SamplingParams& p, uint64_t step) {
   r.repetition_penalty = p.repetition_penalty;
   r.presence_penalty = p.presence_penalty;
   r.frequency_penalty = p.frequency_penalty;
-  r.flags = p.logprobs ? kSampleLogprob : 0;
+  r.flags = (p.logprobs ? kSampleLogprob : 0) | (p.logit_bias.empty() ? 0 : kLogitBias);
   r.seed = p.seed.value_or(0);
   r.step = step;
   return r;
@@ -79,6 +92,28 @@ std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_
   return out;
 }
 
+std::vector<PenaltyEntry> RowAdjustments(const SamplingRowParams& row,
+                                         std::span<const int32_t> history, int64_t prompt_tokens,
+                                         std::span<const LogitBias> logit_bias) {
+  std::vector<PenaltyEntry> out;
+  if (HasPenalties(row)) out = PenaltyEntries(history, prompt_tokens);
+  if (!(row.flags & kLogitBias) || logit_bias.empty()) return out;
+  // Few entries (at most limits.max_logit_bias): sort the history's by id and merge.
+  std::sort(out.begin(), out.end(),
+            [](const PenaltyEntry& a, const PenaltyEntry& b) { return a.id < b.id; });
+  const size_t listed = out.size();
+  size_t at = 0;
+  for (const LogitBias& b : logit_bias) {
+    while (at < listed && out[at].id < b.id) ++at;
+    if (at < listed && out[at].id == b.id) {
+      out[at].bias = b.bias;
+    } else {
+      out.push_back({.id = b.id, .bias = b.bias});
+    }
+  }
+  return out;
+}
+
 int32_t ArgMax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
@@ -87,8 +122,9 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {}
 
 int32_t Sampler::Sample(std::span<const float> logits, float* logprob) {
   const SamplingRowParams row = RowSamplingParams(params_, step_++);
-  return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, nullptr, 0, -1,
-                      logprob);
+  const std::vector<PenaltyEntry> adjust = RowAdjustments(row, {}, 0, params_.logit_bias);
+  return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, adjust.data(),
+                      static_cast<int32_t>(adjust.size()), -1, logprob);
 }
 
 }  // namespace lazyattn

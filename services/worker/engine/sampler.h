@@ -1,9 +1,9 @@
 // Token sampling parameters of a request, and their per-step form for the runners.
 //
-// The rules (kernels/include/sampling.h): penalties, temperature, top-k, top-p (over what top-k
-// kept), min-p, then one Philox-seeded draw that is a function of (seed, step, logits): a fixed
-// seed gives the same tokens on every run, at any batch composition, on either backend (up to
-// exp/log rounding at a boundary). Temperature 0 is greedy (argmax of the penalized logits; the
+// The rules (kernels/include/sampling.h): logit bias and penalties, temperature, top-k, top-p (over
+// what top-k kept), min-p, then one Philox-seeded draw that is a function of (seed, step, logits):
+// a fixed seed gives the same tokens on every run, at any batch composition, on either backend (up
+// to exp/log rounding at a boundary). Temperature 0 is greedy (argmax of the penalized logits; the
 // lowest id wins ties), and so is any temperature below kMinSamplingTemperature (1e-5). Both
 // runners sample every row themselves (the CUDA one on the device) and return only the ids;
 // Sampler below is the same draw on the host, for callers that hold logits.
@@ -41,12 +41,15 @@ struct SamplingParams {
   // top_logprobs.h), [0, kMaxTopLogprobs]. Each such request's rows bring their logits to the
   // host every step.
   int top_logprobs = 0;
+  // Distinct ids in increasing order, each inside the vocabulary, |bias| <= kMaxLogitBias.
+  std::vector<LogitBias> logit_bias;
 };
 
 // InvalidArgument naming the field: temperature in [0, 100], top_k >= 0, top_p in (0, 1],
 // min_p in [0, 1], repetition_penalty in (0, 100], presence/frequency_penalty in [-2, 2],
 // max_tokens >= 1, stop strings non-empty (at most 16), stop ids inside the vocabulary,
-// top_logprobs in [0, kMaxTopLogprobs] and above 0 only with logprobs.
+// top_logprobs in [0, kMaxTopLogprobs] and above 0 only with logprobs, logit_bias as its
+// comment says.
 absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // The per-row form of `params` for the draw of generated token number `step` (0 for the first).
@@ -57,7 +60,15 @@ SamplingRowParams RowSamplingParams(const SamplingParams& params, uint64_t step)
 // penalty only, the rest as output occurrences.
 std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_t prompt_tokens);
 
-// Draws on the host, one call per generated token (the step counter advances per call).
+// Everything a row adjusts its logits by, as the samplers read it (distinct ids): the penalty
+// history (PenaltyEntries) when `row` has penalties, with the logit bias merged in when it has
+// kLogitBias. Empty when neither (AdjustsLogits(row) false).
+std::vector<PenaltyEntry> RowAdjustments(const SamplingRowParams& row,
+                                         std::span<const int32_t> history, int64_t prompt_tokens,
+                                         std::span<const LogitBias> logit_bias);
+
+// Draws on the host, one call per generated token (the step counter advances per call). It keeps
+// no history, so the penalties have nothing to act on; the logit bias applies.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);

@@ -1,7 +1,9 @@
 #include "services/worker/engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -112,6 +114,66 @@ TEST(SamplerTest, PenaltyEntriesCountOutputAndMarkPrompt) {
   EXPECT_EQ(e[2].id, 9);
   EXPECT_EQ(e[2].in_prompt, 0);
   EXPECT_EQ(e[2].output_count, 1);
+}
+
+TEST(SamplerTest, RowAdjustmentsMergeTheBiasIntoTheHistory) {
+  const std::vector<int32_t> tokens = {5, 7, 5, 9, 7, 7};  // prompt: 5 7 5; output: 9 7 7
+  const std::vector<LogitBias> bias = {{2, -100.0f}, {7, 1.5f}, {12, 3.0f}};
+  SamplingRowParams row{.presence_penalty = 0.5f, .flags = kLogitBias};
+  auto by_id = [](std::vector<PenaltyEntry> e) {
+    std::sort(e.begin(), e.end(), [](auto& a, auto& b) { return a.id < b.id; });
+    return e;
+  };
+  const auto e = by_id(RowAdjustments(row, tokens, 3, bias));
+  ASSERT_EQ(e.size(), 5u);
+  const int32_t ids[] = {2, 5, 7, 9, 12};
+  const int32_t counts[] = {0, 0, 2, 1, 0};
+  const int32_t prompt[] = {0, 1, 1, 0, 0};
+  const float biases[] = {-100.0f, 0.0f, 1.5f, 0.0f, 3.0f};
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(e[i].id, ids[i]);
+    EXPECT_EQ(e[i].output_count, counts[i]);
+    EXPECT_EQ(e[i].in_prompt, prompt[i]);
+    EXPECT_EQ(e[i].bias, biases[i]);
+  }
+  // Bias alone: the history is not listed (no penalty would read it).
+  row.presence_penalty = 0.0f;
+  const auto only = by_id(RowAdjustments(row, tokens, 3, bias));
+  ASSERT_EQ(only.size(), 3u);
+  EXPECT_EQ(only[1].id, 7);
+  EXPECT_EQ(only[1].output_count, 0);
+  // Penalties alone: the bias is not read without the flag.
+  row = {.presence_penalty = 0.5f};
+  EXPECT_EQ(RowAdjustments(row, tokens, 3, bias).size(), 3u);
+  EXPECT_TRUE(RowAdjustments(SamplingRowParams{}, tokens, 3, bias).empty());
+}
+
+TEST(SamplerTest, LogitBiasIsValidatedAndFlagged) {
+  SamplingParams p;
+  p.logit_bias = {{1, 2.0f}, {4, -100.0f}};
+  EXPECT_TRUE(ValidateSamplingParams(p, 10).ok());
+  EXPECT_EQ(RowSamplingParams(p, 0).flags & kLogitBias, kLogitBias);
+  EXPECT_EQ(RowSamplingParams(SamplingParams{}, 0).flags & kLogitBias, 0u);
+  auto msg = [](const SamplingParams& q) {
+    return std::string(ValidateSamplingParams(q, 10).message());
+  };
+  p.logit_bias = {{10, 1.0f}};
+  EXPECT_NE(msg(p).find("logit_bias = 10: outside the vocabulary"), std::string::npos) << msg(p);
+  p.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  EXPECT_NE(msg(p).find("distinct"), std::string::npos) << msg(p);
+  p.logit_bias = {{4, 1.0f}, {3, 2.0f}};
+  EXPECT_NE(msg(p).find("increasing"), std::string::npos) << msg(p);
+  p.logit_bias = {{3, 100.5f}};
+  EXPECT_NE(msg(p).find("logit_bias[3]"), std::string::npos) << msg(p);
+  p.logit_bias = {{3, NAN}};
+  EXPECT_NE(msg(p).find("logit_bias[3]"), std::string::npos) << msg(p);
+  // The host sampler applies it: a ban moves greedy off the maximum.
+  std::vector<float> logits = {0.0f, 3.0f, 2.0f};
+  SamplingParams greedy;
+  greedy.logit_bias = {{1, -100.0f}};
+  Sampler s(greedy);
+  EXPECT_EQ(s.Sample(logits), 2);
 }
 
 // The draw is a function of (seed, step, logits): a sampler's n-th draw equals the twin's draw

@@ -34,13 +34,13 @@ std::vector<TopLogprob> TopLogprobs(std::span<const float> logits, const Samplin
   const int32_t V = static_cast<int32_t>(logits.size());
   std::vector<float> penalized;
   std::span<const float> x = logits;
-  if (HasPenalties(row)) {
-    // The draw's penalties (SampleRowCpu), each history id once. The history already holds a
+  if (AdjustsLogits(row)) {
+    // The draw's bias and penalties (SampleRowCpu), each id once. The history already holds a
     // chained step's input token, which the runner counted with kCountInputToken.
     penalized.assign(logits.begin(), logits.end());
     for (const PenaltyEntry& e : penalties) {
       if (e.id < 0 || e.id >= V) continue;
-      penalized[e.id] = PenalizedLogit(logits[e.id], row, e.output_count, e.in_prompt != 0);
+      penalized[e.id] = PenalizedLogit(logits[e.id], row, e);
     }
     x = penalized;
   }

@@ -94,7 +94,7 @@ TEST(TopLogprobsTest, PenaltiesRankAsTheDrawSawThem) {
                                       static_cast<int32_t>(penalties.size()), -1, &lp);
   std::vector<float> penalized = x;
   for (const PenaltyEntry& e : penalties) {
-    penalized[e.id] = PenalizedLogit(x[e.id], row, e.output_count, e.in_prompt != 0);
+    penalized[e.id] = PenalizedLogit(x[e.id], row, e);
   }
   ASSERT_NE(Order(penalized)[0], top_id) << "the penalties should move the best id down";
   const std::vector<TopLogprob> top = TopLogprobs(x, row, penalties, chosen, lp, 10);

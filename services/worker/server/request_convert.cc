@@ -1,5 +1,6 @@
 #include "services/worker/server/request_convert.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,10 @@ absl::StatusOr<SamplingParams> SamplingFromProto(const v1::SamplingParams& s,
   p.frequency_penalty = s.frequency_penalty();
   p.logprobs = s.logprobs();
   p.top_logprobs = s.top_logprobs();
+  p.logit_bias.reserve(s.logit_bias_size());
+  for (const auto& [id, bias] : s.logit_bias()) p.logit_bias.push_back({id, bias});
+  std::sort(p.logit_bias.begin(), p.logit_bias.end(),
+            [](const LogitBias& a, const LogitBias& b) { return a.id < b.id; });
   // Validated here too so the error names the request field ("sampling.top_k = -1: ...").
   absl::Status st = ValidateSamplingParams(p, config.vocab_size);
   if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.", st.message()));

@@ -34,6 +34,7 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   model_info_.set_max_context_tokens(config.max_positions);
   model_info_.set_max_documents(options.max_documents);
   model_info_.set_max_top_logprobs(kMaxTopLogprobs);
+  model_info_.set_max_logit_bias(options.limits.max_logit_bias);
   if (!tokenizer->chat_template().empty()) {
     auto tmpl = ChatTemplate::FromJinja(tokenizer->chat_template());
     if (tmpl.ok()) model_info_.set_chat_template(tmpl->name());

@@ -164,5 +164,43 @@ TEST_F(WorkerServiceTest, TopLogprobsComeRankedWithEachToken) {
   ExpectIdle();
 }
 
+// logit_bias steers a greedy generation: -100 on the first token's id makes the first token the
+// runner-up the alternatives listed, and +100 on another id makes every token that id, with a
+// log-probability of ~0 (that of the biased distribution). The worker advertises how many
+// entries it applies.
+TEST_F(WorkerServiceTest, LogitBiasBansAndForcesTokens) {
+  StartServer();
+  EXPECT_EQ(Status().model().max_logit_bias(), 300);
+  v1::GenerateRequest r = Request(kDocs, 6);
+  r.mutable_sampling()->set_logprobs(true);
+  r.mutable_sampling()->set_top_logprobs(3);
+  r.mutable_sampling()->set_ignore_eos(true);
+  const StreamResult plain = Generate(r);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_FALSE(plain.chunks.empty());
+  const v1::TokenChunk& first = plain.chunks[0];
+  ASSERT_EQ(first.top_logprobs_size(), 3);
+  const int32_t runner_up = first.top_logprobs(1).token_id();
+  const int32_t third = first.top_logprobs(2).token_id();
+
+  v1::GenerateRequest ban = r;
+  (*ban.mutable_sampling()->mutable_logit_bias())[first.token_id()] = -100.0f;
+  const StreamResult banned = Generate(ban);
+  ASSERT_TRUE(banned.status.ok()) << banned.status.error_message();
+  ASSERT_FALSE(banned.chunks.empty());
+  EXPECT_EQ(banned.chunks[0].token_id(), runner_up);
+  for (int32_t id : Ids(banned)) EXPECT_NE(id, first.token_id());
+
+  v1::GenerateRequest force = r;
+  (*force.mutable_sampling()->mutable_logit_bias())[third] = 100.0f;
+  const StreamResult forced = Generate(force);
+  ASSERT_TRUE(forced.status.ok()) << forced.status.error_message();
+  EXPECT_EQ(Ids(forced), std::vector<int32_t>(6, third));
+  for (const v1::TokenChunk& c : forced.chunks) {
+    if (c.token_id() >= 0) EXPECT_NEAR(c.logprob(), 0.0f, 1e-3f);
+  }
+  ExpectIdle();
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -66,6 +66,12 @@ TEST_F(WorkerServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
       {"top_logprobs without logprobs",
        [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_logprobs(2); },
        "sampling.top_logprobs"},
+      {"logit_bias id outside the vocabulary",
+       [](v1::GenerateRequest& r) { (*r.mutable_sampling()->mutable_logit_bias())[300] = 1.0f; },
+       "sampling.logit_bias[300]: token id 300 outside the vocabulary"},
+      {"logit_bias above 100",
+       [](v1::GenerateRequest& r) { (*r.mutable_sampling()->mutable_logit_bias())[5] = 150.0f; },
+       "sampling.logit_bias[5]: bias 150 outside [-100, 100]"},
       {"unknown cache mode",
        [](v1::GenerateRequest& r) { r.set_cache_mode(static_cast<v1::CacheMode>(42)); },
        "cache_mode"},
@@ -106,6 +112,10 @@ TEST_F(WorkerServiceTest, TheRoutersLimitsAreEnforced) {
          for (int i = 0; i < 65; ++i) r.mutable_sampling()->add_stop_token_ids(1);
        },
        "sampling.stop_token_ids: 65 ids, the limit is 64"},
+      {[](v1::GenerateRequest& r) {
+         for (int i = 0; i < 301; ++i) (*r.mutable_sampling()->mutable_logit_bias())[i] = 1.0f;
+       },
+       "sampling.logit_bias: 301 entries, the limit is 300"},
       {[](v1::GenerateRequest& r) { r.mutable_documents(0)->set_id(std::string(257, 'i')); },
        "documents[0].id: 257 bytes, the limit is 256"},
       {[](v1::GenerateRequest& r) { r.set_question(std::string((64 << 10) + 1, 'q')); },
