@@ -9,6 +9,8 @@ Python SDK (tools/setup-test-venv installs it) and by curl:
     documents reports them hit (usage.prompt_tokens_details.cached_tokens, lazyattn.documents_hit);
   - multi-turn chat equal to /v1/completions given the chat template's rendering of the same turns;
   - stop strings; stream_options.include_usage; SSE framing as curl -N sees it;
+  - logit_bias on both endpoints: +100 forces a token at every step, -100 bans the greedy first
+    token (the runner-up takes its place), and malformed or out-of-range biases are 400s;
   - errors with their HTTP codes: 400 (bad field, bad JSON), 401 (no key, unknown key), 403 (a key
     without the generate scope), 404 (unknown model, unknown path), 413 (body over the limit),
     429 (a key over its in-flight cap);
@@ -250,6 +252,46 @@ def secured_checks(args, tmp):
                   refused is not None and (refused.body or {}).get("param") == "top_logprobs",
                   str(refused))
 
+        # logit_bias: the ids of the greedy first token and of its runner-up from the gRPC API
+        # (`lazyattn client --json` reports ids), their bytes from the same request over HTTP.
+        want = grpc_answer(c, QUESTION, chat=True, system=SYSTEM, max_tokens=6,
+                           extra=["--logprobs", "--top-logprobs", "2"])
+        plain = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                               max_tokens=6, logprobs=True, top_logprobs=2)
+        entries = plain.choices[0].logprobs.content if plain.choices[0].logprobs else []
+        ranked = (want.get("top_logprobs") or [[]])[0]
+        ok = want.get("ok") and len(ranked) == 2 and entries and len(entries[0].top_logprobs) == 2
+        first_id, second_id = (ranked[0]["id"], ranked[1]["id"]) if ok else (0, 0)
+        first_bytes = entries[0].bytes if ok else None
+        second_bytes = entries[0].top_logprobs[1].bytes if ok else None
+        check("logit_bias setup: the first token and its runner-up, as ids (gRPC) and bytes (HTTP)",
+              ok and want["token_ids"][0] == first_id and first_id != second_id and
+              close([t.logprob for t in entries[0].top_logprobs], [w["logprob"] for w in ranked])
+              and second_bytes and second_bytes != first_bytes,
+              f"grpc={ranked} http={entries[0].top_logprobs if entries else None}")
+        forced = client.chat.completions.create(
+            model=model, messages=messages, temperature=0, max_tokens=6, logprobs=True,
+            logit_bias={str(second_id): 100})
+        got = forced.choices[0].logprobs.content if forced.choices[0].logprobs else []
+        check("logit_bias +100 on the runner-up: every token is it, at a biased logprob near 0",
+              len(got) == 6 and all(e.bytes == second_bytes and e.logprob > -1e-3 for e in got),
+              f"{[(e.bytes, e.logprob) for e in got]} want {second_bytes}")
+        banned = client.chat.completions.create(
+            model=model, messages=messages, temperature=0, max_tokens=2, logprobs=True,
+            logit_bias={str(first_id): -100.0})
+        got = banned.choices[0].logprobs.content if banned.choices[0].logprobs else []
+        check("logit_bias -100 on the greedy first token: the runner-up comes first instead",
+              got and got[0].bytes == second_bytes and got[0].bytes != first_bytes,
+              f"{[e.bytes for e in got]} first={first_bytes} runner-up={second_bytes}")
+        completion = client.completions.create(model=model, prompt="The capital of France is",
+                                               temperature=0, max_tokens=4, logprobs=0,
+                                               logit_bias={str(second_id): 100})
+        lp = completion.choices[0].logprobs
+        check("completions logit_bias +100: every token is the biased one",
+              lp is not None and len(lp.tokens) == 4 and
+              all(t == entries[0].top_logprobs[1].token for t in lp.tokens),
+              f"{lp.tokens if lp else None} want {entries[0].top_logprobs[1].token if entries else None}")
+
         # Documents: placed as the gRPC API places them, and hit on the second request.
         want = grpc_answer(c, QUESTION, docs=docs, chat=True, system=SYSTEM)
         body = {"documents": [{"id": f"doc{i}", "text": t} for i, t in enumerate(DOCS)]}
@@ -361,6 +403,12 @@ def secured_checks(args, tmp):
                openai.BadRequestError, lambda: capped.chat.completions.create(n=2, **ask), 400, "n")
         raises("max_tokens over the limit: 400 naming max_tokens", openai.BadRequestError,
                lambda: client.chat.completions.create(**dict(ask, max_tokens=10**6)), 400, "max_tokens")
+        raises("logit_bias 101: 400 naming logit_bias", openai.BadRequestError,
+               lambda: client.chat.completions.create(**dict(ask, logit_bias={"7": 101})), 400,
+               "logit_bias")
+        raises("logit_bias key \"abc\": 400 naming logit_bias", openai.BadRequestError,
+               lambda: client.completions.create(model=model, prompt="x", max_tokens=2,
+                                                 logit_bias={"abc": 1}), 400, "logit_bias")
         raises("last turn not a user turn: 400 naming the message", openai.BadRequestError,
                lambda: client.chat.completions.create(model=model, messages=turns[:3]), 400,
                "messages[2].role")

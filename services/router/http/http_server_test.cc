@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -29,8 +30,8 @@ namespace lazyattn::router {
 namespace {
 
 using testing::FakeKvdir;
-using testing::RouterOptionsForFakeKvdir;
 using testing::FakeWorker;
+using testing::RouterOptionsForFakeKvdir;
 
 // Refuses every key, as the router's processor refuses a client without one.
 class RejectAll final : public grpc::AuthMetadataProcessor {
@@ -136,7 +137,8 @@ TEST_F(HttpServerTest, RefusesAMissingKeyBeforeReadingTheBody) {
   // Announces 3 MiB and sends none of it: the answer must not wait for the body.
   const std::string head = absl::StrCat(
       "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: ", 3 << 20, "\r\n\r\n");
+      "Content-Length: ",
+      3 << 20, "\r\n\r\n");
   ASSERT_EQ(write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
   const absl::Time start = absl::Now();
   const std::string reply = ReadHead(fd);
@@ -332,6 +334,54 @@ TEST_F(HttpServerTest, TopLogprobsOutOfBoundsAre400NamingTheField) {
   EXPECT_EQ(worker_.generate_calls(), calls);
 }
 
+// logit_bias reaches the worker as SamplingParams.logit_bias from both endpoints; what the shared
+// validator refuses in it (a bias out of [-100, 100], an id outside the fake's vocabulary of 1000,
+// more than limits.max_logit_bias entries) is a 400 naming logit_bias and the key, and no worker
+// is asked.
+TEST_F(HttpServerTest, LogitBiasReachesTheWorkerAndItsBoundsAre400NamingIt) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string user = R"("messages": [{"role": "user", "content": "Hi?"}])";
+  for (const std::string& body :
+       {"{" + user + R"(, "logit_bias": {"7": 100, "42": -2.5}})",
+        std::string(R"({"prompt": "Hi?", "logit_bias": {"7": 100, "42": -2.5}})")}) {
+    SCOPED_TRACE(body);
+    const std::string path =
+        absl::StrContains(body, "prompt") ? "/v1/completions" : "/v1/chat/completions";
+    const std::string reply = Post(path, body);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+    const v1::GenerateRequest sent = worker_.last_request();
+    const auto& bias = sent.sampling().logit_bias();
+    ASSERT_EQ(bias.size(), 2u);
+    EXPECT_EQ(bias.at(7), 100.0f);
+    EXPECT_EQ(bias.at(42), -2.5f);
+  }
+  const int calls = worker_.generate_calls();
+  std::string many = "{";
+  for (int i = 0; i <= 300; ++i) absl::StrAppend(&many, i == 0 ? "" : ", ", "\"", i, "\": 1");
+  many += "}";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"7": 101})", R"(logit_bias: key \"7\": bias 101 outside [-100, 100])"},
+      {R"({"1000": 1})",
+       R"(logit_bias: key \"1000\": token id 1000 outside the vocabulary (size 1000))"},
+      {R"({"-1": 1})", R"(logit_bias: key \"-1\": negative token id -1)"},
+      {R"({"abc": 1})", "logit_bias: expected token ids as keys"},
+      {many, "logit_bias: 301 entries, the limit is 300 (limits.max_logit_bias)"},
+  };
+  for (const auto& [bias, message] : cases) {
+    SCOPED_TRACE(bias.substr(0, 40));
+    const std::string reply =
+        Post("/v1/chat/completions", "{" + user + R"(, "logit_bias": )" + bias + "}");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    const auto body = JsonOf(reply);
+    ASSERT_EQ(body.size(), 1u);
+    EXPECT_EQ(body[0]["error"]["type"], "invalid_request_error") << reply;
+    EXPECT_EQ(body[0]["error"]["param"], "logit_bias") << reply;
+    EXPECT_NE(body[0]["error"].dump().find(message), std::string::npos) << reply;
+  }
+  EXPECT_EQ(worker_.generate_calls(), calls);
+}
+
 TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {
   StartRouter();
   HttpOptions o = Options();
@@ -365,7 +415,8 @@ TEST_F(HttpServerTest, ShutdownLetsAStreamFinishWithinTheGraceAndWaitsForItsCall
         R"({"messages": [{"role": "user", "content": "Hi?"}], "stream": true, "max_tokens": 8})";
     const std::string request = absl::StrCat(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+        "Connection: close\r\nContent-Length: ",
+        body.size(), "\r\n\r\n", body);
     (void)!write(fd, request.data(), request.size());
     reply = ReadAll(fd);
     close(fd);

@@ -83,14 +83,6 @@ absl::Status CheckCompletionOptions(const json& body) {
       return NotSupported("suffix", "no text is inserted after the completion", *v);
     }
   }
-  if (const json* v = Field(body, "logit_bias")) {
-    if (!v->is_object()) return WrongType("logit_bias", "an object", *v);
-    if (!v->empty()) {
-      return Invalid("logit_bias", absl::StrCat("not supported (token biases are not applied), "
-                                                "got an object of ",
-                                                v->size(), " entries"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -155,12 +147,13 @@ const std::set<std::string_view>& KnownFields() {
       "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
       "presence_penalty", "frequency_penalty", "stream", "stream_options", "documents",
       "cache_mode", "top_k", "min_p", "repetition_penalty", "logprobs", "top_logprobs",
+      "logit_bias",
       // ignored: harmless
       "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
       // refused unless unset or default
-      "echo", "best_of", "suffix", "logit_bias", "tools", "functions", "tool_choice",
-      "function_call", "response_format", "modalities", "audio", "guided_json", "guided_regex",
-      "guided_choice", "guided_grammar"};
+      "echo", "best_of", "suffix", "tools", "functions", "tool_choice", "function_call",
+      "response_format", "modalities", "audio", "guided_json", "guided_regex", "guided_choice",
+      "guided_grammar"};
   return *known;
 }
 

@@ -1,19 +1,19 @@
 // Which top-level fields of an OpenAI request the router honours, which it may ignore, and which
 // it must refuse (docs/http-api.md, "Requests").
 //
-//  - Read: the fields openai_json.h maps, the extensions, and the request for log probabilities
-//    and their alternatives (ReadLogprobs).
+//  - Read: the fields openai_json.h maps (logit_bias among them), the extensions, and the request
+//    for log probabilities and their alternatives (ReadLogprobs).
 //  - Ignored, harmless: user, metadata, store, service_tier, parallel_tool_calls (no tools are
 //    ever accepted), prediction (a latency hint), and the unset or default value of any field
 //    below.
 //  - Refused when set to a value that asks for what the router does not do, because an answer
 //    that ignored it would mean something else than the client asked for: echo true,
-//    best_of > 1, suffix non-empty, logit_bias non-empty, a completion's top_logprobs > 0 (a
-//    completion counts its alternatives in `logprobs`), tools / functions non-empty, tool_choice /
-//    function_call other than "none" or "auto", response_format other than {"type": "text"},
-//    modalities other than ["text"], audio, and vLLM's guided_json / guided_regex / guided_choice /
-//    guided_grammar. InvalidArgument "<field>: not supported (...)", so the HTTP answer is 400
-//    with `param` the field.
+//    best_of > 1, suffix non-empty, a completion's top_logprobs > 0 (a completion counts its
+//    alternatives in `logprobs`), tools / functions non-empty, tool_choice / function_call other
+//    than "none" or "auto", response_format other than {"type": "text"}, modalities other than
+//    ["text"], audio, and vLLM's guided_json / guided_regex / guided_choice / guided_grammar.
+//    InvalidArgument "<field>: not supported (...)", so the HTTP answer is 400 with `param` the
+//    field.
 //  - Anything else: accepted (SDKs add fields faster than servers learn them) and reported by
 //    UnknownFields, for the handler to log.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_FIELDS_H_

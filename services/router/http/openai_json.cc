@@ -7,16 +7,18 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace lazyattn::router {
 namespace {
 
-using nlohmann::json;
 using lazyattn::v1::Final;
 using lazyattn::v1::GenerateRequest;
+using nlohmann::json;
 
 // OpenAI's top_p at or below this keeps only the most likely token. The gRPC API reads top_p 0
 // as "off", so such a top_p is sent as top_k 1 (top_p off): the same single token. The bound is
@@ -84,8 +86,8 @@ absl::Status ReadFloat(const json& body, const char* name, float* out) {
 absl::StatusOr<std::string> ContentOf(const json& v, const std::string& field) {
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) {
-    return Invalid(field, absl::StrCat("expected a string or a list of text parts, got ",
-                                       v.type_name()));
+    return Invalid(field,
+                   absl::StrCat("expected a string or a list of text parts, got ", v.type_name()));
   }
   std::string text;
   for (size_t j = 0; j < v.size(); ++j) {
@@ -256,7 +258,8 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
     if (const json* v = Field(body, name)) {
       ASSIGN_OR_RETURN(const int64_t n, IntegerOf(*v, name));
       if (n < 1) return Invalid(name, absl::StrCat("must be at least 1, got ", n));
-      s->set_max_tokens(static_cast<int32_t>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max())));
+      s->set_max_tokens(
+          static_cast<int32_t>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max())));
     }
   }
   if (const json* v = Field(body, "seed")) {
@@ -272,9 +275,52 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
         s->add_stop(std::move(stop));
       }
     } else {
-      return Invalid("stop", absl::StrCat("expected a string or a list of strings, got ",
-                                          v->type_name()));
+      return Invalid("stop",
+                     absl::StrCat("expected a string or a list of strings, got ", v->type_name()));
     }
+  }
+  return absl::OkStatus();
+}
+
+// A logit_bias key: a token id in canonical decimal (digits, '-' before a negative one, no '+',
+// spaces or leading zeros), within int32. One spelling per id, so the keys of one JSON object
+// never name a token twice, and a message naming "sampling.logit_bias[<id>]" names the very key
+// the client wrote. Python's int(), which vLLM uses, also takes " 7", "+7" and "07".
+bool TokenIdKey(absl::string_view key, int32_t* id) {
+  absl::string_view digits = key;
+  absl::ConsumePrefix(&digits, "-");
+  if (digits.empty() || (digits[0] == '0' && key != "0")) return false;  // "", "-", "07", "-0"
+  for (const char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return absl::SimpleAtoi(key, id);  // false outside int32
+}
+
+// OpenAI's logit_bias, {"<token id>": bias}: the entries in key order (nlohmann's object sorts
+// its keys; of a key written twice in the body, the parser keeps the last value). null and {} set
+// none. The entry count, the ids' range and the biases' [-100, 100] are the shared validator's.
+absl::Status ReadLogitBias(const json& body, GenerateRequest* r) {
+  const json* bias = Field(body, "logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) {
+    return Invalid("logit_bias", absl::StrCat("expected an object, got ", bias->type_name()));
+  }
+  auto* out = r->mutable_sampling()->mutable_logit_bias();
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    int32_t id = 0;
+    if (!TokenIdKey(it.key(), &id)) {
+      return Invalid("logit_bias",
+                     absl::StrCat("expected token ids as keys (decimal integers within 32 bits, "
+                                  "no '+', spaces or leading zeros), got ",
+                                  QuoteForMessage(json(it.key()))));
+    }
+    const std::string entry = absl::StrCat("logit_bias: key \"", it.key(), "\"");
+    ASSIGN_OR_RETURN(const double d, NumberOf(*it, entry));
+    if (std::fabs(d) > 1e30) {  // as ReadFloat: a double beyond float's range has no float value
+      return Invalid(entry,
+                     absl::StrCat("expected a number within [-1e30, 1e30], got ", it->dump()));
+    }
+    (*out)[id] = static_cast<float>(d);
   }
   return absl::OkStatus();
 }
@@ -389,6 +435,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
   RETURN_IF_ERROR(ReadSampling(body, &r));
+  RETURN_IF_ERROR(ReadLogitBias(body, &r));
   ASSIGN_OR_RETURN(const LogprobsRequest logprobs, ReadLogprobs(kind, body));
   r.mutable_sampling()->set_logprobs(logprobs.logprobs);
   r.mutable_sampling()->set_top_logprobs(logprobs.top_logprobs);
@@ -397,6 +444,16 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
 
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {
   const absl::string_view m(message.data(), message.size());
+  // An entry of the map is named by its JSON key, and the field (`param`) is the map itself.
+  constexpr absl::string_view kBiasEntry = "sampling.logit_bias[";
+  if (absl::StartsWith(m, kBiasEntry)) {
+    const size_t close = m.find("]: ", kBiasEntry.size());
+    if (close != absl::string_view::npos) {
+      return absl::StrCat("logit_bias: key \"",
+                          m.substr(kBiasEntry.size(), close - kBiasEntry.size()),
+                          "\": ", m.substr(close + 3));
+    }
+  }
   if (absl::StartsWith(m, "sampling.")) return std::string(m.substr(9));
   if (kind == ApiKind::kCompletion && absl::StartsWith(m, "question:")) {
     return absl::StrCat("prompt:", m.substr(9));

@@ -5,12 +5,16 @@
 // `question` = prompt and no template. Fields read: model, messages, prompt, max_tokens,
 // max_completion_tokens (wins over max_tokens), temperature (default 1, as OpenAI's), top_p, seed,
 // stop (string or list), n (1 to kMaxChoices), presence_penalty, frequency_penalty, user (ignored),
-// stream, stream_options.include_usage; the extensions documents [{"id", "text"}], cache_mode
-// ("lazy", "block", "prefix", "full"), top_k, min_p and repetition_penalty. OpenAI fields the
-// router does not implement are refused when set to a value that would change the answer, and other
-// fields are accepted and listed in `unknown_fields` (openai_fields.h). Errors: InvalidArgument
-// "<field>: <what was expected>, got <what came>" with the JSON field's name; what came is quoted
-// by QuoteForMessage (a string cut short, a structure by its type).
+// stream, stream_options.include_usage, logit_bias ({"<token id>": bias} -> SamplingParams.
+// logit_bias; a key is a token id in canonical decimal: digits, '-' before a negative one, no '+',
+// spaces or leading zeros, within int32; a value any JSON number); the extensions documents
+// [{"id", "text"}], cache_mode ("lazy", "block", "prefix", "full"), top_k, min_p and
+// repetition_penalty. OpenAI fields the router does not implement are refused when set to a value
+// that would change the answer, and other fields are accepted and listed in `unknown_fields`
+// (openai_fields.h). Errors: InvalidArgument "<field>: <what was expected>, got <what came>" with
+// the JSON field's name; what came is quoted by QuoteForMessage (a string cut short, a structure
+// by its type); an error in one entry of logit_bias names the field and then the entry
+// ("logit_bias: key \"7\": expected a number, got string").
 // Ranges the gRPC API also checks (max_tokens limit, temperature range, ...) are left to the
 // shared validator so both APIs refuse the same requests.
 //
@@ -50,13 +54,15 @@ inline constexpr int kMaxJsonDepth = 64;
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body);
 
 // Rewrites a validator message that names a gRPC field ("sampling.max_tokens: ...") to the JSON
-// field the HTTP client sent ("max_tokens: ..."); other messages are returned unchanged.
+// field the HTTP client sent ("max_tokens: ..."); an entry of logit_bias is named by its key
+// ("sampling.logit_bias[7]: ..." -> "logit_bias: key \"7\": ...", so `param` is logit_bias);
+// other messages are returned unchanged.
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message);
 
 // What every response object of one request carries.
 struct ResponseMeta {
   ApiKind kind = ApiKind::kChat;
-  std::string id;  // "chatcmpl-..." / "cmpl-..."
+  std::string id;       // "chatcmpl-..." / "cmpl-..."
   int64_t created = 0;  // Unix seconds
   std::string model;
 };
