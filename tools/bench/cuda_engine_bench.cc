@@ -14,6 +14,7 @@
 //                         [--ttft-modes full,prefix,block,lazy]
 //                         [--wgmma-max-rows N] [--fused-qkv-rope] [--no-wgmma-packed]
 //                         [--no-early-kv-loads] [--no-pipeline-decode] [--decode-top-logprobs]
+//                         [--decode-logit-bias N]
 //                         [--prefill-kernel mma|wgmma-ws]
 //                         [--wgmma-cuts qkv=64/2,o=64/4,gate_up=0/1,...]
 //
@@ -54,6 +55,9 @@ int Main(int argc, char** argv) {
                "closed-loop clients (part saturation; default 16)");
   args.Declare("decode-top-logprobs", CliArgs::Kind::kSwitch,
                "part decode: also sampled batches with top_logprobs 5 on one / every request");
+  args.Declare("decode-logit-bias", CliArgs::Kind::kValue,
+               "part decode: also greedy and sampled batches whose every request has a logit "
+               "bias of this many entries (default 0: none)");
   args.Declare("profile-decode-steps", CliArgs::Kind::kValue,
                "steady decode steps inside cudaProfilerStart/Stop, per decode run (default 0)");
   args.Declare("profile-ttft-step", CliArgs::Kind::kSwitch,
@@ -190,7 +194,8 @@ int Main(int argc, char** argv) {
   if (status.ok() && parts.find("decode") != std::string::npos) {
     status = RunDecode(b, budget, batches,
                        static_cast<int>(args.Int("profile-decode-steps", 0).value_or(0)),
-                       args.Has("decode-top-logprobs"), out);
+                       args.Has("decode-top-logprobs"),
+                       static_cast<int>(args.Int("decode-logit-bias", 0).value_or(0)), out);
   }
   if (status.ok() && parts.find("serving") != std::string::npos) {
     status = RunServing(b, args.Int("serving-kv-gib", 12).value_or(12) * gib,

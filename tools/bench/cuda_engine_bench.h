@@ -110,8 +110,10 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out);
 absl::Status RunLongContext(Bench& b, int64_t kv_budget, json& out);
 // `top_logprobs`: also the sampled rows of `batches` with SamplingParams::top_logprobs 5 on one
 // request of the batch, then on every request (what their logits' trip to the host costs).
+// `logit_bias` > 0: also greedy and sampled rows whose every request has a logit bias of that
+// many entries (what sending greedy rows through the sampler, and the entries, cost).
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
-                       int profile_steps, bool top_logprobs, json& out);
+                       int profile_steps, bool top_logprobs, int logit_bias, json& out);
 absl::Status RunServing(Bench& b, int64_t kv_budget, int num_requests,
                         const std::vector<double>& rates, json& out);
 absl::Status RunSaturation(Bench& b, int64_t kv_budget, int num_requests, int clients, json& out);

@@ -113,16 +113,18 @@ absl::Status RunTtft(Bench& b, int64_t kv_budget, json& out) {
 
 // --- Decode: batch 1 at 20K context, batch 32 at 2K, and the largest batch that fits. ---
 absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batches,
-                       int profile_steps, bool top_logprobs, json& out) {
+                       int profile_steps, bool top_logprobs, int logit_bias, json& out) {
   std::cout << "\n### Decode\n\n| batch | context | sampling | step ms | output tok/s | GPU ms/step | "
                "runner wall ms/step | host prep ms/step | launch ms/step | "
                "engine ms between steps | CUDA graph replays |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|\n";
   ASSIGN_OR_RETURN(auto engine, b.MakeEngine(kv_budget, 512));
   // `sampled`: temperature 0.8, top-p 0.95, a seed per request (the sampled decode row);
-  // `top_rows`: the first top_rows requests also ask for logprobs with 5 alternatives.
-  auto one = [&](int batch, int context, int steps, bool sampled,
-                 int top_rows = 0) -> absl::Status {
+  // `top_rows`: the first top_rows requests also ask for logprobs with 5 alternatives;
+  // `bias_entries`: every request has a logit bias of that many entries (small, spread biases
+  // that steer nothing much: what is timed is their cost).
+  auto one = [&](int batch, int context, int steps, bool sampled, int top_rows = 0,
+                 int bias_entries = 0) -> absl::Status {
     std::vector<EngineRequest> reqs;
     for (int i = 0; i < batch; ++i) {
       EngineRequest r{.mode = CacheMode::kFull,
@@ -136,6 +138,16 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
         r.sampling.logprobs = true;
         r.sampling.top_logprobs = 5;
       }
+      for (int k = 0; k < bias_entries; ++k) {
+        const int32_t id = static_cast<int32_t>((int64_t{k} * 7919 + i) % b.config.vocab_size);
+        r.sampling.logit_bias.push_back({id, k % 2 == 0 ? 0.5f : -0.5f});
+      }
+      std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end(),
+                [](const LogitBias& x, const LogitBias& y) { return x.id < y.id; });
+      r.sampling.logit_bias.erase(
+          std::unique(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end(),
+                      [](const LogitBias& x, const LogitBias& y) { return x.id == y.id; }),
+          r.sampling.logit_bias.end());
       r.question_token_ids = DocumentTokens(5000 + 1000 * context + i, context);
       reqs.push_back(std::move(r));
     }
@@ -200,6 +212,10 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
       absl::StrAppend(&label, ", top_logprobs 5 on ", top_rows, " of ", batch);
       absl::StrAppend(&key, "_top5_", top_rows);
     }
+    if (bias_entries > 0) {
+      absl::StrAppend(&label, ", logit_bias of ", bias_entries, " on every request");
+      absl::StrAppend(&key, "_bias", bias_entries);
+    }
     std::cout << absl::StrCat("| ", batch, " | ", context, " | ", label, " | ", step_ms, " | ",
                               tok_s, " | ", gpu_ms, " | ", wall_ms, " | ", prep_ms, " | ",
                               launch_ms - prep_ms, " | ", between_ms, " | ", replays, " |\n");
@@ -228,6 +244,10 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
     if (top_logprobs) {
       RETURN_IF_ERROR(one(batch, 2048, 128, true, 1));
       RETURN_IF_ERROR(one(batch, 2048, 128, true, batch));
+    }
+    if (logit_bias > 0) {
+      for (bool sampled : {false, true})
+        RETURN_IF_ERROR(one(batch, 2048, 128, sampled, 0, logit_bias));
     }
   }
   return absl::OkStatus();
