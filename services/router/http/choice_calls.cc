@@ -27,20 +27,14 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
             : absl::StrCat("n: ", choices, " choices need as many places in flight; the API key \"",
                            key_name, "\" takes at most ", key_cap, " (its limits.max_in_flight)"));
   }
-  // Every choice's places first, so that a refusal starts nothing. The request is validated
-  // once: the choices differ only in their seeds.
+  // Every choice's places at once, so that a refusal starts nothing and holds nothing. The
+  // request is validated once: the choices differ only in their seeds.
   std::vector<AdmissionTicket> tickets(choices);
-  for (int i = 0; i < choices; ++i) {
-    const grpc::Status s = i == 0
-                               ? AdmitRequest(router, key_limiter, key_name, request, &tickets[0])
-                               : AdmitAnotherPlace(router, key_limiter, key_name, &tickets[i]);
-    if (s.ok()) continue;
-    // The places taken so far are given back with `tickets`. A cap that the earlier choices
-    // filled is named with the choice that met it; the first choice's refusal is the one a
-    // request with n = 1 would get.
-    if (i > 0 && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+  if (const grpc::Status s = AdmitRequest(router, key_limiter, key_name, request, tickets);
+      !s.ok()) {
+    if (choices > 1 && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("n: choice ", i + 1, " of ", choices, " refused: ", s.error_message()));
+          absl::StrCat("n: ", choices, " choices refused together: ", s.error_message()));
     }
     return FromGrpcStatus(s);
   }

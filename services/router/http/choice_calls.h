@@ -12,9 +12,10 @@
 // cap, the router's limit), routed, failed over and counted in the metrics as one. They carry the
 // same documents, so they meet on the worker that holds them. A seeded request gives choice i the
 // seed `seed + i` (wrapping), so its choices differ and the whole response is reproducible;
-// unseeded ones each get a fresh seed from their worker. Every choice is admitted before any
-// starts, so a choice refused at admission refuses the whole request and nothing reaches a
-// worker; more choices than the router's in-flight limit is InvalidArgument (no retry could
+// unseeded ones each get a fresh seed from their worker. The choices' places are taken together
+// or not at all (AdmitRequest over all their tickets) before any starts, so a refused request
+// reaches no worker and never holds places that a concurrent request could have had; more
+// choices than the router's in-flight limit or the key's cap is InvalidArgument (no retry could
 // pass).
 //
 // Not thread-safe: one thread at a time (the handler, then the stream's writer).

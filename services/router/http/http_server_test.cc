@@ -502,6 +502,36 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
 
 // A choice that fails fails the whole response: before the stream began, with the error's HTTP
 // status; after, with the stream's error event and no [DONE].
+// A request's choices take their places together or not at all: with all but two of the
+// router's places held, n = 3 is a 429 naming n that holds nothing and reaches no worker, and
+// n = 2 then fits exactly.
+TEST_F(HttpServerTest, ChoicesTakeTheirPlacesTogetherOrNotAtAll) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  RouterContext& router = router_->context();
+  const int limit = router.options().max_inflight_requests;
+  ASSERT_GE(limit, 3);
+  ASSERT_TRUE(router.TryAdmit(limit - 2));
+  const int calls = worker_.generate_calls();
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 4)";
+  const std::string refused = Post("/v1/chat/completions", chat + R"(, "n": 3})");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 429", 0), 0u) << refused;
+  EXPECT_NE(refused.find(absl::StrCat("n: 3 choices refused together: router busy: ", limit - 2,
+                                      " requests in flight, 3 more would pass "
+                                      "limits.max_inflight_requests (",
+                                      limit, ")")),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find(R"("param":"n")"), std::string::npos) << refused;
+  EXPECT_EQ(router.InFlight(), limit - 2);
+  EXPECT_EQ(worker_.generate_calls(), calls);
+  const std::string served = Post("/v1/chat/completions", chat + R"(, "n": 2})");
+  EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served;
+  EXPECT_EQ(worker_.generate_calls(), calls + 2);
+  for (int i = 0; i < limit - 2; ++i) router.Release();
+  EXPECT_TRUE(testing::WaitFor([&] { return router.InFlight() == 0; }));
+}
+
 TEST_F(HttpServerTest, AFailingChoiceFailsTheWholeResponse) {
   FakeWorker::Script script;
   script.fail_before_first_token = grpc::StatusCode::INVALID_ARGUMENT;

@@ -1,6 +1,7 @@
 #include "services/router/server/admission.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
@@ -30,6 +31,12 @@ void AdmissionTicket::Reset() {
 grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
                           const std::string& key_name, const lazyattn::v1::GenerateRequest& request,
                           AdmissionTicket* ticket) {
+  return AdmitRequest(router, key_limiter, key_name, request, std::span(ticket, 1));
+}
+
+grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
+                          const std::string& key_name, const lazyattn::v1::GenerateRequest& request,
+                          std::span<AdmissionTicket> tickets) {
   const auto refuse = [router](const grpc::Status& s) {
     router->metrics().CountRequest(s.error_code());
     return s;
@@ -52,28 +59,31 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
                                                 model->max_documents(), " (GetModelInfo)"));
     return refuse(ToGrpcStatus(too_many));
   }
-  return AdmitAnotherPlace(router, key_limiter, key_name, ticket);
-}
-
-grpc::Status AdmitAnotherPlace(RouterContext* router, KeyLimiter* key_limiter,
-                               const std::string& key_name, AdmissionTicket* ticket) {
-  const auto refuse = [router](const grpc::Status& s) {
-    router->metrics().CountRequest(s.error_code());
-    return s;
-  };
-  KeySlot slot;
+  const int places = static_cast<int>(tickets.size());
+  std::vector<KeySlot> slots(tickets.size());
   if (key_limiter != nullptr) {
-    if (grpc::Status s = key_limiter->Acquire(key_name, &slot); !s.ok()) return refuse(s);
+    // Given back with `slots` if the router's limit refuses.
+    if (grpc::Status s = key_limiter->Acquire(key_name, std::span(slots)); !s.ok()) {
+      return refuse(s);
+    }
   }
-  if (!router->TryAdmit()) {
+  if (!router->TryAdmit(places)) {
+    const int limit = router->options().max_inflight_requests;
     return refuse(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("router busy: ", router->options().max_inflight_requests,
-                     " requests in flight (limits.max_inflight_requests); retry later")));
+        places == 1
+            ? absl::StrCat("router busy: ", limit,
+                           " requests in flight (limits.max_inflight_requests); retry later")
+            : absl::StrCat("router busy: ", router->InFlight(), " requests in flight, ", places,
+                           " more would pass limits.max_inflight_requests (", limit,
+                           "); retry later")));
   }
-  ticket->Reset();
-  ticket->router_ = router;
-  ticket->key_slot_ = std::move(slot);
+  for (int i = 0; i < places; ++i) {
+    AdmissionTicket& ticket = tickets[i];
+    ticket.Reset();
+    ticket.router_ = router;
+    ticket.key_slot_ = std::move(slots[i]);
+  }
   return grpc::Status::OK;
 }
 

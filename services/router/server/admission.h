@@ -23,6 +23,7 @@
 
 #include <grpcpp/support/status.h>
 
+#include <span>
 #include <string>
 
 #include "lazyattn/v1/inference.pb.h"
@@ -45,8 +46,9 @@ class AdmissionTicket {
   bool admitted() const { return router_ != nullptr; }
 
  private:
-  friend grpc::Status AdmitAnotherPlace(RouterContext*, KeyLimiter*, const std::string&,
-                                        AdmissionTicket*);
+  friend grpc::Status AdmitRequest(RouterContext*, KeyLimiter*, const std::string&,
+                                   const lazyattn::v1::GenerateRequest&,
+                                   std::span<AdmissionTicket>);
   void Reset();
 
   RouterContext* router_ = nullptr;  // set: holds one of the router's in-flight places
@@ -60,11 +62,14 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
                           const std::string& key_name, const lazyattn::v1::GenerateRequest& request,
                           AdmissionTicket* ticket);
 
-// Steps 2c-2d alone: one more place for a request that AdmitRequest already admitted (another
-// choice of an HTTP request with OpenAI's `n`, services/router/http/choice_calls.h). The same
-// contract.
-grpc::Status AdmitAnotherPlace(RouterContext* router, KeyLimiter* key_limiter,
-                               const std::string& key_name, AdmissionTicket* ticket);
+// The same for `request` run as tickets.size() >= 1 calls at once (the choices of an HTTP
+// request with OpenAI's `n`, services/router/http/choice_calls.h): validated once, then every
+// call's places taken together or none, so a refused request never holds some, even for the
+// moment that would refuse a concurrent request. OK with every ticket holding its places; else
+// the refusal, counted once, and the tickets untouched.
+grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
+                          const std::string& key_name, const lazyattn::v1::GenerateRequest& request,
+                          std::span<AdmissionTicket> tickets);
 
 }  // namespace lazyattn::router
 

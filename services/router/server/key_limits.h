@@ -22,14 +22,14 @@
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_KEY_LIMITS_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_KEY_LIMITS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/registry.h>
 
 #include <memory>
+#include <span>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -75,6 +75,9 @@ class KeyLimiter {
   // A place under the key's in-flight cap; RESOURCE_EXHAUSTED when the cap is reached. An empty
   // name (no API keys configured) or a key without a cap gets an empty slot.
   grpc::Status Acquire(const std::string& key_name, KeySlot* slot);
+  // slots.size() places at once, or none (RESOURCE_EXHAUSTED, `slots` untouched): a request that
+  // needs several (an HTTP request with OpenAI's `n`) never holds some while it is refused.
+  grpc::Status Acquire(const std::string& key_name, std::span<KeySlot> slots);
 
   // Calls of `key_name` holding a slot now (tests, diagnostics).
   int InFlight(const std::string& key_name);

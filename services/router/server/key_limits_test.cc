@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include <span>
+#include <string>
+#include <vector>
+
 #include "services/router/server/api_key_auth.h"
 
 namespace lazyattn::router {
@@ -116,6 +120,34 @@ TEST(KeyLimiterTest, InFlightCapHoldsUntilTheSlotEnds) {
   EXPECT_NE(m.find("lazyattn_router_api_key_limited_total{key=\"k\",limit=\"in_flight\"} 1"),
             std::string::npos)
       << m;
+}
+
+// Several places at once (the choices of an HTTP request with `n`) are taken together or not at
+// all: a request that does not fit holds nothing, so a smaller one still passes.
+TEST(KeyLimiterTest, SeveralPlacesAreTakenTogetherOrNotAtAll) {
+  prometheus::Registry registry;
+  KeyLimiter limiter(registry);
+  limiter.Configure({{"k", {.max_in_flight = 4}}});
+  KeySlot held;
+  ASSERT_TRUE(limiter.Acquire("k", &held).ok());
+  std::vector<KeySlot> four(4);
+  const grpc::Status refused = limiter.Acquire("k", std::span(four));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "API key \"k\": 1 requests in flight, 4 more would pass its limits.max_in_flight of "
+            "4; retry when 1 has ended");
+  EXPECT_EQ(limiter.InFlight("k"), 1);
+  {
+    std::vector<KeySlot> three(3);
+    ASSERT_TRUE(limiter.Acquire("k", std::span(three)).ok());
+    EXPECT_EQ(limiter.InFlight("k"), 4);
+    KeySlot one_more;
+    EXPECT_FALSE(limiter.Acquire("k", &one_more).ok());
+  }
+  EXPECT_EQ(limiter.InFlight("k"), 1);  // each of the three gave its place back
+  held = KeySlot();
+  ASSERT_TRUE(limiter.Acquire("k", std::span(four)).ok());
+  EXPECT_EQ(limiter.InFlight("k"), 4);
 }
 
 TEST(KeyLimiterTest, LimitsFollowAReloadAndStateSurvivesIt) {

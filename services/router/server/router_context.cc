@@ -133,11 +133,11 @@ void RouterContext::ProbeWorkersOnce() {
   outliers.Retain(addresses);
 }
 
-bool RouterContext::TryAdmit() {
+bool RouterContext::TryAdmit(int places) {
   int n = inflight_.load(std::memory_order_relaxed);
-  while (n < options_.max_inflight_requests) {
-    if (inflight_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-      metrics_.AddInFlight(1);
+  while (n <= options_.max_inflight_requests - places) {
+    if (inflight_.compare_exchange_weak(n, n + places, std::memory_order_acq_rel)) {
+      metrics_.AddInFlight(places);
       return true;
     }
   }

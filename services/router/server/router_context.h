@@ -50,9 +50,12 @@ class RouterContext {
   QueryQuarantine& quarantine() { return quarantine_; }
   RetryBudget& retry_budget() { return retry_budget_; }
 
-  // Backpressure: at most max_inflight_requests admitted calls at once.
-  bool TryAdmit();
+  // Backpressure: at most max_inflight_requests admitted calls at once. TryAdmit takes `places`
+  // of them at once or none; Release gives back one.
+  bool TryAdmit(int places = 1);
   void Release();
+  // Admitted calls now (tests, diagnostics).
+  int InFlight() const { return inflight_.load(std::memory_order_relaxed); }
 
   // The distinct documents of a request, keyed with `model`'s fingerprints (the request's chosen
   // model, model_choice.h; null: the only model served, WorkerRegistry::Model). Empty when no
