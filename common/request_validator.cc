@@ -10,6 +10,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "kernels/include/sampling.h"
@@ -181,8 +182,9 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
     const std::string field = absl::StrCat("sampling.logit_bias[", id, "]");
     RETURN_IF_ERROR(CheckTokenId(field, id, vocab_size));
     if (!std::isfinite(bias) || std::fabs(bias) > kMaxLogitBias) {
-      return Invalid(field, absl::StrCat("bias ", bias, " outside [-", kMaxLogitBias, ", ",
-                                         kMaxLogitBias, "]"));
+      // %.9g: a float just past the bound (100.00001 from JSON) must not print as "100".
+      return Invalid(field, absl::StrFormat("bias %.9g outside [-%g, %g]", bias, kMaxLogitBias,
+                                            kMaxLogitBias));
     }
   }
   if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {

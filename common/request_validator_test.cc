@@ -205,6 +205,7 @@ TEST(RequestValidatorTest, LogitBias) {
   EXPECT_EQ(with({{1000, 1.0f}}, /*vocab=*/0), "ok");
   EXPECT_EQ(with({{-3, 1.0f}}), "sampling.logit_bias[-3]: negative token id -3");
   EXPECT_EQ(with({{7, 100.5f}}), "sampling.logit_bias[7]: bias 100.5 outside [-100, 100]");
+  EXPECT_EQ(with({{7, 100.00001f}}), "sampling.logit_bias[7]: bias 100.000008 outside [-100, 100]");
   EXPECT_EQ(with({{7, -101.0f}}), "sampling.logit_bias[7]: bias -101 outside [-100, 100]");
   EXPECT_EQ(with({{7, std::nanf("")}}), "sampling.logit_bias[7]: bias nan outside [-100, 100]");
   EXPECT_EQ(with({{7, INFINITY}}), "sampling.logit_bias[7]: bias inf outside [-100, 100]");

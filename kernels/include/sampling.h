@@ -78,11 +78,11 @@ struct SamplingRowParams {
   float repetition_penalty = 1.0f;  // > 0; 1: off
   float presence_penalty = 0.0f;    // 0: off
   float frequency_penalty = 0.0f;   // 0: off
-  // The row's penalty history, as entries [penalty_begin, penalty_begin + penalty_count) of the
-  // launch's PenaltyEntry array (distinct ids).
+  // The row's penalty history and logit bias, as entries [penalty_begin, penalty_begin +
+  // penalty_count) of the launch's PenaltyEntry array (distinct ids).
   int32_t penalty_begin = 0;
   int32_t penalty_count = 0;
-  uint32_t flags = 0;  // kSampleLogprob | kCountInputToken
+  uint32_t flags = 0;  // kSampleLogprob | kCountInputToken | kLogitBias
   uint64_t seed = 0;
   uint64_t step = 0;  // index of the token being generated (the Philox counter)
 };

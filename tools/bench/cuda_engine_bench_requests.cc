@@ -246,8 +246,9 @@ absl::Status RunDecode(Bench& b, int64_t kv_budget, const std::vector<int>& batc
       RETURN_IF_ERROR(one(batch, 2048, 128, true, batch));
     }
     if (logit_bias > 0) {
-      for (bool sampled : {false, true})
+      for (bool sampled : {false, true}) {
         RETURN_IF_ERROR(one(batch, 2048, 128, sampled, 0, logit_bias));
+      }
     }
   }
   return absl::OkStatus();

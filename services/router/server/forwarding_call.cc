@@ -27,10 +27,6 @@ using lazyattn::v1::GenerateResponse;
 
 namespace {
 
-// What the system text, chat template and earlier turns put before the documents, under the
-// chosen model's tokenizer and template: the key under which the router learns its token count
-// from the workers (document_placement.h). Two models count the same text differently, so the
-// model is part of the key. Neither the documents nor the question nor sampling enter.
 // Why worker `w` must not be sent `r` though it serves its model, or nullopt: a worker that
 // reported its model but advertises fewer logit_bias entries than the request has (one older
 // than logit_bias advertises 0) would ignore them and answer as if they were not there. A
@@ -45,6 +41,21 @@ std::optional<std::string> WhyCannotServe(const WorkerInfo& w, const GenerateReq
   return std::nullopt;
 }
 
+// Some live worker of `model` could serve `r` (WhyCannotServe), whether or not the request's
+// plan holds it (an ejected or breaker-open worker is left out of plans for a while).
+bool AnyWorkerCouldServe(const WorkerRegistry& registry, const std::optional<ModelKey>& model,
+                         const GenerateRequest& r) {
+  for (const WorkerInfo& w : registry.Snapshot()) {
+    if (model.has_value() && !(ModelKeyOf(w.status.model()) == *model)) continue;
+    if (!WhyCannotServe(w, r).has_value()) return true;
+  }
+  return false;
+}
+
+// What the system text, chat template and earlier turns put before the documents, under the
+// chosen model's tokenizer and template: the key under which the router learns its token count
+// from the workers (document_placement.h). Two models count the same text differently, so the
+// model is part of the key. Neither the documents nor the question nor sampling enter.
 uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>& model) {
   std::vector<std::pair<std::string_view, std::string_view>> turns;
   for (int i = 0; i + 1 < r.messages_size(); ++i) {
@@ -269,9 +280,13 @@ void ForwardingCall::StartNextAttempt() {
         docs = plan_.docs;
       }
       if (attempt == nullptr) {
-        // Only workers that cannot apply the request were left: no retry can help until they
-        // are upgraded.
-        if (attempts_ == 0 && skipped_unfit) last_code_ = grpc::StatusCode::FAILED_PRECONDITION;
+        // Only workers that cannot apply the request were tried, and no live worker of its
+        // model can: no retry helps until they are upgraded. (One that can but is ejected or
+        // behind an open breaker for now leaves it UNAVAILABLE.)
+        if (attempts_ == 0 && skipped_unfit &&
+            !AnyWorkerCouldServe(router_->registry(), model_, *request_)) {
+          last_code_ = grpc::StatusCode::FAILED_PRECONDITION;
+        }
         failure = ExhaustedStatus();
       }
     }

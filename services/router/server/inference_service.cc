@@ -166,10 +166,24 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(
   auto max_documents = [limit](const lazyattn::v1::ModelInfo& m) {
     return m.max_documents() > 0 ? std::min(m.max_documents(), limit) : limit;
   };
+  // The router sends a request with a logit bias only to workers that apply as many entries
+  // (forwarding_call.cc): a client may send what the group's best worker applies, within the
+  // router's own limit, whichever worker reported first.
+  const std::vector<WorkerInfo> workers = router_->registry().Snapshot();
+  auto max_logit_bias = [&](const ModelGroup& g) {
+    int best = 0;
+    for (const WorkerInfo& w : workers) {
+      if (w.reported && ModelKeyOf(w.status.model()) == g.key) {
+        best = std::max(best, w.status.model().max_logit_bias());
+      }
+    }
+    return std::min(best, router_->options().limits.max_logit_bias);
+  };
   for (const ModelGroup& g : groups) {
     lazyattn::v1::ModelInfo* m = response->add_models();
     *m = g.info;
     m->set_max_documents(max_documents(g.info));
+    m->set_max_logit_bias(max_logit_bias(g));
   }
   if (groups.size() == 1) {
     // The fields a single-model client has always read, besides the list.

@@ -29,7 +29,7 @@ RequestFingerprint FingerprintOf(const lazyattn::v1::GenerateRequest& request,
   {
     google::protobuf::io::StringOutputStream raw(&bytes);
     google::protobuf::io::CodedOutputStream out(&raw);
-    out.SetSerializationDeterministic(true);  // map fields (none today) in a stable order
+    out.SetSerializationDeterministic(true);  // map fields (sampling.logit_bias) in a stable order
     (unnamed.has_value() ? *unnamed : request).SerializeToCodedStream(&out);
   }
   const std::string hex = Sha256Hex(bytes);

@@ -147,6 +147,14 @@ TEST_F(RouterServerTest, LogitBiasGoesOnlyToWorkersThatApplyIt) {
   workers_[1]->SetMaxLogitBias(2);
   StartKvdir();
   StartRouter(Options());
+  {
+    // What a client may send: the best worker's count (within the router's limit, 300), not
+    // the first-reporting worker's.
+    grpc::ClientContext ctx;
+    lazyattn::v1::ModelInfo info;
+    ASSERT_TRUE(stub_->GetModelInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.max_logit_bias(), 2);
+  }
   for (int i = 0; i < 6; ++i) {  // different documents: the plan's first choice varies
     StreamResult r = Stream(BiasedRequest(i, /*entries=*/2));
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -168,6 +176,29 @@ TEST_F(RouterServerTest, LogitBiasGoesOnlyToWorkersThatApplyIt) {
     ASSERT_TRUE(Stream(Request({absl::StrCat("plain doc ", i)})).status.ok());
   }
   EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 12);
+}
+
+// The worker that applies the biases is out of the plans for now (its breaker opened): the
+// request is UNAVAILABLE, worth retrying, not FAILED_PRECONDITION, which says no worker of the
+// model ever could.
+TEST_F(RouterServerTest, LogitBiasWhileTheOnlyWorkerApplyingItIsEjectedIsUnavailable) {
+  StartWorkers(2);
+  workers_[0]->SetMaxLogitBias(0);
+  workers_[1]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  StartKvdir();
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 2, .open_duration = absl::Hours(1)};
+  StartRouter(o);
+  lazyattn::v1::GenerateRequest biased = Request({"doc"});
+  (*biased.mutable_sampling()->mutable_logit_bias())[10] = 1.5f;
+  for (int i = 0; i < 2; ++i) {  // w1 fails them (w0 is skipped): its breaker opens
+    EXPECT_EQ(Stream(biased).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  EXPECT_EQ(workers_[1]->generate_calls(), 2);
+  const StreamResult r = Stream(biased);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_THAT(r.status.error_message(), HasSubstr("w0 ("));
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 2);
 }
 
 TEST_F(RouterServerTest, FailureAfterTokensEndsTheStreamWithUnavailable) {

@@ -588,8 +588,9 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 // leaves it out, so it does. (One that stopped on a stop token would be a dropped row there;
 // with ignore_eos none does.)
 // `sampled`: odd requests sample (T 0.8, top-p 0.95, a seed each; request 3 with min-p and
-// request 7 with repetition/frequency/presence penalties, whose chained steps count the token
-// drawn on the device), even ones stay greedy: mixed batches, each draw a function of (seed,
+// request 7 with repetition/frequency/presence penalties and a logit bias, whose chained steps
+// count the token drawn on the device), even ones stay greedy (request 4 with a logit bias, so
+// it leaves the greedy argmax for the sampler): mixed batches, each draw a function of (seed,
 // step, logits), so both runs must still agree token for token.
 void CheckPipelinedDecode(bool sampled) {
   const ModelConfig c = SmallConfig();
@@ -630,8 +631,10 @@ void CheckPipelinedDecode(bool sampled) {
           r.sampling.repetition_penalty = 1.3f;
           r.sampling.frequency_penalty = 0.4f;
           r.sampling.presence_penalty = 0.3f;
+          r.sampling.logit_bias = {{5, 2.0f}, {97, -1.0f}, {200, 1.5f}};
         }
       }
+      if (sampled && i == 4) r.sampling.logit_bias = {{12, 3.0f}, {100, -100.0f}};
       // A greedy row with alternatives too: rows 1-3 come back as one run of consecutive rows
       // (after row 0, which does not), and the runs change as requests finish.
       if (sampled && i == 2) {

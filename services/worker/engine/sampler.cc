@@ -98,18 +98,18 @@ std::vector<PenaltyEntry> RowAdjustments(const SamplingRowParams& row,
   std::vector<PenaltyEntry> out;
   if (HasPenalties(row)) out = PenaltyEntries(history, prompt_tokens);
   if (!(row.flags & kLogitBias) || logit_bias.empty()) return out;
-  // Few entries (at most limits.max_logit_bias): sort the history's by id and merge.
-  std::sort(out.begin(), out.end(),
-            [](const PenaltyEntry& a, const PenaltyEntry& b) { return a.id < b.id; });
-  const size_t listed = out.size();
-  size_t at = 0;
-  for (const LogitBias& b : logit_bias) {
-    while (at < listed && out[at].id < b.id) ++at;
-    if (at < listed && out[at].id == b.id) {
-      out[at].bias = b.bias;
-    } else {
-      out.push_back({.id = b.id, .bias = b.bias});
+  // One pass over the history's entries (as long as the history's distinct ids, every step)
+  // with the few biases (at most limits.max_logit_bias) in a map; the unlisted ones appended.
+  absl::flat_hash_map<int32_t, float> bias;
+  for (const LogitBias& b : logit_bias) bias[b.id] = b.bias;
+  for (PenaltyEntry& e : out) {
+    if (auto it = bias.find(e.id); it != bias.end()) {
+      e.bias = it->second;
+      bias.erase(it);
     }
+  }
+  for (const LogitBias& b : logit_bias) {  // in id order, so the list does not depend on hashing
+    if (bias.contains(b.id)) out.push_back({.id = b.id, .bias = b.bias});
   }
   return out;
 }
