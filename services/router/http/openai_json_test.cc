@@ -12,21 +12,16 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/router/http/error_mapping.h"
+#include "services/router/http/openai_json_test_util.h"
 
 namespace lazyattn::router {
 namespace {
 
 using nlohmann::json;
 using ::testing::ElementsAre;
+using testing::ErrorOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-std::string ErrorOf(ApiKind kind, const std::string& body) {
-  auto r = ParseOpenAiRequest(kind, body);
-  if (r.ok()) return "ok";
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  return std::string(r.status().message());
-}
 
 TEST(OpenAiJsonTest, ChatRequestMapsEveryField) {
   auto r = ParseOpenAiRequest(ApiKind::kChat, R"({

@@ -12,21 +12,14 @@
 #include "nlohmann/json.hpp"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/openai_json.h"
+#include "services/router/http/openai_json_test_util.h"
 
 namespace lazyattn::router {
 namespace {
 
 using nlohmann::json;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
+using testing::ErrorOf;
 using ::testing::IsEmpty;
-
-std::string ErrorOf(ApiKind kind, const std::string& body) {
-  auto r = ParseOpenAiRequest(kind, body);
-  if (r.ok()) return "ok";
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  return std::string(r.status().message());
-}
 
 // OpenAI's logit_bias on both endpoints: token ids written as JSON keys -> SamplingParams.
 // logit_bias, integer and fractional biases alike; null and {} set none.
