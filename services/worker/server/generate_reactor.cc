@@ -123,6 +123,12 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
 }
 
 void GenerateReactor::Prepare(const absl::Status& pool_status) {
+  refs_.fetch_add(1);  // alive under the task's reference, which it holds until SubmitPrepared
+  PrepareAndSubmit(pool_status);
+  Unref();
+}
+
+void GenerateReactor::PrepareAndSubmit(const absl::Status& pool_status) {
   absl::Status status = prep_.Start(pool_status);
   {
     // A cancel after Start (until the engine id is known) is this reactor's to apply.
@@ -168,6 +174,7 @@ void GenerateReactor::Prepare(const absl::Status& pool_status) {
                                      : nullptr,
           .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
       auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
+      if (id.ok() && ctx_.after_submit_for_test) ctx_.after_submit_for_test();
       if (id.ok()) {
         {
           std::lock_guard<std::mutex> lock(mu_);

@@ -61,8 +61,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
  private:
   // The PrepPool's task: tokenizes and submits (status OK, on a pool thread), or ends the call
-  // with the pool's Cancelled / Unavailable.
+  // with the pool's Cancelled / Unavailable. Holds a reference of its own throughout: the one it
+  // runs under is handed to the engine at SubmitPrepared, and a short request can end, and its
+  // call be done, before SubmitPrepared has returned on this thread.
   void Prepare(const absl::Status& status);
+  void PrepareAndSubmit(const absl::Status& status);
   void OnToken(int32_t id, std::string_view text);                     // engine thread
   void OnPrefillProgress(int64_t prompt_tokens_ready);                 // engine thread
   void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread

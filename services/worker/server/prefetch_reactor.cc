@@ -49,6 +49,13 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
 }
 
 void PrefetchReactor::Prepare(const absl::Status& pool_status) {
+  // A reference of its own throughout (GenerateReactor::Prepare says why).
+  refs_.fetch_add(1);
+  PrepareAndSubmit(pool_status);
+  Unref();
+}
+
+void PrefetchReactor::PrepareAndSubmit(const absl::Status& pool_status) {
   absl::Status status = prep_.Start(pool_status);
   {
     // A cancel after Start (until the engine id is known) is this reactor's to apply.

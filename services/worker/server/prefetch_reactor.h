@@ -36,6 +36,7 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
 
  private:
   void Prepare(const absl::Status& status);  // the PrepPool's task (see GenerateReactor)
+  void PrepareAndSubmit(const absl::Status& status);
   void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread
   void Unref();
 

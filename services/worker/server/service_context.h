@@ -3,11 +3,12 @@
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_SERVICE_CONTEXT_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 #include "common/request_validator.h"
@@ -38,6 +39,9 @@ struct ServiceContext {
   // Fault injection (testing.abort_on_prompt_marker): a Generate whose text contains it aborts
   // the process while it is prepared. Empty: off.
   std::string abort_on_prompt_marker;
+  // Tests only: called on the preparing thread just after a Generate was handed to the engine,
+  // the moment from which the engine may finish it and its call end under that thread. Null: off.
+  std::function<void()> after_submit_for_test;
 };
 
 // UNAVAILABLE when the router routed `call` for another model than `model_key`

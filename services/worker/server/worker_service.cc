@@ -25,6 +25,7 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   ctx_.model_key = ExpectedModelValue(engine->identity().model_fingerprint,
                                       engine->identity().tokenizer_fingerprint);
   ctx_.abort_on_prompt_marker = options.abort_on_prompt_marker;
+  ctx_.after_submit_for_test = options.after_submit_for_test;
 
   const ModelConfig& config = engine->config();
   model_info_.set_name(options.model_name.empty() ? config.name : options.model_name);

@@ -4,14 +4,15 @@
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVICE_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVICE_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
 #include <mutex>
 #include <string>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/base/thread_annotations.h"
-#include "lazyattn/v1/worker.grpc.pb.h"
 #include "common/request_validator.h"
+#include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/server/prep_pool.h"
 #include "services/worker/server/request_tracker.h"
@@ -32,6 +33,7 @@ struct WorkerServiceOptions {
   PrepPoolOptions prep;  // threads that tokenize requests, and how many may wait for them
   // testing.abort_on_prompt_marker (fault_injection.h): non-empty only in fault-injection tests.
   std::string abort_on_prompt_marker;
+  std::function<void()> after_submit_for_test;  // ServiceContext's; tests only
 };
 
 class WorkerService final : public v1::Worker::CallbackService {

@@ -2,11 +2,14 @@
 // requests differ while a seed repeats; log-probabilities come with each token only when asked.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -162,6 +165,30 @@ TEST_F(WorkerServiceTest, TopLogprobsComeRankedWithEachToken) {
   }
   EXPECT_EQ(with, 12);
   ExpectIdle();
+}
+
+// The preparing thread hands the request to the engine and then still updates the call's
+// reactor; the engine may finish a short request and its call end in between. Here the thread
+// is held at that point until the client has its whole answer: the reactor must outlive both.
+// (It did not: a use-after-free that crashed about one worker test run in 150 under load.)
+TEST_F(WorkerServiceTest, ACallThatEndsBeforeItsSubmitReturnsOutlivesIt) {
+  absl::Notification answered;
+  std::atomic<int> held{0};
+  after_submit_for_test_ = [&] {
+    ++held;
+    answered.WaitForNotificationWithTimeout(absl::Seconds(10));
+    absl::SleepFor(absl::Milliseconds(50));  // let gRPC's OnDone run too
+  };
+  StartServer();
+  const StreamResult r = Generate(Request(kDocs, 1));
+  answered.Notify();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(Ids(r).size(), 1u);
+  EXPECT_EQ(held.load(), 1);
+  ExpectIdle();
+  // The thread let go of the reactor without a fault; the worker still serves.
+  EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
+  EXPECT_EQ(held.load(), 2);
 }
 
 // logit_bias steers a greedy generation: -100 on the first token's id makes the first token the

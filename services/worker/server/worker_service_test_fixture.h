@@ -98,6 +98,7 @@ class WorkerServiceTest : public ::testing::Test {
     o.limits.max_documents = max_documents;
     o.service.worker_id = "worker-under-test";
     o.service.max_buffered_tokens = max_buffered_tokens;
+    o.service.after_submit_for_test = after_submit_for_test_;
     o.shutdown_grace = absl::Seconds(2);
     auto server = WorkerServer::Create(o, slow ? slow_weights_ : tiny_weights_, tokenizer_);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -165,6 +166,8 @@ class WorkerServiceTest : public ::testing::Test {
   static inline ModelWeights* tiny_weights_ = nullptr;
   static inline ModelWeights* slow_weights_ = nullptr;
   static inline Tokenizer* tokenizer_ = nullptr;
+  // Set before StartServer: WorkerServiceOptions::after_submit_for_test.
+  std::function<void()> after_submit_for_test_;
   std::unique_ptr<WorkerServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Worker::Stub> stub_;
