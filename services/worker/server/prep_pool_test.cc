@@ -234,6 +234,7 @@ TEST(PrepTicketTest, FullPoolRefusesAndNeverCallsTheTask) {
   EXPECT_EQ(r.calls.load(), 0);
   blocker.release.Notify();
   queued.release.Notify();
+  pool.Shutdown();  // the probes, declared after the pool, go first: their tasks must be done
 }
 
 }  // namespace prep_ticket_test
