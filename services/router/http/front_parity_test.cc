@@ -292,7 +292,7 @@ TEST_F(FrontParityTest, EveryRefusalBeforeForwardingIsTheSameOnBothFronts) {
 
 // Each of a request's `n` choices takes a place under the router's in-flight limit (1 here), all
 // before any starts: more choices than the limit can never pass, a 400 naming `n`, and nothing
-// reaches the worker. (A key's cap met by a later choice, 429 naming it: http_api.)
+// reaches the worker. (Fewer places free than choices, a 429 naming it: http_server_test.)
 TEST_F(FrontParityTest, MoreChoicesThanTheRoutersLimitAre400BeforeAnyStarts) {
   const std::string two = R"({"messages": [{"role": "user", "content": "What is it?"}],
                              "max_tokens": 4, "n": 2})";

@@ -500,8 +500,6 @@ TEST_F(HttpServerTest, SeveralChoicesComeBackWholeAndStreamedEachWithItsOwnSeed)
   EXPECT_FALSE(worker_.last_request().sampling().has_seed());
 }
 
-// A choice that fails fails the whole response: before the stream began, with the error's HTTP
-// status; after, with the stream's error event and no [DONE].
 // A request's choices take their places together or not at all: with all but two of the
 // router's places held, n = 3 is a 429 naming n that holds nothing and reaches no worker, and
 // n = 2 then fits exactly.
@@ -532,6 +530,8 @@ TEST_F(HttpServerTest, ChoicesTakeTheirPlacesTogetherOrNotAtAll) {
   EXPECT_TRUE(testing::WaitFor([&] { return router.InFlight() == 0; }));
 }
 
+// A choice that fails fails the whole response: before the stream began, with the error's HTTP
+// status; after, with the stream's error event and no [DONE].
 TEST_F(HttpServerTest, AFailingChoiceFailsTheWholeResponse) {
   FakeWorker::Script script;
   script.fail_before_first_token = grpc::StatusCode::INVALID_ARGUMENT;

@@ -1,8 +1,8 @@
 #include "services/router/server/admission.h"
 
 #include <utility>
-#include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/request_validator.h"
@@ -60,24 +60,28 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
     return refuse(ToGrpcStatus(too_many));
   }
   const int places = static_cast<int>(tickets.size());
-  std::vector<KeySlot> slots(tickets.size());
-  if (key_limiter != nullptr) {
-    // Given back with `slots` if the router's limit refuses.
-    if (grpc::Status s = key_limiter->Acquire(key_name, std::span(slots)); !s.ok()) {
-      return refuse(s);
-    }
-  }
-  if (!router->TryAdmit(places)) {
+  if (places < 1) return grpc::Status(grpc::StatusCode::INTERNAL, "admission asked for no places");
+  // The router's places are taken while the key's are reserved (KeyLimiter::Acquire), so a
+  // refusal by either holds nothing of the other's.
+  const auto router_places = [&]() -> grpc::Status {
+    int in_flight = 0;
+    if (router->TryAdmit(places, &in_flight)) return grpc::Status::OK;
     const int limit = router->options().max_inflight_requests;
-    return refuse(grpc::Status(
+    return grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         places == 1
             ? absl::StrCat("router busy: ", limit,
                            " requests in flight (limits.max_inflight_requests); retry later")
-            : absl::StrCat("router busy: ", router->InFlight(), " requests in flight, ", places,
+            : absl::StrCat("router busy: ", in_flight, in_flight == 1 ? " request" : " requests",
+                           " in flight, ", places,
                            " more would pass limits.max_inflight_requests (", limit,
-                           "); retry later")));
-  }
+                           "); retry later"));
+  };
+  absl::InlinedVector<KeySlot, 1> slots(tickets.size());
+  const grpc::Status admitted =
+      key_limiter != nullptr ? key_limiter->Acquire(key_name, std::span(slots), router_places)
+                             : router_places();
+  if (!admitted.ok()) return refuse(admitted);
   for (int i = 0; i < places; ++i) {
     AdmissionTicket& ticket = tickets[i];
     ticket.Reset();

@@ -95,34 +95,36 @@ grpc::Status KeyLimiter::TakeToken(const std::string& key_name, absl::Time now) 
 }
 
 grpc::Status KeyLimiter::Acquire(const std::string& key_name, KeySlot* slot) {
-  return Acquire(key_name, std::span<KeySlot>(slot, 1));
+  return Acquire(key_name, std::span<KeySlot>(slot, 1), [] { return grpc::Status::OK; });
 }
 
-grpc::Status KeyLimiter::Acquire(const std::string& key_name, std::span<KeySlot> slots) {
+grpc::Status KeyLimiter::Acquire(const std::string& key_name, std::span<KeySlot> slots,
+                                 absl::FunctionRef<grpc::Status()> and_then) {
   absl::MutexLock lock(&mu_);
   auto it = keys_.find(key_name);
-  if (it == keys_.end()) return grpc::Status::OK;
+  if (it == keys_.end()) return and_then();
   Key& key = *it->second;
   const int cap = key.limits.max_in_flight;
-  if (cap <= 0) return grpc::Status::OK;
-  const int64_t want = static_cast<int64_t>(slots.size());
+  if (cap <= 0) return and_then();
+  const int want = static_cast<int>(slots.size());
   // Slots only ever decrement without the lock, so a count read here can only be high, never low.
   const int held = key.slots->in_flight.load();
   if (held + want > cap) {
     key.in_flight_limited->Increment();
+    const int over = held + want - cap;
     return grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
-        want == 1
-            ? absl::StrCat("API key \"", key_name, "\": ", cap,
-                           " requests in flight, its limits.max_in_flight; retry when one "
-                           "has ended")
-            : absl::StrCat("API key \"", key_name, "\": ", held, " requests in flight, ", want,
-                           " more would pass its "
-                           "limits.max_in_flight of ",
-                           cap, "; retry when ", held + want - cap,
-                           held + want - cap == 1 ? " has" : " have", " ended"));
+        want == 1 ? absl::StrCat("API key \"", key_name, "\": ", cap,
+                                 " requests in flight, its limits.max_in_flight; retry when one "
+                                 "has ended")
+                  : absl::StrCat("API key \"", key_name, "\": ", held,
+                                 held == 1 ? " request" : " requests", " in flight, ", want,
+                                 " more would pass its limits.max_in_flight of ", cap,
+                                 "; retry when ", over, over == 1 ? " has" : " have", " ended"));
   }
-  key.slots->in_flight.fetch_add(static_cast<int>(want));
+  // Reserved while the other limit decides: nothing else of this key can pass meanwhile.
+  if (grpc::Status s = and_then(); !s.ok()) return s;
+  key.slots->in_flight.fetch_add(want);
   for (KeySlot& slot : slots) slot = KeySlot(key.slots);
   return grpc::Status::OK;
 }

@@ -33,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -75,9 +76,14 @@ class KeyLimiter {
   // A place under the key's in-flight cap; RESOURCE_EXHAUSTED when the cap is reached. An empty
   // name (no API keys configured) or a key without a cap gets an empty slot.
   grpc::Status Acquire(const std::string& key_name, KeySlot* slot);
-  // slots.size() places at once, or none (RESOURCE_EXHAUSTED, `slots` untouched): a request that
-  // needs several (an HTTP request with OpenAI's `n`) never holds some while it is refused.
-  grpc::Status Acquire(const std::string& key_name, std::span<KeySlot> slots);
+  // slots.size() >= 1 places at once, together with another limit's: `and_then` is called
+  // while the key's places are reserved under the limiter's lock (it must not call back into
+  // the limiter), and the places are kept only if it returns OK. Else its status (or the key's
+  // RESOURCE_EXHAUSTED) with `slots` untouched: a request that needs several places (an HTTP
+  // request with OpenAI's `n`) or is refused by the other limit never holds any of the key's,
+  // even for a moment in which a concurrent request of the key could be refused.
+  grpc::Status Acquire(const std::string& key_name, std::span<KeySlot> slots,
+                       absl::FunctionRef<grpc::Status()> and_then);
 
   // Calls of `key_name` holding a slot now (tests, diagnostics).
   int InFlight(const std::string& key_name);

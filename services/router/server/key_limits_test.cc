@@ -130,24 +130,43 @@ TEST(KeyLimiterTest, SeveralPlacesAreTakenTogetherOrNotAtAll) {
   limiter.Configure({{"k", {.max_in_flight = 4}}});
   KeySlot held;
   ASSERT_TRUE(limiter.Acquire("k", &held).ok());
+  const auto ok = [] { return grpc::Status::OK; };
   std::vector<KeySlot> four(4);
-  const grpc::Status refused = limiter.Acquire("k", std::span(four));
+  int asked = 0;
+  const grpc::Status refused = limiter.Acquire("k", std::span(four), [&] {
+    ++asked;
+    return grpc::Status::OK;
+  });
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(refused.error_message(),
-            "API key \"k\": 1 requests in flight, 4 more would pass its limits.max_in_flight of "
-            "4; retry when 1 has ended");
+            "API key \"k\": 1 request in flight, 4 more would pass its limits.max_in_flight of 4; "
+            "retry when 1 has ended");
+  EXPECT_EQ(asked, 0);  // the other limit is not asked when the key refuses
+  EXPECT_EQ(limiter.InFlight("k"), 1);
+  // The other limit refuses: its status, and none of the key's places kept (they were reserved
+  // under the lock, so no concurrent Acquire saw them taken either).
+  std::vector<KeySlot> two(2);
+  const grpc::Status busy = limiter.Acquire("k", std::span(two), [] {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "router busy");
+  });
+  EXPECT_EQ(busy.error_message(), "router busy");
   EXPECT_EQ(limiter.InFlight("k"), 1);
   {
     std::vector<KeySlot> three(3);
-    ASSERT_TRUE(limiter.Acquire("k", std::span(three)).ok());
+    ASSERT_TRUE(limiter.Acquire("k", std::span(three), ok).ok());
     EXPECT_EQ(limiter.InFlight("k"), 4);
     KeySlot one_more;
     EXPECT_FALSE(limiter.Acquire("k", &one_more).ok());
   }
   EXPECT_EQ(limiter.InFlight("k"), 1);  // each of the three gave its place back
   held = KeySlot();
-  ASSERT_TRUE(limiter.Acquire("k", std::span(four)).ok());
+  ASSERT_TRUE(limiter.Acquire("k", std::span(four), ok).ok());
   EXPECT_EQ(limiter.InFlight("k"), 4);
+  // Only the key's own refusal counts as the key's limit being met.
+  const std::string m = Metrics(registry);
+  EXPECT_NE(m.find("lazyattn_router_api_key_limited_total{key=\"k\",limit=\"in_flight\"} 2"),
+            std::string::npos)
+      << m;
 }
 
 TEST(KeyLimiterTest, LimitsFollowAReloadAndStateSurvivesIt) {

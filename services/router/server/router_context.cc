@@ -133,14 +133,15 @@ void RouterContext::ProbeWorkersOnce() {
   outliers.Retain(addresses);
 }
 
-bool RouterContext::TryAdmit(int places) {
+bool RouterContext::TryAdmit(int places, int* in_flight) {
   int n = inflight_.load(std::memory_order_relaxed);
-  while (n <= options_.max_inflight_requests - places) {
+  while (places >= 1 && n <= options_.max_inflight_requests - places) {
     if (inflight_.compare_exchange_weak(n, n + places, std::memory_order_acq_rel)) {
       metrics_.AddInFlight(places);
       return true;
     }
   }
+  if (in_flight != nullptr) *in_flight = n;
   return false;
 }
 

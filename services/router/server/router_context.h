@@ -51,8 +51,9 @@ class RouterContext {
   RetryBudget& retry_budget() { return retry_budget_; }
 
   // Backpressure: at most max_inflight_requests admitted calls at once. TryAdmit takes `places`
-  // of them at once or none; Release gives back one.
-  bool TryAdmit(int places = 1);
+  // (>= 1) of them at once or none, and on refusal stores in `in_flight` (optional) the count it
+  // found; Release gives back one.
+  bool TryAdmit(int places = 1, int* in_flight = nullptr);
   void Release();
   // Admitted calls now (tests, diagnostics).
   int InFlight() const { return inflight_.load(std::memory_order_relaxed); }
