@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -172,23 +173,35 @@ TEST_F(WorkerServiceTest, TopLogprobsComeRankedWithEachToken) {
 // is held at that point until the client has its whole answer: the reactor must outlive both.
 // (It did not: a use-after-free that crashed about one worker test run in 150 under load.)
 TEST_F(WorkerServiceTest, ACallThatEndsBeforeItsSubmitReturnsOutlivesIt) {
-  absl::Notification answered;
-  std::atomic<int> held{0};
-  after_submit_for_test_ = [&] {
-    ++held;
-    answered.WaitForNotificationWithTimeout(absl::Seconds(10));
+  // The hook may still run after a call's answer is in, so what it touches is shared with it
+  // rather than on this test's stack, and the test waits for each hook before it moves on.
+  struct HookState {
+    absl::Notification answered;
+    std::atomic<int> held{0};
+  };
+  auto state = std::make_shared<HookState>();
+  after_submit_for_test_ = [state] {
+    state->answered.WaitForNotificationWithTimeout(absl::Seconds(10));
     absl::SleepFor(absl::Milliseconds(50));  // let gRPC's OnDone run too
+    ++state->held;
+  };
+  auto wait_for_hooks = [&](int n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (state->held.load() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return state->held.load();
   };
   StartServer();
   const StreamResult r = Generate(Request(kDocs, 1));
-  answered.Notify();
+  const int held_before_answer = state->held.load();
+  state->answered.Notify();
+  EXPECT_EQ(held_before_answer, 0) << "the preparing thread was not held past the answer";
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(Ids(r).size(), 1u);
-  EXPECT_EQ(held.load(), 1);
+  EXPECT_EQ(wait_for_hooks(1), 1);
   ExpectIdle();
   // The thread let go of the reactor without a fault; the worker still serves.
   EXPECT_TRUE(Generate(Request(kDocs, 2)).status.ok());
-  EXPECT_EQ(held.load(), 2);
+  EXPECT_EQ(wait_for_hooks(2), 2);
 }
 
 // logit_bias steers a greedy generation: -100 on the first token's id makes the first token the
@@ -224,7 +237,9 @@ TEST_F(WorkerServiceTest, LogitBiasBansAndForcesTokens) {
   ASSERT_TRUE(forced.status.ok()) << forced.status.error_message();
   EXPECT_EQ(Ids(forced), std::vector<int32_t>(6, third));
   for (const v1::TokenChunk& c : forced.chunks) {
-    if (c.token_id() >= 0) EXPECT_NEAR(c.logprob(), 0.0f, 1e-3f);
+    if (c.token_id() >= 0) {
+      EXPECT_NEAR(c.logprob(), 0.0f, 1e-3f);
+    }
   }
   ExpectIdle();
 }
