@@ -182,7 +182,9 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
   }
   if (final_status.has_value()) {
     Finish(*final_status);
-  } else {
+  } else if (!more.empty()) {
+    // Only with calls to start: with none, another worker's call may end the reactor as soon
+    // as the lock above is released, and Launch reads the reactor's members.
     Launch(more);
   }
 }
