@@ -206,6 +206,31 @@ TEST_F(ModelRoutingTest, AModelWhoseWorkersLeftIsNotFoundAndTheRestIsTheDefault)
   EXPECT_EQ(GenerateCalls({0, 1}), 1);
 }
 
+// Prefetch is refused alike: its first try after the workers left may have chosen the model
+// before its lookup said they were gone, and must then say so, not that no worker exists at all.
+TEST_F(ModelRoutingTest, PrefetchForAModelWhoseWorkersLeftSaysSo) {
+  StartRouter(absl::Milliseconds(1));
+  EXPECT_THAT(Serve(Request(kNameA)), AnyOf("w0", "w1"));
+  List({2, 3});
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  request.set_model(kNameA);
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    lazyattn::v1::PrefetchResponse response;
+    const grpc::Status s = stub_->Prefetch(&ctx, request, &response);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      EXPECT_EQ(i, 0) << "only a request that chose the model before the lookup: "
+                      << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr("no live workers of the request's model"));
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr("is not served by any live worker"));
+    }
+  }
+  EXPECT_EQ(workers_[0]->prefetch_calls() + workers_[1]->prefetch_calls(), 0);
+}
+
 TEST_F(ModelRoutingTest, PrefetchWarmsOnlyTheNamedModelsWorkers) {
   StartRouter();
   lazyattn::v1::PrefetchRequest request;

@@ -1,6 +1,7 @@
 #include "services/router/server/prefetch_call.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,7 +77,11 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
   while (!cancelled_ && succeeded_ + outstanding_ < wanted_ &&
          next_worker_ < plan_.workers.size()) {
     const WorkerInfo& w = plan_.workers[next_worker_++];
-    if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) continue;
+    if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) {
+      // Opened (or its probe taken) since the plan was made.
+      failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
+      continue;
+    }
     auto stub = router_->registry().Stub(w.address);
     if (!stub.ok()) {
       router_->selector().breakers().Release(w.id);
@@ -101,7 +106,7 @@ void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& cal
   const ModelMetrics& model = *model_metrics_;
   const PrefetchRequest* const request = &worker_request_;
   std::vector<DocumentRef> docs;
-  if (!calls.empty()) {
+  {
     absl::MutexLock lock(&mu_);
     docs = plan_.docs;
   }
@@ -118,21 +123,37 @@ void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& cal
 
 void PrefetchReactor::OnPlan(RoutePlan plan) {
   std::vector<std::shared_ptr<WorkerCall>> calls;
-  bool nothing = false;
+  std::optional<grpc::Status> nothing_started;
   {
     absl::MutexLock lock(&mu_);
     plan_ = std::move(plan);
     wanted_ = request_->replicas() == 0 ? 1 : static_cast<size_t>(request_->replicas());
     calls = NextCallsLocked();
-    nothing = calls.empty();
+    if (calls.empty()) nothing_started = NothingStartedStatusLocked();
   }
-  if (nothing) {
-    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "no live workers: the directory lists none and no static worker is "
-                        "configured"));
+  if (nothing_started.has_value()) {
+    Finish(*nothing_started);
     return;
   }
   Launch(calls);
+}
+
+grpc::Status PrefetchReactor::NothingStartedStatusLocked() const {
+  // The client went away during the directory lookup: no worker is bothered.
+  if (cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  // The plan named workers but none could be called (breaker opened since, no channel).
+  if (!failures_.empty()) {
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no worker could prefetch the documents: ", absl::StrJoin(failures_, "; ")));
+  }
+  if (!expected_model_.empty()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "no live workers of the request's model (it was served a moment ago)");
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "no live workers: the directory lists none and no static worker is "
+                      "configured");
 }
 
 void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,

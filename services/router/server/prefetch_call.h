@@ -31,8 +31,11 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   struct WorkerCall;
 
   void OnPlan(RoutePlan plan);
-  // Starts calls until `wanted_` are in flight or done; false when nothing could be started.
+  // Starts calls until `wanted_` are in flight or done; empty when nothing could be started.
   std::vector<std::shared_ptr<WorkerCall>> NextCallsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the client gets when the plan's first round started no call.
+  grpc::Status NothingStartedStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `calls` is not empty: they keep the reactor alive until this returns.
   void Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls);
   void OnWorkerDone(const std::shared_ptr<WorkerCall>& call, const grpc::Status& status);
 
