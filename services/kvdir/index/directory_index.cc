@@ -57,6 +57,26 @@ HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch
     result.refused = true;
     return result;
   }
+  // One live worker per advertised address (file comment). A scan: Hellos are rare and workers
+  // few (max_workers).
+  std::vector<std::string> previous_at_address;
+  if (!status.address().empty()) {
+    for (const auto& [other_id, other] : workers_) {
+      if (other_id == status.worker_id() || other.status.address() != status.address()) continue;
+      if (other.session != 0 && (other.lease_expiry > now || StalledAt(now))) {
+        result.address_in_use = true;
+        result.address_holder_id = other_id;
+        return result;
+      }
+      previous_at_address.push_back(other_id);
+    }
+  }
+  for (const std::string& gone : previous_at_address) {
+    auto g = workers_.find(gone);
+    DropEntries(g->second);
+    workers_.erase(g);
+  }
+  if (!previous_at_address.empty()) ShrinkIfSparse();
   auto [it, inserted] = workers_.try_emplace(status.worker_id());
   Worker& w = it->second;
   if (inserted) {
@@ -205,32 +225,35 @@ std::vector<std::string> DirectoryIndex::ExpireLocked(absl::Time now) {
 }
 
 bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
-  // Checked before inserting anything, so a refused entry leaves no empty holder behind. A
-  // replacement of an entry the worker holds never counts against the bound.
-  if (w.entries >= limits_.max_entries_per_worker) {
-    auto d = docs_.find(entry.key);
-    bool held = false;
-    if (d != docs_.end()) {
-      for (const Holding& h : d->second) {
-        if (h.worker != w.handle) continue;
-        for (const auto& [offset, tokens] : h.offsets) held |= offset == entry.offset;
+  Holding* h = nullptr;
+  if (auto d = docs_.find(entry.key); d != docs_.end()) {
+    auto held = std::find_if(d->second.begin(), d->second.end(),
+                             [&](const Holding& x) { return x.worker == w.handle; });
+    if (held != d->second.end()) h = &*held;
+  }
+  if (h != nullptr) {
+    for (auto& [offset, tokens] : h->offsets) {
+      if (offset == entry.offset) {  // a replacement never counts against the bounds
+        tokens = entry.tokens;
+        return true;
       }
     }
-    if (!held) return false;
-  }
-  Holders& holders = docs_[entry.key];
-  auto h = std::find_if(holders.begin(), holders.end(),
-                        [&](const Holding& x) { return x.worker == w.handle; });
-  if (h == holders.end()) {
-    holders.push_back(Holding{w.handle, {}});
-    h = holders.end() - 1;
-    w.keys.insert(entry.key);
-  }
-  for (auto& [offset, tokens] : h->offsets) {
-    if (offset == entry.offset) {
-      tokens = entry.tokens;
+    if (static_cast<int64_t>(h->offsets.size()) >= limits_.max_offsets_per_document) {
+      // Every later store, evict and lookup of the key walks its offsets under the one lock, so
+      // a worker claiming a document at a huge number of offsets would stall the directory.
+      // The oldest goes instead: the index is a routing hint, and the count stays as it was.
+      h->offsets.erase(h->offsets.begin());
+      h->offsets.emplace_back(entry.offset, entry.tokens);
       return true;
     }
+  }
+  // Checked before inserting anything, so a refused entry leaves no empty holder behind.
+  if (w.entries >= limits_.max_entries_per_worker) return false;
+  if (h == nullptr) {
+    Holders& holders = docs_[entry.key];
+    holders.push_back(Holding{w.handle, {}});
+    h = &holders.back();
+    w.keys.insert(entry.key);
   }
   h->offsets.emplace_back(entry.offset, entry.tokens);
   ++entries_;

@@ -33,6 +33,14 @@
 // take over, as a restarted or moved worker needs. Workers behind one NAT (or one proxy) share a
 // peer host, so among them only the address tells a copy apart, as when the host is unknown.
 //
+// One live worker per address: routers dial a worker at the address it advertises and tell
+// workers apart by it, so a second id advertising a held address would receive (or divert) the
+// holder's requests and take its place in routing. A Hello advertising the address of another
+// id is refused (HelloResult::address_in_use, nothing changes) while that holder is connected
+// and its lease has not passed (or the directory stalled); a disconnected or lapsed holder of
+// the address is removed with its entries instead (its process is gone and the address belongs
+// to the new worker: a worker restarted under a new id). An empty address is not compared.
+//
 // Leases: every message from the owning session renews the lease to now + lease. Closing the
 // stream does not end the lease; the worker stays live (and keeps its entries) until the lease
 // passes, so a quick reconnect loses nothing. ExpireLeases removes workers whose lease has passed,
@@ -53,7 +61,10 @@
 // (HelloResult::refused, nothing changes). A snapshot of more than max_entries_per_worker entries,
 // or a stored event that would take the worker past it, returns kOverLimit and drops all of the
 // worker's entries (it stays registered until its lease passes; its stream should end): the
-// directory's memory stays bounded by max_workers x max_entries_per_worker entries. Memory of
+// directory's memory stays bounded by max_workers x max_entries_per_worker entries. A worker
+// holds one document at no more than max_offsets_per_document offsets: a stored event at a new
+// offset past it replaces the oldest one (the work of every store and lookup of a key stays
+// bounded whatever a worker sends). Memory of
 // removed entries is given back: the document table shrinks when it is mostly empty.
 //
 // Time is passed in by the caller (absl::Time), so tests drive a fake clock.
@@ -107,6 +118,9 @@ enum class ApplyOutcome {
 struct IndexLimits {
   int64_t max_workers = 1024;
   int64_t max_entries_per_worker = 262'144;
+  // Offsets one worker holds one document at (mode block keeps an entry per offset a request
+  // placed it at; lazy one at kLazyOffset). A store past it replaces the key's oldest offset.
+  int64_t max_offsets_per_document = 64;
 };
 
 struct ApplyResult {
@@ -123,6 +137,10 @@ struct HelloResult {
   bool id_in_use = false;
   std::string holder_address;
   std::string holder_peer_host;
+  // Another live, connected worker, `address_holder_id`, advertises the same address (file
+  // comment): session 0, nothing changes.
+  bool address_in_use = false;
+  std::string address_holder_id;
 };
 
 // Who says a Hello: the stream it comes on.
@@ -192,7 +210,8 @@ class DirectoryIndex {
   // session, seq as its last seq, a fresh lease, awaiting a snapshot. A different epoch than the
   // registered one drops the worker's entries. A worker not yet registered when max_workers are
   // is refused; one held by another live worker at another address or from another peer host is
-  // refused with id_in_use (file comment). The caller's peer host is kept as the holder's.
+  // refused with id_in_use, one advertising the address of another live, connected worker with
+  // address_in_use (file comment). The caller's peer host is kept as the holder's.
   HelloResult Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq, absl::Time now,
                     const HelloCaller& caller = {}) ABSL_LOCKS_EXCLUDED(mu_);
 

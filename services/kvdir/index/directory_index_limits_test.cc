@@ -1,6 +1,7 @@
 // DirectoryIndex bounds (IndexLimits): max_workers refuses new workers but not known ones, entries
 // past max_entries_per_worker drop the worker's entries, and a large worker leaving shrinks the
-// table without losing the others' entries.
+// table without losing the others' entries, and a document stored at more offsets than
+// max_offsets_per_document keeps its newest ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -80,6 +81,62 @@ TEST(IndexLimitsTest, ALargeWorkerLeavingGivesTheTableBack) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].resident_tokens, 7);
   EXPECT_THAT(r[0].resident, ElementsAre(true, false));
+}
+
+// Which of `offsets` of Key(1) worker "w" holds, as a mode block request placing it there sees.
+std::vector<bool> BlockResidency(const DirectoryIndex& index, const std::vector<int64_t>& offsets,
+                                 absl::Time now) {
+  std::vector<bool> out;
+  for (int64_t offset : offsets) {
+    const std::vector<WorkerResidency> r =
+        index.Lookup({Key(1)}, ResidencyRule::kBlock, {offset}, now);
+    out.push_back(r.size() == 1 && r[0].resident[0]);
+  }
+  return out;
+}
+
+TEST(IndexLimitsTest, ADocumentAtTooManyOffsetsKeepsItsNewest) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(
+      kLease,
+      IndexLimits{.max_workers = 4, .max_entries_per_worker = 100, .max_offsets_per_document = 4});
+  const uint64_t s = index.Hello(Status("w"), 1, 1, now).session;
+  std::vector<DocEntry> ten;
+  for (int64_t offset = 0; offset < 10; ++offset) ten.push_back({Key(1), 10, offset * 16});
+  ASSERT_EQ(index.ApplySnapshot("w", s, 2, ten, nullptr, now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 4);
+  EXPECT_THAT(BlockResidency(index, {80, 96, 112, 128, 144}, now),
+              ElementsAre(false, true, true, true, true));
+  // A new offset replaces the oldest; a held one is replaced in place; an eviction frees a place.
+  EXPECT_EQ(index.ApplyEvent("w", s, 3, Stored(1, 10, 160), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("w", s, 4, Stored(1, 12, 160), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 4);
+  EXPECT_THAT(BlockResidency(index, {96, 112, 160}, now), ElementsAre(false, true, true));
+  EXPECT_EQ(index.ApplyEvent("w", s, 5, Evicted(1, 112), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("w", s, 6, Stored(1, 10, 176), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 4);
+  EXPECT_THAT(BlockResidency(index, {128, 144, 160, 176}, now),
+              ElementsAre(true, true, true, true));
+  // Another document still counts against the worker's own bound as before.
+  EXPECT_EQ(index.ApplyEvent("w", s, 7, Stored(2, 10), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 5);
+}
+
+// The same with the default limits and a snapshot as large as a worker may send, all of one
+// document: it is applied (each store walks at most 64 offsets, not every earlier one).
+TEST(IndexLimitsTest, ASnapshotOfOneDocumentAtEveryOffsetIsBounded) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(kLease);
+  const uint64_t s = index.Hello(Status("w"), 1, 1, now).session;
+  std::vector<DocEntry> entries;
+  for (int64_t offset = 0; offset < index.limits().max_entries_per_worker; ++offset) {
+    entries.push_back({Key(1), 10, offset});
+  }
+  ASSERT_EQ(index.ApplySnapshot("w", s, 2, entries, nullptr, now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, index.limits().max_offsets_per_document);
+  const int64_t last = index.limits().max_entries_per_worker - 1;
+  EXPECT_THAT(BlockResidency(index, {0, last - 64, last - 63, last}, now),
+              ElementsAre(false, false, true, true));
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ void PublishLargeSnapshot(const std::string& address, const std::string& certs, 
   v1::WorkerMessage hello;
   hello.set_seq(1);
   hello.mutable_hello()->mutable_status()->set_worker_id(name);
-  hello.mutable_hello()->mutable_status()->set_address("127.0.0.1:1");
+  hello.mutable_hello()->mutable_status()->set_address(absl::StrCat("127.0.0.1:", 1 + index));
   hello.mutable_hello()->set_epoch(1);
   ASSERT_TRUE(stream->Write(hello));
   v1::DirectoryMessage reply;

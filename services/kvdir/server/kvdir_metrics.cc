@@ -35,16 +35,18 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
       hellos_refused_family_(
           prometheus::BuildCounter()
               .Name("lazyattn_kvdir_hellos_refused_total")
-              .Help("Publish streams refused for the worker id their hello claimed, by reason: "
-                    "not the id in the caller's certificate, or held by another live worker")
+              .Help("Publish streams refused for the worker id or address their hello claimed, "
+                    "by reason: not the id in the caller's certificate, an id held by another "
+                    "live worker, or an address another live worker advertises")
               .Register(registry)),
-      lookup_duration_(prometheus::BuildHistogram()
-                           .Name("lazyattn_kvdir_lookup_duration_seconds")
-                           .Help("Time to answer a Lookup from the index")
-                           .Register(registry)
-                           .Add({}, prometheus::Histogram::BucketBoundaries{
-                                        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-                                        1e-3, 2.5e-3, 5e-3, 1e-2})),
+      lookup_duration_(
+          prometheus::BuildHistogram()
+              .Name("lazyattn_kvdir_lookup_duration_seconds")
+              .Help("Time to answer a Lookup from the index")
+              .Register(registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5,
+                                                               5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
+                                                               2.5e-3, 5e-3, 1e-2})),
       limit_family_(prometheus::BuildCounter()
                         .Name("lazyattn_kvdir_limit_refusals_total")
                         .Help("Publish streams ended because a worker went past a bound of the "
@@ -54,8 +56,10 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
   limit_refusals_[1] = &limit_family_.Add({{"limit", "max_entries_per_worker"}});
   limit_refusals_[2] = &limit_family_.Add({{"limit", "worker_id"}});
   limit_refusals_[3] = &limit_family_.Add({{"limit", "status_bytes"}});
+  limit_refusals_[4] = &limit_family_.Add({{"limit", "unread_replies"}});
   hellos_refused_[0] = &hellos_refused_family_.Add({{"reason", "not_certificate_id"}});
   hellos_refused_[1] = &hellos_refused_family_.Add({{"reason", "worker_id_in_use"}});
+  hellos_refused_[2] = &hellos_refused_family_.Add({{"reason", "address_in_use"}});
 }
 
 void KvdirMetrics::HelloRefused(HelloRefusal reason) {

@@ -10,11 +10,13 @@
 //   lazyattn_kvdir_lookup_duration_seconds       histogram: Lookup handling time (index only)
 //   lazyattn_kvdir_limit_refusals_total{limit}   counter: Publish streams ended by a bound:
 //                                                max_workers, max_entries_per_worker,
-//                                                worker_id, status_bytes
-//   lazyattn_kvdir_hellos_refused_total{reason}  counter: hellos refused for their worker id:
-//                                                not_certificate_id (another id than the
-//                                                caller's certificate names), worker_id_in_use
-//                                                (another live worker holds it)
+//                                                worker_id, status_bytes, unread_replies
+//   lazyattn_kvdir_hellos_refused_total{reason}  counter: hellos refused for their worker id
+//                                                or address: not_certificate_id (another id
+//                                                than the caller's certificate names),
+//                                                worker_id_in_use (another live worker holds
+//                                                it), address_in_use (another live worker
+//                                                advertises the address)
 #ifndef LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 #define LAZYATTN_SERVICES_KVDIR_SERVER_KVDIR_METRICS_H_
 
@@ -37,10 +39,10 @@ class KvdirMetrics {
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
   void LeasesExpired(int64_t workers);
-  enum class HelloRefusal { kNotCertificateId, kWorkerIdInUse };
+  enum class HelloRefusal { kNotCertificateId, kWorkerIdInUse, kAddressInUse };
   void HelloRefused(HelloRefusal reason);
   void ObserveLookup(absl::Duration d);
-  enum class Limit { kMaxWorkers, kMaxEntriesPerWorker, kWorkerId, kStatusBytes };
+  enum class Limit { kMaxWorkers, kMaxEntriesPerWorker, kWorkerId, kStatusBytes, kUnreadReplies };
   void LimitRefused(Limit limit);
 
  private:
@@ -55,10 +57,10 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_applied_;
   prometheus::Counter& leases_expired_;
   prometheus::Family<prometheus::Counter>& hellos_refused_family_;
-  prometheus::Counter* hellos_refused_[2];
+  prometheus::Counter* hellos_refused_[3];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
-  prometheus::Counter* limit_refusals_[4];
+  prometheus::Counter* limit_refusals_[5];
 };
 
 }  // namespace lazyattn::kvdir

@@ -1,6 +1,7 @@
 // Bad input on a Publish stream ends it with the right status naming the field or the limit: a
 // first message that is not Hello, malformed messages, and the bounds on workers, entries per
-// worker and worker ids (refusals counted); nothing bad is applied.
+// worker and worker ids (refusals counted); nothing bad is applied. A worker that reads none of
+// its replies is ended rather than queued for.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "services/kvdir/server/kvdir_server.h"
 #include "services/kvdir/server/kvdir_server_test_fixture.h"
 
@@ -121,6 +123,33 @@ TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {
   hostport.Join({});
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers() == std::vector<std::string>{"[::1]:7201"}; }));
   EXPECT_TRUE(hostport.Close().ok());
+}
+
+// A worker that keeps saying hello and reads none of the replies (each hello queues a lease grant
+// and a snapshot request) does not make kvdir queue them without end: once the stream's window
+// is full and 16 replies wait, the stream is ended and counted as unread_replies.
+TEST_F(KvdirServerTest, AWorkerThatReadsNoRepliesIsEnded) {
+  Start();
+  grpc::ChannelArguments args;
+  // The window stays at its first size (64 KiB), so a few thousand replies fill it.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::KvDirectory::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
+  FakeWorker deaf(stub.get(), "deaf");
+  int hellos = 0;
+  while (deaf.Hello()) ++hellos;  // until kvdir ends the stream (or the 10 s deadline passes)
+  EXPECT_GT(hellos, 16);
+  const grpc::Status s = deaf.Drain();
+  EXPECT_THAT(s.error_code(),
+              ::testing::AnyOf(grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::CANCELLED))
+      << s.error_message();
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "unread_replies"), 1)
+      << hellos << " hellos";
+  // The directory serves on.
+  FakeWorker sound(stub_.get(), "sound");
+  sound.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}).size() == 2; }));
+  EXPECT_TRUE(sound.Close().ok());
 }
 
 }  // namespace

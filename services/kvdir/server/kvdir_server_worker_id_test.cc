@@ -1,6 +1,7 @@
 // One live worker per id, over real gRPC: a second live process with the same id is refused naming
 // the id and where it runs (by address, or by the peer host when both advertise one address), the
-// first keeps working, and the second takes the id over once the first is gone.
+// first keeps working, and the second takes the id over once the first is gone. Likewise one live
+// worker per advertised address.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -119,6 +120,26 @@ TEST_F(KvdirServerTest, ACopyAdvertisingTheHoldersAddressFromAnotherHostIsRefuse
   retry.Join({Entry(3, 30)}, /*epoch=*/2);
   ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2, 3}) == std::vector<Pair>{{"w1", 30}}; }));
   EXPECT_TRUE(retry.Close().ok());
+}
+
+// Another worker id advertising a live worker's address (a copied advertise_address, or a peer
+// trying to take another worker's requests) is refused naming the field and the holder.
+TEST_F(KvdirServerTest, AnotherWorkerAdvertisingALiveWorkersAddressIsRefused) {
+  Start();
+  FakeWorker holder(stub_.get(), "w1");
+  holder.Join({Entry(1, 10)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}) == std::vector<Pair>{{"w1", 10}}; }));
+  FakeWorker claimant(stub_.get(), "w9");
+  ASSERT_TRUE(claimant.Hello(/*epoch=*/3, "w1:7000"));
+  const grpc::Status s = claimant.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("hello.status.address: w1:7000 is advertised by live worker w1"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_hellos_refused_total", "address_in_use"), 1);
+  EXPECT_EQ(LiveWorkers(), std::vector<std::string>{"w1"});
+  ASSERT_TRUE(holder.Stored(2, 20));
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2}) == std::vector<Pair>{{"w1", 30}}; }));
+  EXPECT_TRUE(holder.Close().ok());
 }
 
 }  // namespace

@@ -46,12 +46,32 @@ void PublishReactor::OnReadDone(bool ok) {
     Close(grpc::Status::OK);
     return;
   }
-  const absl::Status status = Handle(in_);
+  absl::Status status = Handle(in_);
+  bool unread = false;
+  {
+    absl::MutexLock lock(&mu_);
+    unread = replies_unread_;
+  }
+  if (unread && status.ok()) status = RepliesUnread();
   if (!status.ok()) {
     Close(ToGrpcStatus(status));
+    // The worker reads none of its replies, so the write in flight would never end, nor the
+    // stream with it: cancelling fails that write, and the close then finishes.
+    if (unread) call_->TryCancel();
     return;
   }
   StartRead(&in_);
+}
+
+absl::Status PublishReactor::RepliesUnread() {
+  ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kUnreadReplies);
+  LogWarning("kvdir")
+      .Str("worker", worker_id_.empty() ? "(no hello yet)" : worker_id_)
+      .Str("peer_host", peer_host_)
+      .Msg("ended a Publish stream whose worker does not read its replies");
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the worker has not read ", kMaxUnreadReplies,
+                   " of kvdir's replies (lease grants, snapshot requests): ended"));
 }
 
 absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
@@ -151,6 +171,22 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(),
                                           {.session = session_, .peer_host = peer_host_});
   if (r.id_in_use) return WorkerIdInUse(id, r, hello.status().address());
+  if (r.address_in_use) {
+    // Refused, not taken over: routers would send the holder's requests to whoever said hello
+    // last, and with mutual TLS any worker certificate could so divert another worker's users.
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressInUse);
+    const std::string address = Printable(hello.status().address(), 256);
+    LogWarning("kvdir")
+        .Str("worker", id)
+        .Str("address", address)
+        .Str("holder", r.address_holder_id)
+        .Str("peer_host", peer_host_)
+        .Str("certificate_serial", certificate_serial_.empty() ? "none" : certificate_serial_)
+        .Msg("refused hello: another live worker advertises this address");
+    return absl::AlreadyExistsError(absl::StrCat(
+        "hello.status.address: ", address, " is advertised by live worker ", r.address_holder_id,
+        "; each worker needs its own address (worker.advertise_address)"));
+  }
   if (r.refused) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxWorkers);
     LogWarning("kvdir").Str("worker", id).Msg(
@@ -254,6 +290,12 @@ void PublishReactor::Send(v1::DirectoryMessage msg) {
   {
     absl::MutexLock lock(&mu_);
     if (finish_wanted_) return;
+    if (out_.size() >= kMaxUnreadReplies) {
+      // Each hello or gap queues replies; a peer that sends them and never reads would grow
+      // the queue without bound. The read side ends the stream.
+      replies_unread_ = true;
+      return;
+    }
     out_.push_back(std::move(msg));  // deque: references to queued elements stay valid
     if (writing_) return;
     writing_ = true;

@@ -17,7 +17,9 @@
 //     (common/kvdir_stream_trailer.h). Counted and logged, as a certificate mismatch is;
 //   - RESOURCE_EXHAUSTED naming the bound (limits.max_workers for a new worker's hello;
 //     limits.max_entries_per_worker for a snapshot or a stored event past it, which also drops
-//     the worker's entries); INVALID_ARGUMENT for a worker id of a bad length or charset
+//     the worker's entries; 16 replies queued that the worker has not read, such as the
+//     lease grants of repeated hellos: the call is also cancelled, as its pending write would
+//     never end); INVALID_ARGUMENT for a worker id of a bad length or charset
 //     (limits.max_worker_id_length) or a hello.status over 64 KiB. Each is counted and logged.
 // Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
 //
@@ -29,6 +31,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -68,6 +71,8 @@ class PublishReactor final
   absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
   // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker past max_entries_per_worker.
   absl::Status OverEntryLimit(const std::string& what);
+  // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker that reads none of its replies.
+  absl::Status RepliesUnread();
   void RequestSnapshot(const std::string& reason, bool gap);
   void Send(v1::DirectoryMessage msg);
   // Leaves the session and finishes the stream once queued replies are written.
@@ -83,8 +88,14 @@ class PublishReactor final
   std::string worker_id_;
   uint64_t session_ = 0;
 
+  // Replies queued and not yet written. A worker answers each with its own messages, so a
+  // sound one never leaves more than a few behind (a hello queues two).
+  static constexpr size_t kMaxUnreadReplies = 16;
+
   absl::Mutex mu_;
   std::deque<v1::DirectoryMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  // Send found kMaxUnreadReplies queued: the read side ends the stream.
+  bool replies_unread_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
