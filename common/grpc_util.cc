@@ -1,12 +1,5 @@
 #include "common/grpc_util.h"
 
-#include <chrono>
-#include <optional>
-#include <string_view>
-#include <vector>
-#include <fstream>
-#include <sstream>
-
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -18,6 +11,14 @@
 #include <openssl/bn.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -88,6 +89,18 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+namespace {
+
+bool HasChannelArgument(const grpc::ChannelArguments& args, const char* key) {
+  const grpc_channel_args c = args.c_channel_args();
+  for (size_t i = 0; i < c.num_args; ++i) {
+    if (std::strcmp(c.args[i].key, key) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void KeepCallbackQueueAlive() {
   // gRPC 1.51 on POSIX serves the callback API of every channel from one process-global
   // completion queue, counted by the channels that used it: when the last of them is destroyed
@@ -143,6 +156,9 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   builder.AddListeningPort(options.listen_address, creds, &built.port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             options.min_ping_interval_ms);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeMalformedRequestInterceptorFactory());
@@ -179,6 +195,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
   }
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  if (!HasChannelArgument(args, GRPC_ARG_KEEPALIVE_TIME_MS)) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  }
+  // Idle channels too (a router's channel to a worker between requests, a worker's to kvdir
+  // between heartbeats), and with no cap on pings between data frames (gRPC stops at 2).
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return grpc::CreateCustomChannel(address, creds, args);
 }
 

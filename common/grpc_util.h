@@ -32,6 +32,17 @@ struct TlsOptions {
   int refresh_interval_s = 60;  // how often the files are re-read; >= 1
 };
 
+// Keepalive of every channel MakeChannel makes: an HTTP/2 ping every kKeepaliveTimeMs, idle
+// connections too, and a connection whose ping is not answered within kKeepaliveTimeoutMs is
+// closed (its calls end UNAVAILABLE) and dialled again. Without it a peer that vanished without
+// closing its sockets (its node powered off, a partition, a replacement pod behind the same
+// Service address) holds the channel until TCP gives up, about 15 minutes. Servers accept pings
+// kMinPingIntervalMs apart (ServerOptions::min_ping_interval_ms's default).
+inline constexpr int kMinPingIntervalMs = 5000;
+inline constexpr int kKeepaliveTimeMs = 10000;
+inline constexpr int kKeepaliveTimeoutMs = 10000;
+static_assert(kMinPingIntervalMs < kKeepaliveTimeMs, "servers must accept the cluster's pings");
+
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
   int max_message_bytes = 64 << 20;
@@ -44,6 +55,10 @@ struct ServerOptions {
   // Serve grpc.reflection (`server.reflection: true`): the schema of every service, for grpcurl
   // and similar tools. Off by default; when on it is open to anyone, like health.
   bool reflection = false;
+  // Keepalive pings accepted this often, also on idle connections (gRPC's default, 5 minutes,
+  // would answer the cluster's own channels' pings, kKeepaliveTimeMs apart, with GOAWAY). More
+  // frequent pings count as strikes against the connection, as gRPC does by default.
+  int min_ping_interval_ms = kMinPingIntervalMs;
 };
 
 struct BuiltServer {
@@ -69,8 +84,8 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
 // `call_credentials` (e.g. grpc::AccessTokenCredentials for an API key) are attached to every
 // call; they need TLS (InvalidArgument without tls.ca_file, as gRPC would not send them in
 // plaintext). `args`: further channel arguments (e.g. reconnect backoff); the message limits are
-// set over them. InvalidArgument naming the file (`tls.ca_file: cannot read ...`) if a TLS file
-// cannot be read.
+// set over them, and the keepalive above unless `args` sets GRPC_ARG_KEEPALIVE_TIME_MS itself.
+// InvalidArgument naming the file (`tls.ca_file: cannot read ...`) if a TLS file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes = 64 << 20,
     std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr,

@@ -1,0 +1,143 @@
+// Keepalive of MakeChannel's channels against StartGrpcServer's servers: a connection whose peer
+// stops answering (frozen behind a proxy that keeps both sockets open, as a node that lost power
+// or a partition would) is given up within the keepalive's time and timeout, while a live idle
+// connection keeps its pings without the server sending GOAWAY for too many of them.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+// Forwards bytes between its clients and 127.0.0.1:`upstream_port`. Frozen, it reads nothing in
+// either direction and closes nothing: the peers' bytes wait in socket buffers, unanswered.
+class FreezableProxy {
+ public:
+  explicit FreezableProxy(int upstream_port) : upstream_port_(upstream_port) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(listener_, 8) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "proxy cannot listen";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FreezableProxy() {
+    stop_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    if (accept_thread_.joinable()) accept_thread_.join();  // then nothing adds pumps
+    for (std::thread& t : pumps_) t.join();
+    ::close(listener_);
+    for (int fd : fds_) ::close(fd);
+  }
+
+  int port() const { return port_; }
+  void Freeze() { frozen_ = true; }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listener_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0) continue;
+      const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(upstream_port_));
+      if (::connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        ::close(client);
+        ::close(server);
+        continue;
+      }
+      fds_.push_back(client);
+      fds_.push_back(server);
+      pumps_.emplace_back([this, client, server] { Pump(client, server); });
+      pumps_.emplace_back([this, client, server] { Pump(server, client); });
+    }
+  }
+  void Pump(int from, int to) {
+    char buf[16384];
+    while (!stop_) {
+      if (frozen_) {
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      pollfd p{from, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const ssize_t n = ::read(from, buf, sizeof(buf));
+      if (n <= 0) return;  // closed: the other pump sees its own end
+      for (ssize_t done = 0; done < n;) {
+        const ssize_t w = ::write(to, buf + done, static_cast<size_t>(n - done));
+        if (w <= 0) return;
+        done += w;
+      }
+    }
+  }
+
+  const int upstream_port_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> frozen_{false};
+  std::thread accept_thread_;
+  // Written by the accept thread only, read after it is joined.
+  std::vector<std::thread> pumps_;
+  std::vector<int> fds_;
+};
+
+// Waits up to `limit` for the channel to leave READY; true if it did.
+bool LeavesReady(grpc::Channel& channel, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST(GrpcKeepaliveTest, AFrozenPeerIsGivenUpAndALiveIdleOneIsKept) {
+  // Pings every 500 ms here, not every 10 s: the server accepts them every 200 ms.
+  auto built = StartGrpcServer(
+      {.listen_address = "127.0.0.1:0", .reflection = true, .min_ping_interval_ms = 200}, {});
+  ASSERT_TRUE(built.ok()) << built.status();
+  FreezableProxy proxy(built->port);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 500);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 500);
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(proxy.port()), {}, 1 << 20, nullptr,
+                             std::move(args));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  // Idle and pinged eight times: still the same connection (no GOAWAY for the pings).
+  EXPECT_FALSE(LeavesReady(**channel, absl::Seconds(4)));
+  proxy.Freeze();
+  const absl::Time frozen_at = absl::Now();
+  EXPECT_TRUE(LeavesReady(**channel, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - frozen_at, absl::Seconds(5));
+  built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+}  // namespace
+}  // namespace lazyattn
