@@ -1,8 +1,10 @@
 #include "services/worker/engine/chat_prompt.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/worker/model/tokenizer/chat_template.h"
@@ -12,18 +14,40 @@ namespace {
 
 constexpr int kMarkerAttempts = 4;
 
-// "\x01lazyattn-user-content\x01", or one with numbers when a message holds that text. The
-// search ends: each marker a message holds takes 20-odd of its bytes. `salt` starts a retry
-// among other markers.
-std::string UnusedMarker(const std::vector<ChatMessage>& messages, int salt) {
+// Every marker starts with the stem and ends with \x01: "\x01lazyattn-user-content\x01", or
+// "\x01lazyattn-user-content-<salt>-<n>\x01" when a message holds that.
+constexpr char kMarkerStem[] = "\x01lazyattn-user-content";
+constexpr size_t kMarkerStemBytes = sizeof(kMarkerStem) - 1;
+// The longest tail a marker has ("-<salt>-<n>" in decimal); longer text is no marker.
+constexpr size_t kMaxMarkerTail = 48;
+
+// The tails of the markers the messages hold ("" for the plain one), found in one pass over
+// their bytes: a search per candidate marker would cost the conversation's size per candidate,
+// and a conversation made of numbered markers would make that quadratic (megabytes: minutes).
+absl::flat_hash_set<std::string> MarkerTailsHeld(const std::vector<ChatMessage>& messages) {
+  absl::flat_hash_set<std::string> held;
+  for (const ChatMessage& m : messages) {
+    const std::string& text = m.content;
+    for (size_t at = text.find(kMarkerStem); at != std::string::npos;
+         at = text.find(kMarkerStem, at + 1)) {
+      // Up to the next \x01, which starts the next stem if nothing closes this one before it:
+      // the scans do not overlap.
+      const size_t tail = at + kMarkerStemBytes;
+      const size_t close = text.find('\x01', tail);
+      if (close == std::string::npos) break;
+      if (close - tail <= kMaxMarkerTail) held.insert(text.substr(tail, close - tail));
+    }
+  }
+  return held;
+}
+
+// A marker none of the messages holds; `salt` starts a retry among other markers. Ends after at
+// most held.size() + 1 candidates.
+std::string UnusedMarker(const absl::flat_hash_set<std::string>& held, int salt) {
+  if (salt == 0 && !held.contains("")) return absl::StrCat(kMarkerStem, "\x01");
   for (size_t n = 0;; ++n) {
-    const std::string marker =
-        n == 0 && salt == 0 ? std::string("\x01lazyattn-user-content\x01")
-                            : absl::StrCat("\x01lazyattn-user-content-", salt, "-", n, "\x01");
-    bool used = false;
-    for (const ChatMessage& m : messages)
-      used = used || m.content.find(marker) != std::string::npos;
-    if (!used) return marker;
+    std::string tail = absl::StrCat("-", salt, "-", n);
+    if (!held.contains(tail)) return absl::StrCat(kMarkerStem, tail, "\x01");
   }
 }
 
@@ -68,8 +92,9 @@ absl::StatusOr<PromptParts> CutChatMessages(const ChatTemplate& tmpl,
   std::string marker;
   std::string rendered;
   size_t at = std::string::npos;
+  const absl::flat_hash_set<std::string> held = MarkerTailsHeld(messages);
   for (int attempt = 0; attempt < kMarkerAttempts && at == std::string::npos; ++attempt) {
-    marker = UnusedMarker(messages, attempt);
+    marker = UnusedMarker(held, attempt);
     messages.back().content = marker + content;
     ASSIGN_OR_RETURN(rendered, tmpl.Apply(messages, /*add_generation_prompt=*/true));
     at = rendered.find(marker);

@@ -1,6 +1,10 @@
 // Where the chat prompt is cut around the documents, and what the template does to the question.
 #include "services/worker/engine/chat_prompt.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace lazyattn {
@@ -65,6 +69,30 @@ TEST(ChatPromptTest, MarkerTextInTheMessagesDoesNotMoveTheCut) {
     EXPECT_EQ(parts->question, "Why " + marker + "?<|im_end|>\n<|im_start|>assistant\n");
     EXPECT_EQ(parts->system_prefix + parts->question, *whole);
   }
+}
+
+// A conversation that holds every numbered marker up to 20,000 (spread over turns, largest first)
+// still gets one it does not hold, cut as before. Checking each candidate against every message
+// made this quadratic: 256 turns of 64 KB kept a worker thread busy for most of an hour.
+TEST(ChatPromptTest, ManyMarkerLikeTextsInTheMessagesAreFoundInOnePass) {
+  auto tmpl = ChatTemplate::FromName("chatml");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  std::vector<ChatMessage> conversation;
+  std::string text = "\x01lazyattn-user-content\x01";
+  for (int n = 20000; n >= 0; --n) {
+    absl::StrAppend(&text, "\x01lazyattn-user-content-0-", n, "\x01");
+    if (n % 1000 == 0) {
+      conversation.push_back({conversation.size() % 2 == 0 ? "user" : "assistant", text});
+      text.clear();
+    }
+  }
+  conversation.push_back({"user", "Why?"});
+  auto whole = tmpl->Apply(conversation);
+  ASSERT_TRUE(whole.ok());
+  auto parts = CutChatMessages(*tmpl, conversation, /*has_documents=*/true);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(parts->question, "Why?<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(parts->system_prefix + parts->question, *whole);
 }
 
 // A conversation is cut at the start of the last user message: the history (and SmolLM2's
