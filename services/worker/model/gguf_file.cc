@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/worker/model/mapped_file.h"
+#include "services/worker/model/tensor_extents.h"
 
 namespace lazyattn {
 namespace {
@@ -180,6 +181,8 @@ class GgufParser {
                                               " bytes"));
     }
     const uint64_t data_size = f_.map_size_ - data_start;
+    std::vector<TensorExtent> extents;
+    extents.reserve(f_.tensors_.size());
     for (size_t i = 0; i < f_.tensors_.size(); ++i) {
       GgufTensorInfo& t = f_.tensors_[i];
       const uint64_t off = offsets[i];
@@ -194,8 +197,9 @@ class GgufParser {
                          ") runs past the end of the data section (", data_size, " bytes)"));
       }
       t.data = f_.map_ + data_start + off;
+      extents.push_back({t.name, off, t.num_bytes});
     }
-    return absl::OkStatus();
+    return CheckTensorsDisjoint(f_.path_, std::move(extents));
   }
 
  private:

@@ -465,6 +465,13 @@ TEST_F(GgufFileTest, CorruptTensors) {
   spec = SmallSpec();
   spec.tensors[1].name = "w.f32";
   expect_error(spec, absl::StatusCode::kInvalidArgument, {"w.f32", "duplicate"});
+
+  // Both tensors' data at offset 0: each in the file, but sharing bytes (a file of a few MB
+  // could so claim gigabytes of weights).
+  spec = SmallSpec();
+  spec.tensors[1].offset = 0;
+  expect_error(spec, absl::StatusCode::kDataLoss,
+               {"tensor 'w.q8' data [0, +34) overlaps tensor 'w.f32' data [0, +24)"});
 }
 
 TEST_F(GgufFileTest, NotAFile) {

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <new>
 #include <stdexcept>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -21,8 +22,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerUnguarded(const std::str
     ASSIGN_OR_RETURN(spec, TokenizerSpecFromGguf(*file));
   } else {
     namespace fs = std::filesystem;
-    const fs::path dir =
-        fs::is_directory(model_path) ? fs::path(model_path) : fs::path(model_path).parent_path();
+    std::error_code ec;  // not the throwing form: an unreadable path is an error, not an abort
+    const fs::path dir = fs::is_directory(model_path, ec) ? fs::path(model_path)
+                                                          : fs::path(model_path).parent_path();
     ASSIGN_OR_RETURN(spec, TokenizerSpecFromTokenizerJson((dir / "tokenizer.json").string()));
   }
   return Tokenizer::Create(std::move(spec));
@@ -56,6 +58,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   } catch (const std::length_error&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(model_path, ": out of memory loading the tokenizer"));
+  } catch (const std::filesystem::filesystem_error& e) {
+    return absl::FailedPreconditionError(absl::StrCat(model_path, ": ", e.what()));
   }
 }
 

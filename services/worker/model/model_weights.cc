@@ -7,6 +7,7 @@
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -95,8 +96,9 @@ std::vector<WeightPlacement> Placements(const ModelConfig& c, const TensorNames&
 
 // Checks every placed tensor first, so that nothing is allocated for a config the file does not
 // back (a header that claims 2^31 embeddings over a 1 MB file fails here, not in operator new):
-// once every tensor's shape matched and its bytes lie inside the file (the readers' Open checked
-// that), the fp32 copy is at most a small multiple of the file's size. Then reads each tensor into
+// once every tensor's shape matched and its bytes lie inside the file, apart from every other
+// tensor's (the readers' Open checked both: CheckTensorsDisjoint), the fp32 copy is at most a
+// small multiple of the file's size. Then reads each tensor into
 // its slot.
 // With `packed`, matrices keep their stored type; the parts of a fused matrix arrive in row order
 // (Placements lists them so) and consecutive parts of one type merge into one run.
@@ -202,12 +204,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path, 
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path, bool packed) {
-  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  std::error_code ec;  // the throwing forms would end the worker on a directory it cannot list
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN(w->config, ModelConfigFromHfJson((dir / "config.json").string()));
   std::vector<std::string> shards;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() == ".safetensors") shards.push_back(entry.path().string());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".safetensors") shards.push_back(it->path().string());
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.string(), ": cannot list the model directory: ", ec.message()));
   }
   std::sort(shards.begin(), shards.end());
   if (shards.empty()) {
@@ -422,7 +429,7 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
 absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    if (fs::exists(fs::path(path) / "config.json")) return ModelFormat::kHfSafetensors;
+    if (fs::exists(fs::path(path) / "config.json", ec)) return ModelFormat::kHfSafetensors;
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": directory without config.json (expected an HF model directory)"));
   }
@@ -455,6 +462,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string
   } catch (const std::length_error&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(path, ": out of host memory loading the weights"));
+  } catch (const fs::filesystem_error& e) {  // a file system that fails under the loader
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", e.what()));
   }
 }
 

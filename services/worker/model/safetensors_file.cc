@@ -12,9 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "services/worker/model/mapped_file.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/ggml_type.h"
+#include "services/worker/model/mapped_file.h"
+#include "services/worker/model/tensor_extents.h"
 
 namespace lazyattn {
 namespace {
@@ -183,7 +184,13 @@ absl::Status SafetensorsFile::ParseHeader() {
                                                    current.empty() ? "" : " at tensor '", current,
                                                    current.empty() ? "" : "'", ": ", e.what()));
   }
-  return absl::OkStatus();
+  // After the loop: the names' views must not move with tensors_.
+  std::vector<TensorExtent> extents;
+  extents.reserve(tensors_.size());
+  for (const Tensor& t : tensors_) {
+    extents.push_back({t.name, static_cast<uint64_t>(t.data - data), t.num_bytes});
+  }
+  return CheckTensorsDisjoint(path_, std::move(extents));
 }
 
 absl::StatusOr<const SafetensorsFile::Tensor*> SafetensorsFile::FindTensor(

@@ -213,6 +213,15 @@ TEST_F(SafetensorsFileTest, CorruptHeaders) {
       {header(R"({"dtype": "F16", "shape": [2], "data_offsets": [0, 8]})"),
        absl::StatusCode::kInvalidArgument,
        {"'w'", "F16"}},
+      // Tensors sharing bytes: every copy of such a file claims more memory than it holds.
+      {R"({"v": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+           "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       absl::StatusCode::kDataLoss,
+       {"tensor 'w' data [0, +8) overlaps tensor 'v' data [0, +4)"}},
+      {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+       absl::StatusCode::kDataLoss,
+       {"tensor 'b'", "overlaps tensor 'a'"}},
   };
   for (const Case& c : cases) {
     absl::Status s = OpenStatus(c.header, data);
@@ -220,6 +229,12 @@ TEST_F(SafetensorsFileTest, CorruptHeaders) {
     EXPECT_THAT(s.message(), HasSubstr(dir_)) << c.header;
     for (const std::string& p : c.parts) EXPECT_THAT(s.message(), HasSubstr(p)) << c.header;
   }
+
+  // An empty tensor shares no byte with the one at its offset.
+  EXPECT_TRUE(OpenStatus(R"({"z": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                            "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                         data)
+                  .ok());
 
   // Header length larger than the file.
   std::string bad = BuildSafetensors("{}", data);
