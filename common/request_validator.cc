@@ -265,8 +265,10 @@ absl::StatusOr<ApiLimits> ApiLimitsFromYaml(const YamlConfig& config, const ApiL
   ASSIGN_OR_RETURN(const int64_t max_tokens,
                    config.IntIn("limits.max_tokens", l.max_tokens, 1, 1 << 24));
   l.max_tokens = static_cast<int>(max_tokens);
+  // At most 16: the worker's engine refuses more (its ValidateSamplingParams), so a larger limit
+  // would let requests pass this check only to fail in the engine.
   ASSIGN_OR_RETURN(const int64_t stops,
-                   config.IntIn("limits.max_stop_strings", l.max_stop_strings, 0, 1024));
+                   config.IntIn("limits.max_stop_strings", l.max_stop_strings, 0, 16));
   l.max_stop_strings = static_cast<int>(stops);
   ASSIGN_OR_RETURN(l.max_stop_bytes,
                    config.IntIn("limits.max_stop_bytes", l.max_stop_bytes, 1, 1 << 20));

@@ -330,6 +330,11 @@ TEST(RequestValidatorTest, LimitsFromYaml) {
   ASSERT_TRUE(bad.LoadString("limits:\n  max_tokens: 0\n", "w.yaml").ok());
   EXPECT_EQ(ApiLimitsFromYaml(bad).status().message(),
             "w.yaml: limits.max_tokens: must be in [1, 16777216], got 0");
+  // The engine applies at most 16 stop strings: a limit above it would pass requests it refuses.
+  YamlConfig many_stops;
+  ASSERT_TRUE(many_stops.LoadString("limits:\n  max_stop_strings: 17\n", "w.yaml").ok());
+  EXPECT_EQ(ApiLimitsFromYaml(many_stops).status().message(),
+            "w.yaml: limits.max_stop_strings: must be in [0, 16], got 17");
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
   if (p.top_logprobs > 0 && !p.logprobs) {
     return bad("top_logprobs", p.top_logprobs, "needs logprobs (the chosen tokens' own)");
   }
+  // limits.max_stop_strings cannot be configured above this (ApiLimitsFromYaml).
   if (p.stop.size() > 16) return bad("stop", p.stop.size(), "at most 16 stop strings");
   for (const auto& s : p.stop) {
     if (s.empty()) return absl::InvalidArgumentError("stop: stop strings must not be empty");
