@@ -38,7 +38,10 @@ EngineCore::~EngineCore() {
 
 int64_t EngineCore::BlocksNeeded(const PreparedRequest& r) const {
   const int64_t B = block_size();
-  const int64_t gen = r.sampling.max_tokens;
+  // Generation also ends at the model's context (finish "length"), so a max_tokens past it
+  // reserves nothing a request can use; counting it would refuse requests that fit.
+  const int64_t gen = std::min<int64_t>(
+      r.sampling.max_tokens, std::max<int64_t>(0, config().max_positions - r.prompt_tokens()));
   if (!EncodesDocumentsAlone(r.mode)) return CeilDiv(r.prompt_tokens() + gen, B);
   int64_t blocks = CeilDiv(static_cast<int64_t>(r.system_prefix.size()), B) +
                    CeilDiv(static_cast<int64_t>(r.question.size()) + gen, B);

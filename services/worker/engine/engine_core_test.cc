@@ -101,6 +101,18 @@ class EngineCoreTest : public ::testing::Test {
 // (rotate-once-at-write vs rotate-at-attention) on a random 2-layer model with logits ~O(1).
 constexpr float kModeTolerance = 1e-4f;
 
+// A max_tokens past the model's context reserves only what the context leaves: generation ends
+// there ("length") anyway. Counting all of it refused requests a pool could hold.
+TEST_F(EngineCoreTest, MaxTokensPastTheContextIsBoundedByIt) {
+  Init(/*max_positions=*/256, /*blocks=*/24);
+  for (CacheMode mode : {CacheMode::kFull, CacheMode::kBlock, CacheMode::kLazy}) {
+    const Outcome o = RunOne(Request({0, 1}, mode, /*max_tokens=*/4000));
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.result.finish_reason, "length");
+    EXPECT_EQ(o.result.usage.prompt_tokens + static_cast<int64_t>(o.result.token_ids.size()), 256);
+  }
+}
+
 TEST_F(EngineCoreTest, LazyAndBlockAgreeColdAndWarmInRandomOrders) {
   std::mt19937 rng(7);
   std::vector<int> docs = {0, 1, 2, 3, 4};
