@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/router/http/openai_fields.h"
 
 namespace lazyattn::router {
 namespace {
@@ -39,6 +40,20 @@ bool ParseContentLength(absl::string_view text, int64_t* out) {
 
 std::string BodyTooLargeMessage(int64_t max_body_bytes) {
   return absl::StrCat("body: larger than http.max_body_bytes (", max_body_bytes, " bytes)");
+}
+
+BodyFraming CheckContentType(const std::vector<std::string>& content_type) {
+  if (content_type.empty()) return BodyFraming{};
+  if (content_type.size() > 1) {
+    return Refuse(400, "Content-Type: given more than once", "invalid_argument");
+  }
+  const absl::string_view value = content_type[0];
+  const absl::string_view media = absl::StripAsciiWhitespace(value.substr(0, value.find(';')));
+  if (absl::EqualsIgnoreCase(media, "application/json")) return BodyFraming{};
+  return Refuse(415,
+                absl::StrCat("Content-Type: expected application/json, got \"",
+                             TruncateUtf8(std::string(value), kQuotedBytes), "\""),
+                "unsupported_media_type");
 }
 
 BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,

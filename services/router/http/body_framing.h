@@ -10,6 +10,9 @@
 //
 // A chunked body has no length up front: its reader counts the bytes and stops at the limit
 // (http_server.cc), so that case passes here as kChunked.
+//
+// The body's type is checked the same way (CheckContentType): the endpoints read JSON only, and
+// cpp-httplib would parse a multipart/form-data body itself (and fail) before the handler saw it.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_BODY_FRAMING_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_BODY_FRAMING_H_
 
@@ -40,6 +43,12 @@ struct BodyFraming {
 BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
                              const std::vector<std::string>& transfer_encoding, bool body_required,
                              int64_t max_body_bytes);
+
+// `content_type`: the values of every Content-Type header. Accepted: none (clients that omit it
+// send JSON all the same), or one whose media type is application/json (any case, parameters
+// such as charset allowed). Refused: another media type, 415 naming Content-Type and quoting the
+// value (cut to 32 bytes); the header given twice, 400.
+BodyFraming CheckContentType(const std::vector<std::string>& content_type);
 
 // A Content-Length value: decimal digits (surrounding blanks allowed), saturating at INT64_MAX.
 bool ParseContentLength(absl::string_view text, int64_t* out);

@@ -64,5 +64,25 @@ TEST(BodyFramingTest, NoFramingIs411OnlyWhereABodyIsRequired) {
   EXPECT_EQ(none.kind, Kind::kNone);
 }
 
+// The endpoints read JSON; any other type (form data, which the library would parse itself) is
+// refused before the body is read.
+TEST(BodyFramingTest, OnlyJsonOrNoContentTypeIsAccepted) {
+  for (const char* ok : {"application/json", "Application/JSON",
+                         " application/json ; charset=utf-8", "application/json;charset=UTF-8"}) {
+    EXPECT_TRUE(CheckContentType({ok}).ok()) << ok;
+  }
+  EXPECT_TRUE(CheckContentType({}).ok());  // absent: read as JSON
+  for (const char* bad : {"multipart/form-data; boundary=x", "application/x-www-form-urlencoded",
+                          "text/plain", "application/jsonx", "", "application/json-seq"}) {
+    const BodyFraming f = CheckContentType({bad});
+    EXPECT_EQ(f.error_status, 415) << bad;
+    EXPECT_THAT(f.message, HasSubstr("Content-Type: expected application/json, got \"")) << bad;
+    EXPECT_EQ(f.code, "unsupported_media_type");
+  }
+  EXPECT_THAT(CheckContentType({std::string(100, 'x')}).message,
+              HasSubstr("got \"" + std::string(32, 'x') + "...\""));
+  EXPECT_EQ(CheckContentType({"application/json", "text/plain"}).error_status, 400);
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -145,8 +145,8 @@ struct StreamState {
   std::vector<std::optional<HttpCall::Event>> firsts;
   ResponseMeta meta;
   bool include_usage = false;
-  bool logprobs = false;      // the request asked for them
-  bool alternatives = false;  // and for top_logprobs
+  bool logprobs = false;                    // the request asked for them
+  bool alternatives = false;                // and for top_logprobs
   std::vector<TextOffset> offsets;          // completions' text_offset per choice, across chunks
   std::vector<lazyattn::v1::Final> finals;  // each choice's end, for the usage
   absl::Time deadline;
@@ -293,7 +293,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   if (!started.ok()) {
     grpc::Status status = ToGrpcStatus(started.status());
     SendGrpcError(response, grpc::Status(status.error_code(),
-                                         ToHttpFieldNames(kind, status.error_message())));
+                                         ToHttpFieldNames(*parsed, status.error_message())));
     return;
   }
   std::unique_ptr<ChoiceCalls> calls = std::move(*started);
@@ -322,7 +322,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
       calls->CancelAll();
       const grpc::Status status = EndStatus(e);
       SendGrpcError(response, grpc::Status(status.error_code(),
-                                           ToHttpFieldNames(kind, status.error_message())));
+                                           ToHttpFieldNames(*parsed, status.error_message())));
       return;
     }
     firsts[i] = std::move(e);

@@ -69,6 +69,41 @@ bool ConnectionStream::WaitWritable() const {
   return WaitForSocket(fd_, POLLOUT, write_timeout_, kNoDeadline);
 }
 
+void ConnectionStream::BeginRequest(size_t max_head_bytes) {
+  max_head_bytes_ = max_head_bytes;
+  head_bytes_ = 0;
+  in_head_ = true;
+  head_too_large_ = false;
+  body_line_bytes_ = 0;
+  body_line_too_long_ = false;
+}
+
+ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {
+  if (n <= 0) return n;
+  if (in_head_) {
+    head_bytes_ += static_cast<size_t>(n);
+    if (max_head_bytes_ > 0 && head_bytes_ > max_head_bytes_) {
+      head_too_large_ = true;
+      return -1;
+    }
+    return n;
+  }
+  // cpp-httplib reads a line a byte at a time and data in reads of up to 4 KiB, so a run of
+  // one-byte reads without '\n' is a line in the making. A data read asks for one byte only for
+  // the last byte of a chunk (or of the body), which a line ending follows; the run is then at
+  // most one longer than the line. The size asked, not returned, tells them apart: a trickled
+  // body comes a byte at a time too.
+  if (size == 1 && data[0] != '\n') {
+    if (++body_line_bytes_ > kMaxBodyLineBytes) {
+      body_line_too_long_ = true;
+      return -1;
+    }
+  } else {
+    body_line_bytes_ = 0;
+  }
+  return n;
+}
+
 bool ConnectionStream::is_readable() const { return HasReadAhead() || WaitReadable(); }
 
 bool ConnectionStream::is_writable() const { return WaitWritable() && PeerStillThere(fd_); }
@@ -86,6 +121,7 @@ void ConnectionStream::get_local_ip_and_port(std::string& ip, int& port) const {
 }
 
 ssize_t PlainStream::read(char* ptr, size_t size) {
+  if (over_cap()) return -1;
   while (begin_ == end_) {
     if (!WaitReadable()) return -1;
     const ssize_t n = recv(fd_, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
@@ -101,7 +137,7 @@ ssize_t PlainStream::read(char* ptr, size_t size) {
   const size_t n = std::min(size, end_ - begin_);
   std::memcpy(ptr, buffer_.data() + begin_, n);
   begin_ += n;
-  return static_cast<ssize_t>(n);
+  return Counted(ptr, size, static_cast<ssize_t>(n));
 }
 
 ssize_t PlainStream::write(const char* ptr, size_t size) {
@@ -116,11 +152,12 @@ ssize_t PlainStream::write(const char* ptr, size_t size) {
 }
 
 ssize_t TlsStream::read(char* ptr, size_t size) {
+  if (over_cap()) return -1;
   const int len = static_cast<int>(std::min<size_t>(size, INT_MAX));
   while (true) {
     ERR_clear_error();
     const int n = SSL_read(ssl_, ptr, len);
-    if (n > 0) return n;
+    if (n > 0) return Counted(ptr, size, n);
     switch (SSL_get_error(ssl_, n)) {
       case SSL_ERROR_WANT_READ:
         if (!WaitReadable()) return -1;

@@ -5,6 +5,12 @@
 // headers arrive, then to the end of the body timeout while its body arrives, and clears it once
 // the body is in. The TLS handshake (AcceptTls) takes a deadline the same way.
 //
+// Reads are also bounded in bytes where cpp-httplib buffers without a limit of its own: a
+// request's line and headers (the library keeps every header line in a multimap, ~20 bytes of
+// memory per byte sent, and grows a line until its '\n' before checking its length) stop at the
+// head cap set by BeginRequest, and a line of a body (a chunk-size line, read a byte at a time)
+// at kMaxBodyLineBytes. Past either, reads fail.
+//
 // One stream serves every request of a keep-alive connection, so bytes read ahead (a pipelined
 // request) are kept for the next one. Not thread-safe: one connection thread uses it.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_CONNECTION_STREAM_H_
@@ -22,6 +28,10 @@ namespace lazyattn::router {
 using SteadyTime = std::chrono::steady_clock::time_point;
 constexpr SteadyTime kNoDeadline = SteadyTime::max();
 
+// The longest line of a body the stream lets the library read (a chunk-size line, its
+// extensions included: hex digits need a few bytes, nobody sends kilobytes of extensions).
+inline constexpr size_t kMaxBodyLineBytes = 4096;
+
 // Waits up to `timeout`, and never past `deadline`, for `events` (POLLIN, POLLOUT) on `fd`; true
 // when the socket is ready (or failed: the next read or write reports it).
 bool WaitForSocket(int fd, short events, std::chrono::milliseconds timeout, SteadyTime deadline);
@@ -35,6 +45,14 @@ class ConnectionStream : public httplib::Stream {
   // Reads wait no later than `deadline` (kNoDeadline: only their own timeout) and fail after it.
   void set_deadline(SteadyTime deadline) { deadline_ = deadline; }
   bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
+
+  // A request begins: from now until EndHead, the bytes read (its line and headers) may total at
+  // most `max_head_bytes` (0: no cap); a read that would go past it fails, as every later one.
+  void BeginRequest(size_t max_head_bytes);
+  // The request's line and headers are in; what follows is its body.
+  void EndHead() { in_head_ = false; }
+  // True when reading the current request's head failed for the cap.
+  bool head_too_large() const { return head_too_large_; }
 
   // True when a byte of the next request is read ahead, or arrives within `timeout` (and before
   // the deadline).
@@ -50,11 +68,24 @@ class ConnectionStream : public httplib::Stream {
   virtual bool HasReadAhead() const = 0;
   bool WaitReadable() const;  // read_timeout, bounded by the deadline
   bool WaitWritable() const;  // write_timeout
+  // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
+  // they go past one (the bytes are then dropped: the request is refused).
+  ssize_t Counted(const char* data, size_t size, ssize_t n);
+  // True when a cap was passed: every read fails from then on.
+  bool over_cap() const { return head_too_large_ || body_line_too_long_; }
 
   const int fd_;
   const std::chrono::milliseconds read_timeout_;
   const std::chrono::milliseconds write_timeout_;
   SteadyTime deadline_ = kNoDeadline;
+
+ private:
+  size_t max_head_bytes_ = 0;
+  size_t head_bytes_ = 0;
+  bool in_head_ = false;
+  bool head_too_large_ = false;
+  size_t body_line_bytes_ = 0;  // single-byte reads since the last '\n' or larger read
+  bool body_line_too_long_ = false;
 };
 
 // Plaintext: recv into a read-ahead buffer (cpp-httplib reads the request line and headers a byte

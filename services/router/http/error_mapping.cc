@@ -47,6 +47,10 @@ const char* ErrorTypeOf(int http_status) {
     case 408:  // the body did not arrive within http.body_timeout_ms: the client's fault
     case 411:  // no Content-Length (body_framing.h)
     case 413:
+    case 414:  // URI too long (the library's own answer)
+    case 415:  // a Content-Type other than JSON
+    case 416:  // a Range the library could not parse (its own answer)
+    case 431:  // request line and headers over http.max_header_bytes
     case 501:  // a Transfer-Encoding other than chunked: the request's fault, not the server's
       return "invalid_request_error";
     case 429:

@@ -13,8 +13,9 @@
 //   DEADLINE_EXCEEDED                                    504 timeout_error
 //   CANCELLED                                            499 (the client went away)
 //   anything else (INTERNAL, UNKNOWN, ABORTED, ...)      500 server_error
-// 408, 411, 413 and 501 (a body too slow, without a length, too large, or in a coding other than
-// chunked) are produced by the HTTP layer itself (ErrorBody, type invalid_request_error).
+// 408, 411, 413, 415, 431 and 501 (a body too slow, without a length, too large, not JSON,
+// headers too large, or a body in a coding other than chunked) are produced by the HTTP layer
+// itself (ErrorBody, type invalid_request_error), as are the library's own 414 and 416.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_ERROR_MAPPING_H_
 #define LAZYATTN_SERVICES_ROUTER_HTTP_ERROR_MAPPING_H_
 

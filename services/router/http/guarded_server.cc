@@ -25,8 +25,10 @@ using std::chrono::steady_clock;
 struct ConnectionState {
   ConnectionStream* stream = nullptr;
   milliseconds body_timeout{0};
-  bool close = false;  // close after this response
-  int64_t drain = 0;   // ... lingering to drop this much of an unread body
+  bool close = false;           // close after this response
+  int64_t drain = 0;            // ... lingering to drop this much of an unread body
+  bool headers_marked = false;  // MarkHeadersReceived ran for this request
+  bool body_marked = false;     // MarkBodyReceived ran for this request
 };
 thread_local ConnectionState* current_connection = nullptr;
 thread_local bool shed_thread = false;
@@ -60,6 +62,7 @@ struct LoopParams {
   milliseconds keep_alive_timeout;
   milliseconds header_timeout;
   milliseconds body_timeout;
+  size_t max_header_bytes;
 };
 
 using ProcessRequest =
@@ -94,6 +97,9 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
     if (!AwaitRequest(p, stream, p.keep_alive_timeout)) break;
     if (!first) stream.set_deadline(steady_clock::now() + p.header_timeout);
     first = false;
+    stream.BeginRequest(p.max_header_bytes);
+    state.headers_marked = false;
+    state.body_marked = false;
     bool connection_closed = false;
     ret = process(stream, left == 1, connection_closed);
     if (!ret || connection_closed || state.close) break;
@@ -163,11 +169,27 @@ int CurrentConnectionSocket() {
 
 void MarkHeadersReceived() {
   if (current_connection == nullptr) return;
+  current_connection->headers_marked = true;
+  current_connection->stream->EndHead();
   current_connection->stream->set_deadline(steady_clock::now() + current_connection->body_timeout);
 }
 
 void MarkBodyReceived() {
-  if (current_connection != nullptr) current_connection->stream->set_deadline(kNoDeadline);
+  if (current_connection == nullptr) return;
+  current_connection->body_marked = true;
+  current_connection->stream->set_deadline(kNoDeadline);
+}
+
+bool HeadersMarkedReceived() {
+  return current_connection != nullptr && current_connection->headers_marked;
+}
+
+bool BodyMarkedReceived() {
+  return current_connection != nullptr && current_connection->body_marked;
+}
+
+bool RequestHeadTooLarge() {
+  return current_connection != nullptr && current_connection->stream->head_too_large();
 }
 
 bool BodyTimedOut() {
@@ -180,6 +202,8 @@ void CloseConnectionAfterResponse(int64_t drain_bytes) {
   current_connection->drain = std::max(current_connection->drain, drain_bytes);
 }
 
+bool ClosesAfterResponse() { return current_connection != nullptr && current_connection->close; }
+
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   const SteadyTime start = steady_clock::now();
   bool ret = false;
@@ -190,8 +214,12 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   } else {
     PlainStream stream(sock, Millis(read_timeout_sec_, read_timeout_usec_),
                        Millis(write_timeout_sec_, write_timeout_usec_));
-    const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
-                            limits_.header_timeout, limits_.body_timeout};
+    const LoopParams params{&svr_sock_,
+                            keep_alive_max_count_,
+                            Millis(keep_alive_timeout_sec_, 0),
+                            limits_.header_timeout,
+                            limits_.body_timeout,
+                            limits_.max_header_bytes};
     int64_t drain = 0;
     ret = ServeRequests(
         params, stream, start + limits_.header_timeout,
@@ -217,8 +245,12 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
     SSL* ssl = AcceptTls(sock, ssl_context(), read_timeout, start + limits_.header_timeout);
     if (ssl != nullptr) {
       TlsStream stream(sock, ssl, read_timeout, Millis(write_timeout_sec_, write_timeout_usec_));
-      const LoopParams params{&svr_sock_, keep_alive_max_count_, Millis(keep_alive_timeout_sec_, 0),
-                              limits_.header_timeout, limits_.body_timeout};
+      const LoopParams params{&svr_sock_,
+                              keep_alive_max_count_,
+                              Millis(keep_alive_timeout_sec_, 0),
+                              limits_.header_timeout,
+                              limits_.body_timeout,
+                              limits_.max_header_bytes};
       int64_t drain = 0;
       ret = ServeRequests(
           params, stream, start + limits_.header_timeout,

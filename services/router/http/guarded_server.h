@@ -8,6 +8,12 @@
 //    request has header_timeout from its first byte (the idle wait before it is
 //    keep_alive_timeout, as in the library). Past the deadline the connection is closed without an
 //    answer, as nginx does on client_header_timeout.
+//  - a cap on the bytes of a request's line and headers, `max_header_bytes`, counted until the
+//    handlers mark the headers received (the library stores every header line it reads, ~20 bytes
+//    of memory per byte sent, and header_timeout bounds only the time). Past it reads fail: a
+//    request line that long closes the connection without an answer, headers that long are
+//    answered by the library's error path, where RequestHeadTooLarge() turns its 400 into 431.
+//    A line of a chunked body (its chunk-size line) is capped as well (connection_stream.h).
 //  - a total deadline for a request's body, `body_timeout`, from the end of its headers (each
 //    read still waits at most the read timeout). A body read that fails past it is reported by
 //    BodyTimedOut(), so that the handler answers 408 instead of 400.
@@ -42,6 +48,7 @@ namespace lazyattn::router {
 
 struct ConnectionLimits {
   std::chrono::milliseconds header_timeout{10000};
+  size_t max_header_bytes = 64 << 10;  // the request line and headers; 0: no cap
   std::chrono::milliseconds body_timeout{30000};
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;
@@ -53,12 +60,23 @@ struct ConnectionLimits {
 void MarkHeadersReceived();
 // The request's body is in; reads are no longer bounded by its deadline.
 void MarkBodyReceived();
+// Whether MarkHeadersReceived / MarkBodyReceived were called for the request this thread serves
+// (both false as each request begins, and outside a handler). For the post-routing handler, which
+// runs for every response: headers not marked means the library answered the request before the
+// handlers saw it (414, 416, 400, 431), body not marked that a body may be left unread.
+bool HeadersMarkedReceived();
+bool BodyMarkedReceived();
+// True when reading the request's line and headers failed for max_header_bytes (the library then
+// answers 400, which the error handler turns into 431). False outside a handler.
+bool RequestHeadTooLarge();
 // True when the body's deadline has passed: a body read that failed failed for it. False outside
 // a handler.
 bool BodyTimedOut();
 // The connection closes after this response. `drain_bytes` > 0: that much of the request's body
 // is still to come unread, and the close lingers (above) to drop at most that much.
 void CloseConnectionAfterResponse(int64_t drain_bytes);
+// True once CloseConnectionAfterResponse was called for the request this thread serves.
+bool ClosesAfterResponse();
 
 // The socket of the connection this thread serves a request of, -1 elsewhere (outside a
 // handler, or a server that is not one of these). Open while the request's handler and its

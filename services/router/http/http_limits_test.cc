@@ -3,17 +3,12 @@
 // honour, a client that trickles its headers or its body or never finishes its TLS handshake, and
 // one address opening more connections than its share. Clients of a second address bind 127.0.0.2
 // (all of 127/8 is loopback on Linux).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -25,94 +20,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/router/http/http_server.h"
+#include "services/router/http/raw_http_client_for_test.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
 
 namespace lazyattn::router {
 namespace {
 
+using testing::Connect;
 using testing::FakeKvdir;
-using testing::RouterOptionsForFakeKvdir;
-using testing::WaitFor;
 using testing::FakeWorker;
+using testing::ReadAll;
+using testing::ReadHead;
+using testing::ReadResponse;
+using testing::RouterOptionsForFakeKvdir;
+using testing::SendAll;
+using testing::WaitFor;
 
 constexpr char kOtherAddress[] = "127.0.0.2";
-
-// A connection to 127.0.0.1:port from `source` (empty: the kernel's choice, 127.0.0.1). Reads and
-// writes that wait longer than 10 s fail: the test then fails on what it read.
-int Connect(int port, const std::string& source = "") {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (!source.empty()) {
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
-      close(fd);
-      return -1;
-    }
-  }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  return fd;
-}
-
-bool SendAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// The status line and headers (until the blank line, the server's close, or 10 s of silence).
-std::string ReadHead(int fd) {
-  std::string out;
-  char c;
-  while (out.find("\r\n\r\n") == std::string::npos && read(fd, &c, 1) == 1) out.push_back(c);
-  return out;
-}
-
-// Everything until the server closes; `closed` tells a close (EOF or reset) from 10 s of silence.
-std::string ReadAll(int fd, bool* closed = nullptr) {
-  std::string out;
-  char buf[4096];
-  while (true) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n > 0) {
-      out.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (closed != nullptr) *closed = n == 0 || errno != EAGAIN;
-    return out;
-  }
-}
-
-// One response: the head, then as many bytes as its Content-Length says.
-std::string ReadResponse(int fd) {
-  std::string out = ReadHead(fd);
-  const size_t at = out.find("Content-Length: ");
-  if (at == std::string::npos) return out;
-  size_t left = std::strtoul(out.c_str() + at + 16, nullptr, 10);
-  char buf[4096];
-  while (left > 0) {
-    const ssize_t n = read(fd, buf, std::min(left, sizeof(buf)));
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    left -= static_cast<size_t>(n);
-  }
-  return out;
-}
 
 std::string Post(const std::string& extra_headers, const std::string& body = "") {
   return absl::StrCat(

@@ -46,6 +46,8 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.header_timeout,
                    MillisIn(config, "http.header_timeout_ms", o.header_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(o.max_header_bytes, config.IntIn("http.max_header_bytes", o.max_header_bytes,
+                                                    4096, int64_t{16} << 20));
   ASSIGN_OR_RETURN(o.body_timeout,
                    MillisIn(config, "http.body_timeout_ms", o.body_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(

@@ -31,6 +31,13 @@ struct HttpOptions {
   // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
   // however steadily the bytes trickle in; else the connection is closed (guarded_server.h).
   absl::Duration header_timeout = absl::Seconds(10);
+  // A request's line and headers may total this many bytes; more is answered 431 (a request line
+  // that long: closed) and the connection closed. cpp-httplib keeps every header line it reads
+  // (~20 bytes of memory per byte sent), so this, not header_timeout, bounds what one
+  // unauthenticated connection makes the router hold. 64 KiB is twice what nginx holds by default
+  // (large_client_header_buffers 4 8k); a single header line stays limited to 8 KiB by
+  // the library's build.
+  int64_t max_header_bytes = 64 << 10;
   // A request's body must be in within this of its headers' end, however steadily it trickles in
   // (read_timeout bounds only each read); else 408 and the connection is closed.
   absl::Duration body_timeout = absl::Seconds(30);

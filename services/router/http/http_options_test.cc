@@ -24,6 +24,7 @@ TEST(HttpOptionsTest, OffByDefault) {
   EXPECT_EQ(o->max_queued_connections, 64);
   EXPECT_EQ(o->header_timeout, absl::Seconds(10));
   EXPECT_EQ(o->body_timeout, absl::Seconds(30));
+  EXPECT_EQ(o->max_header_bytes, 64 << 10);
   // Unset: half the threads, so one address leaves the other half to everyone else.
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 16);
 }
@@ -42,7 +43,8 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
       "http:\n  listen: 127.0.0.1:8000\n  max_body_bytes: 4096\n  threads: 4\n"
       "  max_queued_connections: 2\n  read_timeout_ms: 100\n  write_timeout_ms: 200\n"
       "  keep_alive_timeout_ms: 3000\n  keep_alive_max_count: 9\n  request_timeout_ms: 5000\n"
-      "  header_timeout_ms: 700\n  max_connections_per_client: 3\n  body_timeout_ms: 800\n");
+      "  header_timeout_ms: 700\n  max_connections_per_client: 3\n  body_timeout_ms: 800\n"
+      "  max_header_bytes: 16384\n");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->listen, "127.0.0.1:8000");
   EXPECT_EQ(o->max_body_bytes, 4096);
@@ -55,6 +57,7 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
   EXPECT_EQ(o->request_timeout, absl::Seconds(5));
   EXPECT_EQ(o->header_timeout, absl::Milliseconds(700));
   EXPECT_EQ(o->body_timeout, absl::Milliseconds(800));
+  EXPECT_EQ(o->max_header_bytes, 16384);
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 3);
 }
 
@@ -70,6 +73,8 @@ TEST(HttpOptionsTest, ErrorsNameTheKey) {
               HasSubstr("http.body_timeout_ms"));
   EXPECT_THAT(Parse("http: {body_timeout_ms: slow}\n").status().message(),
               HasSubstr("http.body_timeout_ms"));
+  EXPECT_THAT(Parse("http: {max_header_bytes: 100}\n").status().message(),
+              HasSubstr("http.max_header_bytes"));
   EXPECT_THAT(Parse("http: {max_connections_per_client: -2}\n").status().message(),
               HasSubstr("http.max_connections_per_client"));
 }

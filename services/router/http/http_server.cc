@@ -105,8 +105,8 @@ class BoundedPool final : public httplib::TaskQueue {
   const size_t max_queued_;
   const size_t pool_threads_;  // not counting the shedding thread
   std::mutex mu_;
-  std::condition_variable cv_;        // a job was queued, or shutdown
-  std::condition_variable space_cv_;  // the shed queue has room, or stopping
+  std::condition_variable cv_;          // a job was queued, or shutdown
+  std::condition_variable space_cv_;    // the shed queue has room, or stopping
   std::condition_variable started_cv_;  // every pool thread waits for work (the constructor's)
   std::deque<std::function<void()>> jobs_, shed_jobs_;
   size_t idle_ = 0;  // pool threads waiting for a job
@@ -122,14 +122,18 @@ constexpr char kModelInfoMethod[] = "/lazyattn.v1.Inference/GetModelInfo";
 thread_local std::string request_key_name;
 
 // The gRPC method whose scope an HTTP endpoint needs; null for /health (open, like gRPC health)
-// and for anything that is no endpoint (404 or 405 without a key check).
+// and for anything that is no endpoint (404 or 405 without a key check). Every route the library
+// dispatches must be here: cpp-httplib serves HEAD with the GET handler, so HEAD /v1/models is
+// the GET endpoint and needs its key (a HEAD missing here would skip the key and rate checks).
 const char* MethodOf(const httplib::Request& req) {
   if (req.method == "POST" &&
       (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
     // Complete's scope (generate) for both: streaming or not, it is the same permission.
     return kCompleteMethod;
   }
-  if (req.method == "GET" && req.path == "/v1/models") return kModelInfoMethod;
+  if ((req.method == "GET" || req.method == "HEAD") && req.path == "/v1/models") {
+    return kModelInfoMethod;
+  }
   return nullptr;
 }
 
@@ -154,13 +158,12 @@ std::vector<std::string> HeaderValues(const httplib::Request& req, const char* n
   return out;
 }
 
-
 // How much of an unread body to drop before closing (guarded_server.h): a client that announced
 // its length sends all of it before it reads the answer, so all of it; of a chunked body or an
 // unusable length, as much as the limit once more (a client sending more is cut off). Plus slack
 // for what the wire adds to the body (TLS records, chunk framing).
+constexpr int64_t kWireSlack = 64 << 10;
 int64_t UnreadBody(const httplib::Request& req, int64_t already_read, int64_t max_body_bytes) {
-  constexpr int64_t kWireSlack = 64 << 10;
   if (!CarriesBody(req)) return 0;
   int64_t announced = 0;
   if (!req.has_header("Transfer-Encoding") && req.get_header_value_count("Content-Length") == 1 &&
@@ -179,13 +182,16 @@ void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t m
   CloseConnectionAfterResponse(UnreadBody(req, already_read, max_body_bytes));
 }
 
-// Checks a completion request's body framing (body_framing.h). Refused: answers it unread with
-// the framing's status and returns that status. Accepted: sends nothing and returns 100 (go on),
-// the value an `Expect: 100-continue` handler gives.
+// Checks a completion request's body type and framing (body_framing.h). Refused: answers it
+// unread with the check's status and returns that status. Accepted: sends nothing and returns 100
+// (go on), the value an `Expect: 100-continue` handler gives.
 int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes) {
-  const BodyFraming framing =
-      CheckBodyFraming(HeaderValues(req, "Content-Length"), HeaderValues(req, "Transfer-Encoding"),
-                       /*body_required=*/true, max_body_bytes);
+  BodyFraming framing = CheckContentType(HeaderValues(req, "Content-Type"));
+  if (framing.ok()) {
+    framing = CheckBodyFraming(HeaderValues(req, "Content-Length"),
+                               HeaderValues(req, "Transfer-Encoding"),
+                               /*body_required=*/true, max_body_bytes);
+  }
   if (framing.ok()) return 100;
   RefuseUnread(req, res, max_body_bytes);
   SendError(res, framing.error_status, framing.message, framing.code);
@@ -248,6 +254,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   ConnectionLimits limits;
   limits.header_timeout = absl::ToChronoMilliseconds(options.header_timeout);
   limits.body_timeout = absl::ToChronoMilliseconds(options.body_timeout);
+  limits.max_header_bytes = static_cast<size_t>(options.max_header_bytes);
   limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
     auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);
@@ -304,6 +311,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                                 const httplib::Request& req, httplib::Response& res) {
     MarkHeadersReceived();
     request_key_name.clear();
+    // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
+    // has no length), and no client of this API asks for one. Dropped, the whole response goes
+    // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
+    // non-const in its routing (as in ReadBody).
+    const_cast<httplib::Request&>(req).ranges.clear();
     const char* method = MethodOf(req);
     if (method == nullptr) {
       if (LibraryReadsBody(req)) {
@@ -343,10 +355,34 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         MarkHeadersReceived();
         return IsCompletion(req) ? RefuseBadFraming(req, res, max_body_bytes) : 100;
       });
-  // A response that says `Connection: close` closes the connection (the library only sends the
-  // header).
-  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    if (res.get_header_value("Connection") == "close") CloseConnectionAfterResponse(0);
+  // Runs for every response, before its head is written. A response that says `Connection:
+  // close` closes the connection (the library only sends the header). And a connection whose
+  // next bytes may be the rest of this request is closed, lest they be read as a next request
+  // (CL.0 desync): the library answered before the handlers saw the request (414 for a long URI,
+  // 416 for a Range it cannot parse, 400 for a malformed line or header, 431), reading none of
+  // its body; or a handler answered without reading the body it announced (an exception, say;
+  // the handlers' own refusals already close).
+  s.set_post_routing_handler([max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+    // The library offers byte ranges on HEAD; the router serves none (pre-routing drops Range).
+    if (req.method == "HEAD") {
+      res.headers.erase("Accept-Ranges");
+      res.set_header("Accept-Ranges", "none");
+    }
+    if (!HeadersMarkedReceived()) {
+      // Its head may not have been read to its end either: drop at least kWireSlack more.
+      CloseConnectionAfterResponse(std::max(UnreadBody(req, 0, max_body_bytes), kWireSlack));
+    } else if (CarriesBody(req) && !BodyMarkedReceived()) {
+      CloseConnectionAfterResponse(UnreadBody(req, 0, max_body_bytes));
+    }
+    if (ClosesAfterResponse()) {
+      if (res.get_header_value("Connection") != "close") {
+        res.headers.erase("Connection");
+        res.headers.erase("Keep-Alive");
+        res.set_header("Connection", "close");
+      }
+    } else if (res.get_header_value("Connection") == "close") {
+      CloseConnectionAfterResponse(0);
+    }
   });
   // A handler that needs a key (checked by the pre-routing handler): runs `body(req, res,
   // key_name)`.
@@ -387,9 +423,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         "application/json");
   });
   // Errors the library produces itself (unknown path 404, wrong method 405, body over the limit
-  // 413, malformed request 400): OpenAI's error shape unless a handler wrote a body.
-  s.set_error_handler([max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+  // 413, malformed request 400, headers over the cap 431, URI too long 414, a Range it cannot
+  // parse 416): OpenAI's error shape unless a handler wrote a body.
+  s.set_error_handler([opts](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // The library answers 400 to headers it could not read; they were too many bytes.
+    if (res.status == 400 && RequestHeadTooLarge()) res.status = 431;
     std::string message;
     const char* code = "error";
     switch (res.status) {
@@ -400,8 +439,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         code = "not_found";
         break;
       case 413:
-        message = BodyTooLargeMessage(max_body_bytes);
+        message = BodyTooLargeMessage(opts.max_body_bytes);
         code = "body_too_large";
+        break;
+      case 431:
+        message = absl::StrCat(
+            "headers: the request line and headers are larger than "
+            "http.max_header_bytes (",
+            opts.max_header_bytes, " bytes)");
+        code = "headers_too_large";
         break;
       default:
         message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",

@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/json_numbers.h"
 
 namespace lazyattn::router {
 namespace {
@@ -219,8 +220,8 @@ absl::Status ReadCacheMode(const json& body, GenerateRequest* r) {
   return absl::OkStatus();
 }
 
-absl::Status ReadSampling(const json& body, GenerateRequest* r) {
-  lazyattn::v1::SamplingParams* s = r->mutable_sampling();
+absl::Status ReadSampling(const json& body, OpenAiRequest* out) {
+  lazyattn::v1::SamplingParams* s = out->request.mutable_sampling();
   // OpenAI samples at temperature 1 unless told otherwise (the gRPC API's default is greedy).
   s->set_temperature(1.0f);
   float f = 1.0f;
@@ -258,8 +259,13 @@ absl::Status ReadSampling(const json& body, GenerateRequest* r) {
     if (const json* v = Field(body, name)) {
       ASSIGN_OR_RETURN(const int64_t n, IntegerOf(*v, name));
       if (n < 1) return Invalid(name, absl::StrCat("must be at least 1, got ", n));
-      s->set_max_tokens(
-          static_cast<int32_t>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max())));
+      // Beyond int32 it goes as int32's max, over any limits.max_tokens: the shared validator
+      // refuses it (with the router's limit in its message), and ToHttpFieldNames puts back the
+      // value sent and the field it came in.
+      constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+      s->set_max_tokens(static_cast<int32_t>(std::min(n, kMax)));
+      out->max_tokens_field = name;
+      out->max_tokens_sent = n > kMax ? absl::StrCat(n) : "";
     }
   }
   if (const json* v = Field(body, "seed")) {
@@ -383,7 +389,15 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   if (too_deep) {
     return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
   }
-  if (body.is_discarded()) return Invalid("body", "not valid JSON");
+  if (body.is_discarded()) {
+    // nlohmann refuses a number beyond a double's range as a parse error: name it, as sent.
+    if (const auto number = FindOutOfRangeNumber(body_text, kMaxJsonDepth)) {
+      return Invalid(number->field, absl::StrCat(number->text,
+                                                 " is out of range (a JSON number here must be "
+                                                 "within a double's range, about 1.8e308)"));
+    }
+    return Invalid("body", "not valid JSON");
+  }
   if (!body.is_object()) {
     return Invalid("body", absl::StrCat("expected a JSON object, got ", body.type_name()));
   }
@@ -434,12 +448,31 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   }
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
-  RETURN_IF_ERROR(ReadSampling(body, &r));
+  RETURN_IF_ERROR(ReadSampling(body, &out));
   RETURN_IF_ERROR(ReadLogitBias(body, &r));
   ASSIGN_OR_RETURN(const LogprobsRequest logprobs, ReadLogprobs(kind, body));
   r.mutable_sampling()->set_logprobs(logprobs.logprobs);
   r.mutable_sampling()->set_top_logprobs(logprobs.top_logprobs);
   return out;
+}
+
+std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view message) {
+  const absl::string_view m(message.data(), message.size());
+  constexpr absl::string_view kMaxTokens = "sampling.max_tokens: ";
+  if (!absl::StartsWith(m, kMaxTokens)) return ToHttpFieldNames(request.kind, message);
+  absl::string_view what = m.substr(kMaxTokens.size());
+  std::string value;
+  if (!request.max_tokens_sent.empty()) {
+    // The validator quotes the value it saw, int32's max for a larger one: quote the one sent.
+    const std::string clamped = absl::StrCat(request.request.sampling().max_tokens());
+    if (absl::ConsumePrefix(&what, clamped) &&
+        (what.empty() || !absl::ascii_isdigit(static_cast<unsigned char>(what[0])))) {
+      value = request.max_tokens_sent;
+    } else {
+      what = m.substr(kMaxTokens.size());
+    }
+  }
+  return absl::StrCat(request.max_tokens_field, ": ", value, what);
 }
 
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {

@@ -13,7 +13,9 @@
 // that would change the answer, and other fields are accepted and listed in `unknown_fields`
 // (openai_fields.h). Errors: InvalidArgument "<field>: <what was expected>, got <what came>" with
 // the JSON field's name; what came is quoted by QuoteForMessage (a string cut short, a structure
-// by its type); an error in one entry of logit_bias names the field and then the entry
+// by its type; a number beyond a double's range, which the JSON parser refuses, as written: "n:
+// 1e400 is out of range ..."); an
+// error in one entry of logit_bias names the field and then the entry
 // ("logit_bias: key \"7\": expected a number, got string").
 // Ranges the gRPC API also checks (max_tokens limit, temperature range, ...) are left to the
 // shared validator so both APIs refuse the same requests.
@@ -46,6 +48,11 @@ struct OpenAiRequest {
   // OpenAI's `n`: how many completions of the prompt to return (choice_calls.h runs them).
   int choices = 1;
   std::vector<std::string> unknown_fields;  // accepted, not read (UnknownFields)
+  // The field the request's max_tokens came from (max_completion_tokens wins over max_tokens),
+  // and the value as sent when it is beyond int32 (the request holds int32's max, which the
+  // validator refuses); empty otherwise. For messages about it (ToHttpFieldNames).
+  std::string max_tokens_field = "max_tokens";
+  std::string max_tokens_sent;
 };
 
 // Nesting deeper than this is refused (the body is parsed before any field is read).
@@ -58,6 +65,10 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
 // ("sampling.logit_bias[7]: ..." -> "logit_bias: key \"7\": ...", so `param` is logit_bias);
 // other messages are returned unchanged.
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message);
+// The same for a message about `request`: "sampling.max_tokens: ..." names the field the client
+// used (max_completion_tokens or max_tokens) and quotes the value it sent, where the request
+// holds a clamped one ("max_tokens: 10000000000 outside [0, 4096]", not 2147483647).
+std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view message);
 
 // What every response object of one request carries.
 struct ResponseMeta {

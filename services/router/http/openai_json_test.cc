@@ -410,6 +410,66 @@ TEST(OpenAiJsonTest, FieldNamesOfSharedValidatorMessages) {
             "logit_bias: 301 entries");
 }
 
+// A max_tokens the shared validator refuses is reported under the field the client used and with
+// the value it sent: a value beyond int32 reaches the validator as int32's max, which its message
+// would otherwise quote.
+TEST(OpenAiJsonTest, MaxTokensMessagesNameTheFieldAndTheValueAsSent) {
+  const std::string user = R"({"messages": [{"role": "user", "content": "x"}], )";
+  struct Case {
+    std::string fields;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"("max_tokens": 10000000000})", "max_tokens: 10000000000 outside [0, 4096]"},
+           {R"("max_tokens": 1e10})", "max_tokens: 10000000000 outside [0, 4096]"},
+           {R"("max_completion_tokens": 5000})", "max_completion_tokens: 5000 outside [0, 4096]"},
+           {R"("max_tokens": 5, "max_completion_tokens": 2147483648})",
+            "max_completion_tokens: 2147483648 outside [0, 4096]"},
+           {R"("max_tokens": 2147483647})", "max_tokens: 2147483647 outside [0, 4096]"}}) {
+    SCOPED_TRACE(c.fields);
+    auto r = ParseOpenAiRequest(ApiKind::kChat, user + c.fields);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::Status s = ValidateGenerateRequest(r->request, ApiLimits(), 0);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ToHttpFieldNames(*r, std::string(s.message())), c.message);
+    EXPECT_EQ(ParamOf(ToHttpFieldNames(*r, std::string(s.message()))),
+              c.message.substr(0, c.message.find(':')));
+  }
+  // Other messages as ToHttpFieldNames(kind, ...) has them.
+  auto r = ParseOpenAiRequest(ApiKind::kChat, user + R"("max_completion_tokens": 9})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ToHttpFieldNames(*r, "sampling.top_p: 2 outside [0, 1]"), "top_p: 2 outside [0, 1]");
+}
+
+// nlohmann refuses a number beyond a double's range as a parse error; the message names the field
+// and quotes the number as sent, instead of "body: not valid JSON".
+TEST(OpenAiJsonTest, ANumberBeyondADoublesRangeIsNamedAsSent) {
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Case {
+    std::string body;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{" + user + R"(, "n": 1e400})", "n: 1e400 is out of range"},
+           {"{" + user + R"(, "temperature": -1E+999})", "temperature: -1E+999 is out of range"},
+           {R"({"max_tokens": 1e400, )" + user + "}", "max_tokens: 1e400 is out of range"},
+           {"{" + user + R"(, "logit_bias": {"7": 1, "42": 1e400}})",
+            "logit_bias: key \"42\": 1e400 is out of range"},
+           {R"({"messages": [{"role": "user", "content": "x"}, {"a": [1, [2, 3e999]]}]})",
+            "messages[1].a[1][1]: 3e999 is out of range"},
+           {"{" + user + R"(, "x": 1)" + std::string(400, '0') + "}",
+            "x: 1" + std::string(31, '0') + "... is out of range"},
+           {"1e400", "body: 1e400 is out of range"}}) {
+    SCOPED_TRACE(c.body.substr(0, 80));
+    const std::string error = ErrorOf(ApiKind::kChat, c.body);
+    EXPECT_THAT(error, ::testing::StartsWith(c.message));
+  }
+  // A fault before it stays what it was.
+  EXPECT_EQ(ErrorOf(ApiKind::kChat, R"({"a": tru, "n": 1e400})"), "body: not valid JSON");
+  EXPECT_EQ(ErrorOf(ApiKind::kChat, "{" + user + R"(, "n": 1e300})"),
+            "n: expected an integer, got 1e+300");
+}
+
 v1::Final SampleFinal() {
   v1::Final f;
   f.set_finish_reason("length");

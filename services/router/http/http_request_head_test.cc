@@ -1,0 +1,357 @@
+// What the HTTP listener does with a request's head before any handler answers it, over real
+// sockets on 127.0.0.1 in front of a router with a fake worker: headers (and a chunked body's size
+// line) sent without end are cut at a byte cap, not buffered until the header timeout; a request
+// answered without its body being read closes its connection, so the body cannot be read as a
+// second request (CL.0 desync), whoever answered it (the library's own 414, 416 and 400 included);
+// Range is not served; only JSON bodies are read; HEAD takes GET's key check; and the messages
+// about max_tokens and huge numbers quote what the client sent.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "services/router/http/http_server.h"
+#include "services/router/http/raw_http_client_for_test.h"
+#include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/router_server.h"
+
+namespace lazyattn::router {
+namespace {
+
+using testing::Connect;
+using testing::CountResponses;
+using testing::FakeKvdir;
+using testing::FakeWorker;
+using testing::ReadAll;
+using testing::ReadHead;
+using testing::SendAll;
+
+// Refuses every key, as the router's processor refuses a client without one.
+class RejectAll final : public grpc::AuthMetadataProcessor {
+ public:
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
+                       OutputMetadata*) override {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
+  }
+};
+
+constexpr char kChatBody[] =
+    R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8})";
+// A request that, sent as another request's body, the router would answer if it read it as one.
+constexpr char kSmuggled[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+
+// The JSON body of a one-response reply.
+nlohmann::json BodyOf(const std::string& reply) {
+  const size_t at = reply.find("\r\n\r\n");
+  if (at == std::string::npos) return nullptr;
+  nlohmann::json body =
+      nlohmann::json::parse(reply.substr(at + 4), nullptr, /*allow_exceptions=*/false);
+  return body.is_discarded() ? nullptr : body;
+}
+
+// What came back while a sender thread streamed bytes at the router, until it closed.
+struct FloodResult {
+  std::string head;       // the response's head
+  bool closed = false;    // the router closed the connection after it
+  int64_t sent_at_reply;  // bytes sent when the head had come
+  int64_t sent_total;     // bytes sent in all
+};
+
+constexpr int64_t kFloodBytes = int64_t{64} << 20;
+
+// Sends `start`, then `unit` over and over (up to kFloodBytes) until the router stops taking
+// them, while reading what it answers.
+FloodResult Flood(int port, const std::string& start, const std::string& unit) {
+  const int fd = Connect(port);
+  FloodResult r;
+  if (fd < 0) return r;
+  std::atomic<int64_t> sent{0};
+  std::thread sender([&] {
+    if (!SendAll(fd, start)) return;
+    std::string batch;
+    while (batch.size() < (64 << 10)) batch += unit;
+    while (sent.load() < kFloodBytes) {
+      if (!SendAll(fd, batch)) return;
+      sent += static_cast<int64_t>(batch.size());
+    }
+  });
+  r.head = ReadHead(fd);
+  r.sent_at_reply = sent.load();
+  ReadAll(fd, &r.closed);
+  // The router is gone: unblock a sender stuck in a full socket buffer.
+  shutdown(fd, SHUT_RDWR);
+  sender.join();
+  r.sent_total = sent.load();
+  close(fd);
+  return r;
+}
+
+class HttpRequestHeadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = StartOneWorkerRouter(worker_, kvdir_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    router_ = std::move(*server);
+  }
+
+  void StartHttp(const HttpOptions& options,
+                 std::shared_ptr<grpc::AuthMetadataProcessor> auth = nullptr) {
+    auto http = HttpServer::Create(options, TlsOptions{}, &router_->context(), std::move(auth));
+    ASSERT_TRUE(http.ok()) << http.status();
+    http_ = std::move(*http);
+  }
+
+  // Timeouts no test reaches: only the limits under test can explain an answer or a close.
+  static HttpOptions Options() {
+    HttpOptions o;
+    o.listen = "127.0.0.1:0";
+    o.read_timeout = absl::Seconds(60);
+    o.header_timeout = absl::Seconds(60);
+    o.body_timeout = absl::Seconds(60);
+    o.max_connections_per_client = 0;
+    return o;
+  }
+
+  // Sends `request` on a new connection; the reply until the server closes (or 10 s of silence).
+  std::string Exchange(const std::string& request, bool* closed = nullptr) {
+    const int fd = Connect(http_->port());
+    if (fd < 0) return "(no connection)";
+    std::string reply = SendAll(fd, request) ? ReadAll(fd, closed) : "(send failed)";
+    close(fd);
+    return reply;
+  }
+
+  FakeWorker worker_{"w0"};
+  FakeKvdir kvdir_;
+  std::unique_ptr<RouterServer> router_;
+  std::unique_ptr<HttpServer> http_;  // shut down before the router
+};
+
+// Header lines sent for ever made the library store every one until the header timeout (~20 bytes
+// of memory per byte sent); now the head is cut at http.max_header_bytes: 431, then closed.
+TEST_F(HttpRequestHeadTest, HeadersBeyondTheCapAre431AndTheConnectionClosed) {
+  StartHttp(Options());  // the default cap, 64 KiB
+  const FloodResult r = Flood(http_->port(), "POST /v1/models HTTP/1.1\r\n", "a:b\r\n");
+  EXPECT_EQ(r.head.rfind("HTTP/1.1 431", 0), 0u) << r.head;
+  EXPECT_NE(r.head.find("Connection: close"), std::string::npos) << r.head;
+  EXPECT_TRUE(r.closed);
+  // Answered after about the cap (plus what the sockets' buffers hold), and cut off before the
+  // sender's 64 MiB were all sent: the router never took them.
+  EXPECT_LT(r.sent_at_reply, int64_t{32} << 20);
+  EXPECT_LT(r.sent_total, kFloodBytes);
+
+  // The error body names the key; a request line longer than the cap is closed unanswered.
+  std::string head = "GET /v1/models HTTP/1.1\r\nHost: x\r\n";
+  while (head.size() < (80 << 10)) head += "X-Pad: 0123456789abcdef0123456789abcdef\r\n";
+  bool closed = false;
+  std::string reply = Exchange(head + "\r\n", &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 431", 0), 0u) << reply.substr(0, 200);
+  EXPECT_NE(reply.find("http.max_header_bytes (65536 bytes)"), std::string::npos) << reply;
+  EXPECT_EQ(BodyOf(reply)["error"]["type"], "invalid_request_error") << reply;
+  EXPECT_TRUE(closed);
+  {
+    // The router may close before the client has sent it all: the send's result is no matter.
+    const int fd = Connect(http_->port());
+    ASSERT_GE(fd, 0);
+    (void)SendAll(fd, "GET /" + std::string(100 << 10, 'a') + " HTTP/1.1\r\n\r\n");
+    closed = false;
+    reply = ReadAll(fd, &closed);
+    close(fd);
+    EXPECT_EQ(reply, "");
+    EXPECT_TRUE(closed);
+  }
+
+  // Headers within the cap are served, also when the cap is set lower.
+  HttpOptions o = Options();
+  o.max_header_bytes = 16 << 10;
+  http_.reset();
+  StartHttp(o);
+  std::string within = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
+  while (within.size() < (15 << 10)) within += "X-Pad: 0123456789abcdef0123456789abcdef\r\n";
+  reply = Exchange(within + "\r\n");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply.substr(0, 200);
+  reply = Exchange(head + "\r\n");
+  EXPECT_NE(reply.find("http.max_header_bytes (16384 bytes)"), std::string::npos) << reply;
+}
+
+// The library grows a chunk-size line until its '\n' (and reads it only within the body timeout,
+// here 60 s): a line past 4 KiB ends the body, 400, and the connection is closed.
+TEST_F(HttpRequestHeadTest, AChunkSizeLineWithoutEndIsCutOff) {
+  StartHttp(Options());
+  const FloodResult r =
+      Flood(http_->port(),
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n1;ext=",
+            "abcdefgh");
+  EXPECT_EQ(r.head.rfind("HTTP/1.1 400", 0), 0u) << r.head;
+  EXPECT_NE(r.head.find("Connection: close"), std::string::npos) << r.head;
+  EXPECT_TRUE(r.closed);
+  EXPECT_LT(r.sent_at_reply, int64_t{32} << 20);
+  EXPECT_LT(r.sent_total, kFloodBytes);
+
+  // A chunked body in chunks of 1 to 3 bytes (the last byte of each is a one-byte read, as a
+  // line's bytes are) is read as before.
+  const std::string body = kChatBody;
+  std::string chunks;
+  for (size_t i = 0, n = 1; i < body.size(); i += n, n = n % 3 + 1) {
+    const std::string piece = body.substr(i, n);
+    absl::StrAppend(&chunks, absl::Hex(piece.size()), "\r\n", piece, "\r\n");
+  }
+  const std::string reply = Exchange(
+      absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   "application/json\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+                   chunks, "0\r\n\r\n"));
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+}
+
+// Each request carries kSmuggled as its body. Answered without that body being read, the
+// connection must close: kept alive, the router read the body as a second request and answered
+// it too (two responses on one connection).
+TEST_F(HttpRequestHeadTest, ARequestAnsweredWithoutReadingItsBodyClosesTheConnection) {
+  StartHttp(Options());
+  const std::string body = kSmuggled;
+  const std::string length = absl::StrCat("Content-Length: ", body.size(), "\r\n");
+  struct Case {
+    const char* what;
+    std::string head;
+    const char* status;
+  };
+  const std::vector<Case> cases = {
+      {"URI over 8 KiB (the library's 414)",
+       absl::StrCat("POST /v1/chat/completions?", std::string(9000, 'a'),
+                    " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", length),
+       "HTTP/1.1 414"},
+      {"Range it cannot parse (the library's 416)",
+       absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/json\r\nRange: bytes=abc\r\n",
+                    length),
+       "HTTP/1.1 416"},
+      {"header line over 8 KiB (the library's 400)",
+       absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/json\r\n",
+                    length, "X-Big: ", std::string(9000, 'b'), "\r\n"),
+       "HTTP/1.1 400"},
+      {"multipart body (the library's parser threw: 500)",
+       absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "multipart/form-data; boundary=x\r\n",
+                    length),
+       "HTTP/1.1 415"},
+      {"form body",
+       absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/x-www-form-urlencoded\r\n",
+                    length),
+       "HTTP/1.1 415"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    bool closed = false;
+    const std::string reply = Exchange(c.head + "\r\n" + body, &closed);
+    EXPECT_EQ(reply.rfind(c.status, 0), 0u) << reply.substr(0, 300);
+    EXPECT_EQ(CountResponses(reply), 1) << reply.substr(0, 600);
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply.substr(0, 300);
+    EXPECT_TRUE(closed);
+  }
+}
+
+// A JSON-only endpoint refuses another body type before reading it, in OpenAI's error shape; a
+// JSON type with parameters, and no type at all, are served.
+TEST_F(HttpRequestHeadTest, OnlyJsonBodiesAreRead) {
+  StartHttp(Options());
+  const std::string body = kChatBody;
+  auto post = [&](const std::string& type_header) {
+    return Exchange(absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", type_header,
+                                 "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n",
+                                 body));
+  };
+  const int calls = worker_.generate_calls();
+  const std::string refused = post("Content-Type: multipart/form-data; boundary=x\r\n");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 415", 0), 0u) << refused;
+  const nlohmann::json error = BodyOf(refused)["error"];
+  EXPECT_EQ(error["type"], "invalid_request_error") << refused;
+  EXPECT_EQ(error["code"], "unsupported_media_type") << refused;
+  EXPECT_EQ(error["message"],
+            "Content-Type: expected application/json, got \"multipart/form-data; boundary=x\"");
+  EXPECT_EQ(worker_.generate_calls(), calls);
+  for (const char* ok : {"Content-Type: application/json; charset=utf-8\r\n", ""}) {
+    const std::string reply = post(ok);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << ok << reply;
+  }
+}
+
+// A valid Range made a non-streamed completion a 206 with a slice of its JSON; Range is ignored
+// now, and the whole response comes back.
+TEST_F(HttpRequestHeadTest, RangeIsIgnored) {
+  StartHttp(Options());
+  const std::string body = kChatBody;
+  const std::string reply = Exchange(absl::StrCat(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Range: bytes=0-9\r\nConnection: close\r\nContent-Length: ",
+      body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_EQ(reply.find("Content-Range"), std::string::npos) << reply;
+  EXPECT_EQ(BodyOf(reply)["object"], "chat.completion") << reply;
+  const std::string head = Exchange(
+      "HEAD /v1/models HTTP/1.1\r\nHost: x\r\nRange: bytes=0-9\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_NE(head.find("Accept-Ranges: none"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Accept-Ranges: bytes"), std::string::npos) << head;
+}
+
+// cpp-httplib serves HEAD with the GET handler: HEAD /v1/models skipped the key check (and the
+// key's rate limit) that GET /v1/models has. Both are refused without a key now; /health stays
+// open.
+TEST_F(HttpRequestHeadTest, HeadNeedsTheKeyGetNeeds) {
+  StartHttp(Options(), std::make_shared<RejectAll>());
+  for (const char* method : {"GET", "HEAD"}) {
+    SCOPED_TRACE(method);
+    const std::string reply = Exchange(
+        absl::StrCat(method, " /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
+    EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
+    const std::string health =
+        Exchange(absl::StrCat(method, " /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  }
+}
+
+// The 400s about max_tokens name the field the client used and quote the value it sent (a value
+// beyond int32 was quoted as 2147483647, max_completion_tokens named max_tokens), and a number
+// beyond a double's range is named as sent (it was "body: not valid JSON").
+TEST_F(HttpRequestHeadTest, ErrorsQuoteTheFieldAndTheValueAsSent) {
+  StartHttp(Options());
+  const std::string user = R"({"messages": [{"role": "user", "content": "Hi?"}], )";
+  struct Case {
+    std::string fields;
+    const char* param;
+    const char* message;
+  };
+  for (const Case& c :
+       std::vector<Case>{{R"("max_tokens": 10000000000})", "max_tokens",
+                          "max_tokens: 10000000000 outside [0, 4096]"},
+                         {R"("max_completion_tokens": 5000})", "max_completion_tokens",
+                          "max_completion_tokens: 5000 outside [0, 4096]"},
+                         {R"("n": 1e400})", "n", "n: 1e400 is out of range"}}) {
+    SCOPED_TRACE(c.fields);
+    const std::string body = user + c.fields;
+    const std::string reply = Exchange(absl::StrCat(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Connection: close\r\nContent-Length: ",
+        body.size(), "\r\n\r\n", body));
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    const nlohmann::json error = BodyOf(reply)["error"];
+    EXPECT_EQ(error["param"], c.param) << reply;
+    EXPECT_EQ(error["message"].get<std::string>().rfind(c.message, 0), 0u) << reply;
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn::router
