@@ -6,9 +6,9 @@
 // take over one another often).
 //
 // A reference model of directory_index.h's contract (sequence numbers, sessions, leases, entries
-// per worker, one live holder per worker id) runs beside the index; every outcome, Stats() and
-// Lookup() must agree with it.
-// A disagreement traps, so libFuzzer (and the replay test) report it with the input.
+// per worker, one live holder per worker id and per address) runs beside the index; every outcome,
+// Stats() and Lookup() must agree with it. A disagreement traps, so libFuzzer (and the replay test)
+// report it with the input.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -60,7 +60,9 @@ struct Stream {
 
 class Harness {
  public:
-  Harness() : index_(kLease) {}
+  // The model keeps every offset of a document; the index's bound on them (64, replacing the
+  // oldest) is the limits test's (directory_index_limits_test.cc), so it is lifted here.
+  Harness() : index_(kLease, IndexLimits{.max_offsets_per_document = int64_t{1} << 40}) {}
 
   // `peer_host`: the host a stream that starts with this message connects from (a stream keeps
   // the host of its first message).
@@ -88,6 +90,24 @@ class Harness {
         }
       }
       FUZZ_CHECK(!r.id_in_use);
+      // One live worker per address: another id's holder of the address keeps it while its lease
+      // runs (the handler ends the new stream, ALREADY_EXISTS); one whose lease passed leaves,
+      // with its entries.
+      std::vector<std::string> lapsed;
+      if (!address.empty()) {
+        for (const auto& [other_id, other] : model_) {
+          if (other_id == id || other.address != address) continue;
+          if (other.lease_expiry > now_) {
+            FUZZ_CHECK(r.address_in_use && r.address_holder_id == other_id && r.session == 0);
+            return EndStream(s);
+          }
+          lapsed.push_back(other_id);
+        }
+      }
+      std::vector<std::string> removed = r.removed_at_address;  // in the index's own order
+      std::sort(removed.begin(), removed.end());
+      FUZZ_CHECK(!r.address_in_use && removed == lapsed);
+      for (const std::string& gone : lapsed) model_.erase(gone);
       auto [it, inserted] = model_.try_emplace(id);
       ModelWorker& w = it->second;
       const bool dropped = !inserted && w.epoch != msg.hello().epoch();

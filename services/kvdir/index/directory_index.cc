@@ -53,30 +53,34 @@ HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch
       result.holder_peer_host = holder.peer_host;
       return result;
     }
-  } else if (static_cast<int64_t>(workers_.size()) >= limits_.max_workers) {
-    result.refused = true;
-    return result;
   }
   // One live worker per advertised address (file comment). A scan: Hellos are rare and workers
   // few (max_workers).
-  std::vector<std::string> previous_at_address;
+  std::vector<std::string> lapsed_at_address;
   if (!status.address().empty()) {
     for (const auto& [other_id, other] : workers_) {
       if (other_id == status.worker_id() || other.status.address() != status.address()) continue;
-      if (other.session != 0 && (other.lease_expiry > now || StalledAt(now))) {
+      if (other.lease_expiry > now || StalledAt(now)) {
         result.address_in_use = true;
         result.address_holder_id = other_id;
         return result;
       }
-      previous_at_address.push_back(other_id);
+      lapsed_at_address.push_back(other_id);
     }
   }
-  for (const std::string& gone : previous_at_address) {
+  // The lapsed holders of the address leave below: they do not count against the bound.
+  if (!workers_.contains(status.worker_id()) &&
+      static_cast<int64_t>(workers_.size() - lapsed_at_address.size()) >= limits_.max_workers) {
+    result.refused = true;
+    return result;
+  }
+  for (const std::string& gone : lapsed_at_address) {
     auto g = workers_.find(gone);
     DropEntries(g->second);
     workers_.erase(g);
   }
-  if (!previous_at_address.empty()) ShrinkIfSparse();
+  if (!lapsed_at_address.empty()) ShrinkIfSparse();
+  result.removed_at_address = std::move(lapsed_at_address);
   auto [it, inserted] = workers_.try_emplace(status.worker_id());
   Worker& w = it->second;
   if (inserted) {

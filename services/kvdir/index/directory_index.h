@@ -36,10 +36,11 @@
 // One live worker per address: routers dial a worker at the address it advertises and tell
 // workers apart by it, so a second id advertising a held address would receive (or divert) the
 // holder's requests and take its place in routing. A Hello advertising the address of another
-// id is refused (HelloResult::address_in_use, nothing changes) while that holder is connected
-// and its lease has not passed (or the directory stalled); a disconnected or lapsed holder of
-// the address is removed with its entries instead (its process is gone and the address belongs
-// to the new worker: a worker restarted under a new id). An empty address is not compared.
+// id is refused (HelloResult::address_in_use, nothing changes) while that holder's lease has not
+// passed (or the directory stalled), connected or not: a worker whose stream broke for a moment
+// must find its address free when it reconnects. A holder of the address whose lease passed is
+// removed with its entries instead (HelloResult::removed_at_address; a worker restarted under a
+// new id waits one lease at most). An empty address is not compared.
 //
 // Leases: every message from the owning session renews the lease to now + lease. Closing the
 // stream does not end the lease; the worker stays live (and keeps its entries) until the lease
@@ -137,10 +138,13 @@ struct HelloResult {
   bool id_in_use = false;
   std::string holder_address;
   std::string holder_peer_host;
-  // Another live, connected worker, `address_holder_id`, advertises the same address (file
-  // comment): session 0, nothing changes.
+  // Another live worker, `address_holder_id`, advertises the same address (file comment):
+  // session 0, nothing changes.
   bool address_in_use = false;
   std::string address_holder_id;
+  // Workers whose lease had passed, removed with their entries because this Hello took their
+  // address (file comment).
+  std::vector<std::string> removed_at_address;
 };
 
 // Who says a Hello: the stream it comes on.
@@ -210,7 +214,7 @@ class DirectoryIndex {
   // session, seq as its last seq, a fresh lease, awaiting a snapshot. A different epoch than the
   // registered one drops the worker's entries. A worker not yet registered when max_workers are
   // is refused; one held by another live worker at another address or from another peer host is
-  // refused with id_in_use, one advertising the address of another live, connected worker with
+  // refused with id_in_use, one advertising the address of another live worker with
   // address_in_use (file comment). The caller's peer host is kept as the holder's.
   HelloResult Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq, absl::Time now,
                     const HelloCaller& caller = {}) ABSL_LOCKS_EXCLUDED(mu_);

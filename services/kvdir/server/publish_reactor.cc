@@ -195,6 +195,13 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
         "hello: the directory holds its maximum number of workers (limits.max_workers ",
         ctx_.index->limits().max_workers, "); worker ", id, " is not registered"));
   }
+  for (const std::string& gone : r.removed_at_address) {
+    LogWarning("kvdir")
+        .Str("worker", gone)
+        .Str("address", Printable(hello.status().address(), 256))
+        .Str("new_worker", id)
+        .Msg("removed a worker whose lease had passed: a new worker took its address");
+  }
   worker_id_ = id;
   session_ = r.session;
   LogInfo("kvdir")

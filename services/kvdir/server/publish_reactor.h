@@ -17,10 +17,13 @@
 //     (common/kvdir_stream_trailer.h). Counted and logged, as a certificate mismatch is;
 //   - RESOURCE_EXHAUSTED naming the bound (limits.max_workers for a new worker's hello;
 //     limits.max_entries_per_worker for a snapshot or a stored event past it, which also drops
-//     the worker's entries; 16 replies queued that the worker has not read, such as the
-//     lease grants of repeated hellos: the call is also cancelled, as its pending write would
-//     never end); INVALID_ARGUMENT for a worker id of a bad length or charset
+//     the worker's entries); INVALID_ARGUMENT for a worker id of a bad length or charset
 //     (limits.max_worker_id_length) or a hello.status over 64 KiB. Each is counted and logged.
+//   - CANCELLED (for the worker; kvdir logs and counts RESOURCE_EXHAUSTED) when 16 replies are
+//     queued that the worker has not read, such as the lease grants of repeated hellos: the call
+//     is cancelled since its pending write would never end;
+//   - ALREADY_EXISTS naming hello.status.address and the holder when another live worker
+//     advertises the address (DirectoryIndex's file comment).
 // Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
 //
 // Threading: reads are sequential (one outstanding read), so the read side (Handle and the

@@ -5,6 +5,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -305,8 +306,22 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
       .refused = IsRefusal(status)};
   if (end.refused) {
     const std::string refusal = absl::StrCat(status.error_code(), ": ", status.error_message());
-    if (!stopping && refusal != last_refusal_ &&
-        status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    // kvdir names the field: a worker id in use, or an address another worker advertises.
+    const bool address_in_use = absl::StartsWith(status.error_message(), "hello.status.address");
+    if (!stopping && refusal != last_refusal_ && address_in_use) {
+      LogError("worker")
+          .Str("kvdir", options_.address)
+          .Str("worker", hello.hello().status().worker_id())
+          .Str("address", hello.hello().status().address())
+          .Str("status", refusal)
+          .Str("retry_every", absl::FormatDuration(options_.max_backoff))
+          .Msg(
+              "another live worker advertises this worker's address; each worker needs its own "
+              "worker.advertise_address. Until that worker's lease passes this one is not "
+              "published and gets no requests; retrying at the maximum backoff (logged once "
+              "until the refusal changes)");
+    } else if (!stopping && refusal != last_refusal_ &&
+               status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
       // Waiting does not fix this one: an operator started two workers with one id. An error,
       // not a warning; the retries go on so that this worker takes over once the other leaves.
       const auto& trailers = call.GetServerTrailingMetadata();
