@@ -137,6 +137,41 @@ nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens, 
                                 : CompletionLogprobs(tokens, offset, alternatives);
 }
 
+// A response that is not streamed holds every log-probability entry of every choice until its
+// end (HttpCall collects them; the JSON trees built from them take several times their size):
+// n x max_tokens x (1 + alternatives) of them, bounded by http.max_logprob_entries. The message
+// (param logprobs, or top_logprobs for chat's alternatives) when `request` is over the bound;
+// empty otherwise. A max_tokens the validator refuses (negative, over limits.max_tokens) is
+// left to it.
+std::string LogprobBudgetError(const OpenAiRequest& request, int max_tokens_limit,
+                               int64_t max_entries) {
+  const lazyattn::v1::SamplingParams& sampling = request.request.sampling();
+  if (request.stream || !sampling.logprobs()) return "";
+  if (sampling.max_tokens() < 0 || sampling.max_tokens() > max_tokens_limit) return "";
+  const bool own_max_tokens = sampling.max_tokens() > 0;
+  const int64_t max_tokens = own_max_tokens ? sampling.max_tokens() : max_tokens_limit;
+  const int64_t alternatives = std::max(0, sampling.top_logprobs());
+  // At most 128 x 2^31 x 21: no overflow.
+  const int64_t entries = int64_t{request.choices} * max_tokens * (1 + alternatives);
+  if (entries <= max_entries) return "";
+  // Completions count alternatives in `logprobs: k`; chat in top_logprobs beside logprobs: true.
+  const bool chat = request.kind == ApiKind::kChat;
+  const char* param = chat && alternatives > 0 ? "top_logprobs" : "logprobs";
+  const char* alternatives_field = chat ? "top_logprobs" : "logprobs";
+  return absl::StrCat(
+      param, ": a response that is not streamed holds all its log probabilities until its end: n ",
+      request.choices, " x ",
+      own_max_tokens
+          ? absl::StrCat(request.max_tokens_field, " ", max_tokens)
+          : absl::StrCat("max_tokens ", max_tokens, " (limits.max_tokens, as none is set)"),
+      " x (1 + ", alternatives_field, " ", alternatives, ") = ", entries,
+      " entries, over the router's bound of ", max_entries,
+      " (http.max_logprob_entries); lower n, ", request.max_tokens_field, " or ",
+      alternatives_field,
+      ", or set stream: true, which has no such bound (a stream sends each "
+      "token's entries as it goes)");
+}
+
 // What a streamed response needs after the handler returned (the provider runs later).
 struct StreamState {
   std::unique_ptr<ChoiceCalls> calls;  // cancelled when the state goes (CancelAll)
@@ -286,6 +321,13 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   if (model_name.empty() && model->has_value()) model_name = (*model)->id;
   ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
   const absl::Time deadline = absl::Now() + options.request_timeout;
+  if (const std::string error = LogprobBudgetError(*parsed, router->options().limits.max_tokens,
+                                                   options.max_logprob_entries);
+      !error.empty()) {
+    router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
+    SendError(response, 400, error, "invalid_argument");
+    return;
+  }
   const bool logprobs = parsed->request.sampling().logprobs();
   const bool alternatives = parsed->request.sampling().top_logprobs() > 0;
   auto started = ChoiceCalls::Start(router, key_limiter, key_name, parsed->request, parsed->choices,
@@ -328,16 +370,19 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     firsts[i] = std::move(e);
   }
   if (!parsed->stream) {
-    // Not streaming: every first event is its choice's end.
-    std::vector<std::optional<nlohmann::json>> choice_logprobs(n);
+    // Not streaming: every first event is its choice's end. Each choice's logprobs are built
+    // into the response as it is written, and its entries freed then: the response holds one
+    // JSON tree per choice, not a second copy beside it.
     std::vector<ChoiceResult> results(n);
     for (int i = 0; i < n; ++i) {
-      if (logprobs) {
+      results[i].final = &*firsts[i]->final;
+      if (!logprobs) continue;
+      results[i].make_logprobs = [kind, alternatives, tokens = &firsts[i]->logprobs] {
         TextOffset offset;
-        choice_logprobs[i] = LogprobsJson(kind, firsts[i]->logprobs, &offset, alternatives);
-      }
-      results[i] =
-          ChoiceResult{&*firsts[i]->final, choice_logprobs[i] ? &*choice_logprobs[i] : nullptr};
+        nlohmann::json json = LogprobsJson(kind, *tokens, &offset, alternatives);
+        std::vector<TokenLogprob>().swap(*tokens);
+        return json;
+      };
     }
     response.set_content(CompletionJson(meta, results), "application/json");
     return;

@@ -26,7 +26,9 @@ void LiveCalls::Remove() {
 
 bool LiveCalls::WaitForZero(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n == 0; }, &count_), timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](int* n) { return *n == 0; }, &count_),
+                              timeout);
 }
 
 void ReadySignal::Notify() {
@@ -84,7 +86,9 @@ HttpCall::Event::Kind HttpCall::Next(Event* event, absl::Duration timeout) {
   }
   event->status = status_;
   event->final = final_;
-  event->logprobs = logprobs_;
+  // Moved, not copied: a long non-streamed request's entries are its largest part.
+  event->logprobs = std::move(logprobs_);
+  logprobs_.clear();
   return Event::kEnd;
 }
 

@@ -73,8 +73,8 @@ class HttpCall final : public ForwardingCall {
  public:
   struct Event {
     enum Kind { kToken, kEnd, kTimeout };
-    lazyattn::v1::TokenChunk token;           // kToken
-    grpc::Status status;                      // kEnd
+    lazyattn::v1::TokenChunk token;            // kToken
+    grpc::Status status;                       // kEnd
     std::optional<lazyattn::v1::Final> final;  // kEnd with OK status
     // kEnd, not streaming: the tokens' log probabilities (with their alternatives) when the
     // request asked for them.
@@ -93,7 +93,7 @@ class HttpCall final : public ForwardingCall {
   ~HttpCall() override;
 
   // Waits for the next event, at most `timeout` (zero: a poll); the event's kind. After kEnd,
-  // returns kEnd again.
+  // returns kEnd again, without the logprobs (the first kEnd took them).
   Event::Kind Next(Event* event, absl::Duration timeout = absl::InfiniteDuration());
   // The last token was written to the client (ok) or could not be (the client is gone).
   void Consumed(bool ok) { ClientWriteDone(ok); }
@@ -116,7 +116,7 @@ class HttpCall final : public ForwardingCall {
   // The call's places under its key's in-flight cap and the router's limit, given back with it.
   AdmissionTicket admission_;
   std::shared_ptr<ReadySignal> ready_;  // may be null
-  std::shared_ptr<HttpCall> self_;  // set by Start, dropped by DeliverEnd
+  std::shared_ptr<HttpCall> self_;      // set by Start, dropped by DeliverEnd
 
   absl::Mutex mu_;
   std::optional<lazyattn::v1::TokenChunk> pending_ ABSL_GUARDED_BY(mu_);

@@ -61,6 +61,8 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
   o.keep_alive_max_count = static_cast<int>(keep_alive);
   ASSIGN_OR_RETURN(o.request_timeout,
                    MillisIn(config, "http.request_timeout_ms", o.request_timeout, 1, 86400000));
+  ASSIGN_OR_RETURN(o.max_logprob_entries, config.IntIn("http.max_logprob_entries",
+                                                       o.max_logprob_entries, 1, int64_t{1} << 30));
   return o;
 }
 

@@ -50,6 +50,13 @@ struct HttpOptions {
   // HTTP has no deadline of its own: each request's deadline is its arrival plus this (the gRPC
   // API takes the call's deadline instead).
   absl::Duration request_timeout = absl::Seconds(600);
+  // A request that is not streamed and asks for log probabilities is refused (400, `param`
+  // logprobs or top_logprobs) when n x max_tokens x (1 + top_logprobs) exceeds this: its entries
+  // are all held until its end (tens of bytes each, several times that as a JSON tree), where a
+  // stream sends each token's as it goes. max_tokens is the request's, or limits.max_tokens when
+  // it sets none; a completion's `logprobs: k` counts as top_logprobs k. The default takes n = 8
+  // at 4096 tokens with 20 alternatives each (688,128 entries), n = 1 uses ~86K.
+  int64_t max_logprob_entries = int64_t{1} << 20;
 };
 
 // max_connections_per_client with -1 resolved (half of threads, at least 1); 0 means no cap.

@@ -1,6 +1,7 @@
 // The http.* keys of the router's configuration.
 #include "services/router/http/http_options.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -25,6 +26,7 @@ TEST(HttpOptionsTest, OffByDefault) {
   EXPECT_EQ(o->header_timeout, absl::Seconds(10));
   EXPECT_EQ(o->body_timeout, absl::Seconds(30));
   EXPECT_EQ(o->max_header_bytes, 64 << 10);
+  EXPECT_EQ(o->max_logprob_entries, 1 << 20);
   // Unset: half the threads, so one address leaves the other half to everyone else.
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 16);
 }
@@ -59,6 +61,22 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
   EXPECT_EQ(o->body_timeout, absl::Milliseconds(800));
   EXPECT_EQ(o->max_header_bytes, 16384);
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 3);
+}
+
+// The bound on a whole (not streamed) response's log-probability entries: read, and refused
+// outside [1, 2^30] naming the key.
+TEST(HttpOptionsTest, MaxLogprobEntriesIsReadAndRangeChecked) {
+  auto o = Parse("http: {max_logprob_entries: 5000}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_logprob_entries, 5000);
+  o = Parse("http: {max_logprob_entries: 1073741824}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_logprob_entries, int64_t{1} << 30);
+  for (const char* bad : {"0", "-1", "1073741825", "many", "1.5"}) {
+    o = Parse(absl::StrCat("http: {max_logprob_entries: ", bad, "}\n"));
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_THAT(o.status().message(), HasSubstr("http.max_logprob_entries")) << bad;
+  }
 }
 
 TEST(HttpOptionsTest, ErrorsNameTheKey) {

@@ -334,6 +334,88 @@ TEST_F(HttpServerTest, TopLogprobsOutOfBoundsAre400NamingTheField) {
   EXPECT_EQ(worker_.generate_calls(), calls);
 }
 
+// A response that is not streamed holds every choice's log-probability entries until its end:
+// n x max_tokens x (1 + alternatives) over http.max_logprob_entries is a 400 naming the field,
+// before any worker is asked; the same request streamed is served (its entries go as they come).
+TEST_F(HttpServerTest, LogprobsOverTheBoundOfAWholeResponseAre400AndServedStreamed) {
+  StartRouter();
+  StartHttp(Options(), nullptr);  // the default bound, 1048576
+  const int calls = worker_.generate_calls();
+  // 128 x 4096 x 21 = 11010048 entries: gigabytes of JSON if it were served whole.
+  const std::string huge =
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "n": 128, "max_tokens": 4096, )"
+      R"("logprobs": true, "top_logprobs": 20, "logit_bias": {"2": -100})";
+  std::string reply = Post("/v1/chat/completions", huge + "}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  auto body = JsonOf(reply);
+  ASSERT_EQ(body.size(), 1u);
+  EXPECT_EQ(body[0]["error"]["type"], "invalid_request_error") << reply;
+  EXPECT_EQ(body[0]["error"]["param"], "top_logprobs") << reply;
+  EXPECT_EQ(body[0]["error"]["code"], "invalid_argument") << reply;
+  const std::string message = body[0]["error"]["message"];
+  EXPECT_TRUE(absl::StrContains(message, "11010048")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "1048576 (http.max_logprob_entries)")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "stream: true, which has no such bound")) << message;
+  EXPECT_EQ(worker_.generate_calls(), calls);
+
+  reply = Post("/v1/chat/completions", huge + R"(, "stream": true})");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply.substr(0, 500);
+  EXPECT_TRUE(absl::StrContains(reply, "data: [DONE]")) << reply.substr(0, 500);
+  EXPECT_EQ(worker_.generate_calls(), calls + 128);
+
+  // At the bound is served; one choice more is refused. A completion's `logprobs: k` counts k
+  // alternatives; a request without max_tokens counts limits.max_tokens (4096 by default).
+  http_.reset();
+  HttpOptions small = Options();
+  small.max_logprob_entries = 100;
+  StartHttp(small, nullptr);
+  const std::string chat =
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 10, "logprobs": true, )"
+      R"("top_logprobs": 4, )";
+  reply = Post("/v1/chat/completions", chat + R"("n": 2})");  // 2 x 10 x 5 = 100
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  body = JsonOf(reply);
+  ASSERT_EQ(body.size(), 1u);
+  ASSERT_EQ(body[0]["choices"].size(), 2u) << reply;
+  EXPECT_FALSE(body[0]["choices"][1]["logprobs"]["content"].empty()) << reply;
+
+  struct Case {
+    const char* path;
+    std::string body;
+    const char* param;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", chat + R"("n": 3})", "top_logprobs",
+       "n 3 x max_tokens 10 x (1 + top_logprobs 4) = 150 entries, over the router's bound of 100"},
+      {"/v1/completions", R"({"prompt": "Hi?", "max_tokens": 10, "logprobs": 10})", "logprobs",
+       "n 1 x max_tokens 10 x (1 + logprobs 10) = 110 entries"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "Hi?"}], )"
+       R"("logprobs": true})",
+       "logprobs", "max_tokens 4096 (limits.max_tokens, as none is set) x (1 + top_logprobs 0)"},
+  };
+  const int before = worker_.generate_calls();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    reply = Post(c.path, c.body);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    body = JsonOf(reply);
+    ASSERT_EQ(body.size(), 1u);
+    EXPECT_EQ(body[0]["error"]["param"], c.param) << reply;
+    EXPECT_TRUE(absl::StrContains(body[0]["error"]["message"].get<std::string>(), c.message))
+        << reply;
+    // Streamed, the same request is served.
+    std::string streamed = c.body;
+    streamed.back() = ',';
+    streamed += R"( "stream": true})";
+    reply = Post(c.path, streamed);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+    EXPECT_TRUE(absl::StrContains(reply, "data: [DONE]")) << reply;
+  }
+  EXPECT_EQ(worker_.generate_calls(), before + 3 + 1 + 1);  // only the streamed ones
+}
+
 // logit_bias reaches the worker as SamplingParams.logit_bias from both endpoints; what the shared
 // validator refuses in it (a bias out of [-100, 100], an id outside the fake's vocabulary of 1000,
 // more than limits.max_logit_bias entries) is a 400 naming logit_bias and the key, and no worker

@@ -515,10 +515,15 @@ std::string CompletionJson(const ResponseMeta& meta, std::span<const ChoiceResul
   for (size_t i = 0; i < choices.size(); ++i) {
     const Final& final = *choices[i].final;
     finals.push_back(final);
-    json choice = {
-        {"index", i},
-        {"logprobs", choices[i].logprobs != nullptr ? *choices[i].logprobs : json(nullptr)},
-        {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
+    json choice = {{"index", i}, {"finish_reason", OpenAiFinishReason(final.finish_reason())}};
+    // The object's keys are sorted whatever the order they are set in.
+    if (choices[i].logprobs != nullptr) {
+      choice["logprobs"] = *choices[i].logprobs;
+    } else if (choices[i].make_logprobs) {
+      choice["logprobs"] = choices[i].make_logprobs();  // moved in: built once, held once
+    } else {
+      choice["logprobs"] = nullptr;
+    }
     if (meta.kind == ApiKind::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", final.text()}};
     } else {

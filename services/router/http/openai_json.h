@@ -28,6 +28,7 @@
 #define LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,10 +83,13 @@ struct ResponseMeta {
 const char* OpenAiFinishReason(std::string_view worker_reason);
 
 // One choice of a whole response: its worker's end (text, finish reason, usage) and its
-// "logprobs" (openai_logprobs.h), null when not asked for.
+// "logprobs" (openai_logprobs.h), null when not asked for: given (`logprobs`, copied), or built
+// by `make_logprobs` when CompletionJson reaches the choice and moved into the response, so that
+// a response with large ones holds each choice's tree once, not twice.
 struct ChoiceResult {
   const lazyattn::v1::Final* final = nullptr;
   const nlohmann::json* logprobs = nullptr;
+  std::function<nlohmann::json()> make_logprobs;  // used when logprobs is null; may be empty
 };
 
 // The usage of a response with these choices' ends: the prompt (and its cached tokens) counted

@@ -506,6 +506,31 @@ TEST(OpenAiJsonTest, ChatCompletionObject) {
   EXPECT_FALSE(j["choices"][0].contains("lazyattn"));  // one choice: the top level's only
 }
 
+// Logprobs built by make_logprobs as the response is written read exactly as ones given: the
+// same bytes, each choice's built once.
+TEST(OpenAiJsonTest, LogprobsBuiltWhileWritingAreTheSameBytesAsGivenOnes) {
+  for (const ApiKind kind : {ApiKind::kChat, ApiKind::kCompletion}) {
+    const ResponseMeta meta{kind, "id-1", 1, "smol"};
+    std::vector<v1::Final> finals(2, SampleFinal());
+    finals[1].set_text("other");
+    const json lp0 = {{"content", json::array({{{"token", "a"}, {"logprob", -0.5}}})}};
+    const json lp1 = {{"tokens", json::array({"b", "c"})}, {"text_offset", {0, 1}}};
+    const std::vector<ChoiceResult> given = {{&finals[0], &lp0}, {&finals[1], &lp1}};
+    int built = 0;
+    const std::vector<ChoiceResult> lazy = {{&finals[0], nullptr,
+                                             [&] {
+                                               ++built;
+                                               return lp0;
+                                             }},
+                                            {&finals[1], nullptr, [&] {
+                                               ++built;
+                                               return lp1;
+                                             }}};
+    EXPECT_EQ(CompletionJson(meta, lazy), CompletionJson(meta, given));
+    EXPECT_EQ(built, 2);
+  }
+}
+
 // n > 1: one choice object each, with its index and its own extension; the prompt is counted
 // once in the usage and the completions are summed.
 TEST(OpenAiJsonTest, SeveralChoices) {
