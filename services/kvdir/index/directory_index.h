@@ -34,13 +34,13 @@
 // peer host, so among them only the address tells a copy apart, as when the host is unknown.
 //
 // One live worker per address: routers dial a worker at the address it advertises and tell
-// workers apart by it, so a second id advertising a held address would receive (or divert) the
-// holder's requests and take its place in routing. A Hello advertising the address of another
-// id is refused (HelloResult::address_in_use, nothing changes) while that holder's lease has not
-// passed (or the directory stalled), connected or not: a worker whose stream broke for a moment
-// must find its address free when it reconnects. A holder of the address whose lease passed is
-// removed with its entries instead (HelloResult::removed_at_address; a worker restarted under a
-// new id waits one lease at most). An empty address is not compared.
+// workers apart by it, so a second id advertising a held address would overwrite the holder's
+// entry there (its model, load and residency) and could take it out of its model's plans. A Hello
+// advertising the address of another id is refused (HelloResult::address_in_use, nothing changes)
+// while that holder's lease has not passed (or the directory stalled), connected or not: a worker
+// whose stream broke for a moment must find its address free when it reconnects. A holder of the
+// address whose lease passed is removed with its entries instead (HelloResult::removed_at_address;
+// a worker restarted under a new id waits one lease at most). An empty address is not compared.
 //
 // Leases: every message from the owning session renews the lease to now + lease. Closing the
 // stream does not end the lease; the worker stays live (and keeps its entries) until the lease

@@ -22,7 +22,7 @@ using testing::StatusAt;
 using testing::Stored;
 
 // A peer claiming a live worker's address under its own id (a copied advertise_address, or any
-// worker certificate trying to divert another worker's requests): refused, nothing changes.
+// worker certificate trying to take another worker's place in routing): refused, nothing changes.
 TEST_F(IndexTest, HelloForAnAddressAnotherLiveWorkerHoldsIsRefused) {
   const uint64_t holder = Join("w1");  // at w1.local:7000
   ASSERT_EQ(index_.ApplyEvent("w1", holder, 3, Stored(1, 10), now_).outcome,

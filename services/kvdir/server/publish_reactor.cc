@@ -172,8 +172,9 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
                                           {.session = session_, .peer_host = peer_host_});
   if (r.id_in_use) return WorkerIdInUse(id, r, hello.status().address());
   if (r.address_in_use) {
-    // Refused, not taken over: routers would send the holder's requests to whoever said hello
-    // last, and with mutual TLS any worker certificate could so divert another worker's users.
+    // Refused, not shared: routers key workers by address, so the last hello's model and load
+    // would replace the holder's there, and with mutual TLS any worker certificate could so take
+    // another worker out of its model's plans.
     ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressInUse);
     const std::string address = Printable(hello.status().address(), 256);
     LogWarning("kvdir")
