@@ -126,12 +126,15 @@ TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {
 }
 
 // A worker that keeps saying hello and reads none of the replies (each hello queues a lease grant
-// and a snapshot request) does not make kvdir queue them without end: once the stream's window
-// is full and 16 replies wait, the stream is ended and counted as unread_replies.
+// and a snapshot request) does not make kvdir queue them without end: once 16 replies wait
+// unwritten, the stream is ended and counted as unread_replies. Here that happens within a few
+// dozen hellos, as gRPC finishes writes more slowly than a burst of hellos arrives; a peer that
+// never reads reaches it at the latest when its flow-control window is full.
 TEST_F(KvdirServerTest, AWorkerThatReadsNoRepliesIsEnded) {
   Start();
   grpc::ChannelArguments args;
-  // The window stays at its first size (64 KiB), so a few thousand replies fill it.
+  // The window stays at its first size (64 KiB) rather than growing with the traffic, so even a
+  // machine that writes as fast as the hellos come fills it long before the 10 s deadline.
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   auto stub = v1::KvDirectory::NewStub(grpc::CreateCustomChannel(
       absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
