@@ -209,8 +209,8 @@ TEST(WorkerRegistryTest, AnOutageOfTheDirectoryDoesNotCountTowardsForgetting) {
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
                             t0);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(1));
-  registry.ObserveDirectoryFailure();  // unreachable from here on
-  registry.ObserveDirectoryFailure();
+  registry.ObserveDirectoryFailure(t0 + absl::Seconds(1));  // unreachable from here on
+  registry.ObserveDirectoryFailure(t0 + absl::Seconds(3));
   const absl::Time back = t0 + absl::Seconds(26);
   registry.ObserveDirectory(Listing({}), back);
   EXPECT_EQ(registry.LiveCount(), 2);
@@ -221,6 +221,47 @@ TEST(WorkerRegistryTest, AnOutageOfTheDirectoryDoesNotCountTowardsForgetting) {
   EXPECT_EQ(registry.Snapshot()[0].id, "w0");
   registry.ObserveDirectory(Listing({}), back + absl::Seconds(10));
   EXPECT_EQ(registry.LiveCount(), 0);
+}
+
+// A directory that answers but lets a Lookup time out now and then is not down between its
+// answers: only the time from the failed call's send to the next answer is left out. (Crediting
+// the whole gap since the last answer, as before, kept a departed worker forever when every gap
+// held one timeout.)
+TEST(WorkerRegistryTest, OccasionalTimeoutsSlowForgettingButDoNotStopIt) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
+                            t0);
+  // Every second an answer without w1, and between two answers a Lookup sent 0.8 s after the
+  // first that fails: 0.2 s of each second is an outage, 0.8 s counts.
+  absl::Time now = t0;
+  int seconds = 0;
+  while (registry.LiveCount() == 2 && seconds < 60) {
+    registry.ObserveDirectoryFailure(now + absl::Milliseconds(800));
+    now += absl::Seconds(1);
+    ++seconds;
+    registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), now);
+  }
+  EXPECT_EQ(registry.LiveCount(), 1);
+  EXPECT_EQ(registry.Snapshot()[0].id, "w0");
+  // 10 s of answered time at 0.8 s a second: the 13th answer (10.4 s) forgets it, not sooner.
+  EXPECT_EQ(seconds, 13);
+}
+
+// A failed call sent before the last answer arrived does not reach back past that answer.
+TEST(WorkerRegistryTest, AFailureSentBeforeTheLastAnswerCountsFromThatAnswer) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
+                            t0);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(5));
+  registry.ObserveDirectoryFailure(t0 + absl::Seconds(2));  // sent before the answer at 5 s
+  // Down from 5 s to 8 s: w1's 10 s of unlisted time end at 13 s, not 10 s.
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(8));
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(12));
+  EXPECT_EQ(registry.LiveCount(), 2);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0 + absl::Seconds(13));
+  EXPECT_EQ(registry.LiveCount(), 1);
 }
 
 // Without a failed call between two answers the gap counts: a healthy directory's empty list is

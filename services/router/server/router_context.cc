@@ -209,11 +209,12 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
     if (d.positional) op->request.add_offsets(d.offset);
   }
   Op* raw = op.get();
+  const absl::Time sent_at = absl::Now();
   kvdir_->async()->Lookup(
       &raw->ctx, &raw->request, &raw->response,
       [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
-       model = std::move(model)](grpc::Status status) mutable {
-        if (!status.ok()) registry_.ObserveDirectoryFailure();
+       model = std::move(model), sent_at](grpc::Status status) mutable {
+        if (!status.ok()) registry_.ObserveDirectoryFailure(sent_at);
         done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
                   model.has_value() ? &*model : nullptr));
       });
@@ -277,11 +278,12 @@ void RouterContext::RefreshWorkers() {
     // refresh, and answers "no live workers" meanwhile (seen once in 765 loaded test runs).
     ctx.set_wait_for_ready(true);
     lazyattn::v1::ListWorkersResponse response;
+    const absl::Time sent_at = absl::Now();
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
     if (s.ok()) {
       registry_.ObserveDirectory(response.workers(), absl::Now());
     } else {
-      registry_.ObserveDirectoryFailure();
+      registry_.ObserveDirectoryFailure(sent_at);
     }
   }
   for (const std::string& address : registry_.static_addresses()) {

@@ -37,14 +37,15 @@ void WorkerRegistry::ObserveDirectory(
     const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
     absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (failed_since_answer_ && now > last_answer_ && last_answer_ != absl::InfinitePast()) {
-    // The directory was unreachable since its last answer: that time was not "not listed".
-    const absl::Duration outage = now - last_answer_;
+  const absl::Time outage_start = std::max(unanswered_since_, last_answer_);
+  if (now > outage_start && last_answer_ != absl::InfinitePast()) {
+    // The directory did not answer from outage_start on: that time was not "not listed".
+    const absl::Duration outage = now - outage_start;
     for (auto& [address, e] : by_address_) {
       if (e.from_directory) e.last_listed = std::min(now, e.last_listed + outage);
     }
   }
-  failed_since_answer_ = false;
+  unanswered_since_ = absl::InfiniteFuture();
   last_answer_ = std::max(last_answer_, now);
   for (const auto& w : workers) {
     const auto& status = w.worker();
@@ -75,9 +76,9 @@ void WorkerRegistry::ObserveDirectory(
   }
 }
 
-void WorkerRegistry::ObserveDirectoryFailure() {
+void WorkerRegistry::ObserveDirectoryFailure(absl::Time sent_at) {
   absl::MutexLock lock(&mu_);
-  failed_since_answer_ = true;
+  unanswered_since_ = std::min(unanswered_since_, sent_at);
 }
 
 void WorkerRegistry::ObserveStatic(const std::string& address,

@@ -50,9 +50,11 @@ class WorkerRegistry {
   void ObserveDirectory(
       const google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency>& workers,
       absl::Time now);
-  // A directory call (ListWorkers or Lookup) failed or timed out: the time until its next answer
-  // does not count towards forget_after.
-  void ObserveDirectoryFailure();
+  // A directory call (ListWorkers or Lookup) sent at `sent_at` failed or timed out: the time from
+  // then (or from the last answer, if that came later) until the next answer does not count
+  // towards forget_after. Only that time: the answered time before it still counts, so Lookups
+  // that time out now and then between answers slow forgetting down but never stop it.
+  void ObserveDirectoryFailure(absl::Time sent_at);
   // A Status poll of a static worker; nullptr when it failed.
   void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status);
 
@@ -98,7 +100,9 @@ class WorkerRegistry {
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the directory's
-  bool failed_since_answer_ ABSL_GUARDED_BY(mu_) = false;
+  // Since when the directory has not been answering: the send time of the first call that failed
+  // after the last answer; InfiniteFuture while none has.
+  absl::Time unanswered_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 }  // namespace lazyattn::router
