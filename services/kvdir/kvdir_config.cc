@@ -49,6 +49,16 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t max_id, config.IntIn("limits.max_worker_id_length",
                                                       o.limits.max_worker_id_length, 1, 4096));
   o.limits.max_worker_id_length = static_cast<int>(max_id);
+  ASSIGN_OR_RETURN(
+      o.limits.max_publish_streams,
+      config.IntIn("limits.max_publish_streams", o.limits.max_publish_streams, 1, 1 << 20));
+  ASSIGN_OR_RETURN(const int64_t per_certificate,
+                   config.IntIn("limits.max_streams_per_certificate",
+                                o.limits.max_streams_per_certificate, 1, 1024));
+  o.limits.max_streams_per_certificate = static_cast<int>(per_certificate);
+  ASSIGN_OR_RETURN(
+      o.limits.hello_timeout_ms,
+      config.IntIn("limits.hello_timeout_ms", o.limits.hello_timeout_ms, 100, 600'000));
   ASSIGN_OR_RETURN(o.lease_ms, config.IntIn("lease_ms", o.lease_ms, 50, 3'600'000));
   RETURN_IF_ERROR(config.Finish());
   return o;

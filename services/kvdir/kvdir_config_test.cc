@@ -34,6 +34,9 @@ TEST(KvdirConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(o->limits.max_workers, 1024);
   EXPECT_EQ(o->limits.max_entries_per_worker, 262144);
   EXPECT_EQ(o->limits.max_worker_id_length, 255);
+  EXPECT_EQ(o->limits.max_publish_streams, 4096);
+  EXPECT_EQ(o->limits.max_streams_per_certificate, 4);
+  EXPECT_EQ(o->limits.hello_timeout_ms, 10000);
   EXPECT_FALSE(o->reflection);
   EXPECT_EQ(o->tls.refresh_interval_s, 60);
   EXPECT_TRUE(o->tls.cert_file.empty());
@@ -53,6 +56,9 @@ limits:
   max_workers: 16
   max_entries_per_worker: 5000
   max_worker_id_length: 32
+  max_publish_streams: 100
+  max_streams_per_certificate: 2
+  hello_timeout_ms: 2500
 lease_ms: 1500
 )");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -67,6 +73,9 @@ lease_ms: 1500
   EXPECT_EQ(o->limits.max_workers, 16);
   EXPECT_EQ(o->limits.max_entries_per_worker, 5000);
   EXPECT_EQ(o->limits.max_worker_id_length, 32);
+  EXPECT_EQ(o->limits.max_publish_streams, 100);
+  EXPECT_EQ(o->limits.max_streams_per_certificate, 2);
+  EXPECT_EQ(o->limits.hello_timeout_ms, 2500);
   EXPECT_TRUE(o->reflection);
   EXPECT_EQ(o->tls.refresh_interval_s, 5);
 }
@@ -80,6 +89,10 @@ TEST(KvdirConfigTest, ErrorsNameTheKeyAndValue) {
   EXPECT_THAT(Error("limits: {max_entries_per_worker: -5}\n"),
               AllOf(HasSubstr("limits.max_entries_per_worker"), HasSubstr("got -5")));
   EXPECT_THAT(Error("limits: {max_worker_id_length: 0}\n"), HasSubstr("limits.max_worker_id_length"));
+  EXPECT_THAT(Error("limits: {max_publish_streams: 0}\n"), HasSubstr("limits.max_publish_streams"));
+  EXPECT_THAT(Error("limits: {max_streams_per_certificate: 2000}\n"),
+              HasSubstr("limits.max_streams_per_certificate"));
+  EXPECT_THAT(Error("limits: {hello_timeout_ms: 5}\n"), HasSubstr("limits.hello_timeout_ms"));
   EXPECT_THAT(Error("server: {reflection: maybe}\n"), HasSubstr("server.reflection"));
   EXPECT_THAT(Error("server: {tls: {refresh_interval_s: 0}}\n"),
               HasSubstr("server.tls.refresh_interval_s"));

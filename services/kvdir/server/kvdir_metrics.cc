@@ -13,6 +13,12 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
                              .Help("Distinct document keys held by at least one worker")
                              .Register(registry)
                              .Add({})),
+      publish_streams_(prometheus::BuildGauge()
+                           .Name("lazyattn_kvdir_publish_streams")
+                           .Help("Open Publish streams, whether or not they said hello "
+                                 "(limits.max_publish_streams bounds them)")
+                           .Register(registry)
+                           .Add({})),
       events_family_(prometheus::BuildCounter()
                          .Name("lazyattn_kvdir_events_applied_total")
                          .Help("Worker cache events applied to the index, by kind")
@@ -57,6 +63,9 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
   limit_refusals_[2] = &limit_family_.Add({{"limit", "worker_id"}});
   limit_refusals_[3] = &limit_family_.Add({{"limit", "status_bytes"}});
   limit_refusals_[4] = &limit_family_.Add({{"limit", "unread_replies"}});
+  limit_refusals_[5] = &limit_family_.Add({{"limit", "max_publish_streams"}});
+  limit_refusals_[6] = &limit_family_.Add({{"limit", "max_streams_per_certificate"}});
+  limit_refusals_[7] = &limit_family_.Add({{"limit", "hello_timeout"}});
   hellos_refused_[0] = &hellos_refused_family_.Add({{"reason", "not_certificate_id"}});
   hellos_refused_[1] = &hellos_refused_family_.Add({{"reason", "worker_id_in_use"}});
   hellos_refused_[2] = &hellos_refused_family_.Add({{"reason", "address_in_use"}});
@@ -73,6 +82,10 @@ void KvdirMetrics::LimitRefused(Limit limit) {
 void KvdirMetrics::SetIndexStats(const IndexStats& stats) {
   workers_alive_.Set(static_cast<double>(stats.workers));
   documents_tracked_.Set(static_cast<double>(stats.documents));
+}
+
+void KvdirMetrics::SetPublishStreams(int64_t open) {
+  publish_streams_.Set(static_cast<double>(open));
 }
 
 void KvdirMetrics::EventApplied(DocEventKind kind) {

@@ -3,6 +3,8 @@
 //
 //   lazyattn_kvdir_workers_alive                 gauge: registered workers (set by the sweeper)
 //   lazyattn_kvdir_documents_tracked             gauge: distinct document keys held by any worker
+//   lazyattn_kvdir_publish_streams               gauge: open Publish streams, with a hello or
+//                                                not (set by the sweeper)
 //   lazyattn_kvdir_events_applied_total{kind}    counter: stored / evicted events applied
 //   lazyattn_kvdir_snapshots_total{stage}        counter: requested_reconnect, requested_gap,
 //                                                applied
@@ -10,7 +12,9 @@
 //   lazyattn_kvdir_lookup_duration_seconds       histogram: Lookup handling time (index only)
 //   lazyattn_kvdir_limit_refusals_total{limit}   counter: Publish streams ended by a bound:
 //                                                max_workers, max_entries_per_worker,
-//                                                worker_id, status_bytes, unread_replies
+//                                                worker_id, status_bytes, unread_replies,
+//                                                max_publish_streams,
+//                                                max_streams_per_certificate, hello_timeout
 //   lazyattn_kvdir_hellos_refused_total{reason}  counter: hellos refused for their worker id
 //                                                or address: not_certificate_id (another id
 //                                                than the caller's certificate names),
@@ -35,6 +39,7 @@ class KvdirMetrics {
   explicit KvdirMetrics(prometheus::Registry& registry);
 
   void SetIndexStats(const IndexStats& stats);
+  void SetPublishStreams(int64_t open);
   void EventApplied(DocEventKind kind);
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
@@ -42,12 +47,22 @@ class KvdirMetrics {
   enum class HelloRefusal { kNotCertificateId, kWorkerIdInUse, kAddressInUse };
   void HelloRefused(HelloRefusal reason);
   void ObserveLookup(absl::Duration d);
-  enum class Limit { kMaxWorkers, kMaxEntriesPerWorker, kWorkerId, kStatusBytes, kUnreadReplies };
+  enum class Limit {
+    kMaxWorkers,
+    kMaxEntriesPerWorker,
+    kWorkerId,
+    kStatusBytes,
+    kUnreadReplies,
+    kMaxPublishStreams,
+    kMaxStreamsPerCertificate,
+    kHelloTimeout,
+  };
   void LimitRefused(Limit limit);
 
  private:
   prometheus::Gauge& workers_alive_;
   prometheus::Gauge& documents_tracked_;
+  prometheus::Gauge& publish_streams_;
   prometheus::Family<prometheus::Counter>& events_family_;
   prometheus::Counter& events_stored_;
   prometheus::Counter& events_evicted_;
@@ -60,7 +75,7 @@ class KvdirMetrics {
   prometheus::Counter* hellos_refused_[3];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
-  prometheus::Counter* limit_refusals_[5];
+  prometheus::Counter* limit_refusals_[8];
 };
 
 }  // namespace lazyattn::kvdir

@@ -28,6 +28,11 @@ absl::Status Validate(const KvdirOptions& o) {
     return absl::InvalidArgumentError(
         "limits.max_workers, max_entries_per_worker, max_worker_id_length: must be > 0");
   }
+  if (o.limits.max_publish_streams <= 0 || o.limits.max_streams_per_certificate <= 0 ||
+      o.limits.hello_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(
+        "limits.max_publish_streams, max_streams_per_certificate, hello_timeout_ms: must be > 0");
+  }
   if (o.limits.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("limits.max_message_bytes: must be > 0, got ", o.limits.max_message_bytes));
@@ -49,10 +54,13 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
       metrics_(*registry_),
       index_(absl::Milliseconds(options.lease_ms),
              IndexLimits{options.limits.max_workers, options.limits.max_entries_per_worker}),
-      service_(ServiceContext{&index_, &metrics_, options.lease_ms,
-                              options.limits.max_keys_per_lookup,
-                              options.limits.max_entries_per_worker,
-                              options.limits.max_worker_id_length}) {}
+      streams_(PublishStreamLimits{
+          .max_streams = options.limits.max_publish_streams,
+          .max_per_certificate = options.limits.max_streams_per_certificate,
+          .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms)}),
+      service_(ServiceContext{
+          &index_, &metrics_, &streams_, options.lease_ms, options.limits.max_keys_per_lookup,
+          options.limits.max_entries_per_worker, options.limits.max_worker_id_length}) {}
 
 absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;
@@ -99,6 +107,15 @@ void KvdirServer::SweepLoop() {
       absl::MutexLock lock(&stop_mu_);
       if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), interval)) return;
     }
+    for (const SilentStream& silent : streams_.CancelSilent(absl::Now())) {
+      metrics_.LimitRefused(KvdirMetrics::Limit::kHelloTimeout);
+      LogWarning("kvdir")
+          .Str("certificate", silent.certificate_id.empty() ? "none" : silent.certificate_id)
+          .Str("peer_host", silent.peer_host)
+          .Int("open_ms", absl::ToInt64Milliseconds(silent.open_for))
+          .Int("hello_timeout_ms", options_.limits.hello_timeout_ms)
+          .Msg("cancelled a Publish stream that said no hello within limits.hello_timeout_ms");
+    }
     const SweepResult sweep = index_.Sweep(absl::Now());
     if (sweep.stalled > absl::ZeroDuration()) {
       // One line per stall: the directory (not the workers) stopped, e.g. SIGSTOP or a paused
@@ -121,6 +138,7 @@ void KvdirServer::SweepLoop() {
       malloc_trim(0);
     }
     metrics_.SetIndexStats(index_.Stats());
+    metrics_.SetPublishStreams(streams_.open_streams());
   }
 }
 

@@ -59,6 +59,13 @@ struct KvdirOptions {
     // hello.status.worker_id: 1..this many of [A-Za-z0-9._:[]-] (a host:port, a pod name, a
     // certificate name); otherwise INVALID_ARGUMENT.
     int max_worker_id_length = 255;
+    // Open Publish streams, hello or not: a new one beyond is RESOURCE_EXHAUSTED before any read.
+    int64_t max_publish_streams = 4096;
+    // Open Publish streams per worker certificate (mutual TLS): a worker needs one, and one more
+    // while a reconnect overlaps a stream not yet given up.
+    int max_streams_per_certificate = 4;
+    // A stream that has not said hello this long after it opened is cancelled.
+    int64_t hello_timeout_ms = 10'000;
   } limits;
   // A worker stays live this long after its last message (heartbeats renew it).
   int64_t lease_ms = 3000;
@@ -90,6 +97,7 @@ class KvdirServer {
   std::shared_ptr<prometheus::Registry> registry_;
   KvdirMetrics metrics_;
   DirectoryIndex index_;
+  PublishStreams streams_;
   KvdirService service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -38,6 +38,25 @@ PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceC
       ctx_(ctx),
       bound_worker_id_(std::move(bound_worker_id)),
       certificate_serial_(std::move(certificate_serial)) {
+  if (ctx_.streams != nullptr) {
+    bool per_certificate = false;
+    grpc::CallbackServerContext* call_to_cancel = call;
+    absl::StatusOr<uint64_t> id = ctx_.streams->Open(
+        bound_worker_id_, peer_host_, absl::Now(),
+        [call_to_cancel] { call_to_cancel->TryCancel(); }, &per_certificate);
+    if (!id.ok()) {
+      ctx_.metrics->LimitRefused(per_certificate ? KvdirMetrics::Limit::kMaxStreamsPerCertificate
+                                                 : KvdirMetrics::Limit::kMaxPublishStreams);
+      LogWarning("kvdir")
+          .Str("certificate", bound_worker_id_.empty() ? "none" : bound_worker_id_)
+          .Str("peer_host", peer_host_)
+          .Str("error", std::string(id.status().message()))
+          .Msg("refused a Publish stream");
+      Close(ToGrpcStatus(id.status()));
+      return;
+    }
+    stream_id_ = *id;
+  }
   StartRead(&in_);
 }
 
@@ -205,6 +224,7 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   }
   worker_id_ = id;
   session_ = r.session;
+  if (ctx_.streams != nullptr) ctx_.streams->SaidHello(stream_id_);
   LogInfo("kvdir")
       .Str("worker", id)
       .Str("address", hello.status().address())
@@ -356,6 +376,8 @@ void PublishReactor::Close(const grpc::Status& status) {
 
 void PublishReactor::OnDone() {
   if (session_ != 0) ctx_.index->Disconnect(worker_id_, session_);
+  // Before the delete: a cancel the sweeper runs holds the registry's lock (publish_streams.h).
+  if (ctx_.streams != nullptr) ctx_.streams->Close(stream_id_);
   delete this;
 }
 

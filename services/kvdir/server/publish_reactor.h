@@ -24,6 +24,10 @@
 //     is cancelled since its pending write would never end;
 //   - ALREADY_EXISTS naming hello.status.address and the holder when another live worker
 //     advertises the address (DirectoryIndex's file comment).
+//   - RESOURCE_EXHAUSTED at once, before any read, naming limits.max_publish_streams or
+//     limits.max_streams_per_certificate when the stream would pass one (PublishStreams);
+//   - CANCELLED (for the worker; kvdir logs and counts hello_timeout) when no hello was accepted
+//     within limits.hello_timeout_ms of the stream's start: the sweeper cancels it.
 // Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
 //
 // Threading: reads are sequential (one outstanding read), so the read side (Handle and the
@@ -90,6 +94,8 @@ class PublishReactor final
   // Read side only (see the threading note).
   std::string worker_id_;
   uint64_t session_ = 0;
+  // This stream's id in ctx_.streams; 0 when refused there or when there is no registry.
+  uint64_t stream_id_ = 0;
 
   // Replies queued and not yet written. A worker answers each with its own messages, so a
   // sound one never leaves more than a few behind (a hello queues two).

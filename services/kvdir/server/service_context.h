@@ -7,12 +7,14 @@
 
 #include "services/kvdir/index/directory_index.h"
 #include "services/kvdir/server/kvdir_metrics.h"
+#include "services/kvdir/server/publish_streams.h"
 
 namespace lazyattn::kvdir {
 
 struct ServiceContext {
   DirectoryIndex* index = nullptr;
   KvdirMetrics* metrics = nullptr;
+  PublishStreams* streams = nullptr;  // null: no stream bounds (tests of the index alone)
   int64_t lease_ms = 3000;
   int max_keys_per_lookup = 1024;
   int64_t max_entries_per_worker = 262'144;  // also in the index; checked before decoding

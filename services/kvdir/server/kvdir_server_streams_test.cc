@@ -1,0 +1,185 @@
+// The bounds on Publish streams themselves (PublishStreams): how many may be open, how many per
+// worker certificate (mutual TLS), and how long one may stay open without a hello. First the
+// registry alone, then through the server: what a worker sees and what kvdir counts.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "services/kvdir/server/kvdir_server.h"
+#include "services/kvdir/server/kvdir_server_test_fixture.h"
+#include "services/kvdir/server/publish_streams.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+using testing::FakeWorker;
+using ::testing::HasSubstr;
+using testing::KvdirServerTest;
+using testing::WaitFor;
+
+const absl::Time kT0 = absl::UnixEpoch() + absl::Hours(1);
+
+TEST(PublishStreamsTest, BoundsTheStreamsInAllAndPerCertificate) {
+  PublishStreams streams({.max_streams = 3, .max_per_certificate = 2});
+  bool per_certificate = true;
+  auto a = streams.Open("worker-0", "10.0.0.1", kT0, nullptr, &per_certificate);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(per_certificate);
+  ASSERT_TRUE(streams.Open("worker-0", "10.0.0.1", kT0, nullptr).ok());
+  auto third = streams.Open("worker-0", "10.0.0.1", kT0, nullptr, &per_certificate);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("limits.max_streams_per_certificate"));
+  EXPECT_THAT(third.status().message(), HasSubstr("worker-0"));
+  EXPECT_TRUE(per_certificate);
+  // Another certificate, and a stream without one, still fit under max_streams.
+  auto other = streams.Open("worker-1", "10.0.0.2", kT0, nullptr);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto fourth = streams.Open("", "10.0.0.3", kT0, nullptr, &per_certificate);
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(fourth.status().message(), HasSubstr("limits.max_publish_streams"));
+  EXPECT_FALSE(per_certificate);
+  EXPECT_EQ(streams.open_streams(), 3);
+  // Closing frees both counts; closing twice or an unknown id changes nothing.
+  streams.Close(*a);
+  streams.Close(*a);
+  streams.Close(12345);
+  EXPECT_EQ(streams.open_streams(), 2);
+  EXPECT_TRUE(streams.Open("worker-0", "10.0.0.1", kT0, nullptr).ok());
+  EXPECT_FALSE(streams.Open("worker-0", "10.0.0.1", kT0, nullptr).ok());
+}
+
+TEST(PublishStreamsTest, CancelsOnceTheStreamsSilentPastTheHelloTimeout) {
+  PublishStreams streams({.max_streams = 10, .hello_timeout = absl::Seconds(10)});
+  int cancelled_silent = 0, cancelled_greeted = 0, cancelled_young = 0;
+  auto silent = streams.Open("", "10.0.0.1", kT0, [&] { ++cancelled_silent; });
+  auto greeted = streams.Open("", "10.0.0.2", kT0, [&] { ++cancelled_greeted; });
+  auto young = streams.Open("worker-3", "10.0.0.3", kT0 + absl::Seconds(5),
+                            [&] { ++cancelled_young; });
+  ASSERT_TRUE(silent.ok() && greeted.ok() && young.ok());
+  streams.SaidHello(*greeted);
+  EXPECT_TRUE(streams.CancelSilent(kT0 + absl::Milliseconds(9999)).empty());
+  std::vector<SilentStream> out = streams.CancelSilent(kT0 + absl::Seconds(10));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].peer_host, "10.0.0.1");
+  EXPECT_EQ(out[0].open_for, absl::Seconds(10));
+  EXPECT_EQ(cancelled_silent, 1);
+  // Once: the cancelled stream stays registered until its reactor closes it.
+  out = streams.CancelSilent(kT0 + absl::Seconds(15));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].certificate_id, "worker-3");
+  EXPECT_EQ(cancelled_silent, 1);
+  EXPECT_EQ(cancelled_young, 1);
+  EXPECT_EQ(cancelled_greeted, 0);
+  EXPECT_EQ(streams.open_streams(), 3);
+}
+
+TEST_F(KvdirServerTest, AStreamWithoutHelloIsCancelledAfterTheHelloTimeout) {
+  KvdirOptions options;
+  options.limits.hello_timeout_ms = 300;
+  StartWith(options);
+  FakeWorker greeted(stub_.get(), "w1");
+  greeted.Join({});
+  FakeWorker silent(stub_.get(), "w2");
+  const absl::Time opened = absl::Now();
+  const grpc::Status s = silent.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_GE(absl::Now() - opened, absl::Milliseconds(300));
+  EXPECT_TRUE(WaitFor([&] {
+    return MetricValue("lazyattn_kvdir_limit_refusals_total", "hello_timeout") == 1;
+  }));
+  // The worker that said hello is not touched by the timeout.
+  EXPECT_TRUE(greeted.Heartbeat());
+  EXPECT_THAT(LiveWorkers(), ::testing::ElementsAre("w1"));
+  EXPECT_TRUE(greeted.Close().ok());
+}
+
+TEST_F(KvdirServerTest, StreamsPastMaxPublishStreamsAreRefusedBeforeAnyRead) {
+  KvdirOptions options;
+  options.limits.max_publish_streams = 2;
+  StartWith(options);
+  auto first = std::make_unique<FakeWorker>(stub_.get(), "w1");
+  first->Join({});
+  FakeWorker second(stub_.get(), "w2");
+  second.Join({});  // both registered before the probe (stream setup is asynchronous)
+  FakeWorker probe(stub_.get(), "w3");
+  const grpc::Status s = probe.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_publish_streams"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_publish_streams"), 1);
+  // A closed stream frees its place (once its reactor is done: asynchronous again).
+  EXPECT_TRUE(first->Close().ok());
+  first.reset();
+  EXPECT_TRUE(WaitFor([&] {
+    FakeWorker again(stub_.get(), "w1");
+    if (!again.Hello()) return false;
+    v1::DirectoryMessage m;
+    return again.Read(&m) && m.has_lease();
+  }));
+  EXPECT_TRUE(second.Heartbeat());
+  EXPECT_TRUE(second.Close().ok());
+}
+
+// Under mutual TLS the bound is per worker certificate: worker-0 may hold two streams, a third
+// is refused naming the limit, and worker-1's certificate is not affected.
+TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-streams-certs-", getpid());
+  ASSERT_EQ(
+      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 2 --force >/dev/null")
+                      .c_str()),
+      0)
+      << "tools/gen-certs (run from the source tree) failed";
+  KvdirOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  options.limits.max_streams_per_certificate = 2;
+  options.tls = TlsOptions{.cert_file = certs + "/kvdir.crt",
+                           .key_file = certs + "/kvdir.key",
+                           .ca_file = certs + "/ca.crt"};
+  auto server = KvdirServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel_for = [&](const std::string& name) {
+    return MakeChannel(absl::StrCat("localhost:", (*server)->port()),
+                       TlsOptions{.cert_file = certs + "/" + name + ".crt",
+                                  .key_file = certs + "/" + name + ".key",
+                                  .ca_file = certs + "/ca.crt"});
+  };
+  auto channel0 = channel_for("worker-0");
+  auto channel1 = channel_for("worker-1");
+  ASSERT_TRUE(channel0.ok() && channel1.ok()) << channel0.status() << channel1.status();
+  auto worker0 = v1::KvDirectory::NewStub(*channel0);
+  auto worker1 = v1::KvDirectory::NewStub(*channel1);
+  FakeWorker a(worker0.get(), "worker-0");
+  a.Join({});
+  FakeWorker b(worker0.get(), "worker-0");  // a reconnect's overlap: open, no hello
+  // Stream setup is asynchronous: b must be registered before c is opened, or c takes its place.
+  ASSERT_TRUE(WaitFor([&] {
+    for (const prometheus::MetricFamily& f : (*server)->registry()->Collect()) {
+      if (f.name == "lazyattn_kvdir_publish_streams") return f.metric[0].gauge.value == 2;
+    }
+    return false;
+  }));
+  FakeWorker c(worker0.get(), "worker-0");
+  const grpc::Status refused = c.Drain();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("limits.max_streams_per_certificate"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("worker-0"));
+  FakeWorker other(worker1.get(), "worker-1");
+  other.Join({});
+  EXPECT_TRUE(a.Heartbeat());
+  EXPECT_TRUE(a.Close().ok());
+  EXPECT_TRUE(other.Close().ok());
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir
