@@ -66,7 +66,7 @@ bool ConnectionStream::WaitReadable() const {
 }
 
 bool ConnectionStream::WaitWritable() const {
-  return WaitForSocket(fd_, POLLOUT, write_timeout_, kNoDeadline);
+  return WaitForSocket(fd_, POLLOUT, write_timeout_, write_deadline_);
 }
 
 void ConnectionStream::BeginRequest(size_t max_head_bytes) {
@@ -142,13 +142,16 @@ ssize_t PlainStream::read(char* ptr, size_t size) {
 
 ssize_t PlainStream::write(const char* ptr, size_t size) {
   if (!is_writable()) return -1;
-  // The socket is blocking with SO_SNDTIMEO = write_timeout (set at accept): a send that makes no
-  // progress for that long fails.
-  ssize_t n;
-  do {
-    n = send(fd_, ptr, size, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n;
+  // Never a blocking send: one would wait up to the socket's SO_SNDTIMEO (write_timeout) per call
+  // whatever the write deadline says. A partial send returns its count; the library writes the
+  // rest, each time after is_writable.
+  while (true) {
+    const ssize_t n = send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (!WaitWritable()) return -1;
+  }
 }
 
 ssize_t TlsStream::read(char* ptr, size_t size) {
@@ -186,7 +189,7 @@ ssize_t TlsStream::write(const char* ptr, size_t size) {
         if (!WaitWritable()) return -1;
         break;
       case SSL_ERROR_WANT_READ:
-        if (!WaitForSocket(fd_, POLLIN, write_timeout_, kNoDeadline)) return -1;
+        if (!WaitForSocket(fd_, POLLIN, write_timeout_, write_deadline_)) return -1;
         break;
       default:
         return -1;

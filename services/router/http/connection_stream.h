@@ -3,7 +3,10 @@
 // may wait read_timeout, so a client sending a byte at a time is never timed out), reads stop at
 // a total deadline: the router sets it to the end of the header timeout while a request's line and
 // headers arrive, then to the end of the body timeout while its body arrives, and clears it once
-// the body is in. The TLS handshake (AcceptTls) takes a deadline the same way.
+// the body is in. The TLS handshake (AcceptTls) takes a deadline the same way. Writes stop at a
+// deadline of their own (set_write_deadline): the router gives a response that is not streamed
+// one from its size (guarded_server.h, BoundResponseWrite), so a client reading a byte now and
+// then (each write progressing within write_timeout) cannot hold a connection thread for ever.
 //
 // Reads are also bounded in bytes where cpp-httplib buffers without a limit of its own: a
 // request's line and headers (the library keeps every header line in a multimap, ~20 bytes of
@@ -44,6 +47,8 @@ class ConnectionStream : public httplib::Stream {
 
   // Reads wait no later than `deadline` (kNoDeadline: only their own timeout) and fail after it.
   void set_deadline(SteadyTime deadline) { deadline_ = deadline; }
+  // The same for writes: a write (or the wait before it) fails once `deadline` has passed.
+  void set_write_deadline(SteadyTime deadline) { write_deadline_ = deadline; }
   bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
 
   // A request begins: from now until EndHead, the bytes read (its line and headers) may total at
@@ -67,7 +72,7 @@ class ConnectionStream : public httplib::Stream {
  protected:
   virtual bool HasReadAhead() const = 0;
   bool WaitReadable() const;  // read_timeout, bounded by the deadline
-  bool WaitWritable() const;  // write_timeout
+  bool WaitWritable() const;  // write_timeout, bounded by the write deadline
   // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
   // they go past one (the bytes are then dropped: the request is refused).
   ssize_t Counted(const char* data, size_t size, ssize_t n);
@@ -78,6 +83,7 @@ class ConnectionStream : public httplib::Stream {
   const std::chrono::milliseconds read_timeout_;
   const std::chrono::milliseconds write_timeout_;
   SteadyTime deadline_ = kNoDeadline;
+  SteadyTime write_deadline_ = kNoDeadline;
 
  private:
   size_t max_head_bytes_ = 0;
@@ -89,7 +95,7 @@ class ConnectionStream : public httplib::Stream {
 };
 
 // Plaintext: recv into a read-ahead buffer (cpp-httplib reads the request line and headers a byte
-// at a time), send with MSG_NOSIGNAL.
+// at a time); send without blocking, waiting for the socket as WaitWritable allows.
 class PlainStream final : public ConnectionStream {
  public:
   using ConnectionStream::ConnectionStream;

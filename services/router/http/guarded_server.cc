@@ -25,6 +25,8 @@ using std::chrono::steady_clock;
 struct ConnectionState {
   ConnectionStream* stream = nullptr;
   milliseconds body_timeout{0};
+  milliseconds write_timeout{0};
+  int64_t min_send_bytes_per_s = 0;
   bool close = false;           // close after this response
   int64_t drain = 0;            // ... lingering to drop this much of an unread body
   bool headers_marked = false;  // MarkHeadersReceived ran for this request
@@ -63,6 +65,8 @@ struct LoopParams {
   milliseconds header_timeout;
   milliseconds body_timeout;
   size_t max_header_bytes;
+  milliseconds write_timeout;
+  int64_t min_send_bytes_per_s;
 };
 
 using ProcessRequest =
@@ -87,6 +91,8 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
   ConnectionState state;
   state.stream = &stream;
   state.body_timeout = p.body_timeout;
+  state.write_timeout = p.write_timeout;
+  state.min_send_bytes_per_s = p.min_send_bytes_per_s;
   current_connection = &state;
   bool ret = false;
   bool first = true;
@@ -94,6 +100,7 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
     // The first request's time runs from when the connection was taken up (its TLS handshake
     // included); a later one's from its first byte.
     stream.set_deadline(first ? first_deadline : kNoDeadline);
+    stream.set_write_deadline(kNoDeadline);
     if (!AwaitRequest(p, stream, p.keep_alive_timeout)) break;
     if (!first) stream.set_deadline(steady_clock::now() + p.header_timeout);
     first = false;
@@ -196,6 +203,15 @@ bool BodyTimedOut() {
   return current_connection != nullptr && current_connection->stream->deadline_passed();
 }
 
+void BoundResponseWrite(size_t bytes) {
+  if (current_connection == nullptr || current_connection->min_send_bytes_per_s <= 0) return;
+  // The head is not counted: a few hundred bytes, inside the grace.
+  const auto at_min_rate = std::chrono::duration_cast<milliseconds>(std::chrono::duration<double>(
+      static_cast<double>(bytes) / static_cast<double>(current_connection->min_send_bytes_per_s)));
+  current_connection->stream->set_write_deadline(steady_clock::now() +
+                                                 current_connection->write_timeout + at_min_rate);
+}
+
 void CloseConnectionAfterResponse(int64_t drain_bytes) {
   if (current_connection == nullptr) return;
   current_connection->close = true;
@@ -219,7 +235,9 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
                             Millis(keep_alive_timeout_sec_, 0),
                             limits_.header_timeout,
                             limits_.body_timeout,
-                            limits_.max_header_bytes};
+                            limits_.max_header_bytes,
+                            Millis(write_timeout_sec_, write_timeout_usec_),
+                            limits_.min_send_bytes_per_s};
     int64_t drain = 0;
     ret = ServeRequests(
         params, stream, start + limits_.header_timeout,
@@ -250,7 +268,9 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
                               Millis(keep_alive_timeout_sec_, 0),
                               limits_.header_timeout,
                               limits_.body_timeout,
-                              limits_.max_header_bytes};
+                              limits_.max_header_bytes,
+                              Millis(write_timeout_sec_, write_timeout_usec_),
+                              limits_.min_send_bytes_per_s};
       int64_t drain = 0;
       ret = ServeRequests(
           params, stream, start + limits_.header_timeout,

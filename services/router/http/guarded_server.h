@@ -17,6 +17,12 @@
 //  - a total deadline for a request's body, `body_timeout`, from the end of its headers (each
 //    read still waits at most the read timeout). A body read that fails past it is reported by
 //    BodyTimedOut(), so that the handler answers 408 instead of 400.
+//  - a total deadline for writing a response that is not streamed, set by BoundResponseWrite
+//    from its size: write_timeout plus its bytes at `min_send_bytes_per_s`. The library's write
+//    timeout only needs each write to progress, so a client that reads a byte at a time (or
+//    opens a tiny TCP window) held a thread for as long as a large response took at its pace.
+//    Streamed responses (a content provider) keep only the write timeout: their length is the
+//    generation's.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
 //    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
@@ -50,6 +56,9 @@ struct ConnectionLimits {
   std::chrono::milliseconds header_timeout{10000};
   size_t max_header_bytes = 64 << 10;  // the request line and headers; 0: no cap
   std::chrono::milliseconds body_timeout{30000};
+  // The slowest a non-streamed response may be sent, after write_timeout's grace; 0: no total
+  // write deadline.
+  int64_t min_send_bytes_per_s = 64 << 10;
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;
 };
@@ -72,6 +81,9 @@ bool RequestHeadTooLarge();
 // True when the body's deadline has passed: a body read that failed failed for it. False outside
 // a handler.
 bool BodyTimedOut();
+// The response about to be written, `bytes` long, is not streamed: it must be sent within the
+// write timeout plus `bytes` at min_send_bytes_per_s from now, or the connection is closed.
+void BoundResponseWrite(size_t bytes);
 // The connection closes after this response. `drain_bytes` > 0: that much of the request's body
 // is still to come unread, and the close lingers (above) to drop at most that much.
 void CloseConnectionAfterResponse(int64_t drain_bytes);

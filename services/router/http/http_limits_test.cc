@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -316,6 +317,57 @@ TEST_F(HttpLimitsTest, AClientTricklingItsBodyIsAnswered408AtTheBodyTimeout) {
   const std::string reply = Exchange(
       Post(absl::StrCat("Connection: close\r\nContent-Length: ", body.size(), "\r\n"), body));
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+}
+
+// A client that reads a large answer (not streamed) slowly but steadily, each write progressing
+// well within the write timeout, is cut off at write_timeout + size / http.min_send_bytes_per_s
+// instead of holding the connection thread at its own pace: it gets only part of the body.
+TEST_F(HttpLimitsTest, AClientReadingALargeAnswerSlowlyIsCutAtTheMinimumSendRate) {
+  FakeWorker::Script script;
+  script.tokens.assign(4000, std::string(1000, 'a'));  // ~12 MB over n = 3 choices
+  script.edit_token = [](int i, lazyattn::v1::TokenChunk* chunk) {
+    chunk->set_token_id(100 + i % 800);  // inside the fake model's vocabulary of 1,000
+  };
+  worker_.SetScript(script);
+  HttpOptions o = Options();
+  o.write_timeout = absl::Seconds(5);
+  o.min_send_bytes_per_s = 12 << 20;  // deadline ~6 s after the answer is ready
+  StartHttp(o);
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  const int rcvbuf = 64 << 10;
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+  const std::string request_body = R"({"messages": [{"role": "user", "content": "Hi?"}], "n": 3})";
+  ASSERT_TRUE(SendAll(
+      fd, Post(absl::StrCat("Content-Length: ", request_body.size(), "\r\nConnection: close\r\n"),
+               request_body)));
+  // 16 KiB every 32 ms (0.5 MB/s) for 8 s: a third of a full 4 MB send buffer frees in under 3 s,
+  // inside the write timeout, while the whole answer would take ~25 s.
+  std::string reply;
+  std::vector<char> buf(16 << 10);
+  bool closed = false;
+  const absl::Time slow_until = absl::Now() + absl::Seconds(8);
+  while (!closed && absl::Now() < slow_until) {
+    const ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0) reply.append(buf.data(), static_cast<size_t>(n));
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      closed = true;
+    }
+    absl::SleepFor(absl::Milliseconds(32));
+  }
+  if (!closed) reply += ReadAll(fd, &closed);  // what was sent before the cut, at full speed
+  close(fd);
+  EXPECT_TRUE(closed);
+  const size_t head_end = reply.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << reply.substr(0, 200);
+  ASSERT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply.substr(0, 200);
+  const size_t length_at = reply.find("Content-Length: ");
+  ASSERT_LT(length_at, head_end);
+  const size_t announced = std::stoul(reply.substr(length_at + 16));
+  EXPECT_GT(announced, size_t{12'000'000});
+  const size_t received = reply.size() - head_end - 4;
+  EXPECT_LT(received, announced) << "the slow client was served the whole answer";
+  EXPECT_GT(received, size_t{0});
 }
 
 TEST_F(HttpLimitsTest, RequestsAreServedWhileSlowClientsTakeEveryThread) {

@@ -44,6 +44,9 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.read_timeout_ms", o.read_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.write_timeout,
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(
+      o.min_send_bytes_per_s,
+      config.IntIn("http.min_send_bytes_per_s", o.min_send_bytes_per_s, 0, int64_t{1} << 40));
   ASSIGN_OR_RETURN(o.header_timeout,
                    MillisIn(config, "http.header_timeout_ms", o.header_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.max_header_bytes, config.IntIn("http.max_header_bytes", o.max_header_bytes,

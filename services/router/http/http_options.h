@@ -27,6 +27,11 @@ struct HttpOptions {
   // progress for write_timeout, closes the connection.
   absl::Duration read_timeout = absl::Seconds(30);
   absl::Duration write_timeout = absl::Seconds(30);
+  // A response that is not streamed must be sent within write_timeout plus its bytes at this
+  // rate, or the connection is closed (a client reading a byte at a time otherwise held a thread
+  // for as long as it liked). 64 KiB/s gives a 10 MB answer 190 s; 0: no such bound. Streams are
+  // bounded by write_timeout per write only.
+  int64_t min_send_bytes_per_s = 64 << 10;
   // A request's line and headers must be in within this (a new connection's from when a thread
   // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
   // however steadily the bytes trickle in; else the connection is closed (guarded_server.h).

@@ -97,5 +97,24 @@ TEST(HttpOptionsTest, ErrorsNameTheKey) {
               HasSubstr("http.max_connections_per_client"));
 }
 
+// The slowest send rate of a non-streamed response: 64 KiB/s unless set, 0 turns it off, and a
+// negative or non-integer value is refused naming the key.
+TEST(HttpOptionsTest, MinSendBytesPerSecondIsReadAndRangeChecked) {
+  auto o = Parse("");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->min_send_bytes_per_s, 65536);
+  o = Parse("http: {min_send_bytes_per_s: 0}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->min_send_bytes_per_s, 0);
+  o = Parse("http: {min_send_bytes_per_s: 1048576}\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->min_send_bytes_per_s, 1 << 20);
+  for (const char* bad : {"-1", "fast", "1.5"}) {
+    o = Parse(absl::StrCat("http: {min_send_bytes_per_s: ", bad, "}\n"));
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_THAT(o.status().message(), HasSubstr("http.min_send_bytes_per_s")) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -255,6 +255,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   limits.header_timeout = absl::ToChronoMilliseconds(options.header_timeout);
   limits.body_timeout = absl::ToChronoMilliseconds(options.body_timeout);
   limits.max_header_bytes = static_cast<size_t>(options.max_header_bytes);
+  limits.min_send_bytes_per_s = options.min_send_bytes_per_s;
   limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
     auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);
@@ -374,6 +375,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     } else if (CarriesBody(req) && !BodyMarkedReceived()) {
       CloseConnectionAfterResponse(UnreadBody(req, 0, max_body_bytes));
     }
+    // A whole body is sent at once, right after this: bound its time (a content provider's stream
+    // is not, see guarded_server.h).
+    if (!res.content_provider_) BoundResponseWrite(res.body.size());
     if (ClosesAfterResponse()) {
       if (res.get_header_value("Connection") != "close") {
         res.headers.erase("Connection");
