@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -224,6 +225,35 @@ TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
   while (reader->Read(&r)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// A Prefetch whose client went away while the directory lookup ran starts no worker call when
+// the lookup ends (here by its timeout: the directory hangs), and the reactor finishes.
+TEST_F(RouterServerTest, PrefetchCancelledDuringTheLookupWarmsNoWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.SetHang(true);
+  RouterOptions o = Options();
+  o.kvdir.lookup_timeout = absl::Milliseconds(400);
+  StartRouter(o);
+  const int lookups_before = kvdir_.lookups();
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  request.set_replicas(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  lazyattn::v1::PrefetchResponse response;
+  const grpc::Status s = stub_->Prefetch(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_GT(kvdir_.lookups(), lookups_before);  // it did reach the lookup
+  // The lookup times out at 400 ms; a plan by load alone would then call both workers.
+  absl::SleepFor(absl::Milliseconds(800));
+  EXPECT_EQ(workers_[0]->prefetch_calls() + workers_[1]->prefetch_calls(), 0);
+  // The reactor is done: its admission slot is free again for the next request.
+  kvdir_.SetHang(false);
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub_->Prefetch(&ctx2, request, &response).ok());
+  EXPECT_EQ(workers_[0]->prefetch_calls() + workers_[1]->prefetch_calls(), 2);
 }
 
 }  // namespace
