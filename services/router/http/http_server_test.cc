@@ -464,6 +464,29 @@ TEST_F(HttpServerTest, LogitBiasReachesTheWorkerAndItsBoundsAre400NamingIt) {
   EXPECT_EQ(worker_.generate_calls(), calls);
 }
 
+// Biases that no live worker applies (one older than logit_bias advertises 0) are the client's
+// error: a 400 naming logit_bias and the most a worker applies, and nothing of the cluster (no
+// worker id or address) in the message.
+TEST_F(HttpServerTest, LogitBiasNoWorkerAppliesIsA400NamingNoWorker) {
+  worker_.SetMaxLogitBias(0);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string reply = Post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "logit_bias": {"7": 1, "8": 2}})");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  const auto body = JsonOf(reply);
+  ASSERT_EQ(body.size(), 1u);
+  EXPECT_EQ(body[0]["error"]["param"], "logit_bias") << reply;
+  EXPECT_EQ(body[0]["error"]["code"], "failed_precondition") << reply;
+  EXPECT_EQ(body[0]["error"]["message"],
+            "logit_bias: the request has 2 entries, and no live worker of its model applies more "
+            "than 0 (ModelInfo.max_logit_bias, which GetModelInfo reports)")
+      << reply;
+  EXPECT_EQ(reply.find(worker_.address()), std::string::npos) << reply;
+  EXPECT_EQ(worker_.generate_calls(), 0);
+}
+
 TEST_F(HttpServerTest, IdleConnectionsBeyondTheQueuesHoldNoSocket) {
   StartRouter();
   HttpOptions o = Options();

@@ -52,6 +52,24 @@ bool AnyWorkerCouldServe(const WorkerRegistry& registry, const std::optional<Mod
   return false;
 }
 
+// The refusal of a request no live worker of `model` can apply (WhyCannotServe said so of each):
+// the field and the most any of them applies, which GetModelInfo also reports. The client's own
+// request is at fault, so the message names no worker: an HTTP client sees it (400), and worker
+// ids and addresses are the operator's, in the log.
+grpc::Status NoWorkerCanApply(const WorkerRegistry& registry, const std::optional<ModelKey>& model,
+                              const GenerateRequest& r) {
+  int best = 0;
+  for (const WorkerInfo& w : registry.Snapshot()) {
+    if (!w.reported || (model.has_value() && !(ModelKeyOf(w.status.model()) == *model))) continue;
+    best = std::max(best, w.status.model().max_logit_bias());
+  }
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("sampling.logit_bias: the request has ", r.sampling().logit_bias_size(),
+                   " entries, and no live worker of its model applies more than ", best,
+                   " (ModelInfo.max_logit_bias, which GetModelInfo reports)"));
+}
+
 // What the system text, chat template and earlier turns put before the documents, under the
 // chosen model's tokenizer and template: the key under which the router learns its token count
 // from the workers (document_placement.h). Two models count the same text differently, so the
@@ -286,8 +304,10 @@ void ForwardingCall::StartNextAttempt() {
         if (attempts_ == 0 && skipped_unfit &&
             !AnyWorkerCouldServe(router_->registry(), model_, *request_)) {
           last_code_ = grpc::StatusCode::FAILED_PRECONDITION;
+          failure = NoWorkerCanApply(router_->registry(), model_, *request_);
+        } else {
+          failure = ExhaustedStatus();
         }
-        failure = ExhaustedStatus();
       }
     }
   }
