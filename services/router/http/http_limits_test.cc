@@ -503,5 +503,57 @@ TEST_F(HttpLimitsTest, ATlsHandshakeThatNeverEndsIsClosedAtTheHeaderTimeout) {
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
 }
 
+// The head cap holds over TLS as over plaintext (the TLS stream counts the decrypted bytes): a
+// request whose headers pass http.max_header_bytes is answered 431 naming the key, and closed;
+// one within it is served on the same listener.
+TEST_F(HttpLimitsTest, OverTlsHeadersBeyondTheCapAre431AndTheConnectionClosed) {
+  certs_ = absl::StrCat(::testing::TempDir(), "/http-head-tls-certs-", getpid());
+  ASSERT_EQ(std::system(
+                absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
+                    .c_str()),
+            0)
+      << "tools/gen-certs (run from the source tree) failed";
+  HttpOptions o = Options();
+  o.max_header_bytes = 16 << 10;
+  TlsOptions tls;
+  tls.cert_file = certs_ + "/router-0.crt";
+  tls.key_file = certs_ + "/router-0.key";
+  StartHttp(o, tls);
+  ASSERT_TRUE(http_->tls());
+  // Sends `request` over a new TLS connection (the certificate is not verified); the reply until
+  // the router closes, and whether it closed.
+  auto exchange = [&](const std::string& request, bool* closed) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    const int fd = Connect(http_->port());
+    std::string reply;
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    if (fd >= 0 && SSL_connect(ssl) == 1) {
+      // The router may stop reading before all is sent: the write's result is no matter.
+      (void)SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+      char buf[4096];
+      int n;
+      while ((n = SSL_read(ssl, buf, sizeof(buf))) > 0) reply.append(buf, static_cast<size_t>(n));
+      *closed = n <= 0;
+    }
+    SSL_free(ssl);
+    if (fd >= 0) close(fd);
+    SSL_CTX_free(ctx);
+    return reply;
+  };
+  std::string head = "GET /v1/models HTTP/1.1\r\nHost: x\r\n";
+  while (head.size() < (24 << 10)) head += "X-Pad: 0123456789abcdef0123456789abcdef\r\n";
+  bool closed = false;
+  std::string reply = exchange(head + "\r\n", &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 431", 0), 0u) << reply.substr(0, 200);
+  EXPECT_NE(reply.find("http.max_header_bytes (16384 bytes)"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+  EXPECT_TRUE(closed);
+  std::string within = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
+  while (within.size() < (15 << 10)) within += "X-Pad: 0123456789abcdef0123456789abcdef\r\n";
+  reply = exchange(within + "\r\n", &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply.substr(0, 200);
+}
+
 }  // namespace
 }  // namespace lazyattn::router
