@@ -219,6 +219,9 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
   if (s.meta.kind == ApiKind::kChat) {
     for (int i = 0; i < n; ++i) out.Event(RoleChunkJson(s.meta, i, s.include_usage));
   }
+  if (!s.meta.echo.empty()) {  // a completion's echo: the prompt, before each choice's tokens
+    for (int i = 0; i < n; ++i) out.Event(TextChunkJson(s.meta, i, s.meta.echo, s.include_usage));
+  }
   Step step = Step::kToken;
   // The events taken before the response began, in choice order. The shutdown is checked
   // before every token, the first ones included (it may have begun while the response's head
@@ -327,6 +330,21 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
     SendError(response, 400, error, "invalid_argument");
     return;
+  }
+  if (parsed->echo) {
+    // Each choice repeats the prompt: n copies of it may take what one body may (a 4 MiB prompt
+    // with n 128 would otherwise make a 512 MiB answer of a 4 MiB request).
+    const std::string& prompt = parsed->request.question();
+    if (static_cast<int64_t>(prompt.size()) * parsed->choices > options.max_body_bytes) {
+      router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
+      SendError(response, 400,
+                absl::StrCat("echo: n ", parsed->choices, " copies of the prompt's ", prompt.size(),
+                             " bytes exceed http.max_body_bytes (", options.max_body_bytes,
+                             "); lower n or leave echo out"),
+                "invalid_argument");
+      return;
+    }
+    meta.echo = prompt;
   }
   const bool logprobs = parsed->request.sampling().logprobs();
   const bool alternatives = parsed->request.sampling().top_logprobs() > 0;

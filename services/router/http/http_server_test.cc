@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -184,6 +185,60 @@ std::vector<nlohmann::json> JsonOf(const std::string& reply) {
     }
   }
   return out;
+}
+
+// A completion's echo: each choice's text begins with the prompt, whole or streamed (the prompt
+// is each choice's first chunk); the usage is the worker's. n copies of a prompt larger than a
+// body may be are refused, 400 naming echo.
+TEST_F(HttpServerTest, CompletionEchoPutsThePromptBeforeTheText) {
+  FakeWorker::Script script;
+  script.tokens = {" a", " time"};
+  worker_.SetScript(script);
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  auto whole = JsonOf(Post("/v1/completions", R"({"prompt": "Once upon", "echo": true, "n": 2})"));
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(whole[0]["choices"].size(), 2u) << whole[0].dump();
+  EXPECT_EQ(whole[0]["choices"][0]["text"], "Once upon a time");
+  EXPECT_EQ(whole[0]["choices"][1]["text"], "Once upon a time");
+  EXPECT_EQ(worker_.last_request().question(), "Once upon");  // the worker sees the prompt once
+
+  std::map<int, std::string> texts;
+  std::map<int, std::string> firsts;
+  for (const auto& chunk :
+       JsonOf(Post("/v1/completions", R"({"prompt": "Once upon", "echo": true, "n": 2,)"
+                                      R"( "stream": true})"))) {
+    const auto& choice = chunk["choices"][0];
+    const int index = choice["index"];
+    const std::string text = choice["text"];
+    if (!firsts.contains(index)) firsts[index] = text;
+    texts[index] += text;
+  }
+  EXPECT_EQ(texts, (std::map<int, std::string>{{0, "Once upon a time"}, {1, "Once upon a time"}}));
+  EXPECT_EQ(firsts, (std::map<int, std::string>{{0, "Once upon"}, {1, "Once upon"}}));
+
+  // Without echo, as before.
+  whole = JsonOf(Post("/v1/completions", R"({"prompt": "Once upon"})"));
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0]["choices"][0]["text"], " a time");
+
+  // n x the prompt over http.max_body_bytes: refused before any worker call.
+  http_.reset();
+  HttpOptions small = Options();
+  small.max_body_bytes = 4096;
+  StartHttp(small, nullptr);
+  const int calls = worker_.generate_calls();
+  const std::string prompt(1000, 'p');
+  const std::string reply = Post(
+      "/v1/completions", absl::StrCat(R"({"prompt": ")", prompt, R"(", "echo": true, "n": 5})"));
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply.substr(0, 300);
+  const auto refused = JsonOf(reply);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0]["error"]["param"], "echo") << reply;
+  EXPECT_EQ(refused[0]["error"]["message"],
+            "echo: n 5 copies of the prompt's 1000 bytes exceed http.max_body_bytes (4096); lower "
+            "n or leave echo out");
+  EXPECT_EQ(worker_.generate_calls(), calls);
 }
 
 // The chosen tokens' log probabilities come back in OpenAI's forms, whole and streamed: one

@@ -54,10 +54,20 @@ absl::StatusOr<int> AlternativesCount(absl::string_view field, const json& v) {
   return static_cast<int>(n);
 }
 
-absl::Status CheckCompletionOptions(const json& body) {
+absl::Status CheckCompletionOptions(ApiKind kind, const json& body) {
   if (const json* v = Field(body, "echo")) {
     if (!v->is_boolean()) return WrongType("echo", "true or false", *v);
-    if (v->get<bool>()) return NotSupported("echo", "the prompt is not echoed", *v);
+    // vLLM's chat echo (the last message put before the answer) is not done.
+    if (kind == ApiKind::kChat && v->get<bool>()) {
+      return NotSupported("echo", "chat messages are not echoed", *v);
+    }
+    // The prompt's own log probabilities (OpenAI gives them with echo) are not computed: an
+    // answer without them would mean something else than the client asked for.
+    const json* logprobs = Field(body, "logprobs");
+    if (v->get<bool>() && logprobs != nullptr && !logprobs->is_null()) {
+      return NotSupported("echo", "with logprobs: the prompt's log probabilities are not computed",
+                          *v);
+    }
   }
   if (const json* v = Field(body, "best_of")) {
     // best_of candidates, the n most likely returned: the same as `n` alone when they are equal.
@@ -214,7 +224,7 @@ absl::StatusOr<LogprobsRequest> ReadLogprobs(ApiKind kind, const json& body) {
 
 absl::Status CheckUnsupportedFields(ApiKind kind, const json& body) {
   if (absl::Status s = ReadLogprobs(kind, body).status(); !s.ok()) return s;
-  if (absl::Status s = CheckCompletionOptions(body); !s.ok()) return s;
+  if (absl::Status s = CheckCompletionOptions(kind, body); !s.ok()) return s;
   if (absl::Status s = CheckTools(body); !s.ok()) return s;
   return CheckOutputForm(body);
 }

@@ -7,10 +7,12 @@
 //    ever accepted), prediction (a latency hint), and the unset or default value of any field
 //    below.
 //  - Refused when set to a value that asks for what the router does not do, because an answer
-//    that ignored it would mean something else than the client asked for: echo true,
-//    best_of > 1, suffix non-empty, a completion's top_logprobs > 0 (a completion counts its
-//    alternatives in `logprobs`), tools / functions non-empty, tool_choice / function_call other
-//    than "none" or "auto", response_format other than {"type": "text"}, modalities other than
+//    that ignored it would mean something else than the client asked for: echo true on a chat
+//    request, or with logprobs (the prompt's log probabilities are not computed; a completion's
+//    echo alone is read), best_of > 1, suffix non-empty, a completion's top_logprobs > 0 (a
+//    completion counts its alternatives in `logprobs`), tools / functions non-empty, tool_choice /
+//    function_call other than "none" or "auto", response_format other than {"type": "text"},
+//    modalities other than
 //    ["text"], audio, and vLLM's guided_json / guided_regex / guided_choice / guided_grammar.
 //    InvalidArgument "<field>: not supported (...)", so the HTTP answer is 400 with `param` the
 //    field.

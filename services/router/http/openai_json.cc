@@ -445,6 +445,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
     RETURN_IF_ERROR(ReadMessages(body, &r));
   } else {
     RETURN_IF_ERROR(ReadPrompt(body, &r));
+    if (const json* echo = Field(body, "echo")) out.echo = echo->get<bool>();  // checked above
   }
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
@@ -527,7 +528,7 @@ std::string CompletionJson(const ResponseMeta& meta, std::span<const ChoiceResul
     if (meta.kind == ApiKind::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", final.text()}};
     } else {
-      choice["text"] = final.text();
+      choice["text"] = meta.echo.empty() ? final.text() : absl::StrCat(meta.echo, final.text());
     }
     if (choices.size() > 1) choice["lazyattn"] = ExtensionJson(final);
     list.push_back(std::move(choice));

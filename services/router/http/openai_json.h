@@ -54,6 +54,8 @@ struct OpenAiRequest {
   // validator refuses); empty otherwise. For messages about it (ToHttpFieldNames).
   std::string max_tokens_field = "max_tokens";
   std::string max_tokens_sent;
+  // A completion's `echo: true`: each choice's text begins with the prompt (the question).
+  bool echo = false;
 };
 
 // Nesting deeper than this is refused (the body is parsed before any field is read).
@@ -77,6 +79,9 @@ struct ResponseMeta {
   std::string id;       // "chatcmpl-..." / "cmpl-..."
   int64_t created = 0;  // Unix seconds
   std::string model;
+  // Put before each completion choice's text (`echo`): the whole response's "text", and a
+  // stream's first chunk of each choice. Empty: nothing.
+  std::string echo;
 };
 
 // OpenAI's finish_reason for the worker's ("stop", "length"; anything else is "stop").

@@ -230,7 +230,11 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
   const std::vector<Case> cases = {
       {text, "top_logprobs", R"("logprobs": 3, "top_logprobs": 3)",
        "top_logprobs: not supported (a completion counts its alternatives in logprobs: n), got 3"},
-      {text, "echo", R"("echo": true)", "echo: not supported (the prompt is not echoed), got true"},
+      {text, "echo", R"("echo": true, "logprobs": 0)",
+       "echo: not supported (with logprobs: the prompt's log probabilities are not computed), got "
+       "true"},
+      {chat, "echo", R"("echo": true)",
+       "echo: not supported (chat messages are not echoed), got true"},
       {text, "best_of", R"("best_of": 3)",
        "best_of: not supported (candidates are not ranked; only best_of equal to n), got 3"},
       {text, "best_of", R"("best_of": 3, "n": 2)",
@@ -533,6 +537,33 @@ TEST(OpenAiJsonTest, LogprobsBuiltWhileWritingAreTheSameBytesAsGivenOnes) {
 
 // n > 1: one choice object each, with its index and its own extension; the prompt is counted
 // once in the usage and the completions are summed.
+// A completion's echo: read (false unless true is sent), and each choice's text of a whole
+// response begins with the prompt; a chat response has none.
+TEST(OpenAiJsonTest, CompletionEchoPutsThePromptBeforeEachChoicesText) {
+  auto r = ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "Once upon", "echo": true})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo);
+  r = ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "Once upon", "echo": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->echo);
+  r = ParseOpenAiRequest(ApiKind::kCompletion,
+                         R"({"prompt": "x", "echo": true, "logprobs": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ErrorOf(ApiKind::kCompletion, R"({"prompt": "x", "echo": "yes"})"),
+            "echo: expected true or false, got string");
+
+  ResponseMeta meta{ApiKind::kCompletion, "cmpl-1", 1, "smol"};
+  meta.echo = "Once upon";
+  std::vector<v1::Final> finals(2, SampleFinal());
+  finals[0].set_text(" a time");
+  finals[1].set_text("");
+  const std::vector<ChoiceResult> results = {{&finals[0]}, {&finals[1]}};
+  const json j = json::parse(CompletionJson(meta, results));
+  EXPECT_EQ(j["choices"][0]["text"], "Once upon a time");
+  EXPECT_EQ(j["choices"][1]["text"], "Once upon");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2 * finals[0].usage().completion_tokens());
+}
+
 TEST(OpenAiJsonTest, SeveralChoices) {
   const ResponseMeta meta{ApiKind::kCompletion, "cmpl-1", 1, "smol"};
   std::vector<v1::Final> finals(3, SampleFinal());
