@@ -90,6 +90,16 @@ class HttpLimitsTest : public ::testing::Test {
     if (!certs_.empty()) std::filesystem::remove_all(certs_);
   }
 
+  // A throwaway CA and the router's certificate under a temporary certs_ (removed at TearDown).
+  void MakeCertificates(const std::string& tag) {
+    certs_ = absl::StrCat(::testing::TempDir(), "/", tag, getpid());
+    ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
+                                       "' --workers 1 --force >/dev/null")
+                              .c_str()),
+              0)
+        << "tools/gen-certs (run from the source tree) failed";
+  }
+
   void StartHttp(const HttpOptions& options, const TlsOptions& tls = TlsOptions{}) {
     auto http = HttpServer::Create(options, tls, &router_->context(), nullptr);
     ASSERT_TRUE(http.ok()) << http.status();
@@ -460,12 +470,7 @@ TEST_F(HttpLimitsTest, ConnectionsBeyondTheQueuesAreAnswered503AtOnceBehindSlowO
 }
 
 TEST_F(HttpLimitsTest, ATlsHandshakeThatNeverEndsIsClosedAtTheHeaderTimeout) {
-  certs_ = absl::StrCat(::testing::TempDir(), "/http-limits-certs-", getpid());
-  ASSERT_EQ(std::system(
-                absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
-                    .c_str()),
-            0)
-      << "tools/gen-certs (run from the source tree) failed";
+  ASSERT_NO_FATAL_FAILURE(MakeCertificates("http-limits-certs-"));
   HttpOptions o = Options();
   o.header_timeout = absl::Milliseconds(500);
   TlsOptions tls;
@@ -507,12 +512,7 @@ TEST_F(HttpLimitsTest, ATlsHandshakeThatNeverEndsIsClosedAtTheHeaderTimeout) {
 // request whose headers pass http.max_header_bytes is answered 431 naming the key, and closed;
 // one within it is served on the same listener.
 TEST_F(HttpLimitsTest, OverTlsHeadersBeyondTheCapAre431AndTheConnectionClosed) {
-  certs_ = absl::StrCat(::testing::TempDir(), "/http-head-tls-certs-", getpid());
-  ASSERT_EQ(std::system(
-                absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
-                    .c_str()),
-            0)
-      << "tools/gen-certs (run from the source tree) failed";
+  ASSERT_NO_FATAL_FAILURE(MakeCertificates("http-head-tls-certs-"));
   HttpOptions o = Options();
   o.max_header_bytes = 16 << 10;
   TlsOptions tls;
