@@ -205,16 +205,31 @@ bool WorkerServer::Drain() {
   LeaveDirectory();
   bool finished = true;
   if (server_ != nullptr) {
-    // gRPC refuses new calls from here on and lets those in flight finish until the deadline,
-    // then cancels them (their engine requests with them).
     LogInfo("worker")
         .Int("in_flight", service_->in_flight())
         .Str("drain_timeout", absl::FormatDuration(options_.drain_timeout))
         .Msg("draining");
+    // gRPC refuses new calls from the Shutdown call on, and lets those in flight run. At the
+    // deadline the worker ends what is left itself: UNAVAILABLE "shutting down" with its
+    // trailer, which a router fails over as a drain. gRPC's own cancellation (a grace later, for
+    // calls the engine no longer holds) would end them without the trailer, and a router
+    // counts such an end as a lost worker, quarantining the content after two.
     const absl::Time deadline = absl::Now() + options_.drain_timeout;
-    server_->Shutdown(absl::ToChronoTime(deadline));
+    std::thread shutdown([this, deadline] {
+      server_->Shutdown(absl::ToChronoTime(deadline + options_.shutdown_grace));
+    });
+    while (service_->in_flight() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    finished = service_->in_flight() == 0;
+    if (!finished) {
+      LogWarning("worker")
+          .Int("in_flight", service_->in_flight())
+          .Msg("drain timeout reached; ending the requests still running as shutting down");
+      service_->Drain();
+    }
+    shutdown.join();
     server_->Wait();
-    finished = absl::Now() < deadline;
   }
   Shutdown();
   return finished;

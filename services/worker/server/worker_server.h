@@ -74,7 +74,9 @@ class WorkerServer {
   void Shutdown();
   // Graceful stop (SIGTERM): health NOT_SERVING, every cached document withdrawn from kvdir and
   // the publisher stopped, new calls refused (UNAVAILABLE, so the router fails over), calls in
-  // flight left to finish for up to options.drain_timeout (then cancelled), then Shutdown().
+  // flight left to finish for up to options.drain_timeout (then ended by the worker itself:
+  // UNAVAILABLE "shutting down" with its trailer, as a router expects of a drain), then
+  // Shutdown().
   // True when every call finished before the drain timeout. Idempotent (false after Shutdown).
   bool Drain();
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/worker_call_trailer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -215,6 +216,34 @@ TEST_F(WorkerServiceTest, ShutdownEndsRunningStreamsWithUnavailable) {
   stopper.join();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+  EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+}
+
+// A stream that outlives the drain timeout is ended by the worker itself: UNAVAILABLE "shutting
+// down" with the worker's trailer (common/worker_call_trailer.h), so a router fails it over as a
+// drain. gRPC's own cancellation at the deadline, as before, ended it without the trailer, which
+// a router counts as a crashed worker (two such on one content quarantine it).
+TEST_F(WorkerServiceTest, AStreamPastTheDrainTimeoutEndsAsADrainWithTheWorkersTrailer) {
+  drain_timeout_ = absl::Milliseconds(300);
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  bool finished = true;
+  std::thread drainer([&] { finished = server_->Drain(); });
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status s = reader->Finish();
+  drainer.join();
+  EXPECT_FALSE(finished);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const auto it = trailers.find(kWorkerEndedCallKey);
+  ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
   EXPECT_EQ(server_->service().in_flight(), 0u);
   EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
 }

@@ -100,6 +100,7 @@ class WorkerServiceTest : public ::testing::Test {
     o.service.max_buffered_tokens = max_buffered_tokens;
     o.service.after_submit_for_test = after_submit_for_test_;
     o.shutdown_grace = absl::Seconds(2);
+    o.drain_timeout = drain_timeout_;
     auto server = WorkerServer::Create(o, slow ? slow_weights_ : tiny_weights_, tokenizer_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -166,6 +167,8 @@ class WorkerServiceTest : public ::testing::Test {
   static inline ModelWeights* tiny_weights_ = nullptr;
   static inline ModelWeights* slow_weights_ = nullptr;
   static inline Tokenizer* tokenizer_ = nullptr;
+  // Set before StartServer: WorkerServerOptions::drain_timeout.
+  absl::Duration drain_timeout_ = absl::Seconds(30);
   // Set before StartServer: WorkerServiceOptions::after_submit_for_test.
   std::function<void()> after_submit_for_test_;
   std::unique_ptr<WorkerServer> server_;
