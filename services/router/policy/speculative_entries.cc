@@ -23,7 +23,11 @@ void SpeculativeEntries::Record(std::span<const DocumentKey> keys, const std::st
   if (options_.ttl <= absl::ZeroDuration() || options_.max_keys <= 0) return;
   const absl::Time expires = now + std::max(absl::ZeroDuration(), hold.value_or(options_.ttl));
   absl::MutexLock lock(&mu_);
-  if (entries_.size() + keys.size() > static_cast<size_t>(options_.max_keys)) SweepLocked(now);
+  if (entries_.size() + keys.size() > static_cast<size_t>(options_.max_keys) &&
+      now >= next_sweep_) {
+    SweepLocked(now);
+    next_sweep_ = now + kFullSweepInterval;
+  }
   for (const DocumentKey& key : keys) {
     auto it = entries_.find(key);
     if (it == entries_.end()) {
