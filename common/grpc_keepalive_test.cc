@@ -52,6 +52,22 @@ class FreezableProxy {
 
   int port() const { return port_; }
   void Freeze() { frozen_ = true; }
+  // Whether the server closed the proxy's first upstream connection (its FIN arrived), waiting
+  // up to `limit`; frozen or not, the proxy itself never closes it.
+  bool UpstreamClosedWithin(absl::Duration limit) const {
+    const absl::Time deadline = absl::Now() + limit;
+    while (absl::Now() < deadline) {
+      const int fd = first_upstream_.load();
+      if (fd >= 0) {
+        pollfd p{fd, POLLRDHUP, 0};
+        if (::poll(&p, 1, 20) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+          return true;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
 
  private:
   void AcceptLoop() {
@@ -72,6 +88,8 @@ class FreezableProxy {
       }
       fds_.push_back(client);
       fds_.push_back(server);
+      int none = -1;
+      first_upstream_.compare_exchange_strong(none, server);
       pumps_.emplace_back([this, client, server] { Pump(client, server); });
       pumps_.emplace_back([this, client, server] { Pump(server, client); });
     }
@@ -100,6 +118,7 @@ class FreezableProxy {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
+  std::atomic<int> first_upstream_{-1};
   std::thread accept_thread_;
   // Written by the accept thread only, read after it is joined.
   std::vector<std::thread> pumps_;
@@ -135,6 +154,33 @@ TEST(GrpcKeepaliveTest, AFrozenPeerIsGivenUpAndALiveIdleOneIsKept) {
   proxy.Freeze();
   const absl::Time frozen_at = absl::Now();
   EXPECT_TRUE(LeavesReady(**channel, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - frozen_at, absl::Seconds(5));
+  built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+// The server's own keepalive: a client that stops answering (frozen behind the proxy) has its
+// connection closed by the server, with its calls, within the server's keepalive time and
+// timeout, though the client itself never pings (its channel's keepalive is set to a day).
+TEST(GrpcKeepaliveTest, AServerClosesTheConnectionOfAFrozenClient) {
+  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0",
+                                .reflection = true,
+                                .keepalive_time_ms = 500,
+                                .keepalive_timeout_ms = 500},
+                               {});
+  ASSERT_TRUE(built.ok()) << built.status();
+  FreezableProxy proxy(built->port);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 24 * 3600 * 1000);
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(proxy.port()), {}, 1 << 20, nullptr,
+                             std::move(args));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  // Answered pings keep the connection.
+  EXPECT_FALSE(proxy.UpstreamClosedWithin(absl::Seconds(3)));
+  proxy.Freeze();
+  const absl::Time frozen_at = absl::Now();
+  EXPECT_TRUE(proxy.UpstreamClosedWithin(absl::Seconds(10)));
   EXPECT_LT(absl::Now() - frozen_at, absl::Seconds(5));
   built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }

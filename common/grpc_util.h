@@ -42,6 +42,12 @@ inline constexpr int kMinPingIntervalMs = 5000;
 inline constexpr int kKeepaliveTimeMs = 10000;
 inline constexpr int kKeepaliveTimeoutMs = 10000;
 static_assert(kMinPingIntervalMs < kKeepaliveTimeMs, "servers must accept the cluster's pings");
+// Keepalive of every server StartGrpcServer starts, towards its clients: a ping every
+// kServerKeepaliveTimeMs, and a connection whose ping is not answered within kKeepaliveTimeoutMs
+// is closed, ending its calls (gRPC's default waits 2 hours to ping). A client that vanished
+// (power loss, a partition, a pod gone) no longer holds a router's admission slot, or a worker's
+// request, for the 15 minutes of TCP retries. Every gRPC client answers pings.
+inline constexpr int kServerKeepaliveTimeMs = 30000;
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
@@ -59,6 +65,9 @@ struct ServerOptions {
   // would answer the cluster's own channels' pings, kKeepaliveTimeMs apart, with GOAWAY). More
   // frequent pings count as strikes against the connection, as gRPC does by default.
   int min_ping_interval_ms = kMinPingIntervalMs;
+  // The server's own pings to its clients (see kServerKeepaliveTimeMs).
+  int keepalive_time_ms = kServerKeepaliveTimeMs;
+  int keepalive_timeout_ms = kKeepaliveTimeoutMs;
 };
 
 struct BuiltServer {
