@@ -286,6 +286,9 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   for (const lazyattn::v1::GenerateResponse& extra : script.after_final) {
     if (!writer->Write(extra)) return ClientGone();
   }
+  if (script.block_after_final && !WaitUntilUnblocked(context)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled after the final message");
+  }
   return grpc::Status::OK;
 }
 

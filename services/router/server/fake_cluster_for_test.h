@@ -72,6 +72,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // these messages follow the final one.
     int first_token_id = 100;
     std::vector<lazyattn::v1::GenerateResponse> after_final;
+    // After the final message (and after_final), hold the call open until Unblock() or its
+    // cancellation, as a wedged worker that answered but never ends its call.
+    bool block_after_final = false;
     // >= 0: after this many tokens, one whose text is not UTF-8 (the router cannot parse it),
     // then the call is held open until Unblock() or its cancellation.
     int unparsable_after_tokens = -1;

@@ -455,6 +455,27 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                      " ms after the previous token (routing.token_idle_timeout_ms); attempt "
                      "cancelled"));
   }
+  if (violation.empty() && !status.ok() && attempt->stuck_after_final()) {
+    // The answer came whole; only the call's end did not. The client gets the answer (no retry
+    // recomputes it), and the worker's lapse is counted as the protocol error it is.
+    bool have_final = false;
+    {
+      absl::MutexLock lock(&mu_);
+      have_final = final_.has_value();
+    }
+    if (have_final) {
+      model_metrics_->CountWorkerProtocolError();
+      LogError("router")
+          .Str("request_id", request_id_)
+          .Str("worker", w.id)
+          .Str("address", w.address)
+          .Int("grace_s", absl::ToInt64Seconds(WorkerAttempt::kEndGrace))
+          .Msg(
+              "worker sent its final message but did not end the call; attempt cancelled, the "
+              "final kept");
+      status = grpc::Status::OK;
+    }
+  }
   // The worker died holding this request (not a refusal, a timeout or our cancellation).
   const bool lost = attempt->LostMidCall(worker_status);
   if (lost) {

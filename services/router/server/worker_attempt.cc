@@ -44,7 +44,11 @@ void WorkerAttempt::ReadNext() {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || !hold_ || read_outstanding_) return;
     read_outstanding_ = true;
-    if (got_token_ && timeouts_.between_tokens > absl::ZeroDuration()) {
+    if (got_final_) {
+      // Only the call's end is due now, whatever the between-tokens timeout (none, or longer).
+      next_message_due_ = absl::Now() + kEndGrace;
+      if (!alarm_pending_) ArmWatchdogLocked();
+    } else if (got_token_ && timeouts_.between_tokens > absl::ZeroDuration()) {
       next_message_due_ = absl::Now() + timeouts_.between_tokens;
       if (!alarm_pending_) ArmWatchdogLocked();
     }
@@ -89,6 +93,8 @@ void WorkerAttempt::OnWatchdogAlarm() {
     }
     if (read_failed_) {
       stuck_after_failed_read_ = true;
+    } else if (got_final_) {
+      stuck_after_final_ = true;
     } else {
       timed_out_ = got_token_ ? Timeout::kBetweenTokens : Timeout::kFirstToken;
     }
@@ -156,6 +162,7 @@ void WorkerAttempt::OnReadDone(bool ok) {
       read_outstanding_ = read_next = true;  // an event this router does not know: dropped
     } else {
       deliver = true;
+      if (message_.has_final()) got_final_ = true;
       if (message_.has_token()) {
         // Nothing is awaited from the worker until the call has delivered this token (ReadNext).
         next_message_due_ = absl::InfiniteFuture();

@@ -9,7 +9,9 @@
 // than any before, so a worker whose engine is wedged but whose events keep coming is still cut.
 // Messages with no event this router knows are dropped and re-arm nothing. A message that does
 // not parse fails the read as the stream's end does; a call still open kEndGrace after a failed
-// read is cancelled (a worker that ends its stream ends its call with it). ForwardingCall
+// read is cancelled (a worker that ends its stream ends its call with it), and so is a call still
+// open kEndGrace after its final message (the answer is complete: the call ends with it, and the
+// worker's lapse is a protocol error, not a failure of the request). ForwardingCall
 // (forwarding_call.h) owns the flow (routing, relaying tokens, failover); an attempt reads one
 // message at a time, hands tokens and the final message to its ForwardingCall, and reports its
 // end there.
@@ -78,6 +80,12 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     absl::MutexLock lock(&mu_);
     return stuck_after_failed_read_;
   }
+  // The final message came and the call had not ended kEndGrace after it was read, so the
+  // attempt was cancelled: the request's answer is the final's, whatever status the cut gives.
+  bool stuck_after_final() {
+    absl::MutexLock lock(&mu_);
+    return stuck_after_final_;
+  }
   static constexpr absl::Duration kEndGrace = absl::Seconds(2);
 
   // Whether the call, ended with `status`, lost its worker's connection mid-call
@@ -115,6 +123,8 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   std::string protocol_violation_ ABSL_GUARDED_BY(mu_);
   bool read_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool stuck_after_failed_read_ ABSL_GUARDED_BY(mu_) = false;
+  bool got_final_ ABSL_GUARDED_BY(mu_) = false;
+  bool stuck_after_final_ ABSL_GUARDED_BY(mu_) = false;
   // The most prompt tokens a PrefillProgress event reported; -1 before the first event.
   int64_t progress_high_ ABSL_GUARDED_BY(mu_) = -1;
   bool reached_ ABSL_GUARDED_BY(mu_) = false;  // the worker's initial metadata arrived

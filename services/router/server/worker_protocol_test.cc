@@ -258,5 +258,34 @@ TEST_F(WorkerProtocolTest, ProgressEventsThatReportNoProgressKeepNothingAlive) {
   EXPECT_EQ(ProtocolErrors(), "0");  // a timeout, not a break of the grammar
 }
 
+// A worker that sends its final message and then never ends the call: the answer is complete,
+// so the router cuts the call kEndGrace later and ends the request OK with that final (stream
+// and Complete alike, no other worker asked, even with no between-tokens timeout at all); the
+// lapse is counted as a protocol error.
+TEST_F(WorkerProtocolTest, AFinalMessageThenACallHeldOpenEndsOkAfterTheGrace) {
+  RouterOptions o = Options();
+  o.routing.token_idle_timeout = absl::ZeroDuration();
+  StartRouter(o);
+  workers_[0]->SetScript({.tokens = {"a", "b", "c"}, .block_after_final = true});
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<std::string>{"a", "b", "c"}));
+  ASSERT_TRUE(r.final.has_value());
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_GE(absl::Now() - start, WorkerAttempt::kEndGrace);
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_EQ(ProtocolErrors(), "1");
+
+  lazyattn::v1::CompleteResponse response;
+  const grpc::Status s = Complete(Request(), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.text(), "abc");
+  EXPECT_EQ(response.final().worker(), "w0");
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+  EXPECT_EQ(ProtocolErrors(), "2");
+}
+
 }  // namespace
 }  // namespace lazyattn::router
