@@ -103,6 +103,13 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
               " is outside the vocabulary [0, ", config.vocab_size, ")"));
         }
       }
+      // Refused before the key memo sees it: a document past the context would only evict
+      // memos of documents that can be served.
+      if (static_cast<int64_t>(doc.tokens.size()) >= config.max_positions) {
+        return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": ", doc.tokens.size(),
+                                                       " tokens exceed the model's context of ",
+                                                       config.max_positions));
+      }
       const auto sha256 = [&] {
         return DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                      doc.tokens);
@@ -117,7 +124,12 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
       } else {
         // Documents are data: special-token text inside them stays literal.
         doc.tokens = tok.Encode(d.text, /*parse_special=*/false);
-        if (cache != nullptr && !doc.tokens.empty()) cache->Insert(doc.key, doc.tokens);
+        // Only a document that can be served: one past the context is refused below, and kept
+        // here it would evict the tokens of documents that can.
+        if (cache != nullptr && !doc.tokens.empty() &&
+            static_cast<int64_t>(doc.tokens.size()) < config.max_positions) {
+          cache->Insert(doc.key, doc.tokens);
+        }
       }
     }
     if (doc.tokens.empty()) {

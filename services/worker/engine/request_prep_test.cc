@@ -13,6 +13,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/engine/chat_prompt.h"
+#include "services/worker/engine/document_key_memo.h"
+#include "services/worker/engine/document_token_cache.h"
 #include "services/worker/model/gguf_file.h"
 #include "services/worker/model/tokenizer/tokenizer_spec.h"
 
@@ -214,6 +216,43 @@ TEST_F(RequestPrepTest, ValidationLooksAtEachPartAloneInEveryMode) {
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()), ::testing::HasSubstr("documents[0]"));
   }
+}
+
+// A document past the model's context is refused before preparation remembers it: kept, a few
+// such requests would evict the token ids and keys of documents that can be served.
+TEST_F(RequestPrepTest, ADocumentPastTheContextIsNotRemembered) {
+  ModelConfig config;
+  config.vocab_size = tokenizer_->vocab_size();
+  config.max_positions = 16;
+  DocumentTokenCache token_ids(1 << 20);
+  DocumentKeyMemo keys(1 << 20);
+  const PrepMemory memory{.token_ids = &token_ids, .keys = &keys};
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += " word";
+  EngineRequest text{.question = "q", .mode = CacheMode::kLazy};
+  text.documents.push_back({.text = long_text});
+  auto p = PrepareRequest(text, *tokenizer_, config, {"model", "tokenizer"}, {}, memory);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              ::testing::HasSubstr("exceed the model's context"));
+  EXPECT_EQ(token_ids.entries(), 0);
+  const std::vector<int32_t> ids(40, 100);
+  EngineRequest by_ids{.question = "q", .mode = CacheMode::kLazy};
+  by_ids.documents.push_back({.token_ids = ids});
+  p = PrepareRequest(by_ids, *tokenizer_, config, {"model", "tokenizer"}, {}, memory);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              ::testing::HasSubstr("exceed the model's context"));
+  EXPECT_EQ(keys.tokens(), 0);
+  EXPECT_EQ(keys.misses(), 0);
+  // Within the context both are remembered.
+  EngineRequest short_text{.question = "q", .mode = CacheMode::kLazy};
+  short_text.documents.push_back({.text = " word word"});
+  short_text.documents.push_back({.token_ids = std::vector<int32_t>(4, 100)});
+  p = PrepareRequest(short_text, *tokenizer_, config, {"model", "tokenizer"}, {}, memory);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(token_ids.entries(), 1);
+  EXPECT_EQ(keys.misses(), 1);
 }
 
 }  // namespace
