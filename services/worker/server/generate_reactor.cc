@@ -115,7 +115,8 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
   // if the process dies while preparing it.
   StartSendInitialMetadata();
   refs_.fetch_add(1);  // preparation's, handed on to the engine: Prepare may run before Submit returns
-  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); });
+  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); },
+                                         static_cast<int64_t>(request.ByteSizeLong()));
       !queued.ok()) {
     refs_.fetch_sub(1);  // the task is not called when Submit fails
     reject(ToGrpcStatus(queued));

@@ -41,7 +41,8 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
   converted->deadline = deadline_;
   request_ = std::move(*converted);
   refs_.fetch_add(1);  // preparation's, handed on to the engine
-  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); });
+  if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); },
+                                         static_cast<int64_t>(request.ByteSizeLong()));
       !queued.ok()) {
     refs_.fetch_sub(1);  // the task is not called when Submit fails
     reject(ToGrpcStatus(queued));

@@ -11,6 +11,10 @@ absl::Status PrepPool::Validate(const PrepPoolOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("engine.prep_threads: must be >= 1, got ", o.threads));
   }
+  if (o.max_pending_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine.max_pending_preparation_bytes: must be >= 1, got ", o.max_pending_bytes));
+  }
   if (o.max_pending < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("engine.max_pending_preparations: must be >= 1, got ", o.max_pending));
@@ -28,8 +32,9 @@ PrepPool::PrepPool(const PrepPoolOptions& options) : options_(options) {
 
 PrepPool::~PrepPool() { Shutdown(); }
 
-absl::StatusOr<uint64_t> PrepPool::Submit(Task task) {
+absl::StatusOr<uint64_t> PrepPool::Submit(Task task, int64_t bytes) {
   uint64_t ticket;
+  bytes = std::max<int64_t>(0, bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("worker shutting down");
@@ -39,8 +44,16 @@ absl::StatusOr<uint64_t> PrepPool::Submit(Task task) {
           options_.threads, " threads, engine.max_pending_preparations ", options_.max_pending,
           "); retry later or elsewhere"));
     }
+    if (!queue_.empty() && pending_bytes_ + bytes > options_.max_pending_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker busy: ", queue_.size(), " requests of ", pending_bytes_,
+                       " bytes wait for tokenization, this one's ", bytes,
+                       " would pass engine.max_pending_preparation_bytes ",
+                       options_.max_pending_bytes, "; retry later or elsewhere"));
+    }
     ticket = next_ticket_++;
-    queue_.emplace_back(ticket, std::move(task));
+    queue_.push_back({ticket, std::move(task), bytes});
+    pending_bytes_ += bytes;
   }
   cv_.notify_one();
   return ticket;
@@ -51,8 +64,9 @@ bool PrepPool::Cancel(uint64_t ticket) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->first != ticket) continue;
-      task = std::move(it->second);
+      if (it->ticket != ticket) continue;
+      task = std::move(it->task);
+      pending_bytes_ -= it->bytes;
       queue_.erase(it);
       break;
     }
@@ -63,14 +77,15 @@ bool PrepPool::Cancel(uint64_t ticket) {
 }
 
 void PrepPool::Shutdown() {
-  std::deque<std::pair<uint64_t, Task>> dropped;
+  std::deque<Waiting> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     dropped.swap(queue_);
+    pending_bytes_ = 0;
   }
   cv_.notify_all();
-  for (auto& [ticket, task] : dropped) task(absl::UnavailableError("worker shutting down"));
+  for (Waiting& w : dropped) w.task(absl::UnavailableError("worker shutting down"));
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -79,6 +94,11 @@ void PrepPool::Shutdown() {
 int PrepPool::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(queue_.size());
+}
+
+int64_t PrepPool::pending_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_bytes_;
 }
 
 int PrepPool::running() const {
@@ -91,7 +111,8 @@ void PrepPool::Loop() {
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, nothing left
-    Task task = std::move(queue_.front().second);
+    Task task = std::move(queue_.front().task);
+    pending_bytes_ -= queue_.front().bytes;
     queue_.pop_front();
     ++running_;
     lock.unlock();

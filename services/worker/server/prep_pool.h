@@ -1,8 +1,10 @@
 // A small pool of threads for request preparation: validating, tokenizing and hashing a request's
 // documents (up to 64 x 1 MiB) costs tens of milliseconds and must not run on gRPC's callback
 // threads, which every call of the server shares. Bounded: at most `max_pending` tasks wait, and
-// Submit refuses the next one at once with RESOURCE_EXHAUSTED (the router then tries another
-// worker), so a flood of large requests cannot queue without limit.
+// their requests' bytes total at most `max_pending_bytes` (a waiting request holds its message
+// and its converted copy: 64 of the largest would take gigabytes); Submit refuses the next one at
+// once with RESOURCE_EXHAUSTED (the router then tries another worker), so a flood of large
+// requests cannot queue without limit. A task is taken whatever its size while none waits.
 //
 // Every accepted task is called exactly once with a status saying what to do:
 //   OK           on a pool thread: do the work now;
@@ -32,6 +34,8 @@ namespace lazyattn {
 struct PrepPoolOptions {
   int threads = 2;       // YAML engine.prep_threads
   int max_pending = 64;  // tasks waiting for a thread; YAML engine.max_pending_preparations
+  // Bytes of the waiting tasks' requests; YAML engine.max_pending_preparation_bytes.
+  int64_t max_pending_bytes = int64_t{256} << 20;
 };
 
 class PrepPool {
@@ -46,9 +50,10 @@ class PrepPool {
   PrepPool(const PrepPool&) = delete;
   PrepPool& operator=(const PrepPool&) = delete;
 
-  // Queues `task` and returns its ticket (for Cancel). ResourceExhausted when max_pending tasks
-  // already wait, Unavailable after Shutdown; in both cases `task` is never called.
-  absl::StatusOr<uint64_t> Submit(Task task);
+  // Queues `task`, whose request is `bytes` long, and returns its ticket (for Cancel).
+  // ResourceExhausted when max_pending tasks already wait or their bytes and these would pass
+  // max_pending_bytes, Unavailable after Shutdown; in every case `task` is never called.
+  absl::StatusOr<uint64_t> Submit(Task task, int64_t bytes = 0);
   // Takes the task out of the queue and calls it with Cancelled (on this thread, before
   // returning true). False when it already started, ended or was never queued.
   bool Cancel(uint64_t ticket);
@@ -57,6 +62,7 @@ class PrepPool {
   void Shutdown();
 
   int pending() const;  // waiting for a thread
+  int64_t pending_bytes() const;  // their requests' bytes
   int running() const;  // being run now
   const PrepPoolOptions& options() const { return options_; }
 
@@ -66,7 +72,13 @@ class PrepPool {
   const PrepPoolOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, Task>> queue_ ABSL_GUARDED_BY(mu_);
+  struct Waiting {
+    uint64_t ticket;
+    Task task;
+    int64_t bytes;
+  };
+  std::deque<Waiting> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -72,6 +72,38 @@ TEST(PrepPoolTest, FullQueueIsRefusedAtOnce) {
   EXPECT_EQ(refused.calls.load(), 0);  // a refused task is never called
 }
 
+// The waiting requests' bytes are bounded too: a request that would pass max_pending_bytes is
+// refused at once naming the option, one of any size is taken while none waits (a single large
+// request is served), and bytes leave the count as their tasks start or are cancelled.
+TEST(PrepPoolTest, WaitingBytesAreBounded) {
+  PrepPool pool({.threads = 1, .max_pending = 8, .max_pending_bytes = 1000});
+  Probe running, big, refused, small, over;
+  ASSERT_TRUE(pool.Submit(running.Task(), 5000).ok());  // runs at once: counts nothing waiting
+  running.started.WaitForNotification();
+  EXPECT_EQ(pool.pending_bytes(), 0);
+  auto big_ticket = pool.Submit(big.Task(), 1500);  // alone in the queue: taken whatever its size
+  ASSERT_TRUE(big_ticket.ok());
+  EXPECT_EQ(pool.pending_bytes(), 1500);
+  auto second = pool.Submit(refused.Task(), 1);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("engine.max_pending_preparation_bytes 1000"));
+  EXPECT_EQ(refused.calls.load(), 0);
+  // Cancelling a waiting task gives its bytes back.
+  ASSERT_TRUE(pool.Cancel(*big_ticket));
+  EXPECT_EQ(pool.pending_bytes(), 0);
+  EXPECT_EQ(big.status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(pool.Submit(small.Task(), 900).ok());
+  EXPECT_FALSE(pool.Submit(over.Task(), 200).ok());  // 900 + 200 > 1000
+  // A task that starts takes its bytes out of the count.
+  small.release.Notify();
+  running.release.Notify();
+  small.done.WaitForNotification();
+  EXPECT_TRUE(small.status.ok());
+  EXPECT_EQ(pool.pending_bytes(), 0);
+  EXPECT_EQ(over.calls.load(), 0);
+}
+
 TEST(PrepPoolTest, CancelTakesAQueuedTaskOutAndFreesItsSlot) {
   PrepPool pool({.threads = 1, .max_pending = 1});
   Probe running, queued, next;
@@ -137,6 +169,8 @@ TEST(PrepPoolTest, ValidateNamesTheOption) {
               HasSubstr("engine.prep_threads"));
   EXPECT_THAT(std::string(PrepPool::Validate({.threads = 1, .max_pending = 0}).message()),
               HasSubstr("engine.max_pending_preparations"));
+  EXPECT_THAT(std::string(PrepPool::Validate({.max_pending_bytes = 0}).message()),
+              HasSubstr("engine.max_pending_preparation_bytes"));
   EXPECT_TRUE(PrepPool::Validate({}).ok());
 }
 

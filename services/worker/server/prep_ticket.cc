@@ -4,8 +4,8 @@
 
 namespace lazyattn {
 
-absl::Status PrepTicket::Submit(PrepPool::Task task) {
-  absl::StatusOr<uint64_t> ticket = pool_->Submit(std::move(task));
+absl::Status PrepTicket::Submit(PrepPool::Task task, int64_t bytes) {
+  absl::StatusOr<uint64_t> ticket = pool_->Submit(std::move(task), bytes);
   if (!ticket.ok()) return ticket.status();
   bool cancel_now;
   {

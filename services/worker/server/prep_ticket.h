@@ -33,7 +33,7 @@ class PrepTicket {
 
   // PrepPool::Submit's errors (ResourceExhausted, Unavailable); the task is then never called.
   // Call at most once.
-  absl::Status Submit(PrepPool::Task task);
+  absl::Status Submit(PrepPool::Task task, int64_t bytes = 0);
   void Cancel();
   absl::Status Start(const absl::Status& pool_status);
 

@@ -131,6 +131,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
                    IntInRange(config, "engine.max_pending_preparations",
                               o.service.prep.max_pending, 1, 1 << 20));
   o.service.prep.max_pending = static_cast<int>(pending);
+  ASSIGN_OR_RETURN(o.service.prep.max_pending_bytes,
+                   IntInRange(config, "engine.max_pending_preparation_bytes",
+                              o.service.prep.max_pending_bytes, 1 << 20, int64_t{1} << 40));
   ASSIGN_OR_RETURN(const int64_t step_failures,
                    IntInRange(config, "engine.max_consecutive_step_failures",
                               o.engine.max_consecutive_step_failures, 1, 1'000'000));

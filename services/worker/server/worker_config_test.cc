@@ -161,6 +161,8 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\ntesting: {abort_on_marker: x}\n", "testing.abort_on_marker"},
       {"model: {path: m}\nengine: {max_pending_preparations: 0}\n",
        "engine.max_pending_preparations"},
+      {"model: {path: m}\nengine: {max_pending_preparation_bytes: 1000}\n",
+       "engine.max_pending_preparation_bytes"},
       {"model: {path: m}\nkvdir: {reconnect_min_ms: 500, reconnect_max_ms: 100}\n",
        "kvdir.reconnect_max_ms"},
       {"model: {path: m}\nserver: {tls: {cert_file: c.pem}}\n", "server.tls"},
