@@ -264,6 +264,27 @@ TEST(WorkerRegistryTest, AFailureSentBeforeTheLastAnswerCountsFromThatAnswer) {
   EXPECT_EQ(registry.LiveCount(), 1);
 }
 
+// A static worker's failed Status poll does not take its model away at once (a request naming
+// it would get NOT_FOUND, which clients do not retry): its last status holds for forget_after.
+TEST(WorkerRegistryTest, AStaticWorkerKeepsItsStatusThroughFailedPollsForForgetAfter) {
+  WorkerRegistry registry({"10.0.0.1:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveStatic("10.0.0.1:7000", nullptr, t0);  // never reported: stays so
+  ASSERT_EQ(registry.Snapshot().size(), 1u);
+  EXPECT_FALSE(registry.Snapshot()[0].reported);
+  const lazyattn::v1::WorkerStatus status = Worker("w0", "llama", kFpA).worker();
+  registry.ObserveStatic("10.0.0.1:7000", &status, t0);
+  EXPECT_TRUE(registry.Snapshot()[0].reported);
+  registry.ObserveStatic("10.0.0.1:7000", nullptr, t0 + absl::Seconds(9));
+  EXPECT_TRUE(registry.Snapshot()[0].reported);
+  EXPECT_EQ(registry.Snapshot()[0].id, "w0");
+  registry.ObserveStatic("10.0.0.1:7000", nullptr, t0 + absl::Seconds(10));
+  EXPECT_FALSE(registry.Snapshot()[0].reported);
+  // A good poll brings it back at once.
+  registry.ObserveStatic("10.0.0.1:7000", &status, t0 + absl::Seconds(11));
+  EXPECT_TRUE(registry.Snapshot()[0].reported);
+}
+
 // Without a failed call between two answers the gap counts: a healthy directory's empty list is
 // the truth (every worker gone) once forget_after has passed.
 TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {

@@ -82,17 +82,19 @@ void WorkerRegistry::ObserveDirectoryFailure(absl::Time sent_at) {
 }
 
 void WorkerRegistry::ObserveStatic(const std::string& address,
-                                   const lazyattn::v1::WorkerStatus* status) {
+                                   const lazyattn::v1::WorkerStatus* status, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = by_address_.find(address);
   if (it == by_address_.end()) return;
   Entry& e = it->second;
   if (e.from_directory) return;  // the directory's view is at least as fresh
   if (status == nullptr) {
+    if (e.info.reported && now - e.last_polled < forget_after_) return;
     e.info.reported = false;
     return;
   }
-  UpdateModelSince(e.info, *status, absl::Now());
+  e.last_polled = now;
+  UpdateModelSince(e.info, *status, now);
   e.info.status = *status;
   e.info.id = status->worker_id().empty() ? address : status->worker_id();
   e.info.reported = true;

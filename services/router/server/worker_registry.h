@@ -55,8 +55,11 @@ class WorkerRegistry {
   // towards forget_after. Only that time: the answered time before it still counts, so Lookups
   // that time out now and then between answers slow forgetting down but never stop it.
   void ObserveDirectoryFailure(absl::Time sent_at);
-  // A Status poll of a static worker; nullptr when it failed.
-  void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status);
+  // A Status poll of a static worker at `now`; nullptr when it failed. One failed poll (a busy
+  // worker, a slow network) is not a departure: the worker keeps its last status until
+  // forget_after has passed without a good poll, as a directory's worker stays listed.
+  void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status,
+                     absl::Time now = absl::Now());
 
   // Every known worker, sorted by id.
   std::vector<WorkerInfo> Snapshot() const;
@@ -86,6 +89,7 @@ class WorkerRegistry {
     bool from_directory = false;
     bool is_static = false;
     absl::Time last_listed = absl::InfinitePast();
+    absl::Time last_polled = absl::InfinitePast();  // a static worker's last good Status poll
   };
 
   const std::vector<std::string> static_addresses_;
