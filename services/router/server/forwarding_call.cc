@@ -18,6 +18,7 @@
 #include "common/worker_call_trailer.h"
 #include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
+#include "services/router/server/worker_fit.h"
 
 namespace lazyattn::router {
 
@@ -26,49 +27,6 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
 namespace {
-
-// Why worker `w` must not be sent `r` though it serves its model, or nullopt: a worker that
-// reported its model but advertises fewer logit_bias entries than the request has (one older
-// than logit_bias advertises 0) would ignore them and answer as if they were not there. A
-// worker that never reported is tried: its answer is the only way to learn what it is.
-std::optional<std::string> WhyCannotServe(const WorkerInfo& w, const GenerateRequest& r) {
-  const int biases = r.sampling().logit_bias_size();
-  if (biases > 0 && w.reported && w.status.model().max_logit_bias() < biases) {
-    return absl::StrCat("not tried: it applies at most ", w.status.model().max_logit_bias(),
-                        " sampling.logit_bias entries (ModelInfo.max_logit_bias), the request has ",
-                        biases);
-  }
-  return std::nullopt;
-}
-
-// Some live worker of `model` could serve `r` (WhyCannotServe), whether or not the request's
-// plan holds it (an ejected or breaker-open worker is left out of plans for a while).
-bool AnyWorkerCouldServe(const WorkerRegistry& registry, const std::optional<ModelKey>& model,
-                         const GenerateRequest& r) {
-  for (const WorkerInfo& w : registry.Snapshot()) {
-    if (model.has_value() && !(ModelKeyOf(w.status.model()) == *model)) continue;
-    if (!WhyCannotServe(w, r).has_value()) return true;
-  }
-  return false;
-}
-
-// The refusal of a request no live worker of `model` can apply (WhyCannotServe said so of each):
-// the field and the most any of them applies, which GetModelInfo also reports. The client's own
-// request is at fault, so the message names no worker: an HTTP client sees it (400), and worker
-// ids and addresses are the operator's, in the log.
-grpc::Status NoWorkerCanApply(const WorkerRegistry& registry, const std::optional<ModelKey>& model,
-                              const GenerateRequest& r) {
-  int best = 0;
-  for (const WorkerInfo& w : registry.Snapshot()) {
-    if (!w.reported || (model.has_value() && !(ModelKeyOf(w.status.model()) == *model))) continue;
-    best = std::max(best, w.status.model().max_logit_bias());
-  }
-  return grpc::Status(
-      grpc::StatusCode::FAILED_PRECONDITION,
-      absl::StrCat("sampling.logit_bias: the request has ", r.sampling().logit_bias_size(),
-                   " entries, and no live worker of its model applies more than ", best,
-                   " (ModelInfo.max_logit_bias, which GetModelInfo reports)"));
-}
 
 // What the system text, chat template and earlier turns put before the documents, under the
 // chosen model's tokenizer and template: the key under which the router learns its token count
