@@ -1,5 +1,9 @@
 #include "services/router/policy/circuit_breaker.h"
 
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+
 namespace lazyattn::router {
 
 bool CircuitBreakers::AvailableLocked(const Entry& e, absl::Time now) const {
@@ -15,40 +19,104 @@ bool CircuitBreakers::Available(const std::string& worker, absl::Time now) const
   return it == entries_.end() || AvailableLocked(it->second, now);
 }
 
-bool CircuitBreakers::TryAcquire(const std::string& worker, absl::Time now) {
+CircuitBreakers::Permit CircuitBreakers::TryAcquire(const std::string& worker, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(worker);
-  if (it == entries_.end()) return true;
+  if (it == entries_.end()) return Permit{.granted = true};
   Entry& e = it->second;
-  if (!AvailableLocked(e, now)) return false;
+  if (!AvailableLocked(e, now)) return Permit{.generation = e.generation};
   if (e.open) {
     e.probe_in_flight = true;
     e.probe_started = now;
   }
-  return true;
+  return Permit{.granted = true, .probe = e.open, .generation = e.generation};
 }
 
-void CircuitBreakers::RecordSuccess(const std::string& worker) {
+CircuitBreakers::Permit CircuitBreakers::Bypass(const std::string& worker) const {
   absl::MutexLock lock(&mu_);
-  entries_.erase(worker);
+  auto it = entries_.find(worker);
+  return Permit{.granted = true, .generation = it == entries_.end() ? 0 : it->second.generation};
 }
 
-void CircuitBreakers::RecordFailure(const std::string& worker, absl::Time now) {
+bool CircuitBreakers::CountOutcome(Entry& e, bool failed, absl::Time now) const {
+  if (options_.failure_rate_percent <= 0) return false;
+  const int64_t slice_ms =
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.failure_rate_window) / kBuckets);
+  const int64_t slice = absl::ToUnixMillis(now) / slice_ms;
+  Bucket& bucket = e.window[static_cast<size_t>(((slice % kBuckets) + kBuckets) % kBuckets)];
+  if (bucket.slice != slice) bucket = Bucket{.slice = slice};
+  ++(failed ? bucket.failed : bucket.succeeded);
+  if (!failed) return false;
+  int64_t succeeded = 0, failures = 0;
+  for (const Bucket& b : e.window) {
+    if (b.slice > slice - kBuckets && b.slice <= slice) {
+      succeeded += b.succeeded;
+      failures += b.failed;
+    }
+  }
+  const int64_t total = succeeded + failures;
+  return total >= options_.failure_rate_min_requests &&
+         static_cast<double>(failures) * 100 >=
+             options_.failure_rate_percent * static_cast<double>(total);
+}
+
+void CircuitBreakers::Open(Entry& e, absl::Time now) const {
+  e.open = true;
+  ++e.generation;
+  e.open_until = now + options_.open_duration;
+  e.probe_in_flight = false;
+  // The outcomes that opened it are spent; after the probe the worker starts a clean record.
+  e.window = {};
+}
+
+void CircuitBreakers::RecordSuccess(const std::string& worker, const Permit& permit,
+                                    absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(worker);
+  if (it == entries_.end()) it = entries_.emplace(worker, Entry{}).first;
+  Entry& e = it->second;
+  if (e.open) {
+    // Only a request sent since the breaker last opened speaks for the worker as it is now: the
+    // probe, or one sent while every worker was out.
+    if (permit.generation != e.generation) return;
+    e.open = false;
+    e.probe_in_flight = false;
+    e.consecutive_failures = 0;
+    e.window = {};
+  } else {
+    e.consecutive_failures = 0;
+  }
+  CountOutcome(e, /*failed=*/false, now);
+}
+
+void CircuitBreakers::RecordFailure(const std::string& worker, const Permit& permit,
+                                    absl::Time now) {
   absl::MutexLock lock(&mu_);
   Entry& e = entries_[worker];
+  if (e.open) {
+    // Already out. Only the probe's failure starts another period; the others (sent before it
+    // opened, or while every worker was out) change nothing.
+    if (permit.probe && permit.generation == e.generation) Open(e, now);
+    return;
+  }
   ++e.consecutive_failures;
-  if (e.open || e.consecutive_failures >= options_.failure_threshold) {
-    // A failed probe (or the threshold reached): out for another period.
-    e.open = true;
-    e.open_until = now + options_.open_duration;
-    e.probe_in_flight = false;
+  const bool rate_opens = CountOutcome(e, /*failed=*/true, now);
+  if (e.consecutive_failures >= options_.failure_threshold || rate_opens) Open(e, now);
+}
+
+void CircuitBreakers::Release(const std::string& worker, const Permit& permit) {
+  if (!permit.probe) return;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(worker);
+  if (it != entries_.end() && it->second.generation == permit.generation) {
+    it->second.probe_in_flight = false;
   }
 }
 
-void CircuitBreakers::Release(const std::string& worker) {
+void CircuitBreakers::Retain(const std::vector<std::string>& known) {
+  const absl::flat_hash_set<std::string> keep(known.begin(), known.end());
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(worker);
-  if (it != entries_.end()) it->second.probe_in_flight = false;
+  absl::erase_if(entries_, [&](const auto& entry) { return !keep.contains(entry.first); });
 }
 
 CircuitBreakers::State CircuitBreakers::StateOf(const std::string& worker, absl::Time now) const {
@@ -56,6 +124,11 @@ CircuitBreakers::State CircuitBreakers::StateOf(const std::string& worker, absl:
   auto it = entries_.find(worker);
   if (it == entries_.end() || !it->second.open) return State::kClosed;
   return now < it->second.open_until ? State::kOpen : State::kHalfOpen;
+}
+
+size_t CircuitBreakers::tracked_workers() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
 }
 
 }  // namespace lazyattn::router

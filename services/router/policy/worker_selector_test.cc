@@ -215,8 +215,8 @@ TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
   dir.held["w0"] = {{a.key, 300}};
   dir.held["w1"] = {};
   WorkerSelector selector = MakeSelector();
-  selector.breakers().RecordFailure("w0", kT0);
-  selector.breakers().RecordFailure("w0", kT0);
+  selector.breakers().RecordFailure("w0", {}, kT0);
+  selector.breakers().RecordFailure("w0", {}, kT0);
 
   std::vector<DocumentRef> docs = {a};
   auto obs = dir.Observe(docs);
@@ -229,11 +229,12 @@ TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
   s = selector.Select(obs, docs, t1);
   ASSERT_EQ(s.order.size(), 2u);
   EXPECT_EQ(obs[s.order[0]].id, "w0");
-  EXPECT_TRUE(selector.breakers().TryAcquire("w0", t1));
+  const CircuitBreakers::Permit probe = selector.breakers().TryAcquire("w0", t1);
+  EXPECT_TRUE(probe);
   s = selector.Select(obs, docs, t1);  // while the probe is out, others go elsewhere
   ASSERT_EQ(s.order.size(), 1u);
   EXPECT_EQ(obs[s.order[0]].id, "w1");
-  selector.breakers().RecordSuccess("w0");
+  selector.breakers().RecordSuccess("w0", probe, t1);
   s = selector.Select(obs, docs, t1);
   EXPECT_EQ(obs[s.order[0]].id, "w0");
 }
@@ -241,8 +242,8 @@ TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
 TEST(WorkerSelectorTest, AllBreakersOpenOffersEveryWorker) {
   WorkerSelector selector = MakeSelector();
   for (const char* w : {"w0", "w1"}) {
-    selector.breakers().RecordFailure(w, kT0);
-    selector.breakers().RecordFailure(w, kT0);
+    selector.breakers().RecordFailure(w, {}, kT0);
+    selector.breakers().RecordFailure(w, {}, kT0);
   }
   std::vector<WorkerObservation> obs = {{.id = "w0"}, {.id = "w1"}};
   Selection s = selector.Select(obs, {}, kT0);
@@ -272,8 +273,8 @@ TEST(WorkerSelectorTest, EjectedWorkerGetsNothingEvenHoldingTheDocuments) {
 TEST(WorkerSelectorTest, BreakersOpenEverywherePrefersWorkersThatAreNotEjected) {
   WorkerSelector selector = MakeSelector();
   for (const char* w : {"w0", "w1"}) {
-    selector.breakers().RecordFailure(w, kT0);
-    selector.breakers().RecordFailure(w, kT0);
+    selector.breakers().RecordFailure(w, {}, kT0);
+    selector.breakers().RecordFailure(w, {}, kT0);
   }
   selector.outliers().Record("w0", ProbeResult::kNotServing, kT0);
   std::vector<WorkerObservation> obs = {{.id = "w0"}, {.id = "w1"}};

@@ -210,23 +210,30 @@ void ForwardingCall::StartNextAttempt() {
     if (cancelled_) {
       failure = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     } else {
-      while (attempt == nullptr && next_worker_ < plan_.workers.size() &&
-             attempts_ < max_attempts) {
-        const size_t index = next_worker_++;
+      auto& breakers = router_->selector().breakers();
+      while (attempt == nullptr && attempts_ < max_attempts) {
+        const std::optional<PlanCursor::Next> next =
+            cursor_.Advance(plan_.workers.size(), /*nothing_sent=*/attempts_ == 0);
+        if (!next.has_value()) break;
+        const size_t index = next->index;
         const WorkerInfo& w = plan_.workers[index];
         if (std::optional<std::string> why = WhyCannotServe(w, *request_)) {
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", *why));
           skipped_unfit = true;
           continue;
         }
-        if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) {
+        const CircuitBreakers::Permit permit = plan_.breaker_panic || next->bypass_breaker
+                                                   ? breakers.Bypass(w.id)
+                                                   : breakers.TryAcquire(w.id, now);
+        if (!permit) {
           // Opened (or its probe taken) since the plan was made.
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
+          cursor_.SetAside(index);
           continue;
         }
         auto stub = router_->registry().Stub(w.address);
         if (!stub.ok()) {
-          router_->selector().breakers().Release(w.id);
+          breakers.Release(w.id, permit);
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
           continue;
         }
@@ -235,7 +242,7 @@ void ForwardingCall::StartNextAttempt() {
           if (!budget_retry_.held()) {
             // Many requests are failing over at once: this one ends with its failure rather
             // than add to the load on the workers that are left.
-            router_->selector().breakers().Release(w.id);
+            breakers.Release(w.id, permit);
             failures_.push_back(absl::StrCat(
                 "failover to ", w.id, " not tried: the retry budget is spent (",
                 router_->retry_budget().retries_in_flight(),
@@ -245,13 +252,14 @@ void ForwardingCall::StartNextAttempt() {
           }
         }
         ++attempts_;
-        attempt = std::make_shared<WorkerAttempt>(this, w, *stub, NewWorkerContext());
+        attempt = std::make_shared<WorkerAttempt>(this, w, permit, *stub, NewWorkerContext());
         current_ = attempt;
         last_worker_ = w.id;
         tokens_ = 0;
         streamed_text_.clear();
         final_.reset();
         predicted_hits = plan_.predicted_hits[index];
+        current_predicted_hits_ = predicted_hits;
         attempt_number = attempts_;
         docs = plan_.docs;
       }
@@ -453,15 +461,13 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                             "that does not parse)");
     }
     if (status.ok()) {
-      breakers.RecordSuccess(w.id);
+      breakers.RecordSuccess(w.id, attempt->permit(), absl::Now());
       final = std::move(final_);
       final->set_worker(w.id);
       final->set_attempts(attempts_);
       // The prediction for the worker that served, against what it reports it reused; its prefix
       // length places later block-mode requests with the same prefix.
-      const int64_t predicted = next_worker_ >= 1 && next_worker_ <= plan_.predicted_hits.size()
-                                    ? plan_.predicted_hits[next_worker_ - 1]
-                                    : 0;
+      const int64_t predicted = current_predicted_hits_;
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
         model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
@@ -480,9 +486,9 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       const bool client_expiry =
           code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
       if (IsWorkerFault(code) && !cancelled_ && !client_expiry) {
-        breakers.RecordFailure(w.id, absl::Now());
+        breakers.RecordFailure(w.id, attempt->permit(), absl::Now());
       } else {
-        breakers.Release(w.id);
+        breakers.Release(w.id, attempt->permit());
       }
       if (cancelled_) {
         status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");

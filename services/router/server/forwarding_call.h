@@ -54,6 +54,7 @@
 #include "absl/time/time.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/policy/query_quarantine.h"
+#include "services/router/server/plan_cursor.h"
 #include "services/router/server/router_context.h"
 #include "services/router/server/worker_attempt.h"
 
@@ -122,7 +123,9 @@ class ForwardingCall {
 
   absl::Mutex mu_;
   RoutePlan plan_ ABSL_GUARDED_BY(mu_);
-  size_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  PlanCursor cursor_ ABSL_GUARDED_BY(mu_);
+  // What the plan predicted for the current attempt's worker.
+  int64_t current_predicted_hits_ ABSL_GUARDED_BY(mu_) = 0;
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<WorkerAttempt> current_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;  // delivered from the current attempt

@@ -17,6 +17,7 @@ using lazyattn::v1::PrefetchResponse;
 
 struct PrefetchReactor::WorkerCall {
   WorkerInfo worker;
+  CircuitBreakers::Permit permit;  // the worker's breaker permit the call was sent under
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub;
   std::unique_ptr<grpc::ClientContext> context;
   PrefetchResponse response;
@@ -74,26 +75,35 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
 std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextCallsLocked() {
   std::vector<std::shared_ptr<WorkerCall>> out;
   const absl::Time now = absl::Now();
-  while (!cancelled_ && succeeded_ + outstanding_ < wanted_ &&
-         next_worker_ < plan_.workers.size()) {
-    const WorkerInfo& w = plan_.workers[next_worker_++];
-    if (!plan_.breaker_panic && !router_->selector().breakers().TryAcquire(w.id, now)) {
+  auto& breakers = router_->selector().breakers();
+  while (!cancelled_ && succeeded_ + outstanding_ < wanted_) {
+    const std::optional<PlanCursor::Next> next =
+        cursor_.Advance(plan_.workers.size(), /*nothing_sent=*/calls_started_ == 0);
+    if (!next.has_value()) break;
+    const WorkerInfo& w = plan_.workers[next->index];
+    const CircuitBreakers::Permit permit = plan_.breaker_panic || next->bypass_breaker
+                                               ? breakers.Bypass(w.id)
+                                               : breakers.TryAcquire(w.id, now);
+    if (!permit) {
       // Opened (or its probe taken) since the plan was made.
       failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
+      cursor_.SetAside(next->index);
       continue;
     }
     auto stub = router_->registry().Stub(w.address);
     if (!stub.ok()) {
-      router_->selector().breakers().Release(w.id);
+      breakers.Release(w.id, permit);
       failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
       continue;
     }
     auto call = std::make_shared<WorkerCall>();
     call->worker = w;
+    call->permit = permit;
     call->stub = *stub;
     call->context = grpc::ClientContext::FromCallbackServerContext(*context_);
     if (!expected_model_.empty()) call->context->AddMetadata(kExpectedModelKey, expected_model_);
     ++outstanding_;
+    ++calls_started_;
     active_.push_back(call);
     out.push_back(std::move(call));
   }
@@ -167,7 +177,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
     --outstanding_;
     active_.erase(std::find(active_.begin(), active_.end(), call));
     if (status.ok()) {
-      breakers.RecordSuccess(call->worker.id);
+      breakers.RecordSuccess(call->worker.id, call->permit, absl::Now());
       ++succeeded_;
       response_->add_workers(call->worker.id);
       response_->set_computed_tokens(response_->computed_tokens() +
@@ -175,9 +185,9 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
       response_->set_cached_tokens(response_->cached_tokens() + call->response.cached_tokens());
     } else {
       if (IsWorkerFault(status.error_code()) && !cancelled_) {
-        breakers.RecordFailure(call->worker.id, absl::Now());
+        breakers.RecordFailure(call->worker.id, call->permit, absl::Now());
       } else {
-        breakers.Release(call->worker.id);
+        breakers.Release(call->worker.id, call->permit);
       }
       last_code_ = status.error_code();
       failures_.push_back(

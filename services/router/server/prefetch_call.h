@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/router/server/plan_cursor.h"
 #include "services/router/server/router_context.h"
 
 namespace lazyattn::router {
@@ -52,7 +53,8 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
 
   absl::Mutex mu_;
   RoutePlan plan_ ABSL_GUARDED_BY(mu_);
-  size_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  PlanCursor cursor_ ABSL_GUARDED_BY(mu_);
+  size_t calls_started_ ABSL_GUARDED_BY(mu_) = 0;
   size_t wanted_ ABSL_GUARDED_BY(mu_) = 1;
   size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   size_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;

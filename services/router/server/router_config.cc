@@ -165,6 +165,16 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   r.breaker.failure_threshold = static_cast<int>(threshold);
   ASSIGN_OR_RETURN(r.breaker.open_duration, MillisIn(config, "circuit_breaker.open_ms",
                                                      r.breaker.open_duration, 1, 3600000));
+  ASSIGN_OR_RETURN(r.breaker.failure_rate_percent,
+                   DoubleIn(config, "circuit_breaker.failure_rate_percent",
+                            r.breaker.failure_rate_percent, 0, 100));
+  ASSIGN_OR_RETURN(const int64_t rate_min,
+                   config.IntIn("circuit_breaker.failure_rate_min_requests",
+                                r.breaker.failure_rate_min_requests, 1, 1000000));
+  r.breaker.failure_rate_min_requests = static_cast<int>(rate_min);
+  ASSIGN_OR_RETURN(r.breaker.failure_rate_window,
+                   MillisIn(config, "circuit_breaker.failure_rate_window_ms",
+                            r.breaker.failure_rate_window, 10, 3600000));
 
   ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
                                                    r.first_token_timeout, 0, 3600000));

@@ -54,6 +54,9 @@ health_check:
 circuit_breaker:
   failure_threshold: 4
   open_ms: 1000
+  failure_rate_percent: 40
+  failure_rate_min_requests: 12
+  failure_rate_window_ms: 20000
 limits:
   max_message_bytes: 1048576
   max_inflight_requests: 8
@@ -83,6 +86,9 @@ limits:
   EXPECT_EQ(o->routing.retry_budget.percent, 35.0);
   EXPECT_EQ(o->routing.retry_budget.min_retries, 7);
   EXPECT_EQ(o->routing.breaker.failure_threshold, 4);
+  EXPECT_EQ(o->routing.breaker.failure_rate_percent, 40.0);
+  EXPECT_EQ(o->routing.breaker.failure_rate_min_requests, 12);
+  EXPECT_EQ(o->routing.breaker.failure_rate_window, absl::Seconds(20));
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
   EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));

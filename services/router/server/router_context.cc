@@ -298,6 +298,10 @@ void RouterContext::RefreshWorkers() {
     grpc::Status s = (*stub)->Status(&ctx, lazyattn::v1::WorkerStatusRequest(), &status);
     registry_.ObserveStatic(address, s.ok() ? &status : nullptr);
   }
+  // Breakers of workers the registry has forgotten would otherwise be kept forever.
+  std::vector<std::string> ids;
+  for (const WorkerInfo& w : registry_.Snapshot()) ids.push_back(w.id);
+  selector_.breakers().Retain(ids);
 }
 
 }  // namespace lazyattn::router

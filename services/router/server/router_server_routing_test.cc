@@ -324,6 +324,36 @@ TEST_F(RouterServerTest, CircuitBreakerStopsSendingToAFailingWorker) {
   EXPECT_EQ(workers_[0]->generate_calls(), 2);
 }
 
+// A model served by one worker whose breaker is half-open: while the probe is out, other requests
+// are still sent there (every worker of the model is out, so it is tried anyway), and one that
+// succeeds closes the breaker.
+TEST_F(RouterServerTest, TheOnlyWorkerServesOthersWhileItsProbeIsOut) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 1, .open_duration = absl::Milliseconds(300)};
+  StartRouter(o);
+  EXPECT_EQ(Stream(Request({"doc"})).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  absl::SleepFor(absl::Milliseconds(400));  // the open period passes: the next request probes
+  workers_[0]->SetScript({.block = true});
+  grpc::ClientContext probe_ctx;
+  auto probe = stub_->Generate(&probe_ctx, Request({"doc"}));
+  ASSERT_TRUE(workers_[0]->WaitForCalls(2, absl::Seconds(30)));
+  workers_[0]->SetScript({});
+  for (int i = 0; i < 2; ++i) {
+    const StreamResult r = Stream(Request({"doc"}));
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    EXPECT_EQ(r.final->worker(), "w0");
+  }
+  workers_[0]->Unblock();
+  lazyattn::v1::GenerateResponse message;
+  while (probe->Read(&message)) {
+  }
+  EXPECT_TRUE(probe->Finish().ok());
+  EXPECT_EQ(workers_[0]->generate_calls(), 4);
+}
+
 TEST_F(RouterServerTest, InternalErrorsCountAgainstTheBreaker) {
   // A worker whose device is broken fails every request at once with INTERNAL: not retried (it may
   // be the request), but counted, so the breaker takes the worker out.

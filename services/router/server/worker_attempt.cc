@@ -12,10 +12,12 @@ namespace lazyattn::router {
 using lazyattn::v1::GenerateRequest;
 
 WorkerAttempt::WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
+                             CircuitBreakers::Permit permit,
                              std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
                              std::unique_ptr<grpc::ClientContext> context)
     : call_(call),
       worker_(std::move(worker)),
+      permit_(permit),
       stub_(std::move(stub)),
       context_(std::move(context)) {}
 

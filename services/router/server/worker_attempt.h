@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/policy/circuit_breaker.h"
 #include "services/router/server/worker_registry.h"
 #include "services/router/server/worker_stream_check.h"
 
@@ -41,7 +42,9 @@ class ForwardingCall;
 // One Worker.Generate call. Holds itself alive from Start to OnDone.
 class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateResponse> {
  public:
-  WorkerAttempt(ForwardingCall* call, WorkerInfo worker,
+  // `permit`: the worker's circuit-breaker permit the attempt was sent under; its outcome is
+  // reported with it.
+  WorkerAttempt(ForwardingCall* call, WorkerInfo worker, CircuitBreakers::Permit permit,
                 std::shared_ptr<lazyattn::v1::Worker::Stub> stub,
                 std::unique_ptr<grpc::ClientContext> context);
 
@@ -62,6 +65,7 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   // Cancels the worker call; idempotent, safe at any time.
   void Cancel();
   const WorkerInfo& worker() const { return worker_; }
+  const CircuitBreakers::Permit& permit() const { return permit_; }
   // Which timeout, if any, cancelled the attempt.
   Timeout timed_out() {
     absl::MutexLock lock(&mu_);
@@ -106,6 +110,7 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
 
   ForwardingCall* const call_;
   const WorkerInfo worker_;
+  const CircuitBreakers::Permit permit_;
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;
   lazyattn::v1::GenerateResponse message_;
