@@ -83,6 +83,20 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   RETURN_IF_ERROR(CheckAddress(config, "kvdir.address", o.kvdir.address, true));
   ASSIGN_OR_RETURN(o.kvdir.lookup_timeout,
                    MillisIn(config, "kvdir.lookup_timeout_ms", o.kvdir.lookup_timeout, 1, 10000));
+  ASSIGN_OR_RETURN(const int64_t failures_to_skip,
+                   config.IntIn("kvdir.lookup_failures_to_skip",
+                                o.kvdir.lookup_gate.failures_to_skip, 0, 1000000));
+  o.kvdir.lookup_gate.failures_to_skip = static_cast<int>(failures_to_skip);
+  ASSIGN_OR_RETURN(
+      o.kvdir.lookup_gate.base_backoff,
+      MillisIn(config, "kvdir.lookup_backoff_ms", o.kvdir.lookup_gate.base_backoff, 1, 3600000));
+  ASSIGN_OR_RETURN(
+      o.kvdir.lookup_gate.max_backoff,
+      MillisIn(config, "kvdir.lookup_max_backoff_ms", o.kvdir.lookup_gate.max_backoff, 1, 3600000));
+  if (o.kvdir.lookup_gate.max_backoff < o.kvdir.lookup_gate.base_backoff) {
+    return absl::InvalidArgumentError(
+        "kvdir.lookup_max_backoff_ms: must be at least kvdir.lookup_backoff_ms");
+  }
   ASSIGN_OR_RETURN(o.kvdir.refresh_interval, MillisIn(config, "kvdir.refresh_interval_ms",
                                                       o.kvdir.refresh_interval, 10, 600000));
   ASSIGN_OR_RETURN(o.kvdir.list_timeout,

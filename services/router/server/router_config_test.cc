@@ -28,6 +28,9 @@ kvdir:
   refresh_interval_ms: 250
   list_timeout_ms: 300
   forget_after_ms: 5000
+  lookup_failures_to_skip: 5
+  lookup_backoff_ms: 200
+  lookup_max_backoff_ms: 4000
 workers: [w0:1, w1:2]
 routing:
   policy: least_loaded
@@ -78,6 +81,9 @@ limits:
   EXPECT_EQ(o->kvdir.address, "kvdir:50060");
   EXPECT_EQ(o->kvdir.lookup_timeout, absl::Milliseconds(40));
   EXPECT_EQ(o->kvdir.forget_after, absl::Seconds(5));
+  EXPECT_EQ(o->kvdir.lookup_gate.failures_to_skip, 5);
+  EXPECT_EQ(o->kvdir.lookup_gate.base_backoff, absl::Milliseconds(200));
+  EXPECT_EQ(o->kvdir.lookup_gate.max_backoff, absl::Seconds(4));
   EXPECT_THAT(o->workers, ElementsAre("w0:1", "w1:2"));
   EXPECT_EQ(o->routing.policy.kind, PolicyKind::kLeastLoaded);
   EXPECT_EQ(o->routing.policy.running_request_tokens, 10);
@@ -142,6 +148,8 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
   EXPECT_THAT(error("kvdir: {address: k:1}\nhealth_check: {base_ejection_ms: 5000, "
                     "max_ejection_ms: 100}\n"),
               HasSubstr("health_check.max_ejection_ms: must be >="));
+  EXPECT_THAT(error("kvdir: {address: k:1, lookup_backoff_ms: 5000, lookup_max_backoff_ms: 100}\n"),
+              HasSubstr("kvdir.lookup_max_backoff_ms: must be at least kvdir.lookup_backoff_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),
               HasSubstr("routing.first_token_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {token_idle_timeout_ms: 3600001}\n"),

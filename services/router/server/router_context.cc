@@ -37,7 +37,8 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
                 options.health.outliers),
       metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))),
       quarantine_(options.routing.quarantine),
-      retry_budget_(options.routing.retry_budget) {
+      retry_budget_(options.routing.retry_budget),
+      lookup_gate_(options.kvdir.lookup_gate) {
   if (!options.kvdir.address.empty()) {
     auto channel =
         MakeChannel(options.kvdir.address, options.client_tls, options.server.max_message_bytes);
@@ -192,6 +193,13 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
     done(Plan(std::move(docs), nullptr, absl::Now(), model.has_value() ? &*model : nullptr));
     return;
   }
+  const LookupGate::Decision decision = lookup_gate_.Decide(absl::Now());
+  if (decision == LookupGate::Decision::kSkip) {
+    metrics_.CountSkippedLookup();
+    done(Plan(std::move(docs), nullptr, absl::Now(), model.has_value() ? &*model : nullptr));
+    return;
+  }
+  const bool trial = decision == LookupGate::Decision::kTrial;
   struct Op {
     grpc::ClientContext ctx;
     lazyattn::v1::LookupRequest request;
@@ -213,8 +221,21 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
   kvdir_->async()->Lookup(
       &raw->ctx, &raw->request, &raw->response,
       [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
-       model = std::move(model), sent_at](grpc::Status status) mutable {
+       model = std::move(model), sent_at, trial](grpc::Status status) mutable {
         if (!status.ok()) registry_.ObserveDirectoryFailure(sent_at);
+        if (lookup_gate_.Record(status.ok(), trial, absl::Now())) {
+          if (status.ok()) {
+            LogInfo("router").Msg("kvdir answered a lookup again: lookups resume");
+          } else {
+            LogWarning("router")
+                .Str("last_error", absl::StrCat(StatusCodeLabel(status.error_code()), ": ",
+                                                status.error_message()))
+                .Int("skip_ms", absl::ToInt64Milliseconds(lookup_gate_.backoff()))
+                .Msg(
+                    "kvdir lookups keep failing: requests are routed by load without one "
+                    "until a trial lookup answers");
+          }
+        }
         done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
                   model.has_value() ? &*model : nullptr));
       });
@@ -282,6 +303,7 @@ void RouterContext::RefreshWorkers() {
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
     if (s.ok()) {
       registry_.ObserveDirectory(response.workers(), absl::Now());
+      lookup_gate_.TrialNow(absl::Now());
     } else {
       registry_.ObserveDirectoryFailure(sent_at);
     }

@@ -66,8 +66,9 @@ class RouterContext {
       const google::protobuf::RepeatedPtrField<lazyattn::v1::Document>& documents,
       lazyattn::v1::CacheMode mode, const ModelKey* model = nullptr) const;
 
-  // Routes asynchronously: asks kvdir (when configured, the policy is cache_aware and there are
-  // documents) with the lookup deadline, then ranks. `done` runs exactly once, on a gRPC thread
+  // Routes asynchronously: asks kvdir (when configured, the policy is cache_aware, there are
+  // documents and lookups are not being skipped after failures: LookupGate) with the lookup
+  // deadline, then ranks. `done` runs exactly once, on a gRPC thread
   // or inline; a directory failure only means no residency information.
   // `model` set: only workers that reported that model are ranked (and so tried), whatever the
   // directory answers; unset: every known worker (no model is known yet).
@@ -94,6 +95,7 @@ class RouterContext {
   QueryQuarantine quarantine_;
   RetryBudget retry_budget_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
+  LookupGate lookup_gate_;
   std::atomic<int> inflight_{0};
 
   absl::Mutex probe_mu_;

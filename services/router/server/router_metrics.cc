@@ -110,6 +110,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                         "consecutive failed probes)")
                     .Register(registry)
                     .Add({});
+  skipped_lookups_ = &prometheus::BuildCounter()
+                          .Name("lazyattn_router_kvdir_lookups_skipped_total")
+                          .Help(
+                              "Requests routed by load without a kvdir lookup because lookups "
+                              "kept failing (kvdir.lookup_failures_to_skip)")
+                          .Register(registry)
+                          .Add({});
   first_token_timeouts_family_ = &prometheus::BuildCounter()
                                       .Name("lazyattn_router_first_token_timeouts_total")
                                       .Help(

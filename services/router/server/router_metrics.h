@@ -40,6 +40,9 @@
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
 //                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
+//   lazyattn_router_kvdir_lookups_skipped_total     requests routed by load without a kvdir
+//                                                   lookup because lookups kept failing
+//                                                   (LookupGate, kvdir.lookup_failures_to_skip)
 //   lazyattn_router_invalid_utf8_requests_total{field}  requests refused because a text field
 //                                                   ("system", "documents.text", ...) is not UTF-8
 //
@@ -151,6 +154,7 @@ class RouterMetrics {
   void AddInFlight(int delta) { in_flight_->Increment(delta); }
   void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
   void CountEjection() { ejections_->Increment(); }
+  void CountSkippedLookup() { skipped_lookups_->Increment(); }
   // An attempt sent to `worker` for a request of `model`.
   void CountSelection(const std::string& worker, const ModelMetrics& model);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
@@ -180,6 +184,7 @@ class RouterMetrics {
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* workers_healthy_;
   prometheus::Counter* ejections_;
+  prometheus::Counter* skipped_lookups_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
   std::unique_ptr<ModelMetrics> no_model_;
 

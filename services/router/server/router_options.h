@@ -12,6 +12,7 @@
 #include "common/request_validator.h"
 #include "services/router/http/http_options.h"
 #include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/lookup_gate.h"
 #include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/routing_policy.h"
@@ -26,6 +27,9 @@ struct KvdirOptions {
   absl::Duration refresh_interval = absl::Milliseconds(500);
   absl::Duration list_timeout = absl::Milliseconds(500);  // ListWorkers and Worker.Status polls
   absl::Duration forget_after = absl::Seconds(10);        // unlisted directory workers dropped
+  // After this many failed lookups in a row, requests route by load without one for a backoff
+  // (LookupGate: a down directory must not cost every request lookup_timeout).
+  LookupGateOptions lookup_gate;
 };
 
 // Active health probing of every known worker (grpc.health.v1 Check of the whole server).

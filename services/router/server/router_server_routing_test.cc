@@ -268,6 +268,35 @@ TEST_F(RouterServerTest, AHangingDirectoryCostsOnlyTheLookupTimeout) {
   EXPECT_EQ(kvdir_.lookups(), 1);
 }
 
+// A black-holed directory: after kvdir.lookup_failures_to_skip lookups in a row time out, requests
+// route by load without one (they do not each pay the lookup timeout), until a trial lookup
+// after the backoff answers.
+TEST_F(RouterServerTest, LookupsAreSkippedWhileTheDirectoryKeepsFailing) {
+  StartWorkers(2);
+  StartKvdir();
+  RouterOptions o = Options();
+  o.kvdir.lookup_timeout = absl::Milliseconds(50);
+  o.kvdir.lookup_gate = {.failures_to_skip = 3,
+                         .base_backoff = absl::Milliseconds(500),
+                         .max_backoff = absl::Milliseconds(500)};
+  StartRouter(o);
+  kvdir_.SetHang(true);
+  for (int i = 0; i < 6; ++i) {
+    StreamResult r = Stream(Request({"doc"}), absl::Seconds(30));
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+  }
+  EXPECT_EQ(kvdir_.lookups(), 3) << "the three after the third failure skip their lookup";
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_kvdir_lookups_skipped_total 3"));
+
+  kvdir_.SetHang(false);
+  absl::SleepFor(absl::Milliseconds(600));  // the backoff passes: one trial, which answers
+  for (int i = 0; i < 2; ++i) {
+    StreamResult r = Stream(Request({"doc"}), absl::Seconds(30));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  EXPECT_EQ(kvdir_.lookups(), 5) << "the trial answered: lookups resumed";
+}
+
 TEST_F(RouterServerTest, StaticWorkersWithoutADirectory) {
   StartWorkers(2);
   RouterOptions o = Options();
