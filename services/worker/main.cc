@@ -3,7 +3,7 @@
 //
 // Loads the model, serves lazyattn.v1.Worker and publishes the document cache to kvdir until
 // SIGTERM or SIGHUP (graceful: WorkerServer::Drain, up to server.drain_timeout_s) or SIGINT
-// (immediate).
+// (immediate). A stop signal while the model loads ends the process at once, exit status 0.
 // Once serving it prints
 //   lazyattn-worker listening on HOST:PORT
 // on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a bad
@@ -12,9 +12,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -140,6 +143,63 @@ void OnStopSignal(int signal_number) {
   errno = saved;
 }
 
+// Reads g_signal_pipe on a thread of its own from before the model is loaded, so that a stop
+// signal is acted on whatever the main thread is doing. While loading, the first one ends the
+// process (see Run); from Starting() on, they are handed to main() (WaitForStop).
+class StopSignals {
+ public:
+  // Starts the reader. Detached: it blocks in read(2) for the life of the process, and main()
+  // may return on any path (a joinable std::thread left at exit would terminate the process).
+  void Start() {
+    std::thread([this] { Run(); }).detach();
+  }
+  // The model is loaded and the server is about to start: from now on a stop signal no longer
+  // ends the process but is kept for WaitForStop.
+  void Starting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    loading_ = false;
+  }
+  // The first stop signal received after Starting() (at once when it came already).
+  int WaitForStop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return first_ != 0; });
+    return first_;
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      unsigned char signal_number = 0;
+      const ssize_t n = read(g_signal_pipe[0], &signal_number, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1) return;  // cannot happen: this process holds the write end
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loading_) {
+        // Nothing is served yet: no call can be in flight, the gRPC server, the kvdir stream and
+        // the metrics endpoint do not exist, and nothing waits to be written (log lines go out
+        // with one write(2) each). The main thread, though, may be deep in the loader (reading
+        // files, OpenBLAS threads, CUDA copies and cuBLASLt tuning) for minutes: exit(3) would
+        // run static destructors and atexit handlers under it (the CUDA runtime's teardown, the
+        // BLAS pool's) and could crash or hang there, so the process ends with _exit, the
+        // kernel and the driver freeing its memory and its GPU context.
+        lazyattn::LogInfo("worker")
+            .Str("signal", strsignal(signal_number))
+            .Msg("stopped before serving: the model was still loading");
+        _exit(0);
+      }
+      if (first_ == 0) {
+        first_ = signal_number;
+        cv_.notify_all();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool loading_ = true;
+  int first_ = 0;  // the first stop signal after Starting(); 0: none yet
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,9 +262,15 @@ int main(int argc, char** argv) {
     lazyattn::LogError("worker").Str("error", strerror(errno)).Msg("pipe failed");
     return 1;
   }
+  // Never destroyed: its reader thread outlives main() (see Start).
+  StopSignals& signals = *new StopSignals();
+  signals.Start();
   struct sigaction action = {};
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
+  // The signal may land on any thread: the loader's system calls (open(2) of a model on a slow
+  // mount, reads) resume instead of failing with EINTR, which would read as a bad model.
+  action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   // A closed terminal or SSH session (SIGHUP) drains too rather than dropping what is in flight.
@@ -239,6 +305,7 @@ int main(int argc, char** argv) {
              "testing: section outside fault-injection tests");
   }
   served->runner = lazyattn::WithFaultInjection(std::move(served->runner), config->testing);
+  signals.Starting();
   auto server = lazyattn::WorkerServer::Create(options, std::move(served->runner),
                                                served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {
@@ -258,9 +325,7 @@ int main(int argc, char** argv) {
   std::cout << "lazyattn-worker listening on "
             << WithPort(options.grpc.listen_address, (*server)->port()) << std::endl;
 
-  unsigned char signal_number = 0;
-  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
-  }
+  const int signal_number = signals.WaitForStop();
   // SIGTERM (Kubernetes, a rolling restart) or SIGHUP (the terminal went away): drain, so no
   // request in flight is lost. SIGINT (an operator's Ctrl-C): stop now.
   if (signal_number == SIGTERM || signal_number == SIGHUP) {
