@@ -145,7 +145,9 @@ void OnStopSignal(int signal_number) {
 
 // Reads g_signal_pipe on a thread of its own from before the model is loaded, so that a stop
 // signal is acted on whatever the main thread is doing. While loading, the first one ends the
-// process (see Run); from Starting() on, they are handed to main() (WaitForStop).
+// process (see Run); from Starting() on, the first is handed to main() (WaitForStop), and a later
+// one during a drain (the first SIGTERM or SIGHUP), or SIGINT then, cuts the drain short
+// (WorkerServer::EndDrainNow), as Envoy's and vLLM's second signal does.
 class StopSignals {
  public:
   // Starts the reader. Detached: it blocks in read(2) for the life of the process, and main()
@@ -164,6 +166,17 @@ class StopSignals {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return first_ != 0; });
     return first_;
+  }
+  bool DrainCutShort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return end_drain_;
+  }
+  // The server a second signal ends the drain of (null: none any more; set before it goes
+  // away). A second signal that came while it started applies now.
+  void SetServer(lazyattn::WorkerServer* server) {
+    std::lock_guard<std::mutex> lock(mu_);
+    server_ = server;
+    if (server_ != nullptr && end_drain_) server_->EndDrainNow();
   }
 
  private:
@@ -190,14 +203,24 @@ class StopSignals {
       if (first_ == 0) {
         first_ = signal_number;
         cv_.notify_all();
+      } else if ((first_ == SIGTERM || first_ == SIGHUP) && !end_drain_) {
+        // The operator does not want to wait for the drain (server.drain_timeout_s): the calls
+        // still running end now as at the timeout, so routers fail them over as a drain.
+        end_drain_ = true;
+        lazyattn::LogWarning("worker")
+            .Str("signal", strsignal(signal_number))
+            .Msg("second stop signal: ending the drain now");
+        if (server_ != nullptr) server_->EndDrainNow();  // non-blocking
       }
     }
   }
 
-  std::mutex mu_;
+  std::mutex mu_;  // before WorkerServer's own lock (EndDrainNow is called under it)
   std::condition_variable cv_;
   bool loading_ = true;
   int first_ = 0;  // the first stop signal after Starting(); 0: none yet
+  bool end_drain_ = false;  // a later signal asked to cut the drain short
+  lazyattn::WorkerServer* server_ = nullptr;
 };
 
 }  // namespace
@@ -325,18 +348,23 @@ int main(int argc, char** argv) {
   std::cout << "lazyattn-worker listening on "
             << WithPort(options.grpc.listen_address, (*server)->port()) << std::endl;
 
+  signals.SetServer(server->get());
   const int signal_number = signals.WaitForStop();
   // SIGTERM (Kubernetes, a rolling restart) or SIGHUP (the terminal went away): drain, so no
-  // request in flight is lost. SIGINT (an operator's Ctrl-C): stop now.
+  // request in flight is lost, until a second signal says not to wait. SIGINT (an operator's
+  // Ctrl-C): stop now.
   if (signal_number == SIGTERM || signal_number == SIGHUP) {
     lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("draining");
     if (!(*server)->Drain()) {
       lazyattn::LogWarning("worker").Msg(
-          "server.drain_timeout_s passed; remaining requests cancelled");
+          signals.DrainCutShort()
+              ? "drain ended by a second stop signal; remaining requests cancelled"
+              : "server.drain_timeout_s passed; remaining requests cancelled");
     }
   } else {
     lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("shutting down");
   }
+  signals.SetServer(nullptr);
   server->reset();
   lazyattn::LogInfo("worker").Msg("stopped");
   return 0;

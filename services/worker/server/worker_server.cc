@@ -1,5 +1,6 @@
 #include "services/worker/server/worker_server.h"
 
+#include <grpc/grpc.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -215,24 +216,56 @@ bool WorkerServer::Drain() {
     // calls the engine no longer holds) would end them without the trailer, and a router
     // counts such an end as a lost worker, quarantining the content after two.
     const absl::Time deadline = absl::Now() + options_.drain_timeout;
-    std::thread shutdown([this, deadline] {
+    bool shutdown_returned = false;  // guarded by mu_
+    std::thread shutdown([this, deadline, &shutdown_returned] {
       server_->Shutdown(absl::ToChronoTime(deadline + options_.shutdown_grace));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        shutdown_returned = true;
+      }
+      cv_.notify_all();
     });
-    while (service_->in_flight() > 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
+    bool ended_now;
+    {
+      // The tracker does not notify when a call ends: look every 10 ms. EndDrainNow notifies.
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!end_drain_now_ && service_->in_flight() > 0 && absl::Now() < deadline) {
+        cv_.wait_for(lock, std::chrono::milliseconds(10));
+      }
+      ended_now = end_drain_now_;
     }
     finished = service_->in_flight() == 0;
     if (!finished) {
       LogWarning("worker")
           .Int("in_flight", service_->in_flight())
-          .Msg("drain timeout reached; ending the requests still running as shutting down");
+          .Msg(ended_now ? "drain ended early; ending the requests still running as shutting down"
+                         : "drain timeout reached; ending the requests still running as "
+                           "shutting down");
       service_->Drain();
+    }
+    if (ended_now) {
+      // gRPC's own cancellation is set for the drain's deadline: bring it forward to one grace
+      // from now, as at the timeout, for calls whose end cannot get out.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.shutdown_grace),
+                        [&] { return shutdown_returned; })) {
+        lock.unlock();
+        grpc_server_cancel_all_calls(server_->c_server());
+      }
     }
     shutdown.join();
     server_->Wait();
   }
   Shutdown();
   return finished;
+}
+
+void WorkerServer::EndDrainNow() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_drain_now_ = true;
+  }
+  cv_.notify_all();
 }
 
 void WorkerServer::Shutdown() {

@@ -79,6 +79,13 @@ class WorkerServer {
   // Shutdown().
   // True when every call finished before the drain timeout. Idempotent (false after Shutdown).
   bool Drain();
+  // Cuts a drain short (an operator's second stop signal): a Drain() in progress, or one started
+  // later, stops waiting for the calls in flight and ends them at once as at the drain timeout
+  // (UNAVAILABLE "worker shutting down" with the worker's trailer); gRPC cancels those still open
+  // one options.shutdown_grace later (their client reads nothing, so their ends never get out).
+  // Drain() then returns false unless nothing was in flight. Thread-safe and non-blocking (so it
+  // may be called while Drain() runs on another thread); no effect once Drain() has returned.
+  void EndDrainNow();
 
   int port() const { return port_; }
   const std::string& address() const { return address_; }  // advertised host:port
@@ -122,6 +129,7 @@ class WorkerServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_drain_now_ ABSL_GUARDED_BY(mu_) = false;  // EndDrainNow was called
   std::thread refresher_;
   std::atomic<bool> reported_unhealthy_ = false;  // RefreshMetrics runs on two threads
   // Left the directory (draining, or not serving): the kvdir snapshot is empty from now on.

@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::kDocs;
+using testing::MetricValue;
 using testing::StreamResult;
 using testing::TextDoc;
 using testing::WorkerServiceTest;
@@ -238,6 +239,46 @@ TEST_F(WorkerServiceTest, AStreamPastTheDrainTimeoutEndsAsADrainWithTheWorkersTr
   const grpc::Status s = reader->Finish();
   drainer.join();
   EXPECT_FALSE(finished);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const auto it = trailers.find(kWorkerEndedCallKey);
+  ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+  EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+}
+
+// An operator's second stop signal cuts a drain short: EndDrainNow makes the Drain() in progress
+// end the calls still running at once, as its timeout would (UNAVAILABLE "shutting down" with the
+// worker's trailer, so a router fails them over as a drain), instead of letting them run for up to
+// server.drain_timeout_s.
+TEST_F(WorkerServiceTest, EndDrainNowEndsADrainInProgressAsItsTimeoutWould) {
+  drain_timeout_ = absl::Seconds(600);
+  StartServer(/*slow=*/true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 3000));
+  v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));
+  int tokens = m.has_token() ? 1 : 0;
+  bool finished = true;
+  std::thread drainer([&] { finished = server_->Drain(); });
+  // The drain has begun once the worker says it no longer serves.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (MetricValue(*server_->registry(), "lazyattn_worker_serving", {}) != 0 &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(MetricValue(*server_->registry(), "lazyattn_worker_serving", {}), 0);
+  const absl::Time cut = absl::Now();
+  server_->EndDrainNow();
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  drainer.join();
+  // Bounded, loosely for a loaded machine: the drain's own end is ten minutes away.
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(20));
+  EXPECT_FALSE(finished);
+  EXPECT_LT(tokens, 3000) << "the stream ran to its end: the drain was not cut short";
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));
   const auto& trailers = ctx.GetServerTrailingMetadata();
