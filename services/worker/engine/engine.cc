@@ -69,6 +69,7 @@ absl::StatusOr<uint64_t> Engine::SubmitPrepared(PreparedRequest prepared) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return absl::UnavailableError("engine shut down");
     if (!health_.ok()) return absl::UnavailableError(health_.message());
+    if (!end_unstarted_.ok()) return end_unstarted_;
     // The queue as of the last step, plus what arrived since.
     const int64_t waiting = load_.waiting + static_cast<int64_t>(inbox_.size());
     int64_t queued_tokens = load_.waiting_tokens;
@@ -92,6 +93,16 @@ void Engine::Cancel(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+void Engine::EndUnstarted(absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!end_unstarted_.ok()) return;
+    end_unstarted_ = std::move(why);
+    end_unstarted_pending_ = true;
   }
   cv_.notify_all();
 }
@@ -178,6 +189,7 @@ void Engine::Loop() {
   while (true) {
     std::vector<std::pair<uint64_t, PreparedRequest>> incoming;
     std::vector<uint64_t> cancels;
+    absl::Status end_unstarted;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (!core_.HasWork() && inbox_.empty() && cancels_.empty() && !stop_) {
@@ -188,10 +200,17 @@ void Engine::Loop() {
       if (stop_) return;
       incoming.swap(inbox_);
       cancels.swap(cancels_);
+      // With the inbox, so that every request submitted before EndUnstarted is in the core when
+      // the core learns of it (and every later one was refused).
+      if (end_unstarted_pending_) {
+        end_unstarted = end_unstarted_;
+        end_unstarted_pending_ = false;
+      }
       idle_ = false;
     }
     for (auto& [id, p] : incoming) core_.Add(std::move(p), id);
     for (uint64_t id : cancels) core_.Cancel(id);
+    if (!end_unstarted.ok()) core_.EndUnstarted(end_unstarted);
     const bool progressed = core_.Step(absl::Now());
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -49,6 +49,11 @@ class Engine {
   absl::StatusOr<uint64_t> SubmitPrepared(PreparedRequest prepared);
   // Ends the request with Cancelled and frees its blocks (no effect once it finished).
   void Cancel(uint64_t id);
+  // For a drain: requests that have not started (waiting for admission with no token generated)
+  // end with `why` (not OK; Unavailable, so that a router runs them on another worker) at the
+  // next step instead of being admitted, as do any preempted later before their first token;
+  // SubmitPrepared refuses new ones with `why`. Running requests finish as usual. Irreversible.
+  void EndUnstarted(absl::Status why);
   // Submits and waits for the end: the result, or the request's error.
   absl::StatusOr<RequestResult> Run(
       const EngineRequest& request,
@@ -97,6 +102,8 @@ class Engine {
   std::condition_variable cv_;
   std::vector<std::pair<uint64_t, PreparedRequest>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  absl::Status end_unstarted_ ABSL_GUARDED_BY(mu_);          // OK until EndUnstarted
+  bool end_unstarted_pending_ ABSL_GUARDED_BY(mu_) = false;  // not handed to core_ yet
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool idle_ ABSL_GUARDED_BY(mu_) = true;

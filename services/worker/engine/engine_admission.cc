@@ -49,6 +49,11 @@ int64_t EngineCore::OutstandingPrefillBlocks() const {
   return n;
 }
 
+bool EngineCore::EndsUnstarted(const Request& r) const {
+  // Nothing of it reached its client (prefill progress aside), so a router may run it elsewhere.
+  return !end_unstarted_.ok() && r.phase == Request::Phase::kWaiting && r.result.token_ids.empty();
+}
+
 void EngineCore::Admit() {
   if (waiting_.empty()) return;
   int64_t reserved = OutstandingPrefillBlocks();

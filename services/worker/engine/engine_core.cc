@@ -218,13 +218,15 @@ bool EngineCore::RunStep(absl::Time now) {
     }
     EraseFinished();
   }
-  // 1. Cancellations and deadlines.
+  // 1. Cancellations, deadlines, and requests not started once they are to end (EndUnstarted).
   for (auto& [id, r] : requests_) {
     if (r->phase == Request::Phase::kDone) continue;
     if (r->cancelled) {
       Finish(*r, absl::CancelledError("request cancelled"));
     } else if (r->prepared.deadline <= now) {
       Finish(*r, absl::DeadlineExceededError("request deadline passed"));
+    } else if (EndsUnstarted(*r)) {
+      Finish(*r, end_unstarted_);
     }
   }
   EraseFinished();
@@ -366,7 +368,7 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
       !waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running;
   const bool waiting_ends = std::any_of(waiting_.begin(), waiting_.end(), [&](RequestId id) {
     const Request& r = *requests_.at(id);
-    return r.cancelled || r.prepared.deadline <= now;
+    return r.cancelled || r.prepared.deadline <= now || EndsUnstarted(r);
   });
   if (can_admit || waiting_ends || !jobs_.empty() || launched.size() != running_.size()) {
     return std::nullopt;

@@ -157,6 +157,11 @@ class EngineCore {
   // without a deadline gets EngineOptions::default_deadline.
   uint64_t Add(PreparedRequest request, uint64_t id = 0);
   void Cancel(uint64_t id);
+  // For a drain: from the next Step() on, every request that has not started (waiting for
+  // admission with no token generated: never admitted, or preempted before its first token) ends
+  // with `why` instead of being admitted, now and whenever one is added or preempted later.
+  // Running requests go on as usual. Irreversible; `why` must not be OK.
+  void EndUnstarted(const absl::Status& why) { end_unstarted_ = why; }
 
   // One scheduling round and forward pass. Returns false when there was nothing to do.
   bool Step(absl::Time now);
@@ -188,6 +193,8 @@ class EngineCore {
   EncodeJob* FindJob(JobId id);
 
   // --- engine_admission.cc: admission, blocks, preemption, release.
+  // Whether `r` is to end now with end_unstarted_ (see EndUnstarted).
+  bool EndsUnstarted(const Request& r) const;
   void Admit();
   // Blocks that admitted work has still to allocate for its prompts (running prefills and
   // encoding jobs): admission keeps them free.
@@ -265,6 +272,7 @@ class EngineCore {
   std::vector<Planned> in_flight_;  // a launched, uncollected decode step (pipeline_decode)
   int consecutive_step_failures_ = 0;
   absl::Status health_;
+  absl::Status end_unstarted_;  // OK: requests are admitted (see EndUnstarted)
 };
 
 }  // namespace lazyattn

@@ -203,6 +203,13 @@ bool WorkerServer::Drain() {
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   }
   metrics_->SetServing(false);
+  // Requests accepted but not started (waiting for preparation, or for admission with no token
+  // sent) would stretch the drain by their whole wait, and the timeout may cut them after it: hand
+  // them back now. Their calls end UNAVAILABLE with the worker's trailer before any token, which a
+  // router retries on another worker at once and never counts as a lost call. Running ones go on.
+  engine_->EndUnstarted(absl::UnavailableError(
+      "worker shutting down: draining, and the request had not started; retry it elsewhere"));
+  service_->StopPreparation();
   LeaveDirectory();
   bool finished = true;
   if (server_ != nullptr) {

@@ -72,11 +72,13 @@ class WorkerServer {
   // Idempotent. Marks the health service NOT_SERVING, refuses new calls, cancels running requests
   // (their calls end with UNAVAILABLE), stops the gRPC server, closes the kvdir stream.
   void Shutdown();
-  // Graceful stop (SIGTERM): health NOT_SERVING, every cached document withdrawn from kvdir and
-  // the publisher stopped, new calls refused (UNAVAILABLE, so the router fails over), calls in
-  // flight left to finish for up to options.drain_timeout (then ended by the worker itself:
-  // UNAVAILABLE "shutting down" with its trailer, as a router expects of a drain), then
-  // Shutdown().
+  // Graceful stop (SIGTERM): health NOT_SERVING, requests not started yet (waiting for
+  // preparation or admission, no token sent) handed back at once (UNAVAILABLE "worker shutting
+  // down" with the worker's trailer: the router retries them elsewhere), every cached document
+  // withdrawn from kvdir and the publisher stopped, new calls refused (UNAVAILABLE, so the router
+  // fails over), running calls left to finish for up to options.drain_timeout (then ended by the
+  // worker itself: UNAVAILABLE "shutting down" with its trailer, as a router expects of a drain),
+  // then Shutdown().
   // True when every call finished before the drain timeout. Idempotent (false after Shutdown).
   bool Drain();
   // Cuts a drain short (an operator's second stop signal): a Drain() in progress, or one started

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -285,6 +286,82 @@ TEST_F(WorkerServiceTest, EndDrainNowEndsADrainInProgressAsItsTimeoutWould) {
   const auto it = trailers.find(kWorkerEndedCallKey);
   ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+  EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
+}
+
+// At the start of a drain, requests still waiting for admission (nothing sent to their client)
+// are handed back at once: UNAVAILABLE "shutting down" with the worker's trailer and no token,
+// which a router retries on another worker right away without counting a lost call. Kept, they
+// waited for the running request, stretched the drain and could be cut by its timeout. The
+// running request finishes normally.
+TEST_F(WorkerServiceTest, ADrainHandsBackQueuedRequestsAtOnceAndFinishesTheRunningOne) {
+  max_running_ = 1;
+  StartServer(/*slow=*/true);
+  constexpr int kRunningTokens = 1500;  // seconds of generation on the slow model
+  grpc::ClientContext running_ctx;
+  auto running = stub_->Generate(&running_ctx, Request(kDocs, kRunningTokens));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(running->Read(&first));  // admitted: it holds the only running slot
+  std::atomic<int> running_tokens{first.has_token() ? 1 : 0};
+  std::atomic<bool> running_done{false};
+  bool running_final = false;
+  grpc::Status running_status;
+  // Read on its own thread, so that flow control never slows it.
+  std::thread running_reader([&] {
+    v1::GenerateResponse m;
+    while (running->Read(&m)) {
+      running_tokens += m.has_token() ? 1 : 0;
+      running_final = running_final || m.has_final();
+    }
+    running_status = running->Finish();
+    running_done = true;
+  });
+  struct Queued {
+    grpc::ClientContext ctx;
+    int tokens = 0;
+    grpc::Status status;
+    std::thread reader;
+  };
+  std::vector<std::unique_ptr<Queued>> queued;
+  for (int i = 0; i < 2; ++i) {
+    queued.push_back(std::make_unique<Queued>());
+    Queued* q = queued.back().get();
+    q->reader = std::thread([this, q] {
+      auto reader = stub_->Generate(&q->ctx, Request(kDocs, 4));
+      v1::GenerateResponse m;
+      while (reader->Read(&m)) q->tokens += m.has_token() ? 1 : 0;
+      q->status = reader->Finish();
+    });
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (server_->engine().load().waiting < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(server_->engine().load().waiting, 2);  // both wait for admission in the engine
+  bool finished = false;
+  std::thread drainer([&] { finished = server_->Drain(); });
+  for (auto& q : queued) q->reader.join();
+  // Handed back while the running request still runs, not after it.
+  EXPECT_FALSE(running_done.load()) << "the queued requests waited for the running one";
+  for (auto& q : queued) {
+    EXPECT_EQ(q->status.error_code(), grpc::StatusCode::UNAVAILABLE) << q->status.error_message();
+    EXPECT_THAT(q->status.error_message(), HasSubstr("shutting down"));
+    EXPECT_THAT(q->status.error_message(), HasSubstr("had not started"));
+    EXPECT_EQ(q->tokens, 0);
+    const auto& trailers = q->ctx.GetServerTrailingMetadata();
+    const auto it = trailers.find(kWorkerEndedCallKey);
+    ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
+    EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
+  }
+  running_reader.join();
+  drainer.join();
+  EXPECT_TRUE(running_status.ok()) << running_status.error_message();
+  EXPECT_EQ(running_tokens.load(), kRunningTokens);
+  EXPECT_TRUE(running_final);
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(Requests("unavailable"), 2);
+  EXPECT_EQ(Requests("ok"), 1);
   EXPECT_EQ(server_->service().in_flight(), 0u);
   EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
 }

@@ -94,7 +94,7 @@ class WorkerServiceTest : public ::testing::Test {
     o.service.prep = prep;
     o.grpc.listen_address = "127.0.0.1:0";
     o.metrics_address = "";
-    o.engine = {.num_kv_blocks = 512, .max_batch_tokens = 64, .max_running = 8};
+    o.engine = {.num_kv_blocks = 512, .max_batch_tokens = 64, .max_running = max_running_};
     o.limits.max_documents = max_documents;
     o.service.worker_id = "worker-under-test";
     o.service.max_buffered_tokens = max_buffered_tokens;
@@ -167,8 +167,9 @@ class WorkerServiceTest : public ::testing::Test {
   static inline ModelWeights* tiny_weights_ = nullptr;
   static inline ModelWeights* slow_weights_ = nullptr;
   static inline Tokenizer* tokenizer_ = nullptr;
-  // Set before StartServer: WorkerServerOptions::drain_timeout.
+  // Set before StartServer: WorkerServerOptions::drain_timeout and EngineOptions::max_running.
   absl::Duration drain_timeout_ = absl::Seconds(30);
+  int max_running_ = 8;
   // Set before StartServer: WorkerServiceOptions::after_submit_for_test.
   std::function<void()> after_submit_for_test_;
   std::unique_ptr<WorkerServer> server_;

@@ -1,0 +1,110 @@
+// EngineCore::EndUnstarted and Engine::EndUnstarted, what a worker's drain uses: requests that
+// wait for admission and have sent nothing end with the given status at the next step, later
+// ones too, while the running request finishes as usual.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/worker/engine/engine.h"
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/request_prep.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
+
+namespace lazyattn {
+namespace {
+
+struct Outcome {
+  bool done = false;
+  absl::Status status;
+  int tokens = 0;
+};
+
+class EndUnstartedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    weights_ = MakeRandomWeights(TinyTestConfig(), 3);
+    tokenizer_ = MakeByteTokenizer();
+    identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
+  }
+  EngineRequest Request(int max_tokens) const {
+    EngineRequest r;
+    r.system_prefix = "You answer from the documents.\n";
+    r.documents.push_back({.text = "The warehouse in Lyon ships orders within two days."});
+    r.question = "When do orders ship?";
+    r.sampling = {.max_tokens = max_tokens, .ignore_eos = true};
+    return r;
+  }
+  PreparedRequest Prepare(int max_tokens, Outcome* outcome) {
+    auto p = PrepareRequest(Request(max_tokens), *tokenizer_, weights_->config, identity_, {});
+    EXPECT_TRUE(p.ok()) << p.status();
+    p->callbacks.on_token = [outcome](int32_t id, std::string_view) {
+      outcome->tokens += id >= 0 ? 1 : 0;
+    };
+    p->callbacks.on_done = [outcome](const absl::Status& s, const RequestResult&) {
+      outcome->done = true;
+      outcome->status = s;
+    };
+    return std::move(*p);
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelIdentity identity_;
+};
+
+TEST_F(EndUnstartedTest, WaitingRequestsEndAtTheNextStepAndTheRunningOneFinishes) {
+  EngineCore core(weights_.get(), tokenizer_.get(),
+                  {.num_kv_blocks = 256, .max_batch_tokens = 64, .max_running = 1});
+  Outcome running, queued[2], later;
+  core.Add(Prepare(40, &running));
+  for (int guard = 0; running.tokens == 0 && guard < 1000; ++guard) core.Step(absl::Now());
+  ASSERT_GT(running.tokens, 0);
+  for (Outcome& q : queued) core.Add(Prepare(2, &q));
+  core.Step(absl::Now());  // max_running 1: they wait
+  for (const Outcome& q : queued) ASSERT_FALSE(q.done);
+  ASSERT_EQ(core.Load().waiting, 2);
+
+  const absl::Status drain = absl::UnavailableError("draining; not started");
+  core.EndUnstarted(drain);
+  core.Step(absl::Now());
+  for (const Outcome& q : queued) {
+    EXPECT_TRUE(q.done);
+    EXPECT_EQ(q.status, drain);
+    EXPECT_EQ(q.tokens, 0);
+  }
+  EXPECT_FALSE(running.done);
+  EXPECT_EQ(core.Load().waiting, 0);
+  // One added afterwards ends at its first step too, never admitted.
+  core.Add(Prepare(2, &later));
+  core.Step(absl::Now());
+  EXPECT_TRUE(later.done);
+  EXPECT_EQ(later.status, drain);
+  EXPECT_EQ(later.tokens, 0);
+
+  for (int guard = 0; core.HasWork() && guard < 10000; ++guard) core.Step(absl::Now());
+  EXPECT_TRUE(running.done);
+  EXPECT_TRUE(running.status.ok()) << running.status;
+  EXPECT_EQ(running.tokens, 40);
+  EXPECT_TRUE(core.cache().CheckInvariant().ok());
+  EXPECT_EQ(core.cache().pool().num_referenced(), 0);
+}
+
+TEST_F(EndUnstartedTest, TheEngineRefusesNewRequestsWithTheStatus) {
+  Engine engine(weights_.get(), tokenizer_.get(), {.num_kv_blocks = 256});
+  Outcome before;
+  ASSERT_TRUE(engine.SubmitPrepared(Prepare(2, &before)).ok());
+  ASSERT_TRUE(engine.WaitIdleAndCheck().ok());
+  EXPECT_TRUE(before.status.ok()) << before.status;
+  const absl::Status drain = absl::UnavailableError("draining; not started");
+  engine.EndUnstarted(drain);
+  Outcome after;
+  const absl::StatusOr<uint64_t> id = engine.SubmitPrepared(Prepare(2, &after));
+  EXPECT_EQ(id.status(), drain);
+  EXPECT_FALSE(after.done);  // refused at once: the callbacks are not called
+}
+
+}  // namespace
+}  // namespace lazyattn
