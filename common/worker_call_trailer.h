@@ -13,6 +13,12 @@ namespace lazyattn {
 inline constexpr char kWorkerEndedCallKey[] = "lazyattn-worker-ended";
 inline constexpr char kWorkerEndedCallValue[] = "1";
 
+// Added beside it when the worker did no work for the request (refused while draining, or handed
+// back by a drain before it started: no token computed, none sent). The router fails such a call
+// over without drawing on its retry budget: the request moves, nothing is computed twice.
+inline constexpr char kWorkerHandedBackKey[] = "lazyattn-handed-back";
+inline constexpr char kWorkerHandedBackValue[] = "1";
+
 // Request metadata the router adds to Worker.Generate and Worker.Prefetch: the model it routed
 // the call for, as ExpectedModelValue(model_fingerprint, tokenizer_fingerprint). A worker holding
 // other weights (restarted with a new model at the same address since the router's last listing)

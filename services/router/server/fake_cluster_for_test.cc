@@ -181,6 +181,8 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     script.fail_after_tokens = -1;
   }
   if (script.fail_before_first_token != grpc::StatusCode::OK) {
+    if (script.handed_back)
+      context->AddTrailingMetadata(kWorkerHandedBackKey, kWorkerHandedBackValue);
     return grpc::Status(script.fail_before_first_token, "scripted failure before the first token");
   }
   if (script.block && !WaitUntilUnblocked(context)) {

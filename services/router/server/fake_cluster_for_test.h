@@ -44,6 +44,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     std::vector<std::string> tokens = {"Hello", ",", " world"};
     // Non-OK: returned before any token.
     grpc::StatusCode fail_before_first_token = grpc::StatusCode::OK;
+    // With that failure, the trailer of a worker that did no work for the request (draining).
+    bool handed_back = false;
     // >= 0: after this many tokens, fail with UNAVAILABLE.
     int fail_after_tokens = -1;
     // Wait for Unblock() (or the call's cancellation) before the first token.

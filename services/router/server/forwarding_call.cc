@@ -237,7 +237,8 @@ void ForwardingCall::StartNextAttempt() {
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));
           continue;
         }
-        if (attempts_ > 0 && !budget_retry_.held()) {
+        // A request its last worker handed back unstarted moves rather than repeats: no budget.
+        if (attempts_ > 0 && !budget_retry_.held() && !last_attempt_handed_back_) {
           budget_retry_ = router_->retry_budget().TryStartRetry();
           if (!budget_retry_.held()) {
             // Many requests are failing over at once: this one ends with its failure rather
@@ -444,6 +445,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   }
   // The worker died holding this request (not a refusal, a timeout or our cancellation).
   const bool lost = attempt->LostMidCall(worker_status);
+  const bool handed_back = attempt->HandedBack(worker_status);
   if (lost) {
     model_metrics_->CountConnectionLoss();
     (void)Fingerprint();  // hashed here, outside mu_
@@ -454,6 +456,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   {
     absl::MutexLock lock(&mu_);
     current_.reset();
+    last_attempt_handed_back_ = handed_back;
     if (status.ok() && !final_.has_value()) {
       model_metrics_->CountWorkerProtocolError();
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE,

@@ -126,6 +126,8 @@ class ForwardingCall {
   PlanCursor cursor_ ABSL_GUARDED_BY(mu_);
   // What the plan predicted for the current attempt's worker.
   int64_t current_predicted_hits_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last attempt's worker ended it before any work (WorkerAttempt::HandedBack).
+  bool last_attempt_handed_back_ ABSL_GUARDED_BY(mu_) = false;
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<WorkerAttempt> current_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;  // delivered from the current attempt

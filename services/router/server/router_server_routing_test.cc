@@ -108,6 +108,25 @@ TEST_F(RouterServerTest, ASpentRetryBudgetEndsTheRequestWithItsFailure) {
   EXPECT_EQ(r.final->attempts(), 2);
 }
 
+// A worker that hands a request back unstarted (its drain began) did no work for it: the request
+// moves to another worker even with no retry budget at all, since nothing is computed twice.
+TEST_F(RouterServerTest, ARequestHandedBackUnstartedMovesWithoutTheRetryBudget) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 is the first choice
+  workers_[0]->SetScript(
+      {.fail_before_first_token = grpc::StatusCode::UNAVAILABLE, .handed_back = true});
+  RouterOptions options = Options();
+  options.routing.retry_budget = {.percent = 0.0, .min_retries = 0};
+  StartRouter(options);
+  StreamResult r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_retries_refused_total{model=\"fake-model\"} 0"));
+}
+
 TEST_F(RouterServerTest, FailsOverFromAWorkerThatIsGone) {
   StartWorkers(2);
   StartKvdir();

@@ -124,6 +124,16 @@ bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
   return CountsAsLostMidCall(end);
 }
 
+bool WorkerAttempt::HandedBack(const grpc::Status& status) {
+  if (status.ok()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (got_token_ || got_final_) return false;
+  }
+  const auto& trailers = context_->GetServerTrailingMetadata();
+  return trailers.count(kWorkerEndedCallKey) != 0 && trailers.count(kWorkerHandedBackKey) != 0;
+}
+
 void WorkerAttempt::OnReadDone(bool ok) {
   bool remove_hold = false;
   bool deliver = false;

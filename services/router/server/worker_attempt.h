@@ -98,6 +98,10 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   // UNAVAILABLE without the worker's own trailer, and the router did not cancel it. Only from
   // OnDone (it reads the trailing metadata).
   bool LostMidCall(const grpc::Status& status);
+  // Whether the worker, ending the call with `status` before any token, said it did no work for
+  // it (kWorkerHandedBackKey: refused while draining, or handed back by its drain): the request
+  // moves to another worker without drawing on the retry budget. Only from OnDone.
+  bool HandedBack(const grpc::Status& status);
 
   void OnReadInitialMetadataDone(bool ok) override;
   void OnReadDone(bool ok) override;

@@ -13,6 +13,7 @@
 #include "common/request_validator.h"
 #include "common/worker_call_trailer.h"
 #include "services/worker/engine/fault_injection.h"
+#include "services/worker/server/handed_back.h"
 
 namespace lazyattn {
 namespace {
@@ -63,6 +64,7 @@ std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& 
 GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::GenerateRequest& request)
     : ctx_(ctx),
+      call_(call),
       arrival_(absl::Now()),
       deadline_(DeadlineOf(call->deadline())),
       request_id_(ReceivedRequestId(*call)),
@@ -71,7 +73,8 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
   // Sent with whatever status this reactor ends the call with; absent only when the call is cut
   // under the worker (its process died): the router's query-of-death quarantine counts those.
   call->AddTrailingMetadata(kWorkerEndedCallKey, kWorkerEndedCallValue);
-  auto reject = [&](const grpc::Status& status) {
+  auto reject = [&](const grpc::Status& status, bool handed_back = false) {
+    if (handed_back) call->AddTrailingMetadata(kWorkerHandedBackKey, kWorkerHandedBackValue);
     ctx_.metrics->CountRequest(status.error_code());
     LogWarning("worker")
         .Str("request_id", request_id_)
@@ -86,7 +89,7 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
     Finish(status);
   };
   if (ctx_.tracker->draining()) {
-    reject(ShuttingDown());
+    reject(ShuttingDown(), /*handed_back=*/true);
     return;
   }
   if (auto other = RefuseOtherModel(*call, ctx_.model_key)) {
@@ -149,7 +152,9 @@ void GenerateReactor::PrepareAndSubmit(const absl::Status& pool_status) {
               << std::endl;
     std::abort();
   }
-  if (status.ok() && ctx_.tracker->draining()) status = absl::UnavailableError("worker shutting down");
+  if (status.ok() && ctx_.tracker->draining()) {
+    status = HandedBack(absl::UnavailableError("worker shutting down"));
+  }
   if (status.ok() && absl::Now() >= deadline_) {
     status = absl::DeadlineExceededError(
         "deadline exceeded while the request waited for tokenization (engine.prep_threads busy)");
@@ -280,6 +285,7 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
       }
       finish_wanted_ = true;
       final_status_ = final_status;
+      handed_back_ = IsHandedBack(status);
     }
     if (overflowed_) {
       counted = grpc::StatusCode::RESOURCE_EXHAUSTED;
@@ -374,6 +380,7 @@ void GenerateReactor::Pump() {
       finished_ = true;
       finish = true;
       status = final_status_;
+      if (handed_back_) call_->AddTrailingMetadata(kWorkerHandedBackKey, kWorkerHandedBackValue);
     }
   }
   if (next != nullptr) StartWrite(next);

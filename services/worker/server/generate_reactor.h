@@ -83,6 +83,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
               const RequestResult& result) const;
 
   const ServiceContext ctx_;
+  grpc::CallbackServerContext* const call_;  // for the trailing metadata before Finish
   const absl::Time arrival_;
   const absl::Time deadline_;
   // The router's x-request-id (common/log.h), on every log line about this request.
@@ -101,6 +102,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finish_wanted_ ABSL_GUARDED_BY(mu_) = false;  // after the queue drains
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish called
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  // The request ends before any work was done for it (handed_back.h): the call says so.
+  bool handed_back_ ABSL_GUARDED_BY(mu_) = false;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;

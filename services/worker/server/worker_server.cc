@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/log.h"
+#include "services/worker/server/handed_back.h"
 
 namespace lazyattn {
 namespace {
@@ -207,8 +208,8 @@ bool WorkerServer::Drain() {
   // sent) would stretch the drain by their whole wait, and the timeout may cut them after it: hand
   // them back now. Their calls end UNAVAILABLE with the worker's trailer before any token, which a
   // router retries on another worker at once and never counts as a lost call. Running ones go on.
-  engine_->EndUnstarted(absl::UnavailableError(
-      "worker shutting down: draining, and the request had not started; retry it elsewhere"));
+  engine_->EndUnstarted(HandedBack(absl::UnavailableError(
+      "worker shutting down: draining, and the request had not started; retry it elsewhere")));
   service_->StopPreparation();
   LeaveDirectory();
   bool finished = true;

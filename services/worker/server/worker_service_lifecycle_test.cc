@@ -246,6 +246,7 @@ TEST_F(WorkerServiceTest, AStreamPastTheDrainTimeoutEndsAsADrainWithTheWorkersTr
   const auto it = trailers.find(kWorkerEndedCallKey);
   ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
+  EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 0u) << "work was done for it: not handed back";
   EXPECT_EQ(server_->service().in_flight(), 0u);
   EXPECT_TRUE(server_->engine().WaitIdleAndCheck().ok());
 }
@@ -353,10 +354,14 @@ TEST_F(WorkerServiceTest, ADrainHandsBackQueuedRequestsAtOnceAndFinishesTheRunni
     const auto it = trailers.find(kWorkerEndedCallKey);
     ASSERT_NE(it, trailers.end()) << "ended without the worker's trailer";
     EXPECT_EQ(std::string(it->second.data(), it->second.size()), kWorkerEndedCallValue);
+    // No work was done for it: a router may move it without drawing on its retry budget.
+    EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
   }
   running_reader.join();
   drainer.join();
   EXPECT_TRUE(running_status.ok()) << running_status.error_message();
+  EXPECT_EQ(running_ctx.GetServerTrailingMetadata().count(kWorkerHandedBackKey), 0u)
+      << "the running request was served, not handed back";
   EXPECT_EQ(running_tokens.load(), kRunningTokens);
   EXPECT_TRUE(running_final);
   EXPECT_TRUE(finished);
