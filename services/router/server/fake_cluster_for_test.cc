@@ -294,7 +294,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status FakeWorker::Prefetch(grpc::ServerContext*,
+grpc::Status FakeWorker::Prefetch(grpc::ServerContext* context,
                                   const lazyattn::v1::PrefetchRequest* request,
                                   lazyattn::v1::PrefetchResponse* response) {
   Script script;
@@ -305,6 +305,9 @@ grpc::Status FakeWorker::Prefetch(grpc::ServerContext*,
   }
   if (script.fail_before_first_token != grpc::StatusCode::OK) {
     return grpc::Status(script.fail_before_first_token, "scripted prefetch failure");
+  }
+  if (script.block && !WaitUntilUnblocked(context)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "prefetch cancelled while blocked");
   }
   response->add_workers(id_);
   for (const auto& d : request->documents())

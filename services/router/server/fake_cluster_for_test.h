@@ -48,7 +48,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     bool handed_back = false;
     // >= 0: after this many tokens, fail with UNAVAILABLE.
     int fail_after_tokens = -1;
-    // Wait for Unblock() (or the call's cancellation) before the first token.
+    // Wait for Unblock() (or the call's cancellation) before the first token (a Prefetch: before
+    // its answer).
     bool block = false;
     // >= 0: after this many tokens, wait for Unblock() (or the call's cancellation), as a worker
     // that froze mid-generation (SIGSTOP) does.

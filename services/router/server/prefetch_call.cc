@@ -18,6 +18,7 @@ using lazyattn::v1::PrefetchResponse;
 struct PrefetchReactor::WorkerCall {
   WorkerInfo worker;
   CircuitBreakers::Permit permit;  // the worker's breaker permit the call was sent under
+  absl::Time timeout_at = absl::InfiniteFuture();  // routing.prefetch_timeout_ms from its start
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub;
   std::unique_ptr<grpc::ClientContext> context;
   PrefetchResponse response;
@@ -101,6 +102,12 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
     call->permit = permit;
     call->stub = *stub;
     call->context = grpc::ClientContext::FromCallbackServerContext(*context_);
+    // The client's deadline still applies (a propagated deadline is the earlier of the two).
+    const absl::Duration timeout = router_->options().routing.prefetch_timeout;
+    if (timeout > absl::ZeroDuration()) {
+      call->timeout_at = now + timeout;
+      call->context->set_deadline(absl::ToChronoTime(call->timeout_at));
+    }
     if (!expected_model_.empty()) call->context->AddMetadata(kExpectedModelKey, expected_model_);
     ++outstanding_;
     ++calls_started_;
@@ -167,8 +174,22 @@ grpc::Status PrefetchReactor::NothingStartedStatusLocked() const {
 }
 
 void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
-                                   const grpc::Status& status) {
+                                   const grpc::Status& worker_status) {
   router_->registry().AddInflight(call->worker.id, -1);
+  grpc::Status status = worker_status;
+  // Our own timeout, not the client's deadline: the worker is frozen or wedged, and the next one
+  // may answer (UNAVAILABLE is retried and counts against the breaker).
+  const bool client_deadline_passed =
+      context_->deadline() <= std::chrono::system_clock::now() + std::chrono::milliseconds(50);
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !client_deadline_passed &&
+      absl::Now() >= call->timeout_at - absl::Milliseconds(50)) {
+    model_metrics_->CountPrefetchTimeout();
+    status = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no answer within ",
+                     absl::ToInt64Milliseconds(router_->options().routing.prefetch_timeout),
+                     " ms (routing.prefetch_timeout_ms); call cancelled"));
+  }
   auto& breakers = router_->selector().breakers();
   std::vector<std::shared_ptr<WorkerCall>> more;
   std::optional<grpc::Status> final_status;

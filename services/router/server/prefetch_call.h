@@ -38,7 +38,7 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   grpc::Status NothingStartedStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `calls` is not empty: they keep the reactor alive until this returns.
   void Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls);
-  void OnWorkerDone(const std::shared_ptr<WorkerCall>& call, const grpc::Status& status);
+  void OnWorkerDone(const std::shared_ptr<WorkerCall>& call, const grpc::Status& worker_status);
 
   RouterContext* const router_;
   grpc::CallbackServerContext* const context_;

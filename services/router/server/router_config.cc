@@ -194,6 +194,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                                                    r.first_token_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(r.token_idle_timeout, MillisIn(config, "routing.token_idle_timeout_ms",
                                                   r.token_idle_timeout, 0, 3600000));
+  ASSIGN_OR_RETURN(r.prefetch_timeout,
+                   MillisIn(config, "routing.prefetch_timeout_ms", r.prefetch_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(
       const int64_t quarantine_s,
       config.IntIn("routing.quarantine_ttl_s", absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));

@@ -46,6 +46,7 @@ routing:
   retry_budget_min: 7
   first_token_timeout_ms: 4000
   token_idle_timeout_ms: 7000
+  prefetch_timeout_ms: 9000
   quarantine_ttl_s: 60
   quarantine_max_entries: 50
 health_check:
@@ -97,6 +98,7 @@ limits:
   EXPECT_EQ(o->routing.breaker.failure_rate_window, absl::Seconds(20));
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
+  EXPECT_EQ(o->routing.prefetch_timeout, absl::Seconds(9));
   EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));
   EXPECT_EQ(o->routing.quarantine.max_entries, 50);
   EXPECT_EQ(o->health.interval, absl::Milliseconds(200));

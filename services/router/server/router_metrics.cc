@@ -130,6 +130,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                          "for routing.token_idle_timeout_ms after the first "
                                          "token (frozen mid-generation)")
                                      .Register(registry);
+  prefetch_timeouts_family_ = &prometheus::BuildCounter()
+                                   .Name("lazyattn_router_prefetch_timeouts_total")
+                                   .Help(
+                                       "Prefetch calls to a worker cancelled for no answer "
+                                       "within routing.prefetch_timeout_ms")
+                                   .Register(registry);
   protocol_errors_family_ = &prometheus::BuildCounter()
                                  .Name("lazyattn_router_worker_protocol_errors_total")
                                  .Help(
@@ -179,6 +185,7 @@ std::unique_ptr<ModelMetrics> RouterMetrics::NewModelMetrics(std::string label) 
   m->retries_refused_ = &retries_refused_family_->Add(labels);
   m->first_token_timeouts_ = &first_token_timeouts_family_->Add(labels);
   m->token_idle_timeouts_ = &token_idle_timeouts_family_->Add(labels);
+  m->prefetch_timeouts_ = &prefetch_timeouts_family_->Add(labels);
   m->protocol_errors_ = &protocol_errors_family_->Add(labels);
   m->quarantined_ = &quarantined_family_->Add(labels);
   m->connection_losses_ = &connection_losses_family_->Add(labels);

@@ -22,6 +22,8 @@
 //   lazyattn_router_first_token_timeouts_total{model}  attempts cancelled without a first token
 //   lazyattn_router_token_idle_timeouts_total{model}  attempts cancelled for a stall after their
 //                                                   first token (routing.token_idle_timeout_ms)
+//   lazyattn_router_prefetch_timeouts_total{model}  Prefetch calls to a worker cancelled with no
+//                                                   answer (routing.prefetch_timeout_ms)
 //   lazyattn_router_worker_protocol_errors_total{model}  attempts cancelled because their worker
 //                                                   broke the Generate stream's grammar
 //                                                   (worker_stream_check.h)
@@ -111,6 +113,7 @@ class ModelMetrics {
   void CountRetryRefused() { retries_refused_->Increment(); }
   void CountFirstTokenTimeout() { first_token_timeouts_->Increment(); }
   void CountTokenIdleTimeout() { token_idle_timeouts_->Increment(); }
+  void CountPrefetchTimeout() { prefetch_timeouts_->Increment(); }
   void CountWorkerProtocolError() { protocol_errors_->Increment(); }
   void CountQuarantined() { quarantined_->Increment(); }
   void CountConnectionLoss() { connection_losses_->Increment(); }
@@ -131,6 +134,7 @@ class ModelMetrics {
   prometheus::Counter* retries_refused_ = nullptr;
   prometheus::Counter* first_token_timeouts_ = nullptr;
   prometheus::Counter* token_idle_timeouts_ = nullptr;
+  prometheus::Counter* prefetch_timeouts_ = nullptr;
   prometheus::Counter* protocol_errors_ = nullptr;
   prometheus::Counter* quarantined_ = nullptr;
   prometheus::Counter* connection_losses_ = nullptr;
@@ -176,6 +180,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* retries_refused_family_;
   prometheus::Family<prometheus::Counter>* first_token_timeouts_family_;
   prometheus::Family<prometheus::Counter>* token_idle_timeouts_family_;
+  prometheus::Family<prometheus::Counter>* prefetch_timeouts_family_;
   prometheus::Family<prometheus::Counter>* protocol_errors_family_;
   prometheus::Family<prometheus::Counter>* quarantined_family_;
   prometheus::Family<prometheus::Counter>* connection_losses_family_;

@@ -58,6 +58,10 @@ struct RoutingOptions {
   // (its tokens were sent). A worker frozen mid-generation no longer holds its requests until
   // their clients' deadlines, which may be none. Zero: no limit.
   absl::Duration token_idle_timeout = absl::Seconds(30);
+  // A Prefetch call to one worker with no answer by then is cancelled, counted against the
+  // worker's breaker, and the documents go to the next worker (a Prefetch sends no progress
+  // events, so this bounds the whole call). Zero: only the client's deadline, which may be none.
+  absl::Duration prefetch_timeout = absl::Seconds(120);
   // Query-of-death containment: a request content that lost two workers' connections mid-call
   // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
   QuarantineOptions quarantine;

@@ -200,6 +200,30 @@ TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {
   }
 }
 
+// A frozen worker does not hold a Prefetch (whose client may set no deadline) for ever: past
+// routing.prefetch_timeout_ms its call is cancelled, counted, and the next worker warms the
+// documents.
+TEST_F(RouterServerTest, PrefetchTimeoutMovesTheDocumentsOffAFrozenWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w1", "doc", 500);  // w1 is the first choice
+  workers_[1]->SetScript({.block = true});
+  RouterOptions o = Options();
+  o.routing.prefetch_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  lazyattn::v1::PrefetchResponse response;
+  grpc::ClientContext ctx;  // no deadline
+  const grpc::Status s = stub_->Prefetch(&ctx, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(response.workers(), ElementsAre("w0"));
+  EXPECT_TRUE(workers_[1]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_prefetch_timeouts_total{model=\"fake-model\"} 1"));
+  workers_[1]->Unblock();
+}
+
 TEST_F(RouterServerTest, GetModelInfoWithoutWorkersIsUnavailable) {
   StartKvdir();  // lists nobody
   StartRouter(Options());
