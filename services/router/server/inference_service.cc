@@ -33,22 +33,31 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
       Finish(s);
       return;
     }
+    if (ClientWriteWatch* watch = router->write_watch()) watch_ = watch->Watch(context);
     Begin();
   }
 
-  void OnWriteDone(bool ok) override { ClientWriteDone(ok); }
+  void OnWriteDone(bool ok) override {
+    if (watch_ != nullptr) watch_->WriteDone();
+    ClientWriteDone(ok);
+  }
   void OnCancel() override { ClientCancelled(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (watch_ != nullptr) watch_->Close();
+    delete this;
+  }
 
  private:
   void DeliverToken(const GenerateResponse& token) override {
     out_ = token;
+    if (watch_ != nullptr) watch_->WriteStarted();
     StartWrite(&out_);
   }
   void DeliverEnd(const grpc::Status& status, const Final* final) override {
     if (status.ok() && final != nullptr) {
       out_.Clear();
       *out_.mutable_final() = *final;
+      if (watch_ != nullptr) watch_->WriteStarted();  // done only with the call (OnDone)
       StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       Finish(status);
@@ -56,6 +65,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
   }
   bool StreamsToClient() const override { return true; }
 
+  // Cuts the call when its client stops reading (routing.client_write_timeout_ms); closed in
+  // OnDone, before the context goes away.
+  std::shared_ptr<ClientWriteWatch::Stream> watch_;
   GenerateResponse out_;
   AdmissionTicket admission_;  // given back with the reactor
 };

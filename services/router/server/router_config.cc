@@ -196,6 +196,8 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                                                   r.token_idle_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(r.prefetch_timeout,
                    MillisIn(config, "routing.prefetch_timeout_ms", r.prefetch_timeout, 0, 3600000));
+  ASSIGN_OR_RETURN(r.client_write_timeout, MillisIn(config, "routing.client_write_timeout_ms",
+                                                    r.client_write_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(
       const int64_t quarantine_s,
       config.IntIn("routing.quarantine_ttl_s", absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));

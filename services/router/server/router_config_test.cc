@@ -47,6 +47,7 @@ routing:
   first_token_timeout_ms: 4000
   token_idle_timeout_ms: 7000
   prefetch_timeout_ms: 9000
+  client_write_timeout_ms: 11000
   quarantine_ttl_s: 60
   quarantine_max_entries: 50
 health_check:
@@ -99,6 +100,7 @@ limits:
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
   EXPECT_EQ(o->routing.prefetch_timeout, absl::Seconds(9));
+  EXPECT_EQ(o->routing.client_write_timeout, absl::Seconds(11));
   EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));
   EXPECT_EQ(o->routing.quarantine.max_entries, 50);
   EXPECT_EQ(o->health.interval, absl::Milliseconds(200));

@@ -50,6 +50,10 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
           .Msg("no kvdir channel; routing by load only");
     }
   }
+  if (options.routing.client_write_timeout > absl::ZeroDuration()) {
+    write_watch_ = std::make_unique<ClientWriteWatch>(
+        options.routing.client_write_timeout, [this] { metrics_.CountClientWriteTimeout(); });
+  }
   if (options.health.interval > absl::ZeroDuration()) {
     prober_ = std::thread([this] { ProbeLoop(); });
   }

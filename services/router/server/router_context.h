@@ -22,6 +22,7 @@
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 #include "services/router/policy/query_quarantine.h"
 #include "services/router/policy/worker_selector.h"
+#include "services/router/server/client_write_watch.h"
 #include "services/router/server/router_metrics.h"
 #include "services/router/server/router_options.h"
 #include "services/router/server/worker_registry.h"
@@ -49,6 +50,9 @@ class RouterContext {
   RouterMetrics& metrics() { return metrics_; }
   QueryQuarantine& quarantine() { return quarantine_; }
   RetryBudget& retry_budget() { return retry_budget_; }
+  // Where streaming calls register to be cut when their client stops reading; null when
+  // routing.client_write_timeout_ms is 0.
+  ClientWriteWatch* write_watch() { return write_watch_.get(); }
 
   // Backpressure: at most max_inflight_requests admitted calls at once. TryAdmit takes `places`
   // (>= 1) of them at once or none, and on refusal stores in `in_flight` (optional) the count it
@@ -96,6 +100,7 @@ class RouterContext {
   RetryBudget retry_budget_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   LookupGate lookup_gate_;
+  std::unique_ptr<ClientWriteWatch> write_watch_;  // null: routing.client_write_timeout_ms 0
   std::atomic<int> inflight_{0};
 
   absl::Mutex probe_mu_;

@@ -110,6 +110,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                         "consecutive failed probes)")
                     .Register(registry)
                     .Add({});
+  client_write_timeouts_ = &prometheus::BuildCounter()
+                                .Name("lazyattn_router_client_write_timeouts_total")
+                                .Help(
+                                    "gRPC streams cancelled because their client read nothing for "
+                                    "routing.client_write_timeout_ms")
+                                .Register(registry)
+                                .Add({});
   skipped_lookups_ = &prometheus::BuildCounter()
                           .Name("lazyattn_router_kvdir_lookups_skipped_total")
                           .Help(

@@ -42,6 +42,8 @@
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
 //                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
+//   lazyattn_router_client_write_timeouts_total     streams cancelled because their client read
+//                                                   nothing for routing.client_write_timeout_ms
 //   lazyattn_router_kvdir_lookups_skipped_total     requests routed by load without a kvdir
 //                                                   lookup because lookups kept failing
 //                                                   (LookupGate, kvdir.lookup_failures_to_skip)
@@ -159,6 +161,7 @@ class RouterMetrics {
   void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
   void CountEjection() { ejections_->Increment(); }
   void CountSkippedLookup() { skipped_lookups_->Increment(); }
+  void CountClientWriteTimeout() { client_write_timeouts_->Increment(); }
   // An attempt sent to `worker` for a request of `model`.
   void CountSelection(const std::string& worker, const ModelMetrics& model);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
@@ -190,6 +193,7 @@ class RouterMetrics {
   prometheus::Gauge* workers_healthy_;
   prometheus::Counter* ejections_;
   prometheus::Counter* skipped_lookups_;
+  prometheus::Counter* client_write_timeouts_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label
   std::unique_ptr<ModelMetrics> no_model_;
 

@@ -62,6 +62,10 @@ struct RoutingOptions {
   // worker's breaker, and the documents go to the next worker (a Prefetch sends no progress
   // events, so this bounds the whole call). Zero: only the client's deadline, which may be none.
   absl::Duration prefetch_timeout = absl::Seconds(120);
+  // A streaming client that has not taken the router's last write for this long (it stopped
+  // reading) has its call cancelled, releasing its admission slot and its worker's request
+  // (client_write_watch.h). Zero: only the client's deadline, which may be none.
+  absl::Duration client_write_timeout = absl::Seconds(30);
   // Query-of-death containment: a request content that lost two workers' connections mid-call
   // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
   QuarantineOptions quarantine;

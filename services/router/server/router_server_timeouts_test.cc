@@ -211,6 +211,42 @@ TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) 
                                  "\"cache_aware\",status=\"unavailable\"} 2"));
 }
 
+// A client that keeps its connection but reads nothing (its flow-control window fills) does not
+// hold its admission slot and its worker's request until its deadline, which it did not set:
+// past routing.client_write_timeout_ms the call is cancelled, and so is the worker's.
+TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.tokens = std::vector<std::string>(100000, "token ")});
+  RouterOptions o = Options();
+  o.routing.client_write_timeout = absl::Milliseconds(300);
+  o.routing.token_idle_timeout = absl::ZeroDuration();  // only the client is slow here
+  StartRouter(o);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);                  // the window stays small...
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);  // ...and starts small
+  auto stub = lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;  // no deadline
+  auto reader = stub->Generate(&ctx, Request({"doc"}));
+  ASSERT_TRUE(workers_[0]->WaitForCalls(1, absl::Seconds(30)));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)))
+      << "the worker's request was never cancelled";
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until &&
+         Metrics().find("lazyattn_router_in_flight_requests 0") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_in_flight_requests 0"));
+  ctx.TryCancel();
+  lazyattn::v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
   StartWorkers(1);
   StartKvdir();

@@ -1,0 +1,77 @@
+// Cuts gRPC streams whose clients stopped reading. A client that keeps its connection alive (it
+// answers keepalive pings) but never reads fills the stream's flow-control window, and the
+// router's next write to it never completes: the request would hold its admission slot, and its
+// worker's, until the client's deadline, which may be none. Each streaming call registers a
+// Stream here; a write not done within the timeout cancels the call (the client gets CANCELLED,
+// if it ever reads again; the worker's request is cancelled through the call's usual path).
+//
+// The hot path is two atomic stores per write. One thread sweeps the registered streams every
+// timeout / 4 (at most every second), so a stalled write is cut between timeout and 1.25 x
+// timeout after it started.
+#ifndef LAZYATTN_SERVICES_ROUTER_SERVER_CLIENT_WRITE_WATCH_H_
+#define LAZYATTN_SERVICES_ROUTER_SERVER_CLIENT_WRITE_WATCH_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace lazyattn::router {
+
+class ClientWriteWatch {
+ public:
+  // timeout > 0; `on_cut` runs for each call cancelled (metrics). Starts the sweeping thread.
+  ClientWriteWatch(absl::Duration timeout, std::function<void()> on_cut);
+  ~ClientWriteWatch();  // stops the thread; every Stream must be closed before
+
+  class Stream;
+  // Registers a call. The returned handle must be closed (Stream::Close) before `context` goes
+  // away (in the reactor's OnDone at the latest).
+  std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context);
+
+ private:
+  void Sweep(absl::Time now);
+  void Loop();
+
+  const absl::Duration timeout_;
+  const std::function<void()> on_cut_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<Stream*, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
+};
+
+class ClientWriteWatch::Stream {
+ public:
+  // A write to the client started / completed (its reactor's OnWriteDone). Lock-free.
+  void WriteStarted();
+  void WriteDone();
+  // From now on the context is never touched. Blocks while a cancellation of this stream is under
+  // way on the sweeping thread (unless called from inside it). Idempotent.
+  void Close();
+
+ private:
+  friend class ClientWriteWatch;
+  Stream(ClientWriteWatch* watch, grpc::CallbackServerContext* context)
+      : watch_(watch), context_(context) {}
+
+  ClientWriteWatch* const watch_;
+  // Recursive: cancelling the call may run the reactor's reactions, Close among them, on the
+  // sweeping thread while it holds this lock.
+  std::recursive_mutex mu_;
+  grpc::CallbackServerContext* context_;  // guarded by mu_; null once closed
+  std::atomic<int64_t> write_started_ns_{0};  // 0: no write in progress
+};
+
+}  // namespace lazyattn::router
+
+#endif  // LAZYATTN_SERVICES_ROUTER_SERVER_CLIENT_WRITE_WATCH_H_
