@@ -4,10 +4,15 @@
 //
 //   lazyattn-bench-engine-overhead [--batches 1,32,240] [--context 2048[,32768,...]]
 //                                  [--steps 64] [--tokenizer MODEL] [--decode-only]
+//                                  [--waiting 1024[,...]]
 //
 // Each (batch, context) row times `steps` decode steps of `batch` requests of `context` prompt
 // tokens (mode full), in wall time and in the engine thread's CPU time; the block tables persist
 // between steps, so neither should grow with the context.
+//
+// With --waiting: what publishing the load costs the engine thread after each step while that
+// many RAG requests (5 documents each, lazy mode) wait for admission: EngineCore::Load (the exact
+// figure) and PublishedLoad at 6 ms steps (the estimate recomputed every 50 ms).
 //
 // Then the host time of an all-documents-cached RAG request (5 documents of ~4,096 tokens and a
 // 64-token question, lazy mode, one output token) through the threaded Engine: TTFT from
@@ -184,6 +189,49 @@ int PrintRagOverhead(const ModelConfig& config, const Tokenizer& tokenizer,
   return 0;
 }
 
+// Microseconds of this thread's CPU per call of Load() and of PublishedLoad() at 6 ms steps, with
+// `waiting` requests queued.
+int PrintPublishedLoad(const ModelConfig& config, const Tokenizer& tokenizer,
+                       const std::vector<int>& waiting_counts) {
+  std::cout << "\nPublishing the load after a step, RAG requests waiting (5 documents of 4,096 "
+               "tokens each, 64 distinct documents):\n\n"
+            << "| waiting | Load() CPU us | PublishedLoad() CPU us at 6 ms steps |\n"
+            << "|---|---|---|\n";
+  for (int waiting : waiting_counts) {
+    EngineCore core(std::make_unique<NullRunner>(config, 1 << 16), &tokenizer,
+                    {.max_batch_tokens = 8192, .max_running = 1});
+    for (int i = 0; i < waiting; ++i) {
+      PreparedRequest r;
+      r.mode = CacheMode::kLazy;
+      for (int d = 0; d < 5; ++d) {
+        PreparedRequest::Document doc;
+        doc.id = absl::StrCat("doc", (i * 5 + d) % 64);
+        doc.key = DocumentKey{.hi = static_cast<uint64_t>((i * 5 + d) % 64 + 1), .lo = 7};
+        doc.tokens.assign(4096, 5);
+        r.documents.push_back(std::move(doc));
+      }
+      r.question.assign(64, 9);
+      r.sampling = {.max_tokens = 1, .ignore_eos = true};
+      core.Add(std::move(r));
+    }
+    constexpr int kCalls = 200;
+    int64_t sink = 0;
+    double start = ThreadCpuMicros();
+    for (int c = 0; c < kCalls; ++c) sink += core.Load().queued_prefill_tokens;
+    const double exact_us = (ThreadCpuMicros() - start) / kCalls;
+    absl::Time now = absl::Now();
+    start = ThreadCpuMicros();
+    for (int c = 0; c < kCalls; ++c) {
+      sink += core.PublishedLoad(now).queued_prefill_tokens;
+      now += absl::Milliseconds(6);
+    }
+    const double published_us = (ThreadCpuMicros() - start) / kCalls;
+    if (sink <= 0) return 1;  // keeps the calls; a queue always has prefill to do
+    std::cout << "| " << waiting << " | " << exact_us << " | " << published_us << " |\n";
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   CliArgs args;
   args.Declare("batches", CliArgs::Kind::kValue, "decode batch sizes (default 1,32,240)");
@@ -192,6 +240,8 @@ int Main(int argc, char** argv) {
   args.Declare("decode-only", CliArgs::Kind::kSwitch,
                "only the decode rows, not the all-cached RAG request");
   args.Declare("steps", CliArgs::Kind::kValue, "decode steps timed (default 64)");
+  args.Declare("waiting", CliArgs::Kind::kValue,
+               "also time publishing the load with this many requests waiting, a list");
   args.Declare("tokenizer", CliArgs::Kind::kValue,
                "a GGUF or HF model whose tokenizer tokenizes the text documents (default: bytes)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
@@ -259,6 +309,18 @@ int Main(int argc, char** argv) {
     }
     std::cout << "| " << batch << " | " << context << " | " << us << " | " << cpu_us << " | "
               << cpu_us / batch << " |\n";
+  }
+  if (args.Has("waiting")) {
+    std::vector<int> waiting;
+    for (absl::string_view v : absl::StrSplit(args.String("waiting", ""), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(v, &n) || n < 1 || n > (1 << 16)) {
+        std::cerr << "--waiting: \"" << v << "\" is not a count from 1 to 65536\n";
+        return 2;
+      }
+      waiting.push_back(n);
+    }
+    if (int rc = PrintPublishedLoad(config, *tokenizer, waiting); rc != 0) return rc;
   }
   if (args.Has("decode-only")) return 0;
   auto llama = NamedModelShape("llama3-8b");

@@ -212,13 +212,15 @@ void Engine::Loop() {
     for (uint64_t id : cancels) core_.Cancel(id);
     if (!end_unstarted.ok()) core_.EndUnstarted(end_unstarted);
     const bool progressed = core_.Step(absl::Now());
+    // Outside the lock: Submit and Cancel (gRPC threads) do not wait for it.
+    const EngineLoad load = core_.PublishedLoad(absl::Now());
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = core_.stats();
       const BlockPool& pool = core_.cache().pool();
       blocks_ = {pool.num_blocks(), pool.num_free(), pool.num_referenced(),
                  pool.num_cached_unreferenced()};
-      load_ = core_.Load();
+      load_ = load;
       health_ = core_.health();
     }
     if (!progressed && core_.HasWork()) {

@@ -113,6 +113,25 @@ absl::Time EngineCore::NextDeadline() const {
   return t;
 }
 
+EngineLoad EngineCore::PublishedLoad(absl::Time now) {
+  if (waiting_.size() <= static_cast<size_t>(kExactLoadWaiting) || now >= next_prefill_estimate_) {
+    const EngineLoad load = Load();
+    published_prefill_tokens_ = load.queued_prefill_tokens;
+    next_prefill_estimate_ = now + kLoadEstimateInterval;
+    return load;
+  }
+  EngineLoad load;
+  load.running = static_cast<int>(running_.size());
+  load.waiting = static_cast<int>(waiting_.size());
+  for (RequestId id : waiting_) {
+    const Request& r = *requests_.at(id);
+    load.waiting_tokens +=
+        r.prepared.prompt_tokens() + static_cast<int64_t>(r.result.token_ids.size());
+  }
+  load.queued_prefill_tokens = published_prefill_tokens_;
+  return load;
+}
+
 EngineLoad EngineCore::Load() const {
   EngineLoad load;
   load.running = static_cast<int>(running_.size());

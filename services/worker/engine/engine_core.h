@@ -174,6 +174,13 @@ class EngineCore {
 
   const EngineStats& stats() const { return stats_; }
   EngineLoad Load() const;
+  // What the engine publishes after every step: Load(), except that once more than
+  // kExactLoadWaiting requests wait, queued_prefill_tokens (a cache lookup per waiting request's
+  // document: ~7 ms at 1,024 waiting) is recomputed at most every kLoadEstimateInterval and
+  // carried over between. The counts and waiting_tokens are always current.
+  EngineLoad PublishedLoad(absl::Time now);
+  static constexpr int kExactLoadWaiting = 64;
+  static constexpr absl::Duration kLoadEstimateInterval = absl::Milliseconds(50);
   KvCacheManager& cache() { return cache_; }
   const ModelConfig& config() const { return runner_->config(); }
   const ModelRunner& runner() const { return *runner_; }
@@ -273,6 +280,9 @@ class EngineCore {
   int consecutive_step_failures_ = 0;
   absl::Status health_;
   absl::Status end_unstarted_;  // OK: requests are admitted (see EndUnstarted)
+  // PublishedLoad's last estimate of the queued prefill, and when it is due again.
+  int64_t published_prefill_tokens_ = 0;
+  absl::Time next_prefill_estimate_ = absl::InfinitePast();
 };
 
 }  // namespace lazyattn

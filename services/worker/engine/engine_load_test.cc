@@ -138,5 +138,32 @@ TEST_F(EngineLoadTest, JoiningAnotherRequestsEncodingCountsAsReuse) {
   EXPECT_EQ(second.usage.document_hit_tokens, DocTokens(4) + DocTokens(5));
 }
 
+// What the engine publishes every step: exact with few waiting requests; with many, the queued
+// prefill estimate (a cache lookup per waiting document) is carried over between recomputations
+// kLoadEstimateInterval apart, while the counts stay current.
+TEST_F(EngineLoadTest, PublishedLoadRecomputesTheEstimateOnlyEveryIntervalWhenManyWait) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  // Left waiting: the core fails them as it goes away, which is no part of this test.
+  for (int i = 0; i < EngineCore::kExactLoadWaiting; ++i) {
+    core_->Add(Prepare(Request({i % 7}, CacheMode::kLazy)));
+  }
+  EngineLoad exact = core_->Load();
+  EngineLoad published = core_->PublishedLoad(t0);
+  EXPECT_EQ(published.queued_prefill_tokens, exact.queued_prefill_tokens);
+  EXPECT_EQ(published.waiting_tokens, exact.waiting_tokens);
+
+  core_->Add(Prepare(Request({20}, CacheMode::kLazy)));  // a document nobody queued: more prefill
+  exact = core_->Load();
+  ASSERT_GT(exact.queued_prefill_tokens, published.queued_prefill_tokens);
+  const EngineLoad carried = core_->PublishedLoad(t0 + absl::Milliseconds(1));
+  EXPECT_EQ(carried.queued_prefill_tokens, published.queued_prefill_tokens) << "carried over";
+  EXPECT_EQ(carried.waiting, exact.waiting);
+  EXPECT_EQ(carried.waiting_tokens, exact.waiting_tokens);
+  EXPECT_EQ(carried.running, exact.running);
+
+  const EngineLoad due = core_->PublishedLoad(t0 + EngineCore::kLoadEstimateInterval);
+  EXPECT_EQ(due.queued_prefill_tokens, exact.queued_prefill_tokens);
+}
+
 }  // namespace
 }  // namespace lazyattn
