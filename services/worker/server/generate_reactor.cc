@@ -122,7 +122,7 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
                                          static_cast<int64_t>(request.ByteSizeLong()));
       !queued.ok()) {
     refs_.fetch_sub(1);  // the task is not called when Submit fails
-    reject(ToGrpcStatus(queued));
+    reject(ToGrpcStatus(queued), IsHandedBack(queued));
   }
 }
 

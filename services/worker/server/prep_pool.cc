@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/worker/server/handed_back.h"
 
 namespace lazyattn {
 
@@ -37,7 +38,8 @@ absl::StatusOr<uint64_t> PrepPool::Submit(Task task, int64_t bytes) {
   bytes = std::max<int64_t>(0, bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("worker shutting down");
+    // Nothing of the request was done: a router moves it without its retry budget.
+    if (stop_) return HandedBack(absl::UnavailableError("worker shutting down"));
     if (static_cast<int>(queue_.size()) >= options_.max_pending) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "worker busy: ", queue_.size(), " requests wait for tokenization (",
@@ -85,7 +87,10 @@ void PrepPool::Shutdown() {
     pending_bytes_ = 0;
   }
   cv_.notify_all();
-  for (Waiting& w : dropped) w.task(absl::UnavailableError("worker shutting down"));
+  for (Waiting& w : dropped) {
+    w.task(HandedBack(absl::UnavailableError(
+        "worker shutting down: draining, and the request had not started; retry it elsewhere")));
+  }
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }

@@ -1,5 +1,4 @@
 #include "services/worker/server/prep_pool.h"
-#include "services/worker/server/prep_ticket.h"
 
 #include <atomic>
 #include <memory>
@@ -10,6 +9,8 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/worker/server/handed_back.h"
+#include "services/worker/server/prep_ticket.h"
 
 namespace lazyattn {
 namespace {
@@ -157,9 +158,12 @@ TEST(PrepPoolTest, ShutdownEndsQueuedTasksAndRefusesNewOnes) {
   pool->Shutdown();
   releaser.join();
   EXPECT_EQ(queued.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(IsHandedBack(queued.status)) << "nothing of it was done: a router may move it";
   EXPECT_TRUE(running.status.ok());
   Probe late;
-  EXPECT_EQ(pool->Submit(late.Task()).status().code(), absl::StatusCode::kUnavailable);
+  const absl::Status refused = pool->Submit(late.Task()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(IsHandedBack(refused));
   pool.reset();  // Shutdown again: idempotent
   EXPECT_EQ(late.calls.load(), 0);
 }

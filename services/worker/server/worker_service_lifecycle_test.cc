@@ -85,6 +85,31 @@ TEST_F(WorkerServiceTest, AFullPreparationQueueIsResourceExhaustedAtOnce) {
   ExpectIdle();
 }
 
+// A drain hands back a request still waiting for tokenization as it does one waiting for
+// admission: UNAVAILABLE with the worker's trailer and the handed-back mark, at once.
+TEST_F(WorkerServiceTest, ADrainHandsBackARequestWaitingForPreparation) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
+  PrepPool& pool = server_->service().prep_pool();
+  PoolBlocker blocker(pool);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.pending() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(pool.pending(), 1);
+  std::thread drainer([&] { server_->Drain(); });
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  blocker.Release();  // the pool's thread, which the drain's stop of the pool joins
+  drainer.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(tokens, 0);
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  EXPECT_EQ(trailers.count(kWorkerEndedCallKey), 1u);
+  EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
+}
+
 TEST_F(WorkerServiceTest, CancellationAndDeadlinesReachARequestWaitingForPreparation) {
   StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
   PrepPool& pool = server_->service().prep_pool();
