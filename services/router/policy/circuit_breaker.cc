@@ -28,8 +28,10 @@ CircuitBreakers::Permit CircuitBreakers::TryAcquire(const std::string& worker, a
   if (e.open) {
     e.probe_in_flight = true;
     e.probe_started = now;
+    ++e.probe_seq;
   }
-  return Permit{.granted = true, .probe = e.open, .generation = e.generation};
+  return Permit{
+      .granted = true, .probe = e.open, .generation = e.generation, .probe_seq = e.probe_seq};
 }
 
 CircuitBreakers::Permit CircuitBreakers::Bypass(const std::string& worker) const {
@@ -83,6 +85,8 @@ void CircuitBreakers::RecordSuccess(const std::string& worker, const Permit& per
     e.probe_in_flight = false;
     e.consecutive_failures = 0;
     e.window = {};
+  } else if (permit.generation != e.generation) {
+    return;  // sent before the breaker last opened: it says nothing of the worker since
   } else {
     e.consecutive_failures = 0;
   }
@@ -99,6 +103,7 @@ void CircuitBreakers::RecordFailure(const std::string& worker, const Permit& per
     if (permit.probe && permit.generation == e.generation) Open(e, now);
     return;
   }
+  if (permit.generation != e.generation) return;  // sent before it last opened (and closed)
   ++e.consecutive_failures;
   const bool rate_opens = CountOutcome(e, /*failed=*/true, now);
   if (e.consecutive_failures >= options_.failure_threshold || rate_opens) Open(e, now);
@@ -108,7 +113,8 @@ void CircuitBreakers::Release(const std::string& worker, const Permit& permit) {
   if (!permit.probe) return;
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(worker);
-  if (it != entries_.end() && it->second.generation == permit.generation) {
+  if (it != entries_.end() && it->second.generation == permit.generation &&
+      it->second.probe_seq == permit.probe_seq) {
     it->second.probe_in_flight = false;
   }
 }

@@ -13,8 +13,10 @@
 // Every request carries the Permit it was sent under, and reports its outcome with it. A breaker
 // counts each opening (its generation), so an outcome of a request sent before the breaker last
 // opened is old news: its success does not close the breaker (the worker failed since it was
-// sent), its failure does not extend the open period, and its release does not free the probe
-// slot. Only the probe's own outcome moves a half-open breaker.
+// sent), its failure does not extend the open period, and once the breaker has closed again
+// neither counts toward opening it anew. Only the probe's own outcome moves a half-open breaker,
+// and only the current probe's release frees the probe slot (a probe that stayed out a whole
+// period is replaced, and its late release must not let a third one in).
 //
 // What counts as a failure is the caller's choice (the router counts transport failures:
 // UNAVAILABLE, UNKNOWN, DATA_LOSS). Times are passed in, so tests drive the clock. Thread-safe.
@@ -51,6 +53,7 @@ class CircuitBreakers {
     bool granted = false;
     bool probe = false;       // the half-open breaker's one trial request
     uint64_t generation = 0;  // the worker's breaker openings when it was granted
+    uint64_t probe_seq = 0;   // a probe: which of the period's probes (a lost one is replaced)
     explicit operator bool() const { return granted; }
   };
 
@@ -90,6 +93,7 @@ class CircuitBreakers {
     absl::Time open_until = absl::InfinitePast();
     bool probe_in_flight = false;
     absl::Time probe_started = absl::InfinitePast();
+    uint64_t probe_seq = 0;  // probes granted so far
     std::array<Bucket, kBuckets> window;
   };
   bool AvailableLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

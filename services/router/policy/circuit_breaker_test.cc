@@ -123,6 +123,43 @@ TEST(CircuitBreakerTest, ALateProbeOfAnEarlierPeriodDoesNotCloseIt) {
       << "the old probe was sent before the breaker opened again";
 }
 
+// Once the breaker has closed again, late outcomes of requests sent before it opened count for
+// nothing: late timeouts must not reopen a worker whose probe just succeeded.
+TEST(CircuitBreakerTest, LateOutcomesFromBeforeTheLastOpeningDoNotCountOnceClosed) {
+  CircuitBreakers b(Consecutive(2));
+  const Permit old = b.TryAcquire("w", kT0);  // sent, then the worker wedged
+  b.RecordFailure("w", old, kT0);
+  b.RecordFailure("w", old, kT0);
+  ASSERT_EQ(b.StateOf("w", kT0), State::kOpen);
+  const absl::Time t1 = kT0 + absl::Seconds(5);
+  const Permit probe = b.TryAcquire("w", t1);
+  b.RecordSuccess("w", probe, t1);
+  ASSERT_EQ(b.StateOf("w", t1), State::kClosed);
+  for (int i = 0; i < 3; ++i) b.RecordFailure("w", old, t1);  // their timeouts, late
+  EXPECT_EQ(b.StateOf("w", t1), State::kClosed);
+  // A current failure still counts, and a late success from before does not hide it.
+  b.RecordFailure("w", b.TryAcquire("w", t1), t1);
+  b.RecordSuccess("w", old, t1);
+  b.RecordFailure("w", b.TryAcquire("w", t1), t1);
+  EXPECT_EQ(b.StateOf("w", t1), State::kOpen);
+}
+
+// A probe that stayed out a whole period is replaced; its late release must not free the slot
+// while its replacement is out.
+TEST(CircuitBreakerTest, AReplacedProbesLateReleaseKeepsTheSlotTaken) {
+  CircuitBreakers b(Consecutive(1));
+  b.RecordFailure("w", b.TryAcquire("w", kT0), kT0);
+  const absl::Time t1 = kT0 + absl::Seconds(5);
+  const Permit first = b.TryAcquire("w", t1);
+  const absl::Time t2 = t1 + absl::Seconds(5);
+  const Permit second = b.TryAcquire("w", t2);
+  ASSERT_TRUE(second.probe);
+  b.Release("w", first);
+  EXPECT_FALSE(b.TryAcquire("w", t2)) << "a third probe beside the second";
+  b.Release("w", second);
+  EXPECT_TRUE(b.TryAcquire("w", t2).probe);
+}
+
 // Requests sent while every worker was out (Bypass) speak for the worker as it is now.
 TEST(CircuitBreakerTest, ABypassingRequestSentWhileOpenClosesItOnSuccess) {
   CircuitBreakers b(Consecutive(1));

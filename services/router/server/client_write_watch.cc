@@ -1,6 +1,7 @@
 #include "services/router/server/client_write_watch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -29,9 +30,17 @@ std::shared_ptr<ClientWriteWatch::Stream> ClientWriteWatch::Watch(
   return stream;
 }
 
+namespace {
+// Monotonic: a step of the wall clock must not cut every stream with a write in progress.
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void ClientWriteWatch::Stream::WriteStarted() {
-  write_started_ns_.store(std::max<int64_t>(1, absl::GetCurrentTimeNanos()),
-                          std::memory_order_relaxed);
+  write_started_ns_.store(std::max<int64_t>(1, SteadyNanos()), std::memory_order_relaxed);
 }
 
 void ClientWriteWatch::Stream::WriteDone() { write_started_ns_.store(0, std::memory_order_relaxed); }
@@ -45,8 +54,8 @@ void ClientWriteWatch::Stream::Close() {
   watch_->streams_.erase(this);
 }
 
-void ClientWriteWatch::Sweep(absl::Time now) {
-  const int64_t cutoff = absl::ToUnixNanos(now - timeout_);
+void ClientWriteWatch::Sweep() {
+  const int64_t cutoff = SteadyNanos() - absl::ToInt64Nanoseconds(timeout_);
   std::vector<std::shared_ptr<Stream>> stalled;
   {
     absl::MutexLock lock(&mu_);
@@ -75,7 +84,7 @@ void ClientWriteWatch::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     mu_.Unlock();
-    Sweep(absl::Now());
+    Sweep();
     mu_.Lock();
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), every);
   }

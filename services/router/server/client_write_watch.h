@@ -39,7 +39,7 @@ class ClientWriteWatch {
   std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context);
 
  private:
-  void Sweep(absl::Time now);
+  void Sweep();
   void Loop();
 
   const absl::Duration timeout_;
@@ -69,7 +69,7 @@ class ClientWriteWatch::Stream {
   // sweeping thread while it holds this lock.
   std::recursive_mutex mu_;
   grpc::CallbackServerContext* context_;  // guarded by mu_; null once closed
-  std::atomic<int64_t> write_started_ns_{0};  // 0: no write in progress
+  std::atomic<int64_t> write_started_ns_{0};  // steady clock; 0: no write in progress
 };
 
 }  // namespace lazyattn::router

@@ -177,19 +177,24 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
                                    const grpc::Status& worker_status) {
   router_->registry().AddInflight(call->worker.id, -1);
   grpc::Status status = worker_status;
-  // Our own timeout, not the client's deadline: the worker is frozen or wedged, and the next one
-  // may answer (UNAVAILABLE is retried and counts against the breaker).
+  // Our own timeout, not the client's deadline: the worker is frozen or wedged (or the documents
+  // are more than it computes in that time). It counts against the breaker, and the documents do
+  // not go to another worker: a Prefetch too large for the timeout would cost every worker the
+  // same time in turn.
   const bool client_deadline_passed =
       context_->deadline() <= std::chrono::system_clock::now() + std::chrono::milliseconds(50);
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !client_deadline_passed &&
       absl::Now() >= call->timeout_at - absl::Milliseconds(50)) {
     model_metrics_->CountPrefetchTimeout();
     status = grpc::Status(
-        grpc::StatusCode::UNAVAILABLE,
+        grpc::StatusCode::DEADLINE_EXCEEDED,
         absl::StrCat("no answer within ",
                      absl::ToInt64Milliseconds(router_->options().routing.prefetch_timeout),
                      " ms (routing.prefetch_timeout_ms); call cancelled"));
   }
+  // The client's own deadline expiring says nothing about the worker.
+  const bool client_expiry =
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
   auto& breakers = router_->selector().breakers();
   std::vector<std::shared_ptr<WorkerCall>> more;
   std::optional<grpc::Status> final_status;
@@ -205,7 +210,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
                                      call->response.computed_tokens());
       response_->set_cached_tokens(response_->cached_tokens() + call->response.cached_tokens());
     } else {
-      if (IsWorkerFault(status.error_code()) && !cancelled_) {
+      if (IsWorkerFault(status.error_code()) && !cancelled_ && !client_expiry) {
         breakers.RecordFailure(call->worker.id, call->permit, absl::Now());
       } else {
         breakers.Release(call->worker.id, call->permit);

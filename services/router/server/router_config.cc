@@ -198,6 +198,15 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                    MillisIn(config, "routing.prefetch_timeout_ms", r.prefetch_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(r.client_write_timeout, MillisIn(config, "routing.client_write_timeout_ms",
                                                     r.client_write_timeout, 0, 3600000));
+  // Shorter ones would cut healthy streams and count a worker's ordinary Prefetch as a failure.
+  for (const auto& [key, value] :
+       {std::pair{"routing.prefetch_timeout_ms", r.prefetch_timeout},
+        std::pair{"routing.client_write_timeout_ms", r.client_write_timeout}}) {
+    if (value > absl::ZeroDuration() && value < absl::Seconds(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, ": must be 0 (off) or at least 1000, got ", absl::ToInt64Milliseconds(value)));
+    }
+  }
   ASSIGN_OR_RETURN(
       const int64_t quarantine_s,
       config.IntIn("routing.quarantine_ttl_s", absl::ToInt64Seconds(r.quarantine.ttl), 0, 86400));

@@ -154,6 +154,11 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("health_check.max_ejection_ms: must be >="));
   EXPECT_THAT(error("kvdir: {address: k:1, lookup_backoff_ms: 5000, lookup_max_backoff_ms: 100}\n"),
               HasSubstr("kvdir.lookup_max_backoff_ms: must be at least kvdir.lookup_backoff_ms"));
+  EXPECT_THAT(
+      error("kvdir: {address: k:1}\nrouting: {client_write_timeout_ms: 5}\n"),
+      HasSubstr("routing.client_write_timeout_ms: must be 0 (off) or at least 1000, got 5"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {prefetch_timeout_ms: 999}\n"),
+              HasSubstr("routing.prefetch_timeout_ms: must be 0 (off) or at least 1000"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),
               HasSubstr("routing.first_token_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {token_idle_timeout_ms: 3600001}\n"),

@@ -307,8 +307,11 @@ void RouterContext::RefreshWorkers() {
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
     if (s.ok()) {
       registry_.ObserveDirectory(response.workers(), absl::Now());
-      lookup_gate_.TrialNow(absl::Now());
+      // The directory is back after failing to list: try a lookup now rather than after the
+      // backoff. (One that lists but fails lookups keeps its backoff.)
+      if (!last_listing_ok_.exchange(true)) lookup_gate_.TrialNow(absl::Now());
     } else {
+      last_listing_ok_ = false;
       registry_.ObserveDirectoryFailure(sent_at);
     }
   }

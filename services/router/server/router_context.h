@@ -100,6 +100,7 @@ class RouterContext {
   RetryBudget retry_budget_;
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   LookupGate lookup_gate_;
+  std::atomic<bool> last_listing_ok_{true};        // the last ListWorkers answered
   std::unique_ptr<ClientWriteWatch> write_watch_;  // null: routing.client_write_timeout_ms 0
   std::atomic<int> inflight_{0};
 

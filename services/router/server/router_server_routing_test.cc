@@ -373,8 +373,9 @@ TEST_F(RouterServerTest, CircuitBreakerStopsSendingToAFailingWorker) {
 }
 
 // A model served by one worker whose breaker is half-open: while the probe is out, other requests
-// are still sent there (every worker of the model is out, so it is tried anyway), and one that
-// succeeds closes the breaker.
+// are still sent there (every worker of the model is out, so the selector offers it anyway), and
+// they succeed. (The race in which the probe is taken between a request's plan and its send goes
+// through PlanCursor, covered by plan_cursor_test.cc.)
 TEST_F(RouterServerTest, TheOnlyWorkerServesOthersWhileItsProbeIsOut) {
   StartWorkers(1);
   StartKvdir();

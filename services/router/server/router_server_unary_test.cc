@@ -201,26 +201,60 @@ TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {
 }
 
 // A frozen worker does not hold a Prefetch (whose client may set no deadline) for ever: past
-// routing.prefetch_timeout_ms its call is cancelled, counted, and the next worker warms the
-// documents.
-TEST_F(RouterServerTest, PrefetchTimeoutMovesTheDocumentsOffAFrozenWorker) {
+// routing.prefetch_timeout_ms its call is cancelled and counted against it. The documents do not
+// go to another worker (a Prefetch larger than the timeout allows would cost each in turn).
+TEST_F(RouterServerTest, PrefetchTimeoutEndsTheCallToAFrozenWorker) {
   StartWorkers(2);
   StartKvdir();
   kvdir_.Hold("w1", "doc", 500);  // w1 is the first choice
   workers_[1]->SetScript({.block = true});
   RouterOptions o = Options();
   o.routing.prefetch_timeout = absl::Milliseconds(300);
+  o.routing.breaker = {.failure_threshold = 1, .open_duration = absl::Hours(1)};
   StartRouter(o);
   lazyattn::v1::PrefetchRequest request;
   request.add_documents()->set_text("doc");
   lazyattn::v1::PrefetchResponse response;
-  grpc::ClientContext ctx;  // no deadline
+  {
+    grpc::ClientContext ctx;  // no deadline
+    const grpc::Status s = stub_->Prefetch(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("w1"));
+    EXPECT_THAT(s.error_message(), HasSubstr("routing.prefetch_timeout_ms"));
+  }
+  EXPECT_TRUE(workers_[1]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_EQ(workers_[0]->prefetch_calls(), 0);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_prefetch_timeouts_total{model=\"fake-model\"} 1"));
+  // Counted against w1's breaker: the next Prefetch goes to w0.
+  grpc::ClientContext ctx;
+  response.Clear();
   const grpc::Status s = stub_->Prefetch(&ctx, request, &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_THAT(response.workers(), ElementsAre("w0"));
-  EXPECT_TRUE(workers_[1]->WaitForCancellation(absl::Seconds(10)));
-  EXPECT_THAT(Metrics(),
-              HasSubstr("lazyattn_router_prefetch_timeouts_total{model=\"fake-model\"} 1"));
+  workers_[1]->Unblock();
+}
+
+// A client whose own deadline passes during a Prefetch says nothing about the worker: its breaker
+// stays closed however many such calls end.
+TEST_F(RouterServerTest, APrefetchClientsOwnDeadlineDoesNotCountAgainstTheWorker) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w1", "doc", 500);
+  workers_[1]->SetScript({.block = true});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 1, .open_duration = absl::Hours(1)};
+  StartRouter(o);
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    lazyattn::v1::PrefetchResponse response;
+    EXPECT_EQ(stub_->Prefetch(&ctx, request, &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(workers_[0]->prefetch_calls(), 0) << "w1's breaker opened on its clients' deadlines";
   workers_[1]->Unblock();
 }
 

@@ -125,7 +125,9 @@ bool WorkerAttempt::LostMidCall(const grpc::Status& status) {
 }
 
 bool WorkerAttempt::HandedBack(const grpc::Status& status) {
-  if (status.ok()) return false;
+  // A worker hands back with UNAVAILABLE only; the mark on another code (one that is no worker
+  // fault) would let a broken or hostile worker bounce requests at no cost to itself.
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
   {
     absl::MutexLock lock(&mu_);
     if (got_token_ || got_final_) return false;
