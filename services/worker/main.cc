@@ -167,10 +167,6 @@ class StopSignals {
     cv_.wait(lock, [&] { return first_ != 0; });
     return first_;
   }
-  bool DrainCutShort() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return end_drain_;
-  }
   // The server a second signal ends the drain of (null: none any more; set before it goes
   // away). A second signal that came while it started applies now.
   void SetServer(lazyattn::WorkerServer* server) {
@@ -356,10 +352,8 @@ int main(int argc, char** argv) {
   if (signal_number == SIGTERM || signal_number == SIGHUP) {
     lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("draining");
     if (!(*server)->Drain()) {
-      lazyattn::LogWarning("worker").Msg(
-          signals.DrainCutShort()
-              ? "drain ended by a second stop signal; remaining requests cancelled"
-              : "server.drain_timeout_s passed; remaining requests cancelled");
+      // Drain logged why (server.drain_timeout_s, or a second stop signal).
+      lazyattn::LogWarning("worker").Msg("drain unfinished; remaining requests ended");
     }
   } else {
     lazyattn::LogInfo("worker").Str("signal", strsignal(signal_number)).Msg("shutting down");
