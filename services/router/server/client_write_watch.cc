@@ -23,8 +23,8 @@ ClientWriteWatch::~ClientWriteWatch() {
 }
 
 std::shared_ptr<ClientWriteWatch::Stream> ClientWriteWatch::Watch(
-    grpc::CallbackServerContext* context) {
-  std::shared_ptr<Stream> stream(new Stream(this, context));
+    grpc::CallbackServerContext* context, std::string request_id) {
+  std::shared_ptr<Stream> stream(new Stream(this, context, std::move(request_id)));
   absl::MutexLock lock(&mu_);
   streams_.emplace(stream.get(), stream);
   return stream;
@@ -70,9 +70,12 @@ void ClientWriteWatch::Sweep() {
     if (s->context_ == nullptr || started == 0 || started > cutoff) continue;
     if (on_cut_) on_cut_();
     LogWarning("router")
+        .Str("request_id", s->request_id_)
+        .Str("peer", s->context_->peer())
         .Int("timeout_ms", absl::ToInt64Milliseconds(timeout_))
-        .Msg("a client read nothing of its stream for routing.client_write_timeout_ms; call "
-             "cancelled");
+        .Msg(
+            "a client read nothing of its stream for routing.client_write_timeout_ms; call "
+            "cancelled");
     s->write_started_ns_.store(0, std::memory_order_relaxed);  // cut once
     // May run the call's reactions on this thread (Close among them: the lock is recursive).
     s->context_->TryCancel();

@@ -18,7 +18,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -36,7 +38,7 @@ class ClientWriteWatch {
   class Stream;
   // Registers a call. The returned handle must be closed (Stream::Close) before `context` goes
   // away (in the reactor's OnDone at the latest).
-  std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context);
+  std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context, std::string request_id);
 
  private:
   void Sweep();
@@ -61,10 +63,11 @@ class ClientWriteWatch::Stream {
 
  private:
   friend class ClientWriteWatch;
-  Stream(ClientWriteWatch* watch, grpc::CallbackServerContext* context)
-      : watch_(watch), context_(context) {}
+  Stream(ClientWriteWatch* watch, grpc::CallbackServerContext* context, std::string request_id)
+      : watch_(watch), request_id_(std::move(request_id)), context_(context) {}
 
   ClientWriteWatch* const watch_;
+  const std::string request_id_;  // for the log line of a cut
   // Recursive: cancelling the call may run the reactor's reactions, Close among them, on the
   // sweeping thread while it holds this lock.
   std::recursive_mutex mu_;

@@ -88,6 +88,7 @@ class ForwardingCall {
   virtual void DiscardPartial() {}
 
   RouterContext* router() const { return router_; }
+  const std::string& request_id() const { return request_id_; }
 
  private:
   friend class WorkerAttempt;

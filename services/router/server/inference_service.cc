@@ -33,7 +33,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
       Finish(s);
       return;
     }
-    if (ClientWriteWatch* watch = router->write_watch()) watch_ = watch->Watch(context);
+    if (ClientWriteWatch* watch = router->write_watch()) {
+      watch_ = watch->Watch(context, request_id());
+    }
     Begin();
   }
 
