@@ -553,39 +553,6 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
   }
 }
 
-// One access-log line per request, and the request's latency metrics. The prompt is logged only
-// at log.level debug (it may hold anything a client sends).
-void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
-  const absl::Time now = absl::Now();
-  const bool ok = status.ok();
-  const bool got_token = first_token_at_ != absl::InfinitePast();
-  if (ok) {
-    model_metrics_->ObserveDuration(now - started_);
-    if (got_token) model_metrics_->ObserveTtft(first_token_at_ - started_);
-  }
-  if (!LogEnabled(LogLevel::kInfo)) return;
-  LogLine line(ok ? LogLevel::kInfo : LogLevel::kWarning, "router");
-  line.Str("request_id", request_id_)
-      .Str("status", StatusCodeLabel(status.error_code()))
-      .Str("worker", final != nullptr ? final->worker() : last_worker_)
-      .Int("attempts", attempts_)
-      .Num("ttft_s", got_token ? absl::ToDoubleSeconds(first_token_at_ - started_) : -1)
-      .Num("duration_s", absl::ToDoubleSeconds(now - started_))
-      .Int("tokens", final != nullptr ? final->usage().completion_tokens() : tokens_);
-  if (final != nullptr) {
-    line.Int("prompt_tokens", final->usage().prompt_tokens())
-        .Int("cached_tokens", final->usage().cached_tokens())
-        .Int("predicted_hit_tokens", final->predicted_hit_tokens())
-        .Int("document_hit_tokens", final->usage().document_hit_tokens())
-        .Str("finish_reason", final->finish_reason());
-  }
-  if (!ok) line.Str("error", status.error_message());
-  if (LogEnabled(LogLevel::kDebug)) {
-    line.Str("question", request_->question()).Int("documents", request_->documents_size());
-  }
-  line.Msg("request");
-}
-
 void ForwardingCall::End(grpc::Status status, std::optional<Final> final) {
   const grpc::StatusCode code = status.error_code();
   if ((code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNAVAILABLE ||
