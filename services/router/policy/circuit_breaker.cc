@@ -62,9 +62,11 @@ bool CircuitBreakers::CountOutcome(Entry& e, bool failed, absl::Time now) const 
              options_.failure_rate_percent * static_cast<double>(total);
 }
 
-void CircuitBreakers::Open(Entry& e, absl::Time now) const {
+void CircuitBreakers::Open(Entry& e, absl::Time now) {
   e.open = true;
-  ++e.generation;
+  // From one counter for all workers: an entry forgotten by Retain and made again starts from
+  // zero, and its openings must not match permits granted under the forgotten one's.
+  e.generation = ++openings_;
   e.open_until = now + options_.open_duration;
   e.probe_in_flight = false;
   // The outcomes that opened it are spent; after the probe the worker starts a clean record.

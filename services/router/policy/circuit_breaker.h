@@ -52,7 +52,7 @@ class CircuitBreakers {
   struct Permit {
     bool granted = false;
     bool probe = false;       // the half-open breaker's one trial request
-    uint64_t generation = 0;  // the worker's breaker openings when it was granted
+    uint64_t generation = 0;  // the worker breaker's last opening when granted (0: never)
     uint64_t probe_seq = 0;   // a probe: which of the period's probes (a lost one is replaced)
     explicit operator bool() const { return granted; }
   };
@@ -89,7 +89,7 @@ class CircuitBreakers {
   struct Entry {
     int consecutive_failures = 0;
     bool open = false;
-    uint64_t generation = 0;  // times opened
+    uint64_t generation = 0;  // which opening was its last (unique over all workers; 0: never)
     absl::Time open_until = absl::InfinitePast();
     bool probe_in_flight = false;
     absl::Time probe_started = absl::InfinitePast();
@@ -99,11 +99,12 @@ class CircuitBreakers {
   bool AvailableLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Adds one outcome to the window; returns whether the failure rate now opens the breaker.
   bool CountOutcome(Entry& e, bool failed, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Open(Entry& e, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Open(Entry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CircuitBreakerOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t openings_ ABSL_GUARDED_BY(mu_) = 0;  // every breaker's, ever: generations are unique
 };
 
 }  // namespace lazyattn::router

@@ -236,6 +236,25 @@ TEST(CircuitBreakerTest, FailureRateNeedsItsMinimumAndForgetsOldOutcomes) {
   EXPECT_EQ(b.StateOf("w", t), State::kOpen);
 }
 
+// A worker forgotten (it left the registry) and back again starts a fresh breaker; a permit from
+// before it was forgotten must not match the new breaker's openings.
+TEST(CircuitBreakerTest, PermitsFromAForgottenBreakerDoNotMatchItsSuccessor) {
+  CircuitBreakers b(Consecutive(1));
+  b.RecordFailure("w", b.TryAcquire("w", kT0), kT0);
+  const absl::Time t1 = kT0 + absl::Seconds(5);
+  const Permit old_probe = b.TryAcquire("w", t1);  // still out when the worker is forgotten
+  ASSERT_TRUE(old_probe.probe);
+  b.Retain({});
+  b.RecordFailure("w", b.TryAcquire("w", t1), t1);  // back, and failing: open again
+  ASSERT_EQ(b.StateOf("w", t1), State::kOpen);
+  b.RecordSuccess("w", old_probe, t1);
+  EXPECT_EQ(b.StateOf("w", t1), State::kOpen);
+  const absl::Time t2 = t1 + absl::Seconds(5);
+  ASSERT_TRUE(b.TryAcquire("w", t2).probe);
+  b.Release("w", old_probe);
+  EXPECT_FALSE(b.TryAcquire("w", t2)) << "the old probe's release freed the new probe's slot";
+}
+
 TEST(CircuitBreakerTest, RetainForgetsDepartedWorkers) {
   CircuitBreakers b(Consecutive(1));
   b.RecordFailure("gone", b.TryAcquire("gone", kT0), kT0);

@@ -177,14 +177,17 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
                                    const grpc::Status& worker_status) {
   router_->registry().AddInflight(call->worker.id, -1);
   grpc::Status status = worker_status;
-  // Our own timeout, not the client's deadline: the worker is frozen or wedged (or the documents
-  // are more than it computes in that time). It counts against the breaker, and the documents do
-  // not go to another worker: a Prefetch too large for the timeout would cost every worker the
-  // same time in turn.
-  const bool client_deadline_passed =
-      context_->deadline() <= std::chrono::system_clock::now() + std::chrono::milliseconds(50);
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !client_deadline_passed &&
-      absl::Now() >= call->timeout_at - absl::Milliseconds(50)) {
+  // Which deadline ended the call: the earlier of ours and the client's (the worker call carries
+  // the earlier one), decided by the deadlines themselves, not by the time now. Ours means the
+  // worker is frozen or wedged (or the documents are more than it computes in that time): it
+  // counts against the breaker, and the documents do not go to another worker, since a Prefetch
+  // too large for the timeout would cost every worker the same time in turn.
+  const auto client_deadline = context_->deadline();
+  const bool ours_first = call->timeout_at != absl::InfiniteFuture() &&
+                          (client_deadline == std::chrono::system_clock::time_point::max() ||
+                           call->timeout_at < absl::FromChrono(client_deadline));
+  const bool deadline_exceeded = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  if (deadline_exceeded && ours_first) {
     model_metrics_->CountPrefetchTimeout();
     status = grpc::Status(
         grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -193,8 +196,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
                      " ms (routing.prefetch_timeout_ms); call cancelled"));
   }
   // The client's own deadline expiring says nothing about the worker.
-  const bool client_expiry =
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
+  const bool client_expiry = deadline_exceeded && !ours_first;
   auto& breakers = router_->selector().breakers();
   std::vector<std::shared_ptr<WorkerCall>> more;
   std::optional<grpc::Status> final_status;

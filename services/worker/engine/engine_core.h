@@ -176,7 +176,8 @@ class EngineCore {
   EngineLoad Load() const;
   // What the engine publishes after every step: Load(), except that once more than
   // kExactLoadWaiting requests wait, queued_prefill_tokens (a cache lookup per waiting request's
-  // document: ~7 ms at 1,024 waiting) is recomputed at most every kLoadEstimateInterval and
+  // document: ~0.2 ms at 1,024 waiting of 5 documents each, more with more documents) is
+  // recomputed at most every kLoadEstimateInterval and
   // carried over between. The counts and waiting_tokens are always current.
   EngineLoad PublishedLoad(absl::Time now);
   static constexpr int kExactLoadWaiting = 64;

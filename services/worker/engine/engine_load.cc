@@ -6,7 +6,9 @@
 namespace lazyattn {
 
 EngineLoad EngineCore::PublishedLoad(absl::Time now) {
-  if (waiting_.size() <= static_cast<size_t>(kExactLoadWaiting) || now >= next_prefill_estimate_) {
+  // (A clock stepped back past the last estimate recomputes too, or the estimate would freeze.)
+  if (waiting_.size() <= static_cast<size_t>(kExactLoadWaiting) || now >= next_prefill_estimate_ ||
+      now < next_prefill_estimate_ - kLoadEstimateInterval) {
     const EngineLoad load = Load();
     published_prefill_tokens_ = load.queued_prefill_tokens;
     next_prefill_estimate_ = now + kLoadEstimateInterval;
