@@ -24,6 +24,10 @@ struct PrefetchReactor::WorkerCall {
   PrefetchResponse response;
 };
 
+PrefetchDeadline WhichPrefetchDeadline(absl::Time timeout_at, absl::Time client_deadline) {
+  return timeout_at < client_deadline ? PrefetchDeadline::kRouters : PrefetchDeadline::kClients;
+}
+
 PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerContext* context,
                                  const PrefetchRequest* request, PrefetchResponse* response)
     : router_(router),
@@ -183,9 +187,11 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
   // counts against the breaker, and the documents do not go to another worker, since a Prefetch
   // too large for the timeout would cost every worker the same time in turn.
   const auto client_deadline = context_->deadline();
-  const bool ours_first = call->timeout_at != absl::InfiniteFuture() &&
-                          (client_deadline == std::chrono::system_clock::time_point::max() ||
-                           call->timeout_at < absl::FromChrono(client_deadline));
+  const bool ours_first =
+      WhichPrefetchDeadline(call->timeout_at,
+                            client_deadline == std::chrono::system_clock::time_point::max()
+                                ? absl::InfiniteFuture()
+                                : absl::FromChrono(client_deadline)) == PrefetchDeadline::kRouters;
   const bool deadline_exceeded = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
   if (deadline_exceeded && ours_first) {
     model_metrics_->CountPrefetchTimeout();

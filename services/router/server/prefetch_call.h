@@ -1,7 +1,8 @@
 // Prefetch at the router: routed like Generate (same documents, same policy), then Worker.Prefetch
 // on the best `replicas` workers (0: the one a Generate would use), concurrently. A worker that
-// fails is replaced by the next one of the plan; the answer lists the workers that succeeded and
-// fails only if none did.
+// fails with a retryable status is replaced by the next one of the plan (one cut by
+// routing.prefetch_timeout_ms is not); the answer lists the workers that succeeded and fails only
+// if none did.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_PREFETCH_CALL_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_PREFETCH_CALL_H_
 
@@ -13,11 +14,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "services/router/server/plan_cursor.h"
 #include "services/router/server/router_context.h"
 
 namespace lazyattn::router {
+
+// Which deadline ended a Prefetch worker call that ended DEADLINE_EXCEEDED: the call carries the
+// earlier of the router's own (`timeout_at`, routing.prefetch_timeout_ms from the call's start;
+// InfiniteFuture when off) and the client's (`client_deadline`; InfiniteFuture when none). A tie
+// is the client's. Decided by the deadlines, not by the time the call ended.
+enum class PrefetchDeadline { kRouters, kClients };
+PrefetchDeadline WhichPrefetchDeadline(absl::Time timeout_at, absl::Time client_deadline);
 
 class PrefetchReactor final : public grpc::ServerUnaryReactor {
  public:

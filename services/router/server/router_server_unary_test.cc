@@ -11,6 +11,7 @@
 
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/fake_cluster_for_test.h"
+#include "services/router/server/prefetch_call.h"
 #include "services/router/server/router_server.h"
 #include "services/router/server/router_server_test_fixture.h"
 
@@ -233,6 +234,21 @@ TEST_F(RouterServerTest, PrefetchTimeoutEndsTheCallToAFrozenWorker) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_THAT(response.workers(), ElementsAre("w0"));
   workers_[1]->Unblock();
+}
+
+// The deadline that ended a Prefetch worker call is the earlier one, whenever the call's end was
+// seen: a client deadline 10 ms after the router's timeout is still the router's timeout (the
+// worker is blamed), one 10 ms before is the client's (it is not).
+TEST(WhichPrefetchDeadlineTest, TheEarlierDeadlineEndedTheCall) {
+  const absl::Time ours = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(WhichPrefetchDeadline(ours, ours + absl::Milliseconds(10)), PrefetchDeadline::kRouters);
+  EXPECT_EQ(WhichPrefetchDeadline(ours, ours - absl::Milliseconds(10)), PrefetchDeadline::kClients);
+  EXPECT_EQ(WhichPrefetchDeadline(ours, ours), PrefetchDeadline::kClients);
+  EXPECT_EQ(WhichPrefetchDeadline(ours, absl::InfiniteFuture()), PrefetchDeadline::kRouters);
+  EXPECT_EQ(WhichPrefetchDeadline(absl::InfiniteFuture(), ours), PrefetchDeadline::kClients);
+  EXPECT_EQ(WhichPrefetchDeadline(absl::InfiniteFuture(), absl::InfiniteFuture()),
+            PrefetchDeadline::kClients)
+      << "no timeout and no client deadline: never ours";
 }
 
 // A client whose own deadline passes during a Prefetch says nothing about the worker: its breaker
