@@ -102,17 +102,19 @@ int ClientCommand(int argc, char** argv) {
   nlohmann::json top_logprobs = nlohmann::json::array();  // with --top-logprobs N
   const bool json = args.Has("json");
   while (reader->Read(&response)) {
-    if (response.has_token()) {
+    // A last chunk may carry only text the worker held back (token_id -1: an incomplete UTF-8
+    // sequence at the end); it is no token, so it adds to the text but not to the token lists.
+    if (response.has_token() && response.token().token_id() >= 0) {
       token_ids.push_back(response.token().token_id());
       if (response.token().has_logprob()) logprobs.push_back(response.token().logprob());
-      if (sampling->top_logprobs > 0 && response.token().token_id() >= 0) {
+      if (sampling->top_logprobs > 0) {
         nlohmann::json& entries = top_logprobs.emplace_back(nlohmann::json::array());
         for (const v1::TopLogprob& t : response.token().top_logprobs()) {
           entries.push_back({{"id", t.token_id()}, {"logprob", t.logprob()}});
         }
       }
-      if (!json) std::cout << response.token().text() << std::flush;
     }
+    if (response.has_token() && !json) std::cout << response.token().text() << std::flush;
     if (response.has_final()) final = response.final();
   }
   const grpc::Status status = reader->Finish();
