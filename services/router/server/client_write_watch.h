@@ -1,9 +1,11 @@
 // Cuts gRPC streams whose clients stopped reading. A client that keeps its connection alive (it
 // answers keepalive pings) but never reads fills the stream's flow-control window, and the
 // router's next write to it never completes: the request would hold its admission slot, and its
-// worker's, until the client's deadline, which may be none. Each streaming call registers a
-// Stream here; a write not done within the timeout cancels the call (the client gets CANCELLED,
-// if it ever reads again; the worker's request is cancelled through the call's usual path).
+// worker's, until the client's deadline, which may be none. Each streaming call, and each unary
+// Complete (its answer is its one write), registers a Stream here; a write not done within the
+// timeout cancels the call (the client gets CANCELLED, if it ever reads again; the worker's
+// request is cancelled through the call's usual path). The timeout bounds each write, not the
+// rate: a client that takes a message just before each timeout keeps its call.
 //
 // The hot path is two atomic stores per write. One thread sweeps the registered streams every
 // timeout / 4 (at most every second), so a stalled write is cut between timeout and 1.25 x

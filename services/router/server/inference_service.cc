@@ -87,11 +87,17 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
       Finish(s);
       return;
     }
+    if (ClientWriteWatch* watch = router->write_watch()) {
+      watch_ = watch->Watch(context, request_id());
+    }
     Begin();
   }
 
   void OnCancel() override { ClientCancelled(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (watch_ != nullptr) watch_->Close();
+    delete this;
+  }
 
  private:
   void DeliverToken(const GenerateResponse& token) override {
@@ -128,6 +134,10 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
       }
       *response_->mutable_final() = *final;
     }
+    // The answer is one write, done with the call (OnDone): a client that never reads an answer
+    // larger than its flow-control window would otherwise hold its admission slot until its
+    // deadline, which may be none.
+    if (watch_ != nullptr) watch_->WriteStarted();
     Finish(status);
   }
   bool StreamsToClient() const override { return false; }
@@ -138,6 +148,9 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     top_logprobs_.clear();
   }
 
+  // Cuts the call when its client does not read the answer (routing.client_write_timeout_ms);
+  // closed in OnDone, before the context goes away.
+  std::shared_ptr<ClientWriteWatch::Stream> watch_;
   CompleteResponse* const response_;
   std::vector<int32_t> token_ids_;
   std::vector<float> logprobs_;

@@ -113,7 +113,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
   client_write_timeouts_ = &prometheus::BuildCounter()
                                 .Name("lazyattn_router_client_write_timeouts_total")
                                 .Help(
-                                    "gRPC streams cancelled because their client read nothing for "
+                                    "gRPC calls (streams, Complete answers) cancelled because "
+                                    "their client read nothing for "
                                     "routing.client_write_timeout_ms")
                                 .Register(registry)
                                 .Add({});

@@ -42,7 +42,7 @@
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
 //                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
-//   lazyattn_router_client_write_timeouts_total     streams cancelled because their client read
+//   lazyattn_router_client_write_timeouts_total     calls cancelled because their client read
 //                                                   nothing for routing.client_write_timeout_ms
 //   lazyattn_router_kvdir_lookups_skipped_total     requests routed by load without a kvdir
 //                                                   lookup because lookups kept failing

@@ -2,11 +2,13 @@
 // long prefill that sends progress events is not cut), and the client's deadline and cancellation
 // reach the worker, each deadline counted once as deadline_exceeded.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -245,6 +247,67 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   while (reader->Read(&m)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// The same for a unary Complete whose answer is larger than the client's window and which the
+// client never reads: the call is cut at the timeout and its admission slot freed. (A generic
+// call on Complete's method: gRPC's async unary API sends the request only with Finish, which
+// also reads the answer.)
+TEST_F(RouterServerTest, ACompleteWhoseClientDoesNotReadTheAnswerIsCancelled) {
+  StartWorkers(1);
+  StartKvdir();
+  // ~180 KB of answer (the text twice); the fake model has 1,000 token ids.
+  workers_[0]->SetScript({.tokens = std::vector<std::string>(900, std::string(100, 'x'))});
+  RouterOptions o = Options();
+  o.routing.client_write_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", router_->port()),
+                                                   grpc::InsecureChannelCredentials(), args));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;  // no deadline
+  auto call = stub.PrepareCall(&ctx, "/lazyattn.v1.Inference/Complete", &cq);
+  grpc::ByteBuffer request;
+  bool own_buffer = false;
+  ASSERT_TRUE(grpc::SerializationTraits<lazyattn::v1::GenerateRequest>::Serialize(
+                  Request({"doc"}), &request, &own_buffer)
+                  .ok());
+  auto await_tag = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok;
+  };
+  int tag = 0;  // one operation at a time
+  call->StartCall(&tag);
+  ASSERT_TRUE(await_tag());
+  call->Write(request, &tag);
+  ASSERT_TRUE(await_tag());
+  call->WritesDone(&tag);
+  ASSERT_TRUE(await_tag());
+  std::thread poller([&cq] {  // drives the call from here on; nothing reads its answer
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+  });
+  // EXPECT, not ASSERT, up to the poller's join.
+  EXPECT_TRUE(workers_[0]->WaitForCalls(1, absl::Seconds(30)));
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until &&
+         Metrics().find("lazyattn_router_in_flight_requests 0") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_in_flight_requests 0"));
+  // Its unread answer would keep a Finish from completing: the client gives up too.
+  ctx.TryCancel();
+  grpc::Status status;
+  call->Finish(&status, &call);
+  cq.Shutdown();  // the poller takes Finish's tag, then ends
+  poller.join();
 }
 
 TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
