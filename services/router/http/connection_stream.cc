@@ -66,7 +66,17 @@ bool ConnectionStream::WaitReadable() const {
 }
 
 bool ConnectionStream::WaitWritable() const {
-  return WaitForSocket(fd_, POLLOUT, write_timeout_, write_deadline_);
+  const SteadyTime start = steady_clock::now();
+  SteadyTime deadline = write_deadline_;
+  if (write_wait_budget_.count() > 0) {
+    const auto left = write_wait_budget_ - write_waited_;
+    if (left <= steady_clock::duration::zero()) return false;
+    deadline = std::min(deadline, start + kUncountedWait + left);
+  }
+  const bool ready = WaitForSocket(fd_, POLLOUT, write_timeout_, deadline);
+  write_waited_ +=
+      std::max(steady_clock::duration::zero(), steady_clock::now() - start - kUncountedWait);
+  return ready;
 }
 
 void ConnectionStream::BeginRequest(size_t max_head_bytes) {
@@ -76,6 +86,7 @@ void ConnectionStream::BeginRequest(size_t max_head_bytes) {
   head_too_large_ = false;
   body_line_bytes_ = 0;
   body_line_too_long_ = false;
+  write_waited_ = steady_clock::duration::zero();
 }
 
 ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {

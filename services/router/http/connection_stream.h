@@ -7,6 +7,9 @@
 // deadline of their own (set_write_deadline): the router gives a response that is not streamed
 // one from its size (guarded_server.h, BoundResponseWrite), so a client reading a byte now and
 // then (each write progressing within write_timeout) cannot hold a connection thread for ever.
+// A streamed response has no size to go by: its writes instead share a budget of time spent
+// waiting for the socket (set_write_wait_budget), which a client that reads as the tokens come
+// never draws on, and one that reads just enough to stay inside write_timeout soon spends.
 //
 // Reads are also bounded in bytes where cpp-httplib buffers without a limit of its own: a
 // request's line and headers (the library keeps every header line in a multimap, ~20 bytes of
@@ -49,6 +52,11 @@ class ConnectionStream : public httplib::Stream {
   void set_deadline(SteadyTime deadline) { deadline_ = deadline; }
   // The same for writes: a write (or the wait before it) fails once `deadline` has passed.
   void set_write_deadline(SteadyTime deadline) { write_deadline_ = deadline; }
+  // A request's writes may wait for the socket this long in all (zero: no such bound); past it
+  // they fail. The first kUncountedWait of each wait is not counted (a busy router's own
+  // scheduling, never the client). The time waited starts again at each BeginRequest.
+  static constexpr std::chrono::milliseconds kUncountedWait{5};
+  void set_write_wait_budget(std::chrono::milliseconds budget) { write_wait_budget_ = budget; }
   bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
 
   // A request begins: from now until EndHead, the bytes read (its line and headers) may total at
@@ -72,7 +80,8 @@ class ConnectionStream : public httplib::Stream {
  protected:
   virtual bool HasReadAhead() const = 0;
   bool WaitReadable() const;  // read_timeout, bounded by the deadline
-  bool WaitWritable() const;  // write_timeout, bounded by the write deadline
+  // write_timeout, bounded by the write deadline and what is left of the write wait budget.
+  bool WaitWritable() const;
   // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
   // they go past one (the bytes are then dropped: the request is refused).
   ssize_t Counted(const char* data, size_t size, ssize_t n);
@@ -84,6 +93,9 @@ class ConnectionStream : public httplib::Stream {
   const std::chrono::milliseconds write_timeout_;
   SteadyTime deadline_ = kNoDeadline;
   SteadyTime write_deadline_ = kNoDeadline;
+  std::chrono::milliseconds write_wait_budget_{0};
+  // Time this request's writes waited for the socket; WaitWritable, const for is_writable, adds.
+  mutable std::chrono::steady_clock::duration write_waited_{0};
 
  private:
   size_t max_head_bytes_ = 0;

@@ -67,6 +67,7 @@ struct LoopParams {
   size_t max_header_bytes;
   milliseconds write_timeout;
   int64_t min_send_bytes_per_s;
+  milliseconds write_wait_budget;
 };
 
 using ProcessRequest =
@@ -101,6 +102,7 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
     // included); a later one's from its first byte.
     stream.set_deadline(first ? first_deadline : kNoDeadline);
     stream.set_write_deadline(kNoDeadline);
+    stream.set_write_wait_budget(p.write_wait_budget);  // BoundResponseWrite may lift it
     if (!AwaitRequest(p, stream, p.keep_alive_timeout)) break;
     if (!first) stream.set_deadline(steady_clock::now() + p.header_timeout);
     first = false;
@@ -204,7 +206,11 @@ bool BodyTimedOut() {
 }
 
 void BoundResponseWrite(size_t bytes) {
-  if (current_connection == nullptr || current_connection->min_send_bytes_per_s <= 0) return;
+  if (current_connection == nullptr) return;
+  // Not streamed: bounded by the deadline from its size, not the wait budget, which would cut a
+  // large answer sent at the minimum rate short of its deadline.
+  current_connection->stream->set_write_wait_budget(milliseconds(0));
+  if (current_connection->min_send_bytes_per_s <= 0) return;
   // The head is not counted: a few hundred bytes, inside the grace.
   const auto at_min_rate = std::chrono::duration_cast<milliseconds>(std::chrono::duration<double>(
       static_cast<double>(bytes) / static_cast<double>(current_connection->min_send_bytes_per_s)));
@@ -237,7 +243,8 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
                             limits_.body_timeout,
                             limits_.max_header_bytes,
                             Millis(write_timeout_sec_, write_timeout_usec_),
-                            limits_.min_send_bytes_per_s};
+                            limits_.min_send_bytes_per_s,
+                            limits_.write_wait_budget};
     int64_t drain = 0;
     ret = ServeRequests(
         params, stream, start + limits_.header_timeout,
@@ -270,7 +277,8 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
                               limits_.body_timeout,
                               limits_.max_header_bytes,
                               Millis(write_timeout_sec_, write_timeout_usec_),
-                              limits_.min_send_bytes_per_s};
+                              limits_.min_send_bytes_per_s,
+                              limits_.write_wait_budget};
       int64_t drain = 0;
       ret = ServeRequests(
           params, stream, start + limits_.header_timeout,

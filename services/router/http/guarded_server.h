@@ -59,6 +59,9 @@ struct ConnectionLimits {
   // The slowest a non-streamed response may be sent, after write_timeout's grace; 0: no total
   // write deadline.
   int64_t min_send_bytes_per_s = 64 << 10;
+  // The time a response's writes may wait for the client in all (ConnectionStream's write wait
+  // budget); 0: no such bound.
+  std::chrono::milliseconds write_wait_budget{120000};
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;
 };
@@ -82,7 +85,8 @@ bool RequestHeadTooLarge();
 // a handler.
 bool BodyTimedOut();
 // The response about to be written, `bytes` long, is not streamed: it must be sent within the
-// write timeout plus `bytes` at min_send_bytes_per_s from now, or the connection is closed.
+// write timeout plus `bytes` at min_send_bytes_per_s from now, or the connection is closed (that
+// bound replaces the write wait budget for it).
 void BoundResponseWrite(size_t bytes);
 // The connection closes after this response. `drain_bytes` > 0: that much of the request's body
 // is still to come unread, and the close lingers (above) to drop at most that much.

@@ -44,6 +44,13 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
                    MillisIn(config, "http.read_timeout_ms", o.read_timeout, 1, 3600000));
   ASSIGN_OR_RETURN(o.write_timeout,
                    MillisIn(config, "http.write_timeout_ms", o.write_timeout, 1, 3600000));
+  ASSIGN_OR_RETURN(o.write_wait_budget,
+                   MillisIn(config, "http.write_wait_budget_ms", o.write_wait_budget, 0, 86400000));
+  if (o.write_wait_budget > absl::ZeroDuration() && o.write_wait_budget < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(), ": http.write_wait_budget_ms: must be 0 (off) or at least 1000, got ",
+        absl::ToInt64Milliseconds(o.write_wait_budget)));
+  }
   ASSIGN_OR_RETURN(
       o.min_send_bytes_per_s,
       config.IntIn("http.min_send_bytes_per_s", o.min_send_bytes_per_s, 0, int64_t{1} << 40));

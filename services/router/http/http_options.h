@@ -30,8 +30,13 @@ struct HttpOptions {
   // A response that is not streamed must be sent within write_timeout plus its bytes at this
   // rate, or the connection is closed (a client reading a byte at a time otherwise held a thread
   // for as long as it liked). 64 KiB/s gives a 10 MB answer 190 s; 0: no such bound. Streams are
-  // bounded by write_timeout per write only.
+  // bounded by write_timeout per write, and by write_wait_budget.
   int64_t min_send_bytes_per_s = 64 << 10;
+  // A response's writes may wait for the client this long in all, or the connection is closed:
+  // a streaming client reading just enough to stay inside write_timeout would otherwise hold a
+  // connection thread for as long as it liked. One that reads as tokens come never waits. Zero:
+  // no such bound.
+  absl::Duration write_wait_budget = absl::Seconds(120);
   // A request's line and headers must be in within this (a new connection's from when a thread
   // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
   // however steadily the bytes trickle in; else the connection is closed (guarded_server.h).

@@ -46,7 +46,7 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
       "  max_queued_connections: 2\n  read_timeout_ms: 100\n  write_timeout_ms: 200\n"
       "  keep_alive_timeout_ms: 3000\n  keep_alive_max_count: 9\n  request_timeout_ms: 5000\n"
       "  header_timeout_ms: 700\n  max_connections_per_client: 3\n  body_timeout_ms: 800\n"
-      "  max_header_bytes: 16384\n");
+      "  max_header_bytes: 16384\n  write_wait_budget_ms: 7000\n");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->listen, "127.0.0.1:8000");
   EXPECT_EQ(o->max_body_bytes, 4096);
@@ -60,6 +60,7 @@ TEST(HttpOptionsTest, ReadsEveryKey) {
   EXPECT_EQ(o->header_timeout, absl::Milliseconds(700));
   EXPECT_EQ(o->body_timeout, absl::Milliseconds(800));
   EXPECT_EQ(o->max_header_bytes, 16384);
+  EXPECT_EQ(o->write_wait_budget, absl::Seconds(7));
   EXPECT_EQ(EffectiveMaxConnectionsPerClient(*o), 3);
 }
 
@@ -95,6 +96,10 @@ TEST(HttpOptionsTest, ErrorsNameTheKey) {
               HasSubstr("http.max_header_bytes"));
   EXPECT_THAT(Parse("http: {max_connections_per_client: -2}\n").status().message(),
               HasSubstr("http.max_connections_per_client"));
+  EXPECT_THAT(Parse("http: {write_wait_budget_ms: 500}\n").status().message(),
+              HasSubstr("http.write_wait_budget_ms: must be 0 (off) or at least 1000"));
+  EXPECT_TRUE(Parse("http: {write_wait_budget_ms: 0}\n").ok());
+  EXPECT_EQ(Parse("http: {}\n")->write_wait_budget, absl::Seconds(120));
 }
 
 // The slowest send rate of a non-streamed response: 64 KiB/s unless set, 0 turns it off, and a

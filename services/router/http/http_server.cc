@@ -256,6 +256,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   limits.body_timeout = absl::ToChronoMilliseconds(options.body_timeout);
   limits.max_header_bytes = static_cast<size_t>(options.max_header_bytes);
   limits.min_send_bytes_per_s = options.min_send_bytes_per_s;
+  limits.write_wait_budget = absl::ToChronoMilliseconds(options.write_wait_budget);
   limits.slots = server->slots_.get();
   if (!tls.cert_file.empty()) {
     auto ssl = std::make_unique<GuardedSslServer>(limits, tls.cert_file, tls.key_file);

@@ -532,6 +532,39 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   EXPECT_NE(reply.find(R"("workers":1)"), std::string::npos) << reply;
 }
 
+// A client that keeps reading, but slower than the tokens come (1.6 MB/s against tokens of 1,000
+// bytes sent as fast as the router takes them), makes each write wait well inside the write
+// timeout (a third of a few MiB of send buffer frees in under a second), so the timeout alone
+// would let it hold the connection thread for the whole 65 MB answer (40 s). Its writes' waits
+// add up, and past http.write_wait_budget_ms the stream is cut as a client's cancellation.
+TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatReadsTooSlowlyIsCutAtItsWriteWaitBudget) {
+  max_tokens_limit_ = 1 << 16;
+  HttpOptions http;
+  http.threads = 1;
+  http.max_connections_per_client = 0;
+  http.write_timeout = absl::Seconds(5);
+  http.write_wait_budget = absl::Seconds(2);
+  ASSERT_NO_FATAL_FAILURE(
+      Start(absl::ZeroDuration(), /*prefill_forever=*/false, http, std::string(1000, 'x')));
+  PacedWorker& worker = *worker_;
+  Client slow(http_->port(), tls());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Write(CompletionRequest(/*stream=*/true, /*max_tokens=*/1 << 16)));
+  ASSERT_TRUE(worker.WaitForTokens(1, kBound));
+  const absl::Time started = absl::Now();
+  std::string received;
+  bool closed = false;
+  while (!closed && absl::Now() - started < absl::Seconds(30)) {
+    for (int i = 0; i < 4 && !closed; ++i) closed = !slow.Read(&received);  // up to 16 KiB
+    received.clear();                                                       // only the pace matters
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(closed) << "the slow stream was not cut";
+  EXPECT_LT(absl::Now() - started, absl::Seconds(20)) << "cut only near the end of the answer";
+  ExpectEndedByItsClient(worker);
+  EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, kBound));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, HttpStreamLifecycleTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Tls" : "Plain";

@@ -9,8 +9,8 @@
 
 namespace lazyattn::router {
 
-ClientWriteWatch::ClientWriteWatch(absl::Duration timeout, std::function<void()> on_cut)
-    : timeout_(timeout), on_cut_(std::move(on_cut)) {
+ClientWriteWatch::ClientWriteWatch(Limits limits, std::function<void()> on_cut)
+    : limits_(limits), on_cut_(std::move(on_cut)) {
   sweeper_ = std::thread([this] { Loop(); });
 }
 
@@ -43,7 +43,29 @@ void ClientWriteWatch::Stream::WriteStarted() {
   write_started_ns_.store(std::max<int64_t>(1, SteadyNanos()), std::memory_order_relaxed);
 }
 
-void ClientWriteWatch::Stream::WriteDone() { write_started_ns_.store(0, std::memory_order_relaxed); }
+void ClientWriteWatch::Stream::WriteDone() {
+  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
+  if (started == 0) return;  // no write was started: nothing waited
+  const int64_t counted = std::max<int64_t>(0, SteadyNanos() - started - kUncountedWaitNs);
+  waited_ns_.store(waited_ns_.load(std::memory_order_relaxed) + counted, std::memory_order_relaxed);
+  write_started_ns_.store(0, std::memory_order_relaxed);
+}
+
+const char* ClientWriteWatch::Stream::Overdue(const Limits& limits, int64_t now_ns) const {
+  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
+  const int64_t current = started == 0 ? 0 : now_ns - started;  // the write in progress
+  if (limits.timeout > absl::ZeroDuration() && started != 0 &&
+      current >= absl::ToInt64Nanoseconds(limits.timeout)) {
+    return "routing.client_write_timeout_ms";
+  }
+  if (limits.wait_budget > absl::ZeroDuration() &&
+      waited_ns_.load(std::memory_order_relaxed) +
+              std::max<int64_t>(0, current - kUncountedWaitNs) >
+          absl::ToInt64Nanoseconds(limits.wait_budget)) {
+    return "routing.client_write_wait_budget_ms";
+  }
+  return nullptr;
+}
 
 void ClientWriteWatch::Stream::Close() {
   {
@@ -55,35 +77,42 @@ void ClientWriteWatch::Stream::Close() {
 }
 
 void ClientWriteWatch::Sweep() {
-  const int64_t cutoff = SteadyNanos() - absl::ToInt64Nanoseconds(timeout_);
-  std::vector<std::shared_ptr<Stream>> stalled;
+  const int64_t now = SteadyNanos();
+  std::vector<std::shared_ptr<Stream>> overdue;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [raw, s] : streams_) {
-      const int64_t started = s->write_started_ns_.load(std::memory_order_relaxed);
-      if (started != 0 && started <= cutoff) stalled.push_back(s);
+      if (s->Overdue(limits_, now) != nullptr) overdue.push_back(s);
     }
   }
-  for (const auto& s : stalled) {
+  for (const auto& s : overdue) {
     std::lock_guard<std::recursive_mutex> lock(s->mu_);
-    const int64_t started = s->write_started_ns_.load(std::memory_order_relaxed);
-    if (s->context_ == nullptr || started == 0 || started > cutoff) continue;
+    const char* limit = s->context_ == nullptr || s->cut_ ? nullptr : s->Overdue(limits_, now);
+    if (limit == nullptr) continue;  // closed or cut, or its write completed meanwhile
     if (on_cut_) on_cut_();
+    const int64_t started = s->write_started_ns_.load(std::memory_order_relaxed);
+    const int64_t waited_ns =
+        s->waited_ns_.load(std::memory_order_relaxed) +
+        std::max<int64_t>(0, (started == 0 ? 0 : now - started) - kUncountedWaitNs);
     LogWarning("router")
         .Str("request_id", s->request_id_)
         .Str("peer", s->context_->peer())
-        .Int("timeout_ms", absl::ToInt64Milliseconds(timeout_))
-        .Msg(
-            "a client read nothing of its stream for routing.client_write_timeout_ms; call "
-            "cancelled");
-    s->write_started_ns_.store(0, std::memory_order_relaxed);  // cut once
+        .Str("limit", limit)
+        .Int("waiting_ms", started == 0 ? 0 : (now - started) / 1000000)
+        .Int("waited_in_all_ms", waited_ns / 1000000)  // past each write's first 5 ms
+        .Msg("a client took too long to read its call's answer; call cancelled");
+    s->cut_ = true;
     // May run the call's reactions on this thread (Close among them: the lock is recursive).
     s->context_->TryCancel();
   }
 }
 
 void ClientWriteWatch::Loop() {
-  const absl::Duration every = std::clamp(timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  absl::Duration shortest = absl::InfiniteDuration();
+  for (absl::Duration limit : {limits_.timeout, limits_.wait_budget}) {
+    if (limit > absl::ZeroDuration()) shortest = std::min(shortest, limit);
+  }
+  const absl::Duration every = std::clamp(shortest / 4, absl::Milliseconds(10), absl::Seconds(1));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     mu_.Unlock();

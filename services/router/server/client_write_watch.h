@@ -1,15 +1,21 @@
-// Cuts gRPC streams whose clients stopped reading. A client that keeps its connection alive (it
-// answers keepalive pings) but never reads fills the stream's flow-control window, and the
-// router's next write to it never completes: the request would hold its admission slot, and its
-// worker's, until the client's deadline, which may be none. Each streaming call, and each unary
-// Complete (its answer is its one write), registers a Stream here; a write not done within the
-// timeout cancels the call (the client gets CANCELLED, if it ever reads again; the worker's
-// request is cancelled through the call's usual path). The timeout bounds each write, not the
-// rate: a client that takes a message just before each timeout keeps its call.
+// Cuts gRPC calls whose clients stopped reading, or read too slowly. A client that keeps its
+// connection alive (it answers keepalive pings) but never reads fills the stream's flow-control
+// window, and the router's next write to it never completes: the request would hold its
+// admission slot, and its worker's, until the client's deadline, which may be none. Each
+// streaming call, and each unary Complete (its answer is its one write), registers a Stream
+// here, and the call is cancelled (the client gets CANCELLED, if it ever reads again; the
+// worker's request is cancelled through the call's usual path) when
+//   - one write has not completed within `timeout` (the client stopped reading), or
+//   - its writes have waited on the client for more than `wait_budget` in all (a client that
+//     takes a message just before each timeout, and so holds its slot for as long as it likes).
+// A client that reads as fast as tokens come never makes a write wait: a token is tens of bytes
+// against a window of 64 KiB or more. The first kUncountedWait of each write's wait is not
+// counted: a busy router's own scheduling of the completion can take that long, and over a long
+// answer (32K tokens) it would add up to a cut.
 //
-// The hot path is two atomic stores per write. One thread sweeps the registered streams every
-// timeout / 4 (at most every second), so a stalled write is cut between timeout and 1.25 x
-// timeout after it started.
+// The hot path is two atomic stores and two clock reads per write. One thread sweeps the
+// registered streams every quarter of the shorter limit (at most every second), so a call is cut
+// between its limit and 1.25 x its limit.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_CLIENT_WRITE_WATCH_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_CLIENT_WRITE_WATCH_H_
 
@@ -33,8 +39,15 @@ namespace lazyattn::router {
 
 class ClientWriteWatch {
  public:
-  // timeout > 0; `on_cut` runs for each call cancelled (metrics). Starts the sweeping thread.
-  ClientWriteWatch(absl::Duration timeout, std::function<void()> on_cut);
+  static constexpr int64_t kUncountedWaitNs = 5'000'000;  // 5 ms, see above
+
+  struct Limits {
+    absl::Duration timeout;      // of one write; zero: none
+    absl::Duration wait_budget;  // of a call's writes together; zero: none
+  };
+  // At least one limit > 0; `on_cut` runs for each call cancelled (metrics). Starts the sweeping
+  // thread.
+  ClientWriteWatch(Limits limits, std::function<void()> on_cut);
   ~ClientWriteWatch();  // stops the thread; every Stream must be closed before
 
   class Stream;
@@ -46,7 +59,7 @@ class ClientWriteWatch {
   void Sweep();
   void Loop();
 
-  const absl::Duration timeout_;
+  const Limits limits_;
   const std::function<void()> on_cut_;
   absl::Mutex mu_;
   absl::flat_hash_map<Stream*, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
@@ -56,7 +69,8 @@ class ClientWriteWatch {
 
 class ClientWriteWatch::Stream {
  public:
-  // A write to the client started / completed (its reactor's OnWriteDone). Lock-free.
+  // A write to the client started / completed (its reactor's OnWriteDone); one write at a time.
+  // Lock-free.
   void WriteStarted();
   void WriteDone();
   // From now on the context is never touched. Blocks while a cancellation of this stream is under
@@ -74,7 +88,14 @@ class ClientWriteWatch::Stream {
   // sweeping thread while it holds this lock.
   std::recursive_mutex mu_;
   grpc::CallbackServerContext* context_;  // guarded by mu_; null once closed
+  bool cut_ = false;                      // guarded by mu_: cancelled once, never again
+  // Which limit the call has passed at steady-clock time `now_ns`: nullptr if none, else the
+  // config key's name.
+  const char* Overdue(const Limits& limits, int64_t now_ns) const;
+
   std::atomic<int64_t> write_started_ns_{0};  // steady clock; 0: no write in progress
+  // Time the completed writes waited, in all. Written by WriteDone only (one write at a time).
+  std::atomic<int64_t> waited_ns_{0};
 };
 
 }  // namespace lazyattn::router

@@ -198,10 +198,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                    MillisIn(config, "routing.prefetch_timeout_ms", r.prefetch_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(r.client_write_timeout, MillisIn(config, "routing.client_write_timeout_ms",
                                                     r.client_write_timeout, 0, 3600000));
+  ASSIGN_OR_RETURN(r.client_write_wait_budget,
+                   MillisIn(config, "routing.client_write_wait_budget_ms",
+                            r.client_write_wait_budget, 0, 86400000));
   // Shorter ones would cut healthy streams and count a worker's ordinary Prefetch as a failure.
   for (const auto& [key, value] :
        {std::pair{"routing.prefetch_timeout_ms", r.prefetch_timeout},
-        std::pair{"routing.client_write_timeout_ms", r.client_write_timeout}}) {
+        std::pair{"routing.client_write_timeout_ms", r.client_write_timeout},
+        std::pair{"routing.client_write_wait_budget_ms", r.client_write_wait_budget}}) {
     if (value > absl::ZeroDuration() && value < absl::Seconds(1)) {
       return absl::InvalidArgumentError(absl::StrCat(
           key, ": must be 0 (off) or at least 1000, got ", absl::ToInt64Milliseconds(value)));

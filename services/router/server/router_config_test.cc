@@ -48,6 +48,7 @@ routing:
   token_idle_timeout_ms: 7000
   prefetch_timeout_ms: 9000
   client_write_timeout_ms: 11000
+  client_write_wait_budget_ms: 45000
   quarantine_ttl_s: 60
   quarantine_max_entries: 50
 health_check:
@@ -101,6 +102,7 @@ limits:
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
   EXPECT_EQ(o->routing.prefetch_timeout, absl::Seconds(9));
   EXPECT_EQ(o->routing.client_write_timeout, absl::Seconds(11));
+  EXPECT_EQ(o->routing.client_write_wait_budget, absl::Seconds(45));
   EXPECT_EQ(o->routing.quarantine.ttl, absl::Seconds(60));
   EXPECT_EQ(o->routing.quarantine.max_entries, 50);
   EXPECT_EQ(o->health.interval, absl::Milliseconds(200));
@@ -157,6 +159,8 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
   EXPECT_THAT(
       error("kvdir: {address: k:1}\nrouting: {client_write_timeout_ms: 5}\n"),
       HasSubstr("routing.client_write_timeout_ms: must be 0 (off) or at least 1000, got 5"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {client_write_wait_budget_ms: 999}\n"),
+              HasSubstr("routing.client_write_wait_budget_ms: must be 0 (off) or at least 1000"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {prefetch_timeout_ms: 999}\n"),
               HasSubstr("routing.prefetch_timeout_ms: must be 0 (off) or at least 1000"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: -1}\n"),

@@ -50,9 +50,12 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
           .Msg("no kvdir channel; routing by load only");
     }
   }
-  if (options.routing.client_write_timeout > absl::ZeroDuration()) {
+  if (options.routing.client_write_timeout > absl::ZeroDuration() ||
+      options.routing.client_write_wait_budget > absl::ZeroDuration()) {
     write_watch_ = std::make_unique<ClientWriteWatch>(
-        options.routing.client_write_timeout, [this] { metrics_.CountClientWriteTimeout(); });
+        ClientWriteWatch::Limits{.timeout = options.routing.client_write_timeout,
+                                 .wait_budget = options.routing.client_write_wait_budget},
+        [this] { metrics_.CountClientWriteTimeout(); });
   }
   if (options.health.interval > absl::ZeroDuration()) {
     prober_ = std::thread([this] { ProbeLoop(); });

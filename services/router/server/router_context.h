@@ -50,8 +50,9 @@ class RouterContext {
   RouterMetrics& metrics() { return metrics_; }
   QueryQuarantine& quarantine() { return quarantine_; }
   RetryBudget& retry_budget() { return retry_budget_; }
-  // Where streaming calls register to be cut when their client stops reading; null when
-  // routing.client_write_timeout_ms is 0.
+  // Where Generate and Complete calls register to be cut when their client stops reading or
+  // reads too slowly; null when routing.client_write_timeout_ms and
+  // routing.client_write_wait_budget_ms are both 0.
   ClientWriteWatch* write_watch() { return write_watch_.get(); }
 
   // Backpressure: at most max_inflight_requests admitted calls at once. TryAdmit takes `places`
@@ -101,7 +102,7 @@ class RouterContext {
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   LookupGate lookup_gate_;
   std::atomic<bool> last_listing_ok_{true};        // the last ListWorkers answered
-  std::unique_ptr<ClientWriteWatch> write_watch_;  // null: routing.client_write_timeout_ms 0
+  std::unique_ptr<ClientWriteWatch> write_watch_;  // null: both of its limits 0
   std::atomic<int> inflight_{0};
 
   absl::Mutex probe_mu_;

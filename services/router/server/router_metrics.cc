@@ -115,7 +115,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                 .Help(
                                     "gRPC calls (streams, Complete answers) cancelled because "
                                     "their client read nothing for "
-                                    "routing.client_write_timeout_ms")
+                                    "routing.client_write_timeout_ms, or made their writes wait "
+                                    "routing.client_write_wait_budget_ms in all")
                                 .Register(registry)
                                 .Add({});
   skipped_lookups_ = &prometheus::BuildCounter()

@@ -43,7 +43,9 @@
 //                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
 //   lazyattn_router_client_write_timeouts_total     calls cancelled because their client read
-//                                                   nothing for routing.client_write_timeout_ms
+//                                                   nothing for routing.client_write_timeout_ms,
+//                                                   or made their writes wait
+//                                                   routing.client_write_wait_budget_ms in all
 //   lazyattn_router_kvdir_lookups_skipped_total     requests routed by load without a kvdir
 //                                                   lookup because lookups kept failing
 //                                                   (LookupGate, kvdir.lookup_failures_to_skip)

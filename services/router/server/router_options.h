@@ -66,6 +66,10 @@ struct RoutingOptions {
   // reading) has its call cancelled, releasing its admission slot and its worker's request
   // (client_write_watch.h). Zero: only the client's deadline, which may be none.
   absl::Duration client_write_timeout = absl::Seconds(30);
+  // A call whose writes have waited on its client for this long in all is cancelled too: a
+  // client that takes one message just before each client_write_timeout would otherwise keep
+  // its slot for as long as it likes. Zero: no such limit.
+  absl::Duration client_write_wait_budget = absl::Seconds(120);
   // Query-of-death containment: a request content that lost two workers' connections mid-call
   // is refused for quarantine.ttl (routing.quarantine_ttl_s; zero: off).
   QuarantineOptions quarantine;

@@ -1,6 +1,7 @@
 // Time limits on a request: the first-token and between-tokens timeouts cut a frozen worker (a
-// long prefill that sends progress events is not cut), and the client's deadline and cancellation
-// reach the worker, each deadline counted once as deadline_exceeded.
+// long prefill that sends progress events is not cut), the client's deadline and cancellation
+// reach the worker, each deadline counted once as deadline_exceeded, and a client that stops
+// reading, or reads too slowly, is cut (routing.client_write_timeout_ms, _wait_budget_ms).
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -247,6 +248,56 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   while (reader->Read(&m)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// A client that reads, but slower than tokens come, never leaves one write waiting for the
+// timeout (off here), yet its writes wait more and more in all: past
+// routing.client_write_wait_budget_ms the call is cancelled, and so is the worker's.
+TEST_F(RouterServerTest, AStreamWhoseClientReadsTooSlowlyIsCancelledAtItsWaitBudget) {
+  StartWorkers(1);
+  StartKvdir();
+  // More than the windows hold, so the worker is still sending when the call is cut.
+  workers_[0]->SetScript({.tokens = std::vector<std::string>(100000, "token ")});
+  RouterOptions o = Options();
+  o.routing.client_write_timeout = absl::ZeroDuration();
+  o.routing.client_write_wait_budget = absl::Milliseconds(500);
+  o.routing.token_idle_timeout = absl::ZeroDuration();  // only the client is slow here
+  StartRouter(o);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto stub = lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;  // no deadline
+  auto reader = stub->Generate(&ctx, Request({"doc"}));
+  GenerateResponse m;
+  int read = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < give_up && reader->Read(&m)) {  // one message every 20 ms: 50 a second
+    ++read;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_GT(read, 10) << "the client did read";
+  EXPECT_LT(read, 100000) << "the stream was cut before its end";
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
+}
+
+// A client that reads as tokens come makes no write wait for the client: 900 writes stay far
+// inside a wait budget of 5 s (each write's own handling, ~tens of microseconds, still counts).
+TEST_F(RouterServerTest, AStreamReadAsItComesStaysInsideItsWaitBudget) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.tokens = std::vector<std::string>(900, "token ")});
+  RouterOptions o = Options();
+  o.routing.client_write_timeout = absl::ZeroDuration();
+  o.routing.client_write_wait_budget = absl::Seconds(5);
+  StartRouter(o);
+  StreamResult r = Stream(Request({"doc"}), absl::Seconds(60));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 900u);
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_client_write_timeouts_total 0"));
 }
 
 // The same for a unary Complete whose answer is larger than the client's window and which the
