@@ -38,7 +38,10 @@ top two are that close. Greedy requests therefore ask for their tokens' log-prob
 top 5 at each step, and an answer that differs from the reference's must agree with it up to the
 first differing token, every shared token's log-probability within PREFIX_LOGPROB_TOLERANCE of the
 reference's, and at that token the two choices must be a near-tie in both runs: each run's choice
-among the other's top 5, within NEAR_TIE_LOGPROB of that run's best. Corrupted KV (wrong blocks,
+among the other's top 5, within NEAR_TIE_LOGPROB of that run's best, and the two choices'
+log-probabilities within PREFIX_LOGPROB_TOLERANCE across the runs. (Where one answer ended, by
+the end-of-sequence token, which is never streamed, the other's choice there must have had a rival
+within NEAR_TIE_LOGPROB.) Corrupted KV (wrong blocks,
 wrong rotation) moves log-probabilities by far more than rounding does, so it fails either way.
 Near-ties are counted and printed; anything else is wrong and printed with the request so it can
 be replayed.
@@ -305,17 +308,37 @@ def judge(got, ref):
         return "wrong", f"token {drifts.index(drift)}'s log-probability moved by {drift:.2e}", drift
     if answer(got) == answer(ref):
         return "equal", "", drift
+    if a == b:
+        return "wrong", "the same token ids with different text", drift
+    shorter, longer = (got, ref) if len(a) < len(b) else (ref, got)
     if first == min(len(a), len(b)):
-        return "wrong", f"one answer is a prefix of the other ({len(a)} and {len(b)} tokens)", drift
+        # The shorter one stopped where the longer one went on: the end-of-sequence token (never
+        # streamed, so its id is in neither list) won there by a near-tie, so the longer one's
+        # choice must have had a rival within NEAR_TIE_LOGPROB.
+        top = sorted((t["logprob"] for t in longer["top_logprobs"][first]), reverse=True)
+        if shorter["finish_reason"] == "stop" and len(top) >= 2 and top[0] - top[1] <= NEAR_TIE_LOGPROB:
+            return "near-tie", f"token {first}: the end of one answer", drift
+        return "wrong", (f"one answer is a prefix of the other ({len(a)} and {len(b)} tokens, "
+                         f"the shorter one ended by {shorter['finish_reason']!r})"), drift
 
-    def tie(choice, top):  # `choice` among `top`, within NEAR_TIE_LOGPROB of its best
-        lp = {t["id"]: t["logprob"] for t in top}
-        return choice in lp and max(lp.values()) - lp[choice] <= NEAR_TIE_LOGPROB
+    def lp(result, token):  # `token`'s log-probability among result's top 5 at `first`, or None
+        return next((t["logprob"] for t in result["top_logprobs"][first] if t["id"] == token), None)
 
-    if not (tie(a[first], ref["top_logprobs"][first]) and tie(b[first], got["top_logprobs"][first])):
+    def tie(choice, result):  # `choice` within NEAR_TIE_LOGPROB of result's best at `first`
+        best = max(t["logprob"] for t in result["top_logprobs"][first])
+        return lp(result, choice) is not None and best - lp(result, choice) <= NEAR_TIE_LOGPROB
+
+    if not (tie(a[first], ref) and tie(b[first], got)):
         return "wrong", (f"token {first} differs ({a[first]} against {b[first]}) and is no "
                          f"near-tie: top 5 {got['top_logprobs'][first]} against "
                          f"{ref['top_logprobs'][first]}"), drift
+    # Both runs must also agree on the two rivals' log-probabilities, as on every shared token:
+    # otherwise each run's near-tie is judged on its own, possibly corrupted, numbers.
+    for token in (a[first], b[first]):
+        moved = abs(lp(got, token) - lp(ref, token))
+        if moved > PREFIX_LOGPROB_TOLERANCE:
+            return "wrong", (f"token {first}: the log-probability of {token} moved by "
+                             f"{moved:.2e} between the runs"), max(drift, moved)
     return "near-tie", f"token {first}: {a[first]} against {b[first]}", drift
 
 

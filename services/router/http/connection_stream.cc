@@ -11,6 +11,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace lazyattn::router {
 namespace {
@@ -76,6 +80,19 @@ bool ConnectionStream::WaitWritable() const {
   const bool ready = WaitForSocket(fd_, POLLOUT, write_timeout_, deadline);
   write_waited_ +=
       std::max(steady_clock::duration::zero(), steady_clock::now() - start - kUncountedWait);
+  if (!ready && write_wait_budget_.count() > 0 && write_waited_ >= write_wait_budget_) {
+    // Logged once: the write fails and the connection closes; cpp-httplib and the handler see
+    // only a failed write, as of a client that hung up.
+    std::string ip;
+    int port = 0;
+    get_remote_ip_and_port(ip, port);
+    LogWarning("router")
+        .Str("peer", absl::StrCat(ip, ":", port))
+        .Int("write_wait_budget_ms", write_wait_budget_.count())
+        .Msg(
+            "an HTTP client took too long to read its answer (http.write_wait_budget_ms); "
+            "connection closed");
+  }
   return ready;
 }
 

@@ -532,17 +532,17 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   EXPECT_NE(reply.find(R"("workers":1)"), std::string::npos) << reply;
 }
 
-// A client that keeps reading, but slower than the tokens come (1.6 MB/s against tokens of 1,000
-// bytes sent as fast as the router takes them), makes each write wait well inside the write
-// timeout (a third of a few MiB of send buffer frees in under a second), so the timeout alone
-// would let it hold the connection thread for the whole 65 MB answer (40 s). Its writes' waits
+// A client that keeps reading, but slower than the tokens come (at most 400 KB/s against tokens
+// of 1,000 bytes sent as fast as the router takes them), makes each write wait inside the write
+// timeout (a third of a few MiB of send buffer frees in a few seconds), so the timeout alone
+// would let it hold the connection thread for the whole 65 MB answer (160 s). Its writes' waits
 // add up, and past http.write_wait_budget_ms the stream is cut as a client's cancellation.
 TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatReadsTooSlowlyIsCutAtItsWriteWaitBudget) {
   max_tokens_limit_ = 1 << 16;
   HttpOptions http;
   http.threads = 1;
   http.max_connections_per_client = 0;
-  http.write_timeout = absl::Seconds(5);
+  http.write_timeout = absl::Seconds(10);
   http.write_wait_budget = absl::Seconds(2);
   ASSERT_NO_FATAL_FAILURE(
       Start(absl::ZeroDuration(), /*prefill_forever=*/false, http, std::string(1000, 'x')));
@@ -551,16 +551,18 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatReadsTooSlowlyIsCutAtItsWrit
   ASSERT_TRUE(slow.connected());
   ASSERT_TRUE(slow.Write(CompletionRequest(/*stream=*/true, /*max_tokens=*/1 << 16)));
   ASSERT_TRUE(worker.WaitForTokens(1, kBound));
+  // Slowly until the router ends the request (the client would see the close only after reading
+  // the megabytes still in the sockets' buffers, at its own pace).
   const absl::Time started = absl::Now();
   std::string received;
   bool closed = false;
-  while (!closed && absl::Now() - started < absl::Seconds(30)) {
-    for (int i = 0; i < 4 && !closed; ++i) closed = !slow.Read(&received);  // up to 16 KiB
+  while (!closed && RequestsEnded("cancelled") == 0 && absl::Now() - started < absl::Seconds(30)) {
+    for (int i = 0; i < 2 && !closed; ++i) closed = !slow.Read(&received);  // up to 8 KiB
     received.clear();                                                       // only the pace matters
-    absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_TRUE(closed) << "the slow stream was not cut";
-  EXPECT_LT(absl::Now() - started, absl::Seconds(20)) << "cut only near the end of the answer";
+  EXPECT_LT(absl::Now() - started, absl::Seconds(20)) << "not cut, or only near the end";
+  EXPECT_TRUE(closed || slow.ReadToEnd(&received, kBound)) << "the connection stayed open";
   ExpectEndedByItsClient(worker);
   EXPECT_TRUE(WaitFor([&] { return http_->open_connections() == 0; }, kBound));
 }

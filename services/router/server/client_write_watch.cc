@@ -39,29 +39,39 @@ int64_t SteadyNanos() {
 }
 }  // namespace
 
-void ClientWriteWatch::Stream::WriteStarted() {
-  write_started_ns_.store(std::max<int64_t>(1, SteadyNanos()), std::memory_order_relaxed);
+void ClientWriteWatch::Stream::WriteStarted(absl::Duration allowance) {
+  write_started_ns_.store(std::max<int64_t>(1, SteadyNanos() + absl::ToInt64Nanoseconds(allowance)),
+                          std::memory_order_relaxed);
 }
 
 void ClientWriteWatch::Stream::WriteDone() {
   const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
   if (started == 0) return;  // no write was started: nothing waited
   const int64_t counted = std::max<int64_t>(0, SteadyNanos() - started - kUncountedWaitNs);
-  waited_ns_.store(waited_ns_.load(std::memory_order_relaxed) + counted, std::memory_order_relaxed);
+  // The write ends before its wait joins the total, and the total is published with release
+  // (Waited loads it with acquire first): a sweep that sees the new total sees the write ended,
+  // so it never counts this wait twice. A stale read counts too little, until the next sweep.
   write_started_ns_.store(0, std::memory_order_relaxed);
+  waited_ns_.store(waited_ns_.load(std::memory_order_relaxed) + counted, std::memory_order_release);
+}
+
+ClientWriteWatch::Stream::Waits ClientWriteWatch::Stream::Waited(int64_t now_ns) const {
+  const int64_t done = waited_ns_.load(std::memory_order_acquire);
+  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
+  // 0 while a write's allowance lasts, or for a write started after `now_ns`.
+  const int64_t current = started == 0 ? 0 : std::max<int64_t>(0, now_ns - started);
+  return {.current_ns = current,
+          .counted_ns = done + std::max<int64_t>(0, current - kUncountedWaitNs)};
 }
 
 const char* ClientWriteWatch::Stream::Overdue(const Limits& limits, int64_t now_ns) const {
-  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
-  const int64_t current = started == 0 ? 0 : now_ns - started;  // the write in progress
-  if (limits.timeout > absl::ZeroDuration() && started != 0 &&
-      current >= absl::ToInt64Nanoseconds(limits.timeout)) {
+  const Waits w = Waited(now_ns);
+  if (limits.timeout > absl::ZeroDuration() &&
+      w.current_ns >= absl::ToInt64Nanoseconds(limits.timeout)) {
     return "routing.client_write_timeout_ms";
   }
   if (limits.wait_budget > absl::ZeroDuration() &&
-      waited_ns_.load(std::memory_order_relaxed) +
-              std::max<int64_t>(0, current - kUncountedWaitNs) >
-          absl::ToInt64Nanoseconds(limits.wait_budget)) {
+      w.counted_ns >= absl::ToInt64Nanoseconds(limits.wait_budget)) {
     return "routing.client_write_wait_budget_ms";
   }
   return nullptr;
@@ -90,16 +100,13 @@ void ClientWriteWatch::Sweep() {
     const char* limit = s->context_ == nullptr || s->cut_ ? nullptr : s->Overdue(limits_, now);
     if (limit == nullptr) continue;  // closed or cut, or its write completed meanwhile
     if (on_cut_) on_cut_();
-    const int64_t started = s->write_started_ns_.load(std::memory_order_relaxed);
-    const int64_t waited_ns =
-        s->waited_ns_.load(std::memory_order_relaxed) +
-        std::max<int64_t>(0, (started == 0 ? 0 : now - started) - kUncountedWaitNs);
+    const Stream::Waits w = s->Waited(now);
     LogWarning("router")
         .Str("request_id", s->request_id_)
         .Str("peer", s->context_->peer())
         .Str("limit", limit)
-        .Int("waiting_ms", started == 0 ? 0 : (now - started) / 1000000)
-        .Int("waited_in_all_ms", waited_ns / 1000000)  // past each write's first 5 ms
+        .Int("waiting_ms", w.current_ns / 1000000)
+        .Int("waited_in_all_ms", w.counted_ns / 1000000)  // past each write's first 5 ms
         .Msg("a client took too long to read its call's answer; call cancelled");
     s->cut_ = true;
     // May run the call's reactions on this thread (Close among them: the lock is recursive).

@@ -70,8 +70,9 @@ class ClientWriteWatch {
 class ClientWriteWatch::Stream {
  public:
   // A write to the client started / completed (its reactor's OnWriteDone); one write at a time.
-  // Lock-free.
-  void WriteStarted();
+  // A write given an `allowance` (a large answer's time to be sent at a minimum rate) starts
+  // waiting on the client only once the allowance is over. Lock-free.
+  void WriteStarted(absl::Duration allowance = absl::ZeroDuration());
   void WriteDone();
   // From now on the context is never touched. Blocks while a cancellation of this stream is under
   // way on the sweeping thread (unless called from inside it). Idempotent.
@@ -89,8 +90,12 @@ class ClientWriteWatch::Stream {
   std::recursive_mutex mu_;
   grpc::CallbackServerContext* context_;  // guarded by mu_; null once closed
   bool cut_ = false;                      // guarded by mu_: cancelled once, never again
-  // Which limit the call has passed at steady-clock time `now_ns`: nullptr if none, else the
-  // config key's name.
+  struct Waits {
+    int64_t current_ns;  // the write in progress has waited (0: none)
+    int64_t counted_ns;  // against the budget: every write's wait past kUncountedWaitNs
+  };
+  Waits Waited(int64_t now_ns) const;  // at steady-clock time `now_ns`
+  // Which limit the call has passed at `now_ns`: nullptr if none, else the config key's name.
   const char* Overdue(const Limits& limits, int64_t now_ns) const;
 
   std::atomic<int64_t> write_started_ns_{0};  // steady clock; 0: no write in progress

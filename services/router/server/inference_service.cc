@@ -20,6 +20,10 @@ using lazyattn::v1::Final;
 using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
+// The slowest a client may take a Complete answer before its write counts as waiting on it
+// (64 KiB/s: the HTTP front's default http.min_send_bytes_per_s).
+constexpr double kMinAnswerBytesPerSecond = 64 << 10;
+
 class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
                               public ForwardingCall {
  public:
@@ -67,8 +71,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
   }
   bool StreamsToClient() const override { return true; }
 
-  // Cuts the call when its client stops reading (routing.client_write_timeout_ms); closed in
-  // OnDone, before the context goes away.
+  // Cuts the call when its client stops reading, or reads too slowly
+  // (routing.client_write_timeout_ms and routing.client_write_wait_budget_ms); closed in OnDone,
+  // before the context goes away.
   std::shared_ptr<ClientWriteWatch::Stream> watch_;
   GenerateResponse out_;
   AdmissionTicket admission_;  // given back with the reactor
@@ -135,9 +140,14 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
       *response_->mutable_final() = *final;
     }
     // The answer is one write, done with the call (OnDone): a client that never reads an answer
-    // larger than its flow-control window would otherwise hold its admission slot until its
-    // deadline, which may be none.
-    if (watch_ != nullptr) watch_->WriteStarted();
+    // larger than its flow-control window and gRPC's write buffer would otherwise hold its
+    // admission slot until its deadline, which may be none. A large answer (top log-probabilities
+    // of thousands of tokens: megabytes) first gets its time at kMinAnswerBytesPerSecond, as the
+    // HTTP front gives one that is not streamed (http.min_send_bytes_per_s).
+    if (watch_ != nullptr) {
+      watch_->WriteStarted(
+          absl::Seconds(static_cast<double>(response_->ByteSizeLong()) / kMinAnswerBytesPerSecond));
+    }
     Finish(status);
   }
   bool StreamsToClient() const override { return false; }
@@ -148,8 +158,8 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     top_logprobs_.clear();
   }
 
-  // Cuts the call when its client does not read the answer (routing.client_write_timeout_ms);
-  // closed in OnDone, before the context goes away.
+  // Cuts the call when its client does not read the answer (routing.client_write_timeout_ms
+  // and routing.client_write_wait_budget_ms); closed in OnDone, before the context goes away.
   std::shared_ptr<ClientWriteWatch::Stream> watch_;
   CompleteResponse* const response_;
   std::vector<int32_t> token_ids_;
