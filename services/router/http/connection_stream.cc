@@ -69,7 +69,9 @@ bool ConnectionStream::WaitReadable() const {
   return WaitForSocket(fd_, POLLIN, read_timeout_, deadline_);
 }
 
-bool ConnectionStream::WaitWritable() const {
+bool ConnectionStream::WaitWritable() const { return WaitDuringWrite(POLLOUT); }
+
+bool ConnectionStream::WaitDuringWrite(short events) const {
   const SteadyTime start = steady_clock::now();
   SteadyTime deadline = write_deadline_;
   if (write_wait_budget_.count() > 0) {
@@ -77,7 +79,7 @@ bool ConnectionStream::WaitWritable() const {
     if (left <= steady_clock::duration::zero()) return false;
     deadline = std::min(deadline, start + kUncountedWait + left);
   }
-  const bool ready = WaitForSocket(fd_, POLLOUT, write_timeout_, deadline);
+  const bool ready = WaitForSocket(fd_, events, write_timeout_, deadline);
   write_waited_ +=
       std::max(steady_clock::duration::zero(), steady_clock::now() - start - kUncountedWait);
   if (!ready && write_wait_budget_.count() > 0 && write_waited_ >= write_wait_budget_) {
@@ -193,8 +195,8 @@ ssize_t TlsStream::read(char* ptr, size_t size) {
       case SSL_ERROR_WANT_READ:
         if (!WaitReadable()) return -1;
         break;
-      case SSL_ERROR_WANT_WRITE:
-        if (!WaitWritable()) return -1;
+      case SSL_ERROR_WANT_WRITE:  // a read's wait: its timeout and deadline, not the write's
+        if (!WaitForSocket(fd_, POLLOUT, read_timeout_, deadline_)) return -1;
         break;
       case SSL_ERROR_ZERO_RETURN:
         return 0;  // close_notify
@@ -216,8 +218,8 @@ ssize_t TlsStream::write(const char* ptr, size_t size) {
       case SSL_ERROR_WANT_WRITE:
         if (!WaitWritable()) return -1;
         break;
-      case SSL_ERROR_WANT_READ:
-        if (!WaitForSocket(fd_, POLLIN, write_timeout_, write_deadline_)) return -1;
+      case SSL_ERROR_WANT_READ:  // a TLS record from the client first: the write waits on it
+        if (!WaitDuringWrite(POLLIN)) return -1;
         break;
       default:
         return -1;

@@ -82,6 +82,8 @@ class ConnectionStream : public httplib::Stream {
   bool WaitReadable() const;  // read_timeout, bounded by the deadline
   // write_timeout, bounded by the write deadline and what is left of the write wait budget.
   bool WaitWritable() const;
+  // The same wait for `events` (POLLOUT; POLLIN when a TLS write needs the client's record first).
+  bool WaitDuringWrite(short events) const;
   // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
   // they go past one (the bytes are then dropped: the request is refused).
   ssize_t Counted(const char* data, size_t size, ssize_t n);

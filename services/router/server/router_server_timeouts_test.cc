@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,16 @@ namespace {
 using lazyattn::v1::GenerateResponse;
 using ::testing::HasSubstr;
 using testing::RouterServerTest;
+
+// A plaintext channel to `port` whose streams' flow-control windows start and stay at 1 KiB, so
+// that a client that reads slowly, or not at all, soon leaves the router's writes waiting.
+std::shared_ptr<grpc::Channel> SmallWindowChannel(int port) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);                  // the window stays small...
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);  // ...and starts small
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
 using testing::StreamResult;
 
 TEST_F(RouterServerTest, FirstTokenTimeoutFailsOverFromAFrozenWorker) {
@@ -225,11 +236,7 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   o.routing.client_write_timeout = absl::Milliseconds(300);
   o.routing.token_idle_timeout = absl::ZeroDuration();  // only the client is slow here
   StartRouter(o);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);                  // the window stays small...
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);  // ...and starts small
-  auto stub = lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials(), args));
+  auto stub = lazyattn::v1::Inference::NewStub(SmallWindowChannel(router_->port()));
   grpc::ClientContext ctx;  // no deadline
   auto reader = stub->Generate(&ctx, Request({"doc"}));
   ASSERT_TRUE(workers_[0]->WaitForCalls(1, absl::Seconds(30)));
@@ -263,11 +270,7 @@ TEST_F(RouterServerTest, AStreamWhoseClientReadsTooSlowlyIsCancelledAtItsWaitBud
   o.routing.client_write_wait_budget = absl::Milliseconds(500);
   o.routing.token_idle_timeout = absl::ZeroDuration();  // only the client is slow here
   StartRouter(o);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
-  auto stub = lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials(), args));
+  auto stub = lazyattn::v1::Inference::NewStub(SmallWindowChannel(router_->port()));
   grpc::ClientContext ctx;  // no deadline
   auto reader = stub->Generate(&ctx, Request({"doc"}));
   GenerateResponse m;
@@ -299,11 +302,7 @@ TEST_F(RouterServerTest, AStreamReadAsItComesStaysInsideItsWaitBudget) {
   o.routing.client_write_timeout = absl::ZeroDuration();
   o.routing.client_write_wait_budget = absl::Seconds(1);
   StartRouter(o);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
-  auto stub = lazyattn::v1::Inference::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", router_->port()), grpc::InsecureChannelCredentials(), args));
+  auto stub = lazyattn::v1::Inference::NewStub(SmallWindowChannel(router_->port()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Generate(&ctx, Request({"doc"}));
@@ -329,11 +328,7 @@ TEST_F(RouterServerTest, ACompleteWhoseClientDoesNotReadTheAnswerIsCancelled) {
   RouterOptions o = Options();
   o.routing.client_write_timeout = absl::Milliseconds(300);
   StartRouter(o);
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
-  grpc::GenericStub stub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", router_->port()),
-                                                   grpc::InsecureChannelCredentials(), args));
+  grpc::GenericStub stub(SmallWindowChannel(router_->port()));
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;  // no deadline
   auto call = stub.PrepareCall(&ctx, "/lazyattn.v1.Inference/Complete", &cq);
