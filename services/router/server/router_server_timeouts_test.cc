@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,6 +34,20 @@ std::shared_ptr<grpc::Channel> SmallWindowChannel(int port) {
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);  // ...and starts small
   return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+// Waits up to `limit` for the router to have no call in flight (the cut call's admission slot
+// given back), then expects that and exactly one call cut by the client write watch.
+void ExpectOneCallCutAndNoneInFlight(const std::function<std::string()>& metrics,
+                                     absl::Duration limit) {
+  const absl::Time until = absl::Now() + limit;
+  while (absl::Now() < until &&
+         metrics().find("lazyattn_router_in_flight_requests 0") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string text = metrics();
+  EXPECT_THAT(text, HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
+  EXPECT_THAT(text, HasSubstr("lazyattn_router_in_flight_requests 0"));
 }
 using testing::StreamResult;
 
@@ -242,14 +257,7 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   ASSERT_TRUE(workers_[0]->WaitForCalls(1, absl::Seconds(30)));
   EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)))
       << "the worker's request was never cancelled";
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < until &&
-         Metrics().find("lazyattn_router_in_flight_requests 0") == std::string::npos) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  const std::string metrics = Metrics();
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_in_flight_requests 0"));
+  ExpectOneCallCutAndNoneInFlight([this] { return Metrics(); }, absl::Seconds(10));
   ctx.TryCancel();
   lazyattn::v1::GenerateResponse m;
   while (reader->Read(&m)) {
@@ -357,14 +365,7 @@ TEST_F(RouterServerTest, ACompleteWhoseClientDoesNotReadTheAnswerIsCancelled) {
     }
   });
   EXPECT_TRUE(sent && workers_[0]->WaitForCalls(1, absl::Seconds(30)));
-  const absl::Time until = absl::Now() + absl::Seconds(sent ? 30 : 0);
-  while (absl::Now() < until &&
-         Metrics().find("lazyattn_router_in_flight_requests 0") == std::string::npos) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  const std::string metrics = Metrics();
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
-  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_in_flight_requests 0"));
+  ExpectOneCallCutAndNoneInFlight([this] { return Metrics(); }, absl::Seconds(sent ? 30 : 0));
   // Its unread answer would keep a Finish from completing: the client gives up too.
   ctx.TryCancel();
   grpc::Status status;
