@@ -77,11 +77,14 @@ bool ConnectionStream::WaitDuringWrite(short events) const {
   if (write_wait_budget_.count() > 0) {
     const auto left = write_wait_budget_ - write_waited_;
     if (left <= steady_clock::duration::zero()) return false;
-    deadline = std::min(deadline, start + kUncountedWait + left);
+    deadline = std::min(deadline, start + kUncountedWait + write_earned_ + left);
   }
   const bool ready = WaitForSocket(fd_, events, write_timeout_, deadline);
-  write_waited_ +=
+  const auto over =
       std::max(steady_clock::duration::zero(), steady_clock::now() - start - kUncountedWait);
+  const auto from_earned = std::min(over, write_earned_);
+  write_earned_ -= from_earned;
+  write_waited_ += over - from_earned;
   if (!ready && write_wait_budget_.count() > 0 && write_waited_ >= write_wait_budget_) {
     // Logged once: the write fails and the connection closes; cpp-httplib and the handler see
     // only a failed write, as of a client that hung up.
@@ -91,6 +94,7 @@ bool ConnectionStream::WaitDuringWrite(short events) const {
     LogWarning("router")
         .Str("peer", absl::StrCat(ip, ":", port))
         .Int("write_wait_budget_ms", write_wait_budget_.count())
+        .Int("earned_bytes_per_s", earned_bytes_per_s_)
         .Msg(
             "an HTTP client took too long to read its answer (http.write_wait_budget_ms); "
             "connection closed");
@@ -106,6 +110,13 @@ void ConnectionStream::BeginRequest(size_t max_head_bytes) {
   body_line_bytes_ = 0;
   body_line_too_long_ = false;
   write_waited_ = steady_clock::duration::zero();
+  write_earned_ = steady_clock::duration::zero();
+}
+
+void ConnectionStream::Sent(ssize_t n) {
+  if (n <= 0 || earned_bytes_per_s_ <= 0 || write_wait_budget_.count() <= 0) return;
+  write_earned_ += std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(
+      static_cast<double>(n) / static_cast<double>(earned_bytes_per_s_)));
 }
 
 ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {
@@ -177,7 +188,10 @@ ssize_t PlainStream::write(const char* ptr, size_t size) {
   // rest, each time after is_writable.
   while (true) {
     const ssize_t n = send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) return n;
+    if (n >= 0) {
+      Sent(n);
+      return n;
+    }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     if (!WaitWritable()) return -1;
@@ -208,12 +222,18 @@ ssize_t TlsStream::read(char* ptr, size_t size) {
 
 ssize_t TlsStream::write(const char* ptr, size_t size) {
   if (!is_writable()) return -1;
-  const int len = static_cast<int>(std::min<size_t>(size, INT_MAX));
+  // One TLS record a call (the library writes the rest, as after a partial send): SSL_write
+  // returns only once all it was given is out, so a megabyte event (an echoed prompt) would earn
+  // its waiting time only after its last wait (set_write_wait_budget).
+  const int len = static_cast<int>(std::min<size_t>(size, kTlsRecordBytes));
   while (true) {
     // Retried with the same arguments, as OpenSSL requires after WANT_*.
     ERR_clear_error();
     const int n = SSL_write(ssl_, ptr, len);
-    if (n > 0) return n;
+    if (n > 0) {
+      Sent(n);
+      return n;
+    }
     switch (SSL_get_error(ssl_, n)) {
       case SSL_ERROR_WANT_WRITE:
         if (!WaitWritable()) return -1;

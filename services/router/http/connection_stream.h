@@ -9,7 +9,10 @@
 // then (each write progressing within write_timeout) cannot hold a connection thread for ever.
 // A streamed response has no size to go by: its writes instead share a budget of time spent
 // waiting for the socket (set_write_wait_budget), which a client that reads as the tokens come
-// never draws on, and one that reads just enough to stay inside write_timeout soon spends.
+// never draws on, and one that reads just enough to stay inside write_timeout soon spends. The
+// bytes sent earn waiting time at the minimum rate a non-streamed answer is given, so a stream
+// carrying a lot per token (alternatives, an echoed prompt) to a client reading at that rate or
+// faster is not cut either.
 //
 // Reads are also bounded in bytes where cpp-httplib buffers without a limit of its own: a
 // request's line and headers (the library keeps every header line in a multimap, ~20 bytes of
@@ -26,6 +29,7 @@
 #include <openssl/ssl.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,10 +57,15 @@ class ConnectionStream : public httplib::Stream {
   // The same for writes: a write (or the wait before it) fails once `deadline` has passed.
   void set_write_deadline(SteadyTime deadline) { write_deadline_ = deadline; }
   // A request's writes may wait for the socket this long in all (zero: no such bound); past it
-  // they fail. The first kUncountedWait of each wait is not counted (a busy router's own
-  // scheduling, never the client). The time waited starts again at each BeginRequest.
+  // they fail. Not counted: the first kUncountedWait of each wait (a busy router's own
+  // scheduling, never the client), and the time the bytes already sent earn at
+  // `earned_bytes_per_s` (0: none), so a client reading at least that fast is never cut. The time
+  // waited and earned starts again at each BeginRequest.
   static constexpr std::chrono::milliseconds kUncountedWait{5};
-  void set_write_wait_budget(std::chrono::milliseconds budget) { write_wait_budget_ = budget; }
+  void set_write_wait_budget(std::chrono::milliseconds budget, int64_t earned_bytes_per_s = 0) {
+    write_wait_budget_ = budget;
+    earned_bytes_per_s_ = earned_bytes_per_s;
+  }
   bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
 
   // A request begins: from now until EndHead, the bytes read (its line and headers) may total at
@@ -84,6 +93,8 @@ class ConnectionStream : public httplib::Stream {
   bool WaitWritable() const;
   // The same wait for `events` (POLLOUT; POLLIN when a TLS write needs the client's record first).
   bool WaitDuringWrite(short events) const;
+  // A write sent `n` bytes: they earn waiting time (set_write_wait_budget).
+  void Sent(ssize_t n);
   // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
   // they go past one (the bytes are then dropped: the request is refused).
   ssize_t Counted(const char* data, size_t size, ssize_t n);
@@ -96,8 +107,11 @@ class ConnectionStream : public httplib::Stream {
   SteadyTime deadline_ = kNoDeadline;
   SteadyTime write_deadline_ = kNoDeadline;
   std::chrono::milliseconds write_wait_budget_{0};
-  // Time this request's writes waited for the socket; WaitWritable, const for is_writable, adds.
+  int64_t earned_bytes_per_s_ = 0;
+  // Time this request's writes waited for the socket past what they were allowed, and time the
+  // bytes sent earned and no wait has used yet. WaitDuringWrite, const for is_writable, updates.
   mutable std::chrono::steady_clock::duration write_waited_{0};
+  mutable std::chrono::steady_clock::duration write_earned_{0};
 
  private:
   size_t max_head_bytes_ = 0;
@@ -127,6 +141,7 @@ class PlainStream final : public ConnectionStream {
 // AcceptTls on the same fd; the stream does not own it.
 class TlsStream final : public ConnectionStream {
  public:
+  static constexpr size_t kTlsRecordBytes = 16 << 10;  // TLS's largest record
   TlsStream(int fd, SSL* ssl, std::chrono::milliseconds read_timeout,
             std::chrono::milliseconds write_timeout)
       : ConnectionStream(fd, read_timeout, write_timeout), ssl_(ssl) {}

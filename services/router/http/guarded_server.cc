@@ -102,7 +102,8 @@ bool ServeRequests(const LoopParams& p, ConnectionStream& stream, SteadyTime fir
     // included); a later one's from its first byte.
     stream.set_deadline(first ? first_deadline : kNoDeadline);
     stream.set_write_deadline(kNoDeadline);
-    stream.set_write_wait_budget(p.write_wait_budget);  // BoundResponseWrite may lift it
+    // BoundResponseWrite may lift it; the bytes sent earn time at the rate it would give.
+    stream.set_write_wait_budget(p.write_wait_budget, p.min_send_bytes_per_s);
     if (!AwaitRequest(p, stream, p.keep_alive_timeout)) break;
     if (!first) stream.set_deadline(steady_clock::now() + p.header_timeout);
     first = false;

@@ -21,8 +21,9 @@
 //    from its size: write_timeout plus its bytes at `min_send_bytes_per_s`. The library's write
 //    timeout only needs each write to progress, so a client that reads a byte at a time (or
 //    opens a tiny TCP window) held a thread for as long as a large response took at its pace.
-//    Streamed responses (a content provider) keep only the write timeout: their length is the
-//    generation's.
+//    Streamed responses (a content provider) have no size to go by: their writes share the
+//    write wait budget instead (connection_stream.h), past what their bytes earn at the same
+//    rate.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
 //    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
@@ -59,8 +60,8 @@ struct ConnectionLimits {
   // The slowest a non-streamed response may be sent, after write_timeout's grace; 0: no total
   // write deadline.
   int64_t min_send_bytes_per_s = 64 << 10;
-  // The time a response's writes may wait for the client in all (ConnectionStream's write wait
-  // budget); 0: no such bound.
+  // The time a response's writes may wait for the client in all, past what their bytes earn at
+  // min_send_bytes_per_s (ConnectionStream's write wait budget); 0: no such bound.
   std::chrono::milliseconds write_wait_budget{120000};
   // Counts the connections served and caps them per address; must outlive the server.
   ClientSlots* slots = nullptr;

@@ -34,8 +34,9 @@ struct HttpOptions {
   int64_t min_send_bytes_per_s = 64 << 10;
   // A response's writes may wait for the client this long in all, or the connection is closed:
   // a streaming client reading just enough to stay inside write_timeout would otherwise hold a
-  // connection thread for as long as it liked. One that reads as tokens come never waits. Zero:
-  // no such bound.
+  // connection thread for as long as it liked. One that reads as tokens come never waits, and
+  // the bytes sent earn waiting time at min_send_bytes_per_s (a client reading at least that
+  // fast is never cut). Zero: no such bound.
   absl::Duration write_wait_budget = absl::Seconds(120);
   // A request's line and headers must be in within this (a new connection's from when a thread
   // takes it up, its TLS handshake included; a kept-alive one's from the request's first byte),
