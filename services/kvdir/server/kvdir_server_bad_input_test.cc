@@ -1,7 +1,7 @@
 // Bad input on a Publish stream ends it with the right status naming the field or the limit: a
 // first message that is not Hello, malformed messages, and the bounds on workers, entries per
 // worker and worker ids (refusals counted); nothing bad is applied. A worker that reads none of
-// its replies is ended rather than queued for.
+// its replies is ended rather than queued for. Fields kvdir does not know are not kept.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -123,6 +123,55 @@ TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {
   hostport.Join({});
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers() == std::vector<std::string>{"[::1]:7201"}; }));
   EXPECT_TRUE(hostport.Close().ok());
+}
+
+// A worker's status and load are kept and copied into every Lookup and ListWorkers answer, so
+// fields this build does not know (proto3 would keep them) are dropped on arrival: a heartbeat
+// or snapshot whose load carries a megabyte under an unknown tag (the status's size is checked at
+// hello only), or a hello with unknown fields, adds nothing to the answers.
+TEST_F(KvdirServerTest, UnknownFieldsInAWorkersStatusOrLoadAreNotKept) {
+  Start();
+  const std::string megabyte(1 << 20, 'x');
+  FakeWorker w(stub_.get(), "w1");
+  {
+    v1::WorkerMessage hello;
+    v1::WorkerStatus* status = hello.mutable_hello()->mutable_status();
+    status->set_worker_id("w1");
+    status->set_address("w1:7000");
+    status->GetReflection()->MutableUnknownFields(status)->AddLengthDelimited(99, "unknown");
+    hello.mutable_hello()->set_epoch(1);
+    ASSERT_TRUE(w.Send(hello));
+  }
+  v1::DirectoryMessage reply;
+  ASSERT_TRUE(w.Read(&reply));
+  ASSERT_TRUE(reply.has_lease());
+  ASSERT_TRUE(w.Read(&reply));
+  ASSERT_TRUE(reply.has_snapshot_request());
+  v1::WorkerMessage snapshot;
+  v1::WorkerLoad* snapshot_load = snapshot.mutable_snapshot()->mutable_load();
+  snapshot_load->set_waiting_requests(2);
+  snapshot_load->GetReflection()
+      ->MutableUnknownFields(snapshot_load)
+      ->AddLengthDelimited(98, megabyte);
+  ASSERT_TRUE(w.Send(snapshot));
+  v1::WorkerMessage heartbeat;
+  v1::WorkerLoad* load = heartbeat.mutable_heartbeat()->mutable_load();
+  load->set_running_requests(3);
+  load->GetReflection()->MutableUnknownFields(load)->AddLengthDelimited(99, megabyte);
+  ASSERT_TRUE(w.Send(heartbeat));
+
+  v1::LookupResponse response;
+  ASSERT_TRUE(WaitFor([&] {
+    response.Clear();
+    return Lookup({1}, &response).ok() && response.workers_size() == 1 &&
+           response.workers(0).worker().load().running_requests() == 3;
+  }));
+  EXPECT_LT(response.ByteSizeLong(), 1024u);
+  const v1::WorkerStatus& kept = response.workers(0).worker();
+  EXPECT_TRUE(kept.GetReflection()->GetUnknownFields(kept).empty());
+  EXPECT_TRUE(kept.load().GetReflection()->GetUnknownFields(kept.load()).empty());
+  EXPECT_EQ(kept.address(), "w1:7000");  // the known fields are kept
+  EXPECT_TRUE(w.Close().ok());
 }
 
 // A worker that keeps saying hello and reads none of the replies (each hello queues a lease grant

@@ -65,6 +65,11 @@ void PublishReactor::OnReadDone(bool ok) {
     Close(grpc::Status::OK);
     return;
   }
+  // Fields this build does not know are dropped at once: proto3 keeps them, and a worker's
+  // status and load are stored and copied into every Lookup and ListWorkers answer, so a load
+  // carrying megabytes under an unknown tag (checked by size at Hello only) would slow every
+  // router's lookup.
+  in_.DiscardUnknownFields();
   absl::Status status = Handle(in_);
   bool unread = false;
   {

@@ -297,6 +297,31 @@ TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
   EXPECT_EQ(registry.LiveCount(), 0);
 }
 
+// A status is kept and copied into every routing decision's snapshot: fields this build does not
+// know (a hostile worker's or directory's megabytes under an unknown tag) are dropped, from the
+// directory's listing and from a static worker's own Status answer alike.
+TEST(WorkerRegistryTest, UnknownFieldsOfAStatusAreNotKept) {
+  WorkerRegistry registry({"10.0.0.9:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  lazyattn::v1::WorkerResidency listed = Worker("w0", "llama", kFpA);
+  lazyattn::v1::WorkerLoad* load = listed.mutable_worker()->mutable_load();
+  load->set_running_requests(2);
+  load->GetReflection()->MutableUnknownFields(load)->AddLengthDelimited(99, std::string(4096, 'x'));
+  registry.ObserveDirectory(Listing({listed}), t0);
+  lazyattn::v1::WorkerStatus polled = Worker("w1", "llama", kFpA).worker();
+  polled.set_address("10.0.0.9:7000");
+  polled.GetReflection()->MutableUnknownFields(&polled)->AddLengthDelimited(98, "unknown");
+  registry.ObserveStatic("10.0.0.9:7000", &polled, t0);
+  const auto snapshot = registry.Snapshot();
+  ASSERT_EQ(snapshot.size(), 2u);
+  for (const auto& worker : snapshot) {
+    const lazyattn::v1::WorkerStatus& kept = worker.status;
+    EXPECT_TRUE(kept.GetReflection()->GetUnknownFields(kept).empty()) << worker.id;
+    EXPECT_TRUE(kept.load().GetReflection()->GetUnknownFields(kept.load()).empty()) << worker.id;
+    EXPECT_FALSE(kept.worker_id().empty());  // the known fields are kept
+  }
+}
+
 TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARollingUpgrade) {
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);

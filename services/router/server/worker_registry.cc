@@ -57,6 +57,8 @@ void WorkerRegistry::ObserveDirectory(
     e.info.id = status.worker_id().empty() ? status.address() : status.worker_id();
     UpdateModelSince(e.info, status, now);
     e.info.status = status;
+    // Kept and copied into every routing decision's snapshot: nothing this build cannot read.
+    e.info.status.DiscardUnknownFields();
     e.info.reported = true;
   }
   for (auto it = by_address_.begin(); it != by_address_.end();) {
@@ -96,6 +98,7 @@ void WorkerRegistry::ObserveStatic(const std::string& address,
   e.last_polled = now;
   UpdateModelSince(e.info, *status, now);
   e.info.status = *status;
+  e.info.status.DiscardUnknownFields();  // as in ObserveDirectory
   e.info.id = status->worker_id().empty() ? address : status->worker_id();
   e.info.reported = true;
 }
