@@ -26,14 +26,14 @@ const CachedDocument* DocumentCache::Lookup(const DocCacheKey& key) {
 }
 
 const CachedDocument* DocumentCache::FindAnyOffset(const DocumentKey& doc, DocCacheKey* found) {
-  auto it = offsets_.find(doc);
-  if (it == offsets_.end() || it->second.empty()) return nullptr;
+  auto it = copy_sources_.find(doc);
+  if (it == copy_sources_.end() || it->second.empty()) return nullptr;
   *found = {doc, *it->second.begin()};
   return Lookup(*found);
 }
 
-bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks,
-                           int64_t num_tokens) {
+bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks, int64_t num_tokens,
+                           Origin origin) {
   if (entries_.contains(key)) return false;
   Slot& slot = entries_[key];
   slot.key = key;
@@ -43,7 +43,7 @@ bool DocumentCache::Insert(const DocCacheKey& key, std::vector<BlockId> blocks,
     if (b < owner_.size() && pool_->ref_count(b) > 0) ++slot.pinned_blocks;
   }
   num_blocks_ += static_cast<int64_t>(blocks.size());
-  offsets_[key.doc].insert(key.offset);
+  if (origin == Origin::kComputed) copy_sources_[key.doc].insert(key.offset);
   slot.doc = {.blocks = std::move(blocks), .num_tokens = num_tokens, .last_use = Tick()};
   if (slot.pinned_blocks == 0) evictable_.emplace(slot.doc.last_use, &slot);
   if (listener_) listener_(key, num_tokens, /*stored=*/true);
@@ -77,9 +77,9 @@ int64_t DocumentCache::EvictOne() {
     pool_->SetCached(b, false);
   }
   num_blocks_ -= freed;
-  if (auto o = offsets_.find(key.doc); o != offsets_.end()) {
+  if (auto o = copy_sources_.find(key.doc); o != copy_sources_.end()) {
     o->second.erase(key.offset);
-    if (o->second.empty()) offsets_.erase(o);
+    if (o->second.empty()) copy_sources_.erase(o);
   }
   entries_.erase(key);  // destroys s
   if (listener_) listener_(key, tokens, /*stored=*/false);

@@ -64,15 +64,23 @@ class DocumentCache : private BlockPool::PinObserver {
 
   // The entry, or nullptr. A hit refreshes its LRU position and counts a hit.
   const CachedDocument* Lookup(const DocCacheKey& key);
-  // An entry of `doc` at another offset (mode `block` copies it rather than recomputing): the
-  // one at the lowest offset, a position-agnostic entry (offset -1) first. Deterministic.
+  // An entry of `doc` to copy to another offset (mode `block` copies it rather than
+  // recomputing): among the entries that were computed, never copied, the one at the lowest
+  // offset, a position-agnostic entry (offset -1) first. Deterministic. Each copy re-rotates
+  // keys already rounded to the pool's type and rounds them again, so a copy of a copy would be
+  // two roundings from the document encoded there, and a chain of them more: copies are one.
   const CachedDocument* FindAnyOffset(const DocumentKey& doc, DocCacheKey* found_key);
+  // Whether FindAnyOffset would find an entry of `doc`.
+  bool HasCopySource(const DocumentKey& doc) const { return copy_sources_.contains(doc); }
   bool Contains(const DocCacheKey& key) const { return entries_.contains(key); }
 
-  // Adds a computed document. The blocks must be held by the caller (referenced); the cache marks
-  // them cached, so the caller's later Unref leaves them cached-unreferenced. Returns false (and
-  // takes nothing) if the key is already present.
-  bool Insert(const DocCacheKey& key, std::vector<BlockId> blocks, int64_t num_tokens);
+  // Adds a document, computed or (`copied`) copied from an entry at another offset. The blocks
+  // must be held by the caller (referenced); the cache marks them cached, so the caller's later
+  // Unref leaves them cached-unreferenced. Returns false (and takes nothing) if the key is
+  // already present.
+  enum class Origin { kComputed, kCopied };
+  bool Insert(const DocCacheKey& key, std::vector<BlockId> blocks, int64_t num_tokens,
+              Origin origin = Origin::kComputed);
 
   // Evicts the least recently used entry whose blocks are all unpinned; returns the number of
   // blocks freed (0 when nothing can be evicted). `last_use` of that entry is reported through
@@ -99,7 +107,8 @@ class DocumentCache : private BlockPool::PinObserver {
 
   BlockPool* pool_;
   absl::node_hash_map<DocCacheKey, Slot> entries_;  // node map: Slot addresses are stable
-  absl::flat_hash_map<DocumentKey, std::set<int64_t>> offsets_;  // cached offsets per document
+  // Per document, the offsets of its computed entries (FindAnyOffset's candidates).
+  absl::flat_hash_map<DocumentKey, std::set<int64_t>> copy_sources_;
   std::vector<Slot*> owner_;  // by block id: the entry holding it, or null
   // Entries with no pinned block by last_use (unique: one clock): begin() is evicted next.
   std::map<uint64_t, Slot*> evictable_;

@@ -64,5 +64,29 @@ TEST(DocumentCacheTest, BlockModeKeysCarryTheOffset) {
   EXPECT_EQ(found.offset, DocCacheKey::kAnyOffset);
 }
 
+// Block mode copies an entry to a new offset by re-rotating its keys, one more rounding; a copy
+// of a copy would be two, and chains longer. Only computed entries are copied from, even where a
+// copy sits at a lower offset, and a document whose computed entries are gone has none.
+TEST(DocumentCacheTest, CopiesAreNeverCopiedFrom) {
+  KvCacheManager m(8, 16);
+  const std::vector<BlockId> computed = Take(m, 1), copied = Take(m, 1);
+  ASSERT_TRUE(m.documents().Insert(Key(7, 100), computed, 10));
+  ASSERT_TRUE(m.documents().Insert(Key(7, 20), copied, 10, DocumentCache::Origin::kCopied));
+  DocCacheKey found;
+  ASSERT_NE(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
+  EXPECT_EQ(found.offset, 100) << "a copy was chosen as the source";
+  EXPECT_TRUE(m.documents().HasCopySource(Key(7).doc));
+  // The computed entry leaves (evicted); the copy stays but is no source.
+  m.pool().Unref(computed[0]);
+  m.pool().Unref(copied[0]);
+  m.documents().Lookup(Key(7, 20));  // the copy is the most recent: the computed one goes first
+  ASSERT_EQ(m.documents().EvictOne(), 1);
+  EXPECT_FALSE(m.documents().Contains(Key(7, 100)));
+  EXPECT_TRUE(m.documents().Contains(Key(7, 20)));
+  EXPECT_EQ(m.documents().FindAnyOffset(Key(7).doc, &found), nullptr);
+  EXPECT_FALSE(m.documents().HasCopySource(Key(7).doc));
+  EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
+}
+
 }  // namespace
 }  // namespace lazyattn

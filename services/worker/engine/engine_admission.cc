@@ -193,8 +193,11 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
     ++r.result.usage.documents_hit;
     return DocOutcome::kHit;
   }
+  // A job already encoding the document at this offset is joined, never raced by a copy: the copy
+  // would take the key first and the job's finished encoding would be thrown away.
+  const auto in_flight = job_by_key_.find(s.cache_key);
   DocCacheKey found;
-  if (r.prepared.mode == CacheMode::kBlock) {
+  if (r.prepared.mode == CacheMode::kBlock && in_flight == job_by_key_.end()) {
     if (const CachedDocument* other = cache_.documents().FindAnyOffset(s.cache_key.doc, &found)) {
       // Pin the source while allocating the copy, so eviction cannot take it.
       const std::vector<BlockId> src = other->blocks;
@@ -216,7 +219,7 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
         ok = runner_->CopyBlocks(copies).ok();
       }
       if (ok) {
-        cache_.documents().Insert(s.cache_key, dst, s.length());
+        cache_.documents().Insert(s.cache_key, dst, s.length(), DocumentCache::Origin::kCopied);
         s.blocks = dst;  // the request keeps the references Allocate gave it
         s.ready = s.length();
         r.result.usage.cached_tokens += s.length();
@@ -229,8 +232,8 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
     }
   }
   JobId job_id;
-  if (auto it = job_by_key_.find(s.cache_key); it != job_by_key_.end()) {
-    job_id = it->second;
+  if (in_flight != job_by_key_.end()) {
+    job_id = in_flight->second;
     // Encoded once for every waiter: another request's encoding is this one's reuse.
     const auto& waiters = jobs_.at(job_id)->waiters;
     if (std::any_of(waiters.begin(), waiters.end(),

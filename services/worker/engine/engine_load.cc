@@ -30,15 +30,15 @@ EngineLoad EngineCore::Load() const {
   EngineLoad load;
   load.running = static_cast<int>(running_.size());
   load.waiting = static_cast<int>(waiting_.size());
-  // A waiting request's documents the cache holds (a block-mode request also copies a
-  // position-free entry rather than encoding), or that a job encodes, or that an earlier waiting
-  // request counted, are not work it adds: the worker holding the hot set must not look busiest.
+  // A waiting request's documents the cache holds (a block-mode request also copies an entry
+  // computed at another offset, or a position-free one, rather than encoding), or that a job
+  // encodes, or that an earlier waiting request counted, are not work it adds: the worker holding
+  // the hot set must not look busiest.
   absl::flat_hash_set<DocCacheKey> counted;
   const DocumentCache& documents = cache_.documents();
   auto reused = [&](const DocCacheKey& key, int64_t /*tokens*/) {
     return documents.Contains(key) ||
-           (key.offset != DocCacheKey::kAnyOffset &&
-            documents.Contains({key.doc, DocCacheKey::kAnyOffset})) ||
+           (key.offset != DocCacheKey::kAnyOffset && documents.HasCopySource(key.doc)) ||
            job_by_key_.contains(key) || !counted.insert(key).second;
   };
   for (RequestId id : waiting_) {

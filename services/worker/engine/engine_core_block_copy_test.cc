@@ -1,0 +1,157 @@
+// Mode block's copies of a document cached at another offset: a copy is made from an entry that
+// was computed, never from another copy (each copy rounds re-rotated keys once more, so chains of
+// copies would drift from the document encoded in place), and never races a job already encoding
+// the document at the same offset.
+#include <random>
+
+#include "gtest/gtest.h"
+#include "services/worker/engine/cpu_runner.h"
+#include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/request_prep.h"
+#include "services/worker/model/model_fingerprint.h"
+#include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
+
+namespace lazyattn {
+namespace {
+
+// The CPU backend, recording the rotation delta of every block copy.
+class CopyRecordingRunner final : public ModelRunner {
+ public:
+  CopyRecordingRunner(const ModelWeights* weights, int64_t blocks) : inner_(weights, blocks) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string backend_name() const override { return "cpu-recording"; }
+  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    return inner_.Forward(chunks);
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    for (const BlockCopy& c : copies) deltas.push_back(c.delta);
+    return inner_.CopyBlocks(copies);
+  }
+  std::vector<int32_t> deltas;
+
+ private:
+  CpuModelRunner inner_;
+};
+
+class EngineCoreBlockCopyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    weights_ = MakeRandomWeights(TinyTestConfig(), 3);
+    tokenizer_ = MakeByteTokenizer();
+    identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
+    auto runner = std::make_unique<CopyRecordingRunner>(weights_.get(), 256);
+    runner_ = runner.get();
+    core_ = std::make_unique<EngineCore>(std::move(runner), tokenizer_.get(),
+                                         EngineOptions{.max_batch_tokens = 64});
+  }
+
+  // Document d has kLength[d] tokens (one block each, or several for document 3).
+  static constexpr int kLength[] = {24, 40, 72, 200};
+  static EngineDocument Doc(int d) {
+    std::mt19937 rng(100 + d);
+    std::vector<int32_t> tokens(kLength[d]);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 256);
+    return {.id = "doc" + std::to_string(d), .token_ids = std::move(tokens)};
+  }
+  PreparedRequest Prepare(const std::vector<int>& docs, CacheMode mode) {
+    EngineRequest r;
+    r.system_prefix = "Answer from the documents.\n";
+    for (int d : docs) r.documents.push_back(Doc(d));
+    r.question = "Which one?";
+    r.mode = mode;
+    r.sampling = {.max_tokens = 2, .ignore_eos = true};
+    auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *std::move(p);
+  }
+  // The cache keys of a prepared request's documents, as admission makes them.
+  static std::vector<DocCacheKey> Keys(const PreparedRequest& p) {
+    std::vector<DocCacheKey> keys;
+    PrefillTokensToCompute(p, [&](const DocCacheKey& key, int64_t) {
+      keys.push_back(key);
+      return false;
+    });
+    return keys;
+  }
+  void Add(PreparedRequest p) {
+    p.callbacks.on_done = [this](const absl::Status& s, const RequestResult&) {
+      EXPECT_TRUE(s.ok()) << s;
+      ++done_;
+    };
+    core_->Add(std::move(p));
+  }
+  void Drain() {
+    for (int guard = 0; core_->HasWork() && guard < 100000; ++guard) core_->Step(absl::Now());
+    ASSERT_FALSE(core_->HasWork());
+    EXPECT_TRUE(core_->cache().CheckInvariant().ok()) << core_->cache().CheckInvariant();
+  }
+  const ModeCounters& BlockStats() { return core_->stats().mode(CacheMode::kBlock); }
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelIdentity identity_;
+  CopyRecordingRunner* runner_ = nullptr;
+  std::unique_ptr<EngineCore> core_;
+  int done_ = 0;
+};
+
+// Document 0 is computed after document 1, then copied to the front (a lower offset), then placed
+// after document 2: its second copy comes from the computed entry (delta: 72 - 40 = 32 positions),
+// not from the copy at the lower offset (it would be 72 plus what separates the documents).
+TEST_F(EngineCoreBlockCopyTest, ACopyIsMadeFromTheComputedEntryNotFromACopy) {
+  const PreparedRequest computed = Prepare({1, 0}, CacheMode::kBlock);
+  const PreparedRequest copied = Prepare({0}, CacheMode::kBlock);
+  const PreparedRequest again = Prepare({2, 0}, CacheMode::kBlock);
+  const int64_t computed_at = Keys(computed)[1].offset;
+  const int64_t copied_at = Keys(copied)[0].offset;
+  const int64_t again_at = Keys(again)[1].offset;
+  ASSERT_LT(copied_at, computed_at) << "the copy must sit at the lower offset for this test";
+  ASSERT_EQ(again_at - computed_at, kLength[2] - kLength[1]);
+
+  Add(computed);
+  Drain();
+  ASSERT_TRUE(runner_->deltas.empty());
+  Add(copied);
+  Drain();
+  ASSERT_EQ(BlockStats().doc_copies, 1);
+  ASSERT_FALSE(runner_->deltas.empty());
+  EXPECT_EQ(runner_->deltas.back(), copied_at - computed_at);
+  runner_->deltas.clear();
+  Add(again);
+  Drain();
+  EXPECT_EQ(BlockStats().doc_copies, 2);
+  ASSERT_FALSE(runner_->deltas.empty());
+  for (int32_t delta : runner_->deltas) {
+    EXPECT_EQ(delta, again_at - computed_at) << "copied from the copy at " << copied_at;
+  }
+  EXPECT_EQ(done_, 3);
+}
+
+// A block request whose document a job is encoding at the same offset joins that job, even when
+// a position-free entry of the document (made meanwhile by a lazy request) could be copied: a
+// copy would take the key first and the job's encoding would be thrown away.
+TEST_F(EngineCoreBlockCopyTest, ABlockRequestJoinsTheJobEncodingItsDocument) {
+  const PreparedRequest lazy = Prepare({3}, CacheMode::kLazy);
+  const PreparedRequest block = Prepare({3}, CacheMode::kBlock);
+  const DocCacheKey lazy_key = Keys(lazy)[0], block_key = Keys(block)[0];
+  Add(lazy);
+  Add(block);  // its job starts with the lazy one's; 200 tokens take several 64-token steps each
+  for (int guard = 0; guard < 1000 && !core_->cache().documents().Contains(lazy_key); ++guard) {
+    core_->Step(absl::Now());
+  }
+  ASSERT_TRUE(core_->cache().documents().Contains(lazy_key));
+  ASSERT_FALSE(core_->cache().documents().Contains(block_key))
+      << "the block job finished first: nothing left to race";
+  Add(Prepare({3}, CacheMode::kBlock));
+  Drain();
+  EXPECT_EQ(BlockStats().doc_copies, 0);
+  EXPECT_TRUE(runner_->deltas.empty());
+  EXPECT_EQ(core_->stats().encode_jobs, 2);
+  EXPECT_TRUE(core_->cache().documents().Contains(block_key));
+  EXPECT_EQ(done_, 3);
+}
+
+}  // namespace
+}  // namespace lazyattn
