@@ -84,6 +84,10 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
 
   // The query segment carries what was generated before a preemption: it is recomputed.
   std::vector<DocOutcome> outcomes;  // per segment, documents only
+  // Made only once the pool has room for them: a copy allocates blocks (evicting for them), and
+  // a request refused here would leave its copies in the cache and the blocks they took from
+  // what running requests were promised.
+  std::vector<PendingCopy> copies;
   std::vector<int32_t> query = p.question;
   query.insert(query.end(), r.result.token_ids.begin(), r.result.token_ids.end());
 
@@ -133,12 +137,15 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
     r.segments.push_back(std::move(q));
     outcomes.resize(r.segments.size(), DocOutcome::kEncode);
     for (size_t i = 0; i < r.segments.size(); ++i) {
-      if (r.segments[i].kind == Segment::Kind::kDocument) outcomes[i] = AcquireDocument(r, i);
+      if (r.segments[i].kind == Segment::Kind::kDocument) {
+        outcomes[i] = AcquireDocument(r, i, copies);
+      }
     }
   }
 
-  // Blocks still to fill: own segments, and the jobs this request started (a job it joined is
-  // in `reserved` already; one it started has only this request's segments as waiters).
+  // Blocks still to fill: own segments (a pending copy's among them), and the jobs this request
+  // started (a job it joined is in `reserved` already; one it started has only this request's
+  // segments as waiters).
   int64_t needed = 0;
   std::vector<JobId> counted_jobs;
   for (const Segment& s : r.segments) {
@@ -155,9 +162,13 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
     }
   }
   if (needed > cache_.AvailableBlocks() - reserved && !running_.empty()) {
+    for (const PendingCopy& c : copies) {
+      for (BlockId b : c.source) cache_.pool().Unref(b);
+    }
     Release(r);  // try again when running requests have finished
     return std::nullopt;
   }
+  for (const PendingCopy& c : copies) outcomes[c.segment] = MakeCopy(r, c);
   if (first_admission) {
     r.counted = true;
     r.result.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - r.submitted);
@@ -181,7 +192,8 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   return needed;
 }
 
-EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
+EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment,
+                                                   std::vector<PendingCopy>& copies) {
   Segment& s = r.segments[segment];
   if (const CachedDocument* hit = cache_.documents().Lookup(s.cache_key)) {
     s.blocks = hit->blocks;
@@ -195,44 +207,57 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
   }
   // A job already encoding the document at this offset is joined, never raced by a copy: the copy
   // would take the key first and the job's finished encoding would be thrown away.
-  const auto in_flight = job_by_key_.find(s.cache_key);
   DocCacheKey found;
-  if (r.prepared.mode == CacheMode::kBlock && in_flight == job_by_key_.end()) {
+  if (r.prepared.mode == CacheMode::kBlock && !job_by_key_.contains(s.cache_key)) {
     if (const CachedDocument* other = cache_.documents().FindAnyOffset(s.cache_key.doc, &found)) {
-      // Pin the source while allocating the copy, so eviction cannot take it.
-      const std::vector<BlockId> src = other->blocks;
-      for (BlockId b : src) cache_.pool().Ref(b);
-      std::vector<BlockId> dst;
-      bool ok = true;
-      while (ok && dst.size() < src.size()) {
-        auto b = cache_.Allocate();
-        if (b) dst.push_back(*b);
-        ok = b.has_value();
-      }
-      if (ok) {
-        std::vector<BlockCopy> copies;
-        // A position-agnostic (lazy) entry holds K at local positions, i.e. at offset 0.
-        const int64_t from = found.offset == DocCacheKey::kAnyOffset ? 0 : found.offset;
-        const int32_t delta = static_cast<int32_t>(s.offset - from);
-        for (size_t i = 0; i < src.size(); ++i) copies.push_back({src[i], dst[i], delta});
-        // A failed copy (device error) falls back to encoding the document.
-        ok = runner_->CopyBlocks(copies).ok();
-      }
-      if (ok) {
-        cache_.documents().Insert(s.cache_key, dst, s.length(), DocumentCache::Origin::kCopied);
-        s.blocks = dst;  // the request keeps the references Allocate gave it
-        s.ready = s.length();
-        r.result.usage.cached_tokens += s.length();
-        r.result.usage.document_cached_tokens += s.length();
-      } else {
-        for (BlockId b : dst) cache_.pool().Unref(b);
-      }
-      for (BlockId b : src) cache_.pool().Unref(b);
-      if (ok) return DocOutcome::kCopy;
+      // Pinned until the copy is made, so eviction cannot take it.
+      PendingCopy copy{.segment = segment,
+                       .source = other->blocks,
+                       .source_offset = found.offset == DocCacheKey::kAnyOffset ? 0 : found.offset};
+      for (BlockId b : copy.source) cache_.pool().Ref(b);
+      copies.push_back(std::move(copy));
+      s.ready = 0;
+      return DocOutcome::kCopy;
     }
   }
+  return StartOrJoinJob(r, segment);
+}
+
+EngineCore::DocOutcome EngineCore::MakeCopy(Request& r, const PendingCopy& copy) {
+  Segment& s = r.segments[copy.segment];
+  std::vector<BlockId> dst;
+  bool ok = true;
+  while (ok && dst.size() < copy.source.size()) {
+    auto b = cache_.Allocate();
+    if (b) dst.push_back(*b);
+    ok = b.has_value();
+  }
+  if (ok) {
+    const int32_t delta = static_cast<int32_t>(s.offset - copy.source_offset);
+    std::vector<BlockCopy> copies;
+    for (size_t i = 0; i < copy.source.size(); ++i) {
+      copies.push_back({copy.source[i], dst[i], delta});
+    }
+    // A failed copy (device error) falls back to encoding the document.
+    ok = runner_->CopyBlocks(copies).ok();
+  }
+  for (BlockId b : copy.source) cache_.pool().Unref(b);
+  if (!ok) {
+    for (BlockId b : dst) cache_.pool().Unref(b);
+    return StartOrJoinJob(r, copy.segment);
+  }
+  cache_.documents().Insert(s.cache_key, dst, s.length(), DocumentCache::Origin::kCopied);
+  s.blocks = std::move(dst);  // the request keeps the references Allocate gave it
+  s.ready = s.length();
+  r.result.usage.cached_tokens += s.length();
+  r.result.usage.document_cached_tokens += s.length();
+  return DocOutcome::kCopy;
+}
+
+EngineCore::DocOutcome EngineCore::StartOrJoinJob(Request& r, size_t segment) {
+  Segment& s = r.segments[segment];
   JobId job_id;
-  if (in_flight != job_by_key_.end()) {
+  if (auto in_flight = job_by_key_.find(s.cache_key); in_flight != job_by_key_.end()) {
     job_id = in_flight->second;
     // Encoded once for every waiter: another request's encoding is this one's reuse.
     const auto& waiters = jobs_.at(job_id)->waiters;
@@ -249,7 +274,6 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment) {
     job->position_base = r.prepared.mode == CacheMode::kBlock ? s.offset : 0;
     job_by_key_.emplace(s.cache_key, job_id);
     jobs_.emplace(job_id, std::move(job));
-    ++stats_.encode_jobs;
   }
   jobs_.at(job_id)->waiters.push_back({r.id, segment});
   s.job = job_id;
@@ -312,6 +336,7 @@ void EngineCore::LeaveJob(JobId id, RequestId request, size_t segment) {
 }
 
 void EngineCore::CompleteJob(EncodeJob& job) {
+  ++stats_.encode_jobs;  // counted done: a job a refused admission started and dropped ran nothing
   cache_.documents().Insert(job.key, job.blocks, job.length());
   for (const EncodeJob::Waiter& w : job.waiters) {
     Request* r = FindRequest(w.request);

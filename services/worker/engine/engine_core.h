@@ -210,7 +210,20 @@ class EngineCore {
   // Admits `r` when the pool can hold what it still needs beside `reserved` blocks; returns
   // what it needs (now reserved too), or nullopt with nothing held.
   std::optional<int64_t> TryAdmit(Request& r, int64_t reserved);
-  DocOutcome AcquireDocument(Request& r, size_t segment);
+  // A block-mode document to be copied from an entry at another offset once admission has room
+  // for it: the source's blocks are pinned until then.
+  struct PendingCopy {
+    size_t segment;
+    std::vector<BlockId> source;
+    int64_t source_offset;  // 0 for a position-free entry (its keys are at local positions)
+  };
+  // A hit (pinned), a copy to make (appended to `copies`, its source pinned), or an encoding job
+  // started or joined.
+  DocOutcome AcquireDocument(Request& r, size_t segment, std::vector<PendingCopy>& copies);
+  DocOutcome StartOrJoinJob(Request& r, size_t segment);
+  // Makes the copy into new blocks, or (no free blocks, a device error) starts or joins a job for
+  // the document instead; unpins the source either way.
+  DocOutcome MakeCopy(Request& r, const PendingCopy& copy);
   bool EnsureBlocks(std::vector<BlockId>& blocks, int64_t tokens, RequestId owner);
   bool PreemptNewest(RequestId keep);
   // Returns every block `r` holds and leaves every job it waits for (a job nobody waits for any

@@ -1,7 +1,7 @@
 // Mode block's copies of a document cached at another offset: a copy is made from an entry that
 // was computed, never from another copy (each copy rounds re-rotated keys once more, so chains of
 // copies would drift from the document encoded in place), and never races a job already encoding
-// the document at the same offset.
+// the document at the same offset, and is made only once admission has room for it.
 #include <random>
 
 #include "gtest/gtest.h"
@@ -37,11 +37,12 @@ class CopyRecordingRunner final : public ModelRunner {
 
 class EngineCoreBlockCopyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Init(256); }
+  void Init(int64_t blocks) {
     weights_ = MakeRandomWeights(TinyTestConfig(), 3);
     tokenizer_ = MakeByteTokenizer();
     identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
-    auto runner = std::make_unique<CopyRecordingRunner>(weights_.get(), 256);
+    auto runner = std::make_unique<CopyRecordingRunner>(weights_.get(), blocks);
     runner_ = runner.get();
     core_ = std::make_unique<EngineCore>(std::move(runner), tokenizer_.get(),
                                          EngineOptions{.max_batch_tokens = 64});
@@ -55,13 +56,13 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 256);
     return {.id = "doc" + std::to_string(d), .token_ids = std::move(tokens)};
   }
-  PreparedRequest Prepare(const std::vector<int>& docs, CacheMode mode) {
+  PreparedRequest Prepare(const std::vector<int>& docs, CacheMode mode, int max_tokens = 2) {
     EngineRequest r;
     r.system_prefix = "Answer from the documents.\n";
     for (int d : docs) r.documents.push_back(Doc(d));
     r.question = "Which one?";
     r.mode = mode;
-    r.sampling = {.max_tokens = 2, .ignore_eos = true};
+    r.sampling = {.max_tokens = max_tokens, .ignore_eos = true};
     auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
     EXPECT_TRUE(p.ok()) << p.status();
     return *std::move(p);
@@ -150,6 +151,35 @@ TEST_F(EngineCoreBlockCopyTest, ABlockRequestJoinsTheJobEncodingItsDocument) {
   EXPECT_TRUE(runner_->deltas.empty());
   EXPECT_EQ(core_->stats().encode_jobs, 2);
   EXPECT_TRUE(core_->cache().documents().Contains(block_key));
+  EXPECT_EQ(done_, 3);
+}
+
+// A block request refused admission (the pool has no room for it while another request runs,
+// though it has for the copy) makes no copy: one would take free blocks that the running request
+// was promised, and stay in the cache to be counted a hit, not a copy, when the request is
+// admitted.
+TEST_F(EngineCoreBlockCopyTest, ARefusedAdmissionMakesNoCopy) {
+  Init(/*blocks=*/24);
+  Add(Prepare({0}, CacheMode::kBlock));  // document 0 computed right after the prefix
+  Drain();
+  // A long request takes most of the pool; once it decodes, the next request is refused.
+  Add(Prepare({3}, CacheMode::kLazy, /*max_tokens=*/100));
+  for (int guard = 0; guard < 100 && core_->Load().waiting + core_->Load().running > 0 &&
+                      core_->Load().queued_prefill_tokens > 0;
+       ++guard) {
+    core_->Step(absl::Now());
+  }
+  const PreparedRequest moved = Prepare({2, 0}, CacheMode::kBlock);
+  const DocCacheKey moved_key = Keys(moved)[1];
+  Add(moved);
+  core_->Step(absl::Now());
+  ASSERT_EQ(core_->Load().waiting, 1) << "admitted: no refusal to test";
+  ASSERT_GE(core_->cache().pool().num_free(), 2) << "no room even for the copy: nothing to test";
+  EXPECT_FALSE(core_->cache().documents().Contains(moved_key)) << "copied while refused";
+  EXPECT_TRUE(runner_->deltas.empty());
+  Drain();
+  EXPECT_EQ(BlockStats().doc_copies, 1);
+  EXPECT_EQ(BlockStats().doc_hits, 0);
   EXPECT_EQ(done_, 3);
 }
 

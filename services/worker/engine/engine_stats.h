@@ -29,7 +29,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t requests_ok = 0;
   int64_t requests_failed = 0;
-  int64_t encode_jobs = 0;  // document encodings run (one per missing document, shared)
+  int64_t encode_jobs = 0;  // document encodings completed (one per missing document, shared)
   // Inconsistencies found in the KV block pool (an unref of an unreferenced block, counts that
   // drifted). Any is a bug: the engine then stops serving (EngineCore::health()).
   int64_t pool_errors = 0;
