@@ -46,6 +46,8 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(o.limits.max_entries_per_worker,
                    config.IntIn("limits.max_entries_per_worker", o.limits.max_entries_per_worker, 1,
                                 int64_t{1} << 30));
+  ASSIGN_OR_RETURN(o.limits.max_entries,
+                   config.IntIn("limits.max_entries", o.limits.max_entries, 1, int64_t{1} << 34));
   ASSIGN_OR_RETURN(const int64_t max_id, config.IntIn("limits.max_worker_id_length",
                                                       o.limits.max_worker_id_length, 1, 4096));
   o.limits.max_worker_id_length = static_cast<int>(max_id);

@@ -30,9 +30,10 @@ TEST(KvdirConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(o->metrics_address, "127.0.0.1:9100");
   EXPECT_EQ(o->lease_ms, 3000);
   EXPECT_EQ(o->limits.max_keys_per_lookup, 1024);
-  EXPECT_EQ(o->limits.max_message_bytes, 64 << 20);
   EXPECT_EQ(o->limits.max_workers, 1024);
   EXPECT_EQ(o->limits.max_entries_per_worker, 262144);
+  EXPECT_EQ(o->limits.max_entries, 2097152);
+  EXPECT_EQ(o->limits.max_message_bytes, 16 << 20);
   EXPECT_EQ(o->limits.max_worker_id_length, 255);
   EXPECT_EQ(o->limits.max_publish_streams, 4096);
   EXPECT_EQ(o->limits.max_streams_per_certificate, 4);
@@ -55,6 +56,7 @@ limits:
   max_message_bytes: 1048576
   max_workers: 16
   max_entries_per_worker: 5000
+  max_entries: 40000
   max_worker_id_length: 32
   max_publish_streams: 100
   max_streams_per_certificate: 2
@@ -72,6 +74,7 @@ lease_ms: 1500
   EXPECT_EQ(o->lease_ms, 1500);
   EXPECT_EQ(o->limits.max_workers, 16);
   EXPECT_EQ(o->limits.max_entries_per_worker, 5000);
+  EXPECT_EQ(o->limits.max_entries, 40000);
   EXPECT_EQ(o->limits.max_worker_id_length, 32);
   EXPECT_EQ(o->limits.max_publish_streams, 100);
   EXPECT_EQ(o->limits.max_streams_per_certificate, 2);
@@ -88,6 +91,8 @@ TEST(KvdirConfigTest, ErrorsNameTheKeyAndValue) {
   EXPECT_THAT(Error("limits: {max_workers: 0}\n"), HasSubstr("limits.max_workers"));
   EXPECT_THAT(Error("limits: {max_entries_per_worker: -5}\n"),
               AllOf(HasSubstr("limits.max_entries_per_worker"), HasSubstr("got -5")));
+  EXPECT_THAT(Error("limits: {max_entries: 0}\n"),
+              AllOf(HasSubstr("limits.max_entries"), HasSubstr("got 0")));
   EXPECT_THAT(Error("limits: {max_worker_id_length: 0}\n"), HasSubstr("limits.max_worker_id_length"));
   EXPECT_THAT(Error("limits: {max_publish_streams: 0}\n"), HasSubstr("limits.max_publish_streams"));
   EXPECT_THAT(Error("limits: {max_streams_per_certificate: 2000}\n"),

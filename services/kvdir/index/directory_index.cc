@@ -131,9 +131,12 @@ ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t se
   if (was_awaiting) return {ApplyOutcome::kAwaitingSnapshot, result.last_seq};
   if (event.kind == DocEventKind::kStored) {
     if (!Store(*w, event.entry)) {
+      const ApplyOutcome over = w->entries >= limits_.max_entries_per_worker
+                                    ? ApplyOutcome::kOverLimit
+                                    : ApplyOutcome::kOverTotalLimit;
       DropEntries(*w);
       ShrinkIfSparse();
-      return {ApplyOutcome::kOverLimit, result.last_seq};
+      return {over, result.last_seq};
     }
   } else {
     Evict(*w, event.entry);
@@ -161,6 +164,11 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
   if (static_cast<int64_t>(entries.size()) > limits_.max_entries_per_worker) {
     ShrinkIfSparse();
     return {ApplyOutcome::kOverLimit, w->last_seq};
+  }
+  // Checked whole, before anything is stored (replacements among the entries would need fewer).
+  if (entries_ + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
+    ShrinkIfSparse();
+    return {ApplyOutcome::kOverTotalLimit, w->last_seq};
   }
   for (const DocEntry& e : entries) Store(*w, e);
   if (load != nullptr) *w->status.mutable_load() = *load;
@@ -252,7 +260,7 @@ bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
     }
   }
   // Checked before inserting anything, so a refused entry leaves no empty holder behind.
-  if (w.entries >= limits_.max_entries_per_worker) return false;
+  if (w.entries >= limits_.max_entries_per_worker || entries_ >= limits_.max_entries) return false;
   if (h == nullptr) {
     Holders& holders = docs_[entry.key];
     holders.push_back(Holding{w.handle, {}});

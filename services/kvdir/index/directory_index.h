@@ -61,8 +61,9 @@
 // Bounds (IndexLimits): a Hello of a new worker when max_workers are registered is refused
 // (HelloResult::refused, nothing changes). A snapshot of more than max_entries_per_worker entries,
 // or a stored event that would take the worker past it, returns kOverLimit and drops all of the
-// worker's entries (it stays registered until its lease passes; its stream should end): the
-// directory's memory stays bounded by max_workers x max_entries_per_worker entries. A worker
+// worker's entries (it stays registered until its lease passes; its stream should end); past
+// max_entries, all workers' entries together, the same with kOverTotalLimit: the directory's
+// memory stays bounded by max_entries entries (~150 bytes each). A worker
 // holds one document at no more than max_offsets_per_document offsets: a stored event at a new
 // offset past it replaces the oldest one (the work of every store and lookup of a key stays
 // bounded whatever a worker sends). Memory of
@@ -114,11 +115,13 @@ enum class ApplyOutcome {
   kAwaitingSnapshot,  // an event that arrived while a snapshot is awaited: ignored
   kNoSession,         // the session no longer owns the worker: nothing changed
   kOverLimit,         // over max_entries_per_worker: the worker's entries were dropped
+  kOverTotalLimit,    // over max_entries (all workers): the worker's entries were dropped
 };
 
 struct IndexLimits {
   int64_t max_workers = 1024;
   int64_t max_entries_per_worker = 262'144;
+  int64_t max_entries = 2'097'152;  // all workers' together
   // Offsets one worker holds one document at (mode block keeps an entry per offset a request
   // placed it at; lazy one at kLazyOffset). A store past it replaces the key's oldest offset.
   int64_t max_offsets_per_document = 64;
@@ -229,7 +232,8 @@ class DirectoryIndex {
 
   // Replaces all of the worker's entries with `entries` (a repeated (key, offset) keeps the last)
   // and ends any wait for a snapshot, whatever its seq. `load` may be null (keep the last one).
-  // More than max_entries_per_worker entries: kOverLimit, the worker left with none.
+  // More than max_entries_per_worker entries: kOverLimit; more than max_entries leaves room for:
+  // kOverTotalLimit; either way the worker is left with none.
   ApplyResult ApplySnapshot(const std::string& worker_id, uint64_t session, uint64_t seq,
                             absl::Span<const DocEntry> entries, const v1::WorkerLoad* load,
                             absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -298,7 +302,8 @@ class DirectoryIndex {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Common seq bookkeeping of heartbeats and events: renews the lease, detects a gap.
   ApplyResult Advance(Worker& w, uint64_t seq, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // False (nothing stored) when a new entry would take the worker past max_entries_per_worker.
+  // False (nothing stored) when a new entry would take the worker past max_entries_per_worker,
+  // or the directory past max_entries.
   bool Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Evict(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,7 +1,7 @@
 // DirectoryIndex bounds (IndexLimits): max_workers refuses new workers but not known ones, entries
-// past max_entries_per_worker drop the worker's entries, and a large worker leaving shrinks the
-// table without losing the others' entries, and a document stored at more offsets than
-// max_offsets_per_document keeps its newest ones.
+// past max_entries_per_worker (or all workers' past max_entries) drop the worker's entries, and a
+// large worker leaving shrinks the table without losing the others' entries, and a document stored
+// at more offsets than max_offsets_per_document keeps its newest ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -34,6 +34,36 @@ TEST(IndexLimitsTest, MaxWorkersRefusesNewWorkersButNotKnownOnes) {
   // A lease that passed frees the place.
   index.ExpireLeases(now + kLease);
   EXPECT_FALSE(index.Hello(Status("c"), 1, 1, now + kLease).refused);
+}
+
+// max_entries bounds all workers' entries together (a few workers with valid certificates, or
+// many honest ones with large caches, would otherwise fill the directory's memory): the worker
+// whose store or snapshot goes past it loses its entries; the others keep theirs.
+TEST(IndexLimitsTest, EntriesPastTheTotalBoundDropTheEntriesOfTheWorkerGoingPastIt) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  DirectoryIndex index(
+      kLease, IndexLimits{.max_workers = 4, .max_entries_per_worker = 10, .max_entries = 5});
+  const uint64_t a = index.Hello(Status("a"), 1, 1, now).session;
+  const uint64_t b = index.Hello(Status("b"), 1, 1, now).session;
+  const std::vector<DocEntry> three = {
+      {Key(1), 10, kLazyOffset}, {Key(2), 10, kLazyOffset}, {Key(3), 10, kLazyOffset}};
+  ASSERT_EQ(index.ApplySnapshot("a", a, 2, three, nullptr, now).outcome, ApplyOutcome::kApplied);
+  ASSERT_EQ(index.ApplySnapshot("b", b, 2, {}, nullptr, now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("b", b, 3, Stored(4, 40), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("b", b, 4, Stored(5, 50), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 5);
+  // At the bound a replacement is fine; a sixth entry is not.
+  EXPECT_EQ(index.ApplyEvent("b", b, 5, Stored(5, 51), now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.ApplyEvent("b", b, 6, Stored(6, 60), now).outcome, ApplyOutcome::kOverTotalLimit);
+  EXPECT_EQ(index.Stats().entries, 3);  // a's
+  EXPECT_EQ(index.Stats().workers, 2);
+  // A snapshot that would go past it is refused whole, before anything is stored.
+  EXPECT_EQ(index.ApplySnapshot("b", b, 7, three, nullptr, now).outcome,
+            ApplyOutcome::kOverTotalLimit);
+  EXPECT_EQ(index.Stats().entries, 3);
+  const std::vector<DocEntry> two(three.begin(), three.begin() + 2);
+  EXPECT_EQ(index.ApplySnapshot("b", b, 8, two, nullptr, now).outcome, ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 5);
 }
 
 TEST(IndexLimitsTest, EntriesPastTheBoundDropTheWorkersEntries) {

@@ -56,6 +56,7 @@ class KvdirMetrics {
     kMaxPublishStreams,
     kMaxStreamsPerCertificate,
     kHelloTimeout,
+    kMaxEntries,
   };
   void LimitRefused(Limit limit);
 
@@ -75,7 +76,7 @@ class KvdirMetrics {
   prometheus::Counter* hellos_refused_[3];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
-  prometheus::Counter* limit_refusals_[8];
+  prometheus::Counter* limit_refusals_[9];
 };
 
 }  // namespace lazyattn::kvdir

@@ -24,9 +24,10 @@ absl::Status Validate(const KvdirOptions& o) {
                                                    o.limits.max_keys_per_lookup));
   }
   if (o.limits.max_workers <= 0 || o.limits.max_entries_per_worker <= 0 ||
-      o.limits.max_worker_id_length <= 0) {
+      o.limits.max_entries <= 0 || o.limits.max_worker_id_length <= 0) {
     return absl::InvalidArgumentError(
-        "limits.max_workers, max_entries_per_worker, max_worker_id_length: must be > 0");
+        "limits.max_workers, max_entries_per_worker, max_entries, max_worker_id_length: must be "
+        "> 0");
   }
   if (o.limits.max_publish_streams <= 0 || o.limits.max_streams_per_certificate <= 0 ||
       o.limits.hello_timeout_ms <= 0) {
@@ -53,14 +54,17 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
       index_(absl::Milliseconds(options.lease_ms),
-             IndexLimits{options.limits.max_workers, options.limits.max_entries_per_worker}),
+             IndexLimits{.max_workers = options.limits.max_workers,
+                         .max_entries_per_worker = options.limits.max_entries_per_worker,
+                         .max_entries = options.limits.max_entries}),
       streams_(PublishStreamLimits{
           .max_streams = options.limits.max_publish_streams,
           .max_per_certificate = options.limits.max_streams_per_certificate,
           .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms)}),
-      service_(ServiceContext{
-          &index_, &metrics_, &streams_, options.lease_ms, options.limits.max_keys_per_lookup,
-          options.limits.max_entries_per_worker, options.limits.max_worker_id_length}) {}
+      service_(ServiceContext{&index_, &metrics_, &streams_, options.lease_ms,
+                              options.limits.max_keys_per_lookup,
+                              options.limits.max_entries_per_worker, options.limits.max_entries,
+                              options.limits.max_worker_id_length}) {}
 
 absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;

@@ -50,12 +50,18 @@ struct KvdirOptions {
   // is counted in lazyattn_kvdir_limit_refusals_total{limit} and logged.
   struct Limits {
     int max_keys_per_lookup = 1024;    // more: INVALID_ARGUMENT naming `keys`
-    int max_message_bytes = 64 << 20;  // both directions; bounds a snapshot's bytes
+    // Both directions; bounds a snapshot's bytes (~40 an entry: 16 MiB holds a snapshot at
+    // max_entries_per_worker's default) and each open stream's receive buffer.
+    int max_message_bytes = 16 << 20;
     // A new worker's hello when this many are registered: RESOURCE_EXHAUSTED.
     int64_t max_workers = 1024;
     // (document, offset) entries per worker; a larger snapshot, or an event past it:
     // RESOURCE_EXHAUSTED, and the worker's entries are dropped.
     int64_t max_entries_per_worker = 262'144;
+    // (document, offset) entries of all workers together (~150 bytes of memory each: 2M is
+    // ~300 MiB); a snapshot or an event past it: RESOURCE_EXHAUSTED, and that worker's entries
+    // are dropped.
+    int64_t max_entries = 2'097'152;
     // hello.status.worker_id: 1..this many of [A-Za-z0-9._:[]-] (a host:port, a pod name, a
     // certificate name); otherwise INVALID_ARGUMENT.
     int max_worker_id_length = 255;

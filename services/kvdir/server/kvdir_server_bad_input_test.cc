@@ -125,6 +125,25 @@ TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {
   EXPECT_TRUE(hostport.Close().ok());
 }
 
+// limits.max_entries bounds the directory's memory over all workers: a snapshot that would go past
+// it ends that worker's stream naming the limit (counted as max_entries); the others keep theirs.
+TEST_F(KvdirServerTest, ASnapshotPastTheTotalEntryBoundEndsItsStreamNamingTheLimit) {
+  KvdirOptions options;
+  options.limits.max_entries = 2;
+  StartWith(options);
+  FakeWorker w1(stub_.get(), "w1");
+  w1.Join({Entry(1, 10), Entry(2, 20)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1, 2}) == std::vector<Pair>{{"w1", 30}}; }));
+  FakeWorker w2(stub_.get(), "w2");
+  w2.Join({Entry(3, 30)});
+  const grpc::Status s = w2.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_entries (2)"));
+  EXPECT_THAT(s.error_message(), HasSubstr("snapshot.entries: 1 entries"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_entries"), 1);
+  EXPECT_THAT(Tokens({1, 2, 3}), ElementsAre(Pair("w1", 30), Pair("w2", 0)));
+}
+
 // A worker's status and load are kept and copied into every Lookup and ListWorkers answer, so
 // fields this build does not know (proto3 would keep them) are dropped on arrival: a heartbeat
 // or snapshot whose load carries a megabyte under an unknown tag (the status's size is checked at

@@ -139,6 +139,9 @@ absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
       const ApplyResult r = index.ApplySnapshot(worker_id_, session_, msg.seq(), entries,
                                                 snap.has_load() ? &snap.load() : nullptr, now);
       if (r.outcome == ApplyOutcome::kApplied) ctx_.metrics->SnapshotApplied();
+      if (r.outcome == ApplyOutcome::kOverTotalLimit) {
+        return OverTotalEntryLimit(absl::StrCat("snapshot.entries: ", entries.size(), " entries"));
+      }
       return AfterApply(r, msg.seq());
     }
     default:
@@ -288,6 +291,8 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
       return absl::OkStatus();
     case ApplyOutcome::kOverLimit:
       return OverEntryLimit(absl::StrCat("event.stored (seq ", seq, ")"));
+    case ApplyOutcome::kOverTotalLimit:
+      return OverTotalEntryLimit(absl::StrCat("event.stored (seq ", seq, ")"));
     case ApplyOutcome::kNoSession:
       session_ = 0;
       return absl::AbortedError(absl::StrCat(
@@ -295,6 +300,17 @@ absl::Status PublishReactor::AfterApply(const ApplyResult& result, uint64_t seq)
           " (its lease expired or a newer stream said hello); reconnect and say hello"));
   }
   return absl::OkStatus();
+}
+
+absl::Status PublishReactor::OverTotalEntryLimit(const std::string& what) {
+  ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxEntries);
+  LogWarning("kvdir")
+      .Str("worker", worker_id_)
+      .Str("what", what)
+      .Msg("over limits.max_entries (all workers); the worker's entries are dropped");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": the directory holds limits.max_entries (", ctx_.max_entries,
+      ") entries of all workers; the entries of worker ", worker_id_, " were dropped"));
 }
 
 absl::Status PublishReactor::OverEntryLimit(const std::string& what) {

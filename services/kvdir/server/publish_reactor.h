@@ -76,6 +76,9 @@ class PublishReactor final
                              const std::string& claimant);
   // Acts on what the index said about a message; an error ends the stream.
   absl::Status AfterApply(const ApplyResult& result, uint64_t seq);
+  // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker past max_entries (all workers'
+  // entries together).
+  absl::Status OverTotalEntryLimit(const std::string& what);
   // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker past max_entries_per_worker.
   absl::Status OverEntryLimit(const std::string& what);
   // Counts, logs and returns the RESOURCE_EXHAUSTED of a worker that reads none of its replies.

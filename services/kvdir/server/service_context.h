@@ -18,6 +18,7 @@ struct ServiceContext {
   int64_t lease_ms = 3000;
   int max_keys_per_lookup = 1024;
   int64_t max_entries_per_worker = 262'144;  // also in the index; checked before decoding
+  int64_t max_entries = 2'097'152;           // in the index; named in its refusal
   int max_worker_id_length = 255;
   int max_status_bytes = 65'536;  // hello.status: kept per worker, returned by every Lookup
 };
