@@ -157,12 +157,16 @@ TEST(EvictionOrderTest, PrefixTreeEvictsAsTheOldLeafWalkOnRandomPins) {
     int evictions = 0;
     for (int op = 0; op < 600; ++op) {
       const int what = static_cast<int>(rng() % 10);
-      if (what <= 2) {  // a request computed a prompt and records it
+      if (what <= 2) {  // a request reuses what is cached, computes the rest and records it
         const std::vector<int32_t> t = prompt();
         const size_t n = t.size() / kB;
-        if (m.pool().num_free() < static_cast<int64_t>(n)) continue;
-        std::vector<BlockId> b;
-        for (size_t i = 0; i < n; ++i) b.push_back(*m.pool().Allocate());
+        std::vector<BlockId> b =
+            tree.MatchAndPin(t, static_cast<int64_t>(t.size()), m.Tick()).blocks;
+        if (m.pool().num_free() < static_cast<int64_t>(n - b.size())) {
+          for (BlockId x : b) m.pool().Unref(x);
+          continue;
+        }
+        while (b.size() < n) b.push_back(*m.pool().Allocate());
         tree.Insert(t, b, m.Tick());
         if (rng() % 3 == 0) {
           held.push_back(b);  // still running

@@ -65,6 +65,10 @@ void PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const BlockI
       it = node->children.emplace(std::move(key), std::move(child)).first;
       AddIfEvictable(added);
     }
+    // Another request cached these tokens in its own block first (both computed them at
+    // once): the caller's deeper blocks stay its own. Hung under that node they would keep it,
+    // unpinned and counted as evictable, from being evicted while the caller holds them.
+    if (it->second->block != blocks[i]) return;
     node = it->second.get();
     Touch(node, now);
   }

@@ -46,6 +46,30 @@ TEST(PrefixCacheTest, EvictsLeavesFirstAndNeverPinnedOnes) {
   EXPECT_EQ(m.prefixes().num_blocks(), 1);
 }
 
+// Two requests computed the same second block at once, each in its own block; the second to
+// insert has a third block. It is not hung under the first request's node (unpinned, that node
+// would be counted evictable and never be, while the third is held): it stays the request's own,
+// and is freed with it.
+TEST(PrefixCacheTest, AnInsertStopsWhereAnotherRequestsBlockHoldsTheTokens) {
+  KvCacheManager m(8, 2);
+  const std::vector<int32_t> shared = {1, 2, 3, 4};
+  const std::vector<int32_t> longer = {1, 2, 3, 4, 5, 6};
+  const std::vector<BlockId> first = {*m.Allocate(), *m.Allocate()};
+  m.prefixes().Insert(shared, first, m.Tick());
+  // The second request matched only the root block, then computed {3, 4} and {5, 6} itself.
+  const std::vector<BlockId> second = {first[0], *m.Allocate(), *m.Allocate()};
+  m.pool().Ref(first[0]);
+  m.prefixes().Insert(longer, second, m.Tick());
+  EXPECT_EQ(m.prefixes().num_blocks(), 2) << "the second request's blocks were cached";
+  for (BlockId b : first) m.pool().Unref(b);
+  for (BlockId b : second) m.pool().Unref(b);
+  EXPECT_TRUE(m.pool().is_free(second[1]));
+  EXPECT_TRUE(m.pool().is_free(second[2]));
+  // The first request's {3, 4} is an evictable leaf: every block can be had.
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(m.Allocate()) << i;
+  EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
+}
+
 }  // namespace
 }  // namespace lazyattn
 
