@@ -161,6 +161,8 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
       needed += CeilDiv(job.length(), B) - static_cast<int64_t>(job.blocks.size());
     }
   }
+  // (Pinned, a copy's source is not counted available here although it could be evicted once
+  // copied: the check errs strict by its blocks, and only while other requests run.)
   if (needed > cache_.AvailableBlocks() - reserved && !running_.empty()) {
     for (const PendingCopy& c : copies) {
       for (BlockId b : c.source) cache_.pool().Unref(b);
@@ -168,7 +170,14 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
     Release(r);  // try again when running requests have finished
     return std::nullopt;
   }
-  for (const PendingCopy& c : copies) outcomes[c.segment] = MakeCopy(r, c);
+  for (const PendingCopy& c : copies) {
+    outcomes[c.segment] = MakeCopy(r, c);
+    // A copy made took its blocks now (AvailableBlocks fell by as many): what this request
+    // still needs, and Admit reserves for it, leaves them out (a fallback encoding keeps them).
+    if (outcomes[c.segment] == DocOutcome::kCopy) {
+      needed -= static_cast<int64_t>(r.segments[c.segment].blocks.size());
+    }
+  }
   if (first_admission) {
     r.counted = true;
     r.result.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - r.submitted);
