@@ -76,8 +76,11 @@ bool ConnectionStream::WaitDuringWrite(short events) const {
   SteadyTime deadline = write_deadline_;
   if (write_wait_budget_.count() > 0) {
     const auto left = write_wait_budget_ - write_waited_;
-    if (left <= steady_clock::duration::zero()) return false;
-    deadline = std::min(deadline, start + kUncountedWait + write_earned_ + left);
+    if (left <= steady_clock::duration::zero() && write_earned_ <= steady_clock::duration::zero()) {
+      return false;
+    }
+    deadline = std::min(deadline, start + kUncountedWait + write_earned_ +
+                                      std::max(left, steady_clock::duration::zero()));
   }
   const bool ready = WaitForSocket(fd_, events, write_timeout_, deadline);
   const auto over =
@@ -115,8 +118,15 @@ void ConnectionStream::BeginRequest(size_t max_head_bytes) {
 
 void ConnectionStream::Sent(ssize_t n) {
   if (n <= 0 || earned_bytes_per_s_ <= 0 || write_wait_budget_.count() <= 0) return;
-  write_earned_ += std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(
-      static_cast<double>(n) / static_cast<double>(earned_bytes_per_s_)));
+  // At most one budget ahead: bytes the kernel's buffers took (megabytes) earn time without the
+  // client reading them, and a client that read fast for a long answer must not bank hours for
+  // a stall at its end. (The cap also keeps the sum far from overflowing.)
+  const double earned = static_cast<double>(n) / static_cast<double>(earned_bytes_per_s_);
+  const auto cap = std::chrono::duration_cast<steady_clock::duration>(write_wait_budget_);
+  write_earned_ = std::min(
+      cap, write_earned_ +
+               std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(
+                   std::min(earned, std::chrono::duration<double>(cap).count()))));
 }
 
 ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {

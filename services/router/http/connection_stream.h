@@ -59,8 +59,9 @@ class ConnectionStream : public httplib::Stream {
   // A request's writes may wait for the socket this long in all (zero: no such bound); past it
   // they fail. Not counted: the first kUncountedWait of each wait (a busy router's own
   // scheduling, never the client), and the time the bytes already sent earn at
-  // `earned_bytes_per_s` (0: none), so a client reading at least that fast is never cut. The time
-  // waited and earned starts again at each BeginRequest.
+  // `earned_bytes_per_s` (0: none), so a client reading at least that fast is never cut; at most
+  // one budget is earned ahead of the waits. The time waited and earned starts again at each
+  // BeginRequest.
   static constexpr std::chrono::milliseconds kUncountedWait{5};
   void set_write_wait_budget(std::chrono::milliseconds budget, int64_t earned_bytes_per_s = 0) {
     write_wait_budget_ = budget;

@@ -40,32 +40,13 @@ int64_t SteadyNanos() {
 }  // namespace
 
 void ClientWriteWatch::Stream::WriteStarted(absl::Duration allowance) {
-  write_started_ns_.store(std::max<int64_t>(1, SteadyNanos() + absl::ToInt64Nanoseconds(allowance)),
-                          std::memory_order_relaxed);
+  waits_.Started(SteadyNanos(), absl::ToInt64Nanoseconds(allowance));
 }
 
-void ClientWriteWatch::Stream::WriteDone() {
-  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
-  if (started == 0) return;  // no write was started: nothing waited
-  const int64_t counted = std::max<int64_t>(0, SteadyNanos() - started - kUncountedWaitNs);
-  // The write ends before its wait joins the total, and the total is published with release
-  // (Waited loads it with acquire first): a sweep that sees the new total sees the write ended,
-  // so it never counts this wait twice. A stale read counts too little, until the next sweep.
-  write_started_ns_.store(0, std::memory_order_relaxed);
-  waited_ns_.store(waited_ns_.load(std::memory_order_relaxed) + counted, std::memory_order_release);
-}
-
-ClientWriteWatch::Stream::Waits ClientWriteWatch::Stream::Waited(int64_t now_ns) const {
-  const int64_t done = waited_ns_.load(std::memory_order_acquire);
-  const int64_t started = write_started_ns_.load(std::memory_order_relaxed);
-  // 0 while a write's allowance lasts, or for a write started after `now_ns`.
-  const int64_t current = started == 0 ? 0 : std::max<int64_t>(0, now_ns - started);
-  return {.current_ns = current,
-          .counted_ns = done + std::max<int64_t>(0, current - kUncountedWaitNs)};
-}
+void ClientWriteWatch::Stream::WriteDone() { waits_.Done(SteadyNanos()); }
 
 const char* ClientWriteWatch::Stream::Overdue(const Limits& limits, int64_t now_ns) const {
-  const Waits w = Waited(now_ns);
+  const WriteWaits::Waits w = waits_.At(now_ns);
   if (limits.timeout > absl::ZeroDuration() &&
       w.current_ns >= absl::ToInt64Nanoseconds(limits.timeout)) {
     return "routing.client_write_timeout_ms";
@@ -100,7 +81,7 @@ void ClientWriteWatch::Sweep() {
     const char* limit = s->context_ == nullptr || s->cut_ ? nullptr : s->Overdue(limits_, now);
     if (limit == nullptr) continue;  // closed or cut, or its write completed meanwhile
     if (on_cut_) on_cut_();
-    const Stream::Waits w = s->Waited(now);
+    const WriteWaits::Waits w = s->waits_.At(now);
     LogWarning("router")
         .Str("request_id", s->request_id_)
         .Str("peer", s->context_->peer())

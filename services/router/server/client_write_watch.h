@@ -9,9 +9,10 @@
 //   - its writes have waited on the client for more than `wait_budget` in all (a client that
 //     takes a message just before each timeout, and so holds its slot for as long as it likes).
 // A client that reads as fast as tokens come never makes a write wait: a token is tens of bytes
-// against a window of 64 KiB or more. The first kUncountedWait of each write's wait is not
-// counted: a busy router's own scheduling of the completion can take that long, and over a long
-// answer (32K tokens) it would add up to a cut.
+// against a window of 64 KiB or more. Each write may be given an allowance (its bytes' time at a
+// minimum rate, inference_service.cc) before it counts as waiting. The first kUncountedWait of each
+// write's wait is not counted: a busy router's own scheduling of the completion can take that long,
+// and over a long answer (32K tokens) it would add up to a cut (write_waits.h keeps the account).
 //
 // The hot path is two atomic stores and two clock reads per write. One thread sweeps the
 // registered streams every quarter of the shorter limit (at most every second), so a call is cut
@@ -34,13 +35,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/router/server/write_waits.h"
 
 namespace lazyattn::router {
 
 class ClientWriteWatch {
  public:
-  static constexpr int64_t kUncountedWaitNs = 5'000'000;  // 5 ms, see above
-
   struct Limits {
     absl::Duration timeout;      // of one write; zero: none
     absl::Duration wait_budget;  // of a call's writes together; zero: none
@@ -90,17 +90,10 @@ class ClientWriteWatch::Stream {
   std::recursive_mutex mu_;
   grpc::CallbackServerContext* context_;  // guarded by mu_; null once closed
   bool cut_ = false;                      // guarded by mu_: cancelled once, never again
-  struct Waits {
-    int64_t current_ns;  // the write in progress has waited (0: none)
-    int64_t counted_ns;  // against the budget: every write's wait past kUncountedWaitNs
-  };
-  Waits Waited(int64_t now_ns) const;  // at steady-clock time `now_ns`
   // Which limit the call has passed at `now_ns`: nullptr if none, else the config key's name.
   const char* Overdue(const Limits& limits, int64_t now_ns) const;
 
-  std::atomic<int64_t> write_started_ns_{0};  // steady clock; 0: no write in progress
-  // Time the completed writes waited, in all. Written by WriteDone only (one write at a time).
-  std::atomic<int64_t> waited_ns_{0};
+  WriteWaits waits_;  // steady-clock nanoseconds
 };
 
 }  // namespace lazyattn::router

@@ -20,9 +20,14 @@ using lazyattn::v1::Final;
 using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
-// The slowest a client may take a Complete answer before its write counts as waiting on it
-// (64 KiB/s: the HTTP front's default http.min_send_bytes_per_s).
+// The slowest a client may take a message (a Generate token, a Complete answer) before its write
+// counts as waiting on it (64 KiB/s: the HTTP front's default http.min_send_bytes_per_s): a
+// token with many alternatives or a Complete answer of megabytes gets its bytes' time first.
 constexpr double kMinAnswerBytesPerSecond = 64 << 10;
+
+absl::Duration AtMinimumRate(const google::protobuf::Message& message) {
+  return absl::Seconds(static_cast<double>(message.ByteSizeLong()) / kMinAnswerBytesPerSecond);
+}
 
 class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
                               public ForwardingCall {
@@ -56,14 +61,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
  private:
   void DeliverToken(const GenerateResponse& token) override {
     out_ = token;
-    if (watch_ != nullptr) watch_->WriteStarted();
+    if (watch_ != nullptr) watch_->WriteStarted(AtMinimumRate(out_));
     StartWrite(&out_);
   }
   void DeliverEnd(const grpc::Status& status, const Final* final) override {
     if (status.ok() && final != nullptr) {
       out_.Clear();
       *out_.mutable_final() = *final;
-      if (watch_ != nullptr) watch_->WriteStarted();  // done only with the call (OnDone)
+      if (watch_ != nullptr) watch_->WriteStarted(AtMinimumRate(out_));  // done with OnDone
       StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       Finish(status);
@@ -144,10 +149,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
     // admission slot until its deadline, which may be none. A large answer (top log-probabilities
     // of thousands of tokens: megabytes) first gets its time at kMinAnswerBytesPerSecond, as the
     // HTTP front gives one that is not streamed (http.min_send_bytes_per_s).
-    if (watch_ != nullptr) {
-      watch_->WriteStarted(
-          absl::Seconds(static_cast<double>(response_->ByteSizeLong()) / kMinAnswerBytesPerSecond));
-    }
+    if (watch_ != nullptr) watch_->WriteStarted(AtMinimumRate(*response_));
     Finish(status);
   }
   bool StreamsToClient() const override { return false; }
