@@ -5,9 +5,9 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
+#include "services/worker/engine/scripted_cpu_runner_for_test.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
@@ -15,25 +15,7 @@
 namespace lazyattn {
 namespace {
 
-// The CPU backend, recording the rotation delta of every block copy.
-class CopyRecordingRunner final : public ModelRunner {
- public:
-  CopyRecordingRunner(const ModelWeights* weights, int64_t blocks) : inner_(weights, blocks) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string backend_name() const override { return "cpu-recording"; }
-  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    return inner_.Forward(chunks);
-  }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    for (const BlockCopy& c : copies) deltas.push_back(c.delta);
-    return inner_.CopyBlocks(copies);
-  }
-  std::vector<int32_t> deltas;
-
- private:
-  CpuModelRunner inner_;
-};
+using testing::ScriptedCpuRunner;
 
 class EngineCoreBlockCopyTest : public ::testing::Test {
  protected:
@@ -42,7 +24,7 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
     weights_ = MakeRandomWeights(TinyTestConfig(), 3);
     tokenizer_ = MakeByteTokenizer();
     identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
-    auto runner = std::make_unique<CopyRecordingRunner>(weights_.get(), blocks);
+    auto runner = std::make_unique<ScriptedCpuRunner>(weights_.get(), blocks);
     runner_ = runner.get();
     core_ = std::make_unique<EngineCore>(std::move(runner), tokenizer_.get(),
                                          EngineOptions{.max_batch_tokens = 64});
@@ -93,7 +75,7 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelIdentity identity_;
-  CopyRecordingRunner* runner_ = nullptr;
+  ScriptedCpuRunner* runner_ = nullptr;
   std::unique_ptr<EngineCore> core_;
   int done_ = 0;
 };
@@ -113,18 +95,18 @@ TEST_F(EngineCoreBlockCopyTest, ACopyIsMadeFromTheComputedEntryNotFromACopy) {
 
   Add(computed);
   Drain();
-  ASSERT_TRUE(runner_->deltas.empty());
+  ASSERT_TRUE(runner_->copy_deltas.empty());
   Add(copied);
   Drain();
   ASSERT_EQ(BlockStats().doc_copies, 1);
-  ASSERT_FALSE(runner_->deltas.empty());
-  EXPECT_EQ(runner_->deltas.back(), copied_at - computed_at);
-  runner_->deltas.clear();
+  ASSERT_FALSE(runner_->copy_deltas.empty());
+  EXPECT_EQ(runner_->copy_deltas.back(), copied_at - computed_at);
+  runner_->copy_deltas.clear();
   Add(again);
   Drain();
   EXPECT_EQ(BlockStats().doc_copies, 2);
-  ASSERT_FALSE(runner_->deltas.empty());
-  for (int32_t delta : runner_->deltas) {
+  ASSERT_FALSE(runner_->copy_deltas.empty());
+  for (int32_t delta : runner_->copy_deltas) {
     EXPECT_EQ(delta, again_at - computed_at) << "copied from the copy at " << copied_at;
   }
   EXPECT_EQ(done_, 3);
@@ -148,7 +130,7 @@ TEST_F(EngineCoreBlockCopyTest, ABlockRequestJoinsTheJobEncodingItsDocument) {
   Add(Prepare({3}, CacheMode::kBlock));
   Drain();
   EXPECT_EQ(BlockStats().doc_copies, 0);
-  EXPECT_TRUE(runner_->deltas.empty());
+  EXPECT_TRUE(runner_->copy_deltas.empty());
   EXPECT_EQ(core_->stats().encode_jobs, 2);
   EXPECT_TRUE(core_->cache().documents().Contains(block_key));
   EXPECT_EQ(done_, 3);
@@ -176,7 +158,7 @@ TEST_F(EngineCoreBlockCopyTest, ARefusedAdmissionMakesNoCopy) {
   ASSERT_EQ(core_->Load().waiting, 1) << "admitted: no refusal to test";
   ASSERT_GE(core_->cache().pool().num_free(), 2) << "no room even for the copy: nothing to test";
   EXPECT_FALSE(core_->cache().documents().Contains(moved_key)) << "copied while refused";
-  EXPECT_TRUE(runner_->deltas.empty());
+  EXPECT_TRUE(runner_->copy_deltas.empty());
   Drain();
   EXPECT_EQ(BlockStats().doc_copies, 1);
   EXPECT_EQ(BlockStats().doc_hits, 0);

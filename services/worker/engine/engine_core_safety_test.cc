@@ -10,6 +10,7 @@
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
+#include "services/worker/engine/scripted_cpu_runner_for_test.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
@@ -17,28 +18,7 @@
 namespace lazyattn {
 namespace {
 
-// The CPU backend, with steps that fail on demand (a device error, as the CUDA backend reports).
-class FailingRunner final : public ModelRunner {
- public:
-  FailingRunner(const ModelWeights* weights, int64_t blocks) : inner_(weights, blocks) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string backend_name() const override { return "cpu-failing"; }
-  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    if (fail_next_ > 0) {
-      --fail_next_;
-      return absl::InternalError("injected device failure");
-    }
-    return inner_.Forward(chunks);
-  }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    return inner_.CopyBlocks(copies);
-  }
-  int fail_next_ = 0;
-
- private:
-  CpuModelRunner inner_;
-};
+using testing::ScriptedCpuRunner;
 
 struct Outcome {
   int calls = 0;
@@ -54,7 +34,7 @@ class EngineCoreSafetyTest : public ::testing::Test {
       tokenizer_ = MakeByteTokenizer();
       identity_ = {ModelFingerprint(*weights_), TokenizerFingerprint(*tokenizer_)};
     }
-    auto runner = std::make_unique<FailingRunner>(weights_.get(), blocks);
+    auto runner = std::make_unique<ScriptedCpuRunner>(weights_.get(), blocks);
     runner_ = runner.get();
     extra.max_batch_tokens = max_batch_tokens;
     extra.check_pool_every_step = true;
@@ -121,7 +101,7 @@ class EngineCoreSafetyTest : public ::testing::Test {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelIdentity identity_;
-  FailingRunner* runner_ = nullptr;
+  ScriptedCpuRunner* runner_ = nullptr;
   std::unique_ptr<EngineCore> core_;
   std::map<uint64_t, Outcome> outcomes_;
   std::vector<uint64_t> keys_;
@@ -230,7 +210,7 @@ TEST_F(EngineCoreSafetyTest, FailedStepFailsEveryWaiterOfItsEncodings) {
     Add(Request({4, 1}, CacheMode::kLazy));
     Add(Request({4}, CacheMode::kBlock));
     for (int s = 0; s < fail_at; ++s) core_->Step(absl::Now());
-    runner_->fail_next_ = 1;
+    runner_->fail_next = 1;
     Drain();
     int failed = 0;
     for (uint64_t key : keys_) {

@@ -1,0 +1,42 @@
+// The CPU backend for engine-core tests that need to see or disturb what the core asks of its
+// runner: steps that fail on demand (a device error, as the CUDA backend reports), and a record
+// of every block copy's rotation delta (mode block's copies of a document to a new offset).
+#ifndef LAZYATTN_SERVICES_WORKER_ENGINE_SCRIPTED_CPU_RUNNER_FOR_TEST_H_
+#define LAZYATTN_SERVICES_WORKER_ENGINE_SCRIPTED_CPU_RUNNER_FOR_TEST_H_
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "services/worker/engine/cpu_runner.h"
+
+namespace lazyattn::testing {
+
+class ScriptedCpuRunner final : public ModelRunner {
+ public:
+  ScriptedCpuRunner(const ModelWeights* weights, int64_t blocks) : inner_(weights, blocks) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string backend_name() const override { return "cpu-scripted"; }
+  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    if (fail_next > 0) {
+      --fail_next;
+      return absl::InternalError("injected device failure");
+    }
+    return inner_.Forward(chunks);
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    for (const BlockCopy& c : copies) copy_deltas.push_back(c.delta);
+    return inner_.CopyBlocks(copies);
+  }
+
+  int fail_next = 0;                  // the next this many steps fail
+  std::vector<int32_t> copy_deltas;   // of every block copied, in order
+
+ private:
+  CpuModelRunner inner_;
+};
+
+}  // namespace lazyattn::testing
+
+#endif  // LAZYATTN_SERVICES_WORKER_ENGINE_SCRIPTED_CPU_RUNNER_FOR_TEST_H_
