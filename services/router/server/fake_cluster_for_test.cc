@@ -141,6 +141,11 @@ bool FakeWorker::WaitForCancellation(absl::Duration timeout, int n) const {
   return mu_.AwaitWithTimeout(absl::Condition(&seen), timeout);
 }
 
+int FakeWorker::cancellations() const {
+  absl::MutexLock lock(&mu_);
+  return cancellations_;
+}
+
 int FakeWorker::progress_events() const {
   absl::MutexLock lock(&mu_);
   return progress_events_;

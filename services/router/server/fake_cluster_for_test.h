@@ -128,6 +128,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   // cancellation (while blocked, or as a write that failed).
   bool WaitForCalls(int n, absl::Duration timeout) const;
   bool WaitForCancellation(absl::Duration timeout, int n = 1) const;  // n calls saw theirs
+  int cancellations() const;  // calls that saw their cancellation so far
 
   grpc::Status Generate(grpc::ServerContext* context, const lazyattn::v1::GenerateRequest* request,
                         grpc::ServerWriter<lazyattn::v1::GenerateResponse>* writer) override;
