@@ -204,15 +204,24 @@ std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
   return ExpireLocked(now);
 }
 
+absl::Time DirectoryIndex::SweeperAwayFrom() const {
+  return std::max(last_sweep_, sweeper_waiting_since_);
+}
+
 bool DirectoryIndex::StalledAt(absl::Time now) const {
-  return last_sweep_ != absl::InfinitePast() && now - last_sweep_ > stall_after();
+  return last_sweep_ != absl::InfinitePast() && now - SweeperAwayFrom() > stall_after();
+}
+
+void DirectoryIndex::SweeperWaits(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  sweeper_waiting_since_ = now;
 }
 
 SweepResult DirectoryIndex::Sweep(absl::Time now) {
   absl::MutexLock lock(&mu_);
   SweepResult result;
   if (StalledAt(now)) {
-    result.stalled = now - last_sweep_;
+    result.stalled = now - SweeperAwayFrom();
     for (auto& [id, w] : workers_) w.lease_expiry = std::max(w.lease_expiry, now + lease_);
     result.extended = static_cast<int64_t>(workers_.size());
   } else {

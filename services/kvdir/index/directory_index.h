@@ -50,8 +50,9 @@
 // Stalls of the directory itself: a lease only means something while the directory reads its
 // streams. When it stops (SIGSTOP, a paused VM, a long swap-in) the workers' heartbeats wait
 // unread in its sockets, and on resume every lease looks passed at once. Sweep, the periodic
-// sweeper's call, tells this apart: when the time since the previous Sweep is more than
-// stall_after() (lease / 2; the sweeper runs every lease / 4 or more often), it expires nobody
+// sweeper's call, tells this apart: when the time since the previous Sweep (since the sweeper
+// began waiting after it, where it says so: SweeperWaits) is more than stall_after() (lease / 2;
+// the sweeper runs every lease / 4 or more often), it expires nobody
 // and extends every lease to now + lease instead, so the live workers' next heartbeats (sent
 // every lease / 3) renew them and only really dead workers expire, one lease later. Between the
 // resume and that sweep, Lookup likewise counts every registered worker as live (its lease
@@ -187,7 +188,8 @@ struct WorkerResidency {
 
 struct SweepResult {
   std::vector<std::string> expired;  // workers removed, with their entries
-  // Non-zero: the time since the previous Sweep, which was more than stall_after(). Nobody
+  // Non-zero: the time since the previous Sweep (or since the sweeper began waiting after it,
+  // SweeperWaits), which was more than stall_after(). Nobody
   // expired; the leases of all `extended` registered workers run until now + lease at least.
   absl::Duration stalled = absl::ZeroDuration();
   int64_t extended = 0;
@@ -251,6 +253,11 @@ class DirectoryIndex {
   // was more than stall_after() before `now`; then the stall rule of the file comment (nobody
   // expires, every lease is extended to now + lease). The first Sweep is never a stall.
   SweepResult Sweep(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // The sweeper has done its work after a Sweep and now waits for the next: the stall rule then
+  // counts from `now`, not from that Sweep, so the sweeper's own work in between (metrics, a
+  // lock wait behind a large snapshot, giving memory back) never reads as the directory stopped.
+  // Optional: without it, the gap is measured from the previous Sweep.
+  void SweeperWaits(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every worker whose lease has not passed at `now` (every registered worker while the sweeper
   // is overdue by more than stall_after(): see the file comment), sorted by worker id, with, for
@@ -312,6 +319,8 @@ class DirectoryIndex {
   std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sweeps are tracked and the last one is more than stall_after() before `now`.
   bool StalledAt(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The later of the last Sweep and the sweeper's SweeperWaits since.
+  absl::Time SweeperAwayFrom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_;
   const IndexLimits limits_;
@@ -322,6 +331,7 @@ class DirectoryIndex {
   WorkerHandle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // InfinitePast: none yet
+  absl::Time sweeper_waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace lazyattn::kvdir

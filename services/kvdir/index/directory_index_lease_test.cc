@@ -121,5 +121,30 @@ TEST_F(IndexTest, SweepStallBoundIsHalfALease) {
   EXPECT_THAT(index_.ExpireLeases(now_ + kLease), ElementsAre("b"));
 }
 
+// The sweeper's own work between two sweeps (a lock wait behind a large snapshot, giving memory
+// back) is not a stall of the directory: with SweeperWaits the gap counts from when it began
+// waiting. Here its work took half a lease and its wait a quarter: three quarters since the last
+// Sweep, but a regular sweep, and a lease that passed expires.
+TEST_F(IndexTest, TheSweepersOwnWorkIsNotAStall) {
+  Join("a");
+  index_.Sweep(now_);
+  now_ += kLease / 2;  // the sweeper's work after that sweep
+  index_.SweeperWaits(now_);
+  Join("b");
+  now_ += kLease / 4;
+  const SweepResult worked = index_.Sweep(now_);
+  EXPECT_EQ(worked.stalled, absl::ZeroDuration());
+  now_ += kLease / 4;  // a's lease has passed (one lease after its hello)
+  index_.SweeperWaits(now_);
+  now_ += kLease / 4;
+  const SweepResult regular = index_.Sweep(now_);
+  EXPECT_EQ(regular.stalled, absl::ZeroDuration());
+  EXPECT_THAT(regular.expired, ElementsAre("a"));
+  // Stopped while waiting: a stall as before.
+  index_.SweeperWaits(now_);
+  now_ += kLease;
+  EXPECT_EQ(index_.Sweep(now_).stalled, kLease);
+}
+
 }  // namespace
 }  // namespace lazyattn::kvdir

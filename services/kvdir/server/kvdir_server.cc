@@ -143,6 +143,9 @@ void KvdirServer::SweepLoop() {
     }
     metrics_.SetIndexStats(index_.Stats());
     metrics_.SetPublishStreams(streams_.open_streams());
+    // From here the sweeper only waits: a stall is time away from here, not this iteration's
+    // work (Stats may wait behind a large snapshot, malloc_trim on a large heap).
+    index_.SweeperWaits(absl::Now());
   }
 }
 
