@@ -17,6 +17,44 @@ int64_t PreparedRequest::prompt_tokens() const {
   return n;
 }
 
+namespace {
+
+// The first token of `tokens` outside [0, vocab), as "NAME[i] = id ..."; empty when none is.
+std::string FirstTokenOutside(const std::vector<int32_t>& tokens, int64_t vocab,
+                              absl::string_view name) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::StrCat(name, "[", i, "] = ", tokens[i], " is outside the vocabulary of ", vocab);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config) {
+  // What the model cannot compute: an embedding row that does not exist, a rotation past the
+  // rope tables, a segment of no tokens (a zero-length job is never done), nothing to generate
+  // after. O(prompt tokens), small beside the prefill they precede.
+  std::string bad = FirstTokenOutside(r.system_prefix, config.vocab_size, "system_prefix");
+  for (size_t i = 0; bad.empty() && i < r.documents.size(); ++i) {
+    if (r.documents[i].tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("documents[", i, "]: no tokens"));
+    }
+    bad = FirstTokenOutside(r.documents[i].tokens, config.vocab_size,
+                            absl::StrCat("documents[", i, "].tokens"));
+  }
+  if (bad.empty()) bad = FirstTokenOutside(r.question, config.vocab_size, "question");
+  if (!bad.empty()) return absl::InvalidArgumentError(bad);
+  if (r.question.empty()) return absl::InvalidArgumentError("question: no tokens");
+  if (r.prompt_tokens() >= config.max_positions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt: ", r.prompt_tokens(),
+                     " tokens leave no room in the model's context of ", config.max_positions));
+  }
+  return absl::OkStatus();
+}
+
 EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
                        EngineOptions options)
     : runner_(std::move(runner)),
@@ -87,10 +125,13 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
     r->result.usage.document_tokens += static_cast<int64_t>(d.tokens.size());
   }
   const int64_t needed = BlocksNeeded(r->prepared);
+  absl::Status invalid;
   if (!health_.ok()) {
     Finish(*r, absl::UnavailableError(health_.message()));
   } else if (requests_.contains(id)) {
     Finish(*r, absl::AlreadyExistsError(absl::StrCat("request id ", id, " is in use")));
+  } else if (invalid = CheckPreparedRequest(r->prepared, config()); !invalid.ok()) {
+    Finish(*r, invalid);
   } else if (needed > options_.num_kv_blocks) {
     Finish(*r, absl::FailedPreconditionError(absl::StrCat(
                    "request needs ", needed, " KV blocks of ", block_size(),

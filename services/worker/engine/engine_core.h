@@ -131,6 +131,12 @@ struct PreparedRequest {
   int64_t prompt_tokens() const;
 };
 
+// OK, or InvalidArgument naming the first part of `r` the model cannot compute: a token outside
+// the vocabulary, a document of no tokens, an empty question, a prompt that fills the context.
+// PrepareRequest checks these with the request's own field names; EngineCore::Add checks again,
+// so a request prepared by any other path cannot take down the core.
+absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config);
+
 // The prompt tokens `p` will compute (its share of a worker's queued prefill load): prompt_tokens()
 // less the documents `reused(key, tokens)` says need no encoding, keyed as admission keys them
 // (mode lazy: position-free; block: at the offset the request places them), in request order.
@@ -152,9 +158,10 @@ class EngineCore {
   // Blocks a prompt plus its generation budget needs at most (for admission control).
   int64_t BlocksNeeded(const PreparedRequest& r) const;
   // Queues a request under `id` (0: the core picks one); returns the id. Ends at once through
-  // on_done: with FailedPrecondition a request that can never fit (more blocks than the pool
-  // has), AlreadyExists an id in use, Unavailable anything once health() is not OK. A request
-  // without a deadline gets EngineOptions::default_deadline.
+  // on_done: with InvalidArgument a request CheckPreparedRequest refuses, FailedPrecondition one
+  // that can never fit (more blocks than the pool has), AlreadyExists an id in use, Unavailable
+  // anything once health() is not OK. A request without a deadline gets
+  // EngineOptions::default_deadline.
   uint64_t Add(PreparedRequest request, uint64_t id = 0);
   void Cancel(uint64_t id);
   // For a drain: from the next Step() on, every request that has not started (waiting for

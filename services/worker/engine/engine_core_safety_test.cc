@@ -1,9 +1,11 @@
 // What no request may do to the engine core: duplicate documents, cancellations and deadlines at
 // any step, failed steps, admission past the pool, a corrupted pool. After each, every request
 // has ended exactly once and the KV pool is whole.
+#include <functional>
 #include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -254,6 +256,43 @@ TEST_F(EngineCoreSafetyTest, RequestThatCanNeverFitIsAFailedPrecondition) {
   // A repeated document counts once in mode lazy, which stores it once.
   Init(/*blocks=*/40);
   EXPECT_TRUE(RunOne(Request({9, 9}, CacheMode::kLazy)).status.ok());
+}
+
+// What PrepareRequest refuses is refused by the core too, whoever prepared the request: each ends
+// with InvalidArgument naming the part, nothing runs for it, and the core keeps serving.
+TEST_F(EngineCoreSafetyTest, RequestsTheModelCannotComputeAreRefusedByTheCore) {
+  const int64_t vocab = weights_->config.vocab_size;
+  const int64_t context = weights_->config.max_positions;
+  struct Case {
+    std::function<void(PreparedRequest&)> spoil;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {[](PreparedRequest& p) { p.documents[1].tokens.clear(); }, "documents[1]: no tokens"},
+      {[](PreparedRequest& p) { p.question.clear(); }, "question: no tokens"},
+      {[&](PreparedRequest& p) { p.documents[0].tokens[7] = static_cast<int32_t>(vocab); },
+       "documents[0].tokens[7]"},
+      {[](PreparedRequest& p) { p.question[2] = -1; }, "question[2] = -1"},
+      {[&](PreparedRequest& p) { p.system_prefix[0] = static_cast<int32_t>(vocab + 5); },
+       "system_prefix[0]"},
+      {[&](PreparedRequest& p) { p.documents[0].tokens.resize(context, 1); }, "prompt: "},
+  };
+  for (CacheMode mode : {CacheMode::kLazy, CacheMode::kBlock, CacheMode::kPrefix}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(CacheModeName(mode)) + ": " + c.names);
+      Init(/*blocks=*/512);
+      PreparedRequest p = Prepare(Request({0, 1}, mode));
+      c.spoil(p);
+      Add(std::move(p));
+      EXPECT_EQ(Last().calls, 1);  // at once, from Add
+      EXPECT_EQ(Last().status.code(), absl::StatusCode::kInvalidArgument) << Last().status;
+      EXPECT_NE(Last().status.message().find(c.names), std::string::npos) << Last().status;
+      const Outcome good = RunOne(Request({0, 1}, mode));
+      EXPECT_TRUE(good.status.ok()) << good.status;
+      EXPECT_TRUE(core_->health().ok()) << core_->health();
+      EXPECT_EQ(core_->stats().encode_jobs, mode == CacheMode::kPrefix ? 0 : 2);
+    }
+  }
 }
 
 TEST_F(EngineCoreSafetyTest, RequestsWithoutDeadlineGetTheDefault) {
