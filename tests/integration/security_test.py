@@ -11,7 +11,8 @@ Checks:
     tools/cluster) with document hits;
   - impostor workers, each a real lazyattn-worker pointed at kvdir, get nothing: one without a
     client certificate (UNAUTHENTICATED), one whose valid certificate names another id and that
-    claims worker-0 (PERMISSION_DENIED, hello refused and counted), one with the router's
+    claims worker-0 (PERMISSION_DENIED, hello refused and counted), one advertising a host its
+    valid certificate does not name (PERMISSION_DENIED, counted), one with the router's
     certificate (PERMISSION_DENIED), one with a certificate from another CA (handshake refused),
     one with worker-0's own certificate while worker-0 runs (ALREADY_EXISTS, logged as an error
     naming worker-0's address, counted); kvdir still counts two workers and every request is
@@ -55,13 +56,16 @@ def client(args, router, *extra, docs=(), prompt="Which river?"):
                           env={k: v for k, v in os.environ.items() if not k.startswith("LAZYATTN_")})
 
 
-def start_impostor(c, name, worker_id, tls_lines):
-    """A real lazyattn-worker that tries to publish to the cluster's kvdir as `worker_id`."""
+def start_impostor(c, name, worker_id, tls_lines, advertise=None):
+    """A real lazyattn-worker that tries to publish to the cluster's kvdir as `worker_id`
+    (advertising `advertise` when given, else its listening address)."""
     path = os.path.join(c.tmp, f"{name}.yaml")
     with open(path, "w") as f:
         f.write(f"insecure: true\nmodel:\n  path: {MODEL}\nbackend: auto\n"
                 f"engine:\n  kv_budget_bytes: 16777216\n  max_batch_tokens: 256\n"
-                f"metrics:\n  listen: ''\nkvdir:\n  tls:\n{tls_lines}")
+                f"metrics:\n  listen: ''\n" +
+                (f"worker:\n  advertise_address: {advertise}\n" if advertise else "") +
+                f"kvdir:\n  tls:\n{tls_lines}")
     p = cluster.Process(name, [f"{c.args.bin_dir}/lazyattn-worker", "--config", path,
                                "--listen", "127.0.0.1:0", "--kvdir", c.kvdir_addr,
                                "--worker-id", worker_id], c.tmp)
@@ -151,6 +155,14 @@ def run_checks(args, c, certs, other, docs):
                    f"    key_file: {certs}/worker-evil.key\n")
     ok, tail = wait_log(c, "id-thief", ("7", "hello.status.worker_id", "worker-0", "is not this caller's id"))
     check("certificate worker-evil claiming worker-0: PERMISSION_DENIED", ok, tail)
+    # A valid worker certificate advertising a host it does not name (here a made-up name for
+    # worker-0's place): routers could not verify it there, so kvdir refuses the address.
+    start_impostor(c, "address-thief", "worker-evil",
+                   f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-evil.crt\n"
+                   f"    key_file: {certs}/worker-evil.key\n", advertise="worker-0.lazyattn.test:7200")
+    ok, tail = wait_log(c, "address-thief", ("7", "hello.status.address", "worker-0.lazyattn.test",
+                                             "is not named by this worker's certificate"))
+    check("certificate worker-evil advertising a host it does not name: PERMISSION_DENIED", ok, tail)
     start_impostor(c, "router-cert", "worker-8",
                    f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/router-0.crt\n"
                    f"    key_file: {certs}/router-0.key\n")
@@ -176,7 +188,9 @@ def run_checks(args, c, certs, other, docs):
           kvdir.get(("lazyattn_kvdir_workers_alive", "")) == 2, str(kvdir.get(("lazyattn_kvdir_workers_alive", ""))))
     check("the refused hellos are counted by reason",
           (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="not_certificate_id"}') or 0) >= 1 and
-          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="worker_id_in_use"}') or 0) >= 1)
+          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total", '{reason="worker_id_in_use"}') or 0) >= 1 and
+          (metric_sum(kvdir, "lazyattn_kvdir_hellos_refused_total",
+                      '{reason="address_not_in_certificate"}') or 0) >= 1)
     served = [c.request(docs[i % 3:] + docs[:i % 3], f"Question {i}?") for i in range(8)]
     check("every request is served by a real worker",
           all(s.get("ok") and s.get("worker") in ("worker-0", "worker-1") for s in served),

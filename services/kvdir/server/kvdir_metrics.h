@@ -44,7 +44,12 @@ class KvdirMetrics {
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
   void LeasesExpired(int64_t workers);
-  enum class HelloRefusal { kNotCertificateId, kWorkerIdInUse, kAddressInUse };
+  enum class HelloRefusal {
+    kNotCertificateId,
+    kWorkerIdInUse,
+    kAddressInUse,
+    kAddressNotInCertificate,
+  };
   void HelloRefused(HelloRefusal reason);
   void ObserveLookup(absl::Duration d);
   enum class Limit {
@@ -73,7 +78,7 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_applied_;
   prometheus::Counter& leases_expired_;
   prometheus::Family<prometheus::Counter>& hellos_refused_family_;
-  prometheus::Counter* hellos_refused_[3];
+  prometheus::Counter* hellos_refused_[4];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Counter* limit_refusals_[9];

@@ -159,7 +159,7 @@ TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
   auto worker0 = v1::KvDirectory::NewStub(*channel0);
   auto worker1 = v1::KvDirectory::NewStub(*channel1);
   FakeWorker a(worker0.get(), "worker-0");
-  a.Join({});
+  a.Join({}, 1, "localhost:7000");          // an address its certificate names
   FakeWorker b(worker0.get(), "worker-0");  // a reconnect's overlap: open, no hello
   // Stream setup is asynchronous: b must be registered before c is opened, or c takes its place.
   ASSERT_TRUE(WaitFor([&] {
@@ -175,7 +175,7 @@ TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
   EXPECT_THAT(refused.error_message(), HasSubstr("limits.max_streams_per_certificate"));
   EXPECT_THAT(refused.error_message(), HasSubstr("worker-0"));
   FakeWorker other(worker1.get(), "worker-1");
-  other.Join({});
+  other.Join({}, 1, "127.0.0.1:7001");
   EXPECT_TRUE(a.Heartbeat());
   EXPECT_TRUE(a.Close().ok());
   EXPECT_TRUE(other.Close().ok());

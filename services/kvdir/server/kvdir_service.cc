@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/certificate_names.h"
 #include "common/grpc_util.h"
 #include "services/kvdir/server/proto_convert.h"
 #include "services/kvdir/server/publish_reactor.h"
@@ -15,12 +16,15 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::
     grpc::CallbackServerContext* context) {
   // RoleAuthorizer admitted only worker certificates here and recorded the name; without an
   // authorizer (insecure) there is no identity and the stream is not bound.
-  std::string bound, serial;
+  PublishReactor::Caller caller;
   if (auto auth = context->auth_context()) {
-    if (auto peer = AuthorizedPeerOf(*auth)) bound = peer->name;
-    serial = PeerCertificateSerial(*auth);
+    if (auto peer = AuthorizedPeerOf(*auth)) {
+      caller.worker_id = peer->name;
+      caller.certificate_names = PeerCertificateNames(*auth);
+    }
+    caller.certificate_serial = PeerCertificateSerial(*auth);
   }
-  return new PublishReactor(context, ctx_, std::move(bound), std::move(serial));
+  return new PublishReactor(context, ctx_, std::move(caller));
 }
 
 grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* context,

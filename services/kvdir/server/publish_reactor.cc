@@ -32,12 +32,13 @@ std::string Printable(const std::string& id, size_t max = 64) {
 }  // namespace
 
 PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx,
-                               std::string bound_worker_id, std::string certificate_serial)
+                               Caller caller)
     : call_(call),
       peer_host_(PeerHost(call->peer())),
       ctx_(ctx),
-      bound_worker_id_(std::move(bound_worker_id)),
-      certificate_serial_(std::move(certificate_serial)) {
+      bound_worker_id_(std::move(caller.worker_id)),
+      certificate_serial_(std::move(caller.certificate_serial)),
+      certificate_names_(std::move(caller.certificate_names)) {
   if (ctx_.streams != nullptr) {
     bool per_certificate = false;
     grpc::CallbackServerContext* call_to_cancel = call;
@@ -196,6 +197,9 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
         "hello.status.worker_id: \"", id.substr(0, 128), "\" is not this caller's id; its certificate "
         "names lazyattn://worker/", bound_worker_id_));
   }
+  if (!bound_worker_id_.empty()) {
+    if (absl::Status s = CheckAddressIsCertified(id, hello.status().address()); !s.ok()) return s;
+  }
   if (!worker_id_.empty() && id != worker_id_) {
     return absl::InvalidArgumentError(
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
@@ -250,6 +254,37 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   Send(std::move(lease));
   RequestSnapshot("reconnect", /*gap=*/false);
   return absl::OkStatus();
+}
+
+absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
+                                                     const std::string& address) {
+  // Routers dial the address and accept only a certificate naming its host; an address this
+  // certificate could not serve is another's (or no one's), and taking it would refuse the
+  // worker it belongs to (one live worker per address) or draw that worker's traffic by
+  // claiming documents under it.
+  const std::optional<std::string> host = DialedHost(address);
+  if (host && certificate_names_.Names(*host)) return absl::OkStatus();
+  ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
+  const std::string shown = Printable(address, 256);
+  LogWarning("kvdir")
+      .Str("worker", id)
+      .Str("address", shown)
+      .Str("certificate_names", certificate_names_.ToString())
+      .Str("peer_host", peer_host_)
+      .Str("certificate_serial", certificate_serial_.empty() ? "none" : certificate_serial_)
+      .Msg("refused hello: the advertised address is not one the worker's certificate names");
+  if (!host) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("hello.status.address: \"", shown,
+                     "\" has no host a certificate could name (expected host:port, [v6]:port, "
+                     "dns:///host:port or unix:path)"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "hello.status.address: host \"", Printable(*host, 256), "\" of ", shown,
+      " is not named by this worker's certificate (", certificate_names_.ToString(),
+      "); routers verify a worker's certificate against the host they dial: advertise a name "
+      "of the certificate (worker.advertise_address) or add the host to it (tools/gen-certs "
+      "--host)"));
 }
 
 absl::Status PublishReactor::WorkerIdInUse(const std::string& id, const HelloResult& held,

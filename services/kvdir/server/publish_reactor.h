@@ -24,6 +24,10 @@
 //     is cancelled since its pending write would never end;
 //   - ALREADY_EXISTS naming hello.status.address and the holder when another live worker
 //     advertises the address (DirectoryIndex's file comment).
+//   - PERMISSION_DENIED naming hello.status.address under mutual TLS when the address's host
+//     (DialedHost) is not among the worker certificate's DNS and IP names: a router dialling it
+//     would not accept the certificate, so the address cannot be this worker's, and taking it
+//     would lock out the worker it belongs to. Counted and logged.
 //   - RESOURCE_EXHAUSTED at once, before any read, naming limits.max_publish_streams or
 //     limits.max_streams_per_certificate when the stream would pass one (PublishStreams);
 //   - CANCELLED (for the worker; kvdir logs and counts hello_timeout) when no hello was accepted
@@ -46,6 +50,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/certificate_names.h"
 #include "lazyattn/v1/kvdir.pb.h"
 #include "services/kvdir/server/service_context.h"
 
@@ -54,14 +59,20 @@ namespace lazyattn::kvdir {
 class PublishReactor final
     : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage> {
  public:
+  // Who opened the stream, from the verified client certificate (mutual TLS); all empty when the
+  // server runs without peer authorization, and then any id and address are taken. Either way
+  // one id has one live holder: two processes sharing a certificate are two claims on one id.
+  struct Caller {
+    // The worker name in the certificate (lazyattn://worker/NAME): hello may only claim it.
+    std::string worker_id;
+    // Its serial (hex), logged with the hello so a rotation can be seen; may be empty.
+    std::string certificate_serial;
+    // Its DNS and IP names: with worker_id set, hello.status.address must dial one of them.
+    CertificateNames certificate_names;
+  };
   // Starts reading at once. Deletes itself in OnDone. `call`: the RPC's context (for trailing
-  // metadata), outlives the reactor. `bound_worker_id`: the worker name in the caller's
-  // certificate (mutual TLS); when set, hello may only claim that id. Empty: the server runs
-  // without peer authorization and any id is taken. Either way one id has one live holder: two
-  // processes sharing a certificate are two claims on one id. `certificate_serial`: that
-  // certificate's serial (hex), logged with the hello so a rotation can be seen; may be empty.
-  PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx,
-                 std::string bound_worker_id, std::string certificate_serial = "");
+  // metadata), outlives the reactor.
+  PublishReactor(grpc::CallbackServerContext* call, const ServiceContext& ctx, Caller caller);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -70,6 +81,9 @@ class PublishReactor final
  private:
   absl::Status Handle(const v1::WorkerMessage& msg);
   absl::Status HandleHello(const v1::WorkerMessage& msg);
+  // OK, or counts, logs and returns the PERMISSION_DENIED of a hello whose `address` dials a
+  // host the caller's certificate does not name (mutual TLS only).
+  absl::Status CheckAddressIsCertified(const std::string& id, const std::string& address);
   // Counts, logs and returns the ALREADY_EXISTS of a hello for an id another live worker holds
   // (`held`: the index's refusal); `claimant`: the address this hello advertised.
   absl::Status WorkerIdInUse(const std::string& id, const HelloResult& held,
@@ -93,6 +107,7 @@ class PublishReactor final
   const ServiceContext ctx_;
   const std::string bound_worker_id_;
   const std::string certificate_serial_;
+  const CertificateNames certificate_names_;
   v1::WorkerMessage in_;
   // Read side only (see the threading note).
   std::string worker_id_;

@@ -1,0 +1,77 @@
+#include "common/certificate_names.h"
+
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+TEST(CertificateNamesTest, DnsNamesMatchWithoutCaseOrTheRootDot) {
+  const CertificateNames names{.dns = {"worker-0.lazyattn.svc", "Localhost."}};
+  EXPECT_TRUE(names.Names("worker-0.lazyattn.svc"));
+  EXPECT_TRUE(names.Names("WORKER-0.lazyattn.SVC."));
+  EXPECT_TRUE(names.Names("localhost"));
+  EXPECT_FALSE(names.Names("worker-1.lazyattn.svc"));
+  EXPECT_FALSE(names.Names("worker-0.lazyattn"));  // a prefix of a name is not the name
+  EXPECT_FALSE(names.Names("x.worker-0.lazyattn.svc"));
+  EXPECT_FALSE(names.Names(""));
+  EXPECT_FALSE(names.Names("."));
+}
+
+TEST(CertificateNamesTest, AWildcardStandsForExactlyOneLeftmostLabel) {
+  const CertificateNames names{.dns = {"*.lazyattn-worker.lazyattn.svc", "*.com"}};
+  EXPECT_TRUE(names.Names("lazyattn-worker-3.lazyattn-worker.lazyattn.svc"));
+  EXPECT_FALSE(names.Names("lazyattn-worker.lazyattn.svc"));      // no label for the star
+  EXPECT_FALSE(names.Names(".lazyattn-worker.lazyattn.svc"));     // an empty label
+  EXPECT_FALSE(names.Names("a.b.lazyattn-worker.lazyattn.svc"));  // two labels
+  EXPECT_FALSE(names.Names("example.com"));                       // "*.com" is refused whole
+  EXPECT_FALSE(CertificateNames{.dns = {"w*.lazyattn.svc"}}.Names("w1.lazyattn.svc"));
+}
+
+TEST(CertificateNamesTest, IpAddressesMatchByValueAndNeverByADnsName) {
+  const CertificateNames names{.dns = {"*.0.0.1", "10.0.0.9"}, .ips = {"127.0.0.1", "::1"}};
+  EXPECT_TRUE(names.Names("127.0.0.1"));
+  EXPECT_TRUE(names.Names("0:0:0:0:0:0:0:1"));
+  EXPECT_FALSE(names.Names("127.0.0.2"));
+  EXPECT_FALSE(names.Names("10.0.0.9"));  // written as a DNS name: not an IP address SAN
+  EXPECT_FALSE(names.Names("::2"));
+  EXPECT_FALSE(CertificateNames{}.Names("127.0.0.1"));
+}
+
+TEST(CertificateNamesTest, ToStringListsEveryName) {
+  EXPECT_EQ((CertificateNames{.dns = {"a", "b"}, .ips = {"::1"}}).ToString(),
+            "DNS:a, DNS:b, IP:::1");
+  EXPECT_EQ(CertificateNames{}.ToString(), "none");
+}
+
+TEST(DialedHostTest, TheHostAChannelVerifiesForEachTargetForm) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"worker-0:7200", "worker-0"},
+      {"worker-0", "worker-0"},
+      {"10.1.2.3:7200", "10.1.2.3"},
+      {"[::1]:7200", "::1"},
+      {"::1", "::1"},
+      {"dns:///worker-0.lazyattn.svc:7200", "worker-0.lazyattn.svc"},
+      {"dns://8.8.8.8:53/worker-0:7200", "worker-0"},
+      {"dns:worker-0:7200", "worker-0"},
+      {"ipv4:10.1.2.3:7200", "10.1.2.3"},
+      {"ipv6:[fe80::1]:7200", "fe80::1"},
+      {"unix:/run/lazyattn/worker.sock", "localhost"},
+      {"unix-abstract:worker", "localhost"},
+  };
+  for (const auto& [target, host] : cases) {
+    const std::optional<std::string> got = DialedHost(target);
+    ASSERT_TRUE(got.has_value()) << target;
+    EXPECT_EQ(*got, host) << target;
+  }
+}
+
+TEST(DialedHostTest, TargetsWhoseHostCannotBeToldAreNullopt) {
+  for (const char* target : {"", ":7200", "[]:7200", "[::1", "[::1]x", "dns:///", "dns://8.8.8.8",
+                             "ipv4:10.0.0.1:1,10.0.0.2:1", "xds:///worker", "https://worker-0:7200",
+                             "google-c2p:///worker"}) {
+    EXPECT_FALSE(DialedHost(target).has_value()) << target;
+  }
+}
+
+}  // namespace
+}  // namespace lazyattn

@@ -1,0 +1,115 @@
+// Under mutual TLS a worker publishes only an address its own certificate could serve: the host
+// a router would dial must be among the certificate's DNS and IP names, as the router's TLS check
+// will demand. Otherwise any valid worker certificate could take another worker's address first
+// (kvdir keeps one live worker per address, so the owner would be refused) or claim documents
+// under it.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+#include "services/kvdir/server/kvdir_server.h"
+#include "services/kvdir/server/kvdir_server_test_fixture.h"
+
+namespace lazyattn::kvdir {
+namespace {
+
+using testing::FakeWorker;
+using ::testing::HasSubstr;
+
+class KvdirServerTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    certs_ = absl::StrCat(::testing::TempDir(), "/kvdir-tls-certs-", getpid());
+    // worker-0 and worker-1 name localhost and 127.0.0.1 only; worker-2 also a DNS name and an
+    // address of its own, as a worker's certificate in a deployment does.
+    ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
+                                       "' --workers 2 --force >/dev/null && tools/gen-certs cert "
+                                       "worker worker-2 --out '",
+                                       certs_,
+                                       "' --host worker-2.lazyattn.test --host 10.9.8.7 >/dev/null")
+                              .c_str()),
+              0)
+        << "tools/gen-certs (run from the source tree) failed";
+    KvdirOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "";
+    options.tls = TlsOptions{.cert_file = certs_ + "/kvdir.crt",
+                             .key_file = certs_ + "/kvdir.key",
+                             .ca_file = certs_ + "/ca.crt"};
+    auto server = KvdirServer::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<v1::KvDirectory::Stub> StubAs(const std::string& worker) {
+    auto channel = MakeChannel(absl::StrCat("localhost:", server_->port()),
+                               TlsOptions{.cert_file = certs_ + "/" + worker + ".crt",
+                                          .key_file = certs_ + "/" + worker + ".key",
+                                          .ca_file = certs_ + "/ca.crt"});
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return v1::KvDirectory::NewStub(*channel);
+  }
+
+  // The stream's end after a hello of `worker` advertising `address`: OK when kvdir took it
+  // (its lease grant came), else the status that ended it.
+  grpc::Status HelloAs(const std::string& worker, const std::string& address) {
+    auto stub = StubAs(worker);
+    FakeWorker w(stub.get(), worker);
+    EXPECT_TRUE(w.Hello(1, address));
+    v1::DirectoryMessage m;
+    if (w.Read(&m) && m.has_lease()) return grpc::Status::OK;
+    return w.Drain();
+  }
+
+  double Refused(const std::string& reason) {
+    for (const prometheus::MetricFamily& f : server_->registry()->Collect()) {
+      if (f.name != "lazyattn_kvdir_hellos_refused_total") continue;
+      for (const auto& m : f.metric) {
+        for (const auto& l : m.label) {
+          if (l.name == "reason" && l.value == reason) return m.counter.value;
+        }
+      }
+    }
+    return -1;
+  }
+
+  std::string certs_;
+  std::unique_ptr<KvdirServer> server_;
+};
+
+TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
+  // worker-1 tries worker-2's name and worker-2's address, before worker-2 has connected.
+  for (const std::string address :
+       {"worker-2.lazyattn.test:7200", "dns:///worker-2.lazyattn.test:7200", "10.9.8.7:7200"}) {
+    SCOPED_TRACE(address);
+    const grpc::Status refused = HelloAs("worker-1", address);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("hello.status.address"));
+    EXPECT_THAT(refused.error_message(), HasSubstr("DNS:localhost, IP:127.0.0.1"));
+  }
+  EXPECT_EQ(Refused("address_not_in_certificate"), 3);
+  // An address of no host a certificate could name.
+  const grpc::Status no_host = HelloAs("worker-0", "xds:///worker-0");
+  EXPECT_EQ(no_host.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(no_host.error_message(), HasSubstr("has no host"));
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+
+  // The owners are taken, by any form of a name their certificates hold; worker-1's attempts left
+  // nothing behind that would refuse worker-2 its address.
+  EXPECT_TRUE(HelloAs("worker-2", "WORKER-2.lazyattn.test.:7200").ok());
+  EXPECT_TRUE(HelloAs("worker-0", "localhost:7000").ok());
+  EXPECT_TRUE(HelloAs("worker-1", "[127.0.0.1]:7001").ok());
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+  EXPECT_EQ(Refused("address_in_use"), 0);
+}
+
+}  // namespace
+}  // namespace lazyattn::kvdir
