@@ -1,15 +1,16 @@
 #include "services/kvdir/server/kvdir_server.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-
-#include <malloc.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn::kvdir {
 namespace {
@@ -111,7 +112,7 @@ void KvdirServer::SweepLoop() {
       absl::MutexLock lock(&stop_mu_);
       if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), interval)) return;
     }
-    for (const SilentStream& silent : streams_.CancelSilent(absl::Now())) {
+    for (const SilentStream& silent : streams_.CancelSilent(MonotonicNow())) {
       metrics_.LimitRefused(KvdirMetrics::Limit::kHelloTimeout);
       LogWarning("kvdir")
           .Str("certificate", silent.certificate_id.empty() ? "none" : silent.certificate_id)
@@ -120,7 +121,7 @@ void KvdirServer::SweepLoop() {
           .Int("hello_timeout_ms", options_.limits.hello_timeout_ms)
           .Msg("cancelled a Publish stream that said no hello within limits.hello_timeout_ms");
     }
-    const SweepResult sweep = index_.Sweep(absl::Now());
+    const SweepResult sweep = index_.Sweep(MonotonicNow());
     if (sweep.stalled > absl::ZeroDuration()) {
       // One line per stall: the directory (not the workers) stopped, e.g. SIGSTOP or a paused
       // host; expiring everyone now would empty every router's worker list.
@@ -145,7 +146,7 @@ void KvdirServer::SweepLoop() {
     metrics_.SetPublishStreams(streams_.open_streams());
     // From here the sweeper only waits: a stall is time away from here, not this iteration's
     // work (Stats may wait behind a large snapshot, malloc_trim on a large heap).
-    index_.SweeperWaits(absl::Now());
+    index_.SweeperWaits(MonotonicNow());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "services/kvdir/server/kvdir_server.h"
 #include "services/kvdir/server/kvdir_server_test_fixture.h"
 
@@ -57,7 +58,10 @@ TEST_F(KvdirServerTest, SnapshotAndEventsAreVisibleInLookup) {
   EXPECT_EQ(response.workers(0).worker().address(), "a:7000");
   EXPECT_THAT(response.workers(0).resident(), ElementsAre(false, true, true));
   EXPECT_THAT(response.workers(1).resident(), ElementsAre(false, true, false));
-  EXPECT_GT(response.workers(0).last_seen_unix_ms(), 0);
+  // A date, although kvdir's leases run on the monotonic clock: the last message was just now.
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  EXPECT_LE(response.workers(0).last_seen_unix_ms(), now_ms + 1000);
+  EXPECT_GE(response.workers(0).last_seen_unix_ms(), now_ms - 60'000);
   EXPECT_TRUE(WaitFor([&] {
     return MetricValue("lazyattn_kvdir_events_applied_total", "stored") == 2 &&
            MetricValue("lazyattn_kvdir_snapshots_total", "applied") == 2 &&

@@ -7,6 +7,7 @@
 #include "common/auth.h"
 #include "common/certificate_names.h"
 #include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "services/kvdir/server/proto_convert.h"
 #include "services/kvdir/server/publish_reactor.h"
 
@@ -43,7 +44,7 @@ grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* cont
                                  std::string(rule.status().message())));
     return reactor;
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   std::vector<DocumentKey> keys;
   keys.reserve(request->keys_size());
   for (const v1::DocKey& k : request->keys()) keys.push_back(KeyFromProto(k));
@@ -51,7 +52,7 @@ grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* cont
       ctx_.index->Lookup(keys, *rule, request->offsets(), start);
   response->mutable_workers()->Reserve(static_cast<int>(workers.size()));
   for (WorkerResidency& w : workers) ResidencyToProto(std::move(w), response->add_workers());
-  ctx_.metrics->ObserveLookup(absl::Now() - start);
+  ctx_.metrics->ObserveLookup(MonotonicNow() - start);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -59,7 +60,7 @@ grpc::ServerUnaryReactor* KvdirService::Lookup(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* KvdirService::ListWorkers(grpc::CallbackServerContext* context,
                                                     const v1::ListWorkersRequest* /*request*/,
                                                     v1::ListWorkersResponse* response) {
-  std::vector<WorkerResidency> workers = ctx_.index->Lookup({}, absl::Now());
+  std::vector<WorkerResidency> workers = ctx_.index->Lookup({}, MonotonicNow());
   response->mutable_workers()->Reserve(static_cast<int>(workers.size()));
   for (WorkerResidency& w : workers) ResidencyToProto(std::move(w), response->add_workers());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();

@@ -1,6 +1,7 @@
 #include "services/kvdir/server/proto_convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn::kvdir {
 
@@ -69,7 +70,7 @@ void ResidencyToProto(WorkerResidency&& r, v1::WorkerResidency* out) {
   out->set_resident_tokens(r.resident_tokens);
   out->mutable_resident()->Reserve(static_cast<int>(r.resident.size()));
   for (bool b : r.resident) out->add_resident(b);
-  out->set_last_seen_unix_ms(absl::ToUnixMillis(r.last_seen));
+  out->set_last_seen_unix_ms(absl::ToUnixMillis(WallTimeOf(r.last_seen)));
   out->set_copyable_tokens(r.copyable_tokens);
 }
 

@@ -10,6 +10,7 @@
 #include "common/grpc_util.h"
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "services/kvdir/server/peer_host.h"
 #include "services/kvdir/server/proto_convert.h"
 
@@ -43,7 +44,7 @@ PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceC
     bool per_certificate = false;
     grpc::CallbackServerContext* call_to_cancel = call;
     absl::StatusOr<uint64_t> id = ctx_.streams->Open(
-        bound_worker_id_, peer_host_, absl::Now(),
+        bound_worker_id_, peer_host_, MonotonicNow(),
         [call_to_cancel] { call_to_cancel->TryCancel(); }, &per_certificate);
     if (!id.ok()) {
       ctx_.metrics->LimitRefused(per_certificate ? KvdirMetrics::Limit::kMaxStreamsPerCertificate
@@ -114,7 +115,7 @@ absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
   if (session_ == 0) {
     return absl::FailedPreconditionError("the first message on a Publish stream must be hello");
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   DirectoryIndex& index = *ctx_.index;
   switch (msg.body_case()) {
     case v1::WorkerMessage::kEvent: {
@@ -204,7 +205,7 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
     return absl::InvalidArgumentError(
         absl::StrCat("hello.status.worker_id: this stream belongs to ", worker_id_, ", got ", id));
   }
-  const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), absl::Now(),
+  const HelloResult r = ctx_.index->Hello(hello.status(), hello.epoch(), msg.seq(), MonotonicNow(),
                                           {.session = session_, .peer_host = peer_host_});
   if (r.id_in_use) return WorkerIdInUse(id, r, hello.status().address());
   if (r.address_in_use) {
