@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <thread>
+
+#include "absl/time/clock.h"
 
 namespace lazyattn::kvdir {
 
@@ -35,6 +38,13 @@ DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
 
 HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
                                   absl::Time now, const HelloCaller& caller) {
+  HelloResult result = HelloLocked(status, epoch, seq, now, caller);
+  CleanRetired();
+  return result;
+}
+
+HelloResult DirectoryIndex::HelloLocked(const v1::WorkerStatus& status, uint64_t epoch,
+                                        uint64_t seq, absl::Time now, const HelloCaller& caller) {
   absl::MutexLock lock(&mu_);
   HelloResult result;
   if (auto held = workers_.find(status.worker_id()); held != workers_.end()) {
@@ -76,17 +86,16 @@ HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch
   }
   for (const std::string& gone : lapsed_at_address) {
     auto g = workers_.find(gone);
-    DropEntries(g->second);
+    RetireEntries(g->second);
     workers_.erase(g);
   }
-  if (!lapsed_at_address.empty()) ShrinkIfSparse();
   result.removed_at_address = std::move(lapsed_at_address);
   auto [it, inserted] = workers_.try_emplace(status.worker_id());
   Worker& w = it->second;
   if (inserted) {
     w.handle = next_handle_++;
   } else if (w.epoch != epoch) {
-    DropEntries(w);
+    RetireEntries(w);
     result.entries_dropped = true;
   }
   w.status = status;
@@ -122,6 +131,16 @@ ApplyResult DirectoryIndex::Advance(Worker& w, uint64_t seq, absl::Time now) {
 
 ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t session, uint64_t seq,
                                        const DocEvent& event, absl::Time now) {
+  const ApplyResult result = ApplyEventLocked(worker_id, session, seq, event, now);
+  if (result.outcome == ApplyOutcome::kOverLimit ||
+      result.outcome == ApplyOutcome::kOverTotalLimit) {
+    CleanRetired();
+  }
+  return result;
+}
+
+ApplyResult DirectoryIndex::ApplyEventLocked(const std::string& worker_id, uint64_t session,
+                                             uint64_t seq, const DocEvent& event, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Worker* w = OwnedWorker(worker_id, session);
   if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
@@ -134,8 +153,7 @@ ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t se
       const ApplyOutcome over = w->entries >= limits_.max_entries_per_worker
                                     ? ApplyOutcome::kOverLimit
                                     : ApplyOutcome::kOverTotalLimit;
-      DropEntries(*w);
-      ShrinkIfSparse();
+      RetireEntries(*w);
       return {over, result.last_seq};
     }
   } else {
@@ -156,27 +174,57 @@ ApplyResult DirectoryIndex::Heartbeat(const std::string& worker_id, uint64_t ses
 ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t session,
                                           uint64_t seq, absl::Span<const DocEntry> entries,
                                           const v1::WorkerLoad* load, absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  Worker* w = OwnedWorker(worker_id, session);
-  if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
-  ApplyResult result{ApplyOutcome::kApplied, w->last_seq};
-  DropEntries(*w);
-  if (static_cast<int64_t>(entries.size()) > limits_.max_entries_per_worker) {
-    ShrinkIfSparse();
-    return {ApplyOutcome::kOverLimit, w->last_seq};
+  // A slice at a time, the lock released between (file comment, "Large changes"). Between slices
+  // no message of this worker is applied (its stream is read one message at a time); another
+  // stream may take the worker over, or its lease be swept, which the session check below sees.
+  uint64_t last_seq = 0;
+  bool over_limit = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Worker* w = OwnedWorker(worker_id, session);
+    if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
+    last_seq = w->last_seq;
+    w->lease_expiry = now + lease_;  // a message: the lease runs while the slices are applied
+    w->last_seen = now;
+    w->awaiting_snapshot = true;
+    RetireEntries(*w);
+    over_limit = static_cast<int64_t>(entries.size()) > limits_.max_entries_per_worker;
   }
-  // Checked whole, before anything is stored (replacements among the entries would need fewer).
-  if (entries_ + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
-    ShrinkIfSparse();
-    return {ApplyOutcome::kOverTotalLimit, w->last_seq};
+  CleanRetired();  // the old entries go before the new ones come: memory stays bounded
+  if (over_limit) return {ApplyOutcome::kOverLimit, last_seq};
+  size_t next = 0;
+  for (;; LetLookupsIn()) {
+    absl::MutexLock lock(&mu_);
+    Worker* w = OwnedWorker(worker_id, session);
+    if (w == nullptr) return {ApplyOutcome::kNoSession, last_seq};
+    // Checked whole, before anything is stored (replacements among the entries would need fewer).
+    if (next == 0) {
+      if (entries_ + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
+        return {ApplyOutcome::kOverTotalLimit, last_seq};
+      }
+      // Empty (retired above): reserving now moves nothing, where growing would move every key
+      // already stored at each doubling, under the lock.
+      w->keys.reserve(entries.size());
+    }
+    const size_t end = std::min(entries.size(), next + kSnapshotSlice);
+    bool stored = true;
+    for (; stored && next < end; ++next) stored = Store(*w, entries[next]);
+    if (!stored) {
+      // Other workers stored between the slices and the directory reached max_entries.
+      RetireEntries(*w);
+      break;
+    }
+    if (next == entries.size()) {
+      if (load != nullptr) *w->status.mutable_load() = *load;
+      w->awaiting_snapshot = false;
+      w->last_seq = seq;
+      w->lease_expiry = now + lease_;
+      w->last_seen = now;
+      return {ApplyOutcome::kApplied, last_seq};
+    }
   }
-  for (const DocEntry& e : entries) Store(*w, e);
-  if (load != nullptr) *w->status.mutable_load() = *load;
-  w->awaiting_snapshot = false;
-  w->last_seq = seq;
-  w->lease_expiry = now + lease_;
-  w->last_seen = now;
-  return result;
+  CleanRetired();
+  return {ApplyOutcome::kOverTotalLimit, last_seq};
 }
 
 void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) {
@@ -185,23 +233,30 @@ void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) 
 }
 
 void DirectoryIndex::DropWorkerEntries(const std::string& worker_id, uint64_t session) {
-  absl::MutexLock lock(&mu_);
-  if (Worker* w = OwnedWorker(worker_id, session)) {
-    DropEntries(*w);
-    ShrinkIfSparse();
+  {
+    absl::MutexLock lock(&mu_);
+    if (Worker* w = OwnedWorker(worker_id, session)) RetireEntries(*w);
   }
+  CleanRetired();
 }
 
 void DirectoryIndex::ShrinkIfSparse() {
   // Erasing from a flat_hash_map keeps its slot array; after a large worker leaves, that array
   // would hold the memory of every entry it ever had. Rehash to fit once it is mostly empty
   // (rare: only after big removals, and O(size) when it happens).
-  if (docs_.capacity() > 4096 && docs_.size() * 8 < docs_.capacity()) docs_.rehash(0);
+  for (DocTable& docs : docs_) {
+    if (docs.capacity() > 1024 && docs.size() * 8 < docs.capacity()) docs.rehash(0);
+  }
 }
 
 std::vector<std::string> DirectoryIndex::ExpireLeases(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  return ExpireLocked(now);
+  std::vector<std::string> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    expired = ExpireLocked(now);
+  }
+  CleanRetired();
+  return expired;
 }
 
 absl::Time DirectoryIndex::SweeperAwayFrom() const {
@@ -218,16 +273,19 @@ void DirectoryIndex::SweeperWaits(absl::Time now) {
 }
 
 SweepResult DirectoryIndex::Sweep(absl::Time now) {
-  absl::MutexLock lock(&mu_);
   SweepResult result;
-  if (StalledAt(now)) {
-    result.stalled = now - SweeperAwayFrom();
-    for (auto& [id, w] : workers_) w.lease_expiry = std::max(w.lease_expiry, now + lease_);
-    result.extended = static_cast<int64_t>(workers_.size());
-  } else {
-    result.expired = ExpireLocked(now);
+  {
+    absl::MutexLock lock(&mu_);
+    if (StalledAt(now)) {
+      result.stalled = now - SweeperAwayFrom();
+      for (auto& [id, w] : workers_) w.lease_expiry = std::max(w.lease_expiry, now + lease_);
+      result.extended = static_cast<int64_t>(workers_.size());
+    } else {
+      result.expired = ExpireLocked(now);
+    }
+    last_sweep_ = now;
   }
-  last_sweep_ = now;
+  CleanRetired();
   return result;
 }
 
@@ -238,16 +296,16 @@ std::vector<std::string> DirectoryIndex::ExpireLocked(absl::Time now) {
   }
   for (const std::string& id : expired) {
     auto it = workers_.find(id);
-    DropEntries(it->second);
+    RetireEntries(it->second);
     workers_.erase(it);
   }
-  if (!expired.empty()) ShrinkIfSparse();
   return expired;
 }
 
 bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
   Holding* h = nullptr;
-  if (auto d = docs_.find(entry.key); d != docs_.end()) {
+  DocTable& docs = DocsOf(entry.key);
+  if (auto d = docs.find(entry.key); d != docs.end()) {
     auto held = std::find_if(d->second.begin(), d->second.end(),
                              [&](const Holding& x) { return x.worker == w.handle; });
     if (held != d->second.end()) h = &*held;
@@ -271,7 +329,7 @@ bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
   // Checked before inserting anything, so a refused entry leaves no empty holder behind.
   if (w.entries >= limits_.max_entries_per_worker || entries_ >= limits_.max_entries) return false;
   if (h == nullptr) {
-    Holders& holders = docs_[entry.key];
+    Holders& holders = docs[entry.key];
     holders.push_back(Holding{w.handle, {}});
     h = &holders.back();
     w.keys.insert(entry.key);
@@ -283,8 +341,9 @@ bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
 }
 
 void DirectoryIndex::Evict(Worker& w, const DocEntry& entry) {
-  auto d = docs_.find(entry.key);
-  if (d == docs_.end()) return;
+  DocTable& docs = DocsOf(entry.key);
+  auto d = docs.find(entry.key);
+  if (d == docs.end()) return;
   Holders& holders = d->second;
   auto h = std::find_if(holders.begin(), holders.end(),
                         [&](const Holding& x) { return x.worker == w.handle; });
@@ -298,32 +357,69 @@ void DirectoryIndex::Evict(Worker& w, const DocEntry& entry) {
   if (!h->offsets.empty()) return;
   holders.erase(h);
   w.keys.erase(entry.key);
-  if (holders.empty()) docs_.erase(d);
+  if (holders.empty()) docs.erase(d);
 }
 
-void DirectoryIndex::DropEntries(Worker& w) {
-  for (const DocumentKey& key : w.keys) {
-    auto d = docs_.find(key);
-    if (d == docs_.end()) continue;
-    Holders& holders = d->second;
-    auto h = std::find_if(holders.begin(), holders.end(),
-                          [&](const Holding& x) { return x.worker == w.handle; });
-    if (h != holders.end()) {
-      entries_ -= static_cast<int64_t>(h->offsets.size());
-      holders.erase(h);
-    }
-    if (holders.empty()) docs_.erase(d);
+void DirectoryIndex::RetireEntries(Worker& w) {
+  if (!w.keys.empty()) {
+    retired_.push_back(Retired{w.handle, std::vector<DocumentKey>(w.keys.begin(), w.keys.end())});
+    // A fresh handle: lookups know holdings by the live workers' handles, so the old ones are
+    // skipped from here on although CleanRetired erases them later.
+    w.handle = next_handle_++;
   }
+  entries_ -= w.entries;
   w.keys.clear();
   w.keys.rehash(0);  // a worker's own key set gives its memory back too
   w.entries = 0;
+}
+
+bool DirectoryIndex::CleanRetiredSlice() {
+  size_t budget = kCleanSlice;
+  while (budget > 0 && !retired_.empty()) {
+    Retired& r = retired_.front();
+    for (; budget > 0 && !r.keys.empty(); --budget) {
+      const DocumentKey key = r.keys.back();
+      r.keys.pop_back();
+      DocTable& docs = DocsOf(key);
+      auto d = docs.find(key);
+      if (d == docs.end()) continue;
+      Holders& holders = d->second;
+      holders.erase(std::remove_if(holders.begin(), holders.end(),
+                                   [&](const Holding& h) { return h.worker == r.handle; }),
+                    holders.end());
+      if (holders.empty()) docs.erase(d);
+    }
+    if (r.keys.empty()) retired_.pop_front();
+  }
+  if (!retired_.empty()) return true;
+  ShrinkIfSparse();
+  return false;
+}
+
+void DirectoryIndex::CleanRetired() {
+  for (;; LetLookupsIn()) {
+    absl::MutexLock lock(&mu_);
+    if (!CleanRetiredSlice()) return;
+  }
+}
+
+void DirectoryIndex::LetLookupsIn() const {
+  // absl::Mutex lets the thread that just released it take it again at once, ahead of threads
+  // already waiting: a loop of slices would keep lookups out as long as one long hold did (the
+  // bench saw one lookup in 3 s). Bounded, so a flood of lookups cannot hold a snapshot back.
+  const absl::Time until = absl::Now() + kLookupsInLimit;
+  while (lookups_waiting_.load(std::memory_order_acquire) > 0 && absl::Now() < until) {
+    std::this_thread::yield();
+  }
 }
 
 std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey> keys,
                                                     ResidencyRule rule,
                                                     absl::Span<const int64_t> offsets,
                                                     absl::Time now) const {
-  absl::MutexLock lock(&mu_);
+  lookups_waiting_.fetch_add(1, std::memory_order_acq_rel);
+  absl::ReaderMutexLock lock(&mu_);  // lookups run side by side
+  lookups_waiting_.fetch_sub(1, std::memory_order_acq_rel);
   // Overdue sweeper: the directory itself was not running, so a passed lease says nothing.
   const bool stalled = StalledAt(now);
   std::vector<const Worker*> live;
@@ -347,8 +443,9 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
   if (keys.empty() || live.empty() || rule == ResidencyRule::kNone) return out;
   for (size_t k = 0; k < keys.size(); ++k) {
     const int64_t offset = k < offsets.size() ? offsets[k] : kUnknownOffset;
-    auto d = docs_.find(keys[k]);
-    if (d == docs_.end()) continue;
+    const DocTable& docs = DocsOf(keys[k]);
+    auto d = docs.find(keys[k]);
+    if (d == docs.end()) continue;
     for (const Holding& h : d->second) {
       auto s = slot.find(h.worker);
       if (s == slot.end()) continue;  // lease passed, not swept yet
@@ -374,8 +471,10 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
 }
 
 IndexStats DirectoryIndex::Stats() const {
-  absl::MutexLock lock(&mu_);
-  return IndexStats{static_cast<int64_t>(workers_.size()), static_cast<int64_t>(docs_.size()),
+  absl::ReaderMutexLock lock(&mu_);
+  size_t documents = 0;
+  for (const DocTable& docs : docs_) documents += docs.size();
+  return IndexStats{static_cast<int64_t>(workers_.size()), static_cast<int64_t>(documents),
                     entries_};
 }
 

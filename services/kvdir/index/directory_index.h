@@ -70,12 +70,28 @@
 // bounded whatever a worker sends). Memory of
 // removed entries is given back: the document table shrinks when it is mostly empty.
 //
-// Time is passed in by the caller (absl::Time), so tests drive a fake clock.
-// Thread-safe: one mutex guards everything; every public method takes it once.
+// Large changes: a snapshot replaces up to max_entries_per_worker entries, and a worker that
+// expires, restarts or goes past a bound takes as many with it; under one hold of the lock that
+// is ~180 ms (262,144 entries, tools/bench/kvdir_index_bench.cc), while every router's lookup
+// waits with a 50 ms deadline, and after a kvdir restart all workers snapshot at once. So a
+// worker's old entries are retired in O(its keys) copying: their holdings stay in the document
+// table under a handle no live worker has any more, which lookups skip at once, and are erased a
+// slice of kCleanSlice keys at a time, the lock released between slices, before the call that
+// retired them returns. A snapshot stores its entries kSnapshotSlice at a time the same way;
+// meanwhile lookups may see the worker with part of the new entries (a routing hint for a
+// moment, as a snapshot a moment later would be).
+//
+// Time is passed in by the caller (absl::Time), so tests drive a fake clock; kvdir passes the
+// monotonic clock (common/monotonic_time.h), so stepping the wall clock moves no lease.
+// Thread-safe: one mutex guards everything. Lookup and Stats take it shared; every other public
+// method takes it exclusively, once, or once per slice (above).
 #ifndef LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_
 #define LAZYATTN_SERVICES_KVDIR_INDEX_DIRECTORY_INDEX_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +100,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -277,7 +294,8 @@ class DirectoryIndex {
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  using WorkerHandle = uint32_t;
+  // Never reused (a worker gets a new one whenever its entries are retired): 64 bits.
+  using WorkerHandle = uint64_t;
 
   // One worker's entries for one document: (offset, tokens) pairs, usually one.
   struct Holding {
@@ -313,7 +331,20 @@ class DirectoryIndex {
   // or the directory past max_entries.
   bool Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Evict(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes every entry of `w` out of the counts and gives `w` a fresh handle; the holdings under
+  // the old one wait in retired_ for CleanRetired. O(w's keys), copying.
+  void RetireEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases up to kCleanSlice retired keys' holdings; whether any remain.
+  bool CleanRetiredSlice() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases every retired holding, a slice per hold of the lock.
+  void CleanRetired() ABSL_LOCKS_EXCLUDED(mu_);
+  // Between two slices: waits (yielding, kLookupsInLimit at most) until no Lookup waits for the
+  // lock.
+  void LetLookupsIn() const ABSL_LOCKS_EXCLUDED(mu_);
+  HelloResult HelloLocked(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
+                          absl::Time now, const HelloCaller& caller) ABSL_LOCKS_EXCLUDED(mu_);
+  ApplyResult ApplyEventLocked(const std::string& worker_id, uint64_t session, uint64_t seq,
+                               const DocEvent& event, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives the document table's memory back once most of it is empty.
   void ShrinkIfSparse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -322,12 +353,36 @@ class DirectoryIndex {
   // The later of the last Sweep and the sweeper's SweeperWaits since.
   absl::Time SweeperAwayFrom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Entries per hold of the lock (file comment, "Large changes"): ~3 ms each on a slow core.
+  static constexpr size_t kSnapshotSlice = 2048;
+  static constexpr size_t kCleanSlice = 2048;
+  static constexpr absl::Duration kLookupsInLimit = absl::Milliseconds(2);
+
+  using DocTable = absl::flat_hash_map<DocumentKey, Holders>;
+  static constexpr size_t kDocShards = 64;
+  DocTable& DocsOf(const DocumentKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return docs_[absl::Hash<DocumentKey>{}(key) % kDocShards];
+  }
+  const DocTable& DocsOf(const DocumentKey& key) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return docs_[absl::Hash<DocumentKey>{}(key) % kDocShards];
+  }
+
+  // The holdings of one retired handle still in docs_.
+  struct Retired {
+    WorkerHandle handle = 0;
+    std::vector<DocumentKey> keys;  // erased from the back
+  };
+
   const absl::Duration lease_;
   const IndexLimits limits_;
   mutable absl::Mutex mu_;
+  mutable std::atomic<int> lookups_waiting_{0};  // Lookup calls waiting for mu_
   absl::flat_hash_map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<DocumentKey, Holders> docs_ ABSL_GUARDED_BY(mu_);
-  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
+  // The document table in kDocShards parts by key hash: a flat hash map grows by moving all its
+  // elements at once, which at 2 million keys held the lock for ~280 ms; a part moves 1/64.
+  std::array<DocTable, kDocShards> docs_ ABSL_GUARDED_BY(mu_);
+  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;  // live workers' entries (retired ones not counted)
+  std::deque<Retired> retired_ ABSL_GUARDED_BY(mu_);
   WorkerHandle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // InfinitePast: none yet
