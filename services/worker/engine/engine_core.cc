@@ -34,11 +34,13 @@ std::string FirstTokenOutside(const std::vector<int32_t>& tokens, int64_t vocab,
 
 absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config) {
   // What the model cannot compute: an embedding row that does not exist, a rotation past the
-  // rope tables, a segment of no tokens (a zero-length job is never done), nothing to generate
-  // after. O(prompt tokens), small beside the prefill they precede.
+  // rope tables, a document segment of no tokens (a zero-length job is never done), nothing to
+  // generate after. O(prompt tokens), small beside the prefill they precede.
   std::string bad = FirstTokenOutside(r.system_prefix, config.vocab_size, "system_prefix");
   for (size_t i = 0; bad.empty() && i < r.documents.size(); ++i) {
-    if (r.documents[i].tokens.empty()) {
+    // Modes full and prefix read the prompt as one text, where a short document's bytes may all
+    // belong to the next one's first token: empty there, and harmless (admission joins them).
+    if (r.documents[i].tokens.empty() && EncodesDocumentsAlone(r.mode)) {
       return absl::InvalidArgumentError(absl::StrCat("documents[", i, "]: no tokens"));
     }
     bad = FirstTokenOutside(r.documents[i].tokens, config.vocab_size,

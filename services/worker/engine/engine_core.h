@@ -132,7 +132,8 @@ struct PreparedRequest {
 };
 
 // OK, or InvalidArgument naming the first part of `r` the model cannot compute: a token outside
-// the vocabulary, a document of no tokens, an empty question, a prompt that fills the context.
+// the vocabulary, a document of no tokens in a mode that encodes documents alone (lazy, block),
+// an empty question, a prompt that fills the context.
 // PrepareRequest checks these with the request's own field names; EngineCore::Add checks again,
 // so a request prepared by any other path cannot take down the core.
 absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config);

@@ -110,6 +110,25 @@ TEST_F(WorkerServiceTest, ADrainHandsBackARequestWaitingForPreparation) {
   EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
 }
 
+// A drain stops preparation before gRPC stops taking calls: a request arriving in between is
+// handed back at once, never queued and never lost.
+TEST_F(WorkerServiceTest, ARequestArrivingOncePreparationStoppedIsHandedBack) {
+  StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
+  server_->service().StopPreparation();
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(tokens, 0);
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  EXPECT_EQ(trailers.count(kWorkerEndedCallKey), 1u);
+  EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
+  EXPECT_EQ(server_->service().in_flight(), 0u);
+}
+
 TEST_F(WorkerServiceTest, CancellationAndDeadlinesReachARequestWaitingForPreparation) {
   StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
   PrepPool& pool = server_->service().prep_pool();
