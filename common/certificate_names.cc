@@ -84,7 +84,13 @@ bool CertificateNames::Names(absl::string_view host) const {
     for (const std::string& ip : ips) {
       if (ParseIp(ip) == wanted) return true;
     }
-    return false;  // a DNS name (wildcard or not) never stands for an IP literal
+    // gRPC also compares the dialled text with the DNS names, exactly (an IPv6 address some
+    // tool wrote as a DNS name); a wildcard never stands for an IP literal.
+    const std::string h = absl::AsciiStrToLower(host);
+    for (const std::string& name : dns) {
+      if (absl::AsciiStrToLower(name) == h) return true;
+    }
+    return false;
   }
   const std::string h = CanonicalDns(host);
   if (h.empty()) return false;

@@ -35,7 +35,7 @@ struct CertificateNames {
   // Whether `host` (a DNS name, or an IPv4 or IPv6 literal without brackets) is named, as a TLS
   // client decides: DNS names without regard to case or a trailing dot, a leftmost "*" label
   // standing for exactly one label (never for an IP literal, and not in "*.com"); IP addresses
-  // by value ("::1" names "0:0:0:0:0:0:0:1").
+  // by value ("::1" names "0:0:0:0:0:0:0:1"), or by a DNS name of exactly their text.
   bool Names(absl::string_view host) const;
   // "DNS:a, DNS:b, IP:127.0.0.1" (for messages); "none" when empty.
   std::string ToString() const;

@@ -27,13 +27,17 @@ TEST(CertificateNamesTest, AWildcardStandsForExactlyOneLeftmostLabel) {
   EXPECT_FALSE(CertificateNames{.dns = {"w*.lazyattn.svc"}}.Names("w1.lazyattn.svc"));
 }
 
-TEST(CertificateNamesTest, IpAddressesMatchByValueAndNeverByADnsName) {
-  const CertificateNames names{.dns = {"*.0.0.1", "10.0.0.9"}, .ips = {"127.0.0.1", "::1"}};
+TEST(CertificateNamesTest, IpAddressesMatchByValueOrByADnsNameOfTheirText) {
+  const CertificateNames names{.dns = {"*.0.0.1", "fd00::5"}, .ips = {"127.0.0.1", "::1"}};
   EXPECT_TRUE(names.Names("127.0.0.1"));
   EXPECT_TRUE(names.Names("0:0:0:0:0:0:0:1"));
   EXPECT_FALSE(names.Names("127.0.0.2"));
-  EXPECT_FALSE(names.Names("10.0.0.9"));  // written as a DNS name: not an IP address SAN
   EXPECT_FALSE(names.Names("::2"));
+  // An address a tool wrote as a DNS name: gRPC's check compares the text, and so does this.
+  EXPECT_TRUE(names.Names("fd00::5"));
+  EXPECT_TRUE(names.Names("FD00::5"));
+  EXPECT_FALSE(names.Names("fd00:0::5"));
+  EXPECT_FALSE(names.Names("10.0.0.1"));  // a wildcard never names an IP literal
   EXPECT_FALSE(CertificateNames{}.Names("127.0.0.1"));
 }
 

@@ -1,10 +1,9 @@
 #include "services/kvdir/index/directory_index.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <thread>
-
-#include "absl/time/clock.h"
 
 namespace lazyattn::kvdir {
 
@@ -38,13 +37,14 @@ DirectoryIndex::DirectoryIndex(absl::Duration lease, IndexLimits limits)
 
 HelloResult DirectoryIndex::Hello(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
                                   absl::Time now, const HelloCaller& caller) {
-  HelloResult result = HelloLocked(status, epoch, seq, now, caller);
+  HelloResult result = HelloWithoutCleaning(status, epoch, seq, now, caller);
   CleanRetired();
   return result;
 }
 
-HelloResult DirectoryIndex::HelloLocked(const v1::WorkerStatus& status, uint64_t epoch,
-                                        uint64_t seq, absl::Time now, const HelloCaller& caller) {
+HelloResult DirectoryIndex::HelloWithoutCleaning(const v1::WorkerStatus& status, uint64_t epoch,
+                                                 uint64_t seq, absl::Time now,
+                                                 const HelloCaller& caller) {
   absl::MutexLock lock(&mu_);
   HelloResult result;
   if (auto held = workers_.find(status.worker_id()); held != workers_.end()) {
@@ -98,6 +98,10 @@ HelloResult DirectoryIndex::HelloLocked(const v1::WorkerStatus& status, uint64_t
     RetireEntries(w);
     result.entries_dropped = true;
   }
+  // A snapshot the previous session was storing ends at its next slice (kNoSession): its
+  // reservation goes now.
+  entries_ -= w.reserved;
+  w.reserved = 0;
   w.status = status;
   w.peer_host = caller.peer_host;
   w.epoch = epoch;
@@ -131,7 +135,7 @@ ApplyResult DirectoryIndex::Advance(Worker& w, uint64_t seq, absl::Time now) {
 
 ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t session, uint64_t seq,
                                        const DocEvent& event, absl::Time now) {
-  const ApplyResult result = ApplyEventLocked(worker_id, session, seq, event, now);
+  const ApplyResult result = ApplyEventWithoutCleaning(worker_id, session, seq, event, now);
   if (result.outcome == ApplyOutcome::kOverLimit ||
       result.outcome == ApplyOutcome::kOverTotalLimit) {
     CleanRetired();
@@ -139,8 +143,9 @@ ApplyResult DirectoryIndex::ApplyEvent(const std::string& worker_id, uint64_t se
   return result;
 }
 
-ApplyResult DirectoryIndex::ApplyEventLocked(const std::string& worker_id, uint64_t session,
-                                             uint64_t seq, const DocEvent& event, absl::Time now) {
+ApplyResult DirectoryIndex::ApplyEventWithoutCleaning(const std::string& worker_id,
+                                                      uint64_t session, uint64_t seq,
+                                                      const DocEvent& event, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Worker* w = OwnedWorker(worker_id, session);
   if (w == nullptr) return {ApplyOutcome::kNoSession, 0};
@@ -187,8 +192,16 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
     w->lease_expiry = now + lease_;  // a message: the lease runs while the slices are applied
     w->last_seen = now;
     w->awaiting_snapshot = true;
+    const int64_t old_entries = w->entries;
     RetireEntries(*w);
     over_limit = static_cast<int64_t>(entries.size()) > limits_.max_entries_per_worker;
+    if (!over_limit) {
+      // The room the old entries held stays this snapshot's while its slices are stored: another
+      // worker storing in between must not take it, or a worker re-sending the entries it had
+      // would be refused for room it held, and the other admitted past the bound in its place.
+      w->reserved = std::min(old_entries, static_cast<int64_t>(entries.size()));
+      entries_ += w->reserved;
+    }
   }
   CleanRetired();  // the old entries go before the new ones come: memory stays bounded
   if (over_limit) return {ApplyOutcome::kOverLimit, last_seq};
@@ -199,7 +212,8 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
     if (w == nullptr) return {ApplyOutcome::kNoSession, last_seq};
     // Checked whole, before anything is stored (replacements among the entries would need fewer).
     if (next == 0) {
-      if (entries_ + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
+      if (entries_ - w->reserved + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
+        RetireEntries(*w);  // nothing stored yet: gives the reservation back
         return {ApplyOutcome::kOverTotalLimit, last_seq};
       }
       // Empty (retired above): reserving now moves nothing, where growing would move every key
@@ -215,6 +229,8 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
       break;
     }
     if (next == entries.size()) {
+      entries_ -= w->reserved;  // what replacements among the entries left unused
+      w->reserved = 0;
       if (load != nullptr) *w->status.mutable_load() = *load;
       w->awaiting_snapshot = false;
       w->last_seq = seq;
@@ -326,8 +342,12 @@ bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
       return true;
     }
   }
-  // Checked before inserting anything, so a refused entry leaves no empty holder behind.
-  if (w.entries >= limits_.max_entries_per_worker || entries_ >= limits_.max_entries) return false;
+  // Checked before inserting anything, so a refused entry leaves no empty holder behind. A
+  // snapshot's reserved room is counted in entries_ already.
+  if (w.entries >= limits_.max_entries_per_worker ||
+      (w.reserved == 0 && entries_ >= limits_.max_entries)) {
+    return false;
+  }
   if (h == nullptr) {
     Holders& holders = docs[entry.key];
     holders.push_back(Holding{w.handle, {}});
@@ -335,7 +355,11 @@ bool DirectoryIndex::Store(Worker& w, const DocEntry& entry) {
     w.keys.insert(entry.key);
   }
   h->offsets.emplace_back(entry.offset, entry.tokens);
-  ++entries_;
+  if (w.reserved > 0) {
+    --w.reserved;
+  } else {
+    ++entries_;
+  }
   ++w.entries;
   return true;
 }
@@ -367,7 +391,8 @@ void DirectoryIndex::RetireEntries(Worker& w) {
     // skipped from here on although CleanRetired erases them later.
     w.handle = next_handle_++;
   }
-  entries_ -= w.entries;
+  entries_ -= w.entries + w.reserved;
+  w.reserved = 0;
   w.keys.clear();
   w.keys.rehash(0);  // a worker's own key set gives its memory back too
   w.entries = 0;
@@ -404,11 +429,13 @@ void DirectoryIndex::CleanRetired() {
 }
 
 void DirectoryIndex::LetLookupsIn() const {
+  if (between_slices_for_test_) between_slices_for_test_();
   // absl::Mutex lets the thread that just released it take it again at once, ahead of threads
   // already waiting: a loop of slices would keep lookups out as long as one long hold did (the
   // bench saw one lookup in 3 s). Bounded, so a flood of lookups cannot hold a snapshot back.
-  const absl::Time until = absl::Now() + kLookupsInLimit;
-  while (lookups_waiting_.load(std::memory_order_acquire) > 0 && absl::Now() < until) {
+  const auto until = std::chrono::steady_clock::now() + kLookupsInLimit;
+  while (lookups_waiting_.load(std::memory_order_acquire) > 0 &&
+         std::chrono::steady_clock::now() < until) {
     std::this_thread::yield();
   }
 }

@@ -17,8 +17,9 @@
 //
 // Sessions: each Hello opens a new session; every later call names the session it comes from. A
 // call from a session that no longer owns the worker (a newer Hello took over, or the lease
-// expired and the worker was removed) returns kNoSession and changes nothing; the stream should
-// end and the worker say Hello again.
+// expired and the worker was removed) returns kNoSession and changes nothing (a snapshot that
+// loses its session between two slices keeps what it stored, which the new session's own
+// snapshot replaces); the stream should end and the worker say Hello again.
 //
 // One live process per worker id: a Hello takes the id over only from a holder that cannot be a
 // second live process. It is refused (HelloResult::id_in_use, nothing changes) while the holder
@@ -79,7 +80,10 @@
 // slice of kCleanSlice keys at a time, the lock released between slices, before the call that
 // retired them returns. A snapshot stores its entries kSnapshotSlice at a time the same way;
 // meanwhile lookups may see the worker with part of the new entries (a routing hint for a
-// moment, as a snapshot a moment later would be).
+// moment, as a snapshot a moment later would be), and the room its old entries held in
+// max_entries stays reserved for it, so another worker storing between the slices cannot take
+// it. The memory bound counts live entries and reservations: retired ones are gone before the
+// call that retired them returns, and Stats().documents may count their keys until then.
 //
 // Time is passed in by the caller (absl::Time), so tests drive a fake clock; kvdir passes the
 // monotonic clock (common/monotonic_time.h), so stepping the wall clock moves no lease.
@@ -90,8 +94,10 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -293,6 +299,12 @@ class DirectoryIndex {
 
   IndexStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Tests only: `hook` runs between two slices of a large change (file comment), with the lock
+  // released, on the thread making the change; it may call this index. Set before any use.
+  void SetBetweenSlicesHookForTest(std::function<void()> hook) {
+    between_slices_for_test_ = std::move(hook);
+  }
+
  private:
   // Never reused (a worker gets a new one whenever its entries are retired): 64 bits.
   using WorkerHandle = uint64_t;
@@ -316,6 +328,9 @@ class DirectoryIndex {
     uint64_t session = 0;  // 0: no stream owns it
     uint64_t last_seq = 0;
     int64_t entries = 0;  // (key, offset) entries held
+    // While a snapshot's slices are stored: room of max_entries kept for it (counted in
+    // entries_), at most the entries it replaced; each entry stored takes one back.
+    int64_t reserved = 0;
     bool awaiting_snapshot = true;
     absl::Time lease_expiry;
     absl::Time last_seen;
@@ -341,30 +356,38 @@ class DirectoryIndex {
   // Between two slices: waits (yielding, kLookupsInLimit at most) until no Lookup waits for the
   // lock.
   void LetLookupsIn() const ABSL_LOCKS_EXCLUDED(mu_);
-  HelloResult HelloLocked(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
-                          absl::Time now, const HelloCaller& caller) ABSL_LOCKS_EXCLUDED(mu_);
-  ApplyResult ApplyEventLocked(const std::string& worker_id, uint64_t session, uint64_t seq,
-                               const DocEvent& event, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  HelloResult HelloWithoutCleaning(const v1::WorkerStatus& status, uint64_t epoch, uint64_t seq,
+                                   absl::Time now, const HelloCaller& caller)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  ApplyResult ApplyEventWithoutCleaning(const std::string& worker_id, uint64_t session,
+                                        uint64_t seq, const DocEvent& event, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives the document table's memory back once most of it is empty.
   void ShrinkIfSparse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sweeps are tracked and the last one is more than stall_after() before `now`.
-  bool StalledAt(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StalledAt(absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The later of the last Sweep and the sweeper's SweeperWaits since.
-  absl::Time SweeperAwayFrom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time SweeperAwayFrom() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Entries per hold of the lock (file comment, "Large changes"): ~3 ms each on a slow core.
   static constexpr size_t kSnapshotSlice = 2048;
   static constexpr size_t kCleanSlice = 2048;
-  static constexpr absl::Duration kLookupsInLimit = absl::Milliseconds(2);
+  static constexpr std::chrono::milliseconds kLookupsInLimit{2};
 
   using DocTable = absl::flat_hash_map<DocumentKey, Holders>;
   static constexpr size_t kDocShards = 64;
+  // The hash's top bits: its low 7 are each table's control bytes (SwissTable's H2), which a
+  // shard fixed by them would leave two values for, and every probe would compare keys.
+  static size_t ShardOf(const DocumentKey& key) {
+    static_assert(kDocShards == 64 && sizeof(size_t) == 8);
+    return absl::Hash<DocumentKey>{}(key) >> 58;
+  }
   DocTable& DocsOf(const DocumentKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return docs_[absl::Hash<DocumentKey>{}(key) % kDocShards];
+    return docs_[ShardOf(key)];
   }
   const DocTable& DocsOf(const DocumentKey& key) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return docs_[absl::Hash<DocumentKey>{}(key) % kDocShards];
+    return docs_[ShardOf(key)];
   }
 
   // The holdings of one retired handle still in docs_.
@@ -377,11 +400,13 @@ class DirectoryIndex {
   const IndexLimits limits_;
   mutable absl::Mutex mu_;
   mutable std::atomic<int> lookups_waiting_{0};  // Lookup calls waiting for mu_
+  std::function<void()> between_slices_for_test_;
   absl::flat_hash_map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   // The document table in kDocShards parts by key hash: a flat hash map grows by moving all its
   // elements at once, which at 2 million keys held the lock for ~280 ms; a part moves 1/64.
   std::array<DocTable, kDocShards> docs_ ABSL_GUARDED_BY(mu_);
-  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;  // live workers' entries (retired ones not counted)
+  // Live workers' entries and snapshots' reserved room (Worker::reserved); retired ones not.
+  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Retired> retired_ ABSL_GUARDED_BY(mu_);
   WorkerHandle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;

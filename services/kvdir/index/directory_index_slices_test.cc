@@ -55,6 +55,89 @@ TEST(IndexSlicesTest, ASnapshotOfManySlicesReplacesTheLastWhole) {
   EXPECT_EQ(index.Stats().documents, 2'000);
 }
 
+// The room a snapshot's old entries held is reserved for it, and given back whole when it is
+// refused or stores fewer.
+TEST(IndexSlicesTest, ASnapshotsReservedRoomIsCountedOnceAndGivenBack) {
+  DirectoryIndex index(kLease, IndexLimits{.max_entries = 10'000});
+  const uint64_t a = index.Hello(Status("a"), 1, 1, kT0).session;
+  const uint64_t b = index.Hello(Status("b"), 1, 1, kT0).session;
+  ASSERT_EQ(index.ApplySnapshot("a", a, 2, Range(0, 6'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  ASSERT_EQ(index.ApplySnapshot("b", b, 2, Range(100'000, 4'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 10'000);  // full
+  // The same entries again fit; fewer leave the rest of the room free.
+  ASSERT_EQ(index.ApplySnapshot("a", a, 3, Range(0, 6'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 10'000);
+  ASSERT_EQ(index.ApplySnapshot("a", a, 4, Range(0, 5'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 9'000);
+  // More than the room: refused, a left with nothing, the reservation not kept.
+  EXPECT_EQ(index.ApplySnapshot("a", a, 5, Range(0, 7'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kOverTotalLimit);
+  EXPECT_EQ(index.Stats().entries, 4'000);
+  ASSERT_EQ(index.ApplySnapshot("b", b, 3, Range(100'000, 10'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, 10'000);
+}
+
+// A worker re-sending the entries it has while another stores at the bound between its slices:
+// the other is refused, never the worker whose room it was.
+TEST(IndexSlicesTest, AnotherWorkerCannotTakeTheRoomOfASnapshotBeingStored) {
+  constexpr uint64_t kEntries = 20'000;  // several slices
+  DirectoryIndex index(kLease, IndexLimits{.max_entries = kEntries + 100});
+  const uint64_t a = index.Hello(Status("a"), 1, 1, kT0).session;
+  const uint64_t b = index.Hello(Status("b"), 1, 1, kT0).session;
+  ASSERT_EQ(index.ApplySnapshot("a", a, 2, Range(0, kEntries, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  ASSERT_EQ(index.ApplySnapshot("b", b, 2, Range(500'000, 100, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  ASSERT_EQ(index.Stats().entries, static_cast<int64_t>(kEntries + 100));  // full
+  // b stores one entry between every two slices of a's work.
+  uint64_t b_seq = 3, b_key = 1'000'000;
+  int b_stored = 0, slices = 0;
+  bool in_hook = false;
+  index.SetBetweenSlicesHookForTest([&] {
+    if (in_hook) return;  // b's own refusal erases in slices too
+    in_hook = true;
+    ++slices;
+    b_stored += index.ApplyEvent("b", b, b_seq++, testing::Stored(b_key++, 1), kT0).outcome ==
+                ApplyOutcome::kApplied;
+    in_hook = false;
+  });
+  EXPECT_EQ(index.ApplySnapshot("a", a, 3, Range(0, kEntries, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_GT(slices, 5);      // b did store between them
+  EXPECT_LE(b_stored, 100);  // b at most refills its own room, once refused and dropped
+  EXPECT_LE(index.Stats().entries, static_cast<int64_t>(kEntries + 100));
+  const std::vector<WorkerResidency> r = index.Lookup({Key(0), Key(kEntries - 1)}, kT0);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_THAT(r[0].resident, ElementsAre(true, true));  // a
+}
+
+// A worker restarted (a new epoch) holds nothing from its hello on, while its old entries are
+// still being erased.
+TEST(IndexSlicesTest, RetiredEntriesAreHiddenWhileTheyAreErased) {
+  DirectoryIndex index(kLease);
+  ASSERT_EQ(index
+                .ApplySnapshot("a", index.Hello(Status("a"), 1, 1, kT0).session, 2,
+                               Range(0, 20'000, 1), nullptr, kT0)
+                .outcome,
+            ApplyOutcome::kApplied);
+  int lookups = 0, seen = 0;
+  index.SetBetweenSlicesHookForTest([&] {
+    ++lookups;
+    for (const WorkerResidency& w : index.Lookup({Key(0), Key(19'999), Key(7'777)}, kT0)) {
+      for (bool resident : w.resident) seen += resident;
+    }
+  });
+  ASSERT_TRUE(index.Hello(Status("a"), 2, 1, kT0).entries_dropped);
+  EXPECT_GT(lookups, 5);
+  EXPECT_EQ(seen, 0) << "a restarted worker's old entries were visible while being erased";
+  EXPECT_EQ(index.Stats().documents, 0);
+}
+
 // Threads as kvdir has them: a steady worker's stream, workers re-snapshotting, a worker
 // restarting (new epoch) and one reconnecting mid-snapshot (a takeover), the sweeper, and
 // routers' lookups. The steady worker's entries read right in every lookup, and when all have

@@ -109,8 +109,10 @@ void KvdirServer::SweepLoop() {
   const absl::Duration interval = SweepInterval(options_.lease_ms);
   while (true) {
     {
-      absl::MutexLock lock(&stop_mu_);
-      if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), interval)) return;
+      std::unique_lock<std::mutex> lock(stop_mu_);
+      if (stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(interval), [&] { return stop_; })) {
+        return;
+      }
     }
     for (const SilentStream& silent : streams_.CancelSilent(MonotonicNow())) {
       metrics_.LimitRefused(KvdirMetrics::Limit::kHelloTimeout);
@@ -152,10 +154,11 @@ void KvdirServer::SweepLoop() {
 
 void KvdirServer::Shutdown() {
   {
-    absl::MutexLock lock(&stop_mu_);
+    std::lock_guard<std::mutex> lock(stop_mu_);
     if (stop_) return;
     stop_ = true;
   }
+  stop_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
   if (server_ != nullptr) {
     // Publish streams never end on their own: after the grace period gRPC cancels them, their

@@ -13,8 +13,10 @@
 
 #include <prometheus/registry.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -109,7 +111,11 @@ class KvdirServer {
   int port_ = 0;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 
-  absl::Mutex stop_mu_;
+  // A std::condition_variable, not absl::Mutex::AwaitWithTimeout: the abseil this builds with
+  // turns a timeout into a wall-clock deadline, so stepping the clock back would hold the sweeper
+  // (and with it lease expiry) for the size of the step; wait_for runs on the steady clock.
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::thread sweeper_;
 };
