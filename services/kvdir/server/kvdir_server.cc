@@ -62,10 +62,17 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
           .max_streams = options.limits.max_publish_streams,
           .max_per_certificate = options.limits.max_streams_per_certificate,
           .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms)}),
-      service_(ServiceContext{&index_, &metrics_, &streams_, options.lease_ms,
-                              options.limits.max_keys_per_lookup,
-                              options.limits.max_entries_per_worker, options.limits.max_entries,
-                              options.limits.max_worker_id_length}) {}
+      // Half the cores, the rest left to gRPC's threads and lookups; snapshots beyond wait.
+      slow_work_(std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 4)),
+      service_(ServiceContext{.index = &index_,
+                              .metrics = &metrics_,
+                              .streams = &streams_,
+                              .slow_work = &slow_work_,
+                              .lease_ms = options.lease_ms,
+                              .max_keys_per_lookup = options.limits.max_keys_per_lookup,
+                              .max_entries_per_worker = options.limits.max_entries_per_worker,
+                              .max_entries = options.limits.max_entries,
+                              .max_worker_id_length = options.limits.max_worker_id_length}) {}
 
 absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOptions& options) {
   if (absl::Status s = Validate(options); !s.ok()) return s;

@@ -29,6 +29,7 @@
 #include "services/kvdir/index/directory_index.h"
 #include "services/kvdir/server/kvdir_metrics.h"
 #include "services/kvdir/server/kvdir_service.h"
+#include "services/kvdir/server/slow_work_pool.h"
 
 namespace lazyattn::kvdir {
 
@@ -106,6 +107,7 @@ class KvdirServer {
   KvdirMetrics metrics_;
   DirectoryIndex index_;
   PublishStreams streams_;
+  SlowWorkPool slow_work_;  // before service_ and server_: outlives every reactor
   KvdirService service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -77,7 +77,19 @@ void PublishReactor::OnReadDone(bool ok) {
   if (in_.has_snapshot() && in_.snapshot().has_load()) {
     in_.mutable_snapshot()->mutable_load()->DiscardUnknownFields();
   }
-  absl::Status status = Handle(in_);
+  if (ctx_.slow_work != nullptr && (in_.has_snapshot() || in_.has_hello())) {
+    // Off gRPC's callback threads (slow_work_pool.h). No read is outstanding until the task
+    // ends, so the read side is the task's alone meanwhile, and the reactor, which ends only
+    // once Finish is called, outlives it.
+    ctx_.slow_work->Run([this](bool stopping) {
+      AfterHandle(stopping ? absl::UnavailableError("kvdir shutting down") : Handle(in_));
+    });
+    return;
+  }
+  AfterHandle(Handle(in_));
+}
+
+void PublishReactor::AfterHandle(absl::Status status) {
   bool unread = false;
   {
     absl::MutexLock lock(&mu_);

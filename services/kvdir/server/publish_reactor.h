@@ -80,6 +80,8 @@ class PublishReactor final
 
  private:
   absl::Status Handle(const v1::WorkerMessage& msg);
+  // Ends the stream for an error (`status` of Handle), else reads the next message.
+  void AfterHandle(absl::Status status);
   absl::Status HandleHello(const v1::WorkerMessage& msg);
   // OK, or counts, logs and returns the PERMISSION_DENIED of a hello whose `address` dials a
   // host the caller's certificate does not name (mutual TLS only).

@@ -8,6 +8,7 @@
 #include "services/kvdir/index/directory_index.h"
 #include "services/kvdir/server/kvdir_metrics.h"
 #include "services/kvdir/server/publish_streams.h"
+#include "services/kvdir/server/slow_work_pool.h"
 
 namespace lazyattn::kvdir {
 
@@ -15,6 +16,8 @@ struct ServiceContext {
   DirectoryIndex* index = nullptr;
   KvdirMetrics* metrics = nullptr;
   PublishStreams* streams = nullptr;  // null: no stream bounds (tests of the index alone)
+  // Where snapshots and hellos are handled; null: on the reactor's own (gRPC's) thread.
+  SlowWorkPool* slow_work = nullptr;
   int64_t lease_ms = 3000;
   int max_keys_per_lookup = 1024;
   int64_t max_entries_per_worker = 262'144;  // also in the index; checked before decoding
