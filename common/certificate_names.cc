@@ -84,11 +84,10 @@ bool CertificateNames::Names(absl::string_view host) const {
     for (const std::string& ip : ips) {
       if (ParseIp(ip) == wanted) return true;
     }
-    // gRPC also compares the dialled text with the DNS names, exactly (an IPv6 address some
-    // tool wrote as a DNS name); a wildcard never stands for an IP literal.
-    const std::string h = absl::AsciiStrToLower(host);
+    // gRPC also compares the dialled text with the DNS names, exactly, case included (an IPv6
+    // address some tool wrote as a DNS name); a wildcard never stands for an IP literal.
     for (const std::string& name : dns) {
-      if (absl::AsciiStrToLower(name) == h) return true;
+      if (name == host) return true;
     }
     return false;
   }

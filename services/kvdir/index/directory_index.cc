@@ -54,7 +54,7 @@ HelloResult DirectoryIndex::HelloWithoutCleaning(const v1::WorkerStatus& status,
     // Otherwise the address and the peer host tell a second process from a restart of the
     // holder, which comes back on its own address from its own host. Two processes on one host
     // (or behind one NAT) configured with one address cannot be told apart here.
-    const bool live = holder.lease_expiry > now || StalledAt(now);
+    const bool live = LeaseHeld(holder, now) || StalledAt(now);
     const bool same_process = holder.epoch == epoch;
     if (holder.session != 0 && holder.session != caller.session && live && !same_process &&
         (holder.status.address() != status.address() || holder.peer_host != caller.peer_host)) {
@@ -70,7 +70,7 @@ HelloResult DirectoryIndex::HelloWithoutCleaning(const v1::WorkerStatus& status,
   if (!status.address().empty()) {
     for (const auto& [other_id, other] : workers_) {
       if (other_id == status.worker_id() || other.status.address() != status.address()) continue;
-      if (other.lease_expiry > now || StalledAt(now)) {
+      if (LeaseHeld(other, now) || StalledAt(now)) {
         result.address_in_use = true;
         result.address_holder_id = other_id;
         return result;
@@ -243,6 +243,27 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
   return {ApplyOutcome::kOverTotalLimit, last_seq};
 }
 
+void DirectoryIndex::MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (Worker* w = OwnedWorker(worker_id, session)) {
+    w->lease_expiry = now + lease_;
+    w->last_seen = now;
+    ++w->messages_queued;
+  }
+}
+
+void DirectoryIndex::MessageTaken(const std::string& worker_id, uint64_t session, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (w.messages_queued > 0) --w.messages_queued;  // whichever session queued it
+  if (w.session == session && session != 0) {
+    w.lease_expiry = now + lease_;  // its handling starts: the lease runs from here
+    w.last_seen = now;
+  }
+}
+
 void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) {
   absl::MutexLock lock(&mu_);
   if (Worker* w = OwnedWorker(worker_id, session)) w->session = 0;
@@ -308,7 +329,7 @@ SweepResult DirectoryIndex::Sweep(absl::Time now) {
 std::vector<std::string> DirectoryIndex::ExpireLocked(absl::Time now) {
   std::vector<std::string> expired;
   for (auto& [id, w] : workers_) {
-    if (w.lease_expiry <= now) expired.push_back(id);
+    if (!LeaseHeld(w, now)) expired.push_back(id);
   }
   for (const std::string& id : expired) {
     auto it = workers_.find(id);
@@ -452,7 +473,7 @@ std::vector<WorkerResidency> DirectoryIndex::Lookup(absl::Span<const DocumentKey
   std::vector<const Worker*> live;
   live.reserve(workers_.size());
   for (const auto& [id, w] : workers_) {
-    if (stalled || w.lease_expiry > now) live.push_back(&w);
+    if (stalled || LeaseHeld(w, now)) live.push_back(&w);
   }
   std::sort(live.begin(), live.end(), [](const Worker* a, const Worker* b) {
     return a->status.worker_id() < b->status.worker_id();

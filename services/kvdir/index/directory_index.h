@@ -263,6 +263,18 @@ class DirectoryIndex {
                             absl::Span<const DocEntry> entries, const v1::WorkerLoad* load,
                             absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A message of the session's stream waits in kvdir to be handled (snapshots go to kvdir's own
+  // threads, which may be busy with other workers' snapshots): renews the lease, and until the
+  // matching MessageTaken the worker does not expire and counts as live, since only the directory
+  // is slow (as in a stall). No-op for a session that does not own the worker.
+  void MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Its handling starts: one queued mark of the worker goes (whichever session made it, as the
+  // worker may have been taken over meanwhile), and the lease runs from `now` if `session` owns
+  // it. Called once for every MessageQueued, whatever then comes of the message.
+  void MessageTaken(const std::string& worker_id, uint64_t session, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The session's stream closed. The worker keeps its entries until its lease passes.
   void Disconnect(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -328,6 +340,8 @@ class DirectoryIndex {
     uint64_t session = 0;  // 0: no stream owns it
     uint64_t last_seq = 0;
     int64_t entries = 0;  // (key, offset) entries held
+    // Messages MessageQueued counted and MessageTaken not yet: the lease holds meanwhile.
+    int messages_queued = 0;
     // While a snapshot's slices are stored: room of max_entries kept for it (counted in
     // entries_), at most the entries it replaced; each entry stored takes one back.
     int64_t reserved = 0;
@@ -346,6 +360,10 @@ class DirectoryIndex {
   // or the directory past max_entries.
   bool Store(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Evict(Worker& w, const DocEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease has not passed, or a message of the worker waits to be handled (MessageQueued).
+  static bool LeaseHeld(const Worker& w, absl::Time now) {
+    return w.lease_expiry > now || w.messages_queued > 0;
+  }
   // Takes every entry of `w` out of the counts and gives `w` a fresh handle; the holdings under
   // the old one wait in retired_ for CleanRetired. O(w's keys), copying.
   void RetireEntries(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

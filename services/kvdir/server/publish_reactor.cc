@@ -80,9 +80,21 @@ void PublishReactor::OnReadDone(bool ok) {
   if (ctx_.slow_work != nullptr && (in_.has_snapshot() || in_.has_hello())) {
     // Off gRPC's callback threads (slow_work_pool.h). No read is outstanding until the task
     // ends, so the read side is the task's alone meanwhile, and the reactor, which ends only
-    // once Finish is called, outlives it.
-    ctx_.slow_work->Run([this](bool stopping) {
-      AfterHandle(stopping ? absl::UnavailableError("kvdir shutting down") : Handle(in_));
+    // once Finish is called, outlives it. The worker's heartbeats wait behind the snapshot in
+    // the stream: its lease must not pass while the pool is busy with others.
+    const bool held = session_ != 0;
+    if (held) ctx_.index->MessageQueued(worker_id_, session_, MonotonicNow());
+    ctx_.slow_work->Run([this, held](bool stopping) {
+      if (held) ctx_.index->MessageTaken(worker_id_, session_, MonotonicNow());
+      if (stopping) {
+        AfterHandle(absl::UnavailableError("kvdir shutting down"));
+      } else if (call_->IsCancelled()) {
+        // Gone while it waited (the worker left, the hello timeout, shutdown): nothing of it
+        // is applied, a hello least of all (it would take the id from a live stream).
+        AfterHandle(absl::CancelledError("the stream ended while its message waited"));
+      } else {
+        AfterHandle(Handle(in_));
+      }
     });
     return;
   }
@@ -97,10 +109,11 @@ void PublishReactor::AfterHandle(absl::Status status) {
   }
   if (unread && status.ok()) status = RepliesUnread();
   if (!status.ok()) {
-    Close(ToGrpcStatus(status));
     // The worker reads none of its replies, so the write in flight would never end, nor the
-    // stream with it: cancelling fails that write, and the close then finishes.
+    // stream with it: cancelling fails that write, and the close then finishes. Before the
+    // close, which may finish the call and let OnDone delete this reactor.
     if (unread) call_->TryCancel();
+    Close(ToGrpcStatus(status));
     return;
   }
   StartRead(&in_);

@@ -5,12 +5,15 @@
 // every router's lookup (50 ms deadline) waiting after a kvdir restart.
 //
 // Each Publish stream has at most one task queued or running (its reactor reads the next message
-// only once the task is done), so the queue is bounded by limits.max_publish_streams, and the
-// snapshots in it by limits.max_entries in all (~2 s of work at the default on a slow core): a
-// hello queued behind them waits well under limits.hello_timeout_ms.
+// only once the task is done), so the queue is bounded by limits.max_publish_streams, each
+// snapshot in it by limits.max_entries_per_worker. A worker whose snapshot waits here keeps its
+// lease (DirectoryIndex::MessageQueued); a hello that waited past limits.hello_timeout_ms finds
+// its stream cancelled and is dropped unapplied.
 //
 // Every task runs exactly once, on a pool thread, with `stopping` false, or, for a task still
-// queued when the pool is destroyed, on the destroying thread with `stopping` true. Thread-safe.
+// queued when the pool is destroyed (or given to Run meanwhile), with `stopping` true on the
+// thread destroying it (or calling Run). Thread-safe. kvdir destroys it only after the gRPC
+// server's Wait, when no stream is left to give it work.
 #ifndef LAZYATTN_SERVICES_KVDIR_SERVER_SLOW_WORK_POOL_H_
 #define LAZYATTN_SERVICES_KVDIR_SERVER_SLOW_WORK_POOL_H_
 
