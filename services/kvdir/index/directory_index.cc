@@ -212,10 +212,15 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
     if (w == nullptr) return {ApplyOutcome::kNoSession, last_seq};
     // Checked whole, before anything is stored (replacements among the entries would need fewer).
     if (next == 0) {
-      if (entries_ - w->reserved + static_cast<int64_t>(entries.size()) > limits_.max_entries) {
+      const int64_t size = static_cast<int64_t>(entries.size());
+      if (entries_ - w->reserved + size > limits_.max_entries) {
         RetireEntries(*w);  // nothing stored yet: gives the reservation back
         return {ApplyOutcome::kOverTotalLimit, last_seq};
       }
+      // It fits whole: all of it is reserved, so a snapshot larger than the one it replaces is
+      // not refused partway because others stored between its slices.
+      entries_ += size - w->reserved;
+      w->reserved = size;
       // Empty (retired above): reserving now moves nothing, where growing would move every key
       // already stored at each doubling, under the lock.
       w->keys.reserve(entries.size());

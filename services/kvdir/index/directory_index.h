@@ -343,7 +343,8 @@ class DirectoryIndex {
     // Messages MessageQueued counted and MessageTaken not yet: the lease holds meanwhile.
     int messages_queued = 0;
     // While a snapshot's slices are stored: room of max_entries kept for it (counted in
-    // entries_), at most the entries it replaced; each entry stored takes one back.
+    // entries_): the entries it replaced until its size is checked, then its whole size; each
+    // entry stored takes one back.
     int64_t reserved = 0;
     bool awaiting_snapshot = true;
     absl::Time lease_expiry;

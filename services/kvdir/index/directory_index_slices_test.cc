@@ -116,6 +116,44 @@ TEST(IndexSlicesTest, AnotherWorkerCannotTakeTheRoomOfASnapshotBeingStored) {
   EXPECT_THAT(r[0].resident, ElementsAre(true, true));  // a
 }
 
+// Once a snapshot fits, all of it is reserved: a larger one than the last is not refused partway
+// because another worker filled the room between its slices.
+TEST(IndexSlicesTest, ASnapshotThatFitsIsNotRefusedPartway) {
+  constexpr uint64_t kEntries = 20'000;
+  DirectoryIndex index(kLease, IndexLimits{.max_entries = kEntries + 5'000});
+  const uint64_t a = index.Hello(Status("a"), 1, 1, kT0).session;
+  const uint64_t b = index.Hello(Status("b"), 1, 1, kT0).session;
+  ASSERT_EQ(index.ApplySnapshot("a", a, 2, Range(0, kEntries, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  ASSERT_EQ(index.ApplySnapshot("b", b, 2, {}, nullptr, kT0).outcome, ApplyOutcome::kApplied);
+  uint64_t b_seq = 3, b_key = 1'000'000;
+  int b_stored = 0;
+  bool in_hook = false;
+  index.SetBetweenSlicesHookForTest([&] {
+    if (in_hook) return;
+    // Only once a's new entries are being stored (its first slice holds key 0), so after its
+    // size was checked.
+    bool storing = false;
+    for (const WorkerResidency& w : index.Lookup({Key(0)}, kT0)) {
+      storing |= w.status.worker_id() == "a" && w.resident[0];
+    }
+    if (!storing) return;
+    in_hook = true;
+    // b fills exactly what is free (never refused, which would drop its entries and free room).
+    const int64_t free = static_cast<int64_t>(kEntries + 5'000) - index.Stats().entries;
+    for (int64_t i = 0; i < free; ++i) {
+      b_stored += index.ApplyEvent("b", b, b_seq++, testing::Stored(b_key++, 1), kT0).outcome ==
+                  ApplyOutcome::kApplied;
+    }
+    in_hook = false;
+  });
+  // a grows by 4,000: it fits when checked, and keeps fitting.
+  EXPECT_EQ(index.ApplySnapshot("a", a, 3, Range(0, kEntries + 4'000, 1), nullptr, kT0).outcome,
+            ApplyOutcome::kApplied);
+  EXPECT_EQ(index.Stats().entries, static_cast<int64_t>(kEntries + 5'000));
+  EXPECT_EQ(b_stored, 1'000);  // the room a's snapshot did not need
+}
+
 // A worker restarted (a new epoch) holds nothing from its hello on, while its old entries are
 // still being erased.
 TEST(IndexSlicesTest, RetiredEntriesAreHiddenWhileTheyAreErased) {
