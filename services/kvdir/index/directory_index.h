@@ -80,10 +80,11 @@
 // slice of kCleanSlice keys at a time, the lock released between slices, before the call that
 // retired them returns. A snapshot stores its entries kSnapshotSlice at a time the same way;
 // meanwhile lookups may see the worker with part of the new entries (a routing hint for a
-// moment, as a snapshot a moment later would be), and the room its old entries held in
-// max_entries stays reserved for it, so another worker storing between the slices cannot take
-// it. The memory bound counts live entries and reservations: retired ones are gone before the
-// call that retired them returns, and Stats().documents may count their keys until then.
+// moment, as a snapshot a moment later would be). The room its old entries held in max_entries
+// is reserved for it, and once its size is checked, its whole size: another worker storing
+// between the slices can neither take that room nor get it refused partway. The memory bound
+// counts live entries and reservations: retired ones are gone before the call that retired them
+// returns, and Stats().documents may count their keys until then.
 //
 // Time is passed in by the caller (absl::Time), so tests drive a fake clock; kvdir passes the
 // monotonic clock (common/monotonic_time.h), so stepping the wall clock moves no lease.
