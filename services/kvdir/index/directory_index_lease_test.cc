@@ -146,18 +146,6 @@ TEST_F(IndexTest, TheSweepersOwnWorkIsNotAStall) {
   EXPECT_EQ(index_.Sweep(now_).stalled, kLease);
 }
 
-}  // namespace
-}  // namespace lazyattn::kvdir
-
-namespace lazyattn::kvdir {
-namespace {
-
-using testing::IndexTest;
-using testing::Key;
-using testing::kLease;
-using testing::Pair;
-using testing::Stored;
-
 // A message kvdir has not handled yet (a snapshot waiting for kvdir's own threads) holds the
 // worker's lease however long it waits: only the directory is slow. Its handling starts a new
 // lease; a worker taken over meanwhile loses the mark all the same.
@@ -167,12 +155,12 @@ TEST_F(IndexTest, AMessageWaitingInKvdirHoldsTheLease) {
   index_.MessageQueued("a", a, now_);
   now_ += 3 * kLease;
   EXPECT_TRUE(index_.ExpireLeases(now_).empty());
-  EXPECT_THAT(Tokens({Key(1)}), ::testing::ElementsAre(Pair("a", 10)));
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("a", 10)));
   index_.MessageTaken("a", a, now_);
   now_ += kLease / 2;
   EXPECT_TRUE(index_.ExpireLeases(now_).empty());  // the lease ran from MessageTaken
   now_ += kLease / 2;
-  EXPECT_THAT(index_.ExpireLeases(now_), ::testing::ElementsAre("a"));
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("a"));
 
   // Queued by one session, taken over by another (same process reconnecting), taken by the first:
   // the mark goes, and the lease is the new session's own.
@@ -182,7 +170,7 @@ TEST_F(IndexTest, AMessageWaitingInKvdirHoldsTheLease) {
   ASSERT_NE(b1, b2);
   index_.MessageTaken("b", b1, now_ + kLease / 2);
   now_ += kLease;
-  EXPECT_THAT(index_.ExpireLeases(now_), ::testing::ElementsAre("b"));
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("b"));
   EXPECT_EQ(index_.Stats().workers, 0);
 }
 
