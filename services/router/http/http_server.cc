@@ -420,12 +420,22 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
           for (ModelGroup& g : router->registry().Models()) models.push_back(std::move(g.info));
           res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())), "application/json");
         }));
-  s.Get("/health", [router](const httplib::Request&, httplib::Response& res) {
-    const int live = router->registry().LiveCount();
-    res.status = live > 0 ? 200 : 503;
-    res.set_content(
-        nlohmann::json{{"status", live > 0 ? "ok" : "no live workers"}, {"workers", live}}.dump(),
-        "application/json");
+  // A load balancer's readiness check: 503 once the router drains (it refuses new requests
+  // then) and while no worker can take a request (every one ejected by health probing, e.g. all
+  // draining at once), so the balancer sends its traffic to another router meanwhile.
+  s.Get("/health", [router, draining](const httplib::Request&, httplib::Response& res) {
+    if (draining->load()) {
+      res.status = 503;
+      res.set_content(nlohmann::json{{"status", "shutting down"}, {"workers", 0}}.dump(),
+                      "application/json");
+      return;
+    }
+    const int servable = router->ServableWorkers();
+    res.status = servable > 0 ? 200 : 503;
+    res.set_content(nlohmann::json{{"status", servable > 0 ? "ok" : "no servable workers"},
+                                   {"workers", servable}}
+                        .dump(),
+                    "application/json");
   });
   // Errors the library produces itself (unknown path 404, wrong method 405, body over the limit
   // 413, malformed request 400, headers over the cap 431, URI too long 414, a Range it cannot

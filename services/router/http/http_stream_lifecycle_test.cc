@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/router/http/http_stream_test_fixture.h"
+#include "services/router/policy/outlier_detector.h"
 
 namespace lazyattn::router {
 namespace {
@@ -24,7 +25,18 @@ using testing::PacedWorker;
 using testing::StreamClient;
 using testing::WaitFor;
 
-class HttpStreamLifecycleTest : public testing::HttpStreamTest {};
+class HttpStreamLifecycleTest : public testing::HttpStreamTest {
+ protected:
+  // GET /health on a new connection: the whole reply ("" if none came).
+  std::string Health() {
+    StreamClient c(http_->port(), tls());
+    std::string reply;
+    if (c.connected() && c.Write("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) {
+      c.ReadToEnd(&reply, kBound);
+    }
+    return reply;
+  }
+};
 
 TEST_P(HttpStreamLifecycleTest, ShutdownEndsAStreamStillGettingTokensAfterTheGrace) {
   ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
@@ -230,6 +242,49 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   EXPECT_TRUE(next.ReadToEnd(&reply, kBound)) << reply;
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
   EXPECT_NE(reply.find(R"("workers":1)"), std::string::npos) << reply;
+}
+
+// A load balancer's readiness check: /health says 503 once the router drains (it refuses new
+// requests then), while the stream in flight runs on through the grace.
+TEST_P(HttpStreamLifecycleTest, HealthTurns503OnceTheRouterDrains) {
+  ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
+  std::string health = Health();
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  EXPECT_NE(health.find(R"("workers":1)"), std::string::npos) << health;
+
+  StreamClient client(http_->port(), tls());
+  ASSERT_TRUE(client.connected());
+  ASSERT_TRUE(client.Write(CompletionRequest(/*stream=*/true)));
+  ASSERT_TRUE(worker_->WaitForTokens(5, kBound));
+  std::thread shutdown([&] { http_->Shutdown(kGrace); });
+  // Within the grace (the stream keeps the router up until its end).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        health = Health();
+        return health.rfind("HTTP/1.1 503", 0) == 0;
+      },
+      kGrace / 2))
+      << health;
+  EXPECT_NE(health.find(R"("status":"shutting down")"), std::string::npos) << health;
+  std::string reply;
+  client.ReadToEnd(&reply, kGrace + kBound);
+  client.Close();
+  shutdown.join();
+}
+
+// A router whose every worker is ejected by health probing (a NOT_SERVING answer: all draining at
+// once, a broken KV pool) knows its workers but serves no one: /health says so.
+TEST_P(HttpStreamLifecycleTest, HealthTurns503WhileNoWorkerCanTakeARequest) {
+  ASSERT_NO_FATAL_FAILURE(Start(absl::Milliseconds(5), /*prefill_forever=*/false));
+  std::string health = Health();
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+  // Ejected for the default base ejection (2 s), far longer than the check below.
+  ASSERT_TRUE(router_->context().selector().outliers().Record(
+      worker_->Status().address(), ProbeResult::kNotServing, absl::Now()));
+  health = Health();
+  EXPECT_EQ(health.rfind("HTTP/1.1 503", 0), 0u) << health;
+  EXPECT_NE(health.find(R"("status":"no servable workers")"), std::string::npos) << health;
+  EXPECT_NE(health.find(R"("workers":0)"), std::string::npos) << health;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, HttpStreamLifecycleTest, ::testing::Bool(),

@@ -141,6 +141,15 @@ void RouterContext::ProbeWorkersOnce() {
   outliers.Retain(addresses);
 }
 
+int RouterContext::ServableWorkers() {
+  OutlierDetector& outliers = selector_.outliers();
+  int n = 0;
+  for (const WorkerInfo& w : registry_.Snapshot()) {
+    if (w.reported && outliers.Admitted(w.address)) ++n;
+  }
+  return n;
+}
+
 bool RouterContext::TryAdmit(int places, int* in_flight) {
   int n = inflight_.load(std::memory_order_relaxed);
   while (places >= 1 && n <= options_.max_inflight_requests - places) {
