@@ -207,8 +207,10 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimi
   RETURN_IF_ERROR(ValidateDocuments(r.documents(), limits, vocab_size));
   if (!r.messages().empty()) {
     RETURN_IF_ERROR(ValidateMessages(r, limits));
-  } else if (r.question().empty() && r.documents().empty()) {
-    return Invalid("question", "empty question and no documents");
+  } else if (r.question().empty()) {
+    // With documents too: generation starts from the question's last token (a cached
+    // document's last token has no logits in a step), so every worker would refuse it.
+    return Invalid("question", "must not be empty (generation starts after it)");
   }
   RETURN_IF_ERROR(CheckText("question", "question", r.question(), limits.max_question_bytes));
   RETURN_IF_ERROR(ValidateSampling(r.sampling(), limits, vocab_size));

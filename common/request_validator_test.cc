@@ -57,9 +57,10 @@ TEST(RequestValidatorTest, AcceptsAValidRequest) {
   GenerateRequest no_docs;
   no_docs.set_question("hi");
   EXPECT_EQ(Error(no_docs), "ok");
-  GenerateRequest docs_only;
-  docs_only.add_documents()->set_text("x");
-  EXPECT_EQ(Error(docs_only), "ok");
+  GenerateRequest docs_and_question;
+  docs_and_question.add_documents()->set_text("x");
+  docs_and_question.set_question("?");
+  EXPECT_EQ(Error(docs_and_question), "ok");
 }
 
 GenerateRequest Conversation(std::initializer_list<std::pair<const char*, const char*>> turns) {
@@ -134,7 +135,10 @@ TEST(RequestValidatorTest, NamesTheBadField) {
               r.clear_documents();
               r.clear_question();
             }),
-            "question: empty question and no documents");
+            "question: must not be empty (generation starts after it)");
+  // Documents do not stand in for it: the worker starts generation from the question.
+  EXPECT_EQ(with([](GenerateRequest& r) { r.clear_question(); }),
+            "question: must not be empty (generation starts after it)");
   EXPECT_THAT(with([](GenerateRequest& r) { r.set_question("123456789"); }),
               HasSubstr("question: 9 bytes"));
   EXPECT_THAT(with([](GenerateRequest& r) { r.set_system("123456789"); }),

@@ -403,8 +403,8 @@ TEST(OpenAiJsonTest, DeepNestingIsRefusedNotRecursed) {
 TEST(OpenAiJsonTest, FieldNamesOfSharedValidatorMessages) {
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "sampling.max_tokens: 9999 outside [0, 4096]"),
             "max_tokens: 9999 outside [0, 4096]");
-  EXPECT_EQ(ToHttpFieldNames(ApiKind::kCompletion, "question: empty question and no documents"),
-            "prompt: empty question and no documents");
+  EXPECT_EQ(ToHttpFieldNames(ApiKind::kCompletion, "question: must not be empty"),
+            "prompt: must not be empty");
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "documents[0].text: empty document"),
             "documents[0].text: empty document");
   // An entry of logit_bias by its JSON key; the field is the map.

@@ -128,7 +128,8 @@ TEST_F(RouterServerTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
   }
   cases.push_back({Request({"a", "b", "c", "d", "e"}), "documents: 5 documents, the limit is 4"});
   cases.push_back({Request({std::string(101, 'x')}), "documents[0].text: 101 bytes"});
-  cases.push_back({Request({}, ""), "question: empty question and no documents"});
+  cases.push_back({Request({}, ""), "question: must not be empty"});
+  cases.push_back({Request({"a"}, ""), "question: must not be empty"});
   {
     GenerateRequest r = Request({"a"});
     r.mutable_sampling()->set_temperature(-1);
