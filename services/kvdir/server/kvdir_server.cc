@@ -35,6 +35,10 @@ absl::Status Validate(const KvdirOptions& o) {
     return absl::InvalidArgumentError(
         "limits.max_publish_streams, max_streams_per_certificate, hello_timeout_ms: must be > 0");
   }
+  if (o.slow_work_threads < 0 || o.slow_work_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slow_work_threads: 0 (automatic) to 64, got ", o.slow_work_threads));
+  }
   if (o.limits.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("limits.max_message_bytes: must be > 0, got ", o.limits.max_message_bytes));
@@ -63,7 +67,9 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
           .max_per_certificate = options.limits.max_streams_per_certificate,
           .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms)}),
       // Half the cores, the rest left to gRPC's threads and lookups; snapshots beyond wait.
-      slow_work_(std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 4)),
+      slow_work_(options.slow_work_threads > 0
+                     ? options.slow_work_threads
+                     : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 4)),
       service_(ServiceContext{.index = &index_,
                               .metrics = &metrics_,
                               .streams = &streams_,

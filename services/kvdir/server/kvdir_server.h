@@ -78,6 +78,9 @@ struct KvdirOptions {
   } limits;
   // A worker stays live this long after its last message (heartbeats renew it).
   int64_t lease_ms = 3000;
+  // Threads for snapshots and hellos (slow_work_pool.h); 0: half the host's cores, 1 to 4. Not
+  // in the YAML: tests pin it to queue a message behind another on any host.
+  int slow_work_threads = 0;
 };
 
 class KvdirServer {
@@ -93,6 +96,8 @@ class KvdirServer {
   int port() const { return port_; }  // the bound gRPC port
   int metrics_port() const;           // 0 without a metrics endpoint
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // Tests only: to set DirectoryIndex's test hook before any worker connects.
+  DirectoryIndex& index_for_test() { return index_; }
 
   // Idempotent. Stops the sweeper, cancels open Publish streams (workers reconnect elsewhere or
   // later), waits briefly for in-flight lookups, and stops serving.

@@ -7,8 +7,11 @@
 #include <prometheus/metric_family.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,7 @@
 namespace lazyattn::kvdir {
 namespace {
 
+using testing::Entry;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 using testing::KvdirServerTest;
@@ -101,6 +105,57 @@ TEST_F(KvdirServerTest, AStreamWithoutHelloIsCancelledAfterTheHelloTimeout) {
   EXPECT_TRUE(greeted.Heartbeat());
   EXPECT_THAT(LiveWorkers(), ::testing::ElementsAre("w1"));
   EXPECT_TRUE(greeted.Close().ok());
+}
+
+// A hello that waits in the slow-work queue past the hello timeout (behind another worker's
+// snapshot, the pool's one thread held): the sweeper cancels its stream, and the hello, when its
+// turn comes, is dropped unapplied. Applied, it would list a worker whose stream is gone, and
+// hold its id and address until its lease ran out.
+TEST_F(KvdirServerTest, AHelloQueuedPastTheHelloTimeoutIsDroppedUnapplied) {
+  KvdirOptions options;
+  options.limits.hello_timeout_ms = 300;
+  options.slow_work_threads = 1;
+  StartWith(options);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<bool> held{false};
+  // Before any worker connects (the hook's contract): the first slice boundary of a large
+  // snapshot holds the pool's thread until the test releases it.
+  server_->index_for_test().SetBetweenSlicesHookForTest([&] {
+    if (held.exchange(true)) return;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return release; });
+  });
+  FakeWorker big(stub_.get(), "w1");
+  std::vector<v1::DocEntry> entries;
+  for (uint64_t k = 1; k <= 5000; ++k) entries.push_back(Entry(k, 16));  // 3 slices
+  big.Join(entries);
+  ASSERT_TRUE(WaitFor([&] { return held.load(); }));
+
+  FakeWorker late(stub_.get(), "w2");
+  ASSERT_TRUE(late.Hello());  // queued behind w1's snapshot
+  const grpc::Status s = late.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "hello_timeout"), 1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+
+  // The pool takes its queue in order: once w3's hello (queued after w2's) is applied, w2's
+  // has had its turn.
+  FakeWorker next(stub_.get(), "w3");
+  ASSERT_TRUE(next.Hello());
+  v1::DirectoryMessage m;
+  ASSERT_TRUE(next.Read(&m));
+  EXPECT_TRUE(m.has_lease());
+  EXPECT_THAT(LiveWorkers(), ::testing::ElementsAre("w1", "w3"));
+  // w1's snapshot, held at its first slice boundary, was stored whole.
+  EXPECT_THAT(Tokens({1, 5000}), ::testing::Contains(std::make_pair(std::string("w1"), 32)));
+  EXPECT_TRUE(big.Close().ok());
+  EXPECT_TRUE(next.Close().ok());
 }
 
 TEST_F(KvdirServerTest, StreamsPastMaxPublishStreamsAreRefusedBeforeAnyRead) {
