@@ -382,6 +382,81 @@ TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
   EXPECT_GE((*graphed)->graph_launches(), 30);
 }
 
+// A one-token chunk that emits nothing (a document's last token, encoded alone) passes for a
+// decode row, so "4 decoders + that chunk" has the batch of "5 decoders" but one sampling row
+// fewer: each must replay its own graph, or the LM head and the samplers run over the wrong rows
+// and the step reads its metadata at the other's offsets (5 rows' logit indices end 16 bytes
+// later than 4 rows').
+TEST(CudaModelRunnerTest, DecodeGraphsKeepStepsThatSampleFewerRowsApart) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(seed);
+  auto w = HfLikeWeights(SmallConfig(), seed);
+  auto eager_weights = CudaModelWeights::Upload(*w), graph_weights = CudaModelWeights::Upload(*w);
+  ASSERT_TRUE(eager_weights.ok() && graph_weights.ok());
+  auto eager =
+      CudaModelRunner::Create(std::move(*eager_weights),
+                              {.num_kv_blocks = 64, .cuda_graphs = false, .autotune_gemms = false});
+  auto graphed = CudaModelRunner::Create(std::move(*graph_weights),
+                                         {.num_kv_blocks = 64, .autotune_gemms = false});
+  ASSERT_TRUE(eager.ok() && graphed.ok());
+  // Sequence i owns blocks [8 i, 8 i + 8); prompts of 20 tokens.
+  constexpr int kSeqs = 5;
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> seqs(kSeqs);
+  auto table_of = [](int s, int64_t n) {
+    std::vector<KvBlockEntry> t;
+    for (int64_t b = 0; b * 16 < n; ++b) {
+      t.push_back(PackKvBlockEntry(static_cast<uint32_t>(8 * s + b), 0,
+                                   static_cast<uint32_t>(std::min<int64_t>(16, n - b * 16))));
+    }
+    return t;
+  };
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int t = 0; t < 20; ++t) seqs[s].push_back(static_cast<int32_t>(rng() % 1024));
+    std::vector<int64_t> slots(20);
+    for (int t = 0; t < 20; ++t) slots[t] = 8 * 16 * s + t;
+    const auto table = table_of(s, 20);
+    const ForwardChunk ch{.tokens = seqs[s], .kv_slots = slots, .block_table = table};
+    ASSERT_TRUE((*eager)->Forward(std::span(&ch, 1)).ok());
+    ASSERT_TRUE((*graphed)->Forward(std::span(&ch, 1)).ok());
+  }
+  // Steps alternate: all 5 rows sample, then the last row's chunk emits nothing; each shape three
+  // times. A shape's graph is captured the second time it is seen, replayed the third.
+  for (int step = 0; step < 6; ++step) {
+    const bool last_silent = step % 2 == 1;
+    std::vector<int32_t> next(kSeqs);
+    std::vector<std::vector<int64_t>> slot(kSeqs);
+    std::vector<std::vector<KvBlockEntry>> tables(kSeqs);
+    std::vector<ForwardChunk> chunks;
+    for (int s = 0; s < kSeqs; ++s) {
+      const int64_t pos = static_cast<int64_t>(seqs[s].size());
+      next[s] = static_cast<int32_t>(rng() % 1024);
+      seqs[s].push_back(next[s]);
+      slot[s] = {8 * 16 * s + pos};
+      tables[s] = table_of(s, pos + 1);
+    }
+    for (int s = 0; s < kSeqs; ++s) {
+      const int64_t pos = static_cast<int64_t>(seqs[s].size()) - 1;
+      chunks.push_back({.tokens = std::span(&next[s], 1),
+                        .local_start = pos,
+                        .kv_slots = slot[s],
+                        .block_table = tables[s],
+                        .first_query_index = pos,
+                        .emit_logits = !(last_silent && s == kSeqs - 1),
+                        .return_logits = true});
+    }
+    auto a = (*eager)->Forward(chunks);
+    auto b = (*graphed)->Forward(chunks);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    ASSERT_EQ(a->token_ids.size(), size_t(last_silent ? kSeqs - 1 : kSeqs)) << "step " << step;
+    EXPECT_EQ(a->token_ids, b->token_ids) << "step " << step;
+    EXPECT_EQ(a->logits, b->logits) << "step " << step;
+  }
+  EXPECT_EQ((*graphed)->graph_captures(), 2);  // one graph a shape
+  EXPECT_EQ((*graphed)->graph_launches(), 4);
+}
+
 // Runs the same steps on runners built with options `a` and `b` from the same weights and
 // expects the same logits up to rounding: rel_err (the file's metric, `a` as reference) <=
 // max_rel_err and cosine > 0.999. Steps: a 40-token prompt, then decode batches of 2 and 64

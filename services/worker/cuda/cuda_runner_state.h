@@ -93,6 +93,10 @@ struct GraphKey {
   int table_width = 0;  // blocks per row of the decode tables (bucketed)
   bool rotate = false;
   int sampler = 0;  // 0: no row emits, 1: the greedy argmax, 2: SampleRowsCuda
+  // Rows that sample: usually `batch`, fewer when a one-token chunk that emits nothing (the last
+  // token of a document's encoding) passes for a decode row. The LM head's and the samplers' row
+  // counts, and the offsets of the metadata sections after the logit rows, depend on it.
+  int out_rows = 0;
   auto operator<=>(const GraphKey&) const = default;
 };
 

@@ -341,7 +341,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     }
     if (decode_only && use_graphs_) {
       const GraphKey key{num_decode, max_decode_blocks, any_delta,
-                         out_rows == 0 ? 0 : (argmax_only ? 1 : 2)};
+                         out_rows == 0 ? 0 : (argmax_only ? 1 : 2), static_cast<int>(out_rows)};
       RETURN_IF_ERROR(s.RunGraph(key, enqueue_compute));
     } else {
       RETURN_IF_ERROR(enqueue_compute());
