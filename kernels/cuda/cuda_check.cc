@@ -27,6 +27,9 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
     case cudaErrorECCUncorrectable:
       return MarkStickyDeviceError(absl::InternalError(message));
     default:
+      // The runtime keeps this error as the thread's last one until read; left there, the next
+      // step's first cudaGetLastError() after a launch would fail that step for it.
+      cudaGetLastError();
       return absl::InternalError(message);
   }
 }

@@ -15,6 +15,18 @@ TEST(CudaCheckTest, ErrorsBecomeStatusesNamingTheCall) {
   EXPECT_EQ(CudaStatus(cudaErrorNoDevice, "g()", "x.cu", 2).code(), absl::StatusCode::kUnavailable);
 }
 
+// An error that leaves the context usable (here an allocation refused) is read off the runtime's
+// last-error slot, so the next launch check (cudaGetLastError) does not report it again.
+TEST(CudaCheckTest, AnErrorThatLeavesTheContextUsableIsNotReportedAgain) {
+  if (CudaDeviceCount() == 0)
+    GTEST_SKIP() << "no CUDA device visible (GPU tests run via tests/gpu/run.sh)";
+  void* p = nullptr;
+  const absl::Status s =
+      CudaStatus(cudaMalloc(&p, size_t{1} << 60), "cudaMalloc(1 EiB)", "x.cu", 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST(DeviceInfoTest, MissingDeviceIsUnavailableNotACrash) {
   EXPECT_EQ(QueryDevice(CudaDeviceCount()).status().code(), absl::StatusCode::kUnavailable);
 }

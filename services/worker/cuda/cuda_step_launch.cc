@@ -252,6 +252,9 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                      (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
   if (grows && !s.in_flight.empty()) RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
   if (rows > s.row_capacity) {
+    // None of the group until all have the room: a Reserve that fails leaves its buffer empty,
+    // and a smaller step after it must grow it again rather than use it.
+    s.row_capacity = 0;
     const int64_t cap = std::max<int64_t>(rows, 256);
     for (auto [buf, width] : {std::pair{&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
                               {&s.attn, Q}, {&s.gate_up, 2 * I}, {&s.act, I}}) {
@@ -262,6 +265,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     s.row_capacity = cap;
   }
   if (out_rows > s.logit_row_capacity) {
+    s.logit_row_capacity = 0;  // as row_capacity above
     const int64_t cap = std::max<int64_t>(out_rows, 64);
     RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
     RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
