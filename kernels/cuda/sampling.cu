@@ -408,6 +408,22 @@ int SamplingClusterSize(int vocab) {
   return c;
 }
 
+namespace {
+
+// Shared memory of one CTA of the sampler for `vocab` ids: its slice, whole draw groups so that
+// no group straddles two CTAs.
+int64_t SliceBytes(int64_t vocab) {
+  const int cluster = SamplingClusterSize(static_cast<int>(std::min<int64_t>(vocab, INT32_MAX)));
+  const int64_t slice = ((vocab + cluster - 1) / cluster + kGroup - 1) / kGroup * kGroup;
+  return slice * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace
+
+bool SampleRowsCudaSupports(int64_t vocab) {
+  return vocab > 0 && vocab <= INT32_MAX && SliceBytes(vocab) <= kMaxSliceBytes;
+}
+
 absl::Status SampleRowsCuda(const SampleRowsArgs& a, cudaStream_t stream) {
   if (a.rows < 0 || a.vocab <= 0 || a.row_stride < a.vocab) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: rows ", a.rows, ", vocab ",
@@ -418,14 +434,13 @@ absl::Status SampleRowsCuda(const SampleRowsArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("sampling: a required pointer is null");
   }
   const int cluster = SamplingClusterSize(a.vocab);
-  // Slices are whole draw groups, so no group straddles two CTAs.
-  const int slice = int(((int64_t(a.vocab) + cluster - 1) / cluster + kGroup - 1) / kGroup * kGroup);
-  const size_t smem = size_t(slice) * sizeof(float);
-  if (smem > size_t(kMaxSliceBytes)) {
+  if (!SampleRowsCudaSupports(a.vocab)) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling: vocabulary of ", a.vocab, " ids is past what ", kMaxCluster,
                      " CTAs' shared memory holds"));
   }
+  const size_t smem = static_cast<size_t>(SliceBytes(a.vocab));
+  const int slice = static_cast<int>(smem / sizeof(float));
   // Raised once per device and size (a replayed graph's capture then sets nothing).
   static std::atomic<int> raised[64];
   int device = 0;

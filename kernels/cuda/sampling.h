@@ -36,12 +36,17 @@ struct SampleRowsArgs {
   float* out_logprobs = nullptr;   // device [rows], written for kSampleLogprob rows; may be null
 };
 
-// InvalidArgument for shapes out of range (vocabularies past ~450K ids do not fit 8 CTAs'
+// InvalidArgument for shapes out of range (vocabularies past 409,600 ids do not fit 8 CTAs'
 // shared memory) or null pointers; Internal for a launch failure.
 absl::Status SampleRowsCuda(const SampleRowsArgs& args, cudaStream_t stream);
 
 // CTAs per row (the cluster size) SampleRowsCuda uses for `vocab`.
 int SamplingClusterSize(int vocab);
+
+// Whether SampleRowsCuda takes a vocabulary of `vocab` ids (1 to 409,600: its slices of a row
+// fit 8 CTAs' shared memory). A runner checks it once, at its start, since every sampled step of
+// a model past it would fail.
+bool SampleRowsCudaSupports(int64_t vocab);
 
 // ids[i] = out_ids[source_rows[i]] into tokens[i], on the device (pipelined decode: a sampled
 // step's ids become the next step's input tokens without a trip through the host).

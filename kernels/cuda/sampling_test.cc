@@ -57,6 +57,17 @@ int32_t FirstMax(const float* x, int n) {  // NaN lowest, lowest id among equal 
   return best < 0 ? 0 : best;
 }
 
+// Host arithmetic only: 8 CTAs of 200 KB hold slices of up to 51,200 floats each.
+TEST(SampleRowsCudaTest, TakesVocabulariesUpToWhatEightCtasHold) {
+  EXPECT_TRUE(SampleRowsCudaSupports(1));
+  EXPECT_TRUE(SampleRowsCudaSupports(128256));  // Llama 3
+  EXPECT_TRUE(SampleRowsCudaSupports(262144));  // Gemma
+  EXPECT_TRUE(SampleRowsCudaSupports(409600));
+  EXPECT_FALSE(SampleRowsCudaSupports(409601));
+  EXPECT_FALSE(SampleRowsCudaSupports(0));
+  EXPECT_FALSE(SampleRowsCudaSupports(int64_t{1} << 40));
+}
+
 TEST(SampleRowsCudaTest, GreedyRowsAreTheArgmaxInMixedBatches) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();

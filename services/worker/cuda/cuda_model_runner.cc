@@ -70,6 +70,12 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "the CUDA backend supports head_dim 64 and 128; model ", c.name, " has ", c.head_dim));
   }
+  if (!SampleRowsCudaSupports(c.vocab_size)) {
+    // Greedy steps would run, but every step with a sampled row would fail, with its batch.
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend's sampler takes vocabularies of up to 409,600 ids; model ",
+                     c.name, " has ", c.vocab_size));
+  }
   ASSIGN_OR_RETURN(const DeviceInfo info, QueryDevice(options.device));
   RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
   auto r = std::unique_ptr<CudaModelRunner>(new CudaModelRunner());

@@ -107,8 +107,9 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t batch, IntInRange(config, "engine.max_batch_tokens",
                                                    o.engine.max_batch_tokens, 1, 1 << 20));
   o.engine.max_batch_tokens = static_cast<int>(batch);
-  ASSIGN_OR_RETURN(const int64_t running, IntInRange(config, "engine.max_running",
-                                                     o.engine.max_running, 1, 1 << 16));
+  // At most 65535: the CUDA decode kernels give each decode row one grid row (grid.y's bound).
+  ASSIGN_OR_RETURN(const int64_t running,
+                   IntInRange(config, "engine.max_running", o.engine.max_running, 1, 65535));
   o.engine.max_running = static_cast<int>(running);
   ASSIGN_OR_RETURN(o.engine.pipeline_decode,
                    config.Bool("engine.pipeline_decode", o.engine.pipeline_decode));

@@ -138,6 +138,7 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"backend: cpu\n", "model.path"},
       {"model: {path: m}\nbackend: tpu\n", "backend"},
       {"model: {path: m}\nengine: {max_running: 0}\n", "engine.max_running"},
+      {"model: {path: m}\nengine: {max_running: 65536}\n", "engine.max_running"},
       {"model: {path: m}\nengine: {default_deadline_s: 0}\n", "engine.default_deadline_s"},
       {"model: {path: m}\nengine: {max_waiting_requests: 0}\n", "engine.max_waiting_requests"},
       {"model: {path: m}\nengine: {max_queued_tokens: -5}\n", "engine.max_queued_tokens"},
