@@ -266,13 +266,14 @@ class DirectoryIndex {
 
   // A message of the session's stream waits in kvdir to be handled (snapshots go to kvdir's own
   // threads, which may be busy with other workers' snapshots): renews the lease, and until the
-  // matching MessageTaken the worker does not expire and counts as live, since only the directory
-  // is slow (as in a stall). No-op for a session that does not own the worker.
+  // matching MessageTaken, which kvdir calls once the message was handled, the worker does not
+  // expire and counts as live, since only the directory is slow (as in a stall): a snapshot's
+  // slices may take longer than a lease. No-op for a session that does not own the worker.
   void MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Its handling starts: one queued mark of the worker goes (whichever session made it, as the
-  // worker may have been taken over meanwhile), and the lease runs from `now` if `session` owns
-  // it. Called once for every MessageQueued, whatever then comes of the message.
+  // Its handling ended (or it was dropped): one queued mark of the worker goes (whichever session
+  // made it, as the worker may have been taken over meanwhile), and the lease runs from `now` if
+  // `session` owns it. Called once for every MessageQueued, whatever came of the message.
   void MessageTaken(const std::string& worker_id, uint64_t session, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -156,6 +157,53 @@ TEST_F(KvdirServerTest, AHelloQueuedPastTheHelloTimeoutIsDroppedUnapplied) {
   EXPECT_THAT(Tokens({1, 5000}), ::testing::Contains(std::make_pair(std::string("w1"), 32)));
   EXPECT_TRUE(big.Close().ok());
   EXPECT_TRUE(next.Close().ok());
+}
+
+// A snapshot whose slices take longer than a lease (a large one on a busy host, a short lease):
+// its worker's heartbeats wait unread behind it, so only the directory is slow, and the worker
+// must stay live through the apply instead of expiring, losing the snapshot and resending it.
+TEST_F(KvdirServerTest, AWorkerWhoseSnapshotTakesLongerThanALeaseStaysLive) {
+  KvdirOptions options;
+  options.lease_ms = 400;
+  options.slow_work_threads = 1;
+  StartWith(options);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<bool> held{false};
+  server_->index_for_test().SetBetweenSlicesHookForTest([&] {
+    if (held.exchange(true)) return;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return release; });
+  });
+  FakeWorker w(stub_.get(), "w1");
+  std::vector<v1::DocEntry> entries;
+  for (uint64_t k = 1; k <= 5000; ++k) entries.push_back(Entry(k, 16));
+  w.Join(entries);
+  ASSERT_TRUE(WaitFor([&] { return held.load(); }));
+  // The worker goes on with its heartbeats; they queue in the stream behind the snapshot.
+  std::atomic<bool> stop{false};
+  std::thread beats([&] {
+    while (!stop.load()) {
+      if (!w.Heartbeat()) return;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(1200));  // three leases, several sweeps
+  EXPECT_THAT(LiveWorkers(), ::testing::ElementsAre("w1"));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_TRUE(WaitFor([&] {
+    const auto tokens = Tokens({1, 5000});
+    return tokens.size() == 1 && tokens[0] == std::make_pair(std::string("w1"), int64_t{32});
+  }));
+  stop = true;
+  beats.join();
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_leases_expired_total"), 0);
+  EXPECT_TRUE(w.Close().ok());
 }
 
 TEST_F(KvdirServerTest, StreamsPastMaxPublishStreamsAreRefusedBeforeAnyRead) {

@@ -85,16 +85,22 @@ void PublishReactor::OnReadDone(bool ok) {
     const bool held = session_ != 0;
     if (held) ctx_.index->MessageQueued(worker_id_, session_, MonotonicNow());
     ctx_.slow_work->Run([this, held](bool stopping) {
-      if (held) ctx_.index->MessageTaken(worker_id_, session_, MonotonicNow());
+      absl::Status status;
       if (stopping) {
-        AfterHandle(absl::UnavailableError("kvdir shutting down"));
+        status = absl::UnavailableError("kvdir shutting down");
       } else if (call_->IsCancelled()) {
         // Gone while it waited (the worker left, the hello timeout, shutdown): nothing of it
         // is applied, a hello least of all (it would take the id from a live stream).
-        AfterHandle(absl::CancelledError("the stream ended while its message waited"));
+        status = absl::CancelledError("the stream ended while its message waited");
       } else {
-        AfterHandle(Handle(in_));
+        status = Handle(in_);
       }
+      // Only now: a snapshot's slices can take longer than a lease (262,144 entries, a busy
+      // host, a short lease), and its worker, whose heartbeats wait unread behind it, must not
+      // expire meanwhile. The lease runs again from here. Before AfterHandle, which may end the
+      // call and with it this reactor.
+      if (held) ctx_.index->MessageTaken(worker_id_, session_, MonotonicNow());
+      AfterHandle(std::move(status));
     });
     return;
   }

@@ -6,9 +6,9 @@
 //
 // Each Publish stream has at most one task queued or running (its reactor reads the next message
 // only once the task is done), so the queue is bounded by limits.max_publish_streams, each
-// snapshot in it by limits.max_entries_per_worker. A worker whose snapshot waits here keeps its
-// lease (DirectoryIndex::MessageQueued); a hello that waited past limits.hello_timeout_ms finds
-// its stream cancelled and is dropped unapplied.
+// snapshot in it by limits.max_entries_per_worker. A worker whose snapshot waits or is applied
+// here keeps its lease (DirectoryIndex::MessageQueued); a hello that waited past
+// limits.hello_timeout_ms finds its stream cancelled and is dropped unapplied.
 //
 // Every task runs exactly once, on a pool thread, with `stopping` false, or, for a task still
 // queued when the pool is destroyed (or given to Run meanwhile), with `stopping` true on the
