@@ -89,8 +89,6 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-namespace {
-
 bool HasChannelArgument(const grpc::ChannelArguments& args, const char* key) {
   const grpc_channel_args c = args.c_channel_args();
   for (size_t i = 0; i < c.num_args; ++i) {
@@ -98,8 +96,6 @@ bool HasChannelArgument(const grpc::ChannelArguments& args, const char* key) {
   }
   return false;
 }
-
-}  // namespace
 
 void KeepCallbackQueueAlive() {
   // gRPC 1.51 on POSIX serves the callback API of every channel from one process-global
@@ -195,6 +191,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
       creds = grpc::CompositeChannelCredentials(creds, call_credentials);
     }
   }
+  return grpc::CreateCustomChannel(address, creds,
+                                   ClientChannelArguments(std::move(args), max_message_bytes));
+}
+
+grpc::ChannelArguments ClientChannelArguments(grpc::ChannelArguments args, int max_message_bytes) {
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   if (!HasChannelArgument(args, GRPC_ARG_KEEPALIVE_TIME_MS)) {
@@ -205,7 +206,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
   // between heartbeats), and with no cap on pings between data frames (gRPC stops at 2).
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(address, creds, args);
+  if (!HasChannelArgument(args, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS)) {
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  }
+  return args;
 }
 
 std::string PeerCertificateSerial(const grpc::AuthContext& context) {

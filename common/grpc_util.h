@@ -42,6 +42,10 @@ inline constexpr int kMinPingIntervalMs = 5000;
 inline constexpr int kKeepaliveTimeMs = 10000;
 inline constexpr int kKeepaliveTimeoutMs = 10000;
 static_assert(kMinPingIntervalMs < kKeepaliveTimeMs, "servers must accept the cluster's pings");
+// Longest wait between two connection attempts of a MakeChannel channel whose peer is down
+// (gRPC's own default grows to 120 s): a kvdir or a worker that comes back after a minute's
+// outage is reached within seconds, not minutes later.
+inline constexpr int kMaxReconnectBackoffMs = 5000;
 // Keepalive of every server StartGrpcServer starts, towards its clients: a ping every
 // kServerKeepaliveTimeMs, and a connection whose ping is not answered within kKeepaliveTimeoutMs
 // is closed, ending its calls (gRPC's default waits 2 hours to ping). A client that vanished
@@ -99,6 +103,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes = 64 << 20,
     std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr,
     grpc::ChannelArguments args = {});
+// The arguments MakeChannel creates its channel with: `args` plus the message limits, and the
+// keepalive and reconnect backoff above where `args` does not set them.
+grpc::ChannelArguments ClientChannelArguments(grpc::ChannelArguments args, int max_message_bytes);
+// Whether `args` sets `key` (a GRPC_ARG_* name).
+bool HasChannelArgument(const grpc::ChannelArguments& args, const char* key);
 
 // The serial number (upper-case hex, as `openssl x509 -serial` prints it) of the verified
 // certificate the peer presented on this connection; "" without one. For logs: it shows which

@@ -1,12 +1,37 @@
-// The gRPC health check client against a real server's grpc.health.v1 service.
+// The gRPC health check client against a real server's grpc.health.v1 service, and the
+// arguments every client channel is made with.
 #include "common/grpc_util.h"
 
 #include <grpcpp/health_check_service_interface.h>
+
+#include <cstring>
 
 #include "gtest/gtest.h"
 
 namespace lazyattn {
 namespace {
+
+// Every client channel reconnects to a peer that was down within kMaxReconnectBackoffMs (gRPC's
+// own backoff grows to 120 s), keeps its connections alive with pings, and keeps what a caller
+// set itself.
+TEST(ClientChannelArgumentsTest, BoundTheReconnectBackoffAndKeepTheCallersOwn) {
+  const grpc::ChannelArguments defaults = ClientChannelArguments({}, 1 << 20);
+  auto value = [](const grpc::ChannelArguments& args, const char* key) {
+    const grpc_channel_args c = args.c_channel_args();
+    int found = -1;
+    for (size_t i = 0; i < c.num_args; ++i) {
+      if (std::strcmp(c.args[i].key, key) == 0) found = c.args[i].value.integer;
+    }
+    return found;
+  };
+  EXPECT_EQ(value(defaults, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), kMaxReconnectBackoffMs);
+  EXPECT_EQ(value(defaults, GRPC_ARG_KEEPALIVE_TIME_MS), kKeepaliveTimeMs);
+  EXPECT_EQ(value(defaults, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH), 1 << 20);
+  EXPECT_FALSE(HasChannelArgument(defaults, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS));
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  EXPECT_EQ(value(ClientChannelArguments(own, 1 << 20), GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), 2000);
+}
 
 TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {
   // gRPC builds no server without a service to poll for; reflection is the one at hand here.

@@ -23,7 +23,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeKvdirChannel(const KvdirPubli
   const int min_ms = static_cast<int>(absl::ToInt64Milliseconds(o.min_backoff));
   const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, min_ms);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, min_ms);
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC reads it as the least time a connection attempt
+  // gets, and at ~100 ms a TLS handshake with a busy kvdir would time out and back off further.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
   auto channel = MakeChannel(o.address, o.tls, o.max_message_bytes, nullptr, std::move(args));
   if (!channel.ok()) {  // name the worker's own key: kvdir.tls.ca_file, not tls.ca_file
