@@ -23,6 +23,14 @@ inline absl::Time MonotonicNow() {
   return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 
+// `monotonic` (a MonotonicNow() value) as the steady clock's time point, for waits with a
+// deadline: std::condition_variable::wait_until(lock, ToSteadyTimePoint(deadline), ...).
+inline std::chrono::steady_clock::time_point ToSteadyTimePoint(absl::Time monotonic) {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          absl::ToChronoNanoseconds(monotonic - absl::UnixEpoch())));
+}
+
 // The wall-clock time at which MonotonicNow() read `monotonic` (as the wall clock reads now).
 inline absl::Time WallTimeOf(absl::Time monotonic) {
   return absl::Now() - (MonotonicNow() - monotonic);

@@ -24,5 +24,15 @@ TEST(MonotonicTimeTest, NeverGoesBackAndConvertsToTheWallClocksReading) {
               0.05);
 }
 
+TEST(MonotonicTimeTest, ConvertsToTheSteadyClocksTimePointForWaits) {
+  const auto before = std::chrono::steady_clock::now();
+  const absl::Time now = MonotonicNow();
+  const auto after = std::chrono::steady_clock::now();
+  EXPECT_GE(ToSteadyTimePoint(now), before);
+  EXPECT_LE(ToSteadyTimePoint(now), after);
+  EXPECT_EQ(ToSteadyTimePoint(now + absl::Milliseconds(250)) - ToSteadyTimePoint(now),
+            std::chrono::milliseconds(250));
+}
+
 }  // namespace
 }  // namespace lazyattn

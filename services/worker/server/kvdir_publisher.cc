@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn {
 namespace {
@@ -45,8 +46,6 @@ void ToProto(const DocCacheKey& key, int64_t tokens, v1::DocEntry* out) {
   out->set_tokens(tokens);
   out->set_offset(key.offset);
 }
-
-std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
 // Statuses with which kvdir refuses this worker (over its limits, a bad identity or message,
 // its worker id held by another live worker): retrying soon gets the same answer.
@@ -202,7 +201,9 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
   hello.mutable_hello()->set_epoch(options_.epoch);
   bool ok = send(hello);
   const bool hello_sent = ok;
-  const absl::Time hello_time = absl::Now();
+  // Times of this stream on the monotonic clock: a wall clock stepped back would otherwise hold
+  // the heartbeats, and the worker would expire in kvdir though alive.
+  const absl::Time hello_time = MonotonicNow();
   std::thread reader;
   if (ok) {
     {
@@ -219,21 +220,20 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
   }
 
   uint64_t covered = 0;  // events up to this version are in a snapshot already sent
-  absl::Time next_heartbeat = absl::Now();
+  absl::Time next_heartbeat = MonotonicNow();
   while (ok) {
     std::deque<CacheEvent> events;
     bool snapshot = false;
     bool heartbeat = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, ToChrono(next_heartbeat), [&] {
-        return stop_ || stream_ended_ || !queue_.empty() || snapshot_wanted_;
-      });
+      cv_.wait_until(lock, ToSteadyTimePoint(next_heartbeat),
+                     [&] { return stop_ || stream_ended_ || !queue_.empty() || snapshot_wanted_; });
       if (stop_ || stream_ended_) break;
       snapshot = snapshot_wanted_;
       snapshot_wanted_ = false;  // cleared before the snapshot is taken: later events queue
       events.swap(queue_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       if (now >= next_heartbeat) {
         heartbeat = true;
         next_heartbeat = now + lease_ / 3;
@@ -300,11 +300,10 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
   if (!ended) call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
   if (reader.joinable()) reader.join();
   const grpc::Status status = FinishWithin(*stream, call, kFinishGrace);
-  const StreamEnd end{
-      .hello_sent = hello_sent,
-      .accepted = hello_sent && !IsRefusal(status) &&
-                  absl::Now() - hello_time >= options_.max_backoff,
-      .refused = IsRefusal(status)};
+  const StreamEnd end{.hello_sent = hello_sent,
+                      .accepted = hello_sent && !IsRefusal(status) &&
+                                  MonotonicNow() - hello_time >= options_.max_backoff,
+                      .refused = IsRefusal(status)};
   if (end.refused) {
     const std::string refusal = absl::StrCat(status.error_code(), ": ", status.error_message());
     // kvdir names the field: a worker id in use, or an address another worker advertises.
