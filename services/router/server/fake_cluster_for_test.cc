@@ -356,6 +356,11 @@ void FakeKvdir::SetHang(bool hang) {
   hang_ = hang;
 }
 
+void FakeKvdir::SetMaxKeysPerLookup(int max_keys) {
+  absl::MutexLock lock(&mu_);
+  max_keys_ = max_keys;
+}
+
 int FakeKvdir::lookups() const {
   absl::MutexLock lock(&mu_);
   return lookups_;
@@ -369,6 +374,11 @@ grpc::Status FakeKvdir::Lookup(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     ++lookups_;
     hang = hang_;
+    if (max_keys_ > 0 && request->keys_size() > max_keys_) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("keys: ", request->keys_size(), " keys, the limit is ",
+                                       max_keys_, " (limits.max_keys_per_lookup)"));
+    }
   }
   if (hang) {
     while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));

@@ -175,6 +175,9 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   void Hold(const std::string& worker_id, const std::string& text, int64_t tokens);
   // Lookups wait until their deadline passes (a directory that hangs).
   void SetHang(bool hang);
+  // Lookups of more keys are refused INVALID_ARGUMENT, as kvdir's limits.max_keys_per_lookup
+  // does (0: no limit).
+  void SetMaxKeysPerLookup(int max_keys);
   int lookups() const;
 
   grpc::Status Lookup(grpc::ServerContext* context, const lazyattn::v1::LookupRequest* request,
@@ -191,6 +194,7 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   std::vector<lazyattn::v1::WorkerStatus> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::map<DocumentKey, int64_t>> held_ ABSL_GUARDED_BY(mu_);
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
+  int max_keys_ ABSL_GUARDED_BY(mu_) = 0;
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -11,6 +11,7 @@
 #include "common/document_key.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn::router {
 
@@ -238,8 +239,13 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
       &raw->ctx, &raw->request, &raw->response,
       [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
        model = std::move(model), sent_at, trial](grpc::Status status) mutable {
-        if (!status.ok()) registry_.ObserveDirectoryFailure(sent_at);
-        if (lookup_gate_.Record(status.ok(), trial, absl::Now())) {
+        // A lookup refused as invalid (more keys than kvdir's limits.max_keys_per_lookup) was
+        // answered: the directory is up, and only this request routes without its residency.
+        const bool answered =
+            status.ok() || status.error_code() == grpc::StatusCode::INVALID_ARGUMENT;
+        if (!answered) registry_.ObserveDirectoryFailure(sent_at);
+        if (!status.ok() && answered) RefusedLookup(status);
+        if (lookup_gate_.Record(answered, trial, absl::Now())) {
           if (status.ok()) {
             LogInfo("router").Msg("kvdir answered a lookup again: lookups resume");
           } else {
@@ -255,6 +261,19 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
         done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
                   model.has_value() ? &*model : nullptr));
       });
+}
+
+void RouterContext::RefusedLookup(const grpc::Status& status) {
+  const int64_t now_ms = absl::ToUnixMillis(MonotonicNow());
+  int64_t last = refused_lookup_logged_ms_.load(std::memory_order_relaxed);
+  if (last != INT64_MIN && now_ms - last < 60'000) return;
+  if (!refused_lookup_logged_ms_.compare_exchange_strong(last, now_ms)) return;
+  LogWarning("router")
+      .Str("error", status.error_message())
+      .Msg(
+          "kvdir refused a lookup as invalid; such requests route by load. A request of more "
+          "documents than kvdir's limits.max_keys_per_lookup does this: keep the router's "
+          "limits.max_documents at or below it (logged once a minute)");
 }
 
 RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupResponse* lookup,

@@ -97,6 +97,8 @@ class RouterContext {
 
  private:
   void ProbeLoop();
+  // Logs (at most once a minute) a lookup kvdir answered with INVALID_ARGUMENT.
+  void RefusedLookup(const grpc::Status& status);
 
   const RouterOptions options_;
   WorkerRegistry registry_;
@@ -107,6 +109,7 @@ class RouterContext {
   std::unique_ptr<lazyattn::v1::KvDirectory::Stub> kvdir_;
   LookupGate lookup_gate_;
   std::atomic<bool> last_listing_ok_{true};        // the last ListWorkers answered
+  std::atomic<int64_t> refused_lookup_logged_ms_{INT64_MIN};  // MonotonicNow, for RefusedLookup
   std::unique_ptr<ClientWriteWatch> write_watch_;  // null: both of its limits 0
   std::atomic<int> inflight_{0};
 

@@ -316,6 +316,28 @@ TEST_F(RouterServerTest, LookupsAreSkippedWhileTheDirectoryKeepsFailing) {
   EXPECT_EQ(kvdir_.lookups(), 5) << "the trial answered: lookups resumed";
 }
 
+// A lookup kvdir refuses as invalid (more keys than its limits.max_keys_per_lookup, a router's
+// limits.max_documents set above it) is that request's, not a sign the directory is down: it
+// routes by load, and the next requests still look up.
+TEST_F(RouterServerTest, ALookupRefusedAsInvalidDoesNotCountAsTheDirectoryFailing) {
+  StartWorkers(2);
+  StartKvdir();
+  RouterOptions o = Options();
+  o.kvdir.lookup_gate = {
+      .failures_to_skip = 3, .base_backoff = absl::Seconds(30), .max_backoff = absl::Seconds(30)};
+  StartRouter(o);
+  kvdir_.SetMaxKeysPerLookup(1);
+  for (int i = 0; i < 5; ++i) {
+    StreamResult r = Stream(Request({"doc a", "doc b"}), absl::Seconds(30));
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+  }
+  EXPECT_EQ(kvdir_.lookups(), 5) << "no lookup was skipped";
+  EXPECT_THAT(Metrics(), Not(HasSubstr("lazyattn_router_kvdir_lookups_skipped_total 1")));
+  StreamResult r = Stream(Request({"doc a"}), absl::Seconds(30));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(kvdir_.lookups(), 6);
+}
+
 TEST_F(RouterServerTest, StaticWorkersWithoutADirectory) {
   StartWorkers(2);
   RouterOptions o = Options();
