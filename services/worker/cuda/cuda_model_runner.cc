@@ -260,7 +260,11 @@ absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
     return absl::FailedPreconditionError("block copy while a launched step is uncollected");
   }
   RETURN_IF_ERROR(s.host_copy_list.Reserve(bytes));
+  // The decode graphs read their metadata from this buffer: grown here, outside Launch, its
+  // new memory would go unnoticed by Launch's own check, and a replay would read freed memory.
+  const int64_t metadata_bytes_before = s.metadata.bytes();
   RETURN_IF_ERROR(s.metadata.Reserve(bytes));
+  if (s.metadata.bytes() != metadata_bytes_before) s.ClearGraphs();
   std::memcpy(s.host_copy_list.as<void>(), copies.data(), bytes);
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(s.metadata.as<void>(), s.host_copy_list.as<void>(), bytes,
                                        cudaMemcpyHostToDevice, s.stream));
