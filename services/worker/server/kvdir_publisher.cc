@@ -162,6 +162,10 @@ KvdirPublisher::Stats KvdirPublisher::stats() const {
 
 void KvdirPublisher::Run() {
   absl::Duration backoff = options_.min_backoff;
+  // Each wait is 80-120 % of the backoff: after a kvdir restart its workers do not all
+  // reconnect, and send their whole snapshots, in the same instant.
+  std::minstd_rand jitter(std::random_device{}());
+  std::uniform_real_distribution<double> spread(0.8, 1.2);
   while (true) {
     const StreamEnd end = RunStream();
     // A Hello that went through is not enough to reset: a refused worker would re-send its whole
@@ -173,7 +177,7 @@ void KvdirPublisher::Run() {
     }
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) return;
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff * spread(jitter)), [&] { return stop_; });
     if (stop_) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -292,7 +296,7 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
     // When kvdir ended the stream (e.g. it refused this worker's identity) the reader has seen
     // it or soon will: a cancel now would make Finish report CANCELLED instead of kvdir's status.
     std::unique_lock<std::mutex> lock(mu_);
-    if (!stopping) {
+    if (!stopping && hello_sent) {  // without a hello sent there is no reader to see the end
       cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stream_ended_; });
     }
     ended = stream_ended_;
