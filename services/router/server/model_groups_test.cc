@@ -297,6 +297,25 @@ TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
   EXPECT_EQ(registry.LiveCount(), 0);
 }
 
+// A call planned just before its worker was forgotten (a retry, a failover) still gets a stub,
+// but the registry keeps channels only for the workers it knows: nothing would free the others.
+TEST(WorkerRegistryTest, KeepsChannelsOnlyForKnownWorkers) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0);
+  const std::string known = registry.Snapshot().at(0).address;
+  ASSERT_TRUE(registry.Stub(known).ok());
+  ASSERT_TRUE(registry.Channel(known).ok());
+  EXPECT_EQ(registry.kept_channels(), 1u);
+  EXPECT_TRUE(registry.Stub("10.0.0.9:7000").ok());
+  EXPECT_EQ(registry.kept_channels(), 1u);
+  EXPECT_EQ(registry.Channel("10.0.0.9:7000").status().code(), absl::StatusCode::kUnavailable);
+  registry.ObserveDirectory(Listing({}), t0 + absl::Seconds(10));  // w0 forgotten
+  EXPECT_EQ(registry.kept_channels(), 0u);
+  EXPECT_TRUE(registry.Stub(known).ok());
+  EXPECT_EQ(registry.kept_channels(), 0u);
+}
+
 // A status is kept and copied into every routing decision's snapshot: fields this build does not
 // know (a hostile worker's or directory's megabytes under an unknown tag) are dropped, from the
 // directory's listing and from a static worker's own Status answer alike.

@@ -167,9 +167,16 @@ absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub
   auto channel = MakeChannel(address, client_tls_, max_message_bytes_);
   if (!channel.ok()) return channel.status();
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub = lazyattn::v1::Worker::NewStub(*channel);
-  stubs_.emplace(address, stub);
-  channels_.emplace(address, *channel);
+  if (by_address_.contains(address)) {  // else forgotten: nothing would erase it (header)
+    stubs_.emplace(address, stub);
+    channels_.emplace(address, *channel);
+  }
   return stub;
+}
+
+size_t WorkerRegistry::kept_channels() const {
+  absl::MutexLock lock(&mu_);
+  return channels_.size();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std::string& address) {
@@ -182,7 +189,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std
   if (!stub.ok()) return stub.status();
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(address);
-  if (it == channels_.end()) return absl::UnavailableError(absl::StrCat(address, ": no channel"));
+  if (it == channels_.end()) {
+    return absl::UnavailableError(absl::StrCat(address, ": no longer a known worker"));
+  }
   return it->second;
 }
 

@@ -74,9 +74,15 @@ class WorkerRegistry {
   std::optional<lazyattn::v1::ModelInfo> Model() const;
   int LiveCount() const;
 
+  // A known worker's stub and channel are kept until the worker is forgotten. One asked for an
+  // address the registry no longer knows (a retry planned just before it was forgotten) is made
+  // for that call and not kept: kept, it would never be freed.
   absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(const std::string& address);
-  // The channel under Stub(address) (health probes share the worker's connection).
+  // The channel under Stub(address) (health probes share the worker's connection); Unavailable
+  // for an address the registry does not know.
   absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& address);
+  // Channels kept (tests).
+  size_t kept_channels() const;
 
   void AddInflight(const std::string& id, int delta);
   int64_t Inflight(const std::string& id) const;
