@@ -297,6 +297,22 @@ TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
   EXPECT_EQ(registry.LiveCount(), 0);
 }
 
+// A worker restarted with its worker id at a new address: its old address goes with the first
+// listing that shows the new one, not forget_after later (breakers and in-flight counts go by id,
+// so the dead address's failures would shut the live one out).
+TEST(WorkerRegistryTest, AWorkerListedAtANewAddressLeavesItsOldOneAtOnce) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
+                            t0);
+  lazyattn::v1::WorkerResidency moved = Worker("w0", "llama", kFpA);
+  moved.mutable_worker()->set_address("127.0.0.1:17");
+  registry.ObserveDirectory(Listing({moved, Worker("w1", "llama", kFpA)}), t0 + absl::Seconds(1));
+  std::vector<std::string> addresses;
+  for (const WorkerInfo& w : registry.Snapshot()) addresses.push_back(w.id + "@" + w.address);
+  EXPECT_THAT(addresses, UnorderedElementsAre("w0@127.0.0.1:17", "w1@127.0.0.1:11"));
+}
+
 // A call planned just before its worker was forgotten (a retry, a failover) still gets a stub,
 // but the registry keeps channels only for the workers it knows: nothing would free the others.
 TEST(WorkerRegistryTest, KeepsChannelsOnlyForKnownWorkers) {

@@ -47,9 +47,12 @@ void WorkerRegistry::ObserveDirectory(
   }
   unanswered_since_ = absl::InfiniteFuture();
   last_answer_ = std::max(last_answer_, now);
+  // The address each listed worker id is at now: kvdir lists an id at one address only.
+  absl::flat_hash_map<std::string, std::string> listed_at;
   for (const auto& w : workers) {
     const auto& status = w.worker();
     if (status.address().empty()) continue;
+    if (!status.worker_id().empty()) listed_at[status.worker_id()] = status.address();
     Entry& e = by_address_[status.address()];
     e.from_directory = true;
     e.last_listed = now;
@@ -63,7 +66,12 @@ void WorkerRegistry::ObserveDirectory(
   }
   for (auto it = by_address_.begin(); it != by_address_.end();) {
     Entry& e = it->second;
-    if (e.from_directory && e.last_listed + forget_after_ <= now) {
+    // A worker listed at a new address (restarted with the same worker id on a new pod IP):
+    // its old address is dead, and, as breakers and in-flight counts go by id, kept for
+    // forget_after its failures would shut the live address out too.
+    const auto moved = listed_at.find(e.info.id);
+    const bool moved_away = moved != listed_at.end() && moved->second != it->first;
+    if (e.from_directory && (moved_away || e.last_listed + forget_after_ <= now)) {
       if (e.is_static) {
         e.from_directory = false;  // back to what the Status polls say
         ++it;
