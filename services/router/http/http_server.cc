@@ -421,21 +421,25 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
           res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())), "application/json");
         }));
   // A load balancer's readiness check: 503 once the router drains (it refuses new requests
-  // then) and while no worker can take a request (every one ejected by health probing, e.g. all
-  // draining at once), so the balancer sends its traffic to another router meanwhile.
+  // then) and while it knows no live worker. With every known worker ejected by health probing
+  // it still routes (to all of them, as the selector's panic mode does), so it stays 200, marked
+  // "degraded": were it 503, a probe glitch seen by every router at once would take them all
+  // out of the balancer.
   s.Get("/health", [router, draining](const httplib::Request&, httplib::Response& res) {
     if (draining->load()) {
       res.status = 503;
-      res.set_content(nlohmann::json{{"status", "shutting down"}, {"workers", 0}}.dump(),
-                      "application/json");
+      res.set_content(
+          nlohmann::json{{"status", "shutting down"}, {"workers", 0}, {"admitted", 0}}.dump(),
+          "application/json");
       return;
     }
-    const int servable = router->ServableWorkers();
-    res.status = servable > 0 ? 200 : 503;
-    res.set_content(nlohmann::json{{"status", servable > 0 ? "ok" : "no servable workers"},
-                                   {"workers", servable}}
-                        .dump(),
-                    "application/json");
+    const int live = router->registry().LiveCount();
+    const int admitted = router->AdmittedWorkers();
+    res.status = live > 0 ? 200 : 503;
+    const char* status = live == 0 ? "no live workers" : admitted == 0 ? "degraded" : "ok";
+    res.set_content(
+        nlohmann::json{{"status", status}, {"workers", live}, {"admitted", admitted}}.dump(),
+        "application/json");
   });
   // Errors the library produces itself (unknown path 404, wrong method 405, body over the limit
   // 413, malformed request 400, headers over the cap 431, URI too long 414, a Range it cannot

@@ -1,7 +1,8 @@
 // The router's OpenAI-compatible HTTP listener (docs/http-api.md), on cpp-httplib:
 //   POST /v1/chat/completions, POST /v1/completions   (stream: server-sent events)
 //   GET  /v1/models                                   the served model
-//   GET  /health                                      200 while a live worker is known, else 503
+//   GET  /health                                      200 while a live worker is known, else 503;
+//                                                     503 once the router drains
 // Requests run on the router's own routing path in-process (HttpCall, a ForwardingCall), so
 // routing, failover, limits and metrics are the gRPC API's. API keys: `Authorization: Bearer`
 // checked by the gRPC listener's ApiKeyAuthorizer (same keys, scopes, rate limits, in-flight caps

@@ -142,7 +142,7 @@ void RouterContext::ProbeWorkersOnce() {
   outliers.Retain(addresses);
 }
 
-int RouterContext::ServableWorkers() {
+int RouterContext::AdmittedWorkers() {
   OutlierDetector& outliers = selector_.outliers();
   int n = 0;
   for (const WorkerInfo& w : registry_.Snapshot()) {
@@ -246,7 +246,7 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
         if (!answered) registry_.ObserveDirectoryFailure(sent_at);
         if (!status.ok() && answered) RefusedLookup(status);
         if (lookup_gate_.Record(answered, trial, absl::Now())) {
-          if (status.ok()) {
+          if (answered) {
             LogInfo("router").Msg("kvdir answered a lookup again: lookups resume");
           } else {
             LogWarning("router")

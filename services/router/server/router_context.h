@@ -63,10 +63,10 @@ class RouterContext {
   // Admitted calls now (tests, diagnostics).
   int InFlight() const { return inflight_.load(std::memory_order_relaxed); }
 
-  // Workers a request may go to now: known with a reported status and not ejected by health
-  // probing (all reported ones while probing is off). What the HTTP front's /health reports: a
-  // router whose every worker drains or fails its probes serves no one, though it knows them.
-  int ServableWorkers();
+  // Known workers with a reported status that health probing has not ejected (all reported ones
+  // while probing is off). With none, requests still go to every known worker (the selector's
+  // panic mode); the HTTP front's /health reports the router "degraded" then.
+  int AdmittedWorkers();
 
   // The distinct documents of a request, keyed with `model`'s fingerprints (the request's chosen
   // model, model_choice.h; null: the only model served, WorkerRegistry::Model). Empty when no
