@@ -264,7 +264,7 @@ void DirectoryIndex::MessageTaken(const std::string& worker_id, uint64_t session
   Worker& w = it->second;
   if (w.messages_queued > 0) --w.messages_queued;  // whichever session queued it
   if (w.session == session && session != 0) {
-    w.lease_expiry = now + lease_;  // its handling starts: the lease runs from here
+    w.lease_expiry = now + lease_;  // its handling ended: the lease runs from here
     w.last_seen = now;
   }
 }

@@ -108,42 +108,64 @@ TEST_F(KvdirServerTest, AStreamWithoutHelloIsCancelledAfterTheHelloTimeout) {
   EXPECT_TRUE(greeted.Close().ok());
 }
 
+// Holds the slow-work pool's one thread at the first slice boundary of a large change (a
+// snapshot of over 2,048 entries) until Release(), through DirectoryIndex's test hook. The state
+// is shared with the hook, which stays installed until the fixture's teardown; the destructor
+// releases, so a failed assertion never leaves the thread waiting.
+class SliceGate {
+ public:
+  ~SliceGate() { Release(); }
+  void Install(DirectoryIndex& index) {
+    index.SetBetweenSlicesHookForTest([s = state_] {
+      if (s->held.exchange(true)) return;
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv.wait(lock, [&] { return s->released; });
+    });
+  }
+  bool held() const { return state_->held.load(); }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->released = true;
+    }
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false;
+    std::atomic<bool> held{false};
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
 // A hello that waits in the slow-work queue past the hello timeout (behind another worker's
 // snapshot, the pool's one thread held): the sweeper cancels its stream, and the hello, when its
 // turn comes, is dropped unapplied. Applied, it would list a worker whose stream is gone, and
 // hold its id and address until its lease ran out.
 TEST_F(KvdirServerTest, AHelloQueuedPastTheHelloTimeoutIsDroppedUnapplied) {
   KvdirOptions options;
-  options.limits.hello_timeout_ms = 300;
+  options.limits.hello_timeout_ms = 1500;  // w1's and w3's hellos get through well within it
   options.slow_work_threads = 1;
   StartWith(options);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<bool> held{false};
-  // Before any worker connects (the hook's contract): the first slice boundary of a large
-  // snapshot holds the pool's thread until the test releases it.
-  server_->index_for_test().SetBetweenSlicesHookForTest([&] {
-    if (held.exchange(true)) return;
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return release; });
-  });
+  SliceGate gate;
+  gate.Install(server_->index_for_test());  // before any worker connects (the hook's contract)
   FakeWorker big(stub_.get(), "w1");
   std::vector<v1::DocEntry> entries;
   for (uint64_t k = 1; k <= 5000; ++k) entries.push_back(Entry(k, 16));  // 3 slices
   big.Join(entries);
-  ASSERT_TRUE(WaitFor([&] { return held.load(); }));
+  ASSERT_TRUE(WaitFor([&] { return gate.held(); }));
 
   FakeWorker late(stub_.get(), "w2");
   ASSERT_TRUE(late.Hello());  // queued behind w1's snapshot
   const grpc::Status s = late.Drain();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
-  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "hello_timeout"), 1);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  // Counted by the sweeper just after the cancel.
+  EXPECT_TRUE(WaitFor(
+      [&] { return MetricValue("lazyattn_kvdir_limit_refusals_total", "hello_timeout") == 1; }));
+  gate.Release();
 
   // The pool takes its queue in order: once w3's hello (queued after w2's) is applied, w2's
   // has had its turn.
@@ -164,23 +186,16 @@ TEST_F(KvdirServerTest, AHelloQueuedPastTheHelloTimeoutIsDroppedUnapplied) {
 // must stay live through the apply instead of expiring, losing the snapshot and resending it.
 TEST_F(KvdirServerTest, AWorkerWhoseSnapshotTakesLongerThanALeaseStaysLive) {
   KvdirOptions options;
-  options.lease_ms = 400;
+  options.lease_ms = 1000;
   options.slow_work_threads = 1;
   StartWith(options);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<bool> held{false};
-  server_->index_for_test().SetBetweenSlicesHookForTest([&] {
-    if (held.exchange(true)) return;
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return release; });
-  });
+  SliceGate gate;
+  gate.Install(server_->index_for_test());
   FakeWorker w(stub_.get(), "w1");
   std::vector<v1::DocEntry> entries;
   for (uint64_t k = 1; k <= 5000; ++k) entries.push_back(Entry(k, 16));
   w.Join(entries);
-  ASSERT_TRUE(WaitFor([&] { return held.load(); }));
+  ASSERT_TRUE(WaitFor([&] { return gate.held(); }));
   // The worker goes on with its heartbeats; they queue in the stream behind the snapshot.
   std::atomic<bool> stop{false};
   std::thread beats([&] {
@@ -189,13 +204,9 @@ TEST_F(KvdirServerTest, AWorkerWhoseSnapshotTakesLongerThanALeaseStaysLive) {
       absl::SleepFor(absl::Milliseconds(100));
     }
   });
-  absl::SleepFor(absl::Milliseconds(1200));  // three leases, several sweeps
+  absl::SleepFor(absl::Milliseconds(2500));  // two and a half leases, several sweeps
   EXPECT_THAT(LiveWorkers(), ::testing::ElementsAre("w1"));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  gate.Release();
   EXPECT_TRUE(WaitFor([&] {
     const auto tokens = Tokens({1, 5000});
     return tokens.size() == 1 && tokens[0] == std::make_pair(std::string("w1"), int64_t{32});

@@ -301,7 +301,10 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
     }
     ended = stream_ended_;
   }
-  if (!ended) call.TryCancel();  // unblocks the reader if kvdir has not ended the stream
+  // Unblocks the reader if kvdir has not ended the stream. Without a hello sent the stream is
+  // already over (its write failed) and has no reader: a cancel could only turn kvdir's own
+  // status (a refusal before any read, e.g. limits.max_publish_streams) into CANCELLED.
+  if (!ended && hello_sent) call.TryCancel();
   if (reader.joinable()) reader.join();
   const grpc::Status status = FinishWithin(*stream, call, kFinishGrace);
   const StreamEnd end{.hello_sent = hello_sent,
