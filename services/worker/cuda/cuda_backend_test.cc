@@ -308,24 +308,39 @@ TEST(CudaModelRunnerTest, LazyAndBlockAgreeAndMatchTheCpuBackend) {
   }  // head_dim
 }
 
+// Two runners of the same random SmallConfig weights, one launching eagerly, one replaying
+// decode graphs, to compare bit for bit. Without autotuning both use the heuristic's
+// algorithms: two independent timings can pick near-tied algorithms with different summation
+// orders, and the comparison would then test the tuner, not the graphs.
+struct EagerAndGraphed {
+  std::unique_ptr<CudaModelRunner> eager, graphed;
+};
+absl::StatusOr<EagerAndGraphed> EagerAndGraphedRunners(uint32_t seed, int64_t num_kv_blocks) {
+  auto w = HfLikeWeights(SmallConfig(), seed);
+  auto eager_weights = CudaModelWeights::Upload(*w);
+  if (!eager_weights.ok()) return eager_weights.status();
+  auto graph_weights = CudaModelWeights::Upload(*w);
+  if (!graph_weights.ok()) return graph_weights.status();
+  auto eager = CudaModelRunner::Create(
+      std::move(*eager_weights),
+      {.num_kv_blocks = num_kv_blocks, .cuda_graphs = false, .autotune_gemms = false});
+  if (!eager.ok()) return eager.status();
+  auto graphed = CudaModelRunner::Create(std::move(*graph_weights),
+                                         {.num_kv_blocks = num_kv_blocks, .autotune_gemms = false});
+  if (!graphed.ok()) return graphed.status();
+  return EagerAndGraphed{std::move(*eager), std::move(*graphed)};
+}
+
 // Decode-only steps replayed from CUDA graphs give bit-identical logits to eager launches, as
 // the table grows within a width bucket and when it crosses into the next one.
 TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(seed);
-  auto w = HfLikeWeights(SmallConfig(), seed);
-  auto eager_weights = CudaModelWeights::Upload(*w), graph_weights = CudaModelWeights::Upload(*w);
-  ASSERT_TRUE(eager_weights.ok() && graph_weights.ok());
-  // Without autotuning both runners use the heuristic's algorithms: two independent timings
-  // can pick near-tied algorithms with different summation orders, and then the comparison
-  // below would test the tuner, not the graphs.
-  auto eager = CudaModelRunner::Create(
-      std::move(*eager_weights),
-      {.num_kv_blocks = 128, .cuda_graphs = false, .autotune_gemms = false});
-  auto graphed = CudaModelRunner::Create(std::move(*graph_weights),
-                                         {.num_kv_blocks = 128, .autotune_gemms = false});
-  ASSERT_TRUE(eager.ok() && graphed.ok());
+  auto runners = EagerAndGraphedRunners(seed, 128);
+  ASSERT_TRUE(runners.ok()) << runners.status();
+  auto& eager = runners->eager;
+  auto& graphed = runners->graphed;
   // Two sequences: prompts of 1,000 and 37 tokens, then 40 decode steps of both together (the
   // first crosses from 63 to 65 blocks, a new table-width bucket).
   std::mt19937 rng(seed);
@@ -346,8 +361,8 @@ TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
     for (int t = 0; t < lengths[sidx]; ++t) slots[t] = first_block[sidx] * 16 + t;
     const auto table = table_of(sidx, lengths[sidx]);
     const ForwardChunk ch{.tokens = seqs[sidx], .kv_slots = slots, .block_table = table};
-    ASSERT_TRUE((*eager)->Forward(std::span(&ch, 1)).ok());
-    ASSERT_TRUE((*graphed)->Forward(std::span(&ch, 1)).ok());
+    ASSERT_TRUE(eager->Forward(std::span(&ch, 1)).ok());
+    ASSERT_TRUE(graphed->Forward(std::span(&ch, 1)).ok());
   }
   for (int step = 0; step < 40; ++step) {
     std::vector<int32_t> next(2);
@@ -371,15 +386,15 @@ TEST(CudaModelRunnerTest, DecodeGraphsReplayTheEagerResult) {
                                         : SamplingRowParams{},
                         .return_logits = step % 2 == 0});
     }
-    auto a = (*eager)->Forward(chunks);
-    auto b = (*graphed)->Forward(chunks);
+    auto a = eager->Forward(chunks);
+    auto b = graphed->Forward(chunks);
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
     EXPECT_EQ(a->logits, b->logits) << "step " << step;
     EXPECT_EQ(a->token_ids, b->token_ids) << "step " << step;
   }
-  EXPECT_EQ((*eager)->graph_launches(), 0);
-  EXPECT_GE((*graphed)->graph_captures(), 3);  // 2 buckets x (argmax, sampler)
-  EXPECT_GE((*graphed)->graph_launches(), 30);
+  EXPECT_EQ(eager->graph_launches(), 0);
+  EXPECT_GE(graphed->graph_captures(), 3);  // 2 buckets x (argmax, sampler)
+  EXPECT_GE(graphed->graph_launches(), 30);
 }
 
 // A one-token chunk that emits nothing (a document's last token, encoded alone) passes for a
@@ -391,15 +406,10 @@ TEST(CudaModelRunnerTest, DecodeGraphsKeepStepsThatSampleFewerRowsApart) {
   SKIP_WITHOUT_GPU();
   const uint32_t seed = testing::FreshSeed();
   SCOPED_TRACE(seed);
-  auto w = HfLikeWeights(SmallConfig(), seed);
-  auto eager_weights = CudaModelWeights::Upload(*w), graph_weights = CudaModelWeights::Upload(*w);
-  ASSERT_TRUE(eager_weights.ok() && graph_weights.ok());
-  auto eager =
-      CudaModelRunner::Create(std::move(*eager_weights),
-                              {.num_kv_blocks = 64, .cuda_graphs = false, .autotune_gemms = false});
-  auto graphed = CudaModelRunner::Create(std::move(*graph_weights),
-                                         {.num_kv_blocks = 64, .autotune_gemms = false});
-  ASSERT_TRUE(eager.ok() && graphed.ok());
+  auto runners = EagerAndGraphedRunners(seed, 64);
+  ASSERT_TRUE(runners.ok()) << runners.status();
+  auto& eager = runners->eager;
+  auto& graphed = runners->graphed;
   // Sequence i owns blocks [8 i, 8 i + 8); prompts of 20 tokens.
   constexpr int kSeqs = 5;
   std::mt19937 rng(seed);
@@ -418,8 +428,8 @@ TEST(CudaModelRunnerTest, DecodeGraphsKeepStepsThatSampleFewerRowsApart) {
     for (int t = 0; t < 20; ++t) slots[t] = 8 * 16 * s + t;
     const auto table = table_of(s, 20);
     const ForwardChunk ch{.tokens = seqs[s], .kv_slots = slots, .block_table = table};
-    ASSERT_TRUE((*eager)->Forward(std::span(&ch, 1)).ok());
-    ASSERT_TRUE((*graphed)->Forward(std::span(&ch, 1)).ok());
+    ASSERT_TRUE(eager->Forward(std::span(&ch, 1)).ok());
+    ASSERT_TRUE(graphed->Forward(std::span(&ch, 1)).ok());
   }
   // Steps alternate: all 5 rows sample, then the last row's chunk emits nothing; each shape three
   // times. A shape's graph is captured the second time it is seen, replayed the third.
@@ -446,15 +456,15 @@ TEST(CudaModelRunnerTest, DecodeGraphsKeepStepsThatSampleFewerRowsApart) {
                         .emit_logits = !(last_silent && s == kSeqs - 1),
                         .return_logits = true});
     }
-    auto a = (*eager)->Forward(chunks);
-    auto b = (*graphed)->Forward(chunks);
+    auto a = eager->Forward(chunks);
+    auto b = graphed->Forward(chunks);
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
     ASSERT_EQ(a->token_ids.size(), size_t(last_silent ? kSeqs - 1 : kSeqs)) << "step " << step;
     EXPECT_EQ(a->token_ids, b->token_ids) << "step " << step;
     EXPECT_EQ(a->logits, b->logits) << "step " << step;
   }
-  EXPECT_EQ((*graphed)->graph_captures(), 2);  // one graph a shape
-  EXPECT_EQ((*graphed)->graph_launches(), 4);
+  EXPECT_EQ(graphed->graph_captures(), 2);  // one graph a shape
+  EXPECT_EQ(graphed->graph_launches(), 4);
 }
 
 // Runs the same steps on runners built with options `a` and `b` from the same weights and
