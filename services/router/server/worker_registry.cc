@@ -192,6 +192,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std
     absl::MutexLock lock(&mu_);
     auto it = channels_.find(address);
     if (it != channels_.end()) return it->second;
+    // Not made only to be dropped: Stub keeps no channel for an address it does not know.
+    if (!by_address_.contains(address)) {
+      return absl::UnavailableError(absl::StrCat(address, ": no longer a known worker"));
+    }
   }
   auto stub = Stub(address);
   if (!stub.ok()) return stub.status();
