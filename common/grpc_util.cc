@@ -1,6 +1,7 @@
 #include "common/grpc_util.h"
 
 #include <grpc/grpc_security_constants.h>
+#include <grpc/support/time.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -12,6 +13,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/malformed_request.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn {
 namespace {
@@ -87,6 +90,15 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+gpr_timespec GrpcMonotonicDeadline(absl::Time monotonic) {
+  if (monotonic == absl::InfiniteFuture()) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  // Measured from both clocks' now rather than converted through their epochs: gRPC's
+  // monotonic clock need not start where std::chrono::steady_clock does.
+  const absl::Duration left = std::max(monotonic - MonotonicNow(), absl::ZeroDuration());
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_nanos(absl::ToInt64Nanoseconds(left), GPR_TIMESPAN));
 }
 
 bool HasChannelArgument(const grpc::ChannelArguments& args, const char* key) {

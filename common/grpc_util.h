@@ -4,11 +4,12 @@
 #ifndef LAZYATTN_COMMON_GRPC_UTIL_H_
 #define LAZYATTN_COMMON_GRPC_UTIL_H_
 
+#include <grpc/support/time.h>
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,6 +20,11 @@ namespace lazyattn {
 // Same code, same message (the two enums share their numbering).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// `monotonic` (a MonotonicNow() value, common/monotonic_time.h) as a deadline on gRPC's monotonic
+// clock, for grpc::Alarm::Set and ClientContext::set_deadline: the wait it ends does not move
+// when the wall clock is stepped. InfiniteFuture is gRPC's infinite deadline.
+gpr_timespec GrpcMonotonicDeadline(absl::Time monotonic);
 
 // The files are watched (gRPC's FileWatcherCertificateProvider): a certificate, key or CA replaced
 // on disk is used for every handshake after the next refresh, without a restart; connections

@@ -2,10 +2,14 @@
 // arguments every client channel is made with.
 #include "common/grpc_util.h"
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include <cstring>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 
 namespace lazyattn {
@@ -31,6 +35,26 @@ TEST(ClientChannelArgumentsTest, BoundTheReconnectBackoffAndKeepTheCallersOwn) {
   grpc::ChannelArguments own;
   own.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   EXPECT_EQ(value(ClientChannelArguments(own, 1 << 20), GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), 2000);
+}
+
+// A MonotonicNow() deadline is a wait of the time left on gRPC's monotonic clock: an alarm fires
+// neither at once (as a monotonic value read as a wall-clock date, decades past, would) nor never.
+TEST(GrpcMonotonicDeadlineTest, AnAlarmWaitsTheTimeLeft) {
+  const absl::Time start = MonotonicNow();
+  absl::Notification fired;
+  grpc::Alarm alarm;
+  alarm.Set(GrpcMonotonicDeadline(start + absl::Milliseconds(300)), [&fired](bool ok) {
+    EXPECT_TRUE(ok);
+    fired.Notify();
+  });
+  ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_GE(MonotonicNow() - start, absl::Milliseconds(299));
+
+  const gpr_timespec past = GrpcMonotonicDeadline(start - absl::Hours(1));
+  EXPECT_EQ(past.clock_type, GPR_CLOCK_MONOTONIC);
+  EXPECT_LE(gpr_time_cmp(past, gpr_now(GPR_CLOCK_MONOTONIC)), 0);
+  const gpr_timespec never = GrpcMonotonicDeadline(absl::InfiniteFuture());
+  EXPECT_EQ(gpr_time_cmp(never, gpr_inf_future(GPR_CLOCK_MONOTONIC)), 0);
 }
 
 TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "services/router/server/admission.h"
 
 namespace lazyattn::router {
@@ -45,9 +46,9 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     if (copy.sampling().has_seed()) {
       copy.mutable_sampling()->set_seed(copy.sampling().seed() + static_cast<uint64_t>(i));
     }
-    calls->choices_.push_back(
-        Choice{HttpCall::Start(std::move(tickets[i]), router, std::move(copy),
-                               absl::ToChronoTime(deadline), stream, live, calls->ready_)});
+    calls->choices_.push_back(Choice{HttpCall::Start(std::move(tickets[i]), router, std::move(copy),
+                                                     absl::ToChronoTime(WallTimeOf(deadline)),
+                                                     stream, live, calls->ready_)});
   }
   return calls;
 }
@@ -56,7 +57,7 @@ ChoiceCalls::~ChoiceCalls() { CancelAll(); }
 
 HttpCall::Event::Kind ChoiceCalls::Next(int* choice, HttpCall::Event* event,
                                         absl::Duration timeout) {
-  const absl::Time until = absl::Now() + timeout;
+  const absl::Time until = MonotonicNow() + timeout;
   const int n = size();
   while (true) {
     // Read before polling: an event that becomes ready after its call was polled changes it.
@@ -77,7 +78,7 @@ HttpCall::Event::Kind ChoiceCalls::Next(int* choice, HttpCall::Event* event,
       *choice = i;
       return kind;
     }
-    const absl::Duration left = until - absl::Now();
+    const absl::Duration left = until - MonotonicNow();
     if (left <= absl::ZeroDuration()) return HttpCall::Event::kTimeout;
     ready_->WaitForChange(seen, left);
   }

@@ -35,8 +35,8 @@ namespace lazyattn::router {
 
 class ChoiceCalls {
  public:
-  // Admits and starts `choices` (>= 1) calls of `request`; the first refusal otherwise
-  // (already counted in the router's metrics).
+  // Admits and starts `choices` (>= 1) calls of `request`, each with `deadline` (a MonotonicNow()
+  // value); the first refusal otherwise (already counted in the router's metrics).
   static absl::StatusOr<std::unique_ptr<ChoiceCalls>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
       const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "services/router/http/choice_calls.h"
 #include "services/router/http/client_connection.h"
 #include "services/router/http/error_mapping.h"
@@ -53,7 +54,7 @@ Step NextStep(ChoiceCalls& calls, int* choice, HttpCall::Event* e, absl::Time de
               const std::atomic<bool>& stopping, const ClientConnection& client) {
   while (true) {
     if (stopping.load()) return Step::kStopping;
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - MonotonicNow();
     if (left <= absl::ZeroDuration()) return Step::kDeadline;
     switch (calls.Next(choice, e, std::min(left, kWaitSlice))) {
       case HttpCall::Event::kToken:
@@ -323,7 +324,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   std::string model_name = parsed->model;
   if (model_name.empty() && model->has_value()) model_name = (*model)->id;
   ResponseMeta meta{kind, NewId(kind), absl::ToUnixSeconds(absl::Now()), std::move(model_name)};
-  const absl::Time deadline = absl::Now() + options.request_timeout;
+  const absl::Time deadline = MonotonicNow() + options.request_timeout;
   if (const std::string error = LogprobBudgetError(*parsed, router->options().limits.max_tokens,
                                                    options.max_logprob_entries);
       !error.empty()) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic_time.h"
 #include "services/router/http/http_stream_test_fixture.h"
 #include "services/router/policy/outlier_detector.h"
 
@@ -284,7 +285,7 @@ TEST_P(HttpStreamLifecycleTest, HealthSaysDegradedWhileEveryWorkerIsEjected) {
       << health;
   // Ejected for the default base ejection (2 s), far longer than the check below.
   ASSERT_TRUE(router_->context().selector().outliers().Record(
-      worker_->Status().address(), ProbeResult::kNotServing, absl::Now()));
+      worker_->Status().address(), ProbeResult::kNotServing, MonotonicNow()));
   health = Health();
   EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
   EXPECT_NE(health.find(R"({"admitted":0,"status":"degraded","workers":1})"), std::string::npos)

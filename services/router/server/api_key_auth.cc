@@ -1,6 +1,7 @@
 #include "services/router/server/api_key_auth.h"
 
 #include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <fstream>
@@ -8,14 +9,13 @@
 #include <sstream>
 #include <string_view>
 
-#include <yaml-cpp/yaml.h>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/document_key.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 
 namespace lazyattn::router {
 namespace {
@@ -200,7 +200,7 @@ absl::StatusOr<std::shared_ptr<ApiKeyAuthorizer>> ApiKeyAuthorizer::Create(
       new ApiKeyAuthorizer(keys_file, reload_interval, registry));
   absl::MutexLock lock(&auth->reload_mu_);
   if (absl::Status s = auth->Load(); !s.ok()) return s;
-  auth->next_check_ = absl::Now() + reload_interval;
+  auth->next_check_ = MonotonicNow() + reload_interval;
   return auth;
 }
 
@@ -288,7 +288,7 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
     bool due = false;
     {
       absl::MutexLock lock(&reload_mu_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       if (now >= next_check_) {
         next_check_ = now + reload_interval_;
         due = true;
@@ -321,7 +321,7 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
                   absl::StrCat(std::string(path), ": API key \"", key.name,
                                "\" lacks the scope \"", std::string(scope), "\""));
   }
-  if (grpc::Status s = limiter_.TakeToken(key.name, absl::Now()); !s.ok()) return s;
+  if (grpc::Status s = limiter_.TakeToken(key.name, MonotonicNow()); !s.ok()) return s;
   // Consumed: the key does not reach handlers (nor anything they might forward or log).
   const auto header = auth_metadata.find("authorization");
   consumed_auth_metadata->insert(

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
 #include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
@@ -79,7 +80,7 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
       request_id_(RequestIdOf(server_context)),
       deadline_(server_context->deadline()),
       request_(request),
-      started_(absl::Now()),
+      started_(MonotonicNow()),
       model_metrics_(&router->metrics().NoModel()),
       budget_request_(router->retry_budget().StartRequest()) {
   // Initial metadata goes out with the first token or the end, both later than this.
@@ -94,7 +95,7 @@ ForwardingCall::ForwardingCall(RouterContext* router,
       request_id_(NewRequestId()),
       deadline_(deadline),
       request_(request),
-      started_(absl::Now()),
+      started_(MonotonicNow()),
       model_metrics_(&router->metrics().NoModel()),
       budget_request_(router->retry_budget().StartRequest()) {}
 
@@ -140,7 +141,7 @@ void ForwardingCall::Begin() {
   // Hashing the request costs a pass over it: only while some quarantine is live (remembered
   // losses and expired quarantines refuse nothing).
   absl::Time until;
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   if (quarantine.AnyQuarantined(now) && quarantine.IsQuarantined(Fingerprint(), now, &until)) {
     model_metrics_->CountQuarantined();
     End(grpc::Status(
@@ -149,7 +150,7 @@ void ForwardingCall::Begin() {
                          Fingerprint().ToHex(),
                          ") lost the connection to two workers mid-call, as a request that "
                          "crashes workers does; refused for another ",
-                         std::max<int64_t>(1, absl::ToInt64Seconds(until - absl::Now())),
+                         std::max<int64_t>(1, absl::ToInt64Seconds(until - MonotonicNow())),
                          " s (routing.quarantine_ttl_s ", QuarantineSeconds(*router_), ")")),
         std::nullopt);
     return;
@@ -172,7 +173,7 @@ void ForwardingCall::Begin() {
 }
 
 void ForwardingCall::OnPlan(RoutePlan plan) {
-  router_->metrics().ObserveRouting(absl::Now() - started_);
+  router_->metrics().ObserveRouting(MonotonicNow() - started_);
   {
     absl::MutexLock lock(&mu_);
     plan_ = std::move(plan);
@@ -205,7 +206,7 @@ void ForwardingCall::StartNextAttempt() {
   bool skipped_unfit = false;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     const int max_attempts = router_->options().routing.max_attempts;
     if (cancelled_) {
       failure = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
@@ -296,7 +297,7 @@ void ForwardingCall::StartNextAttempt() {
   // that long, as far as the first-token timeout allows.
   const RoutingOptions& routing = router_->options().routing;
   router_->selector().RecordChoice(
-      docs, id, absl::Now(),
+      docs, id, MonotonicNow(),
       routing.first_token_timeout > absl::ZeroDuration()
           ? std::max(routing.speculative.ttl, routing.first_token_timeout)
           : routing.speculative.ttl);
@@ -313,10 +314,10 @@ void ForwardingCall::OnWorkerMessage(WorkerAttempt* attempt, const GenerateRespo
       if (!cancelled_ && !ended_) {
         ++tokens_;
         streamed_text_ += message.token().text();
-        if (first_token_at_ == absl::InfinitePast()) first_token_at_ = absl::Now();
+        if (first_token_at_ == absl::InfinitePast()) first_token_at_ = MonotonicNow();
         // Prefill done: the documents are stored; the entries last the TTL from here.
         if (tokens_ == 1) {
-          router_->selector().RecordChoice(plan_.docs, attempt->worker().id, absl::Now());
+          router_->selector().RecordChoice(plan_.docs, attempt->worker().id, MonotonicNow());
         }
         write_pending_ = true;
         deliver = true;
@@ -464,7 +465,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
                             "that does not parse)");
     }
     if (status.ok()) {
-      breakers.RecordSuccess(w.id, attempt->permit(), absl::Now());
+      breakers.RecordSuccess(w.id, attempt->permit(), MonotonicNow());
       final = std::move(final_);
       final->set_worker(w.id);
       final->set_attempts(attempts_);
@@ -480,7 +481,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
     } else {
       // No first token: the worker may never store these documents; predict nothing there.
       if (tokens_ == 0) {
-        router_->selector().RecordChoice(plan_.docs, w.id, absl::Now(), absl::ZeroDuration());
+        router_->selector().RecordChoice(plan_.docs, w.id, MonotonicNow(), absl::ZeroDuration());
       }
       const grpc::StatusCode code = status.error_code();
       const bool client_deadline_passed =
@@ -489,7 +490,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       const bool client_expiry =
           code == grpc::StatusCode::DEADLINE_EXCEEDED && client_deadline_passed;
       if (IsWorkerFault(code) && !cancelled_ && !client_expiry) {
-        breakers.RecordFailure(w.id, attempt->permit(), absl::Now());
+        breakers.RecordFailure(w.id, attempt->permit(), MonotonicNow());
       } else {
         breakers.Release(w.id, attempt->permit());
       }
@@ -520,7 +521,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
         }
       }
       if (lost && !cancelled_ && !client_expiry &&
-          router_->quarantine().RecordLoss(fingerprint_, absl::Now())) {
+          router_->quarantine().RecordLoss(fingerprint_, MonotonicNow())) {
         // The second worker lost on this content: no third.
         quarantined = true;
         retry = false;

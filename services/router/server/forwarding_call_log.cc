@@ -1,6 +1,7 @@
 // ForwardingCall's access log: one line per request, with its latency metrics.
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "services/router/server/forwarding_call.h"
 
 namespace lazyattn::router {
@@ -10,7 +11,7 @@ using lazyattn::v1::Final;
 // One access-log line per request, and the request's latency metrics. The prompt is logged only
 // at log.level debug (it may hold anything a client sends).
 void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   const bool ok = status.ok();
   const bool got_token = first_token_at_ != absl::InfinitePast();
   if (ok) {

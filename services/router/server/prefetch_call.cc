@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/model_choice.h"
@@ -79,7 +80,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
 
 std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextCallsLocked() {
   std::vector<std::shared_ptr<WorkerCall>> out;
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   auto& breakers = router_->selector().breakers();
   while (!cancelled_ && succeeded_ + outstanding_ < wanted_) {
     const std::optional<PlanCursor::Next> next =
@@ -109,7 +110,7 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
     // The client's deadline still applies (a propagated deadline is the earlier of the two).
     const absl::Duration timeout = router_->options().routing.prefetch_timeout;
     if (timeout > absl::ZeroDuration()) {
-      call->timeout_at = now + timeout;
+      call->timeout_at = absl::Now() + timeout;  // a gRPC deadline: the wall clock's
       call->context->set_deadline(absl::ToChronoTime(call->timeout_at));
     }
     if (!expected_model_.empty()) call->context->AddMetadata(kExpectedModelKey, expected_model_);
@@ -134,7 +135,7 @@ void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& cal
   for (const auto& call : calls) {
     router->metrics().CountSelection(call->worker.id, model);
     router->registry().AddInflight(call->worker.id, 1);
-    router->selector().RecordChoice(docs, call->worker.id, absl::Now());
+    router->selector().RecordChoice(docs, call->worker.id, MonotonicNow());
   }
   for (const auto& call : calls) {
     call->stub->async()->Prefetch(call->context.get(), request, &call->response,
@@ -211,7 +212,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
     --outstanding_;
     active_.erase(std::find(active_.begin(), active_.end(), call));
     if (status.ok()) {
-      breakers.RecordSuccess(call->worker.id, call->permit, absl::Now());
+      breakers.RecordSuccess(call->worker.id, call->permit, MonotonicNow());
       ++succeeded_;
       response_->add_workers(call->worker.id);
       response_->set_computed_tokens(response_->computed_tokens() +
@@ -219,7 +220,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
       response_->set_cached_tokens(response_->cached_tokens() + call->response.cached_tokens());
     } else {
       if (IsWorkerFault(status.error_code()) && !cancelled_ && !client_expiry) {
-        breakers.RecordFailure(call->worker.id, call->permit, absl::Now());
+        breakers.RecordFailure(call->worker.id, call->permit, MonotonicNow());
       } else {
         breakers.Release(call->worker.id, call->permit);
       }

@@ -75,11 +75,11 @@ void RouterContext::ProbeLoop() {
   absl::MutexLock lock(&probe_mu_);
   while (!stopping_) {
     probe_mu_.Unlock();
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicNow();
     ProbeWorkersOnce();
     // A round takes at most health.timeout; the next starts one interval after this one did.
     const absl::Duration wait =
-        std::max(options_.health.interval - (absl::Now() - start), absl::Milliseconds(1));
+        std::max(options_.health.interval - (MonotonicNow() - start), absl::Milliseconds(1));
     probe_mu_.Lock();
     if (probe_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) break;
   }
@@ -112,7 +112,7 @@ void RouterContext::ProbeWorkersOnce() {
     }
     for (std::thread& t : probes) t.join();
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   OutlierDetector& outliers = selector_.outliers();
   std::vector<std::string> addresses;
   addresses.reserve(workers.size());
@@ -207,13 +207,13 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
                               std::optional<ModelKey> model) {
   if (kvdir_ == nullptr || docs.empty() ||
       options_.routing.policy.kind != PolicyKind::kCacheAware) {
-    done(Plan(std::move(docs), nullptr, absl::Now(), model.has_value() ? &*model : nullptr));
+    done(Plan(std::move(docs), nullptr, MonotonicNow(), model.has_value() ? &*model : nullptr));
     return;
   }
-  const LookupGate::Decision decision = lookup_gate_.Decide(absl::Now());
+  const LookupGate::Decision decision = lookup_gate_.Decide(MonotonicNow());
   if (decision == LookupGate::Decision::kSkip) {
     metrics_.CountSkippedLookup();
-    done(Plan(std::move(docs), nullptr, absl::Now(), model.has_value() ? &*model : nullptr));
+    done(Plan(std::move(docs), nullptr, MonotonicNow(), model.has_value() ? &*model : nullptr));
     return;
   }
   const bool trial = decision == LookupGate::Decision::kTrial;
@@ -234,7 +234,7 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
     if (d.positional) op->request.add_offsets(d.offset);
   }
   Op* raw = op.get();
-  const absl::Time sent_at = absl::Now();
+  const absl::Time sent_at = MonotonicNow();
   kvdir_->async()->Lookup(
       &raw->ctx, &raw->request, &raw->response,
       [this, op = std::move(op), docs = std::move(docs), done = std::move(done),
@@ -245,7 +245,7 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
             status.ok() || status.error_code() == grpc::StatusCode::INVALID_ARGUMENT;
         if (!answered) registry_.ObserveDirectoryFailure(sent_at);
         if (!status.ok() && answered) RefusedLookup(status);
-        if (lookup_gate_.Record(answered, trial, absl::Now())) {
+        if (lookup_gate_.Record(answered, trial, MonotonicNow())) {
           if (answered) {
             LogInfo("router").Msg("kvdir answered a lookup again: lookups resume");
           } else {
@@ -258,7 +258,7 @@ void RouterContext::PlanAsync(std::vector<DocumentRef> docs, std::function<void(
                     "until a trial lookup answers");
           }
         }
-        done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, absl::Now(),
+        done(Plan(std::move(docs), status.ok() ? &op->response : nullptr, MonotonicNow(),
                   model.has_value() ? &*model : nullptr));
       });
 }
@@ -334,13 +334,13 @@ void RouterContext::RefreshWorkers() {
     // refresh, and answers "no live workers" meanwhile (seen once in 765 loaded test runs).
     ctx.set_wait_for_ready(true);
     lazyattn::v1::ListWorkersResponse response;
-    const absl::Time sent_at = absl::Now();
+    const absl::Time sent_at = MonotonicNow();
     grpc::Status s = kvdir_->ListWorkers(&ctx, lazyattn::v1::ListWorkersRequest(), &response);
     if (s.ok()) {
-      registry_.ObserveDirectory(response.workers(), absl::Now());
+      registry_.ObserveDirectory(response.workers(), MonotonicNow());
       // The directory is back after failing to list: try a lookup now rather than after the
       // backoff. (One that lists but fails lookups keeps its backoff.)
-      if (!last_listing_ok_.exchange(true)) lookup_gate_.TrialNow(absl::Now());
+      if (!last_listing_ok_.exchange(true)) lookup_gate_.TrialNow(MonotonicNow());
     } else {
       last_listing_ok_ = false;
       registry_.ObserveDirectoryFailure(sent_at);

@@ -84,6 +84,7 @@ class RouterContext {
   // directory answers; unset: every known worker (no model is known yet).
   void PlanAsync(std::vector<DocumentRef> docs, std::function<void(RoutePlan)> done,
                  std::optional<ModelKey> model = std::nullopt);
+  // `now`: MonotonicNow() (worker_registry.h).
   RoutePlan Plan(std::vector<DocumentRef> docs, const lazyattn::v1::LookupResponse* lookup,
                  absl::Time now, const ModelKey* model = nullptr);
 

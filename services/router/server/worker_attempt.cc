@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
 #include "services/router/policy/query_quarantine.h"
 #include "services/router/server/forwarding_call.h"
@@ -30,7 +32,7 @@ void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateReq
     stream_check_.emplace(WorkerStreamCheck::For(*request, worker_.status.model(),
                                                  call_->router()->options().limits.max_tokens));
     if (timeouts.first_token > absl::ZeroDuration()) {
-      next_message_due_ = absl::Now() + timeouts.first_token;
+      next_message_due_ = MonotonicNow() + timeouts.first_token;
       ArmWatchdogLocked();
     }
   }
@@ -48,10 +50,10 @@ void WorkerAttempt::ReadNext() {
     read_outstanding_ = true;
     if (got_final_) {
       // Only the call's end is due now, whatever the between-tokens timeout (none, or longer).
-      next_message_due_ = absl::Now() + kEndGrace;
+      next_message_due_ = MonotonicNow() + kEndGrace;
       if (!alarm_pending_) ArmWatchdogLocked();
     } else if (got_token_ && timeouts_.between_tokens > absl::ZeroDuration()) {
-      next_message_due_ = absl::Now() + timeouts_.between_tokens;
+      next_message_due_ = MonotonicNow() + timeouts_.between_tokens;
       if (!alarm_pending_) ArmWatchdogLocked();
     }
   }
@@ -76,7 +78,7 @@ void WorkerAttempt::ArmWatchdogLocked() {
   std::weak_ptr<WorkerAttempt> weak = weak_self_;
   alarm_pending_ = true;
   watchdog_alarms_.push_back(std::make_unique<grpc::Alarm>());
-  watchdog_alarms_.back()->Set(absl::ToChronoTime(next_message_due_), [weak](bool fired) {
+  watchdog_alarms_.back()->Set(GrpcMonotonicDeadline(next_message_due_), [weak](bool fired) {
     if (!fired) return;  // cancelled: the attempt ended (or its only timeout no longer applies)
     if (auto attempt = weak.lock()) attempt->OnWatchdogAlarm();
   });
@@ -87,7 +89,7 @@ void WorkerAttempt::OnWatchdogAlarm() {
     absl::MutexLock lock(&mu_);
     alarm_pending_ = false;
     if (cancelled_) return;
-    if (absl::Now() < next_message_due_) {
+    if (MonotonicNow() < next_message_due_) {
       // A message came since this alarm was set; while one is awaited, watch the new due time
       // (InfiniteFuture: the router is delivering to its client; ReadNext arms again).
       if (next_message_due_ != absl::InfiniteFuture()) ArmWatchdogLocked();
@@ -155,7 +157,7 @@ void WorkerAttempt::OnReadDone(bool ok) {
         // one whose message did not parse may hold the call open for ever: cut it if it has
         // not ended kEndGrace later.
         read_failed_ = true;
-        next_message_due_ = absl::Now() + kEndGrace;
+        next_message_due_ = MonotonicNow() + kEndGrace;
         ArmWatchdogLocked();
       }
     } else if (std::string violation = stream_check_->Next(message_); !violation.empty()) {
@@ -168,7 +170,7 @@ void WorkerAttempt::OnReadDone(bool ok) {
       // call).
       const int64_t ready = message_.prefill_progress().prompt_tokens_ready();
       if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && ready > progress_high_) {
-        next_message_due_ = absl::Now() + timeouts_.first_token;
+        next_message_due_ = MonotonicNow() + timeouts_.first_token;
       }
       progress_high_ = std::max(progress_high_, ready);
       read_outstanding_ = read_next = true;

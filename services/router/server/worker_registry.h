@@ -9,6 +9,10 @@
 //
 // Also keeps one channel per worker address and the router's own in-flight count per worker, and
 // groups the reported workers by model (model_groups.h): a request is routed within one group.
+//
+// Every time here, as in the router's breakers, outlier ejection, lookup gate and quarantine, is
+// a MonotonicNow() value: a wall clock stepped back (NTP, a restored VM) must not keep a departed
+// worker in plans, nor one stepped forward forget every worker at once.
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_WORKER_REGISTRY_H_
 
@@ -25,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "lazyattn/v1/kvdir.pb.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/model_groups.h"
@@ -59,7 +64,7 @@ class WorkerRegistry {
   // worker, a slow network) is not a departure: the worker keeps its last status until
   // forget_after has passed without a good poll, as a directory's worker stays listed.
   void ObserveStatic(const std::string& address, const lazyattn::v1::WorkerStatus* status,
-                     absl::Time now = absl::Now());
+                     absl::Time now = MonotonicNow());
 
   // Every known worker, sorted by id.
   std::vector<WorkerInfo> Snapshot() const;
