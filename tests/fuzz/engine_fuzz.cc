@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/monotonic_time.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/model_runner.h"
 #include "services/worker/engine/request_prep.h"
@@ -264,7 +265,7 @@ struct Harness {
   std::vector<std::string> documents;
   std::vector<std::vector<int32_t>> document_ids;
   FailureSchedule schedule;
-  absl::Time now = absl::FromUnixSeconds(1'000'000'000);
+  absl::Time now = MonotonicNow();  // the engine stamps requests with it
   // Declared before the core: the core's destructor may still call the callbacks.
   std::vector<std::unique_ptr<Tracker>> trackers;
   std::vector<uint64_t> ids;

@@ -32,13 +32,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "common/monotonic_time.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/model/model_loader.h"
-#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "tools/cli/cli_args.h"
 
 namespace lazyattn {
@@ -219,7 +220,7 @@ int PrintPublishedLoad(const ModelConfig& config, const Tokenizer& tokenizer,
     double start = ThreadCpuMicros();
     for (int c = 0; c < kCalls; ++c) sink += core.Load().queued_prefill_tokens;
     const double exact_us = (ThreadCpuMicros() - start) / kCalls;
-    absl::Time now = absl::Now();
+    absl::Time now = MonotonicNow();
     start = ThreadCpuMicros();
     for (int c = 0; c < kCalls; ++c) {
       sink += core.PublishedLoad(now).queued_prefill_tokens;
@@ -291,12 +292,12 @@ int Main(int argc, char** argv) {
     const auto all_started = [&] {
       return std::all_of(streamed.begin(), streamed.end(), [](int64_t n) { return n > 0; });
     };
-    for (int guard = 0; !all_started() && guard < 1024; ++guard) core.Step(absl::Now());
-    core.Step(absl::Now());
+    for (int guard = 0; !all_started() && guard < 1024; ++guard) core.Step(MonotonicNow());
+    core.Step(MonotonicNow());
     const int64_t before = std::accumulate(streamed.begin(), streamed.end(), int64_t{0});
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = ThreadCpuMicros();
-    for (int s = 0; s < steps; ++s) core.Step(absl::Now());
+    for (int s = 0; s < steps; ++s) core.Step(MonotonicNow());
     const double cpu_us = (ThreadCpuMicros() - cpu_start) / steps;
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)

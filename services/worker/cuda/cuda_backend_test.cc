@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/skinny_wgmma_linear.h"
@@ -743,7 +744,7 @@ void CheckPipelinedDecode(bool sampled) {
     for (int step = 0; core.HasWork() && step < 10000; ++step) {
       if (step == 6) add(kJoiner);
       if (step == 14) core.Cancel(ids[kCancelled]);
-      core.Step(absl::Now());
+      core.Step(MonotonicNow());
     }
     EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
     EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();

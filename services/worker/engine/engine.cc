@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/monotonic_time.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/model/model_fingerprint.h"
 
@@ -48,7 +49,7 @@ Engine::~Engine() {
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(const EngineRequest& request, RequestCallbacks callbacks) {
-  const absl::Time submitted = absl::Now();
+  const absl::Time submitted = MonotonicNow();
   auto prepared = Prepare(request);
   if (!prepared.ok()) return prepared.status();
   prepared->callbacks = std::move(callbacks);
@@ -62,7 +63,7 @@ absl::StatusOr<PreparedRequest> Engine::Prepare(const EngineRequest& request) {
 }
 
 absl::StatusOr<uint64_t> Engine::SubmitPrepared(PreparedRequest prepared) {
-  if (prepared.submitted == absl::InfinitePast()) prepared.submitted = absl::Now();
+  if (prepared.submitted == absl::InfinitePast()) prepared.submitted = MonotonicNow();
   const int64_t tokens = prepared.prompt_tokens();
   uint64_t id;
   {
@@ -211,9 +212,9 @@ void Engine::Loop() {
     for (auto& [id, p] : incoming) core_.Add(std::move(p), id);
     for (uint64_t id : cancels) core_.Cancel(id);
     if (!end_unstarted.ok()) core_.EndUnstarted(end_unstarted);
-    const bool progressed = core_.Step(absl::Now());
+    const bool progressed = core_.Step(MonotonicNow());
     // Outside the lock: Submit and Cancel (gRPC threads) do not wait for it.
-    const EngineLoad load = core_.PublishedLoad(absl::Now());
+    const EngineLoad load = core_.PublishedLoad(MonotonicNow());
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = core_.stats();

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic_time.h"
 #include "kernels/include/block_copy.h"
 #include "services/worker/engine/engine_core_state.h"
 
@@ -180,7 +181,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   }
   if (first_admission) {
     r.counted = true;
-    r.result.queue_ms = absl::ToDoubleMilliseconds(absl::Now() - r.submitted);
+    r.result.queue_ms = absl::ToDoubleMilliseconds(MonotonicNow() - r.submitted);
     ++counters.requests;
     counters.prefill_tokens_reused += usage.cached_tokens;
     for (size_t i = 0; i < r.segments.size(); ++i) {

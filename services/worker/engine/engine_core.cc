@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/device_error.h"
+#include "common/monotonic_time.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core_state.h"
 
@@ -102,8 +103,8 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
   }
   r->id = id;
   r->prepared = std::move(prepared);
-  r->submitted = r->prepared.submitted == absl::InfinitePast() ? absl::Now()
-                                                                : r->prepared.submitted;
+  r->submitted =
+      r->prepared.submitted == absl::InfinitePast() ? MonotonicNow() : r->prepared.submitted;
   if (r->prepared.deadline == absl::InfiniteFuture()) {
     r->prepared.deadline = r->submitted + options_.default_deadline;
   }

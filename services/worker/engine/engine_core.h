@@ -123,6 +123,7 @@ struct PreparedRequest {
   std::vector<int32_t> question;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
+  // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.
   absl::Time deadline = absl::InfiniteFuture();
   // When the caller handed the request over (Engine::Submit sets it); TTFT counts from here, so
   // time spent in the inbox while the loop runs a step is included. Unset: when the core adds it.

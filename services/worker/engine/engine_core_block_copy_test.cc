@@ -4,6 +4,7 @@
 // the document at the same offset, and is made only once admission has room for it.
 #include <random>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
@@ -66,7 +67,7 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
     core_->Add(std::move(p));
   }
   void Drain() {
-    for (int guard = 0; core_->HasWork() && guard < 100000; ++guard) core_->Step(absl::Now());
+    for (int guard = 0; core_->HasWork() && guard < 100000; ++guard) core_->Step(MonotonicNow());
     ASSERT_FALSE(core_->HasWork());
     EXPECT_TRUE(core_->cache().CheckInvariant().ok()) << core_->cache().CheckInvariant();
   }
@@ -122,7 +123,7 @@ TEST_F(EngineCoreBlockCopyTest, ABlockRequestJoinsTheJobEncodingItsDocument) {
   Add(lazy);
   Add(block);  // its job starts with the lazy one's; 200 tokens take several 64-token steps each
   for (int guard = 0; guard < 1000 && !core_->cache().documents().Contains(lazy_key); ++guard) {
-    core_->Step(absl::Now());
+    core_->Step(MonotonicNow());
   }
   ASSERT_TRUE(core_->cache().documents().Contains(lazy_key));
   ASSERT_FALSE(core_->cache().documents().Contains(block_key))
@@ -149,12 +150,12 @@ TEST_F(EngineCoreBlockCopyTest, ARefusedAdmissionMakesNoCopy) {
   for (int guard = 0; guard < 100 && core_->Load().waiting + core_->Load().running > 0 &&
                       core_->Load().queued_prefill_tokens > 0;
        ++guard) {
-    core_->Step(absl::Now());
+    core_->Step(MonotonicNow());
   }
   const PreparedRequest moved = Prepare({2, 0}, CacheMode::kBlock);
   const DocCacheKey moved_key = Keys(moved)[1];
   Add(moved);
-  core_->Step(absl::Now());
+  core_->Step(MonotonicNow());
   ASSERT_EQ(core_->Load().waiting, 1) << "admitted: no refusal to test";
   ASSERT_GE(core_->cache().pool().num_free(), 2) << "no room even for the copy: nothing to test";
   EXPECT_FALSE(core_->cache().documents().Contains(moved_key)) << "copied while refused";

@@ -4,16 +4,18 @@
 // entry), and EngineOptions::check_pool_every_step compares every table with the one rebuilt from
 // the request's segments after every step (what the engine built before tables persisted), so a
 // wrong entry stops the engine and fails these tests.
+#include "services/worker/engine/engine_core_block_table.h"
+
 #include <algorithm>
 #include <deque>
 #include <map>
 #include <random>
 #include <set>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core.h"
-#include "services/worker/engine/engine_core_block_table.h"
 #include "services/worker/engine/request_prep.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
@@ -258,7 +260,7 @@ class EngineBlockTableTest : public ::testing::Test {
       };
       core_->Add(std::move(*p));
     }
-    for (int guard = 0; core_->HasWork() && guard < 20000; ++guard) core_->Step(absl::Now());
+    for (int guard = 0; core_->HasWork() && guard < 20000; ++guard) core_->Step(MonotonicNow());
     EXPECT_FALSE(core_->HasWork());
     EXPECT_TRUE(core_->health().ok()) << core_->health();
     run.preemptions = core_->stats().preemptions;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine.h"
@@ -87,7 +88,7 @@ class EngineCoreSafetyTest : public ::testing::Test {
 
   // Steps until nothing is left; checks that each request ended exactly once and that no block
   // stays referenced.
-  void Drain(absl::Time now = absl::Now()) {
+  void Drain(absl::Time now = MonotonicNow()) {
     for (int guard = 0; core_->HasWork() && guard < 100000; ++guard) core_->Step(now);
     ASSERT_FALSE(core_->HasWork()) << "the engine did not drain";
     for (uint64_t key : keys_) EXPECT_EQ(outcomes_[key].calls, 1) << "request " << key;
@@ -157,7 +158,7 @@ TEST_F(EngineCoreSafetyTest, CancelOrDeadlineAtEveryStepWithRepeatedDocuments) {
     for (int k = 0; k < 24; ++k) {
       SCOPED_TRACE(::testing::Message() << (deadline ? "deadline" : "cancel") << " after step " << k);
       Init();
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = MonotonicNow();
       PreparedRequest p = Prepare(dup);
       if (deadline) p.deadline = t0 + absl::Seconds(k + 1);
       const uint64_t id = Add(std::move(p));
@@ -211,7 +212,7 @@ TEST_F(EngineCoreSafetyTest, FailedStepFailsEveryWaiterOfItsEncodings) {
     Add(Request({4, 4}, CacheMode::kLazy));
     Add(Request({4, 1}, CacheMode::kLazy));
     Add(Request({4}, CacheMode::kBlock));
-    for (int s = 0; s < fail_at; ++s) core_->Step(absl::Now());
+    for (int s = 0; s < fail_at; ++s) core_->Step(MonotonicNow());
     runner_->fail_next = 1;
     Drain();
     int failed = 0;
@@ -240,7 +241,7 @@ TEST_F(EngineCoreSafetyTest, AdmissionReservesWhatItAdmits) {
   PreparedRequest second = Prepare(Request({9}, CacheMode::kLazy, 4));
   second.documents[0].key.hi ^= 1;  // another document with the same length
   Add(std::move(second));
-  core_->Step(absl::Now());
+  core_->Step(MonotonicNow());
   EXPECT_EQ(core_->Load().running, 1);
   EXPECT_EQ(core_->Load().waiting, 1);
   Drain();
@@ -308,7 +309,7 @@ TEST_F(EngineCoreSafetyTest, RequestsTheModelCannotComputeAreRefusedByTheCore) {
 
 TEST_F(EngineCoreSafetyTest, RequestsWithoutDeadlineGetTheDefault) {
   Init(256, 64, {.default_deadline = absl::Seconds(5)});
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   PreparedRequest p = Prepare(Request({0}, CacheMode::kLazy, 1000));
   p.submitted = t0;
   Add(std::move(p));
@@ -325,12 +326,12 @@ TEST_F(EngineCoreSafetyTest, PoolMisuseStopsServingAndIsReported) {
   Init(/*blocks=*/40, /*max_batch_tokens=*/64, {.max_running = 1});
   Add(Request({0}, CacheMode::kLazy, 50));
   Add(Request({1}, CacheMode::kLazy, 50));
-  core_->Step(absl::Now());
+  core_->Step(MonotonicNow());
   ASSERT_TRUE(core_->health().ok());
   BlockId unreferenced = 0;
   while (core_->cache().pool().ref_count(unreferenced) > 0) ++unreferenced;
   core_->cache().pool().Unref(unreferenced);
-  core_->Step(absl::Now());
+  core_->Step(MonotonicNow());
   EXPECT_EQ(core_->health().code(), absl::StatusCode::kInternal);
   EXPECT_NE(core_->health().message().find("unref"), std::string::npos) << core_->health();
   EXPECT_EQ(outcomes_[keys_[0]].status.code(), absl::StatusCode::kInternal);

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/kv_cache_cpu.h"
@@ -77,7 +78,7 @@ class EngineCoreTest : public ::testing::Test {
       core_->Add(std::move(*p));
     }
     int guard = 0;
-    while (core_->HasWork() && ++guard < 100000) core_->Step(absl::Now());
+    while (core_->HasWork() && ++guard < 100000) core_->Step(MonotonicNow());
     EXPECT_FALSE(core_->HasWork()) << "engine did not drain";
     EXPECT_TRUE(core_->cache().CheckInvariant().ok()) << core_->cache().CheckInvariant();
     return out;
@@ -247,7 +248,7 @@ TEST_F(EngineCoreTest, RequestThatCanNeverFitIsRejected) {
 TEST_F(EngineCoreTest, CancelAndDeadlineFreeEveryBlock) {
   EngineRequest slow = Request({0, 1}, CacheMode::kLazy, 1000);
   EngineRequest late = Request({2}, CacheMode::kLazy, 1000);
-  late.deadline = absl::Now() + absl::Milliseconds(20);
+  late.deadline = MonotonicNow() + absl::Milliseconds(20);
   std::vector<Outcome> out(2);
   for (int i = 0; i < 2; ++i) {
     auto p = PrepareRequest(i == 0 ? slow : late, *tokenizer_, weights_->config, identity_, {});
@@ -257,9 +258,9 @@ TEST_F(EngineCoreTest, CancelAndDeadlineFreeEveryBlock) {
     };
     core_->Add(std::move(*p), i + 1);
   }
-  for (int i = 0; i < 5; ++i) core_->Step(absl::Now());
+  for (int i = 0; i < 5; ++i) core_->Step(MonotonicNow());
   core_->Cancel(1);
-  while (core_->HasWork()) core_->Step(absl::Now());
+  while (core_->HasWork()) core_->Step(MonotonicNow());
   EXPECT_EQ(out[0].status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(out[1].status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GT(out[0].result.token_ids.size(), 0u) << "partial output is reported";
@@ -344,7 +345,7 @@ TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
   p->callbacks.on_token = [&](int32_t, std::string_view text) { streamed += text; };
   p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
   core_->Add(std::move(*p));
-  while (core_->HasWork()) core_->Step(absl::Now());
+  while (core_->HasWork()) core_->Step(MonotonicNow());
   ASSERT_TRUE(out.status.ok());
   EXPECT_EQ(out.result.token_ids.size(), 20u);
   EXPECT_EQ(streamed, out.result.text);
@@ -373,7 +374,7 @@ TEST_F(EngineCoreTest, PrefillProgressComesBeforeTheFirstToken) {
   p->callbacks.on_token = [&](int32_t, std::string_view) { ++tokens; };
   p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
   core_->Add(std::move(*p));
-  while (core_->HasWork()) core_->Step(absl::Now());
+  while (core_->HasWork()) core_->Step(MonotonicNow());
   ASSERT_TRUE(out.status.ok()) << out.status;
   const int64_t prompt = out.result.usage.prompt_tokens;
   // 16 tokens a step over a prompt of ~130 tokens: several steps before the first token.
@@ -413,7 +414,7 @@ TEST_F(EngineCoreTest, LogprobsFollowEachTokenWhenAsked) {
   };
   p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
   core_->Add(std::move(*p));
-  while (core_->HasWork()) core_->Step(absl::Now());
+  while (core_->HasWork()) core_->Step(MonotonicNow());
   ASSERT_TRUE(out.status.ok());
   ASSERT_EQ(out.result.token_ids.size(), 12u);
   EXPECT_EQ(streamed_ids, out.result.token_ids);
@@ -460,7 +461,7 @@ TEST_F(EngineCoreTest, TopLogprobsRankEachPositionAndChangeNoToken) {
   };
   p->callbacks.on_done = [&](const absl::Status& s, const RequestResult& res) { out = {s, res}; };
   core_->Add(std::move(*p));
-  while (core_->HasWork()) core_->Step(absl::Now());
+  while (core_->HasWork()) core_->Step(MonotonicNow());
   ASSERT_TRUE(out.status.ok());
   // Streamed through on_logprob, they are not kept in the result too.
   EXPECT_TRUE(out.result.top_logprobs.empty());
@@ -670,7 +671,7 @@ TEST_F(EngineCoreTest, PipelinedDecodeMatchesStepByStepDecode) {
     for (int step = 0; core.HasWork() && step < 10000; ++step) {
       if (step == 6) add(kJoiner);
       if (step == 12) core.Cancel(ids[kCancelled]);
-      core.Step(absl::Now());
+      core.Step(MonotonicNow());
     }
     EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
     EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
@@ -743,7 +744,7 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
       };
       core.Add(std::move(*p));
     }
-    for (int step = 0; core.HasWork() && step < 1000; ++step) core.Step(absl::Now());
+    for (int step = 0; core.HasWork() && step < 1000; ++step) core.Step(MonotonicNow());
     EXPECT_FALSE(core.HasWork());
     *chained = raw->chained();
     *rows = raw->returned_rows();  // request 0's only: the other asks for no alternatives

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
@@ -60,16 +61,16 @@ TEST_F(EndUnstartedTest, WaitingRequestsEndAtTheNextStepAndTheRunningOneFinishes
                   {.num_kv_blocks = 256, .max_batch_tokens = 64, .max_running = 1});
   Outcome running, queued[2], later;
   core.Add(Prepare(40, &running));
-  for (int guard = 0; running.tokens == 0 && guard < 1000; ++guard) core.Step(absl::Now());
+  for (int guard = 0; running.tokens == 0 && guard < 1000; ++guard) core.Step(MonotonicNow());
   ASSERT_GT(running.tokens, 0);
   for (Outcome& q : queued) core.Add(Prepare(2, &q));
-  core.Step(absl::Now());  // max_running 1: they wait
+  core.Step(MonotonicNow());  // max_running 1: they wait
   for (const Outcome& q : queued) ASSERT_FALSE(q.done);
   ASSERT_EQ(core.Load().waiting, 2);
 
   const absl::Status drain = absl::UnavailableError("draining; not started");
   core.EndUnstarted(drain);
-  core.Step(absl::Now());
+  core.Step(MonotonicNow());
   for (const Outcome& q : queued) {
     EXPECT_TRUE(q.done);
     EXPECT_EQ(q.status, drain);
@@ -79,12 +80,12 @@ TEST_F(EndUnstartedTest, WaitingRequestsEndAtTheNextStepAndTheRunningOneFinishes
   EXPECT_EQ(core.Load().waiting, 0);
   // One added afterwards ends at its first step too, never admitted.
   core.Add(Prepare(2, &later));
-  core.Step(absl::Now());
+  core.Step(MonotonicNow());
   EXPECT_TRUE(later.done);
   EXPECT_EQ(later.status, drain);
   EXPECT_EQ(later.tokens, 0);
 
-  for (int guard = 0; core.HasWork() && guard < 10000; ++guard) core.Step(absl::Now());
+  for (int guard = 0; core.HasWork() && guard < 10000; ++guard) core.Step(MonotonicNow());
   EXPECT_TRUE(running.done);
   EXPECT_TRUE(running.status.ok()) << running.status;
   EXPECT_EQ(running.tokens, 40);

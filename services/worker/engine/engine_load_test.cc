@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/request_prep.h"
@@ -58,7 +59,7 @@ class EngineLoadTest : public ::testing::Test {
   }
   void Drain() {
     int guard = 0;
-    while (core_->HasWork() && ++guard < 100000) core_->Step(absl::Now());
+    while (core_->HasWork() && ++guard < 100000) core_->Step(MonotonicNow());
     ASSERT_FALSE(core_->HasWork());
   }
   RequestResult RunOne(const EngineRequest& r) {

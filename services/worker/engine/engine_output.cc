@@ -1,6 +1,7 @@
 // EngineCore: what a step's results do to a request: sampling, streaming, finishing.
 #include <algorithm>
 
+#include "common/monotonic_time.h"
 #include "services/worker/engine/engine_core_state.h"
 
 namespace lazyattn {
@@ -17,7 +18,7 @@ void EngineCore::Finish(Request& r, const absl::Status& status) {
   RequestResult& res = r.result;
   res.usage.completion_tokens = static_cast<int64_t>(res.token_ids.size());
   if (res.token_ids.size() > 1) {
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - r.first_token);
+    const double seconds = absl::ToDoubleSeconds(MonotonicNow() - r.first_token);
     if (seconds > 0) res.decode_tokens_per_s = (res.token_ids.size() - 1) / seconds;
   }
   if (r.prepared.callbacks.on_done) r.prepared.callbacks.on_done(status, res);
@@ -28,7 +29,7 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
   RequestResult& res = r.result;
   const int32_t id = chosen ? *chosen : r.sampler->Sample(logits, &logprob);
   if (res.token_ids.empty() && r.first_token == absl::Time()) {
-    r.first_token = absl::Now();  // after this step's forward pass, not at its start
+    r.first_token = MonotonicNow();  // after this step's forward pass, not at its start
     res.ttft_ms = absl::ToDoubleMilliseconds(r.first_token - r.submitted);
     if (options_.keep_first_logits) res.first_logits.assign(logits.begin(), logits.end());
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/device_error.h"
+#include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core.h"
@@ -58,7 +59,7 @@ class FaultInjectionTest : public ::testing::Test {
     return key;
   }
   void Drain() {
-    for (int guard = 0; core_->HasWork() && guard < 10000; ++guard) core_->Step(absl::Now());
+    for (int guard = 0; core_->HasWork() && guard < 10000; ++guard) core_->Step(MonotonicNow());
     ASSERT_FALSE(core_->HasWork());
     for (const auto& [key, o] : outcomes_) EXPECT_EQ(o.calls, 1) << "request " << key;
     EXPECT_EQ(core_->cache().pool().num_referenced(), 0);

@@ -39,6 +39,7 @@ struct EngineRequest {
   std::optional<std::vector<int32_t>> question_token_ids;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
+  // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.
   absl::Time deadline = absl::InfiniteFuture();
 };
 

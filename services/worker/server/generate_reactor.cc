@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "common/request_validator.h"
 #include "common/worker_call_trailer.h"
 #include "services/worker/engine/fault_injection.h"
@@ -65,7 +66,7 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
                                  const v1::GenerateRequest& request)
     : ctx_(ctx),
       call_(call),
-      arrival_(absl::Now()),
+      arrival_(MonotonicNow()),
       deadline_(DeadlineOf(call->deadline())),
       request_id_(ReceivedRequestId(*call)),
       prep_(ctx.prep),
@@ -155,7 +156,7 @@ void GenerateReactor::PrepareAndSubmit(const absl::Status& pool_status) {
   if (status.ok() && ctx_.tracker->draining()) {
     status = HandedBack(absl::UnavailableError("worker shutting down"));
   }
-  if (status.ok() && absl::Now() >= deadline_) {
+  if (status.ok() && MonotonicNow() >= deadline_) {
     status = absl::DeadlineExceededError(
         "deadline exceeded while the request waited for tokenization (engine.prep_threads busy)");
   }
@@ -209,7 +210,7 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (id >= 0) {
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       if (ttft_ms_ < 0) {
         ttft_ms_ = absl::ToDoubleMilliseconds(now - arrival_);
         ctx_.metrics->ObserveTtft(ttft_ms_ / 1000);
@@ -248,7 +249,7 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
 void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     // Throttled, and only while nothing else waits to go out (a queued message says as much).
     if (finish_wanted_ || !queue_.empty() ||
         now - last_progress_ < absl::Milliseconds(kPrefillProgressIntervalMs)) {
@@ -268,7 +269,7 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
     if (submitted_) ctx_.tracker->Untrack(engine_id_);
     grpc::Status final_status = ToGrpcStatus(status);
     if (status.ok()) {
-      if (ttft_ms_ < 0) ttft_ms_ = absl::ToDoubleMilliseconds(absl::Now() - arrival_);
+      if (ttft_ms_ < 0) ttft_ms_ = absl::ToDoubleMilliseconds(MonotonicNow() - arrival_);
     } else if (absl::IsCancelled(status) && !client_cancelled_ && !overflowed_ &&
                ctx_.tracker->draining()) {
       final_status = ShuttingDown();  // the router may retry elsewhere
@@ -291,7 +292,7 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
       counted = grpc::StatusCode::RESOURCE_EXHAUSTED;
     } else if (client_cancelled_) {
       // The client's own deadline fires a little before ours (ours counts from arrival).
-      counted = absl::Now() >= deadline_ - absl::Milliseconds(100)
+      counted = MonotonicNow() >= deadline_ - absl::Milliseconds(100)
                     ? grpc::StatusCode::DEADLINE_EXCEEDED
                     : grpc::StatusCode::CANCELLED;
     } else {
@@ -299,7 +300,8 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
     }
   }
   ctx_.metrics->CountRequest(counted);
-  ctx_.metrics->ObserveFinished(status.ok(), result, absl::ToDoubleSeconds(absl::Now() - arrival_));
+  ctx_.metrics->ObserveFinished(status.ok(), result,
+                                absl::ToDoubleSeconds(MonotonicNow() - arrival_));
   LogEnd(counted, status, result);
   Pump();
   Unref();
@@ -319,7 +321,7 @@ void GenerateReactor::LogEnd(grpc::StatusCode counted, const absl::Status& statu
       .Int("cached_tokens", result.usage.cached_tokens)
       .Int("tokens", static_cast<int64_t>(result.token_ids.size()))
       .Num("ttft_s", status.ok() ? result.ttft_ms / 1000.0 : -1)
-      .Num("duration_s", absl::ToDoubleSeconds(absl::Now() - arrival_));
+      .Num("duration_s", absl::ToDoubleSeconds(MonotonicNow() - arrival_));
   if (status.ok()) {
     line.Str("finish_reason", result.finish_reason);
   } else {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "common/request_validator.h"
 
 namespace lazyattn {
@@ -66,7 +67,7 @@ void PrefetchReactor::PrepareAndSubmit(const absl::Status& pool_status) {
     }
   }
   if (status.ok() && ctx_.tracker->draining()) status = absl::UnavailableError("worker shutting down");
-  if (status.ok() && absl::Now() >= deadline_) {
+  if (status.ok() && MonotonicNow() >= deadline_) {
     status = absl::DeadlineExceededError(
         "deadline exceeded while the request waited for tokenization (engine.prep_threads busy)");
   }

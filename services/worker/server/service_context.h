@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/monotonic_time.h"
 #include "common/request_validator.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/server/prep_pool.h"
@@ -50,10 +51,12 @@ struct ServiceContext {
 std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
                                              const std::string& model_key);
 
-// The call's gRPC deadline as an absl::Time (InfiniteFuture when the call has none).
+// The call's gRPC deadline (a wall-clock date) as the MonotonicNow() value the engine keeps its
+// deadlines in, converted once on arrival as gRPC itself does (InfiniteFuture when the call has
+// none): a wall clock stepped afterwards neither expires the request early nor keeps it late.
 inline absl::Time DeadlineOf(std::chrono::system_clock::time_point deadline) {
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-  return absl::FromChrono(deadline);
+  return MonotonicNow() + (absl::FromChrono(deadline) - absl::Now());
 }
 
 }  // namespace lazyattn

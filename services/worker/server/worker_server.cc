@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/monotonic_time.h"
 #include "services/worker/server/handed_back.h"
 
 namespace lazyattn {
@@ -175,8 +177,8 @@ void WorkerServer::LeaveDirectory() {
   }
   const int64_t target =
       before.events_sent + before.events_dropped + static_cast<int64_t>(cached.documents.size());
-  const absl::Time give_up = absl::Now() + absl::Seconds(1);
-  while (absl::Now() < give_up) {
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(1);
+  while (MonotonicNow() < give_up) {
     const KvdirPublisher::Stats now = publisher_->stats();
     if (!now.connected || now.events_sent + now.events_dropped >= target) break;
     absl::SleepFor(absl::Milliseconds(5));
@@ -223,10 +225,10 @@ bool WorkerServer::Drain() {
     // trailer, which a router fails over as a drain. gRPC's own cancellation (a grace later, for
     // calls the engine no longer holds) would end them without the trailer, and a router
     // counts such an end as a lost worker, quarantining the content after two.
-    const absl::Time deadline = absl::Now() + options_.drain_timeout;
+    const absl::Time deadline = MonotonicNow() + options_.drain_timeout;
     bool shutdown_returned = false;  // guarded by mu_
     std::thread shutdown([this, deadline, &shutdown_returned] {
-      server_->Shutdown(absl::ToChronoTime(deadline + options_.shutdown_grace));
+      server_->Shutdown(GrpcMonotonicDeadline(deadline + options_.shutdown_grace));
       {
         std::lock_guard<std::mutex> lock(mu_);
         shutdown_returned = true;
@@ -237,7 +239,7 @@ bool WorkerServer::Drain() {
     {
       // The tracker does not notify when a call ends: look every 10 ms. EndDrainNow notifies.
       std::unique_lock<std::mutex> lock(mu_);
-      while (!end_drain_now_ && service_->in_flight() > 0 && absl::Now() < deadline) {
+      while (!end_drain_now_ && service_->in_flight() > 0 && MonotonicNow() < deadline) {
         cv_.wait_for(lock, std::chrono::milliseconds(10));
       }
       ended_now = end_drain_now_;
@@ -289,7 +291,7 @@ void WorkerServer::Shutdown() {
     service_->Drain();
     // Calls end as soon as the engine has processed the cancellations; after the grace period
     // gRPC cancels whatever is left. Shutdown returns once every reactor is done.
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+    server_->Shutdown(GrpcMonotonicDeadline(MonotonicNow() + options_.shutdown_grace));
     server_->Wait();
   }
   // Preparations still running submit to the engine: they end while it is alive.
