@@ -1,6 +1,9 @@
 #include "common/auth.h"
 
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <utility>
 
 #include <grpc/grpc_security_constants.h>
 
@@ -58,6 +61,64 @@ std::optional<PeerIdentity> AuthorizedPeerOf(const grpc::AuthContext& context) {
                   FirstProperty(context, kPeerNameProperty)};
   if (id.role.empty()) return std::nullopt;
   return id;
+}
+
+namespace {
+
+class ServerIdentityVerifier final : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit ServerIdentityVerifier(PeerIdentity expected) : expected_(std::move(expected)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)> callback, grpc::Status* sync_status) override {
+    grpc::Status host_status;
+    const bool sync = hostname_.Verify(
+        request,
+        [this, request, callback = std::move(callback)](grpc::Status status) {
+          callback(status.ok() ? CheckIdentity(*request) : status);
+        },
+        &host_status);
+    if (!sync) return false;
+    *sync_status = host_status.ok() ? CheckIdentity(*request) : host_status;
+    return true;
+  }
+
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest* request) override {
+    hostname_.Cancel(request);
+  }
+
+ private:
+  grpc::Status CheckIdentity(
+      const grpc::experimental::TlsCustomVerificationCheckRequest& request) const {
+    const std::string scheme(kScheme);
+    const std::string wanted = absl::StrCat(scheme, expected_.role, "/",
+                                            expected_.name.empty() ? "*" : expected_.name);
+    for (const grpc::string_ref& uri : request.uri_names()) {
+      const std::optional<PeerIdentity> id =
+          ParseIdentityUri(std::string_view(uri.data(), uri.size()));
+      if (!id.has_value()) continue;
+      if (id->role == expected_.role && (expected_.name.empty() || id->name == expected_.name)) {
+        return grpc::Status::OK;
+      }
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          absl::StrCat("the server's certificate is ", scheme, id->role, "/",
+                                       id->name, ", not ", wanted));
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat("the server's certificate carries no ", scheme,
+                                     " identity; wanted ", wanted));
+  }
+
+  grpc::experimental::HostNameCertificateVerifier hostname_;
+  const PeerIdentity expected_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::experimental::CertificateVerifier> MakeServerIdentityVerifier(
+    PeerIdentity expected) {
+  return grpc::experimental::ExternalCertificateVerifier::Create<ServerIdentityVerifier>(
+      std::move(expected));
 }
 
 bool IsOpenMethod(std::string_view path) {

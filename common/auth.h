@@ -21,6 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
 
 #include "absl/status/status.h"
 
@@ -50,6 +51,16 @@ std::optional<PeerIdentity> PeerIdentityOf(const grpc::AuthContext& context);
 // The identity RoleAuthorizer recorded for this call; nullopt when the server runs without an
 // authorizer (insecure) or the method was open.
 std::optional<PeerIdentity> AuthorizedPeerOf(const grpc::AuthContext& context);
+
+// For TLS clients (MakeChannel with TlsOptions::server_identity): gRPC's host-name check of the
+// server's certificate, then its lazyattn:// identity (the first such URI, as PeerIdentityOf
+// reads it) against `expected`: the role must match, and the name too unless expected.name is
+// empty. So a router sends a request (its prompt and documents) only to a peer whose
+// certificate is that worker's, not to any certificate of the CA that names the host (every
+// tools/gen-certs certificate names the same hosts: a router's or another worker's would pass
+// the host-name check alone). A mismatch fails the handshake: the call ends UNAVAILABLE.
+std::shared_ptr<grpc::experimental::CertificateVerifier> MakeServerIdentityVerifier(
+    PeerIdentity expected);
 
 struct MethodRole {
   std::string method_prefix;  // a full method ("/pkg.Service/Method") or a service ("/pkg.Service/")

@@ -195,9 +195,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     options.set_certificate_provider(WatchFiles(tls));
     options.watch_root_certs();
     if (!tls.cert_file.empty()) options.watch_identity_key_cert_pairs();
-    // The server's certificate must name the host dialled, as with SslCredentials.
-    options.set_certificate_verifier(
-        std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    // The server's certificate must name the host dialled, as with SslCredentials, and carry
+    // the identity asked for, if any.
+    if (tls.server_identity.has_value()) {
+      options.set_certificate_verifier(MakeServerIdentityVerifier(*tls.server_identity));
+    } else {
+      options.set_certificate_verifier(
+          std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    }
     creds = grpc::experimental::TlsCredentials(options);
     if (call_credentials != nullptr) {
       creds = grpc::CompositeChannelCredentials(creds, call_credentials);

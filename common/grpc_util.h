@@ -8,12 +8,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 
 namespace lazyattn {
 
@@ -36,6 +38,10 @@ struct TlsOptions {
   std::string key_file;      // PEM, servers (and clients with a certificate)
   std::string ca_file;       // PEM; servers: require client certificates signed by it (mTLS)
   int refresh_interval_s = 60;  // how often the files are re-read; >= 1
+  // Clients (MakeChannel) only: the lazyattn:// identity the server's certificate must carry
+  // besides naming the host dialled (MakeServerIdentityVerifier: the role, and the name unless
+  // empty). Unset: any certificate of the CA that names the host. Ignored without ca_file.
+  std::optional<PeerIdentity> server_identity;
 };
 
 // Keepalive of every channel MakeChannel makes: an HTTP/2 ping every kKeepaliveTimeMs, idle

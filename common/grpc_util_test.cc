@@ -5,10 +5,16 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <cstring>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/monotonic_time.h"
 #include "gtest/gtest.h"
 
@@ -75,6 +81,58 @@ TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {
   serving = CheckGrpcHealth(*channel, "no.such.Service", absl::Seconds(5));
   EXPECT_EQ(serving.status().code(), absl::StatusCode::kNotFound) << serving.status();
   built->server->Shutdown();
+}
+
+// A client that names the identity it wants (TlsOptions::server_identity) reaches a server only
+// through a certificate of that role and name; every certificate tools/gen-certs makes names
+// the same hosts, so the host-name check alone would accept any of them.
+TEST(ServerIdentityTest, AClientReachesOnlyTheCertificateItAsksFor) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/server-identity-certs-", getpid());
+  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs,
+                                     "' --workers 2 --force >/dev/null")
+                            .c_str()),
+            0)
+      << "tools/gen-certs (run from the source tree) failed";
+  auto serve_as = [&](const std::string& name) {
+    return StartGrpcServer({.tls = {.cert_file = absl::StrCat(certs, "/", name, ".crt"),
+                                    .key_file = absl::StrCat(certs, "/", name, ".key"),
+                                    .ca_file = certs + "/ca.crt"},
+                            .reflection = true},
+                           {});
+  };
+  // gRPC health is open to any peer that completes the handshake: what it answers shows whether
+  // the client's check let the handshake finish.
+  auto reaches = [&](int port, std::optional<PeerIdentity> wanted) {
+    TlsOptions tls{.cert_file = certs + "/router-0.crt",
+                   .key_file = certs + "/router-0.key",
+                   .ca_file = certs + "/ca.crt",
+                   .server_identity = std::move(wanted)};
+    auto channel = MakeChannel(absl::StrCat("localhost:", port), tls);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    if (!channel.ok()) return absl::StatusCode::kInternal;
+    return CheckGrpcHealth(*channel, "", absl::Seconds(10)).status().code();
+  };
+  auto worker0 = serve_as("worker-0");
+  ASSERT_TRUE(worker0.ok()) << worker0.status();
+  auto router0 = serve_as("router-0");
+  ASSERT_TRUE(router0.ok()) << router0.status();
+  const PeerIdentity worker_0{std::string(kRoleWorker), "worker-0"};
+  const PeerIdentity any_worker{std::string(kRoleWorker), ""};
+  const PeerIdentity worker_1{std::string(kRoleWorker), "worker-1"};
+
+  EXPECT_EQ(reaches(worker0->port, worker_0), absl::StatusCode::kOk);
+  EXPECT_EQ(reaches(worker0->port, any_worker), absl::StatusCode::kOk);
+  EXPECT_EQ(reaches(worker0->port, std::nullopt), absl::StatusCode::kOk);
+  EXPECT_EQ(reaches(worker0->port, worker_1), absl::StatusCode::kUnavailable);
+  // A router's certificate names the same hosts: only the identity check refuses it.
+  EXPECT_EQ(reaches(router0->port, std::nullopt), absl::StatusCode::kOk);
+  EXPECT_EQ(reaches(router0->port, any_worker), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reaches(router0->port, worker_0), absl::StatusCode::kUnavailable);
+  // kvdir's certificate carries no identity at all.
+  auto kvdir = serve_as("kvdir");
+  ASSERT_TRUE(kvdir.ok()) << kvdir.status();
+  EXPECT_EQ(reaches(kvdir->port, any_worker), absl::StatusCode::kUnavailable);
+  for (auto* built : {&*worker0, &*router0, &*kvdir}) built->server->Shutdown();
 }
 
 TEST(CheckGrpcHealthTest, NothingListeningIsAnErrorWithinTheTimeout) {

@@ -24,9 +24,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "common/document_key.h"
+#include "common/grpc_util.h"
+#include "common/monotonic_time.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
+#include "services/router/server/worker_registry.h"
 
 namespace lazyattn::router {
 namespace {
@@ -264,6 +267,40 @@ TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWo
   stream->thread.join();
   EXPECT_TRUE(stream->status.ok()) << stream->status.error_message();
   EXPECT_EQ(stream->tokens, 3);
+}
+
+// The router's channel to a worker accepts only the certificate of the id the directory lists at
+// that address: another worker's certificate (or a router's, which names the same hosts) is
+// refused at the handshake, before any request is sent. A new id listed at the address dials
+// anew with that id's check.
+TEST_F(RouterTlsTest, AWorkerChannelAcceptsOnlyTheListedWorkersCertificate) {
+  auto serving = StartGrpcServer({.tls = {.cert_file = certs_ + "/worker-0.crt",
+                                          .key_file = certs_ + "/worker-0.key",
+                                          .ca_file = certs_ + "/ca.crt"},
+                                  .reflection = true},
+                                 {});
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  const std::string address = absl::StrCat("localhost:", serving->port);
+  WorkerRegistry registry({}, TlsOptions{.cert_file = certs_ + "/router-0.crt",
+                                         .key_file = certs_ + "/router-0.key",
+                                         .ca_file = certs_ + "/ca.crt"},
+                          1 << 20, absl::Seconds(60));
+  auto listed_as = [&](const std::string& id) {
+    google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> listing;
+    lazyattn::v1::WorkerStatus* w = listing.Add()->mutable_worker();
+    w->set_worker_id(id);
+    w->set_address(address);
+    registry.ObserveDirectory(listing, MonotonicNow());
+    auto channel = registry.Channel(address);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    if (!channel.ok()) return absl::StatusCode::kInternal;
+    return CheckGrpcHealth(*channel, "", absl::Seconds(10)).status().code();
+  };
+  EXPECT_EQ(listed_as("worker-0"), absl::StatusCode::kOk);
+  EXPECT_EQ(listed_as("worker-1"), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(registry.kept_channels(), 1u);
+  EXPECT_EQ(listed_as("worker-0"), absl::StatusCode::kOk);
+  serving->server->Shutdown();
 }
 
 }  // namespace

@@ -76,8 +76,7 @@ void WorkerRegistry::ObserveDirectory(
         e.from_directory = false;  // back to what the Status polls say
         ++it;
       } else {
-        stubs_.erase(it->first);
-        channels_.erase(it->first);
+        dialled_.erase(it->first);
         by_address_.erase(it++);
       }
     } else {
@@ -167,44 +166,52 @@ int WorkerRegistry::LiveCount() const {
   return n;
 }
 
+std::string WorkerRegistry::ExpectedWorkerNameLocked(const std::string& address) const {
+  auto it = by_address_.find(address);
+  if (it == by_address_.end() || !it->second.from_directory) return "";
+  const WorkerInfo& info = it->second.info;
+  return info.id == info.address ? "" : info.id;  // an id-less listing: the address stands in
+}
+
 absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub(
     const std::string& address) {
   absl::MutexLock lock(&mu_);
-  auto it = stubs_.find(address);
-  if (it != stubs_.end()) return it->second;
-  auto channel = MakeChannel(address, client_tls_, max_message_bytes_);
+  const std::string name = ExpectedWorkerNameLocked(address);
+  auto it = dialled_.find(address);
+  if (it != dialled_.end() && it->second.worker_name == name) return it->second.stub;
+  TlsOptions tls = client_tls_;
+  tls.server_identity = PeerIdentity{std::string(kRoleWorker), name};
+  auto channel = MakeChannel(address, tls, max_message_bytes_);
   if (!channel.ok()) return channel.status();
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub = lazyattn::v1::Worker::NewStub(*channel);
   if (by_address_.contains(address)) {  // else forgotten: nothing would erase it (header)
-    stubs_.emplace(address, stub);
-    channels_.emplace(address, *channel);
+    dialled_[address] = Dialled{*channel, stub, name};
   }
   return stub;
 }
 
 size_t WorkerRegistry::kept_channels() const {
   absl::MutexLock lock(&mu_);
-  return channels_.size();
+  return dialled_.size();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std::string& address) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = channels_.find(address);
-    if (it != channels_.end()) return it->second;
     // Not made only to be dropped: Stub keeps no channel for an address it does not know.
     if (!by_address_.contains(address)) {
       return absl::UnavailableError(absl::StrCat(address, ": no longer a known worker"));
     }
   }
+  // Through Stub: it dials again when the id listed at the address changed.
   auto stub = Stub(address);
   if (!stub.ok()) return stub.status();
   absl::MutexLock lock(&mu_);
-  auto it = channels_.find(address);
-  if (it == channels_.end()) {
+  auto it = dialled_.find(address);
+  if (it == dialled_.end()) {
     return absl::UnavailableError(absl::StrCat(address, ": no longer a known worker"));
   }
-  return it->second;
+  return it->second.channel;
 }
 
 void WorkerRegistry::AddInflight(const std::string& id, int delta) {

@@ -82,6 +82,9 @@ class WorkerRegistry {
   // A known worker's stub and channel are kept until the worker is forgotten. One asked for an
   // address the registry no longer knows (a retry planned just before it was forgotten) is made
   // for that call and not kept: kept, it would never be freed.
+  // With TLS the channel accepts only a worker's certificate (TlsOptions::server_identity): the
+  // one of the id the directory lists at the address, or any worker's for a static address (its
+  // id is what the worker says) and an unknown one. A new id at an address gets a new channel.
   absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(const std::string& address);
   // The channel under Stub(address) (health probes share the worker's connection); Unavailable
   // for an address the registry does not know.
@@ -103,6 +106,10 @@ class WorkerRegistry {
     absl::Time last_polled = absl::InfinitePast();  // a static worker's last good Status poll
   };
 
+  // The worker name a channel to `address` requires of the server's certificate (Stub).
+  std::string ExpectedWorkerNameLocked(const std::string& address) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::vector<std::string> static_addresses_;
   const TlsOptions client_tls_;
   const int max_message_bytes_;
@@ -110,9 +117,13 @@ class WorkerRegistry {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> by_address_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<lazyattn::v1::Worker::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  // One per known address: the channel, its stub and the worker name its certificate must carry.
+  struct Dialled {
+    std::shared_ptr<grpc::Channel> channel;
+    std::shared_ptr<lazyattn::v1::Worker::Stub> stub;
+    std::string worker_name;  // "": any worker's certificate
+  };
+  absl::flat_hash_map<std::string, Dialled> dialled_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the directory's
   // Since when the directory has not been answering: the send time of the first call that failed
