@@ -3,7 +3,7 @@
 Python SDK (tools/setup-test-venv installs it) and by curl:
 
   secured cluster (TLS with the router's certificate, API keys):
-  - /health and /v1/models;
+  - /health, /v1/models and /v1/models/{id} (models.retrieve);
   - greedy chat and completions, streamed and not, equal to the gRPC API's answer for the same
     request (`lazyattn client`), with and without documents; the second request with the same
     documents reports them hit (usage.prompt_tokens_details.cached_tokens, lazyattn.documents_hit);
@@ -141,6 +141,17 @@ def secured_checks(args, tmp):
         models = client.models.list()
         model = models.data[0].id if models.data else ""
         check("GET /v1/models names the served model", model != "", str(models))
+        one = client.models.retrieve(model)
+        check("GET /v1/models/{id} (models.retrieve) returns the listed model",
+              one.id == model and one.object == "model", str(one))
+        try:
+            client.models.retrieve("no-such-model")
+            check("GET /v1/models/{unknown}: 404 model_not_found", False, "answered")
+        except openai.NotFoundError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            body = body.get("error", body)  # the SDK hands over the error object or the body
+            check("GET /v1/models/{unknown}: 404 model_not_found",
+                  e.status_code == 404 and body.get("code") == "model_not_found", str(e.body))
 
         # Greedy chat equals the gRPC API's answer (system + question through the chat template).
         want = grpc_answer(c, QUESTION, chat=True, system=SYSTEM)

@@ -420,6 +420,23 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
           for (ModelGroup& g : router->registry().Models()) models.push_back(std::move(g.info));
           res.set_content(ModelsJson(models, absl::ToUnixSeconds(absl::Now())), "application/json");
         }));
+  // The OpenAI SDK's models.retrieve: one model of the list above, by the id it is listed under.
+  s.Get(R"(/v1/models/(.+))",
+        authorized([router](const httplib::Request& req, httplib::Response& res,
+                            const std::string& /*key_name*/) {
+          const std::string wanted = req.matches[1].str();
+          for (const ModelGroup& g : router->registry().Models()) {
+            if (ListedModelId(g.info) == wanted) {
+              res.set_content(ModelJson(g.info, absl::ToUnixSeconds(absl::Now())),
+                              "application/json");
+              return;
+            }
+          }
+          SendError(res, 404,
+                    absl::StrCat("model: \"", wanted.substr(0, 128),
+                                 "\" is not served here (GET /v1/models lists those that are)"),
+                    "model_not_found");
+        }));
   // A load balancer's readiness check: 503 once the router drains (it refuses new requests
   // then) and while it knows no live worker. With every known worker ejected by health probing
   // it still routes (to all of them, as the selector's panic mode does), so it stays 200, marked
@@ -454,7 +471,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
       case 404:
         message = absl::StrCat(req.path.substr(0, 64),
                                ": no such endpoint (POST /v1/chat/completions, POST "
-                               "/v1/completions, GET /v1/models, GET /health)");
+                               "/v1/completions, GET /v1/models, GET /v1/models/{id}, GET "
+                               "/health)");
         code = "not_found";
         break;
       case 413:

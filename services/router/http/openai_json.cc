@@ -579,16 +579,30 @@ std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created) {
   return ModelsJson(models, created);
 }
 
+namespace {
+
+json ModelObject(const lazyattn::v1::ModelInfo& model, int64_t created) {
+  return {{"id", ListedModelId(model)},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "lazyattn"},
+          {"max_model_len", model.max_context_tokens()}};
+}
+
+}  // namespace
+
+std::string ListedModelId(const lazyattn::v1::ModelInfo& model) {
+  return model.id().empty() ? model.name() : model.id();
+}
+
 std::string ModelsJson(const std::vector<lazyattn::v1::ModelInfo>& models, int64_t created) {
   json data = json::array();
-  for (const lazyattn::v1::ModelInfo& model : models) {
-    data.push_back({{"id", model.id().empty() ? model.name() : model.id()},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "lazyattn"},
-                    {"max_model_len", model.max_context_tokens()}});
-  }
+  for (const lazyattn::v1::ModelInfo& model : models) data.push_back(ModelObject(model, created));
   return Dump({{"object", "list"}, {"data", std::move(data)}});
+}
+
+std::string ModelJson(const lazyattn::v1::ModelInfo& model, int64_t created) {
+  return Dump(ModelObject(model, created));
 }
 
 }  // namespace lazyattn::router
