@@ -1,11 +1,11 @@
 #include "common/auth.h"
 
+#include <grpc/grpc_security_constants.h>
+
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <utility>
-
-#include <grpc/grpc_security_constants.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -91,8 +91,8 @@ class ServerIdentityVerifier final : public grpc::experimental::ExternalCertific
   grpc::Status CheckIdentity(
       const grpc::experimental::TlsCustomVerificationCheckRequest& request) const {
     const std::string scheme(kScheme);
-    const std::string wanted = absl::StrCat(scheme, expected_.role, "/",
-                                            expected_.name.empty() ? "*" : expected_.name);
+    const std::string wanted =
+        absl::StrCat(scheme, expected_.role, "/", expected_.name.empty() ? "*" : expected_.name);
     for (const grpc::string_ref& uri : request.uri_names()) {
       const std::optional<PeerIdentity> id =
           ParseIdentityUri(std::string_view(uri.data(), uri.size()));
@@ -104,9 +104,9 @@ class ServerIdentityVerifier final : public grpc::experimental::ExternalCertific
                           absl::StrCat("the server's certificate is ", scheme, id->role, "/",
                                        id->name, ", not ", wanted));
     }
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        absl::StrCat("the server's certificate carries no ", scheme,
-                                     " identity; wanted ", wanted));
+    return grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        absl::StrCat("the server's certificate carries no ", scheme, " identity; wanted ", wanted));
   }
 
   grpc::experimental::HostNameCertificateVerifier hostname_;

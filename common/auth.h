@@ -14,14 +14,14 @@
 #ifndef LAZYATTN_COMMON_AUTH_H_
 #define LAZYATTN_COMMON_AUTH_H_
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/security/auth_metadata_processor.h>
-#include <grpcpp/security/tls_certificate_verifier.h>
 
 #include "absl/status/status.h"
 

@@ -4,7 +4,6 @@
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/health_check_service_interface.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -88,10 +87,10 @@ TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {
 // the same hosts, so the host-name check alone would accept any of them.
 TEST(ServerIdentityTest, AClientReachesOnlyTheCertificateItAsksFor) {
   const std::string certs = absl::StrCat(::testing::TempDir(), "/server-identity-certs-", getpid());
-  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs,
-                                     "' --workers 2 --force >/dev/null")
-                            .c_str()),
-            0)
+  ASSERT_EQ(
+      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 2 --force >/dev/null")
+                      .c_str()),
+      0)
       << "tools/gen-certs (run from the source tree) failed";
   auto serve_as = [&](const std::string& name) {
     return StartGrpcServer({.tls = {.cert_file = absl::StrCat(certs, "/", name, ".crt"),

@@ -208,8 +208,12 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
       if (!progress || now >= done || now < next_event || now >= quiet_from) continue;
       next_event = now + script.prefill_progress_every;
       lazyattn::v1::GenerateResponse r;
-      if (!script.progress_stuck || ready == 0) ready += 100;
-      r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
+      if (script.progress_queued) {
+        r.mutable_prefill_progress()->set_queued(true);
+      } else {
+        if (!script.progress_stuck || ready == 0) ready += 100;
+        r.mutable_prefill_progress()->set_prompt_tokens_ready(ready);
+      }
       if (!writer->Write(r)) return ClientGone();
       absl::MutexLock lock(&mu_);
       ++progress_events_;

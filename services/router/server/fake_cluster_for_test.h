@@ -71,6 +71,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // Every PrefillProgress event reports the same count (a worker whose engine is wedged while
     // something still sends its events).
     bool progress_stuck = false;
+    // Every PrefillProgress event says the request is queued (ready 0): a busy worker whose
+    // engine works through the requests ahead of it.
+    bool progress_queued = false;
     // A broken or hostile worker (worker_stream_check.h): token i gets id first_token_id + i, and
     // these messages follow the final one.
     int first_token_id = 100;

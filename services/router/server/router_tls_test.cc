@@ -7,7 +7,6 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
-
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,8 +19,8 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/document_key.h"
 #include "common/grpc_util.h"
@@ -281,9 +280,10 @@ TEST_F(RouterTlsTest, AWorkerChannelAcceptsOnlyTheListedWorkersCertificate) {
                                  {});
   ASSERT_TRUE(serving.ok()) << serving.status();
   const std::string address = absl::StrCat("localhost:", serving->port);
-  WorkerRegistry registry({}, TlsOptions{.cert_file = certs_ + "/router-0.crt",
-                                         .key_file = certs_ + "/router-0.key",
-                                         .ca_file = certs_ + "/ca.crt"},
+  WorkerRegistry registry({},
+                          TlsOptions{.cert_file = certs_ + "/router-0.crt",
+                                     .key_file = certs_ + "/router-0.key",
+                                     .ca_file = certs_ + "/ca.crt"},
                           1 << 20, absl::Seconds(60));
   auto listed_as = [&](const std::string& id) {
     google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> listing;

@@ -165,11 +165,12 @@ void WorkerAttempt::OnReadDone(bool ok) {
       violated = true;  // cancelled below: nothing of this message goes to the call
     } else if (message_.has_prefill_progress()) {
       // The worker's sign of life, for this attempt alone and only before its first token (after
-      // it the events are tolerated and keep nothing alive), and only when the prefill moved:
-      // the timeout runs again from now. The next message is read here (nothing goes to the
-      // call).
+      // it the events are tolerated and keep nothing alive), and only when the prefill moved or
+      // the request waits in a queue the worker's engine is working through: the timeout runs
+      // again from now. The next message is read here (nothing goes to the call).
       const int64_t ready = message_.prefill_progress().prompt_tokens_ready();
-      if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && ready > progress_high_) {
+      const bool alive = ready > progress_high_ || message_.prefill_progress().queued();
+      if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && alive) {
         next_message_due_ = MonotonicNow() + timeouts_.first_token;
       }
       progress_high_ = std::max(progress_high_, ready);

@@ -258,6 +258,26 @@ TEST_F(WorkerProtocolTest, ProgressEventsThatReportNoProgressKeepNothingAlive) {
   EXPECT_EQ(ProtocolErrors(), "0");  // a timeout, not a break of the grammar
 }
 
+// A request waiting in a busy worker's queue, whose engine works through the requests ahead of it
+// (`queued` events, no prefill count), is not cut: moved, it would start over in another queue
+// and lose the wait. Served by the first worker, in one attempt, long after the timeout.
+TEST_F(WorkerProtocolTest, QueuedEventsKeepARequestWaitingInABusyWorkersQueue) {
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  StartRouter(o);
+  workers_[0]->SetScript({.prefill = absl::Seconds(1.5),
+                          .prefill_progress_every = absl::Milliseconds(50),
+                          .progress_queued = true});
+  StreamResult r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(r.final->attempts(), 1);
+  EXPECT_GE(workers_[0]->progress_events(), 10);
+  EXPECT_THAT(Metrics(),
+              Not(HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1")));
+  EXPECT_EQ(ProtocolErrors(), "0");
+}
+
 // A worker that sends its final message and then never ends the call: the answer is complete,
 // so the router cuts the call kEndGrace later and ends the request OK with that final (stream
 // and Complete alike, no other worker asked, even with no between-tokens timeout at all); the

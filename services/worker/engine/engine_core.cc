@@ -164,7 +164,22 @@ bool EngineCore::Step(absl::Time now) {
   const bool progressed = RunStep(now);
   VerifyPool();
   EraseFinished();
+  if (progressed) ReportQueued(now);
   return progressed;
+}
+
+void EngineCore::ReportQueued(absl::Time now) {
+  if (now - last_queued_report_ < kQueuedReportInterval) return;
+  last_queued_report_ = now;
+  for (RequestId id : waiting_) {
+    Request& r = *requests_.at(id);
+    // A preempted request that already streamed tokens has said more than this.
+    if (r.phase == Request::Phase::kDone || !r.result.token_ids.empty() ||
+        !r.prepared.callbacks.on_queued) {
+      continue;
+    }
+    r.prepared.callbacks.on_queued();
+  }
 }
 
 void EngineCore::VerifyPool() {

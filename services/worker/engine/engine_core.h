@@ -191,6 +191,9 @@ class EngineCore {
   EngineLoad PublishedLoad(absl::Time now);
   static constexpr int kExactLoadWaiting = 64;
   static constexpr absl::Duration kLoadEstimateInterval = absl::Milliseconds(50);
+  // How often waiting requests hear that the engine works through their queue
+  // (RequestCallbacks::on_queued): well inside a router's first-token timeout (seconds).
+  static constexpr absl::Duration kQueuedReportInterval = absl::Milliseconds(500);
   KvCacheManager& cache() { return cache_; }
   const ModelConfig& config() const { return runner_->config(); }
   const ModelRunner& runner() const { return *runner_; }
@@ -281,6 +284,9 @@ class EngineCore {
   // RequestCallbacks::on_prefill_progress for `requests` (ids, repeats allowed) still before
   // their first token.
   void ReportPrefillProgress(std::vector<RequestId>& requests);
+  // RequestCallbacks::on_queued for the waiting requests before their first token, at most once
+  // per kQueuedReportInterval (called after a step that made progress).
+  void ReportQueued(absl::Time now);
   // With `launched` on the device and uncollected: launches the decode step after it when the
   // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
   std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
@@ -306,6 +312,7 @@ class EngineCore {
   // PublishedLoad's last estimate of the queued prefill, and when it is due again.
   int64_t published_prefill_tokens_ = 0;
   absl::Time next_prefill_estimate_ = absl::InfinitePast();
+  absl::Time last_queued_report_ = absl::InfinitePast();
 };
 
 }  // namespace lazyattn

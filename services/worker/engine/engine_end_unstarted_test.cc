@@ -1,6 +1,7 @@
-// EngineCore::EndUnstarted and Engine::EndUnstarted, what a worker's drain uses: requests that
-// wait for admission and have sent nothing end with the given status at the next step, later
-// ones too, while the running request finishes as usual.
+// Requests that wait for admission. EngineCore::EndUnstarted and Engine::EndUnstarted, what a
+// worker's drain uses: those that have sent nothing end with the given status at the next step,
+// later ones too, while the running request finishes as usual. And RequestCallbacks::on_queued,
+// the waiting request's sign of life.
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,37 @@ TEST_F(EndUnstartedTest, WaitingRequestsEndAtTheNextStepAndTheRunningOneFinishes
   EXPECT_EQ(running.tokens, 40);
   EXPECT_TRUE(core.cache().CheckInvariant().ok());
   EXPECT_EQ(core.cache().pool().num_referenced(), 0);
+}
+
+// A request waiting for admission hears, at most once per kQueuedReportInterval, that the engine
+// works through the request ahead of it (on_queued: what keeps a router's first-token timeout
+// from moving it to start over in another queue); never once it runs.
+TEST_F(EndUnstartedTest, AWaitingRequestHearsThatTheQueueMoves) {
+  EngineCore core(weights_.get(), tokenizer_.get(),
+                  {.num_kv_blocks = 256, .max_batch_tokens = 64, .max_running = 1});
+  Outcome running, waiting;
+  core.Add(Prepare(40, &running));
+  PreparedRequest p = Prepare(2, &waiting);
+  int reports = 0, reports_after_start = 0;
+  p.callbacks.on_queued = [&] {
+    ++reports;
+    if (waiting.tokens > 0) ++reports_after_start;
+  };
+  core.Add(std::move(p));
+  const absl::Duration step = EngineCore::kQueuedReportInterval / 5;
+  absl::Time now = MonotonicNow();
+  int steps = 0;
+  for (; !running.done && steps < 10000; ++steps, now += step) core.Step(now);
+  ASSERT_TRUE(running.done);
+  ASSERT_GE(steps, 40);
+  EXPECT_FALSE(waiting.done);
+  EXPECT_GE(reports, steps / 5 - 1);
+  EXPECT_LE(reports, steps / 5 + 1);
+  for (int guard = 0; core.HasWork() && guard < 10000; ++guard, now += step) core.Step(now);
+  EXPECT_TRUE(waiting.done);
+  EXPECT_TRUE(waiting.status.ok()) << waiting.status;
+  EXPECT_EQ(waiting.tokens, 2);
+  EXPECT_EQ(reports_after_start, 0);
 }
 
 TEST_F(EndUnstartedTest, TheEngineRefusesNewRequestsWithTheStatus) {

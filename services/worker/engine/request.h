@@ -97,6 +97,10 @@ struct RequestCallbacks {
   // far. A sign of life for callers that time out a first token that is slow to come (a long
   // prompt on a slow backend). Engine thread; keep it short.
   std::function<void(int64_t prompt_tokens_ready)> on_prefill_progress;
+  // Before the first token, while the request waits for admission: after a step that computed
+  // something for the requests ahead of it, at most once per EngineCore::kQueuedReportInterval.
+  // A sign that the engine is alive and working through its queue. Engine thread; keep it short.
+  std::function<void()> on_queued;
   // Exactly once: OK with the result, or the error (InvalidArgument, ResourceExhausted, Cancelled,
   // DeadlineExceeded, Unavailable at shutdown). `result` carries what was generated so far.
   std::function<void(const absl::Status& status, const RequestResult& result)> on_done;

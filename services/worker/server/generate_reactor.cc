@@ -176,9 +176,13 @@ void GenerateReactor::PrepareAndSubmit(const absl::Status& pool_status) {
                 pending_top_.assign(top.begin(), top.end());
               },
           .on_prefill_progress = progress_wanted_
-                                     ? std::function<void(int64_t)>(
-                                           [this](int64_t ready) { OnPrefillProgress(ready); })
+                                     ? std::function<void(int64_t)>([this](int64_t ready) {
+                                         OnPrefillProgress(ready, /*queued=*/false);
+                                       })
                                      : nullptr,
+          .on_queued = progress_wanted_ ? std::function<void()>(
+                                              [this] { OnPrefillProgress(0, /*queued=*/true); })
+                                        : nullptr,
           .on_done = [this](const absl::Status& s, const RequestResult& r) { OnEngineDone(s, r); }};
       auto id = ctx_.engine->SubmitPrepared(std::move(*prepared));
       if (id.ok() && ctx_.after_submit_for_test) ctx_.after_submit_for_test();
@@ -246,7 +250,7 @@ void GenerateReactor::OnToken(int32_t id, std::string_view text) {
   Pump();
 }
 
-void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready) {
+void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready, bool queued) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const absl::Time now = MonotonicNow();
@@ -256,7 +260,9 @@ void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready) {
       return;
     }
     last_progress_ = now;
-    queue_.emplace_back().mutable_prefill_progress()->set_prompt_tokens_ready(prompt_tokens_ready);
+    lazyattn::v1::PrefillProgress* progress = queue_.emplace_back().mutable_prefill_progress();
+    progress->set_prompt_tokens_ready(prompt_tokens_ready);
+    progress->set_queued(queued);
   }
   Pump();
 }

@@ -67,7 +67,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void Prepare(const absl::Status& status);
   void PrepareAndSubmit(const absl::Status& status);
   void OnToken(int32_t id, std::string_view text);                     // engine thread
-  void OnPrefillProgress(int64_t prompt_tokens_ready);                 // engine thread
+  // A PrefillProgress event (throttled): the prefill moved, or (`queued`) the request waits
+  // while the engine works through the requests ahead of it.
+  void OnPrefillProgress(int64_t prompt_tokens_ready, bool queued);            // engine thread
   void OnEngineDone(const absl::Status& status, const RequestResult& result);  // engine thread
   // Starts the next write, or Finish once the queue is empty and the end is known.
   void Pump();

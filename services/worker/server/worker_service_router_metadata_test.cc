@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +144,46 @@ TEST_F(WorkerServiceTest, PrefillProgressOnlyWhenAskedAndOnlyBeforeTheFirstToken
   };
   EXPECT_GE(generate(true), 1u);
   EXPECT_EQ(generate(false), 0u);
+  ExpectIdle();
+}
+
+// A request that waits for admission behind a running one hears, when its router asked for
+// progress, `queued` events while the engine works through the running request (the router's
+// first-token timeout restarts on each), then its tokens.
+TEST_F(WorkerServiceTest, AQueuedRequestSendsQueuedEventsWhileTheEngineWorks) {
+  max_running_ = 1;
+  StartServer(/*slow=*/true);
+  grpc::ClientContext running_ctx;
+  auto running = stub_->Generate(&running_ctx, Request(kDocs, 3000));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(running->Read(&first));  // admitted: it holds the only running slot
+  std::thread drain_running([&] {
+    v1::GenerateResponse m;
+    while (running->Read(&m)) {
+    }
+    (void)running->Finish();
+  });
+
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kPrefillProgressKey, kPrefillProgressValue);
+  auto reader = stub_->Generate(&ctx, Request({"a queued request's own document"}, 3));
+  int queued = 0, tokens = 0, queued_after_tokens = 0;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_prefill_progress() && m.prefill_progress().queued()) {
+      EXPECT_EQ(m.prefill_progress().prompt_tokens_ready(), 0);
+      if (tokens > 0) ++queued_after_tokens;
+      // Heard while waiting: let it run (the running request would take far longer).
+      if (++queued == 2) running_ctx.TryCancel();
+    }
+    if (m.has_token() && m.token().token_id() >= 0) ++tokens;
+  }
+  const grpc::Status status = reader->Finish();
+  drain_running.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GE(queued, 2);
+  EXPECT_EQ(tokens, 3);
+  EXPECT_EQ(queued_after_tokens, 0);
   ExpectIdle();
 }
 
