@@ -307,16 +307,19 @@ TEST_F(HttpRequestHeadTest, RangeIsIgnored) {
 }
 
 // cpp-httplib serves HEAD with the GET handler: HEAD /v1/models skipped the key check (and the
-// key's rate limit) that GET /v1/models has. Both are refused without a key now; /health stays
-// open.
+// key's rate limit) that GET /v1/models has. Both are refused without a key now, for the list and
+// for one model of it; /health stays open.
 TEST_F(HttpRequestHeadTest, HeadNeedsTheKeyGetNeeds) {
   StartHttp(Options(), std::make_shared<RejectAll>());
   for (const char* method : {"GET", "HEAD"}) {
     SCOPED_TRACE(method);
-    const std::string reply = Exchange(
-        absl::StrCat(method, " /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-    EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
-    EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
+    for (const char* path : {"/v1/models", "/v1/models/fake-model", "/v1/models/unknown"}) {
+      SCOPED_TRACE(path);
+      const std::string reply = Exchange(
+          absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+      EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
+      EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
+    }
     const std::string health =
         Exchange(absl::StrCat(method, " /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;

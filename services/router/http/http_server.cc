@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -131,8 +132,9 @@ const char* MethodOf(const httplib::Request& req) {
     // Complete's scope (generate) for both: streaming or not, it is the same permission.
     return kCompleteMethod;
   }
-  if ((req.method == "GET" || req.method == "HEAD") && req.path == "/v1/models") {
-    return kModelInfoMethod;
+  if ((req.method == "GET" || req.method == "HEAD") &&
+      (req.path == "/v1/models" || absl::StartsWith(req.path, "/v1/models/"))) {
+    return kModelInfoMethod;  // the list, and one model of it
   }
   return nullptr;
 }
