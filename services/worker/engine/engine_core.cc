@@ -161,10 +161,13 @@ absl::Time EngineCore::NextDeadline() const {
 
 bool EngineCore::Step(absl::Time now) {
   ++stats_.steps;
+  step_computed_ = false;
   const bool progressed = RunStep(now);
   VerifyPool();
   EraseFinished();
-  if (progressed) ReportQueued(now);
+  // Only a forward pass whose results came back says the queue moves: a step that only
+  // preempted, or whose pass failed, is no sign of life for the requests waiting.
+  if (step_computed_) ReportQueued(now);
   return progressed;
 }
 
@@ -455,6 +458,7 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
 
 void EngineCore::ApplyResults(std::span<Planned> plan,
                               const absl::StatusOr<ForwardOutput>& logits) {
+  step_computed_ |= logits.ok();
   if (!logits.ok()) {
     ++stats_.step_failures;
     ++consecutive_step_failures_;

@@ -285,7 +285,7 @@ class EngineCore {
   // their first token.
   void ReportPrefillProgress(std::vector<RequestId>& requests);
   // RequestCallbacks::on_queued for the waiting requests before their first token, at most once
-  // per kQueuedReportInterval (called after a step that made progress).
+  // per kQueuedReportInterval (called after a step that applied a forward pass's results).
   void ReportQueued(absl::Time now);
   // With `launched` on the device and uncollected: launches the decode step after it when the
   // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
@@ -313,6 +313,7 @@ class EngineCore {
   int64_t published_prefill_tokens_ = 0;
   absl::Time next_prefill_estimate_ = absl::InfinitePast();
   absl::Time last_queued_report_ = absl::InfinitePast();
+  bool step_computed_ = false;  // this Step applied the results of a forward pass
 };
 
 }  // namespace lazyattn
