@@ -232,7 +232,7 @@ void ForwardingCall::StartNextAttempt() {
           cursor_.SetAside(index);
           continue;
         }
-        auto stub = router_->registry().Stub(w.address);
+        auto stub = router_->registry().Stub(w.address, w.id);
         if (!stub.ok()) {
           breakers.Release(w.id, permit);
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));

@@ -96,7 +96,7 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
       cursor_.SetAside(next->index);
       continue;
     }
-    auto stub = router_->registry().Stub(w.address);
+    auto stub = router_->registry().Stub(w.address, w.id);
     if (!stub.ok()) {
       breakers.Release(w.id, permit);
       failures_.push_back(absl::StrCat(w.id, " (", w.address, "): ", stub.status().message()));

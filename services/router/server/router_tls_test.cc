@@ -300,6 +300,28 @@ TEST_F(RouterTlsTest, AWorkerChannelAcceptsOnlyTheListedWorkersCertificate) {
   EXPECT_EQ(listed_as("worker-1"), absl::StatusCode::kUnavailable);
   EXPECT_EQ(registry.kept_channels(), 1u);
   EXPECT_EQ(listed_as("worker-0"), absl::StatusCode::kOk);
+
+  // A call planned for an id checks that id, whatever the listing says by the time it is made:
+  // planned for worker-1 (listed here before), it does not reach worker-0's certificate, and
+  // the kept channel stays worker-0's.
+  auto status_of = [&](const std::string& planned_id) {
+    auto stub = registry.Stub(address, planned_id);
+    EXPECT_TRUE(stub.ok()) << stub.status();
+    if (!stub.ok()) return grpc::StatusCode::INTERNAL;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    lazyattn::v1::WorkerStatus status;
+    return (*stub)->Status(&ctx, lazyattn::v1::WorkerStatusRequest(), &status).error_code();
+  };
+  EXPECT_EQ(status_of("worker-1"), grpc::StatusCode::UNAVAILABLE);
+  // The handshake passes for the planned id; the server has no Worker service (UNIMPLEMENTED).
+  EXPECT_EQ(status_of("worker-0"), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(registry.kept_channels(), 1u);
+  // Forgotten addresses too: a retry planned before the worker left checks the planned id.
+  registry.ObserveDirectory({}, MonotonicNow() + absl::Seconds(120));
+  EXPECT_EQ(registry.kept_channels(), 0u);
+  EXPECT_EQ(status_of("worker-1"), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(status_of("worker-0"), grpc::StatusCode::UNIMPLEMENTED);
   serving->server->Shutdown();
 }
 

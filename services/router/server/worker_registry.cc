@@ -166,17 +166,19 @@ int WorkerRegistry::LiveCount() const {
   return n;
 }
 
-std::string WorkerRegistry::ExpectedWorkerNameLocked(const std::string& address) const {
+std::string WorkerRegistry::ExpectedWorkerNameLocked(const std::string& address,
+                                                     const std::string& worker_id) const {
   auto it = by_address_.find(address);
-  if (it == by_address_.end() || !it->second.from_directory) return "";
-  const WorkerInfo& info = it->second.info;
-  return info.id == info.address ? "" : info.id;  // an id-less listing: the address stands in
+  if (it != by_address_.end() && !it->second.from_directory) return "";  // static
+  const std::string& id =
+      worker_id.empty() && it != by_address_.end() ? it->second.info.id : worker_id;
+  return id == address ? "" : id;  // an id-less listing: the address stands in
 }
 
 absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub(
-    const std::string& address) {
+    const std::string& address, const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
-  const std::string name = ExpectedWorkerNameLocked(address);
+  const std::string name = ExpectedWorkerNameLocked(address, worker_id);
   auto it = dialled_.find(address);
   if (it != dialled_.end() && it->second.worker_name == name) return it->second.stub;
   TlsOptions tls = client_tls_;
@@ -184,7 +186,9 @@ absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> WorkerRegistry::Stub
   auto channel = MakeChannel(address, tls, max_message_bytes_);
   if (!channel.ok()) return channel.status();
   std::shared_ptr<lazyattn::v1::Worker::Stub> stub = lazyattn::v1::Worker::NewStub(*channel);
-  if (by_address_.contains(address)) {  // else forgotten: nothing would erase it (header)
+  // Kept only for a known address, and only for the id listed there now (else nothing would
+  // erase it, or it would replace the channel of the worker listed there: header).
+  if (by_address_.contains(address) && name == ExpectedWorkerNameLocked(address, "")) {
     dialled_[address] = Dialled{*channel, stub, name};
   }
   return stub;

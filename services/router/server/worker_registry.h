@@ -82,10 +82,14 @@ class WorkerRegistry {
   // A known worker's stub and channel are kept until the worker is forgotten. One asked for an
   // address the registry no longer knows (a retry planned just before it was forgotten) is made
   // for that call and not kept: kept, it would never be freed.
-  // With TLS the channel accepts only a worker's certificate (TlsOptions::server_identity): the
-  // one of the id the directory lists at the address, or any worker's for a static address (its
-  // id is what the worker says) and an unknown one. A new id at an address gets a new channel.
-  absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(const std::string& address);
+  // With TLS the channel accepts only the certificate of `worker_id` (TlsOptions::server_identity),
+  // the id the caller planned for (WorkerInfo::id; empty: the one listed at the address now), so a
+  // request goes only to the worker it was routed to; any worker's certificate at a static
+  // address (its id is only what the worker says) or where the id is the address (an id-less
+  // listing). The kept channel follows the id listed at the address: one planned for another id
+  // (the listing changed since) gets a channel of its own, not kept.
+  absl::StatusOr<std::shared_ptr<lazyattn::v1::Worker::Stub>> Stub(
+      const std::string& address, const std::string& worker_id = "");
   // The channel under Stub(address) (health probes share the worker's connection); Unavailable
   // for an address the registry does not know.
   absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& address);
@@ -106,8 +110,10 @@ class WorkerRegistry {
     absl::Time last_polled = absl::InfinitePast();  // a static worker's last good Status poll
   };
 
-  // The worker name a channel to `address` requires of the server's certificate (Stub).
-  std::string ExpectedWorkerNameLocked(const std::string& address) const
+  // The worker name a channel to `address` planned for `worker_id` requires of the server's
+  // certificate (Stub); "" for any worker's.
+  std::string ExpectedWorkerNameLocked(const std::string& address,
+                                       const std::string& worker_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::vector<std::string> static_addresses_;
