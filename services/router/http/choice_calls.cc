@@ -91,14 +91,14 @@ void ChoiceCalls::Consumed(int choice, bool ok) {
   c.call->Consumed(ok);
 }
 
-void ChoiceCalls::CancelAll() {
+void ChoiceCalls::CancelAll(const grpc::Status& why) {
   for (Choice& c : choices_) {
     // Released before the cancel, as a single call's handler does: the call is waiting for it.
     if (c.holding) {
       c.holding = false;
       c.call->Consumed(false);
     }
-    c.call->Cancel();
+    c.call->Cancel(why);
   }
 }
 

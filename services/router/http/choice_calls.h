@@ -58,8 +58,9 @@ class ChoiceCalls {
   // The token Next returned for `choice` was written to the client (ok) or could not be.
   void Consumed(int choice, bool ok);
   // Gives up on every choice still running: tokens taken and not consumed are released, and the
-  // worker calls are cancelled. Idempotent.
-  void CancelAll();
+  // worker calls are cancelled, each ending as `why` (HttpCall::Cancel). Idempotent.
+  void CancelAll(const grpc::Status& why = grpc::Status(grpc::StatusCode::CANCELLED,
+                                                        "cancelled by the client"));
 
  private:
   struct Choice {

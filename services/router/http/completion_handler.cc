@@ -261,7 +261,7 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
   }
   if (!s.calls->AllEnded()) {
     // Not written: released so that the calls can end, which also cancels their worker calls.
-    s.calls->CancelAll();
+    s.calls->CancelAll(StepFailure(step));
     if (step == Step::kClientGone) return false;  // nobody left to tell
     out.Event(StepErrorBody(step));
     sink.done();
@@ -370,7 +370,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     HttpCall::Event e;
     const Step got = NextStep(*calls, &i, &e, deadline, *stopping, client);
     if (got != Step::kToken && got != Step::kEnd) {
-      calls->CancelAll();
+      calls->CancelAll(StepFailure(got));
       if (got == Step::kStopping) {
         response.set_header("Connection", "close");
         SendError(response, 503, kShuttingDown, "unavailable");

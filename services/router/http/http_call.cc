@@ -112,7 +112,7 @@ void HttpCall::DeliverToken(const GenerateResponse& token) {
   ClientWriteDone(false);  // nobody will write it: let the call end
 }
 
-void HttpCall::Cancel() {
+void HttpCall::Cancel(grpc::Status why) {
   bool drop_pending = false;
   {
     absl::MutexLock lock(&mu_);
@@ -121,6 +121,7 @@ void HttpCall::Cancel() {
     drop_pending = pending_.has_value();
     pending_.reset();
   }
+  SetCancelStatus(std::move(why));
   if (drop_pending) {
     ClientWriteDone(false);  // also cancels the worker call
   } else {

@@ -97,9 +97,11 @@ class HttpCall final : public ForwardingCall {
   Event::Kind Next(Event* event, absl::Duration timeout = absl::InfiniteDuration());
   // The last token was written to the client (ok) or could not be (the client is gone).
   void Consumed(bool ok) { ClientWriteDone(ok); }
-  // The handler gives up on the call (the client went away, or the deadline passed): the worker
-  // call is cancelled and any token not consumed is dropped. The handler may then drop the call.
-  void Cancel();
+  // The handler gives up on the call (the client went away, the deadline passed, the router shuts
+  // down): the worker call is cancelled and any token not consumed is dropped; `why` is how the
+  // call ends in the access log and the metrics. The handler may then drop the call.
+  void Cancel(grpc::Status why = grpc::Status(grpc::StatusCode::CANCELLED,
+                                              "cancelled by the client"));
 
  private:
   HttpCall(RouterContext* router, lazyattn::v1::GenerateRequest request,

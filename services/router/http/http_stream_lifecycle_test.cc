@@ -78,6 +78,10 @@ TEST_P(HttpStreamLifecycleTest, ShutdownEndsAStreamStillGettingTokensAfterTheGra
   EXPECT_EQ(reply.find("[DONE]"), std::string::npos);
   EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
   EXPECT_EQ(http_->live_calls(), 0);
+  // Counted (and logged) as the shutdown's cut, not as a client that cancelled.
+  EXPECT_TRUE(WaitFor([&] { return RequestsEnded("unavailable") == 1; }, kBound))
+      << RequestsEnded("unavailable");
+  EXPECT_EQ(RequestsEnded("cancelled"), 0);
 }
 
 // A draining router cuts a stream of several choices (OpenAI's `n`) as it cuts one: the error

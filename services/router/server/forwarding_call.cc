@@ -209,7 +209,7 @@ void ForwardingCall::StartNextAttempt() {
     const absl::Time now = MonotonicNow();
     const int max_attempts = router_->options().routing.max_attempts;
     if (cancelled_) {
-      failure = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      failure = cancel_status_;
     } else {
       auto& breakers = router_->selector().breakers();
       while (attempt == nullptr && attempts_ < max_attempts) {
@@ -368,6 +368,11 @@ void ForwardingCall::ClientWriteDone(bool ok) {
   }
 }
 
+void ForwardingCall::SetCancelStatus(grpc::Status why) {
+  absl::MutexLock lock(&mu_);
+  cancel_status_ = std::move(why);
+}
+
 void ForwardingCall::ClientCancelled() {
   std::shared_ptr<WorkerAttempt> attempt;
   {
@@ -495,7 +500,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
         breakers.Release(w.id, attempt->permit());
       }
       if (cancelled_) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        status = cancel_status_;
       } else if (client_expiry) {
         // Whatever was streamed, the client's deadline ended the call: say so, not UNAVAILABLE.
         status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");

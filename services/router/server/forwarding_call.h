@@ -77,6 +77,10 @@ class ForwardingCall {
   // The sink finished with the last token (ok: it reached the client's stream).
   void ClientWriteDone(bool ok);
   void ClientCancelled();
+  // How a cancellation by the caller (ClientCancelled, a failed client write) ends the call, in
+  // the access log and the request metrics: CANCELLED "cancelled by the client" unless set. The
+  // HTTP API sets the router's shutdown or its own request deadline when those are the cause.
+  void SetCancelStatus(grpc::Status why);
 
   // Sink: hand one token message to the client, then call ClientWriteDone.
   virtual void DeliverToken(const lazyattn::v1::GenerateResponse& token) = 0;
@@ -142,6 +146,8 @@ class ForwardingCall {
   RetryBudget::RequestSlot budget_request_ ABSL_GUARDED_BY(mu_);
   RetryBudget::RetrySlot budget_retry_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status cancel_status_ ABSL_GUARDED_BY(mu_) = grpc::Status(grpc::StatusCode::CANCELLED,
+                                                                  "cancelled by the client");
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // any attempt's
   std::string last_worker_ ABSL_GUARDED_BY(mu_);  // of the latest attempt (access log)
