@@ -94,6 +94,8 @@ void ChoiceCalls::Consumed(int choice, bool ok) {
 void ChoiceCalls::CancelAll(const grpc::Status& why) {
   for (Choice& c : choices_) {
     // Released before the cancel, as a single call's handler does: the call is waiting for it.
+    // The release cancels the worker call: the reason is set first.
+    c.call->SetCancelStatus(why);
     if (c.holding) {
       c.holding = false;
       c.call->Consumed(false);

@@ -121,6 +121,12 @@ grpc::Status StepFailure(Step step) {
   }
 }
 
+// How the other choices of a request end when one of them failed (OpenAI's `n`).
+grpc::Status SiblingFailed() {
+  return grpc::Status(grpc::StatusCode::CANCELLED,
+                      "given up: another choice of the request failed");
+}
+
 // The shutdown's own message, as the listener's refusal of new requests while it drains: the
 // generic 503 text ("no worker could serve") would not tell the client to go elsewhere.
 constexpr char kShuttingDown[] = "the router is shutting down; retry on another";
@@ -245,7 +251,7 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     if (step != Step::kToken && step != Step::kEnd) break;
     if (step == Step::kEnd && !EndStatus(e).ok()) {
       // A choice failed after the stream began: the others are given up on too.
-      s.calls->CancelAll();
+      s.calls->CancelAll(SiblingFailed());
       const grpc::Status status = EndStatus(e);
       LogStreamError(status);
       out.Event(ErrorBodyOf(status));
@@ -380,7 +386,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
       return;
     }
     if (got == Step::kEnd && !EndStatus(e).ok()) {
-      calls->CancelAll();
+      calls->CancelAll(SiblingFailed());
       const grpc::Status status = EndStatus(e);
       SendGrpcError(response, grpc::Status(status.error_code(),
                                            ToHttpFieldNames(*parsed, status.error_message())));
@@ -425,9 +431,12 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
       "text/event-stream",
       [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); },
       [state](bool success) {
-        // The connection failed: the tokens taken and not written are released, and the worker
-        // calls cancelled.
-        if (!success) state->calls->CancelAll();
+        // The connection failed (or the shutdown cut it before the stream began): the tokens
+        // taken and not written are released, and the worker calls cancelled.
+        if (!success) {
+          state->calls->CancelAll(
+              StepFailure(state->stopping->load() ? Step::kStopping : Step::kClientGone));
+        }
       });
 }
 

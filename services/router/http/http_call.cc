@@ -113,6 +113,10 @@ void HttpCall::DeliverToken(const GenerateResponse& token) {
 }
 
 void HttpCall::Cancel(grpc::Status why) {
+  // Before abandoned_ is set: from then on a token arriving on a gRPC thread cancels the worker
+  // call itself (DeliverToken), and the call may end with the cancellation's status at once. Set
+  // after the call ended, it is never read.
+  SetCancelStatus(std::move(why));
   bool drop_pending = false;
   {
     absl::MutexLock lock(&mu_);
@@ -121,7 +125,6 @@ void HttpCall::Cancel(grpc::Status why) {
     drop_pending = pending_.has_value();
     pending_.reset();
   }
-  SetCancelStatus(std::move(why));
   if (drop_pending) {
     ClientWriteDone(false);  // also cancels the worker call
   } else {

@@ -102,6 +102,9 @@ class HttpCall final : public ForwardingCall {
   // call ends in the access log and the metrics. The handler may then drop the call.
   void Cancel(grpc::Status why = grpc::Status(grpc::StatusCode::CANCELLED,
                                               "cancelled by the client"));
+  // Sets how a cancellation ends the call before anything cancels it (ChoiceCalls releases a
+  // held token, which cancels the worker call, before it calls Cancel).
+  using ForwardingCall::SetCancelStatus;
 
  private:
   HttpCall(RouterContext* router, lazyattn::v1::GenerateRequest request,

@@ -370,6 +370,8 @@ void ForwardingCall::ClientWriteDone(bool ok) {
 
 void ForwardingCall::SetCancelStatus(grpc::Status why) {
   absl::MutexLock lock(&mu_);
+  if (cancel_status_set_) return;
+  cancel_status_set_ = true;
   cancel_status_ = std::move(why);
 }
 

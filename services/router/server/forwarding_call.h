@@ -80,6 +80,7 @@ class ForwardingCall {
   // How a cancellation by the caller (ClientCancelled, a failed client write) ends the call, in
   // the access log and the request metrics: CANCELLED "cancelled by the client" unless set. The
   // HTTP API sets the router's shutdown or its own request deadline when those are the cause.
+  // The first reason set stands: later ones come from cleanups of the same cancellation.
   void SetCancelStatus(grpc::Status why);
 
   // Sink: hand one token message to the client, then call ClientWriteDone.
@@ -148,6 +149,7 @@ class ForwardingCall {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status cancel_status_ ABSL_GUARDED_BY(mu_) = grpc::Status(grpc::StatusCode::CANCELLED,
                                                                   "cancelled by the client");
+  bool cancel_status_set_ ABSL_GUARDED_BY(mu_) = false;
   bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // any attempt's
   std::string last_worker_ ABSL_GUARDED_BY(mu_);  // of the latest attempt (access log)
