@@ -174,14 +174,16 @@ bool EngineCore::Step(absl::Time now) {
 void EngineCore::ReportQueued(absl::Time now) {
   if (now - last_queued_report_ < kQueuedReportInterval) return;
   last_queued_report_ = now;
-  for (RequestId id : waiting_) {
-    Request& r = *requests_.at(id);
-    // A preempted request that already streamed tokens has said more than this.
-    if (r.phase == Request::Phase::kDone || !r.result.token_ids.empty() ||
-        !r.prepared.callbacks.on_queued) {
+  // Every request before its first token: those waiting for admission, and those admitted whose
+  // prompt waits for the step's token budget behind older prompts (one whose prompt moved in
+  // this step said so through on_prefill_progress too; a router takes either as life). A
+  // preempted request that already streamed tokens has said more than this.
+  for (auto& [id, r] : requests_) {
+    if (r->phase == Request::Phase::kDone || !r->result.token_ids.empty() ||
+        !r->prepared.callbacks.on_queued) {
       continue;
     }
-    r.prepared.callbacks.on_queued();
+    r->prepared.callbacks.on_queued();
   }
 }
 

@@ -284,7 +284,7 @@ class EngineCore {
   // RequestCallbacks::on_prefill_progress for `requests` (ids, repeats allowed) still before
   // their first token.
   void ReportPrefillProgress(std::vector<RequestId>& requests);
-  // RequestCallbacks::on_queued for the waiting requests before their first token, at most once
+  // RequestCallbacks::on_queued for every request before its first token, at most once
   // per kQueuedReportInterval (called after a step that applied a forward pass's results).
   void ReportQueued(absl::Time now);
   // With `launched` on the device and uncollected: launches the decode step after it when the

@@ -125,6 +125,39 @@ TEST_F(EndUnstartedTest, AWaitingRequestHearsThatTheQueueMoves) {
   EXPECT_EQ(reports_after_start, 0);
 }
 
+// Admitted but starved: a prompt waiting for the step's token budget behind an older one (a
+// CPU worker's usual queue, with engine.max_running above the requests it holds) hears the same
+// until its first token.
+TEST_F(EndUnstartedTest, AnAdmittedPromptBehindAnotherHearsThatTheQueueMoves) {
+  EngineCore core(weights_.get(), tokenizer_.get(),
+                  {.num_kv_blocks = 256, .max_batch_tokens = 16, .max_running = 4});
+  Outcome first, second;
+  core.Add(Prepare(2, &first));
+  PreparedRequest p = Prepare(2, &second);
+  p.question = std::vector<int32_t>(40, 'q');  // its own prompt tail: behind the first's
+  int reports = 0, reports_after_start = 0;
+  p.callbacks.on_queued = [&] {
+    ++reports;
+    if (second.tokens > 0) ++reports_after_start;
+  };
+  core.Add(std::move(p));
+  absl::Time now = MonotonicNow();
+  for (int guard = 0; first.tokens == 0 && guard < 1000; ++guard) {
+    core.Step(now);
+    now += EngineCore::kQueuedReportInterval;
+  }
+  ASSERT_GT(first.tokens, 0);
+  EXPECT_GE(reports, 3);  // 16 tokens a step over a prompt of ~100: several steps
+  for (int guard = 0; core.HasWork() && guard < 10000; ++guard) {
+    core.Step(now);
+    now += EngineCore::kQueuedReportInterval;
+  }
+  EXPECT_TRUE(first.status.ok()) << first.status;
+  EXPECT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.tokens, 2);
+  EXPECT_EQ(reports_after_start, 0);
+}
+
 TEST_F(EndUnstartedTest, TheEngineRefusesNewRequestsWithTheStatus) {
   Engine engine(weights_.get(), tokenizer_.get(), {.num_kv_blocks = 256});
   Outcome before;

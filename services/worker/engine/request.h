@@ -97,9 +97,10 @@ struct RequestCallbacks {
   // far. A sign of life for callers that time out a first token that is slow to come (a long
   // prompt on a slow backend). Engine thread; keep it short.
   std::function<void(int64_t prompt_tokens_ready)> on_prefill_progress;
-  // Before the first token, while the request waits for admission: after a step whose forward
-  // pass succeeded, at most once per EngineCore::kQueuedReportInterval (a step that only
-  // preempted, or whose pass failed, does not count).
+  // Before the first token, while the request waits for its turn (for admission, or admitted, for
+  // the step's token budget behind older prompts): after a step whose forward pass succeeded, at
+  // most once per EngineCore::kQueuedReportInterval (a step that only preempted, or whose pass
+  // failed, does not count).
   // A sign that the engine is alive and working through its queue. Engine thread; keep it short.
   std::function<void()> on_queued;
   // Exactly once: OK with the result, or the error (InvalidArgument, ResourceExhausted, Cancelled,
