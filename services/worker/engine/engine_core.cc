@@ -171,22 +171,6 @@ bool EngineCore::Step(absl::Time now) {
   return progressed;
 }
 
-void EngineCore::ReportQueued(absl::Time now) {
-  if (now - last_queued_report_ < kQueuedReportInterval) return;
-  last_queued_report_ = now;
-  // Every request before its first token: those waiting for admission, and those admitted whose
-  // prompt waits for the step's token budget behind older prompts (one whose prompt moved in
-  // this step said so through on_prefill_progress too; a router takes either as life). A
-  // preempted request that already streamed tokens has said more than this.
-  for (auto& [id, r] : requests_) {
-    if (r->phase == Request::Phase::kDone || !r->result.token_ids.empty() ||
-        !r->prepared.callbacks.on_queued) {
-      continue;
-    }
-    r->prepared.callbacks.on_queued();
-  }
-}
-
 void EngineCore::VerifyPool() {
   const BlockPool& pool = cache_.pool();
   absl::Status problem;
@@ -530,25 +514,6 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     }
   }
   if (!progressed.empty()) ReportPrefillProgress(progressed);
-}
-
-void EngineCore::ReportPrefillProgress(std::vector<RequestId>& requests) {
-  std::sort(requests.begin(), requests.end());
-  requests.erase(std::unique(requests.begin(), requests.end()), requests.end());
-  for (RequestId id : requests) {
-    Request* r = FindRequest(id);
-    // A request that got its first token in this step (or ended) has said more than progress.
-    if (r == nullptr || r->phase == Request::Phase::kDone || r->phase == Request::Phase::kDecode ||
-        !r->result.token_ids.empty() || !r->prepared.callbacks.on_prefill_progress) {
-      continue;
-    }
-    int64_t ready = 0;
-    for (const Segment& s : r->segments) {
-      const EncodeJob* job = s.job != 0 ? FindJob(s.job) : nullptr;
-      ready += job != nullptr ? job->ready : s.ready;
-    }
-    r->prepared.callbacks.on_prefill_progress(ready);
-  }
 }
 
 void EngineCore::TableFor(Request& r, size_t seg, int64_t own_tokens, ForwardChunk& chunk) {

@@ -281,16 +281,18 @@ class EngineCore {
   // Reads a step's results: samples, streams, finishes. On an error every request of the plan,
   // and every request waiting for an encoding job of the plan, fails with it.
   void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
+  // With `launched` on the device and uncollected: launches the decode step after it when the
+  // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
+  std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
+                                                          absl::Time now);
+
+  // --- engine_progress_reports.cc: signs of life before the first token.
   // RequestCallbacks::on_prefill_progress for `requests` (ids, repeats allowed) still before
   // their first token.
   void ReportPrefillProgress(std::vector<RequestId>& requests);
   // RequestCallbacks::on_queued for every request before its first token, at most once
   // per kQueuedReportInterval (called after a step that applied a forward pass's results).
   void ReportQueued(absl::Time now);
-  // With `launched` on the device and uncollected: launches the decode step after it when the
-  // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
-  std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
-                                                          absl::Time now);
 
   std::unique_ptr<ModelRunner> runner_;
   const Tokenizer* tokenizer_;

@@ -1,5 +1,6 @@
 // EngineCore's private state types, shared by the files that implement it (engine_core.cc,
-// engine_admission.cc, engine_output.cc). Not for other users: include engine_core.h.
+// engine_admission.cc, engine_output.cc, engine_load.cc, engine_progress_reports.cc). Not for
+// other users: include engine_core.h.
 //
 // Who owns what: EngineCore::requests_ owns each Request, EngineCore::jobs_ each EncodeJob. Blocks
 // are owned through references counted in the block pool: a Segment's `blocks` hold one reference

@@ -2,6 +2,7 @@
 // worker's drain uses: those that have sent nothing end with the given status at the next step,
 // later ones too, while the running request finishes as usual. And RequestCallbacks::on_queued,
 // the waiting request's sign of life.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,15 @@ class EndUnstartedTest : public ::testing::Test {
       outcome->status = s;
     };
     return std::move(*p);
+  }
+
+  // Steps `core` until `done()` (at most `limit` steps), the clock `step` further each time from
+  // *now, which it leaves after the last step. Returns the steps taken.
+  static int StepUntil(EngineCore& core, absl::Time* now, absl::Duration step,
+                       const std::function<bool()>& done, int limit = 10000) {
+    int steps = 0;
+    for (; !done() && steps < limit; ++steps, *now += step) core.Step(*now);
+    return steps;
   }
 
   std::unique_ptr<ModelWeights> weights_;
@@ -111,14 +121,13 @@ TEST_F(EndUnstartedTest, AWaitingRequestHearsThatTheQueueMoves) {
   core.Add(std::move(p));
   const absl::Duration step = EngineCore::kQueuedReportInterval / 5;
   absl::Time now = MonotonicNow();
-  int steps = 0;
-  for (; !running.done && steps < 10000; ++steps, now += step) core.Step(now);
+  const int steps = StepUntil(core, &now, step, [&] { return running.done; });
   ASSERT_TRUE(running.done);
   ASSERT_GE(steps, 40);
   EXPECT_FALSE(waiting.done);
   EXPECT_GE(reports, steps / 5 - 1);
   EXPECT_LE(reports, steps / 5 + 1);
-  for (int guard = 0; core.HasWork() && guard < 10000; ++guard, now += step) core.Step(now);
+  StepUntil(core, &now, step, [&] { return !core.HasWork(); });
   EXPECT_TRUE(waiting.done);
   EXPECT_TRUE(waiting.status.ok()) << waiting.status;
   EXPECT_EQ(waiting.tokens, 2);
@@ -142,16 +151,11 @@ TEST_F(EndUnstartedTest, AnAdmittedPromptBehindAnotherHearsThatTheQueueMoves) {
   };
   core.Add(std::move(p));
   absl::Time now = MonotonicNow();
-  for (int guard = 0; first.tokens == 0 && guard < 1000; ++guard) {
-    core.Step(now);
-    now += EngineCore::kQueuedReportInterval;
-  }
+  const absl::Duration step = EngineCore::kQueuedReportInterval;
+  StepUntil(core, &now, step, [&] { return first.tokens > 0; });
   ASSERT_GT(first.tokens, 0);
   EXPECT_GE(reports, 3);  // 16 tokens a step over a prompt of ~100: several steps
-  for (int guard = 0; core.HasWork() && guard < 10000; ++guard) {
-    core.Step(now);
-    now += EngineCore::kQueuedReportInterval;
-  }
+  StepUntil(core, &now, step, [&] { return !core.HasWork(); });
   EXPECT_TRUE(first.status.ok()) << first.status;
   EXPECT_TRUE(second.status.ok()) << second.status;
   EXPECT_EQ(second.tokens, 2);
