@@ -8,9 +8,15 @@
 namespace lazyattn {
 namespace {
 
-std::string DocName(size_t i, const EngineDocument& d) {
-  return d.id.empty() ? absl::StrCat("documents[", i, "]")
-                      : absl::StrCat("documents[", i, "] (id \"", d.id, "\")");
+// A document's field as the APIs name it (documents[i].text or documents[i].tokens), first in a
+// message so that the HTTP API's `param` names it.
+std::string DocField(size_t i, const EngineDocument& d) {
+  return absl::StrCat("documents[", i, "]", d.token_ids ? ".tokens" : ".text");
+}
+
+// Which document the client called it, to end a message with.
+std::string DocIdNote(const EngineDocument& d) {
+  return d.id.empty() ? "" : absl::StrCat(" (document \"", d.id, "\")");
 }
 
 // Modes full and prefix: re-tokenizes the prompt as the one text the model reads, so that a word
@@ -99,16 +105,16 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
       for (size_t j = 0; j < doc.tokens.size(); ++j) {
         if (doc.tokens[j] < 0 || doc.tokens[j] >= config.vocab_size) {
           return absl::InvalidArgumentError(absl::StrCat(
-              DocName(i, d), ".token_ids[", j, "] = ", doc.tokens[j],
-              " is outside the vocabulary [0, ", config.vocab_size, ")"));
+              DocField(i, d), ".ids[", j, "]: ", doc.tokens[j], " is outside the vocabulary [0, ",
+              config.vocab_size, ")", DocIdNote(d)));
         }
       }
       // Refused before the key memo sees it: a document past the context would only evict
       // memos of documents that can be served.
       if (static_cast<int64_t>(doc.tokens.size()) >= config.max_positions) {
-        return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": ", doc.tokens.size(),
+        return absl::InvalidArgumentError(absl::StrCat(DocField(i, d), ": ", doc.tokens.size(),
                                                        " tokens exceed the model's context of ",
-                                                       config.max_positions));
+                                                       config.max_positions, DocIdNote(d)));
       }
       const auto sha256 = [&] {
         return DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
@@ -133,12 +139,13 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
       }
     }
     if (doc.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": empty document"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(DocField(i, d), ": empty document", DocIdNote(d)));
     }
     if (static_cast<int64_t>(doc.tokens.size()) >= config.max_positions) {
-      return absl::InvalidArgumentError(absl::StrCat(DocName(i, d), ": ", doc.tokens.size(),
+      return absl::InvalidArgumentError(absl::StrCat(DocField(i, d), ": ", doc.tokens.size(),
                                                      " tokens exceed the model's context of ",
-                                                     config.max_positions));
+                                                     config.max_positions, DocIdNote(d)));
     }
     p.documents.push_back(std::move(doc));
   }

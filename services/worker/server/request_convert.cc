@@ -26,9 +26,9 @@ absl::Status DocumentsFromProto(
         doc.token_ids.emplace(d.tokens().ids().begin(), d.tokens().ids().end());
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "documents[", i, "]", d.id().empty() ? "" : absl::StrCat(" (id \"", d.id(), "\")"),
-            ": no content (set text or tokens)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("documents[", i, "]: neither text nor tokens set",
+                         d.id().empty() ? "" : absl::StrCat(" (document \"", d.id(), "\")")));
     }
     out->push_back(std::move(doc));
   }

@@ -130,7 +130,8 @@ TEST_F(RequestConvertTest, DocumentWithoutContentNamesItsIndexAndId) {
   r.set_question("q");
   auto e = EngineRequestFromProto(r, *tokenizer_, config_, {});
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(e.status().message(), HasSubstr("documents[1] (id \"policy\")"));
+  EXPECT_EQ(e.status().message(),
+            "documents[1]: neither text nor tokens set (document \"policy\")");
 }
 
 TEST_F(RequestConvertTest, PrefetchIsOneTokenOverTheDocuments) {
