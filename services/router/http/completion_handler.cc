@@ -427,17 +427,23 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   state->client = client;
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); },
-      [state](bool success) {
-        // The connection failed (or the shutdown cut it before the stream began): the tokens
-        // taken and not written are released, and the worker calls cancelled.
-        if (!success) {
-          state->calls->CancelAll(
-              StepFailure(state->stopping->load() ? Step::kStopping : Step::kClientGone));
-        }
-      });
+  auto write = [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); };
+  auto release = [state](bool success) {
+    // The connection failed (or the shutdown cut it before the stream began): the tokens taken
+    // and not written are released, and the worker calls cancelled.
+    if (!success) {
+      state->calls->CancelAll(
+          StepFailure(state->stopping->load() ? Step::kStopping : Step::kClientGone));
+    }
+  };
+  if (request.version == "HTTP/1.0") {
+    // HTTP/1.0 has no chunked encoding: the stream ends where the connection closes (the
+    // post-routing handler closes it after a body without a length).
+    response.set_content_provider("text/event-stream", std::move(write), std::move(release));
+  } else {
+    response.set_chunked_content_provider("text/event-stream", std::move(write),
+                                          std::move(release));
+  }
 }
 
 }  // namespace lazyattn::router

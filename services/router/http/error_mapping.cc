@@ -44,6 +44,7 @@ const char* ErrorTypeOf(int http_status) {
       return "permission_error";
     case 404:
       return "not_found_error";
+    case 405:  // an endpoint asked with another method
     case 408:  // the body did not arrive within http.body_timeout_ms: the client's fault
     case 411:  // no Content-Length (body_framing.h)
     case 413:

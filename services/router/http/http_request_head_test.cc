@@ -3,8 +3,8 @@
 // line) sent without end are cut at a byte cap, not buffered until the header timeout; a request
 // answered without its body being read closes its connection, so the body cannot be read as a
 // second request (CL.0 desync), whoever answered it (the library's own 414, 416 and 400 included);
-// Range is not served; only JSON bodies are read; HEAD takes GET's key check; and the messages
-// about max_tokens and huge numbers quote what the client sent.
+// Range is not served; only JSON bodies are read; HEAD takes GET's key check; the messages
+// about max_tokens and huge numbers quote what the client sent; and a wrong method is a 405.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
@@ -339,9 +340,9 @@ TEST_F(HttpRequestHeadTest, ErrorsQuoteTheFieldAndTheValueAsSent) {
   };
   for (const Case& c :
        std::vector<Case>{{R"("max_tokens": 10000000000})", "max_tokens",
-                          "max_tokens: 10000000000 outside [0, 4096]"},
+                          "max_tokens: 10000000000 outside [1, 4096]"},
                          {R"("max_completion_tokens": 5000})", "max_completion_tokens",
-                          "max_completion_tokens: 5000 outside [0, 4096]"},
+                          "max_completion_tokens: 5000 outside [1, 4096]"},
                          {R"("n": 1e400})", "n", "n: 1e400 is out of range"}}) {
     SCOPED_TRACE(c.fields);
     const std::string body = user + c.fields;
@@ -353,6 +354,94 @@ TEST_F(HttpRequestHeadTest, ErrorsQuoteTheFieldAndTheValueAsSent) {
     const nlohmann::json error = BodyOf(reply)["error"];
     EXPECT_EQ(error["param"], c.param) << reply;
     EXPECT_EQ(error["message"].get<std::string>().rfind(c.message, 0), 0u) << reply;
+  }
+}
+
+// An endpoint asked with a method it does not take is a 405 naming the methods it does (Allow),
+// not a 404 saying the endpoint does not exist; a path that is no endpoint stays a 404. The
+// library's 414 says what was too long (its message quoted an empty path).
+TEST_F(HttpRequestHeadTest, WrongMethodIs405AndLongUriIsNamed) {
+  StartHttp(Options());
+  struct Case {
+    std::string request;
+    const char* status;
+    const char* allow;  // null: no Allow header
+    const char* code;
+  };
+  const std::string body = kChatBody;
+  for (const Case& c : std::vector<Case>{
+           {"GET /v1/chat/completions HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: POST",
+            "method_not_allowed"},
+           {absl::StrCat("POST /v1/models HTTP/1.1\r\nContent-Length: ", body.size(), "\r\n"),
+            "HTTP/1.1 405", "Allow: GET, HEAD", "method_not_allowed"},
+           {"DELETE /health HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: GET, HEAD",
+            "method_not_allowed"},
+           {"PUT /v1/models/fake-model HTTP/1.1\r\nContent-Length: 0\r\n", "HTTP/1.1 405",
+            "Allow: GET, HEAD", "method_not_allowed"},
+           {"GET /v1/models/ HTTP/1.1\r\n", "HTTP/1.1 404", nullptr, "not_found"},
+           {"GET /v1/nowhere HTTP/1.1\r\n", "HTTP/1.1 404", nullptr, "not_found"},
+           {absl::StrCat("GET /v1/models?", std::string(9000, 'a'), " HTTP/1.1\r\n"),
+            "HTTP/1.1 414", nullptr, "uri_too_long"}}) {
+    SCOPED_TRACE(c.request.substr(0, 40));
+    const bool has_body = c.request.find("Content-Length: ") != std::string::npos &&
+                          c.request.find("Content-Length: 0") == std::string::npos;
+    bool closed = false;
+    const std::string reply = Exchange(
+        absl::StrCat(c.request, "Host: x\r\nConnection: close\r\n\r\n", has_body ? body : ""),
+        &closed);
+    EXPECT_EQ(reply.rfind(c.status, 0), 0u) << reply.substr(0, 300);
+    const size_t head_end = reply.find("\r\n\r\n");
+    const std::string head = reply.substr(0, head_end);
+    EXPECT_EQ(head.find("\r\nAllow: ") != std::string::npos, c.allow != nullptr) << head;
+    if (c.allow != nullptr) EXPECT_NE(head.find(c.allow), std::string::npos) << head;
+    const nlohmann::json error = BodyOf(reply)["error"];
+    EXPECT_EQ(error["code"], c.code) << reply.substr(0, 600);
+    EXPECT_EQ(error["type"], c.status == std::string("HTTP/1.1 404") ? "not_found_error"
+                                                                     : "invalid_request_error");
+    EXPECT_EQ(CountResponses(reply), 1);
+    EXPECT_TRUE(closed);
+    if (c.code == std::string("uri_too_long")) {
+      EXPECT_EQ(error["message"], "the request line is longer than 8192 bytes") << reply;
+    }
+  }
+}
+
+// HTTP/1.0 has no chunked encoding: a stream asked over it came back chunked, which such a client
+// reads as garbage. It is sent as it comes, ended by closing the connection, kept-alive or not;
+// over HTTP/1.1 it stays chunked.
+TEST_F(HttpRequestHeadTest, AStreamOverHttp10EndsAtCloseNotInChunks) {
+  StartHttp(Options());
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8, "stream": true})";
+  for (const char* version_and_connection :
+       {"HTTP/1.0\r\n", "HTTP/1.0\r\nConnection: Keep-Alive\r\n",
+        "HTTP/1.1\r\nConnection: close\r\n"}) {
+    SCOPED_TRACE(version_and_connection);
+    const bool http10 = absl::StartsWith(version_and_connection, "HTTP/1.0");
+    bool closed = false;
+    const std::string reply = Exchange(
+        absl::StrCat("POST /v1/chat/completions ", version_and_connection,
+                     "Host: x\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
+                     "\r\n\r\n", body),
+        &closed);
+    const size_t head_end = reply.find("\r\n\r\n");
+    ASSERT_NE(head_end, std::string::npos) << reply;
+    const std::string head = reply.substr(0, head_end);
+    EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+    EXPECT_NE(head.find("Content-Type: text/event-stream"), std::string::npos) << head;
+    EXPECT_EQ(head.find("Transfer-Encoding: chunked") != std::string::npos, !http10) << head;
+    EXPECT_EQ(head.find("Content-Length"), std::string::npos) << head;
+    if (http10) {
+      EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+      EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
+      // The body is the events themselves, with no chunk sizes between them.
+      const std::string events = reply.substr(head_end + 4);
+      EXPECT_EQ(events.rfind("data: {", 0), 0u) << events;
+      EXPECT_TRUE(absl::EndsWith(events, "data: [DONE]\n\n")) << events;
+      EXPECT_TRUE(closed);
+    } else {
+      EXPECT_TRUE(absl::EndsWith(reply, "0\r\n\r\n")) << reply;  // the last chunk
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <iostream>
@@ -26,6 +27,7 @@
 #include "services/router/http/guarded_server.h"
 #include "services/router/http/http_auth.h"
 #include "services/router/http/openai_json.h"
+#include "services/router/http/openai_models.h"
 #include "services/router/server/api_key_auth.h"
 
 namespace lazyattn::router {
@@ -140,6 +142,17 @@ const char* MethodOf(const httplib::Request& req) {
 }
 
 bool IsCompletion(const httplib::Request& req) { return MethodOf(req) == kCompleteMethod; }
+
+// The methods an endpoint's path takes (its Allow header), null for a path that is no endpoint.
+// /v1/models/ alone names no model: it is no endpoint.
+const char* AllowedMethodsOf(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/v1/models" || path == "/health" ||
+      (absl::StartsWith(path, "/v1/models/") && path.size() > std::strlen("/v1/models/"))) {
+    return "GET, HEAD";
+  }
+  return nullptr;
+}
 
 // Methods whose body cpp-httplib reads for any path (into memory, before its 404).
 bool LibraryReadsBody(const httplib::Request& req) {
@@ -381,14 +394,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     // A whole body is sent at once, right after this: bound its time (a content provider's stream
     // is not, see guarded_server.h).
     if (!res.content_provider_) BoundResponseWrite(res.body.size());
-    if (ClosesAfterResponse()) {
-      if (res.get_header_value("Connection") != "close") {
-        res.headers.erase("Connection");
-        res.headers.erase("Keep-Alive");
-        res.set_header("Connection", "close");
-      }
-    } else if (res.get_header_value("Connection") == "close") {
+    // A body without a length or chunks (an HTTP/1.0 stream) ends where the connection does.
+    const bool ends_at_close =
+        res.content_provider_ && res.content_length_ == 0 && !res.is_chunked_content_provider_;
+    if (!ClosesAfterResponse() &&
+        (ends_at_close || res.get_header_value("Connection") == "close")) {
       CloseConnectionAfterResponse(0);
+    }
+    // The library adds Keep-Alive unless the request asked to close; a closing answer says only
+    // `Connection: close`.
+    if (ClosesAfterResponse()) {
+      res.headers.erase("Connection");
+      res.headers.erase("Keep-Alive");
+      res.set_header("Connection", "close");
     }
   });
   // A handler that needs a key (checked by the pre-routing handler): runs `body(req, res,
@@ -469,7 +487,24 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     if (res.status == 400 && RequestHeadTooLarge()) res.status = 431;
     std::string message;
     const char* code = "error";
+    // The library answers 404 to an endpoint asked with another method: that is a 405.
+    const char* allowed = AllowedMethodsOf(req.path);
+    if (res.status == 404 && allowed != nullptr) {
+      res.status = 405;
+      res.set_header("Allow", allowed);
+    }
     switch (res.status) {
+      case 405:
+        message = absl::StrCat(req.method.substr(0, 16), " ", req.path.substr(0, 64),
+                               ": method not allowed (Allow: ", allowed, ")");
+        code = "method_not_allowed";
+        break;
+      case 414:
+        // The library refused the request line before parsing it: there is no path to quote.
+        message = absl::StrCat("the request line is longer than ",
+                               CPPHTTPLIB_REQUEST_URI_MAX_LENGTH, " bytes");
+        code = "uri_too_long";
+        break;
       case 404:
         message = absl::StrCat(req.path.substr(0, 64),
                                ": no such endpoint (POST /v1/chat/completions, POST "

@@ -130,6 +130,11 @@ TEST_P(HttpStreamLifecycleTest, ShutdownAnswersANonStreamedRequest503AfterTheGra
   EXPECT_GE(took, kGrace);
   EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
   EXPECT_NE(reply.find("the router is shutting down"), std::string::npos) << reply;
+  // The request asked to keep the connection; the answer closes it and says only that (it
+  // carried the library's Keep-Alive beside `Connection: close`).
+  const std::string head = reply.substr(0, reply.find("\r\n\r\n"));
+  EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
   EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the worker call was not cancelled";
   EXPECT_EQ(http_->live_calls(), 0);
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -457,6 +458,16 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   return out;
 }
 
+namespace {
+
+// The gRPC API reads max_tokens 0 as "the worker's default", and its range starts at 0; the
+// HTTP API refuses 0 (ReadSampling), so its messages say the range it takes.
+std::string MaxTokensRangeForHttp(absl::string_view what) {
+  return absl::StrReplaceAll(what, {{" outside [0, ", " outside [1, "}});
+}
+
+}  // namespace
+
 std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view message) {
   const absl::string_view m(message.data(), message.size());
   constexpr absl::string_view kMaxTokens = "sampling.max_tokens: ";
@@ -473,7 +484,7 @@ std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view mess
       what = m.substr(kMaxTokens.size());
     }
   }
-  return absl::StrCat(request.max_tokens_field, ": ", value, what);
+  return absl::StrCat(request.max_tokens_field, ": ", value, MaxTokensRangeForHttp(what));
 }
 
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {
@@ -487,6 +498,9 @@ std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {
                           m.substr(kBiasEntry.size(), close - kBiasEntry.size()),
                           "\": ", m.substr(close + 3));
     }
+  }
+  if (absl::StartsWith(m, "sampling.max_tokens: ")) {
+    return absl::StrCat("max_tokens: ", MaxTokensRangeForHttp(m.substr(21)));
   }
   if (absl::StartsWith(m, "sampling.")) return std::string(m.substr(9));
   if (kind == ApiKind::kCompletion && absl::StartsWith(m, "question:")) {
@@ -571,38 +585,6 @@ std::string UsageChunkJson(const ResponseMeta& meta, std::span<const Final> fina
   j["choices"] = json::array();
   j["usage"] = UsageJson(CombinedUsage(finals));
   return Dump(j);
-}
-
-std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created) {
-  std::vector<lazyattn::v1::ModelInfo> models;
-  if (model != nullptr) models.push_back(*model);
-  return ModelsJson(models, created);
-}
-
-namespace {
-
-json ModelObject(const lazyattn::v1::ModelInfo& model, int64_t created) {
-  return {{"id", ListedModelId(model)},
-          {"object", "model"},
-          {"created", created},
-          {"owned_by", "lazyattn"},
-          {"max_model_len", model.max_context_tokens()}};
-}
-
-}  // namespace
-
-std::string ListedModelId(const lazyattn::v1::ModelInfo& model) {
-  return model.id().empty() ? model.name() : model.id();
-}
-
-std::string ModelsJson(const std::vector<lazyattn::v1::ModelInfo>& models, int64_t created) {
-  json data = json::array();
-  for (const lazyattn::v1::ModelInfo& model : models) data.push_back(ModelObject(model, created));
-  return Dump({{"object", "list"}, {"data", std::move(data)}});
-}
-
-std::string ModelJson(const lazyattn::v1::ModelInfo& model, int64_t created) {
-  return Dump(ModelObject(model, created));
 }
 
 }  // namespace lazyattn::router

@@ -116,16 +116,6 @@ std::string FinishChunkJson(const ResponseMeta& meta, int choice, const lazyattn
                             bool include_usage);
 std::string UsageChunkJson(const ResponseMeta& meta, std::span<const lazyattn::v1::Final> finals);
 
-// GET /v1/models: the served model (its ModelInfo.name), or an empty list.
-std::string ModelsJson(const lazyattn::v1::ModelInfo* model, int64_t created);
-// Every served model (WorkerRegistry::Models), each under its ModelInfo.id (the `model` value
-// that selects it; its name when set alone).
-std::string ModelsJson(const std::vector<lazyattn::v1::ModelInfo>& models, int64_t created);
-// The id a model is listed under in ModelsJson.
-std::string ListedModelId(const lazyattn::v1::ModelInfo& model);
-// GET /v1/models/{id}: one model object, as ModelsJson lists it.
-std::string ModelJson(const lazyattn::v1::ModelInfo& model, int64_t created);
-
 }  // namespace lazyattn::router
 
 #endif  // LAZYATTN_SERVICES_ROUTER_HTTP_OPENAI_JSON_H_

@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/openai_json_test_util.h"
+#include "services/router/http/openai_models.h"
 
 namespace lazyattn::router {
 namespace {
@@ -401,8 +402,9 @@ TEST(OpenAiJsonTest, DeepNestingIsRefusedNotRecursed) {
 }
 
 TEST(OpenAiJsonTest, FieldNamesOfSharedValidatorMessages) {
+  // The HTTP API refuses max_tokens 0 itself: its range starts at 1.
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "sampling.max_tokens: 9999 outside [0, 4096]"),
-            "max_tokens: 9999 outside [0, 4096]");
+            "max_tokens: 9999 outside [1, 4096]");
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kCompletion, "question: must not be empty"),
             "prompt: must not be empty");
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "documents[0].text: empty document"),
@@ -424,12 +426,12 @@ TEST(OpenAiJsonTest, MaxTokensMessagesNameTheFieldAndTheValueAsSent) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {R"("max_tokens": 10000000000})", "max_tokens: 10000000000 outside [0, 4096]"},
-           {R"("max_tokens": 1e10})", "max_tokens: 10000000000 outside [0, 4096]"},
-           {R"("max_completion_tokens": 5000})", "max_completion_tokens: 5000 outside [0, 4096]"},
+           {R"("max_tokens": 10000000000})", "max_tokens: 10000000000 outside [1, 4096]"},
+           {R"("max_tokens": 1e10})", "max_tokens: 10000000000 outside [1, 4096]"},
+           {R"("max_completion_tokens": 5000})", "max_completion_tokens: 5000 outside [1, 4096]"},
            {R"("max_tokens": 5, "max_completion_tokens": 2147483648})",
-            "max_completion_tokens: 2147483648 outside [0, 4096]"},
-           {R"("max_tokens": 2147483647})", "max_tokens: 2147483647 outside [0, 4096]"}}) {
+            "max_completion_tokens: 2147483648 outside [1, 4096]"},
+           {R"("max_tokens": 2147483647})", "max_tokens: 2147483647 outside [1, 4096]"}}) {
     SCOPED_TRACE(c.fields);
     auto r = ParseOpenAiRequest(ApiKind::kChat, user + c.fields);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -628,11 +630,19 @@ TEST(OpenAiJsonTest, FinishReasonsAndModels) {
   v1::ModelInfo m;
   m.set_name("SmolLM2");
   m.set_max_context_tokens(8192);
-  json models = json::parse(ModelsJson(&m, 5));
+  json models = json::parse(ModelsJson({m}, 5));
   EXPECT_EQ(models["object"], "list");
   EXPECT_EQ(models["data"][0]["id"], "SmolLM2");
   EXPECT_EQ(models["data"][0]["object"], "model");
-  EXPECT_TRUE(json::parse(ModelsJson(nullptr, 5))["data"].empty());
+  EXPECT_EQ(models["data"][0]["max_model_len"], 8192);
+  EXPECT_TRUE(json::parse(ModelsJson({}, 5))["data"].empty());
+  // An id, when set, is what the model is listed and selected under; a name that is not UTF-8
+  // is replaced, not thrown on.
+  m.set_id("smol-135m");
+  m.set_name("\xff");
+  EXPECT_EQ(json::parse(ModelJson(m, 5))["id"], "smol-135m");
+  m.clear_id();
+  EXPECT_EQ(json::parse(ModelJson(m, 5))["id"], "\xef\xbf\xbd");
 }
 
 }  // namespace
