@@ -3,6 +3,14 @@
 #include <algorithm>
 
 namespace lazyattn::router {
+namespace {
+
+// The most tokens `doc` can have (DocumentRef::max_tokens; kMaxObservedTokens when unknown).
+int64_t TokenBound(const DocumentRef& doc) {
+  return doc.max_tokens > 0 ? std::min(doc.max_tokens, kMaxObservedTokens) : kMaxObservedTokens;
+}
+
+}  // namespace
 
 std::optional<DocumentKey> SpeculativeKey(const DocumentRef& doc) {
   if (!doc.positional) return doc.key;
@@ -43,9 +51,17 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
     if (auto key = SpeculativeKey(docs[d])) holders[d] = speculative_.Holders(*key, now);
   }
 
+  std::vector<int64_t> copy_tokens(n, 0);
   for (size_t w = 0; w < n; ++w) {
     const WorkerObservation& obs = workers[w];
-    int64_t hits = std::clamp<int64_t>(obs.resident_tokens, 0, kMaxObservedTokens);
+    const bool resident_known = obs.resident.size() == docs.size();
+    int64_t resident_bound = 0, other_bound = 0;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      (resident_known && !obs.resident[d] ? other_bound : resident_bound) += TokenBound(docs[d]);
+    }
+    if (!resident_known) other_bound = resident_bound;
+    int64_t hits = std::clamp<int64_t>(obs.resident_tokens, 0, resident_bound);
+    copy_tokens[w] = std::clamp<int64_t>(obs.copyable_tokens, 0, other_bound);
     for (size_t d = 0; d < docs.size(); ++d) {
       const bool known = d < obs.resident.size() && obs.resident[d];
       if (known) continue;
@@ -83,7 +99,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
         .queued_prefill_tokens =
             std::clamp<int64_t>(obs.queued_prefill_tokens, 0, kMaxObservedTokens),
         .requests = std::max<int64_t>({0, obs.requests, obs.router_inflight}),
-        .copy_tokens = std::clamp<int64_t>(obs.copyable_tokens, 0, kMaxObservedTokens),
+        .copy_tokens = copy_tokens[w],
     });
   }
   Ranking ranking = policy_.Rank(candidates);

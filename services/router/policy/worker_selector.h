@@ -31,6 +31,10 @@ namespace lazyattn::router {
 struct DocumentRef {
   DocumentKey key;
   int64_t estimated_tokens = 0;  // exact for token documents, bytes / bytes-per-token for text
+  // The most tokens the document can have (exact for token documents); 0: unknown (no cap). A
+  // directory's claim of more resident tokens than the request's documents can have is capped at
+  // this: a worker that announced a document with 2^40 tokens drew every request carrying it.
+  int64_t max_tokens = 0;
   int document_index = 0;        // its first occurrence in the request's documents
   // Mode block: the KV is reusable only at `offset`, the global offset the request places the
   // document at (kUnplaced: unknown, never predicted as a hit by the directory). Mode lazy:
@@ -68,8 +72,11 @@ struct WorkerObservation {
   int64_t resident_tokens = 0;  // tokens of the request's documents the directory says it holds
   std::vector<bool> resident;   // per DocumentRef, same order; empty when unknown
   int64_t copyable_tokens = 0;  // mode block: held at other offsets only (ranked, not predicted)
-  // The three counts above and the load are another process's answer, taken as they came: Select
-  // clamps the token counts into [0, kMaxObservedTokens], so no answer overflows a sum.
+  // The three counts above and the load are another process's answer (the directory's, from
+  // what the worker announced), taken as they came: Select clamps the load into
+  // [0, kMaxObservedTokens], resident_tokens to what the documents marked resident can have
+  // (all of them when `resident` is unknown) and copyable_tokens to what the others can have
+  // (DocumentRef::max_tokens), so no answer overflows a sum or outbids the request's documents.
 };
 
 // Far beyond any model's context times any document count; a larger count is not a real one.

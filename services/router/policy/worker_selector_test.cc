@@ -189,9 +189,12 @@ TEST(WorkerSelectorTest, PredictionIsTheDirectorysModeAwareAnswer) {
 }
 
 // A directory's answer is another process's data: counts at the int64 limits (a broken or hostile
-// directory) overflow no sum (the sanitizer build would trap) and rank as the largest real ones.
+// directory) overflow no sum (the sanitizer build would trap) and count as no more than the
+// request's documents can have.
 TEST(WorkerSelectorTest, DirectoryCountsAtTheInt64LimitsOverflowNothing) {
-  const DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200);
+  DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200);
+  a.max_tokens = 300;
+  b.max_tokens = 200;
   const std::vector<DocumentRef> docs = {a, b};
   WorkerSelector selector = MakeSelector();
   selector.RecordChoice(docs, "w0", kT0);  // a speculative hit on w0 for both documents
@@ -203,10 +206,35 @@ TEST(WorkerSelectorTest, DirectoryCountsAtTheInt64LimitsOverflowNothing) {
       {.id = "w2", .resident_tokens = 500, .resident = {true, true}}};
   Selection s = selector.Select(obs, docs, kT0);
   ASSERT_EQ(s.order.size(), 3u);
-  EXPECT_EQ(s.predicted_hit_tokens[0], kMaxObservedTokens + 500);
+  // Residency unknown: capped at both documents' 500 tokens, plus both speculative hits.
+  EXPECT_EQ(s.predicted_hit_tokens[0], 500 + 500);
   EXPECT_EQ(s.predicted_hit_tokens[1], 0);  // the speculative entries are w0's
   EXPECT_EQ(obs[s.order[0]].id, "w0");
   EXPECT_EQ(obs[s.order.back()].id, "w1");  // no hits, the most queued
+}
+
+// A worker may announce any entry (kvdir stores what it is told): one that claimed a request's
+// document with 2^40 tokens drew every request carrying it, whatever its load, and read their
+// prompts. Its claim now counts for no more than the documents marked resident can have, so a
+// real holder with a shorter queue wins; copyable tokens are capped at the other documents'.
+TEST(WorkerSelectorTest, AClaimOfMoreTokensThanTheDocumentsHaveIsCapped) {
+  DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200);
+  a.max_tokens = 400;  // its text's bytes plus slack: above the estimate
+  b.max_tokens = 200;
+  const std::vector<DocumentRef> docs = {a, b};
+  WorkerSelector selector = MakeSelector();
+  std::vector<WorkerObservation> obs = {
+      {.id = "liar",
+       .queued_prefill_tokens = 350,
+       .resident_tokens = int64_t{1} << 40,
+       .resident = {true, false},
+       .copyable_tokens = int64_t{1} << 40},
+      {.id = "holder", .resident_tokens = 300, .resident = {true, false}}};
+  Selection s = selector.Select(obs, docs, kT0);
+  EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(400, 300));
+  // liar: 400 hits + copy_token_weight * 200 copyable - 350 queued, below holder's 300.
+  ASSERT_EQ(s.order.size(), 2u);
+  EXPECT_EQ(obs[s.order[0]].id, "holder");
 }
 
 TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {

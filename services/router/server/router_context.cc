@@ -14,6 +14,12 @@
 #include "common/monotonic_time.h"
 
 namespace lazyattn::router {
+namespace {
+
+// Tokens a text document may have beyond one per byte (DocumentRef::max_tokens).
+constexpr int64_t kTextTokenSlack = 16;
+
+}  // namespace
 
 using lazyattn::v1::CacheMode;
 using lazyattn::v1::Document;
@@ -193,10 +199,14 @@ std::vector<DocumentRef> RouterContext::DocumentRefs(
       const auto& ids = doc.tokens().ids();
       ref.key = DocumentKeyFromTokens(mfp, tfp, std::vector<int32_t>(ids.begin(), ids.end()));
       ref.estimated_tokens = ids.size();
+      ref.max_tokens = ids.size();
     } else {
       ref.key = DocumentKeyFromText(mfp, tfp, doc.text());
       ref.estimated_tokens =
           static_cast<int64_t>(std::ceil(static_cast<double>(doc.text().size()) / bytes_per_token));
+      // A tokenizer makes at most one token per byte (byte-level BPE; SentencePiece's byte
+      // fallback), plus the few some add around a text (a dummy-prefix space).
+      ref.max_tokens = static_cast<int64_t>(doc.text().size()) + kTextTokenSlack;
     }
     if (seen.insert(ref.key).second) refs.push_back(ref);
   }

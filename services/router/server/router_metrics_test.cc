@@ -172,9 +172,9 @@ TEST_F(ModelMetricsTest, EachRequestCountsUnderTheModelItWasRoutedTo) {
               HasSubstr("lazyattn_router_request_duration_seconds_count{model=\"fake-model\"} 3"));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 0"));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_retries_total{model=\"fake-model-b\"} 1"));
-  // The directory shows "doc" on w0 under A's key only.
-  EXPECT_THAT(m,
-              HasSubstr("lazyattn_router_predicted_hit_tokens_total{model=\"fake-model\"} 1500"));
+  // The directory shows "doc" on w0 under A's key only, with 500 tokens: capped at the 3 + 16
+  // a 3-byte text can have (DocumentRef::max_tokens), 19 a request.
+  EXPECT_THAT(m, HasSubstr("lazyattn_router_predicted_hit_tokens_total{model=\"fake-model\"} 57"));
   EXPECT_THAT(m,
               HasSubstr("lazyattn_router_prediction_error_tokens_count{model=\"fake-model\"} 3"));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_worker_selections_total{model=\"fake-model\","
