@@ -172,4 +172,12 @@ std::optional<std::string> DialedHost(absl::string_view target) {
   return HostOfHostPort(target);  // gRPC reads a target of no known scheme as dns:///target
 }
 
+bool DialsOverTheNetwork(absl::string_view target) {
+  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) {
+    return false;
+  }
+  if (absl::ConsumePrefix(&target, "dns://")) return absl::StartsWith(target, "/");
+  return true;
+}
+
 }  // namespace lazyattn

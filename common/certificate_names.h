@@ -52,6 +52,13 @@ CertificateNames PeerCertificateNames(const grpc::AuthContext& context);
 // tell: an empty host, several addresses, another resolver's scheme ("xds:", "scheme://").
 std::optional<std::string> DialedHost(absl::string_view target);
 
+// Whether a channel to `target` connects where its host says, over the network: false for a
+// local socket ("unix:", "unix-abstract:", which dial "localhost" to a certificate check, so any
+// certificate naming localhost passes) and for a name resolved by a DNS server the target picks
+// ("dns://SERVER/host:port": the server decides which address the host is). kvdir refuses such
+// an address from a worker: every router would connect wherever it points.
+bool DialsOverTheNetwork(absl::string_view target);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_COMMON_CERTIFICATE_NAMES_H_

@@ -77,5 +77,16 @@ TEST(DialedHostTest, TargetsWhoseHostCannotBeToldAreNullopt) {
   }
 }
 
+TEST(DialsOverTheNetworkTest, LocalSocketsAndTargetsPickingTheirDnsServerDoNot) {
+  for (const char* target : {"worker-0:7200", "10.1.2.3:7200", "[::1]:7200", "127.0.0.1:7200",
+                             "dns:///worker-0:7200", "dns:worker-0:7200", "ipv4:10.1.2.3:7200"}) {
+    EXPECT_TRUE(DialsOverTheNetwork(target)) << target;
+  }
+  for (const char* target : {"unix:/run/lazyattn/worker.sock", "unix-abstract:worker",
+                             "dns://8.8.8.8:53/worker-0:7200", "dns://attacker/worker-0:7200"}) {
+    EXPECT_FALSE(DialsOverTheNetwork(target)) << target;
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn

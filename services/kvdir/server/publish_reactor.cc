@@ -295,6 +295,19 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
   // worker it belongs to (one live worker per address) or draw that worker's traffic by
   // claiming documents under it.
   const std::optional<std::string> host = DialedHost(address);
+  if (!DialsOverTheNetwork(address)) {
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
+    const std::string shown = Printable(address, 256);
+    LogWarning("kvdir")
+        .Str("worker", id)
+        .Str("address", shown)
+        .Str("peer_host", peer_host_)
+        .Msg("refused hello: the advertised address is a local socket or picks its DNS server");
+    return absl::PermissionDeniedError(absl::StrCat(
+        "hello.status.address: \"", shown,
+        "\" is a local socket or names its own DNS server; advertise host:port, [v6]:port or "
+        "dns:///host:port"));
+  }
   if (host && certificate_names_.Names(*host)) return absl::OkStatus();
   ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
   const std::string shown = Printable(address, 256);
