@@ -192,4 +192,13 @@ absl::Status CheckTransportSecurity(std::string_view process, std::string_view c
   return absl::OkStatus();
 }
 
+absl::Status CheckPeerCallSecurity(std::string_view config_source, std::string_view ca_field,
+                                   bool calls_peers, bool ca_configured, bool insecure) {
+  if (insecure || !calls_peers || ca_configured) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(config_source), ": ", std::string(ca_field),
+      ": not configured; the calls to other cluster processes would be plaintext. Set it with "
+      "the certificate and key beside it (tools/gen-certs makes them), or insecure: true"));
+}
+
 }  // namespace lazyattn

@@ -95,6 +95,13 @@ std::string_view MethodPathOf(const grpc::AuthMetadataProcessor::InputMetadata& 
 absl::Status CheckTransportSecurity(std::string_view process, std::string_view config_source,
                                     bool tls_configured, bool insecure);
 
+// The other half of that decision, for the calls a process makes: unless `insecure`, a process
+// that calls peers (`calls_peers`) must have a CA to check them with (`ca_configured`), or
+// InvalidArgument naming `ca_field`. Without one its calls went out in plaintext, silently,
+// carrying what its own TLS protected (a router's prompts and documents).
+absl::Status CheckPeerCallSecurity(std::string_view config_source, std::string_view ca_field,
+                                   bool calls_peers, bool ca_configured, bool insecure);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_COMMON_AUTH_H_

@@ -43,5 +43,16 @@ TEST(CheckTransportSecurity, NeedsExactlyOneOfTlsAndInsecure) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CheckPeerCallSecurity, CallsGoOverTlsUnlessInsecure) {
+  EXPECT_TRUE(CheckPeerCallSecurity("c.yaml", "client_tls.ca_file", true, true, false).ok());
+  EXPECT_TRUE(CheckPeerCallSecurity("c.yaml", "client_tls.ca_file", true, false, true).ok());
+  EXPECT_TRUE(CheckPeerCallSecurity("c.yaml", "kvdir.tls.ca_file", false, false, false).ok());
+  const absl::Status plaintext =
+      CheckPeerCallSecurity("c.yaml", "client_tls.ca_file", true, false, false);
+  EXPECT_EQ(plaintext.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plaintext.message().rfind("c.yaml: client_tls.ca_file: not configured", 0), 0u)
+      << plaintext;
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -100,6 +100,14 @@ int main(int argc, char** argv) {
     lazyattn::LogError("router").Msg(std::string(s.message()));
     return 2;
   }
+  // Calls to kvdir and the workers carry the prompts the server's TLS protected.
+  if (absl::Status s =
+          lazyattn::CheckPeerCallSecurity(config_path, "client_tls.ca_file", /*calls_peers=*/true,
+                                          !options->client_tls.ca_file.empty(), options->insecure);
+      !s.ok()) {
+    lazyattn::LogError("router").Msg(std::string(s.message()));
+    return 2;
+  }
   if (!options->insecure && options->auth.api_keys_file.empty()) {
     lazyattn::LogError("router").Msg(
         config_path + ": auth.api_keys_file: required (tools/gen-certs makes one), or insecure: true");

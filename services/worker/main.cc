@@ -276,6 +276,14 @@ int main(int argc, char** argv) {
     lazyattn::LogError("worker").Msg(std::string(s.message()));
     return 2;
   }
+  // Its calls to kvdir announce its address and the documents it holds.
+  if (absl::Status s = lazyattn::CheckPeerCallSecurity(
+          flags.config, "kvdir.tls.ca_file", !config->kvdir.address.empty(),
+          !config->kvdir.tls.ca_file.empty(), config->insecure);
+      !s.ok()) {
+    lazyattn::LogError("worker").Msg(std::string(s.message()));
+    return 2;
+  }
 
   if (pipe(g_signal_pipe) != 0) {
     lazyattn::LogError("worker").Str("error", strerror(errno)).Msg("pipe failed");
