@@ -230,7 +230,10 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     for (std::string& token : script.tokens) absl::StrAppend(&token, "#", seed);
   }
   std::string text;
-  for (size_t i = 0; i < script.tokens.size(); ++i) {
+  const size_t cycle = script.tokens.size();
+  for (size_t n = 0; n < cycle || (script.endless && cycle > 0); ++n) {
+    const size_t i = n % cycle;
+    if (script.endless && i == 0 && n > 0) text.clear();  // bounded memory; no final comes
     if (script.fail_after_tokens >= 0 && static_cast<int>(i) == script.fail_after_tokens) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "scripted crash mid-stream");
     }

@@ -54,6 +54,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // >= 0: after this many tokens, wait for Unblock() (or the call's cancellation), as a worker
     // that froze mid-generation (SIGSTOP) does.
     int block_after_tokens = -1;
+    // After the tokens, sends them again and again (ids as the first time) until a write fails:
+    // a stream no flow-control window holds, whatever the windows have grown to. No final.
+    bool endless = false;
     // A pause before every token after the first (decode steps of a slow worker).
     absl::Duration token_interval = absl::ZeroDuration();
     // Non-empty: sent after the tokens as a text-only chunk with token_id -1, as a real worker
