@@ -363,32 +363,42 @@ TEST_F(HttpRequestHeadTest, ErrorsQuoteTheFieldAndTheValueAsSent) {
 TEST_F(HttpRequestHeadTest, WrongMethodIs405AndLongUriIsNamed) {
   StartHttp(Options());
   struct Case {
-    std::string request;
+    std::string request;  // its line and the headers that differ
     const char* status;
     const char* allow;  // null: no Allow header
     const char* code;
   };
   const std::string body = kChatBody;
+  const std::string length = absl::StrCat("Content-Length: ", body.size(), "\r\n");
   for (const Case& c : std::vector<Case>{
            {"GET /v1/chat/completions HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: POST",
             "method_not_allowed"},
-           {absl::StrCat("POST /v1/models HTTP/1.1\r\nContent-Length: ", body.size(), "\r\n"),
-            "HTTP/1.1 405", "Allow: GET, HEAD", "method_not_allowed"},
-           {"DELETE /health HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: GET, HEAD",
+           {"GET /v1/completions?stream=true HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: POST",
             "method_not_allowed"},
-           {"PUT /v1/models/fake-model HTTP/1.1\r\nContent-Length: 0\r\n", "HTTP/1.1 405",
+           // The library itself answered TRACE 400 and OPTIONS 404.
+           {"TRACE /v1/chat/completions HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: POST",
+            "method_not_allowed"},
+           {"OPTIONS /v1/models HTTP/1.1\r\n", "HTTP/1.1 405", "Allow: GET, HEAD",
+            "method_not_allowed"},
+           // With a body it does not read, kept alive or not: closed after the answer.
+           {absl::StrCat("POST /v1/models HTTP/1.1\r\n", length), "HTTP/1.1 405",
             "Allow: GET, HEAD", "method_not_allowed"},
+           {absl::StrCat("PUT /v1/models/fake-model HTTP/1.1\r\n", length), "HTTP/1.1 405",
+            "Allow: GET, HEAD", "method_not_allowed"},
+           {"DELETE /health HTTP/1.1\r\nContent-Length: 0\r\n", "HTTP/1.1 405", "Allow: GET, HEAD",
+            "method_not_allowed"},
            {"GET /v1/models/ HTTP/1.1\r\n", "HTTP/1.1 404", nullptr, "not_found"},
            {"GET /v1/nowhere HTTP/1.1\r\n", "HTTP/1.1 404", nullptr, "not_found"},
            {absl::StrCat("GET /v1/models?", std::string(9000, 'a'), " HTTP/1.1\r\n"),
             "HTTP/1.1 414", nullptr, "uri_too_long"}}) {
     SCOPED_TRACE(c.request.substr(0, 40));
-    const bool has_body = c.request.find("Content-Length: ") != std::string::npos &&
-                          c.request.find("Content-Length: 0") == std::string::npos;
+    const bool has_body = c.request.find(length) != std::string::npos;
     bool closed = false;
-    const std::string reply = Exchange(
-        absl::StrCat(c.request, "Host: x\r\nConnection: close\r\n\r\n", has_body ? body : ""),
-        &closed);
+    // A request with a body asks to keep the connection: the router must close it anyway.
+    const std::string reply =
+        Exchange(absl::StrCat(c.request, "Host: x\r\n", has_body ? "" : "Connection: close\r\n",
+                              "\r\n", has_body ? body : ""),
+                 &closed);
     EXPECT_EQ(reply.rfind(c.status, 0), 0u) << reply.substr(0, 300);
     const size_t head_end = reply.find("\r\n\r\n");
     const std::string head = reply.substr(0, head_end);
@@ -400,10 +410,30 @@ TEST_F(HttpRequestHeadTest, WrongMethodIs405AndLongUriIsNamed) {
                                                                      : "invalid_request_error");
     EXPECT_EQ(CountResponses(reply), 1);
     EXPECT_TRUE(closed);
+    EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+    EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
     if (c.code == std::string("uri_too_long")) {
       EXPECT_EQ(error["message"], "the request line is longer than 8192 bytes") << reply;
     }
   }
+  // HEAD gets the same 405, without a body.
+  const std::string head_reply =
+      Exchange("HEAD /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(head_reply.rfind("HTTP/1.1 405", 0), 0u) << head_reply;
+  EXPECT_NE(head_reply.find("Allow: POST"), std::string::npos) << head_reply;
+}
+
+// An HTTP/1.0 request that does not ask to keep its connection has it closed after the answer
+// (by the library): the answer says `Connection: close`, not the library's Keep-Alive.
+TEST_F(HttpRequestHeadTest, AnHttp10AnswerSaysItCloses) {
+  StartHttp(Options());
+  bool closed = false;
+  const std::string reply = Exchange("GET /health HTTP/1.0\r\nHost: x\r\n\r\n", &closed);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  const std::string head = reply.substr(0, reply.find("\r\n\r\n"));
+  EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
+  EXPECT_TRUE(closed);
 }
 
 // HTTP/1.0 has no chunked encoding: a stream asked over it came back chunked, which such a client

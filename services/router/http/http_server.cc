@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
 #include "services/router/http/http_auth.h"
+#include "services/router/http/library_errors.h"
 #include "services/router/http/openai_json.h"
 #include "services/router/http/openai_models.h"
 #include "services/router/server/api_key_auth.h"
@@ -152,6 +154,23 @@ const char* AllowedMethodsOf(const std::string& path) {
     return "GET, HEAD";
   }
   return nullptr;
+}
+
+// The Allow header of a request for an endpoint by a method it does not take (a 405); null when
+// the path is no endpoint or the method is one of its own.
+const char* WrongMethodAllow(const httplib::Request& req) {
+  const char* allowed = AllowedMethodsOf(req.path);
+  if (allowed == nullptr) return nullptr;
+  const bool own = std::string_view(allowed) == "POST"
+                       ? req.method == "POST"
+                       : req.method == "GET" || req.method == "HEAD";
+  return own ? nullptr : allowed;
+}
+
+// The library closes the connection after answering an HTTP/1.0 request that did not ask to keep
+// it, without saying so in the answer.
+bool LibraryClosesAfterResponse(const httplib::Request& req) {
+  return req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive";
 }
 
 // Methods whose body cpp-httplib reads for any path (into memory, before its 404).
@@ -333,6 +352,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
     // non-const in its routing (as in ReadBody).
     const_cast<httplib::Request&>(req).ranges.clear();
+    // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
+    // and the like 400 and anything else on a known path 404), its body unread.
+    if (const char* allow = WrongMethodAllow(req)) {
+      if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
+      res.status = 405;  // the error handler writes the body
+      res.set_header("Allow", allow);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const char* method = MethodOf(req);
     if (method == nullptr) {
       if (LibraryReadsBody(req)) {
@@ -394,11 +421,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     // A whole body is sent at once, right after this: bound its time (a content provider's stream
     // is not, see guarded_server.h).
     if (!res.content_provider_) BoundResponseWrite(res.body.size());
-    // A body without a length or chunks (an HTTP/1.0 stream) ends where the connection does.
+    // A body without a length or chunks (an HTTP/1.0 stream) ends where the connection does; the
+    // close lingers over what the client may still send, lest a reset cut the stream's end.
     const bool ends_at_close =
         res.content_provider_ && res.content_length_ == 0 && !res.is_chunked_content_provider_;
+    if (ends_at_close) CloseConnectionAfterResponse(kWireSlack);
     if (!ClosesAfterResponse() &&
-        (ends_at_close || res.get_header_value("Connection") == "close")) {
+        (res.get_header_value("Connection") == "close" || LibraryClosesAfterResponse(req))) {
       CloseConnectionAfterResponse(0);
     }
     // The library adds Keep-Alive unless the request asked to close; a closing answer says only
@@ -478,57 +507,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
         nlohmann::json{{"status", status}, {"workers", live}, {"admitted", admitted}}.dump(),
         "application/json");
   });
-  // Errors the library produces itself (unknown path 404, wrong method 405, body over the limit
-  // 413, malformed request 400, headers over the cap 431, URI too long 414, a Range it cannot
-  // parse 416): OpenAI's error shape unless a handler wrote a body.
+  // Errors the library produces itself (unknown path 404, body over the limit 413, malformed
+  // request 400, headers over the cap 431, URI too long 414, a Range it cannot parse 416) and
+  // the pre-routing handler's (wrong method 405): OpenAI's error shape unless a handler wrote a
+  // body.
   s.set_error_handler([opts](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    // The library answers 400 to headers it could not read; they were too many bytes.
-    if (res.status == 400 && RequestHeadTooLarge()) res.status = 431;
-    std::string message;
-    const char* code = "error";
-    // The library answers 404 to an endpoint asked with another method: that is a 405.
-    const char* allowed = AllowedMethodsOf(req.path);
-    if (res.status == 404 && allowed != nullptr) {
-      res.status = 405;
-      res.set_header("Allow", allowed);
-    }
-    switch (res.status) {
-      case 405:
-        message = absl::StrCat(req.method.substr(0, 16), " ", req.path.substr(0, 64),
-                               ": method not allowed (Allow: ", allowed, ")");
-        code = "method_not_allowed";
-        break;
-      case 414:
-        // The library refused the request line before parsing it: there is no path to quote.
-        message = absl::StrCat("the request line is longer than ",
-                               CPPHTTPLIB_REQUEST_URI_MAX_LENGTH, " bytes");
-        code = "uri_too_long";
-        break;
-      case 404:
-        message = absl::StrCat(req.path.substr(0, 64),
-                               ": no such endpoint (POST /v1/chat/completions, POST "
-                               "/v1/completions, GET /v1/models, GET /v1/models/{id}, GET "
-                               "/health)");
-        code = "not_found";
-        break;
-      case 413:
-        message = BodyTooLargeMessage(opts.max_body_bytes);
-        code = "body_too_large";
-        break;
-      case 431:
-        message = absl::StrCat(
-            "headers: the request line and headers are larger than "
-            "http.max_header_bytes (",
-            opts.max_header_bytes, " bytes)");
-        code = "headers_too_large";
-        break;
-      default:
-        message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",
-                               req.path.substr(0, 64));
-        break;
-    }
-    SendError(res, res.status, message, code);
+    if (res.body.empty()) WriteUnhandledError(opts, req, res);
   });
   s.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

@@ -1,0 +1,55 @@
+#include "services/router/http/library_errors.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "services/router/http/body_framing.h"
+#include "services/router/http/completion_handler.h"
+#include "services/router/http/guarded_server.h"
+
+namespace lazyattn::router {
+
+void WriteUnhandledError(const HttpOptions& options, const httplib::Request& req,
+                         httplib::Response& res) {
+  // The library answers 400 to headers it could not read; they were too many bytes.
+  if (res.status == 400 && RequestHeadTooLarge()) res.status = 431;
+  std::string message;
+  const char* code = "error";
+  switch (res.status) {
+    case 405:
+      message = absl::StrCat(req.method.substr(0, 16), " ", req.path.substr(0, 64),
+                             ": method not allowed (Allow: ", res.get_header_value("Allow"), ")");
+      code = "method_not_allowed";
+      break;
+    case 414:
+      // The library refused the request line before parsing it: there is no path to quote.
+      message = absl::StrCat("the request line is longer than ", CPPHTTPLIB_REQUEST_URI_MAX_LENGTH,
+                             " bytes");
+      code = "uri_too_long";
+      break;
+    case 404:
+      message = absl::StrCat(req.path.substr(0, 64),
+                             ": no such endpoint (POST /v1/chat/completions, POST "
+                             "/v1/completions, GET /v1/models, GET /v1/models/{id}, GET "
+                             "/health)");
+      code = "not_found";
+      break;
+    case 413:
+      message = BodyTooLargeMessage(options.max_body_bytes);
+      code = "body_too_large";
+      break;
+    case 431:
+      message = absl::StrCat(
+          "headers: the request line and headers are larger than http.max_header_bytes (",
+          options.max_header_bytes, " bytes)");
+      code = "headers_too_large";
+      break;
+    default:
+      message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",
+                             req.path.substr(0, 64));
+      break;
+  }
+  SendError(res, res.status, message, code);
+}
+
+}  // namespace lazyattn::router
