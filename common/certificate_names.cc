@@ -7,6 +7,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 
@@ -178,6 +179,21 @@ bool DialsOverTheNetwork(absl::string_view target) {
   }
   if (absl::ConsumePrefix(&target, "dns://")) return absl::StartsWith(target, "/");
   return true;
+}
+
+bool IsLocalHost(absl::string_view host) {
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  absl::ConsumeSuffix(&host, ".");
+  const std::string lower = absl::AsciiStrToLower(host);
+  if (lower == "localhost" || absl::EndsWith(lower, ".localhost")) return true;
+  unsigned char v4[4];
+  if (inet_pton(AF_INET, lower.c_str(), v4) == 1) return v4[0] == 127 || v4[0] == 0;
+  unsigned char v6[16];
+  if (inet_pton(AF_INET6, lower.c_str(), v6) != 1) return false;
+  static constexpr unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::equal(v6, v6 + 12, kMapped)) return v6[12] == 127 || v6[12] == 0;
+  const bool zeros = std::all_of(v6, v6 + 15, [](unsigned char b) { return b == 0; });
+  return zeros && (v6[15] == 0 || v6[15] == 1);  // :: and ::1
 }
 
 }  // namespace lazyattn

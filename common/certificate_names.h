@@ -59,6 +59,13 @@ std::optional<std::string> DialedHost(absl::string_view target);
 // an address from a worker: every router would connect wherever it points.
 bool DialsOverTheNetwork(absl::string_view target);
 
+// Whether `host` (a DNS name, an IP literal with or without brackets) is the dialling machine
+// itself: "localhost" and its subdomains, 127.0.0.0/8, ::1, an IPv4-mapped loopback, and the
+// unspecified 0.0.0.0/8 and ::, which connect to the local host. kvdir takes such an address
+// only from a worker connected over loopback: from any other, every router would dial its own
+// host.
+bool IsLocalHost(absl::string_view host);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_COMMON_CERTIFICATE_NAMES_H_

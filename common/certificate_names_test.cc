@@ -88,5 +88,17 @@ TEST(DialsOverTheNetworkTest, LocalSocketsAndTargetsPickingTheirDnsServerDoNot) 
   }
 }
 
+TEST(IsLocalHostTest, LoopbackAndUnspecifiedAddressesAndLocalhost) {
+  for (const char* host :
+       {"localhost", "LOCALHOST.", "a.localhost", "127.0.0.1", "127.9.9.9", "0.0.0.0", "::1",
+        "[::1]", "::", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "[::ffff:7f00:1]"}) {
+    EXPECT_TRUE(IsLocalHost(host)) << host;
+  }
+  for (const char* host : {"worker-0", "localhost.example.com", "10.0.0.1", "128.0.0.1",
+                           "169.254.169.254", "::2", "fe80::1", "::ffff:10.0.0.1", "", "[]"}) {
+    EXPECT_FALSE(IsLocalHost(host)) << host;
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn

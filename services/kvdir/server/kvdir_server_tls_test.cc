@@ -1,11 +1,14 @@
 // Under mutual TLS a worker publishes only an address its own certificate could serve: the host
 // a router would dial must be among the certificate's DNS and IP names, as the router's TLS check
-// will demand. Otherwise any valid worker certificate could take another worker's address first
-// (kvdir keeps one live worker per address, so the owner would be refused) or claim documents
-// under it.
+// will demand; a local address only from a worker connected over loopback. Otherwise any valid
+// worker certificate could take another worker's address first (kvdir keeps one live worker per
+// address, so the owner would be refused) or claim documents under it.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <prometheus/metric_family.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/certificate_names.h"
 #include "common/grpc_util.h"
 #include "services/kvdir/server/kvdir_server.h"
 #include "services/kvdir/server/kvdir_server_test_fixture.h"
@@ -120,6 +124,65 @@ TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
   EXPECT_TRUE(HelloAs("worker-1", "[127.0.0.1]:7001").ok());
   EXPECT_EQ(Refused("address_not_in_certificate"), 7);
   EXPECT_EQ(Refused("address_in_use"), 0);
+}
+
+// A non-loopback IPv4 address of this machine, "" when it has none.
+std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr && !IsLocalHost(text)) {
+      found = text;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// A worker connected from another host may not advertise a local address (localhost, 127.0.0.1,
+// 0.0.0.0), though every tools/gen-certs certificate names localhost and 127.0.0.1: each router
+// would dial its own host (its other services' ports). Over loopback (a one-machine cluster, as
+// above) it may. Here the worker reaches kvdir by this machine's own non-loopback address, so
+// kvdir sees it connect from that address.
+TEST(KvdirServerPeerTest, AWorkerFromAnotherHostMayNotAdvertiseALocalAddress) {
+  const std::string own = NonLoopbackAddress();
+  if (own.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to connect by";
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-peer-certs-", getpid());
+  ASSERT_EQ(
+      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 1 --force >/dev/null")
+                      .c_str()),
+      0);
+  KvdirOptions options;
+  options.listen_address = "0.0.0.0:0";
+  options.metrics_address = "";
+  options.tls = TlsOptions{.cert_file = certs + "/kvdir.crt",
+                           .key_file = certs + "/kvdir.key",
+                           .ca_file = certs + "/ca.crt"};
+  auto server = KvdirServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("localhost");  // the kvdir certificate names localhost only
+  auto channel = MakeChannel(absl::StrCat(own, ":", (*server)->port()),
+                             TlsOptions{.cert_file = certs + "/worker-0.crt",
+                                        .key_file = certs + "/worker-0.key",
+                                        .ca_file = certs + "/ca.crt"},
+                             64 << 20, nullptr, std::move(args));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto stub = v1::KvDirectory::NewStub(*channel);
+  for (const char* address : {"localhost:7000", "127.0.0.1:2379", "0.0.0.0:7000", "[::1]:7000"}) {
+    SCOPED_TRACE(address);
+    FakeWorker w(stub.get(), "worker-0");
+    ASSERT_TRUE(w.Hello(1, address));
+    v1::DirectoryMessage m;
+    ASSERT_FALSE(w.Read(&m) && m.has_lease()) << "taken";
+    const grpc::Status refused = w.Drain();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("is the dialler's own host"));
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -307,6 +308,22 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
         "hello.status.address: \"", shown,
         "\" is a local socket or names its own DNS server; advertise host:port, [v6]:port or "
         "dns:///host:port"));
+  }
+  const bool local_peer = IsLocalHost(peer_host_) || absl::StartsWith(peer_host_, "unix");
+  if (host && IsLocalHost(*host) && !local_peer) {
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
+    LogWarning("kvdir")
+        .Str("worker", id)
+        .Str("address", Printable(address, 256))
+        .Str("peer_host", peer_host_)
+        .Msg("refused hello: a worker connected from another host advertises a local address");
+    return absl::PermissionDeniedError(
+        absl::StrCat("hello.status.address: \"", Printable(address, 256),
+                     "\" is the dialler's own host, and "
+                     "this worker connected from ",
+                     Printable(peer_host_, 64),
+                     ": every router would dial itself; advertise an address of this worker's host "
+                     "(worker.advertise_address)"));
   }
   if (host && certificate_names_.Names(*host)) return absl::OkStatus();
   ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);

@@ -27,9 +27,10 @@
 //   - PERMISSION_DENIED naming hello.status.address under mutual TLS when the address's host
 //     (DialedHost) is not among the worker certificate's DNS and IP names: a router dialling it
 //     would not accept the certificate, so the address cannot be this worker's, and taking it
-//     would lock out the worker it belongs to; and for a local socket or an address that picks
+//     would lock out the worker it belongs to; for a local socket or an address that picks
 //     its DNS server (DialsOverTheNetwork), where every router would connect wherever it
-//     points. Counted and logged.
+//     points; and for a local host (IsLocalHost) from a worker not connected over loopback.
+//     Counted and logged.
 //   - RESOURCE_EXHAUSTED at once, before any read, naming limits.max_publish_streams or
 //     limits.max_streams_per_certificate when the stream would pass one (PublishStreams);
 //   - CANCELLED (for the worker; kvdir logs and counts hello_timeout) when no hello was accepted
