@@ -1,7 +1,9 @@
 // Keepalive of MakeChannel's channels against StartGrpcServer's servers: a connection whose peer
 // stops answering (frozen behind a proxy that keeps both sockets open, as a node that lost power
 // or a partition would) is given up within the keepalive's time and timeout, while a live idle
-// connection keeps its pings without the server sending GOAWAY for too many of them.
+// connection keeps its pings without the server sending GOAWAY for too many of them; and a
+// server closes a connection past its age (ServerOptions::max_connection_age_ms), so that a
+// certificate checked at its handshake is checked again.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -51,6 +53,8 @@ class FreezableProxy {
   }
 
   int port() const { return port_; }
+  // Connections the proxy has accepted (and opened upstream) so far.
+  int connections() const { return connections_.load(); }
   void Freeze() { frozen_ = true; }
   // Whether the server closed the proxy's first upstream connection (its FIN arrived), waiting
   // up to `limit`; frozen or not, the proxy itself never closes it.
@@ -90,6 +94,7 @@ class FreezableProxy {
       fds_.push_back(server);
       int none = -1;
       first_upstream_.compare_exchange_strong(none, server);
+      ++connections_;
       pumps_.emplace_back([this, client, server] { Pump(client, server); });
       pumps_.emplace_back([this, client, server] { Pump(server, client); });
     }
@@ -106,7 +111,8 @@ class FreezableProxy {
       const ssize_t n = ::read(from, buf, sizeof(buf));
       if (n <= 0) return;  // closed: the other pump sees its own end
       for (ssize_t done = 0; done < n;) {
-        const ssize_t w = ::write(to, buf + done, static_cast<size_t>(n - done));
+        // MSG_NOSIGNAL: a peer that closed (a server past the connection's age) is no SIGPIPE.
+        const ssize_t w = ::send(to, buf + done, static_cast<size_t>(n - done), MSG_NOSIGNAL);
         if (w <= 0) return;
         done += w;
       }
@@ -119,6 +125,7 @@ class FreezableProxy {
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
   std::atomic<int> first_upstream_{-1};
+  std::atomic<int> connections_{0};
   std::thread accept_thread_;
   // Written by the accept thread only, read after it is joined.
   std::vector<std::thread> pumps_;
@@ -182,6 +189,32 @@ TEST(GrpcKeepaliveTest, AServerClosesTheConnectionOfAFrozenClient) {
   const absl::Time frozen_at = absl::Now();
   EXPECT_TRUE(proxy.UpstreamClosedWithin(absl::Seconds(10)));
   EXPECT_LT(absl::Now() - frozen_at, absl::Seconds(5));
+  built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+// A connection past its age is closed by the server (GOAWAY, then the grace for its calls), and
+// the channel's next call opens a new one: a handshake, where the peer's certificate is checked
+// against the files as they are now. The first test above is the control: with the default
+// age, an idle connection stays up.
+TEST(GrpcConnectionAgeTest, AServerClosesAConnectionPastItsAgeAndTheClientReconnects) {
+  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0",
+                                .reflection = true,
+                                .max_connection_age_ms = 500,
+                                .max_connection_age_grace_ms = 500},
+                               {});
+  ASSERT_TRUE(built.ok()) << built.status();
+  FreezableProxy proxy(built->port);
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(proxy.port()), {}, 1 << 20);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const absl::Time connected_at = absl::Now();
+  auto serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(proxy.UpstreamClosedWithin(absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - connected_at, absl::Milliseconds(400));  // the age, less its jitter
+  EXPECT_EQ(proxy.connections(), 1);
+  serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  EXPECT_TRUE(serving.ok()) << serving.status();
+  EXPECT_EQ(proxy.connections(), 2);
   built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 

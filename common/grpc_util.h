@@ -64,6 +64,15 @@ inline constexpr int kMaxReconnectBackoffMs = 5000;
 // (power loss, a partition, a pod gone) no longer holds a router's admission slot, or a worker's
 // request, for the 15 minutes of TCP retries. Every gRPC client answers pings.
 inline constexpr int kServerKeepaliveTimeMs = 30000;
+// How long a server keeps a connection (gRPC adds up to 10 % jitter): then it sends GOAWAY, the
+// client opens a new connection for its next calls, and the calls still open get
+// kMaxConnectionAgeGraceMs to end before the connection closes. A peer's certificate and identity
+// are checked at the handshake only, so without an age a connection made with a certificate
+// that was since rotated, expired or dropped from the CA file served its holder for as long as
+// it stayed open. The grace outlasts a request's default deadline (10 minutes); a kvdir Publish
+// stream it cuts reconnects and resends its snapshot.
+inline constexpr int kMaxConnectionAgeMs = 3600 * 1000;
+inline constexpr int kMaxConnectionAgeGraceMs = 15 * 60 * 1000;
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
@@ -84,6 +93,9 @@ struct ServerOptions {
   // The server's own pings to its clients (see kServerKeepaliveTimeMs).
   int keepalive_time_ms = kServerKeepaliveTimeMs;
   int keepalive_timeout_ms = kKeepaliveTimeoutMs;
+  // See kMaxConnectionAgeMs.
+  int max_connection_age_ms = kMaxConnectionAgeMs;
+  int max_connection_age_grace_ms = kMaxConnectionAgeGraceMs;
 };
 
 struct BuiltServer {
