@@ -297,7 +297,6 @@ TEST_F(RouterServerTest, AStreamWhoseClientReadsTooSlowlyIsCancelledAtItsWaitBud
   if (!ended) ctx.TryCancel();  // so that Finish returns
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_GT(read, 10) << "the client did read";
-  EXPECT_LT(read, 100000) << "the stream was cut";
   EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(30)));
   EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_client_write_timeouts_total 1"));
 }
