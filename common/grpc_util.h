@@ -7,6 +7,7 @@
 #include <grpc/support/time.h>
 #include <grpcpp/grpcpp.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,15 +65,19 @@ inline constexpr int kMaxReconnectBackoffMs = 5000;
 // (power loss, a partition, a pod gone) no longer holds a router's admission slot, or a worker's
 // request, for the 15 minutes of TCP retries. Every gRPC client answers pings.
 inline constexpr int kServerKeepaliveTimeMs = 30000;
-// How long a server keeps a connection (gRPC adds up to 10 % jitter): then it sends GOAWAY, the
-// client opens a new connection for its next calls, and the calls still open get
-// kMaxConnectionAgeGraceMs to end before the connection closes. A peer's certificate and identity
-// are checked at the handshake only, so without an age a connection made with a certificate
-// that was since rotated, expired or dropped from the CA file served its holder for as long as
-// it stayed open. The grace outlasts a request's default deadline (10 minutes); a kvdir Publish
-// stream it cuts reconnects and resends its snapshot.
+// How long a server keeps a connection (gRPC adds up to 10 % jitter): then it sends GOAWAY and
+// the client opens a new connection, with a new handshake, for its next calls. A peer's
+// certificate and identity are checked at the handshake only, so without an age a connection
+// made with a certificate that was since rotated, expired or dropped from the CA file served
+// new calls from its holder for as long as it stayed open. Calls already open finish on the old
+// connection: by default they have no grace limit (a generation may outlast any fixed one, and
+// its cut would read as its worker's crash); kvdir sets kPublishConnectionGraceMs, so that a
+// Publish stream, which lives as long as its worker, is checked again too.
 inline constexpr int kMaxConnectionAgeMs = 3600 * 1000;
-inline constexpr int kMaxConnectionAgeGraceMs = 15 * 60 * 1000;
+inline constexpr int kNoConnectionGraceLimit = std::numeric_limits<int>::max();  // gRPC's "none"
+// kvdir's grace: a Publish stream cut there reconnects at once and resends its snapshot; its
+// lease and entries stay meanwhile.
+inline constexpr int kPublishConnectionGraceMs = 15 * 60 * 1000;
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
@@ -95,7 +100,7 @@ struct ServerOptions {
   int keepalive_timeout_ms = kKeepaliveTimeoutMs;
   // See kMaxConnectionAgeMs.
   int max_connection_age_ms = kMaxConnectionAgeMs;
-  int max_connection_age_grace_ms = kMaxConnectionAgeGraceMs;
+  int max_connection_age_grace_ms = kNoConnectionGraceLimit;
 };
 
 struct BuiltServer {

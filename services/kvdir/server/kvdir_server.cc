@@ -92,6 +92,9 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   grpc_options.max_message_bytes = options.limits.max_message_bytes;
   grpc_options.tls = options.tls;
   grpc_options.reflection = options.reflection;
+  // A Publish stream lasts as long as its worker: past the connection's age and this grace it is
+  // cut, and its worker reconnects with a new handshake (grpc_util.h, kMaxConnectionAgeMs).
+  grpc_options.max_connection_age_grace_ms = kPublishConnectionGraceMs;
   if (!options.tls.ca_file.empty()) {
     // Mutual TLS: the directory's writers are workers, its readers routers (common/auth.h).
     grpc_options.auth_processor = std::make_shared<RoleAuthorizer>(std::vector<MethodRole>{
