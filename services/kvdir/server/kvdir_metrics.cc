@@ -71,6 +71,7 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
   hellos_refused_[1] = &hellos_refused_family_.Add({{"reason", "worker_id_in_use"}});
   hellos_refused_[2] = &hellos_refused_family_.Add({{"reason", "address_in_use"}});
   hellos_refused_[3] = &hellos_refused_family_.Add({{"reason", "address_not_in_certificate"}});
+  hellos_refused_[4] = &hellos_refused_family_.Add({{"reason", "address_not_dialable"}});
 }
 
 void KvdirMetrics::HelloRefused(HelloRefusal reason) {

@@ -49,6 +49,7 @@ class KvdirMetrics {
     kWorkerIdInUse,
     kAddressInUse,
     kAddressNotInCertificate,
+    kAddressNotDialable,  // a local socket, a DNS server of its own, a local host from afar
   };
   void HelloRefused(HelloRefusal reason);
   void ObserveLookup(absl::Duration d);
@@ -78,7 +79,7 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_applied_;
   prometheus::Counter& leases_expired_;
   prometheus::Family<prometheus::Counter>& hellos_refused_family_;
-  prometheus::Counter* hellos_refused_[4];
+  prometheus::Counter* hellos_refused_[5];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
   prometheus::Counter* limit_refusals_[9];

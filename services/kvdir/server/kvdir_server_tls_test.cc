@@ -28,6 +28,19 @@ namespace {
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 
+// lazyattn_kvdir_hellos_refused_total{reason}; -1 when the series is missing.
+double RefusedBy(KvdirServer& server, const std::string& reason) {
+  for (const prometheus::MetricFamily& f : server.registry()->Collect()) {
+    if (f.name != "lazyattn_kvdir_hellos_refused_total") continue;
+    for (const auto& m : f.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return -1;
+}
+
 class KvdirServerTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,17 +86,7 @@ class KvdirServerTlsTest : public ::testing::Test {
     return w.Drain();
   }
 
-  double Refused(const std::string& reason) {
-    for (const prometheus::MetricFamily& f : server_->registry()->Collect()) {
-      if (f.name != "lazyattn_kvdir_hellos_refused_total") continue;
-      for (const auto& m : f.metric) {
-        for (const auto& l : m.label) {
-          if (l.name == "reason" && l.value == reason) return m.counter.value;
-        }
-      }
-    }
-    return -1;
-  }
+  double Refused(const std::string& reason) { return RefusedBy(*server_, reason); }
 
   std::string certs_;
   std::unique_ptr<KvdirServer> server_;
@@ -115,14 +118,16 @@ TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
     EXPECT_THAT(refused.error_message(), HasSubstr("local socket or names its own DNS server"));
   }
-  EXPECT_EQ(Refused("address_not_in_certificate"), 7);
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+  EXPECT_EQ(Refused("address_not_dialable"), 3);
 
   // The owners are taken, by any form of a name their certificates hold; worker-1's attempts left
   // nothing behind that would refuse worker-2 its address.
   EXPECT_TRUE(HelloAs("worker-2", "WORKER-2.lazyattn.test.:7200").ok());
   EXPECT_TRUE(HelloAs("worker-0", "localhost:7000").ok());
   EXPECT_TRUE(HelloAs("worker-1", "[127.0.0.1]:7001").ok());
-  EXPECT_EQ(Refused("address_not_in_certificate"), 7);
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+  EXPECT_EQ(Refused("address_not_dialable"), 3);
   EXPECT_EQ(Refused("address_in_use"), 0);
 }
 
@@ -183,6 +188,8 @@ TEST(KvdirServerPeerTest, AWorkerFromAnotherHostMayNotAdvertiseALocalAddress) {
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
     EXPECT_THAT(refused.error_message(), HasSubstr("is the dialler's own host"));
   }
+  EXPECT_EQ(RefusedBy(**server, "address_not_dialable"), 4);
+  EXPECT_EQ(RefusedBy(**server, "address_not_in_certificate"), 0);
 }
 
 }  // namespace

@@ -297,7 +297,7 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
   // claiming documents under it.
   const std::optional<std::string> host = DialedHost(address);
   if (!DialsOverTheNetwork(address)) {
-    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotDialable);
     const std::string shown = Printable(address, 256);
     LogWarning("kvdir")
         .Str("worker", id)
@@ -311,7 +311,7 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
   }
   const bool local_peer = IsLocalHost(peer_host_) || absl::StartsWith(peer_host_, "unix");
   if (host && IsLocalHost(*host) && !local_peer) {
-    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotInCertificate);
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotDialable);
     LogWarning("kvdir")
         .Str("worker", id)
         .Str("address", Printable(address, 256))
