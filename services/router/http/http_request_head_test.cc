@@ -263,6 +263,24 @@ TEST_F(HttpRequestHeadTest, ARequestAnsweredWithoutReadingItsBodyClosesTheConnec
   }
 }
 
+// Every Content-Length counts: a GET with `Content-Length: 0` and a second one announcing a body
+// kept its connection, and the body (to a front proxy that reads the last length, part of this
+// request) was read as the next request.
+TEST_F(HttpRequestHeadTest, ASecondContentLengthIsABodyAndClosesTheConnection) {
+  StartHttp(Options());
+  const std::string body = kSmuggled;
+  for (const char* path : {"/health", "/v1/models", "/v1/chat/completions"}) {
+    SCOPED_TRACE(path);
+    bool closed = false;
+    const std::string reply = Exchange(
+        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: ",
+                     body.size(), "\r\n\r\n", body),
+        &closed);
+    EXPECT_EQ(CountResponses(reply), 1) << reply.substr(0, 600);
+    EXPECT_TRUE(closed);
+  }
+}
+
 // A JSON-only endpoint refuses another body type before reading it, in OpenAI's error shape; a
 // JSON type with parameters, and no type at all, are served.
 TEST_F(HttpRequestHeadTest, OnlyJsonBodiesAreRead) {

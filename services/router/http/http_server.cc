@@ -180,9 +180,15 @@ bool LibraryReadsBody(const httplib::Request& req) {
 }
 
 // The request announces a body: refusing it leaves bytes unread on the connection.
+// Every Content-Length counts: a second one (`0`, then `42`) would be a body to a front proxy
+// that reads the last.
 bool CarriesBody(const httplib::Request& req) {
-  return req.has_header("Transfer-Encoding") ||
-         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+  if (req.has_header("Transfer-Encoding")) return true;
+  auto range = req.headers.equal_range("Content-Length");
+  for (auto it = range.first; it != range.second; ++it) {
+    if (it->second != "0") return true;
+  }
+  return false;
 }
 
 std::vector<std::string> HeaderValues(const httplib::Request& req, const char* name) {
