@@ -31,6 +31,24 @@ std::string FirstTokenOutside(const std::vector<int32_t>& tokens, int64_t vocab,
   return "";
 }
 
+// What a step's requests end with when its runner refused it. Their inputs were checked on
+// arrival (CheckPreparedRequest): the fault is the engine's, so a code telling a client its
+// request was bad (INVALID_ARGUMENT for a chunk) becomes INTERNAL; a device's own codes stay.
+absl::Status StepFailureStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return absl::InternalError(absl::StrCat("the engine's step failed: ", s.message()));
+    default:
+      return s;
+  }
+}
+
 }  // namespace
 
 absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config) {
@@ -463,7 +481,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     // Nothing of the step was written: its requests fail, and so does every request waiting for
     // one of its encodings (else they would wait for a job that may never succeed). When the
     // worker stops serving, the failure is the worker's, not the requests': Unavailable.
-    const absl::Status& status = stop ? why : logits.status();
+    const absl::Status status = stop ? why : StepFailureStatus(logits.status());
     for (Planned& p : plan) {
       if (Request* r = FindRequest(p.request); r != nullptr) Finish(*r, status);
       if (p.job != 0) FailJob(p.job, status);

@@ -232,6 +232,29 @@ TEST_F(EngineCoreSafetyTest, FailedStepFailsEveryWaiterOfItsEncodings) {
   }
 }
 
+// A step its runner refuses as bad input (the CPU and CUDA runners check every chunk) is the
+// engine's fault: the inputs were checked when the requests arrived. Its requests end INTERNAL
+// with the runner's message, not INVALID_ARGUMENT, which would tell their clients that their
+// requests were bad and not to retry them. A device's own codes are kept.
+TEST_F(EngineCoreSafetyTest, ARunnerRefusingAStepFailsItsRequestsInternal) {
+  for (const absl::Status& refusal :
+       {absl::InvalidArgumentError("forward chunk 0: a position past the context"),
+        absl::OutOfRangeError("forward chunk 0: a slot past the pool"),
+        absl::ResourceExhaustedError("out of device memory")}) {
+    SCOPED_TRACE(refusal.ToString());
+    Init();
+    Add(Request({4}, CacheMode::kLazy));
+    runner_->fail_next = 1;
+    runner_->fail_with = refusal;
+    Drain();
+    const absl::Status& st = outcomes_[keys_[0]].status;
+    const bool reads_as_clients_fault = refusal.code() != absl::StatusCode::kResourceExhausted;
+    EXPECT_EQ(st.code(), reads_as_clients_fault ? absl::StatusCode::kInternal : refusal.code())
+        << st;
+    EXPECT_NE(st.message().find(refusal.message()), std::string::npos) << st;
+  }
+}
+
 // Admission counts what it admitted before in the same pass (and what running prefills still
 // have to allocate): two requests that each need most of the pool are not admitted together.
 TEST_F(EngineCoreSafetyTest, AdmissionReservesWhatItAdmits) {

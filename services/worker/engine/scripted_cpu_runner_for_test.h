@@ -21,7 +21,7 @@ class ScriptedCpuRunner final : public ModelRunner {
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
     if (fail_next > 0) {
       --fail_next;
-      return absl::InternalError("injected device failure");
+      return fail_with;
     }
     return inner_.Forward(chunks);
   }
@@ -31,6 +31,7 @@ class ScriptedCpuRunner final : public ModelRunner {
   }
 
   int fail_next = 0;                  // the next this many steps fail
+  absl::Status fail_with = absl::InternalError("injected device failure");  // with this
   std::vector<int32_t> copy_deltas;   // of every block copied, in order
 
  private:
