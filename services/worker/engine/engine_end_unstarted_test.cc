@@ -23,6 +23,8 @@ struct Outcome {
   bool done = false;
   absl::Status status;
   int tokens = 0;
+  int queued_reports = 0;              // on_queued calls
+  int queued_reports_after_start = 0;  // ... after its first token (there must be none)
 };
 
 class EndUnstartedTest : public ::testing::Test {
@@ -45,6 +47,10 @@ class EndUnstartedTest : public ::testing::Test {
     EXPECT_TRUE(p.ok()) << p.status();
     p->callbacks.on_token = [outcome](int32_t id, std::string_view) {
       outcome->tokens += id >= 0 ? 1 : 0;
+    };
+    p->callbacks.on_queued = [outcome] {
+      ++outcome->queued_reports;
+      if (outcome->tokens > 0) ++outcome->queued_reports_after_start;
     };
     p->callbacks.on_done = [outcome](const absl::Status& s, const RequestResult&) {
       outcome->done = true;
@@ -113,11 +119,6 @@ TEST_F(EndUnstartedTest, AWaitingRequestHearsThatTheQueueMoves) {
   Outcome running, waiting;
   core.Add(Prepare(40, &running));
   PreparedRequest p = Prepare(2, &waiting);
-  int reports = 0, reports_after_start = 0;
-  p.callbacks.on_queued = [&] {
-    ++reports;
-    if (waiting.tokens > 0) ++reports_after_start;
-  };
   core.Add(std::move(p));
   const absl::Duration step = EngineCore::kQueuedReportInterval / 5;
   absl::Time now = MonotonicNow();
@@ -125,13 +126,13 @@ TEST_F(EndUnstartedTest, AWaitingRequestHearsThatTheQueueMoves) {
   ASSERT_TRUE(running.done);
   ASSERT_GE(steps, 40);
   EXPECT_FALSE(waiting.done);
-  EXPECT_GE(reports, steps / 5 - 1);
-  EXPECT_LE(reports, steps / 5 + 1);
+  EXPECT_GE(waiting.queued_reports, steps / 5 - 1);
+  EXPECT_LE(waiting.queued_reports, steps / 5 + 1);
   StepUntil(core, &now, step, [&] { return !core.HasWork(); });
   EXPECT_TRUE(waiting.done);
   EXPECT_TRUE(waiting.status.ok()) << waiting.status;
   EXPECT_EQ(waiting.tokens, 2);
-  EXPECT_EQ(reports_after_start, 0);
+  EXPECT_EQ(waiting.queued_reports_after_start, 0);
 }
 
 // Admitted but starved: a prompt waiting for the step's token budget behind an older one (a
@@ -144,22 +145,17 @@ TEST_F(EndUnstartedTest, AnAdmittedPromptBehindAnotherHearsThatTheQueueMoves) {
   core.Add(Prepare(2, &first));
   PreparedRequest p = Prepare(2, &second);
   p.question = std::vector<int32_t>(40, 'q');  // its own prompt tail: behind the first's
-  int reports = 0, reports_after_start = 0;
-  p.callbacks.on_queued = [&] {
-    ++reports;
-    if (second.tokens > 0) ++reports_after_start;
-  };
   core.Add(std::move(p));
   absl::Time now = MonotonicNow();
   const absl::Duration step = EngineCore::kQueuedReportInterval;
   StepUntil(core, &now, step, [&] { return first.tokens > 0; });
   ASSERT_GT(first.tokens, 0);
-  EXPECT_GE(reports, 3);  // 16 tokens a step over a prompt of ~100: several steps
+  EXPECT_GE(second.queued_reports, 3);  // 16 tokens a step over a prompt of ~100: several steps
   StepUntil(core, &now, step, [&] { return !core.HasWork(); });
   EXPECT_TRUE(first.status.ok()) << first.status;
   EXPECT_TRUE(second.status.ok()) << second.status;
   EXPECT_EQ(second.tokens, 2);
-  EXPECT_EQ(reports_after_start, 0);
+  EXPECT_EQ(second.queued_reports_after_start, 0);
 }
 
 TEST_F(EndUnstartedTest, TheEngineRefusesNewRequestsWithTheStatus) {
