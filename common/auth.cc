@@ -16,7 +16,8 @@ constexpr std::string_view kScheme = "lazyattn://";
 constexpr size_t kMaxNameLength = 128;
 
 bool IsKnownRole(std::string_view role) {
-  return role == kRoleWorker || role == kRoleRouter || role == kRoleClient || role == kRoleAdmin;
+  return role == kRoleWorker || role == kRoleRouter || role == kRoleClient || role == kRoleAdmin ||
+         role == kRoleKvdir;
 }
 
 bool IsNameChar(char c) {

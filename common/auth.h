@@ -3,9 +3,11 @@
 //
 // Internal processes carry a certificate whose subject alternative name holds one URI
 // `lazyattn://ROLE/NAME` (tools/gen-certs makes them), e.g. lazyattn://worker/worker-0. The role
-// and name come from that certificate, never from a request field. RoleAuthorizer maps each
-// method to the one role allowed to call it; anything not listed is refused (default deny), and
-// the gRPC health and reflection services stay open so probes need no certificate.
+// and name come from that certificate, never from a request field. kvdir's (lazyattn://kvdir/kvdir)
+// is checked by its clients (KvdirClientTls), since no server admits the kvdir role as a caller.
+// RoleAuthorizer maps each method to the one role allowed to call it; anything not listed is
+// refused (default deny), and the gRPC health and reflection services stay open so probes need no
+// certificate.
 //
 //   ServerOptions o;
 //   o.tls = {...};  // with ca_file: client certificates requested and verified
@@ -31,6 +33,7 @@ inline constexpr std::string_view kRoleWorker = "worker";
 inline constexpr std::string_view kRoleRouter = "router";
 inline constexpr std::string_view kRoleClient = "client";
 inline constexpr std::string_view kRoleAdmin = "admin";
+inline constexpr std::string_view kRoleKvdir = "kvdir";
 
 // AuthContext properties RoleAuthorizer adds once a call is allowed (handlers read them).
 inline constexpr char kPeerRoleProperty[] = "lazyattn_peer_role";

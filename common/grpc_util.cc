@@ -184,6 +184,11 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   return built;
 }
 
+TlsOptions KvdirClientTls(TlsOptions tls) {
+  tls.server_identity = PeerIdentity{std::string(kRoleKvdir), ""};
+  return tls;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes,
     std::shared_ptr<grpc::CallCredentials> call_credentials, grpc::ChannelArguments args) {

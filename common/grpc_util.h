@@ -132,6 +132,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes = 64 << 20,
     std::shared_ptr<grpc::CallCredentials> call_credentials = nullptr,
     grpc::ChannelArguments args = {});
+// `tls` for a channel to kvdir: the server's certificate must also carry kvdir's identity
+// (lazyattn://kvdir/NAME, any name). Every certificate tools/gen-certs makes names the same
+// hosts, so without it a worker's or a router's certificate could serve as the directory: hand
+// routers a worker list of its choosing and take every worker's document announcements.
+TlsOptions KvdirClientTls(TlsOptions tls);
 // The arguments MakeChannel creates its channel with: `args` plus the message limits, and the
 // keepalive and reconnect backoff above where `args` does not set them.
 grpc::ChannelArguments ClientChannelArguments(grpc::ChannelArguments args, int max_message_bytes);

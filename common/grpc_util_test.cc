@@ -127,10 +127,15 @@ TEST(ServerIdentityTest, AClientReachesOnlyTheCertificateItAsksFor) {
   EXPECT_EQ(reaches(router0->port, std::nullopt), absl::StatusCode::kOk);
   EXPECT_EQ(reaches(router0->port, any_worker), absl::StatusCode::kUnavailable);
   EXPECT_EQ(reaches(router0->port, worker_0), absl::StatusCode::kUnavailable);
-  // kvdir's certificate carries no identity at all.
+  // kvdir's certificate is kvdir's: what KvdirClientTls asks for, which no other role passes.
   auto kvdir = serve_as("kvdir");
   ASSERT_TRUE(kvdir.ok()) << kvdir.status();
+  const std::optional<PeerIdentity> any_kvdir = KvdirClientTls({}).server_identity;
+  ASSERT_TRUE(any_kvdir.has_value());
   EXPECT_EQ(reaches(kvdir->port, any_worker), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reaches(kvdir->port, any_kvdir), absl::StatusCode::kOk);
+  EXPECT_EQ(reaches(worker0->port, any_kvdir), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reaches(router0->port, any_kvdir), absl::StatusCode::kUnavailable);
   for (auto* built : {&*worker0, &*router0, &*kvdir}) built->server->Shutdown();
 }
 

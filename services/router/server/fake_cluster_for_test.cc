@@ -340,6 +340,14 @@ FakeKvdir::~FakeKvdir() { Stop(); }
 
 void FakeKvdir::Start() { server_ = StartOnLocalhost(this, &address_); }
 
+absl::Status FakeKvdir::StartTls(const TlsOptions& tls) {
+  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0", .tls = tls}, {this});
+  if (!built.ok()) return built.status();
+  server_ = std::move(built->server);
+  address_ = absl::StrCat("127.0.0.1:", built->port);
+  return absl::OkStatus();
+}
+
 void FakeKvdir::Stop() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now());
@@ -371,6 +379,11 @@ void FakeKvdir::SetMaxKeysPerLookup(int max_keys) {
 int FakeKvdir::lookups() const {
   absl::MutexLock lock(&mu_);
   return lookups_;
+}
+
+int FakeKvdir::listings() const {
+  absl::MutexLock lock(&mu_);
+  return listings_;
 }
 
 grpc::Status FakeKvdir::Lookup(grpc::ServerContext* context,
@@ -408,6 +421,7 @@ grpc::Status FakeKvdir::Lookup(grpc::ServerContext* context,
 grpc::Status FakeKvdir::ListWorkers(grpc::ServerContext*, const lazyattn::v1::ListWorkersRequest*,
                                     lazyattn::v1::ListWorkersResponse* response) {
   absl::MutexLock lock(&mu_);
+  ++listings_;
   for (const auto& status : workers_) *response->add_workers()->mutable_worker() = status;
   return grpc::Status::OK;
 }

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/document_key.h"
+#include "common/grpc_util.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
 #include "services/router/server/router_options.h"
@@ -173,6 +174,8 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   ~FakeKvdir() override;
 
   void Start();
+  // Over TLS with `tls` (server side; client certificates not required), on 127.0.0.1.
+  absl::Status StartTls(const TlsOptions& tls);
   void Stop();
   const std::string& address() const { return address_; }
 
@@ -185,6 +188,7 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   // does (0: no limit).
   void SetMaxKeysPerLookup(int max_keys);
   int lookups() const;
+  int listings() const;  // ListWorkers calls answered
 
   grpc::Status Lookup(grpc::ServerContext* context, const lazyattn::v1::LookupRequest* request,
                       lazyattn::v1::LookupResponse* response) override;
@@ -202,6 +206,7 @@ class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
   int max_keys_ ABSL_GUARDED_BY(mu_) = 0;
   int lookups_ ABSL_GUARDED_BY(mu_) = 0;
+  int listings_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The smallest cluster the HTTP front's tests need: starts `worker` and `kvdir`, lists the worker

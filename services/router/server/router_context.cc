@@ -47,8 +47,8 @@ RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry&
       retry_budget_(options.routing.retry_budget),
       lookup_gate_(options.kvdir.lookup_gate) {
   if (!options.kvdir.address.empty()) {
-    auto channel =
-        MakeChannel(options.kvdir.address, options.client_tls, options.server.max_message_bytes);
+    auto channel = MakeChannel(options.kvdir.address, KvdirClientTls(options.client_tls),
+                               options.server.max_message_bytes);
     if (channel.ok()) {
       kvdir_ = lazyattn::v1::KvDirectory::NewStub(*channel);
     } else {

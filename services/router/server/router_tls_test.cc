@@ -325,5 +325,35 @@ TEST_F(RouterTlsTest, AWorkerChannelAcceptsOnlyTheListedWorkersCertificate) {
   serving->server->Shutdown();
 }
 
+// The router lists workers and looks documents up only at a directory whose certificate carries
+// kvdir's identity (KvdirClientTls): every tools/gen-certs certificate names the same hosts, so a
+// worker's would otherwise pass for kvdir and hand the router a worker list of its choosing.
+TEST_F(RouterTlsTest, TheRouterAsksOnlyADirectoryWithKvdirsCertificate) {
+  auto listings_served_as = [&](const std::string& cert) {
+    testing::FakeKvdir kvdir;
+    absl::Status started = kvdir.StartTls({.cert_file = absl::StrCat(certs_, "/", cert, ".crt"),
+                                           .key_file = absl::StrCat(certs_, "/", cert, ".key"),
+                                           .ca_file = certs_ + "/ca.crt"});
+    EXPECT_TRUE(started.ok()) << started;
+    RouterOptions o = testing::RouterOptionsForFakeKvdir(kvdir.address());
+    o.client_tls = TlsOptions{.cert_file = certs_ + "/router-0.crt",
+                              .key_file = certs_ + "/router-0.key",
+                              .ca_file = certs_ + "/ca.crt"};
+    o.kvdir.list_timeout = absl::Milliseconds(500);
+    o.kvdir.refresh_interval = absl::Milliseconds(100);
+    o.health.interval = absl::ZeroDuration();
+    auto router = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    EXPECT_TRUE(router.ok()) << router.status();
+    // Several refreshes: kvdir's certificate is listed from within the first ones.
+    WaitFor([&] { return kvdir.listings() > 0; }, absl::Seconds(3));
+    const int listings = kvdir.listings();
+    if (router.ok()) router->reset();
+    return listings;
+  };
+  EXPECT_GT(listings_served_as("kvdir"), 0);
+  EXPECT_EQ(listings_served_as("worker-0"), 0);
+  EXPECT_EQ(listings_served_as("router-0"), 0);
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -27,7 +27,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeKvdirChannel(const KvdirPubli
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC reads it as the least time a connection attempt
   // gets, and at ~100 ms a TLS handshake with a busy kvdir would time out and back off further.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
-  auto channel = MakeChannel(o.address, o.tls, o.max_message_bytes, nullptr, std::move(args));
+  auto channel =
+      MakeChannel(o.address, KvdirClientTls(o.tls), o.max_message_bytes, nullptr, std::move(args));
   if (!channel.ok()) {  // name the worker's own key: kvdir.tls.ca_file, not tls.ca_file
     return absl::Status(channel.status().code(), absl::StrCat("kvdir.", channel.status().message()));
   }
