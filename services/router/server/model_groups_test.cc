@@ -199,12 +199,48 @@ google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> Listing(
   return out;
 }
 
+// A router that reaches kvdir over the network never dials a worker listed at a loopback
+// address: that is the router's own host. (kvdir takes such an address only from a worker
+// connected over loopback, which one on kvdir's host or behind a proxy there also is.) A one-host
+// cluster dials them. Addresses that do not dial over the network are dropped either way; static
+// addresses are kept.
+TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster) {
+  auto listed = [](bool directory_on_this_host) {
+    WorkerRegistry registry({"127.0.0.1:9000"}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                            directory_on_this_host);
+    auto at = [](const std::string& id, const std::string& address) {
+      lazyattn::v1::WorkerResidency w = Worker(id, "llama", kFpA);
+      w.mutable_worker()->set_address(address);
+      return w;
+    };
+    registry.ObserveDirectory(
+        Listing({at("w0", "10.0.0.7:7200"), at("w1", "127.0.0.1:7201"), at("w2", "localhost:7202"),
+                 at("w3", "[::1]:7203"), at("w4", "unix:/run/w4.sock"),
+                 at("w5", "dns://10.9.9.9/w5.example:7205")}),
+        absl::UnixEpoch() + absl::Hours(1));
+    std::vector<std::string> ids;
+    for (const WorkerInfo& w : registry.Snapshot()) ids.push_back(w.id);
+    return ids;
+  };
+  EXPECT_THAT(listed(false), UnorderedElementsAre("w0", "127.0.0.1:9000"));
+  EXPECT_THAT(listed(true), UnorderedElementsAre("w0", "w1", "w2", "w3", "127.0.0.1:9000"));
+
+  EXPECT_TRUE(DialsThisHost("127.0.0.1:7100"));
+  EXPECT_TRUE(DialsThisHost("localhost:7100"));
+  EXPECT_TRUE(DialsThisHost("[::1]:7100"));
+  EXPECT_TRUE(DialsThisHost("unix:/run/kvdir.sock"));
+  EXPECT_FALSE(DialsThisHost("kvdir:7100"));
+  EXPECT_FALSE(DialsThisHost("10.0.0.5:7100"));
+  EXPECT_FALSE(DialsThisHost(""));
+}
+
 // docs/router.md: forget_after counts only while the directory answers. A directory back from a
 // 25 s outage (restarted, empty until its workers reconnect) must not empty the list with its
 // first answer; it takes forget_after of answered time, as when a healthy directory stops
 // listing a worker.
 TEST(WorkerRegistryTest, AnOutageOfTheDirectoryDoesNotCountTowardsForgetting) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
                             t0);
@@ -228,7 +264,8 @@ TEST(WorkerRegistryTest, AnOutageOfTheDirectoryDoesNotCountTowardsForgetting) {
 // the whole gap since the last answer, as before, kept a departed worker forever when every gap
 // held one timeout.)
 TEST(WorkerRegistryTest, OccasionalTimeoutsSlowForgettingButDoNotStopIt) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
                             t0);
@@ -250,7 +287,8 @@ TEST(WorkerRegistryTest, OccasionalTimeoutsSlowForgettingButDoNotStopIt) {
 
 // A failed call sent before the last answer arrived does not reach back past that answer.
 TEST(WorkerRegistryTest, AFailureSentBeforeTheLastAnswerCountsFromThatAnswer) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
                             t0);
@@ -267,7 +305,8 @@ TEST(WorkerRegistryTest, AFailureSentBeforeTheLastAnswerCountsFromThatAnswer) {
 // A static worker's failed Status poll does not take its model away at once (a request naming
 // it would get NOT_FOUND, which clients do not retry): its last status holds for forget_after.
 TEST(WorkerRegistryTest, AStaticWorkerKeepsItsStatusThroughFailedPollsForForgetAfter) {
-  WorkerRegistry registry({"10.0.0.1:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({"10.0.0.1:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveStatic("10.0.0.1:7000", nullptr, t0);  // never reported: stays so
   ASSERT_EQ(registry.Snapshot().size(), 1u);
@@ -288,7 +327,8 @@ TEST(WorkerRegistryTest, AStaticWorkerKeepsItsStatusThroughFailedPollsForForgetA
 // Without a failed call between two answers the gap counts: a healthy directory's empty list is
 // the truth (every worker gone) once forget_after has passed.
 TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0);
   registry.ObserveDirectory(Listing({}), t0 + absl::Seconds(5));
@@ -301,7 +341,8 @@ TEST(WorkerRegistryTest, AHealthyDirectorysEmptyListForgetsAfterForgetAfter) {
 // listing that shows the new one, not forget_after later (breakers and in-flight counts go by id,
 // so the dead address's failures would shut the live one out).
 TEST(WorkerRegistryTest, AWorkerListedAtANewAddressLeavesItsOldOneAtOnce) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA)}),
                             t0);
@@ -316,7 +357,8 @@ TEST(WorkerRegistryTest, AWorkerListedAtANewAddressLeavesItsOldOneAtOnce) {
 // A call planned just before its worker was forgotten (a retry, a failover) still gets a stub,
 // but the registry keeps channels only for the workers it knows: nothing would free the others.
 TEST(WorkerRegistryTest, KeepsChannelsOnlyForKnownWorkers) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA)}), t0);
   const std::string known = registry.Snapshot().at(0).address;
@@ -336,7 +378,8 @@ TEST(WorkerRegistryTest, KeepsChannelsOnlyForKnownWorkers) {
 // know (a hostile worker's or directory's megabytes under an unknown tag) are dropped, from the
 // directory's listing and from a static worker's own Status answer alike.
 TEST(WorkerRegistryTest, UnknownFieldsOfAStatusAreNotKept) {
-  WorkerRegistry registry({"10.0.0.9:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({"10.0.0.9:7000"}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   lazyattn::v1::WorkerResidency listed = Worker("w0", "llama", kFpA);
   lazyattn::v1::WorkerLoad* load = listed.mutable_worker()->mutable_load();
@@ -358,7 +401,8 @@ TEST(WorkerRegistryTest, UnknownFieldsOfAStatusAreNotKept) {
 }
 
 TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARollingUpgrade) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   EXPECT_TRUE(registry.Models().empty());
   registry.ObserveDirectory(Listing({Worker("w0", "llama", kFpA), Worker("w1", "llama", kFpA),
@@ -403,7 +447,8 @@ TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARoll
 }
 
 TEST(ModelChoiceTest, TokenIdsAreCheckedAgainstTheChosenModelsVocabulary) {
-  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10));
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
   registry.ObserveDirectory(Listing({Worker("w0", "small", kFpA, /*vocab=*/100,
                                             /*max_documents=*/4),
                                      Worker("w1", "big", kFpB, /*vocab=*/50000)}),
@@ -448,6 +493,8 @@ TEST(ModelChoiceTest, TokenIdsAreCheckedAgainstTheChosenModelsVocabulary) {
 TEST(RouterContextModelsTest, PlansHoldOnlyTheChosenModelsWorkersAndKeysUseItsFingerprints) {
   RouterOptions options;
   options.health.interval = absl::ZeroDuration();  // no prober thread
+  // A one-host cluster, whose listed 127.0.0.1 workers are dialled; never called here.
+  options.kvdir.address = "127.0.0.1:1";
   prometheus::Registry metrics;
   RouterContext router(options, metrics);
   const absl::Time now = absl::Now();

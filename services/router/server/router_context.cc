@@ -39,7 +39,7 @@ bool IsWorkerFault(grpc::StatusCode code) {
 RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry& registry)
     : options_(options),
       registry_(options.workers, options.client_tls, options.server.max_message_bytes,
-                options.kvdir.forget_after),
+                options.kvdir.forget_after, DialsThisHost(options.kvdir.address)),
       selector_(options.routing.policy, options.routing.speculative, options.routing.breaker,
                 options.health.outliers),
       metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))),

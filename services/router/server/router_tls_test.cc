@@ -284,7 +284,7 @@ TEST_F(RouterTlsTest, AWorkerChannelAcceptsOnlyTheListedWorkersCertificate) {
                           TlsOptions{.cert_file = certs_ + "/router-0.crt",
                                      .key_file = certs_ + "/router-0.key",
                                      .ca_file = certs_ + "/ca.crt"},
-                          1 << 20, absl::Seconds(60));
+                          1 << 20, absl::Seconds(60), /*directory_on_this_host=*/true);
   auto listed_as = [&](const std::string& id) {
     google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> listing;
     lazyattn::v1::WorkerStatus* w = listing.Add()->mutable_worker();

@@ -4,6 +4,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/certificate_names.h"
+#include "common/log.h"
 
 namespace lazyattn::router {
 namespace {
@@ -16,14 +18,30 @@ void UpdateModelSince(WorkerInfo& info, const lazyattn::v1::WorkerStatus& next, 
   }
 }
 
+// Why the router does not dial a worker the directory lists at `address`; "" when it does.
+std::string_view ListedAddressRefusal(const std::string& address, bool directory_on_this_host) {
+  if (!DialsOverTheNetwork(address)) return "it does not dial over the network";
+  if (!directory_on_this_host && DialsThisHost(address)) {
+    return "it is this router's own host, and the router reaches kvdir over the network";
+  }
+  return "";
+}
+
 }  // namespace
 
+bool DialsThisHost(absl::string_view address) {
+  const std::optional<std::string> host = DialedHost(address);
+  return host.has_value() && IsLocalHost(*host);
+}
+
 WorkerRegistry::WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
-                               int max_message_bytes, absl::Duration forget_after)
+                               int max_message_bytes, absl::Duration forget_after,
+                               bool directory_on_this_host)
     : static_addresses_(std::move(static_addresses)),
       client_tls_(std::move(client_tls)),
       max_message_bytes_(max_message_bytes),
-      forget_after_(forget_after) {
+      forget_after_(forget_after),
+      directory_on_this_host_(directory_on_this_host) {
   absl::MutexLock lock(&mu_);
   for (const std::string& address : static_addresses_) {
     Entry& e = by_address_[address];
@@ -52,6 +70,21 @@ void WorkerRegistry::ObserveDirectory(
   for (const auto& w : workers) {
     const auto& status = w.worker();
     if (status.address().empty()) continue;
+    const std::string_view refusal =
+        ListedAddressRefusal(status.address(), directory_on_this_host_);
+    if (!refusal.empty()) {
+      if (now - refusal_logged_ >= absl::Minutes(1)) {
+        refusal_logged_ = now;
+        LogWarning("router")
+            .Str("worker", status.worker_id())
+            .Str("address", status.address())
+            .Str("why", refusal)
+            .Msg(
+                "kvdir lists a worker at an address this router does not dial (logged once a "
+                "minute)");
+      }
+      continue;
+    }
     if (!status.worker_id().empty()) listed_at[status.worker_id()] = status.address();
     Entry& e = by_address_[status.address()];
     e.from_directory = true;

@@ -26,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
@@ -46,10 +47,21 @@ struct WorkerInfo {
   absl::Time model_since = absl::InfinitePast();
 };
 
+// Whether `address` (a gRPC target) reaches the dialling machine itself: a loopback host or a
+// local socket. A router whose kvdir address is such runs a one-host cluster (tools/cluster).
+bool DialsThisHost(absl::string_view address);
+
 class WorkerRegistry {
  public:
+  // `directory_on_this_host`: the router reaches kvdir on its own host (DialsThisHost). Only then
+  // are workers the directory lists at loopback addresses dialled; otherwise such an address is
+  // this router's own host, not the worker's, whoever listed it. (kvdir takes one only from a
+  // worker that connected over loopback, which a worker on kvdir's host, or behind a proxy or
+  // service mesh there, also does.) A listed address that does not dial over the network
+  // (`unix:`, `dns://SERVER/`: DialsOverTheNetwork) is never dialled. Either is dropped from
+  // the listing, logged at most once a minute. Static addresses are the operator's: dialled.
   WorkerRegistry(std::vector<std::string> static_addresses, TlsOptions client_tls,
-                 int max_message_bytes, absl::Duration forget_after);
+                 int max_message_bytes, absl::Duration forget_after, bool directory_on_this_host);
 
   // A full answer from the directory (ListWorkers or Lookup): updates status and load.
   void ObserveDirectory(
@@ -120,6 +132,7 @@ class WorkerRegistry {
   const TlsOptions client_tls_;
   const int max_message_bytes_;
   const absl::Duration forget_after_;
+  const bool directory_on_this_host_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> by_address_ ABSL_GUARDED_BY(mu_);
@@ -135,6 +148,7 @@ class WorkerRegistry {
   // Since when the directory has not been answering: the send time of the first call that failed
   // after the last answer; InfiniteFuture while none has.
   absl::Time unanswered_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time refusal_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace lazyattn::router
