@@ -205,7 +205,8 @@ def run_checks(args, c, certs, other, docs):
     start_impostor(c, "fake-kvdir-client", "worker-6",
                    f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-6.crt\n"
                    f"    key_file: {certs}/worker-6.key\n", kvdir=fake_kvdir)
-    ok, tail = wait_log(c, "fake-kvdir-client", "cannot reach kvdir")
+    ok, tail = wait_log(c, "fake-kvdir-client",
+                        ("cannot reach kvdir", "is lazyattn://worker/worker-evil, not lazyattn://kvdir/"))
     check("a kvdir with a worker's certificate: a worker does not publish to it", ok, tail)
 
     kvdir = parse_metrics(c.scrape("kvdir"))
