@@ -61,6 +61,10 @@ absl::StatusOr<KvdirOptions> KvdirOptionsFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(
       o.limits.hello_timeout_ms,
       config.IntIn("limits.hello_timeout_ms", o.limits.hello_timeout_ms, 100, 600'000));
+  if (config.Has("limits.max_publish_entries_per_s")) {  // absent: as max_entries_per_worker
+    ASSIGN_OR_RETURN(o.limits.max_publish_entries_per_s,
+                     config.IntIn("limits.max_publish_entries_per_s", 0, 0, int64_t{1} << 34));
+  }
   ASSIGN_OR_RETURN(o.lease_ms, config.IntIn("lease_ms", o.lease_ms, 50, 3'600'000));
   RETURN_IF_ERROR(config.Finish());
   return o;

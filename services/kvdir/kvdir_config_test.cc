@@ -38,6 +38,7 @@ TEST(KvdirConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(o->limits.max_publish_streams, 4096);
   EXPECT_EQ(o->limits.max_streams_per_certificate, 4);
   EXPECT_EQ(o->limits.hello_timeout_ms, 10000);
+  EXPECT_EQ(o->limits.max_publish_entries_per_s, -1);  // as limits.max_entries_per_worker
   EXPECT_FALSE(o->reflection);
   EXPECT_EQ(o->tls.refresh_interval_s, 60);
   EXPECT_TRUE(o->tls.cert_file.empty());
@@ -61,6 +62,7 @@ limits:
   max_publish_streams: 100
   max_streams_per_certificate: 2
   hello_timeout_ms: 2500
+  max_publish_entries_per_s: 0
 lease_ms: 1500
 )");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -79,6 +81,7 @@ lease_ms: 1500
   EXPECT_EQ(o->limits.max_publish_streams, 100);
   EXPECT_EQ(o->limits.max_streams_per_certificate, 2);
   EXPECT_EQ(o->limits.hello_timeout_ms, 2500);
+  EXPECT_EQ(o->limits.max_publish_entries_per_s, 0);
   EXPECT_TRUE(o->reflection);
   EXPECT_EQ(o->tls.refresh_interval_s, 5);
 }
@@ -98,6 +101,8 @@ TEST(KvdirConfigTest, ErrorsNameTheKeyAndValue) {
   EXPECT_THAT(Error("limits: {max_streams_per_certificate: 2000}\n"),
               HasSubstr("limits.max_streams_per_certificate"));
   EXPECT_THAT(Error("limits: {hello_timeout_ms: 5}\n"), HasSubstr("limits.hello_timeout_ms"));
+  EXPECT_THAT(Error("limits: {max_publish_entries_per_s: -1}\n"),
+              HasSubstr("limits.max_publish_entries_per_s"));
   EXPECT_THAT(Error("server: {reflection: maybe}\n"), HasSubstr("server.reflection"));
   EXPECT_THAT(Error("server: {tls: {refresh_interval_s: 0}}\n"),
               HasSubstr("server.tls.refresh_interval_s"));

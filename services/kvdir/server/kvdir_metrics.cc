@@ -67,6 +67,7 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
   limit_refusals_[6] = &limit_family_.Add({{"limit", "max_streams_per_certificate"}});
   limit_refusals_[7] = &limit_family_.Add({{"limit", "hello_timeout"}});
   limit_refusals_[8] = &limit_family_.Add({{"limit", "max_entries"}});
+  limit_refusals_[9] = &limit_family_.Add({{"limit", "max_publish_entries_per_s"}});
   hellos_refused_[0] = &hellos_refused_family_.Add({{"reason", "not_certificate_id"}});
   hellos_refused_[1] = &hellos_refused_family_.Add({{"reason", "worker_id_in_use"}});
   hellos_refused_[2] = &hellos_refused_family_.Add({{"reason", "address_in_use"}});

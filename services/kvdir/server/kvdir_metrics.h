@@ -63,6 +63,7 @@ class KvdirMetrics {
     kMaxStreamsPerCertificate,
     kHelloTimeout,
     kMaxEntries,
+    kMaxPublishEntriesPerS,
   };
   void LimitRefused(Limit limit);
 
@@ -82,7 +83,7 @@ class KvdirMetrics {
   prometheus::Counter* hellos_refused_[5];
   prometheus::Histogram& lookup_duration_;
   prometheus::Family<prometheus::Counter>& limit_family_;
-  prometheus::Counter* limit_refusals_[9];
+  prometheus::Counter* limit_refusals_[10];
 };
 
 }  // namespace lazyattn::kvdir

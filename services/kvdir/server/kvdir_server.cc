@@ -35,6 +35,16 @@ absl::Status Validate(const KvdirOptions& o) {
     return absl::InvalidArgumentError(
         "limits.max_publish_streams, max_streams_per_certificate, hello_timeout_ms: must be > 0");
   }
+  // A full snapshot a second at least: below that, a worker holding max_entries_per_worker
+  // entries that reconnects a few times in a row would be shut out.
+  if (o.limits.max_publish_entries_per_s < -1 ||
+      (o.limits.max_publish_entries_per_s > 0 &&
+       o.limits.max_publish_entries_per_s < o.limits.max_entries_per_worker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "limits.max_publish_entries_per_s: 0 (no bound) or at least limits.max_entries_per_worker "
+        "(",
+        o.limits.max_entries_per_worker, "), got ", o.limits.max_publish_entries_per_s));
+  }
   if (o.slow_work_threads < 0 || o.slow_work_threads > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("slow_work_threads: 0 (automatic) to 64, got ", o.slow_work_threads));
@@ -62,10 +72,13 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
              IndexLimits{.max_workers = options.limits.max_workers,
                          .max_entries_per_worker = options.limits.max_entries_per_worker,
                          .max_entries = options.limits.max_entries}),
-      streams_(PublishStreamLimits{
-          .max_streams = options.limits.max_publish_streams,
-          .max_per_certificate = options.limits.max_streams_per_certificate,
-          .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms)}),
+      streams_(
+          PublishStreamLimits{.max_streams = options.limits.max_publish_streams,
+                              .max_per_certificate = options.limits.max_streams_per_certificate,
+                              .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms),
+                              .entries_per_s = options.limits.max_publish_entries_per_s < 0
+                                                   ? options.limits.max_entries_per_worker
+                                                   : options.limits.max_publish_entries_per_s}),
       // Half the cores, the rest left to gRPC's threads and lookups; snapshots beyond wait.
       slow_work_(options.slow_work_threads > 0
                      ? options.slow_work_threads

@@ -75,6 +75,10 @@ struct KvdirOptions {
     int max_streams_per_certificate = 4;
     // A stream that has not said hello this long after it opened is cancelled.
     int64_t hello_timeout_ms = 10'000;
+    // Directory entries the streams of one worker certificate may store, remove or replace a
+    // second, in bursts of four times that (PublishStreamLimits); 0: no bound; -1: as many as
+    // max_entries_per_worker (a full snapshot a second). Otherwise at least that many.
+    int64_t max_publish_entries_per_s = -1;
   } limits;
   // A worker stays live this long after its last message (heartbeats renew it).
   int64_t lease_ms = 3000;

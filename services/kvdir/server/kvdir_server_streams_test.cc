@@ -63,6 +63,50 @@ TEST(PublishStreamsTest, BoundsTheStreamsInAllAndPerCertificate) {
   EXPECT_FALSE(streams.Open("worker-0", "10.0.0.1", kT0, nullptr).ok());
 }
 
+// The budget of directory work (limits.max_publish_entries_per_s): the streams of one
+// certificate share it, a refused message charges nothing, it refills at the rate up to four
+// seconds of it, and a new stream of the certificate does not start afresh. Without a
+// certificate each stream has its own; 0 is no bound.
+TEST(PublishStreamsTest, ChargesDirectoryWorkPerCertificateAndRefillsAtTheRate) {
+  PublishStreams streams({.max_streams = 10, .max_per_certificate = 4, .entries_per_s = 100});
+  auto a = streams.Open("worker-0", "10.0.0.1", kT0, nullptr);
+  auto b = streams.Open("worker-0", "10.0.0.1", kT0, nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(streams.Charge(*a, 350, kT0).ok());  // of a burst of 400
+  const absl::Status over = streams.Charge(*b, 60, kT0);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("limits.max_publish_entries_per_s"));
+  EXPECT_THAT(over.message(), HasSubstr("worker-0"));
+  EXPECT_TRUE(streams.Charge(*b, 50, kT0).ok());  // the refusal took nothing
+  EXPECT_FALSE(streams.Charge(*a, 1, kT0).ok());
+  const absl::Time later = kT0 + absl::Milliseconds(100);  // 10 entries back
+  EXPECT_TRUE(streams.Charge(*a, 10, later).ok());
+  EXPECT_FALSE(streams.Charge(*a, 1, later).ok());
+  // Reconnecting does not refill it: the sweep keeps a budget that is not full.
+  streams.Close(*a);
+  streams.Close(*b);
+  streams.CancelSilent(later);
+  auto c = streams.Open("worker-0", "10.0.0.1", later, nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(streams.Charge(*c, 1, later).ok());
+  // Refilled to the burst and no further.
+  const absl::Time rested = kT0 + absl::Seconds(60);
+  EXPECT_TRUE(streams.Charge(*c, 400, rested).ok());
+  EXPECT_FALSE(streams.Charge(*c, 1, rested).ok());
+  // Without a certificate each stream has its own budget.
+  auto p = streams.Open("", "10.0.0.2", kT0, nullptr);
+  auto q = streams.Open("", "10.0.0.2", kT0, nullptr);
+  ASSERT_TRUE(p.ok() && q.ok());
+  EXPECT_TRUE(streams.Charge(*p, 400, kT0).ok());
+  EXPECT_TRUE(streams.Charge(*q, 400, kT0).ok());
+  EXPECT_FALSE(streams.Charge(*q, 1, kT0).ok());
+
+  PublishStreams unbounded({.max_streams = 1, .entries_per_s = 0});
+  auto u = unbounded.Open("worker-0", "10.0.0.1", kT0, nullptr);
+  ASSERT_TRUE(u.ok());
+  EXPECT_TRUE(unbounded.Charge(*u, int64_t{1} << 40, kT0).ok());
+}
+
 TEST(PublishStreamsTest, CancelsOnceTheStreamsSilentPastTheHelloTimeout) {
   PublishStreams streams({.max_streams = 10, .hello_timeout = absl::Seconds(10)});
   int cancelled_silent = 0, cancelled_greeted = 0, cancelled_young = 0;
@@ -241,6 +285,69 @@ TEST_F(KvdirServerTest, StreamsPastMaxPublishStreamsAreRefusedBeforeAnyRead) {
   }));
   EXPECT_TRUE(second.Heartbeat());
   EXPECT_TRUE(second.Close().ok());
+}
+
+// A worker past limits.max_publish_entries_per_s: the message that would pass it is not
+// applied, and the stream ends RESOURCE_EXHAUSTED naming the limit, counted. At 1,000 entries a
+// second (bursts of 4,000) a worker sending 1,000-entry snapshots back to back is refused within
+// the first few, unless this machine takes seconds for each.
+TEST_F(KvdirServerTest, AWorkerPastItsRateOfDirectoryWorkIsEndedUnapplied) {
+  KvdirOptions options;
+  options.limits.max_entries_per_worker = 1000;
+  options.limits.max_publish_entries_per_s = 1000;
+  StartWith(options);
+  // Snapshot i: 999 shared entries and key kFirst + i, which only it holds.
+  constexpr uint64_t kFirst = 100'000;
+  constexpr int kSnapshots = 13;
+  auto snapshot = [](int i) {
+    std::vector<v1::DocEntry> entries;
+    for (uint64_t key = 1; key < 1000; ++key) entries.push_back(Entry(key, 10));
+    entries.push_back(Entry(kFirst + i, 10));
+    return entries;
+  };
+  FakeWorker w(stub_.get(), "w1");
+  w.Join(snapshot(0));
+  int sent = 1;
+  while (sent < kSnapshots && w.Snapshot(snapshot(sent))) ++sent;
+  const grpc::Status s = w.Drain();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("limits.max_publish_entries_per_s"));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_limit_refusals_total", "max_publish_entries_per_s"), 1);
+  // Messages are handled in order, so the stream's end follows everything before it: the last
+  // snapshot applied is the one before the refused one, never the last sent.
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < sent; ++i) keys.push_back(kFirst + i);
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(keys, &after).ok());
+  ASSERT_EQ(after.workers_size(), 1);
+  int resident = 0, last = -1;
+  for (int i = 0; i < sent; ++i) {
+    if (after.workers(0).resident(i)) ++resident, last = i;
+  }
+  EXPECT_EQ(resident, 1);
+  EXPECT_LT(last, sent - 1);
+}
+
+// A rate below a full snapshot a second would shut out a worker holding
+// limits.max_entries_per_worker entries that reconnects a few times in a row: refused at start,
+// naming both keys. Unset, the rate is that of a full snapshot, whatever the bound (a config
+// that raised max_entries_per_worker before this key existed still starts).
+TEST(KvdirServerLimitsTest, ARateBelowAFullSnapshotASecondIsRefused) {
+  KvdirOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.limits.max_entries_per_worker = 1000;
+  options.limits.max_publish_entries_per_s = 999;
+  auto refused = KvdirServer::Create(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("limits.max_publish_entries_per_s"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("limits.max_entries_per_worker"));
+  for (int64_t rate : {int64_t{1000}, int64_t{0}, int64_t{-1}}) {
+    options.limits.max_publish_entries_per_s = rate;
+    EXPECT_TRUE(KvdirServer::Create(options).ok()) << rate;
+  }
+  options.limits.max_entries_per_worker = 1'000'000;
+  options.limits.max_publish_entries_per_s = -1;
+  EXPECT_TRUE(KvdirServer::Create(options).ok());
 }
 
 // Under mutual TLS the bound is per worker certificate: worker-0 may hold two streams, a third

@@ -137,7 +137,28 @@ absl::Status PublishReactor::RepliesUnread() {
                    " of kvdir's replies (lease grants, snapshot requests): ended"));
 }
 
+absl::Status PublishReactor::ChargeWork(const v1::WorkerMessage& msg) {
+  if (ctx_.streams == nullptr || stream_id_ == 0) return absl::OkStatus();
+  const int64_t entries = msg.has_snapshot() ? msg.snapshot().entries_size() : 1;
+  // Refused below for its size (limits.max_entries_per_worker, which drops the worker's
+  // entries): counted and named there, not here.
+  if (entries > ctx_.max_entries_per_worker) return absl::OkStatus();
+  absl::Status charged = ctx_.streams->Charge(stream_id_, entries, MonotonicNow());
+  if (!charged.ok()) {
+    ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxPublishEntriesPerS);
+    LogWarning("kvdir")
+        .Str("worker", worker_id_.empty() ? "(no hello yet)" : worker_id_)
+        .Str("certificate", bound_worker_id_.empty() ? "none" : bound_worker_id_)
+        .Str("peer_host", peer_host_)
+        .Str("error", std::string(charged.message()))
+        .Msg("ended a Publish stream past its rate of directory work");
+  }
+  return charged;
+}
+
 absl::Status PublishReactor::Handle(const v1::WorkerMessage& msg) {
+  // Before anything is applied: what the worker may no longer do must not be done.
+  if (absl::Status charged = ChargeWork(msg); !charged.ok()) return charged;
   if (msg.has_hello()) return HandleHello(msg);
   if (msg.body_case() == v1::WorkerMessage::BODY_NOT_SET) {
     return absl::InvalidArgumentError(

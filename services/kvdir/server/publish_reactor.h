@@ -34,7 +34,10 @@
 //   - RESOURCE_EXHAUSTED at once, before any read, naming limits.max_publish_streams or
 //     limits.max_streams_per_certificate when the stream would pass one (PublishStreams);
 //   - CANCELLED (for the worker; kvdir logs and counts hello_timeout) when no hello was accepted
-//     within limits.hello_timeout_ms of the stream's start: the sweeper cancels it.
+//     within limits.hello_timeout_ms of the stream's start: the sweeper cancels it;
+//   - RESOURCE_EXHAUSTED naming limits.max_publish_entries_per_s, before the message is applied,
+//     when the streams of the worker's certificate (without mutual TLS: this stream) have used
+//     their budget of directory work (PublishStreams::Charge). Counted and logged.
 // Closing the stream does not remove the worker; its lease does (see DirectoryIndex).
 //
 // Threading: reads are sequential (one outstanding read), so the read side (Handle and the
@@ -83,6 +86,9 @@ class PublishReactor final
 
  private:
   absl::Status Handle(const v1::WorkerMessage& msg);
+  // Charges the message's directory work to the stream's budget (PublishStreams::Charge); counts,
+  // logs and returns the RESOURCE_EXHAUSTED of a worker past limits.max_publish_entries_per_s.
+  absl::Status ChargeWork(const v1::WorkerMessage& msg);
   // Ends the stream for an error (`status` of Handle), else reads the next message.
   void AfterHandle(absl::Status status);
   absl::Status HandleHello(const v1::WorkerMessage& msg);

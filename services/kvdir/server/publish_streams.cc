@@ -1,5 +1,6 @@
 #include "services/kvdir/server/publish_streams.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -32,8 +33,47 @@ absl::StatusOr<uint64_t> PublishStreams::Open(const std::string& certificate_id,
   streams_.emplace(id, Stream{.certificate_id = certificate_id,
                               .peer_host = peer_host,
                               .opened = now,
-                              .cancel = std::move(cancel)});
+                              .cancel = std::move(cancel),
+                              .budget = FullBudget(now)});
+  if (!certificate_id.empty()) budgets_.try_emplace(certificate_id, FullBudget(now));
   return id;
+}
+
+PublishStreams::Budget PublishStreams::FullBudget(absl::Time now) const {
+  return Budget{
+      .entries = PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s),
+      .refilled = now};
+}
+
+void PublishStreams::Refill(Budget& budget, absl::Time now) const {
+  if (now <= budget.refilled) return;
+  const double burst =
+      PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s);
+  budget.entries =
+      std::min(burst, budget.entries + static_cast<double>(limits_.entries_per_s) *
+                                           absl::ToDoubleSeconds(now - budget.refilled));
+  budget.refilled = now;
+}
+
+absl::Status PublishStreams::Charge(uint64_t id, int64_t entries, absl::Time now) {
+  if (limits_.entries_per_s <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return absl::OkStatus();
+  const std::string& certificate = it->second.certificate_id;
+  Budget& budget = certificate.empty() ? it->second.budget : budgets_[certificate];
+  Refill(budget, now);
+  const double cost = static_cast<double>(std::max<int64_t>(entries, 1));
+  if (budget.entries < cost) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(certificate.empty() ? "this stream"
+                                         : absl::StrCat("the certificate of worker ", certificate),
+                     " went past limits.max_publish_entries_per_s (", limits_.entries_per_s,
+                     " directory entries stored, removed or replaced a second): a message of ",
+                     entries, " entries found ", static_cast<int64_t>(budget.entries), " left"));
+  }
+  budget.entries -= cost;
+  return absl::OkStatus();
 }
 
 void PublishStreams::SaidHello(uint64_t id) {
@@ -55,6 +95,13 @@ void PublishStreams::Close(uint64_t id) {
 std::vector<SilentStream> PublishStreams::CancelSilent(absl::Time now) {
   std::vector<SilentStream> out;
   absl::MutexLock lock(&mu_);
+  const double burst =
+      PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s);
+  absl::erase_if(budgets_, [&](auto& entry) {
+    if (per_certificate_.contains(entry.first)) return false;
+    Refill(entry.second, now);
+    return entry.second.entries >= burst;
+  });
   for (auto& [id, s] : streams_) {
     if (s.said_hello || s.cancelled || now - s.opened < limits_.hello_timeout) continue;
     s.cancelled = true;
