@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace lazyattn {
@@ -173,12 +174,42 @@ std::optional<std::string> DialedHost(absl::string_view target) {
   return HostOfHostPort(target);  // gRPC reads a target of no known scheme as dns:///target
 }
 
+namespace {
+
+// An IPv4 address written other than as its canonical dotted quad ("127.1", "2130706433",
+// "0x7f000001", "0177.0.0.1", "127.000.000.001"): every label digits or 0x-hex, and the whole
+// not what inet_ntop writes back. Resolvers disagree on these (c-ares takes leading zeros,
+// getaddrinfo the short and hex forms), so their meaning cannot be judged here.
+bool IsOddlySpelledIpv4(absl::string_view host) {
+  bool numeric = !host.empty();
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    const bool hex = absl::StartsWithIgnoreCase(label, "0x");
+    if (hex) label.remove_prefix(2);
+    numeric = numeric && std::all_of(label.begin(), label.end(), [hex](char c) {
+                return hex ? absl::ascii_isxdigit(static_cast<unsigned char>(c))
+                           : absl::ascii_isdigit(static_cast<unsigned char>(c));
+              });
+  }
+  if (!numeric) return false;
+  const std::string text(host);
+  unsigned char v4[4];
+  char canonical[INET_ADDRSTRLEN] = {};
+  return inet_pton(AF_INET, text.c_str(), v4) != 1 ||
+         inet_ntop(AF_INET, v4, canonical, sizeof(canonical)) == nullptr || text != canonical;
+}
+
+}  // namespace
+
 bool DialsOverTheNetwork(absl::string_view target) {
   if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) {
     return false;
   }
-  if (absl::ConsumePrefix(&target, "dns://")) return absl::StartsWith(target, "/");
-  return true;
+  if (absl::StartsWith(target, "dns://") && !absl::StartsWith(target, "dns:///")) return false;
+  const std::optional<std::string> host = DialedHost(target);
+  if (!host.has_value() || host->empty()) return false;
+  // gRPC percent-decodes a target ("%6cocalhost"); '%' also starts an IPv6 zone ("::1%lo").
+  if (host->find_first_of("%/") != std::string::npos) return false;
+  return !IsOddlySpelledIpv4(*host);
 }
 
 bool IsLocalHost(absl::string_view host) {

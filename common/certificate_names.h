@@ -54,9 +54,13 @@ std::optional<std::string> DialedHost(absl::string_view target);
 
 // Whether a channel to `target` connects where its host says, over the network: false for a
 // local socket ("unix:", "unix-abstract:", which dial "localhost" to a certificate check, so any
-// certificate naming localhost passes) and for a name resolved by a DNS server the target picks
-// ("dns://SERVER/host:port": the server decides which address the host is). kvdir refuses such
-// an address from a worker: every router would connect wherever it points.
+// certificate naming localhost passes), for a name resolved by a DNS server the target picks
+// ("dns://SERVER/host:port": the server decides which address the host is), and where the host
+// cannot be read unambiguously: none or several (DialedHost), a '%' (gRPC percent-decodes
+// targets, and it starts an IPv6 zone) or '/' in it, or an IPv4 address spelled other than as
+// its canonical dotted quad ("127.1", "2130706433", "0x7f000001", "127.000.000.001", which
+// resolvers read differently, some as 127.0.0.1). kvdir refuses such an address from a worker,
+// and routers do not dial one: every router would connect wherever it points.
 bool DialsOverTheNetwork(absl::string_view target);
 
 // Whether `host` (a DNS name, an IP literal with or without brackets) is the dialling machine

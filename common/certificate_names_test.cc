@@ -88,6 +88,25 @@ TEST(DialsOverTheNetworkTest, LocalSocketsAndTargetsPickingTheirDnsServerDoNot) 
   }
 }
 
+// Spellings whose host cannot be read unambiguously: gRPC or a resolver takes each of these to
+// 127.0.0.1 or ::1 (c-ares reads leading zeros, getaddrinfo short and hex forms, gRPC
+// percent-decodes), while a plain reading sees another host or none. A canonical address and
+// names with numeric labels among others still dial.
+TEST(DialsOverTheNetworkTest, AmbiguousSpellingsOfAHostDoNot) {
+  for (const char* target :
+       {"127.1:7200", "2130706433:7200", "0x7f000001:7200", "0177.0.0.1:7200",
+        "127.000.000.001:7200", "127.0.0.01:7200", "0:7200", "[::1%25lo]:7200", "[::1%lo]:7200",
+        "dns:///%6cocalhost:7200", "dns:///localhost%3a7200", "ipv4:%31%32%37.0.0.1:7200",
+        "dns:/localhost:7200", "ipv4:127.0.0.1:7200,10.0.0.1:7200", "xds:///worker", ":7200"}) {
+    EXPECT_FALSE(DialsOverTheNetwork(target)) << target;
+  }
+  for (const char* target :
+       {"10.0.0.1:7200", "0.0.0.0:7200", "worker-1.lazyattn:7200", "node-7.rack-12.example:7200",
+        "1e100.net:443", "[::ffff:10.0.0.1]:7200"}) {
+    EXPECT_TRUE(DialsOverTheNetwork(target)) << target;
+  }
+}
+
 TEST(IsLocalHostTest, LoopbackAndUnspecifiedAddressesAndLocalhost) {
   for (const char* host :
        {"localhost", "LOCALHOST.", "a.localhost", "127.0.0.1", "127.9.9.9", "0.0.0.0", "::1",

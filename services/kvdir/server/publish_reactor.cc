@@ -324,10 +324,13 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
         .Str("worker", id)
         .Str("address", shown)
         .Str("peer_host", peer_host_)
-        .Msg("refused hello: the advertised address is a local socket or picks its DNS server");
+        .Msg(
+            "refused hello: the advertised address is a local socket, picks its DNS server or "
+            "spells its host ambiguously");
     return absl::PermissionDeniedError(absl::StrCat(
         "hello.status.address: \"", shown,
-        "\" is a local socket or names its own DNS server; advertise host:port, [v6]:port or "
+        "\" is a local socket, names its own DNS server or spells its host ambiguously (one "
+        "host, no '%', an IPv4 address as a dotted quad); advertise host:port, [v6]:port or "
         "dns:///host:port"));
   }
   const bool local_peer = IsLocalHost(peer_host_) || absl::StartsWith(peer_host_, "unix");

@@ -225,6 +225,18 @@ TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster)
   EXPECT_THAT(listed(false), UnorderedElementsAre("w0", "127.0.0.1:9000"));
   EXPECT_THAT(listed(true), UnorderedElementsAre("w0", "w1", "w2", "w3", "127.0.0.1:9000"));
 
+  // A worker now listed at an address not dialled leaves its old one at once, as a move does.
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/false);
+  lazyattn::v1::WorkerResidency w0 = Worker("w0", "llama", kFpA);
+  w0.mutable_worker()->set_address("10.0.0.7:7200");
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({w0}), t0);
+  EXPECT_EQ(registry.Snapshot().size(), 1u);
+  w0.mutable_worker()->set_address("127.0.0.1:7200");
+  registry.ObserveDirectory(Listing({w0}), t0 + absl::Seconds(1));
+  EXPECT_TRUE(registry.Snapshot().empty());
+
   EXPECT_TRUE(DialsThisHost("127.0.0.1:7100"));
   EXPECT_TRUE(DialsThisHost("localhost:7100"));
   EXPECT_TRUE(DialsThisHost("[::1]:7100"));

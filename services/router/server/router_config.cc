@@ -103,6 +103,19 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
                    MillisIn(config, "kvdir.list_timeout_ms", o.kvdir.list_timeout, 1, 60000));
   ASSIGN_OR_RETURN(o.kvdir.forget_after,
                    MillisIn(config, "kvdir.forget_after_ms", o.kvdir.forget_after, 100, 3600000));
+  ASSIGN_OR_RETURN(const std::string loopback, config.String("kvdir.loopback_workers", "auto"));
+  if (loopback == "auto") {
+    o.kvdir.loopback_workers = KvdirOptions::LoopbackWorkers::kAuto;
+  } else if (loopback == "dial") {
+    o.kvdir.loopback_workers = KvdirOptions::LoopbackWorkers::kDial;
+  } else if (loopback == "skip") {
+    o.kvdir.loopback_workers = KvdirOptions::LoopbackWorkers::kSkip;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(config.source(),
+                                                   ": kvdir.loopback_workers: expected auto, dial "
+                                                   "or skip, got \"",
+                                                   loopback, "\""));
+  }
 
   // static workers
   ASSIGN_OR_RETURN(o.workers, config.StringList("workers"));

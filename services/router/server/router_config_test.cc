@@ -28,6 +28,7 @@ kvdir:
   refresh_interval_ms: 250
   list_timeout_ms: 300
   forget_after_ms: 5000
+  loopback_workers: dial
   lookup_failures_to_skip: 5
   lookup_backoff_ms: 200
   lookup_max_backoff_ms: 4000
@@ -84,6 +85,7 @@ limits:
   EXPECT_EQ(o->kvdir.address, "kvdir:50060");
   EXPECT_EQ(o->kvdir.lookup_timeout, absl::Milliseconds(40));
   EXPECT_EQ(o->kvdir.forget_after, absl::Seconds(5));
+  EXPECT_EQ(o->kvdir.loopback_workers, KvdirOptions::LoopbackWorkers::kDial);
   EXPECT_EQ(o->kvdir.lookup_gate.failures_to_skip, 5);
   EXPECT_EQ(o->kvdir.lookup_gate.base_backoff, absl::Milliseconds(200));
   EXPECT_EQ(o->kvdir.lookup_gate.max_backoff, absl::Seconds(4));
@@ -119,6 +121,7 @@ limits:
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->routing.policy.kind, PolicyKind::kCacheAware);
   EXPECT_EQ(d->kvdir.lookup_timeout, absl::Milliseconds(50));
+  EXPECT_EQ(d->kvdir.loopback_workers, KvdirOptions::LoopbackWorkers::kAuto);
   EXPECT_EQ(d->max_inflight_requests, 256);
   EXPECT_EQ(d->routing.first_token_timeout, absl::Seconds(30));
   EXPECT_EQ(d->routing.token_idle_timeout, absl::Seconds(30));
@@ -144,6 +147,8 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
   EXPECT_THAT(error("kvdir: {address: k:1}\nlimits: {max_inflight_requests: lots}\n"),
               HasSubstr("limits.max_inflight_requests: expected an integer, got \"lots\""));
   EXPECT_THAT(error("kvdir: {address: nocolon}\n"), HasSubstr("kvdir.address: expected host:port"));
+  EXPECT_THAT(error("kvdir: {address: k:1, loopback_workers: yes}\n"),
+              HasSubstr("kvdir.loopback_workers: expected auto, dial or skip, got \"yes\""));
   EXPECT_THAT(error("workers: [\"a:1\", \"\"]\n"), HasSubstr("workers[1]: must not be empty"));
   EXPECT_THAT(error("server: {listen: \"0.0.0.0:1\"}\n"),
               HasSubstr("no directory and no static workers"));

@@ -36,10 +36,26 @@ bool IsWorkerFault(grpc::StatusCode code) {
          code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+namespace {
+
+bool DialsLoopbackWorkers(const KvdirOptions& kvdir) {
+  switch (kvdir.loopback_workers) {
+    case KvdirOptions::LoopbackWorkers::kDial:
+      return true;
+    case KvdirOptions::LoopbackWorkers::kSkip:
+      return false;
+    case KvdirOptions::LoopbackWorkers::kAuto:
+      break;
+  }
+  return DialsThisHost(kvdir.address);
+}
+
+}  // namespace
+
 RouterContext::RouterContext(const RouterOptions& options, prometheus::Registry& registry)
     : options_(options),
       registry_(options.workers, options.client_tls, options.server.max_message_bytes,
-                options.kvdir.forget_after, DialsThisHost(options.kvdir.address)),
+                options.kvdir.forget_after, DialsLoopbackWorkers(options.kvdir)),
       selector_(options.routing.policy, options.routing.speculative, options.routing.breaker,
                 options.health.outliers),
       metrics_(registry, std::string(PolicyKindName(options.routing.policy.kind))),

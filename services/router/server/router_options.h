@@ -27,6 +27,10 @@ struct KvdirOptions {
   absl::Duration refresh_interval = absl::Milliseconds(500);
   absl::Duration list_timeout = absl::Milliseconds(500);  // ListWorkers and Worker.Status polls
   absl::Duration forget_after = absl::Seconds(10);        // unlisted directory workers dropped
+  // Whether workers the directory lists at a loopback address are dialled (WorkerRegistry):
+  // kAuto dials them when kvdir itself is reached on this host (DialsThisHost(address)).
+  enum class LoopbackWorkers { kAuto, kDial, kSkip };
+  LoopbackWorkers loopback_workers = LoopbackWorkers::kAuto;
   // After this many failed lookups in a row, requests route by load without one for a backoff
   // (LookupGate: a down directory must not cost every request lookup_timeout).
   LookupGateOptions lookup_gate;

@@ -22,7 +22,8 @@ void UpdateModelSince(WorkerInfo& info, const lazyattn::v1::WorkerStatus& next, 
 std::string_view ListedAddressRefusal(const std::string& address, bool directory_on_this_host) {
   if (!DialsOverTheNetwork(address)) return "it does not dial over the network";
   if (!directory_on_this_host && DialsThisHost(address)) {
-    return "it is this router's own host, and the router reaches kvdir over the network";
+    return "it is this router's own host, and the router reaches kvdir over the network "
+           "(kvdir.loopback_workers: dial, for a one-host cluster dialling kvdir by another name)";
   }
   return "";
 }
@@ -83,6 +84,8 @@ void WorkerRegistry::ObserveDirectory(
                 "kvdir lists a worker at an address this router does not dial (logged once a "
                 "minute)");
       }
+      // Where the id is listed now, so an address it had before is forgotten at once.
+      if (!status.worker_id().empty()) listed_at[status.worker_id()] = status.address();
       continue;
     }
     if (!status.worker_id().empty()) listed_at[status.worker_id()] = status.address();
