@@ -11,11 +11,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
@@ -215,6 +219,56 @@ TEST(GrpcConnectionAgeTest, AServerClosesAConnectionPastItsAgeAndTheClientReconn
   serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
   EXPECT_TRUE(serving.ok()) << serving.status();
   EXPECT_EQ(proxy.connections(), 2);
+  built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+// Why connections age: a certificate is checked only at the handshake. Once the server's CA file
+// no longer vouches for a client's certificate (its CA rotated out), the connection made before
+// still serves that client, until its age closes it; the handshake of the next one refuses the
+// certificate. (Servers run with an hour, kMaxConnectionAgeMs; here 4 s.)
+TEST(GrpcConnectionAgeTest, ACertificateTheServerNoLongerTrustsIsRefusedOnceItsConnectionAges) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/connection-age-tls-", getpid());
+  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", dir,
+                                     "/a' --workers 1 --force "
+                                     ">/dev/null && tools/gen-certs --out '",
+                                     dir, "/b' --workers 0 --force >/dev/null")
+                            .c_str()),
+            0)
+      << "tools/gen-certs (run from the source tree) failed";
+  const std::string live_ca = dir + "/live-ca.crt";
+  std::filesystem::copy_file(dir + "/a/ca.crt", live_ca,
+                             std::filesystem::copy_options::overwrite_existing);
+  auto built = StartGrpcServer({.listen_address = "127.0.0.1:0",
+                                .tls = {.cert_file = dir + "/a/kvdir.crt",
+                                        .key_file = dir + "/a/kvdir.key",
+                                        .ca_file = live_ca,
+                                        .refresh_interval_s = 1},
+                                .reflection = true,
+                                .max_connection_age_ms = 4000,
+                                .max_connection_age_grace_ms = 500},
+                               {});
+  ASSERT_TRUE(built.ok()) << built.status();
+  FreezableProxy proxy(built->port);
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(proxy.port()),
+                             {.cert_file = dir + "/a/worker-0.crt",
+                              .key_file = dir + "/a/worker-0.key",
+                              .ca_file = dir + "/a/ca.crt"},
+                             1 << 20);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  // The server trusts only CA b from now on (written beside, renamed over, as rotated).
+  std::filesystem::copy_file(dir + "/b/ca.crt", live_ca + ".tmp",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::rename(live_ca + ".tmp", live_ca);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the server's next read of its files
+  serving = CheckGrpcHealth(*channel, "", absl::Seconds(5));
+  EXPECT_TRUE(serving.ok()) << "the open connection serves on: " << serving.status();
+  EXPECT_EQ(proxy.connections(), 1);
+  EXPECT_TRUE(proxy.UpstreamClosedWithin(absl::Seconds(10)));
+  serving = CheckGrpcHealth(*channel, "", absl::Seconds(3));
+  EXPECT_FALSE(serving.ok()) << "a new connection took worker-0's certificate of CA a";
+  EXPECT_GE(proxy.connections(), 2);
   built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 

@@ -20,6 +20,7 @@
 #include "services/worker/model/tokenizer/chat_template.h"
 #include "services/worker/model/tokenizer/tokenizer.h"
 #include "services/worker/model/tokenizer/tokenizer_spec.h"
+#include "services/worker/model/tokenizer/unicode.h"
 
 namespace lazyattn {
 namespace {
@@ -221,6 +222,35 @@ void CheckLlamaCppVocab(const std::string& name) {
 TEST(LlamaCppVocabTest, LlamaBpe) { CheckLlamaCppVocab("llama-bpe"); }
 TEST(LlamaCppVocabTest, Gpt2) { CheckLlamaCppVocab("gpt-2"); }
 TEST(LlamaCppVocabTest, StarCoder) { CheckLlamaCppVocab("starcoder"); }
+
+// At most a token a byte (tokenizer.h) on these vocabularies too, not only SmolLM2's
+// (tokenizer_contract_test): the router bounds a text document's tokens by its bytes and caps
+// what the directory claims for it there (DocumentRef::max_tokens). Every code point, in runs of
+// 64 with spaces between words of several lengths, with and without special-token parsing.
+void CheckAtMostATokenAByte(const std::string& name) {
+  const std::string path = "models/ggml-vocab-" + name + ".gguf";
+  if (!std::filesystem::exists(path)) {
+    GTEST_SKIP() << path << " absent (tools/fetch-test-vocabs fetches it)";
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadGgufTokenizer(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (uint32_t first = 0; first <= 0x10FFFF; first += 64) {
+    std::string s;
+    for (uint32_t cp = first; cp < first + 64 && cp <= 0x10FFFF; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      AppendUtf8(cp, &s);
+      if (cp % 7 == 0) s += ' ';
+    }
+    for (bool special : {false, true}) {
+      ASSERT_LE((*t)->Encode(s, special).size(), s.size())
+          << name << ": code points from U+" << std::hex << first;
+    }
+  }
+}
+
+TEST(AtMostATokenAByteTest, LlamaBpe) { CheckAtMostATokenAByte("llama-bpe"); }
+TEST(AtMostATokenAByteTest, Gpt2) { CheckAtMostATokenAByte("gpt-2"); }
+TEST(AtMostATokenAByteTest, StarCoder) { CheckAtMostATokenAByte("starcoder"); }
 
 }  // namespace
 }  // namespace lazyattn
