@@ -3,7 +3,6 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
-#include <sys/stat.h>
 
 #include <cstdio>
 #include <utility>
@@ -76,17 +75,6 @@ CertificateReloader::~CertificateReloader() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-CertificateReloader::Stamp CertificateReloader::StampOf(const std::string& path) {
-  struct stat st {};
-  Stamp s;
-  if (stat(path.c_str(), &st) != 0) return s;  // missing: compares unequal once it is back
-  s.dev = st.st_dev;
-  s.ino = st.st_ino;
-  s.size = st.st_size;
-  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  return s;
-}
-
 absl::StatusOr<std::shared_ptr<const CertificateReloader::Pair>> CertificateReloader::Load(
     const std::string& cert_file, const std::string& key_file) {
   ERR_clear_error();
@@ -141,8 +129,8 @@ std::shared_ptr<const CertificateReloader::Pair> CertificateReloader::Current() 
 
 bool CertificateReloader::CheckNow() {
   absl::MutexLock check(&check_mu_);
-  const Stamp cert = StampOf(cert_file_);
-  const Stamp key = StampOf(key_file_);
+  const FileStamp cert = StampOf(cert_file_);
+  const FileStamp key = StampOf(key_file_);
   if (cert == cert_stamp_ && key == key_stamp_) return false;
   cert_stamp_ = cert;
   key_stamp_ = key;

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_stamp.h"
 
 namespace lazyattn::router {
 
@@ -48,14 +49,7 @@ class CertificateReloader {
 
  private:
   struct Pair;
-  struct Stamp {
-    uint64_t dev = 0, ino = 0;
-    int64_t size = -1, mtime_ns = -1;
-    bool operator==(const Stamp&) const = default;
-  };
-
   CertificateReloader(std::string cert_file, std::string key_file);
-  static Stamp StampOf(const std::string& path);
   static absl::StatusOr<std::shared_ptr<const Pair>> Load(const std::string& cert_file,
                                                           const std::string& key_file);
   static int OnCertificate(SSL* ssl, void* arg);
@@ -69,8 +63,8 @@ class CertificateReloader {
   // every handshake takes for a moment).
   absl::Mutex check_mu_;
   // The files as they were at the last load attempt, successful or not.
-  Stamp cert_stamp_ ABSL_GUARDED_BY(check_mu_);
-  Stamp key_stamp_ ABSL_GUARDED_BY(check_mu_);
+  FileStamp cert_stamp_ ABSL_GUARDED_BY(check_mu_);
+  FileStamp key_stamp_ ABSL_GUARDED_BY(check_mu_);
   mutable absl::Mutex mu_;
   std::shared_ptr<const Pair> current_ ABSL_GUARDED_BY(mu_);
   int64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;

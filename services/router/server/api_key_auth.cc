@@ -1,12 +1,9 @@
 #include "services/router/server/api_key_auth.h"
 
-#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string_view>
 
 #include "absl/strings/ascii.h"
@@ -14,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/document_key.h"
+#include "common/file_stamp.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
 
@@ -205,23 +203,17 @@ absl::StatusOr<std::shared_ptr<ApiKeyAuthorizer>> ApiKeyAuthorizer::Create(
 }
 
 absl::Status ApiKeyAuthorizer::Load() {
-  struct stat st {};
-  if (stat(keys_file_.c_str(), &st) != 0) {
+  // One version of the file, whole, and its stamp: a key file rewritten in place while it is
+  // read must not load as a shorter list (its missing keys refused until the next reload).
+  absl::StatusOr<StampedText> file = ReadStampedFile(keys_file_);
+  if (!file.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("auth.api_keys_file: cannot read ", keys_file_));
+        absl::StrCat("auth.api_keys_file: ", file.status().message()));
   }
-  std::ifstream in(keys_file_);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth.api_keys_file: cannot read ", keys_file_));
-  }
-  auto table = ParseApiKeys(text.str(), keys_file_);
-  // The file's identity is recorded even when it fails to parse, so a broken file is reported
+  auto table = ParseApiKeys(file->text, keys_file_);
+  // The file's stamp is recorded even when it fails to parse, so a broken file is reported
   // once, not on every call until it is fixed.
-  file_mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-  file_size_ = st.st_size;
+  file_stamp_ = file->stamp;
   if (!table.ok()) return table.status();
   auto keys = std::make_shared<const ApiKeyTable>(std::move(*table));
   absl::flat_hash_map<std::string, KeyLimits> limits;
@@ -239,12 +231,8 @@ absl::Status ApiKeyAuthorizer::Load() {
 
 bool ApiKeyAuthorizer::ReloadIfChanged() {
   absl::MutexLock lock(&reload_mu_);
-  struct stat st {};
-  if (stat(keys_file_.c_str(), &st) == 0 &&
-      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec == file_mtime_ns_ &&
-      st.st_size == file_size_) {
-    return true;
-  }
+  // A file renamed over the path is a new version even with the old one's size and time.
+  if (StampOf(keys_file_) == file_stamp_) return true;
   const absl::Status s = Load();
   if (!s.ok()) {
     LogWarning("router")

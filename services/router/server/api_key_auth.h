@@ -18,6 +18,7 @@
 #ifndef LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
 #define LAZYATTN_SERVICES_ROUTER_SERVER_API_KEY_AUTH_H_
 
+#include <grpcpp/security/auth_metadata_processor.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/registry.h>
@@ -26,13 +27,12 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/security/auth_metadata_processor.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_stamp.h"
 #include "services/router/server/key_limits.h"
 
 namespace lazyattn::router {
@@ -87,8 +87,7 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
   // Lock order: reload_mu_ before mu_.
   absl::Mutex reload_mu_;
   absl::Time next_check_ ABSL_GUARDED_BY(reload_mu_) = absl::InfinitePast();
-  int64_t file_mtime_ns_ ABSL_GUARDED_BY(reload_mu_) = -1;
-  int64_t file_size_ ABSL_GUARDED_BY(reload_mu_) = -1;
+  FileStamp file_stamp_ ABSL_GUARDED_BY(reload_mu_);
 
   absl::Mutex mu_;
   std::shared_ptr<const ApiKeyTable> keys_ ABSL_GUARDED_BY(mu_);
