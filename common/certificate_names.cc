@@ -217,6 +217,11 @@ bool IsLocalHost(absl::string_view host) {
   absl::ConsumeSuffix(&host, ".");
   const std::string lower = absl::AsciiStrToLower(host);
   if (lower == "localhost" || absl::EndsWith(lower, ".localhost")) return true;
+  // What distributions' /etc/hosts map to loopback besides (Debian and Docker, RHEL).
+  for (const char* name : {"ip6-localhost", "ip6-loopback", "localhost.localdomain", "localhost6",
+                           "localhost6.localdomain6"}) {
+    if (lower == name) return true;
+  }
   unsigned char v4[4];
   if (inet_pton(AF_INET, lower.c_str(), v4) == 1) return v4[0] == 127 || v4[0] == 0;
   unsigned char v6[16];

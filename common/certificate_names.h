@@ -64,8 +64,11 @@ std::optional<std::string> DialedHost(absl::string_view target);
 bool DialsOverTheNetwork(absl::string_view target);
 
 // Whether `host` (a DNS name, an IP literal with or without brackets) is the dialling machine
-// itself: "localhost" and its subdomains, 127.0.0.0/8, ::1, an IPv4-mapped loopback, and the
-// unspecified 0.0.0.0/8 and ::, which connect to the local host. kvdir takes such an address
+// itself: "localhost" and its subdomains, the loopback names of common /etc/hosts files
+// ("ip6-localhost", "localhost.localdomain", ...), 127.0.0.0/8, ::1, an IPv4-mapped loopback,
+// and the unspecified 0.0.0.0/8 and ::, which connect to the local host. A name that resolves to
+// loopback elsewhere (the machine's own host name, a DNS record) cannot be told without resolving
+// it, which the dialler does, not this. kvdir takes such an address
 // only from a worker connected over loopback: from any other, every router would dial its own
 // host.
 bool IsLocalHost(absl::string_view host);

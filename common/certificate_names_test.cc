@@ -110,7 +110,8 @@ TEST(DialsOverTheNetworkTest, AmbiguousSpellingsOfAHostDoNot) {
 TEST(IsLocalHostTest, LoopbackAndUnspecifiedAddressesAndLocalhost) {
   for (const char* host :
        {"localhost", "LOCALHOST.", "a.localhost", "127.0.0.1", "127.9.9.9", "0.0.0.0", "::1",
-        "[::1]", "::", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "[::ffff:7f00:1]"}) {
+        "[::1]", "::", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "[::ffff:7f00:1]", "ip6-localhost",
+        "IP6-LOOPBACK.", "localhost.localdomain", "localhost6"}) {
     EXPECT_TRUE(IsLocalHost(host)) << host;
   }
   for (const char* host : {"worker-0", "localhost.example.com", "10.0.0.1", "128.0.0.1",

@@ -269,7 +269,17 @@ TEST(GrpcConnectionAgeTest, ACertificateTheServerNoLongerTrustsIsRefusedOnceItsC
   serving = CheckGrpcHealth(*channel, "", absl::Seconds(3));
   EXPECT_FALSE(serving.ok()) << "a new connection took worker-0's certificate of CA a";
   EXPECT_GE(proxy.connections(), 2);
+  // The control: the server did load CA b, whose certificates it takes on a new connection.
+  auto of_b = MakeChannel("127.0.0.1:" + std::to_string(built->port),
+                          {.cert_file = dir + "/b/router-0.crt",
+                           .key_file = dir + "/b/router-0.key",
+                           .ca_file = dir + "/a/ca.crt"},
+                          1 << 20);
+  ASSERT_TRUE(of_b.ok()) << of_b.status();
+  serving = CheckGrpcHealth(*of_b, "", absl::Seconds(5));
+  EXPECT_TRUE(serving.ok()) << serving.status();
   built->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  std::filesystem::remove_all(dir);  // CA keys
 }
 
 }  // namespace

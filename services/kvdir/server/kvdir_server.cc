@@ -72,13 +72,14 @@ KvdirServer::KvdirServer(const KvdirOptions& options)
              IndexLimits{.max_workers = options.limits.max_workers,
                          .max_entries_per_worker = options.limits.max_entries_per_worker,
                          .max_entries = options.limits.max_entries}),
-      streams_(
-          PublishStreamLimits{.max_streams = options.limits.max_publish_streams,
-                              .max_per_certificate = options.limits.max_streams_per_certificate,
-                              .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms),
-                              .entries_per_s = options.limits.max_publish_entries_per_s < 0
-                                                   ? options.limits.max_entries_per_worker
-                                                   : options.limits.max_publish_entries_per_s}),
+      streams_(PublishStreamLimits{
+          .max_streams = options.limits.max_publish_streams,
+          .max_per_certificate = options.limits.max_streams_per_certificate,
+          .hello_timeout = absl::Milliseconds(options.limits.hello_timeout_ms),
+          .entries_per_s = options.limits.max_publish_entries_per_s < 0
+                               ? std::max<int64_t>(options.limits.max_entries_per_worker,
+                                                   kMinDefaultPublishEntriesPerS)
+                               : options.limits.max_publish_entries_per_s}),
       // Half the cores, the rest left to gRPC's threads and lookups; snapshots beyond wait.
       slow_work_(options.slow_work_threads > 0
                      ? options.slow_work_threads

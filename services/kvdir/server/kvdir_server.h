@@ -33,6 +33,10 @@
 
 namespace lazyattn::kvdir {
 
+// The least default rate of limits.max_publish_entries_per_s: a worker storing and evicting
+// documents fast in mode block (up to 64 entries a document, an event each) stays far below it.
+inline constexpr int64_t kMinDefaultPublishEntriesPerS = 262'144;
+
 struct KvdirOptions {
   // Socket. Port 0 picks a free port (see KvdirServer::port / metrics_port).
   std::string listen_address = "127.0.0.1:7100";
@@ -76,8 +80,10 @@ struct KvdirOptions {
     // A stream that has not said hello this long after it opened is cancelled.
     int64_t hello_timeout_ms = 10'000;
     // Directory entries the streams of one worker certificate may store, remove or replace a
-    // second, in bursts of four times that (PublishStreamLimits); 0: no bound; -1: as many as
-    // max_entries_per_worker (a full snapshot a second). Otherwise at least that many.
+    // second, in bursts of four times that (PublishStreamLimits); 0: no bound; -1: a full
+    // snapshot a second (max_entries_per_worker), and never less than
+    // kMinDefaultPublishEntriesPerS, since events come with a worker's traffic, not its cache's
+    // size. Otherwise at least max_entries_per_worker.
     int64_t max_publish_entries_per_s = -1;
   } limits;
   // A worker stays live this long after its last message (heartbeats renew it).

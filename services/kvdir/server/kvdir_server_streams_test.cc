@@ -295,6 +295,7 @@ TEST_F(KvdirServerTest, AWorkerPastItsRateOfDirectoryWorkIsEndedUnapplied) {
   KvdirOptions options;
   options.limits.max_entries_per_worker = 1000;
   options.limits.max_publish_entries_per_s = 1000;
+  options.lease_ms = 60'000;  // the worker's entries outlive its ended stream until the Lookup
   StartWith(options);
   // Snapshot i: 999 shared entries and key kFirst + i, which only it holds.
   constexpr uint64_t kFirst = 100'000;
@@ -341,7 +342,7 @@ TEST(KvdirServerLimitsTest, ARateBelowAFullSnapshotASecondIsRefused) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("limits.max_publish_entries_per_s"));
   EXPECT_THAT(refused.status().message(), HasSubstr("limits.max_entries_per_worker"));
-  for (int64_t rate : {int64_t{1000}, int64_t{0}, int64_t{-1}}) {
+  for (int64_t rate : {int64_t{1000}, int64_t{0}, int64_t{-1}}) {  // -1: 262,144 here
     options.limits.max_publish_entries_per_s = rate;
     EXPECT_TRUE(KvdirServer::Create(options).ok()) << rate;
   }

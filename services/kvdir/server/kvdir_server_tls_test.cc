@@ -114,14 +114,18 @@ TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
     EXPECT_THAT(refused.error_message(), HasSubstr("DNS:localhost, IP:127.0.0.1"));
   }
   EXPECT_EQ(Refused("address_not_in_certificate"), 3);
+  // An address of no host a certificate could name.
+  const grpc::Status no_host = HelloAs("worker-0", "xds:///worker-0");
+  EXPECT_EQ(no_host.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(no_host.error_message(), HasSubstr("has no host"));
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
   // A local socket passes a certificate check as "localhost", which every certificate of
   // tools/gen-certs names; a DNS server picked by the address decides where its host resolves;
-  // an address of no single host, or one spelled so that resolvers read it differently, says
-  // nothing certain of where it connects. Each would send every router wherever the worker
-  // points.
+  // a host spelled so that resolvers read it differently says nothing certain of where it
+  // connects. Each would send every router wherever the worker points.
   for (const std::string address :
        {"unix:/var/run/docker.sock", "unix-abstract:x", "dns://203.0.113.9:53/localhost:7000",
-        "xds:///worker-0", "127.1:7000", "[::1%25lo]:7000"}) {
+        "127.1:7000", "[::1%25lo]:7000"}) {
     SCOPED_TRACE(address);
     const grpc::Status refused = HelloAs("worker-0", address);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
@@ -129,16 +133,16 @@ TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
                 HasSubstr("is a local socket, names its own DNS server or spells its host "
                           "ambiguously"));
   }
-  EXPECT_EQ(Refused("address_not_in_certificate"), 3);
-  EXPECT_EQ(Refused("address_not_dialable"), 6);
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+  EXPECT_EQ(Refused("address_not_dialable"), 5);
 
   // The owners are taken, by any form of a name their certificates hold; worker-1's attempts left
   // nothing behind that would refuse worker-2 its address.
   EXPECT_TRUE(HelloAs("worker-2", "WORKER-2.lazyattn.test.:7200").ok());
   EXPECT_TRUE(HelloAs("worker-0", "localhost:7000").ok());
   EXPECT_TRUE(HelloAs("worker-1", "[127.0.0.1]:7001").ok());
-  EXPECT_EQ(Refused("address_not_in_certificate"), 3);
-  EXPECT_EQ(Refused("address_not_dialable"), 6);
+  EXPECT_EQ(Refused("address_not_in_certificate"), 4);
+  EXPECT_EQ(Refused("address_not_dialable"), 5);
   EXPECT_EQ(Refused("address_in_use"), 0);
 }
 

@@ -317,7 +317,7 @@ absl::Status PublishReactor::CheckAddressIsCertified(const std::string& id,
   // worker it belongs to (one live worker per address) or draw that worker's traffic by
   // claiming documents under it.
   const std::optional<std::string> host = DialedHost(address);
-  if (!DialsOverTheNetwork(address)) {
+  if (host && !DialsOverTheNetwork(address)) {
     ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotDialable);
     const std::string shown = Printable(address, 256);
     LogWarning("kvdir")

@@ -69,8 +69,8 @@ absl::Status PublishStreams::Charge(uint64_t id, int64_t entries, absl::Time now
         absl::StrCat(certificate.empty() ? "this stream"
                                          : absl::StrCat("the certificate of worker ", certificate),
                      " went past limits.max_publish_entries_per_s (", limits_.entries_per_s,
-                     " directory entries stored, removed or replaced a second): a message of ",
-                     entries, " entries found ", static_cast<int64_t>(budget.entries), " left"));
+                     " directory entries stored, removed or replaced a second, in bursts of ",
+                     static_cast<int64_t>(PublishStreamLimits::kBurstSeconds), " seconds' worth)"));
   }
   budget.entries -= cost;
   return absl::OkStatus();

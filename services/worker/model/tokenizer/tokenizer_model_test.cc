@@ -225,8 +225,10 @@ TEST(LlamaCppVocabTest, StarCoder) { CheckLlamaCppVocab("starcoder"); }
 
 // At most a token a byte (tokenizer.h) on these vocabularies too, not only SmolLM2's
 // (tokenizer_contract_test): the router bounds a text document's tokens by its bytes and caps
-// what the directory claims for it there (DocumentRef::max_tokens). Every code point, in runs of
-// 64 with spaces between words of several lengths, with and without special-token parsing.
+// what the directory claims for it there (DocumentRef::max_tokens). Short texts, where a token
+// too many shows most: every byte alone (lone UTF-8 pieces included), every code point of the
+// BMP alone and after a space, and every 16th beyond; then every code point, in runs of 64 with
+// spaces between words of several lengths. With and without special-token parsing.
 void CheckAtMostATokenAByte(const std::string& name) {
   const std::string path = "models/ggml-vocab-" + name + ".gguf";
   if (!std::filesystem::exists(path)) {
@@ -234,6 +236,22 @@ void CheckAtMostATokenAByte(const std::string& name) {
   }
   absl::StatusOr<std::unique_ptr<Tokenizer>> t = LoadGgufTokenizer(path);
   ASSERT_TRUE(t.ok()) << t.status();
+  auto check = [&](const std::string& s) {
+    for (bool special : {false, true}) {
+      ASSERT_LE((*t)->Encode(s, special).size(), s.size())
+          << name << ": \"" << s << "\" (" << s.size() << " bytes)";
+    }
+  };
+  for (int byte = 0; byte < 256; ++byte) {
+    ASSERT_NO_FATAL_FAILURE(check(std::string(1, static_cast<char>(byte))));
+  }
+  for (uint32_t cp = 0; cp <= 0x10FFFF; cp += cp < 0x10000 ? 1 : 16) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    std::string s;
+    AppendUtf8(cp, &s);
+    ASSERT_NO_FATAL_FAILURE(check(s));
+    ASSERT_NO_FATAL_FAILURE(check(" " + s));
+  }
   for (uint32_t first = 0; first <= 0x10FFFF; first += 64) {
     std::string s;
     for (uint32_t cp = first; cp < first + 64 && cp <= 0x10FFFF; ++cp) {
