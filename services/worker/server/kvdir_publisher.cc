@@ -360,14 +360,18 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
     }
     last_refusal_ = refusal;
   } else if (!stopping && (hello_sent || !reported_unreachable_)) {
-    LogWarning("worker")
-        .Str("kvdir", options_.address)
-        .Str("status", status.ok() ? "OK"
-                                   : absl::StrCat(status.error_code(), ": ",
-                                                  status.error_message()))
-        .Str("max_backoff", absl::FormatDuration(options_.max_backoff))
-        .Msg(hello_sent ? "lost the kvdir stream; retrying with backoff"
-                        : "cannot reach kvdir; retrying with backoff");
+    const absl::Duration lived = hello_sent ? MonotonicNow() - hello_time : absl::ZeroDuration();
+    const bool routine = hello_sent && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                         lived >= options_.routine_stream_age;
+    LogLine line(routine ? LogLevel::kInfo : LogLevel::kWarning, "worker");
+    line.Str("kvdir", options_.address)
+        .Str("status",
+             status.ok() ? "OK" : absl::StrCat(status.error_code(), ": ", status.error_message()))
+        .Str("max_backoff", absl::FormatDuration(options_.max_backoff));
+    if (hello_sent) line.Int("stream_age_s", absl::ToInt64Seconds(lived));
+    line.Msg(routine      ? "kvdir closed the stream after its connection age; reconnecting"
+             : hello_sent ? "lost the kvdir stream; retrying with backoff"
+                          : "cannot reach kvdir; retrying with backoff");
     reported_unreachable_ = !hello_sent;
   }
   if (end.accepted) last_refusal_.clear();

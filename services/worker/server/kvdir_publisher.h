@@ -55,6 +55,11 @@ struct KvdirPublisherOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   int max_queued_events = 4096;
   uint64_t epoch = 0;  // 0: a random one (it must change when the worker restarts)
+  // A stream that lived this long and then ended UNAVAILABLE is logged at INFO, not WARNING:
+  // kvdir closes every connection after about an hour (its connection age, so certificates are
+  // checked again; common/grpc_util.h), and that is routine. Whether the reconnect works is
+  // what warns ("cannot reach kvdir").
+  absl::Duration routine_stream_age = absl::Minutes(30);
 };
 
 // What the publisher reports, read on the publisher thread.

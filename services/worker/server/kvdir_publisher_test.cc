@@ -75,6 +75,7 @@ class KvdirPublisherTest : public ::testing::Test {
     o.min_backoff = absl::Milliseconds(20);
     o.max_backoff = max_backoff;
     o.max_queued_events = max_queued_events;
+    o.routine_stream_age = routine_stream_age_;
     PublisherSource source{
         .status =
             [] {
@@ -136,6 +137,7 @@ class KvdirPublisherTest : public ::testing::Test {
   FakeKvdir kvdir_;
   CacheMirror mirror_;  // stands in for the engine's document cache
   std::mutex mu_;
+  absl::Duration routine_stream_age_ = absl::Minutes(30);  // the option's default
   std::unique_ptr<KvdirPublisher> publisher_;
   // Closed: the publisher thread blocks when it asks for the load (to make it fall behind).
   std::mutex gate_mu_;
@@ -354,6 +356,50 @@ TEST_F(KvdirPublisherTest, ReconnectsWithANewHelloAfterKvdirRestarts) {
     std::lock_guard<std::mutex> lock(mu_);
     publisher_.reset();  // closes the stream while `restarted` is still up
   }
+}
+
+// kvdir closes every connection after about an hour (its connection age): a stream that lived
+// routine_stream_age and then ends UNAVAILABLE is logged at INFO, and only a reconnect that
+// fails warns. The same end of a younger stream is a WARNING, as before.
+TEST_F(KvdirPublisherTest, AStreamEndedPastItsRoutineAgeIsInfoNotAWarning) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/publisher-age-log-", getpid());
+  const int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  SetLogSinkForTest(fd);
+  const int port = kvdir_.port();
+  std::vector<std::unique_ptr<FakeKvdir>> restarted;
+  for (absl::Duration age : {absl::Milliseconds(1), absl::Hours(1)}) {
+    routine_stream_age_ = age;
+    StartPublisher();
+    ASSERT_TRUE(WaitConnected());
+    if (restarted.empty()) {
+      kvdir_.Stop();
+    } else {
+      restarted.back()->Stop();
+    }
+    restarted.push_back(std::make_unique<FakeKvdir>());
+    ASSERT_TRUE(restarted.back()->Start(port));
+    ASSERT_TRUE(restarted.back()->WaitFor([](const Messages& ms) { return !ms.empty(); }));
+    std::lock_guard<std::mutex> lock(mu_);
+    publisher_.reset();
+  }
+  SetLogSinkForTest(STDERR_FILENO);
+  close(fd);
+
+  std::ifstream in(path);
+  std::vector<std::string> routine, lost;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("kvdir closed the stream after its connection age") != std::string::npos) {
+      routine.push_back(line);
+    }
+    if (line.find("lost the kvdir stream") != std::string::npos) lost.push_back(line);
+  }
+  ASSERT_EQ(routine.size(), 1u) << "the first publisher's end";
+  EXPECT_NE(routine[0].find(" INFO worker: "), std::string::npos) << routine[0];
+  EXPECT_NE(routine[0].find("stream_age_s="), std::string::npos) << routine[0];
+  ASSERT_EQ(lost.size(), 1u) << "the second publisher's end";
+  EXPECT_NE(lost[0].find(" WARN worker: "), std::string::npos) << lost[0];
+  unlink(path.c_str());
 }
 
 TEST(WorkerServerKvdirTest, PublishesTheEngineDocumentCache) {
