@@ -35,14 +35,22 @@ FileStamp StampOf(const std::string& path) {
   return FromStat(st);
 }
 
-absl::StatusOr<StampedText> ReadStampedFile(const std::string& path) {
+absl::StatusOr<StampedText> ReadStampedFile(const std::string& path, int64_t max_bytes) {
   constexpr int kTries = 3;
   for (int attempt = 0; attempt < kTries; ++attempt) {
-    Descriptor file{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    // Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+    Descriptor file{open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
     struct stat before {};
     if (file.fd < 0 || fstat(file.fd, &before) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    }
+    if (!S_ISREG(before.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": not a regular file"));
+    }
+    if (before.st_size > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": ", before.st_size,
+                                                     " bytes, more than ", max_bytes));
     }
     StampedText out{.stamp = FromStat(before)};
     char buf[64 * 1024];
@@ -55,13 +63,14 @@ absl::StatusOr<StampedText> ReadStampedFile(const std::string& path) {
             absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
       }
       out.text.append(buf, static_cast<size_t>(n));
+      if (static_cast<int64_t>(out.text.size()) > max_bytes) break;  // grew: the stamps differ
     }
     struct stat after {};
-    // A regular file read whole holds as many bytes as it has; stat's size is nothing to go by
-    // for anything else (a pipe, a /proc file).
-    const bool whole =
-        !S_ISREG(before.st_mode) || static_cast<int64_t>(out.text.size()) == out.stamp.size;
-    if (fstat(file.fd, &after) == 0 && FromStat(after) == out.stamp && whole) return out;
+    // Read whole: as many bytes as the file has, and the same version before and after.
+    if (fstat(file.fd, &after) == 0 && FromStat(after) == out.stamp &&
+        static_cast<int64_t>(out.text.size()) == out.stamp.size) {
+      return out;
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat("cannot read ", path,
                                                  ": it kept changing while it was read (", kTries,

@@ -36,9 +36,12 @@ struct StampedText {
 
 // `path` read whole through one descriptor, stat'ed before and after: a read the file changed
 // under (rewritten in place, not renamed over) is read again, up to three times, so the text is
-// never half of one version and half of another. InvalidArgument naming the path when it cannot
-// be opened or read, or kept changing.
-absl::StatusOr<StampedText> ReadStampedFile(const std::string& path);
+// never half of one version and half of another. Only a regular file (a symbolic link to one is
+// followed) of at most `max_bytes`: a FIFO or a device would block or never end the read.
+// InvalidArgument naming the path when it cannot be opened or read, is not such a file, or kept
+// changing.
+absl::StatusOr<StampedText> ReadStampedFile(const std::string& path,
+                                            int64_t max_bytes = int64_t{16} << 20);
 
 }  // namespace lazyattn
 

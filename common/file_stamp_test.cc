@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -79,6 +80,36 @@ TEST_F(FileStampTest, AMissingFileHasNoStampAndIsNamedWhenRead) {
   absl::StatusOr<StampedText> read = ReadStampedFile(path);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(read.status().message(), HasSubstr(path));
+}
+
+// What an operator may point a key file at by mistake: a FIFO (opening it for reading would wait
+// for a writer: the router would hang at start or in its auth filter), a directory, a file far
+// larger than any key list. Each is refused at once, naming the path.
+TEST_F(FileStampTest, AFifoADirectoryAndAnOversizedFileAreRefusedAtOnce) {
+  const std::string fifo = dir_ + "/keys.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<StampedText> read = ReadStampedFile(fifo);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("not a regular file"));
+  EXPECT_THAT(read.status().message(), HasSubstr(fifo));
+
+  read = ReadStampedFile(dir_);
+  EXPECT_THAT(read.status().message(), HasSubstr("not a regular file"));
+
+  const std::string big = Write("big.yaml", std::string(2048, 'k'));
+  read = ReadStampedFile(big, /*max_bytes=*/1024);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.status().message(), HasSubstr("2048 bytes, more than 1024"));
+  EXPECT_TRUE(ReadStampedFile(big, /*max_bytes=*/2048).ok());
+
+  // A symbolic link to a regular file (a Kubernetes Secret's files are) is read through.
+  const std::string link = dir_ + "/keys.link";
+  std::filesystem::create_symlink(big, link);
+  read = ReadStampedFile(link);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->text.size(), 2048u);
 }
 
 }  // namespace

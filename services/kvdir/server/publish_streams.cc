@@ -39,19 +39,19 @@ absl::StatusOr<uint64_t> PublishStreams::Open(const std::string& certificate_id,
   return id;
 }
 
+double PublishStreams::Burst() const {
+  return PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s);
+}
+
 PublishStreams::Budget PublishStreams::FullBudget(absl::Time now) const {
-  return Budget{
-      .entries = PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s),
-      .refilled = now};
+  return Budget{.entries = Burst(), .refilled = now};
 }
 
 void PublishStreams::Refill(Budget& budget, absl::Time now) const {
   if (now <= budget.refilled) return;
-  const double burst =
-      PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s);
   budget.entries =
-      std::min(burst, budget.entries + static_cast<double>(limits_.entries_per_s) *
-                                           absl::ToDoubleSeconds(now - budget.refilled));
+      std::min(Burst(), budget.entries + static_cast<double>(limits_.entries_per_s) *
+                                             absl::ToDoubleSeconds(now - budget.refilled));
   budget.refilled = now;
 }
 
@@ -95,12 +95,10 @@ void PublishStreams::Close(uint64_t id) {
 std::vector<SilentStream> PublishStreams::CancelSilent(absl::Time now) {
   std::vector<SilentStream> out;
   absl::MutexLock lock(&mu_);
-  const double burst =
-      PublishStreamLimits::kBurstSeconds * static_cast<double>(limits_.entries_per_s);
   absl::erase_if(budgets_, [&](auto& entry) {
     if (per_certificate_.contains(entry.first)) return false;
     Refill(entry.second, now);
-    return entry.second.entries >= burst;
+    return entry.second.entries >= Burst();
   });
   for (auto& [id, s] : streams_) {
     if (s.said_hello || s.cancelled || now - s.opened < limits_.hello_timeout) continue;

@@ -92,6 +92,7 @@ class PublishStreams {
     double entries = 0;
     absl::Time refilled = absl::InfinitePast();
   };
+  double Burst() const;  // entries a full budget holds
   Budget FullBudget(absl::Time now) const;
   // `budget` refilled up to `now`.
   void Refill(Budget& budget, absl::Time now) const;
