@@ -31,13 +31,21 @@
 // then fails every request (running ones with Internal, queued ones with Unavailable so a router
 // retries them elsewhere), refuses new ones and reports it in health().
 //
-// A step the runner fails (Forward, Launch or Collect) ends the step's requests with the runner's
-// error and is counted (EngineStats::step_failures). The core stops serving the same way as for a
-// broken pool, with an Unavailable health(), when EngineOptions::max_consecutive_step_failures
-// steps in a row fail, or at once when the runner marks the error sticky (common/device_error.h:
-// a corrupt CUDA context fails every later call). Then every request it holds, in the failed step,
-// running or queued, ends with Unavailable (the worker's failure, not the request's): a router
-// fails over those that have sent nothing to their client yet.
+// A failed step: one the runner fails (Forward, Launch or Collect) is counted
+// (EngineStats::step_failures) and nothing of it is applied. One request or encoding alone in the
+// step ends with the runner's error (an encoding: every request waiting for it). A step of
+// several items does not fail them all for one: each becomes a suspect, and suspects then run
+// one per step, before anything else, until each has either passed a step alone (it is a suspect
+// no more) or failed one (it ends). So a request the device cannot run, or a step too large for
+// it, costs the other requests of its batch a few steps, not their work (EngineStats::
+// steps_isolated). A launched step chained to the failed one is collected and dropped: its input
+// tokens were the failed step's.
+// The core stops serving the same way as for a broken pool, with an Unavailable health(), when
+// EngineOptions::max_consecutive_step_failures steps in a row fail (isolated ones count), or at
+// once when the runner marks the error sticky (common/device_error.h: a corrupt CUDA context
+// fails every later call). Then every request it holds, in the failed step, running or queued,
+// ends with Unavailable (the worker's failure, not the request's): a router fails over those that
+// have sent nothing to their client yet.
 //
 // Not thread-safe.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
@@ -264,6 +272,29 @@ class EngineCore {
   // Sets health_ to `why` and ends every request: queued ones with Unavailable, running ones with
   // Unavailable too when `running_unavailable`, else with `why`.
   void StopServing(const absl::Status& why, bool running_unavailable);
+  // Reads a step's results: samples, streams, finishes. On an error, the plan's items become
+  // suspects, or the only one fails (and every request waiting for it, if an encoding), or with
+  // the core stopping everything fails (the file comment, "A failed step").
+  void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
+  // The plan's requests that have not ended and its jobs that still exist.
+  int LiveItems(std::span<const Planned> plan);
+  // With `launched` on the device and uncollected: launches the decode step after it when the
+  // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
+  std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
+                                                          absl::Time now);
+
+  // --- engine_plan.cc: what a step computes.
+  // A request or job of a failed step awaits its step alone (the file comment, "A failed step").
+  bool HasSuspects() const;
+  enum class PlanScope {
+    kOneSuspect,      // the first suspect that can run now, alone; nothing if none can
+    kAllButSuspects,  // decodes, encodings and prefills under the token budget, suspects left out
+  };
+  // Plans the next step (blocks allocated, preempting the newest request when short; chunks'
+  // requests and waiters of encoded jobs marked scheduled).
+  std::vector<Planned> PlanBatch(PlanScope scope);
+  // Appends `n` tokens of r's segment `si` to `plan`.
+  void PlanSegment(Request& r, size_t si, int64_t n, bool decode, std::vector<Planned>& plan);
   // Extends r's persistent table to segments [0, seg) and own_tokens tokens of segment seg, and
   // points `chunk` at a new version of it (block_table and the table_* fields). O(entries added),
   // not O(context).
@@ -278,13 +309,6 @@ class EngineCore {
                                 int64_t n) const;
   // The chunks of a plan, their slot and table spans pointing into it.
   static std::vector<ForwardChunk> ChunksOf(std::span<Planned> plan);
-  // Reads a step's results: samples, streams, finishes. On an error every request of the plan,
-  // and every request waiting for an encoding job of the plan, fails with it.
-  void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
-  // With `launched` on the device and uncollected: launches the decode step after it when the
-  // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
-  std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,
-                                                          absl::Time now);
 
   // --- engine_progress_reports.cc: signs of life before the first token.
   // RequestCallbacks::on_prefill_progress for `requests` (ids, repeats allowed) still before

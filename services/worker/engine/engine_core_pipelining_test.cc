@@ -78,9 +78,15 @@ class PipeliningCpuRunner final : public ModelRunner {
     if (launched_.empty()) return absl::FailedPreconditionError("nothing launched");
     ForwardOutput out = std::move(launched_.front());
     launched_.pop_front();
+    if (++collects_ == fail_collect_at) {
+      failed_with_chained_in_flight = !launched_.empty();
+      return absl::InternalError("injected collect failure");
+    }
     return out;
   }
   int chained() const { return chained_; }
+  int fail_collect_at = 0;                     // the Collect of this number (from 1) fails; 0: none
+  bool failed_with_chained_in_flight = false;  // ... while a step chained to it was launched
   // Every logits row returned (return_logits chunks), in the order the steps ran.
   const std::vector<std::vector<float>>& returned_rows() const { return returned_rows_; }
 
@@ -93,7 +99,7 @@ class PipeliningCpuRunner final : public ModelRunner {
   }
   CpuModelRunner inner_;
   int fail_every_;
-  int chained_tries_ = 0, chained_ = 0;
+  int chained_tries_ = 0, chained_ = 0, collects_ = 0;
   std::vector<int32_t> last_greedy_;
   std::deque<ForwardOutput> launched_;
   std::vector<std::vector<float>> returned_rows_;
@@ -276,6 +282,52 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
     }
     EXPECT_GT(drawn_in_list, 0);
   }
+}
+
+// A pipelined step whose Collect fails, with the step chained to it already launched: the
+// chained step is read and dropped (its input tokens were the failed step's), the failed step's
+// requests run alone and then together again, and every request generates what it does without
+// the fault, sampled ones too (a retried step draws with the same draw number).
+TEST_F(EngineCoreTest, AFailedPipelinedStepDropsTheStepChainedToIt) {
+  auto run = [&](int fail_collect_at, bool* chained_in_flight, int64_t* isolated) {
+    auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, /*fail_every=*/0);
+    PipeliningCpuRunner* raw = runner.get();
+    raw->fail_collect_at = fail_collect_at;
+    EngineCore core(std::move(runner), tokenizer_.get(), {.max_batch_tokens = 512});
+    std::vector<Outcome> out(3);
+    for (int i = 0; i < 3; ++i) {
+      EngineRequest r = Request({i, 3}, CacheMode::kLazy, 12);
+      if (i == 1)
+        r.sampling = {.temperature = 0.8f, .seed = 7, .max_tokens = 12, .ignore_eos = true};
+      auto p = PrepareRequest(r, *tokenizer_, weights_->config, identity_, {});
+      EXPECT_TRUE(p.ok()) << p.status();
+      p->callbacks.on_done = [&out, i](const absl::Status& st, const RequestResult& res) {
+        out[i] = {st, res};
+      };
+      core.Add(std::move(*p));
+    }
+    for (int step = 0; core.HasWork() && step < 10000; ++step) core.Step(MonotonicNow());
+    EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
+    EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
+    *chained_in_flight = raw->failed_with_chained_in_flight;
+    *isolated = core.stats().steps_isolated;
+    return out;
+  };
+  bool chained_in_flight = false;
+  int64_t isolated = 0;
+  const std::vector<Outcome> want = run(0, &chained_in_flight, &isolated);
+  int with_chained_step = 0;
+  for (int fail_at = 1; fail_at <= 8; ++fail_at) {
+    SCOPED_TRACE(::testing::Message() << "failing collect " << fail_at);
+    const std::vector<Outcome> got = run(fail_at, &chained_in_flight, &isolated);
+    EXPECT_EQ(isolated, 1);
+    with_chained_step += chained_in_flight;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i].status.ok()) << "request " << i << ": " << got[i].status;
+      EXPECT_EQ(got[i].result.token_ids, want[i].result.token_ids) << "request " << i;
+    }
+  }
+  EXPECT_GT(with_chained_step, 0) << "no failure met a chained step in flight";
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct EngineCore::EncodeJob {
   std::vector<BlockId> blocks;  // one reference each, held by the job
   int64_t ready = 0;
   std::vector<Waiter> waiters;
+  bool suspect = false;  // in a failed step of several items: runs alone next (EngineCore)
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -65,6 +66,7 @@ struct EngineCore::Request {
   bool cancelled = false;
   bool counted = false;    // per-mode lookup counters taken (first admission only)
   bool scheduled = false;  // has a chunk in the current step (not to be preempted)
+  bool suspect = false;    // in a failed step of several items: runs alone next (EngineCore)
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamingDecoder> decoder;
   std::unique_ptr<StopMatcher> stop;

@@ -36,6 +36,9 @@ struct EngineStats {
   // Steps the runner failed (a device error); EngineOptions::max_consecutive_step_failures in a
   // row, or one sticky error, stop the engine serving (EngineCore::health()).
   int64_t step_failures = 0;
+  // Failed steps of several requests or encodings whose items then ran one per step, so that
+  // only the one the runner cannot run fails (EngineCore's "A failed step").
+  int64_t steps_isolated = 0;
   // Request preparation (Engine::Submit): text documents tokenized, or whose ids came from the
   // token cache; token-id documents hashed (SHA-256), or whose key came from the key memo.
   int64_t text_docs_tokenized = 0, text_docs_reused = 0;

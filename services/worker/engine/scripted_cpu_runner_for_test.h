@@ -1,9 +1,11 @@
 // The CPU backend for engine-core tests that need to see or disturb what the core asks of its
-// runner: steps that fail on demand (a device error, as the CUDA backend reports), and a record
-// of every block copy's rotation delta (mode block's copies of a document to a new offset).
+// runner: steps that fail on demand or by content (a device error, as the CUDA backend reports),
+// and a record of every step's size and every block copy's rotation delta (mode block's copies
+// of a document to a new offset).
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_SCRIPTED_CPU_RUNNER_FOR_TEST_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_SCRIPTED_CPU_RUNNER_FOR_TEST_H_
 
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,10 +21,12 @@ class ScriptedCpuRunner final : public ModelRunner {
   std::string backend_name() const override { return "cpu-scripted"; }
   int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    step_chunks.push_back(chunks.size());
     if (fail_next > 0) {
       --fail_next;
       return fail_with;
     }
+    if (fail_if && fail_if(chunks)) return fail_with;
     return inner_.Forward(chunks);
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
@@ -31,6 +35,9 @@ class ScriptedCpuRunner final : public ModelRunner {
   }
 
   int fail_next = 0;                  // the next this many steps fail
+  // Then every step it holds true for fails (a chunk or a batch the device cannot run).
+  std::function<bool(std::span<const ForwardChunk>)> fail_if;
+  std::vector<size_t> step_chunks;  // the chunks of every step asked for, failed ones too
   absl::Status fail_with = absl::InternalError("injected device failure");  // with this
   std::vector<int32_t> copy_deltas;   // of every block copied, in order
 

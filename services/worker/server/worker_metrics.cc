@@ -182,6 +182,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
                               "device error turn the worker NOT_SERVING")
                         .Register(registry)
                         .Add({});
+  steps_isolated_ = &BuildCounter()
+                         .Name("lazyattn_worker_steps_isolated_total")
+                         .Help(
+                             "Failed engine steps of several requests or encodings that were "
+                             "then run one per step, so that only the one the device cannot "
+                             "run fails")
+                         .Register(registry)
+                         .Add({});
   serving_ = &BuildGauge()
                   .Name("lazyattn_worker_serving")
                   .Help("1 while the worker serves; 0 once it turned itself NOT_SERVING (failed "
@@ -256,6 +264,7 @@ void WorkerMetrics::Refresh(const EngineStats& stats, const KvBlockCounts& block
   Advance(pool_errors_, stats.pool_errors, last_stats_.pool_errors);
   Advance(preemptions_, stats.preemptions, last_stats_.preemptions);
   Advance(step_failures_, stats.step_failures, last_stats_.step_failures);
+  Advance(steps_isolated_, stats.steps_isolated, last_stats_.steps_isolated);
   last_stats_ = stats;
   blocks_free_->Set(static_cast<double>(blocks.free));
   blocks_referenced_->Set(static_cast<double>(blocks.referenced));

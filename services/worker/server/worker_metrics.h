@@ -32,11 +32,14 @@
 //   lazyattn_worker_queue_length                        gauge: requests waiting for admission
 //   lazyattn_worker_running_requests                    gauge: requests admitted
 //   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
-//   lazyattn_worker_preemptions_total                  counter: running requests preempted for KV blocks
-//   lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the KV block
+//   lazyattn_worker_preemptions_total                  counter: running requests preempted for KV
+//   blocks lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the
+//   KV block
 //                                                      pool (a bug; the worker stops serving)
 //   lazyattn_worker_step_failures_total                counter: engine steps the runner failed (a
 //                                                      device error; see EngineCore)
+//   lazyattn_worker_steps_isolated_total               counter: failed steps of several items that
+//                                                      then ran one per step (see EngineCore)
 //   lazyattn_worker_serving                            gauge: 1 while the worker serves, 0 once it
 //                                                      turned itself NOT_SERVING (failed steps, a
 //                                                      sticky device error, a broken KV pool) or
@@ -126,6 +129,7 @@ class WorkerMetrics {
   prometheus::Counter* pool_errors_ = nullptr;
   prometheus::Counter* preemptions_ = nullptr;
   prometheus::Counter* step_failures_ = nullptr;
+  prometheus::Counter* steps_isolated_ = nullptr;
   prometheus::Gauge* serving_ = nullptr;
   prometheus::Counter* text_docs_tokenized_ = nullptr;
   prometheus::Counter* text_docs_reused_ = nullptr;
