@@ -236,7 +236,8 @@ bool EngineCore::RunStep(absl::Time now) {
   for (RequestId id : running_) requests_.at(id)->scheduled = false;
   std::vector<Planned> plan;
   if (HasSuspects()) plan = PlanBatch(PlanScope::kOneSuspect);
-  if (plan.empty()) plan = PlanBatch(PlanScope::kAllButSuspects);
+  const bool isolated = !plan.empty();
+  if (!isolated) plan = PlanBatch(PlanScope::kAllButSuspects);
 
   if (plan.empty()) {
     if (running_.size() > 1) {
@@ -258,7 +259,7 @@ bool EngineCore::RunStep(absl::Time now) {
   // by the next call (step 0), which may first launch the step after it.
   std::vector<ForwardChunk> chunks = ChunksOf(plan);
   const bool pipeline = options_.pipeline_decode && runner_->SupportsPipelinedDecode() &&
-                        std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
+                        !isolated && std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
                           return p.decode && p.chunk.emit_logits;
                         });
   if (pipeline) {
@@ -267,9 +268,9 @@ bool EngineCore::RunStep(absl::Time now) {
       in_flight_ = std::move(plan);
       return true;
     }
-    ApplyResults(plan, launched);
+    ApplyResults(plan, launched, isolated);
   } else {
-    ApplyResults(plan, runner_->Forward(chunks));
+    ApplyResults(plan, runner_->Forward(chunks), isolated);
   }
   return true;
 }
@@ -342,27 +343,19 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
   return next;
 }
 
-int EngineCore::LiveItems(std::span<const Planned> plan) {
-  int live = 0;
-  for (const Planned& p : plan) {
-    if (p.job != 0) {
-      live += FindJob(p.job) != nullptr;
-    } else if (const Request* r = FindRequest(p.request); r != nullptr) {
-      live += r->phase != Request::Phase::kDone;
-    }
-  }
-  return live;
-}
-
-void EngineCore::ApplyResults(std::span<Planned> plan,
-                              const absl::StatusOr<ForwardOutput>& logits) {
+void EngineCore::ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& logits,
+                              bool isolated) {
   step_computed_ |= logits.ok();
   if (!logits.ok()) {
     ++stats_.step_failures;
-    ++consecutive_step_failures_;
+    // A suspect failing alone is that item's fault, not the device's: it does not count toward
+    // stopping (two bad requests in one batch must not stop a sound worker). A broken device
+    // still fails every ordinary step after.
+    if (!isolated) ++consecutive_step_failures_;
     const bool sticky = IsStickyDeviceError(logits.status());
-    const bool stop = health_.ok() && (sticky || consecutive_step_failures_ >=
-                                                     options_.max_consecutive_step_failures);
+    const bool stop =
+        health_.ok() && (sticky || (!isolated && consecutive_step_failures_ >=
+                                                     options_.max_consecutive_step_failures));
     absl::Status why;
     if (stop) {
       why = absl::UnavailableError(absl::StrCat(
@@ -372,20 +365,25 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
               : absl::StrCat(consecutive_step_failures_, " failed steps in a row"),
           ", the worker stops serving: ", logits.status().message()));
     }
-    // Nothing of the step was applied. Of several items, each runs alone next (the file
-    // comment, "A failed step"); their tables start afresh, as the runner may hold a version
-    // of them it never used.
-    if (!stop && LiveItems(plan) > 1) {
-      ++stats_.steps_isolated;
+    // Nothing of the step was applied. Of an ordinary step of several items (some may have
+    // ended since it was launched), each live one runs alone next, at most its chunk's tokens
+    // (the file comment, "A failed step"); their tables start afresh, as the runner may hold a
+    // version of them it never used.
+    if (!stop && !isolated && plan.size() > 1) {
+      bool marked = false;
       for (const Planned& p : plan) {
+        const int64_t tokens = std::max<int64_t>(1, static_cast<int64_t>(p.chunk.tokens.size()));
         if (EncodeJob* job = p.job != 0 ? FindJob(p.job) : nullptr; job != nullptr) {
-          job->suspect = true;
+          job->suspect_tokens = tokens;
+          marked = true;
         } else if (Request* r = FindRequest(p.request);
                    r != nullptr && r->phase != Request::Phase::kDone) {
-          r->suspect = true;
+          r->suspect_tokens = tokens;
           ResetTable(*r);
+          marked = true;
         }
       }
+      stats_.steps_isolated += marked;
       return;
     }
     // The one item fails, and so does every request waiting for it if it is an encoding (else
@@ -399,12 +397,12 @@ void EngineCore::ApplyResults(std::span<Planned> plan,
     if (stop) StopServing(why, /*running_unavailable=*/true);
     return;
   }
-  consecutive_step_failures_ = 0;
+  if (!isolated) consecutive_step_failures_ = 0;
   for (const Planned& p : plan) {  // passed a step: a suspect no more
     if (EncodeJob* job = p.job != 0 ? FindJob(p.job) : nullptr; job != nullptr) {
-      job->suspect = false;
+      job->suspect_tokens = 0;
     } else if (Request* r = FindRequest(p.request); r != nullptr) {
-      r->suspect = false;
+      r->suspect_tokens = 0;
     }
   }
   const int64_t V = config().vocab_size;

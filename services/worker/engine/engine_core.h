@@ -35,17 +35,19 @@
 // (EngineStats::step_failures) and nothing of it is applied. One request or encoding alone in the
 // step ends with the runner's error (an encoding: every request waiting for it). A step of
 // several items does not fail them all for one: each becomes a suspect, and suspects then run
-// one per step, before anything else, until each has either passed a step alone (it is a suspect
-// no more) or failed one (it ends). So a request the device cannot run, or a step too large for
-// it, costs the other requests of its batch a few steps, not their work (EngineStats::
-// steps_isolated). A launched step chained to the failed one is collected and dropped: its input
-// tokens were the failed step's.
+// one per step (at most the tokens of their chunk in the failed step), unpipelined, before
+// anything else, until each has either passed a step alone (it is a suspect no more) or failed
+// one (it ends). So a request the device cannot run, or a step too large for it, costs the other
+// requests of its batch a few steps, not their work (EngineStats::steps_isolated). A launched
+// step chained to the failed one is collected and dropped: its input tokens were the failed
+// step's.
 // The core stops serving the same way as for a broken pool, with an Unavailable health(), when
-// EngineOptions::max_consecutive_step_failures steps in a row fail (isolated ones count), or at
-// once when the runner marks the error sticky (common/device_error.h: a corrupt CUDA context
-// fails every later call). Then every request it holds, in the failed step, running or queued,
-// ends with Unavailable (the worker's failure, not the request's): a router fails over those that
-// have sent nothing to their client yet.
+// EngineOptions::max_consecutive_step_failures ordinary steps in a row fail (a suspect failing
+// alone is its own fault and does not count; passing alone does not reset the count, so a
+// device that fails every batch stops too), or at once when the runner marks the error sticky
+// (common/device_error.h: a corrupt CUDA context fails every later call). Then every request it
+// holds, in the failed step, running or queued, ends with Unavailable (the worker's failure, not
+// the request's): a router fails over those that have sent nothing to their client yet.
 //
 // Not thread-safe.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_ENGINE_CORE_H_
@@ -272,12 +274,12 @@ class EngineCore {
   // Sets health_ to `why` and ends every request: queued ones with Unavailable, running ones with
   // Unavailable too when `running_unavailable`, else with `why`.
   void StopServing(const absl::Status& why, bool running_unavailable);
-  // Reads a step's results: samples, streams, finishes. On an error, the plan's items become
-  // suspects, or the only one fails (and every request waiting for it, if an encoding), or with
-  // the core stopping everything fails (the file comment, "A failed step").
-  void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output);
-  // The plan's requests that have not ended and its jobs that still exist.
-  int LiveItems(std::span<const Planned> plan);
+  // Reads a step's results: samples, streams, finishes. On an error, the live items of an
+  // ordinary step of several become suspects; otherwise its item fails (and every request
+  // waiting for it, if an encoding), or with the core stopping everything fails (the file
+  // comment, "A failed step"). `isolated`: the plan was one suspect alone (PlanScope::kOneSuspect).
+  void ApplyResults(std::span<Planned> plan, const absl::StatusOr<ForwardOutput>& output,
+                    bool isolated = false);
   // With `launched` on the device and uncollected: launches the decode step after it when the
   // batch stays the same, and returns its plan; nullopt (nothing launched) otherwise.
   std::optional<std::vector<Planned>> LaunchChainedDecode(std::span<const Planned> launched,

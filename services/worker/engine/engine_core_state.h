@@ -38,7 +38,9 @@ struct EngineCore::EncodeJob {
   std::vector<BlockId> blocks;  // one reference each, held by the job
   int64_t ready = 0;
   std::vector<Waiter> waiters;
-  bool suspect = false;  // in a failed step of several items: runs alone next (EngineCore)
+  // > 0: in a failed step of several items with a chunk of this many tokens; runs alone next,
+  // at most that many (EngineCore, "A failed step").
+  int64_t suspect_tokens = 0;
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -66,7 +68,9 @@ struct EngineCore::Request {
   bool cancelled = false;
   bool counted = false;    // per-mode lookup counters taken (first admission only)
   bool scheduled = false;  // has a chunk in the current step (not to be preempted)
-  bool suspect = false;    // in a failed step of several items: runs alone next (EngineCore)
+  // > 0: in a failed step of several items with a chunk of this many tokens; runs alone next,
+  // at most that many (EngineCore, "A failed step").
+  int64_t suspect_tokens = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamingDecoder> decoder;
   std::unique_ptr<StopMatcher> stop;

@@ -10,8 +10,9 @@ namespace lazyattn {
 
 bool EngineCore::HasSuspects() const {
   return std::any_of(running_.begin(), running_.end(),
-                     [this](RequestId id) { return requests_.at(id)->suspect; }) ||
-         std::any_of(jobs_.begin(), jobs_.end(), [](const auto& j) { return j.second->suspect; });
+                     [this](RequestId id) { return requests_.at(id)->suspect_tokens > 0; }) ||
+         std::any_of(jobs_.begin(), jobs_.end(),
+                     [](const auto& j) { return j.second->suspect_tokens > 0; });
 }
 
 void EngineCore::PlanSegment(Request& r, size_t si, int64_t n, bool decode,
@@ -51,15 +52,19 @@ std::vector<EngineCore::Planned> EngineCore::PlanBatch(PlanScope scope) {
   plan.reserve(scope == PlanScope::kOneSuspect ? 1 : running_.size() + jobs_.size());
   int64_t budget = options_.max_batch_tokens;
   const int64_t B = block_size();
-  // Whether an item, a suspect or not, belongs in this plan.
-  auto wanted = [&](bool suspect) {
-    return scope == PlanScope::kOneSuspect ? suspect && plan.empty() : !suspect;
+  const bool isolating = scope == PlanScope::kOneSuspect;
+  // Whether an item belongs in this plan, and how many of its tokens at most.
+  auto wanted = [&](int64_t suspect_tokens) {
+    return isolating ? suspect_tokens > 0 && plan.empty() : suspect_tokens == 0;
+  };
+  auto cap = [&](int64_t n, int64_t suspect_tokens) {
+    return isolating ? std::min(n, suspect_tokens) : n;
   };
 
   // Decodes first: one token each, oldest request first. (Preemption may shrink running_.)
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Request& r = *requests_.at(running_[i]);
-    if (r.phase != Request::Phase::kDecode || !wanted(r.suspect)) continue;
+    if (r.phase != Request::Phase::kDecode || !wanted(r.suspect_tokens)) continue;
     Segment& q = r.query();
     if (!EnsureBlocks(q.blocks, q.ready + 1, r.id)) continue;
     PlanSegment(r, r.segments.size() - 1, 1, /*decode=*/true, plan);
@@ -68,8 +73,8 @@ std::vector<EngineCore::Planned> EngineCore::PlanBatch(PlanScope scope) {
   // Document encodings, in the order they were started.
   for (auto& [job_id, job] : jobs_) {
     if (budget <= 0) break;
-    if (!wanted(job->suspect)) continue;
-    const int64_t n = std::min(budget, job->length() - job->ready);
+    if (!wanted(job->suspect_tokens)) continue;
+    const int64_t n = cap(std::min(budget, job->length() - job->ready), job->suspect_tokens);
     if (n <= 0 || !EnsureBlocks(job->blocks, job->ready + n, /*owner=*/0)) continue;
     Planned p;
     p.job = job_id;
@@ -92,7 +97,7 @@ std::vector<EngineCore::Planned> EngineCore::PlanBatch(PlanScope scope) {
   // Prefills: the system prefix tail, then (documents ready) the query.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Request& r = *requests_.at(running_[i]);
-    if (r.phase != Request::Phase::kPrefill || !wanted(r.suspect)) continue;
+    if (r.phase != Request::Phase::kPrefill || !wanted(r.suspect_tokens)) continue;
     size_t si = 0;
     bool blocked = false;
     for (; si < r.segments.size(); ++si) {
@@ -103,7 +108,7 @@ std::vector<EngineCore::Planned> EngineCore::PlanBatch(PlanScope scope) {
     }
     if (blocked || si == r.segments.size()) continue;
     Segment& s = r.segments[si];
-    const int64_t n = std::min(budget, s.length() - s.ready);
+    const int64_t n = cap(std::min(budget, s.length() - s.ready), r.suspect_tokens);
     if (!EnsureBlocks(s.blocks, s.ready + n, r.id)) continue;
     PlanSegment(r, si, n, /*decode=*/false, plan);
     budget -= n;

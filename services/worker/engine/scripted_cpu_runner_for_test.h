@@ -21,12 +21,14 @@ class ScriptedCpuRunner final : public ModelRunner {
   std::string backend_name() const override { return "cpu-scripted"; }
   int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    step_chunks.push_back(chunks.size());
-    if (fail_next > 0) {
-      --fail_next;
-      return fail_with;
+    StepRecord& record = steps.emplace_back();
+    for (const ForwardChunk& c : chunks) {
+      record.chunk_tokens.push_back(static_cast<int64_t>(c.tokens.size()));
+      record.table_sequences.push_back(c.table_sequence);
     }
-    if (fail_if && fail_if(chunks)) return fail_with;
+    record.failed = fail_next > 0 || (fail_if && fail_if(chunks));
+    if (fail_next > 0) --fail_next;
+    if (record.failed) return fail_with;
     return inner_.Forward(chunks);
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
@@ -37,7 +39,12 @@ class ScriptedCpuRunner final : public ModelRunner {
   int fail_next = 0;                  // the next this many steps fail
   // Then every step it holds true for fails (a chunk or a batch the device cannot run).
   std::function<bool(std::span<const ForwardChunk>)> fail_if;
-  std::vector<size_t> step_chunks;  // the chunks of every step asked for, failed ones too
+  struct StepRecord {
+    std::vector<int64_t> chunk_tokens;      // per chunk
+    std::vector<uint64_t> table_sequences;  // per chunk (ForwardChunk::table_sequence)
+    bool failed = false;
+  };
+  std::vector<StepRecord> steps;  // every step asked for, failed ones too
   absl::Status fail_with = absl::InternalError("injected device failure");  // with this
   std::vector<int32_t> copy_deltas;   // of every block copied, in order
 

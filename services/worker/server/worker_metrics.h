@@ -32,10 +32,10 @@
 //   lazyattn_worker_queue_length                        gauge: requests waiting for admission
 //   lazyattn_worker_running_requests                    gauge: requests admitted
 //   lazyattn_worker_kvdir_connected                     gauge: 1 while the Publish stream is up
-//   lazyattn_worker_preemptions_total                  counter: running requests preempted for KV
-//   blocks lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the
-//   KV block
-//                                                      pool (a bug; the worker stops serving)
+//   lazyattn_worker_preemptions_total                  counter: running requests preempted for
+//                                                      KV blocks
+//   lazyattn_worker_kv_pool_errors_total               counter: inconsistencies found in the KV
+//                                                      block pool (a bug; the worker stops serving)
 //   lazyattn_worker_step_failures_total                counter: engine steps the runner failed (a
 //                                                      device error; see EngineCore)
 //   lazyattn_worker_steps_isolated_total               counter: failed steps of several items that
