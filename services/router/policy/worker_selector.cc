@@ -1,6 +1,7 @@
 #include "services/router/policy/worker_selector.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace lazyattn::router {
 namespace {
@@ -44,6 +45,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
   Selection selection;
   const size_t n = workers.size();
   selection.predicted_hit_tokens.assign(n, 0);
+  selection.claimed_hit_tokens.assign(n, -1);
 
   // Speculative holders per document, looked up once.
   std::vector<std::vector<std::string>> holders(docs.size());
@@ -51,7 +53,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
     if (auto key = SpeculativeKey(docs[d])) holders[d] = speculative_.Holders(*key, now);
   }
 
-  std::vector<int64_t> copy_tokens(n, 0);
+  std::vector<int64_t> copy_tokens(n, 0), ranked_hits(n, 0);
   for (size_t w = 0; w < n; ++w) {
     const WorkerObservation& obs = workers[w];
     const bool resident_known = obs.resident.size() == docs.size();
@@ -60,16 +62,21 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
       (resident_known && !obs.resident[d] ? other_bound : resident_bound) += TokenBound(docs[d]);
     }
     if (!resident_known) other_bound = resident_bound;
-    int64_t hits = std::clamp<int64_t>(obs.resident_tokens, 0, resident_bound);
-    copy_tokens[w] = std::clamp<int64_t>(obs.copyable_tokens, 0, other_bound);
+    const int64_t claimed = std::clamp<int64_t>(obs.resident_tokens, 0, resident_bound);
+    const double credit = claims_.Credit(obs.id);
+    copy_tokens[w] = std::llround(
+        credit * static_cast<double>(std::clamp<int64_t>(obs.copyable_tokens, 0, other_bound)));
+    int64_t speculative = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       const bool known = d < obs.resident.size() && obs.resident[d];
       if (known) continue;
       if (std::find(holders[d].begin(), holders[d].end(), obs.id) != holders[d].end()) {
-        hits += docs[d].estimated_tokens;
+        speculative += docs[d].estimated_tokens;
       }
     }
-    selection.predicted_hit_tokens[w] = hits;
+    selection.predicted_hit_tokens[w] = claimed + speculative;
+    if (speculative == 0) selection.claimed_hit_tokens[w] = claimed;
+    ranked_hits[w] = std::llround(credit * static_cast<double>(claimed)) + speculative;
   }
 
   std::vector<size_t> eligible;
@@ -95,7 +102,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
     const WorkerObservation& obs = workers[w];
     candidates.push_back(Candidate{
         .id = obs.id,
-        .hit_tokens = selection.predicted_hit_tokens[w],
+        .hit_tokens = ranked_hits[w],
         .queued_prefill_tokens =
             std::clamp<int64_t>(obs.queued_prefill_tokens, 0, kMaxObservedTokens),
         .requests = std::max<int64_t>({0, obs.requests, obs.router_inflight}),

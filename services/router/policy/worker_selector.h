@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/document_key.h"
 #include "services/router/policy/circuit_breaker.h"
+#include "services/router/policy/claim_credit.h"
 #include "services/router/policy/document_placement.h"
 #include "services/router/policy/outlier_detector.h"
 #include "services/router/policy/routing_policy.h"
@@ -85,6 +86,9 @@ inline constexpr int64_t kMaxObservedTokens = int64_t{1} << 40;
 struct Selection {
   std::vector<size_t> order;                  // indices into the observations, best first
   std::vector<int64_t> predicted_hit_tokens;  // per observation
+  // Per observation: the prediction when it is the directory's claim alone (no speculative
+  // entry counted), else -1. What ClaimCredit::Observe checks against the worker's answer.
+  std::vector<int64_t> claimed_hit_tokens;
   bool imbalance_fallback = false;
   bool breaker_panic = false;  // every worker was out (breaker or ejection): all offered anyway
 };
@@ -95,10 +99,11 @@ class WorkerSelector {
                  const CircuitBreakerOptions& breakers, const OutlierOptions& outliers = {})
       : policy_(policy), speculative_(speculative), breakers_(breakers), outliers_(outliers) {}
 
-  // Thread-safe. Workers whose breaker is open or that health probing ejected are left out of the
-  // order. If that leaves none, the workers health probing admits are offered regardless of their
-  // breakers, and if none is admitted, every worker (a possibly-recovered worker beats a certain
-  // failure).
+  // Thread-safe. A worker's directory hits and copies count in its rank at its ClaimCredit (its
+  // prediction stays the claim). Workers whose breaker is open or that health probing ejected
+  // are left out of the order. If that leaves none, the workers health probing admits are offered
+  // regardless of their breakers, and if none is admitted, every worker (a possibly-recovered
+  // worker beats a certain failure).
   Selection Select(std::span<const WorkerObservation> workers, std::span<const DocumentRef> docs,
                    absl::Time now);
   // Records speculative entries for the worker a request was sent to, for the TTL or `hold`
@@ -110,6 +115,7 @@ class WorkerSelector {
   SpeculativeEntries& speculative() { return speculative_; }
   CircuitBreakers& breakers() { return breakers_; }
   OutlierDetector& outliers() { return outliers_; }
+  ClaimCredit& claims() { return claims_; }
   // Tokens before the documents per prompt prefix, learned from the workers' answers.
   PrefixLengths& prefix_lengths() { return prefix_lengths_; }
 
@@ -118,6 +124,7 @@ class WorkerSelector {
   SpeculativeEntries speculative_;
   CircuitBreakers breakers_;
   OutlierDetector outliers_;
+  ClaimCredit claims_;
   PrefixLengths prefix_lengths_;
 };
 

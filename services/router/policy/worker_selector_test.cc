@@ -237,6 +237,34 @@ TEST(WorkerSelectorTest, AClaimOfMoreTokensThanTheDocumentsHaveIsCapped) {
   EXPECT_EQ(obs[s.order[0]].id, "holder");
 }
 
+// A worker that reused none of what it claimed loses the ranking to an honest holder though its
+// claim is larger; its prediction stays the claim (so its answers keep checking it). A
+// prediction with a speculative part is no claim to check.
+TEST(WorkerSelectorTest, AClaimItsWorkerNeverBoreOutCountsAtItsCredit) {
+  const DocumentRef a = Doc("alpha", 300), b = Doc("beta", 200);
+  const std::vector<DocumentRef> docs = {a, b};
+  Directory dir;
+  dir.held["liar"] = {{a.key, 300}, {b.key, 200}};
+  dir.held["holder"] = {{a.key, 300}};
+  WorkerSelector selector = MakeSelector();
+  auto obs = dir.Observe(docs);
+  EXPECT_EQ(obs[selector.Select(obs, docs, kT0).order[0]].id, "liar");
+  for (int i = 0; i < 10; ++i) selector.claims().Observe("liar", 500, 0);
+  const Selection s = selector.Select(obs, docs, kT0);
+  EXPECT_EQ(obs[s.order[0]].id, "holder");
+  EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(300, 500));  // holder, liar
+  EXPECT_THAT(s.claimed_hit_tokens, ::testing::ElementsAre(300, 500));
+
+  const DocumentRef c = Doc("gamma", 100);
+  const std::vector<DocumentRef> with_c = {a, c};
+  const std::vector<DocumentRef> only_c = {c};
+  selector.RecordChoice(only_c, "holder", kT0);
+  auto obs_c = dir.Observe(with_c);
+  const Selection sc = selector.Select(obs_c, with_c, kT0);
+  EXPECT_THAT(sc.predicted_hit_tokens, ::testing::ElementsAre(400, 300));
+  EXPECT_THAT(sc.claimed_hit_tokens, ::testing::ElementsAre(-1, 300));
+}
+
 TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {
   const DocumentRef a = Doc("alpha", 300);
   Directory dir;

@@ -100,6 +100,8 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // Set: applied to token i's chunk (i counts from 0) before it is sent, as a broken or hostile
     // worker would change it.
     std::function<void(int i, lazyattn::v1::TokenChunk* chunk)> edit_token;
+    // What the final message's usage says the worker reused of the request's documents.
+    int64_t document_hit_tokens = 0;
   };
   // With sampling.logprobs, token i carries logprob -0.5 * (i + 1) and its text as token_bytes.
   // With sampling.top_logprobs k > 0 as well, its k alternatives are the token itself, then

@@ -347,6 +347,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
   for (size_t i : selection.order) {
     plan.workers.push_back(workers[i]);
     plan.predicted_hits.push_back(selection.predicted_hit_tokens[i]);
+    plan.claimed_hits.push_back(selection.claimed_hit_tokens[i]);
   }
   return plan;
 }
@@ -388,6 +389,29 @@ void RouterContext::RefreshWorkers() {
   std::vector<std::string> ids;
   for (const WorkerInfo& w : registry_.Snapshot()) ids.push_back(w.id);
   selector_.breakers().Retain(ids);
+  selector_.claims().Retain(ids);
+}
+
+void RouterContext::ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused) {
+  if (claimed <= 0) return;
+  const ClaimCreditChange change = selector_.claims().Observe(worker, claimed, reused);
+  if (!change.lost && !change.regained) return;
+  metrics_.SetWorkersDistrusted(selector_.claims().distrusted());
+  const int64_t percent = std::llround(100 * change.observed / change.predicted);
+  if (change.lost) {
+    LogWarning("router")
+        .Str("worker", worker)
+        .Int("reused_percent", percent)
+        .Int("credit_percent", std::llround(100 * change.credit))
+        .Msg(
+            "a worker reuses far less than the directory says it holds: its directory claims "
+            "now count at its credit when ranking (claim_credit.h)");
+  } else {
+    LogInfo("router")
+        .Str("worker", worker)
+        .Int("reused_percent", percent)
+        .Msg("a worker's directory claims come true again: they count in full");
+  }
 }
 
 }  // namespace lazyattn::router

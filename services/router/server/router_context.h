@@ -33,6 +33,9 @@ namespace lazyattn::router {
 struct RoutePlan {
   std::vector<WorkerInfo> workers;      // best first; breaker-open workers left out
   std::vector<int64_t> predicted_hits;  // per entry of `workers`
+  // Per entry of `workers`: the prediction when it is the directory's claim alone, else -1
+  // (Selection::claimed_hit_tokens).
+  std::vector<int64_t> claimed_hits;
   std::vector<DocumentRef> docs;        // distinct documents used for routing
   bool directory_answered = false;
   bool breaker_panic = false;  // every worker was out (breaker, ejection): try them regardless
@@ -88,6 +91,11 @@ class RouterContext {
   RoutePlan Plan(std::vector<DocumentRef> docs, const lazyattn::v1::LookupResponse* lookup,
                  absl::Time now, const ModelKey* model = nullptr);
 
+  // A request `worker` served after the directory claimed `claimed` of its document tokens
+  // there (RoutePlan::claimed_hits; ignored unless > 0), of which it reports reusing `reused`:
+  // recorded in the selector's ClaimCredit. A worker losing or regaining credit is logged and
+  // lazyattn_router_workers_distrusted follows.
+  void ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused);
   // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
   void RefreshWorkers();
 

@@ -73,6 +73,14 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                               "route to now")
                           .Register(registry)
                           .Add({});
+  workers_distrusted_ = &prometheus::BuildGauge()
+                             .Name("lazyattn_router_workers_distrusted")
+                             .Help(
+                                 "Workers whose directory claims count at less than in full when "
+                                 "ranking: they reused far less than the directory said they "
+                                 "hold")
+                             .Register(registry)
+                             .Add({});
   predicted_hits_family_ = &prometheus::BuildCounter()
                                 .Name("lazyattn_router_predicted_hit_tokens_total")
                                 .Help(

@@ -42,6 +42,9 @@
 //   lazyattn_router_routing_duration_seconds        arrival to worker choice (kvdir lookup
 //                                                   included)
 //   lazyattn_router_worker_ejections_total          workers ejected by health probing
+//   lazyattn_router_workers_distrusted              workers whose directory claims count at less
+//                                                   than in full: they reused far less than
+//                                                   claimed (claim_credit.h)
 //   lazyattn_router_client_write_timeouts_total     calls cancelled because their client read
 //                                                   nothing for routing.client_write_timeout_ms,
 //                                                   or made their writes wait
@@ -162,6 +165,7 @@ class RouterMetrics {
   void AddInFlight(int delta) { in_flight_->Increment(delta); }
   void SetWorkersHealthy(int n) { workers_healthy_->Set(n); }
   void CountEjection() { ejections_->Increment(); }
+  void SetWorkersDistrusted(int64_t n) { workers_distrusted_->Set(static_cast<double>(n)); }
   void CountSkippedLookup() { skipped_lookups_->Increment(); }
   void CountClientWriteTimeout() { client_write_timeouts_->Increment(); }
   // An attempt sent to `worker` for a request of `model`.
@@ -194,6 +198,7 @@ class RouterMetrics {
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* workers_healthy_;
   prometheus::Counter* ejections_;
+  prometheus::Gauge* workers_distrusted_;
   prometheus::Counter* skipped_lookups_;
   prometheus::Counter* client_write_timeouts_;
   absl::flat_hash_map<std::string, prometheus::Counter*> invalid_utf8_;  // built once, by label

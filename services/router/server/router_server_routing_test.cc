@@ -62,6 +62,46 @@ TEST_F(RouterServerTest, StreamsFromTheWorkerHoldingTheDocumentsInAnyOrder) {
   EXPECT_THAT(metrics, HasSubstr("lazyattn_router_routing_duration_seconds_count 2"));
 }
 
+// The directory says w0 holds "doc alpha" (25 tokens: its bytes + 16, all a text can have). A
+// w0 whose answers say it reused them keeps the document's requests; one that reuses nothing
+// draws them only until ClaimCredit's min_observations (8) answers showed it, and then its claim
+// counts at its credit (0): the requests go by load and speculation, to w1. The prediction for
+// w0 stays its claim.
+class ClaimCreditRoutingTest : public RouterServerTest {
+ protected:
+  std::vector<std::string> ServeClaimedDocument(int64_t w0_reuses) {
+    StartWorkers(2);
+    StartKvdir();
+    kvdir_.Hold("w0", "doc alpha", 25);
+    workers_[0]->SetScript({.document_hit_tokens = w0_reuses});
+    StartRouter(Options());
+    std::vector<std::string> served;
+    for (int i = 0; i < 16; ++i) {
+      StreamResult r = Stream(Request({"doc alpha"}));
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      if (!r.final.has_value()) break;
+      if (r.final->worker() == "w0") EXPECT_EQ(r.final->predicted_hit_tokens(), 25);
+      served.push_back(r.final->worker());
+    }
+    return served;
+  }
+};
+
+TEST_F(ClaimCreditRoutingTest, AWorkerWhoseAnswersBearOutItsClaimKeepsItsRequests) {
+  const std::vector<std::string> served = ServeClaimedDocument(25);
+  EXPECT_EQ(served.size(), 16u);
+  EXPECT_THAT(served, ::testing::Each("w0"));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 0"));
+}
+
+TEST_F(ClaimCreditRoutingTest, AWorkerThatReusesNoneOfWhatItClaimsLosesItsRequests) {
+  const std::vector<std::string> served = ServeClaimedDocument(0);
+  ASSERT_EQ(served.size(), 16u);
+  EXPECT_THAT(std::vector<std::string>(served.begin(), served.begin() + 8), ::testing::Each("w0"));
+  EXPECT_EQ(served.back(), "w1");
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 1"));
+}
+
 TEST_F(RouterServerTest, FailsOverWhenAWorkerFailsBeforeItsFirstToken) {
   StartWorkers(2);
   StartKvdir();
