@@ -72,7 +72,11 @@ class PublishStreams {
   void SaidHello(uint64_t id);
   // Charges one message's directory work at `now` to the stream's certificate (without one,
   // to the stream): `entries` is what it stores, removes or replaces (an event 1, a snapshot
-  // its entries), at least 1 (a heartbeat or hello costs one). RESOURCE_EXHAUSTED naming
+  // its entries), at least 1 (a heartbeat or hello costs one). Removing what the worker holds
+  // (a snapshot replacing it, a new epoch's hello dropping it) is not charged again: those
+  // entries were charged when stored, by the same certificate (a worker id is bound to its
+  // certificate), so the work of removals is at most that of the stores before them and the
+  // directory's work stays within twice the rate. RESOURCE_EXHAUSTED naming
   // limits.max_publish_entries_per_s, and nothing charged, when the budget holds less: the
   // message must not be applied. Unknown ids pass.
   absl::Status Charge(uint64_t id, int64_t entries, absl::Time now);
