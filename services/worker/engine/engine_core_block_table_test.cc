@@ -7,7 +7,6 @@
 #include "services/worker/engine/engine_core_block_table.h"
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -16,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
 #include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/pipelining_cpu_runner_for_test.h"
 #include "services/worker/engine/request_prep.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
@@ -152,63 +152,6 @@ class TableRecorder {
   int64_t chunks_ = 0, decodes_ = 0, whole_tables_ = 0, entries_taken_ = 0;
 };
 
-// The CPU backend, recording every chunk; optionally pipelined (computing at Launch, the chained
-// step's tokens from the step before) with every `fail_every`-th chained launch failing.
-class RecordingRunner final : public ModelRunner {
- public:
-  RecordingRunner(const ModelWeights* weights, int64_t blocks, bool pipeline, int fail_every)
-      : inner_(weights, blocks), pipeline_(pipeline), fail_every_(fail_every) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string backend_name() const override { return "cpu-recording"; }
-  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    for (const ForwardChunk& ch : chunks) recorder.See(ch, kDefaultKvBlockSize);
-    auto out = inner_.Forward(chunks);
-    if (out.ok()) last_ids_ = out->token_ids;
-    return out;
-  }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    return inner_.CopyBlocks(copies);
-  }
-  bool SupportsPipelinedDecode() const override { return pipeline_; }
-  absl::Status Launch(std::span<const ForwardChunk> chunks,
-                      std::span<const int32_t> previous_step_rows) override {
-    std::vector<ForwardChunk> own(chunks.begin(), chunks.end());
-    std::vector<int32_t> tokens(own.size());
-    if (!previous_step_rows.empty()) {
-      if (fail_every_ > 0 && ++chained_tries_ % fail_every_ == 0) {
-        recorder.Forget(chunks);
-        return absl::InternalError("injected launch failure");
-      }
-      for (size_t i = 0; i < own.size(); ++i) {
-        tokens[i] = last_ids_.at(previous_step_rows[i]);
-        own[i].tokens = std::span(&tokens[i], 1);
-      }
-      ++chained_;
-    }
-    auto out = Forward(own);
-    if (!out.ok()) return out.status();
-    launched_.push_back(*std::move(out));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<ForwardOutput> Collect() override {
-    if (launched_.empty()) return absl::FailedPreconditionError("nothing launched");
-    ForwardOutput out = std::move(launched_.front());
-    launched_.pop_front();
-    return out;
-  }
-  int chained() const { return chained_; }
-  TableRecorder recorder;
-
- private:
-  CpuModelRunner inner_;
-  bool pipeline_;
-  int fail_every_;
-  int chained_tries_ = 0, chained_ = 0;
-  std::vector<int32_t> last_ids_;
-  std::deque<ForwardOutput> launched_;
-};
-
 class EngineBlockTableTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -238,12 +181,21 @@ class EngineBlockTableTest : public ::testing::Test {
     int64_t preemptions = 0;
     int chained = 0;
   };
-  // Runs the requests to the end with every table checked against its rebuild after every step.
+  // Runs the requests to the end with every table checked against its rebuild after every step,
+  // on the CPU backend (optionally pipelined, every `fail_every`-th chained launch failing),
+  // every chunk recorded in recorder_.
   Run Drive(const std::vector<EngineRequest>& requests, int64_t blocks, int max_batch_tokens,
-            bool pipeline = false, int fail_every = 0, RecordingRunner** runner_out = nullptr) {
-    auto runner = std::make_unique<RecordingRunner>(weights_.get(), blocks, pipeline, fail_every);
-    RecordingRunner* runner_ptr = runner.get();
-    if (runner_out != nullptr) *runner_out = runner_ptr;
+            bool pipeline = false, int fail_every = 0) {
+    recorder_ = TableRecorder();
+    auto runner = std::make_unique<testing::PipeliningCpuRunner>(weights_.get(), blocks, fail_every,
+                                                                 pipeline);
+    runner->on_run = [this](std::span<const ForwardChunk> chunks) {
+      for (const ForwardChunk& ch : chunks) recorder_.See(ch, kDefaultKvBlockSize);
+    };
+    runner->on_refused_launch = [this](std::span<const ForwardChunk> chunks) {
+      recorder_.Forget(chunks);
+    };
+    testing::PipeliningCpuRunner* runner_ptr = runner.get();
     core_ = std::make_unique<EngineCore>(std::move(runner), tokenizer_.get(),
                                          EngineOptions{.max_batch_tokens = max_batch_tokens,
                                                        .pipeline_decode = pipeline,
@@ -272,6 +224,7 @@ class EngineBlockTableTest : public ::testing::Test {
   std::unique_ptr<Tokenizer> tokenizer_;
   ModelIdentity identity_;
   std::unique_ptr<EngineCore> core_;
+  TableRecorder recorder_;
 };
 
 // Requests decode across several block boundaries in every mode: the tables equal their rebuild
@@ -283,11 +236,10 @@ TEST_F(EngineBlockTableTest, TablesGrowAppendOnlyInEveryMode) {
     SCOPED_TRACE(CacheModeName(mode));
     std::vector<EngineRequest> reqs = {Request({0, 1}, mode, 40), Request({1, 2}, mode, 23),
                                        Request({2, 0, 1}, mode, 35)};
-    RecordingRunner* runner = nullptr;
-    const Run run = Drive(reqs, 256, 48, false, 0, &runner);
+    const Run run = Drive(reqs, 256, 48, false, 0);
     for (const absl::Status& s : run.status) EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(run.tokens[0].size(), 40u);
-    const TableRecorder& rec = runner->recorder;
+    const TableRecorder& rec = recorder_;
     EXPECT_EQ(rec.sequences(), 3);  // one per request: nothing reset them
     EXPECT_GE(rec.decodes(), 39 + 22 + 34 - 3);
     // Whole tables only for each request's first chunk.
@@ -303,10 +255,9 @@ TEST_F(EngineBlockTableTest, PreemptionStartsANewSequence) {
     SCOPED_TRACE(CacheModeName(mode));
     std::vector<EngineRequest> reqs;
     for (int i = 0; i < 8; ++i) reqs.push_back(Request({i % 5, (i + 2) % 5}, mode, 40));
-    RecordingRunner* runner = nullptr;
-    const Run tight = Drive(reqs, 40, 32, false, 0, &runner);
+    const Run tight = Drive(reqs, 40, 32, false, 0);
     EXPECT_GT(tight.preemptions, 0);
-    EXPECT_GT(runner->recorder.sequences(), 8);
+    EXPECT_GT(recorder_.sequences(), 8);
     const Run roomy = Drive(reqs, 512, 32);
     EXPECT_EQ(roomy.preemptions, 0);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -325,10 +276,9 @@ TEST_F(EngineBlockTableTest, PipelinedStepsAndFailedLaunchesKeepTheContract) {
     std::vector<EngineRequest> reqs = {Request({0, 1}, mode, 37), Request({2}, mode, 30),
                                        Request({1, 3}, mode, 45)};
     const Run plain = Drive(reqs, 256, 256);
-    RecordingRunner* runner = nullptr;
-    const Run piped = Drive(reqs, 256, 256, /*pipeline=*/true, /*fail_every=*/4, &runner);
+    const Run piped = Drive(reqs, 256, 256, /*pipeline=*/true, /*fail_every=*/4);
     EXPECT_GT(piped.chained, 10);
-    EXPECT_GT(runner->recorder.whole_tables(), 3) << "no failed launch made a backend resync";
+    EXPECT_GT(recorder_.whole_tables(), 3) << "no failed launch made a backend resync";
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_TRUE(piped.status[i].ok()) << piped.status[i];
       EXPECT_EQ(piped.tokens[i], plain.tokens[i]) << "request " << i;

@@ -2,7 +2,6 @@
 // pipelines as the CUDA runner does: the same tokens as step-by-step decode.
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <numeric>
 #include <random>
 #include <set>
@@ -14,6 +13,7 @@
 #include "services/worker/engine/engine_core.h"
 #include "services/worker/engine/engine_core_test_fixture.h"
 #include "services/worker/engine/kv_cache_cpu.h"
+#include "services/worker/engine/pipelining_cpu_runner_for_test.h"
 #include "services/worker/engine/request_prep.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/random_weights.h"
@@ -24,86 +24,7 @@ namespace {
 
 using engine_core_testing::EngineCoreTest;
 using engine_core_testing::Outcome;
-
-// The CPU runner behind the pipelined-decode interface (ModelRunner::Launch/Collect), computing
-// at Launch: what the CUDA backend's pipelining asks of the engine, checked without a GPU. A
-// chained launch takes chunk i's token from row previous_step_rows[i] of the step launched just
-// before, as the CUDA runner does on the device; every `fail_every`-th chained launch fails.
-class PipeliningCpuRunner final : public ModelRunner {
- public:
-  PipeliningCpuRunner(const ModelWeights* weights, int64_t blocks, int fail_every)
-      : inner_(weights, blocks), fail_every_(fail_every) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string backend_name() const override { return "cpu-pipelining"; }
-  int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    EXPECT_TRUE(launched_.empty()) << "Forward with a launched step uncollected";
-    last_greedy_.clear();
-    auto out = inner_.Forward(chunks);
-    if (out.ok()) Record(*out);
-    return out;
-  }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    EXPECT_TRUE(launched_.empty()) << "CopyBlocks with a launched step uncollected";
-    return inner_.CopyBlocks(copies);
-  }
-  bool SupportsPipelinedDecode() const override { return true; }
-  absl::Status Launch(std::span<const ForwardChunk> chunks,
-                      std::span<const int32_t> previous_step_rows) override {
-    EXPECT_LT(launched_.size(), 2u);
-    std::vector<ForwardChunk> own(chunks.begin(), chunks.end());
-    std::vector<int32_t> tokens(own.size());
-    if (!previous_step_rows.empty()) {
-      if (fail_every_ > 0 && ++chained_tries_ % fail_every_ == 0) {
-        return absl::InternalError("injected launch failure");
-      }
-      EXPECT_EQ(previous_step_rows.size(), own.size());
-      for (size_t i = 0; i < own.size(); ++i) {
-        EXPECT_LT(static_cast<size_t>(previous_step_rows[i]), last_greedy_.size());
-        tokens[i] = last_greedy_.at(previous_step_rows[i]);
-        own[i].tokens = std::span(&tokens[i], 1);
-        // As the CUDA runner: the history lacks the input token drawn "on the device".
-        if (HasPenalties(own[i].sampling)) own[i].sampling.flags |= kCountInputToken;
-      }
-      ++chained_;
-    }
-    auto out = inner_.Forward(own);
-    if (!out.ok()) return out.status();
-    Record(*out);
-    last_greedy_ = out->token_ids;
-    launched_.push_back(*std::move(out));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<ForwardOutput> Collect() override {
-    if (launched_.empty()) return absl::FailedPreconditionError("nothing launched");
-    ForwardOutput out = std::move(launched_.front());
-    launched_.pop_front();
-    if (++collects_ == fail_collect_at) {
-      failed_with_chained_in_flight = !launched_.empty();
-      return absl::InternalError("injected collect failure");
-    }
-    return out;
-  }
-  int chained() const { return chained_; }
-  int fail_collect_at = 0;                     // the Collect of this number (from 1) fails; 0: none
-  bool failed_with_chained_in_flight = false;  // ... while a step chained to it was launched
-  // Every logits row returned (return_logits chunks), in the order the steps ran.
-  const std::vector<std::vector<float>>& returned_rows() const { return returned_rows_; }
-
- private:
-  void Record(const ForwardOutput& out) {
-    const size_t V = static_cast<size_t>(config().vocab_size);
-    for (size_t at = 0; at + V <= out.logits.size(); at += V) {
-      returned_rows_.emplace_back(out.logits.begin() + at, out.logits.begin() + at + V);
-    }
-  }
-  CpuModelRunner inner_;
-  int fail_every_;
-  int chained_tries_ = 0, chained_ = 0, collects_ = 0;
-  std::vector<int32_t> last_greedy_;
-  std::deque<ForwardOutput> launched_;
-  std::vector<std::vector<float>> returned_rows_;
-};
+using testing::PipeliningCpuRunner;
 
 // Pipelined decode (EngineOptions::pipeline_decode) generates what step-by-step decode does, in
 // the modes with documents: requests that finish at different steps (by length while the next
