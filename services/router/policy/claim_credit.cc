@@ -7,8 +7,8 @@
 namespace lazyattn::router {
 
 double ClaimCredit::CreditOf(const Entry& e) const {
-  if (e.count < options_.min_observations || e.predicted <= 0) return 1;
-  const double share = std::clamp(e.observed / e.predicted, 0.0, 1.0);
+  if (e.count < options_.min_observations || e.weight <= 0) return 1;
+  const double share = std::clamp(e.shares / e.weight, 0.0, 1.0);
   return share < options_.distrust_below ? share : 1;
 }
 
@@ -23,16 +23,16 @@ ClaimCreditChange ClaimCredit::Observe(const std::string& worker, int64_t claime
   }
   Entry& e = it->second;
   const double before = e.credit;
-  e.predicted = e.predicted * options_.decay + static_cast<double>(claimed);
-  e.observed =
-      e.observed * options_.decay + static_cast<double>(std::clamp<int64_t>(reused, 0, claimed));
+  const double share =
+      static_cast<double>(std::clamp<int64_t>(reused, 0, claimed)) / static_cast<double>(claimed);
+  e.shares = e.shares * options_.decay + share;
+  e.weight = e.weight * options_.decay + 1;
   ++e.count;
   e.credit = CreditOf(e);
   change.lost = before == 1 && e.credit < 1;
   change.regained = before < 1 && e.credit == 1;
   change.credit = e.credit;
-  change.predicted = e.predicted;
-  change.observed = e.observed;
+  change.share = e.shares / e.weight;
   return change;
 }
 
@@ -50,10 +50,12 @@ void ClaimCredit::Retain(const std::vector<std::string>& known) {
   });
 }
 
-int64_t ClaimCredit::distrusted() const {
+int64_t ClaimCredit::Distrusted(const std::vector<std::string>& among) const {
   absl::MutexLock lock(&mu_);
-  return std::count_if(entries_.begin(), entries_.end(),
-                       [](const auto& entry) { return entry.second.credit < 1; });
+  return std::count_if(among.begin(), among.end(), [this](const std::string& worker) {
+    auto it = entries_.find(worker);
+    return it != entries_.end() && it->second.credit < 1;
+  });
 }
 
 }  // namespace lazyattn::router

@@ -16,7 +16,7 @@ TEST(ClaimCreditTest, AWorkerWhoseClaimsComeTrueKeepsFullCredit) {
     EXPECT_FALSE(c.lost);
   }
   EXPECT_EQ(credit.Credit("w0"), 1);
-  EXPECT_EQ(credit.distrusted(), 0);
+  EXPECT_EQ(credit.Distrusted({"w0"}), 0);
 }
 
 TEST(ClaimCreditTest, AWorkerThatReusesNothingItClaimsLosesItsCreditAfterMinObservations) {
@@ -29,7 +29,8 @@ TEST(ClaimCreditTest, AWorkerThatReusesNothingItClaimsLosesItsCreditAfterMinObse
   EXPECT_TRUE(lost.lost);
   EXPECT_EQ(lost.credit, 0);
   EXPECT_EQ(credit.Credit("liar"), 0);
-  EXPECT_EQ(credit.distrusted(), 1);
+  EXPECT_EQ(credit.Distrusted({"liar", "other"}), 1);
+  EXPECT_EQ(credit.Distrusted({"other"}), 0);
   EXPECT_EQ(credit.Credit("other"), 1);
 }
 
@@ -42,7 +43,18 @@ TEST(ClaimCreditTest, CreditIsTheReusedShareAndComesBackWhenClaimsComeTrue) {
   for (int i = 0; i < 40 && !regained; ++i) regained = credit.Observe("w", 1000, 5000).regained;
   EXPECT_TRUE(regained);
   EXPECT_EQ(credit.Credit("w"), 1);
-  EXPECT_EQ(credit.distrusted(), 0);
+  EXPECT_EQ(credit.Distrusted({"w"}), 0);
+}
+
+// Every request weighs the same, whatever its size: one large miss (a document a client had
+// evicted by a larger one) costs an honest worker one request's share, not its credit.
+TEST(ClaimCreditTest, OneLargeMissCostsOneRequestsShare) {
+  ClaimCredit credit;
+  for (int i = 0; i < 40; ++i) credit.Observe("w", 100, 100);
+  const ClaimCreditChange c = credit.Observe("w", int64_t{1} << 30, 0);
+  EXPECT_FALSE(c.lost);
+  EXPECT_GT(c.share, 0.95);
+  EXPECT_EQ(credit.Credit("w"), 1);
 }
 
 TEST(ClaimCreditTest, ClaimsOfNothingAndNegativeReusesTeachNothingWrong) {
@@ -55,12 +67,17 @@ TEST(ClaimCreditTest, ClaimsOfNothingAndNegativeReusesTeachNothingWrong) {
 }
 
 TEST(ClaimCreditTest, RetainForgetsDepartedWorkersButNotTheirDistrust) {
-  ClaimCredit credit({.min_observations = 1});
+  ClaimCredit credit({.min_observations = 2, .distrust_below = 0.6});
   credit.Observe("honest", 100, 100);
+  credit.Observe("liar", 100, 0);
   credit.Observe("liar", 100, 0);
   credit.Retain({});
   EXPECT_EQ(credit.Credit("liar"), 0);  // leaving and coming back does not restore it
-  EXPECT_EQ(credit.distrusted(), 1);
+  EXPECT_EQ(credit.Distrusted({"honest", "liar"}), 1);
+  // "honest" was forgotten: one miss is its first observation again, below min_observations
+  // (kept, it would be its second, a mean share of 0.5).
+  EXPECT_FALSE(credit.Observe("honest", 100, 0).lost);
+  EXPECT_EQ(credit.Credit("honest"), 1);
 }
 
 TEST(ClaimCreditTest, PastItsCapacityNewWorkersAreNotTracked) {

@@ -45,7 +45,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
   Selection selection;
   const size_t n = workers.size();
   selection.predicted_hit_tokens.assign(n, 0);
-  selection.claimed_hit_tokens.assign(n, -1);
+  selection.claimed_tokens.assign(n, -1);
 
   // Speculative holders per document, looked up once.
   std::vector<std::vector<std::string>> holders(docs.size());
@@ -63,9 +63,9 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
     }
     if (!resident_known) other_bound = resident_bound;
     const int64_t claimed = std::clamp<int64_t>(obs.resident_tokens, 0, resident_bound);
+    const int64_t copyable = std::clamp<int64_t>(obs.copyable_tokens, 0, other_bound);
     const double credit = claims_.Credit(obs.id);
-    copy_tokens[w] = std::llround(
-        credit * static_cast<double>(std::clamp<int64_t>(obs.copyable_tokens, 0, other_bound)));
+    copy_tokens[w] = std::llround(credit * static_cast<double>(copyable));
     int64_t speculative = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       const bool known = d < obs.resident.size() && obs.resident[d];
@@ -75,7 +75,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
       }
     }
     selection.predicted_hit_tokens[w] = claimed + speculative;
-    if (speculative == 0) selection.claimed_hit_tokens[w] = claimed;
+    if (speculative == 0) selection.claimed_tokens[w] = claimed + copyable;
     ranked_hits[w] = std::llround(credit * static_cast<double>(claimed)) + speculative;
   }
 

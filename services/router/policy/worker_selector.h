@@ -86,9 +86,10 @@ inline constexpr int64_t kMaxObservedTokens = int64_t{1} << 40;
 struct Selection {
   std::vector<size_t> order;                  // indices into the observations, best first
   std::vector<int64_t> predicted_hit_tokens;  // per observation
-  // Per observation: the prediction when it is the directory's claim alone (no speculative
-  // entry counted), else -1. What ClaimCredit::Observe checks against the worker's answer.
-  std::vector<int64_t> claimed_hit_tokens;
+  // Per observation: the directory's claims there, resident + copyable tokens (capped as the
+  // prediction is), when no speculative entry counts in its prediction; else -1. What
+  // ClaimCredit::Observe checks against the worker's answer.
+  std::vector<int64_t> claimed_tokens;
   bool imbalance_fallback = false;
   bool breaker_panic = false;  // every worker was out (breaker or ejection): all offered anyway
 };

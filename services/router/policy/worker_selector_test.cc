@@ -253,7 +253,7 @@ TEST(WorkerSelectorTest, AClaimItsWorkerNeverBoreOutCountsAtItsCredit) {
   const Selection s = selector.Select(obs, docs, kT0);
   EXPECT_EQ(obs[s.order[0]].id, "holder");
   EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(300, 500));  // holder, liar
-  EXPECT_THAT(s.claimed_hit_tokens, ::testing::ElementsAre(300, 500));
+  EXPECT_THAT(s.claimed_tokens, ::testing::ElementsAre(300, 500));
 
   const DocumentRef c = Doc("gamma", 100);
   const std::vector<DocumentRef> with_c = {a, c};
@@ -262,7 +262,27 @@ TEST(WorkerSelectorTest, AClaimItsWorkerNeverBoreOutCountsAtItsCredit) {
   auto obs_c = dir.Observe(with_c);
   const Selection sc = selector.Select(obs_c, with_c, kT0);
   EXPECT_THAT(sc.predicted_hit_tokens, ::testing::ElementsAre(400, 300));
-  EXPECT_THAT(sc.claimed_hit_tokens, ::testing::ElementsAre(-1, 300));
+  EXPECT_THAT(sc.claimed_tokens, ::testing::ElementsAre(-1, 300));
+}
+
+// Mode block's copyable tokens are claims too: they count at the worker's credit, and they are
+// part of what its answers (hits + copies) are checked against.
+TEST(WorkerSelectorTest, CopyableTokensAreClaimsCheckedAndDiscountedLikeHits) {
+  const DocumentRef a = Doc("alpha", 300);
+  const std::vector<DocumentRef> docs = {a};
+  WorkerSelector selector = MakeSelector();
+  std::vector<WorkerObservation> obs = {
+      {.id = "copier", .resident = {false}, .copyable_tokens = 300},
+      {.id = "idle", .resident = {false}}};
+  Selection s = selector.Select(obs, docs, kT0);
+  EXPECT_EQ(obs[s.order[0]].id, "copier");
+  EXPECT_THAT(s.predicted_hit_tokens, ::testing::ElementsAre(0, 0));
+  EXPECT_THAT(s.claimed_tokens, ::testing::ElementsAre(300, 0));
+  for (int i = 0; i < 10; ++i) selector.claims().Observe("copier", 300, 0);
+  // Its copies count 0 now: a tie, broken by rotation; over two selections each worker leads.
+  std::set<std::string> first;
+  for (int i = 0; i < 2; ++i) first.insert(obs[selector.Select(obs, docs, kT0).order[0]].id);
+  EXPECT_THAT(first, ::testing::ElementsAre("copier", "idle"));
 }
 
 TEST(WorkerSelectorTest, OpenBreakerTakesAWorkerOutUntilItsProbe) {

@@ -262,7 +262,7 @@ void ForwardingCall::StartNextAttempt() {
         final_.reset();
         predicted_hits = plan_.predicted_hits[index];
         current_predicted_hits_ = predicted_hits;
-        current_claimed_hits_ = plan_.claimed_hits[index];
+        current_claimed_tokens_ = plan_.claimed_tokens[index];
         attempt_number = attempts_;
         docs = plan_.docs;
       }
@@ -483,7 +483,11 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
         model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
-        router_->ObserveClaim(w.id, current_claimed_hits_, final->usage().document_hit_tokens());
+        const lazyattn::v1::Usage& usage = final->usage();
+        // (Each at most kMaxObservedTokens: a worker's counts must not overflow the sum.)
+        router_->ObserveClaim(w.id, current_claimed_tokens_,
+                              std::min(usage.document_hit_tokens(), kMaxObservedTokens) +
+                                  std::min(usage.document_copied_tokens(), kMaxObservedTokens));
         router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_, model_),
                                                     final->usage().prefix_tokens());
       }

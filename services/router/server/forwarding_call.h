@@ -132,8 +132,8 @@ class ForwardingCall {
   PlanCursor cursor_ ABSL_GUARDED_BY(mu_);
   // What the plan predicted for the current attempt's worker.
   int64_t current_predicted_hits_ ABSL_GUARDED_BY(mu_) = 0;
-  // ... and the directory's claim there when the prediction is that alone, else -1.
-  int64_t current_claimed_hits_ ABSL_GUARDED_BY(mu_) = -1;
+  // ... and the directory's claims there when the prediction is those alone, else -1.
+  int64_t current_claimed_tokens_ ABSL_GUARDED_BY(mu_) = -1;
   // The last attempt's worker ended it before any work (WorkerAttempt::HandedBack).
   bool last_attempt_handed_back_ ABSL_GUARDED_BY(mu_) = false;
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;

@@ -347,7 +347,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
   for (size_t i : selection.order) {
     plan.workers.push_back(workers[i]);
     plan.predicted_hits.push_back(selection.predicted_hit_tokens[i]);
-    plan.claimed_hits.push_back(selection.claimed_hit_tokens[i]);
+    plan.claimed_tokens.push_back(selection.claimed_tokens[i]);
   }
   return plan;
 }
@@ -390,14 +390,17 @@ void RouterContext::RefreshWorkers() {
   for (const WorkerInfo& w : registry_.Snapshot()) ids.push_back(w.id);
   selector_.breakers().Retain(ids);
   selector_.claims().Retain(ids);
+  metrics_.SetWorkersDistrusted(selector_.claims().Distrusted(ids));
 }
 
 void RouterContext::ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused) {
   if (claimed <= 0) return;
   const ClaimCreditChange change = selector_.claims().Observe(worker, claimed, reused);
   if (!change.lost && !change.regained) return;
-  metrics_.SetWorkersDistrusted(selector_.claims().distrusted());
-  const int64_t percent = std::llround(100 * change.observed / change.predicted);
+  std::vector<std::string> ids;
+  for (const WorkerInfo& w : registry_.Snapshot()) ids.push_back(w.id);
+  metrics_.SetWorkersDistrusted(selector_.claims().Distrusted(ids));
+  const int64_t percent = std::llround(100 * change.share);
   if (change.lost) {
     LogWarning("router")
         .Str("worker", worker)

@@ -33,9 +33,9 @@ namespace lazyattn::router {
 struct RoutePlan {
   std::vector<WorkerInfo> workers;      // best first; breaker-open workers left out
   std::vector<int64_t> predicted_hits;  // per entry of `workers`
-  // Per entry of `workers`: the prediction when it is the directory's claim alone, else -1
-  // (Selection::claimed_hit_tokens).
-  std::vector<int64_t> claimed_hits;
+  // Per entry of `workers`: the directory's claims there when the prediction is those alone,
+  // else -1 (Selection::claimed_tokens).
+  std::vector<int64_t> claimed_tokens;
   std::vector<DocumentRef> docs;        // distinct documents used for routing
   bool directory_answered = false;
   bool breaker_panic = false;  // every worker was out (breaker, ejection): try them regardless
@@ -92,9 +92,10 @@ class RouterContext {
                  absl::Time now, const ModelKey* model = nullptr);
 
   // A request `worker` served after the directory claimed `claimed` of its document tokens
-  // there (RoutePlan::claimed_hits; ignored unless > 0), of which it reports reusing `reused`:
-  // recorded in the selector's ClaimCredit. A worker losing or regaining credit is logged and
-  // lazyattn_router_workers_distrusted follows.
+  // there (RoutePlan::claimed_tokens; ignored unless > 0), of which it reports reusing `reused`
+  // (hits and copies): recorded in the selector's ClaimCredit. A worker losing or regaining
+  // credit is logged; lazyattn_router_workers_distrusted (known workers only) follows, and is
+  // recounted at every refresh of the worker list.
   void ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused);
   // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
   void RefreshWorkers();

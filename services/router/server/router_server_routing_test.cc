@@ -66,14 +66,15 @@ TEST_F(RouterServerTest, StreamsFromTheWorkerHoldingTheDocumentsInAnyOrder) {
 // w0 whose answers say it reused them keeps the document's requests; one that reuses nothing
 // draws them only until ClaimCredit's min_observations (8) answers showed it, and then its claim
 // counts at its credit (0): the requests go by load and speculation, to w1. The prediction for
-// w0 stays its claim.
+// w0 stays its claim. What a worker reused is its hits and its block-mode copies.
 class ClaimCreditRoutingTest : public RouterServerTest {
  protected:
-  std::vector<std::string> ServeClaimedDocument(int64_t w0_reuses) {
+  // w0 answers that it reused `hits` tokens under the request's key and copied `copied`.
+  std::vector<std::string> ServeClaimedDocument(int64_t hits, int64_t copied = 0) {
     StartWorkers(2);
     StartKvdir();
     kvdir_.Hold("w0", "doc alpha", 25);
-    workers_[0]->SetScript({.document_hit_tokens = w0_reuses});
+    workers_[0]->SetScript({.document_hit_tokens = hits, .document_copied_tokens = copied});
     StartRouter(Options());
     std::vector<std::string> served;
     for (int i = 0; i < 16; ++i) {
@@ -88,7 +89,7 @@ class ClaimCreditRoutingTest : public RouterServerTest {
 };
 
 TEST_F(ClaimCreditRoutingTest, AWorkerWhoseAnswersBearOutItsClaimKeepsItsRequests) {
-  const std::vector<std::string> served = ServeClaimedDocument(25);
+  const std::vector<std::string> served = ServeClaimedDocument(20, 5);  // hits and copies count
   EXPECT_EQ(served.size(), 16u);
   EXPECT_THAT(served, ::testing::Each("w0"));
   EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 0"));

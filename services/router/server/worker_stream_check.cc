@@ -68,6 +68,7 @@ std::string WorkerStreamCheck::NextFinal(const lazyattn::v1::Final& final) {
         {"documents", u.documents()},
         {"documents_hit", u.documents_hit()},
         {"document_hit_tokens", u.document_hit_tokens()},
+        {"document_copied_tokens", u.document_copied_tokens()},
         {"prefix_tokens", u.prefix_tokens()}}) {
     if (value < 0) return absl::StrCat("final.usage.", name, " ", value, " is negative");
   }

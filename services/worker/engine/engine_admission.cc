@@ -80,6 +80,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   usage.cached_tokens = 0;
   usage.documents_hit = 0;
   usage.document_cached_tokens = 0;
+  usage.document_copied_tokens = 0;
   usage.document_hit_tokens = 0;
   usage.prefix_tokens = 0;
 
@@ -261,6 +262,7 @@ EngineCore::DocOutcome EngineCore::MakeCopy(Request& r, const PendingCopy& copy)
   s.ready = s.length();
   r.result.usage.cached_tokens += s.length();
   r.result.usage.document_cached_tokens += s.length();
+  r.result.usage.document_copied_tokens += s.length();
   return DocOutcome::kCopy;
 }
 

@@ -60,8 +60,9 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
     return keys;
   }
   void Add(PreparedRequest p) {
-    p.callbacks.on_done = [this](const absl::Status& s, const RequestResult&) {
+    p.callbacks.on_done = [this](const absl::Status& s, const RequestResult& r) {
       EXPECT_TRUE(s.ok()) << s;
+      last_usage_ = r.usage;
       ++done_;
     };
     core_->Add(std::move(p));
@@ -79,6 +80,7 @@ class EngineCoreBlockCopyTest : public ::testing::Test {
   ScriptedCpuRunner* runner_ = nullptr;
   std::unique_ptr<EngineCore> core_;
   int done_ = 0;
+  RequestUsage last_usage_;  // the last request's to end
 };
 
 // Document 0 is computed after document 1, then copied to the front (a lower offset), then placed
@@ -100,6 +102,9 @@ TEST_F(EngineCoreBlockCopyTest, ACopyIsMadeFromTheComputedEntryNotFromACopy) {
   Add(copied);
   Drain();
   ASSERT_EQ(BlockStats().doc_copies, 1);
+  // Reported as a copy (what the router's copyable claims are checked against), not as a hit.
+  EXPECT_EQ(last_usage_.document_copied_tokens, kLength[0]);
+  EXPECT_EQ(last_usage_.document_hit_tokens, 0);
   ASSERT_FALSE(runner_->copy_deltas.empty());
   EXPECT_EQ(runner_->copy_deltas.back(), copied_at - computed_at);
   runner_->copy_deltas.clear();

@@ -57,6 +57,9 @@ struct RequestUsage {
   // another request had started (joined). A block-mode copy from another offset is left out: this
   // is what the router predicts from the directory (docs/router.md, "Predictions").
   int64_t document_hit_tokens = 0;
+  // Mode block: tokens of the documents copied from KV at another offset (in
+  // document_cached_tokens, not in document_hit_tokens).
+  int64_t document_copied_tokens = 0;
   // Modes block and lazy: tokens before the first document (its global offset).
   int64_t prefix_tokens = 0;
   int64_t completion_tokens = 0;

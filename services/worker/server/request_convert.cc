@@ -157,6 +157,7 @@ void UsageToProto(const RequestUsage& u, v1::Usage* out) {
   out->set_documents(u.documents);
   out->set_documents_hit(u.documents_hit);
   out->set_document_hit_tokens(u.document_hit_tokens);
+  out->set_document_copied_tokens(u.document_copied_tokens);
   out->set_prefix_tokens(u.prefix_tokens);
 }
 

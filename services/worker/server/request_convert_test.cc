@@ -151,8 +151,15 @@ TEST_F(RequestConvertTest, PrefetchIsOneTokenOverTheDocuments) {
 }
 
 TEST_F(RequestConvertTest, UsageFieldsMap) {
-  RequestUsage u{.prompt_tokens = 10, .cached_tokens = 4, .computed_tokens = 6, .documents = 2,
-                 .documents_hit = 1, .completion_tokens = 3};
+  RequestUsage u{.prompt_tokens = 10,
+                 .cached_tokens = 4,
+                 .computed_tokens = 6,
+                 .documents = 2,
+                 .documents_hit = 1,
+                 .document_hit_tokens = 2,
+                 .document_copied_tokens = 1,
+                 .prefix_tokens = 5,
+                 .completion_tokens = 3};
   v1::Usage p;
   UsageToProto(u, &p);
   EXPECT_EQ(p.prompt_tokens(), 10);
@@ -160,6 +167,9 @@ TEST_F(RequestConvertTest, UsageFieldsMap) {
   EXPECT_EQ(p.computed_tokens(), 6);
   EXPECT_EQ(p.documents(), 2);
   EXPECT_EQ(p.documents_hit(), 1);
+  EXPECT_EQ(p.document_hit_tokens(), 2);
+  EXPECT_EQ(p.document_copied_tokens(), 1);
+  EXPECT_EQ(p.prefix_tokens(), 5);
   EXPECT_EQ(p.completion_tokens(), 3);
 }
 
