@@ -72,7 +72,44 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 // count the token drawn on the device), even ones stay greedy (request 4 with a logit bias, so
 // it leaves the greedy argmax for the sampler): mixed batches, each draw a function of (seed,
 // step, logits), so both runs must still agree token for token.
-void CheckPipelinedDecode(bool sampled) {
+// With `fail_every_collect` N > 0 the pipelined run's every N-th Collect answers a failure after
+// its step ran (its draws lost between the device and the host, a chained step possibly
+// launched behind it): the engine drops the chained step and runs the failed step's requests
+// alone, under fresh block tables (the device's table store holds versions no step used), and
+// every request must still generate exactly the step-by-step tokens.
+class CollectFailingRunner final : public ModelRunner {
+ public:
+  CollectFailingRunner(std::unique_ptr<ModelRunner> inner, int fail_every)
+      : inner_(std::move(inner)), fail_every_(fail_every) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    return inner_->Forward(chunks);
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    return inner_->CopyBlocks(copies);
+  }
+  bool SupportsPipelinedDecode() const override { return inner_->SupportsPipelinedDecode(); }
+  absl::Status Launch(std::span<const ForwardChunk> chunks,
+                      std::span<const int32_t> previous_step_rows) override {
+    return inner_->Launch(chunks, previous_step_rows);
+  }
+  absl::StatusOr<ForwardOutput> Collect() override {
+    absl::StatusOr<ForwardOutput> out = inner_->Collect();
+    if (out.ok() && ++collects_ % fail_every_ == 0) {
+      return absl::InternalError("injected collect failure");
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  int fail_every_;
+  int collects_ = 0;
+};
+
+void CheckPipelinedDecode(bool sampled, int fail_every_collect = 0) {
   const ModelConfig c = SmallConfig();
   const auto weights = HfLikeWeights(c, 11);
   const auto tokenizer = MakeByteTokenizer();
@@ -85,13 +122,19 @@ void CheckPipelinedDecode(bool sampled) {
   // the joiner's prefill is step 6, and the last two requests decode alone at the end.
   const std::vector<int> max_tokens = {6, 9, 30, 30, 30, 30, 35, 40};
   constexpr size_t kJoiner = 7, kCancelled = 5;
+  int64_t isolated = 0;
   auto run = [&](bool pipeline, int64_t* chained) {
     auto gpu = CudaModelWeights::Upload(*weights);
     EXPECT_TRUE(gpu.ok()) << gpu.status();
     auto runner = CudaModelRunner::Create(std::move(*gpu), {.num_kv_blocks = 512});
     EXPECT_TRUE(runner.ok()) << runner.status();
     CudaModelRunner* raw = runner->get();
-    EngineCore core(std::move(*runner), tokenizer.get(),
+    std::unique_ptr<ModelRunner> engine_runner = std::move(*runner);
+    if (pipeline && fail_every_collect > 0) {
+      engine_runner =
+          std::make_unique<CollectFailingRunner>(std::move(engine_runner), fail_every_collect);
+    }
+    EngineCore core(std::move(engine_runner), tokenizer.get(),
                     {.max_batch_tokens = 256, .pipeline_decode = pipeline});
     std::vector<Outcome> out(max_tokens.size());
     std::vector<uint64_t> ids(max_tokens.size());
@@ -143,6 +186,7 @@ void CheckPipelinedDecode(bool sampled) {
     EXPECT_FALSE(core.HasWork()) << "the engine did not drain";
     EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
     *chained = raw->chained_launches();
+    if (pipeline) isolated = core.stats().steps_isolated;
     return out;
   };
   int64_t chained_off = 0, chained_on = 0;
@@ -150,6 +194,9 @@ void CheckPipelinedDecode(bool sampled) {
   const std::vector<Outcome> got = run(true, &chained_on);
   EXPECT_EQ(chained_off, 0);
   EXPECT_GT(chained_on, 10) << "pipelined decode never chained a step";
+  if (fail_every_collect > 0) {
+    EXPECT_GT(isolated, 2) << "no failed step was isolated";
+  }
   for (size_t i = 0; i < max_tokens.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "request " << i);
     EXPECT_EQ(got[i].status.code(), want[i].status.code()) << got[i].status;
@@ -191,6 +238,11 @@ TEST(CudaEngineTest, PipelinedDecodeGivesTheSameTokens) {
 TEST(CudaEngineTest, PipelinedSampledDecodeGivesTheSameTokens) {
   SKIP_WITHOUT_GPU();
   CheckPipelinedDecode(true);
+}
+
+TEST(CudaEngineTest, FailedPipelinedStepsRunAloneToTheSameTokens) {
+  SKIP_WITHOUT_GPU();
+  CheckPipelinedDecode(true, /*fail_every_collect=*/5);
 }
 
 TEST(CudaBackendSmolLm2Test, GoldenPromptsMatchTheCpuBackend) {
