@@ -5,7 +5,8 @@
 // documents' sizes (WorkerSelector), but a worker that announces documents it does not hold
 // within their real sizes draws every request carrying them. Each answer says what the worker
 // reused: Usage.document_hit_tokens (KV under the request's own key) + document_copied_tokens
-// (mode block: KV copied from another offset). After a request whose prediction was the
+// (mode block: KV copied from another offset; a worker that predates it has its hits checked
+// against the resident claim alone). After a request whose prediction was the
 // directory's claims alone (resident and copyable tokens; no speculative entry, no estimate from
 // text length), the router records the claim and the reuse here. Each request weighs the same,
 // however large its documents (one large miss a client arranges, by evicting a document with a

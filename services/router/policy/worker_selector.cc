@@ -46,6 +46,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
   const size_t n = workers.size();
   selection.predicted_hit_tokens.assign(n, 0);
   selection.claimed_tokens.assign(n, -1);
+  selection.claimed_copy_tokens.assign(n, -1);
 
   // Speculative holders per document, looked up once.
   std::vector<std::vector<std::string>> holders(docs.size());
@@ -75,7 +76,10 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
       }
     }
     selection.predicted_hit_tokens[w] = claimed + speculative;
-    if (speculative == 0) selection.claimed_tokens[w] = claimed + copyable;
+    if (speculative == 0) {
+      selection.claimed_tokens[w] = claimed + copyable;
+      selection.claimed_copy_tokens[w] = copyable;
+    }
     ranked_hits[w] = std::llround(credit * static_cast<double>(claimed)) + speculative;
   }
 

@@ -90,6 +90,7 @@ struct Selection {
   // prediction is), when no speculative entry counts in its prediction; else -1. What
   // ClaimCredit::Observe checks against the worker's answer.
   std::vector<int64_t> claimed_tokens;
+  std::vector<int64_t> claimed_copy_tokens;  // ... of which copyable (-1 likewise)
   bool imbalance_fallback = false;
   bool breaker_panic = false;  // every worker was out (breaker or ejection): all offered anyway
 };

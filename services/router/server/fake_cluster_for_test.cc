@@ -297,7 +297,9 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
   final->mutable_usage()->set_documents(request->documents_size());
   final->mutable_usage()->set_completion_tokens(static_cast<int64_t>(script.tokens.size()));
   final->mutable_usage()->set_document_hit_tokens(script.document_hit_tokens);
-  final->mutable_usage()->set_document_copied_tokens(script.document_copied_tokens);
+  if (script.document_copied_tokens) {
+    final->mutable_usage()->set_document_copied_tokens(*script.document_copied_tokens);
+  }
   if (!writer->Write(last)) return ClientGone();
   for (const lazyattn::v1::GenerateResponse& extra : script.after_final) {
     if (!writer->Write(extra)) return ClientGone();

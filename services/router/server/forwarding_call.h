@@ -134,6 +134,7 @@ class ForwardingCall {
   int64_t current_predicted_hits_ ABSL_GUARDED_BY(mu_) = 0;
   // ... and the directory's claims there when the prediction is those alone, else -1.
   int64_t current_claimed_tokens_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t current_claimed_copy_tokens_ ABSL_GUARDED_BY(mu_) = -1;  // ... of which copyable
   // The last attempt's worker ended it before any work (WorkerAttempt::HandedBack).
   bool last_attempt_handed_back_ ABSL_GUARDED_BY(mu_) = false;
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;

@@ -348,6 +348,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
     plan.workers.push_back(workers[i]);
     plan.predicted_hits.push_back(selection.predicted_hit_tokens[i]);
     plan.claimed_tokens.push_back(selection.claimed_tokens[i]);
+    plan.claimed_copy_tokens.push_back(selection.claimed_copy_tokens[i]);
   }
   return plan;
 }

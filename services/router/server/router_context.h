@@ -36,6 +36,7 @@ struct RoutePlan {
   // Per entry of `workers`: the directory's claims there when the prediction is those alone,
   // else -1 (Selection::claimed_tokens).
   std::vector<int64_t> claimed_tokens;
+  std::vector<int64_t> claimed_copy_tokens;  // ... of which copyable (-1 likewise)
   std::vector<DocumentRef> docs;        // distinct documents used for routing
   bool directory_answered = false;
   bool breaker_panic = false;  // every worker was out (breaker, ejection): try them regardless

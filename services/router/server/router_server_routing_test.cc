@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,7 +71,7 @@ TEST_F(RouterServerTest, StreamsFromTheWorkerHoldingTheDocumentsInAnyOrder) {
 class ClaimCreditRoutingTest : public RouterServerTest {
  protected:
   // w0 answers that it reused `hits` tokens under the request's key and copied `copied`.
-  std::vector<std::string> ServeClaimedDocument(int64_t hits, int64_t copied = 0) {
+  std::vector<std::string> ServeClaimedDocument(int64_t hits, std::optional<int64_t> copied = 0) {
     StartWorkers(2);
     StartKvdir();
     kvdir_.Hold("w0", "doc alpha", 25);
@@ -89,10 +90,18 @@ class ClaimCreditRoutingTest : public RouterServerTest {
 };
 
 TEST_F(ClaimCreditRoutingTest, AWorkerWhoseAnswersBearOutItsClaimKeepsItsRequests) {
-  const std::vector<std::string> served = ServeClaimedDocument(20, 5);  // hits and copies count
+  // Hits and copies both count: either alone is under half of the 25 claimed.
+  const std::vector<std::string> served = ServeClaimedDocument(10, 15);
   EXPECT_EQ(served.size(), 16u);
   EXPECT_THAT(served, ::testing::Each("w0"));
   EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 0"));
+}
+
+// A worker that predates Usage.document_copied_tokens has its hits checked alone.
+TEST_F(ClaimCreditRoutingTest, AWorkerThatDoesNotReportCopiesIsCheckedOnItsHits) {
+  const std::vector<std::string> served = ServeClaimedDocument(25, std::nullopt);
+  EXPECT_EQ(served.size(), 16u);
+  EXPECT_THAT(served, ::testing::Each("w0"));
 }
 
 TEST_F(ClaimCreditRoutingTest, AWorkerThatReusesNoneOfWhatItClaimsLosesItsRequests) {

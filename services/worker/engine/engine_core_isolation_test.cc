@@ -82,6 +82,7 @@ TEST_F(EngineCoreIsolationTest, AChunkTheRunnerCannotRunFailsOnlyItsRequest) {
         std::find_if(steps.begin(), steps.end(), [](const auto& s) { return s.failed; });
     ASSERT_NE(batch, steps.end());
     ASSERT_GE(batch->chunk_tokens.size(), 3u);
+    ASSERT_GE(steps.end() - batch, 5);
     // Its requests then ran one per step, each under a fresh block table (the runner may hold a
     // version of the old one that the failed step never used): a sequence no step used before.
     for (auto solo = batch + 1; solo != batch + 4; ++solo) {
