@@ -77,28 +77,18 @@ std::vector<float> CpuLogitsAfter(Engine& cpu, const Tokenizer& tok, const std::
 // The runner of `inner`, except that the Collect of every `fail_every`-th launched step of two
 // rows or more answers a failure after the step ran: its draws lost between the device and the
 // host, a chained step possibly launched behind it. (A failed step of one row ends its request.)
-class CollectFailingRunner final : public ModelRunner {
+class CollectFailingRunner final : public ForwardingModelRunner {
  public:
   CollectFailingRunner(std::unique_ptr<ModelRunner> inner, int fail_every)
-      : inner_(std::move(inner)), fail_every_(fail_every) {}
-  const ModelConfig& config() const override { return inner_->config(); }
-  std::string backend_name() const override { return inner_->backend_name(); }
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
-  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
-    return inner_->Forward(chunks);
-  }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    return inner_->CopyBlocks(copies);
-  }
-  bool SupportsPipelinedDecode() const override { return inner_->SupportsPipelinedDecode(); }
+      : ForwardingModelRunner(std::move(inner)), fail_every_(fail_every) {}
   absl::Status Launch(std::span<const ForwardChunk> chunks,
                       std::span<const int32_t> previous_step_rows) override {
-    absl::Status launched = inner_->Launch(chunks, previous_step_rows);
+    absl::Status launched = inner().Launch(chunks, previous_step_rows);
     if (launched.ok()) rows_.push_back(chunks.size());
     return launched;
   }
   absl::StatusOr<ForwardOutput> Collect() override {
-    absl::StatusOr<ForwardOutput> out = inner_->Collect();
+    absl::StatusOr<ForwardOutput> out = inner().Collect();
     const size_t rows = rows_.empty() ? 0 : rows_.front();
     if (!rows_.empty()) rows_.pop_front();
     if (out.ok() && rows >= 2 && ++multi_row_collects_ % fail_every_ == 0) {
@@ -108,7 +98,6 @@ class CollectFailingRunner final : public ModelRunner {
   }
 
  private:
-  std::unique_ptr<ModelRunner> inner_;
   int fail_every_;
   std::deque<size_t> rows_;  // of each launched, uncollected step
   int multi_row_collects_ = 0;

@@ -10,28 +10,20 @@
 namespace lazyattn {
 namespace {
 
-class FaultInjectingRunner final : public ModelRunner {
+class FaultInjectingRunner final : public ForwardingModelRunner {
  public:
   FaultInjectingRunner(std::unique_ptr<ModelRunner> inner, const FaultInjectionOptions& options)
-      : inner_(std::move(inner)), options_(options) {}
+      : ForwardingModelRunner(std::move(inner)), options_(options) {}
 
-  const ModelConfig& config() const override { return inner_->config(); }
-  std::string backend_name() const override { return inner_->backend_name(); }
-  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
     if (absl::Status s = NextStep(); !s.ok()) return s;
-    return inner_->Forward(chunks);
+    return inner().Forward(chunks);
   }
-  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
-    return inner_->CopyBlocks(copies);
-  }
-  bool SupportsPipelinedDecode() const override { return inner_->SupportsPipelinedDecode(); }
   absl::Status Launch(std::span<const ForwardChunk> chunks,
                       std::span<const int32_t> previous_step_rows) override {
     if (absl::Status s = NextStep(); !s.ok()) return s;
-    return inner_->Launch(chunks, previous_step_rows);
+    return inner().Launch(chunks, previous_step_rows);
   }
-  absl::StatusOr<ForwardOutput> Collect() override { return inner_->Collect(); }
 
  private:
   // Counts a step and says whether it is to fail. Only the engine thread runs steps.
@@ -49,7 +41,6 @@ class FaultInjectingRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  std::unique_ptr<ModelRunner> inner_;
   const FaultInjectionOptions options_;
   int64_t steps_ = 0;
 };

@@ -10,8 +10,10 @@
 #define LAZYATTN_SERVICES_WORKER_ENGINE_MODEL_RUNNER_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -151,6 +153,34 @@ absl::StatusOr<TableSummary> ValidateForwardChunk(const ForwardChunk& chunk, siz
                                                   const ModelConfig& config, int64_t num_kv_blocks,
                                                   int block_size, int64_t checked,
                                                   TableSummary checked_summary);
+
+// A runner that passes every call to the runner it owns: the base of runners that change a few
+// calls and keep the rest (fault injection, tests' wrappers), so none forgets one.
+class ForwardingModelRunner : public ModelRunner {
+ public:
+  explicit ForwardingModelRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
+    return inner_->Forward(chunks);
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    return inner_->CopyBlocks(copies);
+  }
+  bool SupportsPipelinedDecode() const override { return inner_->SupportsPipelinedDecode(); }
+  absl::Status Launch(std::span<const ForwardChunk> chunks,
+                      std::span<const int32_t> previous_step_rows) override {
+    return inner_->Launch(chunks, previous_step_rows);
+  }
+  absl::StatusOr<ForwardOutput> Collect() override { return inner_->Collect(); }
+
+ protected:
+  ModelRunner& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+};
 
 }  // namespace lazyattn
 
