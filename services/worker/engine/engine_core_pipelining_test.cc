@@ -208,7 +208,8 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
 // A pipelined step whose Collect fails, with the step chained to it already launched: the
 // chained step is read and dropped (its input tokens were the failed step's), the failed step's
 // requests run alone and then together again, and every request generates what it does without
-// the fault, sampled ones too (a retried step draws with the same draw number).
+// the fault, sampled ones too (a retried step draws with the same draw number). The steps run
+// alone are not pipelined: Forward, one chunk each, until the requests batch again.
 TEST_F(EngineCoreTest, AFailedPipelinedStepDropsTheStepChainedToIt) {
   auto run = [&](int fail_collect_at, bool* chained_in_flight, int64_t* isolated) {
     auto runner = std::make_unique<PipeliningCpuRunner>(weights_.get(), 512, /*fail_every=*/0);
@@ -232,6 +233,16 @@ TEST_F(EngineCoreTest, AFailedPipelinedStepDropsTheStepChainedToIt) {
     EXPECT_TRUE(core.cache().CheckInvariant().ok()) << core.cache().CheckInvariant();
     *chained_in_flight = raw->failed_with_chained_in_flight;
     *isolated = core.stats().steps_isolated;
+    // The first step after the failed Collect runs a suspect alone, by Forward (not launched).
+    const auto failed = std::find(raw->calls.begin(), raw->calls.end(), "C!");
+    if (fail_collect_at > 0) {
+      EXPECT_NE(failed, raw->calls.end());
+      if (failed != raw->calls.end() && failed + 1 != raw->calls.end()) {
+        EXPECT_EQ(failed[1], "F1") << "the first step alone after the failure";
+      } else {
+        ADD_FAILURE() << "no step after the failed Collect";
+      }
+    }
     return out;
   };
   bool chained_in_flight = false;

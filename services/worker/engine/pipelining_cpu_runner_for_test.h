@@ -30,6 +30,7 @@ class PipeliningCpuRunner final : public ModelRunner {
   int64_t num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   absl::StatusOr<ForwardOutput> Forward(std::span<const ForwardChunk> chunks) override {
     EXPECT_TRUE(launched_.empty()) << "Forward with a launched step uncollected";
+    calls.push_back("F" + std::to_string(chunks.size()));
     auto out = Run(chunks);
     last_ids_.clear();  // only a launched step's draws feed a chained launch
     return out;
@@ -58,6 +59,7 @@ class PipeliningCpuRunner final : public ModelRunner {
       }
       ++chained_;
     }
+    calls.push_back("L" + std::to_string(own.size()));
     auto out = Run(own);
     if (!out.ok()) return out.status();
     launched_.push_back(*std::move(out));
@@ -69,6 +71,7 @@ class PipeliningCpuRunner final : public ModelRunner {
     launched_.pop_front();
     if (++collects_ == fail_collect_at) {
       failed_with_chained_in_flight = !launched_.empty();
+      calls.push_back("C!");
       return absl::InternalError("injected collect failure");
     }
     return out;
@@ -83,6 +86,9 @@ class PipeliningCpuRunner final : public ModelRunner {
   std::function<void(std::span<const ForwardChunk>)> on_refused_launch;
   int fail_collect_at = 0;                     // the Collect of this number (from 1) fails; 0: none
   bool failed_with_chained_in_flight = false;  // ... while a step chained to it was launched
+  // Every step run, "F<chunks>" (Forward) or "L<chunks>" (Launch), and "C!" for the failed
+  // Collect.
+  std::vector<std::string> calls;
 
  private:
   absl::StatusOr<ForwardOutput> Run(std::span<const ForwardChunk> chunks) {
