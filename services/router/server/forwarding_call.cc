@@ -484,18 +484,8 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
         model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
-        // What its answer says it reused, against what the directory claimed there. (Each count
-        // at most kMaxObservedTokens: a worker's counts must not overflow the sum.) A worker
-        // that predates document_copied_tokens has its hits checked alone.
-        const lazyattn::v1::Usage& usage = final->usage();
-        int64_t claimed = current_claimed_tokens_;
-        int64_t reused = std::min(usage.document_hit_tokens(), kMaxObservedTokens);
-        if (usage.has_document_copied_tokens()) {
-          reused += std::min(usage.document_copied_tokens(), kMaxObservedTokens);
-        } else if (claimed > 0) {
-          claimed -= current_claimed_copy_tokens_;
-        }
-        router_->ObserveClaim(w.id, claimed, reused);
+        router_->ObserveClaim(w.id, current_claimed_tokens_, current_claimed_copy_tokens_,
+                              final->usage());
         router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_, model_),
                                                     final->usage().prefix_tokens());
       }

@@ -394,8 +394,16 @@ void RouterContext::RefreshWorkers() {
   metrics_.SetWorkersDistrusted(selector_.claims().Distrusted(ids));
 }
 
-void RouterContext::ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused) {
+void RouterContext::ObserveClaim(const std::string& worker, int64_t claimed, int64_t claimed_copies,
+                                 const lazyattn::v1::Usage& usage) {
   if (claimed <= 0) return;
+  // Each count at most kMaxObservedTokens: a worker's counts must not overflow the sum.
+  int64_t reused = std::min(usage.document_hit_tokens(), kMaxObservedTokens);
+  if (usage.has_document_copied_tokens()) {
+    reused += std::min(usage.document_copied_tokens(), kMaxObservedTokens);
+  } else {
+    claimed -= claimed_copies;
+  }
   const ClaimCreditChange change = selector_.claims().Observe(worker, claimed, reused);
   if (!change.lost && !change.regained) return;
   std::vector<std::string> ids;

@@ -93,11 +93,14 @@ class RouterContext {
                  absl::Time now, const ModelKey* model = nullptr);
 
   // A request `worker` served after the directory claimed `claimed` of its document tokens
-  // there (RoutePlan::claimed_tokens; ignored unless > 0), of which it reports reusing `reused`
-  // (hits and copies): recorded in the selector's ClaimCredit. A worker losing or regaining
-  // credit is logged; lazyattn_router_workers_distrusted (known workers only) follows, and is
-  // recounted at every refresh of the worker list.
-  void ObserveClaim(const std::string& worker, int64_t claimed, int64_t reused);
+  // there, `claimed_copies` of them copyable (RoutePlan::claimed_tokens and
+  // claimed_copy_tokens; ignored unless `claimed` > 0), and answered with `usage`: what it
+  // reused (hits, and copies when it reports them; a worker that predates
+  // document_copied_tokens has its hits checked alone) is recorded in the selector's
+  // ClaimCredit. A worker losing or regaining credit is logged; lazyattn_router_workers_distrusted
+  // (known workers only) follows, and is recounted at every refresh of the worker list.
+  void ObserveClaim(const std::string& worker, int64_t claimed, int64_t claimed_copies,
+                    const lazyattn::v1::Usage& usage);
   // Blocking: ListWorkers from kvdir and Status from each static worker (each with list_timeout).
   void RefreshWorkers();
 

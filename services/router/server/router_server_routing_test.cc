@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,6 +103,16 @@ TEST_F(ClaimCreditRoutingTest, AWorkerThatDoesNotReportCopiesIsCheckedOnItsHits)
   const std::vector<std::string> served = ServeClaimedDocument(25, std::nullopt);
   EXPECT_EQ(served.size(), 16u);
   EXPECT_THAT(served, ::testing::Each("w0"));
+}
+
+// A worker answering the largest counts there are overflows nothing (the sanitizer build checks)
+// and earns no more than full credit.
+TEST_F(ClaimCreditRoutingTest, AWorkerAnsweringHugeReusesOverflowsNothing) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  const std::vector<std::string> served = ServeClaimedDocument(kHuge, kHuge);
+  EXPECT_EQ(served.size(), 16u);
+  EXPECT_THAT(served, ::testing::Each("w0"));
+  EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 0"));
 }
 
 TEST_F(ClaimCreditRoutingTest, AWorkerThatReusesNoneOfWhatItClaimsLosesItsRequests) {
