@@ -26,7 +26,10 @@ Checks:
   - clients: no key, wrong key and a revoked key (removed from the key file, reloaded without a
     restart) get UNAUTHENTICATED (code 16); Prefetch with a key lacking `admin` gets
     PERMISSION_DENIED (code 7) and works with the admin key; the key name is a metrics label;
-  - no process logs an API key, a question or a document's text.
+  - no process logs an API key, a question or a document's text;
+  - tools/gen-certs --worker-host gives each worker's certificate its own host only (so kvdir's
+    address check keeps one worker's certificate off another's address), --host still going to
+    kvdir and the router; a host that is not a name or address is refused.
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
@@ -121,6 +124,33 @@ def wait_log(c, name, needles, timeout=10):
     return False, text[-400:]
 
 
+def san_names(path):
+    out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", path],
+                         check=True, capture_output=True, text=True).stdout
+    return {n.strip() for n in out.splitlines()[-1].split(",")}
+
+
+def check_worker_hosts(tmp):
+    d = os.path.join(tmp, "per-worker-hosts")
+    gen("--out", d, "--host", "kvdir.lazyattn.test", "--worker-host", "w0.lazyattn.test",
+        "--worker-host", "10.1.2.3")
+    names = {f: san_names(os.path.join(d, f + ".crt")) for f in ("kvdir", "router-0", "worker-0",
+                                                                 "worker-1")}
+    local = {"DNS:localhost", "IP Address:127.0.0.1"}
+    check("gen-certs --worker-host: each worker's certificate names its own host, not the others'",
+          names["worker-0"] == local | {"URI:lazyattn://worker/worker-0", "DNS:w0.lazyattn.test"} and
+          names["worker-1"] == local | {"URI:lazyattn://worker/worker-1", "IP Address:10.1.2.3"},
+          str(names))
+    check("gen-certs --worker-host: --host still names kvdir and the router",
+          "DNS:kvdir.lazyattn.test" in names["kvdir"] and
+          "DNS:kvdir.lazyattn.test" in names["router-0"], str(names))
+    bad = subprocess.run([GEN_CERTS, "--out", d + "-bad", "--worker-host", "w0,DNS:w1.lazyattn.test"],
+                         capture_output=True, text=True)
+    check("gen-certs: a host with openssl syntax in it is refused, nothing made",
+          bad.returncode == 2 and "not a host name" in bad.stderr and not os.path.exists(d + "-bad"),
+          bad.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", default=os.path.join(REPO, "build", "bin"))
@@ -128,6 +158,7 @@ def main():
     os.chdir(REPO)
     with tempfile.TemporaryDirectory() as tmp:
         certs, other = os.path.join(tmp, "certs"), os.path.join(tmp, "other-ca")
+        check_worker_hosts(tmp)
         gen("--out", certs, "--workers", "2")
         gen("cert", "worker", "worker-evil", "--out", certs)
         gen("cert", "worker", "worker-6", "--out", certs)
