@@ -291,14 +291,19 @@ std::vector<float> RunGpu(const Problem& p, const DeviceProblem& dp, const RunOp
                                        const std::vector<float>& want, int d,
                                        double* total_rel_l2 = nullptr, double slack = 1.0) {
   double worst = 0, all_diff2 = 0, all_ref2 = 0;
+  // The element nearest its bound (diff / bound), printed so that a run shows the margin left.
+  double closest = 0, closest_row_rel = 0;
+  size_t closest_row = 0;
   for (size_t row = 0; row * d < want.size(); ++row) {
-    double ref2 = 0, diff2 = 0;
+    double ref2 = 0, diff2 = 0, row_closest = 0;
     for (int x = 0; x < d; ++x) ref2 += double(want[row * d + x]) * want[row * d + x];
     const double rms = std::sqrt(ref2 / d);
     for (int x = 0; x < d; ++x) {
       const size_t i = row * d + x;
       const double diff = std::fabs(double(got[i]) - want[i]);
-      if (!(diff <= slack * (0.03 * rms + 0.01 * std::fabs(want[i])))) {
+      const double bound = slack * (0.03 * rms + 0.01 * std::fabs(want[i]));
+      if (bound > 0) row_closest = std::max(row_closest, diff / bound);
+      if (!(diff <= bound)) {
         return ::testing::AssertionFailure()
                << "row " << row << " dim " << x << ": got " << got[i] << ", want " << want[i]
                << ", row rms " << rms;
@@ -307,6 +312,11 @@ std::vector<float> RunGpu(const Problem& p, const DeviceProblem& dp, const RunOp
     }
     const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
     worst = std::max(worst, rel);
+    if (row_closest > closest) {
+      closest = row_closest;
+      closest_row = row;
+      closest_row_rel = rel;
+    }
     all_diff2 += diff2;
     all_ref2 += ref2;
     if (!(rel <= 3e-2)) {
@@ -314,7 +324,10 @@ std::vector<float> RunGpu(const Problem& p, const DeviceProblem& dp, const RunOp
     }
   }
   const double total = all_ref2 > 0 ? std::sqrt(all_diff2 / all_ref2) : std::sqrt(all_diff2);
-  std::printf("    [decode error] relative L2 %.2e overall, %.2e worst row\n", total, worst);
+  std::printf(
+      "    [decode error] relative L2 %.2e overall, %.2e worst row; closest element %.0f %% of "
+      "its bound (row %zu, relative L2 %.2e)\n",
+      total, worst, 100 * closest, closest_row, closest_row_rel);
   if (total_rel_l2) *total_rel_l2 = total;
   if (!(total <= 1e-2)) {
     return ::testing::AssertionFailure() << "relative L2 " << total << " overall";
