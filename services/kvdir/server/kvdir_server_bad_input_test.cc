@@ -3,9 +3,11 @@
 // worker and worker ids (refusals counted); nothing bad is applied. A worker that reads none of
 // its replies is ended rather than queued for. Fields kvdir does not know are not kept.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,60 @@ TEST_F(KvdirServerTest, MalformedMessagesEndTheStreamNamingTheField) {
   }
   // Both workers stay registered (their leases run), holding nothing: no bad entry was applied.
   EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 0), Pair("w2", 0)));
+}
+
+// Publish with raw messages: `messages` written in order (each its bytes), then the stream's
+// status. A read is kept outstanding so kvdir's replies (a hello's lease grant) flow.
+grpc::Status PublishRawBytes(const std::shared_ptr<grpc::Channel>& channel,
+                             const std::vector<std::string>& messages) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, "/lazyattn.v1.KvDirectory/Publish", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  for (const std::string& bytes : messages) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer message(&slice, 1);
+    call->Write(message, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+  }
+  // Drain replies until the stream ends; kvdir must end it (no half-close is sent).
+  grpc::ByteBuffer reply;
+  do {
+    call->Read(&reply, reinterpret_cast<void*>(3));
+  } while (cq.Next(&tag, &ok) && ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// Bytes that do not parse as a WorkerMessage end the stream INVALID_ARGUMENT naming `request`,
+// first or after a hello, never OK as a half-close would; the worker's hello still holds.
+TEST_F(KvdirServerTest, UnparsableMessagesEndTheStreamNamingRequest) {
+  Start();
+  const std::string bad_wire_type("\x0f\x01", 2), truncated("\x12\x7f\x0a", 3);
+  for (const std::string& garbage : {bad_wire_type, truncated}) {
+    const grpc::Status s = PublishRawBytes(channel_, {garbage});
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("request: not a valid protobuf message"));
+  }
+  v1::WorkerMessage hello;
+  hello.set_seq(1);
+  hello.mutable_hello()->set_epoch(1);
+  hello.mutable_hello()->mutable_status()->set_worker_id("w1");
+  hello.mutable_hello()->mutable_status()->set_address("w1:7000");
+  const grpc::Status s = PublishRawBytes(channel_, {hello.SerializeAsString(), truncated});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("/lazyattn.v1.KvDirectory/Publish"));
+  EXPECT_THAT(Tokens({1}), ElementsAre(Pair("w1", 0)));
 }
 
 TEST_F(KvdirServerTest, BoundsEndTheStreamNamingTheLimitAndAreCounted) {

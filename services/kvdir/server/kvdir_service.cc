@@ -13,7 +13,7 @@
 
 namespace lazyattn::kvdir {
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* KvdirService::Publish(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KvdirService::Publish(
     grpc::CallbackServerContext* context) {
   // RoleAuthorizer admitted only worker certificates here and recorded the name; without an
   // authorizer (insecure) there is no identity and the stream is not bound.

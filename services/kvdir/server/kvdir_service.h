@@ -10,11 +10,16 @@
 
 namespace lazyattn::kvdir {
 
-class KvdirService final : public v1::KvDirectory::CallbackService {
+// Publish is registered raw (bytes in and out; PublishReactor parses and serializes), so that a
+// message that does not parse ends its stream INVALID_ARGUMENT rather than as a half-close.
+class KvdirService final
+    : public v1::KvDirectory::WithRawCallbackMethod_Publish<
+          v1::KvDirectory::WithCallbackMethod_Lookup<
+              v1::KvDirectory::WithCallbackMethod_ListWorkers<v1::KvDirectory::Service>>> {
  public:
   explicit KvdirService(const ServiceContext& ctx) : ctx_(ctx) {}
 
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage>* Publish(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Publish(
       grpc::CallbackServerContext* context) override;
 
   // INVALID_ARGUMENT naming `keys` when more than max_keys_per_lookup keys are asked for.

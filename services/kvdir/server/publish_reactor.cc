@@ -1,5 +1,7 @@
 #include "services/kvdir/server/publish_reactor.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <algorithm>
 #include <iostream>
 #include <utility>
@@ -60,12 +62,23 @@ PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceC
     }
     stream_id_ = *id;
   }
-  StartRead(&in_);
+  StartRead(&in_bytes_);
 }
 
 void PublishReactor::OnReadDone(bool ok) {
   if (!ok) {  // the worker half-closed, went away, or the server is shutting down
     Close(grpc::Status::OK);
+    return;
+  }
+  in_.Clear();
+  if (!grpc::SerializationTraits<v1::WorkerMessage>::Deserialize(&in_bytes_, &in_).ok()) {
+    LogWarning("kvdir")
+        .Str("worker", worker_id_.empty() ? "(no hello yet)" : worker_id_)
+        .Str("peer_host", peer_host_)
+        .Msg("ended a Publish stream whose message does not parse as a WorkerMessage");
+    AfterHandle(absl::InvalidArgumentError(
+        "request: not a valid protobuf message for /lazyattn.v1.KvDirectory/Publish (its bytes "
+        "do not parse as the method's request type)"));
     return;
   }
   // Fields this build does not know are dropped from what is kept: proto3 keeps them, and a
@@ -123,7 +136,7 @@ void PublishReactor::AfterHandle(absl::Status status) {
     Close(ToGrpcStatus(status));
     return;
   }
-  StartRead(&in_);
+  StartRead(&in_bytes_);
 }
 
 absl::Status PublishReactor::RepliesUnread() {
@@ -461,7 +474,12 @@ void PublishReactor::RequestSnapshot(const std::string& reason, bool gap) {
 }
 
 void PublishReactor::Send(v1::DirectoryMessage msg) {
-  const v1::DirectoryMessage* next = nullptr;
+  grpc::ByteBuffer bytes;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<v1::DirectoryMessage>::Serialize(msg, &bytes, &own_buffer).ok()) {
+    return;  // cannot happen for a message this process built; nothing to send then
+  }
+  const grpc::ByteBuffer* next = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (finish_wanted_) return;
@@ -471,7 +489,7 @@ void PublishReactor::Send(v1::DirectoryMessage msg) {
       replies_unread_ = true;
       return;
     }
-    out_.push_back(std::move(msg));  // deque: references to queued elements stay valid
+    out_.push_back(std::move(bytes));  // deque: references to queued elements stay valid
     if (writing_) return;
     writing_ = true;
     next = &out_.front();
@@ -480,7 +498,7 @@ void PublishReactor::Send(v1::DirectoryMessage msg) {
 }
 
 void PublishReactor::OnWriteDone(bool ok) {
-  const v1::DirectoryMessage* next = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
   bool finish = false;
   grpc::Status status;
   {

@@ -5,6 +5,9 @@
 //     ignored until the snapshot arrives).
 // The stream ends with
 //   - OK when the worker half-closes;
+//   - INVALID_ARGUMENT naming `request` for bytes that do not parse as a WorkerMessage. (The
+//     method is registered raw, bytes in and out, for this: a typed reactor is told of a failed
+//     parse as of a half-close, and would end such a stream OK.)
 //   - INVALID_ARGUMENT naming the field for a malformed message (empty body, bad kind, negative
 //     tokens, missing key, empty worker_id, a second Hello naming another worker);
 //   - FAILED_PRECONDITION when the first message is not Hello;
@@ -62,8 +65,7 @@
 
 namespace lazyattn::kvdir {
 
-class PublishReactor final
-    : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DirectoryMessage> {
+class PublishReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // Who opened the stream, from the verified client certificate (mutual TLS); all empty when the
   // server runs without peer authorization, and then any id and address are taken. Either way
@@ -119,7 +121,8 @@ class PublishReactor final
   const std::string bound_worker_id_;
   const std::string certificate_serial_;
   const CertificateNames certificate_names_;
-  v1::WorkerMessage in_;
+  grpc::ByteBuffer in_bytes_;  // what the outstanding read fills
+  v1::WorkerMessage in_;       // in_bytes_ parsed
   // Read side only (see the threading note).
   std::string worker_id_;
   uint64_t session_ = 0;
@@ -131,7 +134,7 @@ class PublishReactor final
   static constexpr size_t kMaxUnreadReplies = 16;
 
   absl::Mutex mu_;
-  std::deque<v1::DirectoryMessage> out_ ABSL_GUARDED_BY(mu_);  // front is being written
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);  // serialized; front is being written
   // Send found kMaxUnreadReplies queued: the read side ends the stream.
   bool replies_unread_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
