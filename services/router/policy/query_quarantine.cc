@@ -8,7 +8,8 @@ bool CountsAsLostMidCall(const AttemptEnd& end) {
   return end.unavailable && end.worker_headers && !end.worker_trailer && !end.cancelled_by_router;
 }
 
-bool QueryQuarantine::RecordLoss(const RequestFingerprint& fingerprint, absl::Time now) {
+bool QueryQuarantine::RecordLoss(const RequestFingerprint& fingerprint, std::string_view worker,
+                                 absl::Time now) {
   if (options_.ttl <= absl::ZeroDuration()) return false;
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(fingerprint);
@@ -29,8 +30,16 @@ bool QueryQuarantine::RecordLoss(const RequestFingerprint& fingerprint, absl::Ti
     lru_.splice(lru_.begin(), lru_, it->second.lru);
   }
   Entry& e = it->second;
-  ++e.losses;
   e.expires = std::max(e.expires, now + options_.ttl);
+  const bool same_crash = std::any_of(
+      e.counted.begin(), e.counted.end(),
+      [&](const CountedLoss& c) { return c.worker == worker && now - c.at < kOneCrashWindow; });
+  if (same_crash) return e.quarantined_until > now;
+  ++e.losses;
+  if (static_cast<int>(e.counted.size()) >= std::max(1, options_.losses_to_quarantine)) {
+    e.counted.erase(e.counted.begin());
+  }
+  e.counted.push_back({.worker = std::string(worker), .at = now});
   if (e.quarantined_until > now) return true;  // lost again while refused (a request in flight)
   if (e.losses < options_.losses_to_quarantine) return false;
   e.quarantined_until = now + options_.ttl;

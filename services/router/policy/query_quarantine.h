@@ -3,10 +3,15 @@
 //
 // The router reports each attempt that ended because the worker's connection was lost mid-call
 // (the worker process died while it held the request) under the request's content fingerprint
-// (request_fingerprint.h). The first loss of a fingerprint is remembered; the request fails over
-// as usual (an ordinary crash must not cost a request). The second loss within `ttl` quarantines
-// the fingerprint: the request that caused it is not retried, and every request with the same
-// fingerprint is refused until `ttl` after the quarantine began.
+// (request_fingerprint.h) and the worker's id. The first loss of a fingerprint is remembered; the
+// request fails over as usual (an ordinary crash must not cost a request). The second loss within
+// `ttl` quarantines the fingerprint: the request that caused it is not retried, and every request
+// with the same fingerprint is refused until `ttl` after the quarantine began.
+//
+// A loss counts once per crash: losses of one fingerprint on the worker of an earlier counted
+// loss, within kOneCrashWindow of it, are that crash again (identical requests in flight on one
+// worker all end when it dies). So one crash never quarantines, whatever it held; the same
+// worker lost again later (restarted, and crashed by the content again) counts anew.
 //
 // Bounded: at most `max_entries` fingerprints (losses and quarantines together) are kept; when
 // full, the least recently touched entry is forgotten (an LRU), so a flood of distinct crashing
@@ -19,6 +24,9 @@
 #include <cstdint>
 #include <limits>
 #include <list>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -57,9 +65,13 @@ class QueryQuarantine {
  public:
   explicit QueryQuarantine(const QuarantineOptions& options) : options_(options) {}
 
-  // Records one attempt of `fingerprint` lost with its worker's connection. Returns true when
-  // this loss quarantined it (the caller logs, counts and stops retrying) or it already was.
-  bool RecordLoss(const RequestFingerprint& fingerprint, absl::Time now);
+  // Losses on one worker this close to its counted loss are one crash.
+  static constexpr absl::Duration kOneCrashWindow = absl::Seconds(10);
+
+  // Records one attempt of `fingerprint` lost with the connection of worker `worker` (its id).
+  // Returns true when this loss quarantined it (the caller logs, counts and stops retrying) or it
+  // already was.
+  bool RecordLoss(const RequestFingerprint& fingerprint, std::string_view worker, absl::Time now);
   // Whether requests with `fingerprint` are refused now; `until` (when not null) gets the end of
   // the quarantine.
   bool IsQuarantined(const RequestFingerprint& fingerprint, absl::Time now,
@@ -74,8 +86,14 @@ class QueryQuarantine {
   const QuarantineOptions& options() const { return options_; }
 
  private:
+  struct CountedLoss {
+    std::string worker;
+    absl::Time at;
+  };
   struct Entry {
     int losses = 0;
+    // The latest counted losses, at most losses_to_quarantine (enough to tell a repeat).
+    std::vector<CountedLoss> counted;
     absl::Time expires = absl::InfinitePast();  // ttl after the last loss
     absl::Time quarantined_until = absl::InfinitePast();
     std::list<RequestFingerprint>::iterator lru;  // position in lru_ (front: most recent)

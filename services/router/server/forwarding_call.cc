@@ -532,7 +532,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
         }
       }
       if (lost && !cancelled_ && !client_expiry &&
-          router_->quarantine().RecordLoss(fingerprint_, MonotonicNow())) {
+          router_->quarantine().RecordLoss(fingerprint_, w.id, MonotonicNow())) {
         // The second worker lost on this content: no third.
         quarantined = true;
         retry = false;
