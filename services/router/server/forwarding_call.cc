@@ -102,7 +102,12 @@ ForwardingCall::ForwardingCall(RouterContext* router,
 std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
   std::unique_ptr<grpc::ClientContext> context;
   if (server_context_ != nullptr) {
-    context = grpc::ClientContext::FromCallbackServerContext(*server_context_);
+    // The client's deadline propagates; its cancellation does not: OnCancel cancels the worker
+    // call itself (ClientCancelled), after marking the call cancelled. Propagated, the
+    // cancellation could end the worker call before OnCancel ran, and the attempt's CANCELLED
+    // then read as the worker failing mid-stream (UNAVAILABLE in the log and the metrics).
+    context = grpc::ClientContext::FromCallbackServerContext(
+        *server_context_, grpc::PropagationOptions().disable_cancellation_propagation());
   } else {
     context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(deadline_);

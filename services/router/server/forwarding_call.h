@@ -18,7 +18,9 @@
 // fails over like an UNAVAILABLE attempt.
 //
 // Cancellation and deadlines: each worker call's ClientContext is made from the server context, so
-// the client's deadline and cancellation propagate; OnCancel also cancels the worker call at once.
+// the client's deadline propagates; its cancellation reaches the worker call through OnCancel
+// (ClientCancelled), which marks the call cancelled first, so that the attempt's CANCELLED is
+// never taken for the worker's failure.
 // A call that ends unsuccessfully once the client's deadline has passed (give or take the skew of
 // the worker's clock) ends, and is counted, as DEADLINE_EXCEEDED, however the expiry reached us
 // (our own cancellation, the worker's DEADLINE_EXCEEDED, a failover cut short).

@@ -392,6 +392,45 @@ TEST_F(RouterServerTest, ClientCancellationReachesTheWorker) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// A client cancelling a stream that is sending tokens is counted cancelled, never as a worker
+// failure: the worker call inherits the cancellation and may end before the router's OnCancel
+// runs, and a stream past its first token is not retried, so UNAVAILABLE would have blamed the
+// worker in the metrics and the log.
+TEST_F(RouterServerTest, ClientsCancellingMidStreamAreCountedCancelled) {
+  StartWorkers(1);
+  StartKvdir();
+  // Ten tokens, then the worker waits (mid-generation) until the call is cancelled.
+  workers_[0]->SetScript(
+      {.tokens = std::vector<std::string>(20, "token "), .block_after_tokens = 10});
+  StartRouter(Options());
+  constexpr int kStreams = 20;
+  for (int i = 0; i < kStreams; ++i) {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, Request({"doc"}));
+    GenerateResponse r;
+    for (int read = 0; read < 5 && reader->Read(&r); ++read) {
+    }
+    ctx.TryCancel();
+    while (reader->Read(&r)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  const std::string want = absl::StrCat(
+      "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
+      "\"cancelled\"} ",
+      kStreams);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr(want));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"unavailable\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_worker_protocol_errors_total{model="
+                                 "\"fake-model\"} 0"));
+}
+
 // A Prefetch whose client went away while the directory lookup ran starts no worker call when
 // the lookup ends (here by its timeout: the directory hangs), and the reactor finishes.
 TEST_F(RouterServerTest, PrefetchCancelledDuringTheLookupWarmsNoWorker) {
