@@ -271,10 +271,17 @@ EngineCore::DocOutcome EngineCore::StartOrJoinJob(Request& r, size_t segment) {
   JobId job_id;
   if (auto in_flight = job_by_key_.find(s.cache_key); in_flight != job_by_key_.end()) {
     job_id = in_flight->second;
-    // Encoded once for every waiter: another request's encoding is this one's reuse.
     const auto& waiters = jobs_.at(job_id)->waiters;
     if (std::any_of(waiters.begin(), waiters.end(),
-                    [&](const auto& w) { return w.request != r.id; })) {
+                    [&](const auto& w) { return w.request == r.id; })) {
+      // The same document earlier in this request (lazy: one key at every offset): encoded
+      // once, and this occurrence reads the cache entry that encoding makes. Computed once, so
+      // counted once: the repeat is cached tokens (Usage.computed_tokens, Prefetch's
+      // computed_tokens), not a directory hit.
+      r.result.usage.cached_tokens += s.length();
+      r.result.usage.document_cached_tokens += s.length();
+    } else {
+      // Encoded once for every waiter: another request's encoding is this one's reuse.
       r.result.usage.document_hit_tokens += s.length();
     }
   } else {

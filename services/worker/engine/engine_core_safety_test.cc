@@ -61,6 +61,28 @@ TEST_F(EngineCoreSafetyTest, RepeatedDocumentEqualsDistinctCopies) {
   }
 }
 
+// A document repeated in a lazy request is encoded once (one key at every offset), so its repeats
+// are reported cached, not computed: computed_tokens is what the worker computed. Block mode
+// keys documents by offset and encodes each occurrence, so there every token is computed.
+TEST_F(EngineCoreSafetyTest, ARepeatedDocumentIsComputedOnceAndReportedSo) {
+  for (CacheMode mode : {CacheMode::kLazy, CacheMode::kBlock}) {
+    SCOPED_TRACE(CacheModeName(mode));
+    Init();
+    const EngineRequest repeated = Request({1, 0, 1, 1}, mode);
+    const PreparedRequest prepared = Prepare(repeated);
+    const int64_t repeat = static_cast<int64_t>(prepared.documents[0].tokens.size());
+    ASSERT_GT(repeat, 0);
+    const Outcome a = RunOne(repeated);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    const RequestUsage& u = a.result.usage;
+    const int64_t cached = mode == CacheMode::kLazy ? 2 * repeat : 0;
+    EXPECT_EQ(u.cached_tokens, cached);
+    EXPECT_EQ(u.document_cached_tokens, cached);
+    EXPECT_EQ(u.computed_tokens, u.prompt_tokens - cached);
+    EXPECT_EQ(u.document_hit_tokens, 0) << "nothing was cached before the request";
+  }
+}
+
 // The reported crash: a request naming one uncached document twice, cancelled (or past its
 // deadline) at every step of its encoding and generation, alone and beside another request that
 // shares the document.
