@@ -284,12 +284,17 @@ std::vector<float> RunGpu(const Problem& p, const DeviceProblem& dp, const RunOp
 // Tolerance, stated once for every decode test. Errors come from rounding the rotated query and
 // the softmax weights to bf16 for the tensor cores (relative 2^-9 each) and from the bf16 output
 // when it is bf16. Measured on an H200: 0.6e-3 to 4.6e-3 relative L2 over a whole output, up to
-// 1.3e-2 on single rows (rows where a few keys dominate and their values partly cancel). Every element of every (sequence,
-// head) row must satisfy |got - want| <= 0.03 * rms(want row) + 0.01 * |want|; each row's
-// relative L2 error must be <= 3e-2 and the whole output's <= 1e-2.
+// 1.3e-2 on single rows (rows where a few keys dominate and their values partly cancel). Every
+// element of every (sequence, head) row must satisfy |got - want| <= 0.06 * rms(want row) + 0.01 *
+// |want|; each row's relative L2 error must be <= 3e-2 and the whole output's <= 1e-2.
+// The element bound was 0.03 * rms: in a row of relative L2 1e-2 that is about the largest of its
+// 128 errors, and batches of thousands of rows have such rows. Over 41 seeds of
+// BatchSweepMatchesCpuTwin (H200, 2026-12-05) the element nearest it sat at 66-97 % of it at batch
+// 256, and one seed went 0.3 % over (3361662654, H100). Twice that leaves room, and still fails
+// a single element wrong by a tenth of its row's rms, which the row bound alone would not.
 ::testing::AssertionResult DecodeClose(const std::vector<float>& got,
                                        const std::vector<float>& want, int d,
-                                       double* total_rel_l2 = nullptr, double slack = 1.0) {
+                                       double* total_rel_l2 = nullptr) {
   double worst = 0, all_diff2 = 0, all_ref2 = 0;
   // The element nearest its bound (diff / bound), printed so that a run shows the margin left.
   double closest = 0, closest_row_rel = 0;
@@ -301,7 +306,7 @@ std::vector<float> RunGpu(const Problem& p, const DeviceProblem& dp, const RunOp
     for (int x = 0; x < d; ++x) {
       const size_t i = row * d + x;
       const double diff = std::fabs(double(got[i]) - want[i]);
-      const double bound = slack * (0.03 * rms + 0.01 * std::fabs(want[i]));
+      const double bound = 0.06 * rms + 0.01 * std::fabs(want[i]);
       if (bound > 0) row_closest = std::max(row_closest, diff / bound);
       if (!(diff <= bound)) {
         return ::testing::AssertionFailure()
@@ -428,11 +433,11 @@ TEST_F(DecodeTest, DeferredRotationEqualsGlobalRotation) {
     // (rotated before vs after rounding), so comparing them directly would need twice the
     // bf16 tolerance of either. Each carries one rounding the twin does not: the rotating kernel
     // rounds q rotated back by deltas up to 200,000 to bf16, the global baseline rounds K rotated
-    // at those positions. Both get 1.5x the element slack (seen on the H200: the baseline once 5%
-    // over the plain element bound, worst-row relative L2 7.4e-3; the rotating kernel once 15%
-    // over, seed 3941222009, worst-row relative L2 1.2e-2, within the 3e-2 row bound).
-    EXPECT_TRUE(DecodeClose(a, want, d, nullptr, 1.5));
-    EXPECT_TRUE(DecodeClose(b, want, d, nullptr, 1.5));
+    // at those positions. (Under the element bound of 0.03 * rms these two needed 1.5 times it:
+    // on the H200 the baseline once went 5 % over it, the rotating kernel once 15 %, seed
+    // 3941222009, worst-row relative L2 1.2e-2; see DecodeClose.)
+    EXPECT_TRUE(DecodeClose(a, want, d));
+    EXPECT_TRUE(DecodeClose(b, want, d));
     // And rotation matters: ignoring the deltas on local K is far off.
     RunOptions wrong;
     wrong.rotate = false;
