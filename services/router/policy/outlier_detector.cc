@@ -1,6 +1,7 @@
 #include "services/router/policy/outlier_detector.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -56,10 +57,23 @@ bool OutlierDetector::Admitted(const std::string& worker) const {
   return it == entries_.end() || !it->second.ejected;
 }
 
-void OutlierDetector::Retain(const std::vector<std::string>& known) {
+void OutlierDetector::Retain(const std::vector<std::string>& known, absl::Time now) {
   const absl::flat_hash_set<std::string> keep(known.begin(), known.end());
   absl::MutexLock lock(&mu_);
-  absl::erase_if(entries_, [&](const auto& kv) { return !keep.contains(kv.first); });
+  std::vector<std::pair<absl::Time, std::string>> departed;  // (ejected_until, worker)
+  absl::erase_if(entries_, [&](const auto& kv) {
+    if (keep.contains(kv.first)) return false;
+    const Entry& e = kv.second;
+    if (e.ejection_streak == 0 || now >= e.ejected_until + options_.max_ejection) return true;
+    departed.emplace_back(e.ejected_until, kv.first);
+    return false;
+  });
+  if (departed.size() > kMaxDepartedKept) {
+    // The latest ejections stay; a flood of departures cannot grow the map without bound.
+    std::nth_element(departed.begin(), departed.begin() + kMaxDepartedKept, departed.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t i = kMaxDepartedKept; i < departed.size(); ++i) entries_.erase(departed[i].second);
+  }
 }
 
 int64_t OutlierDetector::ejections() const {

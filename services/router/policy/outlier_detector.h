@@ -44,8 +44,13 @@ class OutlierDetector {
               std::string* why = nullptr);
   // Whether `worker` may be sent requests. Unknown workers are admitted.
   bool Admitted(const std::string& worker) const;
-  // Forgets workers not in `known` (they left the registry).
-  void Retain(const std::vector<std::string>& known);
+  // Forgets workers not in `known` (they left the registry), except those ejected within the
+  // last max_ejection (at most kMaxDepartedKept, the latest ejections first): a worker that
+  // froze, lapsed its kvdir lease and came back is still out until its ejection time has passed
+  // and a probe says SERVING (logged as a re-admission), and its next ejection is longer, as if
+  // it had never left.
+  void Retain(const std::vector<std::string>& known, absl::Time now);
+  static constexpr size_t kMaxDepartedKept = 1024;
   int64_t ejections() const;
 
  private:

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
 namespace lazyattn::router {
 namespace {
 
@@ -78,11 +82,47 @@ TEST(OutlierDetectorTest, RepeatedEjectionsGrowAndAreCapped) {
 
 TEST(OutlierDetectorTest, RetainForgetsDepartedWorkers) {
   OutlierDetector d(Options());
-  d.Record("a", ProbeResult::kNotServing, kT0);
+  d.Record("a", ProbeResult::kFailed, kT0);  // failing, never ejected
   d.Record("b", ProbeResult::kNotServing, kT0);
-  d.Retain({"b"});
+  d.Retain({"b"}, kT0);
   EXPECT_TRUE(d.Admitted("a"));
   EXPECT_FALSE(d.Admitted("b"));
+  // b is ejected; once it leaves and its ejection is max_ejection past, it is forgotten.
+  d.Retain({}, kT0 + absl::Seconds(1));
+  EXPECT_FALSE(d.Admitted("b"));
+  d.Retain({}, kT0 + Options().base_ejection + Options().max_ejection);
+  EXPECT_TRUE(d.Admitted("b"));
+}
+
+// A worker that froze, was ejected, lapsed its directory lease (left the registry) and came back
+// is still out until a SERVING probe after its ejection time, and its next ejection is longer:
+// leaving does not reset the streak.
+TEST(OutlierDetectorTest, AnEjectedWorkerThatLeftAndCameBackKeepsItsEjection) {
+  OutlierDetector d(Options());
+  absl::Time t = kT0;
+  ASSERT_TRUE(d.Record("w", ProbeResult::kNotServing, t));  // ejection 1: base_ejection
+  d.Retain({}, t + absl::Seconds(1));                       // gone from the registry
+  EXPECT_FALSE(d.Admitted("w"));
+  t += Options().base_ejection;
+  d.Retain({"w"}, t);  // back
+  EXPECT_FALSE(d.Admitted("w")) << "re-admitted only by a probe";
+  d.Record("w", ProbeResult::kServing, t);
+  EXPECT_TRUE(d.Admitted("w"));
+  std::string why;
+  ASSERT_TRUE(d.Record("w", ProbeResult::kNotServing, t + absl::Seconds(1), &why));
+  EXPECT_NE(why.find("ejection 2 in a row"), std::string::npos) << why;
+}
+
+TEST(OutlierDetectorTest, DepartedEjectedWorkersKeptAreBounded) {
+  OutlierDetector d(Options());
+  const size_t n = OutlierDetector::kMaxDepartedKept + 10;
+  for (size_t i = 0; i < n; ++i) {
+    d.Record(absl::StrCat("w", i), ProbeResult::kNotServing, kT0 + absl::Milliseconds(i));
+  }
+  d.Retain({}, kT0 + absl::Seconds(1));
+  // The ten earliest ejections were forgotten (admitted), the latest kept (still out).
+  for (size_t i = 0; i < 10; ++i) EXPECT_TRUE(d.Admitted(absl::StrCat("w", i))) << i;
+  for (size_t i = 10; i < n; ++i) EXPECT_FALSE(d.Admitted(absl::StrCat("w", i))) << i;
 }
 
 }  // namespace

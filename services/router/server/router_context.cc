@@ -161,7 +161,7 @@ void RouterContext::ProbeWorkersOnce() {
     if (outliers.Admitted(w.address)) ++healthy;
   }
   metrics_.SetWorkersHealthy(healthy);
-  outliers.Retain(addresses);
+  outliers.Retain(addresses, now);
 }
 
 int RouterContext::AdmittedWorkers() {
