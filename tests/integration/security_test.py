@@ -144,11 +144,18 @@ def check_worker_hosts(tmp):
     check("gen-certs --worker-host: --host still names kvdir and the router",
           "DNS:kvdir.lazyattn.test" in names["kvdir"] and
           "DNS:kvdir.lazyattn.test" in names["router-0"], str(names))
-    bad = subprocess.run([GEN_CERTS, "--out", d + "-bad", "--worker-host", "w0,DNS:w1.lazyattn.test"],
-                         capture_output=True, text=True)
-    check("gen-certs: a host with openssl syntax in it is refused, nothing made",
-          bad.returncode == 2 and "not a host name" in bad.stderr and not os.path.exists(d + "-bad"),
-          bad.stderr)
+    for host in ("w0,DNS:w1.lazyattn.test", "w0.lazyattn.test:7200", "*.lazyattn.test", "999.1.2.3"):
+        bad = subprocess.run([GEN_CERTS, "--out", d + "-bad", "--worker-host", host],
+                             capture_output=True, text=True)
+        check(f"gen-certs: --worker-host {host} (openssl syntax, a port, a wildcard, no address) is "
+              "refused, nothing made",
+              bad.returncode == 2 and "not a host name" in bad.stderr and
+              not os.path.exists(d + "-bad"), bad.stderr)
+    again = subprocess.run([GEN_CERTS, "--out", d, "--worker-host", "w9.lazyattn.test"],
+                           capture_output=True, text=True)
+    check("gen-certs --worker-host on a folder that holds a CA: refused (it would make nothing)",
+          again.returncode == 2 and "--force" in again.stderr and
+          san_names(os.path.join(d, "worker-0.crt")) == names["worker-0"], again.stderr)
 
 
 def main():
