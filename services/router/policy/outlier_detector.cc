@@ -8,6 +8,12 @@
 
 namespace lazyattn::router {
 
+std::string OutlierKey(std::string_view id, std::string_view address) {
+  std::string key(address.empty() ? id : address);
+  if (!address.empty()) key.append(" ").append(id);
+  return key;
+}
+
 bool OutlierDetector::Record(const std::string& worker, ProbeResult result, absl::Time now,
                              std::string* why) {
   absl::MutexLock lock(&mu_);

@@ -10,13 +10,15 @@
 //     ejection time; until then it gets no request, however long the ejection time is past.
 //
 // Probe outcomes are the only input: request failures go to the circuit breakers. Workers are
-// keyed by the caller's choice (the router uses the address). Times are passed in, so tests drive
-// the clock. Thread-safe.
+// keyed by the caller's choice (the router uses OutlierKey: the address and the worker's id, so
+// another worker taking a departed one's address starts admitted). Times are passed in, so tests
+// drive the clock. Thread-safe.
 #ifndef LAZYATTN_SERVICES_ROUTER_POLICY_OUTLIER_DETECTOR_H_
 #define LAZYATTN_SERVICES_ROUTER_POLICY_OUTLIER_DETECTOR_H_
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,6 +35,9 @@ struct OutlierOptions {
 };
 
 enum class ProbeResult { kServing, kNotServing, kFailed };
+
+// The router's key for a worker: its address and id (the id alone where there is no address).
+std::string OutlierKey(std::string_view id, std::string_view address);
 
 class OutlierDetector {
  public:

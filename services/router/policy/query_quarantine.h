@@ -65,8 +65,10 @@ class QueryQuarantine {
  public:
   explicit QueryQuarantine(const QuarantineOptions& options) : options_(options) {}
 
-  // Losses on one worker this close to its counted loss are one crash.
-  static constexpr absl::Duration kOneCrashWindow = absl::Seconds(10);
+  // Losses on one worker this close to its counted loss are one crash: the calls on one
+  // connection end together when it dies, well within this; a restarted worker (process start,
+  // model load, directory listing) is not back so soon.
+  static constexpr absl::Duration kOneCrashWindow = absl::Seconds(2);
 
   // Records one attempt of `fingerprint` lost with the connection of worker `worker` (its id).
   // Returns true when this loss quarantined it (the caller logs, counts and stops retrying) or it

@@ -87,7 +87,7 @@ Selection WorkerSelector::Select(std::span<const WorkerObservation> workers,
   std::vector<bool> admitted(n);
   for (size_t w = 0; w < n; ++w) {
     const WorkerObservation& obs = workers[w];
-    admitted[w] = outliers_.Admitted(obs.address.empty() ? obs.id : obs.address);
+    admitted[w] = outliers_.Admitted(OutlierKey(obs.id, obs.address));
     if (admitted[w] && breakers_.Available(workers[w].id, now)) eligible.push_back(w);
   }
   if (eligible.empty() && n > 0) {

@@ -153,7 +153,7 @@ void ForwardingCall::Begin() {
             grpc::StatusCode::FAILED_PRECONDITION,
             absl::StrCat("request quarantined: requests with this content (fingerprint ",
                          Fingerprint().ToHex(),
-                         ") lost the connection to two workers mid-call, as a request that "
+                         ") lost worker connections mid-call in two crashes, as a request that "
                          "crashes workers does; refused for another ",
                          std::max<int64_t>(1, absl::ToInt64Seconds(until - MonotonicNow())),
                          " s (routing.quarantine_ttl_s ", QuarantineSeconds(*router_), ")")),

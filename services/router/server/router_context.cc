@@ -136,15 +136,16 @@ void RouterContext::ProbeWorkersOnce() {
   }
   const absl::Time now = MonotonicNow();
   OutlierDetector& outliers = selector_.outliers();
-  std::vector<std::string> addresses;
-  addresses.reserve(workers.size());
+  std::vector<std::string> keys;
+  keys.reserve(workers.size());
   int healthy = 0;
   for (size_t i = 0; i < workers.size(); ++i) {
     const WorkerInfo& w = workers[i];
-    addresses.push_back(w.address);
-    const bool was_admitted = outliers.Admitted(w.address);
+    const std::string key = OutlierKey(w.id, w.address);
+    keys.push_back(key);
+    const bool was_admitted = outliers.Admitted(key);
     std::string why;
-    if (outliers.Record(w.address, results[i], now, &why)) {
+    if (outliers.Record(key, results[i], now, &why)) {
       metrics_.CountEjection();
       LogWarning("router")
           .Str("worker", w.id)
@@ -152,23 +153,23 @@ void RouterContext::ProbeWorkersOnce() {
           .Str("reason", why)
           .Str("last_probe", errors[i])
           .Msg("worker ejected");
-    } else if (!was_admitted && outliers.Admitted(w.address)) {
+    } else if (!was_admitted && outliers.Admitted(key)) {
       LogInfo("router")
           .Str("worker", w.id)
           .Str("address", w.address)
           .Msg("worker re-admitted: health probe SERVING");
     }
-    if (outliers.Admitted(w.address)) ++healthy;
+    if (outliers.Admitted(key)) ++healthy;
   }
   metrics_.SetWorkersHealthy(healthy);
-  outliers.Retain(addresses, now);
+  outliers.Retain(keys, now);
 }
 
 int RouterContext::AdmittedWorkers() {
   OutlierDetector& outliers = selector_.outliers();
   int n = 0;
   for (const WorkerInfo& w : registry_.Snapshot()) {
-    if (w.reported && outliers.Admitted(w.address)) ++n;
+    if (w.reported && outliers.Admitted(OutlierKey(w.id, w.address))) ++n;
   }
   return n;
 }

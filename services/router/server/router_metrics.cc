@@ -164,7 +164,7 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                              .Name("lazyattn_router_quarantined_requests_total")
                              .Help(
                                  "Requests refused (FAILED_PRECONDITION) because their content "
-                                 "lost two workers' connections mid-call (query-of-death "
+                                 "lost worker connections mid-call in two crashes (query-of-death "
                                  "quarantine)")
                              .Register(registry);
   connection_losses_family_ = &prometheus::BuildCounter()
