@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
@@ -23,6 +24,7 @@
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/openai_logprobs.h"
+#include "services/router/http/openai_models.h"
 #include "services/router/http/sse_writer.h"
 #include "services/router/server/router_metrics.h"
 
@@ -142,6 +144,17 @@ nlohmann::json LogprobsJson(ApiKind kind, std::span<const TokenLogprob> tokens, 
                             bool alternatives) {
   return kind == ApiKind::kChat ? ChatLogprobs(tokens)
                                 : CompletionLogprobs(tokens, offset, alternatives);
+}
+
+// The 404 for a model no live worker serves. The router's own message (the gRPC API's) quotes the
+// name to 64 bytes and points to GetModelInfo; the HTTP API quotes what a client sent as every
+// message of its own does (QuoteForMessage: 32 bytes) and lists the ids GET /v1/models does.
+std::string UnknownModelMessage(RouterContext* router, const std::string& model) {
+  std::vector<std::string> ids;
+  for (const ModelGroup& g : router->registry().Models()) ids.push_back(ListedModelId(g.info));
+  return absl::StrCat("model: ", QuoteForMessage(nlohmann::json(model)),
+                      " is not served by any live worker; served: ", absl::StrJoin(ids, ", "),
+                      " (GET /v1/models lists them)");
 }
 
 // A response that is not streamed holds every log-probability entry of every choice until its
@@ -321,7 +334,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
     const grpc::Status status = ToGrpcStatus(model.status());
     router->metrics().CountRequest(status.error_code());
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      SendError(response, 404, status.error_message(), "model_not_found");
+      SendError(response, 404, UnknownModelMessage(router, parsed->model), "model_not_found");
     } else {
       SendGrpcError(response, status);
     }

@@ -66,7 +66,9 @@ const char* ErrorTypeOf(int http_status) {
 }
 
 std::string ParamOf(std::string_view message) {
-  // Field names as the validators write them: identifiers, dots and [index].
+  // Field names as the validators write them: identifiers, dots and [index], then ": " (the
+  // separator every "<field>: <what>" message has). Not a URL's scheme ("https://..."), which a
+  // message quoting client text may begin with.
   size_t i = 0;
   while (i < message.size()) {
     const char c = message[i];
@@ -76,7 +78,7 @@ std::string ParamOf(std::string_view message) {
     }
     ++i;
   }
-  if (i == 0 || i >= message.size() || message[i] != ':') return "";
+  if (i == 0 || message.substr(i, 2) != ": ") return "";
   return std::string(message.substr(0, i));
 }
 

@@ -31,7 +31,9 @@ int HttpStatusOf(grpc::StatusCode code);
 const char* ErrorTypeOf(int http_status);
 
 // The field a validation message names ("documents[2].text: empty document" ->
-// "documents[2].text"); empty when the message does not start with a field name.
+// "documents[2].text"); empty when the message does not start with a field name and ": ". Only
+// for messages that begin with a field name or with words of the code (a message that begins
+// with client text, such as a path, could name any "field").
 std::string ParamOf(std::string_view message);
 
 // The JSON error body; `code` is the gRPC status name in lower case ("invalid_argument") or, for

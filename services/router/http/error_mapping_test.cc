@@ -34,6 +34,12 @@ TEST(ErrorMappingTest, ParamIsTheLeadingFieldName) {
   EXPECT_EQ(ParamOf("no colon at all"), "");
   EXPECT_EQ(ParamOf(": nothing before"), "");
   EXPECT_EQ(ParamOf(""), "");
+  EXPECT_EQ(ParamOf("logit_bias: key \"7\": bias 101 outside [-100, 100]"), "logit_bias");
+  // A field name is followed by ": ", as every "<field>: <what>" message has it; a URL's scheme
+  // (a message quoting a client's absolute-form target) is not one.
+  EXPECT_EQ(ParamOf("https://evil/v1/models: no such endpoint"), "");
+  EXPECT_EQ(ParamOf("n:1"), "");
+  EXPECT_EQ(ParamOf("n:"), "");
 }
 
 TEST(ErrorMappingTest, OpenAiErrorShape) {
@@ -48,8 +54,9 @@ TEST(ErrorMappingTest, OpenAiErrorShape) {
   EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
   EXPECT_TRUE(busy["error"]["param"].is_null());
   EXPECT_EQ(busy["error"]["code"], "resource_exhausted");
-  EXPECT_EQ(nlohmann::json::parse(ErrorBody(413, "body: too large", "body_too_large"))["error"]["type"],
-            "invalid_request_error");
+  EXPECT_EQ(
+      nlohmann::json::parse(ErrorBody(413, "body: too large", "body_too_large"))["error"]["type"],
+      "invalid_request_error");
   // Client bytes quoted in a message need not be UTF-8: the body is still valid JSON.
   const std::string bad = ErrorBody(400, "model: \xff\xfe", "invalid_argument");
   EXPECT_FALSE(nlohmann::json::parse(bad, nullptr, false).is_discarded());

@@ -3,13 +3,17 @@
 // line) sent without end are cut at a byte cap, not buffered until the header timeout; a request
 // answered without its body being read closes its connection, so the body cannot be read as a
 // second request (CL.0 desync), whoever answered it (the library's own 414, 416 and 400 included);
-// Range is not served; only JSON bodies are read; HEAD takes GET's key check; the messages
-// about max_tokens and huge numbers quote what the client sent; and a wrong method is a 405.
+// Range is not served; only JSON bodies are read; HEAD takes GET's key check; the Authorization
+// header is checked whole, and before a body is invited with 100 Continue; the messages about
+// max_tokens, huge numbers and unknown models quote what the client sent; an unknown path names
+// no field; and a wrong method is a 405.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,9 +22,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/document_key.h"
 #include "nlohmann/json.hpp"
 #include "services/router/http/http_server.h"
 #include "services/router/http/raw_http_client_for_test.h"
+#include "services/router/server/api_key_auth.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
 
@@ -343,6 +349,151 @@ TEST_F(HttpRequestHeadTest, HeadNeedsTheKeyGetNeeds) {
         Exchange(absl::StrCat(method, " /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
   }
+}
+
+// The router's own API key processor over a key file of two keys: "lzk_good" and "lzk_once", the
+// second allowed one request (burst 1, then a token per 100 s).
+class KeyFile {
+ public:
+  KeyFile() : path_(absl::StrCat(::testing::TempDir(), "/http-head-keys-", getpid(), ".yaml")) {
+    std::ofstream(path_) << "keys:\n"
+                         << "  - name: good\n    sha256: " << Sha256Hex("lzk_good")
+                         << "\n    scopes: [generate]\n"
+                         << "  - name: once\n    sha256: " << Sha256Hex("lzk_once")
+                         << "\n    scopes: [generate]\n"
+                         << "    limits: {requests_per_second: 0.01, burst: 1}\n";
+    auto created = ApiKeyAuthorizer::Create(path_, absl::Hours(1), registry_);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) processor_ = std::move(*created);
+  }
+  ~KeyFile() { std::remove(path_.c_str()); }
+
+  std::shared_ptr<grpc::AuthMetadataProcessor> processor() const { return processor_; }
+
+ private:
+  const std::string path_;
+  prometheus::Registry registry_;
+  std::shared_ptr<ApiKeyAuthorizer> processor_;
+};
+
+// The head of a chat request for a body of `body_bytes`.
+std::string ChatHead(const std::string& extra_headers, size_t body_bytes) {
+  return absl::StrCat(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+      extra_headers, "Connection: close\r\nContent-Length: ", body_bytes, "\r\n\r\n");
+}
+
+// cpp-httplib hands a header's value to get_header_value's callers as a C string, so a NUL cut
+// `Authorization: Bearer <key>\0<anything>` to the key, which was admitted. The whole value is
+// checked now: it is no key's, 401 as for any wrong key.
+TEST_F(HttpRequestHeadTest, AnAuthorizationValueIsCheckedWhole) {
+  KeyFile keys;
+  StartHttp(Options(), keys.processor());
+  const std::string models = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
+  const std::string good = Exchange(models + "Authorization: Bearer lzk_good\r\n\r\n");
+  EXPECT_EQ(good.rfind("HTTP/1.1 200", 0), 0u) << good;
+  const std::string wrong = Exchange(models + "Authorization: Bearer lzk_bad\r\n\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  const std::string cut = Exchange(models + "Authorization: Bearer lzk_good" +
+                                   std::string(1, '\0') + "whatever\r\n\r\n");
+  EXPECT_EQ(cut.rfind("HTTP/1.1 401", 0), 0u) << cut;
+  EXPECT_NE(cut.find("WWW-Authenticate: Bearer"), std::string::npos) << cut;
+  EXPECT_EQ(BodyOf(cut), BodyOf(wrong)) << cut;
+  // The header's name in any case, as HTTP has it.
+  const std::string lower = Exchange(models + "authorization: Bearer lzk_good\r\n\r\n");
+  EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower;
+}
+
+// The key is checked before the body is read, `Expect: 100-continue` included: a client without
+// a valid key was invited to send its body (100 Continue), which was read before the 401. It
+// gets the 401 at once now, the same as without Expect; a valid key is invited, and counted
+// against its rate once, not once per check.
+TEST_F(HttpRequestHeadTest, ExpectContinueChecksTheKeyFirst) {
+  KeyFile keys;
+  StartHttp(Options(), keys.processor());
+  const std::string body = kChatBody;
+  const std::string expect = "Expect: 100-continue\r\n";
+  for (const char* key : {"", "Authorization: Bearer lzk_bad\r\n"}) {
+    SCOPED_TRACE(key);
+    const std::string plain = Exchange(ChatHead(key, body.size()) + body);
+    ASSERT_EQ(plain.rfind("HTTP/1.1 401", 0), 0u) << plain;
+    const int fd = Connect(http_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, ChatHead(key + expect, body.size())));
+    bool closed = false;
+    const std::string reply = ReadAll(fd, &closed);
+    close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
+    EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
+    EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
+    EXPECT_EQ(BodyOf(reply), BodyOf(plain)) << reply;
+    EXPECT_TRUE(closed);
+  }
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, ChatHead("Authorization: Bearer lzk_once\r\n" + expect, body.size())));
+  EXPECT_EQ(ReadHead(fd).rfind("HTTP/1.1 100 Continue", 0), 0u);
+  ASSERT_TRUE(SendAll(fd, body));
+  const std::string served = ReadAll(fd);
+  close(fd);
+  EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served;
+  // Its one request is spent: the next is refused by its rate, before its body.
+  const std::string next =
+      Exchange(ChatHead("Authorization: Bearer lzk_once\r\n" + expect, body.size()));
+  EXPECT_EQ(next.rfind("HTTP/1.1 429", 0), 0u) << next;
+  // A body no endpoint reads is not invited either; the refusal is in OpenAI's shape.
+  for (const auto& [line, status] : {std::pair{"POST /v1/nowhere HTTP/1.1\r\n", "HTTP/1.1 404"},
+                                     std::pair{"POST /v1/models HTTP/1.1\r\n", "HTTP/1.1 405"}}) {
+    SCOPED_TRACE(line);
+    const std::string reply = Exchange(absl::StrCat(
+        line, "Host: x\r\n", expect, "Content-Length: 5\r\nConnection: close\r\n\r\n"));
+    EXPECT_EQ(reply.rfind(status, 0), 0u) << reply;
+    EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
+    EXPECT_TRUE(BodyOf(reply)["error"].is_object()) << reply;
+  }
+}
+
+// A 404 for a path that is no endpoint names no field: its `param` was whatever the message began
+// with up to a colon, the client's path ("https" for an absolute-form target).
+TEST_F(HttpRequestHeadTest, AnUnknownPathNamesNoField) {
+  StartHttp(Options());
+  for (const char* target : {"https://evil/v1/models", "foo:%20bar", "/v1/nowhere"}) {
+    SCOPED_TRACE(target);
+    const std::string reply =
+        Exchange(absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    EXPECT_EQ(reply.rfind("HTTP/1.1 404", 0), 0u) << reply;
+    const nlohmann::json error = BodyOf(reply)["error"];
+    EXPECT_EQ(error["code"], "not_found") << reply;
+    EXPECT_TRUE(error["param"].is_null()) << reply;
+  }
+}
+
+// An unknown model is quoted as any string the client sent, cut to 32 bytes (it was quoted to
+// the router's 64, or to 128 bytes by GET /v1/models/{id}).
+TEST_F(HttpRequestHeadTest, AnUnknownModelIsQuotedCutShort) {
+  StartHttp(Options());
+  const std::string model(200, 'm');
+  const std::string body = absl::StrCat(R"({"model": ")", model,
+                                        R"(", "messages": [{"role": "user", "content": "Hi?"}]})");
+  const std::string retrieve =
+      absl::StrCat("GET /v1/models/", model, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  for (const std::string& request : {ChatHead("", body.size()) + body, retrieve}) {
+    SCOPED_TRACE(request.substr(0, 20));
+    const std::string reply = Exchange(request);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 404", 0), 0u) << reply;
+    const nlohmann::json error = BodyOf(reply)["error"];
+    EXPECT_EQ(error["code"], "model_not_found") << reply;
+    EXPECT_EQ(error["param"], "model") << reply;
+    const std::string message = error.value("message", "");
+    EXPECT_EQ(
+        message.rfind(absl::StrCat("model: \"", std::string(32, 'm'), "...\" is not served"), 0),
+        0u)
+        << message;
+  }
+  // The ids served, as GET /v1/models lists them.
+  const std::string reply = Exchange(ChatHead("", body.size()) + body);
+  EXPECT_NE(reply.find("served: fake-model (GET /v1/models lists them)"), std::string::npos)
+      << reply;
 }
 
 // The 400s about max_tokens name the field the client used and quote the value it sent (a value

@@ -284,6 +284,72 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
   return false;
 }
 
+// The request's Authorization header, whole. cpp-httplib's get_header_value goes through a C
+// string, which a NUL in the value cut short: `Bearer <key>\0<anything>` was checked as
+// `Bearer <key>`. Whole, such a value is no key's (401, as any wrong key). The first of several,
+// as get_header_value has it; the header map's names compare case-insensitively.
+std::string AuthorizationOf(const httplib::Request& req) {
+  const auto range = req.headers.equal_range("Authorization");
+  return range.first == range.second ? std::string() : range.first->second;
+}
+
+// What is checked of a request after its headers and before its body: the method and path, the
+// router draining, the API key, and a completion's body framing (body_framing.h), so that an
+// unauthenticated client never makes the router buffer a body, and a body over the limit (by its
+// Content-Length) or of an ambiguous length is refused at once, unread. Only the completion
+// endpoints read a body; any other request that would make the library read one gets its 404
+// unread. Handled: `res` answers the request (the error handler writes the body of a 404 or 405
+// left empty). Unhandled: routing goes on, with the key's name in request_key_name.
+httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
+                                                 bool draining, int64_t max_body_bytes,
+                                                 const httplib::Request& req,
+                                                 httplib::Response& res) {
+  request_key_name.clear();
+  // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
+  // has no length), and no client of this API asks for one. Dropped, the whole response goes
+  // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
+  // non-const in its routing (as in ReadBody).
+  const_cast<httplib::Request&>(req).ranges.clear();
+  // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
+  // and the like 400 and anything else on a known path 404), its body unread.
+  if (const char* allow = WrongMethodAllow(req)) {
+    if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
+    res.status = 405;  // the error handler writes the body
+    res.set_header("Allow", allow);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const char* method = MethodOf(req);
+  if (method == nullptr) {
+    if (LibraryReadsBody(req)) {
+      RefuseUnread(req, res, max_body_bytes);
+      res.status = 404;  // the error handler writes the body
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // GET and the like: the library ignores a body, which must not be read as a next request.
+    if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
+    return httplib::Server::HandlerResponse::Unhandled;  // open or 404
+  }
+  if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res, max_body_bytes);
+  if (draining) {
+    RefuseUnread(req, res, max_body_bytes);
+    SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, &request_key_name);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      res.set_header("WWW-Authenticate", "Bearer");
+    }
+    RefuseUnread(req, res, max_body_bytes);
+    SendGrpcError(res, s);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
@@ -341,70 +407,30 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   // The per-key in-flight caps live in the router's API key processor (null without keys).
   auto* authorizer = dynamic_cast<ApiKeyAuthorizer*>(processor);
   KeyLimiter* key_limiter = authorizer != nullptr ? &authorizer->limiter() : nullptr;
-  // The API key is checked here, after the headers and before the body is read (cpp-httplib runs
-  // the pre-routing handler first), so an unauthenticated client never makes the router buffer a
-  // body. The key's name reaches the handler, which runs next on this thread, in request_key_name.
-  // The body's framing is checked here too, so a body over the limit (by its Content-Length) or of
-  // an ambiguous length is refused at once, unread (body_framing.h). Only the completion endpoints
-  // read a body; any other request that would make the library read one gets its 404 unread.
+  // The API key and the rest of CheckBeforeBody run here, after the headers and before the body
+  // is read (cpp-httplib runs the pre-routing handler first). The key's name reaches the handler,
+  // which runs next on this thread, in request_key_name.
   std::shared_ptr<const std::atomic<bool>> draining = server->draining_;
   const int64_t max_body_bytes = options.max_body_bytes;
   s.set_pre_routing_handler([processor, keep_auth, draining, max_body_bytes](
                                 const httplib::Request& req, httplib::Response& res) {
+    // Each request begins with its headers unmarked (guarded_server.h): marked already, it was
+    // checked by the `Expect: 100-continue` handler below, and reaches routing only if admitted
+    // there. Checked twice, it would count twice against its key's rate.
+    const bool checked_before_continue = HeadersMarkedReceived();
     MarkHeadersReceived();
-    request_key_name.clear();
-    // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
-    // has no length), and no client of this API asks for one. Dropped, the whole response goes
-    // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
-    // non-const in its routing (as in ReadBody).
-    const_cast<httplib::Request&>(req).ranges.clear();
-    // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
-    // and the like 400 and anything else on a known path 404), its body unread.
-    if (const char* allow = WrongMethodAllow(req)) {
-      if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
-      res.status = 405;  // the error handler writes the body
-      res.set_header("Allow", allow);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    const char* method = MethodOf(req);
-    if (method == nullptr) {
-      if (LibraryReadsBody(req)) {
-        RefuseUnread(req, res, max_body_bytes);
-        res.status = 404;  // the error handler writes the body
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      // GET and the like: the library ignores a body, which must not be read as a next request.
-      if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
-      return httplib::Server::HandlerResponse::Unhandled;  // open or 404
-    }
-    if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res, max_body_bytes);
-    if (draining->load()) {
-      RefuseUnread(req, res, max_body_bytes);
-      SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    grpc::Status s =
-        CheckApiKey(processor, req.get_header_value("Authorization"), method, &request_key_name);
-    if (!s.ok()) {
-      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-        res.set_header("WWW-Authenticate", "Bearer");
-      }
-      RefuseUnread(req, res, max_body_bytes);
-      SendGrpcError(res, s);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    if (checked_before_continue) return httplib::Server::HandlerResponse::Unhandled;
+    return CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res);
   });
-  // `Expect: 100-continue` is answered before the pre-routing handler runs: a body the router
-  // would refuse by its framing is refused here instead of invited.
-  s.set_expect_100_continue_handler(
-      [max_body_bytes](const httplib::Request& req, httplib::Response& res) {
-        MarkHeadersReceived();
-        return IsCompletion(req) ? RefuseBadFraming(req, res, max_body_bytes) : 100;
-      });
+  // `Expect: 100-continue` is answered before the pre-routing handler runs: a request the router
+  // would refuse before reading its body (no or a wrong API key, its framing, ...) is refused
+  // here, with the same answer, instead of invited to send the body.
+  s.set_expect_100_continue_handler([processor, keep_auth, draining, max_body_bytes](
+                                        const httplib::Request& req, httplib::Response& res) {
+    MarkHeadersReceived();
+    const auto checked = CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res);
+    return checked == httplib::Server::HandlerResponse::Handled ? res.status : 100;
+  });
   // Runs for every response, before its head is written. A response that says `Connection:
   // close` closes the connection (the library only sends the header). And a connection whose
   // next bytes may be the rest of this request is closed, lest they be read as a next request
@@ -487,9 +513,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
               return;
             }
           }
+          // Quoted as any string the client sent (QuoteForMessage: cut on a character boundary).
           SendError(res, 404,
-                    absl::StrCat("model: \"", wanted.substr(0, 128),
-                                 "\" is not served here (GET /v1/models lists those that are)"),
+                    absl::StrCat("model: ", QuoteForMessage(nlohmann::json(wanted)),
+                                 " is not served here (GET /v1/models lists those that are)"),
                     "model_not_found");
         }));
   // A load balancer's readiness check: 503 once the router drains (it refuses new requests

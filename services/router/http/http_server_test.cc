@@ -277,7 +277,7 @@ TEST_F(HttpServerTest, TopLogprobsOutOfBoundsAre400NamingTheField) {
       {"/v1/chat/completions", "{" + user + R"(, "top_logprobs": 2})", "top_logprobs",
        "needs logprobs: true"},
       {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": 2.5})",
-       "top_logprobs", "expected an integer, got number"},
+       "top_logprobs", "expected an integer, got 2.5"},
       {"/v1/completions", R"({"prompt": "Hi?", "logprobs": 21})", "logprobs",
        "expected an integer in [0, 20], got 21"},
   };
@@ -431,9 +431,9 @@ TEST_F(HttpServerTest, LogitBiasNoWorkerAppliesIsA400NamingNoWorker) {
   worker_.SetMaxLogitBias(0);
   StartRouter();
   StartHttp(Options(), nullptr);
-  const std::string reply = Post(
-      "/v1/chat/completions",
-      R"({"messages": [{"role": "user", "content": "Hi?"}], "logit_bias": {"7": 1, "8": 2}})");
+  const std::string reply =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "Hi?"}], "logit_bias": {"7": 1, "8": 2}})");
   EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
   const auto body = JsonOf(reply);
   ASSERT_EQ(body.size(), 1u);

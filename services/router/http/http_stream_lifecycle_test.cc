@@ -294,7 +294,8 @@ TEST_P(HttpStreamLifecycleTest, HealthSaysDegradedWhileEveryWorkerIsEjected) {
       << health;
   // Ejected for the default base ejection (2 s), far longer than the check below.
   ASSERT_TRUE(router_->context().selector().outliers().Record(
-      worker_->Status().address(), ProbeResult::kNotServing, MonotonicNow()));
+      OutlierKey(worker_->Status().worker_id(), worker_->Status().address()),
+      ProbeResult::kNotServing, MonotonicNow()));
   health = Health();
   EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
   EXPECT_NE(health.find(R"({"admitted":0,"status":"degraded","workers":1})"), std::string::npos)

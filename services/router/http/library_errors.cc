@@ -28,7 +28,9 @@ void WriteUnhandledError(const HttpOptions& options, const httplib::Request& req
       code = "uri_too_long";
       break;
     case 404:
-      message = absl::StrCat(req.path.substr(0, 64),
+      // Begins with the method, as the 405's: a message that began with the client's path would
+      // give the error a `param` of whatever the path began with (ParamOf).
+      message = absl::StrCat(req.method.substr(0, 16), " ", req.path.substr(0, 64),
                              ": no such endpoint (POST /v1/chat/completions, POST "
                              "/v1/completions, GET /v1/models, GET /v1/models/{id}, GET "
                              "/health)");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <string>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -26,8 +27,11 @@ absl::Status NotSupported(absl::string_view field, absl::string_view why, const 
   return Invalid(field, absl::StrCat("not supported (", why, "), got ", QuoteForMessage(got)));
 }
 
+// A number is quoted as sent (1e20 is whole but beyond any count, 2.5 is not whole: the type alone
+// would not say which), as IntegerOf quotes `n` and `max_tokens`; anything else by its type.
 absl::Status WrongType(absl::string_view field, absl::string_view expected, const json& got) {
-  return Invalid(field, absl::StrCat("expected ", expected, ", got ", got.type_name()));
+  return Invalid(field, absl::StrCat("expected ", expected, ", got ",
+                                     got.is_number() ? got.dump() : std::string(got.type_name())));
 }
 
 // A field absent or null is "not set", as OpenAI treats null.

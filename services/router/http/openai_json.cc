@@ -72,6 +72,16 @@ absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
                                      v.is_number() ? v.dump() : std::string(v.type_name())));
 }
 
+// A positive whole number too large for IntegerOf to read: an unsigned integer beyond int64
+// (nlohmann keeps up to 2^64 - 1 exact) or a float from 9e15 on (every double that large is
+// whole, but IntegerOf reads floats only below it, where they are exact).
+bool TooLargeForIntegerOf(const json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  }
+  return v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() >= 9.0e15;
+}
+
 // A float field: absent -> `fallback`.
 absl::Status ReadFloat(const json& body, const char* name, float* out) {
   if (const json* v = Field(body, name)) {
@@ -258,15 +268,23 @@ absl::Status ReadSampling(const json& body, OpenAiRequest* out) {
   }
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {  // the second wins
     if (const json* v = Field(body, name)) {
-      ASSIGN_OR_RETURN(const int64_t n, IntegerOf(*v, name));
-      if (n < 1) return Invalid(name, absl::StrCat("must be at least 1, got ", n));
       // Beyond int32 it goes as int32's max, over any limits.max_tokens: the shared validator
       // refuses it (with the router's limit in its message), and ToHttpFieldNames puts back the
-      // value sent and the field it came in.
+      // value sent and the field it came in. So does a whole number beyond what IntegerOf reads
+      // (18446744073709551615, 1e20): it is as much out of range, not of another type.
       constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+      std::string sent;
+      int64_t n = kMax;
+      if (TooLargeForIntegerOf(*v)) {
+        sent = v->dump();
+      } else {
+        ASSIGN_OR_RETURN(n, IntegerOf(*v, name));
+        if (n < 1) return Invalid(name, absl::StrCat("must be at least 1, got ", n));
+        if (n > kMax) sent = absl::StrCat(n);
+      }
       s->set_max_tokens(static_cast<int32_t>(std::min(n, kMax)));
       out->max_tokens_field = name;
-      out->max_tokens_sent = n > kMax ? absl::StrCat(n) : "";
+      out->max_tokens_sent = std::move(sent);
     }
   }
   if (const json* v = Field(body, "seed")) {
@@ -276,6 +294,7 @@ absl::Status ReadSampling(const json& body, OpenAiRequest* out) {
   if (const json* v = Field(body, "stop")) {
     if (v->is_string()) {
       s->add_stop(v->get<std::string>());
+      out->stop_string = true;
     } else if (v->is_array()) {
       for (size_t i = 0; i < v->size(); ++i) {
         ASSIGN_OR_RETURN(std::string stop, StringOf((*v)[i], absl::StrCat("stop[", i, "]")));
@@ -376,20 +395,60 @@ json ChunkChoice(const ResponseMeta& meta, int index, const std::string* text, b
   return choice;
 }
 
+// What the JSON parser cannot be trusted with, found in one linear pass over the raw body before
+// it parses: nesting deeper than kMaxJsonDepth, and a NUL byte (nlohmann's lexer reads a NUL
+// outside a string as the end of the input, so `{...}\0<anything>` parsed as `{...}`; JSON has
+// no place for a raw NUL, which must be escaped inside a string). Depth is counted as the parser
+// counts it: a value may have at most kMaxJsonDepth containers around it, so the innermost of
+// kMaxJsonDepth + 1 nested containers may only be empty. Brackets inside strings (escapes
+// included) are text, not nesting. Any other fault is the parser's to find.
+absl::Status CheckRawJson(std::string_view body) {
+  int depth = 0;  // containers open around the next byte
+  bool in_string = false;
+  bool escaped = false;  // the previous byte was a backslash inside a string
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (c == '\0') {
+      return Invalid("body", absl::StrCat("not valid JSON (a NUL byte at offset ", i, ")"));
+    }
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == ']' || c == '}') {
+      if (depth > 0) --depth;  // an unmatched one is the parser's error
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    // Anything else begins a value, a key or a separator; past the limit only the closing of
+    // the innermost container may come (a separator cannot, as no value came before it).
+    if (depth > kMaxJsonDepth) {
+      return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
+    }
+    if (c == '[' || c == '{') {
+      ++depth;
+    } else if (c == '"') {
+      in_string = true;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body_text) {
-  bool too_deep = false;
-  json body = json::parse(
-      body_text.begin(), body_text.end(),
-      [&too_deep](int depth, json::parse_event_t, json&) {
-        if (depth > kMaxJsonDepth) too_deep = true;
-        return !too_deep;
-      },
-      /*allow_exceptions=*/false);
-  if (too_deep) {
-    return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
-  }
+  RETURN_IF_ERROR(CheckRawJson(body_text));
+  // No parse callback: with one, nlohmann 3.11's DOM parser scans the enclosing container each
+  // time an object closes, which made a body of many small objects quadratic (4 MB of `{},`:
+  // minutes of CPU on a connection thread).
+  json body = json::parse(body_text.begin(), body_text.end(), /*cb=*/nullptr,
+                          /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     // nlohmann refuses a number beyond a double's range as a parse error: name it, as sent.
     if (const auto number = FindOutOfRangeNumber(body_text, kMaxJsonDepth)) {
@@ -470,6 +529,11 @@ std::string MaxTokensRangeForHttp(absl::string_view what) {
 
 std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view message) {
   const absl::string_view m(message.data(), message.size());
+  // The request holds a string `stop` as a list of one: the field is `stop`, not its entry.
+  constexpr absl::string_view kFirstStop = "sampling.stop[0]: ";
+  if (request.stop_string && absl::StartsWith(m, kFirstStop)) {
+    return absl::StrCat("stop: ", m.substr(kFirstStop.size()));
+  }
   constexpr absl::string_view kMaxTokens = "sampling.max_tokens: ";
   if (!absl::StartsWith(m, kMaxTokens)) return ToHttpFieldNames(request.kind, message);
   absl::string_view what = m.substr(kMaxTokens.size());

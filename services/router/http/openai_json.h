@@ -56,11 +56,20 @@ struct OpenAiRequest {
   std::string max_tokens_sent;
   // A completion's `echo: true`: each choice's text begins with the prompt (the question).
   bool echo = false;
+  // `stop` came as one string (the request holds it as a list of one): messages about it name
+  // `stop`, not `stop[0]` (ToHttpFieldNames).
+  bool stop_string = false;
 };
 
-// Nesting deeper than this is refused (the body is parsed before any field is read).
+// Nesting deeper than this is refused before the body is parsed: a value may have at most this
+// many containers (lists and objects) around it, so kMaxJsonDepth + 1 nested containers are
+// refused unless the innermost is empty ("body: JSON nested deeper than 64 levels"). Brackets
+// inside strings are not nesting.
 inline constexpr int kMaxJsonDepth = 64;
 
+// A body that is not JSON is InvalidArgument naming `body`; so is one with a raw NUL byte anywhere
+// ("body: not valid JSON (a NUL byte at offset N)": JSON has no place for one, a NUL in a string
+// must be escaped). Takes time linear in the body's size.
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body);
 
 // Rewrites a validator message that names a gRPC field ("sampling.max_tokens: ...") to the JSON
@@ -70,7 +79,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
 std::string ToHttpFieldNames(ApiKind kind, std::string_view message);
 // The same for a message about `request`: "sampling.max_tokens: ..." names the field the client
 // used (max_completion_tokens or max_tokens) and quotes the value it sent, where the request
-// holds a clamped one ("max_tokens: 10000000000 outside [0, 4096]", not 2147483647).
+// holds a clamped one ("max_tokens: 10000000000 outside [1, 4096]", not 2147483647); a message
+// about the first stop string of a `stop` sent as one string names `stop`.
 std::string ToHttpFieldNames(const OpenAiRequest& request, std::string_view message);
 
 // What every response object of one request carries.

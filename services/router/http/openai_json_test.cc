@@ -271,11 +271,12 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
        "guided_choice: not supported (output is not constrained), got array"},
       // Wrong types name the field too.
       {chat, "logprobs", R"("logprobs": "yes")", "logprobs: expected true or false, got string"},
-      {chat, "logprobs", R"("logprobs": 1)", "logprobs: expected true or false, got number"},
+      // A number of the wrong kind is quoted as sent (as `n` and `max_tokens` are).
+      {chat, "logprobs", R"("logprobs": 1)", "logprobs: expected true or false, got 1"},
       {text, "logprobs", R"("logprobs": true)", "logprobs: expected an integer, got boolean"},
       {text, "logprobs", R"("logprobs": -1)", "logprobs: expected an integer in [0, 20], got -1"},
       {text, "logprobs", R"("logprobs": 21)", "logprobs: expected an integer in [0, 20], got 21"},
-      {text, "logprobs", R"("logprobs": 2.5)", "logprobs: expected an integer, got number"},
+      {text, "logprobs", R"("logprobs": 2.5)", "logprobs: expected an integer, got 2.5"},
       {text, "logprobs", R"("logprobs": "5")", "logprobs: expected an integer, got string"},
       {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": -2)",
        "top_logprobs: expected an integer in [0, 20], got -2"},
@@ -284,7 +285,11 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
       {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 1e9)",
        "top_logprobs: expected an integer in [0, 20], got 1000000000.0"},
       {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 1.5)",
-       "top_logprobs: expected an integer, got number"},
+       "top_logprobs: expected an integer, got 1.5"},
+      {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": 1e300)",
+       "top_logprobs: expected an integer, got 1e+300"},
+      {text, "top_logprobs", R"("top_logprobs": 0.5)",
+       "top_logprobs: expected an integer, got 0.5"},
       {chat, "top_logprobs", R"("logprobs": true, "top_logprobs": true)",
        "top_logprobs: expected an integer, got boolean"},
       // Alternatives come beside the chosen token's own, as OpenAI's.
@@ -293,7 +298,9 @@ TEST(OpenAiJsonTest, FieldsThatWouldChangeTheAnswerAreRefusedNamingTheField) {
       {chat, "top_logprobs", R"("logprobs": false, "top_logprobs": 3)",
        "top_logprobs: needs logprobs: true, got 3 with logprobs false"},
       {text, "best_of", R"("best_of": 0)", "best_of: must be at least n (1), got 0"},
-      {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got number"},
+      {text, "best_of", R"("best_of": 1.5)", "best_of: expected an integer, got 1.5"},
+      {text, "best_of", R"("best_of": 1e20)", "best_of: expected an integer, got 1e+20"},
+      {text, "suffix", R"("suffix": 7)", "suffix: expected a string, got 7"},
       {chat, "tools", R"("tools": {})", "tools: expected a list, got object"},
       {chat, "response_format", R"("response_format": "json")",
        "response_format: expected an object, got string"},
@@ -397,6 +404,100 @@ TEST(OpenAiJsonTest, DeepNestingIsRefusedNotRecursed) {
   EXPECT_THAT(ErrorOf(ApiKind::kChat, deep), HasSubstr("body: JSON nested deeper than 64"));
 }
 
+// The depth limit is applied by a scan of the raw body (a parse callback applied it, which made
+// parsing quadratic in the number of objects), to the parser's own count: a value may have 64
+// containers around it. The body's object and 63 lists may hold a value; 64 lists only an empty
+// one.
+TEST(OpenAiJsonTest, TheDepthLimitIsExact) {
+  const ApiKind text = ApiKind::kCompletion;
+  const std::string deep = "body: JSON nested deeper than 64 levels";
+  auto lists = [](int n, const std::string& inner) {
+    return R"({"prompt": "p", "x": )" + std::string(n, '[') + inner + std::string(n, ']') + "}";
+  };
+  EXPECT_EQ(ErrorOf(text, lists(63, "1")), "ok");
+  EXPECT_EQ(ErrorOf(text, lists(63, "{}")), "ok");
+  EXPECT_EQ(ErrorOf(text, lists(64, "")), "ok");
+  EXPECT_EQ(ErrorOf(text, lists(64, " \n ")), "ok");
+  EXPECT_EQ(ErrorOf(text, lists(64, "1")), deep);
+  EXPECT_EQ(ErrorOf(text, lists(64, R"("")")), deep);
+  EXPECT_EQ(ErrorOf(text, lists(64, "[]")), deep);
+  EXPECT_EQ(ErrorOf(text, lists(65, "")), deep);
+  // Objects count as lists do; a key is a value's place.
+  auto objects = [](int n, const std::string& inner) {
+    std::string body = R"({"prompt": "p", "x": )";
+    for (int i = 0; i < n; ++i) body += R"({"a": )";
+    return body + inner + std::string(n, '}') + "}";
+  };
+  EXPECT_EQ(ErrorOf(text, objects(63, "1")), "ok");
+  EXPECT_EQ(ErrorOf(text, objects(63, "{}")), "ok");
+  EXPECT_EQ(ErrorOf(text, objects(64, "1")), deep);
+  EXPECT_EQ(ErrorOf(text, objects(63, R"({"k": 1})")), deep);
+  // Past the limit and then invalid: the depth is named.
+  EXPECT_EQ(ErrorOf(text, lists(70, "")), deep);
+  EXPECT_EQ(ErrorOf(text, std::string(100, '[')), "body: JSON nested deeper than 64 levels");
+}
+
+// Brackets inside strings are text, not nesting, whatever escapes the strings hold; an escaped
+// backslash does not escape the quote after it.
+TEST(OpenAiJsonTest, BracketsInStringsAreNotNesting) {
+  const ApiKind text = ApiKind::kCompletion;
+  const std::string brackets = std::string(100, '[') + std::string(100, '{');
+  const std::string body = R"({"prompt": ")" + brackets + R"(", "x": "\")" + brackets +
+                           R"(\"", "y": ["\\\"", ")" + brackets + R"("], ")" + brackets +
+                           R"(": {"\u005b": "]]]"}})";
+  auto r = ParseOpenAiRequest(text, body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.question(), brackets);
+  // After a string that ends in an escaped backslash, brackets are nesting again.
+  EXPECT_EQ(ErrorOf(text, R"({"prompt": "\\", "x": )" + std::string(70, '[') +
+                              std::string(70, ']') + "}"),
+            "body: JSON nested deeper than 64 levels");
+  EXPECT_EQ(ErrorOf(text, R"({"prompt": "a\"b", "x": )" + std::string(70, '[') +
+                              std::string(70, ']') + "}"),
+            "body: JSON nested deeper than 64 levels");
+}
+
+// nlohmann's lexer reads a NUL as the end of the input, so a body with one after its object (and
+// anything after it) was accepted as the object. JSON has no place for a raw NUL: refused, where
+// it is, inside a string too; escaped, it is text.
+TEST(OpenAiJsonTest, ANulByteIsNotJson) {
+  const ApiKind text = ApiKind::kCompletion;
+  const std::string body = R"({"prompt": "Hi", "max_tokens": 2})";
+  const std::string nul(1, '\0');
+  EXPECT_EQ(ErrorOf(text, body + nul + "garbage"),
+            absl::StrCat("body: not valid JSON (a NUL byte at offset ", body.size(), ")"));
+  EXPECT_EQ(ErrorOf(text, body + nul),
+            absl::StrCat("body: not valid JSON (a NUL byte at offset ", body.size(), ")"));
+  EXPECT_EQ(ErrorOf(text, R"({"prompt": "H)" + nul + R"(i"})"),
+            "body: not valid JSON (a NUL byte at offset 13)");
+  EXPECT_EQ(ErrorOf(text, nul), "body: not valid JSON (a NUL byte at offset 0)");
+  auto r = ParseOpenAiRequest(text, "{\"prompt\": \"H\\u0000i\"}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.question(), std::string("H\0i", 3));
+}
+
+// `stop` sent as one string is held as a list of one: a message about it names `stop` (its
+// `param`), not `stop[0]`; an entry of a list keeps its index.
+TEST(OpenAiJsonTest, AStopStringIsNamedStop) {
+  const std::string user = R"({"messages": [{"role": "user", "content": "x"}], )";
+  struct Case {
+    std::string stop;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{{R"("")", "stop: empty stop string"},
+                                         {R"([""])", "stop[0]: empty stop string"},
+                                         {R"(["a", ""])", "stop[1]: empty stop string"}}) {
+    SCOPED_TRACE(c.stop);
+    auto r = ParseOpenAiRequest(ApiKind::kChat, user + R"("stop": )" + c.stop + "}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::Status s = ValidateGenerateRequest(r->request, ApiLimits(), 0);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    const std::string message = ToHttpFieldNames(*r, std::string(s.message()));
+    EXPECT_EQ(message, c.message);
+    EXPECT_EQ(ParamOf(message), c.message.substr(0, c.message.find(':')));
+  }
+}
+
 TEST(OpenAiJsonTest, FieldNamesOfSharedValidatorMessages) {
   // The HTTP API refuses max_tokens 0 itself: its range starts at 1.
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "sampling.max_tokens: 9999 outside [0, 4096]"),
@@ -427,7 +528,14 @@ TEST(OpenAiJsonTest, MaxTokensMessagesNameTheFieldAndTheValueAsSent) {
            {R"("max_completion_tokens": 5000})", "max_completion_tokens: 5000 outside [1, 4096]"},
            {R"("max_tokens": 5, "max_completion_tokens": 2147483648})",
             "max_completion_tokens: 2147483648 outside [1, 4096]"},
-           {R"("max_tokens": 2147483647})", "max_tokens: 2147483647 outside [1, 4096]"}}) {
+           {R"("max_tokens": 2147483647})", "max_tokens: 2147483647 outside [1, 4096]"},
+           // Beyond what an int64 holds, or a float too large to read as one: as out of range.
+           {R"("max_tokens": 18446744073709551615})",
+            "max_tokens: 18446744073709551615 outside [1, 4096]"},
+           {R"("max_tokens": 9223372036854775808})",
+            "max_tokens: 9223372036854775808 outside [1, 4096]"},
+           {R"("max_completion_tokens": 1e20})", "max_completion_tokens: 1e+20 outside [1, 4096]"},
+           {R"("max_tokens": 1e16})", "max_tokens: 1e+16 outside [1, 4096]"}}) {
     SCOPED_TRACE(c.fields);
     auto r = ParseOpenAiRequest(ApiKind::kChat, user + c.fields);
     ASSERT_TRUE(r.ok()) << r.status();
