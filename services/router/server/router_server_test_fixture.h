@@ -95,6 +95,18 @@ class RouterServerTest : public ::testing::Test {
   std::string Metrics() const {
     return prometheus::TextSerializer().Serialize(registry_->Collect());
   }
+  // The metrics once they contain `want` (a call is counted when it has ended on the router's side
+  // too, which may come after the client's end), or as they are after `timeout`.
+  std::string MetricsOnceContaining(const std::string& want,
+                                    absl::Duration timeout = absl::Seconds(30)) const {
+    const absl::Time until = absl::Now() + timeout;
+    std::string metrics = Metrics();
+    while (metrics.find(want) == std::string::npos && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+      metrics = Metrics();
+    }
+    return metrics;
+  }
 
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   FakeKvdir kvdir_;

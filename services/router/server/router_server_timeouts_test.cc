@@ -228,11 +228,7 @@ TEST_F(RouterServerTest, ClientDeadlineExpiryIsAlwaysCountedAsDeadlineExceeded) 
       "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
       "\"deadline_exceeded\"} ",
       2 * deadlines.size() + 1);
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const std::string metrics = Metrics();
+  const std::string metrics = MetricsOnceContaining(want);
   EXPECT_THAT(metrics, HasSubstr(want));
   EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
                                  "\"cache_aware\",status=\"cancelled\"} 0"));
@@ -419,11 +415,7 @@ TEST_F(RouterServerTest, ClientsCancellingMidStreamAreCountedCancelled) {
       "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
       "\"cancelled\"} ",
       kStreams);
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (Metrics().find(want) == std::string::npos && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const std::string metrics = Metrics();
+  const std::string metrics = MetricsOnceContaining(want);
   EXPECT_THAT(metrics, HasSubstr(want));
   EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
                                  "\"cache_aware\",status=\"unavailable\"} 0"));
