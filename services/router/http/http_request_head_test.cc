@@ -441,16 +441,47 @@ TEST_F(HttpRequestHeadTest, ExpectContinueChecksTheKeyFirst) {
   const std::string next =
       Exchange(ChatHead("Authorization: Bearer lzk_once\r\n" + expect, body.size()));
   EXPECT_EQ(next.rfind("HTTP/1.1 429", 0), 0u) << next;
-  // A body no endpoint reads is not invited either; the refusal is in OpenAI's shape.
+  // A body no endpoint reads is not invited either; the refusal is in OpenAI's shape. That holds
+  // for endpoints that take a request without a body too (with a valid key, and without one where
+  // none is needed).
+  const std::string good = "Authorization: Bearer lzk_good\r\n";
   for (const auto& [line, status] : {std::pair{"POST /v1/nowhere HTTP/1.1\r\n", "HTTP/1.1 404"},
-                                     std::pair{"POST /v1/models HTTP/1.1\r\n", "HTTP/1.1 405"}}) {
+                                     std::pair{"POST /v1/models HTTP/1.1\r\n", "HTTP/1.1 405"},
+                                     std::pair{"GET /v1/models HTTP/1.1\r\n", "HTTP/1.1 400"},
+                                     std::pair{"GET /health HTTP/1.1\r\n", "HTTP/1.1 400"}}) {
     SCOPED_TRACE(line);
     const std::string reply = Exchange(absl::StrCat(
-        line, "Host: x\r\n", expect, "Content-Length: 5\r\nConnection: close\r\n\r\n"));
+        line, "Host: x\r\n", good, expect, "Content-Length: 5\r\nConnection: close\r\n\r\n"));
     EXPECT_EQ(reply.rfind(status, 0), 0u) << reply;
     EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
     EXPECT_TRUE(BodyOf(reply)["error"].is_object()) << reply;
   }
+}
+
+// A request admitted by the `Expect: 100-continue` check is not checked again when it is routed;
+// that must never carry over to the next request of the connection: a request without a key
+// after it, kept alive or pipelined, is refused.
+TEST_F(HttpRequestHeadTest, AKeyCheckedBeforeContinueCoversOnlyItsOwnRequest) {
+  KeyFile keys;
+  StartHttp(Options(), keys.processor());
+  const std::string body = kChatBody;
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                       "Content-Type: application/json\r\n"
+                                       "Authorization: Bearer lzk_good\r\n"
+                                       "Expect: 100-continue\r\nContent-Length: ",
+                                       body.size(), "\r\n\r\n")));
+  EXPECT_EQ(ReadHead(fd).rfind("HTTP/1.1 100 Continue", 0), 0u);
+  // The body, and right behind it a keyless request on the same connection.
+  ASSERT_TRUE(
+      SendAll(fd, body + "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string replies = ReadAll(fd);
+  close(fd);
+  EXPECT_EQ(replies.rfind("HTTP/1.1 200", 0), 0u) << replies;
+  const size_t second = replies.find("HTTP/1.1 ", 1);
+  ASSERT_NE(second, std::string::npos) << replies;
+  EXPECT_EQ(replies.compare(second, 12, "HTTP/1.1 401"), 0) << replies.substr(second);
 }
 
 // A 404 for a path that is no endpoint names no field: its `param` was whatever the message began

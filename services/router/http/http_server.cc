@@ -429,7 +429,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                                         const httplib::Request& req, httplib::Response& res) {
     MarkHeadersReceived();
     const auto checked = CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res);
-    return checked == httplib::Server::HandlerResponse::Handled ? res.status : 100;
+    if (checked == httplib::Server::HandlerResponse::Handled) return res.status;
+    // Only the completions read a body: another request's would be uploaded only to be dropped
+    // (it is refused unread, and the connection closed). Not invited: a final answer instead of
+    // 100, as RFC 9110 lets a server give.
+    if (CarriesBody(req) && !IsCompletion(req)) {
+      SendError(res, 400, "body: this endpoint reads none; send the request without one",
+                "invalid_argument");
+      return 400;
+    }
+    return 100;
   });
   // Runs for every response, before its head is written. A response that says `Connection:
   // close` closes the connection (the library only sends the header). And a connection whose

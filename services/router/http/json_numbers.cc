@@ -52,7 +52,9 @@ class Finder {
   };
 
   bool Begin(bool array) {
-    if (frames_.size() >= max_depth_) return false;  // the body is refused as too deep anyway
+    // As deep as the raw scan lets a body be (openai_json.cc, CheckRawJson): an empty innermost
+    // container one past the depth limit.
+    if (frames_.size() > max_depth_) return false;
     frames_.push_back(Frame{array, "", 0});
     return true;
   }

@@ -432,6 +432,12 @@ TEST(OpenAiJsonTest, TheDepthLimitIsExact) {
   EXPECT_EQ(ErrorOf(text, objects(63, "{}")), "ok");
   EXPECT_EQ(ErrorOf(text, objects(64, "1")), deep);
   EXPECT_EQ(ErrorOf(text, objects(63, R"({"k": 1})")), deep);
+  // At the deepest a body may be, a number beyond a double's range elsewhere is still named as
+  // such (its finder once allowed one level less than the scan).
+  const std::string at_limit = R"({"prompt": "p", "x": )" + std::string(64, '[') +
+                               std::string(64, ']') + R"(, "max_tokens": 1e400})";
+  EXPECT_EQ(ErrorOf(text, at_limit).rfind("max_tokens: 1e400 is out of range", 0), 0u)
+      << ErrorOf(text, at_limit);
   // Past the limit and then invalid: the depth is named.
   EXPECT_EQ(ErrorOf(text, lists(70, "")), deep);
   EXPECT_EQ(ErrorOf(text, std::string(100, '[')), "body: JSON nested deeper than 64 levels");
