@@ -77,12 +77,12 @@ grpc::Status PublishRawBytes(const std::shared_ptr<grpc::Channel>& channel,
   void* tag = nullptr;
   bool ok = false;
   call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
+  EXPECT_TRUE(cq.Next(&tag, &ok) && ok) << "the Publish call did not start";
   for (const std::string& bytes : messages) {
     grpc::Slice slice(bytes);
     grpc::ByteBuffer message(&slice, 1);
     call->Write(message, reinterpret_cast<void*>(2));
-    cq.Next(&tag, &ok);
+    if (!cq.Next(&tag, &ok) || !ok) break;  // kvdir ended the stream: its status says why
   }
   // Drain replies until the stream ends; kvdir must end it (no half-close is sent).
   grpc::ByteBuffer reply;

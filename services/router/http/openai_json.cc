@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/router/http/json_numbers.h"
+#include "services/router/http/json_raw_checks.h"
 
 namespace lazyattn::router {
 namespace {
@@ -395,58 +396,11 @@ json ChunkChoice(const ResponseMeta& meta, int index, const std::string* text, b
   return choice;
 }
 
-// What the JSON parser cannot be trusted with, found in one linear pass over the raw body before
-// it parses: nesting deeper than kMaxJsonDepth, and a NUL byte (nlohmann's lexer reads a NUL
-// outside a string as the end of the input, so `{...}\0<anything>` parsed as `{...}`; JSON has
-// no place for a raw NUL, which must be escaped inside a string). Depth is counted as the parser
-// counts it: a value may have at most kMaxJsonDepth containers around it, so the innermost of
-// kMaxJsonDepth + 1 nested containers may only be empty. Brackets inside strings (escapes
-// included) are text, not nesting. Any other fault is the parser's to find.
-absl::Status CheckRawJson(std::string_view body) {
-  int depth = 0;  // containers open around the next byte
-  bool in_string = false;
-  bool escaped = false;  // the previous byte was a backslash inside a string
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (c == '\0') {
-      return Invalid("body", absl::StrCat("not valid JSON (a NUL byte at offset ", i, ")"));
-    }
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == ']' || c == '}') {
-      if (depth > 0) --depth;  // an unmatched one is the parser's error
-      continue;
-    }
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-    // Anything else begins a value, a key or a separator; past the limit only the closing of
-    // the innermost container may come (a separator cannot, as no value came before it).
-    if (depth > kMaxJsonDepth) {
-      return Invalid("body", absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels"));
-    }
-    if (c == '[' || c == '{') {
-      ++depth;
-    } else if (c == '"') {
-      in_string = true;
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body_text) {
-  RETURN_IF_ERROR(CheckRawJson(body_text));
-  // No parse callback: with one, nlohmann 3.11's DOM parser scans the enclosing container each
-  // time an object closes, which made a body of many small objects quadratic (4 MB of `{},`:
-  // minutes of CPU on a connection thread).
+  RETURN_IF_ERROR(CheckRawJson(body_text, kMaxJsonDepth));
+  // No parse callback: with one, parsing is quadratic (json_raw_checks.h bounds the depth).
   json body = json::parse(body_text.begin(), body_text.end(), /*cb=*/nullptr,
                           /*allow_exceptions=*/false);
   if (body.is_discarded()) {
