@@ -3,17 +3,14 @@
 // line) sent without end are cut at a byte cap, not buffered until the header timeout; a request
 // answered without its body being read closes its connection, so the body cannot be read as a
 // second request (CL.0 desync), whoever answered it (the library's own 414, 416 and 400 included);
-// Range is not served; only JSON bodies are read; HEAD takes GET's key check; the Authorization
-// header is checked whole, and before a body is invited with 100 Continue; the messages about
-// max_tokens, huge numbers and unknown models quote what the client sent; an unknown path names
-// no field; and a wrong method is a 405.
+// Range is not served; only JSON bodies are read; the messages about max_tokens, huge numbers and
+// unknown models quote what the client sent; an unknown path names no field; and a wrong method is
+// a 405. The API key checks made from the head: http_request_keys_test.cc.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,48 +19,18 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/document_key.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/http_request_head_test_fixture.h"
 #include "services/router/http/http_server.h"
 #include "services/router/http/raw_http_client_for_test.h"
-#include "services/router/server/api_key_auth.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
 
-namespace lazyattn::router {
+namespace lazyattn::router::http_test {
 namespace {
 
-using testing::Connect;
 using testing::CountResponses;
-using testing::FakeKvdir;
-using testing::FakeWorker;
-using testing::ReadAll;
 using testing::ReadHead;
-using testing::SendAll;
-
-// Refuses every key, as the router's processor refuses a client without one.
-class RejectAll final : public grpc::AuthMetadataProcessor {
- public:
-  bool IsBlocking() const override { return false; }
-  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
-                       OutputMetadata*) override {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
-  }
-};
-
-constexpr char kChatBody[] =
-    R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8})";
-// A request that, sent as another request's body, the router would answer if it read it as one.
-constexpr char kSmuggled[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
-
-// The JSON body of a one-response reply.
-nlohmann::json BodyOf(const std::string& reply) {
-  const size_t at = reply.find("\r\n\r\n");
-  if (at == std::string::npos) return nullptr;
-  nlohmann::json body =
-      nlohmann::json::parse(reply.substr(at + 4), nullptr, /*allow_exceptions=*/false);
-  return body.is_discarded() ? nullptr : body;
-}
 
 // What came back while a sender thread streamed bytes at the router, until it closed.
 struct FloodResult {
@@ -101,47 +68,6 @@ FloodResult Flood(int port, const std::string& start, const std::string& unit) {
   close(fd);
   return r;
 }
-
-class HttpRequestHeadTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto server = StartOneWorkerRouter(worker_, kvdir_);
-    ASSERT_TRUE(server.ok()) << server.status();
-    router_ = std::move(*server);
-  }
-
-  void StartHttp(const HttpOptions& options,
-                 std::shared_ptr<grpc::AuthMetadataProcessor> auth = nullptr) {
-    auto http = HttpServer::Create(options, TlsOptions{}, &router_->context(), std::move(auth));
-    ASSERT_TRUE(http.ok()) << http.status();
-    http_ = std::move(*http);
-  }
-
-  // Timeouts no test reaches: only the limits under test can explain an answer or a close.
-  static HttpOptions Options() {
-    HttpOptions o;
-    o.listen = "127.0.0.1:0";
-    o.read_timeout = absl::Seconds(60);
-    o.header_timeout = absl::Seconds(60);
-    o.body_timeout = absl::Seconds(60);
-    o.max_connections_per_client = 0;
-    return o;
-  }
-
-  // Sends `request` on a new connection; the reply until the server closes (or 10 s of silence).
-  std::string Exchange(const std::string& request, bool* closed = nullptr) {
-    const int fd = Connect(http_->port());
-    if (fd < 0) return "(no connection)";
-    std::string reply = SendAll(fd, request) ? ReadAll(fd, closed) : "(send failed)";
-    close(fd);
-    return reply;
-  }
-
-  FakeWorker worker_{"w0"};
-  FakeKvdir kvdir_;
-  std::unique_ptr<RouterServer> router_;
-  std::unique_ptr<HttpServer> http_;  // shut down before the router
-};
 
 // Header lines sent for ever made the library store every one until the header timeout (~20 bytes
 // of memory per byte sent); now the head is cut at http.max_header_bytes: 431, then closed.
@@ -331,159 +257,6 @@ TEST_F(HttpRequestHeadTest, RangeIsIgnored) {
   EXPECT_EQ(head.find("Accept-Ranges: bytes"), std::string::npos) << head;
 }
 
-// cpp-httplib serves HEAD with the GET handler: HEAD /v1/models skipped the key check (and the
-// key's rate limit) that GET /v1/models has. Both are refused without a key now, for the list and
-// for one model of it; /health stays open.
-TEST_F(HttpRequestHeadTest, HeadNeedsTheKeyGetNeeds) {
-  StartHttp(Options(), std::make_shared<RejectAll>());
-  for (const char* method : {"GET", "HEAD"}) {
-    SCOPED_TRACE(method);
-    for (const char* path : {"/v1/models", "/v1/models/fake-model", "/v1/models/unknown"}) {
-      SCOPED_TRACE(path);
-      const std::string reply = Exchange(
-          absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-      EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
-      EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
-    }
-    const std::string health =
-        Exchange(absl::StrCat(method, " /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-    EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
-  }
-}
-
-// The router's own API key processor over a key file of two keys: "lzk_good" and "lzk_once", the
-// second allowed one request (burst 1, then a token per 100 s).
-class KeyFile {
- public:
-  KeyFile() : path_(absl::StrCat(::testing::TempDir(), "/http-head-keys-", getpid(), ".yaml")) {
-    std::ofstream(path_) << "keys:\n"
-                         << "  - name: good\n    sha256: " << Sha256Hex("lzk_good")
-                         << "\n    scopes: [generate]\n"
-                         << "  - name: once\n    sha256: " << Sha256Hex("lzk_once")
-                         << "\n    scopes: [generate]\n"
-                         << "    limits: {requests_per_second: 0.01, burst: 1}\n";
-    auto created = ApiKeyAuthorizer::Create(path_, absl::Hours(1), registry_);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (created.ok()) processor_ = std::move(*created);
-  }
-  ~KeyFile() { std::remove(path_.c_str()); }
-
-  std::shared_ptr<grpc::AuthMetadataProcessor> processor() const { return processor_; }
-
- private:
-  const std::string path_;
-  prometheus::Registry registry_;
-  std::shared_ptr<ApiKeyAuthorizer> processor_;
-};
-
-// The head of a chat request for a body of `body_bytes`.
-std::string ChatHead(const std::string& extra_headers, size_t body_bytes) {
-  return absl::StrCat(
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
-      extra_headers, "Connection: close\r\nContent-Length: ", body_bytes, "\r\n\r\n");
-}
-
-// cpp-httplib hands a header's value to get_header_value's callers as a C string, so a NUL cut
-// `Authorization: Bearer <key>\0<anything>` to the key, which was admitted. The whole value is
-// checked now: it is no key's, 401 as for any wrong key.
-TEST_F(HttpRequestHeadTest, AnAuthorizationValueIsCheckedWhole) {
-  KeyFile keys;
-  StartHttp(Options(), keys.processor());
-  const std::string models = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
-  const std::string good = Exchange(models + "Authorization: Bearer lzk_good\r\n\r\n");
-  EXPECT_EQ(good.rfind("HTTP/1.1 200", 0), 0u) << good;
-  const std::string wrong = Exchange(models + "Authorization: Bearer lzk_bad\r\n\r\n");
-  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
-  const std::string cut = Exchange(models + "Authorization: Bearer lzk_good" +
-                                   std::string(1, '\0') + "whatever\r\n\r\n");
-  EXPECT_EQ(cut.rfind("HTTP/1.1 401", 0), 0u) << cut;
-  EXPECT_NE(cut.find("WWW-Authenticate: Bearer"), std::string::npos) << cut;
-  EXPECT_EQ(BodyOf(cut), BodyOf(wrong)) << cut;
-  // The header's name in any case, as HTTP has it.
-  const std::string lower = Exchange(models + "authorization: Bearer lzk_good\r\n\r\n");
-  EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower;
-}
-
-// The key is checked before the body is read, `Expect: 100-continue` included: a client without
-// a valid key was invited to send its body (100 Continue), which was read before the 401. It
-// gets the 401 at once now, the same as without Expect; a valid key is invited, and counted
-// against its rate once, not once per check.
-TEST_F(HttpRequestHeadTest, ExpectContinueChecksTheKeyFirst) {
-  KeyFile keys;
-  StartHttp(Options(), keys.processor());
-  const std::string body = kChatBody;
-  const std::string expect = "Expect: 100-continue\r\n";
-  for (const char* key : {"", "Authorization: Bearer lzk_bad\r\n"}) {
-    SCOPED_TRACE(key);
-    const std::string plain = Exchange(ChatHead(key, body.size()) + body);
-    ASSERT_EQ(plain.rfind("HTTP/1.1 401", 0), 0u) << plain;
-    const int fd = Connect(http_->port());
-    ASSERT_GE(fd, 0);
-    ASSERT_TRUE(SendAll(fd, ChatHead(key + expect, body.size())));
-    bool closed = false;
-    const std::string reply = ReadAll(fd, &closed);
-    close(fd);
-    EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
-    EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
-    EXPECT_NE(reply.find("WWW-Authenticate: Bearer"), std::string::npos) << reply;
-    EXPECT_EQ(BodyOf(reply), BodyOf(plain)) << reply;
-    EXPECT_TRUE(closed);
-  }
-  const int fd = Connect(http_->port());
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, ChatHead("Authorization: Bearer lzk_once\r\n" + expect, body.size())));
-  EXPECT_EQ(ReadHead(fd).rfind("HTTP/1.1 100 Continue", 0), 0u);
-  ASSERT_TRUE(SendAll(fd, body));
-  const std::string served = ReadAll(fd);
-  close(fd);
-  EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served;
-  // Its one request is spent: the next is refused by its rate, before its body.
-  const std::string next =
-      Exchange(ChatHead("Authorization: Bearer lzk_once\r\n" + expect, body.size()));
-  EXPECT_EQ(next.rfind("HTTP/1.1 429", 0), 0u) << next;
-  // A body no endpoint reads is not invited either; the refusal is in OpenAI's shape. That holds
-  // for endpoints that take a request without a body too (with a valid key, and without one where
-  // none is needed).
-  const std::string good = "Authorization: Bearer lzk_good\r\n";
-  for (const auto& [line, status] : {std::pair{"POST /v1/nowhere HTTP/1.1\r\n", "HTTP/1.1 404"},
-                                     std::pair{"POST /v1/models HTTP/1.1\r\n", "HTTP/1.1 405"},
-                                     std::pair{"GET /v1/models HTTP/1.1\r\n", "HTTP/1.1 400"},
-                                     std::pair{"GET /health HTTP/1.1\r\n", "HTTP/1.1 400"}}) {
-    SCOPED_TRACE(line);
-    const std::string reply = Exchange(absl::StrCat(
-        line, "Host: x\r\n", good, expect, "Content-Length: 5\r\nConnection: close\r\n\r\n"));
-    EXPECT_EQ(reply.rfind(status, 0), 0u) << reply;
-    EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
-    EXPECT_TRUE(BodyOf(reply)["error"].is_object()) << reply;
-  }
-}
-
-// A request admitted by the `Expect: 100-continue` check is not checked again when it is routed;
-// that must never carry over to the next request of the connection: a request without a key
-// after it, kept alive or pipelined, is refused.
-TEST_F(HttpRequestHeadTest, AKeyCheckedBeforeContinueCoversOnlyItsOwnRequest) {
-  KeyFile keys;
-  StartHttp(Options(), keys.processor());
-  const std::string body = kChatBody;
-  const int fd = Connect(http_->port());
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                                       "Content-Type: application/json\r\n"
-                                       "Authorization: Bearer lzk_good\r\n"
-                                       "Expect: 100-continue\r\nContent-Length: ",
-                                       body.size(), "\r\n\r\n")));
-  EXPECT_EQ(ReadHead(fd).rfind("HTTP/1.1 100 Continue", 0), 0u);
-  // The body, and right behind it a keyless request on the same connection.
-  ASSERT_TRUE(
-      SendAll(fd, body + "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-  const std::string replies = ReadAll(fd);
-  close(fd);
-  EXPECT_EQ(replies.rfind("HTTP/1.1 200", 0), 0u) << replies;
-  const size_t second = replies.find("HTTP/1.1 ", 1);
-  ASSERT_NE(second, std::string::npos) << replies;
-  EXPECT_EQ(replies.compare(second, 12, "HTTP/1.1 401"), 0) << replies.substr(second);
-}
-
 // A 404 for a path that is no endpoint names no field: its `param` was whatever the message began
 // with up to a colon, the client's path ("https" for an absolute-form target).
 TEST_F(HttpRequestHeadTest, AnUnknownPathNamesNoField) {
@@ -603,7 +376,9 @@ TEST_F(HttpRequestHeadTest, WrongMethodIs405AndLongUriIsNamed) {
     const size_t head_end = reply.find("\r\n\r\n");
     const std::string head = reply.substr(0, head_end);
     EXPECT_EQ(head.find("\r\nAllow: ") != std::string::npos, c.allow != nullptr) << head;
-    if (c.allow != nullptr) EXPECT_NE(head.find(c.allow), std::string::npos) << head;
+    if (c.allow != nullptr) {
+      EXPECT_NE(head.find(c.allow), std::string::npos) << head;
+    }
     const nlohmann::json error = BodyOf(reply)["error"];
     EXPECT_EQ(error["code"], c.code) << reply.substr(0, 600);
     EXPECT_EQ(error["type"], c.status == std::string("HTTP/1.1 404") ? "not_found_error"
@@ -676,4 +451,4 @@ TEST_F(HttpRequestHeadTest, AStreamOverHttp10EndsAtCloseNotInChunks) {
 }
 
 }  // namespace
-}  // namespace lazyattn::router
+}  // namespace lazyattn::router::http_test

@@ -5,238 +5,33 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <functional>
-#include <iostream>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "nlohmann/json.hpp"
 #include "services/router/http/body_framing.h"
+#include "services/router/http/bounded_pool.h"
 #include "services/router/http/certificate_reloader.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
-#include "services/router/http/http_auth.h"
 #include "services/router/http/library_errors.h"
 #include "services/router/http/openai_json.h"
 #include "services/router/http/openai_models.h"
+#include "services/router/http/request_head_checks.h"
 #include "services/router/server/api_key_auth.h"
 
 namespace lazyattn::router {
 namespace {
 
-// cpp-httplib runs each connection as one task to its end (keep-alive included). This pool caps
-// the tasks running (`threads`) and waiting (`max_queued`); a connection beyond both waits in a
-// second queue, as bounded (`max_queued`), for one extra thread that answers each 503 at once,
-// without reading its request (ShedConnectionsOnThisThread), so a slow client there delays no
-// other. When that queue is full too, enqueue() blocks the accepting thread: cpp-httplib 0.11
-// gives the pool no way to close a socket it will not serve (the socket is inside the task), so
-// further connections wait in the kernel's accept backlog instead, holding no file descriptor of
-// the process. The open sockets are thus at most threads + 2 * max_queued.
-class BoundedPool final : public httplib::TaskQueue {
- public:
-  // `stopping`: set when the server stops; an enqueue() waiting for room then queues anyway.
-  BoundedPool(int threads, int max_queued, std::shared_ptr<const std::atomic<bool>> stopping)
-      : max_queued_(static_cast<size_t>(max_queued)),
-        pool_threads_(static_cast<size_t>(threads)),
-        stopping_(std::move(stopping)) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Run(&jobs_, false); });
-    workers_.emplace_back([this] { Run(&shed_jobs_, true); });
-    // Serve only once every pool thread waits for work: a connection that came before would find
-    // no idle thread and, with max_queued 0, be shed (seen on a loaded machine).
-    std::unique_lock<std::mutex> lock(mu_);
-    started_cv_.wait(lock, [&] { return idle_ == pool_threads_; });
-  }
-  ~BoundedPool() override = default;
-
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (jobs_.size() < max_queued_ + idle_) {
-        jobs_.push_back(std::move(fn));
-      } else {
-        // At least one connection may always wait to be shed (max_queued 0 included). Polls
-        // `stopping_`, which Server::stop() does not signal here.
-        while (!space_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-          return shutdown_ || stopping_->load() ||
-                 shed_jobs_.size() < std::max<size_t>(1, max_queued_);
-        })) {
-        }
-        shed_jobs_.push_back(std::move(fn));
-      }
-    }
-    cv_.notify_all();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      shutdown_ = true;
-    }
-    cv_.notify_all();
-    space_cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-
- private:
-  void Run(std::deque<std::function<void()>>* queue, bool shed) {
-    if (shed) ShedConnectionsOnThisThread();
-    while (true) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!shed && ++idle_ == pool_threads_) started_cv_.notify_all();
-        cv_.wait(lock, [&] { return shutdown_ || !queue->empty(); });
-        if (!shed) --idle_;
-        if (queue->empty()) return;  // shutting down with nothing left
-        fn = std::move(queue->front());
-        queue->pop_front();
-      }
-      if (shed) space_cv_.notify_all();
-      fn();
-    }
-  }
-
-  const size_t max_queued_;
-  const size_t pool_threads_;  // not counting the shedding thread
-  std::mutex mu_;
-  std::condition_variable cv_;          // a job was queued, or shutdown
-  std::condition_variable space_cv_;    // the shed queue has room, or stopping
-  std::condition_variable started_cv_;  // every pool thread waits for work (the constructor's)
-  std::deque<std::function<void()>> jobs_, shed_jobs_;
-  size_t idle_ = 0;  // pool threads waiting for a job
-  const std::shared_ptr<const std::atomic<bool>> stopping_;
-  bool shutdown_ = false;
-  std::vector<std::thread> workers_;
-};
-
-constexpr char kCompleteMethod[] = "/lazyattn.v1.Inference/Complete";
-constexpr char kModelInfoMethod[] = "/lazyattn.v1.Inference/GetModelInfo";
-
 // The API key's name for the request this thread serves (set by the pre-routing handler).
 thread_local std::string request_key_name;
-
-// The gRPC method whose scope an HTTP endpoint needs; null for /health (open, like gRPC health)
-// and for anything that is no endpoint (404 or 405 without a key check). Every route the library
-// dispatches must be here: cpp-httplib serves HEAD with the GET handler, so HEAD /v1/models is
-// the GET endpoint and needs its key (a HEAD missing here would skip the key and rate checks).
-const char* MethodOf(const httplib::Request& req) {
-  if (req.method == "POST" &&
-      (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
-    // Complete's scope (generate) for both: streaming or not, it is the same permission.
-    return kCompleteMethod;
-  }
-  if ((req.method == "GET" || req.method == "HEAD") &&
-      (req.path == "/v1/models" || absl::StartsWith(req.path, "/v1/models/"))) {
-    return kModelInfoMethod;  // the list, and one model of it
-  }
-  return nullptr;
-}
-
-bool IsCompletion(const httplib::Request& req) { return MethodOf(req) == kCompleteMethod; }
-
-// The methods an endpoint's path takes (its Allow header), null for a path that is no endpoint.
-// /v1/models/ alone names no model: it is no endpoint.
-const char* AllowedMethodsOf(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
-  if (path == "/v1/models" || path == "/health" ||
-      (absl::StartsWith(path, "/v1/models/") && path.size() > std::strlen("/v1/models/"))) {
-    return "GET, HEAD";
-  }
-  return nullptr;
-}
-
-// The Allow header of a request for an endpoint by a method it does not take (a 405); null when
-// the path is no endpoint or the method is one of its own.
-const char* WrongMethodAllow(const httplib::Request& req) {
-  const char* allowed = AllowedMethodsOf(req.path);
-  if (allowed == nullptr) return nullptr;
-  const bool own = std::string_view(allowed) == "POST"
-                       ? req.method == "POST"
-                       : req.method == "GET" || req.method == "HEAD";
-  return own ? nullptr : allowed;
-}
-
-// The library closes the connection after answering an HTTP/1.0 request that did not ask to keep
-// it, without saying so in the answer.
-bool LibraryClosesAfterResponse(const httplib::Request& req) {
-  return req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive";
-}
-
-// Methods whose body cpp-httplib reads for any path (into memory, before its 404).
-bool LibraryReadsBody(const httplib::Request& req) {
-  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
-         req.method == "DELETE" || req.method == "PRI";
-}
-
-// The request announces a body: refusing it leaves bytes unread on the connection.
-// Every Content-Length counts: a second one (`0`, then `42`) would be a body to a front proxy
-// that reads the last.
-bool CarriesBody(const httplib::Request& req) {
-  if (req.has_header("Transfer-Encoding")) return true;
-  auto range = req.headers.equal_range("Content-Length");
-  for (auto it = range.first; it != range.second; ++it) {
-    if (it->second != "0") return true;
-  }
-  return false;
-}
-
-std::vector<std::string> HeaderValues(const httplib::Request& req, const char* name) {
-  std::vector<std::string> out;
-  auto range = req.headers.equal_range(name);
-  for (auto it = range.first; it != range.second; ++it) out.push_back(it->second);
-  return out;
-}
-
-// How much of an unread body to drop before closing (guarded_server.h): a client that announced
-// its length sends all of it before it reads the answer, so all of it; of a chunked body or an
-// unusable length, as much as the limit once more (a client sending more is cut off). Plus slack
-// for what the wire adds to the body (TLS records, chunk framing).
-constexpr int64_t kWireSlack = 64 << 10;
-int64_t UnreadBody(const httplib::Request& req, int64_t already_read, int64_t max_body_bytes) {
-  if (!CarriesBody(req)) return 0;
-  int64_t announced = 0;
-  if (!req.has_header("Transfer-Encoding") && req.get_header_value_count("Content-Length") == 1 &&
-      ParseContentLength(req.get_header_value("Content-Length"), &announced)) {
-    return std::max<int64_t>(0, std::min(announced, INT64_MAX - kWireSlack) - already_read) +
-           kWireSlack;
-  }
-  return max_body_bytes + kWireSlack;
-}
-
-// Answers `req` without reading (the rest of) its body, and closes the connection after the
-// response (the body left on it would otherwise be read as the next request).
-void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes,
-                  int64_t already_read = 0) {
-  res.set_header("Connection", "close");
-  CloseConnectionAfterResponse(UnreadBody(req, already_read, max_body_bytes));
-}
-
-// Checks a completion request's body type and framing (body_framing.h). Refused: answers it
-// unread with the check's status and returns that status. Accepted: sends nothing and returns 100
-// (go on), the value an `Expect: 100-continue` handler gives.
-int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes) {
-  BodyFraming framing = CheckContentType(HeaderValues(req, "Content-Type"));
-  if (framing.ok()) {
-    framing = CheckBodyFraming(HeaderValues(req, "Content-Length"),
-                               HeaderValues(req, "Transfer-Encoding"),
-                               /*body_required=*/true, max_body_bytes);
-  }
-  if (framing.ok()) return 100;
-  RefuseUnread(req, res, max_body_bytes);
-  SendError(res, framing.error_status, framing.message, framing.code);
-  return framing.error_status;
-}
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
 // cpp-httplib 0.11 neither knows nor limits) is cut off at `max_body_bytes` and refused 413, so
@@ -282,72 +77,6 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
               "invalid_argument");
   }
   return false;
-}
-
-// The request's Authorization header, whole. cpp-httplib's get_header_value goes through a C
-// string, which a NUL in the value cut short: `Bearer <key>\0<anything>` was checked as
-// `Bearer <key>`. Whole, such a value is no key's (401, as any wrong key). The first of several,
-// as get_header_value has it; the header map's names compare case-insensitively.
-std::string AuthorizationOf(const httplib::Request& req) {
-  const auto range = req.headers.equal_range("Authorization");
-  return range.first == range.second ? std::string() : range.first->second;
-}
-
-// What is checked of a request after its headers and before its body: the method and path, the
-// router draining, the API key, and a completion's body framing (body_framing.h), so that an
-// unauthenticated client never makes the router buffer a body, and a body over the limit (by its
-// Content-Length) or of an ambiguous length is refused at once, unread. Only the completion
-// endpoints read a body; any other request that would make the library read one gets its 404
-// unread. Handled: `res` answers the request (the error handler writes the body of a 404 or 405
-// left empty). Unhandled: routing goes on, with the key's name in request_key_name.
-httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
-                                                 bool draining, int64_t max_body_bytes,
-                                                 const httplib::Request& req,
-                                                 httplib::Response& res) {
-  request_key_name.clear();
-  // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
-  // has no length), and no client of this API asks for one. Dropped, the whole response goes
-  // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
-  // non-const in its routing (as in ReadBody).
-  const_cast<httplib::Request&>(req).ranges.clear();
-  // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
-  // and the like 400 and anything else on a known path 404), its body unread.
-  if (const char* allow = WrongMethodAllow(req)) {
-    if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
-    res.status = 405;  // the error handler writes the body
-    res.set_header("Allow", allow);
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  const char* method = MethodOf(req);
-  if (method == nullptr) {
-    if (LibraryReadsBody(req)) {
-      RefuseUnread(req, res, max_body_bytes);
-      res.status = 404;  // the error handler writes the body
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // GET and the like: the library ignores a body, which must not be read as a next request.
-    if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
-    return httplib::Server::HandlerResponse::Unhandled;  // open or 404
-  }
-  if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res, max_body_bytes);
-  if (draining) {
-    RefuseUnread(req, res, max_body_bytes);
-    SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, &request_key_name);
-  if (!s.ok()) {
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      res.set_header("WWW-Authenticate", "Bearer");
-    }
-    RefuseUnread(req, res, max_body_bytes);
-    SendGrpcError(res, s);
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
-    return httplib::Server::HandlerResponse::Handled;
-  }
-  return httplib::Server::HandlerResponse::Unhandled;
 }
 
 }  // namespace
@@ -420,7 +149,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const bool checked_before_continue = HeadersMarkedReceived();
     MarkHeadersReceived();
     if (checked_before_continue) return httplib::Server::HandlerResponse::Unhandled;
-    return CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res);
+    return CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res,
+                           &request_key_name);
   });
   // `Expect: 100-continue` is answered before the pre-routing handler runs: a request the router
   // would refuse before reading its body (no or a wrong API key, its framing, ...) is refused
@@ -428,7 +158,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   s.set_expect_100_continue_handler([processor, keep_auth, draining, max_body_bytes](
                                         const httplib::Request& req, httplib::Response& res) {
     MarkHeadersReceived();
-    const auto checked = CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res);
+    const auto checked =
+        CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res, &request_key_name);
     if (checked == httplib::Server::HandlerResponse::Handled) return res.status;
     // Only the completions read a body: another request's would be uploaded only to be dropped
     // (it is refused unread, and the connection closed). Not invited: a final answer instead of

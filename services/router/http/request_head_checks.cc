@@ -1,0 +1,181 @@
+#include "services/router/http/request_head_checks.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "services/router/http/body_framing.h"
+#include "services/router/http/completion_handler.h"
+#include "services/router/http/guarded_server.h"
+#include "services/router/http/http_auth.h"
+
+namespace lazyattn::router {
+namespace {
+
+constexpr char kCompleteMethod[] = "/lazyattn.v1.Inference/Complete";
+constexpr char kModelInfoMethod[] = "/lazyattn.v1.Inference/GetModelInfo";
+
+// The gRPC method whose scope an HTTP endpoint needs; null for /health (open, like gRPC health)
+// and for anything that is no endpoint (404 or 405 without a key check). Every route the library
+// dispatches must be here: cpp-httplib serves HEAD with the GET handler, so HEAD /v1/models is
+// the GET endpoint and needs its key (a HEAD missing here would skip the key and rate checks).
+const char* MethodOf(const httplib::Request& req) {
+  if (req.method == "POST" &&
+      (req.path == "/v1/chat/completions" || req.path == "/v1/completions")) {
+    // Complete's scope (generate) for both: streaming or not, it is the same permission.
+    return kCompleteMethod;
+  }
+  if ((req.method == "GET" || req.method == "HEAD") &&
+      (req.path == "/v1/models" || absl::StartsWith(req.path, "/v1/models/"))) {
+    return kModelInfoMethod;  // the list, and one model of it
+  }
+  return nullptr;
+}
+
+// The methods an endpoint's path takes (its Allow header), null for a path that is no endpoint.
+// /v1/models/ alone names no model: it is no endpoint.
+const char* AllowedMethodsOf(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/v1/models" || path == "/health" ||
+      (absl::StartsWith(path, "/v1/models/") && path.size() > std::strlen("/v1/models/"))) {
+    return "GET, HEAD";
+  }
+  return nullptr;
+}
+
+// The Allow header of a request for an endpoint by a method it does not take (a 405); null when
+// the path is no endpoint or the method is one of its own.
+const char* WrongMethodAllow(const httplib::Request& req) {
+  const char* allowed = AllowedMethodsOf(req.path);
+  if (allowed == nullptr) return nullptr;
+  const bool own = std::string_view(allowed) == "POST"
+                       ? req.method == "POST"
+                       : req.method == "GET" || req.method == "HEAD";
+  return own ? nullptr : allowed;
+}
+
+// Methods whose body cpp-httplib reads for any path (into memory, before its 404).
+bool LibraryReadsBody(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+         req.method == "DELETE" || req.method == "PRI";
+}
+
+std::vector<std::string> HeaderValues(const httplib::Request& req, const char* name) {
+  std::vector<std::string> out;
+  auto range = req.headers.equal_range(name);
+  for (auto it = range.first; it != range.second; ++it) out.push_back(it->second);
+  return out;
+}
+
+// The request's Authorization header, whole. cpp-httplib's get_header_value goes through a C
+// string, which a NUL in the value cut short: `Bearer <key>\0<anything>` was checked as
+// `Bearer <key>`. Whole, such a value is no key's (401, as any wrong key). The first of several,
+// as get_header_value has it; the header map's names compare case-insensitively.
+std::string AuthorizationOf(const httplib::Request& req) {
+  const auto range = req.headers.equal_range("Authorization");
+  return range.first == range.second ? std::string() : range.first->second;
+}
+
+// Checks a completion request's body type and framing (body_framing.h). Refused: answers it
+// unread with the check's status and returns that status. Accepted: sends nothing and returns 100
+// (go on), the value an `Expect: 100-continue` handler gives.
+int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes) {
+  BodyFraming framing = CheckContentType(HeaderValues(req, "Content-Type"));
+  if (framing.ok()) {
+    framing = CheckBodyFraming(HeaderValues(req, "Content-Length"),
+                               HeaderValues(req, "Transfer-Encoding"),
+                               /*body_required=*/true, max_body_bytes);
+  }
+  if (framing.ok()) return 100;
+  RefuseUnread(req, res, max_body_bytes);
+  SendError(res, framing.error_status, framing.message, framing.code);
+  return framing.error_status;
+}
+
+}  // namespace
+
+bool IsCompletion(const httplib::Request& req) { return MethodOf(req) == kCompleteMethod; }
+
+bool CarriesBody(const httplib::Request& req) {
+  if (req.has_header("Transfer-Encoding")) return true;
+  auto range = req.headers.equal_range("Content-Length");
+  for (auto it = range.first; it != range.second; ++it) {
+    if (it->second != "0") return true;
+  }
+  return false;
+}
+
+bool LibraryClosesAfterResponse(const httplib::Request& req) {
+  return req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive";
+}
+
+int64_t UnreadBody(const httplib::Request& req, int64_t already_read, int64_t max_body_bytes) {
+  if (!CarriesBody(req)) return 0;
+  int64_t announced = 0;
+  if (!req.has_header("Transfer-Encoding") && req.get_header_value_count("Content-Length") == 1 &&
+      ParseContentLength(req.get_header_value("Content-Length"), &announced)) {
+    return std::max<int64_t>(0, std::min(announced, INT64_MAX - kWireSlack) - already_read) +
+           kWireSlack;
+  }
+  return max_body_bytes + kWireSlack;
+}
+
+void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes,
+                  int64_t already_read) {
+  res.set_header("Connection", "close");
+  CloseConnectionAfterResponse(UnreadBody(req, already_read, max_body_bytes));
+}
+
+httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
+                                                 bool draining, int64_t max_body_bytes,
+                                                 const httplib::Request& req,
+                                                 httplib::Response& res, std::string* key_name) {
+  key_name->clear();
+  // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
+  // has no length), and no client of this API asks for one. Dropped, the whole response goes
+  // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
+  // non-const in its routing (as in ReadBody).
+  const_cast<httplib::Request&>(req).ranges.clear();
+  // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
+  // and the like 400 and anything else on a known path 404), its body unread.
+  if (const char* allow = WrongMethodAllow(req)) {
+    if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
+    res.status = 405;  // the error handler writes the body
+    res.set_header("Allow", allow);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const char* method = MethodOf(req);
+  if (method == nullptr) {
+    if (LibraryReadsBody(req)) {
+      RefuseUnread(req, res, max_body_bytes);
+      res.status = 404;  // the error handler writes the body
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // GET and the like: the library ignores a body, which must not be read as a next request.
+    if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
+    return httplib::Server::HandlerResponse::Unhandled;  // open or 404
+  }
+  if (CarriesBody(req) && !IsCompletion(req)) RefuseUnread(req, res, max_body_bytes);
+  if (draining) {
+    RefuseUnread(req, res, max_body_bytes);
+    SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, key_name);
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      res.set_header("WWW-Authenticate", "Bearer");
+    }
+    RefuseUnread(req, res, max_body_bytes);
+    SendGrpcError(res, s);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
+}  // namespace lazyattn::router
