@@ -25,6 +25,7 @@
 #include "services/router/http/http_call.h"
 #include "services/router/http/openai_logprobs.h"
 #include "services/router/http/openai_models.h"
+#include "services/router/http/openai_response_json.h"
 #include "services/router/http/sse_writer.h"
 #include "services/router/server/router_metrics.h"
 

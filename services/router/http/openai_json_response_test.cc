@@ -9,6 +9,7 @@
 #include "services/router/http/openai_json.h"
 #include "services/router/http/openai_json_test_util.h"
 #include "services/router/http/openai_models.h"
+#include "services/router/http/openai_response_json.h"
 
 namespace lazyattn::router {
 namespace {
