@@ -164,6 +164,10 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   builder.AddListeningPort(options.listen_address, creds, &built.port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // gRPC binds with SO_REUSEPORT by default: a second process given a port in use started and
+  // took a share of its connections (two kvdirs splitting the workers, a stale worker answering
+  // for another). Off, the second bind fails and the process exits naming the address.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              options.min_ping_interval_ms);

@@ -139,6 +139,27 @@ TEST(ServerIdentityTest, AClientReachesOnlyTheCertificateItAsksFor) {
   for (auto* built : {&*worker0, &*router0, &*kvdir}) built->server->Shutdown();
 }
 
+// A port in use is refused, as any server's second bind is: with gRPC's default SO_REUSEPORT a
+// second process started on it, and the kernel gave it a share of the first one's connections.
+// Both wildcard and loopback addresses are in use once the first server holds them.
+TEST(StartGrpcServerTest, APortInUseIsRefused) {
+  for (const char* host : {"127.0.0.1", "0.0.0.0"}) {
+    SCOPED_TRACE(host);
+    auto first =
+        StartGrpcServer({.listen_address = absl::StrCat(host, ":0"), .reflection = true}, {});
+    ASSERT_TRUE(first.ok()) << first.status();
+    const std::string taken = absl::StrCat(host, ":", first->port);
+    auto second = StartGrpcServer({.listen_address = taken, .reflection = true}, {});
+    ASSERT_FALSE(second.ok()) << "a second server started on " << taken;
+    EXPECT_EQ(second.status().message(), "cannot listen on " + taken);
+    first->server->Shutdown(absl::ToChronoTime(absl::Now()));
+    // Free again, the port can be bound.
+    auto again = StartGrpcServer({.listen_address = taken, .reflection = true}, {});
+    EXPECT_TRUE(again.ok()) << again.status();
+    if (again.ok()) again->server->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+}
+
 TEST(CheckGrpcHealthTest, NothingListeningIsAnErrorWithinTheTimeout) {
   // Port 9 (discard) on loopback: nothing listens there in a test environment.
   auto channel = MakeChannel("127.0.0.1:9", {});

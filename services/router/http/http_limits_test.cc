@@ -132,6 +132,17 @@ class HttpLimitsTest : public ::testing::Test {
   std::string certs_;
 };
 
+// A port in use is refused: cpp-httplib binds with SO_REUSEPORT by default, so a second router
+// given the same http.listen started and took a share of the first one's connections.
+TEST_F(HttpLimitsTest, APortInUseIsRefused) {
+  StartHttp(Options());
+  HttpOptions taken = Options();
+  taken.listen = absl::StrCat("127.0.0.1:", http_->port());
+  auto second = HttpServer::Create(taken, TlsOptions{}, &router_->context(), nullptr);
+  ASSERT_FALSE(second.ok()) << "a second listener started on " << taken.listen;
+  EXPECT_EQ(second.status().message(), "http.listen: cannot bind " + taken.listen);
+}
+
 TEST_F(HttpLimitsTest, ChunkedBodyOverTheLimitIsRefusedAfterTheLimitAndTheConnectionCut) {
   HttpOptions o = Options();
   o.max_body_bytes = 1 << 20;

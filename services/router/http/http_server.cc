@@ -1,6 +1,7 @@
 #include "services/router/http/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -122,6 +123,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   // Each SSE event is a small write: without TCP_NODELAY, Nagle's algorithm holds it until the
   // client's delayed ACK (measured: +10 ms to the first token, tokens delivered in bursts).
   s.set_tcp_nodelay(true);
+  // The library's default socket options add SO_REUSEPORT, with which a second process given a
+  // port in use binds it too and takes a share of its connections. SO_REUSEADDR alone still lets
+  // a restarted router bind at once over connections left in TIME_WAIT.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   s.set_read_timeout(absl::ToChronoMilliseconds(options.read_timeout));
   s.set_write_timeout(absl::ToChronoMilliseconds(options.write_timeout));
