@@ -332,6 +332,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     return absl::UnavailableError(absl::StrCat("http.listen: cannot bind ", options.listen));
   }
   server->thread_ = std::thread([srv = server->server_.get()] { srv->listen_after_bind(); });
+  // cpp-httplib's stop() does nothing until its listen loop has marked itself running: a Shutdown
+  // right after Create would then wait for ever on a loop no one stops.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!server->server_->is_running() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   return server;
 }
 
