@@ -82,6 +82,37 @@ DocumentKey DocumentKeyFromTokens(std::string_view model_fp, std::string_view to
   return Key(model_fp, tokenizer_fp, "tokens", bytes);
 }
 
+DocumentKey ScopedDocumentKey(const DocumentKey& content_key, const CacheScope& scope) {
+  if (scope.shared()) return content_key;
+  Sha256 h;
+  h.Field("lazyattn-doc-scope-v1");
+  uint8_t raw[16];
+  for (int i = 0; i < 8; ++i) {
+    raw[i] = static_cast<uint8_t>(content_key.hi >> (56 - 8 * i));
+    raw[8 + i] = static_cast<uint8_t>(content_key.lo >> (56 - 8 * i));
+  }
+  h.Field(std::string_view(reinterpret_cast<const char*>(raw), sizeof(raw)));
+  h.Field(scope.cache_namespace);
+  h.Field(scope.salt);
+  return KeyFrom(h.Finish());
+}
+
+std::vector<int32_t> PrefixScopeWords(const CacheScope& scope) {
+  if (scope.shared()) return {};
+  Sha256 h;
+  h.Field("lazyattn-prefix-scope-v1");
+  h.Field(scope.cache_namespace);
+  h.Field(scope.salt);
+  const auto d = h.Finish();
+  std::vector<int32_t> words(8);
+  for (size_t i = 0; i < words.size(); ++i) {
+    uint32_t w = 0;
+    for (int b = 0; b < 4; ++b) w = (w << 8) | d[4 * i + b];
+    words[i] = static_cast<int32_t>(w);
+  }
+  return words;
+}
+
 std::string Sha256Hex(std::string_view bytes) {
   Sha256 h;
   h.Update(bytes.data(), bytes.size());

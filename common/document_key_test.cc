@@ -37,5 +37,33 @@ TEST(DocumentKeyTest, TokenKeyMatchesItsSpecification) {
             "5264097c5201f577bff9fb86f8859d4a");
 }
 
+// A scope's key is derived from the content key, pinned the same way:
+//   sha256(f(b'lazyattn-doc-scope-v1') + f(content_key) + f(namespace) + f(salt)).digest()[:16]
+// Another namespace or salt gives another key; the shared scope keeps the content key, and a
+// namespace and a salt never stand in for each other.
+TEST(DocumentKeyTest, ScopedKeysSeparateScopesAndMatchTheirSpecification) {
+  const DocumentKey content = DocumentKeyFromText("m", "t", "the document");
+  EXPECT_EQ(content.ToHex(), "e04a9565bee7b1347c2f31acefb18589");
+  EXPECT_EQ(ScopedDocumentKey(content, {}), content);
+  const DocumentKey a = ScopedDocumentKey(content, {"tenant-a", "salt"});
+  EXPECT_EQ(a.ToHex(), "73781b5c253b05f1c1a93276b9dba225");
+  EXPECT_EQ(a, ScopedDocumentKey(content, {"tenant-a", "salt"}));
+  EXPECT_NE(a, ScopedDocumentKey(content, {"tenant-b", "salt"}));
+  EXPECT_NE(a, ScopedDocumentKey(content, {"tenant-a", ""}));
+  EXPECT_NE(ScopedDocumentKey(content, {"x", ""}), ScopedDocumentKey(content, {"", "x"}));
+  EXPECT_NE(ScopedDocumentKey(content, {"x", ""}), content);
+}
+
+TEST(DocumentKeyTest, PrefixScopeWordsSeparateScopesAndMatchTheirSpecification) {
+  EXPECT_TRUE(PrefixScopeWords({}).empty());
+  //   w = sha256(f(b'lazyattn-prefix-scope-v1') + f(b'tenant-a') + f(b'')).digest()
+  //   [struct.unpack('>i', w[4 * i:4 * i + 4])[0] for i in range(8)]
+  EXPECT_EQ(PrefixScopeWords({"tenant-a", ""}),
+            (std::vector<int32_t>{-1625939730, 276730410, 1804220922, 244520165, -301973511,
+                                  -1949006528, -743167284, -1468626435}));
+  EXPECT_NE(PrefixScopeWords({"tenant-a", ""}), PrefixScopeWords({"tenant-b", ""}));
+  EXPECT_NE(PrefixScopeWords({"x", ""}), PrefixScopeWords({"", "x"}));
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -199,6 +199,12 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
   return absl::OkStatus();
 }
 
+absl::Status CheckCacheSalt(const std::string& salt) {
+  if (static_cast<int64_t>(salt.size()) <= kMaxCacheSaltBytes) return absl::OkStatus();
+  return Invalid("cache_salt",
+                 absl::StrCat(salt.size(), " bytes, the limit is ", kMaxCacheSaltBytes));
+}
+
 }  // namespace
 
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimits& limits,
@@ -217,7 +223,7 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& r, const ApiLimi
   if (!v1::CacheMode_IsValid(r.cache_mode())) {
     return Invalid("cache_mode", absl::StrCat("unknown cache mode ", r.cache_mode()));
   }
-  return absl::OkStatus();
+  return CheckCacheSalt(r.cache_salt());
 }
 
 absl::Status ValidatePrefetchRequest(const v1::PrefetchRequest& r, const ApiLimits& limits,
@@ -235,7 +241,7 @@ absl::Status ValidatePrefetchRequest(const v1::PrefetchRequest& r, const ApiLimi
     return Invalid("replicas",
                    absl::StrCat(r.replicas(), " outside [0, ", limits.max_prefetch_replicas, "]"));
   }
-  return absl::OkStatus();
+  return CheckCacheSalt(r.cache_salt());
 }
 
 std::optional<std::string> InvalidUtf8FieldLabel(const absl::Status& status) {

@@ -39,6 +39,9 @@ struct ApiLimits {
   int max_prefetch_replicas = 64;
 };
 
+// GenerateRequest.cache_salt and PrefetchRequest.cache_salt: any bytes, at most this many.
+inline constexpr int64_t kMaxCacheSaltBytes = 1024;
+
 // vocab_size: the served model's vocabulary when known (token ids are checked against it), or 0.
 // OK, or InvalidArgument "<field>: <what is wrong>". A multi-turn request (`messages`) has roles
 // system (first only), user and assistant, ends with a user turn, and leaves system and question

@@ -128,6 +128,13 @@ TEST(RequestValidatorTest, NamesTheBadField) {
       HasSubstr("documents[1].tokens.ids[1]: token id 1000 outside the vocabulary"));
   EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_documents(0)->clear_text(); }),
             "documents[0]: neither text nor tokens set");
+  // A cache salt is any bytes (NUL and invalid UTF-8 included), up to kMaxCacheSaltBytes.
+  EXPECT_EQ(
+      with([](GenerateRequest& r) { r.set_cache_salt(std::string(kMaxCacheSaltBytes, '\xff')); }),
+      "ok");
+  EXPECT_EQ(
+      with([](GenerateRequest& r) { r.set_cache_salt(std::string(kMaxCacheSaltBytes + 1, 's')); }),
+      "cache_salt: 1025 bytes, the limit is 1024");
   EXPECT_THAT(
       with([](GenerateRequest& r) { r.mutable_documents(0)->set_id(std::string(300, 'i')); }),
       HasSubstr("documents[0].id: 300 bytes"));
@@ -239,6 +246,10 @@ TEST(RequestValidatorTest, Prefetch) {
   EXPECT_THAT(ValidatePrefetchRequest(r, limits, 0).message(),
               HasSubstr("cache_mode: prefetch takes LAZY or BLOCK, got CACHE_MODE_FULL"));
   r.set_cache_mode(lazyattn::v1::CACHE_MODE_BLOCK);
+  r.set_cache_salt(std::string(kMaxCacheSaltBytes + 1, 's'));
+  EXPECT_EQ(ValidatePrefetchRequest(r, limits, 0).message(),
+            "cache_salt: 1025 bytes, the limit is 1024");
+  r.clear_cache_salt();
   r.add_documents()->set_text("");
   EXPECT_EQ(ValidatePrefetchRequest(r, limits, 0).message(), "documents[1].text: empty document");
 }

@@ -33,6 +33,7 @@ Checks:
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -156,6 +157,44 @@ def check_worker_hosts(tmp):
     check("gen-certs --worker-host on a folder that holds a CA: refused (it would make nothing)",
           again.returncode == 2 and "--force" in again.stderr and
           san_names(os.path.join(d, "worker-0.crt")) == names["worker-0"], again.stderr)
+
+
+def check_tenants(args, c, certs, ca):
+    """A document one key's request cached is no hit for another key's, nor for another salt;
+    keys that name one cache_namespace share it (docs/operations.md, "Tenants")."""
+    doc = os.path.join(c.tmp, "tenant-doc.txt")
+    with open(doc, "w") as f:
+        f.write("zq-tenant-marker-5521: the quarterly numbers of the Seine shipping office.\n")
+    other_key = gen("api-key", "tenant-b", "generate", "--out", certs).strip()
+    twin_key = gen("api-key", "demo-twin", "generate", "--out", certs).strip()
+    with open(f"{certs}/api-keys.yaml") as f:
+        text = f.read()
+    # demo-twin joins demo's namespace (each key's own by default: its name).
+    text = text.replace("  - name: demo-twin\n", "  - name: demo-twin\n    cache_namespace: demo\n")
+    with open(f"{certs}/api-keys.yaml", "w") as f:
+        f.write(text)
+    time.sleep(0.5)  # reloaded within 100 ms
+
+    def hits(*key_args, salt=None):
+        extra = ["--cache-salt", salt] if salt else []
+        p = client(args, c.router, *ca, *key_args, *extra, docs=[doc])
+        time.sleep(0.5)  # what it cached reaches kvdir before the next request is routed
+        if p.returncode != 0:
+            return f"failed: {p.stderr[-200:]}"
+        return json.loads(p.stdout)["documents_hit"]
+
+    demo = ["--api-key-file", f"{certs}/demo.key"]
+    first = hits(*demo)
+    seen = {"other key": hits("--api-key", other_key),
+            "same key, another salt": hits(*demo, salt="user-1"),
+            "same key again": hits(*demo),
+            "a key of the same namespace": hits("--api-key", twin_key),
+            "other key again": hits("--api-key", other_key)}
+    check("tenants: another key's request does not hit a cached document, nor does another "
+          "salt; the same key and a key of its namespace do",
+          first == 0 and seen == {"other key": 0, "same key, another salt": 0, "same key again": 1,
+                                  "a key of the same namespace": 1, "other key again": 1},
+          f"first {first}, then {seen}")
 
 
 def main():
@@ -319,6 +358,7 @@ def run_checks(args, c, certs, other, docs):
     p = client(args, c.router, *ca, "--api-key", temp_key)
     check("revoked key (removed, reloaded): UNAUTHENTICATED",
           p.returncode == 1 and "code 16" in p.stderr and "revoked" in p.stderr, p.stderr[-200:])
+    check_tenants(args, c, certs, ca)
     prefetch = [f"{args.bin_dir}/lazyattn", "prefetch", "--router", c.router, *ca, "--doc", docs[0]]
     p = subprocess.run(prefetch + ["--api-key-file", f"{certs}/demo.key"], capture_output=True,
                        text=True, timeout=60)

@@ -35,6 +35,8 @@ int ClientCommand(int argc, char** argv) {
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
   args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
   args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
+  args.Declare("cache-salt", CliArgs::Kind::kValue,
+               "share cached KV only with requests of this salt (and this API key's namespace)");
   args.Declare("served-model", CliArgs::Kind::kValue,
                "the model to ask for (GenerateRequest.model: a name, an id or name@fingerprint); "
                "default: the router's only model");
@@ -66,6 +68,7 @@ int ClientCommand(int argc, char** argv) {
   request.set_chat(args.Has("chat"));
   request.set_cache_mode(ToProtoMode(*mode));
   request.set_model(args.String("served-model"));
+  request.set_cache_salt(args.String("cache-salt"));
   for (const std::string& path : args.Strings("doc")) {
     auto text = ReadFile(path);
     if (!text.ok()) return CliFail(text.status(), 2);

@@ -21,6 +21,8 @@ int PrefetchCommand(int argc, char** argv) {
   DeclareRouterSecurityFlags(args);
   args.Declare("doc", CliArgs::Kind::kRepeated, "a document file (repeatable)");
   args.Declare("replicas", CliArgs::Kind::kValue, "workers to warm (default 0: the router's pick)");
+  args.Declare("cache-salt", CliArgs::Kind::kValue,
+               "warm the cache of requests with this salt (and this API key's namespace)");
   args.Declare("timeout", CliArgs::Kind::kValue, "deadline in seconds (default 120)");
   args.Declare("help", CliArgs::Kind::kSwitch, "show this help");
   if (absl::Status s = args.Parse(argc, argv, 2); !s.ok()) {
@@ -40,6 +42,7 @@ int PrefetchCommand(int argc, char** argv) {
   }
   v1::PrefetchRequest request;
   request.set_replicas(static_cast<int32_t>(*replicas));
+  request.set_cache_salt(args.String("cache-salt"));
   for (const std::string& path : args.Strings("doc")) {
     std::ifstream in(path);
     std::stringstream text;

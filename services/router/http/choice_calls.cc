@@ -11,9 +11,10 @@
 namespace lazyattn::router {
 
 absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
-    RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
+    RouterContext* router, KeyLimiter* key_limiter, const ApiCaller& caller,
     const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
     std::shared_ptr<LiveCalls> live) {
+  const std::string& key_name = caller.key_name;
   // More choices than a cap has places could never be admitted, however often retried: not a
   // 429.
   const int limit = router->options().max_inflight_requests;
@@ -46,9 +47,9 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     if (copy.sampling().has_seed()) {
       copy.mutable_sampling()->set_seed(copy.sampling().seed() + static_cast<uint64_t>(i));
     }
-    calls->choices_.push_back(Choice{HttpCall::Start(std::move(tickets[i]), router, std::move(copy),
-                                                     absl::ToChronoTime(WallTimeOf(deadline)),
-                                                     stream, live, calls->ready_)});
+    calls->choices_.push_back(Choice{HttpCall::Start(
+        std::move(tickets[i]), router, std::move(copy), absl::ToChronoTime(WallTimeOf(deadline)),
+        stream, caller.cache_namespace, live, calls->ready_)});
   }
   return calls;
 }

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/inference.pb.h"
+#include "services/router/http/http_auth.h"
 #include "services/router/http/http_call.h"
 
 namespace lazyattn::router {
@@ -38,7 +39,7 @@ class ChoiceCalls {
   // Admits and starts `choices` (>= 1) calls of `request`, each with `deadline` (a MonotonicNow()
   // value); the first refusal otherwise (already counted in the router's metrics).
   static absl::StatusOr<std::unique_ptr<ChoiceCalls>> Start(
-      RouterContext* router, KeyLimiter* key_limiter, const std::string& key_name,
+      RouterContext* router, KeyLimiter* key_limiter, const ApiCaller& caller,
       const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
       std::shared_ptr<LiveCalls> live);
   // Cancels every call still running (CancelAll).

@@ -320,7 +320,7 @@ void SendGrpcError(httplib::Response& response, const grpc::Status& status) {
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
-                      const std::string& key_name, std::shared_ptr<LiveCalls> live) {
+                      const ApiCaller& caller, std::shared_ptr<LiveCalls> live) {
   auto parsed = ParseOpenAiRequest(kind, request.body);
   if (!parsed.ok()) {
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
@@ -369,7 +369,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   }
   const bool logprobs = parsed->request.sampling().logprobs();
   const bool alternatives = parsed->request.sampling().top_logprobs() > 0;
-  auto started = ChoiceCalls::Start(router, key_limiter, key_name, parsed->request, parsed->choices,
+  auto started = ChoiceCalls::Start(router, key_limiter, caller, parsed->request, parsed->choices,
                                     deadline, parsed->stream, std::move(live));
   if (!started.ok()) {
     grpc::Status status = ToGrpcStatus(started.status());

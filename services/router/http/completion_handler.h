@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "services/router/http/http_auth.h"
 #include "services/router/http/http_call.h"
 #include "services/router/http/http_options.h"
 #include "services/router/http/openai_json.h"
@@ -36,12 +37,13 @@ namespace lazyattn::router {
 // 503, a stream with the error event "the router is shutting down" before its next token (or
 // within 250 ms when none comes), and its worker call is cancelled, instead of holding the
 // shutdown until its end or its deadline.
-// `key_limiter`/`key_name`: the API key's in-flight cap (null: no API keys). `live`: counts the
+// `key_limiter`/`caller`: the API key's in-flight cap (null: no API keys) and its cache
+// namespace. `live`: counts the
 // request's HttpCall until it is destroyed (the shutdown waits for none).
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
-                      const std::string& key_name, std::shared_ptr<LiveCalls> live);
+                      const ApiCaller& caller, std::shared_ptr<LiveCalls> live);
 
 // An OpenAI JSON error response.
 void SendError(httplib::Response& response, int http_status, std::string_view message,

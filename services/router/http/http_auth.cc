@@ -40,8 +40,8 @@ class HttpAuthContext final : public grpc::AuthContext {
 }  // namespace
 
 grpc::Status CheckApiKey(grpc::AuthMetadataProcessor* processor, std::string_view authorization,
-                         std::string_view method_path, std::string* key_name) {
-  key_name->clear();
+                         std::string_view method_path, ApiCaller* caller) {
+  *caller = ApiCaller();
   if (processor == nullptr) return grpc::Status::OK;
   grpc::AuthMetadataProcessor::InputMetadata metadata;
   metadata.emplace(grpc::string_ref(":path"),
@@ -55,7 +55,9 @@ grpc::Status CheckApiKey(grpc::AuthMetadataProcessor* processor, std::string_vie
   grpc::Status status = processor->Process(metadata, &context, &consumed, &response);
   if (!status.ok()) return status;
   const auto names = context.FindPropertyValues(kApiKeyNameProperty);
-  if (!names.empty()) key_name->assign(names.front().data(), names.front().size());
+  if (!names.empty()) caller->key_name.assign(names.front().data(), names.front().size());
+  const auto scopes = context.FindPropertyValues(kCacheNamespaceProperty);
+  if (!scopes.empty()) caller->cache_namespace.assign(scopes.front().data(), scopes.front().size());
   return grpc::Status::OK;
 }
 

@@ -11,12 +11,19 @@
 
 namespace lazyattn::router {
 
+// Who an admitted request came from.
+struct ApiCaller {
+  std::string key_name;         // empty without API keys
+  std::string cache_namespace;  // the key's (api_key_auth.h); empty without API keys
+};
+
 // `authorization`: the request's Authorization header ("" when absent); `method_path`: the gRPC
-// method whose scope applies ("/lazyattn.v1.Inference/Complete"). OK with the key's name in
-// `key_name` (empty when the processor names none); UNAUTHENTICATED, PERMISSION_DENIED or
-// RESOURCE_EXHAUSTED (a key's rate limit) otherwise. A null processor admits everyone.
+// method whose scope applies ("/lazyattn.v1.Inference/Complete"). OK with the key's name and
+// cache namespace in `caller` (empty when the processor names none); UNAUTHENTICATED,
+// PERMISSION_DENIED or RESOURCE_EXHAUSTED (a key's rate limit) otherwise. A null processor admits
+// everyone.
 grpc::Status CheckApiKey(grpc::AuthMetadataProcessor* processor, std::string_view authorization,
-                         std::string_view method_path, std::string* key_name);
+                         std::string_view method_path, ApiCaller* caller);
 
 }  // namespace lazyattn::router
 

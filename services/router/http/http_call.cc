@@ -11,8 +11,11 @@ using lazyattn::v1::GenerateRequest;
 using lazyattn::v1::GenerateResponse;
 
 HttpCall::HttpCall(RouterContext* router, GenerateRequest request,
-                   std::chrono::system_clock::time_point deadline, bool stream)
-    : ForwardingCall(router, deadline, &request_), request_(std::move(request)), stream_(stream) {}
+                   std::chrono::system_clock::time_point deadline, bool stream,
+                   std::string cache_namespace)
+    : ForwardingCall(router, deadline, &request_, std::move(cache_namespace)),
+      request_(std::move(request)),
+      stream_(stream) {}
 
 void LiveCalls::Add() {
   absl::MutexLock lock(&mu_);
@@ -57,16 +60,18 @@ HttpCall::~HttpCall() = default;
 std::shared_ptr<HttpCall> HttpCall::Start(AdmissionTicket admitted, RouterContext* router,
                                           GenerateRequest request,
                                           std::chrono::system_clock::time_point deadline,
-                                          bool stream, std::shared_ptr<LiveCalls> live,
+                                          bool stream, std::string cache_namespace,
+                                          std::shared_ptr<LiveCalls> live,
                                           std::shared_ptr<ReadySignal> ready) {
   // Counted until the whole object is gone: ~ForwardingCall, which runs after ~HttpCall, still
   // uses the router.
   if (live != nullptr) live->Add();
-  std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream),
-                                 [live](HttpCall* c) {
-                                   delete c;
-                                   if (live != nullptr) live->Remove();
-                                 });
+  std::shared_ptr<HttpCall> call(
+      new HttpCall(router, std::move(request), deadline, stream, std::move(cache_namespace)),
+      [live](HttpCall* c) {
+        delete c;
+        if (live != nullptr) live->Remove();
+      });
   call->admission_ = std::move(admitted);
   call->ready_ = std::move(ready);
   call->self_ = call;

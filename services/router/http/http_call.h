@@ -85,10 +85,12 @@ class HttpCall final : public ForwardingCall {
   // limit, the API key's in-flight cap, the router's in-flight limit) admitted: `admitted` holds
   // its places, given back when the call ends. `live` (may be null) counts the call until it is
   // destroyed; `ready` (may be null) is notified whenever an event becomes ready.
+  // `cache_namespace`: the API key's (ApiCaller), sent to the workers (forwarding_call.h).
   static std::shared_ptr<HttpCall> Start(AdmissionTicket admitted, RouterContext* router,
                                          lazyattn::v1::GenerateRequest request,
                                          std::chrono::system_clock::time_point deadline,
-                                         bool stream, std::shared_ptr<LiveCalls> live = nullptr,
+                                         bool stream, std::string cache_namespace,
+                                         std::shared_ptr<LiveCalls> live = nullptr,
                                          std::shared_ptr<ReadySignal> ready = nullptr);
   ~HttpCall() override;
 
@@ -108,7 +110,8 @@ class HttpCall final : public ForwardingCall {
 
  private:
   HttpCall(RouterContext* router, lazyattn::v1::GenerateRequest request,
-           std::chrono::system_clock::time_point deadline, bool stream);
+           std::chrono::system_clock::time_point deadline, bool stream,
+           std::string cache_namespace);
 
   void DeliverToken(const lazyattn::v1::GenerateResponse& token) override;
   void DeliverEnd(const grpc::Status& status, const lazyattn::v1::Final* final) override;

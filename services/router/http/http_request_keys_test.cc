@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -149,6 +150,20 @@ TEST_F(HttpRequestHeadTest, AKeyCheckedBeforeContinueCoversOnlyItsOwnRequest) {
   const size_t second = replies.find("HTTP/1.1 ", 1);
   ASSERT_NE(second, std::string::npos) << replies;
   EXPECT_EQ(replies.compare(second, 12, "HTTP/1.1 401"), 0) << replies.substr(second);
+}
+
+// The key's cache namespace (its name here) reaches the worker beside the request, and the
+// client's cache_salt inside it: KV is shared only within both (common/document_key.h).
+TEST_F(HttpRequestHeadTest, TheKeysCacheNamespaceAndTheSaltReachTheWorker) {
+  KeyFile keys;
+  StartHttp(Options(), keys.processor());
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 8, "cache_salt": "u1"})";
+  const std::string reply =
+      Exchange(ChatHead("Authorization: Bearer lzk_good\r\n", body.size()) + body);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_EQ(worker_.cache_namespaces(), std::vector<std::string>{"good"});
+  EXPECT_EQ(worker_.last_request().cache_salt(), "u1");
 }
 
 }  // namespace

@@ -31,8 +31,9 @@
 namespace lazyattn::router {
 namespace {
 
-// The API key's name for the request this thread serves (set by the pre-routing handler).
-thread_local std::string request_key_name;
+// Who sent the request this thread serves: its API key's name and cache namespace (set by the
+// pre-routing handler).
+thread_local ApiCaller request_caller;
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
 // cpp-httplib 0.11 neither knows nor limits) is cut off at `max_body_bytes` and refused 413, so
@@ -146,7 +147,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   KeyLimiter* key_limiter = authorizer != nullptr ? &authorizer->limiter() : nullptr;
   // The API key and the rest of CheckBeforeBody run here, after the headers and before the body
   // is read (cpp-httplib runs the pre-routing handler first). The key's name reaches the handler,
-  // which runs next on this thread, in request_key_name.
+  // which runs next on this thread, in request_caller.
   std::shared_ptr<const std::atomic<bool>> draining = server->draining_;
   const int64_t max_body_bytes = options.max_body_bytes;
   s.set_pre_routing_handler([processor, keep_auth, draining, max_body_bytes](
@@ -157,8 +158,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const bool checked_before_continue = HeadersMarkedReceived();
     MarkHeadersReceived();
     if (checked_before_continue) return httplib::Server::HandlerResponse::Unhandled;
-    return CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res,
-                           &request_key_name);
+    return CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res, &request_caller);
   });
   // `Expect: 100-continue` is answered before the pre-routing handler runs: a request the router
   // would refuse before reading its body (no or a wrong API key, its framing, ...) is refused
@@ -167,7 +167,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
                                         const httplib::Request& req, httplib::Response& res) {
     MarkHeadersReceived();
     const auto checked =
-        CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res, &request_key_name);
+        CheckBeforeBody(processor, draining->load(), max_body_bytes, req, res, &request_caller);
     if (checked == httplib::Server::HandlerResponse::Handled) return res.status;
     // Only the completions read a body: another request's would be uploaded only to be dropped
     // (it is refused unread, and the connection closed). Not invited: a final answer instead of
@@ -222,7 +222,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
   // key_name)`.
   auto authorized = [](auto body) {
     return [body](const httplib::Request& req, httplib::Response& res) {
-      body(req, res, request_key_name);
+      body(req, res, request_caller.key_name);
     };
   };
   std::shared_ptr<const std::atomic<bool>> stopping = server->stopping_;
@@ -235,7 +235,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
             const httplib::Request& req, httplib::Response& res,
             const httplib::ContentReader& content_reader) {
           if (!ReadBody(req, res, content_reader, opts)) return;
-          HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, request_key_name,
+          HandleCompletion(kind, req, res, router, opts, stopping, key_limiter, request_caller,
                            live);
         });
   };

@@ -161,7 +161,7 @@ const std::set<std::string_view>& KnownFields() {
       "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
       "presence_penalty", "frequency_penalty", "stream", "stream_options", "documents",
       "cache_mode", "top_k", "min_p", "repetition_penalty", "logprobs", "top_logprobs",
-      "logit_bias",
+      "logit_bias", "cache_salt",
       // ignored: harmless
       "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction",
       // refused unless unset or default

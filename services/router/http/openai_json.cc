@@ -231,6 +231,15 @@ absl::Status ReadCacheMode(const json& body, GenerateRequest* r) {
   return absl::OkStatus();
 }
 
+// vLLM's cache_salt: a string; null or "" sets none (GenerateRequest.cache_salt).
+absl::Status ReadCacheSalt(const json& body, GenerateRequest* r) {
+  const json* salt = Field(body, "cache_salt");
+  if (salt == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string s, StringOf(*salt, "cache_salt"));
+  r->set_cache_salt(std::move(s));
+  return absl::OkStatus();
+}
+
 absl::Status ReadSampling(const json& body, OpenAiRequest* out) {
   lazyattn::v1::SamplingParams* s = out->request.mutable_sampling();
   // OpenAI samples at temperature 1 unless told otherwise (the gRPC API's default is greedy).
@@ -418,6 +427,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   }
   RETURN_IF_ERROR(ReadDocuments(body, &r));
   RETURN_IF_ERROR(ReadCacheMode(body, &r));
+  RETURN_IF_ERROR(ReadCacheSalt(body, &r));
   RETURN_IF_ERROR(ReadSampling(body, &out));
   RETURN_IF_ERROR(ReadLogitBias(body, &r));
   ASSIGN_OR_RETURN(const LogprobsRequest logprobs, ReadLogprobs(kind, body));

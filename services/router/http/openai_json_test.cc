@@ -484,6 +484,31 @@ TEST(OpenAiJsonTest, ANulByteIsNotJson) {
 
 // `stop` sent as one string is held as a list of one: a message about it names `stop` (its
 // `param`), not `stop[0]`; an entry of a list keeps its index.
+// vLLM's cache_salt is read into the request (it was accepted and ignored): a string; null and
+// "" set none; another type is refused naming the field; an oversized one is the validator's.
+TEST(OpenAiJsonTest, CacheSaltIsRead) {
+  const std::string user = R"({"messages": [{"role": "user", "content": "x"}], )";
+  auto salted = ParseOpenAiRequest(ApiKind::kChat, user + R"("cache_salt": "tenant-7"})");
+  ASSERT_TRUE(salted.ok()) << salted.status();
+  EXPECT_EQ(salted->request.cache_salt(), "tenant-7");
+  EXPECT_THAT(salted->unknown_fields, IsEmpty());
+  for (const char* none : {"null", R"("")"}) {
+    auto r = ParseOpenAiRequest(ApiKind::kCompletion,
+                                absl::StrCat(R"({"prompt": "x", "cache_salt": )", none, "}"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->request.cache_salt(), "");
+  }
+  auto number = ParseOpenAiRequest(ApiKind::kChat, user + R"("cache_salt": 7})");
+  ASSERT_FALSE(number.ok());
+  EXPECT_THAT(number.status().message(), HasSubstr("cache_salt: expected a string"));
+  auto huge =
+      ParseOpenAiRequest(ApiKind::kChat, user + R"("cache_salt": ")" +
+                                             std::string(kMaxCacheSaltBytes + 1, 's') + R"("})");
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  EXPECT_THAT(std::string(ValidateGenerateRequest(huge->request, ApiLimits(), 0).message()),
+              HasSubstr("cache_salt: 1025 bytes, the limit is 1024"));
+}
+
 TEST(OpenAiJsonTest, AStopStringIsNamedStop) {
   const std::string user = R"({"messages": [{"role": "user", "content": "x"}], )";
   struct Case {

@@ -131,8 +131,8 @@ void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t m
 httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
                                                  bool draining, int64_t max_body_bytes,
                                                  const httplib::Request& req,
-                                                 httplib::Response& res, std::string* key_name) {
-  key_name->clear();
+                                                 httplib::Response& res, ApiCaller* caller) {
+  *caller = ApiCaller();
   // Range is not served: a range of a completion is a slice of broken JSON (or of a stream that
   // has no length), and no client of this API asks for one. Dropped, the whole response goes
   // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
@@ -163,7 +163,7 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
     SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
     return httplib::Server::HandlerResponse::Handled;
   }
-  grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, key_name);
+  grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, caller);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       res.set_header("WWW-Authenticate", "Bearer");

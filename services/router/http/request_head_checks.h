@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "services/router/http/http_auth.h"
+
 namespace lazyattn::router {
 
 // What the wire adds to a body (TLS records, chunk framing): the slack on every drop budget.
@@ -53,12 +55,12 @@ void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t m
 // 411, 400, 413). A body no endpoint reads is never read. Range headers are dropped (RFC 9110 lets
 // a server ignore them; a range of a completion is a slice of broken JSON).
 // Handled: `res` answers the request (an empty body of a 404 or 405 is the error handler's to
-// write). Unhandled: routing goes on, with the key's name in `key_name` (cleared first; empty for
-// an open endpoint or a processor that names none).
+// write). Unhandled: routing goes on, with the key's name and cache namespace in `caller`
+// (cleared first; empty for an open endpoint or a processor that names none).
 httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
                                                  bool draining, int64_t max_body_bytes,
                                                  const httplib::Request& req,
-                                                 httplib::Response& res, std::string* key_name);
+                                                 httplib::Response& res, ApiCaller* caller);
 
 }  // namespace lazyattn::router
 

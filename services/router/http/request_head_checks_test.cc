@@ -35,14 +35,14 @@ httplib::Request Request(std::string method, std::string path,
 struct Outcome {
   Checked checked;
   httplib::Response res;
-  std::string key_name;
+  ApiCaller caller;
 };
 
 Outcome Check(const httplib::Request& req, grpc::AuthMetadataProcessor* processor = nullptr,
               bool draining = false) {
   Outcome out;
-  out.key_name = "left from the last request";
-  out.checked = CheckBeforeBody(processor, draining, kMaxBody, req, out.res, &out.key_name);
+  out.caller = {"left from", "the last request"};
+  out.checked = CheckBeforeBody(processor, draining, kMaxBody, req, out.res, &out.caller);
   return out;
 }
 
@@ -88,7 +88,8 @@ TEST(RequestHeadChecksTest, APathThatIsNoEndpointIsLeftToRoutingUnlessTheLibrary
   EXPECT_EQ(get_with_body.checked, Checked::Unhandled);
   EXPECT_TRUE(SaysClose(get_with_body.res));
   // An open endpoint names no key.
-  EXPECT_EQ(get.key_name, "");
+  EXPECT_EQ(get.caller.key_name, "");
+  EXPECT_EQ(get.caller.cache_namespace, "");
 }
 
 TEST(RequestHeadChecksTest, ADrainingRouterRefusesEndpointsButNotHealth) {
@@ -108,14 +109,16 @@ TEST(RequestHeadChecksTest, TheKeyIsCheckedForItsEndpointAndNamed) {
   with_key.emplace_back("Authorization", "Bearer lzk_good");
   const Outcome good = Check(Request("POST", "/v1/completions", with_key), processor);
   EXPECT_EQ(good.checked, Checked::Unhandled);
-  EXPECT_EQ(good.key_name, "good");
+  EXPECT_EQ(good.caller.key_name, "good");
+  EXPECT_EQ(good.caller.cache_namespace, "good");  // its own, by default
 
   const Outcome none = Check(Request("POST", "/v1/completions", kJsonBody), processor);
   EXPECT_EQ(none.checked, Checked::Handled);
   EXPECT_EQ(none.res.status, 401);
   EXPECT_EQ(none.res.get_header_value("WWW-Authenticate"), "Bearer");
   EXPECT_TRUE(SaysClose(none.res));
-  EXPECT_EQ(none.key_name, "");
+  EXPECT_EQ(none.caller.key_name, "");
+  EXPECT_EQ(none.caller.cache_namespace, "");
 
   // HEAD is GET's endpoint and needs its key.
   EXPECT_EQ(Check(Request("HEAD", "/v1/models"), processor).res.status, 401);

@@ -145,6 +145,13 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
           }
         } else if (f == "limits") {
           if (absl::Status s = ParseLimits(field.second, where, &key.limits); !s.ok()) return s;
+        } else if (f == "cache_namespace") {
+          key.cache_namespace = field.second.as<std::string>();
+          if (!IsKeyName(key.cache_namespace)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ".cache_namespace: expected 1 to 64 of [A-Za-z0-9._-], got \"",
+                             key.cache_namespace.substr(0, 80), "\""));
+          }
         } else {
           return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field ", f));
         }
@@ -157,6 +164,8 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
           absl::StrCat(where, ".name: expected 1 to 64 of [A-Za-z0-9._-], got \"",
                        key.name.substr(0, 80), "\""));
     }
+    // Each key its own scope unless the file groups keys into one.
+    if (key.cache_namespace.empty()) key.cache_namespace = key.name;
     if (!IsSha256Hex(hash)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".sha256: expected 64 hex digits (SHA-256 of the key)"));
@@ -315,6 +324,7 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
   consumed_auth_metadata->insert(
       {"authorization", std::string(header->second.data(), header->second.size())});
   context->AddProperty(kApiKeyNameProperty, key.name);
+  context->AddProperty(kCacheNamespaceProperty, key.cache_namespace);
   {
     absl::MutexLock lock(&mu_);
     if (auto c = requests_.find(key.name); c != requests_.end()) c->second->Increment();

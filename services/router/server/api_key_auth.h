@@ -8,7 +8,13 @@
 //       sha256: 9f86d08...      # 64 hex digits: SHA-256 of the key's bytes (tools/gen-certs)
 //       scopes: [generate]      # generate: Generate, Complete, GetModelInfo; admin: Prefetch
 //       limits: {requests_per_second: 5, burst: 10, max_in_flight: 4}   # optional (key_limits.h)
+//       cache_namespace: acme   # optional, [A-Za-z0-9._-]{1,64}; default: the key's name
 //
+// Cache namespaces: the router sends each worker call the key's namespace, and cached KV is
+// shared only among requests of one namespace (and one cache_salt; common/document_key.h), so
+// one key's clients can neither hit nor time what another key's sent. Keys of one tenant (a
+// rotation's old and new key, several services of one application) share their cache by naming
+// one namespace.
 // The file is re-read when its modification time or size changes (checked at most once per
 // reload interval, on the next call), so keys are added and revoked without a restart; a file
 // that fails to parse is reported on stderr and the keys loaded before it stay in force.
@@ -39,14 +45,16 @@ namespace lazyattn::router {
 
 inline constexpr char kScopeGenerate[] = "generate";
 inline constexpr char kScopeAdmin[] = "admin";
-// The AuthContext property naming the key a call was admitted with.
+// The AuthContext properties naming the key a call was admitted with, and its cache namespace.
 inline constexpr char kApiKeyNameProperty[] = "lazyattn_api_key";
+inline constexpr char kCacheNamespaceProperty[] = "lazyattn_cache_namespace";
 
 struct ApiKey {
   std::string name;
   bool generate = false;
   bool admin = false;
   KeyLimits limits;  // none unless the entry has `limits`
+  std::string cache_namespace;  // `cache_namespace`, or the name when absent
 };
 
 // sha256 hex (lower case) -> key. InvalidArgument naming `source` and the entry (keys[i].field)

@@ -20,6 +20,17 @@ TEST(ParseApiKeys, ReadsNamesHashesAndScopes) {
   EXPECT_TRUE(t->at(std::string(64, 'b')).admin);  // hashes compare in lower case
 }
 
+// A key's cache namespace is its name unless the entry names one (keys of one tenant share it).
+TEST(ParseApiKeys, ACacheNamespaceDefaultsToTheKeysName) {
+  auto t = ParseApiKeys("keys:\n  - name: demo\n    sha256: " + kHash +
+                            "\n  - name: ops\n    sha256: " + std::string(64, 'b') +
+                            "\n    cache_namespace: acme.prod\n",
+                        "k.yaml");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->at(kHash).cache_namespace, "demo");
+  EXPECT_EQ(t->at(std::string(64, 'b')).cache_namespace, "acme.prod");
+}
+
 TEST(ParseApiKeys, AnEmptyListIsValid) {
   auto t = ParseApiKeys("keys: []\n", "k.yaml");
   ASSERT_TRUE(t.ok()) << t.status();
@@ -36,8 +47,12 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
       {"keys:\n  - name: a b\n    sha256: " + kHash + "\n", "keys[0].name"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: [root]\n", "unknown scope"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    extra: 1\n", "unknown field extra"},
-      {"keys:\n  - name: a\n    sha256: " + kHash + "\n  - name: a\n    sha256: " +
-           std::string(64, 'c') + "\n",
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"a b\"\n",
+       "keys[0].cache_namespace: expected 1 to 64 of [A-Za-z0-9._-]"},
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"\"\n",
+       "keys[0].cache_namespace"},
+      {"keys:\n  - name: a\n    sha256: " + kHash +
+           "\n  - name: a\n    sha256: " + std::string(64, 'c') + "\n",
        "keys[1].name: duplicate"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n  - name: b\n    sha256: " + kHash + "\n",
        "keys[1].sha256: the same key"},

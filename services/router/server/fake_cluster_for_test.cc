@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/document_key.h"
 #include "common/worker_call_trailer.h"
 
 namespace lazyattn::router::testing {
@@ -124,6 +125,21 @@ std::vector<lazyattn::v1::GenerateRequest> FakeWorker::requests() const {
   return requests_;
 }
 
+std::vector<std::string> FakeWorker::cache_namespaces() const {
+  absl::MutexLock lock(&mu_);
+  return cache_namespaces_;
+}
+
+namespace {
+
+std::string CacheNamespaceSent(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find(kCacheNamespaceMetadata);
+  return it == metadata.end() ? "(none)" : std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
 lazyattn::v1::GenerateRequest FakeWorker::last_request() const {
   absl::MutexLock lock(&mu_);
   return last_request_;
@@ -178,6 +194,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     ++generate_calls_;
     last_request_ = *request;
     requests_.push_back(*request);
+    cache_namespaces_.push_back(CacheNamespaceSent(*context));
     script = script_;
   }
   if (script.fail_only_seed.has_value() &&
@@ -317,6 +334,7 @@ grpc::Status FakeWorker::Prefetch(grpc::ServerContext* context,
   {
     absl::MutexLock lock(&mu_);
     ++prefetch_calls_;
+    cache_namespaces_.push_back(CacheNamespaceSent(*context));
     script = script_;
   }
   if (script.fail_before_first_token != grpc::StatusCode::OK) {

@@ -13,10 +13,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/document_key.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
+#include "services/router/server/key_limits.h"
 #include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
 #include "services/router/server/worker_fit.h"
@@ -78,6 +80,7 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
     : router_(router),
       server_context_(server_context),
       request_id_(RequestIdOf(server_context)),
+      cache_namespace_(CacheNamespaceOf(*server_context)),
       deadline_(server_context->deadline()),
       request_(request),
       started_(MonotonicNow()),
@@ -89,10 +92,11 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
 
 ForwardingCall::ForwardingCall(RouterContext* router,
                                std::chrono::system_clock::time_point deadline,
-                               const GenerateRequest* request)
+                               const GenerateRequest* request, std::string cache_namespace)
     : router_(router),
       server_context_(nullptr),
       request_id_(NewRequestId()),
+      cache_namespace_(std::move(cache_namespace)),
       deadline_(deadline),
       request_(request),
       started_(MonotonicNow()),
@@ -115,6 +119,8 @@ std::unique_ptr<grpc::ClientContext> ForwardingCall::NewWorkerContext() const {
   context->AddMetadata(kRequestIdKey, request_id_);
   // Signs of life during a long prefill, which move the first-token timeout (WorkerAttempt).
   context->AddMetadata(kPrefillProgressKey, kPrefillProgressValue);
+  // Whose KV the request may share (common/document_key.h).
+  if (!cache_namespace_.empty()) context->AddMetadata(kCacheNamespaceMetadata, cache_namespace_);
   // The worker refuses the call (UNAVAILABLE, failed over) if it no longer holds this model.
   if (model_.has_value()) {
     context->AddMetadata(kExpectedModelKey, ExpectedModelValue(model_->model_fingerprint,
@@ -161,7 +167,8 @@ void ForwardingCall::Begin() {
     return;
   }
   std::vector<DocumentRef> docs = router_->DocumentRefs(
-      request_->documents(), request_->cache_mode(), model_.has_value() ? &*model_ : nullptr);
+      request_->documents(), request_->cache_mode(), model_.has_value() ? &*model_ : nullptr,
+      CacheScope{cache_namespace_, request_->cache_salt()});
   if (request_->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK) {
     // Block KV is a hit only where this request places the document (docs/router.md).
     std::vector<int64_t> exact_tokens;

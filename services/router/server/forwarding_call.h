@@ -70,9 +70,10 @@ class ForwardingCall {
   ForwardingCall(RouterContext* router, grpc::CallbackServerContext* server_context,
                  const lazyattn::v1::GenerateRequest* request);
   // A call from outside gRPC (the HTTP API): no server context to propagate; every worker call
-  // gets `deadline`, and the caller cancels through ClientCancelled.
+  // gets `deadline`, and the caller cancels through ClientCancelled. `cache_namespace`: the API
+  // key's (empty without keys), which a gRPC call's server context carries.
   ForwardingCall(RouterContext* router, std::chrono::system_clock::time_point deadline,
-                 const lazyattn::v1::GenerateRequest* request);
+                 const lazyattn::v1::GenerateRequest* request, std::string cache_namespace);
 
   // Validation and admission passed: route and forward. Called once.
   void Begin();
@@ -117,6 +118,9 @@ class ForwardingCall {
   grpc::CallbackServerContext* const server_context_;  // null for calls from outside gRPC
   // The client's x-request-id when valid, else a fresh one; sent to the worker and the client.
   const std::string request_id_;
+  // The API key's cache namespace: sent to every worker call (kCacheNamespaceMetadata) and, with
+  // the request's cache_salt, the scope its documents are looked up under.
+  const std::string cache_namespace_;
   const std::chrono::system_clock::time_point deadline_;  // the client's
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;

@@ -141,13 +141,25 @@ int KeyLimiter::MaxInFlight(const std::string& key_name) {
   return it == keys_.end() ? 0 : std::max(it->second->limits.max_in_flight, 0);
 }
 
-std::string ApiKeyNameOf(const grpc::ServerContextBase& context) {
+namespace {
+
+std::string AuthProperty(const grpc::ServerContextBase& context, const char* name) {
   const auto auth = context.auth_context();
   if (auth == nullptr) return "";
-  for (const grpc::string_ref& v : auth->FindPropertyValues(kApiKeyNameProperty)) {
+  for (const grpc::string_ref& v : auth->FindPropertyValues(name)) {
     return std::string(v.data(), v.size());
   }
   return "";
+}
+
+}  // namespace
+
+std::string ApiKeyNameOf(const grpc::ServerContextBase& context) {
+  return AuthProperty(context, kApiKeyNameProperty);
+}
+
+std::string CacheNamespaceOf(const grpc::ServerContextBase& context) {
+  return AuthProperty(context, kCacheNamespaceProperty);
 }
 
 }  // namespace lazyattn::router

@@ -99,6 +99,8 @@ class KeyLimiter {
 
 // The name of the API key the auth processor admitted this call with; "" without API keys.
 std::string ApiKeyNameOf(const grpc::ServerContextBase& context);
+// That key's cache namespace (api_key_auth.h); "" without API keys.
+std::string CacheNamespaceOf(const grpc::ServerContextBase& context);
 
 }  // namespace lazyattn::router
 

@@ -524,6 +524,14 @@ TEST(RouterContextModelsTest, PlansHoldOnlyTheChosenModelsWorkersAndKeysUseItsFi
   std::vector<DocumentRef> refs_a = router.DocumentRefs(docs, lazyattn::v1::CACHE_MODE_LAZY, &a);
   ASSERT_EQ(refs_a.size(), 1u);
   EXPECT_EQ(refs_a[0].key, DocumentKeyFromText(kFpA, kTok1, "the manual"));
+  // In a cache scope the keys are the scope's, as the workers cache and publish them.
+  const CacheScope scope{"tenant", "salt"};
+  std::vector<DocumentRef> scoped =
+      router.DocumentRefs(docs, lazyattn::v1::CACHE_MODE_LAZY, &a, scope);
+  ASSERT_EQ(scoped.size(), 1u);
+  EXPECT_EQ(scoped[0].key,
+            ScopedDocumentKey(DocumentKeyFromText(kFpA, kTok1, "the manual"), scope));
+  EXPECT_NE(scoped[0].key, refs_a[0].key);
   // Without a chosen model and with two served, there is no key to route on.
   EXPECT_TRUE(router.DocumentRefs(docs, lazyattn::v1::CACHE_MODE_LAZY).empty());
 

@@ -5,10 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/document_key.h"
 #include "common/grpc_util.h"
 #include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/server/key_limits.h"
 #include "services/router/server/model_choice.h"
 
 namespace lazyattn::router {
@@ -35,6 +37,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
       context_(context),
       request_(request),
       response_(response),
+      cache_namespace_(CacheNamespaceOf(*context)),
       model_metrics_(&router->metrics().NoModel()) {
   const auto model = router->registry().Model();
   absl::Status valid = ValidatePrefetchRequest(*request, router->options().limits,
@@ -71,7 +74,8 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
                         ? lazyattn::v1::CACHE_MODE_BLOCK
                         : lazyattn::v1::CACHE_MODE_LAZY;
   std::vector<DocumentRef> docs =
-      router->DocumentRefs(request->documents(), mode, key.has_value() ? &*key : nullptr);
+      router->DocumentRefs(request->documents(), mode, key.has_value() ? &*key : nullptr,
+                           CacheScope{cache_namespace_, request->cache_salt()});
   // Mode block: where the worker places the documents (after its BOS, one after the other) is
   // not known here, so none is predicted as a hit (docs/router.md, "Predictions").
   if (mode == lazyattn::v1::CACHE_MODE_BLOCK) PlaceBlockDocuments(docs, 0, std::nullopt, {});
@@ -114,6 +118,9 @@ std::vector<std::shared_ptr<PrefetchReactor::WorkerCall>> PrefetchReactor::NextC
       call->context->set_deadline(absl::ToChronoTime(call->timeout_at));
     }
     if (!expected_model_.empty()) call->context->AddMetadata(kExpectedModelKey, expected_model_);
+    if (!cache_namespace_.empty()) {
+      call->context->AddMetadata(kCacheNamespaceMetadata, cache_namespace_);
+    }
     ++outstanding_;
     ++calls_started_;
     active_.push_back(call);

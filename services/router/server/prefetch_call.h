@@ -53,6 +53,8 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* const context_;
   const lazyattn::v1::PrefetchRequest* const request_;
   lazyattn::v1::PrefetchResponse* const response_;
+  // The API key's cache namespace, sent to each worker (kCacheNamespaceMetadata).
+  const std::string cache_namespace_;
   lazyattn::v1::PrefetchRequest worker_request_;
   // ExpectedModelValue of the chosen model, sent to each worker (empty: no model known).
   std::string expected_model_;

@@ -193,7 +193,7 @@ void RouterContext::Release() {
 
 std::vector<DocumentRef> RouterContext::DocumentRefs(
     const google::protobuf::RepeatedPtrField<Document>& documents, CacheMode mode,
-    const ModelKey* model) const {
+    const ModelKey* model, const CacheScope& scope) const {
   std::vector<DocumentRef> refs;
   if (mode == lazyattn::v1::CACHE_MODE_FULL || mode == lazyattn::v1::CACHE_MODE_PREFIX) {
     return refs;
@@ -225,6 +225,7 @@ std::vector<DocumentRef> RouterContext::DocumentRefs(
       // fallback), plus the few some add around a text (a dummy-prefix space).
       ref.max_tokens = static_cast<int64_t>(doc.text().size()) + kTextTokenSlack;
     }
+    ref.key = ScopedDocumentKey(ref.key, scope);
     if (seen.insert(ref.key).second) refs.push_back(ref);
   }
   return refs;

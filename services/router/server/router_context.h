@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/document_key.h"
 #include "lazyattn/v1/inference.pb.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
 #include "services/router/policy/query_quarantine.h"
@@ -75,10 +76,11 @@ class RouterContext {
   // The distinct documents of a request, keyed with `model`'s fingerprints (the request's chosen
   // model, model_choice.h; null: the only model served, WorkerRegistry::Model). Empty when no
   // model is known, or for cache modes that do not reuse documents (FULL, PREFIX): those route
-  // by load.
+  // by load. Keys are in `scope` (ScopedDocumentKey), as the workers cache and publish them.
   std::vector<DocumentRef> DocumentRefs(
       const google::protobuf::RepeatedPtrField<lazyattn::v1::Document>& documents,
-      lazyattn::v1::CacheMode mode, const ModelKey* model = nullptr) const;
+      lazyattn::v1::CacheMode mode, const ModelKey* model = nullptr,
+      const CacheScope& scope = {}) const;
 
   // Routes asynchronously: asks kvdir (when configured, the policy is cache_aware, there are
   // documents and lookups are not being skipped after failures: LookupGate) with the lookup

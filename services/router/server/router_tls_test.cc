@@ -173,6 +173,40 @@ std::string KeyEntry(const std::string& name, const std::string& key, const std:
                       limits.empty() ? "" : "\n");
 }
 
+// Each key's cache namespace (its name unless the key file groups keys under one) reaches the
+// worker with every Generate, Complete and Prefetch call it makes; a client cannot choose another
+// key's by sending the metadata itself, and its own cache_salt travels in the request.
+TEST_F(RouterTlsTest, EachKeysCacheNamespaceReachesTheWorker) {
+  const std::string alone = "lzk_alone", first = "lzk_first", second = "lzk_second";
+  StartRouter(absl::StrCat("keys:\n  - name: alone\n    sha256: ", Sha256Hex(alone),
+                           "\n    scopes: [generate, admin]\n") +
+              KeyEntry("first", first, "") + "    cache_namespace: acme\n" +
+              KeyEntry("second", second, "") + "    cache_namespace: acme\n");
+  for (const std::string& key : {alone, first, second}) {
+    auto stub = Stub(key);
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kCacheNamespaceMetadata, "forged");  // not passed on
+    lazyattn::v1::GenerateRequest request = Request();
+    request.set_cache_salt("user-7");
+    lazyattn::v1::CompleteResponse response;
+    const grpc::Status s = stub->Complete(&ctx, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(worker_.last_request().cache_salt(), "user-7");
+  }
+  auto stub = Stub(alone);
+  auto stream = Open(*stub);
+  stream->thread.join();
+  EXPECT_TRUE(stream->status.ok()) << stream->status.error_message();
+  grpc::ClientContext ctx;
+  lazyattn::v1::PrefetchRequest prefetch;
+  prefetch.add_documents()->set_text("the manual");
+  lazyattn::v1::PrefetchResponse prefetched;
+  const grpc::Status s = stub->Prefetch(&ctx, prefetch, &prefetched);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(worker_.cache_namespaces(),
+            (std::vector<std::string>{"alone", "acme", "acme", "alone", "alone"}));
+}
+
 TEST_F(RouterTlsTest, PerKeyLimitsNameTheKeyAndFollowReloads) {
   testing::FakeWorker::Script script;
   script.block = true;

@@ -26,13 +26,24 @@ PrefixCache::~PrefixCache() {
   Walk(root_, [&](Node& n) { pool_->SetCached(n.block, false); });
 }
 
+std::vector<int32_t> PrefixCache::EdgeKey(const Node* parent, std::span<const int32_t> tokens,
+                                          size_t start, std::span<const int32_t> scope) const {
+  std::vector<int32_t> key;
+  if (parent == &root_) {
+    key.reserve(scope.size() + block_size_);
+    key.assign(scope.begin(), scope.end());
+  }
+  key.insert(key.end(), tokens.begin() + start, tokens.begin() + start + block_size_);
+  return key;
+}
+
 PrefixCache::Match PrefixCache::MatchAndPin(std::span<const int32_t> tokens, int64_t max_tokens,
-                                            uint64_t now) {
+                                            uint64_t now, std::span<const int32_t> scope) {
   Match match;
   Node* node = &root_;
   const int64_t limit = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
   for (int64_t start = 0; start + block_size_ <= limit; start += block_size_) {
-    std::vector<int32_t> key(tokens.begin() + start, tokens.begin() + start + block_size_);
+    const std::vector<int32_t> key = EdgeKey(node, tokens, static_cast<size_t>(start), scope);
     auto it = node->children.find(key);
     if (it == node->children.end()) break;
     node = it->second.get();
@@ -45,11 +56,10 @@ PrefixCache::Match PrefixCache::MatchAndPin(std::span<const int32_t> tokens, int
 }
 
 void PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const BlockId> blocks,
-                         uint64_t now) {
+                         uint64_t now, std::span<const int32_t> scope) {
   Node* node = &root_;
   for (size_t i = 0; i < blocks.size() && (i + 1) * block_size_ <= tokens.size(); ++i) {
-    std::vector<int32_t> key(tokens.begin() + i * block_size_,
-                             tokens.begin() + (i + 1) * block_size_);
+    std::vector<int32_t> key = EdgeKey(node, tokens, i * block_size_, scope);
     auto it = node->children.find(key);
     if (it == node->children.end()) {
       auto child = std::make_unique<Node>();

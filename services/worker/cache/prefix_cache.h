@@ -42,11 +42,16 @@ class PrefixCache : private BlockPool::PinObserver {
     int64_t num_tokens = 0;       // blocks.size() * block_size
   };
   // Longest cached prefix of `tokens` in whole blocks, at most `max_tokens` long; pins it.
-  Match MatchAndPin(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t now);
+  // `scope`: the request's cache scope words (PrefixScopeWords, common/document_key.h; empty for
+  // the shared scope): only prefixes inserted under the same words match.
+  Match MatchAndPin(std::span<const int32_t> tokens, int64_t max_tokens, uint64_t now,
+                    std::span<const int32_t> scope = {});
 
-  // Records that blocks[i] holds tokens [i*B, (i+1)*B) of `tokens`, for every full block. Blocks
-  // of prefixes already in the tree are left to the caller; new ones become cached.
-  void Insert(std::span<const int32_t> tokens, std::span<const BlockId> blocks, uint64_t now);
+  // Records that blocks[i] holds tokens [i*B, (i+1)*B) of `tokens`, for every full block, under
+  // `scope` (as MatchAndPin). Blocks of prefixes already in the tree are left to the caller; new
+  // ones become cached.
+  void Insert(std::span<const int32_t> tokens, std::span<const BlockId> blocks, uint64_t now,
+              std::span<const int32_t> scope = {});
 
   // Evicts the least recently used unpinned leaf; returns blocks freed (0 or 1).
   int64_t EvictOne();
@@ -61,12 +66,17 @@ class PrefixCache : private BlockPool::PinObserver {
 
  private:
   struct Node {
-    std::vector<int32_t> tokens;  // this edge's block of tokens (empty at the root)
+    // This edge's block of tokens, its key in the parent's children (empty at the root). Below
+    // the root the block's tokens follow the scope's words: each scope has its own subtrees.
+    std::vector<int32_t> tokens;
     BlockId block = 0;
     Node* parent = nullptr;
     std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
     uint64_t last_use = 0;
   };
+  // The key of the child of `parent` that holds tokens [start, start + block_size_).
+  std::vector<int32_t> EdgeKey(const Node* parent, std::span<const int32_t> tokens, size_t start,
+                               std::span<const int32_t> scope) const;
   const Node* OldestEvictableLeaf() const;
   bool IsLeaf(const Node* n) const { return n != &root_ && n->children.empty(); }
   bool Evictable(const Node* n) const { return IsLeaf(n) && pool_->ref_count(n->block) == 0; }

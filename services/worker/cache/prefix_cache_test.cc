@@ -32,6 +32,44 @@ TEST(PrefixCacheTest, MatchesWholeBlocksOfTheLongestCachedPrefix) {
   EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
 }
 
+// A prefix inserted under one cache scope matches only requests of that scope: another scope, and
+// the shared one, see none of it (and compute their own blocks, which then live beside it).
+TEST(PrefixCacheTest, PrefixesMatchOnlyWithinTheirScope) {
+  KvCacheManager m(16, 4);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> scope_a = {11, 12}, scope_b = {11, 13};
+  const std::vector<BlockId> a_blocks = {*m.Allocate(), *m.Allocate()};
+  m.prefixes().Insert(tokens, a_blocks, m.Tick(), scope_a);
+  for (BlockId b : a_blocks) m.pool().Unref(b);
+
+  EXPECT_EQ(m.prefixes().MatchAndPin(tokens, 100, m.Tick(), scope_b).num_tokens, 0);
+  EXPECT_EQ(m.prefixes().MatchAndPin(tokens, 100, m.Tick()).num_tokens, 0);
+  // Scope words are not tokens: a request whose own tokens begin with them matches nothing.
+  std::vector<int32_t> spelled = scope_a;
+  spelled.insert(spelled.end(), tokens.begin(), tokens.end());
+  EXPECT_EQ(m.prefixes().MatchAndPin(spelled, 100, m.Tick()).num_tokens, 0);
+
+  auto same = m.prefixes().MatchAndPin(tokens, 100, m.Tick(), scope_a);
+  EXPECT_EQ(same.num_tokens, 8);
+  EXPECT_EQ(same.blocks, a_blocks);
+  for (BlockId b : same.blocks) m.pool().Unref(b);
+
+  // The shared scope's copy lives beside it, and evicting one leaves the other.
+  const std::vector<BlockId> shared_blocks = {*m.Allocate(), *m.Allocate()};
+  m.prefixes().Insert(tokens, shared_blocks, m.Tick());
+  for (BlockId b : shared_blocks) m.pool().Unref(b);
+  EXPECT_EQ(m.prefixes().num_blocks(), 4);
+  EXPECT_EQ(m.prefixes().EvictOne(), 1);  // scope a's leaf, the older
+  auto a_left = m.prefixes().MatchAndPin(tokens, 100, m.Tick(), scope_a);
+  EXPECT_EQ(a_left.num_tokens, 4);
+  auto shared = m.prefixes().MatchAndPin(tokens, 100, m.Tick());
+  EXPECT_EQ(shared.num_tokens, 8);
+  for (BlockId b : a_left.blocks) m.pool().Unref(b);
+  for (BlockId b : shared.blocks) m.pool().Unref(b);
+  EXPECT_TRUE(m.prefixes().CheckEvictable().ok()) << m.prefixes().CheckEvictable();
+  EXPECT_TRUE(m.CheckInvariant().ok()) << m.CheckInvariant();
+}
+
 TEST(PrefixCacheTest, EvictsLeavesFirstAndNeverPinnedOnes) {
   KvCacheManager m(3, 2);
   std::vector<int32_t> t = {1, 2, 3, 4};

@@ -104,7 +104,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
                               ? s.length() - 1
                               : std::min<int64_t>(static_cast<int64_t>(p.system_prefix.size()),
                                                   s.length() - 1);
-    auto match = cache_.prefixes().MatchAndPin(s.tokens, limit, cache_.Tick());
+    auto match = cache_.prefixes().MatchAndPin(s.tokens, limit, cache_.Tick(), p.prefix_scope);
     s.blocks = std::move(match.blocks);
     s.ready = match.num_tokens;
     usage.cached_tokens += match.num_tokens;
@@ -115,7 +115,8 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
       Segment s;
       s.kind = Segment::Kind::kPrefix;
       s.tokens = p.system_prefix;
-      auto match = cache_.prefixes().MatchAndPin(s.tokens, s.length(), cache_.Tick());
+      auto match =
+          cache_.prefixes().MatchAndPin(s.tokens, s.length(), cache_.Tick(), p.prefix_scope);
       s.blocks = std::move(match.blocks);
       s.ready = match.num_tokens;
       usage.cached_tokens += match.num_tokens;

@@ -441,7 +441,7 @@ void EngineCore::ApplyResults(std::span<Planned> plan, const absl::StatusOr<Forw
     progressed.push_back(r->id);
     if (s.ready < s.length()) continue;
     if (s.kind == Segment::Kind::kPrefix) {
-      cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick());
+      cache_.prefixes().Insert(s.tokens, s.blocks, cache_.Tick(), r->prepared.prefix_scope);
     } else if (s.kind == Segment::Kind::kQuery) {
       OnPrefillDone(*r, out, chosen, logprob);
     }

@@ -126,11 +126,14 @@ struct PreparedRequest {
   std::vector<int32_t> system_prefix;
   struct Document {
     std::string id;
-    DocumentKey key;
+    DocumentKey key;  // scoped (ScopedDocumentKey) by the request's cache scope
     std::vector<int32_t> tokens;
   };
   std::vector<Document> documents;
   std::vector<int32_t> question;
+  // The request's cache scope words (PrefixScopeWords): its prefixes are matched and cached
+  // under them. Empty: the shared scope.
+  std::vector<int32_t> prefix_scope;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
   // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.

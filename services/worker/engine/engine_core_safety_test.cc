@@ -83,6 +83,44 @@ TEST_F(EngineCoreSafetyTest, ARepeatedDocumentIsComputedOnceAndReportedSo) {
   }
 }
 
+// KV cached under one cache scope (an API key's namespace, a cache_salt) serves only requests of
+// that scope: another scope, and the shared one, hit none of its documents or prefix blocks, and
+// compute the same tokens themselves; each scope then hits its own.
+TEST_F(EngineCoreSafetyTest, CacheScopesShareNoKv) {
+  for (CacheMode mode : {CacheMode::kLazy, CacheMode::kBlock, CacheMode::kPrefix}) {
+    SCOPED_TRACE(CacheModeName(mode));
+    Init();
+    EngineRequest a = Request({1, 2}, mode);
+    a.cache_scope = {"tenant-a", ""};
+    EngineRequest b = a;
+    b.cache_scope = {"tenant-b", ""};
+    EngineRequest salted = a;
+    salted.cache_scope.salt = "per-user";
+    EngineRequest shared = a;
+    shared.cache_scope = {};
+
+    const Outcome first = RunOne(a);
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    for (const EngineRequest* other : {&b, &salted, &shared}) {
+      const Outcome o = RunOne(*other);
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(o.result.usage.cached_tokens, 0) << other->cache_scope.cache_namespace;
+      EXPECT_EQ(o.result.usage.documents_hit, 0);
+      EXPECT_EQ(o.result.usage.document_hit_tokens, 0);
+      EXPECT_EQ(o.result.token_ids, first.result.token_ids);
+    }
+    for (const EngineRequest* again : {&a, &b, &salted, &shared}) {
+      const Outcome o = RunOne(*again);
+      ASSERT_TRUE(o.status.ok()) << o.status;
+      EXPECT_GT(o.result.usage.cached_tokens, 0) << again->cache_scope.cache_namespace;
+      if (mode != CacheMode::kPrefix) {
+        EXPECT_EQ(o.result.usage.documents_hit, 2);
+      }
+      EXPECT_EQ(o.result.token_ids, first.result.token_ids);
+    }
+  }
+}
+
 // The reported crash: a request naming one uncached document twice, cancelled (or past its
 // deadline) at every step of its encoding and generation, alone and beside another request that
 // shares the document.

@@ -96,9 +96,10 @@ void EngineCore::OnPrefillDone(Request& r, std::span<const float> logits,
   if (p.mode == CacheMode::kPrefix) shareable = q.length() - static_cast<int64_t>(r.result.token_ids.size());
   if (p.mode == CacheMode::kFull) shareable = static_cast<int64_t>(p.system_prefix.size());
   if (shareable > 0) {
-    cache_.prefixes().Insert(std::span(q.tokens).first(shareable),
-                             std::span(q.blocks).first(std::min<size_t>(q.blocks.size(), shareable / block_size())),
-                             cache_.Tick());
+    cache_.prefixes().Insert(
+        std::span(q.tokens).first(shareable),
+        std::span(q.blocks).first(std::min<size_t>(q.blocks.size(), shareable / block_size())),
+        cache_.Tick(), p.prefix_scope);
   }
   SampleAndEmit(r, logits, chosen, logprob);
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/document_key.h"
 #include "services/worker/cache/cache_mode.h"
 #include "services/worker/engine/sampler.h"
 #include "services/worker/engine/top_logprobs.h"
@@ -41,6 +42,9 @@ struct EngineRequest {
   SamplingParams sampling;
   // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.
   absl::Time deadline = absl::InfiniteFuture();
+  // Who may share this request's KV (common/document_key.h): the API key's cache namespace the
+  // router sent and the request's cache_salt. Its documents and prefixes are cached under it.
+  CacheScope cache_scope;
 };
 
 struct RequestUsage {

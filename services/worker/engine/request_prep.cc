@@ -93,6 +93,7 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   p.mode = req.mode;
   p.sampling = req.sampling;
   p.deadline = req.deadline;
+  p.prefix_scope = PrefixScopeWords(req.cache_scope);
   // The prompt starts with the system prefix, so BOS (for models that want it) goes there, even
   // when the prefix text is empty.
   p.system_prefix = tok.EncodeWithSpecials(req.system_prefix, /*parse_special=*/true);
@@ -120,10 +121,15 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
         return DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                      doc.tokens);
       };
-      doc.key = memory.keys != nullptr ? memory.keys->KeyOf(doc.tokens, sha256) : sha256();
+      doc.key = ScopedDocumentKey(
+          memory.keys != nullptr ? memory.keys->KeyOf(doc.tokens, sha256) : sha256(),
+          req.cache_scope);
     } else {
-      doc.key = DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint,
-                                    d.text);
+      // Scoped before the token cache sees it: how long tokenizing takes must not tell one scope
+      // which texts another sent.
+      doc.key = ScopedDocumentKey(
+          DocumentKeyFromText(identity.model_fingerprint, identity.tokenizer_fingerprint, d.text),
+          req.cache_scope);
       DocumentTokenCache* const cache = memory.token_ids;
       if (auto cached = cache != nullptr ? cache->Find(doc.key) : std::nullopt) {
         doc.tokens = std::move(*cached);  // the key names this tokenizer and this exact text

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/document_key.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
@@ -62,6 +63,12 @@ std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& 
                                    "; this worker serves ", model_key));
 }
 
+std::string CacheNamespaceOf(const grpc::CallbackServerContext& call) {
+  const auto& metadata = call.client_metadata();
+  const auto it = metadata.find(kCacheNamespaceMetadata);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
 GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServerContext* call,
                                  const v1::GenerateRequest& request)
     : ctx_(ctx),
@@ -113,6 +120,7 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
     return;
   }
   converted->deadline = deadline_;
+  converted->cache_scope.cache_namespace = CacheNamespaceOf(*call);
   request_ = std::move(*converted);
 
   // Headers now, before tokenization: the router then knows the call reached this process even

@@ -40,6 +40,7 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
     return;
   }
   converted->deadline = deadline_;
+  converted->cache_scope.cache_namespace = CacheNamespaceOf(*call);
   request_ = std::move(*converted);
   refs_.fetch_add(1);  // preparation's, handed on to the engine
   if (absl::Status queued = prep_.Submit([this](const absl::Status& s) { Prepare(s); },

@@ -113,6 +113,7 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const v1::GenerateRequest& 
   EngineRequest r;
   ASSIGN_OR_RETURN(r.mode, CacheModeFromProto(request.cache_mode()));
   ASSIGN_OR_RETURN(r.sampling, SamplingFromProto(request.sampling(), config, options));
+  r.cache_scope.salt = request.cache_salt();
   RETURN_IF_ERROR(DocumentsFromProto(request.documents(), &r.documents));
   if (!request.messages().empty()) return WithConversation(request, tokenizer, std::move(r));
   if (request.question().empty()) {
@@ -142,6 +143,7 @@ absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& r
     return absl::InvalidArgumentError("documents: nothing to prefetch");
   }
   RETURN_IF_ERROR(DocumentsFromProto(request.documents(), &r.documents));
+  r.cache_scope.salt = request.cache_salt();
   // The engine needs a query to finish the request; one token is enough.
   r.question.assign(1, '\n');  // (not = "\n": GCC 12 warns -Wrestrict, a false positive)
   r.sampling.max_tokens = 1;

@@ -51,6 +51,10 @@ struct ServiceContext {
 std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
                                              const std::string& model_key);
 
+// The API key's cache namespace the router sent with `call` (kCacheNamespaceMetadata,
+// common/document_key.h); empty when it sent none (no API keys, or a caller other than a router).
+std::string CacheNamespaceOf(const grpc::CallbackServerContext& call);
+
 // The call's gRPC deadline (a wall-clock date) as the MonotonicNow() value the engine keeps its
 // deadlines in, converted once on arrival as gRPC itself does (InfiniteFuture when the call has
 // none): a wall clock stepped afterwards neither expires the request early nor keeps it late.

@@ -1,6 +1,7 @@
 // What the router sends with a call as metadata, and what the worker does with it: the router's
 // request id in the worker's log lines, the model the call was routed for (another model is
-// refused), and PrefillProgress events only when the router asks for them.
+// refused), PrefillProgress events only when the router asks for them, and the API key's cache
+// namespace, which with the request's cache_salt scopes the KV the call shares.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/document_key.h"
 #include "common/log.h"
 #include "common/worker_call_trailer.h"
 #include "gmock/gmock.h"
@@ -26,6 +28,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::kDocs;
+using testing::TextDoc;
 using testing::WorkerServiceTest;
 
 // The router sends its request id as x-request-id metadata (forwarding_call.cc); the worker's
@@ -184,6 +187,43 @@ TEST_F(WorkerServiceTest, AQueuedRequestSendsQueuedEventsWhileTheEngineWorks) {
   EXPECT_GE(queued, 2);
   EXPECT_EQ(tokens, 3);
   EXPECT_EQ(queued_after_tokens, 0);
+  ExpectIdle();
+}
+
+// Documents a call caches are hit only by calls of the same cache namespace (metadata) and salt
+// (request): prefetched under one namespace, another namespace, the shared scope and another salt
+// of the same namespace compute them again; the same scope hits them.
+TEST_F(WorkerServiceTest, TheCacheNamespaceAndSaltScopeTheKvACallShares) {
+  StartServer();
+  const auto generate = [&](const std::string& cache_namespace, const std::string& salt) {
+    grpc::ClientContext ctx;
+    if (!cache_namespace.empty()) ctx.AddMetadata(kCacheNamespaceMetadata, cache_namespace);
+    v1::GenerateRequest request = Request({kDocs[0], kDocs[1]}, 2);
+    request.set_cache_salt(salt);
+    auto reader = stub_->Generate(&ctx, request);
+    v1::GenerateResponse m;
+    int64_t hits = -1;
+    while (reader->Read(&m)) {
+      if (m.has_final()) hits = m.final().usage().documents_hit();
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return hits;
+  };
+  v1::PrefetchRequest prefetch;
+  *prefetch.add_documents() = TextDoc(kDocs[0]);
+  *prefetch.add_documents() = TextDoc(kDocs[1]);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kCacheNamespaceMetadata, "acme");
+  v1::PrefetchResponse prefetched;
+  ASSERT_TRUE(stub_->Prefetch(&ctx, prefetch, &prefetched).ok());
+  EXPECT_GT(prefetched.computed_tokens(), 0);
+
+  EXPECT_EQ(generate("other", ""), 0);
+  EXPECT_EQ(generate("", ""), 0);
+  EXPECT_EQ(generate("acme", "user-1"), 0);
+  EXPECT_EQ(generate("acme", ""), 2);
+  EXPECT_EQ(generate("acme", "user-1"), 2);  // its own scope, cached by its first call
   ExpectIdle();
 }
 
