@@ -390,6 +390,12 @@ void ForwardingCall::SetCancelStatus(grpc::Status why) {
 }
 
 void ForwardingCall::ClientCancelled() {
+  // gRPC cancels the calls that outlast a shutdown's grace: the router's doing, which the client
+  // sees as UNAVAILABLE; logged and counted as the client's, a restart read as clients leaving.
+  if (server_context_ != nullptr && router_->shutting_down()) {
+    SetCancelStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the router is shutting down; cancelled at the end of its drain"));
+  }
   std::shared_ptr<WorkerAttempt> attempt;
   {
     absl::MutexLock lock(&mu_);

@@ -169,7 +169,7 @@ void PrefetchReactor::OnPlan(RoutePlan plan) {
 
 grpc::Status PrefetchReactor::NothingStartedStatusLocked() const {
   // The client went away during the directory lookup: no worker is bothered.
-  if (cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (cancelled_) return CancelledStatus();
   // The plan named workers but none could be called (breaker opened since, no channel).
   if (!failures_.empty()) {
     return grpc::Status(
@@ -243,7 +243,7 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
       if (succeeded_ > 0) {
         final_status = grpc::Status::OK;
       } else if (cancelled_) {
-        final_status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        final_status = CancelledStatus();
       } else if (last_code_ == grpc::StatusCode::INVALID_ARGUMENT) {
         final_status = grpc::Status(last_code_, status.error_message());
       } else {
@@ -262,11 +262,21 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
   }
 }
 
+grpc::Status PrefetchReactor::CancelledStatus() const {
+  // As ForwardingCall::ClientCancelled: a cancellation during the router's shutdown is its own.
+  if (cancelled_by_shutdown_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the router is shutting down; cancelled at the end of its drain");
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
 void PrefetchReactor::OnCancel() {
   std::vector<std::shared_ptr<WorkerCall>> active;
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
+    cancelled_by_shutdown_ = router_->shutting_down();
     active = active_;
   }
   for (const auto& call : active) call->context->TryCancel();

@@ -47,6 +47,9 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   grpc::Status NothingStartedStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `calls` is not empty: they keep the reactor alive until this returns.
   void Launch(const std::vector<std::shared_ptr<WorkerCall>>& calls);
+  // How a cancellation ends the call: CANCELLED by the client, or UNAVAILABLE when the router's
+  // shutdown cut it.
+  grpc::Status CancelledStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWorkerDone(const std::shared_ptr<WorkerCall>& call, const grpc::Status& worker_status);
 
   RouterContext* const router_;
@@ -73,6 +76,7 @@ class PrefetchReactor final : public grpc::ServerUnaryReactor {
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
   grpc::StatusCode last_code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNAVAILABLE;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_by_shutdown_ ABSL_GUARDED_BY(mu_) = false;  // during the router's shutdown
 };
 
 }  // namespace lazyattn::router

@@ -60,6 +60,11 @@ class RouterContext {
   // routing.client_write_wait_budget_ms are both 0.
   ClientWriteWatch* write_watch() { return write_watch_.get(); }
 
+  // Set by RouterServer::Shutdown before it drains: a call cancelled from then on was cut by the
+  // drain's end (gRPC cancels what outlasts the grace), not by its client.
+  void MarkShuttingDown() { shutting_down_.store(true, std::memory_order_release); }
+  bool shutting_down() const { return shutting_down_.load(std::memory_order_acquire); }
+
   // Backpressure: at most max_inflight_requests admitted calls at once. TryAdmit takes `places`
   // (>= 1) of them at once or none, and on refusal stores in `in_flight` (optional) the count it
   // found; Release gives back one.
@@ -130,6 +135,7 @@ class RouterContext {
   std::atomic<int> inflight_{0};
 
   absl::Mutex probe_mu_;
+  std::atomic<bool> shutting_down_{false};
   bool stopping_ ABSL_GUARDED_BY(probe_mu_) = false;
   std::thread prober_;
 };

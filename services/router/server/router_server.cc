@@ -59,6 +59,7 @@ void RouterServer::Shutdown(absl::Duration grace) {
     shut_down_ = true;
     stopping_ = true;
   }
+  context_->MarkShuttingDown();
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();

@@ -423,6 +423,42 @@ TEST_F(RouterServerTest, ClientsCancellingMidStreamAreCountedCancelled) {
                                  "\"fake-model\"} 0"));
 }
 
+// Calls still running when a router's shutdown grace ends are cut by gRPC (the clients see
+// UNAVAILABLE); they were logged and counted as cancelled by their clients, so a restart read as
+// clients leaving. They count as unavailable now.
+TEST_F(RouterServerTest, CallsCutByTheRoutersShutdownAreNotCountedAsClientsCancelling) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript(
+      {.tokens = std::vector<std::string>(20, "token "), .block_after_tokens = 2});
+  StartRouter(Options());
+  constexpr int kStreams = 3;
+  std::vector<grpc::StatusCode> codes(kStreams, grpc::StatusCode::OK);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kStreams; ++i) {
+    readers.emplace_back([this, &codes, i] {
+      grpc::ClientContext ctx;
+      auto reader = stub_->Generate(&ctx, Request({"doc"}));
+      GenerateResponse r;
+      while (reader->Read(&r)) {
+      }
+      codes[i] = reader->Finish().error_code();
+    });
+  }
+  ASSERT_TRUE(workers_[0]->WaitForCalls(kStreams, absl::Seconds(10)));
+  router_->Shutdown(absl::Milliseconds(200));
+  for (std::thread& t : readers) t.join();
+  for (grpc::StatusCode code : codes) EXPECT_EQ(code, grpc::StatusCode::UNAVAILABLE);
+  const std::string want = absl::StrCat(
+      "lazyattn_router_requests_total{model=\"fake-model\",policy=\"cache_aware\",status="
+      "\"unavailable\"} ",
+      kStreams);
+  const std::string metrics = MetricsOnceContaining(want);
+  EXPECT_THAT(metrics, HasSubstr(want));
+  EXPECT_THAT(metrics, HasSubstr("lazyattn_router_requests_total{model=\"fake-model\",policy="
+                                 "\"cache_aware\",status=\"cancelled\"} 0"));
+}
+
 // A Prefetch whose client went away while the directory lookup ran starts no worker call when
 // the lookup ends (here by its timeout: the directory hangs), and the reactor finishes.
 TEST_F(RouterServerTest, PrefetchCancelledDuringTheLookupWarmsNoWorker) {
