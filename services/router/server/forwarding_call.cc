@@ -34,8 +34,12 @@ namespace {
 // What the system text, chat template and earlier turns put before the documents, under the
 // chosen model's tokenizer and template: the key under which the router learns its token count
 // from the workers (document_placement.h). Two models count the same text differently, so the
-// model is part of the key. Neither the documents nor the question nor sampling enter.
-uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>& model) {
+// model is part of the key. Neither the documents nor the question nor sampling enter. The cache
+// scope does (the API key's namespace, the request's cache_salt): learnt from one scope's
+// requests, a length would place another scope's documents, and its predicted hits would tell
+// that scope which system prompts others sent.
+uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>& model,
+                         std::string_view cache_namespace) {
   std::vector<std::pair<std::string_view, std::string_view>> turns;
   for (int i = 0; i + 1 < r.messages_size(); ++i) {
     turns.emplace_back(r.messages(i).role(), r.messages(i).content());
@@ -46,7 +50,8 @@ uint64_t PromptPrefixKey(const GenerateRequest& r, const std::optional<ModelKey>
   const std::string_view tokenizer_fingerprint =
       model ? std::string_view(model->tokenizer_fingerprint) : std::string_view();
   return absl::HashOf(model_fingerprint, tokenizer_fingerprint, std::string_view(r.system()),
-                      r.chat() || r.messages_size() > 0, r.messages_size(), turns);
+                      r.chat() || r.messages_size() > 0, r.messages_size(), turns, cache_namespace,
+                      std::string_view(r.cache_salt()));
 }
 
 std::string CodeText(grpc::StatusCode code) { return absl::AsciiStrToUpper(StatusCodeLabel(code)); }
@@ -176,7 +181,7 @@ void ForwardingCall::Begin() {
     for (const auto& d : request_->documents()) {
       exact_tokens.push_back(d.has_tokens() ? d.tokens().ids_size() : -1);
     }
-    const uint64_t prefix = PromptPrefixKey(*request_, model_);
+    const uint64_t prefix = PromptPrefixKey(*request_, model_, cache_namespace_);
     PlaceBlockDocuments(docs, prefix, router_->selector().prefix_lengths().Get(prefix),
                         exact_tokens);
   }
@@ -504,8 +509,8 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
         model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
         router_->ObserveClaim(w.id, current_claimed_tokens_, current_claimed_copy_tokens_,
                               final->usage());
-        router_->selector().prefix_lengths().Record(PromptPrefixKey(*request_, model_),
-                                                    final->usage().prefix_tokens());
+        router_->selector().prefix_lengths().Record(
+            PromptPrefixKey(*request_, model_, cache_namespace_), final->usage().prefix_tokens());
       }
     } else {
       // No first token: the worker may never store these documents; predict nothing there.

@@ -123,6 +123,26 @@ TEST_F(ClaimCreditRoutingTest, AWorkerThatReusesNoneOfWhatItClaimsLosesItsReques
   EXPECT_THAT(Metrics(), HasSubstr("lazyattn_router_workers_distrusted 1"));
 }
 
+// The prompt-prefix lengths the router learns from workers (block-mode placement and its
+// predicted hits) are kept per cache scope: learnt from one scope's requests, a length would
+// tell another scope, through predicted_hit_tokens, that someone sent that system prompt.
+TEST_F(RouterServerTest, PromptPrefixLengthsAreLearntPerCacheScope) {
+  StartWorkers(1);
+  StartKvdir();
+  StartRouter(Options());
+  const PrefixLengths& lengths = router_->context().selector().prefix_lengths();
+  const size_t before = lengths.size();
+  for (const char* salt : {"a", "a", "b"}) {
+    lazyattn::v1::GenerateRequest r = Request({"doc"});
+    r.set_system("You are terse.");
+    r.set_cache_mode(lazyattn::v1::CACHE_MODE_BLOCK);
+    r.set_cache_salt(salt);
+    const StreamResult result = Stream(r);
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  }
+  EXPECT_EQ(lengths.size(), before + 2);  // scope "a" once, scope "b" once
+}
+
 TEST_F(RouterServerTest, FailsOverWhenAWorkerFailsBeforeItsFirstToken) {
   StartWorkers(2);
   StartKvdir();

@@ -10,7 +10,8 @@
 namespace lazyattn {
 
 DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
-                                   const std::function<DocumentKey()>& compute) {
+                                   const std::function<DocumentKey()>& compute,
+                                   const std::vector<int32_t>& scope) {
   const int64_t size = static_cast<int64_t>(tokens.size());
   if (size == 0 || size > capacity_) {
     {
@@ -19,12 +20,12 @@ DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
     }
     return compute();
   }
-  const uint64_t hash = absl::HashOf(absl::MakeConstSpan(tokens));
+  const uint64_t hash = absl::HashOf(absl::MakeConstSpan(scope), absl::MakeConstSpan(tokens));
   {
     absl::MutexLock lock(&mu_);
     if (auto it = index_.find(hash); it != index_.end()) {
       for (Order::iterator e : it->second) {
-        if (e->tokens == tokens) {
+        if (e->tokens == tokens && e->scope == scope) {
           ++hits_;
           order_.splice(order_.begin(), order_, e);
           return e->key;
@@ -37,9 +38,9 @@ DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
   absl::MutexLock lock(&mu_);
   std::vector<Order::iterator>& bucket = index_[hash];
   for (Order::iterator e : bucket) {
-    if (e->tokens == tokens) return key;  // another thread remembered it meanwhile
+    if (e->tokens == tokens && e->scope == scope) return key;  // remembered meanwhile
   }
-  order_.push_front(Entry{hash, tokens, key});
+  order_.push_front(Entry{hash, scope, tokens, key});
   bucket.push_back(order_.begin());
   tokens_ += size;
   while (tokens_ > capacity_) {

@@ -26,10 +26,12 @@ class DocumentKeyMemo {
   // Remembers at most `capacity_tokens` ids in all (0: remembers nothing).
   explicit DocumentKeyMemo(int64_t capacity_tokens) : capacity_(capacity_tokens) {}
 
-  // The key of `tokens`: the remembered one when these exact ids were seen, else compute() (the
-  // SHA-256), which is then remembered. compute() runs outside the lock.
-  DocumentKey KeyOf(const std::vector<int32_t>& tokens,
-                    const std::function<DocumentKey()>& compute);
+  // The key of `tokens`: the remembered one when these exact ids were seen in the same `scope`
+  // (a request's cache scope words, PrefixScopeWords; empty for the shared scope), else
+  // compute() (the SHA-256), which is then remembered. compute() runs outside the lock. Scoped,
+  // a memo hit (a SHA-256 saved) cannot tell one scope that another sent the same ids.
+  DocumentKey KeyOf(const std::vector<int32_t>& tokens, const std::function<DocumentKey()>& compute,
+                    const std::vector<int32_t>& scope = {});
 
   int64_t tokens() const;
   int64_t hits() const;    // KeyOf calls answered from memory
@@ -38,6 +40,7 @@ class DocumentKeyMemo {
  private:
   struct Entry {
     uint64_t hash;
+    std::vector<int32_t> scope;
     std::vector<int32_t> tokens;
     DocumentKey key;
   };

@@ -23,11 +23,14 @@ DocumentKey Sha(const std::vector<int32_t>& ids) { return DocumentKeyFromTokens(
 // A memo whose compute() is the SHA-256, counting how often it ran.
 struct CountingMemo {
   explicit CountingMemo(int64_t capacity) : memo(capacity) {}
-  DocumentKey KeyOf(const std::vector<int32_t>& ids) {
-    return memo.KeyOf(ids, [&] {
-      ++computed;
-      return Sha(ids);
-    });
+  DocumentKey KeyOf(const std::vector<int32_t>& ids, const std::vector<int32_t>& scope = {}) {
+    return memo.KeyOf(
+        ids,
+        [&] {
+          ++computed;
+          return Sha(ids);
+        },
+        scope);
   }
   DocumentKeyMemo memo;
   int computed = 0;
@@ -44,6 +47,22 @@ TEST(DocumentKeyMemoTest, RemembersKeysOfRepeatedIdsAndComputesTheRest) {
   EXPECT_EQ(m.memo.hits(), 2);
   EXPECT_EQ(m.memo.misses(), 2);
   EXPECT_EQ(m.memo.tokens(), 20);
+}
+
+// Ids one cache scope had hashed are hashed again for another (the time a SHA-256 takes must not
+// tell a scope that another sent them); each scope then finds its own.
+TEST(DocumentKeyMemoTest, EachCacheScopeHasItsOwnMemory) {
+  CountingMemo m(100);
+  const auto ids = Ids(10, 0);
+  const std::vector<int32_t> a = {1, 2}, b = {1, 3};
+  EXPECT_EQ(m.KeyOf(ids, a), Sha(ids));
+  EXPECT_EQ(m.KeyOf(ids, b), Sha(ids));
+  EXPECT_EQ(m.KeyOf(ids), Sha(ids));
+  EXPECT_EQ(m.computed, 3);
+  EXPECT_EQ(m.KeyOf(ids, a), Sha(ids));
+  EXPECT_EQ(m.KeyOf(ids, b), Sha(ids));
+  EXPECT_EQ(m.KeyOf(ids), Sha(ids));
+  EXPECT_EQ(m.computed, 3);
 }
 
 TEST(DocumentKeyMemoTest, EvictsLeastRecentlyUsedAndSkipsWhatCannotFit) {

@@ -121,9 +121,10 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
         return DocumentKeyFromTokens(identity.model_fingerprint, identity.tokenizer_fingerprint,
                                      doc.tokens);
       };
-      doc.key = ScopedDocumentKey(
-          memory.keys != nullptr ? memory.keys->KeyOf(doc.tokens, sha256) : sha256(),
-          req.cache_scope);
+      doc.key = ScopedDocumentKey(memory.keys != nullptr
+                                      ? memory.keys->KeyOf(doc.tokens, sha256, p.prefix_scope)
+                                      : sha256(),
+                                  req.cache_scope);
     } else {
       // Scoped before the token cache sees it: how long tokenizing takes must not tell one scope
       // which texts another sent.
