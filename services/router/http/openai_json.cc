@@ -489,6 +489,12 @@ std::string ToHttpFieldNames(ApiKind kind, std::string_view message) {
   if (kind == ApiKind::kCompletion && absl::StartsWith(m, "question:")) {
     return absl::StrCat("prompt:", m.substr(9));
   }
+  // The worker's whole prompt (system prefix, documents, question) is a chat request's messages,
+  // its documents and the template's text: chat has no field `prompt`.
+  if (kind == ApiKind::kChat && absl::StartsWith(m, "prompt: ")) {
+    return absl::StrCat("messages: ", m.substr(8),
+                        " (the prompt: the messages, the documents and the chat template)");
+  }
   return std::string(m);
 }
 

@@ -542,6 +542,13 @@ TEST(OpenAiJsonTest, FieldNamesOfSharedValidatorMessages) {
             "logit_bias: key \"-3\": negative token id -3");
   EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, "sampling.logit_bias: 301 entries"),
             "logit_bias: 301 entries");
+  // The worker's whole prompt is a chat request's messages (chat has no `prompt`); a completion's
+  // is its prompt.
+  const std::string full = "prompt: 8192 tokens leave no room in the model's context of 8192";
+  EXPECT_EQ(ToHttpFieldNames(ApiKind::kChat, full),
+            "messages: 8192 tokens leave no room in the model's context of 8192 (the prompt: the "
+            "messages, the documents and the chat template)");
+  EXPECT_EQ(ToHttpFieldNames(ApiKind::kCompletion, full), full);
 }
 
 // A max_tokens the shared validator refuses is reported under the field the client used and with
