@@ -1,4 +1,5 @@
-// For tests: the router's own API key processor (api_key_auth.h) over a key file of two keys,
+// For tests: RejectAll, a processor that refuses every key; and KeyFile, the router's own API key
+// processor (api_key_auth.h) over a key file of two keys,
 // "lzk_good" and "lzk_once", both with the `generate` scope, the second allowed one request
 // (burst 1, then a token per 100 s). The file lives in the test's temporary folder while the
 // object does.
@@ -21,6 +22,16 @@
 #include "services/router/server/api_key_auth.h"
 
 namespace lazyattn::router::testing {
+
+// Refuses every key, as the router's processor refuses a client without one.
+class RejectAll final : public grpc::AuthMetadataProcessor {
+ public:
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
+                       OutputMetadata*) override {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
+  }
+};
 
 class KeyFile {
  public:

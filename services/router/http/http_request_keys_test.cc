@@ -20,16 +20,7 @@ namespace {
 
 using testing::KeyFile;
 using testing::ReadHead;
-
-// Refuses every key, as the router's processor refuses a client without one.
-class RejectAll final : public grpc::AuthMetadataProcessor {
- public:
-  bool IsBlocking() const override { return false; }
-  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
-                       OutputMetadata*) override {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
-  }
-};
+using testing::RejectAll;
 
 // cpp-httplib serves HEAD with the GET handler: HEAD /v1/models skipped the key check (and the
 // key's rate limit) that GET /v1/models has. Both are refused without a key now, for the list and

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
+#include "services/router/http/api_key_file_for_test.h"
 #include "services/router/http/http_server_test_fixture.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
@@ -40,17 +41,8 @@ using http_test::ReadAll;
 using http_test::ReadHead;
 using testing::FakeKvdir;
 using testing::FakeWorker;
+using testing::RejectAll;
 using testing::RouterOptionsForFakeKvdir;
-
-// Refuses every key, as the router's processor refuses a client without one.
-class RejectAll final : public grpc::AuthMetadataProcessor {
- public:
-  bool IsBlocking() const override { return false; }
-  grpc::Status Process(const InputMetadata&, grpc::AuthContext*, OutputMetadata*,
-                       OutputMetadata*) override {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: no API key");
-  }
-};
 
 TEST_F(HttpServerTest, RefusesAMissingKeyBeforeReadingTheBody) {
   StartRouter();
