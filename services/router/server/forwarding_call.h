@@ -104,6 +104,11 @@ class ForwardingCall {
   void OnPlan(RoutePlan plan);
   void StartNextAttempt();
   void OnWorkerMessage(WorkerAttempt* attempt, const lazyattn::v1::GenerateResponse& message);
+  // The status an attempt's end stands for (forwarding_call_attempt_end.cc): the worker's,
+  // or UNAVAILABLE naming a broken stream protocol or a timeout (counted and logged), or OK when
+  // the worker sent its whole answer but did not end its call (counted as a protocol error).
+  grpc::Status JudgeAttemptEnd(WorkerAttempt* attempt, const grpc::Status& worker_status)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& status);
   void End(grpc::Status status, std::optional<lazyattn::v1::Final> final);
   void LogAccess(const grpc::Status& status, const lazyattn::v1::Final* final)
