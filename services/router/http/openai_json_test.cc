@@ -498,6 +498,10 @@ TEST(OpenAiJsonTest, CacheSaltIsRead) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->request.cache_salt(), "");
   }
+  // Any string: a NUL (escaped, as JSON wants it) is part of the salt, not its end.
+  auto nul = ParseOpenAiRequest(ApiKind::kChat, user + R"("cache_salt": "a\u0000b"})");
+  ASSERT_TRUE(nul.ok()) << nul.status();
+  EXPECT_EQ(nul->request.cache_salt(), std::string("a\0b", 3));
   auto number = ParseOpenAiRequest(ApiKind::kChat, user + R"("cache_salt": 7})");
   ASSERT_FALSE(number.ok());
   EXPECT_THAT(number.status().message(), HasSubstr("cache_salt: expected a string"));

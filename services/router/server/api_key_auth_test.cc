@@ -51,6 +51,9 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
        "keys[0].cache_namespace: expected 1 to 64 of [A-Za-z0-9._-]"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"\"\n",
        "keys[0].cache_namespace"},
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: [a, b]\n", "keys[0]"},
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"a\\nb\"\n",
+       "keys[0].cache_namespace"},
       {"keys:\n  - name: a\n    sha256: " + kHash +
            "\n  - name: a\n    sha256: " + std::string(64, 'c') + "\n",
        "keys[1].name: duplicate"},
