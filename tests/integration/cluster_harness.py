@@ -25,6 +25,17 @@ DEFAULT_ENGINE = {"kv_budget_bytes": 16777216, "max_batch_tokens": 256}
 results = []
 
 
+def add_model_args(ap):
+    """--model and --backend: what every worker of a test serves, unless the scenario names its own
+    model. The defaults are the tiny model on the best backend built in (the CPU one on a machine
+    without a GPU); tests/gpu/device.sh's `cluster-tests` part runs scenarios on CUDA workers with
+    `--model random:small --backend cuda` (a backend that cannot start fails the test)."""
+    ap.add_argument("--model", default=MODEL,
+                    help=f"the workers' model.path (default {MODEL}; random:SHAPE for random weights)")
+    ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="the workers' backend (default auto)")
+
+
 def check(name, ok, detail=""):
     results.append(bool(ok))
     print(f"[{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""), flush=True)
@@ -88,7 +99,7 @@ class Cluster:
     (requests then use its demo key, or `api_key_file`); None: every process with insecure: true.
     `router_extra`: YAML appended to the router's config (sections no other argument writes)."""
 
-    def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=MODEL,
+    def __init__(self, args, tmp, workers, policy, kvdir_port=None, lease_ms=600, model=None,
                  engine=None, router_limits=None, track_blocks=False, certs=None, router_extra=""):
         self.args, self.tmp, self.procs, self.addrs = args, tmp, {}, {}
         self.certs = certs
@@ -100,7 +111,9 @@ class Cluster:
         # endpoint that cannot start must fail these tests.
         self._write("kvdir.yaml", self._security("kvdir", "server") +
                     f"lease_ms: {lease_ms}\nmetrics:\n  listen: 127.0.0.1:0\n")
-        self._write("worker.yaml", f"model:\n  path: {model}\nbackend: auto\nengine:\n" +
+        model = model or getattr(args, "model", MODEL)
+        backend = getattr(args, "backend", "auto")
+        self._write("worker.yaml", f"model:\n  path: {model}\nbackend: {backend}\nengine:\n" +
                     "".join(f"  {k}: {v}\n" for k, v in engine.items()) +
                     "metrics:\n  listen: 127.0.0.1:0\n")
         router = f"routing:\n  policy: {policy}\nkvdir:\n  refresh_interval_ms: 100\n" \

@@ -295,6 +295,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default="build/bin")
+    h.add_model_args(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lazyattn-fault-") as tmp:
         docs = [write_doc(tmp, f"doc{i}.txt", t) for i, t in enumerate(DOC_TEXTS)]

@@ -46,6 +46,7 @@ def write_doc(tmp, name, seed, words):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", default=os.path.join(h.REPO, "build", "bin"))
+    h.add_model_args(ap)
     ap.add_argument("--doc-words", type=int, default=260,
                     help="words per big document (the tiny model's 4,096 positions must hold two)")
     args = ap.parse_args()

@@ -331,6 +331,7 @@ def scenario_kvdir_freeze(c, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default="build/bin")
+    h.add_model_args(ap)
     ap.add_argument("--clients", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="lazyattn-resilience-") as tmp:

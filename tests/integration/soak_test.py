@@ -197,11 +197,21 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=90,
                     help="seconds of traffic at most, and again of the reference run")
+    h.add_model_args(ap)
+    ap.add_argument("--kv-budget-bytes", type=int, default=SOAK_ENGINE["kv_budget_bytes"],
+                    help="each soaked worker's KV budget (default sized for the tiny model: scale "
+                         "it with the model's bytes a token so the budget still runs out)")
+    ap.add_argument("--logprob-tolerance", type=float, default=PREFIX_LOGPROB_TOLERANCE,
+                    help="how far a shared token's log-probability may move between the soak and "
+                         "the reference (default: the CPU backend's rounding)")
+    ap.add_argument("--near-tie-logprob", type=float, default=NEAR_TIE_LOGPROB,
+                    help="how close two choices must be to count as a near-tie")
     args = ap.parse_args()
     os.chdir(h.REPO)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     print(f"soak: seed {seed} (--seed {seed} replays the traffic), {args.requests} requests, "
-          f"{args.concurrency} at a time, at most {args.time_limit:g} s", flush=True)
+          f"{args.concurrency} at a time, at most {args.time_limit:g} s; model {args.model} on "
+          f"backend {args.backend}", flush=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         specs = plan(random.Random(seed), tmp, args.requests)
@@ -216,7 +226,8 @@ def main():
 
 def run_soak(args, tmp, specs):
     workdir = tempfile.mkdtemp(dir=tmp)
-    c = h.Cluster(args, workdir, 2, "cache_aware", engine=SOAK_ENGINE, track_blocks=True)
+    engine = dict(SOAK_ENGINE, kv_budget_bytes=args.kv_budget_bytes)
+    c = h.Cluster(args, workdir, 2, "cache_aware", engine=engine, track_blocks=True)
     try:
         min_free = {name: None for name in c.workers}
         sampling = threading.Event()
@@ -291,11 +302,13 @@ def answer(r):
     return tuple(r["token_ids"]), r["text"]
 
 
-def judge(got, ref):
+def judge(got, ref, prefix_tolerance=PREFIX_LOGPROB_TOLERANCE, near_tie=NEAR_TIE_LOGPROB):
     """(verdict, why, drift) for the soak's greedy result `got` against the reference's `ref`
     (both `lazyattn client --json` results with logprobs and top_logprobs; see the module's
     comment): verdict "equal", "near-tie" or "wrong"; why says what is wrong; drift is the largest
-    log-probability difference over the tokens the two answers share before they differ."""
+    log-probability difference over the tokens the two answers share before they differ. The two
+    tolerances are the module's constants unless the run sets them (--logprob-tolerance,
+    --near-tie-logprob)."""
     a, b = got["token_ids"], ref["token_ids"]
     first = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
     for r in (got, ref):  # `lazyattn client --json` lists one entry per token in each
@@ -304,7 +317,7 @@ def judge(got, ref):
                              f"{len(r['top_logprobs'])} top_logprobs from worker {r['worker']}"), 0.0
     drifts = [abs(got["logprobs"][k] - ref["logprobs"][k]) for k in range(first)]
     drift = max(drifts, default=0.0)
-    if drift > PREFIX_LOGPROB_TOLERANCE:
+    if drift > prefix_tolerance:
         return "wrong", f"token {drifts.index(drift)}'s log-probability moved by {drift:.2e}", drift
     if answer(got) == answer(ref):
         return "equal", "", drift
@@ -316,7 +329,7 @@ def judge(got, ref):
         # streamed, so its id is in neither list) won there by a near-tie, so the longer one's
         # choice must have had a rival within NEAR_TIE_LOGPROB.
         top = sorted((t["logprob"] for t in longer["top_logprobs"][first]), reverse=True)
-        if shorter["finish_reason"] == "stop" and len(top) >= 2 and top[0] - top[1] <= NEAR_TIE_LOGPROB:
+        if shorter["finish_reason"] == "stop" and len(top) >= 2 and top[0] - top[1] <= near_tie:
             return "near-tie", f"token {first}: the end of one answer", drift
         return "wrong", (f"one answer is a prefix of the other ({len(a)} and {len(b)} tokens, "
                          f"the shorter one ended by {shorter['finish_reason']!r})"), drift
@@ -324,9 +337,9 @@ def judge(got, ref):
     def lp(result, token):  # `token`'s log-probability among result's top 5 at `first`, or None
         return next((t["logprob"] for t in result["top_logprobs"][first] if t["id"] == token), None)
 
-    def tie(choice, result):  # `choice` within NEAR_TIE_LOGPROB of result's best at `first`
+    def tie(choice, result):  # `choice` within `near_tie` of result's best at `first`
         best = max(t["logprob"] for t in result["top_logprobs"][first])
-        return lp(result, choice) is not None and best - lp(result, choice) <= NEAR_TIE_LOGPROB
+        return lp(result, choice) is not None and best - lp(result, choice) <= near_tie
 
     if not (tie(a[first], ref) and tie(b[first], got)):
         return "wrong", (f"token {first} differs ({a[first]} against {b[first]}) and is no "
@@ -336,7 +349,7 @@ def judge(got, ref):
     # otherwise each run's near-tie is judged on its own, possibly corrupted, numbers.
     for token in (a[first], b[first]):
         moved = abs(lp(got, token) - lp(ref, token))
-        if moved > PREFIX_LOGPROB_TOLERANCE:
+        if moved > prefix_tolerance:
             return "wrong", (f"token {first}: the log-probability of {token} moved by "
                              f"{moved:.2e} between the runs"), max(drift, moved)
     return "near-tie", f"token {first}: {a[first]} against {b[first]}", drift
@@ -368,7 +381,8 @@ def run_reference(args, tmp, specs, done):
         largest_drift = 0.0
         for key, got in answers.items():
             for spec, r in got:
-                verdict, why, drift = judge(r, alone[key])
+                verdict, why, drift = judge(r, alone[key], args.logprob_tolerance,
+                                            args.near_tie_logprob)
                 verdicts[verdict].append((spec, r, why))
                 largest_drift = max(largest_drift, drift)
         for spec, r, why in verdicts["near-tie"][:3]:
