@@ -11,7 +11,8 @@ prefix or full, sometimes with a system prompt; and it is one of
   greedy    temperature 0, must be answered;
   cancel    the client is killed after a random delay (the router cancels the call);
   deadline  a deadline of 5-300 ms (a third of them 1-10 ms);
-  sampled   temperature 0.9 with a seed, must be answered.
+  sampled   a seed and sampling settings at the edges of their ranges (SAMPLED_EDGES), must be
+            answered.
 
 At the end, one line per check:
   - every greedy and sampled request was answered; cancelled and deadline ones either answered or
@@ -66,7 +67,20 @@ import cluster_harness as h  # noqa: E402
 WORDS = ("river water sea mountain valley city bridge stone forest lake north south east west "
          "harbor island meadow canyon glacier desert tower road field garden").split()
 MODES = ("lazy",) * 11 + ("block",) * 3 + ("prefix",) * 3 + ("full",) * 3
-KINDS = ("greedy",) * 13 + ("cancel",) * 3 + ("deadline",) * 3 + ("sampled",)
+KINDS = ("greedy",) * 13 + ("cancel",) * 3 + ("deadline",) * 3 + ("sampled",) * 3
+# A sampled request takes each setting from the edges of its range (common/request_validator.cc)
+# or leaves it out (None), so the samplers meet near-zero and the largest temperatures, nucleus,
+# top-k and min-p cuts that keep one token, penalties at their limits and the most alternatives,
+# in steps shared with greedy rows.
+SAMPLED_EDGES = (
+    ("--temperature", ("0.9", "0.00002", "100")),
+    ("--top-p", (None, "0.000001", "0.5")),
+    ("--top-k", (None, "1", "1000000")),
+    ("--min-p", (None, "0.999", "1")),
+    ("--presence-penalty", (None, "2", "-2")),
+    ("--frequency-penalty", (None, "2", "-2")),
+    ("--repetition-penalty", (None, "100", "0.01")),
+)
 # 2 MiB: 128 blocks of 16 tokens of the tiny model (2 x 4 layers x 2 KV heads x 16 dims x 4 bytes
 # x 16 tokens = 16 KiB a block), room for 2,048 tokens: a few requests of up to ~1,300 prompt
 # tokens each, so concurrent ones preempt each other and evict cached documents.
@@ -116,7 +130,12 @@ def plan(rng, tmp, n):
         if rng.random() < 0.5:
             extra += ["--ignore-eos"]
         if kind == "sampled":
-            extra += ["--temperature", "0.9", "--seed", str(i)]
+            for flag, values in SAMPLED_EDGES:
+                value = rng.choice(values)
+                extra += [flag, value] if value is not None else []
+            extra += ["--seed", str(i)]
+            if rng.random() < 0.3:
+                extra += ["--logprobs", "--top-logprobs", "20"]
         if kind == "greedy":
             extra += GREEDY_LOGPROB_FLAGS  # the near-tie check reads them
         question = f"Question {i}: what about the {rng.choice(WORDS)}?"
