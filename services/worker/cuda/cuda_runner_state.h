@@ -52,13 +52,22 @@ class Buffer {
   // Bumped by every (re)allocation of any buffer: what was captured with older pointers is stale.
   static int64_t generation() { return generation_.load(std::memory_order_relaxed); }
 
+  // Test seam: the `n`th allocation from now (1: the next) fails as a cudaMalloc out of memory
+  // does; 0 turns it off. Process-wide, as generation() is.
+  static void FailAllocationForTest(int64_t n) {
+    fail_countdown_.store(n, std::memory_order_relaxed);
+  }
+
   absl::Status Reserve(int64_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
     generation_.fetch_add(1, std::memory_order_relaxed);
     Release();
     bytes = std::max<int64_t>(bytes, 4096);
-    const cudaError_t e =
-        pinned_host_ ? cudaMallocHost(&ptr_, bytes) : cudaMalloc(&ptr_, bytes);
+    const bool injected = fail_countdown_.load(std::memory_order_relaxed) > 0 &&
+                          fail_countdown_.fetch_sub(1, std::memory_order_relaxed) == 1;
+    const cudaError_t e = injected       ? cudaErrorMemoryAllocation
+                          : pinned_host_ ? cudaMallocHost(&ptr_, bytes)
+                                         : cudaMalloc(&ptr_, bytes);
     if (e != cudaSuccess) {
       cudaGetLastError();
       ptr_ = nullptr;
@@ -82,6 +91,7 @@ class Buffer {
     bytes_ = 0;
   }
   static inline std::atomic<int64_t> generation_{0};  // shared by every runner's thread
+  static inline std::atomic<int64_t> fail_countdown_{0};
   bool pinned_host_;
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;

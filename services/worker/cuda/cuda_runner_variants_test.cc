@@ -9,6 +9,7 @@
 #include "kernels/cuda/skinny_wgmma_linear.h"
 #include "services/worker/cuda/cuda_backend_test_util.h"
 #include "services/worker/cuda/cuda_model_runner.h"
+#include "services/worker/cuda/cuda_runner_state.h"
 
 namespace lazyattn {
 namespace {
@@ -173,6 +174,101 @@ TEST(CudaModelRunnerTest, DecodeGraphsKeepStepsThatSampleFewerRowsApart) {
   }
   EXPECT_EQ(graphed->graph_captures(), 2);  // one graph a shape
   EXPECT_EQ(graphed->graph_launches(), 4);
+}
+
+// A step whose buffers fail to grow part-way (the card out of memory) has already freed what it
+// grew, or began to grow: every decode graph captured before it holds dangling pointers. Whichever
+// allocation fails, the next decode step must not replay one (it runs eagerly, as a shape seen
+// for the first time) and must give the eager runner's bits. The failing step prefills a
+// 700-token prompt: more rows than any step before (the row buffers grow) and a split KV (the
+// prefill workspace grows last). Dropping graphs only after every Reserve succeeded left them in
+// place when the workspace failed, and a decode step, which reserves no workspace, replayed one.
+TEST(CudaModelRunnerTest, AStepWhoseBuffersFailToGrowLeavesNoStaleDecodeGraph) {
+  SKIP_WITHOUT_GPU();
+  using cuda_runner_internal::Buffer;
+  const uint32_t seed = testing::FreshSeed();
+  SCOPED_TRACE(seed);
+  auto w = HfLikeWeights(SmallConfig(), seed);
+  auto runner = [&](bool graphs) {
+    auto gpu = CudaModelWeights::Upload(*w);
+    EXPECT_TRUE(gpu.ok()) << gpu.status();
+    auto r = CudaModelRunner::Create(
+        std::move(*gpu), {.num_kv_blocks = 64, .cuda_graphs = graphs, .autotune_gemms = false});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return std::move(*r);
+  };
+  std::mt19937 rng(seed);
+  // Sequence 0 (blocks 0-3): a 30-token prompt, then 6 decode steps; sequence 1 (blocks 8-51):
+  // the 700-token prompt of the failing step.
+  std::vector<int32_t> prompt(30), decoded(6), long_prompt(700);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 1024);
+  for (int32_t& t : decoded) t = static_cast<int32_t>(rng() % 1024);
+  for (int32_t& t : long_prompt) t = static_cast<int32_t>(rng() % 1024);
+  auto table = [](uint32_t first_block, int64_t n) {
+    std::vector<KvBlockEntry> t;
+    for (int64_t b = 0; b * 16 < n; ++b) {
+      t.push_back(PackKvBlockEntry(first_block + static_cast<uint32_t>(b), 0,
+                                   static_cast<uint32_t>(std::min<int64_t>(16, n - b * 16))));
+    }
+    return t;
+  };
+  auto prefill = [&](CudaModelRunner& r, std::span<const int32_t> tokens, uint32_t first_block) {
+    std::vector<int64_t> slots(tokens.size());
+    for (size_t t = 0; t < tokens.size(); ++t) slots[t] = int64_t{first_block} * 16 + int64_t(t);
+    const auto blocks = table(first_block, static_cast<int64_t>(tokens.size()));
+    const ForwardChunk ch{.tokens = tokens, .kv_slots = slots, .block_table = blocks};
+    return r.Forward(std::span(&ch, 1));
+  };
+  auto decode = [&](CudaModelRunner& r, int step) {
+    const int64_t pos = 30 + step;
+    const std::vector<int64_t> slot = {pos};
+    const auto blocks = table(0, pos + 1);
+    const ForwardChunk ch{.tokens = std::span(&decoded[step], 1),
+                          .local_start = pos,
+                          .kv_slots = slot,
+                          .block_table = blocks,
+                          .first_query_index = pos,
+                          .return_logits = true};
+    return r.Forward(std::span(&ch, 1));
+  };
+  auto eager = runner(false);
+  ASSERT_TRUE(prefill(*eager, prompt, 0).ok());
+  std::vector<ForwardOutput> want;
+  for (int step = 0; step < 6; ++step) {
+    auto out = decode(*eager, step);
+    ASSERT_TRUE(out.ok()) << out.status();
+    want.push_back(*std::move(out));
+  }
+  int failures = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE(::testing::Message() << "allocation " << n << " of the long prefill fails");
+    auto graphed = runner(true);
+    ASSERT_TRUE(prefill(*graphed, prompt, 0).ok());
+    for (int step = 0; step < 3; ++step) {  // captured at step 1, replayed at step 2
+      auto out = decode(*graphed, step);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->logits, want[step].logits) << "step " << step;
+    }
+    ASSERT_EQ(graphed->graph_launches(), 2);
+    Buffer::FailAllocationForTest(n);
+    const absl::Status failed = prefill(*graphed, long_prompt, 8).status();
+    Buffer::FailAllocationForTest(0);
+    const int64_t launches_before = graphed->graph_launches();
+    for (int step = 3; step < 6; ++step) {
+      auto out = decode(*graphed, step);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->logits, want[step].logits) << "step " << step;
+      EXPECT_EQ(out->token_ids, want[step].token_ids) << "step " << step;
+      if (step == 3 && !failed.ok()) {
+        EXPECT_EQ(graphed->graph_launches(), launches_before) << "a graph from before replayed";
+      }
+    }
+    if (failed.ok()) break;  // fewer than n allocations: every one has failed once
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    ++failures;
+  }
+  // The 8 row buffers, the prefill workspace, and the table store where it grows.
+  EXPECT_GE(failures, 9);
 }
 
 // Runs the same steps on runners built with options `a` and `b` from the same weights and

@@ -251,34 +251,47 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
                      dense_table_bytes > s.decode_tables.bytes() ||
                      (num_prefill > 0 && plan.workspace_bytes() > s.prefill_workspace.bytes());
   if (grows && !s.in_flight.empty()) RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s.stream));
-  if (rows > s.row_capacity) {
-    // None of the group until all have the room: a Reserve that fails leaves its buffer empty,
-    // and a smaller step after it must grow it again rather than use it.
-    s.row_capacity = 0;
-    const int64_t cap = std::max<int64_t>(rows, 256);
-    for (auto [buf, width] : {std::pair{&s.h, H}, {&s.qkv, qkv_width}, {&s.q_rot, Q},
-                              {&s.attn, Q}, {&s.gate_up, 2 * I}, {&s.act, I}}) {
-      RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
+  // Every Reserve that grows frees its old memory first, so once one has run, the decode graphs
+  // hold dangling pointers, whether or not a later Reserve fails: they are dropped on both ways
+  // out. (Dropped only on success, a step whose prefill workspace could not grow, after its row
+  // buffers had, left them in place; a decode-only step, which reserves no workspace and so grew
+  // nothing, then replayed one into freed memory.)
+  const absl::Status grown = [&]() -> absl::Status {
+    if (rows > s.row_capacity) {
+      // None of the group until all have the room: a Reserve that fails leaves its buffer empty,
+      // and a smaller step after it must grow it again rather than use it.
+      s.row_capacity = 0;
+      const int64_t cap = std::max<int64_t>(rows, 256);
+      for (auto [buf, width] : {std::pair{&s.h, H},
+                                {&s.qkv, qkv_width},
+                                {&s.q_rot, Q},
+                                {&s.attn, Q},
+                                {&s.gate_up, 2 * I},
+                                {&s.act, I}}) {
+        RETURN_IF_ERROR(buf->Reserve(cap * width * static_cast<int64_t>(sizeof(bf16))));
+      }
+      RETURN_IF_ERROR(s.x.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
+      RETURN_IF_ERROR(s.delta.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
+      s.row_capacity = cap;
     }
-    RETURN_IF_ERROR(s.x.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
-    RETURN_IF_ERROR(s.delta.Reserve(cap * H * static_cast<int64_t>(sizeof(float))));
-    s.row_capacity = cap;
-  }
-  if (out_rows > s.logit_row_capacity) {
-    s.logit_row_capacity = 0;  // as row_capacity above
-    const int64_t cap = std::max<int64_t>(out_rows, 64);
-    RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
-    RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
-    RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
-    RETURN_IF_ERROR(s.ids.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
-    RETURN_IF_ERROR(s.logprobs.Reserve(cap * static_cast<int64_t>(sizeof(float))));
-    s.logit_row_capacity = cap;
-  }
-  RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
-  RETURN_IF_ERROR(s.table_store.Reserve(s.tables.store_entries() * 8));
-  RETURN_IF_ERROR(s.decode_tables.Reserve(dense_table_bytes));
-  if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
+    if (out_rows > s.logit_row_capacity) {
+      s.logit_row_capacity = 0;  // as row_capacity above
+      const int64_t cap = std::max<int64_t>(out_rows, 64);
+      RETURN_IF_ERROR(s.last_hidden.Reserve(cap * H * static_cast<int64_t>(sizeof(bf16))));
+      RETURN_IF_ERROR(s.logits.Reserve(cap * V * static_cast<int64_t>(sizeof(float))));
+      RETURN_IF_ERROR(s.sampled.Reserve(cap * static_cast<int64_t>(sizeof(uint64_t))));
+      RETURN_IF_ERROR(s.ids.Reserve(cap * static_cast<int64_t>(sizeof(int32_t))));
+      RETURN_IF_ERROR(s.logprobs.Reserve(cap * static_cast<int64_t>(sizeof(float))));
+      s.logit_row_capacity = cap;
+    }
+    RETURN_IF_ERROR(s.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
+    RETURN_IF_ERROR(s.table_store.Reserve(s.tables.store_entries() * 8));
+    RETURN_IF_ERROR(s.decode_tables.Reserve(dense_table_bytes));
+    if (num_prefill > 0) RETURN_IF_ERROR(s.prefill_workspace.Reserve(plan.workspace_bytes()));
+    return absl::OkStatus();
+  }();
   if (Buffer::generation() != generation_before) s.ClearGraphs();  // they hold old pointers
+  RETURN_IF_ERROR(grown);
   // This slot's pinned buffers: no uncollected step uses them.
   RETURN_IF_ERROR(slot.metadata.Reserve(std::max<int64_t>(meta_bytes, int64_t{1} << 20)));
   RETURN_IF_ERROR(slot.logits.Reserve(std::max<int64_t>(logits_rows, 1) * V *
