@@ -16,6 +16,9 @@
 #          LAZYATTN_AB_A, LAZYATTN_AB_B, LAZYATTN_AB_PARTS, LAZYATTN_AB_ROUNDS); only when named
 #   cluster tools/cluster-trace on this machine: kvdir, the router and one CUDA worker per GPU
 #          serving random:llama3-8b (issue 7's run; LAZYATTN_CLUSTER_ARGS adds flags)
+#   clustertests the integration scenarios that attack workers (reproducer, soak on two models,
+#          fault, resilience) against CUDA workers (tests/gpu/cluster_tests.sh;
+#          LAZYATTN_CLUSTER_TESTS picks scenarios); only when named
 #   replay `lazyattn replay` on random llama3-8b, 32 x (2K document, 256 tokens), greedy against
 #          T 0.8 top-p 0.95 (tests/gpu/sampled_replay.sh); only when named
 #   sanitize compute-sanitizer memcheck and racecheck on the sampling kernel tests
@@ -120,6 +123,11 @@ if has cluster; then
   timeout "${LAZYATTN_CLUSTER_TIMEOUT:-540}" python3 tools/cluster-trace --bin-dir "$carry/bin" \
     --workers "$gpus" --gpus "$gpus" --backend cuda --model random:llama3-8b \
     --out "$logs/cluster-trace.json" ${LAZYATTN_CLUSTER_ARGS:-} 2>&1 | tee "$logs/cluster-trace.log" ||
+    status=1
+fi
+if has clustertests; then
+  echo "=== integration scenarios against CUDA workers"
+  OUT="$logs" timeout 590 tests/gpu/cluster_tests.sh "$carry" "${LAZYATTN_CLUSTER_TESTS:-}" ||
     status=1
 fi
 if has overhead; then
