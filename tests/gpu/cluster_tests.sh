@@ -19,7 +19,7 @@
 # any scenario failed. Logs: $OUT/cluster-tests/ when OUT is set.
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$repo"
+cd "$repo" || exit 1
 carry="${1:-.device-carry}"
 scenarios="${2:-reproducer,soak,soak128,fault,resilience}"
 # shellcheck source=tests/gpu/carry_env.sh
