@@ -28,8 +28,9 @@ results = []
 def add_model_args(ap):
     """--model and --backend: what every worker of a test serves, unless the scenario names its own
     model. The defaults are the tiny model on the best backend built in (the CPU one on a machine
-    without a GPU); tests/gpu/device.sh's `cluster-tests` part runs scenarios on CUDA workers with
-    `--model random:small --backend cuda` (a backend that cannot start fails the test)."""
+    without a GPU); tests/gpu/cluster_tests.sh (`tests/gpu/device.sh clustertests`) runs scenarios
+    on CUDA workers with random weights and `--backend cuda` (a backend that cannot start fails the
+    test)."""
     ap.add_argument("--model", default=MODEL,
                     help=f"the workers' model.path (default {MODEL}; random:SHAPE for random weights)")
     ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
