@@ -102,9 +102,13 @@ void PublishReactor::OnReadDone(bool ok) {
       absl::Status status;
       if (stopping) {
         status = absl::UnavailableError("kvdir shutting down");
-      } else if (call_->IsCancelled()) {
+      } else if (call_->IsCancelled() ||
+                 (ctx_.streams != nullptr && ctx_.streams->CancelledSilent(stream_id_))) {
         // Gone while it waited (the worker left, the hello timeout, shutdown): nothing of it
-        // is applied, a hello least of all (it would take the id from a live stream).
+        // is applied, a hello least of all (it would take the id from a live stream). The
+        // hello timeout's cancel is read from the registry too: IsCancelled() turns true only
+        // once gRPC has processed the TryCancel, and on a loaded host the hello could run
+        // first (a queued hello was then applied after its stream had been cancelled).
         status = absl::CancelledError("the stream ended while its message waited");
       } else {
         status = Handle(in_);

@@ -81,6 +81,12 @@ void PublishStreams::SaidHello(uint64_t id) {
   if (auto it = streams_.find(id); it != streams_.end()) it->second.said_hello = true;
 }
 
+bool PublishStreams::CancelledSilent(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(id);
+  return it != streams_.end() && it->second.cancelled;
+}
+
 void PublishStreams::Close(uint64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(id);

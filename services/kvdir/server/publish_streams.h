@@ -70,6 +70,9 @@ class PublishStreams {
                                 bool* per_certificate = nullptr);
   // The stream's hello was accepted: no hello deadline from here on. Unknown ids are ignored.
   void SaidHello(uint64_t id);
+  // CancelSilent cancelled the stream. True from the moment it did, while the call's own
+  // IsCancelled() may still read false: gRPC marks a server-side TryCancel on its own threads.
+  bool CancelledSilent(uint64_t id) const;
   // Charges one message's directory work at `now` to the stream's certificate (without one,
   // to the stream): `entries` is what it stores, removes or replaces (an event 1, a snapshot
   // its entries), at least 1 (a heartbeat or hello costs one). Removing what the worker holds
