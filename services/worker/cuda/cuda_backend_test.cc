@@ -168,8 +168,8 @@ TEST(CudaModelRunnerTest, ChunkedStepsMatchTheCpuBackend) {
                         .flags = kSampleLogprob,
                         .seed = 9,
                         .step = 2};
-  penalized.penalty_tokens = history;
-  penalized.penalty_prompt_tokens = 2;
+  const std::vector<PenaltyEntry> history_counts = PenaltyEntries(history, 2);
+  penalized.penalties = history_counts;
   auto pd = gpu->Forward(std::span(&penalized, 1));
   ASSERT_TRUE(pd.ok()) << pd.status();
   ASSERT_EQ(pd->logits.size(), size_t(V));

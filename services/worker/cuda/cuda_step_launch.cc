@@ -167,8 +167,7 @@ absl::Status CudaModelRunner::Launch(std::span<const ForwardChunk> chunks,
     SamplingRowParams p = ch.sampling;
     p.penalty_begin = p.penalty_count = 0;
     if (AdjustsLogits(p)) {
-      const std::vector<PenaltyEntry> e =
-          RowAdjustments(p, ch.penalty_tokens, ch.penalty_prompt_tokens, ch.logit_bias);
+      const std::vector<PenaltyEntry> e = RowAdjustments(p, ch.penalties, ch.logit_bias);
       p.penalty_begin = static_cast<int32_t>(penalties.size());
       p.penalty_count = static_cast<int32_t>(e.size());
       penalties.insert(penalties.end(), e.begin(), e.end());

@@ -131,6 +131,21 @@ TEST_F(CpuRunnerTest, RejectsBadChunksWithClearErrors) {
   ch = {.tokens = ok_tokens, .segment_delta = 4095, .kv_slots = slots, .block_table = table};
   r = runner_.Forward(std::span(&ch, 1), kv);
   EXPECT_NE(r.status().message().find("context"), std::string::npos) << r.status();
+
+  // The penalty counts come from the engine (PenaltyCounts); an entry naming an id past the
+  // vocabulary, or a negative count, is refused before a sampler indexes the logits with it.
+  SamplingRowParams penalized;
+  penalized.presence_penalty = 0.5f;
+  for (const PenaltyEntry& bad :
+       {PenaltyEntry{.id = 300, .output_count = 1}, PenaltyEntry{.id = 3, .output_count = -1}}) {
+    const std::vector<PenaltyEntry> entries = {bad};
+    ch = {.tokens = ok_tokens, .kv_slots = slots, .block_table = table};
+    ch.sampling = penalized;
+    ch.penalties = entries;
+    r = runner_.Forward(std::span(&ch, 1), kv);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("penalty entry"), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

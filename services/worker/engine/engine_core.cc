@@ -331,8 +331,7 @@ std::optional<std::vector<EngineCore::Planned>> EngineCore::LaunchChainedDecode(
     TableFor(r, p.segment, q.ready + 2, n.chunk);
     n.chunk.sampling.step = p.chunk.sampling.step + 1;
     // The runner adds the input token drawn on the device.
-    n.chunk.penalty_tokens = r.PenaltyHistory();
-    n.chunk.penalty_prompt_tokens = r.PenaltyPromptTokens();
+    n.chunk.penalties = r.PenaltyCountsNow(n.chunk.sampling);
     n.chunk.tokens = std::span(&kTokenFromDevice, 1);
     n.chunk.local_start = q.ready + 1;
     n.chunk.first_query_index = p.chunk.first_query_index + 1;

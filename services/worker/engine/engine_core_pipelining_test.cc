@@ -152,7 +152,7 @@ TEST_F(EngineCoreTest, TopLogprobsStayPipelined) {
       const SamplingRowParams row = RowSamplingParams(sampling0, t);
       std::vector<double> x(rows[t].begin(), rows[t].end());
       for (const PenaltyEntry& e :
-           RowAdjustments(row, history, question.size(), sampling0.logit_bias)) {
+           RowAdjustments(row, PenaltyEntries(history, question.size()), sampling0.logit_bias)) {
         x[e.id] = PenalizedLogit(rows[t][e.id], row, e);
       }
       const double mx = *std::max_element(x.begin(), x.end());

@@ -93,6 +93,14 @@ struct EngineCore::Request {
   int64_t PenaltyPromptTokens() const {
     return static_cast<int64_t>(std::min(prepared.question.size(), PenaltyHistory().size()));
   }
+  // PenaltyHistory()'s counts (ForwardChunk::penalties), brought current a token at a time;
+  // empty for a request without penalties (`row`: its draw's parameters). Valid until the next
+  // call.
+  std::span<const PenaltyEntry> PenaltyCountsNow(const SamplingRowParams& row) {
+    if (!HasPenalties(row)) return {};
+    return penalty_counts.Sync(PenaltyHistory(), PenaltyPromptTokens());
+  }
+  PenaltyCounts penalty_counts;
 };
 
 // One chunk of a step and what it belongs to: a request's segment, or an encoding job.

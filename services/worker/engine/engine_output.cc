@@ -55,8 +55,8 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
     // ranked under the draw's own row parameters and history (before this token; in a chained
     // step it already holds the input token the device counted), as the runner drew `id`.
     const SamplingRowParams row = RowSamplingParams(r.prepared.sampling, res.token_ids.size());
-    const std::vector<PenaltyEntry> penalties = RowAdjustments(
-        row, r.PenaltyHistory(), r.PenaltyPromptTokens(), r.prepared.sampling.logit_bias);
+    const std::vector<PenaltyEntry> penalties =
+        RowAdjustments(row, r.PenaltyCountsNow(row), r.prepared.sampling.logit_bias);
     if (!logits.empty()) {
       top = TopLogprobs(logits, row, penalties, id, logprob, r.prepared.sampling.top_logprobs);
     }

@@ -37,8 +37,7 @@ void EngineCore::PlanSegment(Request& r, size_t si, int64_t n, bool decode,
   // back too when they are to be kept, and every step's when the request wants the most
   // likely alternatives (EngineCore::SampleAndEmit ranks them on the host).
   p.chunk.sampling = RowSamplingParams(r.prepared.sampling, r.result.token_ids.size());
-  p.chunk.penalty_tokens = r.PenaltyHistory();
-  p.chunk.penalty_prompt_tokens = r.PenaltyPromptTokens();
+  p.chunk.penalties = r.PenaltyCountsNow(p.chunk.sampling);
   p.chunk.logit_bias = r.prepared.sampling.logit_bias;
   p.chunk.return_logits =
       p.chunk.emit_logits && ((options_.keep_first_logits && r.result.token_ids.empty()) ||

@@ -28,7 +28,7 @@ ForwardOutput SampleRowsOnHost(std::span<const ForwardChunk> chunks, std::vector
     if (!ch.emit_logits) continue;
     const int64_t rows = ch.logits_for_all_tokens ? static_cast<int64_t>(ch.tokens.size()) : 1;
     const std::vector<PenaltyEntry> penalties =
-        RowAdjustments(ch.sampling, ch.penalty_tokens, ch.penalty_prompt_tokens, ch.logit_bias);
+        RowAdjustments(ch.sampling, ch.penalties, ch.logit_bias);
     for (int64_t r = 0; r < rows; ++r, ++row) {
       const float* begin = logits.data() + row * vocab_size;
       float logprob = 0;
@@ -57,13 +57,12 @@ absl::StatusOr<TableSummary> ValidateForwardChunk(const ForwardChunk& ch, size_t
   if (ch.tokens.empty()) return bad("no tokens");
   if (ch.emit_logits) {
     if (const char* why = SamplingRowParamsError(ch.sampling)) return bad(why);
-    if (ch.penalty_prompt_tokens < 0 ||
-        ch.penalty_prompt_tokens > static_cast<int64_t>(ch.penalty_tokens.size())) {
-      return bad("penalty_prompt_tokens outside the penalty history");
-    }
     if (HasPenalties(ch.sampling)) {
-      for (int32_t t : ch.penalty_tokens) {
-        if (t < 0 || t >= c.vocab_size) return bad("penalty history id outside the vocabulary");
+      for (const PenaltyEntry& e : ch.penalties) {
+        if (e.id < 0 || e.id >= c.vocab_size) return bad("penalty entry id outside the vocabulary");
+        if (e.output_count < 0 || (e.in_prompt != 0 && e.in_prompt != 1)) {
+          return bad("penalty entry counts out of range");
+        }
       }
     }
     if (ch.sampling.flags & kLogitBias) {

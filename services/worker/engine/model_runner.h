@@ -65,12 +65,12 @@ struct ForwardChunk {
   // being generated and, with the seed, all the draw's randomness (penalty ranges are the
   // runner's to fill).
   SamplingRowParams sampling;
-  // The penalty history, read only when `sampling` has penalties: penalty_tokens[0,
-  // penalty_prompt_tokens) count for the repetition penalty only, the rest as output. In a
-  // chained launch (previous_step_rows) the input token, drawn on the device, counts as one more
-  // output occurrence.
-  std::span<const int32_t> penalty_tokens;
-  int64_t penalty_prompt_tokens = 0;
+  // The penalty history's counts (PenaltyEntries or PenaltyCounts, sampler.h, of the question
+  // then the output so far: distinct ids, in_prompt for the question's), read only when
+  // `sampling` has penalties. Counts rather than the history, so a step costs the runner
+  // O(distinct ids), not O(history). In a chained launch (previous_step_rows) the input token,
+  // drawn on the device, counts as one more output occurrence.
+  std::span<const PenaltyEntry> penalties;
   // The request's logit bias (SamplingParams::logit_bias: distinct ids in increasing order),
   // read only when `sampling` has kLogitBias.
   std::span<const LogitBias> logit_bias;

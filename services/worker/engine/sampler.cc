@@ -78,26 +78,41 @@ SamplingRowParams RowSamplingParams(const SamplingParams& p, uint64_t step) {
 }
 
 std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_t prompt_tokens) {
-  absl::flat_hash_map<int32_t, size_t> at;
-  std::vector<PenaltyEntry> out;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    auto [it, fresh] = at.try_emplace(tokens[i], out.size());
-    if (fresh) out.push_back({tokens[i], 0, 0});
-    PenaltyEntry& e = out[it->second];
-    if (static_cast<int64_t>(i) < prompt_tokens) {
-      e.in_prompt = 1;
-    } else {
-      ++e.output_count;
-    }
+  PenaltyCounts counts;
+  const std::span<const PenaltyEntry> entries = counts.Sync(tokens, prompt_tokens);
+  return {entries.begin(), entries.end()};
+}
+
+void PenaltyCounts::Count(int32_t id, bool in_prompt) {
+  auto [it, fresh] = index_.try_emplace(id, static_cast<int32_t>(entries_.size()));
+  if (fresh) entries_.push_back({id, 0, 0});
+  PenaltyEntry& e = entries_[it->second];
+  if (in_prompt) {
+    e.in_prompt = 1;
+  } else {
+    ++e.output_count;
   }
-  return out;
+  ++tokens_counted_;
+}
+
+std::span<const PenaltyEntry> PenaltyCounts::Sync(std::span<const int32_t> history,
+                                                  int64_t prompt_tokens) {
+  const int64_t n = static_cast<int64_t>(history.size());
+  if (n < counted_ || prompt_tokens != prompt_tokens_) {
+    index_.clear();
+    entries_.clear();
+    counted_ = 0;
+    prompt_tokens_ = prompt_tokens;
+  }
+  for (; counted_ < n; ++counted_) Count(history[counted_], counted_ < prompt_tokens_);
+  return entries_;
 }
 
 std::vector<PenaltyEntry> RowAdjustments(const SamplingRowParams& row,
-                                         std::span<const int32_t> history, int64_t prompt_tokens,
+                                         std::span<const PenaltyEntry> penalties,
                                          std::span<const LogitBias> logit_bias) {
   std::vector<PenaltyEntry> out;
-  if (HasPenalties(row)) out = PenaltyEntries(history, prompt_tokens);
+  if (HasPenalties(row)) out.assign(penalties.begin(), penalties.end());
   if (!(row.flags & kLogitBias) || logit_bias.empty()) return out;
   // One pass over the history's entries (as long as the history's distinct ids, every step)
   // with the few biases (at most limits.max_logit_bias) in a map; the unlisted ones appended.
@@ -123,7 +138,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {}
 
 int32_t Sampler::Sample(std::span<const float> logits, float* logprob) {
   const SamplingRowParams row = RowSamplingParams(params_, step_++);
-  const std::vector<PenaltyEntry> adjust = RowAdjustments(row, {}, 0, params_.logit_bias);
+  const std::vector<PenaltyEntry> adjust = RowAdjustments(row, {}, params_.logit_bias);
   return SampleRowCpu(logits.data(), static_cast<int32_t>(logits.size()), row, adjust.data(),
                       static_cast<int32_t>(adjust.size()), -1, logprob);
 }

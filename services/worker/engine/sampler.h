@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "kernels/include/sampling.h"
 
@@ -60,11 +61,33 @@ SamplingRowParams RowSamplingParams(const SamplingParams& params, uint64_t step)
 // penalty only, the rest as output occurrences.
 std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_t prompt_tokens);
 
+// PenaltyEntries of a history that only grows (a request's question, then its output), kept
+// current a token at a time, so a decode step costs O(new tokens) rather than re-hashing the
+// whole history (a 100K-token question, every step, for every penalized row of the batch). The
+// entries are those PenaltyEntries gives for the same history, in the same order.
+class PenaltyCounts {
+ public:
+  // Brings the counts to `history`, of which `tokens[0, prompt_tokens)` are the question. When it
+  // extends the history counted last (as long or longer, the same prompt length) only the new
+  // tokens are counted; otherwise it is counted whole. The span is valid until the next Sync.
+  std::span<const PenaltyEntry> Sync(std::span<const int32_t> history, int64_t prompt_tokens);
+  // Tokens counted since construction (for tests: shows what Sync skipped).
+  int64_t tokens_counted() const { return tokens_counted_; }
+
+ private:
+  void Count(int32_t id, bool in_prompt);
+  absl::flat_hash_map<int32_t, int32_t> index_;  // id -> position in entries_
+  std::vector<PenaltyEntry> entries_;
+  int64_t counted_ = 0;        // history tokens counted
+  int64_t prompt_tokens_ = 0;  // of which the question
+  int64_t tokens_counted_ = 0;
+};
+
 // Everything a row adjusts its logits by, as the samplers read it (distinct ids): the penalty
-// history (PenaltyEntries) when `row` has penalties, with the logit bias merged in when it has
-// kLogitBias. Empty when neither (AdjustsLogits(row) false).
+// entries (PenaltyEntries or PenaltyCounts of its history) when `row` has penalties, with the
+// logit bias merged in when it has kLogitBias. Empty when neither (AdjustsLogits(row) false).
 std::vector<PenaltyEntry> RowAdjustments(const SamplingRowParams& row,
-                                         std::span<const int32_t> history, int64_t prompt_tokens,
+                                         std::span<const PenaltyEntry> penalties,
                                          std::span<const LogitBias> logit_bias);
 
 // Draws on the host, one call per generated token (the step counter advances per call). It keeps

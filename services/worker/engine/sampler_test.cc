@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,40 @@ TEST(SamplerTest, ValidationNamesThePenaltyAndMinPFields) {
   EXPECT_NE(msg(p).find("frequency_penalty"), std::string::npos);
 }
 
+// Counts kept a token at a time equal PenaltyEntries of the whole history at every length, in
+// the same order, and a step counts only its new tokens; a history that is not an extension of
+// the last (shorter, or another question length) is counted afresh.
+TEST(SamplerTest, PenaltyCountsFollowAGrowingHistoryCountingOnlyNewTokens) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> history;
+  for (int i = 0; i < 40; ++i) history.push_back(static_cast<int32_t>(rng() % 12));
+  PenaltyCounts counts;
+  constexpr int64_t kQuestion = 25;
+  for (size_t n = 0; n <= history.size(); ++n) {
+    const int64_t before = counts.tokens_counted();
+    const auto prefix = std::span(history).first(n);
+    const int64_t question = std::min<int64_t>(kQuestion, static_cast<int64_t>(n));
+    const std::span<const PenaltyEntry> got = counts.Sync(prefix, question);
+    const std::vector<PenaltyEntry> want = PenaltyEntries(prefix, question);
+    ASSERT_EQ(got.size(), want.size()) << n;
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(got[k].id, want[k].id) << n << " " << k;
+      EXPECT_EQ(got[k].output_count, want[k].output_count) << n << " " << k;
+      EXPECT_EQ(got[k].in_prompt, want[k].in_prompt) << n << " " << k;
+    }
+    // Past the question each step adds one token; while the question grows it is recounted.
+    if (n > static_cast<size_t>(kQuestion)) EXPECT_EQ(counts.tokens_counted() - before, 1) << n;
+  }
+  const int64_t before = counts.tokens_counted();
+  const auto shorter = std::span(history).first(30);
+  const std::span<const PenaltyEntry> again = counts.Sync(shorter, kQuestion);
+  EXPECT_EQ(counts.tokens_counted() - before, 30);  // counted afresh
+  EXPECT_EQ(again.size(), PenaltyEntries(shorter, kQuestion).size());
+  const int64_t before_other_question = counts.tokens_counted();
+  counts.Sync(shorter, 10);
+  EXPECT_EQ(counts.tokens_counted() - before_other_question, 30);
+}
+
 TEST(SamplerTest, PenaltyEntriesCountOutputAndMarkPrompt) {
   const std::vector<int32_t> tokens = {5, 7, 5, 9, 7, 7};  // prompt: 5 7 5; output: 9 7 7
   const auto e = PenaltyEntries(tokens, 3);
@@ -124,7 +160,7 @@ TEST(SamplerTest, RowAdjustmentsMergeTheBiasIntoTheHistory) {
     std::sort(e.begin(), e.end(), [](auto& a, auto& b) { return a.id < b.id; });
     return e;
   };
-  const auto e = by_id(RowAdjustments(row, tokens, 3, bias));
+  const auto e = by_id(RowAdjustments(row, PenaltyEntries(tokens, 3), bias));
   ASSERT_EQ(e.size(), 5u);
   const int32_t ids[] = {2, 5, 7, 9, 12};
   const int32_t counts[] = {0, 0, 2, 1, 0};
@@ -139,14 +175,14 @@ TEST(SamplerTest, RowAdjustmentsMergeTheBiasIntoTheHistory) {
   }
   // Bias alone: the history is not listed (no penalty would read it).
   row.presence_penalty = 0.0f;
-  const auto only = by_id(RowAdjustments(row, tokens, 3, bias));
+  const auto only = by_id(RowAdjustments(row, PenaltyEntries(tokens, 3), bias));
   ASSERT_EQ(only.size(), 3u);
   EXPECT_EQ(only[1].id, 7);
   EXPECT_EQ(only[1].output_count, 0);
   // Penalties alone: the bias is not read without the flag.
   row = {.presence_penalty = 0.5f};
-  EXPECT_EQ(RowAdjustments(row, tokens, 3, bias).size(), 3u);
-  EXPECT_TRUE(RowAdjustments(SamplingRowParams{}, tokens, 3, bias).empty());
+  EXPECT_EQ(RowAdjustments(row, PenaltyEntries(tokens, 3), bias).size(), 3u);
+  EXPECT_TRUE(RowAdjustments(SamplingRowParams{}, PenaltyEntries(tokens, 3), bias).empty());
 }
 
 TEST(SamplerTest, LogitBiasIsValidatedAndFlagged) {
