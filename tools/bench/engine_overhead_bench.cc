@@ -4,11 +4,14 @@
 //
 //   lazyattn-bench-engine-overhead [--batches 1,32,240] [--context 2048[,32768,...]]
 //                                  [--steps 64] [--tokenizer MODEL] [--decode-only]
-//                                  [--waiting 1024[,...]]
+//                                  [--waiting 1024[,...]] [--penalties]
 //
 // Each (batch, context) row times `steps` decode steps of `batch` requests of `context` prompt
 // tokens (mode full), in wall time and in the engine thread's CPU time; the block tables persist
 // between steps, so neither should grow with the context.
+//
+// With --penalties: a penalized row's host work at one decode step for histories of each
+// --context, recounted whole against kept counts (PrintPenaltyCosts).
 //
 // With --waiting: what publishing the load costs the engine thread after each step while that
 // many RAG requests (5 documents each, lazy mode) wait for admission: EngineCore::Load (the exact
@@ -37,6 +40,7 @@
 #include "common/monotonic_time.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/engine_core.h"
+#include "services/worker/engine/sampler.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/random_weights.h"
 #include "services/worker/model/tokenizer/byte_tokenizer.h"
@@ -192,6 +196,55 @@ int PrintRagOverhead(const ModelConfig& config, const Tokenizer& tokenizer,
 
 // Microseconds of this thread's CPU per call of Load() and of PublishedLoad() at 6 ms steps, with
 // `waiting` requests queued.
+// The host cost of a penalized row at one decode step, per history length: recounting the whole
+// history (PenaltyEntries; what every step did before the counts were kept) against bringing
+// the kept counts up by the step's one new token (PenaltyCounts::Sync), each followed by the
+// copy a backend makes of the entries (RowAdjustments). Ids drawn from 32,000 distinct ones, a
+// large BPE vocabulary's share of a long text. Medians of 9 repeats of 16 steps.
+void PrintPenaltyCosts(const std::vector<int>& contexts) {
+  SamplingRowParams row;
+  row.presence_penalty = 0.5f;
+  std::cout << "\n| history tokens | distinct ids | recount us/row/step | kept counts us/row/step "
+               "|\n|---|---|---|---|\n";
+  for (int context : contexts) {
+    std::mt19937 rng(static_cast<uint32_t>(context));
+    std::vector<int32_t> history(context + 16 * 10);
+    for (int32_t& t : history) t = static_cast<int32_t>(rng() % 32000);
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::vector<double> recount, kept;
+    size_t distinct = 0;
+    PenaltyCounts counts;
+    counts.Sync(std::span(history).first(context), 64);
+    for (int rep = 0; rep < 9; ++rep) {
+      const int64_t base = context + 16 * rep;
+      auto start = std::chrono::steady_clock::now();
+      for (int s = 1; s <= 16; ++s) {
+        const auto e =
+            RowAdjustments(row, PenaltyEntries(std::span(history).first(base + s), 64), {});
+        distinct = e.size();
+      }
+      recount.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count() /
+          16);
+      start = std::chrono::steady_clock::now();
+      for (int s = 1; s <= 16; ++s) {
+        const auto e = RowAdjustments(row, counts.Sync(std::span(history).first(base + s), 64), {});
+        if (e.size() != distinct && s == 16) std::cerr << "counts differ from the recount\n";
+      }
+      kept.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count() /
+          16);
+    }
+    std::cout << "| " << context << " | " << distinct << " | " << median(recount) << " | "
+              << median(kept) << " |\n";
+  }
+}
+
 int PrintPublishedLoad(const ModelConfig& config, const Tokenizer& tokenizer,
                        const std::vector<int>& waiting_counts) {
   std::cout << "\nPublishing the load after a step, RAG requests waiting (5 documents of 4,096 "
@@ -243,6 +296,9 @@ int Main(int argc, char** argv) {
   args.Declare("steps", CliArgs::Kind::kValue, "decode steps timed (default 64)");
   args.Declare("waiting", CliArgs::Kind::kValue,
                "also time publishing the load with this many requests waiting, a list");
+  args.Declare("penalties", CliArgs::Kind::kSwitch,
+               "also time a penalized row's host work a step at each --context (recount against "
+               "kept counts)");
   args.Declare("tokenizer", CliArgs::Kind::kValue,
                "a GGUF or HF model whose tokenizer tokenizes the text documents (default: bytes)");
   if (absl::Status s = args.Parse(argc, argv, 1); !s.ok()) {
@@ -323,6 +379,7 @@ int Main(int argc, char** argv) {
     }
     if (int rc = PrintPublishedLoad(config, *tokenizer, waiting); rc != 0) return rc;
   }
+  if (args.Has("penalties")) PrintPenaltyCosts(contexts);
   if (args.Has("decode-only")) return 0;
   auto llama = NamedModelShape("llama3-8b");
   if (!llama.ok()) return 1;
