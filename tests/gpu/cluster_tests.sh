@@ -52,13 +52,17 @@ run() {  # NAME TIMEOUT_S ARGV...
 if has reproducer; then
   run reproducer 200 tests/integration/reproducer_test.py --model random:small
 fi
+# 600 requests, 16 at a time: a GPU serves 200 in about 3 s, too short for the check that each
+# worker's budget ran out (its /metrics gauges move once a second; one run saw a worker's fewest
+# free blocks at 42 of 128).
 if has soak; then
   run soak 300 tests/integration/soak_test.py --model random:small --kv-budget-bytes 4194304 \
-    --requests 200 --time-limit 60 "${gpu_tolerances[@]}"
+    --requests 600 --concurrency 16 --time-limit 60 "${gpu_tolerances[@]}"
 fi
 if has soak128; then
   run soak128 300 tests/integration/soak_test.py --model random:llama3-8b-2l \
-    --kv-budget-bytes 16777216 --requests 200 --time-limit 60 "${gpu_tolerances[@]}"
+    --kv-budget-bytes 16777216 --requests 600 --concurrency 16 --time-limit 60 \
+    "${gpu_tolerances[@]}"
 fi
 if has fault; then
   run fault 200 tests/integration/fault_test.py --model random:small
