@@ -67,7 +67,7 @@ std::vector<PenaltyEntry> PenaltyEntries(std::span<const int32_t> tokens, int64_
 // entries are those PenaltyEntries gives for the same history, in the same order.
 class PenaltyCounts {
  public:
-  // Brings the counts to `history`, of which `tokens[0, prompt_tokens)` are the question. When it
+  // Brings the counts to `history`, of which `history[0, prompt_tokens)` is the question. When it
   // extends the history counted last (as long or longer, the same prompt length) only the new
   // tokens are counted; otherwise it is counted whole. The span is valid until the next Sync.
   std::span<const PenaltyEntry> Sync(std::span<const int32_t> history, int64_t prompt_tokens);
