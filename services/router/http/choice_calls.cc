@@ -13,7 +13,7 @@ namespace lazyattn::router {
 absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     RouterContext* router, KeyLimiter* key_limiter, const ApiCaller& caller,
     const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
-    std::shared_ptr<LiveCalls> live) {
+    const std::string& request_id, std::shared_ptr<LiveCalls> live) {
   const std::string& key_name = caller.key_name;
   // More choices than a cap has places could never be admitted, however often retried: not a
   // 429.
@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<ChoiceCalls>> ChoiceCalls::Start(
     }
     calls->choices_.push_back(Choice{HttpCall::Start(
         std::move(tickets[i]), router, std::move(copy), absl::ToChronoTime(WallTimeOf(deadline)),
-        stream, caller.cache_namespace, live, calls->ready_)});
+        stream, caller.cache_namespace, request_id, live, calls->ready_)});
   }
   return calls;
 }

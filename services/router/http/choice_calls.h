@@ -37,11 +37,12 @@ namespace lazyattn::router {
 class ChoiceCalls {
  public:
   // Admits and starts `choices` (>= 1) calls of `request`, each with `deadline` (a MonotonicNow()
-  // value); the first refusal otherwise (already counted in the router's metrics).
+  // value) and the HTTP request's `request_id` (one access line per choice, all under it); the
+  // first refusal otherwise (already counted in the router's metrics).
   static absl::StatusOr<std::unique_ptr<ChoiceCalls>> Start(
       RouterContext* router, KeyLimiter* key_limiter, const ApiCaller& caller,
       const lazyattn::v1::GenerateRequest& request, int choices, absl::Time deadline, bool stream,
-      std::shared_ptr<LiveCalls> live);
+      const std::string& request_id, std::shared_ptr<LiveCalls> live);
   // Cancels every call still running (CancelAll).
   ~ChoiceCalls();
   ChoiceCalls(const ChoiceCalls&) = delete;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -298,6 +299,15 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
 
 }  // namespace
 
+std::string HttpRequestId(const httplib::Request& request) {
+  // Whole values (get_header_value would stop at a NUL, which IsValidRequestId refuses).
+  const auto range = request.headers.equal_range("X-Request-Id");
+  if (range.first == range.second || std::next(range.first) != range.second) {
+    return NewRequestId();
+  }
+  return AdoptRequestId(range.first->second);
+}
+
 void SendError(httplib::Response& response, int http_status, std::string_view message,
                std::string_view code) {
   response.status = http_status;
@@ -321,6 +331,9 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
                       const ApiCaller& caller, std::shared_ptr<LiveCalls> live) {
+  // Every answer of the endpoint says which id its access lines and the worker's log carry.
+  const std::string request_id = HttpRequestId(request);
+  response.set_header("X-Request-Id", request_id);
   auto parsed = ParseOpenAiRequest(kind, request.body);
   if (!parsed.ok()) {
     router->metrics().CountRequest(grpc::StatusCode::INVALID_ARGUMENT);
@@ -370,7 +383,7 @@ void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Re
   const bool logprobs = parsed->request.sampling().logprobs();
   const bool alternatives = parsed->request.sampling().top_logprobs() > 0;
   auto started = ChoiceCalls::Start(router, key_limiter, caller, parsed->request, parsed->choices,
-                                    deadline, parsed->stream, std::move(live));
+                                    deadline, parsed->stream, request_id, std::move(live));
   if (!started.ok()) {
     grpc::Status status = ToGrpcStatus(started.status());
     SendGrpcError(response, grpc::Status(status.error_code(),

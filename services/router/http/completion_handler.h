@@ -40,10 +40,17 @@ namespace lazyattn::router {
 // `key_limiter`/`caller`: the API key's in-flight cap (null: no API keys) and its cache
 // namespace. `live`: counts the
 // request's HttpCall until it is destroyed (the shutdown waits for none).
+// Every answer carries the request's id in X-Request-Id (HttpRequestId), the id of its access
+// lines (one per choice) and of the worker's log.
 void HandleCompletion(ApiKind kind, const httplib::Request& request, httplib::Response& response,
                       RouterContext* router, const HttpOptions& options,
                       std::shared_ptr<const std::atomic<bool>> stopping, KeyLimiter* key_limiter,
                       const ApiCaller& caller, std::shared_ptr<LiveCalls> live);
+
+// The id a completion request is logged and answered under: its X-Request-Id when it has exactly
+// one and that is valid (IsValidRequestId: 1-128 characters of [A-Za-z0-9._:-], as gRPC's
+// x-request-id metadata), else a fresh one.
+std::string HttpRequestId(const httplib::Request& request);
 
 // An OpenAI JSON error response.
 void SendError(httplib::Response& response, int http_status, std::string_view message,

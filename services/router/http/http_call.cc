@@ -12,8 +12,9 @@ using lazyattn::v1::GenerateResponse;
 
 HttpCall::HttpCall(RouterContext* router, GenerateRequest request,
                    std::chrono::system_clock::time_point deadline, bool stream,
-                   std::string cache_namespace)
-    : ForwardingCall(router, deadline, &request_, std::move(cache_namespace)),
+                   std::string cache_namespace, std::string request_id)
+    : ForwardingCall(router, deadline, &request_, std::move(cache_namespace),
+                     std::move(request_id)),
       request_(std::move(request)),
       stream_(stream) {}
 
@@ -61,17 +62,17 @@ std::shared_ptr<HttpCall> HttpCall::Start(AdmissionTicket admitted, RouterContex
                                           GenerateRequest request,
                                           std::chrono::system_clock::time_point deadline,
                                           bool stream, std::string cache_namespace,
-                                          std::shared_ptr<LiveCalls> live,
+                                          std::string request_id, std::shared_ptr<LiveCalls> live,
                                           std::shared_ptr<ReadySignal> ready) {
   // Counted until the whole object is gone: ~ForwardingCall, which runs after ~HttpCall, still
   // uses the router.
   if (live != nullptr) live->Add();
-  std::shared_ptr<HttpCall> call(
-      new HttpCall(router, std::move(request), deadline, stream, std::move(cache_namespace)),
-      [live](HttpCall* c) {
-        delete c;
-        if (live != nullptr) live->Remove();
-      });
+  std::shared_ptr<HttpCall> call(new HttpCall(router, std::move(request), deadline, stream,
+                                              std::move(cache_namespace), std::move(request_id)),
+                                 [live](HttpCall* c) {
+                                   delete c;
+                                   if (live != nullptr) live->Remove();
+                                 });
   call->admission_ = std::move(admitted);
   call->ready_ = std::move(ready);
   call->self_ = call;

@@ -86,10 +86,13 @@ class HttpCall final : public ForwardingCall {
   // its places, given back when the call ends. `live` (may be null) counts the call until it is
   // destroyed; `ready` (may be null) is notified whenever an event becomes ready.
   // `cache_namespace`: the API key's (ApiCaller), sent to the workers (forwarding_call.h).
+  // `request_id`: the HTTP request's (its X-Request-Id or a fresh one), logged and sent to the
+  // workers.
   static std::shared_ptr<HttpCall> Start(AdmissionTicket admitted, RouterContext* router,
                                          lazyattn::v1::GenerateRequest request,
                                          std::chrono::system_clock::time_point deadline,
                                          bool stream, std::string cache_namespace,
+                                         std::string request_id,
                                          std::shared_ptr<LiveCalls> live = nullptr,
                                          std::shared_ptr<ReadySignal> ready = nullptr);
   ~HttpCall() override;
@@ -110,8 +113,8 @@ class HttpCall final : public ForwardingCall {
 
  private:
   HttpCall(RouterContext* router, lazyattn::v1::GenerateRequest request,
-           std::chrono::system_clock::time_point deadline, bool stream,
-           std::string cache_namespace);
+           std::chrono::system_clock::time_point deadline, bool stream, std::string cache_namespace,
+           std::string request_id);
 
   void DeliverToken(const lazyattn::v1::GenerateResponse& token) override;
   void DeliverEnd(const grpc::Status& status, const lazyattn::v1::Final* final) override;

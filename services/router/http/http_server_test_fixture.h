@@ -99,10 +99,12 @@ class HttpServerTest : public ::testing::Test {
 
   // One POST on its own connection; the whole reply as it came (head, then the body, chunked
   // when streamed).
-  std::string Post(const std::string& path, const std::string& body) {
-    const std::string request =
-        absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
-                     "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  // `headers`: more header lines, each ending in \r\n.
+  std::string Post(const std::string& path, const std::string& body,
+                   const std::string& headers = "") {
+    const std::string request = absl::StrCat(
+        "POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", headers,
+        "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
     const int fd = Connect(http_->port());
     if (fd < 0) return "(no connection)";
     const bool sent =

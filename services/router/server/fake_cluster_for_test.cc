@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/document_key.h"
+#include "common/log.h"
 #include "common/worker_call_trailer.h"
 
 namespace lazyattn::router::testing {
@@ -130,12 +131,21 @@ std::vector<std::string> FakeWorker::cache_namespaces() const {
   return cache_namespaces_;
 }
 
+std::vector<std::string> FakeWorker::request_ids() const {
+  absl::MutexLock lock(&mu_);
+  return request_ids_;
+}
+
 namespace {
 
-std::string CacheNamespaceSent(const grpc::ServerContext& context) {
+std::string MetadataSent(const grpc::ServerContext& context, const char* key) {
   const auto& metadata = context.client_metadata();
-  const auto it = metadata.find(kCacheNamespaceMetadata);
+  const auto it = metadata.find(key);
   return it == metadata.end() ? "(none)" : std::string(it->second.data(), it->second.size());
+}
+
+std::string CacheNamespaceSent(const grpc::ServerContext& context) {
+  return MetadataSent(context, kCacheNamespaceMetadata);
 }
 
 }  // namespace
@@ -195,6 +205,7 @@ grpc::Status FakeWorker::Generate(grpc::ServerContext* context,
     last_request_ = *request;
     requests_.push_back(*request);
     cache_namespaces_.push_back(CacheNamespaceSent(*context));
+    request_ids_.push_back(MetadataSent(*context, kRequestIdKey));
     script = script_;
   }
   if (script.fail_only_seed.has_value() &&

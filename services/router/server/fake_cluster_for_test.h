@@ -135,6 +135,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   // The cache namespace metadata (kCacheNamespaceMetadata) of every Generate and Prefetch call,
   // in arrival order; "(none)" for a call without it.
   std::vector<std::string> cache_namespaces() const;
+  // The request id metadata (kRequestIdKey) of every Generate call, in arrival order; "(none)"
+  // for a call without it.
+  std::vector<std::string> request_ids() const;
   // PrefillProgress events sent, over all calls.
   int progress_events() const;
   // Waits (up to `timeout`) until `n` Generate calls have arrived / `n` calls saw their
@@ -173,6 +176,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   lazyattn::v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
   std::vector<lazyattn::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cache_namespaces_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> request_ids_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeKvdir final : public lazyattn::v1::KvDirectory::Service {

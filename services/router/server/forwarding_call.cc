@@ -97,10 +97,11 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
 
 ForwardingCall::ForwardingCall(RouterContext* router,
                                std::chrono::system_clock::time_point deadline,
-                               const GenerateRequest* request, std::string cache_namespace)
+                               const GenerateRequest* request, std::string cache_namespace,
+                               std::string request_id)
     : router_(router),
       server_context_(nullptr),
-      request_id_(NewRequestId()),
+      request_id_(std::move(request_id)),
       cache_namespace_(std::move(cache_namespace)),
       deadline_(deadline),
       request_(request),

@@ -71,9 +71,11 @@ class ForwardingCall {
                  const lazyattn::v1::GenerateRequest* request);
   // A call from outside gRPC (the HTTP API): no server context to propagate; every worker call
   // gets `deadline`, and the caller cancels through ClientCancelled. `cache_namespace`: the API
-  // key's (empty without keys), which a gRPC call's server context carries.
+  // key's (empty without keys), which a gRPC call's server context carries. `request_id`: what
+  // the caller logs and answers the request under (AdoptRequestId), sent to the worker.
   ForwardingCall(RouterContext* router, std::chrono::system_clock::time_point deadline,
-                 const lazyattn::v1::GenerateRequest* request, std::string cache_namespace);
+                 const lazyattn::v1::GenerateRequest* request, std::string cache_namespace,
+                 std::string request_id);
 
   // Validation and admission passed: route and forward. Called once.
   void Begin();

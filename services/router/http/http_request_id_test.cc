@@ -1,0 +1,84 @@
+// The HTTP front's request ids (completion_handler.h, HttpRequestId): every answer of a
+// completion endpoint says in X-Request-Id which id its access lines and its worker calls carry;
+// a client's own valid X-Request-Id is that id, as gRPC's x-request-id metadata is.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "services/router/http/http_server_test_fixture.h"
+
+namespace lazyattn::router {
+namespace {
+
+using http_test::HttpServerTest;
+
+// The value of the reply's X-Request-Id header ("" when it has none).
+std::string RequestIdOf(const std::string& reply) {
+  const std::string name = "\r\nX-Request-Id: ";
+  const size_t at = reply.find(name);
+  if (at == std::string::npos || at > reply.find("\r\n\r\n")) return "";
+  const size_t begin = at + name.size();
+  return reply.substr(begin, reply.find("\r\n", begin) - begin);
+}
+
+constexpr char kBody[] = R"({"messages": [{"role": "user", "content": "Hi?"}]})";
+
+TEST_F(HttpServerTest, AClientsValidRequestIdIsAnsweredAndSentToTheWorker) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string id = "client-Id_1.2:3";
+  const std::string reply = Post("/v1/chat/completions", kBody, "X-Request-Id: " + id + "\r\n");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_EQ(RequestIdOf(reply), id) << reply;
+  EXPECT_EQ(worker_.request_ids(), std::vector<std::string>{id});
+}
+
+TEST_F(HttpServerTest, WithoutAUsableRequestIdTheRouterMakesOneAndSaysWhich) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string too_long(129, 'a');
+  const std::vector<std::string> headers = {
+      "",                                              // none
+      "X-Request-Id: has space\r\n",                   // outside [A-Za-z0-9._:-]
+      "X-Request-Id: \r\n",                            // empty
+      "X-Request-Id: " + too_long + "\r\n",            // over 128
+      "X-Request-Id: one\r\nx-request-id: two\r\n",    // two: neither is the request's
+      std::string("X-Request-Id: a\0b\r\n", 19),       // a NUL does not end the value
+  };
+  for (size_t i = 0; i < headers.size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::string reply = Post("/v1/chat/completions", kBody, headers[i]);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+    const std::string id = RequestIdOf(reply);
+    EXPECT_TRUE(IsValidRequestId(id)) << reply;
+    for (const char* sent : {"has", "one", "two", "a"}) EXPECT_NE(id, sent);
+    ASSERT_EQ(worker_.request_ids().size(), i + 1);
+    EXPECT_EQ(worker_.request_ids().back(), id);
+  }
+  // Fresh ids differ from request to request.
+  EXPECT_NE(worker_.request_ids()[0], worker_.request_ids()[1]);
+}
+
+TEST_F(HttpServerTest, EveryChoiceOfARequestCarriesItsIdAndSoDoesARefusal) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  const std::string reply = Post(
+      "/v1/completions", R"({"prompt": "Hi?", "n": 3})", "X-Request-Id: three-choices\r\n");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_EQ(RequestIdOf(reply), "three-choices");
+  EXPECT_EQ(worker_.request_ids(),
+            (std::vector<std::string>{"three-choices", "three-choices", "three-choices"}));
+
+  // Refused before any worker call: the answer still names the id the router logged it under.
+  const std::string refused =
+      Post("/v1/completions", R"({"prompt": 7})", "X-Request-Id: refused-1\r\n");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+  EXPECT_EQ(RequestIdOf(refused), "refused-1") << refused;
+  EXPECT_EQ(worker_.request_ids().size(), 3u);
+}
+
+}  // namespace
+}  // namespace lazyattn::router
