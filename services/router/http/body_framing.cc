@@ -56,6 +56,26 @@ BodyFraming CheckContentType(const std::vector<std::string>& content_type) {
                 "unsupported_media_type");
 }
 
+BodyFraming CheckContentEncoding(const std::vector<std::string>& content_encoding) {
+  if (content_encoding.empty()) return BodyFraming{};
+  const absl::string_view value =
+      content_encoding.size() == 1 ? absl::StripAsciiWhitespace(content_encoding[0]) : "";
+  if (content_encoding.size() == 1 && (absl::EqualsIgnoreCase(value, "identity") ||
+                                       value == "gzip" || value == "deflate" || value == "br")) {
+    return BodyFraming{};
+  }
+  const std::string given =
+      content_encoding.size() == 1 ? TruncateUtf8(content_encoding[0], kQuotedBytes) : "";
+  return Refuse(
+      415,
+      content_encoding.size() > 1
+          ? std::string("Content-Encoding: given more than once; send one of gzip, "
+                        "deflate, br or identity")
+          : absl::StrCat("Content-Encoding: expected gzip, deflate, br or identity, got \"", given,
+                         "\""),
+      "unsupported_media_type");
+}
+
 BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
                              const std::vector<std::string>& transfer_encoding, bool body_required,
                              int64_t max_body_bytes) {

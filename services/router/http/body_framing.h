@@ -50,6 +50,14 @@ BodyFraming CheckBodyFraming(const std::vector<std::string>& content_length,
 // value (cut to 32 bytes); the header given twice, 400.
 BodyFraming CheckContentType(const std::vector<std::string>& content_type);
 
+// `content_encoding`: the values of every Content-Encoding header. Accepted: none, or one of
+// `identity` (any case), `gzip`, `deflate`, `br` (exactly as written: the spellings cpp-httplib
+// decodes, after which http.max_body_bytes applies to the decoded body). Refused with 415 naming
+// Content-Encoding and quoting the value (cut to 32 bytes): any other coding, a list of codings,
+// or the header given twice. cpp-httplib would read such a body as it came, undecoded, and a
+// zstd body would then reach the JSON parser as bytes.
+BodyFraming CheckContentEncoding(const std::vector<std::string>& content_encoding);
+
 // A Content-Length value: decimal digits (surrounding blanks allowed), saturating at INT64_MAX.
 bool ParseContentLength(absl::string_view text, int64_t* out);
 

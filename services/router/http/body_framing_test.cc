@@ -84,5 +84,29 @@ TEST(BodyFramingTest, OnlyJsonOrNoContentTypeIsAccepted) {
   EXPECT_EQ(CheckContentType({"application/json", "text/plain"}).error_status, 400);
 }
 
+// Only the codings cpp-httplib decodes pass; any other body would reach the JSON parser as it
+// came (a zstd body as bytes), so it is refused before it is read.
+TEST(BodyFramingTest, OnlyTheCodingsTheLibraryDecodesAreAccepted) {
+  EXPECT_TRUE(CheckContentEncoding({}).ok());
+  for (const char* ok : {"gzip", "deflate", "br", "identity", "IDENTITY", " gzip "}) {
+    EXPECT_TRUE(CheckContentEncoding({ok}).ok()) << ok;
+  }
+  // "GZIP" and "abra" (which the library's substring test would take for br) are not decoded as
+  // they are spelled; a list would be decoded once at most.
+  for (const char* bad : {"zstd", "compress", "GZIP", "abra", "gzip, gzip", "gzip, identity", ""}) {
+    const BodyFraming f = CheckContentEncoding({bad});
+    EXPECT_EQ(f.error_status, 415) << bad;
+    EXPECT_THAT(f.message,
+                HasSubstr("Content-Encoding: expected gzip, deflate, br or identity, got \""))
+        << bad;
+    EXPECT_EQ(f.code, "unsupported_media_type");
+  }
+  EXPECT_THAT(CheckContentEncoding({std::string(100, 'z')}).message,
+              HasSubstr("got \"" + std::string(32, 'z') + "...\""));
+  const BodyFraming twice = CheckContentEncoding({"gzip", "gzip"});
+  EXPECT_EQ(twice.error_status, 415);
+  EXPECT_THAT(twice.message, HasSubstr("Content-Encoding: given more than once"));
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -272,6 +272,33 @@ TEST_F(HttpRequestHeadTest, AnUnknownPathNamesNoField) {
   }
 }
 
+// What the library could not parse (a request line of another version, a bare LF) is answered
+// 400 with a message that says so, naming no field; a chunked body with trailer fields names
+// `body` and says they are not accepted.
+TEST_F(HttpRequestHeadTest, WhatDoesNotParseAsHttp11IsSaidSo) {
+  StartHttp(Options());
+  const std::string trailer = Exchange(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: 1\r\n\r\n");
+  EXPECT_EQ(trailer.rfind("HTTP/1.1 400", 0), 0u) << trailer;
+  EXPECT_EQ(BodyOf(trailer)["error"]["param"], "body") << trailer;
+  EXPECT_NE(BodyOf(trailer)["error"]["message"].get<std::string>().find("trailer fields"),
+            std::string::npos)
+      << trailer;
+  for (const std::string& request : {std::string("GET /health HTTP/2.0\r\nHost: x\r\n\r\n"),
+                                     std::string("GET /health HTTP/1.1\nHost: x\n\n")}) {
+    SCOPED_TRACE(request);
+    const std::string reply = Exchange(request);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    const nlohmann::json error = BodyOf(reply)["error"];
+    EXPECT_EQ(error["code"], "invalid_argument") << reply;
+    EXPECT_TRUE(error["param"].is_null()) << reply;
+    EXPECT_EQ(
+        error["message"].get<std::string>().rfind("the request does not parse as HTTP/1.1", 0), 0u)
+        << reply;
+  }
+}
+
 // An unknown model is quoted as any string the client sent, cut to 32 bytes (it was quoted to
 // the router's 64, or to 128 bytes by GET /v1/models/{id}).
 TEST_F(HttpRequestHeadTest, AnUnknownModelIsQuotedCutShort) {

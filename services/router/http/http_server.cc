@@ -74,8 +74,9 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
               "body_timeout");
   } else {
     SendError(res, 400,
-              "body: incomplete or malformed (chunked encoding, Content-Encoding, or the "
-              "connection ended)",
+              "body: incomplete or malformed (chunked encoding, trailer fields after the last "
+              "chunk included, which are not accepted; Content-Encoding; or the connection "
+              "ended)",
               "invalid_argument");
   }
   return false;

@@ -46,6 +46,15 @@ void WriteUnhandledError(const HttpOptions& options, const httplib::Request& req
           options.max_header_bytes, " bytes)");
       code = "headers_too_large";
       break;
+    case 400:
+      // The library's own 400: what it read did not parse (the request line of HTTP/0.9 or 2.0,
+      // a bare LF, a header line it could not split). It may have read no method or path to
+      // quote. (A body that does not parse is the completion handler's 400, naming `body`.)
+      message =
+          "the request does not parse as HTTP/1.1: its request line (method, target, HTTP/1.0 or "
+          "HTTP/1.1, one space apart, CRLF) or a header line";
+      code = "invalid_argument";
+      break;
     default:
       message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",
                              req.path.substr(0, 64));

@@ -71,8 +71,8 @@ std::vector<std::string> HeaderValues(const httplib::Request& req, const char* n
 
 // The request's Authorization header, whole. cpp-httplib's get_header_value goes through a C
 // string, which a NUL in the value cut short: `Bearer <key>\0<anything>` was checked as
-// `Bearer <key>`. Whole, such a value is no key's (401, as any wrong key). The first of several,
-// as get_header_value has it; the header map's names compare case-insensitively.
+// `Bearer <key>`. Whole, such a value is no key's (401, as any wrong key). The header map's names
+// compare case-insensitively; a request with several is refused before this is asked.
 std::string AuthorizationOf(const httplib::Request& req) {
   const auto range = req.headers.equal_range("Authorization");
   return range.first == range.second ? std::string() : range.first->second;
@@ -83,6 +83,7 @@ std::string AuthorizationOf(const httplib::Request& req) {
 // (go on), the value an `Expect: 100-continue` handler gives.
 int RefuseBadFraming(const httplib::Request& req, httplib::Response& res, int64_t max_body_bytes) {
   BodyFraming framing = CheckContentType(HeaderValues(req, "Content-Type"));
+  if (framing.ok()) framing = CheckContentEncoding(HeaderValues(req, "Content-Encoding"));
   if (framing.ok()) {
     framing = CheckBodyFraming(HeaderValues(req, "Content-Length"),
                                HeaderValues(req, "Transfer-Encoding"),
@@ -161,6 +162,13 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
   if (draining) {
     RefuseUnread(req, res, max_body_bytes);
     SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  // Two credentials: a proxy in front that keeps the last one, or adds its own, would authorize
+  // another key than the one checked here.
+  if (req.get_header_value_count("Authorization") > 1) {
+    RefuseUnread(req, res, max_body_bytes);
+    SendError(res, 400, "Authorization: given more than once", "invalid_argument");
     return httplib::Server::HandlerResponse::Handled;
   }
   grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, caller);

@@ -127,6 +127,23 @@ TEST(RequestHeadChecksTest, TheKeyIsCheckedForItsEndpointAndNamed) {
       Request("GET", "/v1/models", {{"Authorization", std::string("Bearer lzk_good\0x", 17)}}),
       processor);
   EXPECT_EQ(cut.res.status, 401);
+
+  // Two credentials, whichever comes first: a proxy in front that keeps the last, or adds its
+  // own, would authorize another key than the one checked here.
+  for (const auto& [first, second] : {std::pair{"Bearer lzk_good", "Bearer lzk_other"},
+                                      {"Bearer lzk_other", "Bearer lzk_good"},
+                                      {"Bearer lzk_good", "Bearer lzk_good"}}) {
+    std::vector<std::pair<std::string, std::string>> twice = kJsonBody;
+    twice.emplace_back("Authorization", first);
+    twice.emplace_back("authorization", second);
+    const Outcome two = Check(Request("POST", "/v1/completions", twice), processor);
+    EXPECT_EQ(two.checked, Checked::Handled);
+    EXPECT_EQ(two.res.status, 400) << first << " then " << second;
+    EXPECT_NE(two.res.body.find("Authorization: given more than once"), std::string::npos)
+        << two.res.body;
+    EXPECT_TRUE(SaysClose(two.res));
+    EXPECT_EQ(two.caller.key_name, "");
+  }
 }
 
 TEST(RequestHeadChecksTest, ACompletionsFramingIsCheckedBeforeItsBody) {
@@ -150,6 +167,17 @@ TEST(RequestHeadChecksTest, ACompletionsFramingIsCheckedBeforeItsBody) {
       Check(Request("POST", "/v1/completions",
                     {{"Content-Type", "application/json"}, {"Transfer-Encoding", "chunked"}}));
   EXPECT_EQ(chunked.checked, Checked::Unhandled);  // counted as it is read
+  const Outcome zstd = Check(Request("POST", "/v1/completions",
+                                     {{"Content-Type", "application/json"},
+                                      {"Content-Encoding", "zstd"},
+                                      {"Content-Length", "3"}}));
+  EXPECT_EQ(zstd.res.status, 415);
+  EXPECT_TRUE(SaysClose(zstd.res));
+  const Outcome gzip = Check(Request("POST", "/v1/completions",
+                                     {{"Content-Type", "application/json"},
+                                      {"Content-Encoding", "gzip"},
+                                      {"Content-Length", "3"}}));
+  EXPECT_EQ(gzip.checked, Checked::Unhandled);
 }
 
 TEST(RequestHeadChecksTest, RangeIsDropped) {
