@@ -13,7 +13,8 @@ DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
                                    const std::function<DocumentKey()>& compute,
                                    const std::vector<int32_t>& scope) {
   const int64_t size = static_cast<int64_t>(tokens.size());
-  if (size == 0 || size > capacity_) {
+  const int64_t charge = ChargeOf(tokens.size(), scope.size());
+  if (size == 0 || charge > capacity_) {
     {
       absl::MutexLock lock(&mu_);
       ++misses_;
@@ -43,13 +44,15 @@ DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
   order_.push_front(Entry{hash, scope, tokens, key});
   bucket.push_back(order_.begin());
   tokens_ += size;
-  while (tokens_ > capacity_) {
+  charged_ += charge;
+  while (charged_ > capacity_) {
     const Order::iterator last = std::prev(order_.end());
     auto bucket_it = index_.find(last->hash);
     auto& entries = bucket_it->second;
     entries.erase(std::find(entries.begin(), entries.end(), last));
     if (entries.empty()) index_.erase(bucket_it);
     tokens_ -= static_cast<int64_t>(last->tokens.size());
+    charged_ -= ChargeOf(last->tokens.size(), last->scope.size());
     order_.erase(last);
   }
   return key;
@@ -58,6 +61,16 @@ DocumentKey DocumentKeyMemo::KeyOf(const std::vector<int32_t>& tokens,
 int64_t DocumentKeyMemo::tokens() const {
   absl::MutexLock lock(&mu_);
   return tokens_;
+}
+
+int64_t DocumentKeyMemo::entries() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(order_.size());
+}
+
+int64_t DocumentKeyMemo::charged() const {
+  absl::MutexLock lock(&mu_);
+  return charged_;
 }
 
 int64_t DocumentKeyMemo::hits() const {

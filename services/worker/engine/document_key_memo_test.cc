@@ -20,9 +20,10 @@ std::vector<int32_t> Ids(int n, int32_t first) {
 
 DocumentKey Sha(const std::vector<int32_t>& ids) { return DocumentKeyFromTokens("m", "t", ids); }
 
-// A memo whose compute() is the SHA-256, counting how often it ran.
+// A memo whose compute() is the SHA-256, counting how often it ran. No per-entry overhead unless
+// asked, so that the LRU tests count ids alone.
 struct CountingMemo {
-  explicit CountingMemo(int64_t capacity) : memo(capacity) {}
+  explicit CountingMemo(int64_t capacity, int64_t overhead = 0) : memo(capacity, overhead) {}
   DocumentKey KeyOf(const std::vector<int32_t>& ids, const std::vector<int32_t>& scope = {}) {
     return memo.KeyOf(
         ids,
@@ -84,6 +85,32 @@ TEST(DocumentKeyMemoTest, EvictsLeastRecentlyUsedAndSkipsWhatCannotFit) {
   EXPECT_LE(m.memo.tokens(), 25);
 }
 
+// Each entry is charged its bookkeeping besides its ids and scope words: one-token documents in
+// distinct scopes (as a client varying its cache salt sends) fill the budget after a few entries
+// instead of holding one entry per budgeted id.
+TEST(DocumentKeyMemoTest, ManySmallDocumentsAreChargedTheirBookkeeping) {
+  constexpr int64_t kCapacity = 1 << 16;
+  constexpr int64_t kCharge = 1 + 2 + DocumentKeyMemo::kEntryOverheadTokens;
+  CountingMemo m(kCapacity, DocumentKeyMemo::kEntryOverheadTokens);
+  for (int i = 0; i < 20000; ++i) m.KeyOf({i}, {7, i});
+  EXPECT_EQ(m.memo.entries(), kCapacity / kCharge);
+  EXPECT_EQ(m.memo.tokens(), kCapacity / kCharge);
+  EXPECT_EQ(m.memo.charged(), m.memo.entries() * kCharge);
+  EXPECT_LE(m.memo.charged(), kCapacity);
+  m.computed = 0;
+  m.KeyOf({19999}, {7, 19999});  // the most recent is remembered
+  EXPECT_EQ(m.computed, 0);
+  m.KeyOf({0}, {7, 0});  // the oldest went
+  EXPECT_EQ(m.computed, 1);
+  // A document whose ids and overhead exceed the budget is computed and not kept.
+  CountingMemo small(DocumentKeyMemo::kEntryOverheadTokens + 10,
+                     DocumentKeyMemo::kEntryOverheadTokens);
+  small.KeyOf(Ids(11, 0));
+  EXPECT_EQ(small.memo.entries(), 0);
+  small.KeyOf(Ids(10, 0));
+  EXPECT_EQ(small.memo.entries(), 1);
+}
+
 // Ids that differ in one place get their own key even if they were to share a fast hash: the
 // memo compares the ids (checked here on many near-identical documents).
 TEST(DocumentKeyMemoTest, NearlyEqualDocumentsKeepTheirOwnKeys) {
@@ -98,7 +125,7 @@ TEST(DocumentKeyMemoTest, NearlyEqualDocumentsKeepTheirOwnKeys) {
 }
 
 TEST(DocumentKeyMemoTest, ConcurrentUseGivesTheRightKeys) {
-  DocumentKeyMemo memo(400);
+  DocumentKeyMemo memo(400, /*entry_overhead_tokens=*/0);
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0};
   for (int t = 0; t < 8; ++t) {

@@ -21,16 +21,19 @@ void DocumentTokenCache::Insert(const DocumentKey& key, std::vector<int32_t> tok
   absl::MutexLock lock(&mu_);
   if (auto it = index_.find(key); it != index_.end()) {
     tokens_ -= static_cast<int64_t>(it->second->tokens.size());
+    charged_ -= static_cast<int64_t>(it->second->tokens.size()) + entry_overhead_;
     order_.erase(it->second);
     index_.erase(it);
   }
-  if (size > capacity_) return;
+  if (size + entry_overhead_ > capacity_) return;
   order_.push_front(Entry{key, std::move(tokens)});
   index_[key] = order_.begin();
   tokens_ += size;
-  while (tokens_ > capacity_) {
+  charged_ += size + entry_overhead_;
+  while (charged_ > capacity_) {
     const Entry& last = order_.back();
     tokens_ -= static_cast<int64_t>(last.tokens.size());
+    charged_ -= static_cast<int64_t>(last.tokens.size()) + entry_overhead_;
     index_.erase(last.key);
     order_.pop_back();
   }
@@ -44,6 +47,11 @@ int64_t DocumentTokenCache::tokens() const {
 int64_t DocumentTokenCache::entries() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(index_.size());
+}
+
+int64_t DocumentTokenCache::charged() const {
+  absl::MutexLock lock(&mu_);
+  return charged_;
 }
 
 int64_t DocumentTokenCache::hits() const {

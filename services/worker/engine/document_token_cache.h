@@ -4,7 +4,9 @@
 // BPE work on the submitting thread (tools/bench/engine_overhead_bench.cc measures it), more
 // than an all-cached request's whole GPU step at batch 1 would add. The document key already
 // names the tokenizer and the exact text (common/document_key.h: SHA-256 over both), so a
-// document seen before can reuse its ids. Bounded by a token budget, least recently used out.
+// document seen before can reuse its ids. Bounded by a token budget, least recently used out,
+// each entry charged its ids and a fixed overhead for its bookkeeping, so that many one-token
+// documents cannot make the cache hold far more memory than its budget says.
 // Thread-safe: Submit prepares requests on the callers' threads.
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_DOCUMENT_TOKEN_CACHE_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_DOCUMENT_TOKEN_CACHE_H_
@@ -23,9 +25,15 @@ namespace lazyattn {
 
 class DocumentTokenCache {
  public:
-  // Holds at most `capacity_tokens` ids in all (0: caches nothing). A document larger than the
-  // capacity is not cached.
-  explicit DocumentTokenCache(int64_t capacity_tokens) : capacity_(capacity_tokens) {}
+  // An entry's bookkeeping, in ids (4 bytes each): about what a list node, the ids' heap block
+  // and an index slot take (~100 bytes measured a one-token entry, rounded up).
+  static constexpr int64_t kEntryOverheadTokens = 32;
+
+  // Holds entries whose ids and `entry_overhead_tokens` each add up to at most `capacity_tokens`
+  // (0: caches nothing). A document that alone exceeds it is not cached.
+  explicit DocumentTokenCache(int64_t capacity_tokens,
+                              int64_t entry_overhead_tokens = kEntryOverheadTokens)
+      : capacity_(capacity_tokens), entry_overhead_(entry_overhead_tokens) {}
 
   // A copy of the ids stored under `key` (and it becomes the most recently used), or nullopt.
   std::optional<std::vector<int32_t>> Find(const DocumentKey& key);
@@ -35,6 +43,7 @@ class DocumentTokenCache {
 
   int64_t tokens() const;   // ids held now
   int64_t entries() const;  // documents held now
+  int64_t charged() const;  // what counts against the capacity: ids and overheads
   int64_t hits() const;     // Find calls that found their key
   int64_t misses() const;   // Find calls that did not
 
@@ -46,10 +55,12 @@ class DocumentTokenCache {
   using Order = std::list<Entry>;  // most recently used first
 
   const int64_t capacity_;
+  const int64_t entry_overhead_;
   mutable absl::Mutex mu_;
   Order order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DocumentKey, Order::iterator> index_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t charged_ ABSL_GUARDED_BY(mu_) = 0;  // tokens_ + entries x entry_overhead_
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -21,7 +21,7 @@ std::vector<int32_t> Ids(int n, int32_t first) {
 }
 
 TEST(DocumentTokenCacheTest, EvictsLeastRecentlyUsedBeyondTheBudget) {
-  DocumentTokenCache cache(10);
+  DocumentTokenCache cache(10, /*entry_overhead_tokens=*/0);
   cache.Insert(Key(1), Ids(4, 100));
   cache.Insert(Key(2), Ids(4, 200));
   ASSERT_TRUE(cache.Find(Key(1)).has_value());  // 1 is now the most recent
@@ -36,7 +36,7 @@ TEST(DocumentTokenCacheTest, EvictsLeastRecentlyUsedBeyondTheBudget) {
 }
 
 TEST(DocumentTokenCacheTest, ReplacesAKeyAndSkipsWhatCannotFit) {
-  DocumentTokenCache cache(10);
+  DocumentTokenCache cache(10, /*entry_overhead_tokens=*/0);
   cache.Insert(Key(1), Ids(4, 100));
   cache.Insert(Key(1), Ids(6, 500));
   EXPECT_EQ(cache.Find(Key(1)), Ids(6, 500));
@@ -50,8 +50,29 @@ TEST(DocumentTokenCacheTest, ReplacesAKeyAndSkipsWhatCannotFit) {
   EXPECT_EQ(off.tokens(), 0);
 }
 
+// Each entry is charged its bookkeeping besides its ids: one-token documents fill the budget after
+// a few entries instead of holding one entry per budgeted id.
+TEST(DocumentTokenCacheTest, ManySmallDocumentsAreChargedTheirBookkeeping) {
+  constexpr int64_t kCapacity = 1 << 16;
+  constexpr int64_t kCharge = 1 + DocumentTokenCache::kEntryOverheadTokens;
+  DocumentTokenCache cache(kCapacity);
+  for (int i = 0; i < 20000; ++i) cache.Insert(Key(i), Ids(1, i));
+  EXPECT_EQ(cache.entries(), kCapacity / kCharge);
+  EXPECT_EQ(cache.tokens(), kCapacity / kCharge);
+  EXPECT_EQ(cache.charged(), cache.entries() * kCharge);
+  EXPECT_EQ(cache.Find(Key(19999)), Ids(1, 19999));  // the most recent is kept
+  EXPECT_EQ(cache.Find(Key(0)), std::nullopt);       // the oldest went
+  cache.Insert(Key(19999), Ids(3, 0));               // a replaced entry is charged once
+  EXPECT_EQ(cache.charged(), cache.tokens() + cache.entries() * (kCharge - 1));
+  DocumentTokenCache small(DocumentTokenCache::kEntryOverheadTokens + 10);
+  small.Insert(Key(1), Ids(11, 0));  // its ids and overhead exceed the budget: not cached
+  EXPECT_EQ(small.entries(), 0);
+  small.Insert(Key(1), Ids(10, 0));
+  EXPECT_EQ(small.entries(), 1);
+}
+
 TEST(DocumentTokenCacheTest, ConcurrentUseKeepsTheBudget) {
-  DocumentTokenCache cache(1000);
+  DocumentTokenCache cache(1000, /*entry_overhead_tokens=*/0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&cache, t] {

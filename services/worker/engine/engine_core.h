@@ -94,10 +94,12 @@ struct EngineOptions {
   int max_running = 64;        // requests admitted at once
   bool keep_first_logits = false;
   // Engine: token ids of recently tokenized text documents kept for reuse (DocumentTokenCache),
-  // at most this many ids in all (4 bytes each); 0 turns the cache off.
+  // at most this many ids in all (4 bytes each), each document charged 32 more for its
+  // bookkeeping; 0 turns the cache off.
   int64_t document_token_cache_tokens = int64_t{1} << 22;
   // Engine: keys of recently seen token-id documents kept for reuse (DocumentKeyMemo), at most
-  // this many ids in all; 0 turns the memo off.
+  // this many ids in all, each document charged its scope words and 64 more for its bookkeeping;
+  // 0 turns the memo off.
   int64_t document_key_memo_tokens = int64_t{1} << 22;
   // Pipelined decode, where the runner supports it (ModelRunner::SupportsPipelinedDecode): a
   // decode step that asks for no logits is launched and its results read at the next Step(), which first
