@@ -159,6 +159,33 @@ def check_worker_hosts(tmp):
           san_names(os.path.join(d, "worker-0.crt")) == names["worker-0"], again.stderr)
 
 
+def check_gen_certs_arguments(tmp):
+    """gen-certs refuses what would only fail later: --days openssl cannot use, and an API key
+    scope the router refuses (a misspelt scope made the whole key file unreadable to a router
+    at its next restart, every client locked out)."""
+    for days in ("0", "-5", "abc", "36501"):
+        d = os.path.join(tmp, f"days-{days}")
+        p = subprocess.run([GEN_CERTS, "--out", d, "--days", days], capture_output=True, text=True)
+        check(f"gen-certs --days {days}: refused naming --days, nothing made",
+              p.returncode == 2 and "--days: expected whole days from 1 to 36500" in p.stderr and
+              not os.path.exists(d), p.stderr)
+    d = os.path.join(tmp, "scopes")
+    gen("--out", d)
+    with open(os.path.join(d, "api-keys.yaml")) as f:
+        before = f.read()
+    for scopes in ("generat", "generate,", "generate admin", "read"):
+        p = subprocess.run([GEN_CERTS, "api-key", "x", scopes, "--out", d], capture_output=True,
+                           text=True)
+        with open(os.path.join(d, "api-keys.yaml")) as f:
+            after = f.read()
+        check(f"gen-certs api-key with scopes {scopes!r}: refused, the key file unchanged",
+              p.returncode == 2 and "scopes: a comma-separated list of generate and admin" in
+              p.stderr and after == before, p.stderr)
+    ok = subprocess.run([GEN_CERTS, "api-key", "y", "generate,admin", "--out", d],
+                        capture_output=True, text=True)
+    check("gen-certs api-key with scopes generate,admin: made", ok.returncode == 0, ok.stderr)
+
+
 def check_tenants(args, c, certs, ca):
     """A document one key's request cached is no hit for another key's, nor for another salt;
     keys that name one cache_namespace share it (docs/operations.md, "Tenants")."""
@@ -204,6 +231,7 @@ def main():
     os.chdir(REPO)
     with tempfile.TemporaryDirectory() as tmp:
         certs, other = os.path.join(tmp, "certs"), os.path.join(tmp, "other-ca")
+        check_gen_certs_arguments(tmp)
         check_worker_hosts(tmp)
         gen("--out", certs, "--workers", "2")
         gen("cert", "worker", "worker-evil", "--out", certs)
