@@ -12,13 +12,12 @@
 #include <openssl/bn.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string_view>
 #include <vector>
 
@@ -26,17 +25,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/malformed_request.h"
 #include "common/monotonic_time.h"
+#include "common/tls_files.h"
 
 namespace lazyattn {
 namespace {
-
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("tls.", what, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Decides reflection per server. Linking gRPC's reflection library registers its plugin for every
 // ServerBuilder of the process (a static initializer calls InitProtoReflectionServerBuilderPlugin),
@@ -55,29 +47,17 @@ class ReflectionOption final : public grpc::ServerBuilderOption {
   const bool enabled_;
 };
 
-// Every TLS file must be readable now: the file watcher would only log a failure and fail the
-// handshakes later, while a process with a wrong path should not start.
-absl::Status CheckReadable(const TlsOptions& tls) {
-  if (!tls.cert_file.empty()) {
-    if (auto s = ReadPem(tls.cert_file, "cert_file"); !s.ok()) return s.status();
-    if (auto s = ReadPem(tls.key_file, "key_file"); !s.ok()) return s.status();
-  }
-  if (!tls.ca_file.empty()) {
-    if (auto s = ReadPem(tls.ca_file, "ca_file"); !s.ok()) return s.status();
-  }
-  if (tls.refresh_interval_s < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tls.refresh_interval_s: must be >= 1, got ", tls.refresh_interval_s));
-  }
-  return absl::OkStatus();
-}
-
-// Watches the key, certificate and CA files (TlsOptions says how to replace them).
-std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> WatchFiles(
+// Watches the key, certificate and CA files of `tls` (TlsOptions says how to replace them)
+// through their mirror (tls_files.h), which only a set that passes ReadTlsFiles updates: gRPC
+// aborts on an empty certificate or key it reads. The files' error when they do not pass now.
+absl::StatusOr<std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider>> WatchFiles(
     const TlsOptions& tls) {
+  absl::StatusOr<std::shared_ptr<TlsFileMirror>> mirror = TlsFileMirror::For(tls);
+  if (!mirror.ok()) return mirror.status();
+  const TlsOptions& watched = (*mirror)->watched();
   return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      tls.key_file, tls.cert_file, tls.ca_file,
-      static_cast<unsigned int>(tls.refresh_interval_s));
+      watched.key_file, watched.cert_file, watched.ca_file,
+      static_cast<unsigned int>(watched.refresh_interval_s));
 }
 
 }  // namespace
@@ -138,16 +118,63 @@ void KeepCallbackQueueAlive() {
   (void)anchor;
 }
 
+absl::Status CheckAddressPort(const std::string& address, bool listening) {
+  absl::string_view rest = address;
+  // Schemes gRPC resolves by name or address carry HOST:PORT after them; local sockets and
+  // vsock have no TCP port to check.
+  for (absl::string_view local : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (rest.substr(0, local.size()) == local) return absl::OkStatus();
+  }
+  for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+    if (rest.substr(0, scheme.size()) == scheme) {
+      rest.remove_prefix(scheme.size());
+      break;
+    }
+  }
+  if (const size_t slash = rest.rfind('/'); slash != absl::string_view::npos) {
+    rest.remove_prefix(slash + 1);  // dns://SERVER/HOST:PORT, dns:///HOST:PORT
+  }
+  const auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(address, ": ", why));
+  };
+  absl::string_view port;
+  if (!rest.empty() && rest.front() == '[') {
+    const size_t close = rest.find(']');
+    if (close == absl::string_view::npos) return refuse("an IPv6 address without its ']'");
+    if (rest.substr(close + 1, 1) != ":")
+      return refuse("expected [IPV6]:PORT, the port is missing");
+    port = rest.substr(close + 2);
+  } else {
+    const size_t colon = rest.rfind(':');
+    if (colon == absl::string_view::npos) return refuse("expected HOST:PORT, the port is missing");
+    if (rest.find(':') != colon) return refuse("an IPv6 address needs brackets: [IPV6]:PORT");
+    port = rest.substr(colon + 1);
+  }
+  const int lowest = listening ? 0 : 1;
+  bool digits = !port.empty() && port.size() <= 5;
+  for (char c : port) digits = digits && c >= '0' && c <= '9';
+  if (!digits || std::stoi(std::string(port)) > 65535 || std::stoi(std::string(port)) < lowest) {
+    return refuse(absl::StrCat("the port must be a number from ", lowest, " to 65535, got \"",
+                               port.substr(0, 16), "\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services) {
   KeepCallbackQueueAlive();
+  // gRPC would take port 99999 modulo 65536 (34463) and an address without a port as 443.
+  if (absl::Status s = CheckAddressPort(options.listen_address, /*listening=*/true); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", s.message()));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls.cert_file.empty()) {
-    if (absl::Status s = CheckReadable(options.tls); !s.ok()) return s;
-    grpc::experimental::TlsServerCredentialsOptions tls(WatchFiles(options.tls));
+    auto files = WatchFiles(options.tls);
+    if (!files.ok()) return files.status();
+    grpc::experimental::TlsServerCredentialsOptions tls(*files);
     tls.watch_identity_key_cert_pairs();
     if (options.tls.ca_file.empty()) {
       tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
@@ -197,14 +224,18 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
     const std::string& address, const TlsOptions& tls, int max_message_bytes,
     std::shared_ptr<grpc::CallCredentials> call_credentials, grpc::ChannelArguments args) {
   KeepCallbackQueueAlive();
+  if (absl::Status s = CheckAddressPort(address, /*listening=*/false); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot dial ", s.message()));
+  }
   if (call_credentials != nullptr && tls.ca_file.empty()) {
     return absl::InvalidArgumentError("call credentials need TLS (tls.ca_file)");
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls.ca_file.empty()) {
-    if (absl::Status s = CheckReadable(tls); !s.ok()) return s;
+    auto files = WatchFiles(tls);
+    if (!files.ok()) return files.status();
     grpc::experimental::TlsChannelCredentialsOptions options;
-    options.set_certificate_provider(WatchFiles(tls));
+    options.set_certificate_provider(*files);
     options.watch_root_certs();
     if (!tls.cert_file.empty()) options.watch_identity_key_cert_pairs();
     // The server's certificate must name the host dialled, as with SslCredentials, and carry

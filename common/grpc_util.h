@@ -113,10 +113,17 @@ struct BuiltServer {
 // with grpc::CreateChannel directly. Idempotent and thread-safe.
 void KeepCallbackQueueAlive();
 
+// Whether `address` (a gRPC listen or dial target) has a TCP port gRPC will use as written:
+// HOST:PORT, [IPV6]:PORT, after a dns:, ipv4: or ipv6: scheme (dns://SERVER/ too), a port of
+// 1 to 65535 (0 too when `listening`: the OS picks). gRPC takes 99999 modulo 65536 and a missing
+// port as 443. unix:, unix-abstract: and vsock: targets pass unchecked. InvalidArgument quoting
+// the address otherwise. StartGrpcServer and MakeChannel check this first.
+absl::Status CheckAddressPort(const std::string& address, bool listening);
+
 // Registers `services`, turns on the health service (SERVING for "" and each service name) and,
 // with options.reflection, server reflection; applies limits and TLS (files watched, see
 // TlsOptions), binds and starts. Unavailable naming the address if binding fails;
-// InvalidArgument naming the file if a TLS file cannot be read.
+// InvalidArgument naming the file if a TLS file cannot be used (tls_files.h, CheckTlsFiles).
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 

@@ -8,7 +8,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -158,6 +161,134 @@ TEST(StartGrpcServerTest, APortInUseIsRefused) {
     EXPECT_TRUE(again.ok()) << again.status();
     if (again.ok()) again->server->Shutdown(absl::ToChronoTime(absl::Now()));
   }
+}
+
+// A TLS file that is empty, not a regular file or holds no PEM block of its kind is refused
+// naming the field and the path, before gRPC sees it: gRPC aborts the process on an empty
+// certificate or key (an assertion), and reads a directory as empty.
+TEST(StartGrpcServerTest, UnusableTlsFilesAreRefusedNamingThem) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/tls-files-", getpid());
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p '", dir, "/folder'").c_str()), 0);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string empty = write("empty.pem", "");
+  const std::string cert =
+      write("cert.pem", "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n");
+  const std::string key =
+      write("key.pem", "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n");
+  const std::string text = write("text.pem", "not a pem file\n");
+  const std::string folder = dir + "/folder";
+  struct Case {
+    std::string cert, key, ca, message;
+  };
+  const std::vector<Case> cases = {
+      {empty, key, cert, "tls.cert_file: " + empty + " is empty"},
+      {folder, key, cert, "tls.cert_file: cannot read " + folder + ": not a regular file"},
+      {cert, empty, cert, "tls.key_file: " + empty + " is empty"},
+      {cert, cert, cert, "tls.key_file: " + cert + " holds no matching PEM block"},
+      {cert, key, "/dev/zero", "tls.ca_file: cannot read /dev/zero: not a regular file"},
+      {cert, key, text, "tls.ca_file: " + text + " holds no matching PEM block"},
+      {cert, key, key, "tls.ca_file: " + key + " holds no matching PEM block"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    auto server =
+        StartGrpcServer({.listen_address = "127.0.0.1:0",
+                         .tls = {.cert_file = c.cert, .key_file = c.key, .ca_file = c.ca}},
+                        {});
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(server.status().message().substr(0, c.message.size()), c.message) << server.status();
+  }
+  // A client's CA likewise (the CLI's --ca).
+  auto channel = MakeChannel("127.0.0.1:9", {.ca_file = folder});
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().message(),
+            "tls.ca_file: cannot read " + folder + ": not a regular file");
+}
+
+// Files that look like PEM but do not hold a usable pair: a certificate that does not parse, a
+// key that is not the certificate's (gRPC would start and fail every handshake), a CA that does
+// not parse.
+TEST(StartGrpcServerTest, AKeyThatIsNotTheCertificatesIsRefused) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/tls-pair-certs-", getpid());
+  ASSERT_EQ(
+      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --force >/dev/null").c_str()),
+      0)
+      << "tools/gen-certs (run from the source tree) failed";
+  const std::string garbage = certs + "/garbage.pem";
+  std::ofstream(garbage) << "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"
+                         << "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n";
+  const std::string kvdir_crt = certs + "/kvdir.crt", kvdir_key = certs + "/kvdir.key";
+  const std::string router_key = certs + "/router-0.key", ca = certs + "/ca.crt";
+  struct Case {
+    std::string cert, key, ca, message;
+  };
+  const std::vector<Case> cases = {
+      {kvdir_crt, router_key, ca,
+       "tls.key_file: " + router_key + " is not the private key of tls.cert_file " + kvdir_crt},
+      {garbage, kvdir_key, ca,
+       "tls.cert_file: " + garbage + ": its first certificate does not parse"},
+      {kvdir_crt, garbage, ca,
+       "tls.key_file: " + garbage + ": the private key does not parse (or is encrypted)"},
+      {kvdir_crt, kvdir_key, garbage,
+       "tls.ca_file: " + garbage + ": its first certificate does not parse"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    auto server =
+        StartGrpcServer({.listen_address = "127.0.0.1:0",
+                         .tls = {.cert_file = c.cert, .key_file = c.key, .ca_file = c.ca}},
+                        {});
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().message(), c.message);
+  }
+  // Reflection: a server needs one service to start.
+  auto good =
+      StartGrpcServer({.listen_address = "127.0.0.1:0",
+                       .tls = {.cert_file = kvdir_crt, .key_file = kvdir_key, .ca_file = ca},
+                       .reflection = true},
+                      {});
+  ASSERT_TRUE(good.ok()) << good.status();
+  good->server->Shutdown(absl::ToChronoTime(absl::Now()));
+}
+
+// Ports gRPC would not use as written are refused: it takes 99999 modulo 65536 (34463) and an
+// address without a port as 443.
+TEST(CheckAddressPortTest, OnlyPortsGrpcUsesAsWrittenPass) {
+  for (const char* ok :
+       {"127.0.0.1:7000", "host:1", "host:65535", "[::1]:7000", "dns:///w-0:7200",
+        "dns://10.0.0.1/w-0:7200", "ipv4:10.0.0.5:80", "unix:/tmp/sock", "unix-abstract:name"}) {
+    EXPECT_TRUE(CheckAddressPort(ok, /*listening=*/false).ok()) << ok;
+  }
+  EXPECT_TRUE(CheckAddressPort("127.0.0.1:0", /*listening=*/true).ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"127.0.0.1:99999", "the port must be a number from 1 to 65535, got \"99999\""},
+      {"127.0.0.1:65536", "the port must be a number from 1 to 65535, got \"65536\""},
+      {"127.0.0.1:0", "the port must be a number from 1 to 65535, got \"0\""},
+      {"127.0.0.1:http", "the port must be a number from 1 to 65535, got \"http\""},
+      {"127.0.0.1:", "the port must be a number from 1 to 65535, got \"\""},
+      {"127.0.0.1", "expected HOST:PORT, the port is missing"},
+      {"[::1]", "expected [IPV6]:PORT, the port is missing"},
+      {"::1:7000", "an IPv6 address needs brackets: [IPV6]:PORT"},
+      {"dns:///w-0", "expected HOST:PORT, the port is missing"},
+  };
+  for (const auto& [address, why] : bad) {
+    const absl::Status s = CheckAddressPort(address, /*listening=*/false);
+    EXPECT_EQ(s.message(), address + ": " + why) << address;
+  }
+  auto server = StartGrpcServer({.listen_address = "127.0.0.1:99999"}, {});
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().message(),
+            "cannot listen on 127.0.0.1:99999: the port must be a number from 0 to 65535, got "
+            "\"99999\"");
+  auto channel = MakeChannel("127.0.0.1", {});
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().message(),
+            "cannot dial 127.0.0.1: expected HOST:PORT, the port is missing");
 }
 
 TEST(CheckGrpcHealthTest, NothingListeningIsAnErrorWithinTheTimeout) {

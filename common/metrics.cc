@@ -3,25 +3,22 @@
 #include <CivetServer.h>
 #include <civetweb.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
+#include <prometheus/exposer.h>
 #include <sys/socket.h>
-
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <exception>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
-
-#include <openssl/crypto.h>
-#include <prometheus/exposer.h>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_stamp.h"
 #include "common/process_metrics.h"
 
 namespace lazyattn {
@@ -213,11 +210,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsEndpoint(
 }
 
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& key, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
+  // A regular file of at most 64 KiB: a FIFO would block start-up (and its stop signals) until
+  // written to, /dev/zero would be read until memory ran out.
+  absl::StatusOr<StampedText> read = ReadStampedFile(path, 64 << 10);
+  if (!read.ok())
+    return absl::InvalidArgumentError(absl::StrCat(key, ": ", read.status().message()));
+  std::string token(absl::StripAsciiWhitespace(read->text));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(key, ": ", path, " is empty"));
   if (token.find_first_of("\r\n") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(key, ": ", path, " holds more than one line"));

@@ -1,19 +1,66 @@
 #include "common/yaml_config.h"
 
-#include <fstream>
+#include <sys/stat.h>
+
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/file_stamp.h"
 
 namespace lazyattn {
 
+namespace {
+
+// Far larger than any configuration; a bound so that /dev/zero is refused, not read for ever.
+constexpr int64_t kMaxConfigBytes = 16 << 20;
+
+// Every map of `node`, at any depth, has each key once: yaml-cpp keeps both of a repeated key and
+// every lookup finds the first, so `lease_ms: 3000` then `lease_ms: 0` would silently start with
+// 3000. Keys must be scalars (a map or list as a key names no setting).
+absl::Status CheckKeysOnce(const YAML::Node& node, const std::string& path,
+                           const std::string& source) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      absl::Status s = CheckKeysOnce(node[i], absl::StrCat(path, "[", i, "]"), source);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  if (!node.IsMap()) return absl::OkStatus();
+  std::set<std::string> seen;
+  for (const auto& kv : node) {
+    const std::string where = path.empty() ? "" : path + ".";
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": ", where, "(line ", kv.first.Mark().line + 1, "): keys must be strings"));
+    }
+    const std::string key = where + kv.first.Scalar();
+    if (!seen.insert(kv.first.Scalar()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": ", key, ": given twice (again on line ", kv.first.Mark().line + 1, ")"));
+    }
+    absl::Status s = CheckKeysOnce(kv.second, key, source);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status YamlConfig::LoadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return LoadString(ss.str(), path);
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  }
+  // A regular file of bounded size (ReadStampedFile): a directory read as an empty config, a FIFO
+  // blocked start-up and its stop signals, /dev/zero was read until memory ran out.
+  absl::StatusOr<StampedText> read = ReadStampedFile(path, kMaxConfigBytes);
+  if (!read.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config file: ", read.status().message()));
+  }
+  return LoadString(read->text, path);
 }
 
 absl::Status YamlConfig::LoadString(const std::string& yaml, const std::string& source) {
@@ -26,7 +73,7 @@ absl::Status YamlConfig::LoadString(const std::string& yaml, const std::string& 
   if (!root_.IsNull() && !root_.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the top level must be a map"));
   }
-  return absl::OkStatus();
+  return CheckKeysOnce(root_, "", source);
 }
 
 absl::StatusOr<YAML::Node> YamlConfig::Find(const std::string& path) const {
@@ -65,6 +112,37 @@ absl::StatusOr<T> Scalar(const YAML::Node& n, const std::string& where, const ch
         absl::StrCat(where, ": expected ", type, ", got \"", n.Scalar(), "\""));
   }
   return value;
+}
+
+// Integers are decimal, as YAML 1.2's core schema writes them ([-+]?[0-9]+): yaml-cpp reads a
+// leading 0 as octal (`lease_ms: 010` was 8, `0100` 64) and 0x as hex.
+template <>
+absl::StatusOr<int64_t> Scalar<int64_t>(const YAML::Node& n, const std::string& where,
+                                        const char* type) {
+  if (!n.IsScalar()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected ", type));
+  const std::string& text = n.Scalar();
+  size_t i = text.empty() || (text[0] != '-' && text[0] != '+') ? 0 : 1;
+  const bool negative = i == 1 && text[0] == '-';
+  if (i == text.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected ", type, ", got \"", text, "\""));
+  }
+  uint64_t magnitude = 0;
+  const uint64_t limit = negative ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c < '0' || c > '9') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected ", type, ", got \"", text, "\""));
+    }
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (magnitude > (limit - digit) / 10) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", text, " is out of the range of a 64-bit integer"));
+    }
+    magnitude = magnitude * 10 + digit;
+  }
+  return negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
 }
 
 }  // namespace

@@ -58,5 +58,57 @@ TEST(YamlConfigTest, ListsOfMapsAndMalformedYaml) {
   EXPECT_EQ(broken.LoadFile("/nonexistent.yaml").code(), absl::StatusCode::kNotFound);
 }
 
+// A key given twice in one map is refused at load, at any depth (yaml-cpp keeps both, and every
+// lookup would find the first).
+TEST(YamlConfigTest, AKeyGivenTwiceIsRefusedNamingIt) {
+  YamlConfig top;
+  EXPECT_EQ(top.LoadString("lease_ms: 3000\nother: 1\nlease_ms: 0\n", "d.yaml").message(),
+            "d.yaml: lease_ms: given twice (again on line 3)");
+  YamlConfig nested;
+  EXPECT_EQ(nested.LoadString("server:\n  listen: a\n  listen: b\n", "d.yaml").message(),
+            "d.yaml: server.listen: given twice (again on line 3)");
+  YamlConfig sections;
+  EXPECT_EQ(sections.LoadString("server: {listen: a}\nserver: {drain_timeout_s: 5}\n", "d.yaml")
+                .message(),
+            "d.yaml: server: given twice (again on line 2)");
+  YamlConfig in_list;
+  EXPECT_EQ(in_list.LoadString("workers:\n  - port: 1\n    port: 2\n", "d.yaml").message(),
+            "d.yaml: workers[0].port: given twice (again on line 3)");
+  YamlConfig fine;
+  EXPECT_TRUE(fine.LoadString("a: {x: 1}\nb: {x: 1}\nl: [1, 1]\n", "d.yaml").ok());
+}
+
+// Integers are decimal whatever their leading zeros (yaml-cpp alone read 010 as octal 8 and 0x10
+// as 16), within 64 bits.
+TEST(YamlConfigTest, IntegersAreDecimalAndBounded) {
+  YamlConfig cfg;
+  ASSERT_TRUE(cfg.LoadString("a: 010\nb: -0042\nc: +7\nd: 0x10\ne: 9223372036854775807\n"
+                             "f: 9223372036854775808\ng: -9223372036854775808\nh: 1e3\ni: 1.0\n"
+                             "j: \"-\"\n",
+                             "i.yaml")
+                  .ok());
+  EXPECT_EQ(*cfg.Int("a", 0), 10);
+  EXPECT_EQ(*cfg.Int("b", 0), -42);
+  EXPECT_EQ(*cfg.Int("c", 0), 7);
+  EXPECT_EQ(cfg.Int("d", 0).status().message(), "i.yaml: d: expected an integer, got \"0x10\"");
+  EXPECT_EQ(*cfg.Int("e", 0), INT64_MAX);
+  EXPECT_EQ(cfg.Int("f", 0).status().message(),
+            "i.yaml: f: 9223372036854775808 is out of the range of a 64-bit integer");
+  EXPECT_EQ(*cfg.Int("g", 0), INT64_MIN);
+  EXPECT_EQ(cfg.Int("h", 0).status().message(), "i.yaml: h: expected an integer, got \"1e3\"");
+  EXPECT_EQ(cfg.Int("i", 0).status().message(), "i.yaml: i: expected an integer, got \"1.0\"");
+  EXPECT_EQ(cfg.Int("j", 0).status().message(), "i.yaml: j: expected an integer, got \"-\"");
+}
+
+// A config path that is not a regular file is refused at once: a directory read as empty, and a
+// FIFO blocked start-up (and its stop signals) until something wrote to it.
+TEST(YamlConfigTest, AConfigThatIsNoRegularFileIsRefused) {
+  YamlConfig dir;
+  EXPECT_EQ(dir.LoadFile("/tmp").message(), "config file: cannot read /tmp: not a regular file");
+  YamlConfig zero;
+  EXPECT_EQ(zero.LoadFile("/dev/zero").message(),
+            "config file: cannot read /dev/zero: not a regular file");
+}
+
 }  // namespace
 }  // namespace lazyattn

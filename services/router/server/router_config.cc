@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
 #include "common/status_macros.h"
 
 namespace lazyattn::router {
@@ -30,8 +31,9 @@ absl::StatusOr<absl::Duration> MillisIn(const YamlConfig& config, const std::str
   return absl::Milliseconds(ms);
 }
 
+// `listening`: an address this router listens on (port 0 lets the OS pick) rather than dials.
 absl::Status CheckAddress(const YamlConfig& config, const std::string& key,
-                          const std::string& address, bool may_be_empty) {
+                          const std::string& address, bool may_be_empty, bool listening = false) {
   if (address.empty()) {
     if (may_be_empty) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -41,6 +43,9 @@ absl::Status CheckAddress(const YamlConfig& config, const std::string& key,
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(config.source(), ": ", key, ": expected host:port, got \"", address, "\""));
+  }
+  if (absl::Status s = CheckAddressPort(address, listening); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", key, ": ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -55,7 +60,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   // server
   ASSIGN_OR_RETURN(o.server.listen_address, config.String("server.listen", "127.0.0.1:7000"));
   if (overrides.listen.has_value()) o.server.listen_address = *overrides.listen;
-  RETURN_IF_ERROR(CheckAddress(config, "server.listen", o.server.listen_address, false));
+  RETURN_IF_ERROR(CheckAddress(config, "server.listen", o.server.listen_address, false, true));
   ASSIGN_OR_RETURN(o.server.tls.cert_file, config.String("server.tls.cert_file", ""));
   ASSIGN_OR_RETURN(o.server.tls.key_file, config.String("server.tls.key_file", ""));
   ASSIGN_OR_RETURN(o.server.tls.ca_file, config.String("server.tls.ca_file", ""));
@@ -73,7 +78,7 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   ASSIGN_OR_RETURN(o.server.reflection, config.Bool("server.reflection", false));
   ASSIGN_OR_RETURN(o.metrics_address, config.String("metrics.listen", "127.0.0.1:9000"));
   if (overrides.metrics.has_value()) o.metrics_address = *overrides.metrics;
-  RETURN_IF_ERROR(CheckAddress(config, "metrics.listen", o.metrics_address, true));
+  RETURN_IF_ERROR(CheckAddress(config, "metrics.listen", o.metrics_address, true, true));
   ASSIGN_OR_RETURN(o.metrics_bearer_token_file, config.String("metrics.bearer_token_file", ""));
   ASSIGN_OR_RETURN(o.log, ReadLogOptions(config));
 

@@ -389,5 +389,38 @@ TEST_F(RouterTlsTest, TheRouterAsksOnlyADirectoryWithKvdirsCertificate) {
   EXPECT_EQ(listings_served_as("router-0"), 0);
 }
 
+// Client TLS files that cannot serve stop the router at start, naming the key: it dials workers
+// later, and would otherwise be up and SERVING with every request failing for want of a worker.
+TEST_F(RouterTlsTest, ClientTlsFilesThatCannotServeStopTheRouterNamingThem) {
+  const std::string empty = certs_ + "/empty.crt";
+  std::ofstream(empty) << "";
+  struct Case {
+    TlsOptions tls;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{.ca_file = certs_ + "/missing.crt"},
+       "client_tls.ca_file: cannot read " + certs_ + "/missing.crt"},
+      {{.ca_file = empty}, "client_tls.ca_file: " + empty + " is empty"},
+      {{.cert_file = certs_ + "/router-0.crt",
+        .key_file = certs_ + "/worker-0.key",
+        .ca_file = certs_ + "/ca.crt"},
+       "client_tls.key_file: " + certs_ + "/worker-0.key" +
+           " is not the private key of tls.cert_file " + certs_ + "/router-0.crt"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    RouterOptions o;
+    o.server.listen_address = "127.0.0.1:0";
+    o.workers = {worker_.address()};
+    o.health.interval = absl::ZeroDuration();
+    o.client_tls = c.tls;
+    auto router = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    ASSERT_FALSE(router.ok());
+    EXPECT_EQ(router.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(router.status().message().substr(0, c.message.size()), c.message) << router.status();
+  }
+}
+
 }  // namespace
 }  // namespace lazyattn::router

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/request_validator.h"
 #include "common/status_macros.h"
@@ -68,6 +69,12 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   // Identity.
   ASSIGN_OR_RETURN(o.service.worker_id, config.String("worker.id", ""));
   ASSIGN_OR_RETURN(o.advertise_address, config.String("worker.advertise_address", ""));
+  // Routers dial it as written: gRPC would take port 99999 modulo 65536, a missing port as 443.
+  if (!o.advertise_address.empty()) {
+    if (absl::Status s = CheckAddressPort(o.advertise_address, /*listening=*/false); !s.ok()) {
+      return Error(config, "worker.advertise_address", std::string(s.message()));
+    }
+  }
 
   // Socket and TLS.
   ASSIGN_OR_RETURN(c.insecure, config.Bool("insecure", false));

@@ -1,0 +1,258 @@
+#include "common/tls_files.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_stamp.h"
+#include "common/log.h"
+
+namespace lazyattn {
+namespace {
+
+// Larger than any certificate chain or CA bundle a cluster needs; a bound so that a path such as
+// /dev/zero is refused instead of read for ever.
+constexpr int64_t kMaxPemBytes = 16 << 20;
+
+// The PEM file `path` of TlsOptions field `what` (cert_file, key_file, ca_file), refused unless it
+// is a regular file of at most kMaxPemBytes (ReadStampedFile: a FIFO is not waited on) holding a
+// block of `kind` ("CERTIFICATE", or "PRIVATE KEY" for any key type). gRPC aborts the process (an
+// assertion) on an empty certificate or key, and reads a directory as empty.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* kind) {
+  const auto field = absl::StrCat("tls.", what, ": ");
+  absl::StatusOr<StampedText> read = ReadStampedFile(path, kMaxPemBytes);
+  if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat(field, read.status().message()));
+  std::string pem = std::move(read->text);
+  // "-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----", "-----BEGIN EC PRIVATE KEY-----"
+  if (pem.find("-----BEGIN ") == std::string::npos ||
+      pem.find(absl::StrCat(kind, "-----")) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, path, pem.empty() ? " is empty" : " holds no matching PEM block", " (expected ",
+        kind == std::string_view("CERTIFICATE") ? "-----BEGIN CERTIFICATE-----"
+                                                : "a PEM private key",
+        ")"));
+  }
+  return pem;
+}
+
+// The first certificate of a PEM text, null when none parses.
+std::unique_ptr<X509, decltype(&X509_free)> FirstCertificate(const std::string& pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+      &X509_free);
+  ERR_clear_error();
+  return cert;
+}
+
+// The certificate parses and the key is its own: gRPC would start with either wrong and fail
+// every handshake, with nothing in the process's own log. An encrypted key is refused (no
+// passphrase is ever asked for: the callback declines).
+absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
+                       const TlsOptions& tls) {
+  const auto cert = FirstCertificate(cert_pem);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls.cert_file: ", tls.cert_file, ": its first certificate does not parse"));
+  }
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), &BIO_free);
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      bio != nullptr ? PEM_read_bio_PrivateKey(bio.get(), nullptr, no_passphrase, nullptr)
+                     : nullptr,
+      &EVP_PKEY_free);
+  ERR_clear_error();
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls.key_file: ", tls.key_file, ": the private key does not parse (or is encrypted)"));
+  }
+  const bool match = X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (!match) {
+    return absl::InvalidArgumentError(absl::StrCat("tls.key_file: ", tls.key_file,
+                                                   " is not the private key of tls.cert_file ",
+                                                   tls.cert_file));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls) {
+  std::string cert_pem, key_pem;
+  if (!tls.cert_file.empty()) {
+    auto cert = ReadPem(tls.cert_file, "cert_file", "CERTIFICATE");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(tls.key_file, "key_file", "PRIVATE KEY");
+    if (!key.ok()) return key.status();
+    cert_pem = std::move(*cert);
+    key_pem = std::move(*key);
+  }
+  std::string ca_pem;
+  if (!tls.ca_file.empty()) {
+    auto ca = ReadPem(tls.ca_file, "ca_file", "CERTIFICATE");
+    if (!ca.ok()) return ca.status();
+    ca_pem = std::move(*ca);
+  }
+  if (!tls.cert_file.empty()) {
+    if (absl::Status s = CheckPair(cert_pem, key_pem, tls); !s.ok()) return s;
+  }
+  if (!tls.ca_file.empty() && FirstCertificate(ca_pem) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls.ca_file: ", tls.ca_file, ": its first certificate does not parse"));
+  }
+  if (tls.refresh_interval_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls.refresh_interval_s: must be >= 1, got ", tls.refresh_interval_s));
+  }
+  return TlsFileContents{
+      .cert = std::move(cert_pem), .key = std::move(key_pem), .ca = std::move(ca_pem)};
+}
+
+
+namespace {
+
+// Writes `text` to `path` as a whole: beside it first, then renamed over, so that a reader sees
+// the old file or the new one, never a part. `mode`: the file's permissions.
+absl::Status WriteWhole(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".next";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (chmod(tmp.c_str(), mode) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot replace ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptions& tls) {
+  using Key = std::tuple<std::string, std::string, std::string, int>;
+  static absl::Mutex registry_mu(absl::kConstInit);
+  // Never destroyed before exit: channels made from a mirror's files outlive any scope here.
+  static auto* const registry = new std::map<Key, std::shared_ptr<TlsFileMirror>>();
+  const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s};
+  absl::MutexLock lock(&registry_mu);
+  if (auto it = registry->find(key); it != registry->end()) {
+    // The files must pass now too: a second server started later with the same paths says why
+    // it cannot start rather than serving the copy of an older version.
+    if (absl::Status s = CheckTlsFiles(tls); !s.ok()) return s;
+    return it->second;
+  }
+  absl::StatusOr<TlsFileContents> contents = ReadTlsFiles(tls);
+  if (!contents.ok()) return contents.status();
+  const char* tmpdir = getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp",
+                                   "/lazyattn-tls-XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr) {  // mode 0700
+    return absl::InternalError(absl::StrCat("cannot make a private folder for the TLS files (",
+                                            templ, "): set TMPDIR to a writable folder"));
+  }
+  std::shared_ptr<TlsFileMirror> mirror(new TlsFileMirror(tls, templ));
+  {
+    absl::MutexLock mirror_lock(&mirror->mu_);
+    if (absl::Status s = mirror->Publish(*contents); !s.ok()) return s;
+  }
+  mirror->thread_ = std::thread([m = mirror.get()] { m->Loop(); });
+  registry->emplace(key, mirror);
+  return mirror;
+}
+
+TlsFileMirror::TlsFileMirror(const TlsOptions& source, std::string dir)
+    : source_(source), dir_(std::move(dir)), watched_(source) {
+  auto at = [&](const std::string& original, const char* name) {
+    return original.empty() ? std::string() : absl::StrCat(dir_, "/", name);
+  };
+  watched_.cert_file = at(source.cert_file, "cert.pem");
+  watched_.key_file = at(source.key_file, "key.pem");
+  watched_.ca_file = at(source.ca_file, "ca.pem");
+  watched_.refresh_interval_s = 1;
+}
+
+TlsFileMirror::~TlsFileMirror() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+absl::Status TlsFileMirror::Publish(const TlsFileContents& contents) {
+  if (contents == published_) return absl::OkStatus();
+  // The CA and the certificate before the key: gRPC reads the key and the certificate apart, and
+  // a key read between the two renames is refused by its pair check or fails handshakes until
+  // its next read, a second later, never aborts.
+  if (!watched_.ca_file.empty() && contents.ca != published_.ca) {
+    if (absl::Status s = WriteWhole(watched_.ca_file, contents.ca, 0644); !s.ok()) return s;
+  }
+  if (!watched_.cert_file.empty() && contents.cert != published_.cert) {
+    if (absl::Status s = WriteWhole(watched_.cert_file, contents.cert, 0644); !s.ok()) return s;
+  }
+  if (!watched_.key_file.empty() && contents.key != published_.key) {
+    if (absl::Status s = WriteWhole(watched_.key_file, contents.key, 0600); !s.ok()) return s;
+  }
+  published_ = contents;
+  return absl::OkStatus();
+}
+
+absl::Status TlsFileMirror::RefreshNow() {
+  absl::StatusOr<TlsFileContents> contents = ReadTlsFiles(source_);
+  absl::MutexLock lock(&mu_);
+  if (!contents.ok()) {
+    const std::string error(contents.status().message());
+    if (error != last_error_) {
+      LogWarning("tls")
+          .Str("error", error)
+          .Msg("TLS files not reloaded: they do not pass; the previous ones stay in service");
+      last_error_ = error;
+    }
+    return contents.status();
+  }
+  const bool changed = !(*contents == published_);
+  if (absl::Status s = Publish(*contents); !s.ok()) {
+    LogWarning("tls").Str("error", std::string(s.message())).Msg("TLS files not reloaded");
+    return s;
+  }
+  if (changed || !last_error_.empty()) {
+    LogInfo("tls")
+        .Str("cert_file", source_.cert_file)
+        .Str("ca_file", source_.ca_file)
+        .Msg(changed ? "TLS files reloaded" : "TLS files pass again");
+  }
+  last_error_.clear();
+  return absl::OkStatus();
+}
+
+void TlsFileMirror::Loop() {
+  const absl::Duration interval = absl::Seconds(source_.refresh_interval_s);
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval)) {
+    mu_.Unlock();
+    (void)RefreshNow();
+    mu_.Lock();
+  }
+}
+
+}  // namespace lazyattn

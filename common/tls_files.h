@@ -1,0 +1,82 @@
+// The TLS files of a process (TlsOptions): checked before gRPC sees them, and mirrored so that a
+// broken version written later never reaches gRPC.
+//
+// gRPC's FileWatcherCertificateProvider re-reads the key, certificate and CA files every refresh
+// interval and hands whatever it read to the next handshakes: an empty certificate or key (a file
+// truncated while it is rewritten in place, as `cat new.crt > old.crt` does) aborts the process
+// in an assertion, and a key that is not the certificate's fails every handshake until the next
+// good read. So StartGrpcServer and MakeChannel (grpc_util.h) never give gRPC the operator's
+// files: they give it a TlsFileMirror's copies, which are replaced only by a set of files that
+// passed CheckTlsFiles as a whole.
+//
+//   ASSIGN_OR_RETURN(auto mirror, TlsFileMirror::For(tls));   // checks tls's files first
+//   ... FileWatcherCertificateProvider(mirror->watched().key_file, ...) ...
+#ifndef LAZYATTN_COMMON_TLS_FILES_H_
+#define LAZYATTN_COMMON_TLS_FILES_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
+
+namespace lazyattn {
+
+// The PEM texts of a TlsOptions's files ("" where the option names none), each read once.
+struct TlsFileContents {
+  std::string cert, key, ca;
+  bool operator==(const TlsFileContents&) const = default;
+};
+
+// Reads `tls`'s files and checks them: each named file a regular file of at most 16 MiB
+// (ReadStampedFile: a FIFO is not waited on) holding its PEM block, the certificate parsing, the
+// key its own and not encrypted (no passphrase is ever asked for), the CA's first certificate
+// parsing; tls.refresh_interval_s >= 1. InvalidArgument naming the field and the file
+// (`tls.cert_file: PATH is empty`) otherwise.
+absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls);
+inline absl::Status CheckTlsFiles(const TlsOptions& tls) { return ReadTlsFiles(tls).status(); }
+
+// A private copy of one set of TLS files (mode 0700 folder under $TMPDIR or /tmp), refreshed from
+// the operator's files every tls.refresh_interval_s: a set that passes ReadTlsFiles and differs
+// from the copy replaces it (each file written beside and renamed over); one that does not is
+// logged (a warning, once per distinct error) and the copy keeps serving. Thread-safe. Mirrors
+// live as long as the process (a channel cannot hold one), their folders removed at exit.
+class TlsFileMirror {
+ public:
+  // The mirror of `tls`'s files: one per distinct set of paths and interval in the process,
+  // shared by every server and channel that uses them. The ReadTlsFiles error when the files do not pass now;
+  // Internal when no private folder can be made.
+  static absl::StatusOr<std::shared_ptr<TlsFileMirror>> For(const TlsOptions& tls);
+  ~TlsFileMirror();
+  TlsFileMirror(const TlsFileMirror&) = delete;
+  TlsFileMirror& operator=(const TlsFileMirror&) = delete;
+
+  // `tls` with its file paths replaced by the copies' (refresh_interval_s 1: gRPC re-reads the
+  // copies, which change only when a good set replaces them, every second).
+  const TlsOptions& watched() const { return watched_; }
+  // Checks the operator's files now, as the next interval would; their error, OK when the copy
+  // is (now) theirs. For tests.
+  absl::Status RefreshNow();
+
+ private:
+  TlsFileMirror(const TlsOptions& source, std::string dir);
+  absl::Status Publish(const TlsFileContents& contents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Loop();
+
+  const TlsOptions source_;
+  const std::string dir_;
+  TlsOptions watched_;
+  absl::Mutex mu_;
+  TlsFileContents published_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);  // the refusal last logged
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace lazyattn
+
+#endif  // LAZYATTN_COMMON_TLS_FILES_H_

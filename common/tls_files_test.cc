@@ -1,0 +1,126 @@
+// The TLS files' mirror (tls_files.h): gRPC only ever reads a set that passed the checks, so a
+// certificate truncated or a key swapped for another's under a running server leaves it serving
+// on the last good set (gRPC alone aborted on the empty certificate), and a good new set is
+// taken up. Certificates come from tools/gen-certs (run from the source tree, as ctest does).
+#include "common/tls_files.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "gtest/gtest.h"
+
+namespace lazyattn {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Rewritten in place (truncated, then written), as `cat new > old` does.
+void Overwrite(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+class TlsFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    certs_ = absl::StrCat(::testing::TempDir(), "/tls-files-",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                          getpid());
+    ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
+                                       "' --workers 1 --force >/dev/null")
+                              .c_str()),
+              0)
+        << "tools/gen-certs (run from the source tree) failed";
+    // The files a server is given: copies, so that the test can break and replace them.
+    for (const char* name : {"kvdir.crt", "kvdir.key"}) {
+      std::filesystem::copy_file(certs_ + "/" + name, certs_ + "/live-" + name,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    tls_ = {.cert_file = certs_ + "/live-kvdir.crt",
+            .key_file = certs_ + "/live-kvdir.key",
+            .ca_file = certs_ + "/ca.crt",
+            .refresh_interval_s = 1};
+  }
+
+  std::string certs_;
+  TlsOptions tls_;
+};
+
+TEST_F(TlsFilesTest, OnlyASetThatPassesReachesTheWatchedCopies) {
+  auto mirror = TlsFileMirror::For(tls_);
+  ASSERT_TRUE(mirror.ok()) << mirror.status();
+  const TlsOptions& watched = (*mirror)->watched();
+  EXPECT_NE(watched.cert_file, tls_.cert_file);
+  EXPECT_EQ(ReadAll(watched.cert_file), ReadAll(tls_.cert_file));
+  EXPECT_EQ(ReadAll(watched.key_file), ReadAll(tls_.key_file));
+  EXPECT_EQ(ReadAll(watched.ca_file), ReadAll(tls_.ca_file));
+  const std::string good_cert = ReadAll(tls_.cert_file), good_key = ReadAll(tls_.key_file);
+
+  Overwrite(tls_.cert_file, "");  // truncated mid-rewrite
+  EXPECT_EQ((*mirror)->RefreshNow().message(),
+            absl::StrCat("tls.cert_file: ", tls_.cert_file,
+                         " is empty (expected -----BEGIN CERTIFICATE-----)"));
+  EXPECT_EQ(ReadAll(watched.cert_file), good_cert);
+
+  Overwrite(tls_.cert_file, good_cert);
+  Overwrite(tls_.key_file, ReadAll(certs_ + "/router-0.key"));  // the key first, as operators do
+  EXPECT_EQ((*mirror)->RefreshNow().message(),
+            absl::StrCat("tls.key_file: ", tls_.key_file, " is not the private key of tls.cert_file ",
+                         tls_.cert_file));
+  EXPECT_EQ(ReadAll(watched.key_file), good_key);
+
+  // The new pair, whole: taken up.
+  Overwrite(tls_.cert_file, ReadAll(certs_ + "/router-0.crt"));
+  EXPECT_TRUE((*mirror)->RefreshNow().ok());
+  EXPECT_EQ(ReadAll(watched.cert_file), ReadAll(certs_ + "/router-0.crt"));
+  EXPECT_EQ(ReadAll(watched.key_file), ReadAll(certs_ + "/router-0.key"));
+
+  // The same files again: the same mirror; files that do not pass now are refused.
+  auto again = TlsFileMirror::For(tls_);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), mirror->get());
+  Overwrite(tls_.key_file, "");
+  EXPECT_EQ(TlsFileMirror::For(tls_).status().message(),
+            absl::StrCat("tls.key_file: ", tls_.key_file, " is empty (expected a PEM private key)"));
+}
+
+// A running server whose certificate is emptied keeps serving TLS on its last good pair; before
+// the mirror gRPC read the empty file within its refresh interval and aborted the process (the
+// whole test binary here).
+TEST_F(TlsFilesTest, AServerWhoseCertificateIsEmptiedKeepsServing) {
+  // Reflection: a server needs one service to start.
+  auto server =
+      StartGrpcServer({.listen_address = "127.0.0.1:0", .tls = tls_, .reflection = true}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("localhost:", server->port);
+  auto healthy = [&] {
+    // The server requires a client certificate of its CA.
+    auto channel = MakeChannel(address, {.cert_file = certs_ + "/router-0.crt",
+                                         .key_file = certs_ + "/router-0.key",
+                                         .ca_file = certs_ + "/ca.crt"});
+    if (!channel.ok()) return false;
+    absl::StatusOr<bool> serving = CheckGrpcHealth(*channel, "", absl::Seconds(3));
+    return serving.ok() && *serving;
+  };
+  ASSERT_TRUE(healthy());
+  Overwrite(tls_.cert_file, "");
+  Overwrite(tls_.key_file, "");
+  absl::SleepFor(absl::Milliseconds(2500));  // past both refresh intervals
+  EXPECT_TRUE(healthy());
+  server->server->Shutdown(absl::ToChronoTime(absl::Now()));
+}
+
+}  // namespace
+}  // namespace lazyattn
