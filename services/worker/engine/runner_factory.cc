@@ -7,6 +7,7 @@
 #include "common/document_key.h"
 #include "common/status_macros.h"
 #include "services/worker/engine/cpu_runner.h"
+#include "services/worker/engine/host_memory.h"
 #include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
@@ -87,10 +88,29 @@ absl::Status NoCudaBackend() {
 
 }  // namespace
 
+namespace {
+
+// The CPU backend's KV pool is zeroed as it is made: Linux overcommits, so a budget past the
+// memory the machine (or its container) has left is not refused by the allocator, and the
+// process would grow until the kernel's OOM killer ended it.
+absl::Status CheckCpuKvBudget(int64_t kv_budget_bytes) {
+  const int64_t available = AvailableHostMemoryBytes();
+  if (available >= 0 && kv_budget_bytes > available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "engine.kv_budget_bytes: ", kv_budget_bytes, " bytes of KV cache exceed the ", available,
+        " bytes of memory available to the CPU backend (MemAvailable, or the container's "
+        "memory.max); lower the budget"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeights* weights,
                                                                const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
   if (backend == Backend::kCpu) {
+    RETURN_IF_ERROR(CheckCpuKvBudget(options.kv_budget_bytes));
     // Its RoPE table covers the model's whole context (up to 2^24 positions) and its KV pool the
     // budget: memory the machine may not have, which must not abort the process.
     try {
@@ -146,6 +166,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
                                                                      const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
   if (backend == Backend::kCpu) {
+    RETURN_IF_ERROR(CheckCpuKvBudget(options.kv_budget_bytes));
     // HF's initialisation scale; MakeRandomWeights draws QKV at 4x its stddev.
     auto weights = MakeRandomWeights(spec.config, spec.seed, 0.02f);
     const KvCacheDtype dtype = ConfiguredCpuKvCacheDtype();

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "services/worker/engine/host_memory.h"
 #include "services/worker/engine/kv_cache_cpu.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
@@ -85,6 +86,32 @@ TEST(RunnerFactoryTest, RandomModelPathsParseAndServeOnTheCpu) {
   EXPECT_EQ((*runner)->config().hidden_size, 512);
   EXPECT_EQ((*runner)->num_kv_blocks(),
             KvBlocksForBudget(spec->config, 4 << 20, ConfiguredCpuKvCacheDtype()));
+}
+
+// A CPU KV budget past the memory the machine has is refused before the pool is made: zeroing it
+// grew the process until the OOM killer ended it (1 TiB, the most the config takes).
+TEST(RunnerFactoryTest, ACpuKvBudgetPastTheAvailableMemoryIsRefused) {
+  const int64_t available = AvailableHostMemoryBytes();
+  ASSERT_GT(available, 0) << "neither /proc/meminfo nor the cgroup says how much memory is left";
+  if (available >= int64_t{1} << 40) GTEST_SKIP() << "this machine has 1 TiB free";
+  auto spec = ParseRandomModelPath("random:small");
+  ASSERT_TRUE(spec.ok());
+  auto runner = CreateRandomModelRunner(
+      *spec, {.backend = Backend::kCpu, .kv_budget_bytes = int64_t{1} << 40});
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(runner.status().message().find("engine.kv_budget_bytes: 1099511627776 bytes of KV "
+                                           "cache exceed the "),
+            std::string::npos)
+      << runner.status();
+}
+
+TEST(HostMemoryTest, MemAvailableIsReadInBytes) {
+  EXPECT_EQ(MemAvailableBytes("MemTotal:       24000000 kB\nMemAvailable:   12345 kB\n"),
+            int64_t{12345} << 10);
+  EXPECT_EQ(MemAvailableBytes("MemTotal:       24000000 kB\n"), -1);
+  EXPECT_EQ(MemAvailableBytes("MemAvailable:   many kB\n"), -1);
+  EXPECT_EQ(MemAvailableBytes("MemAvailable:   12 MB\n"), -1);
 }
 
 constexpr char kGguf[] = "tests/data/tiny/tiny-llama/tiny-llama-q8_0.gguf";
