@@ -255,5 +255,50 @@ TEST_F(RequestPrepTest, ADocumentPastTheContextIsNotRemembered) {
   EXPECT_EQ(keys.misses(), 1);
 }
 
+// A prompt far past the context is refused before it is tokenized, by a lower bound on its tokens
+// that never exceeds what Encode makes: checked on the golden texts, on the vocabulary's longest
+// token repeated (the bound's worst case) and on plain prose.
+TEST_F(RequestPrepTest, APromptFarPastTheContextIsRefusedUntokenized) {
+  const Tokenizer& t = *tokenizer_;
+  std::vector<std::string> texts;
+  for (const auto& c : (*golden_)["prompts"]) {
+    texts.push_back(c["question"].get<std::string>());
+    for (const auto& d : c["documents"]) texts.push_back(d.get<std::string>());
+  }
+  std::string longest;
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    if (t.TokenPiece(id).size() > longest.size()) longest = std::string(t.TokenPiece(id));
+  }
+  std::string repeated, prose;
+  for (int i = 0; i < 2000; ++i) repeated += longest;
+  for (int i = 0; i < 20000; ++i) prose += "The river floods in spring. ";
+  texts.push_back(repeated);
+  texts.push_back(prose);
+  for (const std::string& text : texts) {
+    for (bool special : {false, true}) {
+      EXPECT_LE(t.MinTokensFor(text), static_cast<int64_t>(t.Encode(text, special).size()))
+          << text.substr(0, 60);
+    }
+  }
+  EXPECT_GT(t.MinTokensFor(prose), 0);
+
+  EngineRequest huge{.question = "Which river?", .mode = CacheMode::kLazy};
+  huge.documents.push_back({.text = std::string(16 << 20, 'a')});
+  auto p = Prepare(huge);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()),
+              ::testing::StartsWith("prompt: its text alone (16777228 bytes, not tokenized) "
+                                    "makes at least "));
+  EXPECT_THAT(std::string(p.status().message()),
+              ::testing::HasSubstr("tokens and leaves no room in the model's context of 8192"));
+  // Just past the context, the bound does not reach it: the exact count refuses it.
+  EngineRequest past{.question = prose.substr(0, 60000), .mode = CacheMode::kLazy};
+  p = Prepare(past);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), ::testing::StartsWith("prompt: "));
+  EXPECT_THAT(std::string(p.status().message()), ::testing::Not(::testing::HasSubstr("at least")));
+}
+
 }  // namespace
 }  // namespace lazyattn

@@ -287,6 +287,13 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
   return out;
 }
 
+int64_t Tokenizer::MinTokensFor(std::string_view text) const {
+  if (!merges_closed_) return 0;
+  int64_t kept = 0;
+  for (unsigned char b : text) kept += ByteHasToken(b) ? 1 : 0;
+  return kept / static_cast<int64_t>(2 * max_token_bytes_);
+}
+
 std::string_view Tokenizer::TokenPiece(int32_t id) const {
   return IsValid(id) ? std::string_view(pieces_[id]) : std::string_view();
 }

@@ -98,6 +98,12 @@ class Tokenizer {
   bool ByteHasToken(uint8_t b) const { return byte_symbol_[b] < vocab_size(); }
   // Whether every merge's two parts and its result are tokens (the round trip's precondition).
   bool merges_closed() const { return merges_closed_; }
+  // A lower bound on the tokens Encode makes of `text` (either parse_special), in one pass over
+  // its bytes, for refusing a prompt far past the context before tokenizing it. With closed
+  // merges no byte that has a token of its own is dropped, and no token covers more bytes than
+  // the longest token's text: so at least (such bytes) / (longest token) tokens, halved again
+  // for safety. 0 when the merges are not closed (Encode may then drop bytes).
+  int64_t MinTokensFor(std::string_view text) const;
   // Control or unknown (rendered only when render_special).
   bool IsControl(int32_t id) const;
   // End of generation: eos, eot, eom and the tokens llama.cpp recognizes by name (<|im_end|>,
@@ -152,6 +158,7 @@ class Tokenizer {
   std::vector<std::string> tokens_;
   std::vector<uint8_t> attrs_;
   std::vector<std::string> pieces_;  // decoded bytes per token
+  size_t max_token_bytes_ = 1;       // the longest token text or piece (MinTokensFor)
   absl::flat_hash_map<std::string, int32_t> token_to_id_;
   // Virtual symbols (not in the vocabulary) and what llama.cpp emits for them.
   absl::flat_hash_map<std::string, int32_t> virtual_to_id_;

@@ -284,6 +284,10 @@ absl::Status Tokenizer::Init(TokenizerSpec spec) {
     // Unused / undefined tokens decode to nothing, as in llama.cpp.
   }
 
+  for (int32_t id = 0; id < n; ++id) {
+    max_token_bytes_ = std::max({max_token_bytes_, pieces_[id].size(), tokens_[id].size()});
+  }
+
   // Special tokens for partitioning: longest first (llama.cpp sorts by length only; ties by id
   // here so that the order is deterministic).
   for (int32_t id = 0; id < n; ++id) {
