@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/malformed_request.h"
 #include "common/monotonic_time.h"
@@ -125,12 +126,18 @@ absl::Status CheckAddressPort(const std::string& address, bool listening) {
   for (absl::string_view local : {"unix:", "unix-abstract:", "vsock:"}) {
     if (rest.substr(0, local.size()) == local) return absl::OkStatus();
   }
-  for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
     if (rest.substr(0, scheme.size()) == scheme) {
+      // A list of addresses, each checked (gRPC balances over them).
       rest.remove_prefix(scheme.size());
-      break;
+      for (absl::string_view one : absl::StrSplit(rest, ',')) {
+        absl::Status s = CheckAddressPort(std::string(one), listening);
+        if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(address, ": ", s.message()));
+      }
+      return absl::OkStatus();
     }
   }
+  if (rest.substr(0, 4) == "dns:") rest.remove_prefix(4);
   if (const size_t slash = rest.rfind('/'); slash != absl::string_view::npos) {
     rest.remove_prefix(slash + 1);  // dns://SERVER/HOST:PORT, dns:///HOST:PORT
   }
@@ -172,6 +179,8 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls.cert_file.empty()) {
+    // A start checks the files on disk, whether or not a mirror of them exists already.
+    if (absl::Status s = CheckTlsFiles(options.tls); !s.ok()) return s;
     auto files = WatchFiles(options.tls);
     if (!files.ok()) return files.status();
     grpc::experimental::TlsServerCredentialsOptions tls(*files);

@@ -261,7 +261,8 @@ TEST(StartGrpcServerTest, AKeyThatIsNotTheCertificatesIsRefused) {
 TEST(CheckAddressPortTest, OnlyPortsGrpcUsesAsWrittenPass) {
   for (const char* ok :
        {"127.0.0.1:7000", "host:1", "host:65535", "[::1]:7000", "dns:///w-0:7200",
-        "dns://10.0.0.1/w-0:7200", "ipv4:10.0.0.5:80", "unix:/tmp/sock", "unix-abstract:name"}) {
+        "dns://10.0.0.1/w-0:7200", "ipv4:10.0.0.5:80", "ipv4:10.0.0.1:7100,10.0.0.2:7100",
+        "ipv6:[::1]:7100", "unix:/tmp/sock", "unix-abstract:name"}) {
     EXPECT_TRUE(CheckAddressPort(ok, /*listening=*/false).ok()) << ok;
   }
   EXPECT_TRUE(CheckAddressPort("127.0.0.1:0", /*listening=*/true).ok());
@@ -275,6 +276,8 @@ TEST(CheckAddressPortTest, OnlyPortsGrpcUsesAsWrittenPass) {
       {"[::1]", "expected [IPV6]:PORT, the port is missing"},
       {"::1:7000", "an IPv6 address needs brackets: [IPV6]:PORT"},
       {"dns:///w-0", "expected HOST:PORT, the port is missing"},
+      {"ipv4:10.0.0.1:7100,10.0.0.2:99999",
+       "10.0.0.2:99999: the port must be a number from 1 to 65535, got \"99999\""},
   };
   for (const auto& [address, why] : bad) {
     const absl::Status s = CheckAddressPort(address, /*listening=*/false);

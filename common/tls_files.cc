@@ -1,6 +1,7 @@
 #include "common/tls_files.h"
 
 #include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -146,19 +147,7 @@ absl::Status WriteWhole(const std::string& path, const std::string& text, mode_t
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptions& tls) {
-  using Key = std::tuple<std::string, std::string, std::string, int>;
-  static absl::Mutex registry_mu(absl::kConstInit);
-  // Never destroyed before exit: channels made from a mirror's files outlive any scope here.
-  static auto* const registry = new std::map<Key, std::shared_ptr<TlsFileMirror>>();
-  const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s};
-  absl::MutexLock lock(&registry_mu);
-  if (auto it = registry->find(key); it != registry->end()) {
-    // The files must pass now too: a second server started later with the same paths says why
-    // it cannot start rather than serving the copy of an older version.
-    if (absl::Status s = CheckTlsFiles(tls); !s.ok()) return s;
-    return it->second;
-  }
+absl::StatusOr<std::unique_ptr<TlsFileMirror>> TlsFileMirror::Create(const TlsOptions& tls) {
   absl::StatusOr<TlsFileContents> contents = ReadTlsFiles(tls);
   if (!contents.ok()) return contents.status();
   const char* tmpdir = getenv("TMPDIR");
@@ -168,13 +157,35 @@ absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptio
     return absl::InternalError(absl::StrCat("cannot make a private folder for the TLS files (",
                                             templ, "): set TMPDIR to a writable folder"));
   }
-  std::shared_ptr<TlsFileMirror> mirror(new TlsFileMirror(tls, templ));
+  std::unique_ptr<TlsFileMirror> mirror(new TlsFileMirror(tls, templ));
   {
     absl::MutexLock mirror_lock(&mirror->mu_);
-    if (absl::Status s = mirror->Publish(*contents); !s.ok()) return s;
+    if (absl::Status s = mirror->Publish(*contents); !s.ok()) return s;  // the folder goes too
   }
   mirror->thread_ = std::thread([m = mirror.get()] { m->Loop(); });
-  registry->emplace(key, mirror);
+  return mirror;
+}
+
+absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptions& tls) {
+  using Key = std::tuple<std::string, std::string, std::string, int>;
+  // OpenSSL's own exit handler is registered before the registry exists, so it runs after the
+  // registry's destructor has stopped every mirror's thread (which may be inside OpenSSL).
+  OPENSSL_init_crypto(0, nullptr);
+  static absl::Mutex registry_mu(absl::kConstInit);
+  // Kept to the end of the process (a channel made from a mirror's files cannot hold it), and
+  // destroyed at exit after main's servers and channels, which removes the folders. A process
+  // killed outright leaves its folder (three small files) behind.
+  static std::map<Key, std::shared_ptr<TlsFileMirror>> registry;
+  const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s};
+  absl::MutexLock lock(&registry_mu);
+  // An existing mirror is returned as it is: a router dials workers as they appear, and files
+  // caught mid-rotation must not stop it dialling with the last good set (start-up paths check
+  // the files themselves: StartGrpcServer, RouterServer::Create, a first MakeChannel).
+  if (auto it = registry.find(key); it != registry.end()) return it->second;
+  absl::StatusOr<std::unique_ptr<TlsFileMirror>> made = Create(tls);
+  if (!made.ok()) return made.status();
+  std::shared_ptr<TlsFileMirror> mirror = std::move(*made);
+  registry.emplace(key, mirror);
   return mirror;
 }
 

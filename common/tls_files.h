@@ -48,9 +48,12 @@ inline absl::Status CheckTlsFiles(const TlsOptions& tls) { return ReadTlsFiles(t
 class TlsFileMirror {
  public:
   // The mirror of `tls`'s files: one per distinct set of paths and interval in the process,
-  // shared by every server and channel that uses them. The ReadTlsFiles error when the files do not pass now;
-  // Internal when no private folder can be made.
+  // shared by every server and channel that uses them, returned as it is once made (files caught
+  // mid-rotation then do not stop a router dialling a new worker). The ReadTlsFiles error when
+  // the files do not pass at the first call; Internal when no private folder can be made.
   static absl::StatusOr<std::shared_ptr<TlsFileMirror>> For(const TlsOptions& tls);
+  // A mirror of its own, outside that registry (tests): its folder goes with it.
+  static absl::StatusOr<std::unique_ptr<TlsFileMirror>> Create(const TlsOptions& tls);
   ~TlsFileMirror();
   TlsFileMirror(const TlsFileMirror&) = delete;
   TlsFileMirror& operator=(const TlsFileMirror&) = delete;

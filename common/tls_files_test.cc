@@ -87,13 +87,30 @@ TEST_F(TlsFilesTest, OnlyASetThatPassesReachesTheWatchedCopies) {
   EXPECT_EQ(ReadAll(watched.cert_file), ReadAll(certs_ + "/router-0.crt"));
   EXPECT_EQ(ReadAll(watched.key_file), ReadAll(certs_ + "/router-0.key"));
 
-  // The same files again: the same mirror; files that do not pass now are refused.
-  auto again = TlsFileMirror::For(tls_);
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->get(), mirror->get());
+  // The same files again: the same mirror, as it is, even while the files on disk do not pass
+  // (a router dialling a new worker mid-rotation); a start checks them itself.
   Overwrite(tls_.key_file, "");
-  EXPECT_EQ(TlsFileMirror::For(tls_).status().message(),
-            absl::StrCat("tls.key_file: ", tls_.key_file, " is empty (expected a PEM private key)"));
+  auto again = TlsFileMirror::For(tls_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->get(), mirror->get());
+  EXPECT_EQ(CheckTlsFiles(tls_).message(), absl::StrCat("tls.key_file: ", tls_.key_file,
+                                                        " is empty (expected a PEM private key)"));
+  auto server =
+      StartGrpcServer({.listen_address = "127.0.0.1:0", .tls = tls_, .reflection = true}, {});
+  EXPECT_FALSE(server.ok());
+}
+
+// A mirror's folder goes with it (the process's mirrors go at exit, as static objects).
+TEST_F(TlsFilesTest, AMirrorsFolderGoesWithIt) {
+  auto own = TlsFileMirror::Create(tls_);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const std::filesystem::path dir = std::filesystem::path((*own)->watched().key_file).parent_path();
+  EXPECT_NE(dir.string().find("/lazyattn-tls-"), std::string::npos) << dir;
+  EXPECT_TRUE(std::filesystem::exists(dir / "key.pem"));
+  EXPECT_EQ(std::filesystem::status(dir).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  own->reset();
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir << " was left behind";
 }
 
 // A running server whose certificate is emptied keeps serving TLS on its last good pair; before

@@ -47,12 +47,27 @@ int64_t MemAvailableBytes(std::string_view meminfo) {
   return -1;
 }
 
+int64_t CgroupInactiveFileBytes(std::string_view memory_stat) {
+  const absl::string_view text(memory_stat.data(), memory_stat.size());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    int64_t bytes = 0;
+    if (absl::ConsumePrefix(&line, "inactive_file ") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &bytes) && bytes >= 0) {
+      return bytes;
+    }
+  }
+  return 0;
+}
+
 int64_t AvailableHostMemoryBytes() {
   int64_t available = MemAvailableBytes(ReadSmall("/proc/meminfo"));
   const int64_t limit = CgroupNumber("/sys/fs/cgroup/memory.max");
   const int64_t used = CgroupNumber("/sys/fs/cgroup/memory.current");
   if (limit >= 0 && used >= 0) {
-    const int64_t room = std::max<int64_t>(0, limit - used);
+    // memory.current counts page cache the kernel reclaims before it fails an allocation (the
+    // model file just read): its inactive part is room, as the kubelet's working set counts it.
+    const int64_t cache = CgroupInactiveFileBytes(ReadSmall("/sys/fs/cgroup/memory.stat"));
+    const int64_t room = std::max<int64_t>(0, limit - std::max<int64_t>(0, used - cache));
     available = available < 0 ? room : std::min(available, room);
   }
   return available;

@@ -12,8 +12,13 @@ namespace lazyattn {
 // Bytes of `MemAvailable:` in a /proc/meminfo text; -1 when absent or malformed.
 int64_t MemAvailableBytes(std::string_view meminfo);
 
+// Bytes of `inactive_file` in a cgroup v2 memory.stat text (page cache the kernel reclaims
+// first); 0 when absent.
+int64_t CgroupInactiveFileBytes(std::string_view memory_stat);
+
 // The smaller of /proc/meminfo's MemAvailable and, in a cgroup v2 container with a limit, its
-// memory.max less memory.current; -1 when neither can be read.
+// memory.max less what it uses (memory.current without its inactive page cache); -1 when
+// neither can be read.
 int64_t AvailableHostMemoryBytes();
 
 }  // namespace lazyattn

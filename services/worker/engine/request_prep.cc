@@ -95,11 +95,18 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   // bound, so nothing that fits is refused here; token ids are checked exactly below, cheaply.
   int64_t at_least = tok.MinTokensFor(req.system_prefix);
   int64_t text_bytes = static_cast<int64_t>(req.system_prefix.size());
-  for (const EngineDocument& d : req.documents) {
-    if (!d.token_ids) {
-      at_least += tok.MinTokensFor(d.text);
-      text_bytes += static_cast<int64_t>(d.text.size());
+  for (size_t i = 0; i < req.documents.size(); ++i) {
+    const EngineDocument& d = req.documents[i];
+    if (d.token_ids) continue;
+    const int64_t doc_at_least = tok.MinTokensFor(d.text);
+    if (doc_at_least >= config.max_positions) {  // one document alone: name it
+      return absl::InvalidArgumentError(
+          absl::StrCat(DocField(i, d), ": at least ", doc_at_least, " tokens (", d.text.size(),
+                       " bytes, not tokenized) exceed the model's context of ",
+                       config.max_positions, DocIdNote(d)));
     }
+    at_least += doc_at_least;
+    text_bytes += static_cast<int64_t>(d.text.size());
   }
   if (!req.question_token_ids) {
     at_least += tok.MinTokensFor(req.question);

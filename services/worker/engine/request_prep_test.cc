@@ -281,17 +281,31 @@ TEST_F(RequestPrepTest, APromptFarPastTheContextIsRefusedUntokenized) {
     }
   }
   EXPECT_GT(t.MinTokensFor(prose), 0);
+  // Not UTF-8: Encode replaces such bytes, which may have no token, so there is no bound.
+  EXPECT_EQ(t.MinTokensFor(prose + "\x80" + prose), 0);
+  EXPECT_GT(t.MinTokensFor(prose + "\xef\xbf\xbd" + prose), 0);  // U+FFFD itself is UTF-8
 
-  EngineRequest huge{.question = "Which river?", .mode = CacheMode::kLazy};
-  huge.documents.push_back({.text = std::string(16 << 20, 'a')});
-  auto p = Prepare(huge);
+  // One document alone: named.
+  EngineRequest huge_doc{.question = "Which river?", .mode = CacheMode::kLazy};
+  huge_doc.documents.push_back({.text = std::string(16 << 20, 'a')});
+  auto p = Prepare(huge_doc);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(p.status().message()),
-              ::testing::StartsWith("prompt: its text alone (16777228 bytes, not tokenized) "
-                                    "makes at least "));
+              ::testing::StartsWith("documents[0].text: at least "));
   EXPECT_THAT(std::string(p.status().message()),
-              ::testing::HasSubstr("tokens and leaves no room in the model's context of 8192"));
+              ::testing::HasSubstr("tokens (16777216 bytes, not tokenized) exceed the model's "
+                                   "context of 8192"));
+  // Parts each within the context, together past it: the prompt.
+  EngineRequest huge{
+      .system_prefix = prose + prose + prose, .question = prose + prose, .mode = CacheMode::kLazy};
+  for (int i = 0; i < 8; ++i) huge.documents.push_back({.text = prose + prose});
+  ASSERT_LT(t.MinTokensFor(prose + prose + prose), 8192);
+  p = Prepare(huge);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), ::testing::StartsWith("prompt: its text alone ("));
+  EXPECT_THAT(std::string(p.status().message()),
+              ::testing::HasSubstr("bytes, not tokenized) makes at least "));
   // Just past the context, the bound does not reach it: the exact count refuses it.
   EngineRequest past{.question = prose.substr(0, 60000), .mode = CacheMode::kLazy};
   p = Prepare(past);

@@ -112,6 +112,8 @@ TEST(HostMemoryTest, MemAvailableIsReadInBytes) {
   EXPECT_EQ(MemAvailableBytes("MemTotal:       24000000 kB\n"), -1);
   EXPECT_EQ(MemAvailableBytes("MemAvailable:   many kB\n"), -1);
   EXPECT_EQ(MemAvailableBytes("MemAvailable:   12 MB\n"), -1);
+  EXPECT_EQ(CgroupInactiveFileBytes("anon 10\nactive_file 7\ninactive_file 4096\n"), 4096);
+  EXPECT_EQ(CgroupInactiveFileBytes("anon 10\n"), 0);
 }
 
 constexpr char kGguf[] = "tests/data/tiny/tiny-llama/tiny-llama-q8_0.gguf";

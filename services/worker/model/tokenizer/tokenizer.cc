@@ -289,6 +289,12 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
 
 int64_t Tokenizer::MinTokensFor(std::string_view text) const {
   if (!merges_closed_) return 0;
+  // Encode replaces bytes that are not UTF-8 by U+FFFD, whose bytes may have no token: no bound
+  // then. (A U+FFFD in the text itself takes its three bytes.)
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t start = pos;
+    if (DecodeUtf8Lenient(text, &pos) == 0xFFFD && pos - start != 3) return 0;
+  }
   int64_t kept = 0;
   for (unsigned char b : text) kept += ByteHasToken(b) ? 1 : 0;
   return kept / static_cast<int64_t>(2 * max_token_bytes_);

@@ -102,7 +102,8 @@ class Tokenizer {
   // its bytes, for refusing a prompt far past the context before tokenizing it. With closed
   // merges no byte that has a token of its own is dropped, and no token covers more bytes than
   // the longest token's text: so at least (such bytes) / (longest token) tokens, halved again
-  // for safety. 0 when the merges are not closed (Encode may then drop bytes).
+  // for safety. 0 when the merges are not closed (Encode may then drop bytes) or `text` is not
+  // UTF-8 (Encode replaces such bytes).
   int64_t MinTokensFor(std::string_view text) const;
   // Control or unknown (rendered only when render_special).
   bool IsControl(int32_t id) const;
