@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -71,6 +72,21 @@ absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
   if (cert == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("tls.cert_file: ", tls.cert_file, ": its first certificate does not parse"));
+  }
+  // Expired, every peer refuses it in the handshake, and only the peer's log says why. (A
+  // certificate not yet valid is let through: one issued a moment ago on a machine whose clock
+  // runs ahead would be refused for seconds.)
+  if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> when(BIO_new(BIO_s_mem()), &BIO_free);
+    std::string date = "?";
+    if (when != nullptr && ASN1_TIME_print(when.get(), X509_get0_notAfter(cert.get())) == 1) {
+      char* data = nullptr;
+      const long n = BIO_get_mem_data(when.get(), &data);
+      date.assign(data, static_cast<size_t>(n));
+    }
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls.cert_file: ", tls.cert_file, ": the certificate expired on ", date));
   }
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), &BIO_free);
@@ -197,7 +213,10 @@ TlsFileMirror::TlsFileMirror(const TlsOptions& source, std::string dir)
   watched_.cert_file = at(source.cert_file, "cert.pem");
   watched_.key_file = at(source.key_file, "key.pem");
   watched_.ca_file = at(source.ca_file, "ca.pem");
-  watched_.refresh_interval_s = 1;
+  // gRPC re-reads the copies, which change only when a good set replaces them: often enough that
+  // a new set is served soon after it is copied, rarely enough that a router's provider per
+  // worker channel (each re-reading three files) stays cheap.
+  watched_.refresh_interval_s = std::clamp(source.refresh_interval_s, 1, 10);
 }
 
 TlsFileMirror::~TlsFileMirror() {

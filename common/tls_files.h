@@ -58,8 +58,9 @@ class TlsFileMirror {
   TlsFileMirror(const TlsFileMirror&) = delete;
   TlsFileMirror& operator=(const TlsFileMirror&) = delete;
 
-  // `tls` with its file paths replaced by the copies' (refresh_interval_s 1: gRPC re-reads the
-  // copies, which change only when a good set replaces them, every second).
+  // `tls` with its file paths replaced by the copies', and refresh_interval_s at most 10: gRPC
+  // re-reads the copies that often, so a good set copied is served within the operator's
+  // interval plus that.
   const TlsOptions& watched() const { return watched_; }
   // Checks the operator's files now, as the next interval would; their error, OK when the copy
   // is (now) theirs. For tests.

@@ -4,8 +4,12 @@
 // taken up. Certificates come from tools/gen-certs (run from the source tree, as ctest does).
 #include "common/tls_files.h"
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +102,44 @@ TEST_F(TlsFilesTest, OnlyASetThatPassesReachesTheWatchedCopies) {
   auto server =
       StartGrpcServer({.listen_address = "127.0.0.1:0", .tls = tls_, .reflection = true}, {});
   EXPECT_FALSE(server.ok());
+}
+
+// An expired certificate stops the start, naming it: every peer would refuse it in the handshake
+// and only the peer's log would say why.
+TEST_F(TlsFilesTest, AnExpiredCertificateIsRefused) {
+  // A self-signed certificate that expired yesterday, and its key.
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), &EVP_PKEY_free);
+  ASSERT_NE(key, nullptr);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), &X509_free);
+  ASSERT_NE(cert, nullptr);
+  X509_set_version(cert.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -2 * 86400);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), -86400);
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("expired"), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), name);
+  X509_set_pubkey(cert.get(), key.get());
+  ASSERT_GT(X509_sign(cert.get(), key.get(), EVP_sha256()), 0);
+  const std::string crt = certs_ + "/expired.crt", pem_key = certs_ + "/expired.key";
+  {
+    FILE* f = fopen(crt.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    PEM_write_X509(f, cert.get());
+    fclose(f);
+    f = fopen(pem_key.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+    fclose(f);
+  }
+  const absl::Status s = CheckTlsFiles({.cert_file = crt, .key_file = pem_key});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(absl::StrCat("tls.cert_file: ", crt, ": the certificate expired on ")),
+            std::string::npos)
+      << s;
+  // The files gen-certs makes are valid for days.
+  EXPECT_TRUE(CheckTlsFiles(tls_).ok()) << CheckTlsFiles(tls_);
 }
 
 // A mirror's folder goes with it (the process's mirrors go at exit, as static objects).
