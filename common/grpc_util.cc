@@ -158,9 +158,12 @@ absl::Status CheckAddressPort(const std::string& address, bool listening) {
     port = rest.substr(colon + 1);
   }
   const int lowest = listening ? 0 : 1;
-  bool digits = !port.empty() && port.size() <= 5;
-  for (char c : port) digits = digits && c >= '0' && c <= '9';
-  if (!digits || std::stoi(std::string(port)) > 65535 || std::stoi(std::string(port)) < lowest) {
+  int number = -1;  // five digits at most: no overflow, no sign or blank as SimpleAtoi takes
+  if (!port.empty() && port.size() <= 5 &&
+      std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    number = std::stoi(std::string(port));
+  }
+  if (number < lowest || number > 65535) {
     return refuse(absl::StrCat("the port must be a number from ", lowest, " to 65535, got \"",
                                port.substr(0, 16), "\""));
   }

@@ -4,6 +4,7 @@
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/monotonic_time.h"
+#include "common/test_certs_for_test.h"
 #include "gtest/gtest.h"
 
 namespace lazyattn {
@@ -89,12 +91,8 @@ TEST(CheckGrpcHealthTest, ReportsTheServersStatus) {
 // through a certificate of that role and name; every certificate tools/gen-certs makes names
 // the same hosts, so the host-name check alone would accept any of them.
 TEST(ServerIdentityTest, AClientReachesOnlyTheCertificateItAsksFor) {
-  const std::string certs = absl::StrCat(::testing::TempDir(), "/server-identity-certs-", getpid());
-  ASSERT_EQ(
-      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 2 --force >/dev/null")
-                      .c_str()),
-      0)
-      << "tools/gen-certs (run from the source tree) failed";
+  const std::string certs = testing::MakeTestCerts("server-identity-certs", /*workers=*/2);
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
   auto serve_as = [&](const std::string& name) {
     return StartGrpcServer({.tls = {.cert_file = absl::StrCat(certs, "/", name, ".crt"),
                                     .key_file = absl::StrCat(certs, "/", name, ".key"),
@@ -163,6 +161,28 @@ TEST(StartGrpcServerTest, APortInUseIsRefused) {
   }
 }
 
+// One row of a table of TLS file sets a server must refuse: the files, and the refusal's message
+// (it names the field and the path), whole or how it begins.
+struct RefusedFiles {
+  std::string cert, key, ca, message;
+};
+
+void ExpectStartRefused(const std::vector<RefusedFiles>& cases, bool whole_message = false) {
+  for (const RefusedFiles& c : cases) {
+    SCOPED_TRACE(c.message);
+    auto server =
+        StartGrpcServer({.listen_address = "127.0.0.1:0",
+                         .tls = {.cert_file = c.cert, .key_file = c.key, .ca_file = c.ca}},
+                        {});
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(whole_message ? server.status().message()
+                            : server.status().message().substr(0, c.message.size()),
+              c.message)
+        << server.status();
+  }
+}
+
 // A TLS file that is empty, not a regular file or holds no PEM block of its kind is refused
 // naming the field and the path, before gRPC sees it: gRPC aborts the process on an empty
 // certificate or key (an assertion), and reads a directory as empty.
@@ -181,10 +201,14 @@ TEST(StartGrpcServerTest, UnusableTlsFilesAreRefusedNamingThem) {
       write("key.pem", "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n");
   const std::string text = write("text.pem", "not a pem file\n");
   const std::string folder = dir + "/folder";
-  struct Case {
-    std::string cert, key, ca, message;
-  };
-  const std::vector<Case> cases = {
+  // Hostile paths: a FIFO (a read would wait for a writer, start-up and its stop signals with
+  // it) and a symbolic link to itself.
+  const std::string fifo = dir + "/fifo.pem", loop = dir + "/loop.pem";
+  std::remove(fifo.c_str());
+  std::remove(loop.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(symlink(loop.c_str(), loop.c_str()), 0);
+  ExpectStartRefused({
       {empty, key, cert, "tls.cert_file: " + empty + " is empty"},
       {folder, key, cert, "tls.cert_file: cannot read " + folder + ": not a regular file"},
       {cert, empty, cert, "tls.key_file: " + empty + " is empty"},
@@ -192,17 +216,9 @@ TEST(StartGrpcServerTest, UnusableTlsFilesAreRefusedNamingThem) {
       {cert, key, "/dev/zero", "tls.ca_file: cannot read /dev/zero: not a regular file"},
       {cert, key, text, "tls.ca_file: " + text + " holds no matching PEM block"},
       {cert, key, key, "tls.ca_file: " + key + " holds no matching PEM block"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.message);
-    auto server =
-        StartGrpcServer({.listen_address = "127.0.0.1:0",
-                         .tls = {.cert_file = c.cert, .key_file = c.key, .ca_file = c.ca}},
-                        {});
-    ASSERT_FALSE(server.ok());
-    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(server.status().message().substr(0, c.message.size()), c.message) << server.status();
-  }
+      {fifo, key, cert, "tls.cert_file: cannot read " + fifo + ": not a regular file"},
+      {cert, loop, cert, "tls.key_file: cannot read " + loop + ": "},
+  });
   // A client's CA likewise (the CLI's --ca).
   auto channel = MakeChannel("127.0.0.1:9", {.ca_file = folder});
   ASSERT_FALSE(channel.ok());
@@ -214,38 +230,25 @@ TEST(StartGrpcServerTest, UnusableTlsFilesAreRefusedNamingThem) {
 // key that is not the certificate's (gRPC would start and fail every handshake), a CA that does
 // not parse.
 TEST(StartGrpcServerTest, AKeyThatIsNotTheCertificatesIsRefused) {
-  const std::string certs = absl::StrCat(::testing::TempDir(), "/tls-pair-certs-", getpid());
-  ASSERT_EQ(
-      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --force >/dev/null").c_str()),
-      0)
-      << "tools/gen-certs (run from the source tree) failed";
+  const std::string certs = testing::MakeTestCerts("tls-pair-certs");
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
   const std::string garbage = certs + "/garbage.pem";
   std::ofstream(garbage) << "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"
                          << "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n";
   const std::string kvdir_crt = certs + "/kvdir.crt", kvdir_key = certs + "/kvdir.key";
   const std::string router_key = certs + "/router-0.key", ca = certs + "/ca.crt";
-  struct Case {
-    std::string cert, key, ca, message;
-  };
-  const std::vector<Case> cases = {
-      {kvdir_crt, router_key, ca,
-       "tls.key_file: " + router_key + " is not the private key of tls.cert_file " + kvdir_crt},
-      {garbage, kvdir_key, ca,
-       "tls.cert_file: " + garbage + ": its first certificate does not parse"},
-      {kvdir_crt, garbage, ca,
-       "tls.key_file: " + garbage + ": the private key does not parse (or is encrypted)"},
-      {kvdir_crt, kvdir_key, garbage,
-       "tls.ca_file: " + garbage + ": its first certificate does not parse"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.message);
-    auto server =
-        StartGrpcServer({.listen_address = "127.0.0.1:0",
-                         .tls = {.cert_file = c.cert, .key_file = c.key, .ca_file = c.ca}},
-                        {});
-    ASSERT_FALSE(server.ok());
-    EXPECT_EQ(server.status().message(), c.message);
-  }
+  ExpectStartRefused(
+      {
+          {kvdir_crt, router_key, ca,
+           "tls.key_file: " + router_key + " is not the private key of tls.cert_file " + kvdir_crt},
+          {garbage, kvdir_key, ca,
+           "tls.cert_file: " + garbage + ": its first certificate does not parse"},
+          {kvdir_crt, garbage, ca,
+           "tls.key_file: " + garbage + ": the private key does not parse (or is encrypted)"},
+          {kvdir_crt, kvdir_key, garbage,
+           "tls.ca_file: " + garbage + ": its first certificate does not parse"},
+      },
+      /*whole_message=*/true);
   // Reflection: a server needs one service to start.
   auto good =
       StartGrpcServer({.listen_address = "127.0.0.1:0",

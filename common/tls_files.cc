@@ -35,8 +35,9 @@ constexpr int64_t kMaxPemBytes = 16 << 20;
 // is a regular file of at most kMaxPemBytes (ReadStampedFile: a FIFO is not waited on) holding a
 // block of `kind` ("CERTIFICATE", or "PRIVATE KEY" for any key type). gRPC aborts the process (an
 // assertion) on an empty certificate or key, and reads a directory as empty.
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* kind) {
-  const auto field = absl::StrCat("tls.", what, ": ");
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view prefix,
+                                    const char* what, const char* kind) {
+  const auto field = absl::StrCat(prefix, what, ": ");
   absl::StatusOr<StampedText> read = ReadStampedFile(path, kMaxPemBytes);
   if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat(field, read.status().message()));
   std::string pem = std::move(read->text);
@@ -67,11 +68,11 @@ std::unique_ptr<X509, decltype(&X509_free)> FirstCertificate(const std::string& 
 // every handshake, with nothing in the process's own log. An encrypted key is refused (no
 // passphrase is ever asked for: the callback declines).
 absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
-                       const TlsOptions& tls) {
+                       const TlsOptions& tls, absl::string_view prefix) {
   const auto cert = FirstCertificate(cert_pem);
   if (cert == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tls.cert_file: ", tls.cert_file, ": its first certificate does not parse"));
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "cert_file: ", tls.cert_file,
+                                                   ": its first certificate does not parse"));
   }
   // Expired, every peer refuses it in the handshake, and only the peer's log says why. (A
   // certificate not yet valid is let through: one issued a moment ago on a machine whose clock
@@ -86,7 +87,7 @@ absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
     }
     ERR_clear_error();
     return absl::InvalidArgumentError(
-        absl::StrCat("tls.cert_file: ", tls.cert_file, ": the certificate expired on ", date));
+        absl::StrCat(prefix, "cert_file: ", tls.cert_file, ": the certificate expired on ", date));
   }
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), &BIO_free);
@@ -98,51 +99,50 @@ absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
   ERR_clear_error();
   if (key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tls.key_file: ", tls.key_file, ": the private key does not parse (or is encrypted)"));
+        prefix, "key_file: ", tls.key_file, ": the private key does not parse (or is encrypted)"));
   }
   const bool match = X509_check_private_key(cert.get(), key.get()) == 1;
   ERR_clear_error();
   if (!match) {
-    return absl::InvalidArgumentError(absl::StrCat("tls.key_file: ", tls.key_file,
-                                                   " is not the private key of tls.cert_file ",
-                                                   tls.cert_file));
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "key_file: ", tls.key_file,
+                                                   " is not the private key of ", prefix,
+                                                   "cert_file ", tls.cert_file));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls) {
+absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls, absl::string_view prefix) {
   std::string cert_pem, key_pem;
   if (!tls.cert_file.empty()) {
-    auto cert = ReadPem(tls.cert_file, "cert_file", "CERTIFICATE");
+    auto cert = ReadPem(tls.cert_file, prefix, "cert_file", "CERTIFICATE");
     if (!cert.ok()) return cert.status();
-    auto key = ReadPem(tls.key_file, "key_file", "PRIVATE KEY");
+    auto key = ReadPem(tls.key_file, prefix, "key_file", "PRIVATE KEY");
     if (!key.ok()) return key.status();
     cert_pem = std::move(*cert);
     key_pem = std::move(*key);
   }
   std::string ca_pem;
   if (!tls.ca_file.empty()) {
-    auto ca = ReadPem(tls.ca_file, "ca_file", "CERTIFICATE");
+    auto ca = ReadPem(tls.ca_file, prefix, "ca_file", "CERTIFICATE");
     if (!ca.ok()) return ca.status();
     ca_pem = std::move(*ca);
   }
   if (!tls.cert_file.empty()) {
-    if (absl::Status s = CheckPair(cert_pem, key_pem, tls); !s.ok()) return s;
+    if (absl::Status s = CheckPair(cert_pem, key_pem, tls, prefix); !s.ok()) return s;
   }
   if (!tls.ca_file.empty() && FirstCertificate(ca_pem) == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tls.ca_file: ", tls.ca_file, ": its first certificate does not parse"));
+        absl::StrCat(prefix, "ca_file: ", tls.ca_file, ": its first certificate does not parse"));
   }
   if (tls.refresh_interval_s < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tls.refresh_interval_s: must be >= 1, got ", tls.refresh_interval_s));
+        absl::StrCat(prefix, "refresh_interval_s: must be >= 1, got ", tls.refresh_interval_s));
   }
   return TlsFileContents{
       .cert = std::move(cert_pem), .key = std::move(key_pem), .ca = std::move(ca_pem)};
 }
-
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 
@@ -36,9 +37,13 @@ struct TlsFileContents {
 // (ReadStampedFile: a FIFO is not waited on) holding its PEM block, the certificate parsing, the
 // key its own and not encrypted (no passphrase is ever asked for), the CA's first certificate
 // parsing; tls.refresh_interval_s >= 1. InvalidArgument naming the field and the file
-// (`tls.cert_file: PATH is empty`) otherwise.
-absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls);
-inline absl::Status CheckTlsFiles(const TlsOptions& tls) { return ReadTlsFiles(tls).status(); }
+// (`tls.cert_file: PATH is empty`) otherwise; `prefix` is where the caller's config keeps the
+// fields (the router's client_tls: "client_tls.").
+absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls,
+                                             absl::string_view prefix = "tls.");
+inline absl::Status CheckTlsFiles(const TlsOptions& tls, absl::string_view prefix = "tls.") {
+  return ReadTlsFiles(tls, prefix).status();
+}
 
 // A private copy of one set of TLS files (mode 0700 folder under $TMPDIR or /tmp), refreshed from
 // the operator's files every tls.refresh_interval_s: a set that passes ReadTlsFiles and differs

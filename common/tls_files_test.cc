@@ -13,23 +13,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/test_certs_for_test.h"
 #include "gtest/gtest.h"
 
 namespace lazyattn {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::MakeTestCerts;
+using testing::ReadWholeFile;
 
 // Rewritten in place (truncated, then written), as `cat new > old` does.
 void Overwrite(const std::string& path, const std::string& text) {
@@ -39,14 +37,8 @@ void Overwrite(const std::string& path, const std::string& text) {
 class TlsFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    certs_ = absl::StrCat(::testing::TempDir(), "/tls-files-",
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                          getpid());
-    ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
-                                       "' --workers 1 --force >/dev/null")
-                              .c_str()),
-              0)
-        << "tools/gen-certs (run from the source tree) failed";
+    certs_ = MakeTestCerts("tls-files");
+    ASSERT_FALSE(certs_.empty()) << "tools/gen-certs (run from the source tree) failed";
     // The files a server is given: copies, so that the test can break and replace them.
     for (const char* name : {"kvdir.crt", "kvdir.key"}) {
       std::filesystem::copy_file(certs_ + "/" + name, certs_ + "/live-" + name,
@@ -67,29 +59,31 @@ TEST_F(TlsFilesTest, OnlyASetThatPassesReachesTheWatchedCopies) {
   ASSERT_TRUE(mirror.ok()) << mirror.status();
   const TlsOptions& watched = (*mirror)->watched();
   EXPECT_NE(watched.cert_file, tls_.cert_file);
-  EXPECT_EQ(ReadAll(watched.cert_file), ReadAll(tls_.cert_file));
-  EXPECT_EQ(ReadAll(watched.key_file), ReadAll(tls_.key_file));
-  EXPECT_EQ(ReadAll(watched.ca_file), ReadAll(tls_.ca_file));
-  const std::string good_cert = ReadAll(tls_.cert_file), good_key = ReadAll(tls_.key_file);
+  EXPECT_EQ(ReadWholeFile(watched.cert_file), ReadWholeFile(tls_.cert_file));
+  EXPECT_EQ(ReadWholeFile(watched.key_file), ReadWholeFile(tls_.key_file));
+  EXPECT_EQ(ReadWholeFile(watched.ca_file), ReadWholeFile(tls_.ca_file));
+  const std::string good_cert = ReadWholeFile(tls_.cert_file),
+                    good_key = ReadWholeFile(tls_.key_file);
 
   Overwrite(tls_.cert_file, "");  // truncated mid-rewrite
   EXPECT_EQ((*mirror)->RefreshNow().message(),
             absl::StrCat("tls.cert_file: ", tls_.cert_file,
                          " is empty (expected -----BEGIN CERTIFICATE-----)"));
-  EXPECT_EQ(ReadAll(watched.cert_file), good_cert);
+  EXPECT_EQ(ReadWholeFile(watched.cert_file), good_cert);
 
   Overwrite(tls_.cert_file, good_cert);
-  Overwrite(tls_.key_file, ReadAll(certs_ + "/router-0.key"));  // the key first, as operators do
+  Overwrite(tls_.key_file,
+            ReadWholeFile(certs_ + "/router-0.key"));  // the key first, as operators do
   EXPECT_EQ((*mirror)->RefreshNow().message(),
             absl::StrCat("tls.key_file: ", tls_.key_file, " is not the private key of tls.cert_file ",
                          tls_.cert_file));
-  EXPECT_EQ(ReadAll(watched.key_file), good_key);
+  EXPECT_EQ(ReadWholeFile(watched.key_file), good_key);
 
   // The new pair, whole: taken up.
-  Overwrite(tls_.cert_file, ReadAll(certs_ + "/router-0.crt"));
+  Overwrite(tls_.cert_file, ReadWholeFile(certs_ + "/router-0.crt"));
   EXPECT_TRUE((*mirror)->RefreshNow().ok());
-  EXPECT_EQ(ReadAll(watched.cert_file), ReadAll(certs_ + "/router-0.crt"));
-  EXPECT_EQ(ReadAll(watched.key_file), ReadAll(certs_ + "/router-0.key"));
+  EXPECT_EQ(ReadWholeFile(watched.cert_file), ReadWholeFile(certs_ + "/router-0.crt"));
+  EXPECT_EQ(ReadWholeFile(watched.key_file), ReadWholeFile(certs_ + "/router-0.key"));
 
   // The same files again: the same mirror, as it is, even while the files on disk do not pass
   // (a router dialling a new worker mid-rotation); a start checks them itself.
@@ -140,6 +134,22 @@ TEST_F(TlsFilesTest, AnExpiredCertificateIsRefused) {
       << s;
   // The files gen-certs makes are valid for days.
   EXPECT_TRUE(CheckTlsFiles(tls_).ok()) << CheckTlsFiles(tls_);
+}
+
+// Servers and channels starting at once on the same files share one mirror (one folder, one
+// thread), however their calls interleave.
+TEST_F(TlsFilesTest, ConcurrentCallsShareOneMirror) {
+  std::vector<TlsFileMirror*> seen(8, nullptr);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto mirror = TlsFileMirror::For(tls_);
+      if (mirror.ok()) seen[i] = mirror->get();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_NE(seen[0], nullptr);
+  for (TlsFileMirror* m : seen) EXPECT_EQ(m, seen[0]);
 }
 
 // A mirror's folder goes with it (the process's mirrors go at exit, as static objects).

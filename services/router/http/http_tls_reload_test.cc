@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/test_certs_for_test.h"
 #include "services/router/http/http_server.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
@@ -125,14 +126,8 @@ std::string StreamRequest() {
 class HttpTlsReloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    certs_ = absl::StrCat(::testing::TempDir(), "/http-tls-certs-",
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                          getpid());
-    ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
-                                       "' --workers 1 --force >/dev/null")
-                              .c_str()),
-              0)
-        << "tools/gen-certs (run from the source tree) failed";
+    certs_ = lazyattn::testing::MakeTestCerts("http-tls-certs");
+    ASSERT_FALSE(certs_.empty()) << "tools/gen-certs (run from the source tree) failed";
     std::filesystem::copy_file(certs_ + "/router-0.crt", certs_ + "/live.crt");
     std::filesystem::copy_file(certs_ + "/router-0.key", certs_ + "/live.key");
 

@@ -2,7 +2,6 @@
 
 #include <chrono>
 
-#include "absl/strings/str_cat.h"
 #include "common/tls_files.h"
 #include "services/router/server/api_key_auth.h"
 
@@ -13,9 +12,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
   // Every worker and kvdir channel dials with client_tls, most of them later: a file that cannot
   // serve would leave the router up and SERVING, every request failing for want of a worker.
   if (!options.client_tls.ca_file.empty()) {
-    if (absl::Status s = CheckTlsFiles(options.client_tls); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("client_", s.message()));
-    }
+    if (absl::Status s = CheckTlsFiles(options.client_tls, "client_tls."); !s.ok()) return s;
   }
   std::unique_ptr<RouterServer> server(new RouterServer());
   server->registry_ =

@@ -25,6 +25,7 @@
 #include "common/document_key.h"
 #include "common/grpc_util.h"
 #include "common/monotonic_time.h"
+#include "common/test_certs_for_test.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
@@ -37,12 +38,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::WaitFor;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using lazyattn::testing::ReadWholeFile;
 
 void WriteFile(const std::string& path, const std::string& text) {
   // Written beside and renamed over, as an operator (or a Kubernetes Secret update) replaces it.
@@ -67,14 +63,8 @@ std::string Serial(const std::string& pem) {
 class RouterTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    certs_ = absl::StrCat(::testing::TempDir(), "/router-tls-certs-",
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                          getpid());
-    ASSERT_EQ(std::system(
-                  absl::StrCat("tools/gen-certs --out '", certs_, "' --workers 1 --force >/dev/null")
-                      .c_str()),
-              0)
-        << "tools/gen-certs (run from the source tree) failed";
+    certs_ = lazyattn::testing::MakeTestCerts("router-tls-certs");
+    ASSERT_FALSE(certs_.empty()) << "tools/gen-certs (run from the source tree) failed";
     std::filesystem::copy_file(certs_ + "/router-0.crt", certs_ + "/live.crt",
                                std::filesystem::copy_options::overwrite_existing);
     std::filesystem::copy_file(certs_ + "/router-0.key", certs_ + "/live.key",
@@ -104,7 +94,7 @@ class RouterTlsTest : public ::testing::Test {
   // A channel of its own (its own connection: no subchannel shared with other channels).
   std::unique_ptr<lazyattn::v1::Inference::Stub> Stub(const std::string& key) {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadFile(certs_ + "/ca.crt");
+    ssl.pem_root_certs = ReadWholeFile(certs_ + "/ca.crt");
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     auto creds = grpc::CompositeChannelCredentials(grpc::SslCredentials(ssl),
@@ -270,7 +260,7 @@ TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWo
   worker_.SetScript(script);
   const std::string key = "lzk_demo_secret";
   StartRouter("keys:\n" + KeyEntry("demo", key, ""));
-  const std::string old_serial = Serial(ReadFile(certs_ + "/router-0.crt"));
+  const std::string old_serial = Serial(ReadWholeFile(certs_ + "/router-0.crt"));
   ASSERT_FALSE(old_serial.empty());
   auto old_stub = Stub(key);
   std::string serial;
@@ -284,7 +274,7 @@ TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWo
                                      "' >/dev/null")
                             .c_str()),
             0);
-  const std::string new_serial = Serial(ReadFile(certs_ + "/router-0-next.crt"));
+  const std::string new_serial = Serial(ReadWholeFile(certs_ + "/router-0-next.crt"));
   ASSERT_FALSE(new_serial.empty());
   ASSERT_NE(new_serial, old_serial);
   std::filesystem::rename(certs_ + "/router-0-next.key", certs_ + "/live.key");
@@ -406,7 +396,7 @@ TEST_F(RouterTlsTest, ClientTlsFilesThatCannotServeStopTheRouterNamingThem) {
         .key_file = certs_ + "/worker-0.key",
         .ca_file = certs_ + "/ca.crt"},
        "client_tls.key_file: " + certs_ + "/worker-0.key" +
-           " is not the private key of tls.cert_file " + certs_ + "/router-0.crt"},
+           " is not the private key of client_tls.cert_file " + certs_ + "/router-0.crt"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
