@@ -63,6 +63,12 @@ std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& 
                                    "; this worker serves ", model_key));
 }
 
+absl::Status CheckCallsModel(const grpc::CallbackServerContext& call, const ServiceContext& ctx,
+                             std::string_view requested) {
+  const bool routed = call.client_metadata().count(kExpectedModelKey) > 0;
+  return CheckRequestedModel(requested, ctx.served_model, routed);
+}
+
 std::string CacheNamespaceOf(const grpc::CallbackServerContext& call) {
   const auto& metadata = call.client_metadata();
   const auto it = metadata.find(kCacheNamespaceMetadata);
@@ -111,6 +117,10 @@ GenerateReactor::GenerateReactor(const ServiceContext& ctx, grpc::CallbackServer
   if (!valid.ok()) {
     ctx_.metrics->CountValidationFailure(valid);
     reject(ToGrpcStatus(valid));
+    return;
+  }
+  if (absl::Status model = CheckCallsModel(*call, ctx_, request.model()); !model.ok()) {
+    reject(ToGrpcStatus(model));
     return;
   }
   auto converted = EngineRequestFromProto(request, *ctx_.tokenizer, ctx_.engine->config(),

@@ -34,6 +34,10 @@ PrefetchReactor::PrefetchReactor(const ServiceContext& ctx, grpc::CallbackServer
     reject(ToGrpcStatus(valid));
     return;
   }
+  if (absl::Status model = CheckCallsModel(*call, ctx_, request.model()); !model.ok()) {
+    reject(ToGrpcStatus(model));
+    return;
+  }
   auto converted = PrefetchEngineRequest(request);
   if (!converted.ok()) {
     reject(ToGrpcStatus(converted.status()));

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/time/time.h"
 #include "common/monotonic_time.h"
@@ -17,6 +18,7 @@
 #include "services/worker/server/prep_pool.h"
 #include "services/worker/server/request_convert.h"
 #include "services/worker/server/request_tracker.h"
+#include "services/worker/server/requested_model.h"
 #include "services/worker/server/worker_metrics.h"
 
 namespace lazyattn {
@@ -37,6 +39,8 @@ struct ServiceContext {
   std::string worker_id;
   // ExpectedModelValue of the weights this worker serves (common/worker_call_trailer.h).
   std::string model_key;
+  // What requests may name that model by (GenerateRequest.model, CheckRequestedModel).
+  ServedModelNames served_model;
   // Fault injection (testing.abort_on_prompt_marker): a Generate whose text contains it aborts
   // the process while it is prepared. Empty: off.
   std::string abort_on_prompt_marker;
@@ -50,6 +54,12 @@ struct ServiceContext {
 // nullopt when it names this worker's model or nothing.
 std::optional<grpc::Status> RefuseOtherModel(const grpc::CallbackServerContext& call,
                                              const std::string& model_key);
+
+// The request's `model` (GenerateRequest.model, PrefetchRequest.model) checked against this
+// worker's model (CheckRequestedModel), after RefuseOtherModel: a call that carries the router's
+// expected-model metadata was routed to this model, whatever name the router resolved.
+absl::Status CheckCallsModel(const grpc::CallbackServerContext& call, const ServiceContext& ctx,
+                             std::string_view requested);
 
 // The API key's cache namespace the router sent with `call` (kCacheNamespaceMetadata,
 // common/document_key.h); empty when it sent none (no API keys, or a caller other than a router).

@@ -36,6 +36,10 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
   model_info_.set_max_documents(options.max_documents);
   model_info_.set_max_top_logprobs(kMaxTopLogprobs);
   model_info_.set_max_logit_bias(options.limits.max_logit_bias);
+  ctx_.served_model =
+      ServedModelNames{.name = model_info_.name(),
+                       .model_fingerprint = model_info_.model_fingerprint(),
+                       .tokenizer_fingerprint = model_info_.tokenizer_fingerprint()};
   if (!tokenizer->chat_template().empty()) {
     auto tmpl = ChatTemplate::FromJinja(tokenizer->chat_template());
     if (tmpl.ok()) model_info_.set_chat_template(tmpl->name());

@@ -1,12 +1,16 @@
 // Bad requests are INVALID_ARGUMENT naming the field, before any work: malformed fields, the
 // router's limits (the worker is reachable directly), and invalid UTF-8 (counted per field), on
-// Generate and Prefetch alike; the worker serves on afterwards.
+// Generate and Prefetch alike; the worker serves on afterwards. A model other than the worker's
+// is NOT_FOUND, as at the router.
 #include <grpcpp/grpcpp.h>
 
+#include <cctype>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/worker_call_trailer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -196,6 +200,104 @@ TEST_F(WorkerServiceTest, InvalidUtf8IsInvalidArgumentNamingTheFieldAndCounted) 
   // Valid UTF-8 beyond ASCII is served.
   v1::GenerateRequest fine = Request({"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"}, 2);
   EXPECT_TRUE(Generate(fine).status.ok());
+  ExpectIdle();
+}
+
+// GenerateRequest.model as vLLM's `model`: a worker called directly runs a request only for its
+// own model, named as the router names it (ModelInfo.id forms, model_groups.h) or not at all;
+// another is NOT_FOUND and a malformed one INVALID_ARGUMENT, with the router's messages. A call
+// the router routed (its expected-model metadata names this worker's model) is taken whatever
+// name the router resolved: a model's workers need not all report the same name.
+TEST_F(WorkerServiceTest, TheRequestedModelMustBeThisWorkersModel) {
+  StartServer();
+  const v1::ModelInfo served = Status().model();
+  ASSERT_EQ(served.name(), "tiny-test");
+  ASSERT_GE(served.model_fingerprint().size(), 12u);
+  ASSERT_FALSE(served.tokenizer_fingerprint().empty());
+  const std::string& fp = served.model_fingerprint();
+  const std::string& tok = served.tokenizer_fingerprint();
+  std::string upper = fp.substr(0, 8);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::string wrong_prefix(1, fp[0] == '0' ? '1' : '0');
+  for (const std::string& model :
+       {std::string(), served.name(), absl::StrCat("tiny-test@", fp.substr(0, 12)),
+        absl::StrCat("tiny-test@", upper, ".", tok.substr(0, 4)),
+        absl::StrCat("tiny-test@", fp, ".", tok)}) {
+    v1::GenerateRequest r = Request(kDocs, 2);
+    r.set_model(model);
+    const StreamResult out = Generate(r);
+    EXPECT_TRUE(out.status.ok()) << "\"" << model << "\": " << out.status.error_message();
+    EXPECT_EQ(out.chunks.size(), 2u) << model;
+  }
+  struct Case {
+    std::string model;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"other-model", grpc::StatusCode::NOT_FOUND,
+       "model: \"other-model\" is not served by this worker; it serves tiny-test"},
+      {"tiny-test@" + wrong_prefix, grpc::StatusCode::NOT_FOUND,
+       "model: \"tiny-test@" + wrong_prefix + "\" is not served"},
+      {"tiny-test@", grpc::StatusCode::NOT_FOUND, "model: \"tiny-test@\" is not served"},
+      {"tiny-test@" + fp.substr(0, 12) + "." + (tok[0] == 'f' ? "0" : "f"),
+       grpc::StatusCode::NOT_FOUND, "is not served by this worker"},
+      {"Tiny-Test", grpc::StatusCode::NOT_FOUND, "model: \"Tiny-Test\" is not served"},
+      {std::string(257, 'm'), grpc::StatusCode::INVALID_ARGUMENT,
+       "model: 257 bytes, over the limit of 256"},
+      {"ti\xC3", grpc::StatusCode::INVALID_ARGUMENT, "model: not valid UTF-8 (byte 2)"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request(kDocs, 2);
+    r.set_model(c.model);
+    const StreamResult out = Generate(r);
+    EXPECT_EQ(out.status.error_code(), c.code) << c.message;
+    EXPECT_THAT(out.status.error_message(), HasSubstr(c.message));
+    EXPECT_TRUE(out.chunks.empty()) << c.message;
+  }
+  EXPECT_EQ(Requests("not_found"), 5);
+  EXPECT_EQ(Requests("invalid_argument"), 2);
+  // Prefetch names its model the same way.
+  {
+    v1::PrefetchRequest p;
+    *p.add_documents() = TextDoc(kDocs[0]);
+    p.set_model("other-model");
+    grpc::ClientContext ctx;
+    v1::PrefetchResponse resp;
+    const grpc::Status s = stub_->Prefetch(&ctx, p, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr("model: \"other-model\" is not served"));
+    p.set_model("tiny-test");
+    grpc::ClientContext ok_ctx;
+    EXPECT_TRUE(stub_->Prefetch(&ok_ctx, p, &resp).ok());
+  }
+  // Routed by a router to this worker's model: the name it resolved is taken as it is (here
+  // another worker of these weights reported "alias"), its form still checked.
+  const std::string mine = ExpectedModelValue(fp, tok);
+  for (const std::string& model :
+       {std::string("alias"), std::string("tiny-test"), std::string("alias@") + fp.substr(0, 12)}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kExpectedModelKey, mine);
+    v1::GenerateRequest r = Request(kDocs, 2);
+    r.set_model(model);
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << model << ": " << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kExpectedModelKey, mine);
+    v1::GenerateRequest r = Request(kDocs, 2);
+    r.set_model(std::string(300, 'a'));
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
   ExpectIdle();
 }
 
