@@ -1,8 +1,6 @@
 #include "tools/cli/cli_engine.h"
 
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -121,14 +119,6 @@ std::unique_ptr<Engine> EngineFor(ServedModel& model) {
   if (model.runner->backend_name() == "cuda") options.max_batch_tokens = 8192;
   return std::make_unique<Engine>(std::move(model.runner), model.fingerprint, model.tokenizer.get(),
                                   options);
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace lazyattn

@@ -36,8 +36,6 @@ std::unique_ptr<Engine> EngineFor(ServedModel& model);
 // KvBlocksForBudget (kv_cache_cpu.h) and BuildPrompt (chat_prompt.h) live with the engine: the
 // worker service shares them.
 
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_TOOLS_CLI_CLI_ENGINE_H_

@@ -1,9 +1,11 @@
 // `lazyattn client`: one request to a cluster's router over gRPC (lazyattn.v1.Inference), with the
 // same flags as `generate`; the text streams to stdout.
-#include <iostream>
-#include <vector>
-
 #include <grpcpp/grpcpp.h>
+
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
@@ -12,6 +14,7 @@
 #include "tools/cli/cli_engine.h"
 #include "tools/cli/client_common.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/doc_files.h"
 #include "tools/cli/router_channel.h"
 
 namespace lazyattn {
@@ -33,7 +36,7 @@ int ClientCommand(int argc, char** argv) {
   args.Declare("prompt", CliArgs::Kind::kValue, "the question (the user message with --chat)");
   args.Declare("chat", CliArgs::Kind::kSwitch, "apply the model's chat template (on the worker)");
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
-  args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
+  DeclareDocFlags(args, "a document file, placed before the question");
   args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
   args.Declare("cache-salt", CliArgs::Kind::kValue,
                "share cached KV only with requests of this salt (and this API key's namespace)");
@@ -69,12 +72,13 @@ int ClientCommand(int argc, char** argv) {
   request.set_cache_mode(ToProtoMode(*mode));
   request.set_model(args.String("served-model"));
   request.set_cache_salt(args.String("cache-salt"));
-  for (const std::string& path : args.Strings("doc")) {
-    auto text = ReadFile(path);
-    if (!text.ok()) return CliFail(text.status(), 2);
+  auto docs = ReadDocFiles(args);
+  if (!docs.ok()) return CliFail(docs.status(), 2);
+  const std::vector<std::string> paths = args.Strings("doc");
+  for (size_t i = 0; i < paths.size(); ++i) {
     v1::Document* d = request.add_documents();
-    d->set_id(path);
-    d->set_text(*text);
+    d->set_id(paths[i]);
+    d->set_text(std::move((*docs)[i]));
   }
   v1::SamplingParams* sp = request.mutable_sampling();
   sp->set_temperature(sampling->temperature);

@@ -1,10 +1,14 @@
 // `lazyattn generate`: one request through the engine, streamed to stdout.
 #include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/cli_engine.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/doc_files.h"
 
 namespace lazyattn {
 
@@ -14,7 +18,7 @@ int GenerateCommand(int argc, char** argv) {
   args.Declare("prompt", CliArgs::Kind::kValue, "the question (the user message with --chat)");
   args.Declare("chat", CliArgs::Kind::kSwitch, "wrap the prompt in the model's chat template");
   args.Declare("system", CliArgs::Kind::kValue, "system text before the documents");
-  args.Declare("doc", CliArgs::Kind::kRepeated, "a document file, placed before the question");
+  DeclareDocFlags(args, "a document file, placed before the question");
   args.Declare("mode", CliArgs::Kind::kValue, "cache mode: full, prefix, block or lazy (default)");
   DeclareBackendFlags(args);
   args.Declare("json", CliArgs::Kind::kSwitch, "print one JSON object with ids, text and timings");
@@ -37,6 +41,9 @@ int GenerateCommand(int argc, char** argv) {
   for (const absl::Status& s : {sampling.status(), mode.status()}) {
     if (!s.ok()) return CliFail(s, 2);
   }
+  // Before the model, whose load may take minutes: a bad --doc is refused at once.
+  auto docs = ReadDocFiles(args);
+  if (!docs.ok()) return CliFail(docs.status(), 2);
 
   int load_exit = 0;
   auto model = ServedModelFromArgs(args, &load_exit);
@@ -48,10 +55,9 @@ int GenerateCommand(int argc, char** argv) {
                         .question = parts->question,
                         .mode = *mode,
                         .sampling = *sampling};
-  for (const std::string& path : args.Strings("doc")) {
-    auto text = ReadFile(path);
-    if (!text.ok()) return CliFail(text.status(), 2);
-    request.documents.push_back({.id = path, .text = *text});
+  const std::vector<std::string> paths = args.Strings("doc");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    request.documents.push_back({.id = paths[i], .text = std::move((*docs)[i])});
   }
 
   const std::unique_ptr<Engine> engine_ptr = EngineFor(*model);

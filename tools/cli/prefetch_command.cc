@@ -3,14 +3,16 @@
 //
 //   lazyattn prefetch --router HOST:PORT --doc FILE... [--replicas N] [--ca F] [--api-key K]
 #include <chrono>
-#include <fstream>
 #include <iostream>
-#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/cli_args.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/doc_files.h"
 #include "tools/cli/router_channel.h"
 
 namespace lazyattn {
@@ -19,7 +21,7 @@ int PrefetchCommand(int argc, char** argv) {
   CliArgs args;
   args.Declare("router", CliArgs::Kind::kValue, "the router's HOST:PORT");
   DeclareRouterSecurityFlags(args);
-  args.Declare("doc", CliArgs::Kind::kRepeated, "a document file (repeatable)");
+  DeclareDocFlags(args, "a document file (repeatable)");
   args.Declare("replicas", CliArgs::Kind::kValue, "workers to warm (default 0: the router's pick)");
   args.Declare("cache-salt", CliArgs::Kind::kValue,
                "warm the cache of requests with this salt (and this API key's namespace)");
@@ -43,14 +45,13 @@ int PrefetchCommand(int argc, char** argv) {
   v1::PrefetchRequest request;
   request.set_replicas(static_cast<int32_t>(*replicas));
   request.set_cache_salt(args.String("cache-salt"));
-  for (const std::string& path : args.Strings("doc")) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in) return CliFail(absl::InvalidArgumentError("--doc: cannot read " + path), 2);
+  auto docs = ReadDocFiles(args);
+  if (!docs.ok()) return CliFail(docs.status(), 2);
+  const std::vector<std::string> paths = args.Strings("doc");
+  for (size_t i = 0; i < paths.size(); ++i) {
     v1::Document* d = request.add_documents();
-    d->set_id(path);
-    d->set_text(text.str());
+    d->set_id(paths[i]);
+    d->set_text(std::move((*docs)[i]));
   }
   auto channel = MakeRouterChannel(args, args.String("router"));
   if (!channel.ok()) return CliFail(channel.status(), 2);
