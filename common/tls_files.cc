@@ -1,26 +1,35 @@
 #include "common/tls_files.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file_stamp.h"
 #include "common/log.h"
 
@@ -161,18 +170,129 @@ absl::Status WriteWhole(const std::string& path, const std::string& text, mode_t
   return absl::OkStatus();
 }
 
+constexpr char kFolderPrefix[] = "lazyattn-tls-";
+
+// The inode of /proc/self/ns/pid, 0 when unknown. A recorded pid names a process only inside its
+// pid namespace: containers sharing a /tmp each have their own, where the pid of a live process
+// of another may well be free.
+uint64_t PidNamespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+struct FolderOwner {
+  pid_t pid;
+  uint64_t pid_namespace;
+};
+
+// The process a mirror folder's name records (`lazyattn-tls-<pid>-<pid namespace>-XXXXXX`);
+// nullopt for any other name, such as the `lazyattn-tls-XXXXXX` of builds that recorded none.
+std::optional<FolderOwner> OwnerOf(std::string_view name) {
+  const std::string_view prefix = kFolderPrefix;
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(name.data(), name.size()).substr(prefix.size()), '-');
+  int64_t pid = 0;
+  uint64_t pid_namespace = 0;
+  if (parts.size() != 3 || parts[2].size() != 6 || !absl::SimpleAtoi(parts[0], &pid) ||
+      !absl::SimpleAtoi(parts[1], &pid_namespace) || pid <= 0 || pid > INT32_MAX) {
+    return std::nullopt;
+  }
+  return FolderOwner{.pid = static_cast<pid_t>(pid), .pid_namespace = pid_namespace};
+}
+
+// Closes the descriptor on every way out.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// The names in the open folder `dir` (a descriptor of its own is read: `dir` stays open).
+std::vector<std::string> Entries(int dir) {
+  std::vector<std::string> names;
+  const int own = dup(dir);
+  if (own < 0) return names;
+  DIR* d = fdopendir(own);
+  if (d == nullptr) {
+    close(own);
+    return names;
+  }
+  rewinddir(d);
+  while (const dirent* e = readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  closedir(d);
+  return names;
+}
+
+// Removes `name` from the open folder `parent` when it is a mirror folder whose process is gone:
+// a directory (a symbolic link is never followed, whoever made it) of this user, whose name
+// records a pid of this pid namespace (`pid_namespace`) that no process has (kill: ESRCH). Only
+// what is directly in it is unlinked (its copies; a symbolic link itself, not its target; never
+// a subfolder), then the folder when that emptied it. Best effort: errors leave it there.
+// Another user cannot swap the folder between these checks and the removal: in /tmp (sticky)
+// only its owner, this user, may rename or remove it.
+bool RemoveIfStale(int parent, const std::string& name, uint64_t pid_namespace) {
+  const std::optional<FolderOwner> owner = OwnerOf(name);
+  if (!owner.has_value() || owner->pid_namespace != pid_namespace || owner->pid == getpid()) {
+    return false;
+  }
+  if (kill(owner->pid, 0) == 0 || errno != ESRCH) return false;  // alive, or not ours to signal
+  struct stat entry {};
+  if (fstatat(parent, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(entry.st_mode) ||
+      entry.st_uid != geteuid()) {
+    return false;
+  }
+  Fd folder{openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+  struct stat opened {};
+  if (folder.fd < 0 || fstat(folder.fd, &opened) != 0 || opened.st_dev != entry.st_dev ||
+      opened.st_ino != entry.st_ino || opened.st_uid != geteuid()) {
+    return false;  // replaced since it was checked
+  }
+  for (const std::string& file : Entries(folder.fd)) {
+    struct stat st {};
+    if (fstatat(folder.fd, file.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
+      unlinkat(folder.fd, file.c_str(), 0);
+    }
+  }
+  return unlinkat(parent, name.c_str(), AT_REMOVEDIR) == 0;
+}
+
+// Removes the mirror folders under `base` that this user's processes, killed outright, left
+// (TlsFileMirror's destructor never ran). Nothing when this process's pid namespace is unknown.
+void RemoveStaleFolders(const std::string& base, uint64_t pid_namespace) {
+  if (pid_namespace == 0) return;
+  Fd parent{open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (parent.fd < 0) return;
+  for (const std::string& name : Entries(parent.fd)) {
+    if (OwnerOf(name).has_value() && RemoveIfStale(parent.fd, name, pid_namespace)) {
+      LogInfo("tls")
+          .Str("folder", absl::StrCat(base, "/", name))
+          .Msg("removed the TLS folder of a process that no longer runs");
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TlsFileMirror>> TlsFileMirror::Create(const TlsOptions& tls) {
   absl::StatusOr<TlsFileContents> contents = ReadTlsFiles(tls);
   if (!contents.ok()) return contents.status();
   const char* tmpdir = getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp",
-                                   "/lazyattn-tls-XXXXXX");
+  const std::string base = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  const uint64_t pid_namespace = PidNamespace();
+  // The owner in the name, so that the next mirror made after this process was killed outright
+  // can tell the folder is nobody's (RemoveStaleFolders).
+  std::string templ =
+      absl::StrCat(base, "/", kFolderPrefix, getpid(), "-", pid_namespace, "-XXXXXX");
   if (mkdtemp(templ.data()) == nullptr) {  // mode 0700
     return absl::InternalError(absl::StrCat("cannot make a private folder for the TLS files (",
                                             templ, "): set TMPDIR to a writable folder"));
   }
+  RemoveStaleFolders(base, pid_namespace);
   std::unique_ptr<TlsFileMirror> mirror(new TlsFileMirror(tls, templ));
   {
     absl::MutexLock mirror_lock(&mirror->mu_);
@@ -190,7 +310,8 @@ absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptio
   static absl::Mutex registry_mu(absl::kConstInit);
   // Kept to the end of the process (a channel made from a mirror's files cannot hold it), and
   // destroyed at exit after main's servers and channels, which removes the folders. A process
-  // killed outright leaves its folder (three small files) behind.
+  // killed outright leaves its folder (three small files) behind, until the next mirror one of
+  // its user's processes makes (RemoveStaleFolders).
   static std::map<Key, std::shared_ptr<TlsFileMirror>> registry;
   const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s};
   absl::MutexLock lock(&registry_mu);

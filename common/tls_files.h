@@ -50,6 +50,12 @@ inline absl::Status CheckTlsFiles(const TlsOptions& tls, absl::string_view prefi
 // from the copy replaces it (each file written beside and renamed over); one that does not is
 // logged (a warning, once per distinct error) and the copy keeps serving. Thread-safe. Mirrors
 // live as long as the process (a channel cannot hold one), their folders removed at exit.
+//
+// The folder is named `lazyattn-tls-<pid>-<pid namespace inode>-XXXXXX`. A process killed
+// outright (SIGKILL, OOM) leaves its folder, so making a mirror also removes the folders under the
+// same parent that are real directories of this user (never a symbolic link, nor another user's)
+// and record a pid of this pid namespace that no process has. Not meant for a TMPDIR shared
+// between machines (a pid names a process of one kernel).
 class TlsFileMirror {
  public:
   // The mirror of `tls`'s files: one per distinct set of paths and interval in the process,

@@ -7,6 +7,9 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -163,6 +166,79 @@ TEST_F(TlsFilesTest, AMirrorsFolderGoesWithIt) {
             std::filesystem::perms::owner_all);
   own->reset();
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir << " was left behind";
+}
+
+// A process killed outright leaves its folder behind; the next mirror its user makes removes the
+// folders whose recorded process is gone, and nothing else: not a live process's, not one of
+// another pid namespace (a /tmp shared between containers), not one without a recorded process
+// (made before folders recorded it), not another user's, and not a symbolic link a hostile user
+// named like one (in a shared /tmp), nor what it points to.
+TEST_F(TlsFilesTest, AMirrorRemovesTheFoldersOfDeadProcesses) {
+  const std::filesystem::path tmp = absl::StrCat(::testing::TempDir(), "/tls-stale-", getpid());
+  std::filesystem::remove_all(tmp);
+  ASSERT_TRUE(std::filesystem::create_directories(tmp));
+  const char* old_tmpdir = getenv("TMPDIR");
+  const std::string saved = old_tmpdir != nullptr ? old_tmpdir : "";
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() { had ? setenv("TMPDIR", value.c_str(), 1) : unsetenv("TMPDIR"); }
+  } restore{old_tmpdir != nullptr, saved};
+  setenv("TMPDIR", tmp.c_str(), 1);
+
+  const pid_t dead = fork();  // a process that existed and is gone (reaped)
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  ASSERT_EQ(kill(dead, 0), -1);
+  struct stat ns {};
+  ASSERT_EQ(stat("/proc/self/ns/pid", &ns), 0);
+  const auto folder = [&](pid_t pid, uint64_t pid_ns, const char* suffix) {
+    return absl::StrCat("lazyattn-tls-", pid, "-", pid_ns, "-", suffix);
+  };
+  const auto make = [&](const std::string& name) {
+    std::filesystem::create_directory(tmp / name);
+    std::filesystem::permissions(tmp / name, std::filesystem::perms::owner_all);
+    for (const char* file : {"cert.pem", "key.pem", "ca.pem", "key.pem.next"}) {
+      std::ofstream(tmp / name / file) << "left behind";
+    }
+  };
+  const std::string stale = folder(dead, ns.st_ino, "aB3xYz");
+  const std::string live = folder(getppid(), ns.st_ino, "aB3xYz");
+  const std::string other_ns = folder(dead, ns.st_ino + 1, "aB3xYz");
+  const std::string unrecorded = "lazyattn-tls-aB3xYz";
+  for (const std::string& name : {stale, live, other_ns, unrecorded}) make(name);
+  std::filesystem::create_directory(tmp / "victim");
+  std::ofstream(tmp / "victim" / "key.pem") << "not ours to delete";
+  const std::string link = folder(dead, ns.st_ino, "link01");
+  std::filesystem::create_directory_symlink(tmp / "victim", tmp / link);
+  std::string foreign;  // another user's (only root can make one)
+  if (geteuid() == 0) {
+    foreign = folder(dead, ns.st_ino, "other1");
+    make(foreign);
+    ASSERT_EQ(chown((tmp / foreign).c_str(), 4242, 4242), 0);
+  }
+
+  auto mirror = TlsFileMirror::Create(tls_);
+  ASSERT_TRUE(mirror.ok()) << mirror.status();
+  const std::filesystem::path own =
+      std::filesystem::path((*mirror)->watched().key_file).parent_path();
+  EXPECT_EQ(own.parent_path(), tmp);
+  EXPECT_EQ(own.filename().string().rfind(
+                absl::StrCat("lazyattn-tls-", getpid(), "-", ns.st_ino, "-"), 0),
+            0u)
+      << own;
+  EXPECT_FALSE(std::filesystem::exists(tmp / stale)) << stale << " was left behind";
+  for (const std::string& kept : {live, other_ns, unrecorded}) {
+    EXPECT_TRUE(std::filesystem::exists(tmp / kept / "key.pem")) << kept;
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(tmp / link));
+  EXPECT_TRUE(std::filesystem::exists(tmp / "victim" / "key.pem"));
+  if (!foreign.empty()) {
+    EXPECT_TRUE(std::filesystem::exists(tmp / foreign / "key.pem"));
+  }
+  mirror->reset();
+  std::filesystem::remove_all(tmp);
 }
 
 // A running server whose certificate is emptied keeps serving TLS on its last good pair; before
