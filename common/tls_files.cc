@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -180,12 +182,29 @@ uint64_t PidNamespace() {
   return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
+// The first 8 hex digits of this boot's id, "" when unknown. Pid namespace inodes are unique
+// only within one kernel (every host process has the same one), so a TMPDIR shared between
+// machines, VMs or sandboxes with kernels of their own would otherwise let one remove the live
+// folders of another.
+std::string BootTag() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.size() < 8) return "";
+  id.resize(8);
+  for (const char c : id) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return "";
+  }
+  return id;
+}
+
+// Whose a mirror folder is: the process, its pid namespace and its kernel's boot.
 struct FolderOwner {
   pid_t pid;
   uint64_t pid_namespace;
+  std::string boot;
 };
 
-// The process a mirror folder's name records (`lazyattn-tls-<pid>-<pid namespace>-XXXXXX`);
+// The owner a mirror folder's name records (`lazyattn-tls-<pid>-<pid namespace>-<boot>-XXXXXX`);
 // nullopt for any other name, such as the `lazyattn-tls-XXXXXX` of builds that recorded none.
 std::optional<FolderOwner> OwnerOf(std::string_view name) {
   const std::string_view prefix = kFolderPrefix;
@@ -194,11 +213,14 @@ std::optional<FolderOwner> OwnerOf(std::string_view name) {
       absl::StrSplit(absl::string_view(name.data(), name.size()).substr(prefix.size()), '-');
   int64_t pid = 0;
   uint64_t pid_namespace = 0;
-  if (parts.size() != 3 || parts[2].size() != 6 || !absl::SimpleAtoi(parts[0], &pid) ||
-      !absl::SimpleAtoi(parts[1], &pid_namespace) || pid <= 0 || pid > INT32_MAX) {
+  if (parts.size() != 4 || parts[2].size() != 8 || parts[3].size() != 6 ||
+      !absl::SimpleAtoi(parts[0], &pid) || !absl::SimpleAtoi(parts[1], &pid_namespace) ||
+      pid <= 0 || pid > INT32_MAX) {
     return std::nullopt;
   }
-  return FolderOwner{.pid = static_cast<pid_t>(pid), .pid_namespace = pid_namespace};
+  return FolderOwner{.pid = static_cast<pid_t>(pid),
+                     .pid_namespace = pid_namespace,
+                     .boot = std::string(parts[2])};
 }
 
 // Closes the descriptor on every way out.
@@ -235,9 +257,10 @@ std::vector<std::string> Entries(int dir) {
 // a subfolder), then the folder when that emptied it. Best effort: errors leave it there.
 // Another user cannot swap the folder between these checks and the removal: in /tmp (sticky)
 // only its owner, this user, may rename or remove it.
-bool RemoveIfStale(int parent, const std::string& name, uint64_t pid_namespace) {
+bool RemoveIfStale(int parent, const std::string& name, const FolderOwner& self) {
   const std::optional<FolderOwner> owner = OwnerOf(name);
-  if (!owner.has_value() || owner->pid_namespace != pid_namespace || owner->pid == getpid()) {
+  if (!owner.has_value() || owner->pid_namespace != self.pid_namespace ||
+      owner->boot != self.boot || owner->pid == self.pid) {
     return false;
   }
   if (kill(owner->pid, 0) == 0 || errno != ESRCH) return false;  // alive, or not ours to signal
@@ -262,13 +285,22 @@ bool RemoveIfStale(int parent, const std::string& name, uint64_t pid_namespace) 
 }
 
 // Removes the mirror folders under `base` that this user's processes, killed outright, left
-// (TlsFileMirror's destructor never ran). Nothing when this process's pid namespace is unknown.
-void RemoveStaleFolders(const std::string& base, uint64_t pid_namespace) {
-  if (pid_namespace == 0) return;
+// (TlsFileMirror's destructor never ran). Nothing when this process's pid namespace or boot is
+// unknown. Once per `base` and process: the scan reads the whole folder (a /tmp of many
+// thousands of entries takes a noticeable part of a second), and a process's later mirrors
+// would find nothing new.
+void RemoveStaleFolders(const std::string& base, const FolderOwner& self) {
+  if (self.pid_namespace == 0 || self.boot.empty()) return;
+  static absl::Mutex scanned_mu(absl::kConstInit);
+  static std::set<std::string>* scanned = new std::set<std::string>();  // never destroyed
+  {
+    absl::MutexLock lock(&scanned_mu);
+    if (!scanned->insert(base).second) return;
+  }
   Fd parent{open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (parent.fd < 0) return;
   for (const std::string& name : Entries(parent.fd)) {
-    if (OwnerOf(name).has_value() && RemoveIfStale(parent.fd, name, pid_namespace)) {
+    if (OwnerOf(name).has_value() && RemoveIfStale(parent.fd, name, self)) {
       LogInfo("tls")
           .Str("folder", absl::StrCat(base, "/", name))
           .Msg("removed the TLS folder of a process that no longer runs");
@@ -283,16 +315,16 @@ absl::StatusOr<std::unique_ptr<TlsFileMirror>> TlsFileMirror::Create(const TlsOp
   if (!contents.ok()) return contents.status();
   const char* tmpdir = getenv("TMPDIR");
   const std::string base = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
-  const uint64_t pid_namespace = PidNamespace();
+  const FolderOwner self{.pid = getpid(), .pid_namespace = PidNamespace(), .boot = BootTag()};
   // The owner in the name, so that the next mirror made after this process was killed outright
   // can tell the folder is nobody's (RemoveStaleFolders).
-  std::string templ =
-      absl::StrCat(base, "/", kFolderPrefix, getpid(), "-", pid_namespace, "-XXXXXX");
+  std::string templ = absl::StrCat(base, "/", kFolderPrefix, self.pid, "-", self.pid_namespace, "-",
+                                   self.boot.empty() ? "00000000" : self.boot, "-XXXXXX");
   if (mkdtemp(templ.data()) == nullptr) {  // mode 0700
     return absl::InternalError(absl::StrCat("cannot make a private folder for the TLS files (",
                                             templ, "): set TMPDIR to a writable folder"));
   }
-  RemoveStaleFolders(base, pid_namespace);
+  RemoveStaleFolders(base, self);
   std::unique_ptr<TlsFileMirror> mirror(new TlsFileMirror(tls, templ));
   {
     absl::MutexLock mirror_lock(&mirror->mu_);

@@ -51,11 +51,12 @@ inline absl::Status CheckTlsFiles(const TlsOptions& tls, absl::string_view prefi
 // logged (a warning, once per distinct error) and the copy keeps serving. Thread-safe. Mirrors
 // live as long as the process (a channel cannot hold one), their folders removed at exit.
 //
-// The folder is named `lazyattn-tls-<pid>-<pid namespace inode>-XXXXXX`. A process killed
-// outright (SIGKILL, OOM) leaves its folder, so making a mirror also removes the folders under the
-// same parent that are real directories of this user (never a symbolic link, nor another user's)
-// and record a pid of this pid namespace that no process has. Not meant for a TMPDIR shared
-// between machines (a pid names a process of one kernel).
+// The folder is named `lazyattn-tls-<pid>-<pid namespace inode>-<boot id>-XXXXXX` (the boot id's
+// first 8 hex digits). A process killed outright (SIGKILL, OOM) leaves its folder, so the first
+// mirror a process makes under a parent folder also removes the folders there that are real
+// directories of this user (never a symbolic link, nor another user's) and record a pid of this
+// pid namespace and this boot that no process has. The boot keeps a TMPDIR shared between
+// machines or kernels safe: a pid names a process of one kernel only.
 class TlsFileMirror {
  public:
   // The mirror of `tls`'s files: one per distinct set of paths and interval in the process,

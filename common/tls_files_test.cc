@@ -170,7 +170,8 @@ TEST_F(TlsFilesTest, AMirrorsFolderGoesWithIt) {
 
 // A process killed outright leaves its folder behind; the next mirror its user makes removes the
 // folders whose recorded process is gone, and nothing else: not a live process's, not one of
-// another pid namespace (a /tmp shared between containers), not one without a recorded process
+// another pid namespace (a /tmp shared between containers) or another boot (a TMPDIR shared
+// between machines), not one without a recorded process
 // (made before folders recorded it), not another user's, and not a symbolic link a hostile user
 // named like one (in a shared /tmp), nor what it points to.
 TEST_F(TlsFilesTest, AMirrorRemovesTheFoldersOfDeadProcesses) {
@@ -193,8 +194,14 @@ TEST_F(TlsFilesTest, AMirrorRemovesTheFoldersOfDeadProcesses) {
   ASSERT_EQ(kill(dead, 0), -1);
   struct stat ns {};
   ASSERT_EQ(stat("/proc/self/ns/pid", &ns), 0);
-  const auto folder = [&](pid_t pid, uint64_t pid_ns, const char* suffix) {
-    return absl::StrCat("lazyattn-tls-", pid, "-", pid_ns, "-", suffix);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  ASSERT_GE(boot.size(), 8u);
+  boot.resize(8);
+  const std::string other_boot = boot == "00000000" ? "11111111" : "00000000";
+  const auto folder = [&](pid_t pid, uint64_t pid_ns, const char* suffix,
+                          const std::string& boot_tag) {
+    return absl::StrCat("lazyattn-tls-", pid, "-", pid_ns, "-", boot_tag, "-", suffix);
   };
   const auto make = [&](const std::string& name) {
     std::filesystem::create_directory(tmp / name);
@@ -203,18 +210,19 @@ TEST_F(TlsFilesTest, AMirrorRemovesTheFoldersOfDeadProcesses) {
       std::ofstream(tmp / name / file) << "left behind";
     }
   };
-  const std::string stale = folder(dead, ns.st_ino, "aB3xYz");
-  const std::string live = folder(getppid(), ns.st_ino, "aB3xYz");
-  const std::string other_ns = folder(dead, ns.st_ino + 1, "aB3xYz");
+  const std::string stale = folder(dead, ns.st_ino, "aB3xYz", boot);
+  const std::string live = folder(getppid(), ns.st_ino, "aB3xYz", boot);
+  const std::string other_ns = folder(dead, ns.st_ino + 1, "aB3xYz", boot);
+  const std::string other_machine = folder(dead, ns.st_ino, "aB3xYz", other_boot);
   const std::string unrecorded = "lazyattn-tls-aB3xYz";
-  for (const std::string& name : {stale, live, other_ns, unrecorded}) make(name);
+  for (const std::string& name : {stale, live, other_ns, other_machine, unrecorded}) make(name);
   std::filesystem::create_directory(tmp / "victim");
   std::ofstream(tmp / "victim" / "key.pem") << "not ours to delete";
-  const std::string link = folder(dead, ns.st_ino, "link01");
+  const std::string link = folder(dead, ns.st_ino, "link01", boot);
   std::filesystem::create_directory_symlink(tmp / "victim", tmp / link);
   std::string foreign;  // another user's (only root can make one)
   if (geteuid() == 0) {
-    foreign = folder(dead, ns.st_ino, "other1");
+    foreign = folder(dead, ns.st_ino, "other1", boot);
     make(foreign);
     ASSERT_EQ(chown((tmp / foreign).c_str(), 4242, 4242), 0);
   }
@@ -225,11 +233,11 @@ TEST_F(TlsFilesTest, AMirrorRemovesTheFoldersOfDeadProcesses) {
       std::filesystem::path((*mirror)->watched().key_file).parent_path();
   EXPECT_EQ(own.parent_path(), tmp);
   EXPECT_EQ(own.filename().string().rfind(
-                absl::StrCat("lazyattn-tls-", getpid(), "-", ns.st_ino, "-"), 0),
+                absl::StrCat("lazyattn-tls-", getpid(), "-", ns.st_ino, "-", boot, "-"), 0),
             0u)
       << own;
   EXPECT_FALSE(std::filesystem::exists(tmp / stale)) << stale << " was left behind";
-  for (const std::string& kept : {live, other_ns, unrecorded}) {
+  for (const std::string& kept : {live, other_ns, other_machine, unrecorded}) {
     EXPECT_TRUE(std::filesystem::exists(tmp / kept / "key.pem")) << kept;
   }
   EXPECT_TRUE(std::filesystem::is_symlink(tmp / link));
