@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from cli_exit_cases import finish, last_line, programs, report
+
 TINY_GGUF = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
 
 
@@ -18,12 +20,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     args = ap.parse_args()
-    lazyattn = os.path.join(args.bin_dir, "lazyattn")
-    logits = os.path.join(args.bin_dir, "lazyattn-logits")
-    for b in (lazyattn, logits):
-        if not os.access(b, os.X_OK):
-            print(f"{b} is missing: build it first", file=sys.stderr)
-            return 1
+    found = programs(args.bin_dir, ["lazyattn", "lazyattn-logits"])
+    if found is None:
+        return 1
+    lazyattn, logits = found
     out = os.path.join(tempfile.mkdtemp(prefix="lazyattn-bad-flag-"), "logits.bin")
     generate = [lazyattn, "generate", "--model", TINY_GGUF, "--prompt", "hi", "--backend", "cpu",
                 "--max-tokens", "1"]
@@ -49,16 +49,12 @@ def main():
     for name, argv, want_rc, text in cases:
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            errors="replace", timeout=120)
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        last = last_line(p.stderr)
         ok = p.returncode == want_rc and text in last
         if want_rc == 0 and "logits" in name:
             ok = ok and os.path.getsize(out) > 0
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name:40} exit {p.returncode}: {last[:160]}")
-    if failures:
-        print(f"{failures} failures", file=sys.stderr)
-        return 1
-    return 0
+        failures += report(ok, f"{name:40}", p.returncode, last)
+    return finish(failures)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from cli_exit_cases import finish, last_line, programs, report
+
 TINY_GGUF = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
 TINY_HF = "tests/data/tiny/tiny-llama/hf-f32"
 
@@ -60,10 +62,8 @@ def main():
     ap.add_argument("--rlimit-gb", type=int, default=8)
     args = ap.parse_args()
 
-    for binary in ("lazyattn", "lazyattn-worker"):
-        if not os.access(os.path.join(args.bin_dir, binary), os.X_OK):
-            print(f"{args.bin_dir}/{binary} is missing: build it first", file=sys.stderr)
-            return 1
+    if programs(args.bin_dir, ["lazyattn", "lazyattn-worker"]) is None:
+        return 1
     tmp = tempfile.mkdtemp(prefix="lazyattn-bad-model-")
     gguf = open(TINY_GGUF, "rb").read()
     offsets = gguf_value_offsets(gguf)
@@ -131,15 +131,11 @@ def main():
         }
         for what, argv in commands.items():
             rc, err = run(argv)
-            last = err.strip().splitlines()[-1] if err.strip() else ""
+            last = last_line(err)
             ok = rc == 2 and field in last and path in last
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {name:18} {what:8} exit {rc}: {last[:200]}")
+            failures += report(ok, f"{name:18} {what:8}", rc, last, 200)
     shutil.rmtree(tmp)
-    if failures:
-        print(f"{failures} failures", file=sys.stderr)
-        return 1
-    return 0
+    return finish(failures)
 
 
 if __name__ == "__main__":

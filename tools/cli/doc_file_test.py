@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""`--doc PATH` of `lazyattn client`, `prefetch` and `generate` reads only a regular file of at
-most --max-doc-bytes (default 1 MiB, the router's default limits.max_document_bytes): a device
-(/dev/zero, read for ever), a FIFO (no writer: waited on for ever), a directory, a missing or an
-oversize file makes the command exit 2 with a message naming --doc and the path, before any call.
-A file within the limit is read and sent (here to a router that is not there: exit 1).
+"""`--doc PATH` of `lazyattn client`, `prefetch` and `generate` reads at most --max-doc-bytes
+(default 1 MiB, the router's default limits.max_document_bytes): an endless device (/dev/zero), a
+directory, a missing or an oversize file makes the command exit 2 with a message naming --doc and
+the path, before any call. A file within the limit is read and sent (here to a router that is not
+there: exit 1), also one that reports no size: a FIFO with a writer (what `--doc <(cmd)` passes)
+and a /proc file.
 
 Each child runs under an address-space limit and a timeout, so a regression that reads /dev/zero
 dies (and fails the test) instead of exhausting the machine.
@@ -17,11 +18,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+
+from cli_exit_cases import finish, last_line, programs, report
 
 TINY_GGUF = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
 DEFAULT_LIMIT = 1 << 20
 # Nothing listens there: a request that gets past reading its documents fails to connect.
 NO_ROUTER = "127.0.0.1:1"
+
+
+def write_fifo(path):
+    with open(path, "w") as f:
+        f.write("A document from a pipe.\n")
 
 
 def limit_memory():
@@ -33,10 +42,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     args = ap.parse_args()
-    lazyattn = os.path.join(args.bin_dir, "lazyattn")
-    if not os.access(lazyattn, os.X_OK):
-        print(f"{lazyattn} is missing: build it first", file=sys.stderr)
+    found = programs(args.bin_dir, ["lazyattn"])
+    if found is None:
         return 1
+    lazyattn, = found
     tmp = tempfile.mkdtemp(prefix="lazyattn-doc-file-")
     try:
         return run_cases(lazyattn, tmp)
@@ -65,9 +74,8 @@ def run_cases(lazyattn, tmp):
     # (name, argv, expected exit, texts the last stderr line must contain, texts it must not)
     cases = []
     for command, argv in (("client", client), ("prefetch", prefetch), ("generate", generate)):
-        for what, path, why in (("/dev/zero", "/dev/zero", "not a regular file"),
-                                ("a FIFO", fifo, "not a regular file"),
-                                ("a directory", tmp, "not a regular file"),
+        for what, path, why in (("/dev/zero", "/dev/zero", f"more than {DEFAULT_LIMIT}"),
+                                ("a directory", tmp, "a directory"),
                                 ("a missing file", missing, "No such file"),
                                 ("an oversize file", over, f"more than {DEFAULT_LIMIT}")):
             cases.append((f"{command} --doc {what}", argv + ["--doc", small, "--doc", path], 2,
@@ -79,6 +87,10 @@ def run_cases(lazyattn, tmp):
         # Read, then sent: the call fails (no router), not the argument.
         cases.append((f"{command} --doc at the limit", argv + ["--doc", at_limit], 1, [],
                       ["--doc"]))
+        cases.append((f"{command} --doc a FIFO with a writer", argv + ["--doc", fifo], 1, [],
+                      ["--doc"]))
+        cases.append((f"{command} --doc /proc/self/status", argv + ["--doc", "/proc/self/status"],
+                      1, [], ["--doc"]))
         cases.append((f"{command} --doc over the default with --max-doc-bytes",
                       argv + ["--doc", over, "--max-doc-bytes", str(DEFAULT_LIMIT + 1)], 1, [],
                       ["--doc"]))
@@ -86,6 +98,9 @@ def run_cases(lazyattn, tmp):
 
     failures = 0
     for name, argv, want_rc, texts, absent in cases:
+        if "FIFO with a writer" in name:
+            # The writer blocks until the command opens the FIFO, then closes it: one document.
+            threading.Thread(target=write_fifo, args=(fifo,), daemon=True).start()
         try:
             p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, errors="replace", timeout=60,
@@ -93,15 +108,11 @@ def run_cases(lazyattn, tmp):
             rc, err = p.returncode, p.stderr
         except subprocess.TimeoutExpired:
             rc, err = "timeout", ""
-        last = err.strip().splitlines()[-1] if err.strip() else ""
+        last = last_line(err)
         ok = (rc == want_rc and all(t in last for t in texts) and
               not any(t in last for t in absent))
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name:55} exit {rc}: {last[:200]}")
-    if failures:
-        print(f"{failures} failures", file=sys.stderr)
-        return 1
-    return 0
+        failures += report(ok, f"{name:55}", rc, last, 200)
+    return finish(failures)
 
 
 if __name__ == "__main__":

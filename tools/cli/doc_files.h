@@ -20,11 +20,13 @@ inline constexpr int64_t kDefaultMaxDocBytes = ApiLimits{}.max_document_bytes;
 // Declares --doc (repeated; `help` its help line) and --max-doc-bytes.
 void DeclareDocFlags(CliArgs& args, const std::string& help);
 
-// The texts of the --doc files, in order, each read whole through ReadStampedFile: only a regular
-// file (a symbolic link to one is followed) of at most --max-doc-bytes (in [1, 2^31 - 1], the
-// range of limits.max_document_bytes). A device would be read for ever and a FIFO waited on.
-// InvalidArgument otherwise, naming the flag and the path ("--doc: cannot read PATH: not a
-// regular file ..."), or --max-doc-bytes for a bad value of it: a bad argument (exit 2).
+// The texts of the --doc files, in order, each at most --max-doc-bytes (in [1, 2^31 - 1], the
+// range of limits.max_document_bytes): a regular file read whole through ReadStampedFile (a
+// symbolic link to one is followed); a pipe (`<(cmd)`, /dev/stdin), a device or a /proc file
+// (which reports no size) read as a stream and refused once it passes the limit, so /dev/zero
+// ends in an error instead of filling memory. A directory or an unreadable path is refused too.
+// InvalidArgument names the flag and the path ("--doc: cannot read PATH: ..."), or
+// --max-doc-bytes for a bad value of it: a bad argument (exit 2).
 absl::StatusOr<std::vector<std::string>> ReadDocFiles(const CliArgs& args);
 
 }  // namespace lazyattn
