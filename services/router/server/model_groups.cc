@@ -1,31 +1,18 @@
 #include "services/router/server/model_groups.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/utf8.h"
+#include "common/model_id.h"
 
 namespace lazyattn::router {
 namespace {
 
 constexpr size_t kIdDigits = 12;
-
-// Debian's Abseil has its own string_view.
-absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-constexpr size_t kQuoteBytes = 64;
-
-// The client's value as error messages quote it: at most kQuoteBytes, cut at a UTF-8 boundary
-// (the message may end up in JSON), marked when cut.
-std::string Quote(std::string_view value) {
-  if (value.size() <= kQuoteBytes) return absl::StrCat("\"", Absl(value), "\"");
-  size_t n = kQuoteBytes;
-  while (n > 0 && (static_cast<unsigned char>(value[n]) & 0xC0) == 0x80) --n;
-  return absl::StrCat("\"", Absl(value.substr(0, n)), "...\"");
-}
 
 std::string IdList(const std::vector<ModelGroup>& groups) {
   return absl::StrJoin(groups, ", ",
@@ -103,13 +90,7 @@ void AssignModelIds(std::vector<ModelGroup>& groups) {
 
 absl::StatusOr<const ModelGroup*> ResolveModel(const std::vector<ModelGroup>& groups,
                                                std::string_view requested) {
-  if (requested.size() > kMaxModelBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: ", requested.size(), " bytes, over the limit of ", kMaxModelBytes));
-  }
-  if (const size_t bad = FirstInvalidUtf8Byte(requested); bad != std::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("model: not valid UTF-8 (byte ", bad, ")"));
-  }
+  if (absl::Status form = CheckModelField(requested); !form.ok()) return form;
   if (requested.empty()) {
     if (groups.empty()) return nullptr;
     std::vector<const ModelGroup*> all = Named(groups, groups.front().info.name());
@@ -119,8 +100,9 @@ absl::StatusOr<const ModelGroup*> ResolveModel(const std::vector<ModelGroup>& gr
                      " models; name one of: ", IdList(groups), " (GetModelInfo lists them)"));
   }
   if (groups.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "model: no live worker has reported its model yet, so none serves ", Quote(requested)));
+    return absl::UnavailableError(
+        absl::StrCat("model: no live worker has reported its model yet, so none serves ",
+                     QuoteModelValue(requested)));
   }
   for (const ModelGroup& g : groups) {
     if (g.id == requested) return &g;
@@ -128,33 +110,23 @@ absl::StatusOr<const ModelGroup*> ResolveModel(const std::vector<ModelGroup>& gr
   if (std::vector<const ModelGroup*> named = Named(groups, requested); !named.empty()) {
     return Majority(named);
   }
-  if (const size_t at = requested.rfind('@'); at != std::string_view::npos) {
-    const std::string_view name = requested.substr(0, at);
-    std::string_view model_prefix = requested.substr(at + 1);
-    std::string_view tokenizer_prefix;
-    if (const size_t dot = model_prefix.find('.'); dot != std::string_view::npos) {
-      tokenizer_prefix = model_prefix.substr(dot + 1);
-      model_prefix = model_prefix.substr(0, dot);
-    }
+  if (const std::optional<FingerprintSelector> selector = ParseFingerprintSelector(requested)) {
     std::vector<const ModelGroup*> matches;
-    if (!model_prefix.empty()) {
-      for (const ModelGroup* g : Named(groups, name)) {
-        if (absl::StartsWithIgnoreCase(g->key.model_fingerprint, Absl(model_prefix)) &&
-            absl::StartsWithIgnoreCase(g->key.tokenizer_fingerprint, Absl(tokenizer_prefix))) {
-          matches.push_back(g);
-        }
+    for (const ModelGroup* g : Named(groups, selector->name)) {
+      if (SelectsFingerprints(*selector, g->key.model_fingerprint, g->key.tokenizer_fingerprint)) {
+        matches.push_back(g);
       }
     }
     if (matches.size() == 1) return matches.front();
     if (matches.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("model: ", Quote(requested), " matches ",
-                                                     matches.size(), " models (", IdList(matches),
-                                                     "); give more of the fingerprint"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: ", QuoteModelValue(requested), " matches ", matches.size(),
+                       " models (", IdList(matches), "); give more of the fingerprint"));
     }
   }
   return absl::NotFoundError(absl::StrCat(
-      "model: ", Quote(requested), " is not served by any live worker; served: ", IdList(groups),
-      " (GetModelInfo lists them)"));
+      "model: ", QuoteModelValue(requested),
+      " is not served by any live worker; served: ", IdList(groups), " (GetModelInfo lists them)"));
 }
 
 }  // namespace lazyattn::router

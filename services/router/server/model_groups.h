@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/model_id.h"
 #include "lazyattn/v1/inference.pb.h"
 
 namespace lazyattn::router {
@@ -62,15 +63,13 @@ struct ModelGroup {
 // orders them by id.
 void AssignModelIds(std::vector<ModelGroup>& groups);
 
-// Longest GenerateRequest.model / PrefetchRequest.model accepted.
-inline constexpr size_t kMaxModelBytes = 256;
-
 // The group `requested` (GenerateRequest.model) selects among `groups` (ids assigned), as the
 // header comment says. nullptr (OK) only when `groups` is empty and nothing was requested: no
 // worker has reported a model, so there is nothing to choose between. Errors name the field
-// `model`: InvalidArgument (not UTF-8, over kMaxModelBytes, missing while several names are
-// served, a prefix matching several), NotFound (no live model by that name), Unavailable (a name
-// while no worker has reported its model yet). The client's value is quoted up to 64 bytes.
+// `model`: InvalidArgument (not UTF-8, over kMaxModelBytes of common/model_id.h, missing while
+// several names are served, a prefix matching several), NotFound (no live model by that name),
+// Unavailable (a name while no worker has reported its model yet). The client's value is quoted up
+// to 64 bytes.
 absl::StatusOr<const ModelGroup*> ResolveModel(const std::vector<ModelGroup>& groups,
                                                std::string_view requested);
 

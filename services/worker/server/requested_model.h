@@ -4,17 +4,12 @@
 #ifndef LAZYATTN_SERVICES_WORKER_SERVER_REQUESTED_MODEL_H_
 #define LAZYATTN_SERVICES_WORKER_SERVER_REQUESTED_MODEL_H_
 
-#include <cstddef>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 
 namespace lazyattn {
-
-// Longest `model` accepted: the router's kMaxModelBytes (services/router/server/model_groups.h)
-// and inference.proto's bound; the two must agree, or a worker would refuse what a router sends.
-inline constexpr size_t kMaxRequestedModelBytes = 256;
 
 // What a request may name this worker's model by: the ModelInfo.name and the fingerprints its
 // Status reports.
@@ -32,10 +27,11 @@ struct ServedModelNames {
 // `routed`: the call carries the router's expected-model metadata naming this worker's model
 // (RefuseOtherModel passed it): the router resolved `requested` to these weights, maybe by the
 // name another of their workers reported (a group takes its first worker's name), so only its
-// form is checked here.
+// form is checked here. The form, the quoting and the `name@P[.T]` parse are common/model_id.h's,
+// which the router's resolution uses too.
 //
 // Errors name the field, with the router's codes and wording: InvalidArgument when it is over
-// kMaxRequestedModelBytes or not UTF-8, NotFound for another model (the value quoted up to 64
+// kMaxModelBytes or not UTF-8, NotFound for another model (the value quoted up to 64
 // bytes, and this worker's model named).
 absl::Status CheckRequestedModel(std::string_view requested, const ServedModelNames& served,
                                  bool routed);
