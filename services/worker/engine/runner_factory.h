@@ -67,7 +67,7 @@ enum class ModelLoadPath {
                  // (LoadGgufModelToGpu in services/worker/cuda/cuda_model_loader.h)
 };
 // Errors: DetectModelFormat's for a path that is not random:... (NotFound naming a missing path,
-// InvalidArgument for an unknown format); the random spec itself is parsed by LoadServedModel.
+// InvalidArgument for an unknown format or a path that cannot be looked at); the random spec itself is parsed by LoadServedModel.
 absl::StatusOr<ModelLoadPath> ChooseModelLoadPath(const std::string& path,
                                                   Backend resolved_backend);
 

@@ -428,12 +428,22 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
 
 absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  const fs::file_status status = fs::status(path, ec);
+  // fs::status tells a missing path (or a missing folder on the way) by file_type::not_found;
+  // any other error is a path that cannot be looked at (a symbolic-link loop, a folder without
+  // search permission, a name too long), which "not found" would misdescribe.
+  if (status.type() == fs::file_type::not_found) {
+    return absl::NotFoundError(absl::StrCat("model not found: ", path));
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot look at the model path: ", ec.message()));
+  }
+  if (fs::is_directory(status)) {
     if (fs::exists(fs::path(path) / "config.json", ec)) return ModelFormat::kHfSafetensors;
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": directory without config.json (expected an HF model directory)"));
   }
-  if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("model not found: ", path));
   if (absl::EndsWith(path, ".gguf")) return ModelFormat::kGguf;
   if (fs::path(path).filename() == "config.json") return ModelFormat::kHfSafetensors;
   return absl::InvalidArgumentError(absl::StrCat(

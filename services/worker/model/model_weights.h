@@ -85,7 +85,9 @@ struct WeightLoadOptions {
 };
 
 // Which on-disk format `path` names: a `.gguf` file, or an HF model directory (config.json and
-// *.safetensors; the path may also name the config.json itself).
+// *.safetensors; the path may also name the config.json itself). NotFound for a missing path;
+// InvalidArgument, with the system's reason, for one that cannot be looked at (a symbolic-link
+// loop, no search permission on a folder) and for an unknown format.
 enum class ModelFormat { kGguf, kHfSafetensors };
 absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
 

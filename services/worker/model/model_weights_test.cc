@@ -136,6 +136,18 @@ TEST(LoadModelWeightsTest, ClearErrorsForMissingOrUnknownPaths) {
 
   const auto dir = std::filesystem::temp_directory_path() / "lazyattn_model_weights_test";
   std::filesystem::create_directories(dir);
+  // A symbolic-link loop exists but cannot be opened: the system's reason, not "not found".
+  const auto loop = dir / "loop.gguf";
+  std::filesystem::remove(loop);
+  std::filesystem::create_symlink(loop.filename(), loop);
+  auto looped = LoadModelWeights(loop.string());
+  EXPECT_EQ(looped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(looped.status().message().find(loop.string()), std::string::npos);
+  EXPECT_NE(looped.status().message().find("symbolic links"), std::string::npos)
+      << looped.status().message();
+  EXPECT_EQ(looped.status().message().find("not found"), std::string::npos);
+  std::filesystem::remove(loop);
+
   auto no_config = LoadModelWeights(dir.string());
   EXPECT_EQ(no_config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(no_config.status().message().find("config.json"), std::string::npos);
