@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -33,8 +34,10 @@ struct Flags {
   std::string metrics;
 };
 
-// Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
+// Accepts "--name value" and "--name=value", each flag at most once (a second --config would
+// otherwise silently replace the first). Returns an error message naming the flag, or "".
 std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -60,6 +63,7 @@ std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
+    if (!given.insert(arg).second) return absl::StrCat(arg, ": given twice");
     if (!has_value) {
       if (i + 1 >= argc) return absl::StrCat(arg, ": missing value");
       value = argv[++i];

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -44,6 +45,8 @@ std::string HostOf(const std::string& address) {
 int main(int argc, char** argv) {
   std::string config_path;
   lazyattn::router::FlagOverrides overrides;
+  // Each flag at most once: a second --config would otherwise silently replace the first.
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -60,6 +63,10 @@ int main(int argc, char** argv) {
     if (name != "--config" && name != "--listen" && name != "--metrics" && name != "--kvdir" &&
         name != "--http") {
       std::cerr << "lazyattn-router: unknown argument " << arg << "\n" << kUsage;
+      return 2;
+    }
+    if (!given.insert(name).second) {
+      std::cerr << "lazyattn-router: " << name << ": given twice\n" << kUsage;
       return 2;
     }
     if (!has_value) {

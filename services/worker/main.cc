@@ -16,6 +16,7 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -57,8 +58,10 @@ struct Flags {
   Flag listen, metrics, kvdir, worker_id, cpu_threads, cpu_activations, cpu_kv_cache;
 };
 
-// Accepts "--name value" and "--name=value". Returns an error message naming the flag, or "".
+// Accepts "--name value" and "--name=value", each flag at most once (a second --config would
+// otherwise silently replace the first). Returns an error message naming the flag, or "".
 std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
+  std::set<std::string> given;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -93,6 +96,7 @@ std::string ParseFlags(int argc, char** argv, Flags* flags, bool* help) {
     } else {
       return absl::StrCat("unknown flag ", arg);
     }
+    if (!given.insert(arg).second) return absl::StrCat(arg, ": given twice");
     if (!has_value) {
       if (i + 1 >= argc) return absl::StrCat(arg, ": missing value");
       value = argv[++i];
