@@ -4,8 +4,9 @@
 // answered without its body being read closes its connection, so the body cannot be read as a
 // second request (CL.0 desync), whoever answered it (the library's own 414, 416 and 400 included);
 // Range is not served; only JSON bodies are read; the messages about max_tokens, huge numbers and
-// unknown models quote what the client sent; an unknown path names no field; and a wrong method is
-// a 405. The API key checks made from the head: http_request_keys_test.cc.
+// unknown models quote what the client sent; an unknown path names no field; a wrong method is
+// a 405; and a header name that is no token is a 400 that closes the connection. The API key checks
+// made from the head: http_request_keys_test.cc.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -193,6 +194,62 @@ TEST_F(HttpRequestHeadTest, ARequestAnsweredWithoutReadingItsBodyClosesTheConnec
     EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply.substr(0, 300);
     EXPECT_TRUE(closed);
   }
+}
+
+// cpp-httplib keeps a header's name up to the colon as it comes: `Transfer-Encoding : chunked`
+// was stored under "Transfer-Encoding ", so the router framed the body by its Content-Length,
+// answered 400 with the connection kept, and served the chunked body's hidden request as a second
+// one (a proxy that trims the name frames it as chunked). A name that is no token is refused now,
+// the connection closed.
+TEST_F(HttpRequestHeadTest, AHeaderNameThatIsNoTokenIs400AndClosesTheConnection) {
+  StartHttp(Options());
+  // A chunked body holding a whole second request, which a Content-Length of 4 cuts short.
+  const std::string smuggled = kSmuggled;
+  const std::string chunked =
+      absl::StrCat(absl::Hex(smuggled.size()), "\r\n", smuggled, "\r\n0\r\n\r\n");
+  struct Case {
+    const char* what;
+    std::string header;
+    const char* quoted;
+  };
+  const std::vector<Case> cases = {
+      {"space before the colon", "Transfer-Encoding : chunked", "\"Transfer-Encoding \""},
+      {"tab before the colon", "Transfer-Encoding\t: chunked", "\"Transfer-Encoding\\x09\""},
+      {"a separator in the name", "Content(Length): 4", "\"Content(Length)\""},
+      {"a control byte in the name",
+       std::string("X-A\x01"
+                   "B: 1"),
+       "\"X-A\\x01B\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    bool closed = false;
+    const std::string reply =
+        Exchange(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                              "application/json\r\nX-Request-Id: bad-name\r\n",
+                              c.header, "\r\nContent-Length: 4\r\n\r\n", chunked),
+                 &closed);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply.substr(0, 300);
+    EXPECT_EQ(CountResponses(reply), 1) << reply.substr(0, 600);
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply.substr(0, 300);
+    EXPECT_NE(reply.find("X-Request-Id: bad-name"), std::string::npos) << reply.substr(0, 300);
+    EXPECT_TRUE(closed);
+    EXPECT_EQ(BodyOf(reply)["error"]["message"],
+              absl::StrCat("header ", c.quoted,
+                           ": not a valid field name (RFC 9110: a token, with no whitespace "
+                           "before the colon)"))
+        << reply;
+  }
+  // The same on a path with no body to read.
+  bool closed = false;
+  const std::string health =
+      Exchange("GET /health HTTP/1.1\r\nHost: x\r\nX-Forwarded-For : 1.2.3.4\r\n\r\n", &closed);
+  EXPECT_EQ(health.rfind("HTTP/1.1 400", 0), 0u) << health;
+  EXPECT_TRUE(closed);
+  // Names of every token character are served.
+  const std::string fine = Exchange(
+      "GET /health HTTP/1.1\r\nHost: x\r\nX-!#$%&'*+-.^_`|~09az: 1\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(fine.rfind("HTTP/1.1 200", 0), 0u) << fine;
 }
 
 // Every Content-Length counts: a GET with `Content-Length: 0` and a second one announcing a body

@@ -2,6 +2,7 @@
 // completion endpoint says in X-Request-Id which id its access lines and its worker calls carry;
 // a client's own valid X-Request-Id is that id, as gRPC's x-request-id metadata is.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -78,6 +79,37 @@ TEST_F(HttpServerTest, EveryChoiceOfARequestCarriesItsIdAndSoDoesARefusal) {
   EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
   EXPECT_EQ(RequestIdOf(refused), "refused-1") << refused;
   EXPECT_EQ(worker_.request_ids().size(), 3u);
+}
+
+// Refusals made from the request's head (its framing, its method, its key) carried no id,
+// although they are answers of the endpoint too.
+TEST_F(HttpServerTest, ARefusalFromTheRequestsHeadCarriesItsIdToo) {
+  StartRouter();
+  StartHttp(Options(), nullptr);
+  auto Exchange = [this](const std::string& request) {
+    const int fd = http_test::Connect(http_->port());
+    if (fd < 0) return std::string("(no connection)");
+    const bool sent =
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
+    std::string reply = sent ? http_test::ReadAll(fd) : "(send failed)";
+    close(fd);
+    return reply;
+  };
+  const std::string unsupported = Exchange(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: head-1\r\nContent-Type: "
+      "text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
+  EXPECT_EQ(unsupported.rfind("HTTP/1.1 415", 0), 0u) << unsupported;
+  EXPECT_EQ(RequestIdOf(unsupported), "head-1") << unsupported;
+  const std::string no_length = Exchange(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: head-2\r\nContent-Type: "
+      "application/json\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(no_length.rfind("HTTP/1.1 411", 0), 0u) << no_length;
+  EXPECT_EQ(RequestIdOf(no_length), "head-2") << no_length;
+  const std::string wrong_method =
+      Exchange("GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(wrong_method.rfind("HTTP/1.1 405", 0), 0u) << wrong_method;
+  EXPECT_FALSE(RequestIdOf(wrong_method).empty()) << wrong_method;  // one made by the router
+  EXPECT_TRUE(worker_.request_ids().empty());
 }
 
 }  // namespace

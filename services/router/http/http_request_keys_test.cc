@@ -63,6 +63,34 @@ TEST_F(HttpRequestHeadTest, AnAuthorizationValueIsCheckedWhole) {
   EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower;
 }
 
+// A client that sent Authorization in another form was told it was "missing", in gRPC's words
+// ("metadata"); the message now says what is wrong with what came, and "missing" only when
+// nothing did. A second credential under a name with a space before its colon is refused as a
+// name that is no token (http_request_head_test.cc), not served on the first.
+TEST_F(HttpRequestHeadTest, ARefusedAuthorizationSaysWhatCame) {
+  KeyFile keys;
+  StartHttp(Options(), keys.processor());
+  const std::string models = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n";
+  for (const char* value : {"Basic bHprX2dvb2Q6", "Bearer", "Bearer ", "lzk_good"}) {
+    SCOPED_TRACE(value);
+    const std::string reply = Exchange(models + "Authorization: " + value + "\r\n\r\n");
+    EXPECT_EQ(reply.rfind("HTTP/1.1 401", 0), 0u) << reply;
+    EXPECT_EQ(BodyOf(reply)["error"]["message"],
+              "authorization: not of the form `Bearer <API key>`; send `authorization: Bearer "
+              "<API key>` (lazyattn client: --api-key or LAZYATTN_API_KEY)")
+        << reply;
+  }
+  const std::string none = Exchange(models + "\r\n");
+  EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none;
+  EXPECT_EQ(BodyOf(none)["error"]["message"],
+            "authorization: missing; send `authorization: Bearer <API key>` (lazyattn client: "
+            "--api-key or LAZYATTN_API_KEY)")
+      << none;
+  const std::string second =
+      Exchange(models + "Authorization: Bearer lzk_good\r\nAuthorization : Bearer lzk_bad\r\n\r\n");
+  EXPECT_EQ(second.rfind("HTTP/1.1 400", 0), 0u) << second;
+}
+
 // The key is checked before the body is read, `Expect: 100-continue` included: a client without
 // a valid key was invited to send its body (100 Continue), which was read before the 401. It
 // gets the 401 at once now, the same as without Expect; a valid key is invited, and counted

@@ -5,7 +5,9 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "services/router/http/body_framing.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
@@ -56,6 +58,11 @@ const char* WrongMethodAllow(const httplib::Request& req) {
   return own ? nullptr : allowed;
 }
 
+// A completion endpoint's path, whatever the method (a 405 there is one of its answers too).
+bool IsCompletionPath(const std::string& path) {
+  return path == "/v1/chat/completions" || path == "/v1/completions";
+}
+
 // Methods whose body cpp-httplib reads for any path (into memory, before its 404).
 bool LibraryReadsBody(const httplib::Request& req) {
   return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
@@ -76,6 +83,36 @@ std::vector<std::string> HeaderValues(const httplib::Request& req, const char* n
 std::string AuthorizationOf(const httplib::Request& req) {
   const auto range = req.headers.equal_range("Authorization");
   return range.first == range.second ? std::string() : range.first->second;
+}
+
+// RFC 9110's token, what a field name is: cpp-httplib takes a name up to the colon as it comes,
+// so `Transfer-Encoding : chunked` is stored under "Transfer-Encoding " and ignored here.
+bool IsFieldName(std::string_view name) {
+  if (name.empty()) return false;
+  for (const char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
+        std::strchr("!#$%&'*+-.^_`|~", c) == nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A header name for a message: printable ASCII as it came, other bytes as \xNN, cut at 64 bytes.
+std::string QuoteHeaderName(std::string_view name) {
+  constexpr size_t kQuoted = 64;
+  std::string out = "\"";
+  for (size_t i = 0; i < name.size() && i < kQuoted; ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  if (name.size() > kQuoted) out += "...";
+  out += "\"";
+  return out;
 }
 
 // Checks a completion request's body type and framing (body_framing.h). Refused: answers it
@@ -139,20 +176,43 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
   // out as 200, as RFC 9110 lets a server ignore Range. `req` is the library's own Request,
   // non-const in its routing (as in ReadBody).
   const_cast<httplib::Request&>(req).ranges.clear();
+  // Every answer of a completion endpoint says the id it is logged under (completion_handler.h),
+  // the refusals made here included.
+  auto handled = [&req, &res] {
+    if (IsCompletionPath(req.path)) res.set_header("X-Request-Id", HttpRequestId(req));
+    return httplib::Server::HandlerResponse::Handled;
+  };
+  // A header name that is no token (whitespace before the colon, a control byte): what it carries
+  // is ignored here, while a proxy in front that trims the name honours it, so the two read one
+  // request two ways: `Transfer-Encoding : chunked` beside a Content-Length framed the body
+  // differently on each side (a smuggled second request), `Authorization : Bearer <other key>`
+  // beside the checked one was a second credential. RFC 9112 section 5.1: answered 400, and the
+  // connection closed, its body unread.
+  for (const auto& [name, value] : req.headers) {
+    if (!IsFieldName(name)) {
+      RefuseUnread(req, res, max_body_bytes);
+      SendError(res, 400,
+                absl::StrCat("header ", QuoteHeaderName(name),
+                             ": not a valid field name (RFC 9110: a token, with no whitespace "
+                             "before the colon)"),
+                "invalid_argument");
+      return handled();
+    }
+  }
   // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
   // and the like 400 and anything else on a known path 404), its body unread.
   if (const char* allow = WrongMethodAllow(req)) {
     if (CarriesBody(req) || LibraryReadsBody(req)) RefuseUnread(req, res, max_body_bytes);
     res.status = 405;  // the error handler writes the body
     res.set_header("Allow", allow);
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   }
   const char* method = MethodOf(req);
   if (method == nullptr) {
     if (LibraryReadsBody(req)) {
       RefuseUnread(req, res, max_body_bytes);
       res.status = 404;  // the error handler writes the body
-      return httplib::Server::HandlerResponse::Handled;
+      return handled();
     }
     // GET and the like: the library ignores a body, which must not be read as a next request.
     if (CarriesBody(req)) RefuseUnread(req, res, max_body_bytes);
@@ -162,14 +222,14 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
   if (draining) {
     RefuseUnread(req, res, max_body_bytes);
     SendError(res, 503, "the router is shutting down; retry on another", "unavailable");
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   }
   // Two credentials: a proxy in front that keeps the last one, or adds its own, would authorize
   // another key than the one checked here.
   if (req.get_header_value_count("Authorization") > 1) {
     RefuseUnread(req, res, max_body_bytes);
     SendError(res, 400, "Authorization: given more than once", "invalid_argument");
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   }
   grpc::Status s = CheckApiKey(processor, AuthorizationOf(req), method, caller);
   if (!s.ok()) {
@@ -178,10 +238,10 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
     }
     RefuseUnread(req, res, max_body_bytes);
     SendGrpcError(res, s);
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   }
   if (IsCompletion(req) && RefuseBadFraming(req, res, max_body_bytes) != 100) {
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   }
   return httplib::Server::HandlerResponse::Unhandled;
 }

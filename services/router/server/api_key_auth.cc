@@ -295,9 +295,14 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
   }
   const std::string_view token = BearerToken(auth_metadata);
   if (token.empty()) {
+    // Said apart: a client that sent `Basic ...` or a bare `Bearer` is told what is wrong with
+    // what it sent, not that it sent nothing. (gRPC metadata or an HTTP header: the same words.)
+    const bool sent = auth_metadata.find("authorization") != auth_metadata.end();
     return Refuse(grpc::StatusCode::UNAUTHENTICATED, "missing_key",
-                  "authorization: missing; send `authorization: Bearer <API key>` metadata "
-                  "(lazyattn client: --api-key or LAZYATTN_API_KEY)");
+                  absl::StrCat(sent ? "authorization: not of the form `Bearer <API key>`"
+                                    : "authorization: missing",
+                               "; send `authorization: Bearer <API key>` (lazyattn client: "
+                               "--api-key or LAZYATTN_API_KEY)"));
   }
   const std::string hash = Sha256Hex(token);
   std::shared_ptr<const ApiKeyTable> keys;
