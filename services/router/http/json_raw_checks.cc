@@ -4,8 +4,9 @@
 
 namespace lazyattn::router {
 
-absl::Status CheckRawJson(std::string_view body, int max_depth) {
+absl::Status CheckRawJson(std::string_view body, int max_depth, int64_t max_elements) {
   int depth = 0;  // containers open around the next byte
+  int64_t elements = 0;  // containers opened and separators seen
   bool in_string = false;
   bool escaped = false;  // the previous byte was a backslash inside a string
   for (size_t i = 0; i < body.size(); ++i) {
@@ -35,8 +36,13 @@ absl::Status CheckRawJson(std::string_view body, int max_depth) {
       return absl::InvalidArgumentError(
           absl::StrCat("body: JSON nested deeper than ", max_depth, " levels"));
     }
-    if (c == '[' || c == '{') {
-      ++depth;
+    if (c == '[' || c == '{' || c == ',') {
+      if (++elements > max_elements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "body: more than ", max_elements,
+            " JSON values (lists, objects and their entries); no request needs that many"));
+      }
+      if (c != ',') ++depth;
     } else if (c == '"') {
       in_string = true;
     }

@@ -363,7 +363,7 @@ absl::Status ReadLogitBias(const json& body, GenerateRequest* r) {
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body_text) {
-  RETURN_IF_ERROR(CheckRawJson(body_text, kMaxJsonDepth));
+  RETURN_IF_ERROR(CheckRawJson(body_text, kMaxJsonDepth, kMaxJsonElements));
   // No parse callback: with one, parsing is quadratic (json_raw_checks.h bounds the depth).
   json body = json::parse(body_text.begin(), body_text.end(), /*cb=*/nullptr,
                           /*allow_exceptions=*/false);

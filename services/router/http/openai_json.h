@@ -62,6 +62,12 @@ struct OpenAiRequest {
 // inside strings are not nesting.
 inline constexpr int kMaxJsonDepth = 64;
 
+// More lists, objects and entries than this (counted as '[', '{' and ',' outside strings) are
+// refused before the body is parsed ("body: more than 65536 JSON values ..."): the parsed tree
+// costs tens of bytes a value. The largest request the API takes (256 messages of text parts,
+// 64 documents, 300 logit_bias entries, 16 stop strings) has a few thousand.
+inline constexpr int64_t kMaxJsonElements = 65536;
+
 // A body that is not JSON is InvalidArgument naming `body`; so is one with a raw NUL byte anywhere
 // ("body: not valid JSON (a NUL byte at offset N)": JSON has no place for one, a NUL in a string
 // must be escaped). Takes time linear in the body's size.
