@@ -57,6 +57,12 @@ json ByteList(std::string_view bytes) {
 
 }  // namespace
 
+int64_t TextOffset::StartOf(std::string_view bytes) const {
+  const bool continues = !bytes.empty() && continuation_bytes_due_ > 0 &&
+                         (static_cast<unsigned char>(bytes.front()) & 0xC0) == 0x80;
+  return bytes.empty() || continues ? characters_ : characters_ + bytes_of_character_;
+}
+
 void TextOffset::Add(std::string_view bytes) {
   for (char c : bytes) {
     const auto b = static_cast<unsigned char>(c);
@@ -121,7 +127,7 @@ json CompletionLogprobs(std::span<const TokenLogprob> tokens, TextOffset* offset
     }
     strings.push_back(std::move(token));
     logprobs.push_back(AsPrintedDouble(t.logprob));
-    offsets.push_back(offset->characters());
+    offsets.push_back(offset->StartOf(t.bytes));
     offset->Add(t.bytes);
   }
   return {{"tokens", std::move(strings)},

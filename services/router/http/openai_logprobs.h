@@ -60,6 +60,10 @@ nlohmann::json ChatLogprobs(std::span<const TokenLogprob> tokens);
 class TextOffset {
  public:
   int64_t characters() const { return characters_; }
+  // Where a token of these bytes starts in the text, before Add(bytes): characters(), plus the
+  // bytes of a character under way when the token's first byte cuts it short (they show as
+  // U+FFFD before the token); a token that continues that character starts at its offset.
+  int64_t StartOf(std::string_view bytes) const;
   void Add(std::string_view bytes);
 
  private:

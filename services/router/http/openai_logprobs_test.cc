@@ -162,5 +162,26 @@ TEST(OpenAiLogprobsTest, TextOffsetCountsBrokenBytesAsTheTextShowsThem) {
   EXPECT_EQ(o.characters(), 6);
 }
 
+// A token after a character cut short starts after that character's U+FFFDs: "\xAB", "\xE9",
+// " there" shows as "\uFFFD\uFFFD there" (the worker writes one U+FFFD a byte of a broken
+// character), so " there" is at 2. It was given 1: its offset was taken before its first byte had
+// ended the broken "\xE9" (a lead byte whose continuation never came).
+TEST(OpenAiLogprobsTest, ATokenAfterABrokenCharacterStartsAfterItsReplacements) {
+  const std::vector<TokenLogprob> tokens = {{"\xAB", -0.1f},
+                                            {"\xE9", -0.2f},
+                                            {" there", -0.3f},
+                                            {"\xE2\x82", -0.4f},
+                                            {"\xAC!", -0.5f},
+                                            {"\xF0\x9F", -0.6f},
+                                            {"", -0.7f},
+                                            {"\x98\x80", -0.8f}};
+  TextOffset offset;
+  const json j = CompletionLogprobs(tokens, &offset);
+  // \uFFFD \uFFFD " there" (6) "\u20AC" "!" "\U0001F600": the token that finishes a character
+  // starts where the character does; an empty token stands where the text is.
+  EXPECT_EQ(j["text_offset"], json::parse("[0, 1, 2, 8, 8, 10, 10, 10]")) << j.dump();
+  EXPECT_EQ(offset.characters(), 11);
+}
+
 }  // namespace
 }  // namespace lazyattn::router
