@@ -311,7 +311,7 @@ void ForwardingCall::StartNextAttempt() {
   } else {
     model_metrics_->CountRetry();
   }
-  router_->registry().AddInflight(id, 1);
+  router_->registry().AddInflight(attempt->worker(), 1);
   // The attempt's documents are on their way to the worker until its first token (when they are
   // stored, and kvdir soon says so), however long it queues there: hold the speculative entries
   // that long, as far as the first-token timeout allows.
@@ -413,7 +413,7 @@ void ForwardingCall::ClientCancelled() {
 
 void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& worker_status) {
   const WorkerInfo& w = attempt->worker();
-  router_->registry().AddInflight(w.id, -1);
+  router_->registry().AddInflight(w, -1);
   auto& breakers = router_->selector().breakers();
   grpc::Status status = JudgeAttemptEnd(attempt, worker_status);
   // The worker died holding this request (not a refusal, a timeout or our cancellation).

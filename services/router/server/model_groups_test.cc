@@ -246,6 +246,37 @@ TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster)
   EXPECT_FALSE(DialsThisHost(""));
 }
 
+// The router's calls in flight count against a worker's id and address: calls held by a frozen
+// process (until keepalive ends them) were counted against the same id restarted at a new
+// address, whose selector load (the larger of the count and the worker's report) kept it from
+// getting traffic for as long as they were held.
+TEST(WorkerRegistryTest, AWorkerRestartedAtANewAddressStartsWithNoCallsInFlight) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
+  lazyattn::v1::WorkerResidency w0 = Worker("w0", "llama", kFpA);
+  w0.mutable_worker()->set_address("10.0.0.7:7200");
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(Listing({w0}), t0);
+  ASSERT_EQ(registry.Snapshot().size(), 1u);
+  const WorkerInfo old_process = registry.Snapshot()[0];
+  for (int i = 0; i < 8; ++i) registry.AddInflight(old_process, 1);
+  EXPECT_EQ(registry.Inflight(old_process), 8);
+
+  w0.mutable_worker()->set_address("10.0.0.8:7200");
+  registry.ObserveDirectory(Listing({w0}), t0 + absl::Seconds(1));
+  ASSERT_EQ(registry.Snapshot().size(), 1u);
+  const WorkerInfo restarted = registry.Snapshot()[0];
+  EXPECT_EQ(restarted.id, "w0");
+  EXPECT_EQ(restarted.address, "10.0.0.8:7200");
+  EXPECT_EQ(registry.Inflight(restarted), 0);
+  registry.AddInflight(restarted, 1);
+  EXPECT_EQ(registry.Inflight(restarted), 1);
+  // The old calls end when they end, each taken off where it was counted.
+  for (int i = 0; i < 8; ++i) registry.AddInflight(old_process, -1);
+  EXPECT_EQ(registry.Inflight(old_process), 0);
+  EXPECT_EQ(registry.Inflight(restarted), 1);
+}
+
 // docs/router.md: forget_after counts only while the directory answers. A directory back from a
 // 25 s outage (restarted, empty until its workers reconnect) must not empty the list with its
 // first answer; it takes forget_after of answered time, as when a healthy directory stops

@@ -141,7 +141,7 @@ void PrefetchReactor::Launch(const std::vector<std::shared_ptr<WorkerCall>>& cal
   }
   for (const auto& call : calls) {
     router->metrics().CountSelection(call->worker.id, model);
-    router->registry().AddInflight(call->worker.id, 1);
+    router->registry().AddInflight(call->worker, 1);
     router->selector().RecordChoice(docs, call->worker.id, MonotonicNow());
   }
   for (const auto& call : calls) {
@@ -187,7 +187,7 @@ grpc::Status PrefetchReactor::NothingStartedStatusLocked() const {
 
 void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
                                    const grpc::Status& worker_status) {
-  router_->registry().AddInflight(call->worker.id, -1);
+  router_->registry().AddInflight(call->worker, -1);
   grpc::Status status = worker_status;
   // Which deadline ended the call: the earlier of ours and the client's (the worker call carries
   // the earlier one), decided by the deadlines themselves, not by the time now. Ours means the

@@ -331,7 +331,7 @@ RoutePlan RouterContext::Plan(std::vector<DocumentRef> docs, const LookupRespons
         .address = w.address,
         .queued_prefill_tokens = load.queued_prefill_tokens(),
         .requests = static_cast<int64_t>(load.running_requests()) + load.waiting_requests(),
-        .router_inflight = registry_.Inflight(w.id),
+        .router_inflight = registry_.Inflight(w),
     };
     auto it = residency.find(w.address);
     if (it != residency.end()) {

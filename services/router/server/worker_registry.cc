@@ -103,8 +103,8 @@ void WorkerRegistry::ObserveDirectory(
   for (auto it = by_address_.begin(); it != by_address_.end();) {
     Entry& e = it->second;
     // A worker listed at a new address (restarted with the same worker id on a new pod IP):
-    // its old address is dead, and, as breakers and in-flight counts go by id, kept for
-    // forget_after its failures would shut the live address out too.
+    // its old address is dead, and, as breakers go by id, kept for forget_after its failures
+    // would shut the live address out too.
     const auto moved = listed_at.find(e.info.id);
     const bool moved_away = moved != listed_at.end() && moved->second != it->first;
     if (e.from_directory && (moved_away || e.last_listed + forget_after_ <= now)) {
@@ -254,16 +254,17 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> WorkerRegistry::Channel(const std
   return it->second.channel;
 }
 
-void WorkerRegistry::AddInflight(const std::string& id, int delta) {
+void WorkerRegistry::AddInflight(const WorkerInfo& worker, int delta) {
   absl::MutexLock lock(&mu_);
-  int64_t& n = inflight_[id];
+  const auto key = std::make_pair(worker.id, worker.address);
+  int64_t& n = inflight_[key];
   n += delta;
-  if (n <= 0) inflight_.erase(id);
+  if (n <= 0) inflight_.erase(key);
 }
 
-int64_t WorkerRegistry::Inflight(const std::string& id) const {
+int64_t WorkerRegistry::Inflight(const WorkerInfo& worker) const {
   absl::MutexLock lock(&mu_);
-  auto it = inflight_.find(id);
+  auto it = inflight_.find(std::make_pair(worker.id, worker.address));
   return it == inflight_.end() ? 0 : it->second;
 }
 

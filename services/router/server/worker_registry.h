@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -108,8 +109,12 @@ class WorkerRegistry {
   // Channels kept (tests).
   size_t kept_channels() const;
 
-  void AddInflight(const std::string& id, int delta);
-  int64_t Inflight(const std::string& id) const;
+  // The router's own calls in flight on a worker, counted by its id and address: a worker
+  // restarted with the same id at a new address starts with none, whatever calls are still held
+  // by the old process (frozen, say, until keepalive ends them), instead of being passed over for
+  // their load (the selector takes the larger of this and the worker's own report).
+  void AddInflight(const WorkerInfo& worker, int delta);
+  int64_t Inflight(const WorkerInfo& worker) const;
 
   const std::vector<std::string>& static_addresses() const { return static_addresses_; }
 
@@ -143,7 +148,8 @@ class WorkerRegistry {
     std::string worker_name;  // "": any worker's certificate
   };
   absl::flat_hash_map<std::string, Dialled> dialled_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
+  // By (id, address).
+  absl::flat_hash_map<std::pair<std::string, std::string>, int64_t> inflight_ ABSL_GUARDED_BY(mu_);
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the directory's
   // Since when the directory has not been answering: the send time of the first call that failed
   // after the last answer; InfiniteFuture while none has.
