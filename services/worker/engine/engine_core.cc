@@ -111,10 +111,16 @@ uint64_t EngineCore::Add(PreparedRequest prepared, uint64_t id) {
   } else if (invalid = CheckPreparedRequest(r->prepared, config()); !invalid.ok()) {
     Finish(*r, invalid);
   } else if (needed > options_.num_kv_blocks) {
-    Finish(*r, absl::FailedPreconditionError(absl::StrCat(
-                   "request needs ", needed, " KV blocks of ", block_size(),
-                   " tokens (prompt and max_tokens) but the worker has ", options_.num_kv_blocks,
-                   " in all; shorten the documents or max_tokens")));
+    Finish(*r,
+           absl::FailedPreconditionError(
+               r->prepared.prefetch
+                   ? absl::StrCat("documents: need ", needed, " KV blocks of ", block_size(),
+                                  " tokens together but the worker has ", options_.num_kv_blocks,
+                                  " in all; send fewer documents per Prefetch")
+                   : absl::StrCat("request needs ", needed, " KV blocks of ", block_size(),
+                                  " tokens (prompt and max_tokens) but the worker has ",
+                                  options_.num_kv_blocks,
+                                  " in all; shorten the documents or max_tokens")));
   } else {
     requests_.emplace(id, std::move(r));
     waiting_.push_back(id);

@@ -138,6 +138,7 @@ struct PreparedRequest {
   std::vector<int32_t> prefix_scope;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
+  bool prefetch = false;  // EngineRequest::prefetch
   // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.
   absl::Time deadline = absl::InfiniteFuture();
   // When the caller handed the request over (Engine::Submit sets it); TTFT counts from here, so
@@ -153,6 +154,10 @@ struct PreparedRequest {
 // PrepareRequest checks these with the request's own field names; EngineCore::Add checks again,
 // so a request prepared by any other path cannot take down the core.
 absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& config);
+
+// The message for a prompt of `r` that fills the context: "prompt: N tokens leave no room ...",
+// or for a Prefetch "documents: N tokens together leave no room ...".
+std::string PromptTooLongMessage(const PreparedRequest& r, const ModelConfig& config);
 
 // The prompt tokens `p` will compute (its share of a worker's queued prefill load): prompt_tokens()
 // less the documents `reused(key, tokens)` says need no encoding, keyed as admission keys them

@@ -258,6 +258,32 @@ TEST_F(EngineCoreSafetyTest, RequestThatCanNeverFitIsAFailedPrecondition) {
   EXPECT_TRUE(RunOne(Request({9, 9}, CacheMode::kLazy)).status.ok());
 }
 
+// A Prefetch is its documents and a one-token question: when they cannot fit together (the KV
+// pool, the context), the refusal names `documents`, not a prompt or a max_tokens its caller
+// never sent.
+TEST_F(EngineCoreSafetyTest, APrefetchThatCannotFitNamesItsDocuments) {
+  Init(/*blocks=*/8);
+  EngineRequest too_big = Request({9}, CacheMode::kLazy, /*max_tokens=*/1);
+  too_big.prefetch = true;
+  const Outcome o = RunOne(too_big);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+  EXPECT_EQ(o.status.message().rfind("documents: need ", 0), 0u) << o.status;
+  EXPECT_NE(o.status.message().find("send fewer documents per Prefetch"), std::string::npos)
+      << o.status;
+
+  Init(/*blocks=*/512);
+  const int64_t context = weights_->config.max_positions;
+  EngineRequest long_docs = Request({0, 1}, CacheMode::kLazy, /*max_tokens=*/1);
+  long_docs.prefetch = true;
+  PreparedRequest p = Prepare(long_docs);
+  p.documents[0].tokens.resize(context, 1);
+  Add(std::move(p));
+  EXPECT_EQ(Last().status.code(), absl::StatusCode::kInvalidArgument) << Last().status;
+  EXPECT_EQ(Last().status.message().rfind("documents: ", 0), 0u) << Last().status;
+  EXPECT_NE(Last().status.message().find("together leave no room"), std::string::npos)
+      << Last().status;
+}
+
 // What PrepareRequest refuses is refused by the core too, whoever prepared the request: each ends
 // with InvalidArgument naming the part, nothing runs for it, and the core keeps serving.
 TEST_F(EngineCoreSafetyTest, RequestsTheModelCannotComputeAreRefusedByTheCore) {

@@ -47,11 +47,21 @@ absl::Status CheckPreparedRequest(const PreparedRequest& r, const ModelConfig& c
   if (!bad.empty()) return absl::InvalidArgumentError(bad);
   if (r.question.empty()) return absl::InvalidArgumentError("question: no tokens");
   if (r.prompt_tokens() >= config.max_positions) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt: ", r.prompt_tokens(),
-                     " tokens leave no room in the model's context of ", config.max_positions));
+    return absl::InvalidArgumentError(PromptTooLongMessage(r, config));
   }
   return absl::OkStatus();
+}
+
+std::string PromptTooLongMessage(const PreparedRequest& r, const ModelConfig& config) {
+  if (r.prefetch) {
+    return absl::StrCat("documents: ", r.prompt_tokens(),
+                        " tokens together leave no room in the model's context of ",
+                        config.max_positions,
+                        " (one Prefetch caches its documents as one prompt; send them in "
+                        "separate calls)");
+  }
+  return absl::StrCat("prompt: ", r.prompt_tokens(),
+                      " tokens leave no room in the model's context of ", config.max_positions);
 }
 
 }  // namespace lazyattn

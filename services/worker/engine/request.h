@@ -40,6 +40,9 @@ struct EngineRequest {
   std::optional<std::vector<int32_t>> question_token_ids;
   CacheMode mode = CacheMode::kLazy;
   SamplingParams sampling;
+  // A Prefetch (its documents and a one-token question): a prompt or KV need too large is
+  // refused naming `documents`, the only field its caller sent.
+  bool prefetch = false;
   // A MonotonicNow() value (common/monotonic_time.h), as every time the engine keeps.
   absl::Time deadline = absl::InfiniteFuture();
   // Who may share this request's KV (common/document_key.h): the API key's cache namespace the

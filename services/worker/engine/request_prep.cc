@@ -120,6 +120,7 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   PreparedRequest p;
   p.mode = req.mode;
   p.sampling = req.sampling;
+  p.prefetch = req.prefetch;
   p.deadline = req.deadline;
   p.prefix_scope = PrefixScopeWords(req.cache_scope);
   // The prompt starts with the system prefix, so BOS (for models that want it) goes there, even
@@ -201,9 +202,7 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const EngineRequest& req, const T
   // The checks above hold for each part alone, in every mode; now the tokens the model reads.
   if (!EncodesDocumentsAlone(req.mode)) TokenizeAsWhole(req, tok, &p);
   if (p.prompt_tokens() >= config.max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt: ", p.prompt_tokens(),
-                                                   " tokens leave no room in the model's context of ",
-                                                   config.max_positions));
+    return absl::InvalidArgumentError(PromptTooLongMessage(p, config));
   }
   return p;
 }

@@ -148,6 +148,7 @@ absl::StatusOr<EngineRequest> PrefetchEngineRequest(const v1::PrefetchRequest& r
   r.question.assign(1, '\n');  // (not = "\n": GCC 12 warns -Wrestrict, a false positive)
   r.sampling.max_tokens = 1;
   r.sampling.ignore_eos = true;
+  r.prefetch = true;
   return r;
 }
 
