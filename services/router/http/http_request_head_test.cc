@@ -354,6 +354,23 @@ TEST_F(HttpRequestHeadTest, WhatDoesNotParseAsHttp11IsSaidSo) {
         error["message"].get<std::string>().rfind("the request does not parse as HTTP/1.1", 0), 0u)
         << reply;
   }
+  // A header line over the library's line limit (a long bearer token, say) is one that does not
+  // parse; the message says the limit, which nothing else would tell the client.
+  const std::string long_line = Exchange(absl::StrCat(
+      "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", std::string(8300, 'b'), "\r\n\r\n"));
+  EXPECT_EQ(long_line.rfind("HTTP/1.1 400", 0), 0u) << long_line.substr(0, 300);
+  EXPECT_NE(BodyOf(long_line)["error"]["message"].get<std::string>().find(
+                "or a header line (each at most 8192 bytes)"),
+            std::string::npos)
+      << long_line.substr(0, 600);
+  // A Range the library cannot parse: its 416 says so (it said "HTTP status 416 for ...").
+  const std::string range = Exchange(
+      "GET /health HTTP/1.1\r\nHost: x\r\nRange: bytes=abc\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(range.rfind("HTTP/1.1 416", 0), 0u) << range;
+  EXPECT_EQ(BodyOf(range)["error"]["message"],
+            "Range: does not parse (the router serves no ranges; send none)")
+      << range;
+  EXPECT_EQ(BodyOf(range)["error"]["code"], "range_not_satisfiable") << range;
 }
 
 // An unknown model is quoted as any string the client sent, cut to 32 bytes (it was quoted to

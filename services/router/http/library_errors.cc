@@ -50,10 +50,19 @@ void WriteUnhandledError(const HttpOptions& options, const httplib::Request& req
       // The library's own 400: what it read did not parse (the request line of HTTP/0.9 or 2.0,
       // a bare LF, a header line it could not split). It may have read no method or path to
       // quote. (A body that does not parse is the completion handler's 400, naming `body`.)
-      message =
+      // A header line over the library's line limit is one it could not split: said, since a
+      // long bearer token or cookie is the likely cause and nothing else would tell the client.
+      message = absl::StrCat(
           "the request does not parse as HTTP/1.1: its request line (method, target, HTTP/1.0 or "
-          "HTTP/1.1, one space apart, CRLF) or a header line";
+          "HTTP/1.1, one space apart, CRLF) or a header line (each at most ",
+          CPPHTTPLIB_HEADER_MAX_LENGTH, " bytes)");
       code = "invalid_argument";
+      break;
+    case 416:
+      // The library refuses a Range it cannot parse before the router sees the request; one that
+      // parses is ignored (request_head_checks.h).
+      message = "Range: does not parse (the router serves no ranges; send none)";
+      code = "range_not_satisfiable";
       break;
     default:
       message = absl::StrCat("HTTP status ", res.status, " for ", req.method.substr(0, 16), " ",
