@@ -216,6 +216,7 @@ TEST_F(HttpRequestHeadTest, AHeaderNameThatIsNoTokenIs400AndClosesTheConnection)
       {"space before the colon", "Transfer-Encoding : chunked", "\"Transfer-Encoding \""},
       {"tab before the colon", "Transfer-Encoding\t: chunked", "\"Transfer-Encoding\\x09\""},
       {"a separator in the name", "Content(Length): 4", "\"Content(Length)\""},
+      {"a NUL in the name", std::string("X-A\0B: 1", 8), "\"X-A\\x00B\""},
       {"a control byte in the name",
        std::string("X-A\x01"
                    "B: 1"),

@@ -89,9 +89,11 @@ std::string AuthorizationOf(const httplib::Request& req) {
 // so `Transfer-Encoding : chunked` is stored under "Transfer-Encoding " and ignored here.
 bool IsFieldName(std::string_view name) {
   if (name.empty()) return false;
+  constexpr std::string_view kSymbols = "!#$%&'*+-.^_`|~";
   for (const char c : name) {
+    // (Not strchr: it finds a NUL, the string's own end, in any string.)
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
-        std::strchr("!#$%&'*+-.^_`|~", c) == nullptr) {
+        kSymbols.find(c) == std::string_view::npos) {
       return false;
     }
   }
