@@ -199,6 +199,13 @@ google::protobuf::RepeatedPtrField<lazyattn::v1::WorkerResidency> Listing(
   return out;
 }
 
+// Worker `id` of model A listed at `address`.
+lazyattn::v1::WorkerResidency WorkerAt(const std::string& id, const std::string& address) {
+  lazyattn::v1::WorkerResidency w = Worker(id, "llama", kFpA);
+  w.mutable_worker()->set_address(address);
+  return w;
+}
+
 // A router that reaches kvdir over the network never dials a worker listed at a loopback
 // address: that is the router's own host. (kvdir takes such an address only from a worker
 // connected over loopback, which one on kvdir's host or behind a proxy there also is.) A one-host
@@ -208,11 +215,7 @@ TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster)
   auto listed = [](bool directory_on_this_host) {
     WorkerRegistry registry({"127.0.0.1:9000"}, TlsOptions{}, 1 << 20, absl::Seconds(10),
                             directory_on_this_host);
-    auto at = [](const std::string& id, const std::string& address) {
-      lazyattn::v1::WorkerResidency w = Worker(id, "llama", kFpA);
-      w.mutable_worker()->set_address(address);
-      return w;
-    };
+    const auto at = WorkerAt;
     registry.ObserveDirectory(
         Listing({at("w0", "10.0.0.7:7200"), at("w1", "127.0.0.1:7201"), at("w2", "localhost:7202"),
                  at("w3", "[::1]:7203"), at("w4", "unix:/run/w4.sock"),
@@ -228,8 +231,7 @@ TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster)
   // A worker now listed at an address not dialled leaves its old one at once, as a move does.
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
                           /*directory_on_this_host=*/false);
-  lazyattn::v1::WorkerResidency w0 = Worker("w0", "llama", kFpA);
-  w0.mutable_worker()->set_address("10.0.0.7:7200");
+  lazyattn::v1::WorkerResidency w0 = WorkerAt("w0", "10.0.0.7:7200");
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({w0}), t0);
   EXPECT_EQ(registry.Snapshot().size(), 1u);
@@ -253,8 +255,7 @@ TEST(WorkerRegistryTest, LoopbackWorkerAddressesAreDialledOnlyInAOneHostCluster)
 TEST(WorkerRegistryTest, AWorkerRestartedAtANewAddressStartsWithNoCallsInFlight) {
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
                           /*directory_on_this_host=*/true);
-  lazyattn::v1::WorkerResidency w0 = Worker("w0", "llama", kFpA);
-  w0.mutable_worker()->set_address("10.0.0.7:7200");
+  lazyattn::v1::WorkerResidency w0 = WorkerAt("w0", "10.0.0.7:7200");
   const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
   registry.ObserveDirectory(Listing({w0}), t0);
   ASSERT_EQ(registry.Snapshot().size(), 1u);
