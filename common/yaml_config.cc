@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/file_stamp.h"
+#include "common/status_macros.h"
 
 namespace lazyattn {
 
@@ -19,11 +20,19 @@ constexpr int64_t kMaxConfigBytes = 16 << 20;
 // Every map of `node`, at any depth, has each key once: yaml-cpp keeps both of a repeated key and
 // every lookup finds the first, so `lease_ms: 3000` then `lease_ms: 0` would silently start with
 // 3000. Keys must be scalars (a map or list as a key names no setting).
+// `visits` is what the walk may still visit: yaml-cpp shares an anchored node among its aliases,
+// so the tree a walk sees can be exponentially larger than the text (see LoadOneYamlDocument).
 absl::Status CheckKeysOnce(const YAML::Node& node, const std::string& path,
-                           const std::string& source) {
+                           const std::string& source, int64_t* visits) {
+  if (--*visits < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", path.empty() ? "" : path + ": ",
+        "more YAML nodes than the text could hold without aliases repeating them (*name "
+        "expands its &name's node each time)"));
+  }
   if (node.IsSequence()) {
     for (size_t i = 0; i < node.size(); ++i) {
-      absl::Status s = CheckKeysOnce(node[i], absl::StrCat(path, "[", i, "]"), source);
+      absl::Status s = CheckKeysOnce(node[i], absl::StrCat(path, "[", i, "]"), source, visits);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -41,13 +50,34 @@ absl::Status CheckKeysOnce(const YAML::Node& node, const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": ", key, ": given twice (again on line ", kv.first.Mark().line + 1, ")"));
     }
-    absl::Status s = CheckKeysOnce(kv.second, key, source);
+    absl::Status s = CheckKeysOnce(kv.second, key, source, visits);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::StatusOr<YAML::Node> LoadOneYamlDocument(const std::string& yaml, const std::string& source) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not YAML: ", e.what()));
+  }
+  if (documents.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", documents.size(),
+                     " YAML documents (separated by ---); the file must hold one"));
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
+  // Without aliases a node takes at least a byte of text; 16 a byte and 10,000 more leave room
+  // for anchors reused as defaults, while a chain of aliases (594 bytes expanding to 10^12
+  // nodes, which this walk and every later one would spin on for hours) is refused at once.
+  int64_t visits = 16 * static_cast<int64_t>(yaml.size()) + 10000;
+  RETURN_IF_ERROR(CheckKeysOnce(root, "", source, &visits));
+  return root;
+}
 
 absl::Status YamlConfig::LoadFile(const std::string& path) {
   struct stat st {};
@@ -65,15 +95,11 @@ absl::Status YamlConfig::LoadFile(const std::string& path) {
 
 absl::Status YamlConfig::LoadString(const std::string& yaml, const std::string& source) {
   source_ = source;
-  try {
-    root_ = YAML::Load(yaml);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
-  }
+  ASSIGN_OR_RETURN(root_, LoadOneYamlDocument(yaml, source));
   if (!root_.IsNull() && !root_.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the top level must be a map"));
   }
-  return CheckKeysOnce(root_, "", source);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<YAML::Node> YamlConfig::Find(const std::string& path) const {

@@ -21,9 +21,17 @@
 
 namespace lazyattn {
 
+// The one YAML document of `yaml` (a Null node for none), checked as every file the services read
+// is: InvalidArgument naming `source` for malformed YAML, more than one document (what follows a
+// `---` was silently ignored), a key given twice in any map (yaml-cpp keeps both and finds the
+// first), a key that is not a scalar, or a tree that aliases make far larger than the text
+// (a 600-byte chain of `&aN [*aN-1, ...]` is 10^12 nodes to any walk of it).
+absl::StatusOr<YAML::Node> LoadOneYamlDocument(const std::string& yaml, const std::string& source);
+
 class YamlConfig {
  public:
-  // InvalidArgument (with line and column) for malformed YAML; NotFound for a missing file.
+  // InvalidArgument (with line and column) for malformed YAML and what LoadOneYamlDocument
+  // refuses; NotFound for a missing file.
   absl::Status LoadFile(const std::string& path);
   absl::Status LoadString(const std::string& yaml, const std::string& source = "<string>");
 

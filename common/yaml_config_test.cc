@@ -1,5 +1,6 @@
 #include "common/yaml_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace lazyattn {
@@ -56,6 +57,37 @@ TEST(YamlConfigTest, ListsOfMapsAndMalformedYaml) {
   YamlConfig broken;
   EXPECT_EQ(broken.LoadString("a: [1, 2\n", "b.yaml").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(broken.LoadFile("/nonexistent.yaml").code(), absl::StatusCode::kNotFound);
+}
+
+// A chain of aliases (each list ten of the one before) is 10^12 nodes to any walk of the tree
+// from 600 bytes of text: every service spun on it at start-up. It is refused at once now, while
+// an anchor reused a few times, as defaults are, loads. A second document was silently ignored.
+TEST(YamlConfigTest, AliasBombsAndSecondDocumentsAreRefused) {
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 12; ++i) {
+    bomb += absl::StrCat("a", i, ": &a", i, " [");
+    for (int j = 0; j < 10; ++j) absl::StrAppend(&bomb, j ? ", " : "", "*a", i - 1);
+    bomb += "]\n";
+  }
+  YamlConfig cfg;
+  const absl::Status s = cfg.LoadString(bomb, "bomb.yaml");  // (it spun for hours)
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("aliases"), std::string::npos) << s;
+
+  YamlConfig defaults;
+  EXPECT_TRUE(defaults
+                  .LoadString("base: &base {a: 1, b: [1, 2, 3], c: {d: x}}\n"
+                              "one: *base\ntwo: *base\nthree: *base\n",
+                              "defaults.yaml")
+                  .ok());
+
+  YamlConfig two;
+  const absl::Status docs = two.LoadString("insecure: true\n---\ninsecure: false\n", "two.yaml");
+  EXPECT_EQ(docs.code(), absl::StatusCode::kInvalidArgument) << docs;
+  EXPECT_EQ(docs.message(),
+            "two.yaml: 2 YAML documents (separated by ---); the file must hold one");
+  YamlConfig empty;
+  EXPECT_TRUE(empty.LoadString("", "empty.yaml").ok());
 }
 
 // A key given twice in one map is refused at load, at any depth (yaml-cpp keeps both, and every
