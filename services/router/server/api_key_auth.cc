@@ -14,6 +14,8 @@
 #include "common/file_stamp.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
+#include "common/status_macros.h"
+#include "common/yaml_config.h"
 
 namespace lazyattn::router {
 namespace {
@@ -103,15 +105,20 @@ absl::Status ParseLimits(const YAML::Node& node, const std::string& where, KeyLi
 }  // namespace
 
 absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not YAML: ", e.what()));
-  }
+  // One document, each key once, no alias bomb (yaml_config.h): a repeated `sha256` in an entry
+  // silently kept the last and a second `---` document was ignored.
+  // (Not const: a const node's operator[] of a missing key is an invalid node that throws.)
+  ASSIGN_OR_RETURN(YAML::Node root, LoadOneYamlDocument(yaml_text, source));
   const YAML::Node keys = root.IsMap() ? root["keys"] : YAML::Node();
   if (!keys.IsSequence()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": keys: expected a list of keys"));
+  }
+  for (const auto& entry : root) {
+    if (entry.first.Scalar() != "keys") {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ",
+                                                     entry.first.Scalar().substr(0, 64),
+                                                     ": unknown key (the file holds keys: only)"));
+    }
   }
   ApiKeyTable table;
   absl::flat_hash_map<std::string, int> names;
@@ -205,8 +212,11 @@ absl::StatusOr<std::shared_ptr<ApiKeyAuthorizer>> ApiKeyAuthorizer::Create(
     prometheus::Registry& registry) {
   std::shared_ptr<ApiKeyAuthorizer> auth(
       new ApiKeyAuthorizer(keys_file, reload_interval, registry));
-  absl::MutexLock lock(&auth->reload_mu_);
-  if (absl::Status s = auth->Load(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&auth->reload_mu_);
+    if (absl::Status s = auth->Load(); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&auth->check_mu_);
   auth->next_check_ = MonotonicNow() + reload_interval;
   return auth;
 }
@@ -240,6 +250,10 @@ absl::Status ApiKeyAuthorizer::Load() {
 
 bool ApiKeyAuthorizer::ReloadIfChanged() {
   absl::MutexLock lock(&reload_mu_);
+  return ReloadIfChangedLocked();
+}
+
+bool ApiKeyAuthorizer::ReloadIfChangedLocked() {
   // A file renamed over the path is a new version even with the old one's size and time.
   if (StampOf(keys_file_) == file_stamp_) return true;
   const absl::Status s = Load();
@@ -284,14 +298,18 @@ grpc::Status ApiKeyAuthorizer::Process(const InputMetadata& auth_metadata,
   {
     bool due = false;
     {
-      absl::MutexLock lock(&reload_mu_);
+      absl::MutexLock lock(&check_mu_);
       const absl::Time now = MonotonicNow();
       if (now >= next_check_) {
         next_check_ = now + reload_interval_;
         due = true;
       }
     }
-    if (due) ReloadIfChanged();
+    // Never waits for a reload under way (ReloadIfChanged): the keys loaded serve meanwhile.
+    if (due && reload_mu_.TryLock()) {
+      ReloadIfChangedLocked();
+      reload_mu_.Unlock();
+    }
   }
   const std::string_view token = BearerToken(auth_metadata);
   if (token.empty()) {

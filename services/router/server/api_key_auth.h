@@ -73,8 +73,11 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
                        OutputMetadata* consumed_auth_metadata,
                        OutputMetadata* response_metadata) override;
 
-  // Re-reads the file if it changed since the last load (Process calls it). False when a changed
-  // file could not be loaded (the previous keys stay).
+  // Re-reads the file if it changed since the last load. False when a changed file could not be
+  // loaded (the previous keys stay). Process calls it once a reload interval, and only when no
+  // reload is under way: the call that finds the file changed reads it, and calls meanwhile go on
+  // with the previous keys (a 15 MB file took seconds to parse, and every authenticated call
+  // waited for it).
   bool ReloadIfChanged();
 
   // The per-key limits of the loaded file (the in-flight cap is applied by the handlers).
@@ -84,6 +87,7 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
   ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_interval,
                    prometheus::Registry& registry);
   absl::Status Load();  // under reload_mu_
+  bool ReloadIfChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
   grpc::Status Refuse(grpc::StatusCode code, const char* reason, std::string message);
 
   const std::string keys_file_;
@@ -92,9 +96,10 @@ class ApiKeyAuthorizer : public grpc::AuthMetadataProcessor {
   prometheus::Family<prometheus::Counter>& refused_family_;
   KeyLimiter limiter_;
 
-  // Lock order: reload_mu_ before mu_.
-  absl::Mutex reload_mu_;
-  absl::Time next_check_ ABSL_GUARDED_BY(reload_mu_) = absl::InfinitePast();
+  // Lock order: reload_mu_ before mu_. check_mu_ is taken alone, by every call.
+  absl::Mutex check_mu_;
+  absl::Time next_check_ ABSL_GUARDED_BY(check_mu_) = absl::InfinitePast();
+  absl::Mutex reload_mu_;  // held while the file is read and parsed
   FileStamp file_stamp_ ABSL_GUARDED_BY(reload_mu_);
 
   absl::Mutex mu_;

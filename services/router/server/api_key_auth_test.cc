@@ -43,6 +43,13 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
   } cases[] = {
       {"nokeys: 1\n", "keys: expected a list"},
       {"keys: [", "not YAML"},
+      // One document, each key once, nothing but keys: a repeated sha256 silently kept the last,
+      // a second document was ignored.
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    sha256: " + std::string(64, 'c') + "\n",
+       "keys[0].sha256: given twice"},
+      {"keys: []\n---\nkeys:\n  - name: a\n    sha256: " + kHash + "\n", "2 YAML documents"},
+      {"keys: []\nextra: 1\n", "extra: unknown key"},
+      {"keys: []\nkeys: []\n", "keys: given twice"},
       {"keys:\n  - name: a\n    sha256: abc\n", "keys[0].sha256"},
       {"keys:\n  - name: a b\n    sha256: " + kHash + "\n", "keys[0].name"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: [root]\n", "unknown scope"},
