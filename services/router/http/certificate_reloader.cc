@@ -1,13 +1,15 @@
 #include "services/router/http/certificate_reloader.h"
 
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_stamp.h"
 #include "common/log.h"
 
 namespace lazyattn::router {
@@ -39,8 +41,8 @@ std::string OpenSslError() {
   return out.empty() ? "no detail" : out;
 }
 
-struct FileCloser {
-  void operator()(FILE* f) const { fclose(f); }
+struct BioCloser {
+  void operator()(BIO* b) const { BIO_free(b); }
 };
 
 }  // namespace
@@ -79,26 +81,35 @@ absl::StatusOr<std::shared_ptr<const CertificateReloader::Pair>> CertificateRelo
     const std::string& cert_file, const std::string& key_file) {
   ERR_clear_error();
   auto pair = std::make_shared<Pair>();
-  std::unique_ptr<FILE, FileCloser> cert(fopen(cert_file.c_str(), "r"));
-  if (cert == nullptr) {
+  // Read through ReadStampedFile, not fopen: a file replaced by a FIFO blocked the watcher in
+  // open() for good, and the router's shutdown with it (its destructor joins the watcher).
+  absl::StatusOr<StampedText> cert_text = ReadStampedFile(cert_file);
+  if (!cert_text.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("server.tls.cert_file: cannot open ", cert_file));
+        absl::StrCat("server.tls.cert_file: ", cert_text.status().message()));
   }
-  pair->leaf = PEM_read_X509(cert.get(), nullptr, nullptr, nullptr);
+  std::unique_ptr<BIO, BioCloser> cert(
+      BIO_new_mem_buf(cert_text->text.data(), static_cast<int>(cert_text->text.size())));
+  pair->leaf = PEM_read_bio_X509(cert.get(), nullptr, nullptr, nullptr);
   if (pair->leaf == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file: no PEM certificate in ",
                                                    cert_file, ": ", OpenSslError()));
   }
   pair->chain = sk_X509_new_null();
-  while (X509* extra = PEM_read_X509(cert.get(), nullptr, nullptr, nullptr)) {
+  while (X509* extra = PEM_read_bio_X509(cert.get(), nullptr, nullptr, nullptr)) {
     sk_X509_push(pair->chain, extra);
   }
   ERR_clear_error();  // the end of the file reads as an error
-  std::unique_ptr<FILE, FileCloser> key(fopen(key_file.c_str(), "r"));
-  if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: cannot open ", key_file));
+  absl::StatusOr<StampedText> key_text = ReadStampedFile(key_file);
+  if (!key_text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server.tls.key_file: ", key_text.status().message()));
   }
-  pair->key = PEM_read_PrivateKey(key.get(), nullptr, nullptr, nullptr);
+  std::unique_ptr<BIO, BioCloser> key(
+      BIO_new_mem_buf(key_text->text.data(), static_cast<int>(key_text->text.size())));
+  pair->key = PEM_read_bio_PrivateKey(key.get(), nullptr, nullptr, nullptr);
+  // The key's text is a secret: not left in freed memory.
+  OPENSSL_cleanse(key_text->text.data(), key_text->text.size());
   if (pair->key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: no PEM private key in ",
                                                    key_file, ": ", OpenSslError()));

@@ -11,6 +11,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -230,6 +231,13 @@ TEST_F(HttpTlsReloadTest, APairThatDoesNotLoadKeepsTheCurrentCertificate) {
   EXPECT_EQ(presented(), old_serial);
   // Not PEM at all.
   std::ofstream(certs_ + "/live.crt.tmp") << "not a certificate\n";
+  std::filesystem::rename(certs_ + "/live.crt.tmp", certs_ + "/live.crt");
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_EQ(presented(), old_serial);
+  // A FIFO in the certificate's place: refused at once. The watcher opened it with fopen and
+  // blocked there for good, so the pair below was never served, and the listener's shutdown
+  // (which joins the watcher) hung.
+  ASSERT_EQ(mkfifo((certs_ + "/live.crt.tmp").c_str(), 0600), 0);
   std::filesystem::rename(certs_ + "/live.crt.tmp", certs_ + "/live.crt");
   absl::SleepFor(absl::Milliseconds(2500));
   EXPECT_EQ(presented(), old_serial);
