@@ -13,9 +13,18 @@
 
 namespace lazyattn {
 
+absl::Status RefuseIfNotRegularFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, size_t min_bytes,
                                             const std::string& too_short_what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));

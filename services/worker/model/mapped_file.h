@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace lazyattn {
@@ -33,6 +34,12 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// InvalidArgument ("PATH: not a regular file") when `path` exists and is not a regular file (a
+// symbolic link to one is followed): a FIFO, opened with a stream to be read, waits for a writer
+// for good (a worker hung at "loading the model"), a directory reads as empty. OK otherwise,
+// missing paths included (the caller's open says so).
+absl::Status RefuseIfNotRegularFile(const std::string& path);
 
 }  // namespace lazyattn
 

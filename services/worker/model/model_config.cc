@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "services/worker/model/mapped_file.h"
 
 namespace lazyattn {
 
@@ -291,6 +292,7 @@ struct JsonKeys {
 };
 
 absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& path) {
+  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   // Read in chunks and stop past the limit: a huge (or endless, e.g. a FIFO) file is refused

@@ -1,5 +1,7 @@
 #include "services/worker/model/model_weights.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -147,6 +149,26 @@ TEST(LoadModelWeightsTest, ClearErrorsForMissingOrUnknownPaths) {
       << looped.status().message();
   EXPECT_EQ(looped.status().message().find("not found"), std::string::npos);
   std::filesystem::remove(loop);
+  // A FIFO as the model, or as an HF directory's config.json: refused, not waited on for a writer
+  // (a worker hung at "loading the model").
+  const auto fifo = dir / "fifo.gguf";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto fifo_model = LoadModelWeights(fifo.string());
+  EXPECT_EQ(fifo_model.status().code(), absl::StatusCode::kInvalidArgument) << fifo_model.status();
+  EXPECT_NE(fifo_model.status().message().find("not a regular file"), std::string::npos)
+      << fifo_model.status();
+  std::filesystem::remove(fifo);
+  const auto fifo_dir = dir / "fifo-config";
+  std::filesystem::remove_all(fifo_dir);
+  std::filesystem::create_directories(fifo_dir);
+  ASSERT_EQ(mkfifo((fifo_dir / "config.json").c_str(), 0600), 0);
+  auto fifo_config = LoadModelWeights(fifo_dir.string());
+  EXPECT_EQ(fifo_config.status().code(), absl::StatusCode::kInvalidArgument)
+      << fifo_config.status();
+  EXPECT_NE(fifo_config.status().message().find("not a regular file"), std::string::npos)
+      << fifo_config.status();
+  std::filesystem::remove_all(fifo_dir);
 
   auto no_config = LoadModelWeights(dir.string());
   EXPECT_EQ(no_config.status().code(), absl::StatusCode::kInvalidArgument);

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/gguf_file.h"
+#include "services/worker/model/mapped_file.h"
 #include "services/worker/model/tokenizer/pre_tokenizer.h"
 
 namespace lazyattn {
@@ -57,6 +58,7 @@ absl::StatusOr<int32_t> OptionalId(const GgufFile& gguf, std::string_view key) {
 // The whole file, refused when larger than kMaxTokenizerJsonBytes (read one byte past the limit at
 // most, never the whole of a huge file).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::string text;
