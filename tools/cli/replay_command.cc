@@ -5,6 +5,8 @@
 //   {"system": "...", "documents": ["text", {"id": "d1", "text": "..."}, {"token_ids": [1, 2]}],
 //    "question": "...", "mode": "lazy", "max_tokens": 32}
 // Fields other than "question" are optional; flags give the defaults.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -122,8 +124,20 @@ int ReplayCommand(int argc, char** argv) {
   int load_exit = 0;
   auto model = ServedModelFromArgs(args, &load_exit);
   if (!model.ok()) return CliFail(model.status(), load_exit);
-  std::ifstream in(args.String("requests"));
-  if (!in) return CliFail(absl::NotFoundError("cannot read " + args.String("requests")), 2);
+  const std::string requests_path = args.String("requests");
+  // A file or a pipe (`--requests <(cmd)`): a directory read as no requests and exited 0, and
+  // /dev/zero (no newline, ever) was read until memory ran out.
+  struct stat st {};
+  if (stat(requests_path.c_str(), &st) != 0) {
+    return CliFail(absl::NotFoundError("--requests: cannot read " + requests_path), 2);
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    return CliFail(absl::InvalidArgumentError(
+                       absl::StrCat("--requests: ", requests_path, " is not a file or a pipe")),
+                   2);
+  }
+  std::ifstream in(requests_path);
+  if (!in) return CliFail(absl::NotFoundError("--requests: cannot read " + requests_path), 2);
   std::vector<EngineRequest> requests;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
@@ -133,6 +147,13 @@ int ReplayCommand(int argc, char** argv) {
     auto r = ParseLine(j, n, *model->tokenizer, args.Has("chat"), *mode, *sampling);
     if (!r.ok()) return CliFail(r.status(), 2);
     requests.push_back(std::move(*r));
+  }
+  if (in.bad()) {
+    return CliFail(absl::DataLossError("--requests: error reading " + requests_path), 2);
+  }
+  if (requests.empty()) {
+    return CliFail(
+        absl::InvalidArgumentError("--requests: " + requests_path + " holds no requests"), 2);
   }
 
   const std::unique_ptr<Engine> engine_ptr = EngineFor(*model);

@@ -1,15 +1,17 @@
 #include "tools/cli/router_channel.h"
 
+#include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_stamp.h"
 #include "common/grpc_util.h"
 
 namespace lazyattn {
 namespace {
+
+constexpr int64_t kMaxApiKeyFileBytes = 64 << 10;
 
 std::string FlagOrEnv(const CliArgs& args, const char* flag, const char* env) {
   if (args.Has(flag)) return args.String(flag);
@@ -35,11 +37,18 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeRouterChannel(const CliArgs& 
   if (key.empty()) {
     const std::string key_file = FlagOrEnv(args, "api-key-file", "LAZYATTN_API_KEY_FILE");
     if (!key_file.empty()) {
-      std::ifstream in(key_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      if (!in) return absl::InvalidArgumentError(absl::StrCat("--api-key-file: cannot read ", key_file));
-      key = std::string(absl::StripAsciiWhitespace(ss.str()));
+      // A regular file of at most 64 KiB (an API key is tens of bytes): /dev/zero was read until
+      // memory ran out, and a directory or an empty file sent the request with no key at all.
+      absl::StatusOr<StampedText> text = ReadStampedFile(key_file, kMaxApiKeyFileBytes);
+      if (!text.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--api-key-file: ", text.status().message()));
+      }
+      key = std::string(absl::StripAsciiWhitespace(text->text));
+      if (key.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--api-key-file: ", key_file, " holds no key"));
+      }
     }
   }
   if (key.empty()) return MakeChannel(address, tls);
