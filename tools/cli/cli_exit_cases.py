@@ -1,8 +1,12 @@
-"""What the CLI's exit tests (bad_flag_exit_test.py, bad_model_exit_test.py, doc_file_test.py)
-share: finding the programs under test, the line a refusal is judged by, and the verdict line of
-each case and of the run."""
+"""What the CLI's exit tests (bad_flag_exit_test.py, bad_model_exit_test.py, doc_file_test.py,
+input_files_test.py) share: finding the programs under test, the line a refusal is judged by, the
+verdict line of each case and of the run, and the memory limit of a child."""
+import argparse
 import os
+import resource
+import shutil
 import sys
+import tempfile
 
 
 def programs(bin_dir, names):
@@ -33,3 +37,27 @@ def finish(failures):
         print(f"{failures} failures", file=sys.stderr)
         return 1
     return 0
+
+
+def limit_memory():
+    """A child's preexec_fn: 4 GiB of address space, so a regression that reads /dev/zero dies
+    (and fails its test) instead of exhausting the machine."""
+    n = 4 << 30
+    resource.setrlimit(resource.RLIMIT_AS, (n, n))
+
+
+def main_with_lazyattn(prefix, run_cases):
+    """A test's main(): `--bin-dir BUILD/bin`, then run_cases(lazyattn, tmp) with the lazyattn
+    program and a fresh folder (removed after); its return value is the exit code."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    args = ap.parse_args()
+    found = programs(args.bin_dir, ["lazyattn"])
+    if found is None:
+        return 1
+    lazyattn, = found
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        return run_cases(lazyattn, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

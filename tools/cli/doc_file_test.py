@@ -11,16 +11,12 @@ dies (and fails the test) instead of exhausting the machine.
 
   doc_file_test.py --bin-dir BUILD/bin
 """
-import argparse
 import os
-import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 
-from cli_exit_cases import finish, last_line, programs, report
+from cli_exit_cases import finish, last_line, limit_memory, main_with_lazyattn, report
 
 TINY_GGUF = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
 DEFAULT_LIMIT = 1 << 20
@@ -31,26 +27,6 @@ NO_ROUTER = "127.0.0.1:1"
 def write_fifo(path):
     with open(path, "w") as f:
         f.write("A document from a pipe.\n")
-
-
-def limit_memory():
-    n = 4 << 30
-    resource.setrlimit(resource.RLIMIT_AS, (n, n))
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    args = ap.parse_args()
-    found = programs(args.bin_dir, ["lazyattn"])
-    if found is None:
-        return 1
-    lazyattn, = found
-    tmp = tempfile.mkdtemp(prefix="lazyattn-doc-file-")
-    try:
-        return run_cases(lazyattn, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_cases(lazyattn, tmp):
@@ -116,4 +92,4 @@ def run_cases(lazyattn, tmp):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_with_lazyattn("lazyattn-doc-file-", run_cases))

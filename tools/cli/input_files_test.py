@@ -11,70 +11,50 @@ dies (and fails the test) instead of exhausting the machine.
 
   input_files_test.py --bin-dir BUILD/bin
 """
-import argparse
 import os
-import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 
-from cli_exit_cases import finish, last_line, programs, report
+from cli_exit_cases import finish, last_line, limit_memory, main_with_lazyattn, report
 
 TINY_GGUF = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf"
 NO_ROUTER = "127.0.0.1:1"  # nothing listens: a command past its files fails to connect
 CA = "tests/data/tiny/nonexistent-ca.pem"  # --api-key needs --ca; never read before the key file
 
 
-def limit_memory():
-    n = 4 << 30
-    resource.setrlimit(resource.RLIMIT_AS, (n, n))
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    args = ap.parse_args()
-    found = programs(args.bin_dir, ["lazyattn"])
-    if found is None:
-        return 1
-    lazyattn, = found
-    tmp = tempfile.mkdtemp(prefix="lazyattn-input-files-")
-    try:
-        empty = os.path.join(tmp, "empty")
-        open(empty, "w").close()
-        blank = os.path.join(tmp, "blank")
-        with open(blank, "w") as f:
-            f.write(" \n\t\n")
-        missing = os.path.join(tmp, "missing")
-        # (name, argv, expected exit, texts the last stderr line must contain)
-        cases = []
-        client = [lazyattn, "client", "--router", NO_ROUTER, "--prompt", "hi", "--ca", CA]
-        for what, path in (("/dev/zero", "/dev/zero"), ("a directory", tmp), ("empty", empty),
-                           ("whitespace only", blank), ("missing", missing)):
-            cases.append((f"client --api-key-file {what}", client + ["--api-key-file", path], 1,
-                          ["--api-key-file", path]))
-        replay = [lazyattn, "replay", "--model", TINY_GGUF, "--backend", "cpu", "--requests"]
-        for what, path, text in (("/dev/zero", "/dev/zero", "not a file or a pipe"),
-                                 ("a directory", tmp, "not a file or a pipe"),
-                                 ("empty", empty, "holds no requests"),
-                                 ("missing", missing, "cannot read")):
-            cases.append((f"replay --requests {what}", replay + [path], 2,
-                          ["--requests", path, text]))
-        failures = 0
-        for name, argv, want_rc, texts in cases:
-            try:
-                p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   errors="replace", timeout=120, preexec_fn=limit_memory)
-                rc, last = p.returncode, last_line(p.stderr)
-            except subprocess.TimeoutExpired:
-                rc, last = "timeout", ""
-            ok = rc == want_rc and all(t in last for t in texts)
-            failures += report(ok, f"{name:40}", rc, last)
-        return finish(failures)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def run_cases(lazyattn, tmp):
+    empty = os.path.join(tmp, "empty")
+    open(empty, "w").close()
+    blank = os.path.join(tmp, "blank")
+    with open(blank, "w") as f:
+        f.write(" \n\t\n")
+    missing = os.path.join(tmp, "missing")
+    # (name, argv, expected exit, texts the last stderr line must contain)
+    cases = []
+    client = [lazyattn, "client", "--router", NO_ROUTER, "--prompt", "hi", "--ca", CA]
+    for what, path in (("/dev/zero", "/dev/zero"), ("a directory", tmp), ("empty", empty),
+                       ("whitespace only", blank), ("missing", missing)):
+        cases.append((f"client --api-key-file {what}", client + ["--api-key-file", path], 1,
+                      ["--api-key-file", path]))
+    replay = [lazyattn, "replay", "--model", TINY_GGUF, "--backend", "cpu", "--requests"]
+    for what, path, text in (("/dev/zero", "/dev/zero", "not a file or a pipe"),
+                             ("a directory", tmp, "not a file or a pipe"),
+                             ("empty", empty, "holds no requests"),
+                             ("missing", missing, "cannot read")):
+        cases.append((f"replay --requests {what}", replay + [path], 2,
+                      ["--requests", path, text]))
+    failures = 0
+    for name, argv, want_rc, texts in cases:
+        try:
+            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               errors="replace", timeout=120, preexec_fn=limit_memory)
+            rc, last = p.returncode, last_line(p.stderr)
+        except subprocess.TimeoutExpired:
+            rc, last = "timeout", ""
+        ok = rc == want_rc and all(t in last for t in texts)
+        failures += report(ok, f"{name:40}", rc, last)
+    return finish(failures)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_with_lazyattn("lazyattn-input-files-", run_cases))

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_stamp.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace lazyattn::router {
 
@@ -44,6 +45,21 @@ std::string OpenSslError() {
 struct BioCloser {
   void operator()(BIO* b) const { BIO_free(b); }
 };
+
+// The text of a PEM file, the setting `field` naming it in errors. Read through ReadStampedFile,
+// not fopen: a file replaced by a FIFO blocked the watcher in open() for good, and the router's
+// shutdown with it (its destructor joins the watcher).
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* field) {
+  absl::StatusOr<StampedText> read = ReadStampedFile(path);
+  if (!read.ok())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", read.status().message()));
+  return std::move(read->text);
+}
+
+// A read-only BIO over `text`, which must outlive it.
+BIO* MemoryBio(const std::string& text) {
+  return BIO_new_mem_buf(text.data(), static_cast<int>(text.size()));
+}
 
 }  // namespace
 
@@ -81,15 +97,8 @@ absl::StatusOr<std::shared_ptr<const CertificateReloader::Pair>> CertificateRelo
     const std::string& cert_file, const std::string& key_file) {
   ERR_clear_error();
   auto pair = std::make_shared<Pair>();
-  // Read through ReadStampedFile, not fopen: a file replaced by a FIFO blocked the watcher in
-  // open() for good, and the router's shutdown with it (its destructor joins the watcher).
-  absl::StatusOr<StampedText> cert_text = ReadStampedFile(cert_file);
-  if (!cert_text.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server.tls.cert_file: ", cert_text.status().message()));
-  }
-  std::unique_ptr<BIO, BioCloser> cert(
-      BIO_new_mem_buf(cert_text->text.data(), static_cast<int>(cert_text->text.size())));
+  ASSIGN_OR_RETURN(const std::string cert_text, ReadPem(cert_file, "server.tls.cert_file"));
+  std::unique_ptr<BIO, BioCloser> cert(MemoryBio(cert_text));
   pair->leaf = PEM_read_bio_X509(cert.get(), nullptr, nullptr, nullptr);
   if (pair->leaf == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file: no PEM certificate in ",
@@ -100,16 +109,11 @@ absl::StatusOr<std::shared_ptr<const CertificateReloader::Pair>> CertificateRelo
     sk_X509_push(pair->chain, extra);
   }
   ERR_clear_error();  // the end of the file reads as an error
-  absl::StatusOr<StampedText> key_text = ReadStampedFile(key_file);
-  if (!key_text.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server.tls.key_file: ", key_text.status().message()));
-  }
-  std::unique_ptr<BIO, BioCloser> key(
-      BIO_new_mem_buf(key_text->text.data(), static_cast<int>(key_text->text.size())));
+  ASSIGN_OR_RETURN(std::string key_text, ReadPem(key_file, "server.tls.key_file"));
+  std::unique_ptr<BIO, BioCloser> key(MemoryBio(key_text));
   pair->key = PEM_read_bio_PrivateKey(key.get(), nullptr, nullptr, nullptr);
   // The key's text is a secret: not left in freed memory.
-  OPENSSL_cleanse(key_text->text.data(), key_text->text.size());
+  OPENSSL_cleanse(key_text.data(), key_text.size());
   if (pair->key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: no PEM private key in ",
                                                    key_file, ": ", OpenSslError()));
