@@ -51,8 +51,9 @@ struct BioCloser {
 // shutdown with it (its destructor joins the watcher).
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* field) {
   absl::StatusOr<StampedText> read = ReadStampedFile(path);
-  if (!read.ok())
+  if (!read.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", read.status().message()));
+  }
   return std::move(read->text);
 }
 
