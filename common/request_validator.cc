@@ -1,6 +1,7 @@
 #include "common/request_validator.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -26,6 +27,15 @@ constexpr char kUtf8PayloadUrl[] = "type.lazyattn.dev/lazyattn.InvalidUtf8Field"
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// The shortest text that reads back as `value` (std::to_chars): a float just past a bound
+// (top_p 1.0000001, a bias of 100.00001 from JSON) must not print as the bound itself, which
+// StrCat's six significant digits do.
+std::string FloatText(float value) {
+  char text[32];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, r.ptr);
 }
 
 // `label` is the field's entry in kTextFieldLabels; `field` its full name with indices.
@@ -126,26 +136,28 @@ absl::Status ValidateMessages(const v1::GenerateRequest& r, const ApiLimits& lim
 absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limits,
                               int64_t vocab_size) {
   if (!std::isfinite(p.temperature()) || p.temperature() < 0 || p.temperature() > 100) {
-    return Invalid("sampling.temperature", absl::StrCat(p.temperature(), " outside [0, 100]"));
+    return Invalid("sampling.temperature",
+                   absl::StrCat(FloatText(p.temperature()), " outside [0, 100]"));
   }
   if (p.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(p.top_k(), " is negative"));
   if (!std::isfinite(p.top_p()) || p.top_p() < 0 || p.top_p() > 1) {
-    return Invalid("sampling.top_p", absl::StrCat(p.top_p(), " outside [0, 1]"));
+    return Invalid("sampling.top_p", absl::StrCat(FloatText(p.top_p()), " outside [0, 1]"));
   }
   if (!std::isfinite(p.min_p()) || p.min_p() < 0 || p.min_p() > 1) {
-    return Invalid("sampling.min_p", absl::StrCat(p.min_p(), " outside [0, 1]"));
+    return Invalid("sampling.min_p", absl::StrCat(FloatText(p.min_p()), " outside [0, 1]"));
   }
   if (!std::isfinite(p.repetition_penalty()) || p.repetition_penalty() < 0 ||
       p.repetition_penalty() > 100) {
-    return Invalid("sampling.repetition_penalty",
-                   absl::StrCat(p.repetition_penalty(), " outside [0, 100] (0 or 1: off)"));
+    return Invalid("sampling.repetition_penalty", absl::StrCat(FloatText(p.repetition_penalty()),
+                                                               " outside [0, 100] (0 or 1: off)"));
   }
   if (!std::isfinite(p.presence_penalty()) || std::fabs(p.presence_penalty()) > 2) {
-    return Invalid("sampling.presence_penalty", absl::StrCat(p.presence_penalty(), " outside [-2, 2]"));
+    return Invalid("sampling.presence_penalty",
+                   absl::StrCat(FloatText(p.presence_penalty()), " outside [-2, 2]"));
   }
   if (!std::isfinite(p.frequency_penalty()) || std::fabs(p.frequency_penalty()) > 2) {
     return Invalid("sampling.frequency_penalty",
-                   absl::StrCat(p.frequency_penalty(), " outside [-2, 2]"));
+                   absl::StrCat(FloatText(p.frequency_penalty()), " outside [-2, 2]"));
   }
   if (p.max_tokens() < 0 || p.max_tokens() > limits.max_tokens) {
     return Invalid("sampling.max_tokens",
@@ -182,9 +194,8 @@ absl::Status ValidateSampling(const v1::SamplingParams& p, const ApiLimits& limi
     const std::string field = absl::StrCat("sampling.logit_bias[", id, "]");
     RETURN_IF_ERROR(CheckTokenId(field, id, vocab_size));
     if (!std::isfinite(bias) || std::fabs(bias) > kMaxLogitBias) {
-      // %.9g: a float just past the bound (100.00001 from JSON) must not print as "100".
-      return Invalid(field, absl::StrFormat("bias %.9g outside [-%g, %g]", bias, kMaxLogitBias,
-                                            kMaxLogitBias));
+      return Invalid(field, absl::StrFormat("bias %s outside [-%g, %g]", FloatText(bias),
+                                            kMaxLogitBias, kMaxLogitBias));
     }
   }
   if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {

@@ -161,6 +161,16 @@ TEST(RequestValidatorTest, NamesTheBadField) {
               HasSubstr("sampling.top_k"));
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }),
               HasSubstr("sampling.top_p"));
+  // A float just past a bound is quoted as the value it is, not rounded onto the bound.
+  EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.0000001f); }),
+            "sampling.top_p: 1.0000001 outside [0, 1]");
+  EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_min_p(-1e-7f); }),
+            "sampling.min_p: -1e-07 outside [0, 1]");
+  EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_temperature(100.00001f); }),
+            "sampling.temperature: 100.00001 outside [0, 100]");
+  EXPECT_EQ(
+      with([](GenerateRequest& r) { r.mutable_sampling()->set_presence_penalty(-2.0000002f); }),
+      "sampling.presence_penalty: -2.0000002 outside [-2, 2]");
   EXPECT_EQ(with([](GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(101); }),
             "sampling.max_tokens: 101 outside [0, 100]");
   EXPECT_THAT(with([](GenerateRequest& r) { r.mutable_sampling()->set_max_tokens(-1); }),
@@ -216,7 +226,7 @@ TEST(RequestValidatorTest, LogitBias) {
   EXPECT_EQ(with({{1000, 1.0f}}, /*vocab=*/0), "ok");
   EXPECT_EQ(with({{-3, 1.0f}}), "sampling.logit_bias[-3]: negative token id -3");
   EXPECT_EQ(with({{7, 100.5f}}), "sampling.logit_bias[7]: bias 100.5 outside [-100, 100]");
-  EXPECT_EQ(with({{7, 100.00001f}}), "sampling.logit_bias[7]: bias 100.000008 outside [-100, 100]");
+  EXPECT_EQ(with({{7, 100.00001f}}), "sampling.logit_bias[7]: bias 100.00001 outside [-100, 100]");
   EXPECT_EQ(with({{7, -101.0f}}), "sampling.logit_bias[7]: bias -101 outside [-100, 100]");
   EXPECT_EQ(with({{7, std::nanf("")}}), "sampling.logit_bias[7]: bias nan outside [-100, 100]");
   EXPECT_EQ(with({{7, INFINITY}}), "sampling.logit_bias[7]: bias inf outside [-100, 100]");
