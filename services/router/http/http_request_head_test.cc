@@ -32,6 +32,7 @@ namespace {
 
 using testing::CountResponses;
 using testing::ReadHead;
+using testing::ReadResponse;
 
 // What came back while a sender thread streamed bytes at the router, until it closed.
 struct FloodResult {
@@ -251,6 +252,32 @@ TEST_F(HttpRequestHeadTest, AHeaderNameThatIsNoTokenIs400AndClosesTheConnection)
   const std::string fine = Exchange(
       "GET /health HTTP/1.1\r\nHost: x\r\nX-!#$%&'*+-.^_`|~09az: 1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(fine.rfind("HTTP/1.1 200", 0), 0u) << fine;
+}
+
+// `close` among a Connection header's options closes the connection after the answer, as a lone
+// `close` does (the library compared the whole value, so these connections stayed open).
+TEST_F(HttpRequestHeadTest, CloseAmongConnectionOptionsClosesTheConnection) {
+  StartHttp(Options());
+  for (const char* connection : {"keep-alive, close", "Close", "te,close"}) {
+    SCOPED_TRACE(connection);
+    bool closed = false;
+    const std::string reply = Exchange(
+        absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nConnection: ", connection, "\r\n\r\n"),
+        &closed);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+    EXPECT_TRUE(closed);
+  }
+  // Kept alive otherwise: a second request on the same connection is answered.
+  const int fd = Connect(http_->port());
+  ASSERT_GE(fd, 0);
+  const std::string keep = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n";
+  ASSERT_TRUE(SendAll(fd, keep + keep));
+  for (int i = 0; i < 2; ++i) {
+    const std::string reply = ReadResponse(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << i << ": " << reply;
+  }
+  close(fd);
 }
 
 // Every Content-Length counts: a GET with `Content-Length: 0` and a second one announcing a body

@@ -207,8 +207,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(
     const bool ends_at_close =
         res.content_provider_ && res.content_length_ == 0 && !res.is_chunked_content_provider_;
     if (ends_at_close) CloseConnectionAfterResponse(kWireSlack);
-    if (!ClosesAfterResponse() &&
-        (res.get_header_value("Connection") == "close" || LibraryClosesAfterResponse(req))) {
+    if (!ClosesAfterResponse() && (res.get_header_value("Connection") == "close" ||
+                                   LibraryClosesAfterResponse(req) || AsksToClose(req))) {
       CloseConnectionAfterResponse(0);
     }
     // The library adds Keep-Alive unless the request asked to close; a closing answer says only

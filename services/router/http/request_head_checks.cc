@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "services/router/http/body_framing.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
@@ -149,6 +150,16 @@ bool CarriesBody(const httplib::Request& req) {
 
 bool LibraryClosesAfterResponse(const httplib::Request& req) {
   return req.version == "HTTP/1.0" && req.get_header_value("Connection") != "Keep-Alive";
+}
+
+bool AsksToClose(const httplib::Request& req) {
+  auto range = req.headers.equal_range("Connection");
+  for (auto it = range.first; it != range.second; ++it) {
+    for (absl::string_view option : absl::StrSplit(it->second, ',')) {
+      if (absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(option), "close")) return true;
+    }
+  }
+  return false;
 }
 
 int64_t UnreadBody(const httplib::Request& req, int64_t already_read, int64_t max_body_bytes) {

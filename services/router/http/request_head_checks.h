@@ -36,6 +36,11 @@ bool CarriesBody(const httplib::Request& req);
 // it, without saying so in the answer.
 bool LibraryClosesAfterResponse(const httplib::Request& req);
 
+// Whether the request asked to close its connection: `close` among the comma-separated options of
+// any Connection header, in any case (RFC 9110 7.6.1). The library honours only a header that is
+// exactly `close`, so `Connection: keep-alive, close` kept the connection open.
+bool AsksToClose(const httplib::Request& req);
+
 // How much of an unread body to drop before closing (guarded_server.h), `already_read` of it
 // read: a client that announced its length sends all of it before it reads the answer, so all of
 // it; of a chunked body or an unusable length, as much as the limit once more (a client sending

@@ -225,6 +225,18 @@ TEST(RequestHeadChecksTest, AnHttp10RequestClosesUnlessItAskedToKeepAlive) {
   EXPECT_FALSE(LibraryClosesAfterResponse(Request("GET", "/health")));
 }
 
+TEST(RequestHeadChecksTest, CloseCountsAmongAConnectionHeadersOptions) {
+  EXPECT_FALSE(AsksToClose(Request("GET", "/health")));
+  EXPECT_FALSE(AsksToClose(Request("GET", "/health", {{"Connection", "keep-alive"}})));
+  EXPECT_FALSE(AsksToClose(Request("GET", "/health", {{"Connection", "closed, x-close"}})));
+  EXPECT_TRUE(AsksToClose(Request("GET", "/health", {{"Connection", "close"}})));
+  EXPECT_TRUE(AsksToClose(Request("GET", "/health", {{"Connection", "keep-alive, close"}})));
+  EXPECT_TRUE(AsksToClose(Request("GET", "/health", {{"Connection", " Close ,te"}})));
+  httplib::Request two = Request("GET", "/health", {{"Connection", "keep-alive"}});
+  two.headers.emplace("Connection", "CLOSE");
+  EXPECT_TRUE(AsksToClose(two));
+}
+
 TEST(RequestHeadChecksTest, OnlyTheTwoCompletionEndpointsAreCompletions) {
   EXPECT_TRUE(IsCompletion(Request("POST", "/v1/chat/completions")));
   EXPECT_TRUE(IsCompletion(Request("POST", "/v1/completions")));
