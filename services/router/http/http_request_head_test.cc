@@ -280,6 +280,30 @@ TEST_F(HttpRequestHeadTest, CloseAmongConnectionOptionsClosesTheConnection) {
   close(fd);
 }
 
+// RFC 9112 3.2: an HTTP/1.1 request needs exactly one Host header; HTTP/1.0 may omit it.
+TEST_F(HttpRequestHeadTest, AnHttp11RequestWithoutOneHostIs400) {
+  StartHttp(Options());
+  const std::string body = kChatBody;
+  for (const auto& [head, message] :
+       {std::pair{std::string("GET /health HTTP/1.1\r\n"), "Host: required in an HTTP/1.1 request"},
+        std::pair{std::string("GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n"),
+                  "Host: given more than once"},
+        std::pair{absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nContent-Type: "
+                               "application/json\r\nContent-Length: ",
+                               body.size(), "\r\n"),
+                  "Host: required in an HTTP/1.1 request"}}) {
+    SCOPED_TRACE(head);
+    bool closed = false;
+    const std::string reply = Exchange(absl::StrCat(head, "\r\n", body), &closed);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+    EXPECT_EQ(BodyOf(reply)["error"]["message"], message) << reply;
+    EXPECT_EQ(CountResponses(reply), 1) << reply;  // the body is not read as a next request
+    EXPECT_TRUE(closed);
+  }
+  const std::string http10 = Exchange("GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(http10.rfind("HTTP/1.1 200", 0), 0u) << http10;
+}
+
 // Every Content-Length counts: a GET with `Content-Length: 0` and a second one announcing a body
 // kept its connection, and the body (to a front proxy that reads the last length, part of this
 // request) was read as the next request.

@@ -212,6 +212,17 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
       return handled();
     }
   }
+  // RFC 9112 section 3.2: an HTTP/1.1 request without a Host header, or with more than one, is
+  // answered 400 (h11, and so vLLM's server, does the same); a proxy in front that picks another
+  // Host than the one the router saw would read the request otherwise.
+  if (req.version == "HTTP/1.1" && req.get_header_value_count("Host") != 1) {
+    RefuseUnread(req, res, max_body_bytes);
+    SendError(res, 400,
+              req.has_header("Host") ? "Host: given more than once"
+                                     : "Host: required in an HTTP/1.1 request",
+              "invalid_argument");
+    return handled();
+  }
   // An endpoint asked with another method: 405, whatever the method (the library answers TRACE
   // and the like 400 and anything else on a known path 404), its body unread.
   if (const char* allow = WrongMethodAllow(req)) {

@@ -28,6 +28,7 @@ httplib::Request Request(std::string method, std::string path,
   req.method = std::move(method);
   req.path = std::move(path);
   req.version = "HTTP/1.1";
+  req.headers.emplace("Host", "router");  // as every HTTP/1.1 request must have
   for (auto& [name, value] : headers) req.headers.emplace(name, value);
   return req;
 }
