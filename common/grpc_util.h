@@ -127,6 +127,14 @@ absl::Status CheckAddressPort(const std::string& address, bool listening);
 absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
                                             const std::vector<grpc::Service*>& services);
 
+// The exit status of a service whose server could not be created (docs/router.md, "Exit status"):
+// 2 for InvalidArgument, a configuration error (a key's value, a TLS, key or token file it names
+// that is missing or malformed, an address that does not parse), 1 for anything else (an address
+// that cannot be bound).
+inline int ExitStatusForStartFailure(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
 // A channel to `address` with the same limits and (client side) TLS. Every client channel of
 // every program is made here, so all of them watch their files (TlsOptions): a client
 // certificate replaced on disk is presented on the channel's next connection, no restart needed.

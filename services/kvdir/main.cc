@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/yaml_config.h"
 #include "services/kvdir/kvdir_config.h"
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
   auto server = lazyattn::kvdir::KvdirServer::Create(*options);
   if (!server.ok()) {
     lazyattn::LogError("kvdir").Msg(std::string(server.status().message()));
-    return 1;
+    return lazyattn::ExitStatusForStartFailure(server.status());
   }
   if ((*server)->metrics_port() != 0) {
     std::cout << "lazyattn-kvdir metrics on http://"

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/yaml_config.h"
@@ -136,13 +137,13 @@ int main(int argc, char** argv) {
   if (!endpoint.ok()) {
     lazyattn::LogError("router").Msg(std::string(endpoint.status().message()));
     // An unreadable token file is a configuration error (2); a port that cannot be bound, 1.
-    return endpoint.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return lazyattn::ExitStatusForStartFailure(endpoint.status());
   }
   std::unique_ptr<lazyattn::MetricsEndpoint> metrics = std::move(*endpoint);
   auto server = lazyattn::router::RouterServer::Create(*options, registry);
   if (!server.ok()) {
     lazyattn::LogError("router").Msg(std::string(server.status().message()));
-    return 1;
+    return lazyattn::ExitStatusForStartFailure(server.status());
   }
   if (metrics != nullptr) {
     std::cout << "lazyattn-router metrics on http://" << HostOf(options->metrics_address) << ":"

@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/yaml_config.h"
 #include "kernels/include/cpu_threads.h"
@@ -341,7 +342,7 @@ int main(int argc, char** argv) {
                                                served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {
     lazyattn::LogError("worker").Msg(std::string(server.status().message()));
-    return 1;
+    return lazyattn::ExitStatusForStartFailure(server.status());
   }
   lazyattn::LogInfo("worker")
       .Str("worker", (*server)->worker_id())

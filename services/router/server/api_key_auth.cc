@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <string_view>
 
@@ -69,29 +70,36 @@ absl::Status ParseLimits(const YAML::Node& node, const std::string& where, KeyLi
   for (const auto& field : node) {
     const std::string f = field.first.as<std::string>();
     const std::string at = absl::StrCat(where, ".limits.", f);
-    if (f == "requests_per_second" || f == "burst") {
-      const double v = field.second.as<double>();
-      // 1e6/s is far beyond what a router serves; the bound keeps the bucket arithmetic exact.
-      if (!(v > 0 && v <= 1e6) || (f == "burst" && v < 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            at, ": must be in ", f == "burst" ? "[1" : "(0", ", 1e6], got ", field.second.Scalar()));
-      }
-      if (f == "burst") {
-        limits->burst = v;
-        burst_set = true;
-      } else {
-        limits->requests_per_second = v;
-      }
-    } else if (f == "max_in_flight") {
-      const int64_t v = field.second.as<int64_t>();
-      if (v < 1 || v > 1'000'000) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(at, ": must be in [1, 1000000], got ", field.second.Scalar()));
-      }
-      limits->max_in_flight = static_cast<int>(v);
-    } else {
+    if (f != "requests_per_second" && f != "burst" && f != "max_in_flight") {
       return absl::InvalidArgumentError(absl::StrCat(
           at, ": unknown limit (expected requests_per_second, burst or max_in_flight)"));
+    }
+    // Decoded here, not with as<>(): a value YAML cannot convert (a word, 2^63 as max_in_flight)
+    // is then refused naming this field, not with the entry's generic "bad conversion".
+    double v = 0;
+    if (!field.second.IsScalar() || !YAML::convert<double>::decode(field.second, v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ": expected a number, got \"",
+                       field.second.IsScalar() ? field.second.Scalar().substr(0, 64) : "", "\""));
+    }
+    if (f == "max_in_flight") {
+      if (!(v >= 1 && v <= 1'000'000) || v != std::floor(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": must be a whole number in [1, 1000000], got ", field.second.Scalar()));
+      }
+      limits->max_in_flight = static_cast<int>(v);
+      continue;
+    }
+    // 1e6/s is far beyond what a router serves; the bound keeps the bucket arithmetic exact.
+    if (!(v > 0 && v <= 1e6) || (f == "burst" && v < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ": must be in ", f == "burst" ? "[1" : "(0", ", 1e6], got ", field.second.Scalar()));
+    }
+    if (f == "burst") {
+      limits->burst = v;
+      burst_set = true;
+    } else {
+      limits->requests_per_second = v;
     }
   }
   if (burst_set && limits->requests_per_second <= 0) {
@@ -233,7 +241,10 @@ absl::Status ApiKeyAuthorizer::Load() {
   // The file's stamp is recorded even when it fails to parse, so a broken file is reported
   // once, not on every call until it is fixed.
   file_stamp_ = file->stamp;
-  if (!table.ok()) return table.status();
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth.api_keys_file: ", table.status().message()));
+  }
   auto keys = std::make_shared<const ApiKeyTable>(std::move(*table));
   absl::flat_hash_map<std::string, KeyLimits> limits;
   for (const auto& [hash, key] : *keys) limits.emplace(key.name, key.limits);

@@ -49,12 +49,21 @@ TEST(ParseApiKeysLimits, NamesTheBadLimit) {
       {"limits: 3", "keys[0].limits: expected a map"},
       {"limits: {requests_per_second: 0}", "keys[0].limits.requests_per_second: must be in (0"},
       {"limits: {requests_per_second: -1}", "limits.requests_per_second"},
-      {"limits: {requests_per_second: fast}", "keys[0]"},
+      {"limits: {requests_per_second: fast}",
+       "k.yaml: keys[0].limits.requests_per_second: expected a number, got \"fast\""},
+      {"limits: {requests_per_second: [1]}",
+       "keys[0].limits.requests_per_second: expected a number, got \"\""},
       {"limits: {requests_per_second: 1, burst: 0.5}", "keys[0].limits.burst: must be in [1"},
       {"limits: {burst: 5}", "keys[0].limits.burst: needs requests_per_second"},
-      {"limits: {max_in_flight: 0}", "keys[0].limits.max_in_flight: must be in [1"},
-      {"limits: {max_in_flight: 2.5}", "keys[0]"},
+      {"limits: {max_in_flight: 0}", "keys[0].limits.max_in_flight: must be a whole number in [1"},
+      {"limits: {max_in_flight: 2.5}",
+       "keys[0].limits.max_in_flight: must be a whole number in [1, 1000000], got 2.5"},
+      // Past int64: named, where YAML's conversion said only "bad conversion".
+      {"limits: {max_in_flight: 9223372036854775808}",
+       "keys[0].limits.max_in_flight: must be a whole number in [1, 1000000], got "
+       "9223372036854775808"},
       {"limits: {per_day: 5}", "keys[0].limits.per_day: unknown limit"},
+      {"limits: {per_day: lots}", "keys[0].limits.per_day: unknown limit"},
   };
   for (const Case& c : cases) {
     auto t = ParseApiKeys("keys:\n  - name: a\n    sha256: " + kHash + "\n    " + c.limits + "\n",
