@@ -27,6 +27,7 @@
 #include "common/document_key.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "prometheus/text_serializer.h"
 #include "services/router/http/error_mapping.h"
 #include "services/router/http/http_server.h"
 #include "services/router/http/openai_json.h"
@@ -84,7 +85,7 @@ class FrontParityTest : public ::testing::Test {
     o.auth.api_keys_file = certs_ + "/keys.yaml";
     o.max_inflight_requests = 1;
     o.limits.max_documents = 64;  // above the fake worker's 32: the model's limit is the lower
-    auto server = RouterServer::Create(o, std::make_shared<prometheus::Registry>());
+    auto server = RouterServer::Create(o, metrics_);
     ASSERT_TRUE(server.ok()) << server.status();
     router_ = std::move(*server);
     HttpOptions http;
@@ -216,6 +217,7 @@ class FrontParityTest : public ::testing::Test {
 
   std::string certs_;
   testing::FakeWorker worker_{"w0"};
+  std::shared_ptr<prometheus::Registry> metrics_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<RouterServer> router_;
   std::unique_ptr<HttpServer> http_;  // shut down before the router
 };
@@ -282,6 +284,15 @@ TEST_F(FrontParityTest, EveryRefusalBeforeForwardingIsTheSameOnBothFronts) {
   ExpectSame("the router at its in-flight limit", grpc_busy, Http(kDemo, Body()),
              grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(grpc_busy.message, HasSubstr("limits.max_inflight_requests"));
+  // The router at its limit is the service's refusal; a key at its own is the tenant's quota,
+  // counted per key and not in requests_total (where the error-ratio alert paged on one
+  // client's burst), as a key's rate refusals are not.
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_->Collect());
+  EXPECT_THAT(text,
+              HasSubstr("lazyattn_router_requests_total{model=\"none\",policy=\"cache_aware\","
+                        "status=\"resource_exhausted\"} 2"));
+  EXPECT_THAT(text, HasSubstr("lazyattn_router_api_key_limited_total{key=\"capped\","
+                              "limit=\"in_flight\"} 2"));
 
   worker_.Unblock();
   lazyattn::v1::GenerateResponse r;

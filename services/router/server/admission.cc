@@ -67,7 +67,7 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
     int in_flight = 0;
     if (router->TryAdmit(places, &in_flight)) return grpc::Status::OK;
     const int limit = router->options().max_inflight_requests;
-    return grpc::Status(
+    return refuse(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         places == 1
             ? absl::StrCat("router busy: ", limit,
@@ -75,13 +75,17 @@ grpc::Status AdmitRequest(RouterContext* router, KeyLimiter* key_limiter,
             : absl::StrCat("router busy: ", in_flight, in_flight == 1 ? " request" : " requests",
                            " in flight, ", places,
                            " more would pass limits.max_inflight_requests (", limit,
-                           "); retry later"));
+                           "); retry later")));
   };
   absl::InlinedVector<KeySlot, 1> slots(tickets.size());
   const grpc::Status admitted =
       key_limiter != nullptr ? key_limiter->Acquire(key_name, std::span(slots), router_places)
                              : router_places();
-  if (!admitted.ok()) return refuse(admitted);
+  // The router's own refusal is counted above. A key's max_in_flight refusal is not counted in
+  // lazyattn_router_requests_total, as its rate refusal is not (it happens before any handler):
+  // both are the tenant's quota, counted in lazyattn_router_api_key_limited_total, and a server
+  // error ratio that held them paged on one client's burst.
+  if (!admitted.ok()) return admitted;
   for (int i = 0; i < places; ++i) {
     AdmissionTicket& ticket = tickets[i];
     ticket.Reset();

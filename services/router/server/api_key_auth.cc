@@ -200,10 +200,13 @@ ApiKeyAuthorizer::ApiKeyAuthorizer(std::string keys_file, absl::Duration reload_
                                    prometheus::Registry& registry)
     : keys_file_(std::move(keys_file)),
       reload_interval_(reload_interval),
-      requests_family_(prometheus::BuildCounter()
-                           .Name("lazyattn_router_api_key_requests_total")
-                           .Help("Calls admitted, by the name of the API key they carried")
-                           .Register(registry)),
+      requests_family_(
+          prometheus::BuildCounter()
+              .Name("lazyattn_router_api_key_requests_total")
+              .Help("Calls authenticated (scope and request rate passed), by the name of the API "
+                    "key they carried; a call its key's max_in_flight then refuses "
+                    "is counted here too")
+              .Register(registry)),
       refused_family_(prometheus::BuildCounter()
                           .Name("lazyattn_router_auth_refused_total")
                           .Help("Calls refused before any handler, by reason (missing_key, "
