@@ -14,9 +14,17 @@ void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
   const absl::Time now = MonotonicNow();
   const bool ok = status.ok();
   const bool got_token = first_token_at_ != absl::InfinitePast();
-  if (ok) {
-    model_metrics_->ObserveDuration(now - started_);
-    if (got_token) model_metrics_->ObserveTtft(first_token_at_ - started_);
+  if (ok) model_metrics_->ObserveDuration(now - started_);
+  // Every request is in one of the two TTFT histograms, so the TTFT objective also sees the users
+  // who gave up waiting (only successes were observed: a cluster where every client timed out
+  // before its first token showed no slow request at all). A success without a token (an empty
+  // answer) got its answer at its end.
+  if (got_token) {
+    model_metrics_->ObserveTtft(first_token_at_ - started_);
+  } else if (ok) {
+    model_metrics_->ObserveTtft(now - started_);
+  } else {
+    model_metrics_->ObserveNoFirstToken(now - started_);
   }
   if (!LogEnabled(LogLevel::kInfo)) return;
   LogLine line(ok ? LogLevel::kInfo : LogLevel::kWarning, "router");

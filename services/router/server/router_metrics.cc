@@ -53,8 +53,16 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                       .Name("lazyattn_router_ttft_seconds")
                       .Help(
                           "Time from a request's arrival at the router to its first token "
-                          "(requests that succeeded; retries included)")
+                          "(every request that got one, whatever its end; retries included; a "
+                          "request that succeeded without a token: to its end)")
                       .Register(registry);
+  no_first_token_family_ = &prometheus::BuildHistogram()
+                                .Name("lazyattn_router_no_first_token_seconds")
+                                .Help(
+                                    "Time from a request's arrival at the router to its end, for "
+                                    "requests that ended without a first token (cancelled by the "
+                                    "client, past their deadline, failed)")
+                                .Register(registry);
   duration_family_ = &prometheus::BuildHistogram()
                           .Name("lazyattn_router_request_duration_seconds")
                           .Help(
@@ -194,6 +202,7 @@ std::unique_ptr<ModelMetrics> RouterMetrics::NewModelMetrics(std::string label) 
         {{"policy", policy_}, {"status", StatusCodeName(c)}, {"model", m->label_}});
   }
   m->ttft_ = &ttft_family_->Add(labels, kTtftBuckets);
+  m->no_first_token_ = &no_first_token_family_->Add(labels, kTtftBuckets);
   m->duration_ = &duration_family_->Add(labels, kDurationBuckets);
   m->predicted_hits_ = &predicted_hits_family_->Add(labels);
   m->observed_hits_ = &observed_hits_family_->Add(labels);

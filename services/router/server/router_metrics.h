@@ -6,6 +6,7 @@
 //   lazyattn_router_requests_total{policy,status,model}  Generate and Complete requests by final
 //                                                   gRPC status ("ok", "unavailable", ...)
 //   lazyattn_router_ttft_seconds{model}             arrival at the router to the first token
+//   lazyattn_router_no_first_token_seconds{model}   arrival to the end, ended without a first token
 //                                                   from a worker, requests that succeeded
 //   lazyattn_router_request_duration_seconds{model} arrival to the end, requests that succeeded
 //   lazyattn_router_predicted_hit_tokens_total{model}  predicted cached tokens on the chosen
@@ -105,6 +106,10 @@ class ModelMetrics {
 
   void CountRequest(grpc::StatusCode code);
   void ObserveTtft(absl::Duration d) { ttft_->Observe(absl::ToDoubleSeconds(d)); }
+  // A request that ended without a first token (its client cancelled or its deadline passed
+  // first, or it failed): how long it had waited. The TTFT objective counts those that waited
+  // past its threshold as slow (deploy/prometheus/rules/slo.yml).
+  void ObserveNoFirstToken(absl::Duration d) { no_first_token_->Observe(absl::ToDoubleSeconds(d)); }
   void ObserveDuration(absl::Duration d) { duration_->Observe(absl::ToDoubleSeconds(d)); }
   void AddPredictedHitTokens(int64_t tokens) {
     if (tokens > 0) predicted_hits_->Increment(static_cast<double>(tokens));
@@ -133,6 +138,7 @@ class ModelMetrics {
   const std::string label_;
   std::array<prometheus::Counter*, kCodes> requests_{};
   prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* no_first_token_ = nullptr;
   prometheus::Histogram* duration_ = nullptr;
   prometheus::Counter* predicted_hits_ = nullptr;
   prometheus::Counter* observed_hits_ = nullptr;
@@ -181,6 +187,7 @@ class RouterMetrics {
   const std::string policy_;
   prometheus::Family<prometheus::Counter>* requests_family_;
   prometheus::Family<prometheus::Histogram>* ttft_family_;
+  prometheus::Family<prometheus::Histogram>* no_first_token_family_;
   prometheus::Family<prometheus::Histogram>* duration_family_;
   prometheus::Family<prometheus::Counter>* predicted_hits_family_;
   prometheus::Family<prometheus::Counter>* observed_hits_family_;

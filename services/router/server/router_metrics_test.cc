@@ -168,6 +168,10 @@ TEST_F(ModelMetricsTest, EachRequestCountsUnderTheModelItWasRoutedTo) {
   EXPECT_THAT(m, requests("none", "ok", 0));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_ttft_seconds_count{model=\"fake-model\"} 3"));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_ttft_seconds_count{model=\"fake-model-b\"} 2"));
+  // B's failed request ended without a token: the TTFT objective sees how long it waited.
+  EXPECT_THAT(m,
+              HasSubstr("lazyattn_router_no_first_token_seconds_count{model=\"fake-model-b\"} 1"));
+  EXPECT_THAT(m, HasSubstr("lazyattn_router_no_first_token_seconds_count{model=\"fake-model\"} 0"));
   EXPECT_THAT(m,
               HasSubstr("lazyattn_router_request_duration_seconds_count{model=\"fake-model\"} 3"));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_retries_total{model=\"fake-model\"} 0"));
