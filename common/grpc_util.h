@@ -79,6 +79,11 @@ inline constexpr int kNoConnectionGraceLimit = std::numeric_limits<int>::max(); 
 // lease and entries stay meanwhile.
 inline constexpr int kPublishConnectionGraceMs = 15 * 60 * 1000;
 
+// Every server's gRPC transport memory is bounded at this many times its max_message_bytes (a
+// gRPC resource quota; StartGrpcServer): room for many whole messages at once, and a bound on
+// what peers can make it hold with messages they start and never finish.
+inline constexpr int kTransportMemoryPerMessage = 8;
+
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: the OS picks (see BuiltServer::port)
   int max_message_bytes = 64 << 20;
