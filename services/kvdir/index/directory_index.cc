@@ -274,6 +274,18 @@ void DirectoryIndex::Disconnect(const std::string& worker_id, uint64_t session) 
   if (Worker* w = OwnedWorker(worker_id, session)) w->session = 0;
 }
 
+bool DirectoryIndex::Leave(const std::string& worker_id, uint64_t session) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (OwnedWorker(worker_id, session) == nullptr) return false;
+    auto it = workers_.find(worker_id);
+    RetireEntries(it->second);
+    workers_.erase(it);
+  }
+  CleanRetired();
+  return true;
+}
+
 void DirectoryIndex::DropWorkerEntries(const std::string& worker_id, uint64_t session) {
   {
     absl::MutexLock lock(&mu_);

@@ -280,6 +280,11 @@ class DirectoryIndex {
   // The session's stream closed. The worker keeps its entries until its lease passes.
   void Disconnect(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The session's worker left on purpose (its stream half-closed cleanly: a drained worker's
+  // last act): removed now with all its entries, as if its lease had passed. True if `session`
+  // owned it.
+  bool Leave(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops every entry of the worker if `session` owns it (a stream refused for its size).
   void DropWorkerEntries(const std::string& worker_id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 

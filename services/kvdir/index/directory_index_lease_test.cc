@@ -49,6 +49,27 @@ TEST_F(IndexTest, LeaseExpiryRemovesWorkerAndAllItsEntries) {
   EXPECT_EQ(index_.Stats().documents, 0);
 }
 
+// A worker that leaves (its stream half-closed cleanly) is removed at once, not at its lease's
+// end; only the session that owns it can make it leave.
+TEST_F(IndexTest, LeaveRemovesTheWorkerAtOnceForItsOwnSessionOnly) {
+  const uint64_t a = Join("a");
+  const uint64_t b = Join("b");
+  index_.ApplyEvent("a", a, 3, Stored(1, 10), now_);
+  index_.ApplyEvent("b", b, 3, Stored(1, 20), now_);
+  EXPECT_FALSE(index_.Leave("a", b));  // another worker's session
+  EXPECT_FALSE(index_.Leave("a", a + b + 100));
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("a", 10), Pair("b", 20)));
+  EXPECT_TRUE(index_.Leave("a", a));
+  EXPECT_THAT(Tokens({Key(1)}), ElementsAre(Pair("b", 20)));
+  EXPECT_EQ(index_.Stats().workers, 1);
+  EXPECT_EQ(index_.Stats().entries, 1);
+  EXPECT_FALSE(index_.Leave("a", a));  // gone: its stream owns nothing any more
+  EXPECT_EQ(index_.ApplyEvent("a", a, 4, Stored(2, 1), now_).outcome, ApplyOutcome::kNoSession);
+  // Never counted as an expiry.
+  now_ += kLease / 2;
+  EXPECT_THAT(index_.ExpireLeases(now_), IsEmpty());
+}
+
 TEST_F(IndexTest, ReturningWorkerAfterExpiryStartsEmpty) {
   const uint64_t s = Join("w1");
   index_.ApplyEvent("w1", s, 3, Stored(1, 10), now_);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "lazyattn/v1/kvdir.grpc.pb.h"
@@ -60,9 +61,12 @@ double Gauge(KvdirServer& server, const std::string& name) {
   return -1;
 }
 
-// Hello as worker-`index` and a snapshot of kEntriesPerWorker distinct documents, then a clean
-// close; the worker's lease then runs out.
-void PublishLargeSnapshot(const std::string& address, const std::string& certs, int index) {
+// Hello as worker-`index` and a snapshot of kEntriesPerWorker distinct documents; once `release`
+// is notified (the directory indexed every worker's), the stream is cancelled, as a crashed
+// worker's would end (a clean half-close is a worker leaving, removed at once), and the
+// worker's lease then runs out.
+void PublishLargeSnapshot(const std::string& address, const std::string& certs, int index,
+                          absl::Notification* release) {
   const std::string name = absl::StrCat("worker-", index);
   auto channel = MakeChannel(address, TlsOptions{.cert_file = certs + "/" + name + ".crt",
                                                  .key_file = certs + "/" + name + ".key",
@@ -95,11 +99,12 @@ void PublishLargeSnapshot(const std::string& address, const std::string& certs, 
     }
     ASSERT_TRUE(stream->Write(snapshot));
   }
-  stream->WritesDone();
+  release->WaitForNotification();
+  ctx.TryCancel();
   while (stream->Read(&reply)) {
   }
   const grpc::Status status = stream->Finish();
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
 }
 
 // What the directory process measured of itself, sent to the test over a pipe.
@@ -134,7 +139,8 @@ bool ReadAll(int fd, void* data, size_t size) {
 
 // The directory's side, in the forked child (no gtest there: it reports and exits). Sends its
 // port, takes the baseline when the test says the warm-up client is done, then waits for the
-// snapshots to be indexed and for the leases to run out, and sends the three measurements.
+// snapshots to be indexed, says so, waits for the leases to run out, and sends the three
+// measurements.
 int RunDirectory(const std::string& certs, int from_test, int to_test) {
   KvdirOptions options;
   options.listen_address = "127.0.0.1:0";
@@ -165,6 +171,7 @@ int RunDirectory(const std::string& certs, int from_test, int to_test) {
       absl::Seconds(60));
   report.documents_tracked = Gauge(**server, "lazyattn_kvdir_documents_tracked");
   report.loaded = SettledResidentMiB();
+  if (!WriteAll(to_test, &go, 1)) return 1;  // the workers may go now
   report.all_expired = WaitFor(
       [&] {
         return Gauge(**server, "lazyattn_kvdir_workers_alive") == 0 &&
@@ -225,11 +232,16 @@ TEST(KvdirMemoryTest, ExpiredWorkersGiveTheirMemoryBack) {
   ASSERT_TRUE(WriteAll(to_child[1], &go, 1) && ReadAll(to_parent[0], &go, 1));
 
   {
+    absl::Notification release;
     std::vector<std::thread> workers;
     for (int i = 0; i < kWorkers; ++i) {
-      workers.emplace_back([&, i] { PublishLargeSnapshot(address, certs, i); });
+      workers.emplace_back([&, i] { PublishLargeSnapshot(address, certs, i, &release); });
     }
+    // The directory measured its loaded size (or gave up waiting): the workers go.
+    const bool measured = ReadAll(to_parent[0], &go, 1);
+    release.Notify();
     for (std::thread& t : workers) t.join();
+    ASSERT_TRUE(measured) << "the directory process ended before measuring";
   }
   ASSERT_FALSE(::testing::Test::HasFailure());
 

@@ -32,6 +32,13 @@ KvdirMetrics::KvdirMetrics(prometheus::Registry& registry)
       snapshots_requested_reconnect_(snapshots_family_.Add({{"stage", "requested_reconnect"}})),
       snapshots_requested_gap_(snapshots_family_.Add({{"stage", "requested_gap"}})),
       snapshots_applied_(snapshots_family_.Add({{"stage", "applied"}})),
+      workers_left_(prometheus::BuildCounter()
+                        .Name("lazyattn_kvdir_workers_left_total")
+                        .Help("Workers removed, with all their entries, when their Publish "
+                              "stream half-closed cleanly: a drained worker leaving (not a "
+                              "lease expiry)")
+                        .Register(registry)
+                        .Add({})),
       leases_expired_(
           prometheus::BuildCounter()
               .Name("lazyattn_kvdir_leases_expired_total")
@@ -105,6 +112,8 @@ void KvdirMetrics::SnapshotApplied() { snapshots_applied_.Increment(); }
 void KvdirMetrics::LeasesExpired(int64_t workers) {
   leases_expired_.Increment(static_cast<double>(workers));
 }
+
+void KvdirMetrics::WorkerLeft() { workers_left_.Increment(); }
 
 void KvdirMetrics::ObserveLookup(absl::Duration d) {
   lookup_duration_.Observe(absl::ToDoubleSeconds(d));

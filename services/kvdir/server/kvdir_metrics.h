@@ -9,6 +9,8 @@
 //   lazyattn_kvdir_snapshots_total{stage}        counter: requested_reconnect, requested_gap,
 //                                                applied
 //   lazyattn_kvdir_leases_expired_total          counter: workers removed by lease expiry
+//   lazyattn_kvdir_workers_left_total            counter: workers removed when their stream
+//                                                half-closed cleanly (a drained worker leaving)
 //   lazyattn_kvdir_lookup_duration_seconds       histogram: Lookup handling time (index only)
 //   lazyattn_kvdir_limit_refusals_total{limit}   counter: Publish streams ended by a bound:
 //                                                max_workers, max_entries_per_worker,
@@ -44,6 +46,7 @@ class KvdirMetrics {
   void SnapshotRequested(bool gap);
   void SnapshotApplied();
   void LeasesExpired(int64_t workers);
+  void WorkerLeft();
   enum class HelloRefusal {
     kNotCertificateId,
     kWorkerIdInUse,
@@ -78,6 +81,7 @@ class KvdirMetrics {
   prometheus::Counter& snapshots_requested_reconnect_;
   prometheus::Counter& snapshots_requested_gap_;
   prometheus::Counter& snapshots_applied_;
+  prometheus::Counter& workers_left_;
   prometheus::Counter& leases_expired_;
   prometheus::Family<prometheus::Counter>& hellos_refused_family_;
   prometheus::Counter* hellos_refused_[5];

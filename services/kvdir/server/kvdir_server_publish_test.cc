@@ -105,7 +105,9 @@ TEST_F(KvdirServerTest, SequenceGapTriggersSnapshotRequestAndSnapshotRepairs) {
   EXPECT_TRUE(w.Close().ok());
 }
 
-TEST_F(KvdirServerTest, ClosedStreamAndLeaseExpiryRemoveTheWorker) {
+// A stream that ends without a half-close (a crash, a cut connection) leaves the worker in place
+// until its lease passes: it may be back at once with the same cache.
+TEST_F(KvdirServerTest, CancelledStreamAndLeaseExpiryRemoveTheWorker) {
   Start(/*lease_ms=*/200);
   FakeWorker w(stub_.get(), "w1");
   w.Join({Entry(1, 100)});
@@ -114,7 +116,7 @@ TEST_F(KvdirServerTest, ClosedStreamAndLeaseExpiryRemoveTheWorker) {
     w.Heartbeat();
     return Tokens({1}) == std::vector<Pair>{{"w1", 100}};
   }));
-  EXPECT_TRUE(w.Close().ok());
+  EXPECT_EQ(w.Cancel().error_code(), grpc::StatusCode::CANCELLED);
 
   EXPECT_TRUE(WaitFor([&] { return LiveWorkers().empty(); })) << "lease never expired";
   EXPECT_TRUE(Tokens({1}).empty());
@@ -124,6 +126,24 @@ TEST_F(KvdirServerTest, ClosedStreamAndLeaseExpiryRemoveTheWorker) {
            MetricValue("lazyattn_kvdir_documents_tracked") == 0 &&
            MetricValue("lazyattn_kvdir_workers_alive") == 0;
   }));
+}
+
+// A worker that half-closes its stream (the end of its drain) leaves at once, counted as leaving,
+// not as a lease expiry (which warns of a crash): with a lease of a minute here, only the
+// half-close can explain its going.
+TEST_F(KvdirServerTest, AWorkerThatHalfClosesLeavesAtOnce) {
+  Start(/*lease_ms=*/60000);
+  FakeWorker w(stub_.get(), "w1");
+  w.Join({Entry(1, 100)});
+  FakeWorker other(stub_.get(), "w2");
+  other.Join({Entry(1, 50)});
+  ASSERT_TRUE(WaitFor([&] { return Tokens({1}).size() == 2; }));
+  EXPECT_TRUE(w.Close().ok());
+  EXPECT_TRUE(WaitFor([&] { return LiveWorkers() == std::vector<std::string>{"w2"}; }));
+  EXPECT_EQ(Tokens({1}), (std::vector<Pair>{{"w2", 50}}));
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_workers_left_total"), 1);
+  EXPECT_EQ(MetricValue("lazyattn_kvdir_leases_expired_total"), 0);
+  EXPECT_TRUE(other.Close().ok());
 }
 
 TEST_F(KvdirServerTest, ReconnectingWorkerIsRebuiltFromItsSnapshot) {

@@ -113,6 +113,11 @@ class FakeWorker {
     stream_->WritesDone();
     return Drain();
   }
+  // Goes away without a half-close (a crash, a cut connection): the stream is cancelled.
+  grpc::Status Cancel() {
+    ctx_.TryCancel();
+    return Drain();
+  }
   // Waits for kvdir to end the stream.
   grpc::Status Drain() {
     v1::DirectoryMessage m;

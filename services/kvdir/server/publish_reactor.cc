@@ -67,6 +67,13 @@ PublishReactor::PublishReactor(grpc::CallbackServerContext* call, const ServiceC
 
 void PublishReactor::OnReadDone(bool ok) {
   if (!ok) {  // the worker half-closed, went away, or the server is shutting down
+    // A clean half-close is a worker leaving (KvdirPublisher::Stop, the end of its drain): its
+    // entries go now. Counted as a lease expiry, every rolling restart warned of a crash.
+    if (session_ != 0 && !call_->IsCancelled() && ctx_.index->Leave(worker_id_, session_)) {
+      session_ = 0;
+      if (ctx_.metrics != nullptr) ctx_.metrics->WorkerLeft();
+      LogInfo("kvdir").Str("worker", worker_id_).Msg("worker left; its entries are dropped");
+    }
     Close(grpc::Status::OK);
     return;
   }
