@@ -490,6 +490,30 @@ TEST(WorkerRegistryModelsTest, GroupsReportedWorkersByFingerprintsAndTracksARoll
   EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Workers of one model configured apart: the group's document limit (what the router admits and
+// GetModelInfo reports) is the smallest of theirs, whichever worker sorts first; 0 (a worker
+// that reported none) does not count.
+TEST(WorkerRegistryModelsTest, AGroupTakesTheSmallestDocumentLimitOfItsWorkers) {
+  WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
+                          /*directory_on_this_host=*/true);
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  registry.ObserveDirectory(
+      Listing({Worker("w0", "llama", kFpA, 1000, 32), Worker("w1", "llama", kFpA, 1000, 0),
+               Worker("w2", "llama", kFpA, 1000, 2)}),
+      t0);
+  std::vector<ModelGroup> models = registry.Models();
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0].workers, 3);
+  EXPECT_EQ(models[0].info.max_documents(), 2);
+  ASSERT_TRUE(registry.Model().has_value());
+  EXPECT_EQ(registry.Model()->max_documents(), 2);
+  // The small worker gone, the limit is the others' again.
+  registry.ObserveDirectory(
+      Listing({Worker("w0", "llama", kFpA, 1000, 32), Worker("w1", "llama", kFpA, 1000, 0)}),
+      t0 + absl::Seconds(20));
+  EXPECT_EQ(registry.Model()->max_documents(), 32);
+}
+
 TEST(ModelChoiceTest, TokenIdsAreCheckedAgainstTheChosenModelsVocabulary) {
   WorkerRegistry registry({}, TlsOptions{}, 1 << 20, absl::Seconds(10),
                           /*directory_on_this_host=*/true);

@@ -162,7 +162,8 @@ std::vector<WorkerInfo> WorkerRegistry::Snapshot() const {
 std::vector<ModelGroup> WorkerRegistry::Models() const {
   std::vector<ModelGroup> groups;
   absl::flat_hash_map<ModelKey, size_t> index;
-  for (const WorkerInfo& w : Snapshot()) {  // by id: a group's info is its first worker's
+  for (const WorkerInfo& w : Snapshot()) {  // by id: a group's info is its first worker's, limits
+                                            // aside
     if (!w.reported || w.status.model().model_fingerprint().empty()) continue;
     ModelKey key = ModelKeyOf(w.status.model());
     auto [it, inserted] = index.try_emplace(key, groups.size());
@@ -173,6 +174,17 @@ std::vector<ModelGroup> WorkerRegistry::Models() const {
       g.since = w.model_since;
     }
     ModelGroup& g = groups[it->second];
+    if (!inserted) {
+      // Workers of one model may be configured apart: the group takes what all of them take
+      // (docs/router.md, GetModelInfo). With the first worker's, a request within it and past
+      // another's was admitted, then refused by that worker, and not failed over.
+      const auto smaller = [](auto have, auto other) {
+        return other > 0 && (have <= 0 || other < have) ? other : have;
+      };
+      g.info.set_max_documents(smaller(g.info.max_documents(), w.status.model().max_documents()));
+      g.info.set_max_context_tokens(
+          smaller(g.info.max_context_tokens(), w.status.model().max_context_tokens()));
+    }
     ++g.workers;
     g.since = std::min(g.since, w.model_since);
   }
