@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/monotonic_time.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/cpu_runner.h"
@@ -67,7 +68,8 @@ TEST_F(EngineCoreTest, StreamedTextIsTheDecodedTokens) {
   EXPECT_EQ(streamed, out.result.text);
   auto decoded = tokenizer_->Decode(out.result.token_ids);
   ASSERT_TRUE(decoded.ok());
-  EXPECT_EQ(out.result.text, *decoded);
+  // Bytes that can never be UTF-8 come out as U+FFFD, as the client gets them.
+  EXPECT_EQ(out.result.text, ToValidUtf8(*decoded));
 }
 
 // A prompt longer than one step reports its progress after each step before the first token
@@ -248,6 +250,26 @@ TEST_F(EngineCoreTest, StopTokensAndStopStringsEndGeneration) {
   o = RunOne(r);
   EXPECT_EQ(o.result.finish_reason, "stop");
   EXPECT_EQ(o.result.text, full.result.text.substr(0, full.result.text.find(stop)));
+}
+
+// A byte that can never be UTF-8 reaches the client as U+FFFD; a stop string holding U+FFFD
+// matches it. The matcher used to see the raw byte, so such a stop string never matched and
+// generation ran to max_tokens.
+TEST_F(EngineCoreTest, AStopStringOfTheReplacementCharacterMatchesABrokenByte) {
+  EngineRequest r = Request({1}, CacheMode::kLazy, 5);
+  r.sampling.logit_bias = {{0xA5, 100.0f}};  // the byte tokenizer's lone continuation byte 0xA5
+  const std::string replacement = "\xEF\xBF\xBD";
+  Outcome o = RunOne(r);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.result.token_ids, std::vector<int32_t>(5, 0xA5));
+  EXPECT_EQ(o.result.text, replacement + replacement + replacement + replacement + replacement);
+  EXPECT_EQ(o.result.finish_reason, "length");
+  r.sampling.stop = {replacement};
+  o = RunOne(r);
+  ASSERT_TRUE(o.status.ok()) << o.status;
+  EXPECT_EQ(o.result.text, "");
+  EXPECT_EQ(o.result.finish_reason, "stop");
+  EXPECT_EQ(o.result.token_ids.size(), 1u);
 }
 
 TEST_F(EngineCoreTest, BadInputIsRejectedNamingTheField) {

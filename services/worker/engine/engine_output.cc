@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "common/monotonic_time.h"
+#include "common/utf8.h"
 #include "services/worker/engine/engine_core_state.h"
 
 namespace lazyattn {
@@ -36,7 +37,7 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
   auto finish = [&](const char* reason) {
     res.finish_reason = reason;
     if (!r.stop->stopped()) {
-      const std::string tail = r.stop->Push(r.decoder->Flush());
+      const std::string tail = r.stop->Push(ToValidUtf8(r.decoder->Flush()));
       const std::string rest = r.stop->stopped() ? tail : tail + r.stop->Flush();
       res.text += rest;
       if (!rest.empty() && r.prepared.callbacks.on_token) r.prepared.callbacks.on_token(-1, rest);
@@ -67,8 +68,11 @@ void EngineCore::SampleAndEmit(Request& r, std::span<const float> logits,
   res.token_ids.push_back(id);
   if (want_logprob) res.logprobs.push_back(logprob);
   q.tokens.push_back(id);
+  // Stop strings are matched against the text the client gets: bytes that can never be UTF-8
+  // become U+FFFD here, as they would at the server, so a stop string holding U+FFFD is honoured
+  // (it never matched the raw bytes). The decoder hands out whole characters or such bytes.
   auto piece = r.decoder->Push(id);
-  const std::string text = r.stop->Push(piece.ok() ? *piece : std::string());
+  const std::string text = r.stop->Push(piece.ok() ? ToValidUtf8(*piece) : std::string());
   res.text += text;
   if (want_logprob && r.prepared.callbacks.on_logprob)
     r.prepared.callbacks.on_logprob(logprob, top);
