@@ -23,8 +23,10 @@ ClientWriteWatch::~ClientWriteWatch() {
 }
 
 std::shared_ptr<ClientWriteWatch::Stream> ClientWriteWatch::Watch(
-    grpc::CallbackServerContext* context, std::string request_id) {
-  std::shared_ptr<Stream> stream(new Stream(this, context, std::move(request_id)));
+    grpc::CallbackServerContext* context, std::string request_id,
+    std::function<void(const char* limit)> before_cut) {
+  std::shared_ptr<Stream> stream(
+      new Stream(this, context, std::move(request_id), std::move(before_cut)));
   absl::MutexLock lock(&mu_);
   streams_.emplace(stream.get(), stream);
   return stream;
@@ -90,6 +92,7 @@ void ClientWriteWatch::Sweep() {
         .Int("waited_in_all_ms", w.counted_ns / 1000000)  // past each write's first 5 ms
         .Msg("a client took too long to read its call's answer; call cancelled");
     s->cut_ = true;
+    if (s->before_cut_) s->before_cut_(limit);
     // May run the call's reactions on this thread (Close among them: the lock is recursive).
     s->context_->TryCancel();
   }

@@ -52,8 +52,11 @@ class ClientWriteWatch {
 
   class Stream;
   // Registers a call. The returned handle must be closed (Stream::Close) before `context` goes
-  // away (in the reactor's OnDone at the latest).
-  std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context, std::string request_id);
+  // away (in the reactor's OnDone at the latest). `before_cut`, if set, runs on the sweeping
+  // thread just before the call is cancelled, with the config key of the limit it passed (so the
+  // call can say the router cut it, not its client); never after Close returned.
+  std::shared_ptr<Stream> Watch(grpc::CallbackServerContext* context, std::string request_id,
+                                std::function<void(const char* limit)> before_cut = nullptr);
 
  private:
   void Sweep();
@@ -80,11 +83,16 @@ class ClientWriteWatch::Stream {
 
  private:
   friend class ClientWriteWatch;
-  Stream(ClientWriteWatch* watch, grpc::CallbackServerContext* context, std::string request_id)
-      : watch_(watch), request_id_(std::move(request_id)), context_(context) {}
+  Stream(ClientWriteWatch* watch, grpc::CallbackServerContext* context, std::string request_id,
+         std::function<void(const char*)> before_cut)
+      : watch_(watch),
+        request_id_(std::move(request_id)),
+        before_cut_(std::move(before_cut)),
+        context_(context) {}
 
   ClientWriteWatch* const watch_;
   const std::string request_id_;  // for the log line of a cut
+  const std::function<void(const char*)> before_cut_;
   // Recursive: cancelling the call may run the reactor's reactions, Close among them, on the
   // sweeping thread while it holds this lock.
   std::recursive_mutex mu_;

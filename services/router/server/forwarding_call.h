@@ -45,6 +45,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
@@ -87,6 +89,15 @@ class ForwardingCall {
   // HTTP API sets the router's shutdown or its own request deadline when those are the cause.
   // The first reason set stands: later ones come from cleanups of the same cancellation.
   void SetCancelStatus(grpc::Status why);
+  // For ClientWriteWatch::Watch: a cut for a client that stopped reading is logged as the
+  // router's (CANCELLED, naming the limit), not as "cancelled by the client".
+  std::function<void(const char* limit)> CutByTheRouter() {
+    return [this](const char* limit) {
+      SetCancelStatus(grpc::Status(
+          grpc::StatusCode::CANCELLED,
+          absl::StrCat("cut by the router: the client did not read its answer within ", limit)));
+    };
+  }
 
   // Sink: hand one token message to the client, then call ClientWriteDone.
   virtual void DeliverToken(const lazyattn::v1::GenerateResponse& token) = 0;

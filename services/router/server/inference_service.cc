@@ -43,7 +43,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse>,
       return;
     }
     if (ClientWriteWatch* watch = router->write_watch()) {
-      watch_ = watch->Watch(context, request_id());
+      watch_ = watch->Watch(context, request_id(), CutByTheRouter());
     }
     Begin();
   }
@@ -98,7 +98,7 @@ class CompleteReactor final : public grpc::ServerUnaryReactor, public Forwarding
       return;
     }
     if (ClientWriteWatch* watch = router->write_watch()) {
-      watch_ = watch->Watch(context, request_id());
+      watch_ = watch->Watch(context, request_id(), CutByTheRouter());
     }
     Begin();
   }

@@ -2,19 +2,25 @@
 // long prefill that sends progress events is not cut), the client's deadline and cancellation
 // reach the worker, each deadline counted once as deadline_exceeded, and a client that stops
 // reading, or reads too slowly, is cut (routing.client_write_timeout_ms, _wait_budget_ms).
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/router_server.h"
 #include "services/router/server/router_server_test_fixture.h"
@@ -24,6 +30,7 @@ namespace {
 
 using lazyattn::v1::GenerateResponse;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::RouterServerTest;
 
 // A plaintext channel to `port` whose streams' flow-control windows start and stay at 1 KiB, so
@@ -248,6 +255,11 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   o.routing.client_write_timeout = absl::Milliseconds(300);
   o.routing.token_idle_timeout = absl::ZeroDuration();  // only the client is slow here
   StartRouter(o);
+  // The access line says the router cut the call (it said "cancelled by the client").
+  const std::string log_path = absl::StrCat(::testing::TempDir(), "/router-cut-log-", getpid());
+  const int log_fd = open(log_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(log_fd, 0);
+  SetLogSinkForTest(log_fd);
   auto stub = lazyattn::v1::Inference::NewStub(SmallWindowChannel(router_->port()));
   grpc::ClientContext ctx;  // no deadline
   auto reader = stub->Generate(&ctx, Request({"doc"}));
@@ -260,6 +272,14 @@ TEST_F(RouterServerTest, AStreamWhoseClientStopsReadingIsCancelled) {
   while (reader->Read(&m)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  SetLogSinkForTest(STDERR_FILENO);
+  close(log_fd);
+  std::ifstream log(log_path);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("cut by the router: the client did not read its answer within "
+                              "routing.client_write_timeout_ms"));
+  EXPECT_THAT(text, Not(HasSubstr("cancelled by the client")));
+  std::remove(log_path.c_str());
 }
 
 // A client that reads, but slower than tokens come, never leaves one write waiting for the
