@@ -72,9 +72,13 @@ def start_failures(path_of):
         subprocess.run([GEN_CERTS, "--out", certs, "--workers", "1"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
         pair = "{cert_file: %s/router-0.crt, key_file: %s/router-0.key" % (certs, certs)
+        # No metrics endpoint unless the case is about it: the defaults' fixed ports may be taken
+        # by a test running beside this one.
         router = ("server: {listen: 127.0.0.1:0, tls: %s}}\nclient_tls: %s, ca_file: %s/ca.crt}\n"
-                  "workers: [127.0.0.1:1]\nauth: {api_keys_file: %s}\n" % (pair, pair, certs, keys))
+                  "workers: [127.0.0.1:1]\nauth: {api_keys_file: %s}\nmetrics: {listen: \"\"}\n"
+                  % (pair, pair, certs, keys))
         insecure = "insecure: true\nserver: {listen: 127.0.0.1:%d}\n"
+        no_metrics = "metrics: {listen: \"\"}\n"
         # (service, name, config, exit status, the text the error line must contain)
         cases = [
             ("lazyattn-router", "malformed key file", router, 2,
@@ -82,7 +86,7 @@ def start_failures(path_of):
             ("lazyattn-kvdir", "missing metrics token",
              insecure % 0 + "metrics: {listen: 127.0.0.1:0, bearer_token_file: %s/none}\n" % tmp,
              2, "metrics.bearer_token_file: cannot read"),
-            ("lazyattn-kvdir", "port in use", insecure % busy.getsockname()[1], 1,
+            ("lazyattn-kvdir", "port in use", insecure % busy.getsockname()[1] + no_metrics, 1,
              "cannot listen on 127.0.0.1:%d" % busy.getsockname()[1]),
         ]
         for service, name, config, status, text in cases:

@@ -60,7 +60,8 @@ def stall(bin_dir, tmp, max_message_bytes):
     port = free_port()
     config = os.path.join(tmp, "kvdir.yaml")
     with open(config, "w") as f:
-        f.write(f"insecure: true\nserver: {{listen: 127.0.0.1:{port}}}\n"
+        # No metrics endpoint: its default port may be taken by a test running beside this one.
+        f.write(f"insecure: true\nserver: {{listen: 127.0.0.1:{port}}}\nmetrics: {{listen: \"\"}}\n"
                 f"limits: {{max_message_bytes: {max_message_bytes}}}\n")
     kvdir = subprocess.Popen([os.path.join(bin_dir, "lazyattn-kvdir"), "--config", config],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
