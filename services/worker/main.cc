@@ -8,6 +8,8 @@
 //   lazyattn-worker listening on HOST:PORT
 // on stdout (the launcher waits for that line). Exit status: 0 after a clean shutdown, 2 for a bad
 // command line, configuration or model, 1 when the server cannot start.
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +27,7 @@
 #include "common/auth.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/yaml_config.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/quant_linear.h"
@@ -309,6 +312,22 @@ int main(int argc, char** argv) {
   sigaction(SIGHUP, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // /metrics answers while the model loads (minutes for a GPU model on a slow volume), so the
+  // scrape's `up` stays 1 and LazyattnWorkerDown does not fire on every start. It serves only
+  // the loading gauge; the server's own endpoint takes the same address once the model is in.
+  auto loading_registry = std::make_shared<prometheus::Registry>();
+  prometheus::BuildGauge()
+      .Name("lazyattn_worker_loading")
+      .Help("1 while the worker loads its model (this endpoint serves nothing else then)")
+      .Register(*loading_registry)
+      .Add({})
+      .Set(1);
+  auto loading_metrics = lazyattn::StartMetricsEndpoint(
+      config->server.metrics_address, config->server.metrics_bearer_token_file, loading_registry);
+  if (!loading_metrics.ok()) {
+    lazyattn::LogError("worker").Msg(std::string(loading_metrics.status().message()));
+    return lazyattn::ExitStatusForStartFailure(loading_metrics.status());
+  }
   lazyattn::LogInfo("worker")
       .Str("model", config->model_path)
       .Str("backend", config->backend)
@@ -338,6 +357,7 @@ int main(int argc, char** argv) {
   }
   served->runner = lazyattn::WithFaultInjection(std::move(served->runner), config->testing);
   signals.Starting();
+  loading_metrics->reset();  // frees the address for the server's endpoint
   auto server = lazyattn::WorkerServer::Create(options, std::move(served->runner),
                                                served->fingerprint, served->tokenizer.get());
   if (!server.ok()) {

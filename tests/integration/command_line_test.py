@@ -88,6 +88,12 @@ def start_failures(path_of):
              2, "metrics.bearer_token_file: cannot read"),
             ("lazyattn-kvdir", "port in use", insecure % busy.getsockname()[1] + no_metrics, 1,
              "cannot listen on 127.0.0.1:%d" % busy.getsockname()[1]),
+            # The worker's /metrics opens before its model loads (so a long load is not read as
+            # a worker down): a busy metrics address ends it before the (missing) model is read.
+            ("lazyattn-worker", "metrics port in use before the model",
+             insecure % 0 + "model: {path: %s/none.gguf}\nmetrics: {listen: 127.0.0.1:%d}\n"
+             % (tmp, busy.getsockname()[1]), 1,
+             "cannot listen on 127.0.0.1:%d" % busy.getsockname()[1]),
         ]
         for service, name, config, status, text in cases:
             path = os.path.join(tmp, "config.yaml")
