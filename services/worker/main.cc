@@ -24,6 +24,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/grpc_util.h"
 #include "common/log.h"
@@ -332,6 +333,13 @@ int main(int argc, char** argv) {
       .Str("model", config->model_path)
       .Str("backend", config->backend)
       .Msg("loading the model");
+  if (config->testing.hold_model_load_ms > 0) {
+    // Fault injection: a long load, which a stop signal ends (StopSignals exits at once).
+    lazyattn::LogWarning("worker")
+        .Int("hold_model_load_ms", config->testing.hold_model_load_ms)
+        .Msg("FAULT INJECTION: holding the model load");
+    absl::SleepFor(absl::Milliseconds(config->testing.hold_model_load_ms));
+  }
   lazyattn::ModelLoadStage stage = lazyattn::ModelLoadStage::kModel;
   auto served = LoadWorkerModel(*config, stage);
   if (!served.ok()) {

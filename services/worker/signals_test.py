@@ -3,8 +3,8 @@
 
 A model that loads for minutes (a GPU worker) must not make SIGTERM, SIGINT or SIGHUP wait for the
 end of the load: the process stops at once, says that it stopped before serving, exits 0 and never
-prints its `listening` line. The load is held open by a FIFO named like a GGUF file: the loader's
-open(2) waits for a writer that never comes, as a slow read would. Once it serves (the tiny test
+prints its `listening` line. The load is held by fault injection (testing.hold_model_load_ms), as a
+slow read would hold it. Once it serves (the tiny test
 model), the same signals still drain it (SIGTERM, SIGHUP) or stop it at once (SIGINT), exit 0.
 
   signals_test.py --bin-dir BUILD/bin
@@ -33,12 +33,14 @@ def lines_of(stream, into):
 def stop_while_loading(worker, tmp, sig):
     """Starts a worker whose model load never ends, sends `sig` once it is loading, and returns
     a list of failures (empty: passed)."""
-    fifo = os.path.join(tmp, f"slow-{sig.name}.gguf")
-    os.mkfifo(fifo)
+    # The load is held by fault injection (a FIFO as the model held it once; a FIFO is refused at
+    # once now, which raced the signal). The model is never read: a stop must end the hold, else
+    # the missing file ends the worker with exit 2.
     config = os.path.join(tmp, f"worker-{sig.name}.yaml")
     with open(config, "w") as f:
-        f.write(f"model:\n  path: {fifo}\nbackend: cpu\ninsecure: true\n"
-                "server:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: \"\"\n")
+        f.write(f"model:\n  path: {tmp}/never-read.gguf\nbackend: cpu\ninsecure: true\n"
+                "server:\n  listen: 127.0.0.1:0\nmetrics:\n  listen: \"\"\n"
+                "testing:\n  hold_model_load_ms: 60000\n")
     proc = subprocess.Popen([worker, "--config", config], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors="replace")
     err_lines = queue.Queue()
@@ -46,7 +48,7 @@ def stop_while_loading(worker, tmp, sig):
     stderr = []
     failures = []
     try:
-        # Wait (bounded) until it logs that it loads the model; the FIFO then holds the load.
+        # Wait (bounded) until it logs that it loads the model; the hold then keeps it loading.
         until = time.monotonic() + 60
         while not any("loading the model" in line for line in stderr):
             left = until - time.monotonic()

@@ -56,6 +56,9 @@ std::string FaultInjectionOptions::Describe() const {
   if (!abort_on_prompt_marker.empty()) {
     parts.push_back(absl::StrCat("abort_on_prompt_marker=\"", abort_on_prompt_marker, "\""));
   }
+  if (hold_model_load_ms > 0) {
+    parts.push_back(absl::StrCat("hold_model_load_ms=", hold_model_load_ms));
+  }
   return absl::StrJoin(parts, ", ");
 }
 

@@ -10,6 +10,9 @@
 //                          engine stops serving at the first.
 //   abort_on_prompt_marker a request whose text (system, question, a document) contains it
 //                          aborts the process while it is prepared: a query of death.
+//   hold_model_load_ms N   the worker waits N ms after logging "loading the model", before it
+//                          reads the model: a load that takes long, for the stop-while-loading
+//                          tests (a FIFO model, which once held the load, is refused at once).
 #ifndef LAZYATTN_SERVICES_WORKER_ENGINE_FAULT_INJECTION_H_
 #define LAZYATTN_SERVICES_WORKER_ENGINE_FAULT_INJECTION_H_
 
@@ -27,8 +30,10 @@ struct FaultInjectionOptions {
   int64_t fail_steps_after = -1;    // -1: off
   int64_t sticky_error_after = -1;  // -1: off
   std::string abort_on_prompt_marker;  // empty: off
+  int64_t hold_model_load_ms = 0;      // 0: off
   bool any() const {
-    return fail_steps_after >= 0 || sticky_error_after >= 0 || !abort_on_prompt_marker.empty();
+    return fail_steps_after >= 0 || sticky_error_after >= 0 || !abort_on_prompt_marker.empty() ||
+           hold_model_load_ms > 0;
   }
   // "testing.fail_steps_after=3, ..." for the start-up warning.
   std::string Describe() const;

@@ -216,6 +216,8 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(t.sticky_error_after,
                    IntInRange(config, "testing.sticky_error_after", -1, -1, int64_t{1} << 40));
   ASSIGN_OR_RETURN(t.abort_on_prompt_marker, config.String("testing.abort_on_prompt_marker", ""));
+  ASSIGN_OR_RETURN(t.hold_model_load_ms,
+                   IntInRange(config, "testing.hold_model_load_ms", 0, 0, 600'000));
   o.service.abort_on_prompt_marker = t.abort_on_prompt_marker;
 
   RETURN_IF_ERROR(config.Finish());

@@ -52,7 +52,8 @@ engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeli
          prep_threads: 3, max_pending_preparations: 5, default_deadline_s: 90, cpu_threads: 3,
          cpu_activations: fp32, cpu_kv_cache: f32,
          max_waiting_requests: 12, max_queued_tokens: 4096, max_consecutive_step_failures: 5}
-testing: {fail_steps_after: 7, sticky_error_after: 9, abort_on_prompt_marker: "POISON"}
+testing: {fail_steps_after: 7, sticky_error_after: 9, abort_on_prompt_marker: "POISON",
+          hold_model_load_ms: 250}
 limits:
   max_documents: 16
   max_tokens: 512
@@ -87,6 +88,7 @@ metrics: {listen: ""}
   EXPECT_EQ(c->testing.fail_steps_after, 7);
   EXPECT_EQ(c->testing.sticky_error_after, 9);
   EXPECT_EQ(c->testing.abort_on_prompt_marker, "POISON");
+  EXPECT_EQ(c->testing.hold_model_load_ms, 250);
   EXPECT_EQ(c->server.service.abort_on_prompt_marker, "POISON");
   EXPECT_EQ(c->server.engine.max_running, 8);
   EXPECT_FALSE(c->server.engine.pipeline_decode);
@@ -160,6 +162,8 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\ntesting: {fail_steps_after: -2}\n", "testing.fail_steps_after"},
       {"model: {path: m}\ntesting: {sticky_error_after: soon}\n", "testing.sticky_error_after"},
       {"model: {path: m}\ntesting: {abort_on_marker: x}\n", "testing.abort_on_marker"},
+      {"model: {path: m}\ntesting: {hold_model_load_ms: -1}\n", "testing.hold_model_load_ms"},
+      {"model: {path: m}\ntesting: {hold_model_load_ms: 600001}\n", "testing.hold_model_load_ms"},
       {"model: {path: m}\nengine: {max_pending_preparations: 0}\n",
        "engine.max_pending_preparations"},
       {"model: {path: m}\nengine: {max_pending_preparation_bytes: 1000}\n",
