@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -123,6 +124,18 @@ absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> CertificateNotAfter(absl::string_view pem) {
+  const auto cert = FirstCertificate(std::string(pem));
+  if (cert == nullptr) return absl::InvalidArgumentError("no certificate parses");
+  // ASN1_TIME_to_tm reads both UTCTime (years to 2049) and GeneralizedTime, as UTC.
+  struct tm when {};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert.get()), &when) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError("the certificate's notAfter is not a valid time");
+  }
+  return static_cast<int64_t>(timegm(&when));
+}
 
 absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls, absl::string_view prefix) {
   std::string cert_pem, key_pem;
@@ -397,7 +410,21 @@ absl::Status TlsFileMirror::Publish(const TlsFileContents& contents) {
     if (absl::Status s = WriteWhole(watched_.key_file, contents.key, 0600); !s.ok()) return s;
   }
   published_ = contents;
+  for (const auto& [id, listener] : listeners_) listener(published_);
   return absl::OkStatus();
+}
+
+std::unique_ptr<TlsFileMirror::Subscription> TlsFileMirror::Subscribe(Listener listener) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_listener_++;
+  listener(published_);
+  listeners_.emplace(id, std::move(listener));
+  return std::unique_ptr<Subscription>(new Subscription(this, id));
+}
+
+TlsFileMirror::Subscription::~Subscription() {
+  absl::MutexLock lock(&mirror_->mu_);
+  mirror_->listeners_.erase(id_);
 }
 
 absl::Status TlsFileMirror::RefreshNow() {

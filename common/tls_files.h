@@ -14,6 +14,9 @@
 #ifndef LAZYATTN_COMMON_TLS_FILES_H_
 #define LAZYATTN_COMMON_TLS_FILES_H_
 
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,6 +47,11 @@ absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls,
 inline absl::Status CheckTlsFiles(const TlsOptions& tls, absl::string_view prefix = "tls.") {
   return ReadTlsFiles(tls, prefix).status();
 }
+
+// The notAfter of the first certificate in `pem` (a certificate file or a CA bundle), in Unix
+// seconds (UTC). InvalidArgument when no certificate parses (an empty or garbage text) or its
+// notAfter is not a valid time.
+absl::StatusOr<int64_t> CertificateNotAfter(absl::string_view pem);
 
 // A private copy of one set of TLS files (mode 0700 folder under $TMPDIR or /tmp), refreshed from
 // the operator's files every tls.refresh_interval_s: a set that passes ReadTlsFiles and differs
@@ -78,6 +86,28 @@ class TlsFileMirror {
   // is (now) theirs. For tests.
   absl::Status RefreshNow();
 
+  // Told the files the copy holds (a set that passed ReadTlsFiles): at Subscribe, then each time
+  // a new set replaces them. Called with the mirror's lock held, on the refresh thread or
+  // RefreshNow's caller: it must be quick and must not call the mirror.
+  using Listener = std::function<void(const TlsFileContents& served)>;
+  // A listener's registration: destroying it unsubscribes (waiting for a call in progress), after
+  // which the listener is never called again. Destroy it before the mirror.
+  class Subscription {
+   public:
+    ~Subscription();
+    Subscription(const Subscription&) = delete;
+    Subscription& operator=(const Subscription&) = delete;
+
+   private:
+    friend class TlsFileMirror;
+    Subscription(TlsFileMirror* mirror, uint64_t id) : mirror_(mirror), id_(id) {}
+    TlsFileMirror* const mirror_;
+    const uint64_t id_;
+  };
+  // Calls `listener` with the files served now, before returning, and with every set that
+  // replaces them until the subscription is destroyed.
+  [[nodiscard]] std::unique_ptr<Subscription> Subscribe(Listener listener);
+
  private:
   TlsFileMirror(const TlsOptions& source, std::string dir);
   absl::Status Publish(const TlsFileContents& contents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -90,6 +120,8 @@ class TlsFileMirror {
   TlsFileContents published_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);  // the refusal last logged
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, Listener> listeners_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_listener_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

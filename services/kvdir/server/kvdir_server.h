@@ -26,6 +26,7 @@
 #include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/tls_expiry_metrics.h"
 #include "services/kvdir/index/directory_index.h"
 #include "services/kvdir/server/kvdir_metrics.h"
 #include "services/kvdir/server/kvdir_service.h"
@@ -120,6 +121,7 @@ class KvdirServer {
   const KvdirOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   KvdirMetrics metrics_;
+  std::unique_ptr<TlsExpiryMetrics> tls_metrics_;
   DirectoryIndex index_;
   PublishStreams streams_;
   SlowWorkPool slow_work_;  // before service_ and server_: outlives every reactor

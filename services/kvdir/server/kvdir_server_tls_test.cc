@@ -15,23 +15,32 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/certificate_names.h"
 #include "common/grpc_util.h"
+#include "common/test_certs_for_test.h"
+#include "common/tls_expiry_metrics.h"
+#include "common/tls_files.h"
 #include "services/kvdir/server/kvdir_server.h"
 #include "services/kvdir/server/kvdir_server_test_fixture.h"
 
 namespace lazyattn::kvdir {
 namespace {
 
+using lazyattn::testing::ReadWholeFile;
 using testing::FakeWorker;
 using ::testing::HasSubstr;
 
 class KvdirServerTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    certs_ = absl::StrCat(::testing::TempDir(), "/kvdir-tls-certs-", getpid());
+    // A folder per test: the TLS file mirrors (tls_files.h) of a process are shared by path, and
+    // one made by an earlier test would keep serving that test's CA.
+    certs_ = absl::StrCat(::testing::TempDir(), "/kvdir-tls-certs-",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                          getpid());
     // worker-0 and worker-1 name localhost and 127.0.0.1 only; worker-2 also a DNS name and an
     // address of its own, as a worker's certificate in a deployment does.
     ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs --out '", certs_,
@@ -99,9 +108,35 @@ class KvdirServerTlsTest : public ::testing::Test {
     return -1;
   }
 
+  // lazyattn_tls_certificate_expiry_timestamp_seconds{role="server",file}; -1 when missing.
+  double Expiry(const std::string& file) {
+    for (const prometheus::MetricFamily& f : server_->registry()->Collect()) {
+      if (f.name != kTlsExpiryMetric) continue;
+      for (const auto& m : f.metric) {
+        int matched = 0;
+        for (const auto& l : m.label) {
+          matched +=
+              (l.name == "role" && l.value == "server") || (l.name == "file" && l.value == file);
+        }
+        if (matched == 2) return m.gauge.value;
+      }
+    }
+    return -1;
+  }
+
   std::string certs_;
   std::unique_ptr<KvdirServer> server_;
 };
+
+// kvdir exports when its certificate and its CA expire (alert LazyattnTlsCertificateExpiresSoon).
+TEST_F(KvdirServerTlsTest, ExportsItsCertificatesExpiry) {
+  for (const auto& [file, path] :
+       {std::pair<std::string, std::string>{"cert", "/kvdir.crt"}, {"ca", "/ca.crt"}}) {
+    const absl::StatusOr<int64_t> not_after = CertificateNotAfter(ReadWholeFile(certs_ + path));
+    ASSERT_TRUE(not_after.ok()) << not_after.status();
+    EXPECT_EQ(Expiry(file), static_cast<double>(*not_after)) << file;
+  }
+}
 
 TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
   // worker-1 tries worker-2's name and worker-2's address, before worker-2 has connected.

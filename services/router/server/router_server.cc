@@ -36,6 +36,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
   server->port_ = built->port;
+  // Both sets of files passed their checks above: this only finds their mirrors.
+  server->tls_metrics_ = std::make_unique<TlsExpiryMetrics>(*server->registry_);
+  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, options.server.tls); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleClient, options.client_tls); !s.ok()) {
+    return s;
+  }
   // Health by service name too (probes that name the API); the overall status, set NOT_SERVING
   // at shutdown, turns every name with it.
   if (auto* health = server->server_->GetHealthCheckService()) {

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tls_expiry_metrics.h"
 #include "services/router/server/inference_service.h"
 #include "services/router/server/router_context.h"
 #include "services/router/server/router_options.h"
@@ -46,6 +47,7 @@ class RouterServer {
   void RefreshLoop();
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<TlsExpiryMetrics> tls_metrics_;  // server.tls and client_tls
   std::unique_ptr<RouterContext> context_;
   std::shared_ptr<grpc::AuthMetadataProcessor> auth_processor_;
   std::unique_ptr<InferenceService> service_;

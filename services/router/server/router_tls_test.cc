@@ -26,6 +26,8 @@
 #include "common/grpc_util.h"
 #include "common/monotonic_time.h"
 #include "common/test_certs_for_test.h"
+#include "common/tls_expiry_metrics.h"
+#include "common/tls_files.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/router_server.h"
@@ -128,6 +130,21 @@ class RouterTlsTest : public ::testing::Test {
 
   std::string Metrics() const {
     return prometheus::TextSerializer().Serialize(registry_->Collect());
+  }
+
+  // The certificate expiry series of `role` and `file` (tls_expiry_metrics.h); -1 when absent.
+  double Expiry(const std::string& role, const std::string& file) const {
+    for (const prometheus::MetricFamily& family : registry_->Collect()) {
+      if (family.name != kTlsExpiryMetric) continue;
+      for (const prometheus::ClientMetric& m : family.metric) {
+        int matched = 0;
+        for (const auto& l : m.label) {
+          matched += (l.name == "role" && l.value == role) || (l.name == "file" && l.value == file);
+        }
+        if (matched == 2) return m.gauge.value;
+      }
+    }
+    return -1;
   }
 
   // One Generate stream read to its end on its own thread.
@@ -268,12 +285,24 @@ TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWo
   EXPECT_EQ(serial, old_serial);
   auto stream = Open(*old_stub);  // open across the rotation
   ASSERT_TRUE(worker_.WaitForCalls(1, absl::Seconds(10)));
+  // The certificate's expiry on /metrics; no CA and no client side are configured: no series.
+  const absl::StatusOr<int64_t> old_expiry =
+      CertificateNotAfter(ReadWholeFile(certs_ + "/router-0.crt"));
+  ASSERT_TRUE(old_expiry.ok()) << old_expiry.status();
+  EXPECT_EQ(Expiry("server", "cert"), static_cast<double>(*old_expiry));
+  EXPECT_EQ(Expiry("server", "ca"), -1);
+  EXPECT_EQ(Expiry("client", "cert"), -1);
 
-  // A new certificate from the same CA, moved over the files the router was started with.
-  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs cert router router-0-next --out '", certs_,
-                                     "' >/dev/null")
+  // A new certificate from the same CA (valid longer than gen-certs' 30 days, so that its
+  // expiry differs), moved over the files the router was started with.
+  ASSERT_EQ(std::system(absl::StrCat("tools/gen-certs cert router router-0-next --days 45 --out '",
+                                     certs_, "' >/dev/null")
                             .c_str()),
             0);
+  const absl::StatusOr<int64_t> new_expiry =
+      CertificateNotAfter(ReadWholeFile(certs_ + "/router-0-next.crt"));
+  ASSERT_TRUE(new_expiry.ok()) << new_expiry.status();
+  ASSERT_GT(*new_expiry, *old_expiry);
   const std::string new_serial = Serial(ReadWholeFile(certs_ + "/router-0-next.crt"));
   ASSERT_FALSE(new_serial.empty());
   ASSERT_NE(new_serial, old_serial);
@@ -285,6 +314,8 @@ TEST_F(RouterTlsTest, ARotatedCertificateServesNewConnectionsAndOldStreamsKeepWo
     auto fresh = Stub(key);
     return Info(*fresh, &serial).ok() && serial == new_serial;
   })) << "still served " << serial;
+  // The gauge follows the certificate served (the mirror took it up before gRPC could serve it).
+  EXPECT_EQ(Expiry("server", "cert"), static_cast<double>(*new_expiry));
   // The stream opened before the rotation is still served, on its old connection.
   worker_.Unblock();
   stream->thread.join();

@@ -9,15 +9,20 @@
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
+#include "common/test_certs_for_test.h"
+#include "common/tls_expiry_metrics.h"
+#include "common/tls_files.h"
 #include "gtest/gtest.h"
-#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/model/random_weights.h"
+#include "services/worker/model/tokenizer/byte_tokenizer.h"
 #include "services/worker/server/testing_fake_kvdir.h"
 #include "services/worker/server/worker_server.h"
 
@@ -400,6 +405,48 @@ TEST_F(KvdirPublisherTest, AStreamEndedPastItsRoutineAgeIsInfoNotAWarning) {
   ASSERT_EQ(lost.size(), 1u) << "the second publisher's end";
   EXPECT_NE(lost[0].find(" WARN worker: "), std::string::npos) << lost[0];
   unlink(path.c_str());
+}
+
+// Both sides of the worker's TLS show their certificates' expiry: its listener's (server) and
+// the one it dials kvdir with (client); tls_expiry_metrics_test covers rotation.
+TEST(WorkerServerKvdirTest, ExportsTheExpiryOfItsCertificates) {
+  const std::string certs = testing::MakeTestCerts("worker-tls-expiry");
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
+  auto weights = MakeRandomWeights(TinyTestConfig(), 3);
+  auto tokenizer = MakeByteTokenizer();
+  WorkerServerOptions o;
+  o.grpc.listen_address = "127.0.0.1:0";
+  o.grpc.tls = {.cert_file = certs + "/worker-0.crt",
+                .key_file = certs + "/worker-0.key",
+                .ca_file = certs + "/ca.crt"};
+  o.metrics_address = "";
+  o.engine = {.num_kv_blocks = 256, .max_batch_tokens = 64};
+  o.service.worker_id = "worker-0";
+  o.kvdir.emplace();
+  o.kvdir->address = "127.0.0.1:1";  // never reached: the series come from the files
+  o.kvdir->tls = o.grpc.tls;
+  auto server = WorkerServer::Create(o, weights.get(), tokenizer.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::StatusOr<int64_t> cert =
+      CertificateNotAfter(testing::ReadWholeFile(certs + "/worker-0.crt"));
+  const absl::StatusOr<int64_t> ca = CertificateNotAfter(testing::ReadWholeFile(certs + "/ca.crt"));
+  ASSERT_TRUE(cert.ok()) << cert.status();
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  std::map<std::pair<std::string, std::string>, double> seen;  // (role, file) -> notAfter
+  for (const prometheus::MetricFamily& f : (*server)->registry()->Collect()) {
+    if (f.name != kTlsExpiryMetric) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      seen[{labels["role"], labels["file"]}] = m.gauge.value;
+    }
+  }
+  const std::map<std::pair<std::string, std::string>, double> want = {
+      {{"server", "cert"}, static_cast<double>(*cert)},
+      {{"server", "ca"}, static_cast<double>(*ca)},
+      {{"client", "cert"}, static_cast<double>(*cert)},
+      {{"client", "ca"}, static_cast<double>(*ca)}};
+  EXPECT_EQ(seen, want);
 }
 
 TEST(WorkerServerKvdirTest, PublishesTheEngineDocumentCache) {

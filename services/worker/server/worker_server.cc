@@ -94,6 +94,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
+  // The files passed StartGrpcServer's checks: this only finds their mirror.
+  server->tls_metrics_ = std::make_unique<TlsExpiryMetrics>(*server->registry_);
+  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, options.grpc.tls); !s.ok()) {
+    return s;
+  }
   // Health by service name too (probes that name lazyattn.v1.Worker); SetServingStatus(false)
   // on drain or sickness turns every name NOT_SERVING with the overall status.
   if (auto* health = server->server_->GetHealthCheckService()) {
@@ -123,6 +128,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     auto publisher = KvdirPublisher::Create(*options.kvdir, std::move(source));
     if (!publisher.ok()) return publisher.status();
     server->publisher_ = std::move(*publisher);
+    // The publisher's channel checked the files: this only finds their mirror.
+    if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleClient, options.kvdir->tls); !s.ok()) {
+      return s;
+    }
     KvdirPublisher* p = server->publisher_.get();
     engine->set_cache_listener([p](const CacheEvent& e) { p->OnCacheEvent(e); });
   }

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
+#include "common/tls_expiry_metrics.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/server/kvdir_publisher.h"
 #include "services/worker/server/worker_metrics.h"
@@ -119,6 +120,7 @@ class WorkerServer {
   // metrics, the service's request tracker and the engine.
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<TlsExpiryMetrics> tls_metrics_;  // server.tls and kvdir.tls
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
