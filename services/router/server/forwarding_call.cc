@@ -323,6 +323,7 @@ void ForwardingCall::StartNextAttempt() {
           : routing.speculative.ttl);
   attempt->Start(attempt, request_,
                  {.first_token = routing.first_token_timeout,
+                  .first_token_max_wait = routing.first_token_max_wait,
                   .between_tokens = routing.token_idle_timeout});
 }
 

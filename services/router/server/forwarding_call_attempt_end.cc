@@ -46,6 +46,15 @@ grpc::Status ForwardingCall::JudgeAttemptEnd(WorkerAttempt* attempt,
         absl::StrCat("no first token within ",
                      absl::ToInt64Milliseconds(router_->options().routing.first_token_timeout),
                      " ms (routing.first_token_timeout_ms); attempt cancelled"));
+  } else if (timeout == WorkerAttempt::Timeout::kFirstTokenMaxWait) {
+    model_metrics_->CountFirstTokenTimeout();
+    status = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no first token within ",
+                     absl::ToInt64Milliseconds(router_->options().routing.first_token_max_wait),
+                     " ms of the attempt's start (routing.first_token_max_wait_ms), although the "
+                     "worker kept reporting its request queued or its prefill moving; attempt "
+                     "cancelled"));
   } else if (timeout == WorkerAttempt::Timeout::kBetweenTokens) {
     model_metrics_->CountTokenIdleTimeout();
     status = grpc::Status(

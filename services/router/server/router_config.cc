@@ -210,6 +210,16 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
 
   ASSIGN_OR_RETURN(r.first_token_timeout, MillisIn(config, "routing.first_token_timeout_ms",
                                                    r.first_token_timeout, 0, 3600000));
+  ASSIGN_OR_RETURN(r.first_token_max_wait, MillisIn(config, "routing.first_token_max_wait_ms",
+                                                    r.first_token_max_wait, 0, 86400000));
+  if (r.first_token_max_wait > absl::ZeroDuration() &&
+      r.first_token_max_wait < r.first_token_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source(),
+        ": routing.first_token_max_wait_ms: ", absl::ToInt64Milliseconds(r.first_token_max_wait),
+        " is below routing.first_token_timeout_ms (",
+        absl::ToInt64Milliseconds(r.first_token_timeout), "); 0 turns the bound off"));
+  }
   ASSIGN_OR_RETURN(r.token_idle_timeout, MillisIn(config, "routing.token_idle_timeout_ms",
                                                   r.token_idle_timeout, 0, 3600000));
   ASSIGN_OR_RETURN(r.prefetch_timeout,

@@ -46,6 +46,7 @@ routing:
   retry_budget_percent: 35
   retry_budget_min: 7
   first_token_timeout_ms: 4000
+  first_token_max_wait_ms: 90000
   token_idle_timeout_ms: 7000
   prefetch_timeout_ms: 9000
   client_write_timeout_ms: 11000
@@ -101,6 +102,7 @@ limits:
   EXPECT_EQ(o->routing.breaker.failure_rate_min_requests, 12);
   EXPECT_EQ(o->routing.breaker.failure_rate_window, absl::Seconds(20));
   EXPECT_EQ(o->routing.first_token_timeout, absl::Seconds(4));
+  EXPECT_EQ(o->routing.first_token_max_wait, absl::Seconds(90));
   EXPECT_EQ(o->routing.token_idle_timeout, absl::Seconds(7));
   EXPECT_EQ(o->routing.prefetch_timeout, absl::Seconds(9));
   EXPECT_EQ(o->routing.client_write_timeout, absl::Seconds(11));
@@ -124,6 +126,7 @@ limits:
   EXPECT_EQ(d->kvdir.loopback_workers, KvdirOptions::LoopbackWorkers::kAuto);
   EXPECT_EQ(d->max_inflight_requests, 256);
   EXPECT_EQ(d->routing.first_token_timeout, absl::Seconds(30));
+  EXPECT_EQ(d->routing.first_token_max_wait, absl::Minutes(10));
   EXPECT_EQ(d->routing.token_idle_timeout, absl::Seconds(30));
   EXPECT_EQ(d->routing.quarantine.ttl, absl::Seconds(300));
   EXPECT_EQ(d->routing.quarantine.max_entries, 10000);
@@ -172,6 +175,14 @@ TEST(RouterConfigTest, ErrorsNameTheKey) {
               HasSubstr("routing.first_token_timeout_ms"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {token_idle_timeout_ms: 3600001}\n"),
               HasSubstr("routing.token_idle_timeout_ms"));
+  // The bound on all the waiting cannot be shorter than one wait; 0 turns it off.
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_timeout_ms: 5000, "
+                    "first_token_max_wait_ms: 4999}\n"),
+              HasSubstr("routing.first_token_max_wait_ms: 4999 is below "
+                        "routing.first_token_timeout_ms (5000)"));
+  EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {first_token_max_wait_ms: 86400001}\n"),
+              HasSubstr("routing.first_token_max_wait_ms"));
+  EXPECT_TRUE(Parse("kvdir: {address: k:1}\nrouting: {first_token_max_wait_ms: 0}\n").ok());
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {retry_budget_percent: 101}\n"),
               HasSubstr("routing.retry_budget_percent: must be in [0, 100]"));
   EXPECT_THAT(error("kvdir: {address: k:1}\nrouting: {retry_budget_min: -1}\n"),

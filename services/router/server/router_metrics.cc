@@ -146,7 +146,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                                       .Name("lazyattn_router_first_token_timeouts_total")
                                       .Help(
                                           "Attempts cancelled for sending no token within "
-                                          "routing.first_token_timeout_ms")
+                                          "routing.first_token_timeout_ms, or within "
+                                          "routing.first_token_max_wait_ms of their start")
                                       .Register(registry);
   token_idle_timeouts_family_ = &prometheus::BuildCounter()
                                      .Name("lazyattn_router_token_idle_timeouts_total")

@@ -56,6 +56,12 @@ struct RoutingOptions {
   // attempt counts against the worker's breaker). Zero: no limit. The default suits CPU workers
   // under load; GPU fleets set a few seconds (docs/router.md).
   absl::Duration first_token_timeout = absl::Seconds(30);
+  // The most an attempt may go without its first token however many signs of life its worker
+  // sends (PrefillProgress events restart first_token_timeout, not this): a worker that keeps
+  // reporting its request queued, or its prompt growing, no longer holds a request without a
+  // client deadline for ever. Cut like a first-token timeout. Zero: no limit; otherwise at least
+  // first_token_timeout.
+  absl::Duration first_token_max_wait = absl::Minutes(10);
   // Once the first token came: an attempt whose worker sends nothing for this long while the
   // router waits on it (not while the router waits on its client) is cancelled, counted against
   // the worker's breaker; a Complete call goes to the next worker, a stream ends UNAVAILABLE

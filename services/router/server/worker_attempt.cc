@@ -31,10 +31,16 @@ void WorkerAttempt::Start(std::shared_ptr<WorkerAttempt> self, const GenerateReq
     absl::MutexLock lock(&mu_);
     stream_check_.emplace(WorkerStreamCheck::For(*request, worker_.status.model(),
                                                  call_->router()->options().limits.max_tokens));
-    if (timeouts.first_token > absl::ZeroDuration()) {
-      next_message_due_ = MonotonicNow() + timeouts.first_token;
-      ArmWatchdogLocked();
+    const absl::Time now = MonotonicNow();
+    if (timeouts.first_token_max_wait > absl::ZeroDuration()) {
+      first_token_deadline_ = now + timeouts.first_token_max_wait;
     }
+    if (timeouts.first_token > absl::ZeroDuration()) {
+      next_message_due_ = std::min(now + timeouts.first_token, first_token_deadline_);
+    } else {
+      next_message_due_ = first_token_deadline_;
+    }
+    if (next_message_due_ != absl::InfiniteFuture()) ArmWatchdogLocked();
   }
   self_ = std::move(self);
   stub_->async()->Generate(context_.get(), request, this);
@@ -99,8 +105,11 @@ void WorkerAttempt::OnWatchdogAlarm() {
       stuck_after_failed_read_ = true;
     } else if (got_final_) {
       stuck_after_final_ = true;
+    } else if (got_token_) {
+      timed_out_ = Timeout::kBetweenTokens;
     } else {
-      timed_out_ = got_token_ ? Timeout::kBetweenTokens : Timeout::kFirstToken;
+      timed_out_ = MonotonicNow() >= first_token_deadline_ ? Timeout::kFirstTokenMaxWait
+                                                           : Timeout::kFirstToken;
     }
   }
   Cancel();
@@ -167,11 +176,12 @@ void WorkerAttempt::OnReadDone(bool ok) {
       // The worker's sign of life, for this attempt alone and only before its first token (after
       // it the events are tolerated and keep nothing alive), and only when the prefill moved or
       // the request waits in a queue the worker's engine is working through: the timeout runs
-      // again from now. The next message is read here (nothing goes to the call).
+      // again from now, up to the bound on all the waiting (first_token_deadline_), which no
+      // event moves. The next message is read here (nothing goes to the call).
       const int64_t ready = message_.prefill_progress().prompt_tokens_ready();
       const bool alive = ready > progress_high_ || message_.prefill_progress().queued();
       if (!got_token_ && timeouts_.first_token > absl::ZeroDuration() && alive) {
-        next_message_due_ = MonotonicNow() + timeouts_.first_token;
+        next_message_due_ = std::min(MonotonicNow() + timeouts_.first_token, first_token_deadline_);
       }
       progress_high_ = std::max(progress_high_, ready);
       read_outstanding_ = read_next = true;

@@ -52,11 +52,16 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
     // Zero: none. Otherwise it runs from the start and again from each PrefillProgress event,
     // until the first token.
     absl::Duration first_token = absl::ZeroDuration();
+    // Zero: none. Otherwise the first token is due this long after the start at the latest,
+    // whatever PrefillProgress events came.
+    absl::Duration first_token_max_wait = absl::ZeroDuration();
     // Zero: none. Otherwise, after the first token, it runs from each read of the next message
     // (ReadNext), so the time the router spends delivering to a slow client never counts.
     absl::Duration between_tokens = absl::ZeroDuration();
   };
-  enum class Timeout { kNone, kFirstToken, kBetweenTokens };
+  // kFirstTokenMaxWait: the bound on all the waiting for the first token (Timeouts), which no
+  // progress event restarts.
+  enum class Timeout { kNone, kFirstToken, kFirstTokenMaxWait, kBetweenTokens };
 
   void Start(std::shared_ptr<WorkerAttempt> self, const lazyattn::v1::GenerateRequest* request,
              Timeouts timeouts);
@@ -142,6 +147,9 @@ class WorkerAttempt : public grpc::ClientReadReactor<lazyattn::v1::GenerateRespo
   // When the worker's next message is due; InfiniteFuture while nothing is awaited from it (the
   // router is delivering a token to its client) or no timeout applies.
   absl::Time next_message_due_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The latest the first token may come (Timeouts::first_token_max_wait from the start);
+  // InfiniteFuture without that bound.
+  absl::Time first_token_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // An alarm is set and will look at next_message_due_ (the chain's last; the first-token alarm
   // is cancelled at the first token and the between-tokens chain starts at the next ReadNext).
   bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;

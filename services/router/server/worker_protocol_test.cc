@@ -278,6 +278,41 @@ TEST_F(WorkerProtocolTest, QueuedEventsKeepARequestWaitingInABusyWorkersQueue) {
   EXPECT_EQ(ProtocolErrors(), "0");
 }
 
+// The first-token timeout's restarts are bounded: a worker that reports its request queued for
+// ever (a starved queue, a broken or hostile worker) is cut routing.first_token_max_wait after
+// the attempt's start, counted as a first-token timeout, and the request goes to the next worker;
+// when every worker does it, the request ends UNAVAILABLE naming the bound, long before its
+// client's deadline.
+TEST_F(WorkerProtocolTest, QueuedEventsHoldAnAttemptNoLongerThanTheMaxWait) {
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::Milliseconds(300);
+  o.routing.first_token_max_wait = absl::Milliseconds(1200);
+  StartRouter(o);
+  const FakeWorker::Script queued_forever = {.prefill = absl::Seconds(60),
+                                             .prefill_progress_every = absl::Milliseconds(50),
+                                             .progress_queued = true};
+  workers_[0]->SetScript(queued_forever);
+  absl::Time start = absl::Now();
+  StreamResult r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(1200));  // the events kept w0 alive till then
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_GE(workers_[0]->progress_events(), 10);
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_first_token_timeouts_total{model=\"fake-model\"} 1"));
+
+  workers_[1]->SetScript(queued_forever);
+  start = absl::Now();
+  r = Stream(Request());
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("routing.first_token_max_wait_ms"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // not the client's 30 s deadline
+  EXPECT_EQ(ProtocolErrors(), "0");
+}
+
 // A worker that sends its final message and then never ends the call: the answer is complete,
 // so the router cuts the call kEndGrace later and ends the request OK with that final (stream
 // and Complete alike, no other worker asked, even with no between-tokens timeout at all); the
