@@ -174,6 +174,10 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromYaml(const YamlConfig& config) {
   ASSIGN_OR_RETURN(const int64_t drain_s,
                    IntInRange(config, "server.drain_timeout_s", 30, 0, 3600));
   o.drain_timeout = absl::Seconds(drain_s);
+  ASSIGN_OR_RETURN(const int64_t announce_ms,
+                   IntInRange(config, "server.drain_announce_ms",
+                              absl::ToInt64Milliseconds(o.drain_announce), 0, 60'000));
+  o.drain_announce = absl::Milliseconds(announce_ms);
 
   // kvdir (optional).
   KvdirPublisherOptions& k = c.kvdir;

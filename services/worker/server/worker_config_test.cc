@@ -48,6 +48,7 @@ worker: {id: w7, advertise_address: "worker-7.svc:7200"}
 server:
   listen: 0.0.0.0:7300
   tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
+  drain_announce_ms: 1500
 engine: {kv_budget_bytes: 1048576, max_batch_tokens: 256, max_running: 8, pipeline_decode: false,
          prep_threads: 3, max_pending_preparations: 5, default_deadline_s: 90, cpu_threads: 3,
          cpu_activations: fp32, cpu_kv_cache: f32,
@@ -107,6 +108,7 @@ metrics: {listen: ""}
   EXPECT_EQ(c->server.service.default_max_tokens, 64);
   EXPECT_EQ(c->server.service.max_buffered_tokens, 32);
   EXPECT_EQ(c->server.shutdown_grace, absl::Milliseconds(250));
+  EXPECT_EQ(c->server.drain_announce, absl::Milliseconds(1500));
   EXPECT_EQ(c->kvdir.lease, absl::Milliseconds(900));
   EXPECT_EQ(c->kvdir.min_backoff, absl::Milliseconds(50));
   EXPECT_EQ(c->kvdir.max_backoff, absl::Milliseconds(800));
@@ -150,6 +152,8 @@ TEST(WorkerConfigTest, ErrorsNameTheKey) {
       {"model: {path: m}\nengine: {cpu_kv_cache: 16}\n", "engine.cpu_kv_cache"},
       {"model: {path: m}\nengine: {kv_budget_bytes: lots}\n", "engine.kv_budget_bytes"},
       {"model: {path: m}\nengine: {pipeline_decode: sometimes}\n", "engine.pipeline_decode"},
+      {"model: {path: m}\nserver: {drain_announce_ms: 60001}\n", "server.drain_announce_ms"},
+      {"model: {path: m}\nserver: {drain_announce_ms: -1}\n", "server.drain_announce_ms"},
       {"model: {path: m}\nlimits: {max_documents: -1}\n", "limits.max_documents"},
       {"model: {path: m}\nlimits: {max_documents: 5000}\n", "limits.max_documents"},
       {"model: {path: m}\nlimits: {max_tokens: 0}\n", "limits.max_tokens"},

@@ -3,6 +3,7 @@
 #include <grpc/grpc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -211,6 +212,8 @@ bool WorkerServer::Drain() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
   }
+  // The drain's time runs from here: the announcement below is part of it.
+  const absl::Time deadline = MonotonicNow() + options_.drain_timeout;
   if (server_ != nullptr) {
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   }
@@ -229,12 +232,24 @@ bool WorkerServer::Drain() {
         .Int("in_flight", service_->in_flight())
         .Str("drain_timeout", absl::FormatDuration(options_.drain_timeout))
         .Msg("draining");
+    // Announce the drain before the port closes: health answers NOT_SERVING, which routers'
+    // probes eject on at once and load balancers read, and new calls are handed back by the
+    // stopped preparation (the router moves them without counting a lost call). Once gRPC's
+    // Shutdown begins, probes and calls are refused at the connection instead, which a router
+    // only counts as failed probes. Running calls go on meanwhile; a second signal cuts it short.
+    {
+      const absl::Time announced_until =
+          std::min(deadline, MonotonicNow() + options_.drain_announce);
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!end_drain_now_ && MonotonicNow() < announced_until) {
+        cv_.wait_for(lock, std::chrono::milliseconds(10));
+      }
+    }
     // gRPC refuses new calls from the Shutdown call on, and lets those in flight run. At the
     // deadline the worker ends what is left itself: UNAVAILABLE "shutting down" with its
     // trailer, which a router fails over as a drain. gRPC's own cancellation (a grace later, for
     // calls the engine no longer holds) would end them without the trailer, and a router
     // counts such an end as a lost worker, quarantining the content after two.
-    const absl::Time deadline = MonotonicNow() + options_.drain_timeout;
     bool shutdown_returned = false;  // guarded by mu_
     std::thread shutdown([this, deadline, &shutdown_returned] {
       server_->Shutdown(GrpcMonotonicDeadline(deadline + options_.shutdown_grace));

@@ -50,6 +50,11 @@ struct WorkerServerOptions {
   absl::Duration shutdown_grace = absl::Seconds(5);
   // Drain: how long calls in flight may run to completion before they are cancelled.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Drain: how long, from its start and within drain_timeout, the port stays open answering
+  // health NOT_SERVING (and handing new calls back) before gRPC stops taking calls. A router's
+  // probe (every 500 ms by default) then sees NOT_SERVING and ejects the worker at once, as a
+  // load balancer's health check does, instead of finding the port closed.
+  absl::Duration drain_announce = absl::Seconds(1);
   absl::Duration metrics_refresh = absl::Seconds(1);
 };
 
@@ -76,11 +81,12 @@ class WorkerServer {
   // Graceful stop (SIGTERM): health NOT_SERVING, requests not started yet (waiting for
   // preparation or admission, no token sent) handed back at once (UNAVAILABLE "worker shutting
   // down" with the worker's trailer: the router retries them elsewhere), every cached document
-  // withdrawn from kvdir and the publisher stopped, new calls refused (UNAVAILABLE, so the router
-  // fails over), running calls left to finish for up to options.drain_timeout (then ended by the
-  // worker itself: UNAVAILABLE "shutting down" with its trailer, as a router expects of a drain),
-  // then Shutdown().
-  // True when every call finished before the drain timeout. Idempotent (false after Shutdown).
+  // withdrawn from kvdir and the publisher stopped, for options.drain_announce new calls handed
+  // back as the unstarted ones and health readable, then new calls refused (UNAVAILABLE, so the
+  // router fails over), running calls left to finish for up to options.drain_timeout (then ended by
+  // the worker itself: UNAVAILABLE "shutting down" with its trailer, as a router expects of a
+  // drain), then Shutdown(). True when every call finished before the drain timeout. Idempotent
+  // (false after Shutdown).
   bool Drain();
   // Cuts a drain short (an operator's second stop signal): a Drain() in progress, or one started
   // later, stops waiting for the calls in flight and ends them at once as at the drain timeout

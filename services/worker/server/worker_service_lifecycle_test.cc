@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_util.h"
 #include "common/worker_call_trailer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,6 +109,42 @@ TEST_F(WorkerServiceTest, ADrainHandsBackARequestWaitingForPreparation) {
   const auto& trailers = ctx.GetServerTrailingMetadata();
   EXPECT_EQ(trailers.count(kWorkerEndedCallKey), 1u);
   EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
+}
+
+// A drain is announced before the port closes (server.drain_announce_ms): health answers
+// NOT_SERVING, which a router's probe ejects on at once and a load balancer reads, and a call
+// arriving meanwhile is handed back; only then does gRPC refuse calls at the connection. Without
+// the announcement a probe found the port closed at once and never saw NOT_SERVING.
+TEST_F(WorkerServiceTest, ADrainAnswersNotServingAndHandsBackNewCallsBeforeThePortCloses) {
+  drain_announce_ = absl::Seconds(3);
+  StartServer(/*slow=*/false);
+  const absl::StatusOr<bool> before = CheckGrpcHealth(channel_, "", absl::Seconds(5));
+  ASSERT_TRUE(before.ok() && *before) << "not SERVING before the drain";
+  const absl::Time start = absl::Now();
+  std::thread drainer([&] { server_->Drain(); });
+  absl::StatusOr<bool> serving = true;
+  while (serving.ok() && *serving && absl::Now() - start < absl::Seconds(2)) {
+    serving = CheckGrpcHealth(channel_, "", absl::Seconds(1));
+  }
+  ASSERT_TRUE(serving.ok()) << "the port closed before NOT_SERVING was seen: " << serving.status();
+  EXPECT_FALSE(*serving);
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
+    v1::GenerateResponse m;
+    int tokens = 0;
+    while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+    const grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_EQ(tokens, 0);
+    EXPECT_EQ(ctx.GetServerTrailingMetadata().count(kWorkerHandedBackKey), 1u)
+        << "a call during the announcement must be handed back, not refused";
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the checks above ran after the window";
+  drainer.join();
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3));
+  const absl::StatusOr<bool> after = CheckGrpcHealth(channel_, "", absl::Seconds(1));
+  EXPECT_FALSE(after.ok()) << "the port still answers after the drain";
 }
 
 // A drain stops preparation before gRPC stops taking calls: a request arriving in between is

@@ -101,6 +101,7 @@ class WorkerServiceTest : public ::testing::Test {
     o.service.after_submit_for_test = after_submit_for_test_;
     o.shutdown_grace = absl::Seconds(2);
     o.drain_timeout = drain_timeout_;
+    o.drain_announce = drain_announce_;
     auto server = WorkerServer::Create(o, slow ? slow_weights_ : tiny_weights_, tokenizer_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -169,6 +170,7 @@ class WorkerServiceTest : public ::testing::Test {
   static inline Tokenizer* tokenizer_ = nullptr;
   // Set before StartServer: WorkerServerOptions::drain_timeout and EngineOptions::max_running.
   absl::Duration drain_timeout_ = absl::Seconds(30);
+  absl::Duration drain_announce_ = WorkerServerOptions().drain_announce;
   int max_running_ = 8;
   // Set before StartServer: WorkerServiceOptions::after_submit_for_test.
   std::function<void()> after_submit_for_test_;
