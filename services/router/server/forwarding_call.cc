@@ -469,6 +469,12 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       } else {
         breakers.Release(w.id, attempt->permit());
       }
+      // Every code, the client's faults too: a code that is no worker fault (INVALID_ARGUMENT)
+      // touches no breaker, since a client's bad requests would eject every worker, but one worker
+      // answering it to what the others serve shows here (alert LazyattnWorkerRefusesRequests).
+      if (!cancelled_ && !client_expiry && !handed_back) {
+        router_->metrics().CountWorkerFailure(w.id, code);
+      }
       if (cancelled_) {
         status = cancel_status_;
       } else if (client_expiry) {

@@ -186,6 +186,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry, const std::string& 
                             .Name("lazyattn_router_worker_selections_total")
                             .Help("Attempts sent to each worker, by the request's model")
                             .Register(registry);
+  worker_failures_family_ =
+      &prometheus::BuildCounter()
+           .Name("lazyattn_router_worker_failures_total")
+           .Help(
+               "Generate and Complete attempts that ended in an error, by worker and gRPC code "
+               "(not the client's cancellation or deadline, nor a drain's hand-back)")
+           .Register(registry);
   auto& utf8 = prometheus::BuildCounter()
                    .Name("lazyattn_router_invalid_utf8_requests_total")
                    .Help("Requests refused because a text field is not valid UTF-8, by field")
@@ -253,6 +260,24 @@ void RouterMetrics::CountSelection(const std::string& worker, const ModelMetrics
       it = selections_
                .emplace(key,
                         &selections_family_->Add({{"worker", worker}, {"model", model.label()}}))
+               .first;
+    }
+    counter = it->second;
+  }
+  counter->Increment();
+}
+
+void RouterMetrics::CountWorkerFailure(const std::string& worker, grpc::StatusCode code) {
+  prometheus::Counter* counter;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto key = std::make_pair(worker, static_cast<int>(code));
+    auto it = worker_failures_.find(key);
+    if (it == worker_failures_.end()) {
+      it = worker_failures_
+               .emplace(key,
+                        &worker_failures_family_->Add(
+                            {{"worker", worker}, {"code", StatusCodeName(static_cast<int>(code))}}))
                .first;
     }
     counter = it->second;

@@ -36,6 +36,11 @@
 //                                                   lost mid-call (the worker process died)
 //   lazyattn_router_worker_selections_total{worker,model}  attempts sent to each worker
 //                                                   (Generate, Complete and Prefetch)
+//   lazyattn_router_worker_failures_total{worker,code}  Generate and Complete attempts that ended
+//                                                   in an error, by worker and gRPC code (not the
+//                                                   client's cancellation or deadline, nor a
+//                                                   drain's hand-back): one worker refusing what
+//                                                   the others serve stands out
 // For the router:
 //   lazyattn_router_in_flight_requests              requests admitted and not yet ended
 //   lazyattn_router_workers_healthy                 workers health probing admits (the ones the
@@ -176,6 +181,9 @@ class RouterMetrics {
   void CountClientWriteTimeout() { client_write_timeouts_->Increment(); }
   // An attempt sent to `worker` for a request of `model`.
   void CountSelection(const std::string& worker, const ModelMetrics& model);
+  // A Generate or Complete attempt on `worker` that ended with `code` (not OK), as judged by the
+  // router: its timeouts and protocol checks included, the client's own ends not.
+  void CountWorkerFailure(const std::string& worker, grpc::StatusCode code);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
   // any other status is ignored.
   void CountValidationFailure(const absl::Status& status);
@@ -201,6 +209,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* quarantined_family_;
   prometheus::Family<prometheus::Counter>* connection_losses_family_;
   prometheus::Family<prometheus::Counter>* selections_family_;
+  prometheus::Family<prometheus::Counter>* worker_failures_family_;
   prometheus::Histogram* routing_;
   prometheus::Gauge* in_flight_;
   prometheus::Gauge* workers_healthy_;
@@ -217,6 +226,9 @@ class RouterMetrics {
   std::unique_ptr<ModelMetrics> other_model_ ABSL_GUARDED_BY(mu_);  // made when first needed
   // By (worker, model label).
   absl::flat_hash_map<std::pair<std::string, std::string>, prometheus::Counter*> selections_
+      ABSL_GUARDED_BY(mu_);
+  // By (worker, gRPC code).
+  absl::flat_hash_map<std::pair<std::string, int>, prometheus::Counter*> worker_failures_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -313,6 +313,29 @@ TEST_F(WorkerProtocolTest, QueuedEventsHoldAnAttemptNoLongerThanTheMaxWait) {
   EXPECT_EQ(ProtocolErrors(), "0");
 }
 
+// Failed attempts are counted by worker and code, so one worker refusing what the others serve
+// stands out (INVALID_ARGUMENT touches no breaker: a client's bad requests would eject every
+// worker). A drain's hand-back is a move, not a failure, and is not counted.
+TEST_F(WorkerProtocolTest, FailedAttemptsAreCountedByWorkerAndCode) {
+  StartRouter(Options());
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::INVALID_ARGUMENT});
+  StreamResult r = Stream(Request());
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(Metrics(),
+              HasSubstr("lazyattn_router_worker_failures_total{code=\"invalid_argument\","
+                        "worker=\"w0\"} 1"));
+
+  workers_[0]->SetScript(
+      {.fail_before_first_token = grpc::StatusCode::UNAVAILABLE, .handed_back = true});
+  r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  const std::string m = Metrics();
+  EXPECT_THAT(m, Not(HasSubstr("lazyattn_router_worker_failures_total{code=\"unavailable\"")));
+  EXPECT_THAT(m, HasSubstr("lazyattn_router_worker_failures_total{code=\"invalid_argument\","
+                           "worker=\"w0\"} 1"));
+}
+
 // A worker that sends its final message and then never ends the call: the answer is complete,
 // so the router cuts the call kEndGrace later and ends the request OK with that final (stream
 // and Complete alike, no other worker asked, even with no between-tokens timeout at all); the
