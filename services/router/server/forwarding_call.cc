@@ -473,7 +473,7 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       // touches no breaker, since a client's bad requests would eject every worker, but one worker
       // answering it to what the others serve shows here (alert LazyattnWorkerRefusesRequests).
       if (!cancelled_ && !client_expiry && !handed_back) {
-        router_->metrics().CountWorkerFailure(w.id, code);
+        router_->metrics().CountWorkerFailure(w.id, *model_metrics_, code);
       }
       if (cancelled_) {
         status = cancel_status_;

@@ -267,17 +267,19 @@ void RouterMetrics::CountSelection(const std::string& worker, const ModelMetrics
   counter->Increment();
 }
 
-void RouterMetrics::CountWorkerFailure(const std::string& worker, grpc::StatusCode code) {
+void RouterMetrics::CountWorkerFailure(const std::string& worker, const ModelMetrics& model,
+                                       grpc::StatusCode code) {
   prometheus::Counter* counter;
   {
     absl::MutexLock lock(&mu_);
-    const auto key = std::make_pair(worker, static_cast<int>(code));
+    const auto key = std::make_tuple(worker, model.label(), static_cast<int>(code));
     auto it = worker_failures_.find(key);
     if (it == worker_failures_.end()) {
       it = worker_failures_
-               .emplace(key,
-                        &worker_failures_family_->Add(
-                            {{"worker", worker}, {"code", StatusCodeName(static_cast<int>(code))}}))
+               .emplace(key, &worker_failures_family_->Add(
+                                 {{"worker", worker},
+                                  {"model", model.label()},
+                                  {"code", StatusCodeName(static_cast<int>(code))}}))
                .first;
     }
     counter = it->second;

@@ -36,8 +36,9 @@
 //                                                   lost mid-call (the worker process died)
 //   lazyattn_router_worker_selections_total{worker,model}  attempts sent to each worker
 //                                                   (Generate, Complete and Prefetch)
-//   lazyattn_router_worker_failures_total{worker,code}  Generate and Complete attempts that ended
-//                                                   in an error, by worker and gRPC code (not the
+//   lazyattn_router_worker_failures_total{worker,model,code}  Generate and Complete attempts that
+//                                                   ended in an error, by worker, the request's
+//                                                   model and gRPC code (not the
 //                                                   client's cancellation or deadline, nor a
 //                                                   drain's hand-back): one worker refusing what
 //                                                   the others serve stands out
@@ -83,6 +84,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -183,7 +185,8 @@ class RouterMetrics {
   void CountSelection(const std::string& worker, const ModelMetrics& model);
   // A Generate or Complete attempt on `worker` that ended with `code` (not OK), as judged by the
   // router: its timeouts and protocol checks included, the client's own ends not.
-  void CountWorkerFailure(const std::string& worker, grpc::StatusCode code);
+  void CountWorkerFailure(const std::string& worker, const ModelMetrics& model,
+                          grpc::StatusCode code);
   // Counts a validation failure that is a text field not in UTF-8 (RequestValidator's label);
   // any other status is ignored.
   void CountValidationFailure(const absl::Status& status);
@@ -227,9 +230,9 @@ class RouterMetrics {
   // By (worker, model label).
   absl::flat_hash_map<std::pair<std::string, std::string>, prometheus::Counter*> selections_
       ABSL_GUARDED_BY(mu_);
-  // By (worker, gRPC code).
-  absl::flat_hash_map<std::pair<std::string, int>, prometheus::Counter*> worker_failures_
-      ABSL_GUARDED_BY(mu_);
+  // By (worker, model label, gRPC code).
+  absl::flat_hash_map<std::tuple<std::string, std::string, int>, prometheus::Counter*>
+      worker_failures_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lazyattn::router

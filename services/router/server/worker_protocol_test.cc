@@ -323,7 +323,7 @@ TEST_F(WorkerProtocolTest, FailedAttemptsAreCountedByWorkerAndCode) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(Metrics(),
               HasSubstr("lazyattn_router_worker_failures_total{code=\"invalid_argument\","
-                        "worker=\"w0\"} 1"));
+                        "model=\"fake-model\",worker=\"w0\"} 1"));
 
   workers_[0]->SetScript(
       {.fail_before_first_token = grpc::StatusCode::UNAVAILABLE, .handed_back = true});
@@ -333,7 +333,7 @@ TEST_F(WorkerProtocolTest, FailedAttemptsAreCountedByWorkerAndCode) {
   const std::string m = Metrics();
   EXPECT_THAT(m, Not(HasSubstr("lazyattn_router_worker_failures_total{code=\"unavailable\"")));
   EXPECT_THAT(m, HasSubstr("lazyattn_router_worker_failures_total{code=\"invalid_argument\","
-                           "worker=\"w0\"} 1"));
+                           "model=\"fake-model\",worker=\"w0\"} 1"));
 }
 
 // A worker that sends its final message and then never ends the call: the answer is complete,
