@@ -155,6 +155,11 @@ lazyattn::v1::GenerateRequest FakeWorker::last_request() const {
   return last_request_;
 }
 
+lazyattn::v1::PrefetchRequest FakeWorker::last_prefetch_request() const {
+  absl::MutexLock lock(&mu_);
+  return last_prefetch_request_;
+}
+
 bool FakeWorker::WaitForCalls(int n, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generate_calls_ >= n; };
@@ -345,6 +350,7 @@ grpc::Status FakeWorker::Prefetch(grpc::ServerContext* context,
   {
     absl::MutexLock lock(&mu_);
     ++prefetch_calls_;
+    last_prefetch_request_ = *request;
     cache_namespaces_.push_back(CacheNamespaceSent(*context));
     script = script_;
   }

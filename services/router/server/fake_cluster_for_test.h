@@ -130,6 +130,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int generate_calls() const;
   int prefetch_calls() const;
   lazyattn::v1::GenerateRequest last_request() const;
+  lazyattn::v1::PrefetchRequest last_prefetch_request() const;
   // Every Generate request received, in arrival order.
   std::vector<lazyattn::v1::GenerateRequest> requests() const;
   // The cache namespace metadata (kCacheNamespaceMetadata) of every Generate and Prefetch call,
@@ -174,6 +175,7 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
   int cancellations_ ABSL_GUARDED_BY(mu_) = 0;
   int progress_events_ ABSL_GUARDED_BY(mu_) = 0;
   lazyattn::v1::GenerateRequest last_request_ ABSL_GUARDED_BY(mu_);
+  lazyattn::v1::PrefetchRequest last_prefetch_request_ ABSL_GUARDED_BY(mu_);
   std::vector<lazyattn::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cache_namespaces_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> request_ids_ ABSL_GUARDED_BY(mu_);

@@ -21,6 +21,7 @@
 #include "services/router/server/key_limits.h"
 #include "services/router/server/model_choice.h"
 #include "services/router/server/request_fingerprint.h"
+#include "services/router/server/unknown_fields.h"
 #include "services/router/server/worker_fit.h"
 
 namespace lazyattn::router {
@@ -87,7 +88,7 @@ ForwardingCall::ForwardingCall(RouterContext* router, grpc::CallbackServerContex
       request_id_(RequestIdOf(server_context)),
       cache_namespace_(CacheNamespaceOf(*server_context)),
       deadline_(server_context->deadline()),
-      request_(request),
+      request_(WithoutUnknownFields(request, known_fields_copy_)),
       started_(MonotonicNow()),
       model_metrics_(&router->metrics().NoModel()),
       budget_request_(router->retry_budget().StartRequest()) {
@@ -104,7 +105,7 @@ ForwardingCall::ForwardingCall(RouterContext* router,
       request_id_(std::move(request_id)),
       cache_namespace_(std::move(cache_namespace)),
       deadline_(deadline),
-      request_(request),
+      request_(WithoutUnknownFields(request, known_fields_copy_)),
       started_(MonotonicNow()),
       model_metrics_(&router->metrics().NoModel()),
       budget_request_(router->retry_budget().StartRequest()) {}

@@ -140,6 +140,9 @@ class ForwardingCall {
   // the request's cache_salt, the scope its documents are looked up under.
   const std::string cache_namespace_;
   const std::chrono::system_clock::time_point deadline_;  // the client's
+  // The client's request without fields this router does not know (unknown_fields.h): the
+  // request itself, or a copy in known_fields_copy_ when it had any. Declared in this order.
+  std::unique_ptr<lazyattn::v1::GenerateRequest> known_fields_copy_;
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;
   std::once_flag fingerprint_once_;

@@ -69,6 +69,7 @@ PrefetchReactor::PrefetchReactor(RouterContext* router, grpc::CallbackServerCont
   }
   admitted_ = true;
   worker_request_ = *request;
+  worker_request_.DiscardUnknownFields();  // unchecked here, never forwarded (unknown_fields.h)
   worker_request_.set_replicas(0);
   const auto mode = request->cache_mode() == lazyattn::v1::CACHE_MODE_BLOCK
                         ? lazyattn::v1::CACHE_MODE_BLOCK

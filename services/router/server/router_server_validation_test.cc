@@ -1,6 +1,7 @@
 // Requests the router refuses before a worker sees them: more than max_inflight_requests is
 // RESOURCE_EXHAUSTED, and invalid UTF-8 or a malformed field is INVALID_ARGUMENT naming the field
-// (invalid UTF-8 counted per field), on Generate, Complete and Prefetch alike.
+// (invalid UTF-8 counted per field), on Generate, Complete and Prefetch alike; fields the router
+// does not know are dropped before a worker sees them.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -10,9 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "lazyattn/v1/inference.grpc.pb.h"
 #include "services/router/server/router_server.h"
 #include "services/router/server/router_server_test_fixture.h"
+#include "services/router/server/unknown_fields.h"
 
 namespace lazyattn::router {
 namespace {
@@ -169,6 +172,52 @@ TEST_F(RouterServerTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
   grpc::Status s = stub_->Prefetch(&ctx, prefetch, &presp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("replicas"));
+}
+
+google::protobuf::UnknownFieldSet* Unknown(google::protobuf::Message* message) {
+  return message->GetReflection()->MutableUnknownFields(message);
+}
+
+// Fields this router's proto does not know pass none of its checks, so they never reach a worker
+// (one built from a newer proto would act on them unchecked): a request carrying them, at the
+// top and inside a document and the sampling parameters, is served, and what the worker gets has
+// none left, its known fields untouched. Prefetch likewise.
+TEST_F(RouterServerTest, FieldsThisRouterDoesNotKnowNeverReachAWorker) {
+  StartWorkers(1);
+  StartKvdir();
+  StartRouter(Options());
+  GenerateRequest request = Request({"doc"});
+  Unknown(&request)->AddVarint(9001, 1);
+  Unknown(request.mutable_documents(0))->AddLengthDelimited(9002, "unchecked");
+  Unknown(request.mutable_sampling())->AddFixed32(9003, 7);
+  ASSERT_TRUE(HasUnknownFields(request));
+  StreamResult r = Stream(request);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  GenerateRequest forwarded =
+      workers_[0]->generate_calls() > 0 ? workers_[0]->last_request() : workers_[1]->last_request();
+  EXPECT_FALSE(HasUnknownFields(forwarded));
+  GenerateRequest expected = request;
+  expected.DiscardUnknownFields();
+  EXPECT_EQ(forwarded.documents(0).text(), expected.documents(0).text());
+  EXPECT_EQ(forwarded.question(), expected.question());
+  EXPECT_EQ(forwarded.sampling().SerializeAsString(), expected.sampling().SerializeAsString());
+
+  // A request without any is forwarded as it is (no copy is made; the fields all arrive).
+  const GenerateRequest plain = Request({"doc"});
+  EXPECT_FALSE(HasUnknownFields(plain));
+
+  lazyattn::v1::PrefetchRequest prefetch;
+  prefetch.add_documents()->set_text("a");
+  Unknown(prefetch.mutable_documents(0))->AddVarint(9004, 3);
+  Unknown(&prefetch)->AddVarint(9005, 3);
+  grpc::ClientContext ctx;
+  lazyattn::v1::PrefetchResponse presp;
+  grpc::Status s = stub_->Prefetch(&ctx, prefetch, &presp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const lazyattn::v1::PrefetchRequest sent = workers_[0]->last_prefetch_request();
+  ASSERT_EQ(sent.documents_size(), 1);
+  EXPECT_EQ(sent.documents(0).text(), "a");
+  EXPECT_FALSE(HasUnknownFields(sent));
 }
 
 }  // namespace
