@@ -24,10 +24,14 @@ class FakeKvdir final : public v1::KvDirectory::Service {
  public:
   using Stream = grpc::ServerReaderWriter<v1::DirectoryMessage, v1::WorkerMessage>;
 
-  // Port 0: the OS picks one. Returns false when it cannot bind.
-  bool Start(int port = 0) {
+  // Port 0: the OS picks one. Returns false when it cannot bind. A connection age (and its
+  // grace) other than the servers' default closes connections as kvdir does at its age.
+  bool Start(int port = 0, int max_connection_age_ms = kMaxConnectionAgeMs,
+             int max_connection_age_grace_ms = kNoConnectionGraceLimit) {
     ServerOptions options;
     options.listen_address = absl::StrCat("127.0.0.1:", port);
+    options.max_connection_age_ms = max_connection_age_ms;
+    options.max_connection_age_grace_ms = max_connection_age_grace_ms;
     auto built = StartGrpcServer(options, {this});
     if (!built.ok()) return false;
     server_ = std::move(built->server);
