@@ -105,7 +105,9 @@ ForwardingCall::ForwardingCall(RouterContext* router,
       request_id_(std::move(request_id)),
       cache_namespace_(std::move(cache_namespace)),
       deadline_(deadline),
-      request_(WithoutUnknownFields(request, known_fields_copy_)),
+      // Not read here: the HTTP front passes its own member, built after this base. Its requests
+      // are built from JSON, so they hold no fields this router does not know.
+      request_(request),
       started_(MonotonicNow()),
       model_metrics_(&router->metrics().NoModel()),
       budget_request_(router->retry_budget().StartRequest()) {}

@@ -75,6 +75,8 @@ class ForwardingCall {
   // gets `deadline`, and the caller cancels through ClientCancelled. `cache_namespace`: the API
   // key's (empty without keys), which a gRPC call's server context carries. `request_id`: what
   // the caller logs and answers the request under (AdoptRequestId), sent to the worker.
+  // `request` may be a member of the derived call, not yet built here: the constructor only keeps
+  // the pointer. It is forwarded as it is (no unknown fields: it was built, not parsed).
   ForwardingCall(RouterContext* router, std::chrono::system_clock::time_point deadline,
                  const lazyattn::v1::GenerateRequest* request, std::string cache_namespace,
                  std::string request_id);
@@ -141,7 +143,8 @@ class ForwardingCall {
   const std::string cache_namespace_;
   const std::chrono::system_clock::time_point deadline_;  // the client's
   // The client's request without fields this router does not know (unknown_fields.h): the
-  // request itself, or a copy in known_fields_copy_ when it had any. Declared in this order.
+  // request itself, or a copy in known_fields_copy_ when a gRPC client's had any (the HTTP
+  // front's requests, built from JSON, have none). Declared in this order.
   std::unique_ptr<lazyattn::v1::GenerateRequest> known_fields_copy_;
   const lazyattn::v1::GenerateRequest* const request_;
   const absl::Time started_;
