@@ -52,6 +52,22 @@ class PoolBlocker {
   absl::Notification release_;
 };
 
+// Sends `request` and expects it handed back before any token: UNAVAILABLE with the worker's
+// trailer and the handed-back mark, which a router moves to another worker at once.
+void ExpectHandedBack(v1::Worker::Stub& stub, const v1::GenerateRequest& request) {
+  grpc::ClientContext ctx;
+  auto reader = stub.Generate(&ctx, request);
+  v1::GenerateResponse m;
+  int tokens = 0;
+  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(tokens, 0);
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  EXPECT_EQ(trailers.count(kWorkerEndedCallKey), 1u);
+  EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
+}
+
 TEST_F(WorkerServiceTest, AFullPreparationQueueIsResourceExhaustedAtOnce) {
   StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 1});
   PrepPool& pool = server_->service().prep_pool();
@@ -128,18 +144,7 @@ TEST_F(WorkerServiceTest, ADrainAnswersNotServingAndHandsBackNewCallsBeforeThePo
   }
   ASSERT_TRUE(serving.ok()) << "the port closed before NOT_SERVING was seen: " << serving.status();
   EXPECT_FALSE(*serving);
-  {
-    grpc::ClientContext ctx;
-    auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
-    v1::GenerateResponse m;
-    int tokens = 0;
-    while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
-    const grpc::Status s = reader->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-    EXPECT_EQ(tokens, 0);
-    EXPECT_EQ(ctx.GetServerTrailingMetadata().count(kWorkerHandedBackKey), 1u)
-        << "a call during the announcement must be handed back, not refused";
-  }
+  ExpectHandedBack(*stub_, Request(kDocs, 2));  // not refused at the connection
   EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the checks above ran after the window";
   drainer.join();
   EXPECT_GE(absl::Now() - start, absl::Seconds(3));
@@ -152,17 +157,7 @@ TEST_F(WorkerServiceTest, ADrainAnswersNotServingAndHandsBackNewCallsBeforeThePo
 TEST_F(WorkerServiceTest, ARequestArrivingOncePreparationStoppedIsHandedBack) {
   StartServer(/*slow=*/false, 4, 1024, {.threads = 1, .max_pending = 4});
   server_->service().StopPreparation();
-  grpc::ClientContext ctx;
-  auto reader = stub_->Generate(&ctx, Request(kDocs, 2));
-  v1::GenerateResponse m;
-  int tokens = 0;
-  while (reader->Read(&m)) tokens += m.has_token() ? 1 : 0;
-  const grpc::Status s = reader->Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_EQ(tokens, 0);
-  const auto& trailers = ctx.GetServerTrailingMetadata();
-  EXPECT_EQ(trailers.count(kWorkerEndedCallKey), 1u);
-  EXPECT_EQ(trailers.count(kWorkerHandedBackKey), 1u) << "not marked as handed back";
+  ExpectHandedBack(*stub_, Request(kDocs, 2));
   EXPECT_EQ(server_->service().in_flight(), 0u);
 }
 
