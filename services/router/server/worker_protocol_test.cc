@@ -313,6 +313,26 @@ TEST_F(WorkerProtocolTest, QueuedEventsHoldAnAttemptNoLongerThanTheMaxWait) {
   EXPECT_EQ(ProtocolErrors(), "0");
 }
 
+// With the first-token timeout off, the bound still holds on its own: a worker that takes the
+// call and then says nothing (frozen) is cut at routing.first_token_max_wait, not at the client's
+// deadline.
+TEST_F(WorkerProtocolTest, TheMaxWaitHoldsWithTheFirstTokenTimeoutOff) {
+  RouterOptions o = Options();
+  o.routing.first_token_timeout = absl::ZeroDuration();
+  o.routing.first_token_max_wait = absl::Milliseconds(800);
+  StartRouter(o);
+  workers_[0]->SetScript({.block = true});
+  const absl::Time start = absl::Now();
+  StreamResult r = Stream(Request());
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(800));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(workers_[0]->WaitForCancellation(absl::Seconds(10)));
+  workers_[0]->Unblock();
+}
+
 // Failed attempts are counted by worker and code, so one worker refusing what the others serve
 // stands out (INVALID_ARGUMENT touches no breaker: a client's bad requests would eject every
 // worker). A drain's hand-back is a move, not a failure, and is not counted.
