@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "services/worker/engine/runner_factory.h"
+#include "services/worker/model/gguf_file.h"
 #include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/model_weights.h"
@@ -168,6 +171,42 @@ TEST(CudaModelLoaderTest, ErrorsAreTheHostLoadersAndNameTheFile) {
   auto hf = LoadGgufModelToGpu("tests/data/tiny/tiny-llama/hf-f32");
   EXPECT_EQ(hf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(hf.status().message().find("not a GGUF file"), std::string::npos) << hf.status();
+}
+
+// One Inf weight makes every logit NaN, so every request would end at once with no tokens: the
+// GPU loader refuses the file before anything reaches the device, as the host loader does.
+TEST(CudaModelLoaderTest, NonFiniteWeightsAreRefusedAsTheHostLoaderRefusesThem) {
+  const std::string from = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf";
+  std::ifstream in(from, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes.empty()) << from;
+  size_t at = std::string::npos;
+  {
+    auto file = GgufFile::Open(from);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto tensor = (*file)->FindTensor("blk.0.attn_q.weight");
+    ASSERT_TRUE(tensor.ok()) << tensor.status();
+    // The tensor's first 64 bytes (random weights) locate its data in the file.
+    at = bytes.find(std::string(reinterpret_cast<const char*>((*tensor)->data), 64));
+    ASSERT_NE(at, std::string::npos);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  bytes.replace(at + 100 * sizeof(float), sizeof(float), reinterpret_cast<const char*>(&inf),
+                sizeof(float));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("lazyattn_cuda_model_loader_inf_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "inf.gguf").string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  auto gpu = LoadGgufModelToGpu(path);
+  auto host = LoadModel(path);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu.status(), host.status());
+  EXPECT_NE(gpu.status().message().find(path + ": tensor blk.0.attn_q.weight has a non-finite "
+                                               "value at element 100 (inf)"),
+            std::string::npos)
+      << gpu.status();
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "services/worker/cuda/cuda_model_weights.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -131,6 +133,17 @@ absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::LoadGguf(
                                                    " is not supported"));
     }
     ASSIGN_OR_RETURN(const size_t bytes, GgmlRowBytes(t->type, t->num_elements));
+    // As the host loader refuses them (model_weights.h): one NaN or Inf weight makes every
+    // logit NaN, and every request would end at once with no tokens.
+    if (const std::optional<NonFiniteElement> bad =
+            FindNonFinite(t->type, t->data, t->num_elements)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", p.name, " has a non-finite value at element ", bad->index, " (",
+          std::isnan(bad->value) ? "nan"
+          : bad->value > 0       ? "inf"
+                                 : "-inf",
+          "); model weights must be finite"));
+    }
     staging_bytes = std::max(staging_bytes, bytes);
     tensors.push_back(t);
   }

@@ -61,6 +61,12 @@ Backend ResolveBackend(Backend backend) {
 
 namespace {
 
+// Every runner checks what it will take from the host before it allocates (the CUDA runner
+// builds the RoPE table on the host before it uploads it).
+absl::Status CheckHostMemory(const ModelConfig& config, int64_t kv_budget_bytes) {
+  return CheckRunnerHostMemory(config, kv_budget_bytes, AvailableHostMemoryBytes());
+}
+
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
 // The CUDA backend on options.device with the weights `make_weights` puts there (called with that
 // device current). Unavailable without such a device.
@@ -73,6 +79,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunnerWith(const RunnerOptions&
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(auto gpu_weights, make_weights());
+  // The runner builds the RoPE table on the host before it uploads it.
+  RETURN_IF_ERROR(CheckHostMemory(gpu_weights->config(), /*kv_budget_bytes=*/0));
   ASSIGN_OR_RETURN(auto runner,
                    CudaModelRunner::Create(std::move(gpu_weights),
                                            {.device = options.device,
@@ -88,29 +96,35 @@ absl::Status NoCudaBackend() {
 
 }  // namespace
 
-namespace {
-
-// The CPU backend's KV pool is zeroed as it is made: Linux overcommits, so a budget past the
-// memory the machine (or its container) has left is not refused by the allocator, and the
-// process would grow until the kernel's OOM killer ended it.
-absl::Status CheckCpuKvBudget(int64_t kv_budget_bytes) {
-  const int64_t available = AvailableHostMemoryBytes();
-  if (available >= 0 && kv_budget_bytes > available) {
+absl::Status CheckRunnerHostMemory(const ModelConfig& config, int64_t kv_budget_bytes,
+                                   int64_t available_bytes) {
+  if (available_bytes < 0) return absl::OkStatus();
+  if (kv_budget_bytes > available_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "engine.kv_budget_bytes: ", kv_budget_bytes, " bytes of KV cache exceed the ", available,
+        "engine.kv_budget_bytes: ", kv_budget_bytes, " bytes of KV cache exceed the ",
+        available_bytes,
         " bytes of memory available to the CPU backend (MemAvailable, or the container's "
         "memory.max); lower the budget"));
   }
+  // max_positions <= 2^24 and head_dim <= 512 (ValidateModelConfig): no overflow.
+  const int64_t rope = config.max_positions * config.rope.head_dim * int64_t{sizeof(float)};
+  if (rope > available_bytes - kv_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's context length (", config.max_positions, " positions of head_dim ",
+        config.rope.head_dim, ") needs a RoPE table of ", rope, " bytes",
+        kv_budget_bytes > 0 ? absl::StrCat(" beside ", kv_budget_bytes, " bytes of KV cache")
+                            : std::string(),
+        ", more than the ", available_bytes,
+        " bytes of memory available (MemAvailable, or the container's memory.max)"));
+  }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(const ModelWeights* weights,
                                                                const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
   if (backend == Backend::kCpu) {
-    RETURN_IF_ERROR(CheckCpuKvBudget(options.kv_budget_bytes));
+    RETURN_IF_ERROR(CheckHostMemory(weights->config, options.kv_budget_bytes));
     // Its RoPE table covers the model's whole context (up to 2^24 positions) and its KV pool the
     // budget: memory the machine may not have, which must not abort the process.
     try {
@@ -166,7 +180,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateRandomModelRunner(const Rando
                                                                      const RunnerOptions& options) {
   const Backend backend = ResolveBackend(options.backend);
   if (backend == Backend::kCpu) {
-    RETURN_IF_ERROR(CheckCpuKvBudget(options.kv_budget_bytes));
+    RETURN_IF_ERROR(CheckHostMemory(spec.config, options.kv_budget_bytes));
     // HF's initialisation scale; MakeRandomWeights draws QKV at 4x its stddev.
     auto weights = MakeRandomWeights(spec.config, spec.seed, 0.02f);
     const KvCacheDtype dtype = ConfiguredCpuKvCacheDtype();

@@ -35,6 +35,16 @@ struct RunnerOptions {
   int device = 0;  // CUDA device
 };
 
+// The host memory a runner of `config` takes before it serves: the RoPE table of the model's
+// whole context (fp32 cos and sin, max_positions x head_dim values: 64 MiB for 128K positions of
+// head_dim 128, 32 GiB for a file that claims 2^24 of head_dim 512) and, on the CPU backend, the
+// KV pool of `kv_budget_bytes` (0 for cuda). Checked against `available_bytes`
+// (AvailableHostMemoryBytes(); negative: unknown, not checked) before anything is allocated,
+// since Linux overcommits and zeroing more than the machine has ends in its OOM killer.
+// ResourceExhausted naming engine.kv_budget_bytes or the context length that does not fit.
+absl::Status CheckRunnerHostMemory(const ModelConfig& config, int64_t kv_budget_bytes,
+                                   int64_t available_bytes);
+
 // The backend over `weights` (the CPU backend borrows them: they must outlive the runner; the
 // CUDA backend copies them to the GPU as bf16). FailedPrecondition for `cuda` in a build without
 // it; Unavailable for `cuda` without a usable GPU; ResourceExhausted when the weights or the KV

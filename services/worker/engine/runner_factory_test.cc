@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/engine/host_memory.h"
 #include "services/worker/engine/kv_cache_cpu.h"
@@ -23,6 +24,8 @@
 
 namespace lazyattn {
 namespace {
+
+using ::testing::HasSubstr;
 
 bool GpuVisible() {
 #ifdef LAZYATTN_WITH_CUDA_BACKEND
@@ -104,6 +107,33 @@ TEST(RunnerFactoryTest, ACpuKvBudgetPastTheAvailableMemoryIsRefused) {
                                            "cache exceed the "),
             std::string::npos)
       << runner.status();
+}
+
+// A model file within every bound can claim 2^24 positions of head_dim 512: a 32 GiB RoPE table
+// from a 0.7 MB file, zeroed until the OOM killer ended the process. Refused before it is built,
+// naming the context length; the real shapes fit.
+TEST(RunnerFactoryTest, ARopeTablePastTheAvailableMemoryIsRefused) {
+  ModelConfig c;
+  c.max_positions = int64_t{1} << 24;
+  c.rope.head_dim = 512;
+  const int64_t table = c.max_positions * 512 * 4;  // cos and sin, fp32
+  absl::Status s = CheckRunnerHostMemory(c, /*kv_budget_bytes=*/0, table - 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the model's context length (16777216 positions of "
+                                     "head_dim 512) needs a RoPE table of 34359738368 bytes"));
+  EXPECT_TRUE(CheckRunnerHostMemory(c, 0, table).ok());
+  // On the CPU backend the KV pool comes first.
+  s = CheckRunnerHostMemory(c, /*kv_budget_bytes=*/1 << 20, table);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("beside 1048576 bytes of KV cache"));
+  EXPECT_THAT(CheckRunnerHostMemory(c, table + 1, table).message(),
+              HasSubstr("engine.kv_budget_bytes: "));
+  EXPECT_TRUE(CheckRunnerHostMemory(c, table + 1, /*available_bytes=*/-1).ok());  // unknown
+  // Llama-3's 128K context of head_dim 128: 64 MiB.
+  c.max_positions = 131072;
+  c.rope.head_dim = 128;
+  EXPECT_TRUE(CheckRunnerHostMemory(c, 0, int64_t{64} << 20).ok());
+  EXPECT_FALSE(CheckRunnerHostMemory(c, 0, (int64_t{64} << 20) - 1).ok());
 }
 
 TEST(HostMemoryTest, MemAvailableIsReadInBytes) {

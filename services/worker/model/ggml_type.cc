@@ -1,5 +1,6 @@
 #include "services/worker/model/ggml_type.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -109,7 +111,121 @@ void DequantQ4_1(const uint8_t* src, int64_t blocks, float* dst) {
   }
 }
 
+// The first of `n` IEEE values of type U (bit patterns, unaligned) with every exponent bit set
+// (NaN or +-Inf), or -1. Runs are reduced without an early exit so the compiler vectorizes the
+// common, all-finite case; only a run that holds a bad value is searched again.
+template <typename U, U kExponent>
+int64_t FirstNonFiniteBits(const uint8_t* src, int64_t n) {
+  constexpr int64_t kRun = 1024;
+  for (int64_t begin = 0; begin < n; begin += kRun) {
+    const int64_t end = std::min(n, begin + kRun);
+    U bad = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      U v;
+      std::memcpy(&v, src + i * sizeof(U), sizeof(U));
+      bad |= static_cast<U>((v & kExponent) == kExponent);
+    }
+    if (bad == 0) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      U v;
+      std::memcpy(&v, src + i * sizeof(U), sizeof(U));
+      if ((v & kExponent) == kExponent) return i;
+    }
+  }
+  return -1;
+}
+
+// Byte offsets of a block type's fp16 scale fields (ggml-common.h): d, and m / dmin / s, or -1.
+struct Fp16Scales {
+  int d, second;
+};
+std::optional<Fp16Scales> BlockScales(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+      return Fp16Scales{0, -1};
+    case GgmlType::kQ4_1:  // d, m
+    case GgmlType::kQ5_1:  // d, m
+    case GgmlType::kQ8_1:  // d, s (the block's sum, read by ggml's dot products)
+    case GgmlType::kQ4_K:  // d, dmin
+    case GgmlType::kQ5_K:  // d, dmin
+      return Fp16Scales{0, 2};
+    case GgmlType::kQ2_K:  // scales[16] qs[64] d dmin
+      return Fp16Scales{80, 82};
+    case GgmlType::kQ3_K:  // hmask[32] qs[64] scales[12] d
+      return Fp16Scales{108, -1};
+    case GgmlType::kQ6_K:  // ql[128] qh[64] scales[16] d
+      return Fp16Scales{208, -1};
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
+
+std::optional<NonFiniteElement> FindNonFinite(GgmlType type, const void* src,
+                                              int64_t num_elements) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto at = [&](int64_t i) -> std::optional<NonFiniteElement> {
+    if (i < 0) return std::nullopt;
+    float v = 0;
+    (void)DequantizeToF32(type, s + i * (type == GgmlType::kF32 ? 4 : 2), 1, &v);
+    return NonFiniteElement{i, v};
+  };
+  switch (type) {
+    case GgmlType::kF32:
+      return at(FirstNonFiniteBits<uint32_t, 0x7F800000u>(s, num_elements));
+    case GgmlType::kF16:
+      return at(FirstNonFiniteBits<uint16_t, 0x7C00u>(s, num_elements));
+    case GgmlType::kBF16:
+      return at(FirstNonFiniteBits<uint16_t, 0x7F80u>(s, num_elements));
+    case GgmlType::kF64: {
+      const int64_t i =
+          FirstNonFiniteBits<uint64_t, uint64_t{0x7FF0000000000000u}>(s, num_elements);
+      if (i < 0) return std::nullopt;
+      double v;
+      std::memcpy(&v, s + 8 * i, sizeof(v));
+      return NonFiniteElement{i, static_cast<float>(v)};
+    }
+    case GgmlType::kQ8_K: {  // f32 d, qs[256], bsums[16]
+      constexpr int64_t kQK_K = 256;
+      for (int64_t b = 0; b < num_elements / kQK_K; ++b) {
+        const uint8_t* block = s + b * 292;
+        float d;
+        std::memcpy(&d, block, sizeof(d));
+        const auto* qs = reinterpret_cast<const int8_t*>(block + 4);
+        for (int j = 0; j < kQK_K; ++j) {
+          const float v = d * static_cast<float>(qs[j]);
+          if (!std::isfinite(v)) return NonFiniteElement{b * kQK_K + j, v};
+        }
+      }
+      return std::nullopt;
+    }
+    default:
+      break;
+  }
+  const std::optional<Fp16Scales> scales = BlockScales(type);
+  if (!scales.has_value()) return std::nullopt;  // integer types, or no known layout
+  const GgmlBlockLayout layout = *GgmlLayout(type);
+  const int64_t blocks = num_elements / layout.block_elements;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = s + b * layout.block_bytes;
+    const uint16_t d = LoadU16(block + scales->d);
+    const uint16_t second = scales->second < 0 ? 0 : LoadU16(block + scales->second);
+    if ((d & 0x7C00u) != 0x7C00u && (second & 0x7C00u) != 0x7C00u) continue;
+    const int64_t first = b * layout.block_elements;
+    if (GgmlIsDequantizable(type)) {
+      std::vector<float> values(layout.block_elements);
+      (void)DequantizeToF32(type, block, layout.block_elements, values.data());
+      for (int64_t j = 0; j < layout.block_elements; ++j) {
+        if (!std::isfinite(values[j])) return NonFiniteElement{first + j, values[j]};
+      }
+    }
+    return NonFiniteElement{first, HalfToFloat((d & 0x7C00u) == 0x7C00u ? d : second)};
+  }
+  return std::nullopt;
+}
 
 std::string_view GgmlTypeName(GgmlType type) {
   const uint32_t id = static_cast<uint32_t>(type);

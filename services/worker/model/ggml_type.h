@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -40,6 +41,22 @@ bool GgmlIsDequantizable(GgmlType type);
 // Converts `num_elements` values stored as `type` at `src` into fp32 at `dst`.
 // Precondition: `src` holds GgmlRowBytes(type, num_elements) bytes.
 absl::Status DequantizeToF32(GgmlType type, const void* src, int64_t num_elements, float* dst);
+
+// The first element of `num_elements` values stored as `type` at `src` that is NaN or +-Inf, and
+// its value; nullopt when all are finite (and for the integer types, and ids of unknown layout).
+// F32/F16/BF16/F64 test every element's exponent bits. Block types test the block's scale fields
+// (d, and m/dmin/s where the type has one), which is complete: with finite fp16 scales every
+// dequantized value is a scale times integers below 2^15 (sub-scale x quant), plus a scaled min,
+// far below FLT_MAX; and a non-finite scale makes every value of its block non-finite (inf x 0 is
+// NaN), so the first bad element is the first of the first bad block. Q8_K's scale is fp32, where d
+// x q may overflow: its products are tested. For a block type DequantizeToF32 converts, `value` is
+// that element's dequantized value; for the others, the block's non-finite scale. Precondition as
+// DequantizeToF32: `src` holds GgmlRowBytes(type, num_elements) bytes.
+struct NonFiniteElement {
+  int64_t index;
+  float value;
+};
+std::optional<NonFiniteElement> FindNonFinite(GgmlType type, const void* src, int64_t num_elements);
 
 // Scalar conversions shared by the loaders (IEEE half and bfloat16).
 float HalfToFloat(uint16_t h);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -218,6 +219,138 @@ TEST(GgmlTypeTest, DequantizeErrors) {
   EXPECT_THAT(s.message(), HasSubstr("99"));
   EXPECT_EQ(DequantizeToF32(GgmlType::kQ8_0, src, 16, out).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// F32, F16 and BF16: every element is tested; the first NaN or Inf is found, past a whole run of
+// finite values too (the vectorized runs are 1024 elements).
+TEST(GgmlTypeTest, FindNonFiniteFloats) {
+  const int64_t n = 3000;
+  std::vector<float> f32(n, 1.5f);
+  EXPECT_FALSE(FindNonFinite(GgmlType::kF32, f32.data(), n).has_value());
+  f32[2500] = -std::numeric_limits<float>::infinity();
+  f32[2900] = std::numeric_limits<float>::quiet_NaN();
+  auto bad = FindNonFinite(GgmlType::kF32, f32.data(), n);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->index, 2500);
+  EXPECT_EQ(bad->value, -std::numeric_limits<float>::infinity());
+  f32[7] = std::numeric_limits<float>::quiet_NaN();
+  bad = FindNonFinite(GgmlType::kF32, f32.data(), n);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->index, 7);
+  EXPECT_TRUE(std::isnan(bad->value));
+  // The largest finite values are not refused.
+  const std::vector<float> big = {std::numeric_limits<float>::max(),
+                                  -std::numeric_limits<float>::max()};
+  EXPECT_FALSE(FindNonFinite(GgmlType::kF32, big.data(), 2).has_value());
+
+  for (const auto& [type, finite_max, inf, nan] :
+       {std::tuple{GgmlType::kF16, uint16_t{0x7BFF}, uint16_t{0x7C00}, uint16_t{0x7E00}},
+        std::tuple{GgmlType::kBF16, uint16_t{0x7F7F}, uint16_t{0x7F80}, uint16_t{0x7FC0}}}) {
+    SCOPED_TRACE(GgmlTypeName(type));
+    std::vector<uint16_t> h(n, finite_max);
+    EXPECT_FALSE(FindNonFinite(type, h.data(), n).has_value());
+    h[1500] = inf;
+    h[2999] = nan;
+    bad = FindNonFinite(type, h.data(), n);
+    ASSERT_TRUE(bad.has_value());
+    EXPECT_EQ(bad->index, 1500);
+    EXPECT_EQ(bad->value, std::numeric_limits<float>::infinity());
+    h[1500] = finite_max;
+    bad = FindNonFinite(type, h.data(), n);
+    ASSERT_TRUE(bad.has_value());
+    EXPECT_EQ(bad->index, 2999);
+    EXPECT_TRUE(std::isnan(bad->value));
+  }
+}
+
+// Every block type of ggml_type.h: a NaN or Inf in any scale field (d, and m / dmin / s) of the
+// third block is reported at that block's first element; finite scales are not refused.
+TEST(GgmlTypeTest, FindNonFiniteBlockScales) {
+  struct Case {
+    GgmlType type;
+    std::vector<int> scale_offsets;  // fp16 fields
+  };
+  const Case cases[] = {
+      {GgmlType::kQ4_0, {0}},      {GgmlType::kQ4_1, {0, 2}}, {GgmlType::kQ5_0, {0}},
+      {GgmlType::kQ5_1, {0, 2}},   {GgmlType::kQ8_0, {0}},    {GgmlType::kQ8_1, {0, 2}},
+      {GgmlType::kQ2_K, {80, 82}}, {GgmlType::kQ3_K, {108}},  {GgmlType::kQ4_K, {0, 2}},
+      {GgmlType::kQ5_K, {0, 2}},   {GgmlType::kQ6_K, {208}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(GgmlTypeName(c.type));
+    const GgmlBlockLayout layout = *GgmlLayout(c.type);
+    const int64_t blocks = 4, n = blocks * layout.block_elements;
+    std::vector<uint8_t> bytes(blocks * layout.block_bytes, 0x11);
+    auto put = [&](int64_t block, int offset, uint16_t v) {
+      std::memcpy(&bytes[block * layout.block_bytes + offset], &v, 2);
+    };
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int off : c.scale_offsets) put(b, off, 0x7BFF);  // 65504, the largest finite half
+    }
+    EXPECT_FALSE(FindNonFinite(c.type, bytes.data(), n).has_value());
+    for (int off : c.scale_offsets) {
+      for (uint16_t v : {uint16_t{0x7E00}, uint16_t{0x7C00}, uint16_t{0xFC00}}) {
+        put(2, off, v);
+        put(3, off, 0x7E00);
+        auto bad = FindNonFinite(c.type, bytes.data(), n);
+        ASSERT_TRUE(bad.has_value()) << off << " " << v;
+        EXPECT_EQ(bad->index, 2 * layout.block_elements);
+        EXPECT_FALSE(std::isfinite(bad->value));
+        put(2, off, 0x7BFF);
+        put(3, off, 0x7BFF);
+      }
+    }
+  }
+  // Q8_K's scale is fp32: a finite scale whose products overflow is refused too.
+  std::vector<uint8_t> q8k(2 * 292, 0);
+  const float huge = 1e37f;
+  std::memcpy(&q8k[292], &huge, 4);
+  EXPECT_FALSE(FindNonFinite(GgmlType::kQ8_K, q8k.data(), 512).has_value());  // quants all 0
+  q8k[292 + 4 + 9] = 100;
+  auto bad = FindNonFinite(GgmlType::kQ8_K, q8k.data(), 512);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->index, 256 + 9);
+  EXPECT_EQ(bad->value, std::numeric_limits<float>::infinity());
+}
+
+// The value reported for the types the loader dequantizes is that of the element, not the scale:
+// a Q4_1 block with a finite d and an infinite m holds +inf; d = inf over a zero quant is NaN.
+TEST(GgmlTypeTest, FindNonFiniteReportsTheDequantizedValue) {
+  std::vector<uint8_t> q41;
+  PutU16(q41, kHalfHalf);
+  PutU16(q41, 0x7C00);  // m = +inf
+  q41.resize(20, 0x00);
+  auto bad = FindNonFinite(GgmlType::kQ4_1, q41.data(), 32);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->index, 0);
+  EXPECT_EQ(bad->value, std::numeric_limits<float>::infinity());
+  std::vector<uint8_t> q80;
+  PutU16(q80, 0x7C00);  // d = +inf, quants 0
+  q80.resize(34, 0x00);
+  bad = FindNonFinite(GgmlType::kQ8_0, q80.data(), 32);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_TRUE(std::isnan(bad->value));
+}
+
+// All-ones bytes are NaN in every float encoding and in every block's scale: each type with a
+// layout that is not an integer type reports its first element, so no type is left unchecked.
+TEST(GgmlTypeTest, FindNonFiniteCoversEveryFloatAndBlockType) {
+  for (uint32_t id = 0; id < 64; ++id) {
+    const auto type = static_cast<GgmlType>(id);
+    const absl::StatusOr<GgmlBlockLayout> layout = GgmlLayout(type);
+    if (!layout.ok()) continue;
+    SCOPED_TRACE(GgmlTypeName(type));
+    const std::vector<uint8_t> ones(2 * layout->block_bytes, 0xFF);
+    const auto bad = FindNonFinite(type, ones.data(), 2 * layout->block_elements);
+    const bool integer = type == GgmlType::kI8 || type == GgmlType::kI16 ||
+                         type == GgmlType::kI32 || type == GgmlType::kI64;
+    if (integer) {
+      EXPECT_FALSE(bad.has_value());
+    } else {
+      ASSERT_TRUE(bad.has_value());
+      EXPECT_EQ(bad->index, 0);
+    }
+  }
 }
 
 }  // namespace

@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/gguf_file.h"
 #include "services/worker/model/model_config.h"
+#include "services/worker/model/model_fingerprint.h"
 #include "services/worker/model/model_loader.h"
 #include "services/worker/model/model_weights.h"
 #include "services/worker/model/safetensors_file.h"
@@ -141,15 +143,83 @@ class MalformedModelTest : public ::testing::Test {
   }
 
   // A copy of the tiny HF model with config.json (or tokenizer.json) edited by `edit`.
-  std::string HfWith(const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
+  std::string HfWith(const std::string& file, const std::function<void(nlohmann::json&)>& edit,
+                     const std::string& from = kTinyHf) {
     const fs::path out = dir_ / "hf";
     fs::create_directories(out);
-    for (const auto& f : fs::directory_iterator(kTinyHf)) {
+    for (const auto& f : fs::directory_iterator(from)) {
       fs::copy_file(f.path(), out / f.path().filename(), fs::copy_options::overwrite_existing);
     }
     nlohmann::json j = nlohmann::json::parse(ReadBytes((out / file).string()));
     edit(j);
     WriteBytes((out / file).string(), j.dump());
+    return out.string();
+  }
+
+  // A copy of the GGUF at `from` with `bytes` written over tensor `name`'s data, `byte_offset`
+  // bytes in; `type` receives the tensor's ggml type id.
+  std::string GgufWithTensorBytes(const std::string& from, const std::string& name,
+                                  size_t byte_offset, const std::string& bytes, uint32_t* type) {
+    std::string b = ReadBytes(from);
+    const GgufLayout layout = Walk(b);
+    const size_t field = layout.tensor_offsets.at(name);
+    std::memcpy(type, b.data() + field - 4, 4);  // the type id precedes the data offset
+    uint64_t offset;
+    std::memcpy(&offset, b.data() + field, 8);
+    const size_t data_start = (layout.directory_end + 31) / 32 * 32;  // the default alignment
+    b.replace(data_start + offset + byte_offset, bytes.size(), bytes);
+    return Save(fs::path(from).filename().string(), b);
+  }
+
+  // The tensors of the tiny HF model: name -> (header entry, data bytes).
+  static std::map<std::string, std::pair<nlohmann::json, std::string>> TinyHfTensors(
+      const std::string& from = kTinyHf) {
+    const std::string bytes = ReadBytes((fs::path(from) / "model.safetensors").string());
+    uint64_t header_len;
+    std::memcpy(&header_len, bytes.data(), 8);
+    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
+    std::map<std::string, std::pair<nlohmann::json, std::string>> tensors;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
+      tensors[name] = {entry, bytes.substr(8 + header_len + begin, end - begin)};
+    }
+    return tensors;
+  }
+
+  // A safetensors file of `tensors` (name -> (header entry, bytes)) at `path`.
+  static void WriteSafetensors(
+      const std::string& path,
+      const std::map<std::string, std::pair<nlohmann::json, std::string>>& tensors) {
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const auto& [name, t] : tensors) {
+      nlohmann::json entry = t.first;
+      entry["data_offsets"] = {data.size(), data.size() + t.second.size()};
+      header[name] = entry;
+      data += t.second;
+    }
+    const std::string text = header.dump();
+    std::string out(8, '\0');
+    const uint64_t n = text.size();
+    std::memcpy(out.data(), &n, 8);
+    WriteBytes(path, out + text + data);
+  }
+
+  // The tiny HF model in a fresh folder whose weights are `shards` (file name -> tensors), with
+  // `index` as model.safetensors.index.json unless empty.
+  std::string ShardedHf(
+      const std::map<std::string, std::map<std::string, std::pair<nlohmann::json, std::string>>>&
+          shards,
+      const std::string& index) {
+    const fs::path out = dir_ / "sharded";
+    fs::remove_all(out);
+    fs::create_directories(out);
+    for (const char* file : {"config.json", "tokenizer.json"}) {
+      fs::copy_file(fs::path(kTinyHf) / file, out / file);
+    }
+    for (const auto& [name, tensors] : shards) WriteSafetensors((out / name).string(), tensors);
+    if (!index.empty()) WriteBytes((out / "model.safetensors.index.json").string(), index);
     return out.string();
   }
 
@@ -170,6 +240,17 @@ void ExpectRefused(const std::string& path, const std::string& field,
   auto model = LoadModel(path);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status(), weights.status());
+}
+
+// A NaN or Inf weight is refused in both forms the loader makes (fp32, and packed for the CPU
+// backend), naming the file, the tensor, the element (in the file's order) and its value.
+void ExpectNonFiniteRefused(const std::string& path, const std::string& tensor, int64_t element,
+                            const std::string& value) {
+  ExpectRefused(path, absl::StrCat("tensor ", tensor, " has a non-finite value at element ",
+                                   element, " (", value, ")"));
+  auto packed = LoadModelWeights(path, {.packed = true});
+  ASSERT_FALSE(packed.ok());
+  EXPECT_EQ(packed.status(), LoadModelWeights(path).status());
 }
 
 TEST_F(MalformedModelTest, TheTinyModelsLoad) {
@@ -377,6 +458,217 @@ TEST_F(MalformedModelTest, SafetensorsLyingOffsetsAndTruncation) {
     WriteBytes(st, huge + bytes.substr(8));
     ExpectRefused(dir, "header length", absl::StatusCode::kDataLoss);
   }
+}
+
+// The attack's cases (NaN in output_norm.weight, +Inf in blk.0.attn_q.weight) and one in every
+// type the tiny GGUF files store: F32 and F16 elements, and the scales of Q8_0, Q4_0 and Q4_1
+// blocks (d, and Q4_1's m). Before the check these loaded, and every request then ended with no
+// tokens.
+TEST_F(MalformedModelTest, GgufNonFiniteWeights) {
+  const std::string tiny = "tests/data/tiny/tiny-llama/tiny-llama-";
+  auto f32 = [](float v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  auto f16 = [](uint16_t v) { return std::string(reinterpret_cast<const char*>(&v), 2); };
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::string file, tensor;
+    uint32_t type;       // the tensor's ggml type id in that file
+    size_t byte_offset;  // where `bytes` go in the tensor's data
+    std::string bytes;
+    int64_t element;
+    std::string value;
+  };
+  const Case cases[] = {
+      {"f32.gguf", "output_norm.weight", 0, 3 * 4, f32(kNan), 3, "nan"},
+      {"f32.gguf", "blk.0.attn_q.weight", 0, 100 * 4, f32(kInf), 100, "inf"},
+      {"f32.gguf", "token_embd.weight", 0, 20000 * 4, f32(-kInf), 20000, "-inf"},
+      {"f16.gguf", "blk.1.ffn_up.weight", 1, 5 * 2, f16(0xFC00), 5, "-inf"},
+      {"f16.gguf", "token_embd.weight", 1, 77 * 2, f16(0x7E00), 77, "nan"},
+      // Q8_0 blocks: d, 32 int8 (34 bytes); a NaN scale makes the whole block NaN.
+      {"q8_0.gguf", "blk.2.ffn_down.weight", 8, 2 * 34, f16(0x7E00), 64, "nan"},
+      // Q4_0 blocks: d, 16 bytes of nibbles; d = +inf over quants of either sign.
+      {"q4_0.gguf", "blk.0.attn_k.weight", 2, 1 * 18, f16(0x7C00), 32, ""},
+      // Q4_1 blocks: d, m, 16 bytes; m = +inf under a finite d is +inf everywhere.
+      {"q4_1.gguf", "blk.3.attn_output.weight", 3, 3 * 20 + 2, f16(0x7C00), 96, "inf"},
+      {"q4_1.gguf", "blk.0.ffn_gate.weight", 3, 0, f16(0x7E00), 0, "nan"},
+      {"q4_1.gguf", "token_embd.weight", 8, 5 * 34, f16(0x7E00), 160, "nan"},  // a Q8_0 tensor
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file + " " + c.tensor);
+    uint32_t type = 0;
+    const std::string path =
+        GgufWithTensorBytes(tiny + c.file, c.tensor, c.byte_offset, c.bytes, &type);
+    ASSERT_EQ(type, c.type) << "the tiny model's tensor type changed";
+    if (c.value.empty()) {
+      ExpectRefused(path, absl::StrCat("tensor ", c.tensor, " has a non-finite value at element ",
+                                       c.element, " ("));
+    } else {
+      ExpectNonFiniteRefused(path, c.tensor, c.element, c.value);
+    }
+  }
+  // The largest finite values load.
+  uint32_t type = 0;
+  const std::string big = GgufWithTensorBytes(tiny + "f32.gguf", "output_norm.weight", 0,
+                                              f32(std::numeric_limits<float>::max()), &type);
+  EXPECT_TRUE(LoadModelWeights(big).ok());
+  EXPECT_TRUE(LoadModelWeights(big, {.packed = true}).ok());
+}
+
+// The attack's HF case (NaN in model.norm.weight, F32) and BF16 ones.
+TEST_F(MalformedModelTest, SafetensorsNonFiniteWeights) {
+  struct Case {
+    std::string from, tensor;
+    int64_t element;
+    std::string bytes, value;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const uint16_t bf16_inf = 0x7F80, bf16_nan = 0xFFC0;
+  const Case cases[] = {
+      {kTinyHf, "model.norm.weight", 3, std::string(reinterpret_cast<const char*>(&nan), 4), "nan"},
+      {"tests/data/tiny/tiny-llama/hf-bf16", "model.layers.0.self_attn.q_proj.weight", 9,
+       std::string(reinterpret_cast<const char*>(&bf16_inf), 2), "inf"},
+      {"tests/data/tiny/tiny-llama/hf-bf16", "model.embed_tokens.weight", 1234,
+       std::string(reinterpret_cast<const char*>(&bf16_nan), 2), "nan"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.from + " " + c.tensor);
+    const std::string dir = HfWith(
+        "config.json", [](nlohmann::json&) {}, c.from);
+    auto tensors = TinyHfTensors(c.from);
+    std::string& data = tensors.at(c.tensor).second;
+    data.replace(c.element * c.bytes.size(), c.bytes.size(), c.bytes);
+    const std::string st = (fs::path(dir) / "model.safetensors").string();
+    WriteSafetensors(st, tensors);
+    ExpectNonFiniteRefused(dir, c.tensor, c.element, c.value);
+    EXPECT_THAT(std::string(LoadModelWeights(dir).status().message()), HasSubstr(st));
+  }
+}
+
+// With model.safetensors.index.json each tensor comes from the shard the index names: a stale
+// shard holding another (NaN) copy of model.norm.weight is never read, whether the index names
+// it for nothing (the attack's case) or for other tensors. The weights equal the single file's.
+TEST_F(MalformedModelTest, SafetensorsIndexPicksTheNamedShard) {
+  const auto tensors = TinyHfTensors();
+  auto stale = tensors.at("model.norm.weight");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 0; i < stale.second.size(); i += 4) std::memcpy(&stale.second[i], &nan, 4);
+  auto want = LoadModelWeights(kTinyHf);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  constexpr char kShard1[] = "model-00001-of-00002.safetensors";
+  constexpr char kShard2[] = "model-00002-of-00002.safetensors";
+  {
+    nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                            {"weight_map", nlohmann::json::object()}};
+    for (const auto& [name, t] : tensors) index["weight_map"][name] = kShard2;
+    const std::string dir =
+        ShardedHf({{kShard1, {{"model.norm.weight", stale}}}, {kShard2, tensors}}, index.dump());
+    auto got = LoadModel(dir);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->weights->output_norm, (*want)->output_norm);
+    EXPECT_EQ(ModelFingerprint(*got->weights), ModelFingerprint(**want));
+  }
+  {
+    // Split in two, the stale copy in the first shard while the index names the second.
+    std::map<std::string, std::pair<nlohmann::json, std::string>> first, second;
+    nlohmann::json index = {{"weight_map", nlohmann::json::object()}};
+    size_t i = 0;
+    for (const auto& [name, t] : tensors) {
+      const bool in_first = name != "model.norm.weight" && i++ % 2 == 0;
+      (in_first ? first : second)[name] = t;
+      index["weight_map"][name] = in_first ? kShard1 : kShard2;
+    }
+    first["model.norm.weight"] = stale;
+    ASSERT_FALSE(first.empty());
+    const std::string dir = ShardedHf({{kShard1, first}, {kShard2, second}}, index.dump());
+    for (bool packed : {false, true}) {
+      auto got = LoadModelWeights(dir, {.packed = packed});
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ((*got)->output_norm, (*want)->output_norm);
+      EXPECT_EQ(ModelFingerprint(**got), ModelFingerprint(**want));
+    }
+  }
+}
+
+TEST_F(MalformedModelTest, SafetensorsShardsWithoutIndexMustNotOverlap) {
+  const auto tensors = TinyHfTensors();
+  std::map<std::string, std::pair<nlohmann::json, std::string>> first, second;
+  size_t i = 0;
+  for (const auto& [name, t] : tensors) (i++ % 2 == 0 ? first : second)[name] = t;
+  // Split without overlap and no index: loads as before.
+  const std::string ok = ShardedHf({{"a.safetensors", first}, {"b.safetensors", second}}, "");
+  auto got = LoadModelWeights(ok);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(ModelFingerprint(**got), ModelFingerprint(**LoadModelWeights(kTinyHf)));
+  // One tensor in both: which copy is meant cannot be told.
+  second["model.norm.weight"] = tensors.at("model.norm.weight");
+  first["model.norm.weight"] = tensors.at("model.norm.weight");
+  const std::string dir = ShardedHf({{"a.safetensors", first}, {"b.safetensors", second}}, "");
+  ExpectRefused(dir, "tensor model.norm.weight is in both");
+  const std::string message(LoadModelWeights(dir).status().message());
+  EXPECT_THAT(message, HasSubstr((fs::path(dir) / "a.safetensors").string()));
+  EXPECT_THAT(message, HasSubstr((fs::path(dir) / "b.safetensors").string()));
+}
+
+// An index that cannot be trusted is refused naming the index file and the key, never read
+// around (the attack's cases: a shard at ../../../etc/passwd, an index that is not JSON).
+TEST_F(MalformedModelTest, SafetensorsBadIndex) {
+  const auto tensors = TinyHfTensors();
+  std::map<std::string, std::pair<nlohmann::json, std::string>> first, second;
+  size_t i = 0;
+  for (const auto& [name, t] : tensors) {
+    (name != "model.norm.weight" && i++ % 2 == 0 ? first : second)[name] = t;
+  }
+  constexpr char kShard1[] = "model-00001-of-00002.safetensors";
+  constexpr char kShard2[] = "model-00002-of-00002.safetensors";
+  nlohmann::json good = {{"metadata", {{"total_size", 1}}},
+                         {"weight_map", nlohmann::json::object()}};
+  for (const auto& [name, t] : first) good["weight_map"][name] = kShard1;
+  for (const auto& [name, t] : second) good["weight_map"][name] = kShard2;
+  const auto shards = std::map<std::string, decltype(first)>{{kShard1, first}, {kShard2, second}};
+  ASSERT_TRUE(LoadModel(ShardedHf(shards, good.dump())).ok());
+
+  constexpr char kKey[] = "weight_map[\"model.norm.weight\"]";
+  auto with_norm_in = [&](const nlohmann::json& shard) {
+    nlohmann::json index = good;
+    index["weight_map"]["model.norm.weight"] = shard;
+    return index.dump();
+  };
+  struct Case {
+    std::string index, field;
+    absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+  };
+  const Case cases[] = {
+      {"garbage", "model.safetensors.index.json: not a JSON object"},
+      {"[1, 2]", "model.safetensors.index.json: not a JSON object"},
+      {R"({"metadata": {}})", "model.safetensors.index.json: weight_map"},
+      {R"({"weight_map": ["model.norm.weight"]})", "model.safetensors.index.json: weight_map"},
+      {with_norm_in("../../../etc/passwd"), kKey},
+      {with_norm_in("/etc/passwd"), kKey},
+      {with_norm_in("sub/model.safetensors"), kKey},
+      {with_norm_in(".."), kKey},
+      {with_norm_in(""), kKey},
+      {with_norm_in(7), kKey},
+      {with_norm_in("model-00003-of-00003.safetensors"), kKey},  // missing
+      {with_norm_in(kShard1), kKey},                             // does not hold it
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.index.substr(0, 80));
+    const std::string dir = ShardedHf(shards, c.index);
+    ExpectRefused(dir, c.field, c.code);
+    EXPECT_THAT(std::string(LoadModelWeights(dir).status().message()),
+                HasSubstr((fs::path(dir) / "model.safetensors.index.json").string()));
+  }
+  // A tensor the model needs that the index does not list.
+  nlohmann::json partial = good;
+  partial["weight_map"].erase("model.norm.weight");
+  ExpectRefused(ShardedHf(shards, partial.dump()),
+                "model.safetensors.index.json: tensor model.norm.weight not found in weight_map",
+                absl::StatusCode::kNotFound);
+  // An index that is not a regular file (here a folder) is refused, not skipped.
+  const std::string dir = ShardedHf(shards, "");
+  fs::create_directory(fs::path(dir) / "model.safetensors.index.json");
+  ExpectRefused(dir, "model.safetensors.index.json: not a regular file");
 }
 
 TEST_F(MalformedModelTest, TokenizerJsonHugeAndWrongIds) {

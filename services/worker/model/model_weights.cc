@@ -1,6 +1,7 @@
 #include "services/worker/model/model_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -16,36 +17,105 @@
 #include "common/status_macros.h"
 #include "services/worker/model/gguf_file.h"
 #include "services/worker/model/safetensors_file.h"
+#include "services/worker/model/safetensors_shards.h"
 
 namespace lazyattn {
 namespace {
 
 namespace fs = std::filesystem;
 
-// One file format's tensors: `check` verifies that a named tensor exists with this row-major
-// shape and a type the loader converts, touching no tensor data and allocating nothing sized by
-// the file; `read` converts it into fp32 at `dst`; `read_packed` copies it in its stored type
-// (a type the CPU kernels do not take is converted to F32).
-struct TensorSource {
-  std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape)> check;
-  std::function<absl::Status(const std::string& name, float* dst)> read;
-  std::function<absl::Status(const std::string& name, int64_t num_elements, PackedPart& part)>
-      read_packed;
+// A tensor as a file stores it: its bytes in ggml's encoding of `type` (safetensors' F32, F16 and
+// BF16 are those of ggml), inside the mapping of `file`.
+struct StoredTensor {
+  const std::string* file;
+  GgmlType type;
+  const uint8_t* data;
+  int64_t num_elements;
 };
 
-// Copies `bytes` stored as `type` into `part`, or their fp32 conversion when the kernels do not
-// take `type` (`to_f32` converts).
-absl::Status FillPart(std::optional<WeightType> type, const uint8_t* bytes, size_t num_bytes,
-                      int64_t num_elements, const std::function<absl::Status(float*)>& to_f32,
-                      PackedPart& part) {
-  if (type.has_value()) {
+// One file format's tensors: `check` verifies that a named tensor exists with this row-major
+// shape and a type the loader converts, touching no tensor data and allocating nothing sized by
+// the file; `locate` finds a checked tensor's bytes.
+struct TensorSource {
+  std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape)> check;
+  std::function<absl::StatusOr<StoredTensor>(const std::string& name)> locate;
+};
+
+absl::string_view NonFiniteName(float v) {
+  if (std::isnan(v)) return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
+// Elements checked and then converted at a time: a multiple of every ggml block (256 for the K
+// quants), and small enough (128 KiB of F32) that the conversion reads the bytes the check has just
+// brought into cache. So refusing NaN and Inf costs no second pass over the weights in memory:
+// the check rides on the one pass that copies or dequantizes them anyway.
+constexpr int64_t kConvertChunk = 32768;
+
+// Calls `convert(first_element, count, bytes, num_bytes)` over consecutive chunks of `t`, each
+// once FindNonFinite has cleared it. A NaN or Inf weight would make every logit NaN (and every
+// request end at once with no tokens), so it is InvalidArgument naming the file, the tensor and
+// the first bad element (its index in the file's order) with its value.
+absl::Status ConvertFinite(
+    const std::string& name, const StoredTensor& t,
+    const std::function<absl::Status(int64_t, int64_t, const uint8_t*, size_t)>& convert) {
+  ASSIGN_OR_RETURN(const GgmlBlockLayout layout, GgmlLayout(t.type));
+  for (int64_t begin = 0; begin < t.num_elements; begin += kConvertChunk) {
+    const int64_t count = std::min(kConvertChunk, t.num_elements - begin);
+    const uint8_t* src = t.data + begin / layout.block_elements * layout.block_bytes;
+    if (const std::optional<NonFiniteElement> bad = FindNonFinite(t.type, src, count)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          *t.file, ": tensor ", name, " has a non-finite value at element ", begin + bad->index,
+          " (", NonFiniteName(bad->value), "); model weights must be finite"));
+    }
+    RETURN_IF_ERROR(convert(begin, count, src, count / layout.block_elements * layout.block_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// `t` in fp32 at `dst`.
+absl::Status ReadF32(const std::string& name, const StoredTensor& t, float* dst) {
+  return ConvertFinite(name, t, [&](int64_t begin, int64_t count, const uint8_t* src, size_t) {
+    absl::Status s = DequantizeToF32(t.type, src, count, dst + begin);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(*t.file, ": tensor ", name, ": ", s.message()));
+  });
+}
+
+std::optional<WeightType> KernelType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+      return WeightType::kF32;
+    case GgmlType::kF16:
+      return WeightType::kF16;
+    case GgmlType::kBF16:
+      return WeightType::kBF16;
+    case GgmlType::kQ8_0:
+      return WeightType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return WeightType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return WeightType::kQ4_1;
+    default:
+      return std::nullopt;
+  }
+}
+
+// `t` into `part` in its stored type, or converted to fp32 when the kernels do not take it.
+absl::Status ReadPacked(const std::string& name, const StoredTensor& t, PackedPart& part) {
+  if (const std::optional<WeightType> type = KernelType(t.type)) {
     part.type = *type;
-    part.bytes.assign(bytes, bytes + num_bytes);
-    return absl::OkStatus();
+    ASSIGN_OR_RETURN(const size_t num_bytes, GgmlRowBytes(t.type, t.num_elements));
+    part.bytes.clear();
+    part.bytes.reserve(num_bytes);  // appended chunk by chunk: no zero fill before the copy
+    return ConvertFinite(name, t, [&](int64_t, int64_t, const uint8_t* src, size_t n) {
+      part.bytes.insert(part.bytes.end(), src, src + n);
+      return absl::OkStatus();
+    });
   }
   part.type = WeightType::kF32;
-  part.bytes.resize(num_elements * sizeof(float));
-  return to_f32(reinterpret_cast<float*>(part.bytes.data()));
+  part.bytes.resize(t.num_elements * sizeof(float));
+  return ReadF32(name, t, reinterpret_cast<float*>(part.bytes.data()));
 }
 
 std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
@@ -115,7 +185,8 @@ absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>
         return absl::InternalError(absl::StrCat("tensor ", p.name, " placed out of row order"));
       }
       PackedPart part;
-      RETURN_IF_ERROR(source.read_packed(p.name, rows * cols, part));
+      ASSIGN_OR_RETURN(const StoredTensor t, source.locate(p.name));
+      RETURN_IF_ERROR(ReadPacked(p.name, t, part));
       part.rows = rows;
       if (p.rope_heads > 0) {
         UnpermuteGgufRopeRowBytes(part.bytes.data(), p.rope_heads, c.head_dim,
@@ -132,7 +203,8 @@ absl::Status AssembleWeights(ModelWeights& w, const std::vector<WeightPlacement>
     }
     std::vector<float>& dst = WeightSlotVector(w, p.slot, p.layer);
     dst.resize(WeightSlotElements(c, p.slot));
-    RETURN_IF_ERROR(source.read(p.name, dst.data() + p.offset));
+    ASSIGN_OR_RETURN(const StoredTensor t, source.locate(p.name));
+    RETURN_IF_ERROR(ReadF32(p.name, t, dst.data() + p.offset));
     if (p.rope_heads > 0) {
       UnpermuteGgufRopeRows(dst.data() + p.offset, p.rope_heads, c.head_dim, p.shape.back());
     }
@@ -168,18 +240,6 @@ absl::Status CheckGgufTensor(const GgufFile& file, const std::string& name,
   return absl::OkStatus();
 }
 
-std::optional<WeightType> KernelType(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32: return WeightType::kF32;
-    case GgmlType::kF16: return WeightType::kF16;
-    case GgmlType::kBF16: return WeightType::kBF16;
-    case GgmlType::kQ8_0: return WeightType::kQ8_0;
-    case GgmlType::kQ4_0: return WeightType::kQ4_0;
-    case GgmlType::kQ4_1: return WeightType::kQ4_1;
-    default: return std::nullopt;
-  }
-}
-
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path, bool packed) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
   auto w = std::make_unique<ModelWeights>();
@@ -188,16 +248,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadGguf(const std::string& path, 
   source.check = [&](const std::string& name, const std::vector<int64_t>& shape) {
     return CheckGgufTensor(*file, name, shape);
   };
-  source.read = [&](const std::string& name, float* dst) -> absl::Status {
+  source.locate = [&](const std::string& name) -> absl::StatusOr<StoredTensor> {
     ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(name));
-    absl::Status s = DequantizeToF32(t->type, t->data, t->num_elements, dst);
-    if (s.ok()) return s;
-    return absl::Status(s.code(), absl::StrCat(path, ": tensor ", name, ": ", s.message()));
-  };
-  source.read_packed = [&](const std::string& name, int64_t n, PackedPart& part) -> absl::Status {
-    ASSIGN_OR_RETURN(const GgufTensorInfo* t, file->FindTensor(name));
-    return FillPart(KernelType(t->type), t->data, t->num_bytes, n,
-                    [&](float* dst) { return source.read(name, dst); }, part);
+    return StoredTensor{&path, t->type, t->data, t->num_elements};
   };
   RETURN_IF_ERROR(AssembleWeights(*w, GgufWeightPlacements(w->config), source, packed));
   return w;
@@ -208,56 +261,30 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHf(const std::string& path, bo
   const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN(w->config, ModelConfigFromHfJson((dir / "config.json").string()));
-  std::vector<std::string> shards;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->path().extension() == ".safetensors") shards.push_back(it->path().string());
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir.string(), ": cannot list the model directory: ", ec.message()));
-  }
-  std::sort(shards.begin(), shards.end());
-  if (shards.empty()) {
-    return absl::NotFoundError(absl::StrCat(dir.string(), ": no *.safetensors files"));
-  }
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  for (const auto& s : shards) {
-    ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(s));
-    files.push_back(std::move(f));
-  }
-  // The first shard that has the tensor.
-  auto find = [&](const std::string& name)
-      -> absl::StatusOr<std::pair<const SafetensorsFile*, const SafetensorsTensor*>> {
-    for (const auto& f : files) {
-      if (auto t = f->FindTensor(name); t.ok()) return std::make_pair(f.get(), *t);
-    }
-    return absl::NotFoundError(absl::StrCat(dir.string(), ": tensor ", name, " not found in ",
-                                            absl::StrJoin(shards, ", ")));
-  };
+  ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsShards> shards,
+                   SafetensorsShards::Open(dir.string()));
   TensorSource source;
   source.check = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::Status {
-    ASSIGN_OR_RETURN(const auto found, find(name));
-    RETURN_IF_ERROR(CheckShape(found.first->path(), name, shape, found.second->shape));
-    if (!found.second->supported) {
-      return absl::UnimplementedError(absl::StrCat(found.first->path(), ": tensor '", name,
-                                                   "' has dtype ", found.second->dtype_name,
+    ASSIGN_OR_RETURN(const SafetensorsShards::Found found, shards->Find(name));
+    RETURN_IF_ERROR(CheckShape(found.file->path(), name, shape, found.tensor->shape));
+    if (!found.tensor->supported) {
+      return absl::UnimplementedError(absl::StrCat(found.file->path(), ": tensor '", name,
+                                                   "' has dtype ", found.tensor->dtype_name,
                                                    "; only F32, F16 and BF16 are supported"));
     }
     return absl::OkStatus();
   };
-  source.read = [&](const std::string& name, float* dst) -> absl::Status {
-    ASSIGN_OR_RETURN(const auto found, find(name));
-    return found.first->ReadAsF32(*found.second, dst);
-  };
-  source.read_packed = [&](const std::string& name, int64_t n, PackedPart& part) -> absl::Status {
-    ASSIGN_OR_RETURN(const auto found, find(name));
-    const SafetensorsTensor& t = *found.second;
-    std::optional<WeightType> type;
-    if (t.dtype == SafetensorsDtype::kF32) type = WeightType::kF32;
-    if (t.dtype == SafetensorsDtype::kF16) type = WeightType::kF16;
-    if (t.dtype == SafetensorsDtype::kBF16) type = WeightType::kBF16;
-    return FillPart(type, t.data, t.num_bytes, n,
-                    [&](float* dst) { return source.read(name, dst); }, part);
+  source.locate = [&](const std::string& name) -> absl::StatusOr<StoredTensor> {
+    ASSIGN_OR_RETURN(const SafetensorsShards::Found found, shards->Find(name));
+    const SafetensorsTensor& t = *found.tensor;
+    GgmlType type = GgmlType::kF32;
+    if (t.dtype == SafetensorsDtype::kF16) type = GgmlType::kF16;
+    if (t.dtype == SafetensorsDtype::kBF16) type = GgmlType::kBF16;
+    if (t.dtype != SafetensorsDtype::kF32 && type == GgmlType::kF32) {
+      return absl::InternalError(absl::StrCat(found.file->path(), ": tensor ", name, ": dtype ",
+                                              t.dtype_name, " read unchecked"));
+    }
+    return StoredTensor{&found.file->path(), type, t.data, t.num_elements};
   };
   static const std::map<std::string_view, std::string> kParts = {
       {"attn_norm", "input_layernorm"},   {"q", "self_attn.q_proj"},

@@ -93,6 +93,10 @@ absl::StatusOr<ModelFormat> DetectModelFormat(const std::string& path);
 
 // Loads and dequantizes every tensor. Every tensor's shape and type is checked against the config
 // before any weight memory is allocated, so what is allocated is bounded by the file's size.
+// A NaN or Inf weight (in a block type, a non-finite scale) is InvalidArgument naming the file,
+// the tensor and the first bad element's index in the file and its value; it is found in the
+// pass that copies or converts the weights (FindNonFinite). An HF folder's shards are those of
+// SafetensorsShards (model.safetensors.index.json followed when present).
 // Errors name the file and the tensor or key (InvalidArgument / DataLoss / NotFound /
 // Unimplemented for a malformed or unsupported file; ResourceExhausted, never std::bad_alloc, when
 // a well-formed model does not fit in memory).

@@ -1,0 +1,146 @@
+#include "services/worker/model/safetensors_shards.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "services/worker/model/mapped_file.h"
+#include "services/worker/model/model_config.h"
+
+namespace lazyattn {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Debian's Abseil is built with its own absl::string_view (not an alias of std::string_view), so
+// StrCat and Status messages need std::string_view pieces converted explicitly.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// A shard name an index may use: a file name in the model folder. A path (with '/') or a ".."
+// would let a downloaded index make the loader open any file the process can read.
+bool IsPlainFileName(std::string_view name) {
+  return !name.empty() && name.find('/') == std::string_view::npos &&
+         name.find("..") == std::string_view::npos && name.find('\0') == std::string_view::npos;
+}
+
+// The index file's text, read in chunks and refused past the limit (as config.json is).
+absl::StatusOr<std::string> ReadIndexText(const std::string& path) {
+  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string text;
+  char chunk[1 << 14];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(text.size()) > kMaxConfigJsonBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxConfigJsonBytes,
+                                                     " bytes; not a safetensors index"));
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(const std::string& dir) {
+  std::unique_ptr<SafetensorsShards> shards(new SafetensorsShards());
+  const std::string index_path = (fs::path(dir) / kSafetensorsIndexName).string();
+  std::error_code ec;
+  // symlink_status: a dangling link named like the index is an index that cannot be read (an
+  // error), not a folder without an index.
+  if (fs::symlink_status(index_path, ec).type() != fs::file_type::not_found) {
+    RETURN_IF_ERROR(shards->ReadIndex(dir, index_path));
+  } else {
+    RETURN_IF_ERROR(shards->ReadFolder(dir));
+  }
+  return shards;
+}
+
+absl::Status SafetensorsShards::ReadIndex(const std::string& dir, const std::string& index_path) {
+  not_found_ = {index_path, "weight_map"};
+  ASSIGN_OR_RETURN(const std::string text, ReadIndexText(index_path));
+  const nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object"));
+  }
+  const auto map_it = index.find("weight_map");
+  if (map_it == index.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, ": weight_map: missing, or not an object"));
+  }
+  // Every entry is checked, not only those the model reads: an index that lies about one tensor
+  // is not trusted about the others.
+  std::map<std::string, const SafetensorsFile*> opened;  // shard name -> file
+  for (const auto& [name, shard_json] : map_it->items()) {
+    auto bad = [&, &tensor = name](std::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": weight_map[\"", tensor, "\"]: ", Sv(why)));
+    };
+    if (!shard_json.is_string()) return bad("not a string");
+    const std::string shard = shard_json.get<std::string>();
+    if (!IsPlainFileName(shard)) {
+      return bad(
+          absl::StrCat("\"", shard, "\" is not a file name in the model folder (no '/', no '..')"));
+    }
+    auto it = opened.find(shard);
+    if (it == opened.end()) {
+      const std::string path = (fs::path(dir) / shard).string();
+      std::error_code ec;
+      if (!fs::exists(path, ec)) {
+        return bad(absl::StrCat("shard ", shard, " is missing from ", dir));
+      }
+      ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+      files_.push_back(std::move(file));
+      it = opened.emplace(shard, files_.back().get()).first;
+    }
+    absl::StatusOr<const SafetensorsTensor*> tensor = it->second->FindTensor(name);
+    if (!tensor.ok()) return bad(absl::StrCat("shard ", shard, " does not hold this tensor"));
+    tensors_.emplace(name, Found{it->second, *tensor});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsShards::ReadFolder(const std::string& dir) {
+  std::vector<std::string> paths;
+  std::error_code ec;  // the throwing forms would end the worker on a directory it cannot list
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".safetensors") paths.push_back(it->path().string());
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": cannot list the model directory: ", ec.message()));
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  not_found_ = {dir, absl::StrJoin(paths, ", ")};
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+    for (const SafetensorsTensor& t : file->tensors()) {
+      const auto [it, added] = tensors_.emplace(t.name, Found{file.get(), &t});
+      if (!added) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, ": tensor ", t.name, " is in both ", it->second.file->path(), " and ",
+                         path, ", and no ", kSafetensorsIndexName, " says which to use"));
+      }
+    }
+    files_.push_back(std::move(file));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsShards::Found> SafetensorsShards::Find(std::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(not_found_.first, ": tensor ", Sv(name), " not found in ", not_found_.second));
+  }
+  return it->second;
+}
+
+}  // namespace lazyattn
