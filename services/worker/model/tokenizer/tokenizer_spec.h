@@ -12,6 +12,8 @@
 //   at most kMaxTokenizerJsonBytes; GGUF arrays are already bounded by the file (gguf_file.h).
 //   Past a bound: InvalidArgument naming the file and the key.
 // - Token ids are int32_t; -1 means "none".
+// - Errors from tokenizer.json / tokenizer_config.json name the file they come from and the key
+//   path ("tokenizer.json: added_tokens[3].special: expected a boolean, got a string ("yes")").
 #ifndef LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_SPEC_H_
 #define LAZYATTN_SERVICES_WORKER_MODEL_TOKENIZER_TOKENIZER_SPEC_H_
 
@@ -78,7 +80,12 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& gguf);
 
 // Reads a Hugging Face tokenizer.json (model.type "BPE" with a ByteLevel pre-tokenizer) and, when
 // it exists, the tokenizer_config.json next to it (bos/eos tokens, add_bos_token/add_eos_token,
-// chat_template). Merges may be "a b" strings or [a, b] pairs. Added tokens become control tokens
+// chat_template). model.merges is required, as Hugging Face requires it: a list of "a b" strings
+// or [a, b] pairs; an empty list only when no model.vocab token (added tokens aside) has more
+// than one symbol. Two
+// different tokens with one id (in model.vocab, or an added token on another token's id) are
+// refused: one of them would be lost. (A GGUF vocabulary is indexed by id, so it cannot have this;
+// the same text at two ids is refused by Tokenizer::Create.) Added tokens become control tokens
 // when marked special (or when they look special: <|...|>), user-defined tokens otherwise, as
 // llama.cpp's converter does. The pre-tokenizer is recognized from its structure:
 //   Sequence[Digits(individual_digits), ByteLevel(use_regex)]            -> "smollm"

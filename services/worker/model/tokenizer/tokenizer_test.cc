@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -19,6 +20,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // GPT-2's bytes_to_unicode() for one byte, as UTF-8.
 std::string ByteChar(unsigned char b) {
@@ -430,6 +432,171 @@ TEST_F(TokenizerJsonTest, Errors) {
   j["model"]["vocab"]["hello"] = "not a number";
   s = TokenizerSpecFromTokenizerJson(Write("tokenizer.json", j.dump())).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The message of loading `j` as tokenizer.json (with `config` as tokenizer_config.json when it is
+// not empty); "" when it loads.
+class TokenizerJsonErrorTest : public TokenizerJsonTest {
+ protected:
+  std::string ErrorOf(const nlohmann::json& j, const std::string& config = "") {
+    const std::string path = Write("tokenizer.json", j.dump());
+    if (!config.empty()) Write("tokenizer_config.json", config);
+    absl::Status s = TokenizerSpecFromTokenizerJson(path).status();
+    if (s.ok()) return "";
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  }
+};
+
+TEST_F(TokenizerJsonErrorTest, ConfigErrorsNameTheConfigFileAndTheKey) {
+  const nlohmann::json j = TinyJson(false);
+  std::string m = ErrorOf(j, R"({"add_bos_token": "true"})");
+  EXPECT_THAT(m, HasSubstr("tokenizer_config.json: add_bos_token: expected a boolean, got a "
+                           "string (\"true\")"));
+  EXPECT_THAT(m, Not(HasSubstr("tokenizer.json")));
+  EXPECT_THAT(ErrorOf(j, R"({"add_eos_token": 1})"),
+              HasSubstr("tokenizer_config.json: add_eos_token: expected a boolean, got an "
+                        "integer (1)"));
+  EXPECT_THAT(ErrorOf(j, R"({"chat_template": [{"name": "default", "template": 5}]})"),
+              HasSubstr("tokenizer_config.json: chat_template[0].template: expected a string, "
+                        "got an integer (5)"));
+  EXPECT_THAT(ErrorOf(j, R"({"chat_template": [{"name": "x", "template": "a"}, {"name": 1}]})"),
+              HasSubstr("tokenizer_config.json: chat_template[1].name: expected a string"));
+  EXPECT_THAT(ErrorOf(j, R"({"chat_template": [{"name": "default"}]})"),
+              HasSubstr("tokenizer_config.json: chat_template[0].template: missing"));
+  EXPECT_THAT(ErrorOf(j, R"({"chat_template": 5})"),
+              HasSubstr("tokenizer_config.json: chat_template: expected a string or an array"));
+  EXPECT_THAT(ErrorOf(j, R"({"eos_token": {"x": 1}})"),
+              HasSubstr("tokenizer_config.json: eos_token.content: missing"));
+  EXPECT_THAT(ErrorOf(j, R"({"bos_token": 3})"),
+              HasSubstr("tokenizer_config.json: bos_token: expected a string or an object"));
+
+  // The good forms still load: null is "not set", a template list picks "default".
+  EXPECT_EQ(ErrorOf(j, R"({"add_bos_token": null, "eos_token": null, "chat_template": null})"), "");
+  Write("tokenizer_config.json", R"({"add_bos_token": true, "chat_template": [
+      {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})");
+  absl::StatusOr<TokenizerSpec> spec =
+      TokenizerSpecFromTokenizerJson(Write("tokenizer.json", j.dump()));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->add_bos);
+  EXPECT_EQ(spec->chat_template, "D");
+}
+
+TEST_F(TokenizerJsonErrorTest, TokenizerJsonErrorsNameTheKeyPath) {
+  nlohmann::json j = TinyJson(false);
+  j["added_tokens"][3]["special"] = "yes";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: added_tokens[3].special: expected a "
+                                    "boolean, got a string (\"yes\")"));
+
+  j = TinyJson(false);
+  j["added_tokens"][0].erase("content");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: added_tokens[0].content: missing"));
+
+  j = TinyJson(false);
+  j["added_tokens"][1]["id"] = "1";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: added_tokens[1].id: expected an integer id"));
+
+  j = TinyJson(false);
+  j["added_tokens"] = {{"a", 1}};
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: added_tokens: expected an array, got an "
+                                    "object"));
+
+  j = TinyJson(false);
+  j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = "no";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: pre_tokenizer.pretokenizers[1]."
+                                    "add_prefix_space: expected a boolean, got a string"));
+
+  j = TinyJson(false);
+  j["pre_tokenizer"]["pretokenizers"][0]["individual_digits"] = 1;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: pre_tokenizer.pretokenizers[0]."
+                                    "individual_digits: expected a boolean, got an integer (1)"));
+
+  j = TinyJson(false);
+  j["model"]["ignore_merges"] = "x";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.ignore_merges: expected a boolean"));
+
+  j = TinyJson(false);
+  j["post_processor"] = nlohmann::json::parse(
+      R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 5}}]})");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: post_processor.single[0].SpecialToken.id: "
+                                    "expected a string, got an integer (5)"));
+
+  j["post_processor"] = nlohmann::json::parse(R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel"},
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": "<|im_start|>"}]}]})");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: post_processor.processors[1].single[0]."
+                                    "SpecialToken: expected an object, got a string"));
+
+  j = TinyJson(false);
+  j["model"]["vocab"]["hello"] = "1";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.vocab: \"hello\": expected an "
+                                    "integer id in [0, 2097152), got a string (\"1\")"));
+}
+
+TEST_F(TokenizerJsonErrorTest, MergesAreRequired) {
+  nlohmann::json j = TinyJson(false);
+  j["model"].erase("merges");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges: missing"));
+  j["model"]["merges"] = nullptr;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges: missing"));
+  j["model"]["merges"] = {{"h", "e"}};
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges: expected an array, got an "
+                                    "object"));
+  j["model"]["merges"] = nlohmann::json::array({"h e", 5});
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges[1]: expected a merge"));
+  j["model"]["merges"] = nlohmann::json::array({"h e", "he"});
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges[1]: malformed merge \"he\""));
+  // An empty list with tokens of several symbols ("he", "ll", ...) in model.vocab: they could
+  // never be produced, so the merges were lost.
+  j["model"]["merges"] = nlohmann::json::array();
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: model.merges: empty, but model.vocab has "
+                                    "tokens of several symbols"));
+}
+
+TEST_F(TokenizerJsonErrorTest, EmptyMergesLoadForASingleSymbolVocabulary) {
+  nlohmann::json j = TinyJson(false);
+  nlohmann::json vocab = nlohmann::json::object();
+  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) {
+    if (it.value().get<int>() < 6 + 256) vocab[it.key()] = it.value();  // specials + bytes
+  }
+  j["model"]["vocab"] = vocab;
+  j["model"]["merges"] = nlohmann::json::array();
+  absl::StatusOr<TokenizerSpec> spec =
+      TokenizerSpecFromTokenizerJson(Write("tokenizer.json", j.dump()));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->merges.empty());
+  auto t = Tokenizer::Create(*spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->Encode("hello", false).size(), 5u);
+}
+
+TEST_F(TokenizerJsonErrorTest, TwoTokensWithOneIdAreRefused) {
+  nlohmann::json j = TinyJson(false);
+  const int hello_id = j["model"]["vocab"]["hello"].get<int>();
+  j["model"]["vocab"]["zzz"] = hello_id;
+  EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("tokenizer.json: model.vocab: \"hello\" and "
+                                                 "\"zzz\" both have id ",
+                                                 hello_id)));
+
+  // An added token that takes the id of another model.vocab token.
+  j = TinyJson(false);
+  j["added_tokens"].push_back({{"id", hello_id}, {"content", "<new>"}, {"special", true}});
+  EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("tokenizer.json: added_tokens[6]: \"<new>\" and "
+                                                 "\"hello\" (model.vocab) both have id ",
+                                                 hello_id)));
+
+  // Two added tokens with one id.
+  j = TinyJson(false);
+  j["added_tokens"].push_back({{"id", 9999}, {"content", "<p>"}});
+  j["added_tokens"].push_back({{"id", 9999}, {"content", "<q>"}});
+  EXPECT_THAT(ErrorOf(j), HasSubstr("tokenizer.json: added_tokens[7]: \"<q>\" and \"<p>\" "
+                                    "(added_tokens[6]) both have id 9999"));
+
+  // The same token in model.vocab and added_tokens (TinyJson has all its specials twice), or
+  // twice in added_tokens, is one token.
+  j = TinyJson(false);
+  j["added_tokens"].push_back(j["added_tokens"][1]);
+  EXPECT_EQ(ErrorOf(j), "");
 }
 
 }  // namespace
