@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_stamp.h"
+#include "common/grpc_util.h"
 #include "common/process_metrics.h"
 
 namespace lazyattn {
@@ -128,6 +129,10 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   auto fail = [&](absl::string_view why) {
     return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address, ": ", why));
   };
+  // civetweb would bind port 99999 as 34463 (the port modulo 65536): refused as configuration.
+  if (absl::Status s = CheckAddressPort(address, /*listening=*/true); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics: cannot listen on ", s.message()));
+  }
   absl::StatusOr<ListenAddress> listening = ListeningPort(address);
   if (!listening.ok()) return fail(listening.status().message());
   static const CivetCallbacks callbacks = [] {

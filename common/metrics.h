@@ -44,7 +44,8 @@ class MetricsEndpoint {
   static constexpr int kRequestTimeoutMs = 3000;
 
   // Serves `registry` at http://address/metrics; address "127.0.0.1:0" picks a free port.
-  // Unavailable naming the address when it cannot bind.
+  // InvalidArgument naming the address when it is not HOST:PORT with a port of 0-65535
+  // (CheckAddressPort); Unavailable naming it when it does not resolve or cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address, std::shared_ptr<prometheus::Registry> registry,
       const MetricsEndpointOptions& options = {});
@@ -69,7 +70,7 @@ class MetricsEndpoint {
 // the same way by the router, the worker and kvdir: null (no endpoint) when `address` is empty;
 // else Start() on `address`, requiring the token read from `bearer_token_file` when that is
 // non-empty. InvalidArgument naming metrics.bearer_token_file when the token cannot be read
-// (nothing is started then); Unavailable naming the address when it cannot bind.
+// (nothing is started then); Start()'s errors for the address.
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsEndpoint(
     const std::string& address, const std::string& bearer_token_file,
     std::shared_ptr<prometheus::Registry> registry);

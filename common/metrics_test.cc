@@ -151,12 +151,18 @@ TEST(MetricsEndpointTest, IdleConnectionsDoNotDelayAScrape) {
   for (int fd : idle) close(fd);
 }
 
-TEST(MetricsEndpointTest, BadAddressesAreUnavailableNamingThem) {
-  for (const char* address : {"no-port", "256.1.1.1:80", "127.0.0.1:notaport", "127.0.0.1:"}) {
+// A malformed address is configuration (InvalidArgument: the services exit 2); one that does not
+// resolve or bind is Unavailable (exit 1). Port 99999 would be bound as 34463 by civetweb.
+TEST(MetricsEndpointTest, BadAddressesAreRefusedNamingThem) {
+  for (const char* address :
+       {"no-port", "127.0.0.1:notaport", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:-1"}) {
     auto e = MetricsEndpoint::Start(address, TestRegistry());
-    EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << address;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << address;
     EXPECT_THAT(e.status().message(), HasSubstr(address));
   }
+  auto unresolved = MetricsEndpoint::Start("256.1.1.1:80", TestRegistry());
+  EXPECT_EQ(unresolved.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(unresolved.status().message(), HasSubstr("256.1.1.1:80"));
 }
 
 // The one start-up path of the three servers' metrics.listen / metrics.bearer_token_file.
@@ -182,7 +188,9 @@ TEST(StartMetricsEndpointTest, FollowsTheListenAndTokenFileKeys) {
   auto missing = StartMetricsEndpoint("127.0.0.1:0", "/no/such/token", TestRegistry());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(missing.status().message(), HasSubstr("metrics.bearer_token_file"));
-  auto unbound = StartMetricsEndpoint("no-port", "", TestRegistry());
+  auto malformed = StartMetricsEndpoint("no-port", "", TestRegistry());
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  auto unbound = StartMetricsEndpoint("256.1.1.1:80", "", TestRegistry());
   EXPECT_EQ(unbound.status().code(), absl::StatusCode::kUnavailable);
 }
 

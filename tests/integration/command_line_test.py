@@ -94,6 +94,17 @@ def start_failures(path_of):
              insecure % 0 + "model: {path: %s/none.gguf}\nmetrics: {listen: 127.0.0.1:%d}\n"
              % (tmp, busy.getsockname()[1]), 1,
              "cannot listen on 127.0.0.1:%d" % busy.getsockname()[1]),
+            # A port past 65535 is configuration; the HTTP and metrics libraries would bind it
+            # modulo 65536 (99999 as 34463) and print the configured one.
+            ("lazyattn-worker", "metrics port out of range",
+             insecure % 0 + "model: {path: %s/none.gguf}\nmetrics: {listen: 127.0.0.1:99999}\n"
+             % tmp, 2, "the port must be a number from 0 to 65535"),
+            ("lazyattn-kvdir", "metrics port out of range",
+             insecure % 0 + "metrics: {listen: 127.0.0.1:99999}\n", 2,
+             "the port must be a number from 0 to 65535"),
+            ("lazyattn-router", "http port out of range",
+             insecure % 0 + no_metrics + "workers: [127.0.0.1:1]\nhttp: {listen: 127.0.0.1:99999}\n",
+             2, "http.listen: 127.0.0.1:99999: the port must be a number from 0 to 65535"),
         ]
         for service, name, config, status, text in cases:
             path = os.path.join(tmp, "config.yaml")

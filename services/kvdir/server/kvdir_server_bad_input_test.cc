@@ -37,6 +37,16 @@ TEST_F(KvdirServerTest, FirstMessageMustBeHello) {
 
 TEST_F(KvdirServerTest, MalformedMessagesEndTheStreamNamingTheField) {
   Start();
+  // gRPC would dial 99999 as 34463: routers refuse it, so the directory does.
+  for (const char* address : {"w0:99999", "w0:0", "[::1]:123456789012"}) {
+    FakeWorker w(stub_.get(), "w0");
+    w.Hello(1, address);
+    const grpc::Status s = w.Drain();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
+    EXPECT_THAT(s.error_message(), HasSubstr("hello.status.address: ")) << address;
+    EXPECT_THAT(s.error_message(), HasSubstr("the port must be a number from 1 to 65535"))
+        << address;
+  }
   {
     FakeWorker w(stub_.get(), "");
     w.Hello();

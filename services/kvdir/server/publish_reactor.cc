@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
+#include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,6 +26,22 @@ namespace {
 bool IsWorkerIdChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
          c == '_' || c == '-' || c == ':' || c == '[' || c == ']';
+}
+
+// The number after the last ':' of `address` when it is all digits (more than 12 digits read as
+// int64's maximum, out of every range), else nullopt.
+std::optional<int64_t> TrailingPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  const std::string_view digits = std::string_view(address).substr(colon + 1);
+  if (digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  if (digits.size() > 12) return std::numeric_limits<int64_t>::max();
+  int64_t port = 0;
+  for (char c : digits) port = port * 10 + (c - '0');
+  return port;
 }
 
 // What a log line or an error may show of a worker id that failed validation, or of an
@@ -274,6 +293,21 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
     return absl::PermissionDeniedError(absl::StrCat(
         "hello.status.worker_id: \"", id.substr(0, 128), "\" is not this caller's id; its certificate "
         "names lazyattn://worker/", bound_worker_id_));
+  }
+  // A port gRPC would dial modulo 65536 (99999 as 34463) is refused by every router; taken, it
+  // would also spell one endpoint two ways past the one-worker-per-address check. (Addresses of
+  // other forms are left to the checks below and to the routers.)
+  if (std::optional<int64_t> port = TrailingPort(hello.status().address());
+      port.has_value() && (*port < 1 || *port > 65535)) {
+    ctx_.metrics->HelloRefused(KvdirMetrics::HelloRefusal::kAddressNotDialable);
+    const std::string shown = Printable(hello.status().address(), 256);
+    LogWarning("kvdir")
+        .Str("worker", id)
+        .Str("address", shown)
+        .Msg("refused hello: the advertised port is outside 1-65535");
+    return absl::InvalidArgumentError(absl::StrCat("hello.status.address: \"", shown,
+                                                   "\": the port must be a number from 1 to "
+                                                   "65535 (gRPC would dial it modulo 65536)"));
   }
   if (!bound_worker_id_.empty()) {
     if (absl::Status s = CheckAddressIsCertified(id, hello.status().address()); !s.ok()) return s;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
 #include "common/status_macros.h"
 
 namespace lazyattn::router {
@@ -31,6 +32,11 @@ absl::StatusOr<HttpOptions> HttpOptionsFromYaml(const YamlConfig& config) {
     if (colon == std::string::npos || colon == 0 || colon + 1 == o.listen.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           config.source(), ": http.listen: expected host:port, got \"", o.listen, "\""));
+    }
+    // The HTTP library would bind port 99999 as 34463 (the port modulo 65536).
+    if (absl::Status s = CheckAddressPort(o.listen, /*listening=*/true); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.source(), ": http.listen: ", s.message()));
     }
   }
   ASSIGN_OR_RETURN(o.max_body_bytes,

@@ -83,6 +83,8 @@ TEST(HttpOptionsTest, MaxLogprobEntriesIsReadAndRangeChecked) {
 TEST(HttpOptionsTest, ErrorsNameTheKey) {
   EXPECT_THAT(Parse("http: {listen: nowhere}\n").status().message(),
               HasSubstr("http.listen: expected host:port"));
+  EXPECT_THAT(Parse("http: {listen: '127.0.0.1:99999'}\n").status().message(),
+              HasSubstr("http.listen: 127.0.0.1:99999: the port must be a number from 0 to 65535"));
   EXPECT_THAT(Parse("http: {threads: 0}\n").status().message(), HasSubstr("http.threads"));
   EXPECT_THAT(Parse("http: {max_body_bytes: 10}\n").status().message(),
               HasSubstr("http.max_body_bytes"));

@@ -284,9 +284,14 @@ absl::StatusOr<RouterOptions> RouterOptionsFromYaml(const YamlConfig& config,
   // the OpenAI-compatible HTTP listener
   ASSIGN_OR_RETURN(o.http, HttpOptionsFromYaml(config));
   if (overrides.http.has_value()) o.http.listen = *overrides.http;
-  if (!o.http.listen.empty() && o.http.listen.rfind(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--http: expected host:port, got \"", o.http.listen, "\""));
+  if (overrides.http.has_value() && !o.http.listen.empty()) {
+    if (o.http.listen.rfind(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http: expected host:port, got \"", o.http.listen, "\""));
+    }
+    if (absl::Status s = CheckAddressPort(o.http.listen, /*listening=*/true); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--http: ", s.message()));
+    }
   }
   // The HTTPS listener asks for no client certificate, so without API keys it would serve anyone
   // even where the gRPC listener demands certificates (server.tls.ca_file).

@@ -207,6 +207,18 @@ TEST(RouterConfigTest, FlagsOverrideTheirKeys) {
   EXPECT_EQ(o->kvdir.address, "127.0.0.1:9");
 }
 
+TEST(RouterConfigTest, TheHttpFlagsPortIsChecked) {
+  FlagOverrides flags;
+  flags.http = "127.0.0.1:99999";  // the HTTP library would bind 34463
+  auto o = Parse("kvdir: {address: k:1}\ninsecure: true\n", flags);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(),
+              HasSubstr("--http: 127.0.0.1:99999: the port must be a number from 0 to 65535"));
+  flags.http = "127.0.0.1:8000";
+  EXPECT_TRUE(Parse("kvdir: {address: k:1}\ninsecure: true\n", flags).ok());
+}
+
 TEST(RouterConfigTest, HttpListenerNeedsApiKeysOrInsecure) {
   // Client certificates on gRPC do not protect the HTTP API: without keys it is refused.
   auto o = Parse("kvdir: {address: k:1}\nserver: {tls: {cert_file: c.pem, key_file: k.pem, "
