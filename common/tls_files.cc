@@ -76,6 +76,9 @@ std::unique_ptr<X509, decltype(&X509_free)> FirstCertificate(const std::string& 
   return cert;
 }
 
+// How far ahead of this machine's clock a certificate's validity may start (clock skew).
+constexpr time_t kNotBeforeSlackSeconds = 3600;
+
 // The certificate parses and the key is its own: gRPC would start with either wrong and fail
 // every handshake, with nothing in the process's own log. An encrypted key is refused (no
 // passphrase is ever asked for: the callback declines).
@@ -86,20 +89,31 @@ absl::Status CheckPair(const std::string& cert_pem, const std::string& key_pem,
     return absl::InvalidArgumentError(absl::StrCat(prefix, "cert_file: ", tls.cert_file,
                                                    ": its first certificate does not parse"));
   }
-  // Expired, every peer refuses it in the handshake, and only the peer's log says why. (A
-  // certificate not yet valid is let through: one issued a moment ago on a machine whose clock
-  // runs ahead would be refused for seconds.)
-  if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
+  // Expired or not yet valid, every peer refuses it in the handshake, and only the peer's log
+  // says why. A certificate valid from up to an hour ahead is let through: one issued a moment
+  // ago on a machine whose clock runs ahead would otherwise be refused for a while.
+  const auto date_of = [](const ASN1_TIME* t) {
     std::unique_ptr<BIO, decltype(&BIO_free)> when(BIO_new(BIO_s_mem()), &BIO_free);
     std::string date = "?";
-    if (when != nullptr && ASN1_TIME_print(when.get(), X509_get0_notAfter(cert.get())) == 1) {
+    if (when != nullptr && ASN1_TIME_print(when.get(), t) == 1) {
       char* data = nullptr;
       const long n = BIO_get_mem_data(when.get(), &data);
       date.assign(data, static_cast<size_t>(n));
     }
     ERR_clear_error();
+    return date;
+  };
+  if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "cert_file: ", tls.cert_file,
+                                                   ": the certificate expired on ",
+                                                   date_of(X509_get0_notAfter(cert.get()))));
+  }
+  time_t an_hour_ahead = time(nullptr) + kNotBeforeSlackSeconds;
+  if (X509_cmp_time(X509_get0_notBefore(cert.get()), &an_hour_ahead) > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "cert_file: ", tls.cert_file, ": the certificate expired on ", date));
+        absl::StrCat(prefix, "cert_file: ", tls.cert_file, ": the certificate is not valid before ",
+                     date_of(X509_get0_notBefore(cert.get())),
+                     " (check the clock of this machine or the CA's)"));
   }
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), &BIO_free);

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -101,40 +102,58 @@ TEST_F(TlsFilesTest, OnlyASetThatPassesReachesTheWatchedCopies) {
   EXPECT_FALSE(server.ok());
 }
 
-// An expired certificate stops the start, naming it: every peer would refuse it in the handshake
-// and only the peer's log would say why.
-TEST_F(TlsFilesTest, AnExpiredCertificateIsRefused) {
-  // A self-signed certificate that expired yesterday, and its key.
+// Writes a self-signed certificate valid from `from_s` to `until_s` seconds from now, and its
+// key, as NAME.crt and NAME.key under `dir`; the two paths.
+std::pair<std::string, std::string> WriteSelfSigned(const std::string& dir, const std::string& name,
+                                                    long from_s, long until_s) {
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), &EVP_PKEY_free);
-  ASSERT_NE(key, nullptr);
   std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), &X509_free);
-  ASSERT_NE(cert, nullptr);
+  if (key == nullptr || cert == nullptr) return {};
   X509_set_version(cert.get(), 2);
   ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
-  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -2 * 86400);
-  X509_gmtime_adj(X509_getm_notAfter(cert.get()), -86400);
-  X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("expired"), -1, -1, 0);
-  X509_set_issuer_name(cert.get(), name);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), from_s);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), until_s);
+  X509_NAME* subject = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(name.c_str()), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), subject);
   X509_set_pubkey(cert.get(), key.get());
-  ASSERT_GT(X509_sign(cert.get(), key.get(), EVP_sha256()), 0);
-  const std::string crt = certs_ + "/expired.crt", pem_key = certs_ + "/expired.key";
-  {
-    FILE* f = fopen(crt.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    PEM_write_X509(f, cert.get());
-    fclose(f);
-    f = fopen(pem_key.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
-    fclose(f);
-  }
-  const absl::Status s = CheckTlsFiles({.cert_file = crt, .key_file = pem_key});
+  if (X509_sign(cert.get(), key.get(), EVP_sha256()) <= 0) return {};
+  const std::string crt = dir + "/" + name + ".crt", pem_key = dir + "/" + name + ".key";
+  FILE* f = fopen(crt.c_str(), "w");
+  if (f == nullptr) return {};
+  PEM_write_X509(f, cert.get());
+  fclose(f);
+  f = fopen(pem_key.c_str(), "w");
+  if (f == nullptr) return {};
+  PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+  fclose(f);
+  return {crt, pem_key};
+}
+
+// A certificate outside its validity stops the start, naming it: every peer would refuse it in
+// the handshake and only the peer's log would say why.
+TEST_F(TlsFilesTest, ACertificateOutsideItsValidityIsRefused) {
+  const auto [expired, expired_key] = WriteSelfSigned(certs_, "expired", -2 * 86400, -86400);
+  ASSERT_FALSE(expired.empty());
+  absl::Status s = CheckTlsFiles({.cert_file = expired, .key_file = expired_key});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find(absl::StrCat("tls.cert_file: ", crt, ": the certificate expired on ")),
+  EXPECT_NE(
+      s.message().find(absl::StrCat("tls.cert_file: ", expired, ": the certificate expired on ")),
+      std::string::npos)
+      << s;
+  const auto [future, future_key] = WriteSelfSigned(certs_, "future", 2 * 86400, 3 * 86400);
+  ASSERT_FALSE(future.empty());
+  s = CheckTlsFiles({.cert_file = future, .key_file = future_key});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(
+                absl::StrCat("tls.cert_file: ", future, ": the certificate is not valid before ")),
             std::string::npos)
       << s;
+  // Valid from a minute ahead (a CA whose clock runs ahead of this machine's): taken.
+  const auto [skewed, skewed_key] = WriteSelfSigned(certs_, "skewed", 60, 86400);
+  ASSERT_FALSE(skewed.empty());
+  EXPECT_TRUE(CheckTlsFiles({.cert_file = skewed, .key_file = skewed_key}).ok());
   // The files gen-certs makes are valid for days.
   EXPECT_TRUE(CheckTlsFiles(tls_).ok()) << CheckTlsFiles(tls_);
 }
