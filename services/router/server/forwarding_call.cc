@@ -217,6 +217,26 @@ grpc::Status ForwardingCall::ExhaustedStatus() const {
                                                "): ", absl::StrJoin(failures_, "; ")));
 }
 
+bool ForwardingCall::AddWorkersLeftOutOfThePlan(absl::Time now) {
+  const RoutePlan now_live =
+      router_->Plan(plan_.docs, /*lookup=*/nullptr, now, model_.has_value() ? &*model_ : nullptr);
+  // Every worker out (a panic plan lists them all regardless): none has recovered.
+  if (now_live.breaker_panic) return false;
+  bool added = false;
+  for (size_t i = 0; i < now_live.workers.size(); ++i) {
+    const WorkerInfo& w = now_live.workers[i];
+    const bool planned = std::any_of(plan_.workers.begin(), plan_.workers.end(),
+                                     [&w](const WorkerInfo& p) { return p.id == w.id; });
+    if (planned) continue;
+    plan_.workers.push_back(w);
+    plan_.predicted_hits.push_back(now_live.predicted_hits[i]);
+    plan_.claimed_tokens.push_back(now_live.claimed_tokens[i]);
+    plan_.claimed_copy_tokens.push_back(now_live.claimed_copy_tokens[i]);
+    added = true;
+  }
+  return added;
+}
+
 void ForwardingCall::StartNextAttempt() {
   std::shared_ptr<WorkerAttempt> attempt;
   int64_t predicted_hits = 0;
@@ -234,8 +254,11 @@ void ForwardingCall::StartNextAttempt() {
     } else {
       auto& breakers = router_->selector().breakers();
       while (attempt == nullptr && attempts_ < max_attempts) {
-        const std::optional<PlanCursor::Next> next =
+        std::optional<PlanCursor::Next> next =
             cursor_.Advance(plan_.workers.size(), /*nothing_sent=*/attempts_ == 0);
+        if (!next.has_value() && attempts_ > 0 && AddWorkersLeftOutOfThePlan(now)) {
+          next = cursor_.Advance(plan_.workers.size(), /*nothing_sent=*/false);
+        }
         if (!next.has_value()) break;
         const size_t index = next->index;
         const WorkerInfo& w = plan_.workers[index];

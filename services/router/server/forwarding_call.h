@@ -118,6 +118,11 @@ class ForwardingCall {
 
   void OnPlan(RoutePlan plan);
   void StartNextAttempt();
+  // Appends to the plan the workers it left out that are live now (ejected or behind an open
+  // breaker when it was made, or listed since), so a request whose planned workers all failed
+  // tries a worker that recovered meanwhile before it gives up; false when none. Each worker is
+  // in the plan at most once, so a call extends it a bounded number of times.
+  bool AddWorkersLeftOutOfThePlan(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWorkerMessage(WorkerAttempt* attempt, const lazyattn::v1::GenerateResponse& message);
   // The status an attempt's end stands for (forwarding_call_attempt_end.cc): the worker's,
   // or UNAVAILABLE naming a broken stream protocol or a timeout (counted and logged), or OK when

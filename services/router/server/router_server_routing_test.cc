@@ -477,6 +477,32 @@ TEST_F(RouterServerTest, CircuitBreakerStopsSendingToAFailingWorker) {
   EXPECT_EQ(workers_[0]->generate_calls(), 2);
 }
 
+// A request planned while w0's breaker was open has only w1 in its plan. When w1 then freezes,
+// the failover looks again and finds w0 recovered: it was never tried, so it is (before, the
+// request ended UNAVAILABLE after one attempt while w0 stood idle).
+TEST_F(RouterServerTest, FailoverTriesAWorkerThatRecoveredAfterThePlanLeftItOut) {
+  StartWorkers(2);
+  StartKvdir();
+  kvdir_.Hold("w0", "doc", 500);  // w0 would be first
+  workers_[0]->SetScript({.fail_before_first_token = grpc::StatusCode::UNAVAILABLE});
+  RouterOptions o = Options();
+  o.routing.breaker = {.failure_threshold = 1, .open_duration = absl::Seconds(2)};
+  o.routing.first_token_timeout = absl::Seconds(3);
+  StartRouter(o);
+  StreamResult r = Stream(Request({"doc"}));  // w0 fails: its breaker opens for 2 s
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w1");
+  workers_[0]->SetScript({});
+  workers_[1]->SetScript({.block = true});
+  // Planned within the 2 s: [w1]. w1 sends no token for 3 s; by then w0's breaker lets a probe by.
+  r = Stream(Request({"doc"}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.final->worker(), "w0");
+  EXPECT_EQ(r.final->attempts(), 2);
+  EXPECT_EQ(workers_[0]->generate_calls(), 2);
+  workers_[1]->Unblock();
+}
+
 // A model served by one worker whose breaker is half-open: while the probe is out, other requests
 // are still sent there (every worker of the model is out, so the selector offers it anyway), and
 // they succeed. (The race in which the probe is taken between a request's plan and its send goes
