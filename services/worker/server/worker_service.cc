@@ -1,5 +1,6 @@
 #include "services/worker/server/worker_service.h"
 
+#include "common/log.h"
 #include "common/worker_call_trailer.h"
 #include "kernels/include/sampling.h"
 #include "services/worker/model/tokenizer/chat_template.h"
@@ -42,7 +43,18 @@ WorkerService::WorkerService(Engine* engine, const Tokenizer* tokenizer, WorkerM
                        .tokenizer_fingerprint = model_info_.tokenizer_fingerprint()};
   if (!tokenizer->chat_template().empty()) {
     auto tmpl = ChatTemplate::FromJinja(tokenizer->chat_template());
-    if (tmpl.ok()) model_info_.set_chat_template(tmpl->name());
+    if (tmpl.ok()) {
+      model_info_.set_chat_template(tmpl->name());
+    } else {
+      // Every request that asks for the template (`messages`, or `chat`) will be refused
+      // (request_convert.cc); say so once, where the operator looks, rather than only in each
+      // client's error.
+      LogWarning("worker")
+          .Str("reason", std::string(tmpl.status().message()).substr(0, 300))
+          .Msg(
+              "the model's chat template is not one this worker renders: requests with "
+              "messages or chat will be refused; plain prompts are served");
+    }
   }
 }
 
