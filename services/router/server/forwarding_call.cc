@@ -198,6 +198,7 @@ void ForwardingCall::OnPlan(RoutePlan plan) {
   {
     absl::MutexLock lock(&mu_);
     plan_ = std::move(plan);
+    ranked_workers_ = plan_.workers.size();
   }
   StartNextAttempt();
 }
@@ -267,9 +268,11 @@ void ForwardingCall::StartNextAttempt() {
           skipped_unfit = true;
           continue;
         }
-        const CircuitBreakers::Permit permit = plan_.breaker_panic || next->bypass_breaker
-                                                   ? breakers.Bypass(w.id)
-                                                   : breakers.TryAcquire(w.id, now);
+        // A panic plan sends to its workers regardless; a worker appended since takes its
+        // breaker's permit (its half-open probe, if that is where it stands).
+        const bool panic = plan_.breaker_panic && index < ranked_workers_;
+        const CircuitBreakers::Permit permit =
+            panic || next->bypass_breaker ? breakers.Bypass(w.id) : breakers.TryAcquire(w.id, now);
         if (!permit) {
           // Opened (or its probe taken) since the plan was made.
           failures_.push_back(absl::StrCat(w.id, " (", w.address, "): circuit breaker open"));
@@ -306,6 +309,7 @@ void ForwardingCall::StartNextAttempt() {
         final_.reset();
         predicted_hits = plan_.predicted_hits[index];
         current_predicted_hits_ = predicted_hits;
+        current_prediction_ranked_ = index < ranked_workers_;
         current_claimed_tokens_ = plan_.claimed_tokens[index];
         current_claimed_copy_tokens_ = plan_.claimed_copy_tokens[index];
         attempt_number = attempts_;
@@ -473,7 +477,10 @@ void ForwardingCall::OnAttemptDone(WorkerAttempt* attempt, const grpc::Status& w
       const int64_t predicted = current_predicted_hits_;
       final->set_predicted_hit_tokens(predicted);
       if (!plan_.docs.empty()) {
-        model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
+        // An appended worker's prediction saw no directory lookup: not a prediction to score.
+        if (current_prediction_ranked_) {
+          model_metrics_->ObservePrediction(predicted, final->usage().document_hit_tokens());
+        }
         router_->ObserveClaim(w.id, current_claimed_tokens_, current_claimed_copy_tokens_,
                               final->usage());
         router_->selector().prefix_lengths().Record(

@@ -165,6 +165,12 @@ class ForwardingCall {
   absl::Mutex mu_;
   RoutePlan plan_ ABSL_GUARDED_BY(mu_);
   PlanCursor cursor_ ABSL_GUARDED_BY(mu_);
+  // How many of plan_.workers the routing plan ranked; those after them were appended by
+  // AddWorkersLeftOutOfThePlan (no directory lookup, and never under the plan's breaker panic).
+  size_t ranked_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  // Whether current_predicted_hits_ came from the ranked plan (else it is left out of the
+  // prediction metrics).
+  bool current_prediction_ranked_ ABSL_GUARDED_BY(mu_) = true;
   // What the plan predicted for the current attempt's worker.
   int64_t current_predicted_hits_ ABSL_GUARDED_BY(mu_) = 0;
   // ... and the directory's claims there when the prediction is those alone, else -1.
