@@ -647,6 +647,7 @@ TEST_F(MalformedModelTest, SafetensorsBadIndex) {
       {with_norm_in("/etc/passwd"), kKey},
       {with_norm_in("sub/model.safetensors"), kKey},
       {with_norm_in(".."), kKey},
+      {with_norm_in("."), kKey},
       {with_norm_in(""), kKey},
       {with_norm_in(7), kKey},
       {with_norm_in("model-00003-of-00003.safetensors"), kKey},  // missing
@@ -659,6 +660,13 @@ TEST_F(MalformedModelTest, SafetensorsBadIndex) {
     EXPECT_THAT(std::string(LoadModelWeights(dir).status().message()),
                 HasSubstr((fs::path(dir) / "model.safetensors.index.json").string()));
   }
+  // A tensor the index lists but no shard holds, which the model does not read (a tied
+  // lm_head.weight dropped at save time, another component's weights): loads, as transformers
+  // and vLLM load it.
+  nlohmann::json extra = good;
+  extra["weight_map"]["lm_head.weight"] = kShard1;
+  extra["weight_map"]["vision_tower.patch_embed.weight"] = kShard2;
+  ASSERT_TRUE(LoadModel(ShardedHf(shards, extra.dump())).ok());
   // A tensor the model needs that the index does not list.
   nlohmann::json partial = good;
   partial["weight_map"].erase("model.norm.weight");

@@ -22,11 +22,11 @@ namespace fs = std::filesystem;
 // StrCat and Status messages need std::string_view pieces converted explicitly.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// A shard name an index may use: a file name in the model folder. A path (with '/') or a ".."
+// A shard name an index may use: a file name in the model folder. A path (with '/'), "." or ".."
 // would let a downloaded index make the loader open any file the process can read.
 bool IsPlainFileName(std::string_view name) {
-  return !name.empty() && name.find('/') == std::string_view::npos &&
-         name.find("..") == std::string_view::npos && name.find('\0') == std::string_view::npos;
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
 }
 
 // The index file's text, read in chunks and refused past the limit (as config.json is).
@@ -74,8 +74,10 @@ absl::Status SafetensorsShards::ReadIndex(const std::string& dir, const std::str
     return absl::InvalidArgumentError(
         absl::StrCat(index_path, ": weight_map: missing, or not an object"));
   }
-  // Every entry is checked, not only those the model reads: an index that lies about one tensor
-  // is not trusted about the others.
+  // Every entry's shard must be a present file of the folder (the index decides which files are
+  // opened). Whether the shard holds the tensor is asked only of the tensors the model reads
+  // (Find), as transformers and vLLM load: an index may list tensors its shards dropped at save
+  // time (a tied lm_head.weight, a component this loader does not use).
   std::map<std::string, const SafetensorsFile*> opened;  // shard name -> file
   for (const auto& [name, shard_json] : map_it->items()) {
     auto bad = [&, &tensor = name](std::string_view why) {
@@ -100,8 +102,11 @@ absl::Status SafetensorsShards::ReadIndex(const std::string& dir, const std::str
       it = opened.emplace(shard, files_.back().get()).first;
     }
     absl::StatusOr<const SafetensorsTensor*> tensor = it->second->FindTensor(name);
-    if (!tensor.ok()) return bad(absl::StrCat("shard ", shard, " does not hold this tensor"));
-    tensors_.emplace(name, Found{it->second, *tensor});
+    if (tensor.ok()) {
+      tensors_.emplace(name, Found{it->second, *tensor});
+    } else {
+      mismapped_.emplace(name, bad(absl::StrCat("shard ", shard, " does not hold this tensor")));
+    }
   }
   return absl::OkStatus();
 }
@@ -135,6 +140,7 @@ absl::Status SafetensorsShards::ReadFolder(const std::string& dir) {
 }
 
 absl::StatusOr<SafetensorsShards::Found> SafetensorsShards::Find(std::string_view name) const {
+  if (auto bad = mismapped_.find(name); bad != mismapped_.end()) return bad->second;
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(

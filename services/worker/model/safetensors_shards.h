@@ -6,7 +6,9 @@
 // that name (a stale shard left beside a re-sharded model). The index is refused, with
 // InvalidArgument naming the index file and the key, when it is not a JSON object of at most
 // kMaxConfigJsonBytes, has no "weight_map" object, or maps a tensor to a shard that is not a
-// plain file name in the folder (no '/', no ".."), is missing, or does not hold that tensor.
+// plain file name in the folder (no '/', not "." or "..") or is missing; Find refuses a tensor
+// the model reads whose named shard does not hold it (an unread one may be listed but absent,
+// as transformers and vLLM allow).
 //
 // Without an index: every *.safetensors file in the folder; a tensor held by two of them is
 // refused (InvalidArgument naming both files), since which copy is meant cannot be told.
@@ -50,6 +52,8 @@ class SafetensorsShards {
   std::pair<std::string, std::string> not_found_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Found, std::less<>> tensors_;
+  // Index entries whose named shard lacks the tensor: the error Find gives for each.
+  std::map<std::string, absl::Status, std::less<>> mismapped_;
 };
 
 }  // namespace lazyattn
