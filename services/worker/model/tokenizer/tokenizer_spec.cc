@@ -210,8 +210,15 @@ absl::Status ReadMerges(const JsonField& model, const VocabById& by_id, Tokenize
     // several symbols in model.vocab, though, can only come from a merge, so with no merges it is
     // unreachable and the list was lost (e.g. by a converter). Added tokens are matched whole and
     // need no merges.
+    // Special tokens listed only in model.vocab ("<unk>", "[PAD]", "<|endoftext|>") are not
+    // merge products either.
+    const auto bracketed = [](std::string_view t) {
+      return t.size() >= 3 &&
+             ((t.front() == '<' && t.back() == '>') || (t.front() == '[' && t.back() == ']'));
+    };
     for (const auto& [id, entry] : by_id) {
-      if (entry.type == TokenType::kNormal && SymbolCount(entry.text) > 1) {
+      if (entry.type == TokenType::kNormal && SymbolCount(entry.text) > 1 &&
+          !LooksSpecial(entry.text) && !bracketed(entry.text)) {
         return merges.Error(absl::StrCat(
             "empty, but model.vocab has tokens of several symbols that only merges can produce "
             "(e.g. ",

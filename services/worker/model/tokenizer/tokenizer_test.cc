@@ -568,6 +568,16 @@ TEST_F(TokenizerJsonErrorTest, EmptyMergesLoadForASingleSymbolVocabulary) {
   auto t = Tokenizer::Create(*spec);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->Encode("hello", false).size(), 5u);
+
+  // A character-level vocabulary whose special tokens sit only in model.vocab (no added_tokens
+  // entry): those are not merge products, so it loads too.
+  j["model"]["vocab"]["<unk>"] = 6 + 256;
+  j["model"]["vocab"]["[PAD]"] = 6 + 257;
+  spec = TokenizerSpecFromTokenizerJson(Write("tokenizer.json", j.dump()));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // A word-like token still needs merges.
+  j["model"]["vocab"]["hello"] = 6 + 258;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("model.merges: empty"));
 }
 
 TEST_F(TokenizerJsonErrorTest, TwoTokensWithOneIdAreRefused) {
