@@ -37,8 +37,9 @@ struct TlsFileContents {
 };
 
 // Reads `tls`'s files and checks them: each named file a regular file of at most 16 MiB
-// (ReadStampedFile: a FIFO is not waited on) holding its PEM block, the certificate parsing, the
-// key its own and not encrypted (no passphrase is ever asked for), the CA's first certificate
+// (ReadStampedFile: a FIFO is not waited on) holding its PEM block, the certificate parsing, not
+// expired and valid from at most an hour ahead of this machine's clock, the key its own and not
+// encrypted (no passphrase is ever asked for), the CA's first certificate
 // parsing; tls.refresh_interval_s >= 1. InvalidArgument naming the field and the file
 // (`tls.cert_file: PATH is empty`) otherwise; `prefix` is where the caller's config keeps the
 // fields (the router's client_tls: "client_tls.").

@@ -314,8 +314,10 @@ KvdirPublisher::StreamEnd KvdirPublisher::RunStream() {
                       .refused = IsRefusal(status)};
   if (end.refused) {
     const std::string refusal = absl::StrCat(status.error_code(), ": ", status.error_message());
-    // kvdir names the field: a worker id in use, or an address another worker advertises.
-    const bool address_in_use = absl::StartsWith(status.error_message(), "hello.status.address");
+    // kvdir names the field: a worker id in use, or an address another worker advertises (its
+    // other refusals of the address, not dialable or not certified, are not ALREADY_EXISTS).
+    const bool address_in_use = status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
+                                absl::StartsWith(status.error_message(), "hello.status.address");
     if (!stopping && refusal != last_refusal_ && address_in_use) {
       LogError("worker")
           .Str("kvdir", options_.address)
