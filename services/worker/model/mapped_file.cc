@@ -7,9 +7,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace lazyattn {
 
@@ -19,6 +21,23 @@ absl::Status RefuseIfNotRegularFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, int64_t max_bytes,
+                                            const std::string& what) {
+  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string text;
+  char chunk[1 << 14];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(text.size()) > max_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": larger than ", max_bytes, " bytes; not ", what));
+    }
+  }
+  return text;
 }
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, size_t min_bytes,

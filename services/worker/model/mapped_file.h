@@ -41,6 +41,13 @@ class MappedFile {
 // missing paths included (the caller's open says so).
 absl::Status RefuseIfNotRegularFile(const std::string& path);
 
+// The whole text of the small file at `path` (config.json, an index), read in chunks and
+// refused once past `max_bytes`: a huge (or endless) file is never read whole, and a small one
+// costs no up-front buffer of the limit's size. InvalidArgument "PATH: not a regular file" or
+// "PATH: larger than N bytes; not <what>"; NotFound "cannot open PATH".
+absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, int64_t max_bytes,
+                                            const std::string& what);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_MODEL_MAPPED_FILE_H_

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <string>
 
@@ -292,20 +291,8 @@ struct JsonKeys {
 };
 
 absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& path) {
-  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  // Read in chunks and stop past the limit: a huge (or endless, e.g. a FIFO) file is refused
-  // without being read whole, and a small one costs no up-front buffer of the limit's size.
-  std::string text;
-  char chunk[1 << 14];
-  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
-    text.append(chunk, static_cast<size_t>(in.gcount()));
-    if (static_cast<int64_t>(text.size()) > kMaxConfigJsonBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxConfigJsonBytes,
-                                                     " bytes; not a model config"));
-    }
-  }
+  ASSIGN_OR_RETURN(const std::string text,
+                   ReadBoundedFile(path, kMaxConfigJsonBytes, "a model config"));
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <system_error>
 
@@ -29,23 +28,6 @@ bool IsPlainFileName(std::string_view name) {
          name.find('\0') == std::string_view::npos;
 }
 
-// The index file's text, read in chunks and refused past the limit (as config.json is).
-absl::StatusOr<std::string> ReadIndexText(const std::string& path) {
-  RETURN_IF_ERROR(RefuseIfNotRegularFile(path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string text;
-  char chunk[1 << 14];
-  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
-    text.append(chunk, static_cast<size_t>(in.gcount()));
-    if (static_cast<int64_t>(text.size()) > kMaxConfigJsonBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxConfigJsonBytes,
-                                                     " bytes; not a safetensors index"));
-    }
-  }
-  return text;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(const std::string& dir) {
@@ -64,7 +46,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsShards>> SafetensorsShards::Open(const
 
 absl::Status SafetensorsShards::ReadIndex(const std::string& dir, const std::string& index_path) {
   not_found_ = {index_path, "weight_map"};
-  ASSIGN_OR_RETURN(const std::string text, ReadIndexText(index_path));
+  ASSIGN_OR_RETURN(const std::string text,
+                   ReadBoundedFile(index_path, kMaxConfigJsonBytes, "a safetensors index"));
   const nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": not a JSON object"));
