@@ -120,7 +120,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja) {
   if (jinja.empty()) {
     return absl::NotFoundError("the model has no chat template; name one explicitly");
   }
-  if (Contains(jinja, "<|im_start|>")) {
+  const bool chatml = Contains(jinja, "<|im_start|>");
+  const bool llama3 = Contains(jinja, "<|start_header_id|>") && Contains(jinja, "<|eot_id|>");
+  if (chatml && llama3) {
+    // Which family a template that writes both markers renders is decided by its logic, which
+    // this worker does not evaluate; guessing would give the model a prompt it was not trained
+    // on, every turn, without a word.
+    return absl::UnimplementedError(
+        "chat template contains both ChatML (<|im_start|>) and Llama-3 (<|start_header_id|>, "
+        "<|eot_id|>) markers; name the template (chatml or llama3...) to render one of them");
+  }
+  if (chatml) {
     for (std::string_view marker : {"tools", "tool_call", "enable_thinking", "reasoning_content"}) {
       if (Contains(jinja, marker)) {
         return absl::UnimplementedError(absl::StrCat(
@@ -133,7 +143,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja) {
     t.default_system_ = std::move(system);
     return t;
   }
-  if (Contains(jinja, "<|start_header_id|>") && Contains(jinja, "<|eot_id|>")) {
+  if (llama3) {
     if (Contains(jinja, "Cutting Knowledge Date")) {
       const bool today = Contains(jinja, "strftime_now");
       ChatTemplate t(Kind::kLlama31, today ? "llama3.2" : "llama3.1");

@@ -20,8 +20,8 @@
 // chat_template) by its markers: <|im_start|> -> ChatML (with the default system message
 // extracted from a SmolLM2-style `messages[0]['role'] != 'system'` block; templates that also
 // mention tools or thinking are refused rather than rendered wrongly); <|start_header_id|> and
-// <|eot_id|> -> Llama-3, 3.1 form when it contains "Cutting Knowledge Date". Anything else is
-// Unimplemented. Errors never abort.
+// <|eot_id|> -> Llama-3, 3.1 form when it contains "Cutting Knowledge Date". A template with the
+// markers of both families, and anything else, is Unimplemented. Errors never abort.
 //
 // The rendered prompt contains special-token text; tokenize it with parse_special=true. For
 // Llama-3 the prompt already starts with <|begin_of_text|>, which Tokenizer::EncodeWithSpecials

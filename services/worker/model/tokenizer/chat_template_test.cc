@@ -140,5 +140,21 @@ TEST(ChatTemplateTest, UnknownTemplates) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// A template that writes the markers of both families is refused rather than taken for the one
+// whose marker is checked first: the name must say which.
+TEST(ChatTemplateTest, MarkersOfBothFamiliesAreRefused) {
+  for (const std::string& jinja :
+       {std::string(kSmolLM2Jinja) + kLlama31Jinja, std::string(kLlama3Jinja) + "<|im_start|>"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(jinja);
+    ASSERT_FALSE(t.ok()) << t->name();
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(t.status().message(), HasSubstr("both ChatML"));
+    EXPECT_THAT(t.status().message(), HasSubstr("name the template"));
+  }
+  // Either family's marker alone keeps its detection.
+  EXPECT_EQ(ChatTemplate::FromJinja(kLlama31Jinja)->name(), "llama3.1");
+  EXPECT_EQ(ChatTemplate::FromJinja(kSmolLM2Jinja)->name(), "smollm2");
+}
+
 }  // namespace
 }  // namespace lazyattn
