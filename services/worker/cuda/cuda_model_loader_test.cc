@@ -175,38 +175,78 @@ TEST(CudaModelLoaderTest, ErrorsAreTheHostLoadersAndNameTheFile) {
 
 // One Inf weight makes every logit NaN, so every request would end at once with no tokens: the
 // GPU loader refuses the file before anything reaches the device, as the host loader does.
-TEST(CudaModelLoaderTest, NonFiniteWeightsAreRefusedAsTheHostLoaderRefusesThem) {
+// A copy of the tiny F32 GGUF with element 100 of blk.0.attn_q.weight set to `value`, in a
+// temporary folder the caller removes (returned as the file's path).
+std::string TinyF32GgufWithWeight(float value, const std::string& tag) {
   const std::string from = "tests/data/tiny/tiny-llama/tiny-llama-f32.gguf";
   std::ifstream in(from, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_FALSE(bytes.empty()) << from;
+  EXPECT_FALSE(bytes.empty()) << from;
   size_t at = std::string::npos;
   {
     auto file = GgufFile::Open(from);
-    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (!file.ok()) return "";
     auto tensor = (*file)->FindTensor("blk.0.attn_q.weight");
-    ASSERT_TRUE(tensor.ok()) << tensor.status();
+    EXPECT_TRUE(tensor.ok()) << tensor.status();
+    if (!tensor.ok()) return "";
     // The tensor's first 64 bytes (random weights) locate its data in the file.
     at = bytes.find(std::string(reinterpret_cast<const char*>((*tensor)->data), 64));
-    ASSERT_NE(at, std::string::npos);
+    EXPECT_NE(at, std::string::npos);
+    if (at == std::string::npos) return "";
   }
-  const float inf = std::numeric_limits<float>::infinity();
-  bytes.replace(at + 100 * sizeof(float), sizeof(float), reinterpret_cast<const char*>(&inf),
+  bytes.replace(at + 100 * sizeof(float), sizeof(float), reinterpret_cast<const char*>(&value),
                 sizeof(float));
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("lazyattn_cuda_model_loader_inf_" + std::to_string(getpid()));
+                   ("lazyattn_cuda_model_loader_" + tag + "_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  const std::string path = (dir / "inf.gguf").string();
+  const std::string path = (dir / (tag + ".gguf")).string();
   std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST(CudaModelLoaderTest, NonFiniteWeightsAreRefusedAsTheHostLoaderRefusesThem) {
+  const std::string path = TinyF32GgufWithWeight(std::numeric_limits<float>::infinity(), "inf");
+  ASSERT_FALSE(path.empty());
   auto gpu = LoadGgufModelToGpu(path);
   auto host = LoadModel(path);
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu.status(), host.status());
   EXPECT_NE(gpu.status().message().find(path + ": tensor blk.0.attn_q.weight has a non-finite "
                                                "value at element 100 (inf)"),
             std::string::npos)
       << gpu.status();
+}
+
+// 3.3962e38 is finite in fp32 (the host loader keeps it) but rounds to Inf in bf16, where it would
+// make every logit NaN as an Inf weight does: both GPU paths refuse it, naming the tensor.
+TEST(CudaModelLoaderTest, WeightsPastTheBf16RangeAreRefusedOnTheGpu) {
+  const float past_bf16 = 3.3962e38f;
+  const std::string path = TinyF32GgufWithWeight(past_bf16, "bf16_overflow");
+  ASSERT_FALSE(path.empty());
+  auto gpu = LoadGgufModelToGpu(path);  // fails before any device work
+  auto host = LoadModel(path);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu.status().message().find(path + ": tensor blk.0.attn_q.weight has a value at "
+                                               "element 100 (3.3962e+38) that is not finite in "
+                                               "bfloat16"),
+            std::string::npos)
+      << gpu.status();
+  ASSERT_TRUE(host.ok()) << host.status();
+  if (CudaDeviceCount() > 0) {
+    // The host loader may reorder q's rows for RoPE, so the element's index in the fused wqkv
+    // is not asserted.
+    auto uploaded = CudaModelWeights::Upload(*host->weights);
+    EXPECT_EQ(uploaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(uploaded.status().message().find("tensor layers.0.wqkv has a value at element "),
+              std::string::npos)
+        << uploaded.status();
+    EXPECT_NE(uploaded.status().message().find("(3.3962e+38) that is not finite in bfloat16"),
+              std::string::npos)
+        << uploaded.status();
+  }
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
 }
 
 }  // namespace

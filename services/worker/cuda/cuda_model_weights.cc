@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +21,14 @@ namespace {
 constexpr int64_t kAlignElements = 128;  // 256 bytes: what cuBLASLt and 16-byte loads want
 
 int64_t AlignUp(int64_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; }
+
+// A weight finite in fp32 whose bf16 rounding is not (FirstNonFiniteAsBf16): refused as the
+// loaders refuse NaN and Inf, since one Inf weight makes every logit NaN.
+absl::Status Bf16OverflowError(absl::string_view tensor, int64_t index, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor ", tensor, " has a value at element ", index, " (", value,
+      ") that is not finite in bfloat16, which this backend keeps weights in (largest 3.3895e38)"));
+}
 
 // Every tensor of the model in allocation order, as (pointer slot, element count).
 struct TensorSlot {
@@ -78,9 +88,13 @@ absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Upload(
   constexpr int64_t kStageElements = int64_t{16} << 20;
   float* stage = nullptr;
   RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&stage), kStageElements * sizeof(float)));
-  auto upload = [&](const std::vector<float>& src, const __nv_bfloat16* dst) -> absl::Status {
+  auto upload = [&](const std::vector<float>& src, const __nv_bfloat16* dst,
+                    absl::string_view name) -> absl::Status {
     for (int64_t at = 0; at < static_cast<int64_t>(src.size()); at += kStageElements) {
       const int64_t n = std::min<int64_t>(kStageElements, static_cast<int64_t>(src.size()) - at);
+      if (const int64_t i = FirstNonFiniteAsBf16(src.data() + at, n); i >= 0) {
+        return Bf16OverflowError(name, at + i, src[at + i]);
+      }
       RETURN_IF_CUDA_ERROR(cudaMemcpy(stage, src.data() + at, n * sizeof(float),
                                       cudaMemcpyHostToDevice));
       RETURN_IF_ERROR(ConvertF32ToBf16(stage, n, const_cast<__nv_bfloat16*>(dst) + at, nullptr));
@@ -88,18 +102,21 @@ absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::Upload(
     return absl::OkStatus();
   };
   absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(upload(host.token_embedding, w->token_embedding_));
-    RETURN_IF_ERROR(upload(host.output_norm, w->output_norm_));
-    if (!host.config.tie_word_embeddings) RETURN_IF_ERROR(upload(host.lm_head, w->lm_head_));
+    RETURN_IF_ERROR(upload(host.token_embedding, w->token_embedding_, "token_embedding"));
+    RETURN_IF_ERROR(upload(host.output_norm, w->output_norm_, "output_norm"));
+    if (!host.config.tie_word_embeddings) {
+      RETURN_IF_ERROR(upload(host.lm_head, w->lm_head_, "lm_head"));
+    }
     for (int l = 0; l < host.config.num_layers; ++l) {
       const LayerWeights& L = host.layers[l];
       const CudaLayerWeights& D = w->layers_[l];
-      RETURN_IF_ERROR(upload(L.attn_norm, D.attn_norm));
-      RETURN_IF_ERROR(upload(L.wqkv, D.wqkv));
-      RETURN_IF_ERROR(upload(L.wo, D.wo));
-      RETURN_IF_ERROR(upload(L.ffn_norm, D.ffn_norm));
-      RETURN_IF_ERROR(upload(L.w_gate_up, D.w_gate_up));
-      RETURN_IF_ERROR(upload(L.w_down, D.w_down));
+      const std::string layer = absl::StrCat("layers.", l, ".");
+      RETURN_IF_ERROR(upload(L.attn_norm, D.attn_norm, layer + "attn_norm"));
+      RETURN_IF_ERROR(upload(L.wqkv, D.wqkv, layer + "wqkv"));
+      RETURN_IF_ERROR(upload(L.wo, D.wo, layer + "wo"));
+      RETURN_IF_ERROR(upload(L.ffn_norm, D.ffn_norm, layer + "ffn_norm"));
+      RETURN_IF_ERROR(upload(L.w_gate_up, D.w_gate_up, layer + "w_gate_up"));
+      RETURN_IF_ERROR(upload(L.w_down, D.w_down, layer + "w_down"));
     }
     RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize());
     return absl::OkStatus();
@@ -143,6 +160,16 @@ absl::StatusOr<std::unique_ptr<CudaModelWeights>> CudaModelWeights::LoadGguf(
           : bad->value > 0       ? "inf"
                                  : "-inf",
           "); model weights must be finite"));
+    }
+    // Of the types this path converts, only fp32 reaches past bf16's range (the block types'
+    // values are fp16 scales times small integers).
+    if (t->type == GgmlType::kF32) {
+      if (const int64_t i = FirstNonFiniteAsBf16(t->data, t->num_elements); i >= 0) {
+        float value;
+        std::memcpy(&value, static_cast<const uint8_t*>(t->data) + 4 * i, sizeof(value));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": ", Bf16OverflowError(p.name, i, value).message()));
+      }
     }
     staging_bytes = std::max(staging_bytes, bytes);
     tensors.push_back(t);

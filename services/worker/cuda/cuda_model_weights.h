@@ -33,7 +33,9 @@ struct CudaLayerWeights {
 
 class CudaModelWeights {
  public:
-  // Converts and uploads `host` to the current device; synchronous.
+  // Converts and uploads `host` to the current device; synchronous. Both loaders refuse a weight
+  // that is not finite once rounded to bf16 (FirstNonFiniteAsBf16: fp32 values past 3.39e38 as
+  // well as NaN and Inf) with InvalidArgument naming the tensor, the element and its value.
   static absl::StatusOr<std::unique_ptr<CudaModelWeights>> Upload(const ModelWeights& host);
   // Reads a GGUF file's tensors as stored (quantized or not) and dequantizes them to bf16 on the
   // current device (DequantizeGgufToBf16), one tensor at a time through a staging buffer: the

@@ -227,6 +227,19 @@ std::optional<NonFiniteElement> FindNonFinite(GgmlType type, const void* src,
   return std::nullopt;
 }
 
+int64_t FirstNonFiniteAsBf16(const void* src, int64_t num_elements) {
+  // Magnitudes from the midpoint between bf16's largest finite value (0x7F7F) and infinity
+  // upward, NaN and Inf included, as fp32 bits.
+  constexpr uint32_t kFirstOverflowing = 0x7F7F8000u;
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < num_elements; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, s + 4 * i, sizeof(bits));
+    if ((bits & 0x7FFFFFFFu) >= kFirstOverflowing) return i;
+  }
+  return -1;
+}
+
 std::string_view GgmlTypeName(GgmlType type) {
   const uint32_t id = static_cast<uint32_t>(type);
   if (id < kMaxNamedId) return TypeNames()[id];

@@ -58,6 +58,13 @@ struct NonFiniteElement {
 };
 std::optional<NonFiniteElement> FindNonFinite(GgmlType type, const void* src, int64_t num_elements);
 
+// The index of the first of `num_elements` fp32 values at `src` (any alignment) that is not finite
+// once rounded to bfloat16, -1 when none: NaN, +-Inf, and finite values of magnitude 0x1.ff8p127
+// (3.3961e38) or more, which round-to-nearest-even takes to infinity (bf16's largest is
+// 0x1.fep127, 3.3895e38). The GPU backend keeps weights in bf16, so an fp32 weight that passes
+// FindNonFinite may still become Inf there.
+int64_t FirstNonFiniteAsBf16(const void* src, int64_t num_elements);
+
 // Scalar conversions shared by the loaders (IEEE half and bfloat16).
 float HalfToFloat(uint16_t h);
 float Bf16ToFloat(uint16_t b);

@@ -353,5 +353,36 @@ TEST(GgmlTypeTest, FindNonFiniteCoversEveryFloatAndBlockType) {
   }
 }
 
+// bf16's largest finite value is 0x7F7F; fp32 values up to just below the midpoint to the next
+// step round down to it, the midpoint and above (a tie, and 0x7F7F is odd) round to infinity.
+TEST(GgmlTypeTest, FirstNonFiniteAsBf16FindsWhatRoundsToInfinity) {
+  const auto from_bits = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  };
+  const float kept[] = {0.0f,
+                        -1.5f,
+                        3.3895314e38f /* 0x7F7F0000 */,
+                        from_bits(0x7F7F7FFFu),
+                        -from_bits(0x7F7F7FFFu),
+                        std::numeric_limits<float>::denorm_min()};
+  EXPECT_EQ(FirstNonFiniteAsBf16(kept, 6), -1);
+  for (const float bad :
+       {from_bits(0x7F7F8000u), -from_bits(0x7F7F8000u), std::numeric_limits<float>::max(),
+        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> values = {1.0f, 2.0f, 3.0f, bad, 4.0f, bad};
+    EXPECT_EQ(FirstNonFiniteAsBf16(values.data(), 6), 3) << bad;
+    EXPECT_EQ(FirstNonFiniteAsBf16(values.data(), 3), -1);
+  }
+  // Any alignment: the values are read byte-wise.
+  std::vector<unsigned char> bytes(1 + 2 * sizeof(float));
+  const float values[] = {1.0f, std::numeric_limits<float>::max()};
+  std::memcpy(bytes.data() + 1, values, sizeof(values));
+  EXPECT_EQ(FirstNonFiniteAsBf16(bytes.data() + 1, 2), 1);
+  EXPECT_EQ(FirstNonFiniteAsBf16(nullptr, 0), -1);
+}
+
 }  // namespace
 }  // namespace lazyattn
