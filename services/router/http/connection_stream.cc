@@ -112,6 +112,10 @@ void ConnectionStream::BeginRequest(size_t max_head_bytes) {
   head_too_large_ = false;
   body_line_bytes_ = 0;
   body_line_too_long_ = false;
+  head_lines_ = HeadLineChecker();
+  head_malformed_ = false;
+  chunked_ = ChunkedBodyChecker();
+  checking_chunked_ = false;
   write_waited_ = steady_clock::duration::zero();
   write_earned_ = steady_clock::duration::zero();
 }
@@ -129,6 +133,11 @@ void ConnectionStream::Sent(ssize_t n) {
                    std::min(earned, std::chrono::duration<double>(cap).count()))));
 }
 
+void ConnectionStream::BeginChunkedBody() {
+  chunked_ = ChunkedBodyChecker();
+  checking_chunked_ = true;
+}
+
 ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {
   if (n <= 0) return n;
   if (in_head_) {
@@ -137,8 +146,19 @@ ssize_t ConnectionStream::Counted(const char* data, size_t size, ssize_t n) {
       head_too_large_ = true;
       return -1;
     }
+    // A problem in the request line fails the first read after it (the class comment says why).
+    if (head_lines_.failed() && !head_lines_.in_request_line()) {
+      head_malformed_ = true;
+      return -1;
+    }
+    for (ssize_t i = 0; i < n; ++i) head_lines_.Feed(data[i]);
+    if (head_lines_.failed() && !head_lines_.failed_in_request_line()) {
+      head_malformed_ = true;
+      return -1;
+    }
     return n;
   }
+  if (checking_chunked_ && !chunked_.Feed(data, static_cast<size_t>(n))) return -1;
   // cpp-httplib reads a line a byte at a time and data in reads of up to 4 KiB, so a run of
   // one-byte reads without '\n' is a line in the making. A data read asks for one byte only for
   // the last byte of a chunk (or of the body), which a line ending follows; the run is then at
@@ -172,7 +192,7 @@ void ConnectionStream::get_local_ip_and_port(std::string& ip, int& port) const {
 }
 
 ssize_t PlainStream::read(char* ptr, size_t size) {
-  if (over_cap()) return -1;
+  if (reads_refused()) return -1;
   while (begin_ == end_) {
     if (!WaitReadable()) return -1;
     const ssize_t n = recv(fd_, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
@@ -209,7 +229,7 @@ ssize_t PlainStream::write(const char* ptr, size_t size) {
 }
 
 ssize_t TlsStream::read(char* ptr, size_t size) {
-  if (over_cap()) return -1;
+  if (reads_refused()) return -1;
   const int len = static_cast<int>(std::min<size_t>(size, INT_MAX));
   while (true) {
     ERR_clear_error();

@@ -20,6 +20,13 @@
 // head cap set by BeginRequest, and a line of a body (a chunk-size line, read a byte at a time)
 // at kMaxBodyLineBytes. Past either, reads fail.
 //
+// And the bytes read are checked where the library is lenient: a request's line and headers
+// (head_line_checker.h: bare LF, bare CR, a NUL in a value, a line without a colon, obs-fold)
+// and, once BeginChunkedBody is called, a chunked body's framing (chunked_body_checker.h). The
+// read that breaks them fails, as every later one, except in the request line: the library
+// would close a connection whose request line it could not read without an answer, so its bytes
+// are read to the line's end, and the next read fails (the library then answers 400).
+//
 // One stream serves every request of a keep-alive connection, so bytes read ahead (a pipelined
 // request) are kept for the next one. Not thread-safe: one connection thread uses it.
 #ifndef LAZYATTN_SERVICES_ROUTER_HTTP_CONNECTION_STREAM_H_
@@ -32,6 +39,9 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "services/router/http/chunked_body_checker.h"
+#include "services/router/http/head_line_checker.h"
 
 namespace lazyattn::router {
 
@@ -76,6 +86,14 @@ class ConnectionStream : public httplib::Stream {
   void EndHead() { in_head_ = false; }
   // True when reading the current request's head failed for the cap.
   bool head_too_large() const { return head_too_large_; }
+  // What is wrong with the current request's head as read so far (head_line_checker.h); empty
+  // when nothing is.
+  const std::string& head_problem() const { return head_lines_.problem(); }
+  // The body the library reads next is chunked: its framing is checked from here on.
+  void BeginChunkedBody();
+  // The current request's chunked body as checked so far; null unless BeginChunkedBody was
+  // called for it.
+  const ChunkedBodyChecker* chunked_body() const { return checking_chunked_ ? &chunked_ : nullptr; }
 
   // True when a byte of the next request is read ahead, or arrives within `timeout` (and before
   // the deadline).
@@ -99,8 +117,10 @@ class ConnectionStream : public httplib::Stream {
   // A read of `size` bytes returned `n` at `data`: counts them against the caps. `n`, or -1 when
   // they go past one (the bytes are then dropped: the request is refused).
   ssize_t Counted(const char* data, size_t size, ssize_t n);
-  // True when a cap was passed: every read fails from then on.
-  bool over_cap() const { return head_too_large_ || body_line_too_long_; }
+  // True when a cap was passed or the bytes broke the grammar: every read fails from then on.
+  bool reads_refused() const {
+    return head_too_large_ || body_line_too_long_ || head_malformed_ || chunked_.failed();
+  }
 
   const int fd_;
   const std::chrono::milliseconds read_timeout_;
@@ -121,6 +141,10 @@ class ConnectionStream : public httplib::Stream {
   bool head_too_large_ = false;
   size_t body_line_bytes_ = 0;  // single-byte reads since the last '\n' or larger read
   bool body_line_too_long_ = false;
+  HeadLineChecker head_lines_;
+  bool head_malformed_ = false;  // a head read failed for head_lines_
+  ChunkedBodyChecker chunked_;
+  bool checking_chunked_ = false;
 };
 
 // Plaintext: recv into a read-ahead buffer (cpp-httplib reads the request line and headers a byte

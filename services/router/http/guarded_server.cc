@@ -202,6 +202,18 @@ bool RequestHeadTooLarge() {
   return current_connection != nullptr && current_connection->stream->head_too_large();
 }
 
+std::string RequestHeadProblem() {
+  return current_connection != nullptr ? current_connection->stream->head_problem() : "";
+}
+
+void CheckChunkedBody() {
+  if (current_connection != nullptr) current_connection->stream->BeginChunkedBody();
+}
+
+const ChunkedBodyChecker* ChunkedBodyCheck() {
+  return current_connection != nullptr ? current_connection->stream->chunked_body() : nullptr;
+}
+
 bool BodyTimedOut() {
   return current_connection != nullptr && current_connection->stream->deadline_passed();
 }

@@ -1,5 +1,5 @@
 // cpp-httplib servers (plaintext and TLS) that run each accepted connection in the router's own
-// loop instead of the library's, for three limits cpp-httplib 0.11 does not have:
+// loop instead of the library's, for limits and checks cpp-httplib 0.11 does not have:
 //
 //  - a total deadline for a request's line and headers, `header_timeout` (the library's read
 //    timeout is per recv, so a client sending one byte a second held a connection thread for
@@ -24,6 +24,11 @@
 //    Streamed responses (a content provider) have no size to go by: their writes share the
 //    write wait budget instead (connection_stream.h), past what their bytes earn at the same
 //    rate.
+//  - strict framing where the library is lenient (connection_stream.h): a request's line and
+//    headers (a bare LF or CR, a NUL in a value, a header line without a colon or folded over
+//    lines) and a chunked body's sizes, extensions and line ends are checked byte by byte as the
+//    library reads them. A read that breaks them fails: the library answers 400, the handlers
+//    name the problem (RequestHeadProblem, ChunkedBodyCheck), and the connection is closed.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
 //    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
@@ -82,6 +87,16 @@ bool BodyMarkedReceived();
 // True when reading the request's line and headers failed for max_header_bytes (the library then
 // answers 400, which the error handler turns into 431). False outside a handler.
 bool RequestHeadTooLarge();
+// What is wrong with the request's line and headers as read (head_line_checker.h: a bare LF or
+// CR, a NUL in a header value, a header line without a colon, obs-fold); empty when nothing is,
+// and outside a handler. The read that found it failed, so the library answered 400.
+std::string RequestHeadProblem();
+// The body about to be read is chunked: its framing is checked as the library reads it
+// (chunked_body_checker.h), and a read that breaks it fails.
+void CheckChunkedBody();
+// The request's chunked body as checked so far; null when CheckChunkedBody was not called for it,
+// and outside a handler.
+const ChunkedBodyChecker* ChunkedBodyCheck();
 // True when the body's deadline has passed: a body read that failed failed for it. False outside
 // a handler.
 bool BodyTimedOut();

@@ -42,12 +42,14 @@ TEST_F(HttpServerTest, WithoutAUsableRequestIdTheRouterMakesOneAndSaysWhich) {
   StartHttp(Options(), nullptr);
   const std::string too_long(129, 'a');
   const std::vector<std::string> headers = {
-      "",                                              // none
-      "X-Request-Id: has space\r\n",                   // outside [A-Za-z0-9._:-]
-      "X-Request-Id: \r\n",                            // empty
-      "X-Request-Id: " + too_long + "\r\n",            // over 128
-      "X-Request-Id: one\r\nx-request-id: two\r\n",    // two: neither is the request's
-      std::string("X-Request-Id: a\0b\r\n", 19),       // a NUL does not end the value
+      "",                                            // none
+      "X-Request-Id: has space\r\n",                 // outside [A-Za-z0-9._:-]
+      "X-Request-Id: \r\n",                          // empty
+      "X-Request-Id: " + too_long + "\r\n",          // over 128
+      "X-Request-Id: one\r\nx-request-id: two\r\n",  // two: neither is the request's
+      // Decoded by the library into a NUL, which must not end the value (a NUL sent as such is
+      // refused 400: http_request_framing_test.cc).
+      "X-Request-Id: a%00b\r\n",
   };
   for (size_t i = 0; i < headers.size(); ++i) {
     SCOPED_TRACE(i);

@@ -53,11 +53,17 @@ TEST_F(HttpRequestHeadTest, AnAuthorizationValueIsCheckedWhole) {
   EXPECT_EQ(good.rfind("HTTP/1.1 200", 0), 0u) << good;
   const std::string wrong = Exchange(models + "Authorization: Bearer lzk_bad\r\n\r\n");
   EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
-  const std::string cut = Exchange(models + "Authorization: Bearer lzk_good" +
-                                   std::string(1, '\0') + "whatever\r\n\r\n");
-  EXPECT_EQ(cut.rfind("HTTP/1.1 401", 0), 0u) << cut;
-  EXPECT_NE(cut.find("WWW-Authenticate: Bearer"), std::string::npos) << cut;
-  EXPECT_EQ(BodyOf(cut), BodyOf(wrong)) << cut;
+  // A NUL after a good key would end the value for get_header_value; neither a NUL sent as such
+  // nor one percent-encoded (cpp-httplib decodes header values) reaches the key check: both are
+  // refused with the request's head (head_line_checker.h).
+  const std::string raw_nul = Exchange(models + "Authorization: Bearer lzk_good" +
+                                       std::string(1, '\0') + "whatever\r\n\r\n");
+  EXPECT_EQ(raw_nul.rfind("HTTP/1.1 400", 0), 0u) << raw_nul;
+  EXPECT_NE(raw_nul.find("a NUL byte in its value"), std::string::npos) << raw_nul;
+  const std::string encoded_nul =
+      Exchange(models + "Authorization: Bearer lzk_good%00whatever\r\n\r\n");
+  EXPECT_EQ(encoded_nul.rfind("HTTP/1.1 400", 0), 0u) << encoded_nul;
+  EXPECT_NE(encoded_nul.find("a '%' in its value"), std::string::npos) << encoded_nul;
   // The header's name in any case, as HTTP has it.
   const std::string lower = Exchange(models + "authorization: Bearer lzk_good\r\n\r\n");
   EXPECT_EQ(lower.rfind("HTTP/1.1 200", 0), 0u) << lower;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -20,6 +21,7 @@
 #include "services/router/http/body_framing.h"
 #include "services/router/http/bounded_pool.h"
 #include "services/router/http/certificate_reloader.h"
+#include "services/router/http/chunked_body_checker.h"
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
 #include "services/router/http/library_errors.h"
@@ -37,9 +39,10 @@ thread_local ApiCaller request_caller;
 
 // Reads a completion request's body into `req.body`, counting: a chunked body (whose length
 // cpp-httplib 0.11 neither knows nor limits) is cut off at `max_body_bytes` and refused 413, so
-// the router buffers at most that much. A body still arriving at http.body_timeout_ms after the
-// headers (the stream's deadline, guarded_server.h) is refused 408. False after answering the
-// request (413, 408 or 400).
+// the router buffers at most that much; its framing is checked as it is read (a read that breaks
+// it fails: 400 naming what was wrong, chunked_body_checker.h). A body still arriving at
+// http.body_timeout_ms after the headers (the stream's deadline, guarded_server.h) is refused
+// 408. False after answering the request (413, 408 or 400).
 bool ReadBody(const httplib::Request& req, httplib::Response& res,
               const httplib::ContentReader& read, const HttpOptions& options) {
   const int64_t max_body_bytes = options.max_body_bytes;
@@ -50,6 +53,10 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
     body.reserve(static_cast<size_t>(std::min<uint64_t>(
         req.get_header_value<uint64_t>("Content-Length"), static_cast<uint64_t>(max_body_bytes))));
   }
+  // The library reads a body as chunked when its first Transfer-Encoding is "chunked" in any
+  // case (the only one CheckBeforeBody lets through): checked byte by byte as it is read.
+  const bool chunked = absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+  if (chunked) CheckChunkedBody();
   bool too_large = false;
   const bool complete = read([&](const char* data, size_t size) {
     if (body.size() + size > static_cast<size_t>(max_body_bytes)) {
@@ -65,13 +72,22 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
   }
   RefuseUnread(req, res, max_body_bytes, static_cast<int64_t>(body.size()));
   std::string().swap(body);
+  const ChunkedBodyChecker* framing = chunked ? ChunkedBodyCheck() : nullptr;
   if (too_large) {
     SendError(res, 413, BodyTooLargeMessage(max_body_bytes), "body_too_large");
+  } else if (framing != nullptr && framing->failed()) {
+    SendError(res, 400, absl::StrCat("body: malformed chunked encoding: ", framing->problem()),
+              "invalid_argument");
   } else if (BodyTimedOut()) {
     SendError(res, 408,
               absl::StrCat("body: not received within http.body_timeout_ms (",
                            absl::ToInt64Milliseconds(options.body_timeout), " ms)"),
               "body_timeout");
+  } else if (framing != nullptr && framing->has_trailer()) {
+    SendError(res, 400,
+              "body: trailer fields after the last chunk are not accepted (send the last chunk, "
+              "then CRLF)",
+              "invalid_argument");
   } else {
     SendError(res, 400,
               "body: incomplete or malformed (chunked encoding, trailer fields after the last "

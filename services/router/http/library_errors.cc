@@ -52,10 +52,15 @@ void WriteUnhandledError(const HttpOptions& options, const httplib::Request& req
       // quote. (A body that does not parse is the completion handler's 400, naming `body`.)
       // A header line over the library's line limit is one it could not split: said, since a
       // long bearer token or cookie is the likely cause and nothing else would tell the client.
-      message = absl::StrCat(
-          "the request does not parse as HTTP/1.1: its request line (method, target, HTTP/1.0 or "
-          "HTTP/1.1, one space apart, CRLF) or a header line (each at most ",
-          CPPHTTPLIB_HEADER_MAX_LENGTH, " bytes)");
+      // What the router's own reading found wrong is said as such (head_line_checker.h).
+      if (const std::string problem = RequestHeadProblem(); !problem.empty()) {
+        message = absl::StrCat("the request does not parse as HTTP/1.1: ", problem);
+      } else {
+        message = absl::StrCat(
+            "the request does not parse as HTTP/1.1: its request line (method, target, HTTP/1.0 "
+            "or HTTP/1.1, one space apart, CRLF) or a header line (each at most ",
+            CPPHTTPLIB_HEADER_MAX_LENGTH, " bytes)");
+      }
       code = "invalid_argument";
       break;
     case 416:

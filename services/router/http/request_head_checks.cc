@@ -13,6 +13,7 @@
 #include "services/router/http/completion_handler.h"
 #include "services/router/http/guarded_server.h"
 #include "services/router/http/http_auth.h"
+#include "services/router/http/http_syntax.h"
 
 namespace lazyattn::router {
 namespace {
@@ -90,32 +91,22 @@ std::string AuthorizationOf(const httplib::Request& req) {
 // so `Transfer-Encoding : chunked` is stored under "Transfer-Encoding " and ignored here.
 bool IsFieldName(std::string_view name) {
   if (name.empty()) return false;
-  constexpr std::string_view kSymbols = "!#$%&'*+-.^_`|~";
   for (const char c : name) {
-    // (Not strchr: it finds a NUL, the string's own end, in any string.)
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
-        kSymbols.find(c) == std::string_view::npos) {
-      return false;
-    }
+    if (!IsTokenChar(static_cast<unsigned char>(c))) return false;
   }
   return true;
 }
 
-// A header name for a message: printable ASCII as it came, other bytes as \xNN, cut at 64 bytes.
-std::string QuoteHeaderName(std::string_view name) {
-  constexpr size_t kQuoted = 64;
-  std::string out = "\"";
-  for (size_t i = 0; i < name.size() && i < kQuoted; ++i) {
-    const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    }
+// The request target's path as sent (cpp-httplib decodes it into `path` before routing) holds
+// an encoded slash or backslash, %2F or %5C in any case.
+bool HasEncodedSlash(const std::string& target) {
+  const std::string_view path = std::string_view(target).substr(0, target.find('?'));
+  for (size_t i = path.find('%'); i != std::string_view::npos && i + 2 < path.size();
+       i = path.find('%', i + 1)) {
+    const char low = absl::ascii_tolower(static_cast<unsigned char>(path[i + 2]));
+    if ((path[i + 1] == '2' && low == 'f') || (path[i + 1] == '5' && low == 'c')) return true;
   }
-  if (name.size() > kQuoted) out += "...";
-  out += "\"";
-  return out;
+  return false;
 }
 
 // Checks a completion request's body type and framing (body_framing.h). Refused: answers it
@@ -205,7 +196,7 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
     if (!IsFieldName(name)) {
       RefuseUnread(req, res, max_body_bytes);
       SendError(res, 400,
-                absl::StrCat("header ", QuoteHeaderName(name),
+                absl::StrCat("header ", QuoteBytes(name, 64),
                              ": not a valid field name (RFC 9110: a token, with no whitespace "
                              "before the colon)"),
                 "invalid_argument");
@@ -220,6 +211,21 @@ httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* pr
     SendError(res, 400,
               req.has_header("Host") ? "Host: given more than once"
                                      : "Host: required in an HTTP/1.1 request",
+              "invalid_argument");
+    return handled();
+  }
+  // `/v1/chat%2Fcompletions` was routed as /v1/chat/completions, while a proxy in front with
+  // rules per path (allowed endpoints, per-path auth or limits) matches the path as sent: an
+  // encoded slash or backslash is refused, as Envoy's path_with_escaped_slashes_action
+  // REJECT_REQUEST does.
+  if (HasEncodedSlash(req.target)) {
+    RefuseUnread(req, res, max_body_bytes);
+    const std::string_view target = req.target;
+    SendError(res, 400,
+              absl::StrCat(req.method.substr(0, 16), " ",
+                           QuoteBytes(target.substr(0, target.find('?')), 64),
+                           ": an encoded slash or backslash (%2F, %5C) in the path is not "
+                           "accepted; send the path with / as it is"),
               "invalid_argument");
     return handled();
   }

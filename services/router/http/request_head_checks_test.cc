@@ -93,6 +93,30 @@ TEST(RequestHeadChecksTest, APathThatIsNoEndpointIsLeftToRoutingUnlessTheLibrary
   EXPECT_EQ(get.caller.cache_namespace, "");
 }
 
+// cpp-httplib routes the path it decoded: `/v1/chat%2Fcompletions` reached the chat endpoint,
+// though a proxy in front with rules per path saw another path. Refused, whatever the endpoint.
+TEST(RequestHeadChecksTest, AnEncodedSlashInThePathIs400) {
+  for (const char* target :
+       {"/v1/chat%2Fcompletions", "/v1/chat%2fcompletions", "/v1/chat%5Ccompletions",
+        "/v1%5c..%5cv1/completions", "/v1/models/org%2Fmodel?x=1", "/health%2F"}) {
+    SCOPED_TRACE(target);
+    httplib::Request req = Request("POST", "/v1/chat/completions", kJsonBody);
+    req.target = target;
+    const Outcome out = Check(req);
+    EXPECT_EQ(out.checked, Checked::Handled);
+    EXPECT_EQ(out.res.status, 400);
+    EXPECT_TRUE(SaysClose(out.res));  // the body stays unread
+    EXPECT_NE(out.res.body.find("in the path is not accepted"), std::string::npos) << out.res.body;
+  }
+  // In the query, or another escape, it is no slash of the path.
+  for (const char* target : {"/health?next=%2Fv1", "/health%20", "/health%2", "/health%"}) {
+    SCOPED_TRACE(target);
+    httplib::Request req = Request("GET", "/health");
+    req.target = target;
+    EXPECT_EQ(Check(req).checked, Checked::Unhandled);
+  }
+}
+
 TEST(RequestHeadChecksTest, ADrainingRouterRefusesEndpointsButNotHealth) {
   const Outcome chat = Check(Request("POST", "/v1/chat/completions", kJsonBody), nullptr, true);
   EXPECT_EQ(chat.checked, Checked::Handled);
