@@ -53,6 +53,8 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
       {"keys:\n  - name: a\n    sha256: abc\n", "keys[0].sha256"},
       {"keys:\n  - name: a b\n    sha256: " + kHash + "\n", "keys[0].name"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: [root]\n", "unknown scope"},
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: []\n",
+       "keys[0].scopes: empty for key \"a\"; give generate, admin or both"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    extra: 1\n", "unknown field extra"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"a b\"\n",
        "keys[0].cache_namespace: expected 1 to 64 of [A-Za-z0-9._-]"},
