@@ -24,9 +24,24 @@ namespace {
 // "[lo, hi]" for messages.
 std::string Range(int64_t lo, int64_t hi) { return absl::StrCat("[", lo, ", ", hi, "]"); }
 
+// The shortest context a model is served with. A request needs its prompt (at least one
+// question token, with the chat template's framing around it) and one generated token inside the
+// context (CheckPreparedRequest): a context of one position loaded, then refused every request,
+// and one shorter than a chat prompt refuses every chat request. The longest prompt a supported
+// template makes of a one-token question is Llama-3.1's, about 36 tokens with its always-present
+// system turn (SmolLM2-Instruct's, with its default system message: 31; plain ChatML: 9;
+// Llama-3: 11): 64, four KV blocks, holds each with a generated token. The kernels themselves
+// need one position (the RoPE tables), and attention is never windowed, so a sliding window has
+// the same minimum as the context it caps.
+constexpr int64_t kMinContextLength = 64;
+
 // Why a bound is what it is, appended to range errors of the keys that carry one.
 constexpr absl::string_view kContextWhy =
-    " (a RoPE offset must fit the packed KV block entry's 24-bit delta)";
+    " (a chat prompt and one generated token must fit; a RoPE offset must fit the packed KV "
+    "block entry's 24-bit delta)";
+// The window is the longest context served (see ParseHfConfig).
+constexpr absl::string_view kSlidingWindowWhy =
+    " (it caps the context, which must hold a chat prompt and one generated token)";
 
 }  // namespace
 
@@ -67,7 +82,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) {
     return bad("rms_norm_eps", c.rms_norm_eps, "must be finite and positive");
   }
-  RETURN_IF_ERROR(in("max_positions", c.max_positions, 1, kMaxContextLength, kContextWhy));
+  RETURN_IF_ERROR(
+      in("max_positions", c.max_positions, kMinContextLength, kMaxContextLength, kContextWhy));
   if (c.rope.scaling.type == RopeScaling::Type::kLlama3) {
     const RopeScaling& s = c.rope.scaling;
     if (!(s.factor >= 1) || !std::isfinite(s.factor)) {
@@ -182,8 +198,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& f) {
     }
     c.rms_norm_eps = static_cast<float>(eps);
   }
-  ASSIGN_OR_RETURN(c.max_positions,
-                   GgufIntIn(f, "llama.context_length", 1, kMaxContextLength, kContextWhy));
+  ASSIGN_OR_RETURN(c.max_positions, GgufIntIn(f, "llama.context_length", kMinContextLength,
+                                              kMaxContextLength, kContextWhy));
   if (f.Has("llama.vocab_size")) {
     ASSIGN_OR_RETURN(c.vocab_size, GgufIntIn(f, "llama.vocab_size", 1, kMaxVocabSize));
   } else {
@@ -341,12 +357,12 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& path) {
   c.rms_norm_eps = static_cast<float>(eps);
   RETURN_IF_ERROR(keys.Finite("rope_theta", &c.rope.theta, false));
   c.max_positions = 2048;
-  RETURN_IF_ERROR(keys.Int("max_position_embeddings", &c.max_positions, 1, kMaxContextLength,
-                           false, kContextWhy));
+  RETURN_IF_ERROR(keys.Int("max_position_embeddings", &c.max_positions, kMinContextLength,
+                           kMaxContextLength, false, kContextWhy));
   RETURN_IF_ERROR(keys.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   int64_t sliding_window = 0;
-  RETURN_IF_ERROR(keys.Int("sliding_window", &sliding_window, 1,
-                           std::numeric_limits<int64_t>::max(), false));
+  RETURN_IF_ERROR(keys.Int("sliding_window", &sliding_window, kMinContextLength,
+                           std::numeric_limits<int64_t>::max(), false, kSlidingWindowWhy));
   if (sliding_window > 0 && sliding_window < c.max_positions) {
     // Mistral-7B-v0.1 attends within a 4,096-token window; we serve it only up to that length,
     // where windowed and full attention are the same function.

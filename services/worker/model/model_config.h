@@ -51,13 +51,13 @@ struct ModelConfig {
 
 // Checks every field against the bounds above and for consistency (kv heads dividing heads, even
 // head dim, q_size() <= kMaxHiddenSize, finite positive rms_norm_eps, rope_theta > 1, finite rope
-// scaling, 1 <= max_positions <= kMaxContextLength). InvalidArgument naming the field and its
-// value.
+// scaling, 64 <= max_positions <= kMaxContextLength: a chat prompt and one generated token must
+// fit). InvalidArgument naming the field and its value.
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // From GGUF metadata (`general.architecture` must be "llama"; keys `llama.*`). Every key is
 // range-checked as it is read, before any narrowing; InvalidArgument naming the file and the key
-// (e.g. "m.gguf: llama.context_length = 4294967295: must be in [1, 16777216] ...").
+// (e.g. "m.gguf: llama.context_length = 4294967295: must be in [64, 16777216] ...").
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);
 
 // From an HF config.json (LlamaForCausalLM / MistralForCausalLM). The file may be at most

@@ -70,8 +70,9 @@ absl::Status SafetensorsShards::ReadIndex(const std::string& dir, const std::str
     if (!shard_json.is_string()) return bad("not a string");
     const std::string shard = shard_json.get<std::string>();
     if (!IsPlainFileName(shard)) {
-      return bad(
-          absl::StrCat("\"", shard, "\" is not a file name in the model folder (no '/', no '..')"));
+      return bad(absl::StrCat("\"", shard,
+                              "\" is not a file name in the model folder (refused: an empty name, "
+                              "\".\", \"..\" and names with a '/' or a NUL byte)"));
     }
     auto it = opened.find(shard);
     if (it == opened.end()) {
