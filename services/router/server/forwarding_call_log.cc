@@ -31,9 +31,11 @@ void ForwardingCall::LogAccess(const grpc::Status& status, const Final* final) {
   line.Str("request_id", request_id_)
       .Str("status", StatusCodeLabel(status.error_code()))
       .Str("worker", final != nullptr ? final->worker() : last_worker_)
-      .Int("attempts", attempts_)
-      .Num("ttft_s", got_token ? absl::ToDoubleSeconds(first_token_at_ - started_) : -1)
-      .Num("duration_s", absl::ToDoubleSeconds(now - started_))
+      .Int("attempts", attempts_);
+  // Left out when no token was sent (as in the worker's line), rather than a -1 that a log
+  // query averaging the key would take for a time.
+  if (got_token) line.Num("ttft_s", absl::ToDoubleSeconds(first_token_at_ - started_));
+  line.Num("duration_s", absl::ToDoubleSeconds(now - started_))
       .Int("tokens", final != nullptr ? final->usage().completion_tokens() : tokens_);
   if (final != nullptr) {
     line.Int("prompt_tokens", final->usage().prompt_tokens())

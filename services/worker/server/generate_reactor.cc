@@ -16,6 +16,7 @@
 #include "common/worker_call_trailer.h"
 #include "services/worker/engine/fault_injection.h"
 #include "services/worker/server/handed_back.h"
+#include "services/worker/server/request_end_log.h"
 
 namespace lazyattn {
 namespace {
@@ -287,6 +288,7 @@ void GenerateReactor::OnPrefillProgress(int64_t prompt_tokens_ready, bool queued
 
 void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResult& result) {
   grpc::StatusCode counted;
+  double ttft_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
     engine_done_ = true;
@@ -322,11 +324,12 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
     } else {
       counted = final_status_.error_code();
     }
+    ttft_ms = ttft_ms_;
   }
   ctx_.metrics->CountRequest(counted);
   ctx_.metrics->ObserveFinished(status.ok(), result,
                                 absl::ToDoubleSeconds(MonotonicNow() - arrival_));
-  LogEnd(counted, status, result);
+  LogEnd(counted, status, result, ttft_ms);
   Pump();
   Unref();
 }
@@ -335,22 +338,20 @@ void GenerateReactor::OnEngineDone(const absl::Status& status, const RequestResu
 // router's access line and this one are found together. A client's cancellation is routine (the
 // router cancels the losers of a failover, clients go away): info, as success is.
 void GenerateReactor::LogEnd(grpc::StatusCode counted, const absl::Status& status,
-                             const RequestResult& result) const {
+                             const RequestResult& result, double ttft_ms) const {
   const bool routine = counted == grpc::StatusCode::OK || counted == grpc::StatusCode::CANCELLED;
   if (!LogEnabled(routine ? LogLevel::kInfo : LogLevel::kWarning)) return;
+  const RequestEndLogFields fields = RequestEndLogFieldsOf(status, result, ttft_ms);
   LogLine line(routine ? LogLevel::kInfo : LogLevel::kWarning, "worker");
   line.Str("request_id", request_id_)
       .Str("status", StatusCodeName(counted))
       .Int("prompt_tokens", result.usage.prompt_tokens)
       .Int("cached_tokens", result.usage.cached_tokens)
-      .Int("tokens", static_cast<int64_t>(result.token_ids.size()))
-      .Num("ttft_s", status.ok() ? result.ttft_ms / 1000.0 : -1)
-      .Num("duration_s", absl::ToDoubleSeconds(MonotonicNow() - arrival_));
-  if (status.ok()) {
-    line.Str("finish_reason", result.finish_reason);
-  } else {
-    line.Str("error", std::string(status.message()));
-  }
+      .Int("tokens", static_cast<int64_t>(result.token_ids.size()));
+  if (fields.ttft_s.has_value()) line.Num("ttft_s", *fields.ttft_s);
+  line.Num("duration_s", absl::ToDoubleSeconds(MonotonicNow() - arrival_));
+  if (fields.finish_reason.has_value()) line.Str("finish_reason", *fields.finish_reason);
+  if (fields.error.has_value()) line.Str("error", *fields.error);
   line.Msg("request");
 }
 

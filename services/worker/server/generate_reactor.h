@@ -80,9 +80,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // unlocking.
   [[nodiscard]] bool CancelEngineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unref();
-  // The request's log line, once it ended (`counted`: the status its metrics counted).
-  void LogEnd(grpc::StatusCode counted, const absl::Status& status,
-              const RequestResult& result) const;
+  // The request's log line, once it ended (`counted`: the status its metrics counted; `ttft_ms`:
+  // ttft_ms_ then, negative when no token came).
+  void LogEnd(grpc::StatusCode counted, const absl::Status& status, const RequestResult& result,
+              double ttft_ms) const;
 
   const ServiceContext ctx_;
   grpc::CallbackServerContext* const call_;  // for the trailing metadata before Finish
