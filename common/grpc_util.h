@@ -43,6 +43,11 @@ struct TlsOptions {
   // besides naming the host dialled (MakeServerIdentityVerifier: the role, and the name unless
   // empty). Unset: any certificate of the CA that names the host. Ignored without ca_file.
   std::optional<PeerIdentity> server_identity;
+  // Servers only: the role (a kRole* value of auth.h) the lazyattn:// identity of their own
+  // certificate must carry, checked whenever the files are read, at start and at every reload
+  // (tls_files.h): clients accept a kvdir or a worker only through its role's certificate. Empty:
+  // not checked (the router's fronts, whose clients use API keys).
+  std::string own_role;
 };
 
 // Keepalive of every channel MakeChannel makes: an HTTP/2 ping every kKeepaliveTimeMs, idle

@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "common/file_stamp.h"
 #include "common/log.h"
+#include "common/server_certificate_role.h"
 
 namespace lazyattn {
 namespace {
@@ -169,6 +170,12 @@ absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsOptions& tls, absl::string
   }
   if (!tls.cert_file.empty()) {
     if (absl::Status s = CheckPair(cert_pem, key_pem, tls, prefix); !s.ok()) return s;
+    if (!tls.own_role.empty()) {
+      if (absl::Status s = CheckCertificateRole(cert_pem, tls.own_role, tls.cert_file, prefix);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   if (!tls.ca_file.empty() && FirstCertificate(ca_pem) == nullptr) {
     return absl::InvalidArgumentError(
@@ -362,7 +369,7 @@ absl::StatusOr<std::unique_ptr<TlsFileMirror>> TlsFileMirror::Create(const TlsOp
 }
 
 absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptions& tls) {
-  using Key = std::tuple<std::string, std::string, std::string, int>;
+  using Key = std::tuple<std::string, std::string, std::string, int, std::string>;
   // OpenSSL's own exit handler is registered before the registry exists, so it runs after the
   // registry's destructor has stopped every mirror's thread (which may be inside OpenSSL).
   OPENSSL_init_crypto(0, nullptr);
@@ -372,7 +379,7 @@ absl::StatusOr<std::shared_ptr<TlsFileMirror>> TlsFileMirror::For(const TlsOptio
   // killed outright leaves its folder (three small files) behind, until the next mirror one of
   // its user's processes makes (RemoveStaleFolders).
   static std::map<Key, std::shared_ptr<TlsFileMirror>> registry;
-  const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s};
+  const Key key{tls.cert_file, tls.key_file, tls.ca_file, tls.refresh_interval_s, tls.own_role};
   absl::MutexLock lock(&registry_mu);
   // An existing mirror is returned as it is: a router dials workers as they appear, and files
   // caught mid-rotation must not stop it dialling with the last good set (start-up paths check

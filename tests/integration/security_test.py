@@ -17,7 +17,7 @@ Checks:
     one with worker-0's own certificate while worker-0 runs (ALREADY_EXISTS, logged as an error
     naming worker-0's address, counted); kvdir still counts two workers and every request is
     served by worker-0 or worker-1;
-  - a kvdir serving with a worker's certificate gets no worker: it is not lazyattn://kvdir/;
+  - a kvdir given a worker's certificate does not start (exit 2): it is not lazyattn://kvdir/;
   - a worker refuses a caller whose certificate is not a router's; its gRPC health stays open;
   - raw gRPC calls with chosen client certificates: a router's certificate reads kvdir
     (ListWorkers) and a worker's Status (the controls); a worker's certificate is refused both
@@ -61,9 +61,9 @@ def client(args, router, *extra, docs=(), prompt="Which river?"):
                           env={k: v for k, v in os.environ.items() if not k.startswith("LAZYATTN_")})
 
 
-def start_impostor(c, name, worker_id, tls_lines, advertise=None, kvdir=None):
-    """A real lazyattn-worker that tries to publish to the cluster's kvdir (or to `kvdir`) as
-    `worker_id` (advertising `advertise` when given, else its listening address)."""
+def start_impostor(c, name, worker_id, tls_lines, advertise=None):
+    """A real lazyattn-worker that tries to publish to the cluster's kvdir as `worker_id`
+    (advertising `advertise` when given, else its listening address)."""
     path = os.path.join(c.tmp, f"{name}.yaml")
     with open(path, "w") as f:
         f.write(f"insecure: true\nmodel:\n  path: {MODEL}\nbackend: auto\n"
@@ -72,23 +72,22 @@ def start_impostor(c, name, worker_id, tls_lines, advertise=None, kvdir=None):
                 (f"worker:\n  advertise_address: {advertise}\n" if advertise else "") +
                 f"kvdir:\n  tls:\n{tls_lines}")
     p = cluster.Process(name, [f"{c.args.bin_dir}/lazyattn-worker", "--config", path,
-                               "--listen", "127.0.0.1:0", "--kvdir", kvdir or c.kvdir_addr,
+                               "--listen", "127.0.0.1:0", "--kvdir", c.kvdir_addr,
                                "--worker-id", worker_id], c.tmp)
     c.procs[name] = p
     p.wait_ready(60)
     return p
 
 
-def start_kvdir_as(c, name, certs, cert):
-    """A real lazyattn-kvdir serving with certs/<cert>.* (mutual TLS, the cluster's CA); returns
-    its address."""
+def run_kvdir_as(c, name, certs, cert):
+    """Starts a real lazyattn-kvdir serving with certs/<cert>.* (mutual TLS, the cluster's CA) and
+    returns its completed process, for a certificate it refuses at start."""
     path = os.path.join(c.tmp, f"{name}.yaml")
     with open(path, "w") as f:
         f.write(f"server:\n  tls:\n    cert_file: {certs}/{cert}.crt\n    key_file: {certs}/{cert}.key\n"
                 f"    ca_file: {certs}/ca.crt\nmetrics:\n  listen: ''\n")
-    c.procs[name] = cluster.Process(name, [f"{c.args.bin_dir}/lazyattn-kvdir", "--config", path,
-                                           "--listen", "127.0.0.1:0"], c.tmp)
-    return c.procs[name].wait_ready(60)
+    return subprocess.run([f"{c.args.bin_dir}/lazyattn-kvdir", "--config", path, "--listen",
+                           "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
 
 
 def raw_call(addr, method, ca, cert=None, key=None):
@@ -235,7 +234,6 @@ def main():
         check_worker_hosts(tmp)
         gen("--out", certs, "--workers", "2")
         gen("cert", "worker", "worker-evil", "--out", certs)
-        gen("cert", "worker", "worker-6", "--out", certs)
         gen("--out", other, "--workers", "1")  # a second CA: its worker-0 certificate is foreign
         docs = []
         for i, text in enumerate(["The Seine flows through Paris.", "The Loire is long.",
@@ -302,17 +300,17 @@ def run_checks(args, c, certs, other, docs):
     check("a second worker-0 with worker-0's certificate: ALREADY_EXISTS, an error naming the holder",
           ok, tail)
 
-    # A directory serving with a worker's certificate, which names kvdir's hosts too: a worker
-    # does not publish to it (its certificate is not lazyattn://kvdir/), so such a certificate
-    # cannot collect the cluster's document announcements. The router's side:
-    # router_server_test's TheRouterAsksOnlyADirectoryWithKvdirsCertificate.
-    fake_kvdir = start_kvdir_as(c, "fake-kvdir", certs, "worker-evil")
-    start_impostor(c, "fake-kvdir-client", "worker-6",
-                   f"    ca_file: {certs}/ca.crt\n    cert_file: {certs}/worker-6.crt\n"
-                   f"    key_file: {certs}/worker-6.key\n", kvdir=fake_kvdir)
-    ok, tail = wait_log(c, "fake-kvdir-client",
-                        ("cannot reach kvdir", "is lazyattn://worker/worker-evil, not lazyattn://kvdir/"))
-    check("a kvdir with a worker's certificate: a worker does not publish to it", ok, tail)
+    # A directory with a worker's certificate, which names kvdir's hosts too, would serve nobody:
+    # workers and routers accept only a lazyattn://kvdir/ certificate (so such a certificate
+    # cannot collect the cluster's document announcements either). lazyattn-kvdir refuses it at
+    # start, exit status 2. The clients' side, for a server that is not lazyattn-kvdir:
+    # service_common_test's AClientReachesOnlyTheCertificateItAsksFor and router_server_test's
+    # TheRouterAsksOnlyADirectoryWithKvdirsCertificate.
+    p = run_kvdir_as(c, "fake-kvdir", certs, "worker-evil")
+    check("a kvdir with a worker's certificate does not start (exit 2, naming file and roles)",
+          p.returncode == 2 and all(n in p.stderr for n in (
+              f"{certs}/worker-evil.crt", "lazyattn://worker/worker-evil (role worker)",
+              "serves as role kvdir")), f"exit {p.returncode}: {p.stderr[-300:]}")
 
     kvdir = parse_metrics(c.scrape("kvdir"))
     check("kvdir counts only the two real workers",

@@ -116,6 +116,9 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
         {"/lazyattn.v1.KvDirectory/Lookup", kRoleRouter},
         {"/lazyattn.v1.KvDirectory/ListWorkers", kRoleRouter}});
   }
+  // Routers and workers accept kvdir only through a lazyattn://kvdir/ certificate: another is
+  // refused at start (StartGrpcServer reads the files) and at every reload.
+  grpc_options.tls.own_role = kRoleKvdir;
   auto built = StartGrpcServer(grpc_options, {&server->service_});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);

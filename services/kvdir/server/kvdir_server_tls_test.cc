@@ -138,6 +138,29 @@ TEST_F(KvdirServerTlsTest, ExportsItsCertificatesExpiry) {
   }
 }
 
+// kvdir does not start with another role's certificate of the CA: routers and workers accept
+// only a lazyattn://kvdir/ one (KvdirClientTls), so it would serve nobody. Exit status 2.
+TEST_F(KvdirServerTlsTest, AnotherRolesCertificateStopsTheStart) {
+  for (const auto& [cert, role] :
+       {std::pair<std::string, std::string>{"worker-0", "worker"}, {"router-0", "router"}}) {
+    SCOPED_TRACE(cert);
+    KvdirOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "";
+    options.tls = TlsOptions{.cert_file = absl::StrCat(certs_, "/", cert, ".crt"),
+                             .key_file = absl::StrCat(certs_, "/", cert, ".key"),
+                             .ca_file = certs_ + "/ca.crt"};
+    auto server = KvdirServer::Create(options);
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(ExitStatusForStartFailure(server.status()), 2) << server.status();
+    const std::string message(server.status().message());
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("tls.cert_file: ", options.tls.cert_file,
+                                                ": the certificate is lazyattn://")));
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("lazyattn://", role, "/", cert, " (role ", role,
+                                                "), but this server serves as role kvdir")));
+  }
+}
+
 TEST_F(KvdirServerTlsTest, AnAddressMustBeNamedByTheWorkersCertificate) {
   // worker-1 tries worker-2's name and worker-2's address, before worker-2 has connected.
   for (const std::string address :

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
 #include "common/test_certs_for_test.h"
@@ -460,6 +461,35 @@ TEST(WorkerServerKvdirTest, ExportsTheExpiryOfItsCertificates) {
       {{"client", "cert"}, static_cast<double>(*cert)},
       {{"client", "ca"}, static_cast<double>(*ca)}};
   EXPECT_EQ(seen, want);
+}
+
+// A worker does not start with another role's certificate of the CA as its server certificate:
+// routers accept a worker only through a lazyattn://worker/ one, so it would serve nobody.
+TEST(WorkerServerKvdirTest, AnotherRolesServerCertificateStopsTheStart) {
+  const std::string certs = testing::MakeTestCerts("worker-cert-role");
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
+  auto weights = MakeRandomWeights(TinyTestConfig(), 3);
+  auto tokenizer = MakeByteTokenizer();
+  for (const auto& [cert, role] :
+       {std::pair<std::string, std::string>{"kvdir", "kvdir"}, {"router-0", "router"}}) {
+    SCOPED_TRACE(cert);
+    WorkerServerOptions o;
+    o.grpc.listen_address = "127.0.0.1:0";
+    o.grpc.tls = {.cert_file = absl::StrCat(certs, "/", cert, ".crt"),
+                  .key_file = absl::StrCat(certs, "/", cert, ".key"),
+                  .ca_file = certs + "/ca.crt"};
+    o.metrics_address = "";
+    o.engine = {.num_kv_blocks = 256, .max_batch_tokens = 64};
+    auto server = WorkerServer::Create(o, weights.get(), tokenizer.get());
+    ASSERT_FALSE(server.ok());
+    EXPECT_EQ(ExitStatusForStartFailure(server.status()), 2) << server.status();
+    const std::string message(server.status().message());
+    EXPECT_NE(message.find(absl::StrCat(
+                  "tls.cert_file: ", o.grpc.tls.cert_file, ": the certificate is lazyattn://", role,
+                  "/", cert, " (role ", role, "), but this server serves as role worker")),
+              std::string::npos)
+        << message;
+  }
 }
 
 TEST(WorkerServerKvdirTest, PublishesTheEngineDocumentCache) {

@@ -92,6 +92,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
     grpc_options.auth_processor = std::make_shared<RoleAuthorizer>(
         std::vector<MethodRole>{{"/lazyattn.v1.Worker/", kRoleRouter}});
   }
+  // Routers accept a worker only through its lazyattn://worker/ID certificate: another is
+  // refused at start (StartGrpcServer reads the files) and at every reload.
+  grpc_options.tls.own_role = kRoleWorker;
   auto built = StartGrpcServer(grpc_options, {server->service_.get()});
   if (!built.ok()) return built.status();
   server->server_ = std::move(built->server);
