@@ -98,9 +98,13 @@ bool IsFieldName(std::string_view name) {
 }
 
 // The request target's path as sent (cpp-httplib decodes it into `path` before routing) holds
-// an encoded slash or backslash, %2F or %5C in any case.
+// an encoded slash or backslash, %2F or %5C in any case, outside a model id: GET /v1/models/{id}
+// takes an HF id (org/name) as one segment, which clients encode (encodeURIComponent,
+// url.PathEscape), so only the endpoint's own part of that path is checked.
 bool HasEncodedSlash(const std::string& target) {
-  const std::string_view path = std::string_view(target).substr(0, target.find('?'));
+  constexpr std::string_view kModelIdPrefix = "/v1/models/";
+  std::string_view path = std::string_view(target).substr(0, target.find('?'));
+  if (path.substr(0, kModelIdPrefix.size()) == kModelIdPrefix) path = kModelIdPrefix;
   for (size_t i = path.find('%'); i != std::string_view::npos && i + 2 < path.size();
        i = path.find('%', i + 1)) {
     const char low = absl::ascii_tolower(static_cast<unsigned char>(path[i + 2]));

@@ -54,17 +54,17 @@ void RefuseUnread(const httplib::Request& req, httplib::Response& res, int64_t m
 
 // Everything checked of a request after its headers and before its body, in this order: a header
 // name that is no token (400), Host missing or given twice in HTTP/1.1 (400), a path with an
-// encoded slash or backslash, %2F or %5C in any case (400: a proxy in front would match another
-// path than the one routed), an endpoint asked with a method it does not take (405 with Allow), a
-// path that is no endpoint (a body the library would read is refused unread with 404; otherwise
-// left to routing: /health or 404), the router draining (503), Authorization given more than once
-// (400), the API key for the endpoint's gRPC method (`processor`, null for none: 401 with
-// WWW-Authenticate, 403, 429), a completion's Content-Type, Content-Encoding and framing (415, 411,
-// 400, 413). A body no endpoint reads is never read. Range headers are dropped (RFC 9110 lets a
-// server ignore them; a range of a completion is a slice of broken JSON). Handled: `res` answers
-// the request (an empty body of a 404 or 405 is the error handler's to write). Unhandled: routing
-// goes on, with the key's name and cache namespace in `caller` (cleared first; empty for an open
-// endpoint or a processor that names none).
+// encoded slash or backslash, %2F or %5C in any case, outside the model id of /v1/models/{id}
+// (400: a proxy in front would match another path than the one routed), an endpoint asked with a
+// method it does not take (405 with Allow), a path that is no endpoint (a body the library would
+// read is refused unread with 404; otherwise left to routing: /health or 404), the router draining
+// (503), Authorization given more than once (400), the API key for the endpoint's gRPC method
+// (`processor`, null for none: 401 with WWW-Authenticate, 403, 429), a completion's Content-Type,
+// Content-Encoding and framing (415, 411, 400, 413). A body no endpoint reads is never read. Range
+// headers are dropped (RFC 9110 lets a server ignore them; a range of a completion is a slice of
+// broken JSON). Handled: `res` answers the request (an empty body of a 404 or 405 is the error
+// handler's to write). Unhandled: routing goes on, with the key's name and cache namespace in
+// `caller` (cleared first; empty for an open endpoint or a processor that names none).
 httplib::Server::HandlerResponse CheckBeforeBody(grpc::AuthMetadataProcessor* processor,
                                                  bool draining, int64_t max_body_bytes,
                                                  const httplib::Request& req,
