@@ -136,7 +136,6 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
     if (!k.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected a map"));
     ApiKey key;
     std::string hash;
-    bool empty_scopes = false;
     try {
       for (const auto& field : k) {
         const std::string f = field.first.as<std::string>();
@@ -148,7 +147,6 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
           if (!field.second.IsSequence()) {
             return absl::InvalidArgumentError(absl::StrCat(where, ".scopes: expected a list"));
           }
-          empty_scopes = field.second.size() == 0;
           for (const auto& s : field.second) {
             const std::string scope = s.as<std::string>();
             if (scope == kScopeGenerate) {
@@ -181,17 +179,17 @@ absl::StatusOr<ApiKeyTable> ParseApiKeys(const std::string& yaml_text, const std
           absl::StrCat(where, ".name: expected 1 to 64 of [A-Za-z0-9._-], got \"",
                        key.name.substr(0, 80), "\""));
     }
-    // A key with no scope can call nothing: a mistake (a list left empty by an edit), not a way
-    // to revoke a key (delete its entry).
-    if (empty_scopes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".scopes: empty for key \"", key.name, "\"; give generate, admin or both"));
-    }
     // Each key its own scope unless the file groups keys into one.
     if (key.cache_namespace.empty()) key.cache_namespace = key.name;
     if (!IsSha256Hex(hash)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".sha256: expected 64 hex digits (SHA-256 of the key)"));
+    }
+    // A key with no scope (the list empty or left out) can call nothing: a mistake, not a way to
+    // revoke a key (delete its entry).
+    if (!key.generate && !key.admin) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".scopes: none for key \"", key.name,
+                                                     "\"; give generate, admin or both"));
     }
     if (!names.emplace(key.name, static_cast<int>(i)).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".name: duplicate \"", key.name, "\""));

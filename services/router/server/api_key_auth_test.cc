@@ -22,10 +22,11 @@ TEST(ParseApiKeys, ReadsNamesHashesAndScopes) {
 
 // A key's cache namespace is its name unless the entry names one (keys of one tenant share it).
 TEST(ParseApiKeys, ACacheNamespaceDefaultsToTheKeysName) {
-  auto t = ParseApiKeys("keys:\n  - name: demo\n    sha256: " + kHash +
-                            "\n  - name: ops\n    sha256: " + std::string(64, 'b') +
-                            "\n    cache_namespace: acme.prod\n",
-                        "k.yaml");
+  auto t = ParseApiKeys(
+      "keys:\n  - name: demo\n    sha256: " + kHash +
+          "\n    scopes: [generate]\n  - name: ops\n    sha256: " + std::string(64, 'b') +
+          "\n    scopes: [admin]\n    cache_namespace: acme.prod\n",
+      "k.yaml");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->at(kHash).cache_namespace, "demo");
   EXPECT_EQ(t->at(std::string(64, 'b')).cache_namespace, "acme.prod");
@@ -54,7 +55,8 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
       {"keys:\n  - name: a b\n    sha256: " + kHash + "\n", "keys[0].name"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: [root]\n", "unknown scope"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    scopes: []\n",
-       "keys[0].scopes: empty for key \"a\"; give generate, admin or both"},
+       "keys[0].scopes: none for key \"a\"; give generate, admin or both"},
+      {"keys:\n  - name: a\n    sha256: " + kHash + "\n", "keys[0].scopes: none for key \"a\""},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    extra: 1\n", "unknown field extra"},
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"a b\"\n",
        "keys[0].cache_namespace: expected 1 to 64 of [A-Za-z0-9._-]"},
@@ -64,9 +66,14 @@ TEST(ParseApiKeys, NamesTheBadEntry) {
       {"keys:\n  - name: a\n    sha256: " + kHash + "\n    cache_namespace: \"a\\nb\"\n",
        "keys[0].cache_namespace"},
       {"keys:\n  - name: a\n    sha256: " + kHash +
-           "\n  - name: a\n    sha256: " + std::string(64, 'c') + "\n",
+           "\n    scopes: [generate]\n  - name: a\n"
+           "    sha256: " +
+           std::string(64, 'c') + "\n    scopes: [generate]\n",
        "keys[1].name: duplicate"},
-      {"keys:\n  - name: a\n    sha256: " + kHash + "\n  - name: b\n    sha256: " + kHash + "\n",
+      {"keys:\n  - name: a\n    sha256: " + kHash +
+           "\n    scopes: [generate]\n  - name: b\n"
+           "    sha256: " +
+           kHash + "\n    scopes: [generate]\n",
        "keys[1].sha256: the same key"},
   };
   for (const Case& c : cases) {

@@ -25,9 +25,10 @@ TEST(ParseApiKeysLimits, ReadsLimitsAndDefaultsTheBurstToTheRate) {
                             "\n    scopes: [generate]\n    limits: {requests_per_second: 2.5, "
                             "max_in_flight: 3}\n  - name: b\n    sha256: " +
                             std::string(64, 'b') +
-                            "\n    limits: {requests_per_second: 0.5, burst: 4}\n  - name: c\n"
+                            "\n    scopes: [generate]\n"
+                            "    limits: {requests_per_second: 0.5, burst: 4}\n  - name: c\n"
                             "    sha256: " +
-                            std::string(64, 'c') + "\n",
+                            std::string(64, 'c') + "\n    scopes: [admin]\n",
                         "k.yaml");
   ASSERT_TRUE(t.ok()) << t.status();
   const KeyLimits& a = t->at(kHash).limits;
