@@ -29,6 +29,7 @@
 #include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/server_certificate_role.h"
 #include "common/yaml_config.h"
 #include "kernels/include/cpu_threads.h"
 #include "kernels/include/quant_linear.h"
@@ -281,6 +282,14 @@ int main(int argc, char** argv) {
   if (absl::Status s = lazyattn::CheckTransportSecurity(
           "lazyattn-worker", flags.config, !config->server.grpc.tls.ca_file.empty(),
           config->insecure);
+      !s.ok()) {
+    lazyattn::LogError("worker").Msg(std::string(s.message()));
+    return 2;
+  }
+  // Its server certificate, before a model load that can take minutes: files that do not pass,
+  // or a certificate routers would refuse (not lazyattn://worker/), stop the start now.
+  if (absl::Status s = lazyattn::CheckServerCertificateRole(config->server.grpc.tls,
+                                                            lazyattn::kRoleWorker, "server.tls.");
       !s.ok()) {
     lazyattn::LogError("worker").Msg(std::string(s.message()));
     return 2;

@@ -102,6 +102,14 @@ def start_failures(path_of):
             ("lazyattn-kvdir", "metrics port out of range",
              insecure % 0 + "metrics: {listen: 127.0.0.1:99999}\n", 2,
              "the port must be a number from 0 to 65535"),
+            # A server certificate of another role is refused before the (missing) model is
+            # read: routers would refuse every handshake with it, and a GPU load takes minutes.
+            ("lazyattn-worker", "another role's certificate",
+             "server: {listen: 127.0.0.1:0, tls: {cert_file: %s/kvdir.crt, key_file: %s/kvdir.key,"
+             " ca_file: %s/ca.crt}}\nmodel: {path: %s/none.gguf}\n" % (certs, certs, certs, tmp)
+             + no_metrics, 2,
+             "server.tls.cert_file: %s/kvdir.crt: the certificate is lazyattn://kvdir/kvdir "
+             "(role kvdir), but this server serves as role worker" % certs),
             ("lazyattn-router", "http port out of range",
              insecure % 0 + no_metrics + "workers: [127.0.0.1:1]\nhttp: {listen: 127.0.0.1:99999}\n",
              2, "http.listen: 127.0.0.1:99999: the port must be a number from 0 to 65535"),

@@ -125,7 +125,8 @@ absl::StatusOr<std::unique_ptr<KvdirServer>> KvdirServer::Create(const KvdirOpti
   server->port_ = built->port;
   // The files passed StartGrpcServer's checks: this only finds their mirror.
   server->tls_metrics_ = std::make_unique<TlsExpiryMetrics>(*server->registry_);
-  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, options.tls); !s.ok()) return s;
+  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, grpc_options.tls); !s.ok())
+    return s;
   // Health by service name too (probes that name the API); the overall status, set NOT_SERVING
   // at shutdown, turns every name with it.
   if (auto* health = server->server_->GetHealthCheckService()) {

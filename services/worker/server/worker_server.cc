@@ -100,7 +100,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   server->server_ = std::move(built->server);
   // The files passed StartGrpcServer's checks: this only finds their mirror.
   server->tls_metrics_ = std::make_unique<TlsExpiryMetrics>(*server->registry_);
-  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, options.grpc.tls); !s.ok()) {
+  if (absl::Status s = server->tls_metrics_->Watch(kTlsRoleServer, grpc_options.tls); !s.ok()) {
     return s;
   }
   // Health by service name too (probes that name lazyattn.v1.Worker); SetServingStatus(false)
