@@ -128,14 +128,17 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja) {
     // on, every turn, without a word.
     return absl::UnimplementedError(
         "chat template contains both ChatML (<|im_start|>) and Llama-3 (<|start_header_id|>, "
-        "<|eot_id|>) markers; name the template (chatml or llama3...) to render one of them");
+        "<|eot_id|>) markers, and which it renders depends on logic this worker does not "
+        "evaluate; give the model (tokenizer_config.json chat_template, or the GGUF's "
+        "tokenizer.chat_template) a template of one family");
   }
   if (chatml) {
     for (std::string_view marker : {"tools", "tool_call", "enable_thinking", "reasoning_content"}) {
       if (Contains(jinja, marker)) {
         return absl::UnimplementedError(absl::StrCat(
             "ChatML chat template uses \"", Sv(marker),
-            "\", which is not supported; name a template (e.g. chatml) to render plain ChatML"));
+            "\", which is not supported; give the model a plain ChatML template "
+            "(tokenizer_config.json chat_template, or the GGUF's tokenizer.chat_template)"));
       }
     }
     std::string system = ExtractChatMLDefaultSystem(jinja);
