@@ -364,6 +364,9 @@ grpc::Status FakeWorker::Prefetch(grpc::ServerContext* context,
   for (const auto& d : request->documents())
     response->set_computed_tokens(response->computed_tokens() +
                                   static_cast<int64_t>(d.text().size()));
+  if (script.prefetch_computed_tokens.has_value()) {
+    response->set_computed_tokens(*script.prefetch_computed_tokens);
+  }
   return grpc::Status::OK;
 }
 

@@ -103,6 +103,9 @@ class FakeWorker final : public lazyattn::v1::Worker::Service {
     // What the final message's usage says the worker reused of the request's documents.
     int64_t document_hit_tokens = 0;
     std::optional<int64_t> document_copied_tokens = 0;  // unset: a worker that predates it
+    // Set: a Prefetch answer's computed_tokens (a hostile worker's count) instead of the
+    // documents' bytes.
+    std::optional<int64_t> prefetch_computed_tokens;
   };
   // With sampling.logprobs, token i carries logprob -0.5 * (i + 1) and its text as token_bytes.
   // With sampling.top_logprobs k > 0 as well, its k alternatives are the token itself, then

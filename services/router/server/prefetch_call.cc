@@ -10,6 +10,7 @@
 #include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
 #include "lazyattn/v1/worker.grpc.pb.h"
+#include "services/router/policy/worker_selector.h"
 #include "services/router/server/key_limits.h"
 #include "services/router/server/model_choice.h"
 
@@ -223,9 +224,13 @@ void PrefetchReactor::OnWorkerDone(const std::shared_ptr<WorkerCall>& call,
       breakers.RecordSuccess(call->worker.id, call->permit, MonotonicNow());
       ++succeeded_;
       response_->add_workers(call->worker.id);
+      // Each replica's count within [0, kMaxObservedTokens] (a worker's own word): the sum over
+      // the replicas must not overflow.
+      const auto count = [](int64_t n) { return std::clamp<int64_t>(n, 0, kMaxObservedTokens); };
       response_->set_computed_tokens(response_->computed_tokens() +
-                                     call->response.computed_tokens());
-      response_->set_cached_tokens(response_->cached_tokens() + call->response.cached_tokens());
+                                     count(call->response.computed_tokens()));
+      response_->set_cached_tokens(response_->cached_tokens() +
+                                   count(call->response.cached_tokens()));
     } else {
       if (IsWorkerFault(status.error_code()) && !cancelled_ && !client_expiry) {
         breakers.RecordFailure(call->worker.id, call->permit, MonotonicNow());

@@ -272,14 +272,19 @@ void RouterMetrics::CountWorkerFailure(const std::string& worker, const ModelMet
   prometheus::Counter* counter;
   {
     absl::MutexLock lock(&mu_);
-    const auto key = std::make_tuple(worker, model.label(), static_cast<int>(code));
+    // Codes outside gRPC's 0-16 count as UNKNOWN (their label already is "unknown"): one entry,
+    // not one per number a worker sends.
+    int known = static_cast<int>(code);
+    if (known < 0 || known > static_cast<int>(grpc::StatusCode::UNAUTHENTICATED)) {
+      known = static_cast<int>(grpc::StatusCode::UNKNOWN);
+    }
+    const auto key = std::make_tuple(worker, model.label(), known);
     auto it = worker_failures_.find(key);
     if (it == worker_failures_.end()) {
       it = worker_failures_
-               .emplace(key, &worker_failures_family_->Add(
-                                 {{"worker", worker},
-                                  {"model", model.label()},
-                                  {"code", StatusCodeName(static_cast<int>(code))}}))
+               .emplace(key, &worker_failures_family_->Add({{"worker", worker},
+                                                            {"model", model.label()},
+                                                            {"code", StatusCodeName(known)}}))
                .first;
     }
     counter = it->second;

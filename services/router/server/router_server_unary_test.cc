@@ -5,11 +5,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "lazyattn/v1/inference.grpc.pb.h"
+#include "services/router/policy/worker_selector.h"
 #include "services/router/server/fake_cluster_for_test.h"
 #include "services/router/server/prefetch_call.h"
 #include "services/router/server/router_server.h"
@@ -199,6 +201,41 @@ TEST_F(RouterServerTest, PrefetchWarmsTheRoutedWorkerOrSeveral) {
     ASSERT_TRUE(stub_->Prefetch(&ctx, request, &response).ok());
     EXPECT_THAT(response.workers(), UnorderedElementsAre("w0", "w1"));
   }
+}
+
+// A Prefetch answer adds the replicas' counts: a hostile worker's INT64_MAX (or a negative count)
+// does not overflow the sum the client gets; each replica's count is taken within [0, 2^40].
+TEST_F(RouterServerTest, PrefetchCountsOfHostileWorkersDoNotOverflowTheSum) {
+  StartWorkers(3);
+  StartKvdir();
+  workers_[0]->SetScript({.prefetch_computed_tokens = std::numeric_limits<int64_t>::max()});
+  workers_[1]->SetScript({.prefetch_computed_tokens = std::numeric_limits<int64_t>::max()});
+  workers_[2]->SetScript({.prefetch_computed_tokens = -5});
+  StartRouter(Options());
+  lazyattn::v1::PrefetchRequest request;
+  request.add_documents()->set_text("doc");
+  request.set_replicas(3);
+  grpc::ClientContext ctx;
+  lazyattn::v1::PrefetchResponse response;
+  ASSERT_TRUE(stub_->Prefetch(&ctx, request, &response).ok());
+  EXPECT_THAT(response.workers(), UnorderedElementsAre("w0", "w1", "w2"));
+  EXPECT_EQ(response.computed_tokens(), 2 * kMaxObservedTokens);
+}
+
+// A worker ending its call with a status code outside gRPC's 0-16 (grpc-status is its own text)
+// is relayed as UNKNOWN, as gRPC's clients read such a code, naming the number.
+TEST_F(RouterServerTest, AWorkersStatusCodeOutsideGrpcsIsUnknown) {
+  StartWorkers(1);
+  StartKvdir();
+  workers_[0]->SetScript({.fail_before_first_token = static_cast<grpc::StatusCode>(12345)});
+  StartRouter(Options());
+  GenerateRequest request;
+  request.set_question("q?");
+  grpc::ClientContext ctx;
+  lazyattn::v1::CompleteResponse response;
+  const grpc::Status s = stub_->Complete(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("status code 12345 (not a gRPC code)"));
 }
 
 // A frozen worker does not hold a Prefetch (whose client may set no deadline) for ever: past

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
 #include "common/monotonic_time.h"
 #include "common/worker_call_trailer.h"
@@ -111,6 +112,10 @@ void WorkerAttempt::OnWatchdogAlarm() {
       timed_out_ = MonotonicNow() >= first_token_deadline_ ? Timeout::kFirstTokenMaxWait
                                                            : Timeout::kFirstToken;
     }
+    // Decided with the timeout, under the same lock: a message whose read completes between here
+    // and Cancel() below is not delivered (a first token that came a moment too late would
+    // otherwise reach the client of an attempt then ended as "no first token").
+    cancelled_ = true;
   }
   Cancel();
 }
@@ -189,7 +194,10 @@ void WorkerAttempt::OnReadDone(bool ok) {
       read_outstanding_ = read_next = true;  // an event this router does not know: dropped
     } else {
       deliver = true;
-      if (message_.has_final()) got_final_ = true;
+      if (message_.has_final()) {
+        got_final_ = true;
+        ClampUsage(*message_.mutable_final()->mutable_usage());
+      }
       if (message_.has_token()) {
         // Nothing is awaited from the worker until the call has delivered this token (ReadNext).
         next_message_due_ = absl::InfiniteFuture();
@@ -213,6 +221,17 @@ void WorkerAttempt::OnReadDone(bool ok) {
 
 void WorkerAttempt::OnDone(const grpc::Status& status) {
   std::shared_ptr<WorkerAttempt> keep = std::move(self_);
+  // A code outside gRPC's 0-16 (grpc-status is the worker's text; a broken or hostile one may send
+  // any number) is UNKNOWN, as gRPC's own clients read it: it goes on to the client, and into the
+  // router's per-worker failure counts, which would otherwise keep an entry for each number sent.
+  const int code = static_cast<int>(status.error_code());
+  if (code < 0 || code > static_cast<int>(grpc::StatusCode::UNAUTHENTICATED)) {
+    call_->OnAttemptDone(
+        this, grpc::Status(grpc::StatusCode::UNKNOWN,
+                           absl::StrCat("status code ", code,
+                                        " (not a gRPC code): ", status.error_message())));
+    return;  // the call may have ended
+  }
   call_->OnAttemptDone(this, status);  // may end the call: nothing here touches it afterwards
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/router/policy/worker_selector.h"
 
 namespace lazyattn::router {
 
@@ -22,12 +23,18 @@ WorkerStreamCheck::Bounds WorkerStreamCheck::For(const lazyattn::v1::GenerateReq
     b.exact_top_logprobs =
         b.vocab_size > 0 ? std::min(b.top_logprobs, b.vocab_size) : b.top_logprobs;
   }
-  // max_tokens 0 is the worker's own default, unknown here; no worker generates past its context,
-  // and where it reported none, past the limit the router and the workers share (a worker's
-  // default is within its limits.max_tokens, which a cluster sets alike everywhere).
-  b.max_tokens = request.sampling().max_tokens() > 0 ? request.sampling().max_tokens()
-                 : b.max_context_tokens > 0          ? b.max_context_tokens
-                                                     : std::max<int64_t>(max_tokens_limit, 0);
+  // max_tokens 0 is the worker's own default, unknown here. It is within the worker's
+  // limits.max_tokens, which a cluster sets alike everywhere, and no worker generates past its
+  // context: so the smaller of the two bounds it. The context alone would not: it is the worker's
+  // own report, and a hostile worker reporting 2^62 could then stream into the router's memory
+  // for as long as the client waits.
+  if (request.sampling().max_tokens() > 0) {
+    b.max_tokens = request.sampling().max_tokens();
+  } else if (max_tokens_limit > 0 && b.max_context_tokens > 0) {
+    b.max_tokens = std::min(b.max_context_tokens, max_tokens_limit);
+  } else {
+    b.max_tokens = std::max<int64_t>(std::max(max_tokens_limit, b.max_context_tokens), 0);
+  }
   return b;
 }
 
@@ -75,6 +82,21 @@ std::string WorkerStreamCheck::NextFinal(const lazyattn::v1::Final& final) {
   return "";
 }
 
+void ClampUsage(lazyattn::v1::Usage& usage) {
+  const auto clamp = [](int64_t n) { return std::min(n, kMaxObservedTokens); };
+  usage.set_prompt_tokens(clamp(usage.prompt_tokens()));
+  usage.set_cached_tokens(clamp(usage.cached_tokens()));
+  usage.set_computed_tokens(clamp(usage.computed_tokens()));
+  usage.set_completion_tokens(clamp(usage.completion_tokens()));
+  usage.set_documents(clamp(usage.documents()));
+  usage.set_documents_hit(clamp(usage.documents_hit()));
+  usage.set_document_hit_tokens(clamp(usage.document_hit_tokens()));
+  if (usage.has_document_copied_tokens()) {
+    usage.set_document_copied_tokens(clamp(usage.document_copied_tokens()));
+  }
+  usage.set_prefix_tokens(clamp(usage.prefix_tokens()));
+}
+
 std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   const int32_t id = token.token_id();
   if (token.has_logprob() && !std::isfinite(token.logprob())) {
@@ -111,8 +133,8 @@ std::string WorkerStreamCheck::NextToken(const TokenChunk& token) {
   }
   if (bounds_.max_tokens > 0 && tokens_ >= bounds_.max_tokens) {
     return absl::StrCat("more than ", bounds_.max_tokens,
-                        " tokens (the request's sampling.max_tokens; when it is 0, the model's "
-                        "context, or the router's limits.max_tokens if the worker reported none)");
+                        " tokens (the request's sampling.max_tokens; when it is 0, the smaller of "
+                        "the model's context and the router's limits.max_tokens)");
   }
   if (std::string error = CheckTopLogprobs(token); !error.empty()) return error;
   ++tokens_;

@@ -5,7 +5,9 @@
 // -1 for the one last chunk of held-back text (after it no other token comes), a finite
 // log-probability when it carries one, and its own bytes (at most kTextBytesPerToken); there are
 // at most the request's max_tokens real tokens (ids >= 0), or, when the request leaves max_tokens
-// to the worker's default, at most the model's context. The chunks' text is what the tokens'
+// to the worker's default, at most the smaller of the model's context and the router's
+// limits.max_tokens (which bounds the worker's default where a cluster sets its limits alike,
+// as docs/worker.md asks). The chunks' text is what the tokens'
 // bytes complete: at most kTextBytesPerToken a token on average, plus kTextSlackBytes of
 // held-back text. A real token carries the request's sampling.top_logprobs alternatives: exactly
 // min(top_logprobs, vocab_size) from a worker that advertises them (ModelInfo.max_top_logprobs at
@@ -45,8 +47,8 @@ class WorkerStreamCheck {
     int64_t exact_top_logprobs = 0;
   };
   // The bounds of `request` on a worker of `model` (its WorkerStatus.model). `max_tokens_limit`:
-  // the router's limits.max_tokens, which bounds a request without max_tokens (the worker's
-  // default) on a worker that reported no context; 0 for none.
+  // the router's limits.max_tokens, which, with the model's context, bounds a request without
+  // max_tokens (the worker's default); 0 for none.
   static Bounds For(const lazyattn::v1::GenerateRequest& request,
                     const lazyattn::v1::ModelInfo& model, int64_t max_tokens_limit);
 
@@ -80,6 +82,11 @@ class WorkerStreamCheck {
   bool held_back_sent_ = false;  // the token_id -1 chunk came
   bool final_sent_ = false;
 };
+
+// A final message's usage, each count at most kMaxObservedTokens (2^40): the router adds them
+// up (a request's choices, prompt and completion, Prefetch replicas), and a broken or hostile
+// worker's INT64_MAX must not overflow the sums. The stream check has refused negative counts.
+void ClampUsage(lazyattn::v1::Usage& usage);
 
 }  // namespace lazyattn::router
 

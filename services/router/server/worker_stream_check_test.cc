@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
+
+#include "services/router/policy/worker_selector.h"
 
 namespace lazyattn::router {
 namespace {
@@ -101,9 +104,19 @@ TEST(WorkerStreamCheckTest, BoundsComeFromTheRequestAndTheModel) {
   EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).exact_top_logprobs, 0);
   request.mutable_sampling()->set_top_logprobs(-4);  // refused by validation; no entries either
   EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).top_logprobs, 0);
-  // max_tokens 0 is the worker's default, unknown here: the context bounds it.
+  // max_tokens 0 is the worker's default, unknown here: the smaller of the context and the
+  // router's limits.max_tokens bounds it (a worker's default is within the limit the cluster
+  // shares).
   request.mutable_sampling()->set_max_tokens(0);
-  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).max_tokens, 8192);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 4096).max_tokens, 4096);
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 16384).max_tokens, 8192);
+  // A hostile worker's reported context (2^62) does not lift the bound: a stream past the limit
+  // would otherwise grow the router's copy of its text for as long as the client waits.
+  lazyattn::v1::ModelInfo boundless = model;
+  boundless.set_max_context_tokens(int64_t{1} << 62);
+  EXPECT_EQ(WorkerStreamCheck::For(request, boundless, 4096).max_tokens, 4096);
+  // No router limit (0): the context alone.
+  EXPECT_EQ(WorkerStreamCheck::For(request, model, 0).max_tokens, 8192);
   // A worker that never reported its model: no id or context bound, rather than a wrong one;
   // its tokens are bounded by the router's limits.max_tokens, which every request is within.
   b = WorkerStreamCheck::For(request, lazyattn::v1::ModelInfo(), 4096);
@@ -301,5 +314,24 @@ TEST(WorkerStreamCheckTest, AlternativesBytesAreBoundedAsTheText) {
   EXPECT_THAT(error, HasSubstr("token.top_logprobs: 81920 bytes of alternatives for 4 tokens"));
 }
 
+// A usage count past any model (INT64_MAX from a hostile worker) is relayed as 2^40, so the sums
+// the router makes of them (choices, prompt and completion) cannot overflow; the rest as sent.
+TEST(ClampUsageTest, CountsPastAnyModelAreCutTo2To40) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  lazyattn::v1::Usage usage;
+  usage.set_prompt_tokens(kHuge);
+  usage.set_completion_tokens(7);
+  usage.set_document_hit_tokens(kHuge);
+  ClampUsage(usage);
+  EXPECT_EQ(usage.prompt_tokens(), kMaxObservedTokens);
+  EXPECT_EQ(usage.completion_tokens(), 7);
+  EXPECT_EQ(usage.document_hit_tokens(), kMaxObservedTokens);
+  EXPECT_FALSE(usage.has_document_copied_tokens()) << "absent stays absent (an older worker)";
+  usage.set_document_copied_tokens(kHuge);
+  ClampUsage(usage);
+  EXPECT_EQ(usage.document_copied_tokens(), kMaxObservedTokens);
+}
+
 }  // namespace
 }  // namespace lazyattn::router
+#include "services/router/policy/worker_selector.h"
