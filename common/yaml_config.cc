@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -56,6 +57,33 @@ absl::Status CheckKeysOnce(const YAML::Node& node, const std::string& path,
   return absl::OkStatus();
 }
 
+// The first map key holding a '.', and the path of the map it is in ("" at the top level); an
+// empty key when none. A config's keys are addressed by dotted paths (Find), so
+// `metrics.bearer_token_file: F` at the top level would be read as nothing, and, its path marked
+// read, not reported unknown either: the setting silently lost.
+struct DottedKey {
+  std::string where;
+  std::string key;
+};
+DottedKey FirstDottedKey(const YAML::Node& node, const std::string& where) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      DottedKey found = FirstDottedKey(node[i], absl::StrCat(where, "[", i, "]"));
+      if (!found.key.empty()) return found;
+    }
+    return {};
+  }
+  if (!node.IsMap()) return {};
+  for (const auto& kv : node) {
+    const std::string key = kv.first.Scalar();
+    if (absl::StrContains(key, '.')) return {where, key};
+    DottedKey found =
+        FirstDottedKey(kv.second, where.empty() ? key : absl::StrCat(where, ".", key));
+    if (!found.key.empty()) return found;
+  }
+  return {};
+}
+
 }  // namespace
 
 absl::StatusOr<YAML::Node> LoadOneYamlDocument(const std::string& yaml, const std::string& source) {
@@ -98,6 +126,14 @@ absl::Status YamlConfig::LoadString(const std::string& yaml, const std::string& 
   ASSIGN_OR_RETURN(root_, LoadOneYamlDocument(yaml, source));
   if (!root_.IsNull() && !root_.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the top level must be a map"));
+  }
+  if (const DottedKey dotted = FirstDottedKey(root_, ""); !dotted.key.empty()) {
+    // The docs name keys by their dotted paths; a file nests them.
+    const size_t dot = dotted.key.find('.');
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", dotted.where.empty() ? "" : absl::StrCat(dotted.where, ": "), "key \"",
+        dotted.key, "\": a key may not contain '.'; nest the parts as maps (write ",
+        dotted.key.substr(0, dot), ": {", dotted.key.substr(dot + 1), ": ...})"));
   }
   return absl::OkStatus();
 }

@@ -45,6 +45,30 @@ TEST(YamlConfigTest, UnknownKeysAreErrors) {
   EXPECT_NE(s.message().find("extra"), std::string::npos) << s;
 }
 
+// The docs name keys by their dotted paths, and a key written that way in a file
+// (`metrics.bearer_token_file: F`) was read as nothing and, its path marked read, not reported
+// unknown: the setting was silently lost. A key holding a '.' is refused at load, anywhere.
+TEST(YamlConfigTest, AKeyWithADotIsRefusedNamingItAndTheNestedForm) {
+  YamlConfig top;
+  const absl::Status s =
+      top.LoadString("model: {path: m.gguf}\nmetrics.bearer_token_file: /t\n", "w.yaml");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "w.yaml: key \"metrics.bearer_token_file\": a key may not contain '.'; nest the parts "
+            "as maps (write metrics: {bearer_token_file: ...})");
+  YamlConfig nested;
+  const absl::Status n = nested.LoadString("server:\n  tls.cert_file: c.pem\n", "r.yaml");
+  EXPECT_EQ(n.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(n.message().find("r.yaml: server: key \"tls.cert_file\""), std::string::npos) << n;
+  YamlConfig listed;
+  EXPECT_EQ(listed.LoadString("workers:\n  - {address: a, a.b: 1}\n", "l.yaml").code(),
+            absl::StatusCode::kInvalidArgument);
+  // Dots in values are values.
+  YamlConfig values;
+  ASSERT_TRUE(values.LoadString("model: {path: dir.v2/m.gguf}\nlisten: 127.0.0.1:1\n").ok());
+  EXPECT_EQ(*values.String("model.path", ""), "dir.v2/m.gguf");
+}
+
 TEST(YamlConfigTest, ListsOfMapsAndMalformedYaml) {
   YamlConfig cfg;
   ASSERT_TRUE(cfg.LoadString("workers:\n  - port: 1\n  - port: x\n", "l.yaml").ok());

@@ -294,6 +294,17 @@ int main(int argc, char** argv) {
     lazyattn::LogError("worker").Msg(std::string(s.message()));
     return 2;
   }
+  // The id kvdir will know it by, before the model load too (the advertised address stands in
+  // for it when unset; a listen address's own is checked once it is bound).
+  if (!config->kvdir.address.empty() &&
+      (!config->server.service.worker_id.empty() || !config->server.advertise_address.empty())) {
+    if (absl::Status s = lazyattn::CheckWorkerIdForKvdir(config->server.service.worker_id,
+                                                         config->server.advertise_address);
+        !s.ok()) {
+      lazyattn::LogError("worker").Msg(std::string(s.message()));
+      return 2;
+    }
+  }
   // Its calls to kvdir announce its address and the documents it holds.
   if (absl::Status s = lazyattn::CheckPeerCallSecurity(
           flags.config, "kvdir.tls.ca_file", !config->kvdir.address.empty(),

@@ -248,13 +248,14 @@ ApplyResult DirectoryIndex::ApplySnapshot(const std::string& worker_id, uint64_t
   return {ApplyOutcome::kOverTotalLimit, last_seq};
 }
 
-void DirectoryIndex::MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now) {
+bool DirectoryIndex::MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (Worker* w = OwnedWorker(worker_id, session)) {
-    w->lease_expiry = now + lease_;
-    w->last_seen = now;
-    ++w->messages_queued;
-  }
+  Worker* w = OwnedWorker(worker_id, session);
+  if (w == nullptr) return false;
+  w->lease_expiry = now + lease_;
+  w->last_seen = now;
+  ++w->messages_queued;
+  return true;
 }
 
 void DirectoryIndex::MessageTaken(const std::string& worker_id, uint64_t session, absl::Time now) {

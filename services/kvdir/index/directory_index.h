@@ -268,12 +268,14 @@ class DirectoryIndex {
   // threads, which may be busy with other workers' snapshots): renews the lease, and until the
   // matching MessageTaken, which kvdir calls once the message was handled, the worker does not
   // expire and counts as live, since only the directory is slow (as in a stall): a snapshot's
-  // slices may take longer than a lease. No-op for a session that does not own the worker.
-  void MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now)
+  // slices may take longer than a lease. True when the mark was made; false (nothing done) for a
+  // session that does not own the worker, whose message then needs no MessageTaken.
+  bool MessageQueued(const std::string& worker_id, uint64_t session, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Its handling ended (or it was dropped): one queued mark of the worker goes (whichever session
   // made it, as the worker may have been taken over meanwhile), and the lease runs from `now` if
-  // `session` owns it. Called once for every MessageQueued, whatever came of the message.
+  // `session` owns it. Called once for every MessageQueued that returned true, whatever came of
+  // the message.
   void MessageTaken(const std::string& worker_id, uint64_t session, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -193,6 +193,20 @@ TEST_F(IndexTest, AMessageWaitingInKvdirHoldsTheLease) {
   now_ += kLease;
   EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("b"));
   EXPECT_EQ(index_.Stats().workers, 0);
+
+  // The other order: the new session queues its snapshot, then the old stream's message, read
+  // after the takeover, asks for a mark. It gets none (false), so kvdir takes none for it: taking
+  // one would drop the new session's mark, and its worker would expire while its snapshot waits.
+  const uint64_t c1 = Join("c");
+  const uint64_t c2 = index_.Hello(testing::Status("c"), 7, 1, now_).session;
+  ASSERT_NE(c1, c2);
+  EXPECT_TRUE(index_.MessageQueued("c", c2, now_));
+  EXPECT_FALSE(index_.MessageQueued("c", c1, now_));
+  now_ += 3 * kLease;
+  EXPECT_TRUE(index_.ExpireLeases(now_).empty()) << "the waiting snapshot holds the lease";
+  index_.MessageTaken("c", c2, now_);
+  now_ += kLease;
+  EXPECT_THAT(index_.ExpireLeases(now_), ElementsAre("c"));
 }
 
 }  // namespace

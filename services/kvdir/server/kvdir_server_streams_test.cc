@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -401,6 +402,52 @@ TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
   EXPECT_TRUE(a.Heartbeat());
   EXPECT_TRUE(a.Close().ok());
   EXPECT_TRUE(other.Close().ok());
+}
+
+// A snapshot over limits.max_entries_per_worker is refused unconverted, but kvdir parsed it all
+// the same: it is charged to the certificate's budget of directory work (as a full snapshot), so
+// a worker certificate that opens stream after stream to send one is refused for its rate within
+// a few, instead of keeping kvdir parsing megabyte messages as fast as it sends them.
+TEST(KvdirServerTlsStreamsTest, OversizedSnapshotsAreChargedToTheCertificate) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-oversize-certs-", getpid());
+  ASSERT_EQ(
+      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 1 --force >/dev/null")
+                      .c_str()),
+      0)
+      << "tools/gen-certs (run from the source tree) failed";
+  KvdirOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  // A budget of 4 full snapshots, refilled at one a second.
+  options.limits.max_entries_per_worker = 20'000;
+  options.limits.max_publish_entries_per_s = 20'000;
+  options.tls = TlsOptions{.cert_file = certs + "/kvdir.crt",
+                           .key_file = certs + "/kvdir.key",
+                           .ca_file = certs + "/ca.crt"};
+  auto server = KvdirServer::Create(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = MakeChannel(absl::StrCat("localhost:", (*server)->port()),
+                             TlsOptions{.cert_file = certs + "/worker-0.crt",
+                                        .key_file = certs + "/worker-0.key",
+                                        .ca_file = certs + "/ca.crt"});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto stub = v1::KvDirectory::NewStub(*channel);
+  std::vector<v1::DocEntry> oversized;
+  for (uint64_t key = 1; key <= 20'001; ++key) oversized.push_back(Entry(key, 10));
+  std::vector<std::string> refusals;
+  for (int i = 0; i < 12; ++i) {
+    FakeWorker w(stub.get(), "worker-0");
+    w.Hello(1, "localhost:7000");
+    w.Snapshot(oversized);
+    const grpc::Status s = w.Drain();
+    refusals.push_back(s.error_message());
+    if (absl::StrContains(s.error_message(), "limits.max_publish_entries_per_s")) break;
+    EXPECT_THAT(s.error_message(), HasSubstr("snapshot.entries: 20001 entries")) << i;
+  }
+  ASSERT_FALSE(refusals.empty());
+  EXPECT_THAT(refusals.back(), HasSubstr("limits.max_publish_entries_per_s"))
+      << refusals.size() << " oversized snapshots were sent and none was charged";
+  EXPECT_LE(refusals.size(), 8u) << "the budget allows about 4 and a refill of one a second";
 }
 
 }  // namespace

@@ -17,16 +17,12 @@
 #include "common/kvdir_stream_trailer.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
+#include "common/worker_id.h"
 #include "services/kvdir/server/peer_host.h"
 #include "services/kvdir/server/proto_convert.h"
 
 namespace lazyattn::kvdir {
 namespace {
-
-bool IsWorkerIdChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-' || c == ':' || c == '[' || c == ']';
-}
 
 // The number after the last ':' of `address` when it is all digits (more than 12 digits read as
 // int64's maximum, out of every range), else nullopt.
@@ -122,8 +118,10 @@ void PublishReactor::OnReadDone(bool ok) {
     // ends, so the read side is the task's alone meanwhile, and the reactor, which ends only
     // once Finish is called, outlives it. The worker's heartbeats wait behind the snapshot in
     // the stream: its lease must not pass while the pool is busy with others.
-    const bool held = session_ != 0;
-    if (held) ctx_.index->MessageQueued(worker_id_, session_, MonotonicNow());
+    // Only a mark the index made is taken back: a stream taken over by a newer one of its worker
+    // makes none, and taking one for it would drop the newer stream's mark.
+    const bool held =
+        session_ != 0 && ctx_.index->MessageQueued(worker_id_, session_, MonotonicNow());
     ctx_.slow_work->Run([this, held](bool stopping) {
       absl::Status status;
       if (stopping) {
@@ -182,10 +180,12 @@ absl::Status PublishReactor::RepliesUnread() {
 
 absl::Status PublishReactor::ChargeWork(const v1::WorkerMessage& msg) {
   if (ctx_.streams == nullptr || stream_id_ == 0) return absl::OkStatus();
-  const int64_t entries = msg.has_snapshot() ? msg.snapshot().entries_size() : 1;
-  // Refused below for its size (limits.max_entries_per_worker, which drops the worker's
-  // entries): counted and named there, not here.
-  if (entries > ctx_.max_entries_per_worker) return absl::OkStatus();
+  // A snapshot over limits.max_entries_per_worker is refused below, unconverted, but it was
+  // parsed all the same: charged as a full snapshot, so that a certificate opening stream after
+  // stream to send one runs out of budget as one sending full snapshots does.
+  const int64_t entries = msg.has_snapshot() ? std::min<int64_t>(msg.snapshot().entries_size(),
+                                                                 ctx_.max_entries_per_worker)
+                                             : 1;
   absl::Status charged = ctx_.streams->Charge(stream_id_, entries, MonotonicNow());
   if (!charged.ok()) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kMaxPublishEntriesPerS);
@@ -259,8 +259,7 @@ absl::Status PublishReactor::HandleHello(const v1::WorkerMessage& msg) {
   if (id.empty()) {
     return absl::InvalidArgumentError("hello.status.worker_id: must not be empty");
   }
-  if (static_cast<int64_t>(id.size()) > ctx_.max_worker_id_length ||
-      !std::all_of(id.begin(), id.end(), IsWorkerIdChar)) {
+  if (!IsValidWorkerId(id, static_cast<size_t>(ctx_.max_worker_id_length))) {
     ctx_.metrics->LimitRefused(KvdirMetrics::Limit::kWorkerId);
     LogWarning("kvdir")
         .Str("worker_id", Printable(id))

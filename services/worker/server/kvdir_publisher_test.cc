@@ -484,10 +484,11 @@ TEST(WorkerServerKvdirTest, AnotherRolesServerCertificateStopsTheStart) {
     ASSERT_FALSE(server.ok());
     EXPECT_EQ(ExitStatusForStartFailure(server.status()), 2) << server.status();
     const std::string message(server.status().message());
-    EXPECT_NE(message.find(absl::StrCat(
-                  "tls.cert_file: ", o.grpc.tls.cert_file, ": the certificate is lazyattn://", role,
-                  "/", cert, " (role ", role, "), but this server serves as role worker")),
-              std::string::npos)
+    EXPECT_NE(
+        message.find(absl::StrCat("server.tls.cert_file: ", o.grpc.tls.cert_file,
+                                  ": the certificate is lazyattn://", role, "/", cert, " (role ",
+                                  role, "), but this server serves as role worker")),
+        std::string::npos)
         << message;
   }
 }
@@ -537,6 +538,38 @@ TEST(WorkerServerKvdirTest, PublishesTheEngineDocumentCache) {
                                          std::string("second document, a bit longer").size()));
   ExpectContiguousSeq(kvdir.messages());
   server->reset();  // half-closes the stream before the fake goes away
+}
+
+// kvdir refuses every hello of a worker whose id is not 1-255 of [A-Za-z0-9._:[]-], and the
+// worker, alive and healthy, then never got a request routed by the directory, with one warning in
+// its log. A publishing worker does not start with such an id, whether set (worker.id) or taken
+// from its advertised address; a standalone one has no directory to refuse it.
+TEST(WorkerServerKvdirTest, AnIdKvdirWouldRefuseStopsTheStart) {
+  auto weights = MakeRandomWeights(TinyTestConfig(), 3);
+  auto tokenizer = MakeByteTokenizer();
+  auto start = [&](const std::string& id, const std::string& advertised, bool publishes) {
+    WorkerServerOptions o;
+    o.grpc.listen_address = "127.0.0.1:0";
+    o.metrics_address = "";
+    o.engine = {.num_kv_blocks = 256, .max_batch_tokens = 64};
+    o.service.worker_id = id;
+    o.advertise_address = advertised;
+    if (publishes) o.kvdir = KvdirPublisherOptions{.address = "127.0.0.1:9"};
+    return WorkerServer::Create(o, weights.get(), tokenizer.get());
+  };
+  for (const auto& [id, advertised] : {std::pair<std::string, std::string>{"w0/a", ""},
+                                       {std::string(256, 'w'), ""},
+                                       {"", "dns:///w0.example:7200"}}) {
+    SCOPED_TRACE(id + " " + advertised);
+    auto refused = start(id, advertised, /*publishes=*/true);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("worker.id: "), std::string::npos)
+        << refused.status();
+    EXPECT_TRUE(start(id, advertised, /*publishes=*/false).ok()) << "standalone";
+  }
+  EXPECT_TRUE(start("worker-0.lazyattn:7200", "", /*publishes=*/true).ok());
+  EXPECT_TRUE(start("", "[::1]:7200", /*publishes=*/true).ok());
 }
 
 }  // namespace

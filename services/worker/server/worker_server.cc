@@ -13,6 +13,8 @@
 #include "common/grpc_util.h"
 #include "common/log.h"
 #include "common/monotonic_time.h"
+#include "common/status_macros.h"
+#include "common/worker_id.h"
 #include "services/worker/server/handed_back.h"
 
 namespace lazyattn {
@@ -46,6 +48,20 @@ std::string AdvertisedAddress(const std::string& listen_address, int port) {
     host = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "localhost";
   }
   return absl::StrCat(host, ":", port);
+}
+
+absl::Status CheckWorkerIdForKvdir(const std::string& id, const std::string& address) {
+  if (!id.empty()) {
+    if (IsValidWorkerId(id)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker.id: expected 1 to ", kDefaultMaxWorkerIdLength,
+                     " of [A-Za-z0-9._:[]-] (what kvdir takes as a worker id), got \"", id, "\""));
+  }
+  if (IsValidWorkerId(address)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker.id: unset, so the advertised address \"", address,
+                   "\" would be the worker id, which kvdir refuses (1 to ",
+                   kDefaultMaxWorkerIdLength, " of [A-Za-z0-9._:[]-]): set worker.id"));
 }
 
 WorkerServer::WorkerServer(const WorkerServerOptions& options, std::unique_ptr<Engine> engine,
@@ -112,6 +128,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(
   server->address_ = options.advertise_address.empty()
                          ? AdvertisedAddress(options.grpc.listen_address, built->port)
                          : options.advertise_address;
+  if (options.kvdir.has_value()) {
+    RETURN_IF_ERROR(CheckWorkerIdForKvdir(options.service.worker_id, server->address_));
+  }
   server->worker_id_ =
       options.service.worker_id.empty() ? server->address_ : options.service.worker_id;
   server->service_->set_identity(server->worker_id_, server->address_);

@@ -149,6 +149,13 @@ class WorkerServer {
 // "HOST:PORT" of `listen_address` with `port`; a wildcard host becomes this machine's hostname.
 std::string AdvertisedAddress(const std::string& listen_address, int port);
 
+// The id a worker publishing to kvdir is known by must be one kvdir takes (common/worker_id.h):
+// otherwise kvdir refuses every hello and the worker, alive and healthy, never gets a request
+// routed by the directory. `id` is worker.id (or --worker-id); when it is empty the advertised
+// address `address` serves as the id (a `dns:///` target, say, does not). InvalidArgument naming
+// worker.id otherwise.
+absl::Status CheckWorkerIdForKvdir(const std::string& id, const std::string& address);
+
 }  // namespace lazyattn
 
 #endif  // LAZYATTN_SERVICES_WORKER_SERVER_WORKER_SERVER_H_
