@@ -184,7 +184,7 @@ absl::StatusOr<BuiltServer> StartGrpcServer(const ServerOptions& options,
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls.cert_file.empty()) {
     // A start checks the files on disk, whether or not a mirror of them exists already.
-    if (absl::Status s = CheckTlsFiles(options.tls); !s.ok()) return s;
+    if (absl::Status s = CheckTlsFiles(options.tls, "server.tls."); !s.ok()) return s;
     auto files = WatchFiles(options.tls);
     if (!files.ok()) return files.status();
     grpc::experimental::TlsServerCredentialsOptions tls(*files);

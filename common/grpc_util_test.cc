@@ -209,15 +209,15 @@ TEST(StartGrpcServerTest, UnusableTlsFilesAreRefusedNamingThem) {
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   ASSERT_EQ(symlink(loop.c_str(), loop.c_str()), 0);
   ExpectStartRefused({
-      {empty, key, cert, "tls.cert_file: " + empty + " is empty"},
-      {folder, key, cert, "tls.cert_file: cannot read " + folder + ": not a regular file"},
-      {cert, empty, cert, "tls.key_file: " + empty + " is empty"},
-      {cert, cert, cert, "tls.key_file: " + cert + " holds no matching PEM block"},
-      {cert, key, "/dev/zero", "tls.ca_file: cannot read /dev/zero: not a regular file"},
-      {cert, key, text, "tls.ca_file: " + text + " holds no matching PEM block"},
-      {cert, key, key, "tls.ca_file: " + key + " holds no matching PEM block"},
-      {fifo, key, cert, "tls.cert_file: cannot read " + fifo + ": not a regular file"},
-      {cert, loop, cert, "tls.key_file: cannot read " + loop + ": "},
+      {empty, key, cert, "server.tls.cert_file: " + empty + " is empty"},
+      {folder, key, cert, "server.tls.cert_file: cannot read " + folder + ": not a regular file"},
+      {cert, empty, cert, "server.tls.key_file: " + empty + " is empty"},
+      {cert, cert, cert, "server.tls.key_file: " + cert + " holds no matching PEM block"},
+      {cert, key, "/dev/zero", "server.tls.ca_file: cannot read /dev/zero: not a regular file"},
+      {cert, key, text, "server.tls.ca_file: " + text + " holds no matching PEM block"},
+      {cert, key, key, "server.tls.ca_file: " + key + " holds no matching PEM block"},
+      {fifo, key, cert, "server.tls.cert_file: cannot read " + fifo + ": not a regular file"},
+      {cert, loop, cert, "server.tls.key_file: cannot read " + loop + ": "},
   });
   // A client's CA likewise (the CLI's --ca).
   auto channel = MakeChannel("127.0.0.1:9", {.ca_file = folder});
@@ -240,13 +240,15 @@ TEST(StartGrpcServerTest, AKeyThatIsNotTheCertificatesIsRefused) {
   ExpectStartRefused(
       {
           {kvdir_crt, router_key, ca,
-           "tls.key_file: " + router_key + " is not the private key of tls.cert_file " + kvdir_crt},
+           "server.tls.key_file: " + router_key +
+               " is not the private key of server.tls.cert_file " + kvdir_crt},
           {garbage, kvdir_key, ca,
-           "tls.cert_file: " + garbage + ": its first certificate does not parse"},
+           "server.tls.cert_file: " + garbage + ": its first certificate does not parse"},
           {kvdir_crt, garbage, ca,
-           "tls.key_file: " + garbage + ": the private key does not parse (or is encrypted)"},
+           "server.tls.key_file: " + garbage +
+               ": the private key does not parse (or is encrypted)"},
           {kvdir_crt, kvdir_key, garbage,
-           "tls.ca_file: " + garbage + ": its first certificate does not parse"},
+           "server.tls.ca_file: " + garbage + ": its first certificate does not parse"},
       },
       /*whole_message=*/true);
   // Reflection: a server needs one service to start.

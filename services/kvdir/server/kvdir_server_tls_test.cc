@@ -154,7 +154,7 @@ TEST_F(KvdirServerTlsTest, AnotherRolesCertificateStopsTheStart) {
     ASSERT_FALSE(server.ok());
     EXPECT_EQ(ExitStatusForStartFailure(server.status()), 2) << server.status();
     const std::string message(server.status().message());
-    EXPECT_THAT(message, HasSubstr(absl::StrCat("tls.cert_file: ", options.tls.cert_file,
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("server.tls.cert_file: ", options.tls.cert_file,
                                                 ": the certificate is lazyattn://")));
     EXPECT_THAT(message, HasSubstr(absl::StrCat("lazyattn://", role, "/", cert, " (role ", role,
                                                 "), but this server serves as role kvdir")));
