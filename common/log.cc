@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <openssl/rand.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -7,11 +8,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include <openssl/rand.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/utf8.h"
 #include "common/yaml_config.h"
 
 namespace lazyattn {
@@ -24,38 +24,58 @@ std::atomic<int> g_fd{STDERR_FILENO};
 constexpr const char* kLevelNames[] = {"debug", "info", "warning", "error"};
 constexpr const char* kLevelText[] = {"DEBUG", "INFO", "WARN", "ERROR"};
 
-void AppendJsonString(std::string* out, std::string_view s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
+// `s` with what could forge or break a log line escaped: control characters (C0 and DEL, and the
+// C1 range U+0080-U+009F, which some terminals act on) as \uXXXX, bytes that are not UTF-8 as
+// U+FFFD (a JSON reader refuses the line otherwise), and with `json` also quotes and backslashes.
+// Messages and values carry text from clients and peers (a worker's error message), which must
+// not start a line of its own.
+void AppendEscaped(std::string* out, std::string_view s, bool json) {
+  std::string repaired;
+  if (!IsValidUtf8(s)) {
+    repaired = ToValidUtf8(s);
+    s = repaired;
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (json && (c == '"' || c == '\\')) {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(c));
+      continue;
+    }
+    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) < 0xA0;
+    if (c == '\n') {
+      out->append("\\n");
+    } else if (c == '\r') {
+      out->append("\\r");
+    } else if (c == '\t') {
+      out->append("\\t");
+    } else if (c < 0x20 || c == 0x7f || c1) {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\u%04x", c1 ? static_cast<unsigned char>(s[++i]) : c);
+      out->append(buf);
+    } else {
+      out->push_back(static_cast<char>(c));
     }
   }
+}
+
+void AppendJsonString(std::string* out, std::string_view s) {
+  out->push_back('"');
+  AppendEscaped(out, s, /*json=*/true);
   out->push_back('"');
 }
 
-// Text values are bare unless they hold a space, a quote, '=' or a control character.
+// Text values are bare when they are printable ASCII without a space, a quote or '='; otherwise
+// quoted with JSON's escapes, which read well in text too.
 void AppendTextValue(std::string* out, std::string_view s) {
   bool plain = !s.empty();
   for (unsigned char c : s) {
-    if (c <= 0x20 || c == '"' || c == '=' || c == 0x7f) plain = false;
+    if (c <= 0x20 || c == '"' || c == '=' || c >= 0x7f) plain = false;
   }
   if (plain) {
     out->append(s);
   } else {
-    AppendJsonString(out, s);  // the same escapes read well in text too
+    AppendJsonString(out, s);
   }
 }
 
@@ -218,8 +238,9 @@ void LogLine::Msg(std::string_view message) {
     AppendJsonString(&line, message);
     absl::StrAppend(&line, fields_, "}\n");
   } else {
-    line = absl::StrCat(ts, " ", kLevelText[level], " ", component_, ": ",
-                        absl::string_view(message.data(), message.size()), fields_, "\n");
+    line = absl::StrCat(ts, " ", kLevelText[level], " ", component_, ": ");
+    AppendEscaped(&line, message, /*json=*/false);
+    absl::StrAppend(&line, fields_, "\n");
   }
   WriteAll(g_fd.load(), line);
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/yaml_config.h"
@@ -61,6 +62,34 @@ TEST(LogTest, JsonLinesAreEscapedAndDebugAppearsOnlyAtDebugLevel) {
                                 "\\\\u0001\",\"ttft_s\":0.25\\}\n.*"));
   EXPECT_THAT(out, HasSubstr("\"level\":\"debug\",\"component\":\"worker\",\"msg\":\"d\","
                              "\"prompt\":\"visible\"}\n"));
+}
+
+// A message or value from a client or a peer (a worker's error message relayed by the router)
+// cannot forge a line of its own, nor carry a terminal's control sequence, nor make a JSON line
+// that is not UTF-8 (which a JSON reader refuses whole).
+TEST(LogTest, TextFromPeersCannotForgeOrBreakALine) {
+  const std::string forged =
+      "x\n2026-12-06T00:00:00.000Z INFO router: request status=ok\r\x1b[2J\xc2\x9b"
+      "1m";
+  {
+    Capture capture;
+    ConfigureLogging({.level = LogLevel::kInfo, .format = LogFormat::kText});
+    LogWarning("router").Str("error", forged).Msg(forged);
+    const std::string out = capture.Take();
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_THAT(out, HasSubstr("router: x\\n2026-12-06T00:00:00.000Z INFO router: request "
+                               "status=ok\\r\\u001b[2J\\u009b1m error=\"x\\n"));
+  }
+  {
+    Capture capture;
+    ConfigureLogging({.level = LogLevel::kInfo, .format = LogFormat::kJson});
+    LogWarning("router").Str("error", "bad \xff\xfe utf-8 \xc3").Msg("m\xc3\xa9 \xe2\x82");
+    const std::string out = capture.Take();
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    // Valid UTF-8 (é) as is; every byte that is not as U+FFFD.
+    EXPECT_THAT(out, HasSubstr("\"msg\":\"m\xc3\xa9 \xef\xbf\xbd\xef\xbf\xbd\""));
+    EXPECT_THAT(out, HasSubstr("\"error\":\"bad \xef\xbf\xbd\xef\xbf\xbd utf-8 \xef\xbf\xbd\""));
+  }
 }
 
 TEST(LogTest, ErrorLevelDropsInfo) {
