@@ -61,13 +61,32 @@ bool WaitForSocket(int fd, short events, milliseconds timeout, SteadyTime deadli
   }
 }
 
-bool ConnectionStream::WaitForData(milliseconds timeout) const {
-  return HasReadAhead() || WaitForSocket(fd_, POLLIN, timeout, deadline_);
+bool WaitForSocketOrStop(int fd, short events, milliseconds timeout, SteadyTime deadline,
+                         const std::atomic<socket_t>* listener, SteadyTime* stopped_at) {
+  if (listener == nullptr) return WaitForSocket(fd, events, timeout, deadline);
+  // In slices, so that a stop is seen within one.
+  constexpr milliseconds kStopSlice{100};
+  const SteadyTime until = std::min(deadline, steady_clock::now() + timeout);
+  while (true) {
+    SteadyTime end = until;
+    if (listener->load() == INVALID_SOCKET) {
+      if (*stopped_at == SteadyTime()) *stopped_at = steady_clock::now();
+      end = std::min(end, *stopped_at + kWaitAfterStop);
+    }
+    if (steady_clock::now() >= end) return false;
+    if (WaitForSocket(fd, events, kStopSlice, end)) return true;
+  }
 }
 
-bool ConnectionStream::WaitReadable() const {
-  return WaitForSocket(fd_, POLLIN, read_timeout_, deadline_);
+bool ConnectionStream::Wait(short events, milliseconds timeout, SteadyTime deadline) const {
+  return WaitForSocketOrStop(fd_, events, timeout, deadline, listener_, &stopped_at_);
 }
+
+bool ConnectionStream::WaitForData(milliseconds timeout) const {
+  return HasReadAhead() || Wait(POLLIN, timeout, deadline_);
+}
+
+bool ConnectionStream::WaitReadable() const { return Wait(POLLIN, read_timeout_, deadline_); }
 
 bool ConnectionStream::WaitWritable() const { return WaitDuringWrite(POLLOUT); }
 
@@ -82,7 +101,7 @@ bool ConnectionStream::WaitDuringWrite(short events) const {
     deadline = std::min(deadline, start + kUncountedWait + write_earned_ +
                                       std::max(left, steady_clock::duration::zero()));
   }
-  const bool ready = WaitForSocket(fd_, events, write_timeout_, deadline);
+  const bool ready = Wait(events, write_timeout_, deadline);
   const auto over =
       std::max(steady_clock::duration::zero(), steady_clock::now() - start - kUncountedWait);
   const auto from_earned = std::min(over, write_earned_);
@@ -240,7 +259,7 @@ ssize_t TlsStream::read(char* ptr, size_t size) {
         if (!WaitReadable()) return -1;
         break;
       case SSL_ERROR_WANT_WRITE:  // a read's wait: its timeout and deadline, not the write's
-        if (!WaitForSocket(fd_, POLLOUT, read_timeout_, deadline_)) return -1;
+        if (!Wait(POLLOUT, read_timeout_, deadline_)) return -1;
         break;
       case SSL_ERROR_ZERO_RETURN:
         return 0;  // close_notify
@@ -277,7 +296,9 @@ ssize_t TlsStream::write(const char* ptr, size_t size) {
   }
 }
 
-SSL* AcceptTls(int fd, SSL_CTX* ctx, milliseconds timeout, SteadyTime deadline) {
+SSL* AcceptTls(int fd, SSL_CTX* ctx, milliseconds timeout, SteadyTime deadline,
+               const std::atomic<socket_t>* listener) {
+  SteadyTime stopped_at{};
   const int flags = fcntl(fd, F_GETFL, 0);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return nullptr;
   SSL* ssl = SSL_new(ctx);
@@ -293,10 +314,10 @@ SSL* AcceptTls(int fd, SSL_CTX* ctx, milliseconds timeout, SteadyTime deadline) 
     bool waited = false;
     switch (SSL_get_error(ssl, r)) {
       case SSL_ERROR_WANT_READ:
-        waited = WaitForSocket(fd, POLLIN, timeout, deadline);
+        waited = WaitForSocketOrStop(fd, POLLIN, timeout, deadline, listener, &stopped_at);
         break;
       case SSL_ERROR_WANT_WRITE:
-        waited = WaitForSocket(fd, POLLOUT, timeout, deadline);
+        waited = WaitForSocketOrStop(fd, POLLOUT, timeout, deadline, listener, &stopped_at);
         break;
       default:
         break;

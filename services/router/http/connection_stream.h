@@ -21,7 +21,8 @@
 // at kMaxBodyLineBytes. Past either, reads fail.
 //
 // And the bytes read are checked where the library is lenient: a request's line and headers
-// (head_line_checker.h: bare LF, bare CR, a NUL in a value, a line without a colon, obs-fold)
+// (head_line_checker.h: bare LF, bare CR, a NUL in a value, a line without a colon, obs-fold,
+// a '%' in the value of a header whose meaning the library's percent-decoding would change)
 // and, once BeginChunkedBody is called, a chunked body's framing (chunked_body_checker.h). The
 // read that breaks them fails, as every later one, except in the request line: the library
 // would close a connection whose request line it could not read without an answer, so its bytes
@@ -35,6 +36,7 @@
 #include <httplib.h>
 #include <openssl/ssl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -55,6 +57,18 @@ inline constexpr size_t kMaxBodyLineBytes = 4096;
 // Waits up to `timeout`, and never past `deadline`, for `events` (POLLIN, POLLOUT) on `fd`; true
 // when the socket is ready (or failed: the next read or write reports it).
 bool WaitForSocket(int fd, short events, std::chrono::milliseconds timeout, SteadyTime deadline);
+
+// How long a connection's waits may still take in all once its server has stopped (a shutdown's
+// last event to a client that reads gets out well within it).
+inline constexpr std::chrono::milliseconds kWaitAfterStop{1000};
+
+// WaitForSocket that also gives up once `listener` (the server's listening socket, as cpp-httplib
+// keeps it) is INVALID_SOCKET, the server having stopped: waits after the stop end kWaitAfterStop
+// after `*stopped_at`, set by the first wait to see it (the default SteadyTime: not seen yet).
+// A null `listener` waits as WaitForSocket.
+bool WaitForSocketOrStop(int fd, short events, std::chrono::milliseconds timeout,
+                         SteadyTime deadline, const std::atomic<socket_t>* listener,
+                         SteadyTime* stopped_at);
 
 class ConnectionStream : public httplib::Stream {
  public:
@@ -78,6 +92,11 @@ class ConnectionStream : public httplib::Stream {
     earned_bytes_per_s_ = earned_bytes_per_s;
   }
   bool deadline_passed() const { return std::chrono::steady_clock::now() >= deadline_; }
+  // The server's listening socket (WaitForSocketOrStop): once the server stops, every wait of
+  // this stream gives up within kWaitAfterStop in all, so a client that stops reading, or
+  // trickles its body, cannot hold the shutdown for its timeouts (tens of seconds). Null (the
+  // default): the waits know nothing of a stop.
+  void set_stop_signal(const std::atomic<socket_t>* listener) { listener_ = listener; }
 
   // A request begins: from now until EndHead, the bytes read (its line and headers) may total at
   // most `max_head_bytes` (0: no cap); a read that would go past it fails, as every later one.
@@ -107,6 +126,8 @@ class ConnectionStream : public httplib::Stream {
 
  protected:
   virtual bool HasReadAhead() const = 0;
+  // Every wait of the stream for its socket: WaitForSocketOrStop with its stop signal.
+  bool Wait(short events, std::chrono::milliseconds timeout, SteadyTime deadline) const;
   bool WaitReadable() const;  // read_timeout, bounded by the deadline
   // write_timeout, bounded by the write deadline and what is left of the write wait budget.
   bool WaitWritable() const;
@@ -135,6 +156,8 @@ class ConnectionStream : public httplib::Stream {
   mutable std::chrono::steady_clock::duration write_earned_{0};
 
  private:
+  const std::atomic<socket_t>* listener_ = nullptr;
+  mutable SteadyTime stopped_at_{};  // when a wait first saw the server stopped
   size_t max_head_bytes_ = 0;
   size_t head_bytes_ = 0;
   bool in_head_ = false;
@@ -181,7 +204,8 @@ class TlsStream final : public ConnectionStream {
 // Sets `fd` non-blocking and runs the server side of the TLS handshake until `deadline` (each wait
 // at most `timeout`). The new SSL (the caller frees it), or null when the handshake failed or did
 // not finish in time.
-SSL* AcceptTls(int fd, SSL_CTX* ctx, std::chrono::milliseconds timeout, SteadyTime deadline);
+SSL* AcceptTls(int fd, SSL_CTX* ctx, std::chrono::milliseconds timeout, SteadyTime deadline,
+               const std::atomic<socket_t>* listener = nullptr);
 
 }  // namespace lazyattn::router
 

@@ -249,6 +249,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   } else {
     PlainStream stream(sock, Millis(read_timeout_sec_, read_timeout_usec_),
                        Millis(write_timeout_sec_, write_timeout_usec_));
+    stream.set_stop_signal(&svr_sock_);
     const LoopParams params{&svr_sock_,
                             keep_alive_max_count_,
                             Millis(keep_alive_timeout_sec_, 0),
@@ -280,9 +281,11 @@ bool GuardedSslServer::process_and_close_socket(socket_t sock) {
     // closed below
   } else if (auto slot = limits_.slots->TryAcquire(PeerAddress(sock)); slot != nullptr) {
     const milliseconds read_timeout = Millis(read_timeout_sec_, read_timeout_usec_);
-    SSL* ssl = AcceptTls(sock, ssl_context(), read_timeout, start + limits_.header_timeout);
+    SSL* ssl =
+        AcceptTls(sock, ssl_context(), read_timeout, start + limits_.header_timeout, &svr_sock_);
     if (ssl != nullptr) {
       TlsStream stream(sock, ssl, read_timeout, Millis(write_timeout_sec_, write_timeout_usec_));
+      stream.set_stop_signal(&svr_sock_);
       const LoopParams params{&svr_sock_,
                               keep_alive_max_count_,
                               Millis(keep_alive_timeout_sec_, 0),

@@ -26,9 +26,11 @@
 //    rate.
 //  - strict framing where the library is lenient (connection_stream.h): a request's line and
 //    headers (a bare LF or CR, a NUL in a value, a header line without a colon or folded over
-//    lines) and a chunked body's sizes, extensions and line ends are checked byte by byte as the
-//    library reads them. A read that breaks them fails: the library answers 400, the handlers
-//    name the problem (RequestHeadProblem, ChunkedBodyCheck), and the connection is closed.
+//    lines, a '%' in a framing or credential header's value, which the library would
+//    percent-decode) and a chunked body's sizes, extensions and line ends are checked byte by byte
+//    as the library reads them. A read that breaks them fails: the library answers 400, the
+//    handlers name the problem (RequestHeadProblem, ChunkedBodyCheck), and the connection is
+//    closed.
 //  - a cap on the connections one client address holds at once (client_slots.h). The excess
 //    connection is answered 503 at once without reading its request (plaintext), or closed before
 //    the handshake (TLS), and holds no thread longer than that. Connections taken up by a thread
@@ -88,8 +90,9 @@ bool BodyMarkedReceived();
 // answers 400, which the error handler turns into 431). False outside a handler.
 bool RequestHeadTooLarge();
 // What is wrong with the request's line and headers as read (head_line_checker.h: a bare LF or
-// CR, a NUL in a header value, a header line without a colon, obs-fold); empty when nothing is,
-// and outside a handler. The read that found it failed, so the library answered 400.
+// CR, a NUL in a header value, a header line without a colon, obs-fold, a '%' in a framing or
+// credential header's value); empty when nothing is, and outside a handler. The read that found
+// it failed, so the library answered 400.
 std::string RequestHeadProblem();
 // The body about to be read is chunked: its framing is checked as the library reads it
 // (chunked_body_checker.h), and a read that breaks it fails.

@@ -254,6 +254,48 @@ TEST_P(HttpStreamLifecycleTest, AStreamToAClientThatStopsReadingIsCutAtTheWriteT
   EXPECT_NE(reply.find(R"("workers":1)"), std::string::npos) << reply;
 }
 
+// Clients that stall do not hold the shutdown past the grace for their timeouts
+// (http.write_timeout_ms, http.body_timeout_ms: 30 s by default): a stream whose client stopped
+// reading, its writer waiting for the socket, and a body that stopped arriving. Once the listener
+// stops, every wait of a connection gives up within kWaitAfterStop.
+TEST_P(HttpStreamLifecycleTest, ShutdownDoesNotWaitOutClientsThatStall) {
+  max_tokens_limit_ = 1 << 16;
+  ASSERT_NO_FATAL_FAILURE(Start(absl::ZeroDuration(), /*prefill_forever=*/false, HttpOptions(),
+                                std::string(1000, 'x')));
+  PacedWorker& worker = *worker_;
+  StreamClient stalled(http_->port(), tls());
+  ASSERT_TRUE(stalled.connected());
+  ASSERT_TRUE(stalled.Write(CompletionRequest(/*stream=*/true, /*max_tokens=*/1 << 16)));
+  StreamClient trickling(http_->port(), tls());
+  ASSERT_TRUE(trickling.connected());
+  ASSERT_TRUE(
+      trickling.Write("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\nContent-Length: 100\r\n\r\n{\"mess"));
+  ASSERT_TRUE(worker.WaitForTokens(1, kBound));
+  // Tokens of 1,000 bytes as fast as the worker makes them: the socket buffers fill, and the
+  // stream's writer then waits in poll for a client that never reads.
+  int64_t written = -1;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const int64_t now = worker.tokens_sent();
+        const bool still = now == written;
+        written = now;
+        if (!still) absl::SleepFor(absl::Milliseconds(200));
+        return still;
+      },
+      kBound))
+      << "the stream never waited for its client";
+
+  const absl::Time began = absl::Now();
+  http_->Shutdown(kGrace);
+  const absl::Duration took = absl::Now() - began;
+  // The grace, the cut's 250 ms slice, kWaitAfterStop, and room for a loaded machine: far below
+  // the 30 s the stalled waits had left.
+  EXPECT_LT(took, kGrace + absl::Seconds(5)) << took;
+  EXPECT_TRUE(worker.WaitForCancellation(kBound)) << "the stalled stream's call ran on";
+  EXPECT_EQ(http_->live_calls(), 0);
+}
+
 // A load balancer's readiness check: /health says 503 once the router drains (it refuses new
 // requests then), while the stream in flight runs on through the grace.
 TEST_P(HttpStreamLifecycleTest, HealthTurns503OnceTheRouterDrains) {

@@ -75,6 +75,11 @@ class PacedWorker final : public lazyattn::v1::Worker::Service {
     return s;
   }
 
+  // Tokens sent so far (over all calls).
+  int tokens_sent() {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
   // Waits until `n` tokens were sent (over all calls).
   bool WaitForTokens(int n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
