@@ -114,5 +114,39 @@ TEST_F(HttpServerTest, ARefusalFromTheRequestsHeadCarriesItsIdToo) {
   EXPECT_TRUE(worker_.request_ids().empty());
 }
 
+// Refusals made while the body is read (its chunked framing, its size) are answers of the endpoint
+// too, and carried no id.
+TEST_F(HttpServerTest, ARefusalWhileTheBodyIsReadCarriesItsId) {
+  StartRouter();
+  HttpOptions options = Options();
+  options.max_body_bytes = 64;
+  StartHttp(options, nullptr);
+  auto Exchange = [this](const std::string& request) {
+    const int fd = http_test::Connect(http_->port());
+    if (fd < 0) return std::string("(no connection)");
+    const bool sent =
+        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
+    std::string reply = sent ? http_test::ReadAll(fd) : "(send failed)";
+    close(fd);
+    return reply;
+  };
+  const std::string head =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\nConnection: close\r\n";
+  const std::string malformed =
+      Exchange(head + "X-Request-Id: body-1\r\n\r\nzz\r\n{}\r\n0\r\n\r\n");
+  EXPECT_EQ(malformed.rfind("HTTP/1.1 400", 0), 0u) << malformed;
+  EXPECT_EQ(RequestIdOf(malformed), "body-1") << malformed;
+  const std::string chunk(100, ' ');
+  const std::string too_large =
+      Exchange(head + "X-Request-Id: body-2\r\n\r\n64\r\n" + chunk + "\r\n0\r\n\r\n");
+  EXPECT_EQ(too_large.rfind("HTTP/1.1 413", 0), 0u) << too_large;
+  EXPECT_EQ(RequestIdOf(too_large), "body-2") << too_large;
+  const std::string unnamed = Exchange(head + "\r\n64\r\n" + chunk + "\r\n0\r\n\r\n");
+  EXPECT_EQ(unnamed.rfind("HTTP/1.1 413", 0), 0u) << unnamed;
+  EXPECT_TRUE(IsValidRequestId(RequestIdOf(unnamed))) << unnamed;  // one made by the router
+  EXPECT_TRUE(worker_.request_ids().empty());
+}
+
 }  // namespace
 }  // namespace lazyattn::router

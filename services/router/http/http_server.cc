@@ -72,6 +72,8 @@ bool ReadBody(const httplib::Request& req, httplib::Response& res,
   }
   RefuseUnread(req, res, max_body_bytes, static_cast<int64_t>(body.size()));
   std::string().swap(body);
+  // An answer of the endpoint like any other: it says the id it is logged under.
+  res.set_header("X-Request-Id", HttpRequestId(req));
   const ChunkedBodyChecker* framing = chunked ? ChunkedBodyCheck() : nullptr;
   if (too_large) {
     SendError(res, 413, BodyTooLargeMessage(max_body_bytes), "body_too_large");

@@ -55,7 +55,9 @@ absl::StatusOr<int64_t> IntegerOf(const json& v, absl::string_view field) {
   if (v.is_number_integer()) {
     if (v.is_number_unsigned() &&
         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Invalid(field, absl::StrCat("expected an integer within 64 bits, got ", v.dump()));
+      return Invalid(field, absl::StrCat("expected an integer from -9223372036854775808 to "
+                                         "9223372036854775807 (a signed 64-bit integer), got ",
+                                         v.dump()));
     }
     return v.get<int64_t>();
   }
@@ -416,6 +418,11 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
                        absl::StrCat("expected true or false, got ", usage->type_name()));
       }
       out.include_usage = usage->get<bool>();
+    }
+    // OpenAI answers 400 here, and so does vLLM (for any non-empty object): options of a stream
+    // on a request that is not one say the client expects what it will not get.
+    if (!out.stream && !options->empty()) {
+      return Invalid("stream_options", "only allowed when stream is true");
     }
   }
   GenerateRequest& r = out.request;

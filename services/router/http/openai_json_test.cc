@@ -182,6 +182,13 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
             "stream: expected true or false, got string");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stream_options": true})"),
             "stream_options: expected an object, got boolean");
+  // Only with a stream, as OpenAI and vLLM have it; an empty object says nothing and passes.
+  EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "stream_options": {"include_usage": true}})"),
+            "stream_options: only allowed when stream is true");
+  EXPECT_EQ(ErrorOf(chat, "{" + user +
+                              R"(, "stream": false, "stream_options": {"include_usage": false}})"),
+            "stream_options: only allowed when stream is true");
+  EXPECT_TRUE(ParseOpenAiRequest(ApiKind::kChat, "{" + user + R"(, "stream_options": {}})").ok());
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": [{"id": "a"}]})"),
             "documents[0].text: missing (a string)");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": ["a"]})"),
@@ -189,7 +196,8 @@ TEST(OpenAiJsonTest, ErrorsNameTheJsonField) {
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "top_k": -1})"),
             "top_k: expected 0 to 2147483647, got -1");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "seed": 18446744073709551615})"),
-            "seed: expected an integer within 64 bits, got 18446744073709551615");
+            "seed: expected an integer from -9223372036854775808 to 9223372036854775807 (a signed "
+            "64-bit integer), got 18446744073709551615");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "temperature": 1e31})"),
             "temperature: expected a number within [-1e30, 1e30], got 1e+31");
   EXPECT_EQ(ErrorOf(chat, "{" + user + R"(, "documents": {"text": "a"}})"),
@@ -325,7 +333,7 @@ TEST(OpenAiJsonTest, DefaultValuesAndHarmlessFieldsAreAccepted) {
     "function_call": "auto", "response_format": {"type": "text"}, "modalities": ["text"],
     "audio": null, "guided_json": null, "user": "u", "metadata": {"team": "a"}, "store": true,
     "service_tier": "auto", "parallel_tool_calls": true, "prediction": {"type": "content"},
-    "stream_options": {"include_usage": false, "continuous_usage_stats": true}})";
+    "stream": true, "stream_options": {"include_usage": false, "continuous_usage_stats": true}})";
   auto r = ParseOpenAiRequest(ApiKind::kChat, chat_body);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(r->unknown_fields, IsEmpty());
