@@ -1,6 +1,7 @@
 // EngineCore: admission, block allocation, preemption, and the release of what a request holds.
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/monotonic_time.h"
@@ -139,9 +140,12 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
     q.offset = offset;
     r.segments.push_back(std::move(q));
     outcomes.resize(r.segments.size(), DocOutcome::kEncode);
+    // Keys acquired so far: a lazy request naming a document twice holds one key for both.
+    absl::flat_hash_set<DocCacheKey> acquired;
     for (size_t i = 0; i < r.segments.size(); ++i) {
       if (r.segments[i].kind == Segment::Kind::kDocument) {
-        outcomes[i] = AcquireDocument(r, i, copies);
+        const bool repeat = !acquired.insert(r.segments[i].cache_key).second;
+        outcomes[i] = AcquireDocument(r, i, repeat, copies);
       }
     }
   }
@@ -204,7 +208,7 @@ std::optional<int64_t> EngineCore::TryAdmit(Request& r, int64_t reserved) {
   return needed;
 }
 
-EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment,
+EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment, bool repeat,
                                                    std::vector<PendingCopy>& copies) {
   Segment& s = r.segments[segment];
   if (const CachedDocument* hit = cache_.documents().Lookup(s.cache_key)) {
@@ -213,8 +217,13 @@ EngineCore::DocOutcome EngineCore::AcquireDocument(Request& r, size_t segment,
     s.ready = s.length();
     r.result.usage.cached_tokens += s.length();
     r.result.usage.document_cached_tokens += s.length();
-    r.result.usage.document_hit_tokens += s.length();
-    ++r.result.usage.documents_hit;
+    // A repeat is reused from this request's own first occurrence, as when the document was not
+    // cached (StartOrJoinJob): one hit, which is what the router predicts (it counts each
+    // document of a request once).
+    if (!repeat) {
+      r.result.usage.document_hit_tokens += s.length();
+      ++r.result.usage.documents_hit;
+    }
     return DocOutcome::kHit;
   }
   // A job already encoding the document at this offset is joined, never raced by a copy: the copy

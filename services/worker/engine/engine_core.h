@@ -250,8 +250,10 @@ class EngineCore {
     int64_t source_offset;  // 0 for a position-free entry (its keys are at local positions)
   };
   // A hit (pinned), a copy to make (appended to `copies`, its source pinned), or an encoding job
-  // started or joined.
-  DocOutcome AcquireDocument(Request& r, size_t segment, std::vector<PendingCopy>& copies);
+  // started or joined. `repeat`: an earlier segment of the request has the same key (a lazy
+  // request naming the document twice), whose reuse is counted cached, not as a hit.
+  DocOutcome AcquireDocument(Request& r, size_t segment, bool repeat,
+                             std::vector<PendingCopy>& copies);
   DocOutcome StartOrJoinJob(Request& r, size_t segment);
   // Makes the copy into new blocks, or (no free blocks, a device error) starts or joins a job for
   // the document instead; unpins the source either way.

@@ -80,6 +80,23 @@ TEST_F(EngineCoreSafetyTest, ARepeatedDocumentIsComputedOnceAndReportedSo) {
     EXPECT_EQ(u.document_cached_tokens, cached);
     EXPECT_EQ(u.computed_tokens, u.prompt_tokens - cached);
     EXPECT_EQ(u.document_hit_tokens, 0) << "nothing was cached before the request";
+
+    // Warm, the same request again: every occurrence comes from the cache. Lazy holds one key
+    // for the three occurrences of document 1, so it is one hit (what the router predicts: it
+    // counts each document of a request once) and its repeats are cached tokens, as cold; block
+    // keys each occurrence by its offset, so each is a hit of its own.
+    const int64_t other = static_cast<int64_t>(prepared.documents[1].tokens.size());
+    const Outcome warm = RunOne(repeated);
+    ASSERT_TRUE(warm.status.ok()) << warm.status;
+    const RequestUsage& w = warm.result.usage;
+    EXPECT_EQ(w.document_cached_tokens, 3 * repeat + other);
+    if (mode == CacheMode::kLazy) {
+      EXPECT_EQ(w.document_hit_tokens, repeat + other);
+      EXPECT_EQ(w.documents_hit, 2);
+    } else {
+      EXPECT_EQ(w.document_hit_tokens, 3 * repeat + other);
+      EXPECT_EQ(w.documents_hit, 4);
+    }
   }
 }
 
