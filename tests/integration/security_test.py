@@ -29,10 +29,14 @@ Checks:
   - no process logs an API key, a question or a document's text;
   - tools/gen-certs --worker-host gives each worker's certificate its own host only (so kvdir's
     address check keeps one worker's certificate off another's address), --host still going to
-    kvdir and the router; a host that is not a name or address is refused.
+    kvdir and the router; a host that is not a name or address is refused;
+  - tools/gen-certs lifetimes: the CA lasts 10 years and its certificates 30 days, none is issued
+    past the CA's end, a set run again makes its expiring certificates anew, and one whose CA ends
+    is refused.
 Prints one line per check and "N passed, M failed" last; exits non-zero on any failure.
 """
 import argparse
+import datetime
 import json
 import os
 import re
@@ -185,6 +189,48 @@ def check_gen_certs_arguments(tmp):
     check("gen-certs api-key with scopes generate,admin: made", ok.returncode == 0, ok.stderr)
 
 
+def utc_now():
+    """Now, naive UTC, as not_after's."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+def not_after(path):
+    """The certificate's end, as openssl prints it parsed to a UTC datetime."""
+    out = subprocess.run(["openssl", "x509", "-enddate", "-noout", "-in", path],
+                         capture_output=True, text=True, check=True).stdout
+    return datetime.datetime.strptime(out.strip().split("=", 1)[1], "%b %d %H:%M:%S %Y %Z")
+
+
+def check_gen_certs_lifetimes(tmp):
+    """The CA outlives the certificates rotated from it (it made them all stop on its 30th day,
+    rotated or not); no certificate is issued past the CA's end; a set run again makes its
+    expiring certificates anew from the same CA, and refuses once the CA itself ends."""
+    d = os.path.join(tmp, "lifetimes")
+    gen("--out", d, "--workers", "1")
+    ca_days = (not_after(f"{d}/ca.crt") - utc_now()).days
+    leaf_days = (not_after(f"{d}/worker-0.crt") - utc_now()).days
+    check("gen-certs: the CA lasts 10 years, its certificates 30 days",
+          3640 <= ca_days <= 3650 and 29 <= leaf_days <= 30, f"{ca_days} / {leaf_days} days")
+    long = subprocess.run([GEN_CERTS, "cert", "worker", "w-long", "--out", d, "--days", "5000"],
+                          capture_output=True, text=True)
+    check("gen-certs cert --days past the CA's end: cut to the CA's end, and said",
+          long.returncode == 0 and not_after(f"{d}/w-long.crt") <= not_after(f"{d}/ca.crt") and
+          "lasts" in long.stderr, long.stderr)
+    gen("cert", "worker", "w-short", "--out", d, "--days", "1", "--host", "w-short.example")
+    again = subprocess.run([GEN_CERTS, "--out", d], capture_output=True, text=True)
+    renewed_days = (not_after(f"{d}/w-short.crt") - utc_now()).days
+    check("gen-certs run again: a certificate expiring within a day is made again, same names",
+          again.returncode == 0 and renewed_days >= 29 and
+          "w-short.example" in "".join(san_names(f"{d}/w-short.crt")),
+          f"{again.stderr} {renewed_days} days {san_names(f'{d}/w-short.crt')}")
+    ending = os.path.join(tmp, "ending-ca")
+    subprocess.run([GEN_CERTS, "--out", ending, "--workers", "0", "--ca-days", "1"],
+                   capture_output=True, text=True)
+    refused = subprocess.run([GEN_CERTS, "--out", ending], capture_output=True, text=True)
+    check("gen-certs run again on a set whose CA ends within a day: refused, naming --force",
+          refused.returncode == 1 and "--force" in refused.stderr, refused.stderr)
+
+
 def check_tenants(args, c, certs, ca):
     """A document one key's request cached is no hit for another key's, nor for another salt;
     keys that name one cache_namespace share it (docs/operations.md, "Tenants")."""
@@ -231,6 +277,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         certs, other = os.path.join(tmp, "certs"), os.path.join(tmp, "other-ca")
         check_gen_certs_arguments(tmp)
+        check_gen_certs_lifetimes(tmp)
         check_worker_hosts(tmp)
         gen("--out", certs, "--workers", "2")
         gen("cert", "worker", "worker-evil", "--out", certs)
