@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/test_certs_for_test.h"
 #include "services/kvdir/server/kvdir_server.h"
 #include "services/kvdir/server/kvdir_server_test_fixture.h"
 #include "services/kvdir/server/publish_streams.h"
@@ -352,32 +353,37 @@ TEST(KvdirServerLimitsTest, ARateBelowAFullSnapshotASecondIsRefused) {
   EXPECT_TRUE(KvdirServer::Create(options).ok());
 }
 
-// Under mutual TLS the bound is per worker certificate: worker-0 may hold two streams, a third
-// is refused naming the limit, and worker-1's certificate is not affected.
-TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
-  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-streams-certs-", getpid());
-  ASSERT_EQ(
-      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 2 --force >/dev/null")
-                      .c_str()),
-      0)
-      << "tools/gen-certs (run from the source tree) failed";
+// kvdir under mutual TLS with the set of tools/gen-certs in `certs`, on a port the OS picks.
+KvdirOptions MutualTlsOptions(const std::string& certs) {
   KvdirOptions options;
   options.listen_address = "127.0.0.1:0";
   options.metrics_address = "";
-  options.limits.max_streams_per_certificate = 2;
   options.tls = TlsOptions{.cert_file = certs + "/kvdir.crt",
                            .key_file = certs + "/kvdir.key",
                            .ca_file = certs + "/ca.crt"};
+  return options;
+}
+
+// A channel to kvdir's `port` presenting the certificate `name` of the set in `certs`.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelAs(const std::string& certs,
+                                                         const std::string& name, int port) {
+  return MakeChannel(absl::StrCat("localhost:", port),
+                     TlsOptions{.cert_file = certs + "/" + name + ".crt",
+                                .key_file = certs + "/" + name + ".key",
+                                .ca_file = certs + "/ca.crt"});
+}
+
+// Under mutual TLS the bound is per worker certificate: worker-0 may hold two streams, a third
+// is refused naming the limit, and worker-1's certificate is not affected.
+TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
+  const std::string certs = lazyattn::testing::MakeTestCerts("kvdir-streams", /*workers=*/2);
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
+  KvdirOptions options = MutualTlsOptions(certs);
+  options.limits.max_streams_per_certificate = 2;
   auto server = KvdirServer::Create(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto channel_for = [&](const std::string& name) {
-    return MakeChannel(absl::StrCat("localhost:", (*server)->port()),
-                       TlsOptions{.cert_file = certs + "/" + name + ".crt",
-                                  .key_file = certs + "/" + name + ".key",
-                                  .ca_file = certs + "/ca.crt"});
-  };
-  auto channel0 = channel_for("worker-0");
-  auto channel1 = channel_for("worker-1");
+  auto channel0 = ChannelAs(certs, "worker-0", (*server)->port());
+  auto channel1 = ChannelAs(certs, "worker-1", (*server)->port());
   ASSERT_TRUE(channel0.ok() && channel1.ok()) << channel0.status() << channel1.status();
   auto worker0 = v1::KvDirectory::NewStub(*channel0);
   auto worker1 = v1::KvDirectory::NewStub(*channel1);
@@ -409,27 +415,15 @@ TEST(KvdirServerTlsStreamsTest, StreamsArePerCertificate) {
 // a worker certificate that opens stream after stream to send one is refused for its rate within
 // a few, instead of keeping kvdir parsing megabyte messages as fast as it sends them.
 TEST(KvdirServerTlsStreamsTest, OversizedSnapshotsAreChargedToTheCertificate) {
-  const std::string certs = absl::StrCat(::testing::TempDir(), "/kvdir-oversize-certs-", getpid());
-  ASSERT_EQ(
-      std::system(absl::StrCat("tools/gen-certs --out '", certs, "' --workers 1 --force >/dev/null")
-                      .c_str()),
-      0)
-      << "tools/gen-certs (run from the source tree) failed";
-  KvdirOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.metrics_address = "";
+  const std::string certs = lazyattn::testing::MakeTestCerts("kvdir-oversize");
+  ASSERT_FALSE(certs.empty()) << "tools/gen-certs (run from the source tree) failed";
+  KvdirOptions options = MutualTlsOptions(certs);
   // A budget of 4 full snapshots, refilled at one a second.
   options.limits.max_entries_per_worker = 20'000;
   options.limits.max_publish_entries_per_s = 20'000;
-  options.tls = TlsOptions{.cert_file = certs + "/kvdir.crt",
-                           .key_file = certs + "/kvdir.key",
-                           .ca_file = certs + "/ca.crt"};
   auto server = KvdirServer::Create(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto channel = MakeChannel(absl::StrCat("localhost:", (*server)->port()),
-                             TlsOptions{.cert_file = certs + "/worker-0.crt",
-                                        .key_file = certs + "/worker-0.key",
-                                        .ca_file = certs + "/ca.crt"});
+  auto channel = ChannelAs(certs, "worker-0", (*server)->port());
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto stub = v1::KvDirectory::NewStub(*channel);
   std::vector<v1::DocEntry> oversized;

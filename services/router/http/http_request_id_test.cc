@@ -25,6 +25,17 @@ std::string RequestIdOf(const std::string& reply) {
   return reply.substr(begin, reply.find("\r\n", begin) - begin);
 }
 
+// `request` as written on a new connection to `port`, and the whole reply.
+std::string SendRaw(int port, const std::string& request) {
+  const int fd = http_test::Connect(port);
+  if (fd < 0) return "(no connection)";
+  const bool sent =
+      write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
+  std::string reply = sent ? http_test::ReadAll(fd) : "(send failed)";
+  close(fd);
+  return reply;
+}
+
 constexpr char kBody[] = R"({"messages": [{"role": "user", "content": "Hi?"}]})";
 
 TEST_F(HttpServerTest, AClientsValidRequestIdIsAnsweredAndSentToTheWorker) {
@@ -88,15 +99,7 @@ TEST_F(HttpServerTest, EveryChoiceOfARequestCarriesItsIdAndSoDoesARefusal) {
 TEST_F(HttpServerTest, ARefusalFromTheRequestsHeadCarriesItsIdToo) {
   StartRouter();
   StartHttp(Options(), nullptr);
-  auto Exchange = [this](const std::string& request) {
-    const int fd = http_test::Connect(http_->port());
-    if (fd < 0) return std::string("(no connection)");
-    const bool sent =
-        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
-    std::string reply = sent ? http_test::ReadAll(fd) : "(send failed)";
-    close(fd);
-    return reply;
-  };
+  auto Exchange = [this](const std::string& request) { return SendRaw(http_->port(), request); };
   const std::string unsupported = Exchange(
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: head-1\r\nContent-Type: "
       "text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
@@ -121,15 +124,7 @@ TEST_F(HttpServerTest, ARefusalWhileTheBodyIsReadCarriesItsId) {
   HttpOptions options = Options();
   options.max_body_bytes = 64;
   StartHttp(options, nullptr);
-  auto Exchange = [this](const std::string& request) {
-    const int fd = http_test::Connect(http_->port());
-    if (fd < 0) return std::string("(no connection)");
-    const bool sent =
-        write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size());
-    std::string reply = sent ? http_test::ReadAll(fd) : "(send failed)";
-    close(fd);
-    return reply;
-  };
+  auto Exchange = [this](const std::string& request) { return SendRaw(http_->port(), request); };
   const std::string head =
       "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
       "Transfer-Encoding: chunked\r\nConnection: close\r\n";

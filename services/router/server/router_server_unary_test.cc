@@ -227,7 +227,9 @@ TEST_F(RouterServerTest, PrefetchCountsOfHostileWorkersDoNotOverflowTheSum) {
 TEST_F(RouterServerTest, AWorkersStatusCodeOutsideGrpcsIsUnknown) {
   StartWorkers(1);
   StartKvdir();
-  workers_[0]->SetScript({.fail_before_first_token = static_cast<grpc::StatusCode>(12345)});
+  // 31: past gRPC's codes, yet a value the enum can hold (its enumerators -1..16 give it the
+  // range -32..31); a larger one would be undefined behaviour in this test's own fake.
+  workers_[0]->SetScript({.fail_before_first_token = static_cast<grpc::StatusCode>(31)});
   StartRouter(Options());
   GenerateRequest request;
   request.set_question("q?");
@@ -235,7 +237,7 @@ TEST_F(RouterServerTest, AWorkersStatusCodeOutsideGrpcsIsUnknown) {
   lazyattn::v1::CompleteResponse response;
   const grpc::Status s = stub_->Complete(&ctx, request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("status code 12345 (not a gRPC code)"));
+  EXPECT_THAT(s.error_message(), HasSubstr("status code 31 (not a gRPC code)"));
 }
 
 // A frozen worker does not hold a Prefetch (whose client may set no deadline) for ever: past
