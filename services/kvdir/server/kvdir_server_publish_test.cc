@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -137,7 +138,13 @@ TEST_F(KvdirServerTest, AWorkerThatHalfClosesLeavesAtOnce) {
   w.Join({Entry(1, 100)});
   FakeWorker other(stub_.get(), "w2");
   other.Join({Entry(1, 50)});
-  ASSERT_TRUE(WaitFor([&] { return Tokens({1}).size() == 2; }));
+  // Both snapshots applied, not only both workers live (a Lookup lists a live worker whose
+  // snapshot still waits in kvdir's pool with 0 tokens).
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<Pair> tokens = Tokens({1});
+    std::sort(tokens.begin(), tokens.end());
+    return tokens == std::vector<Pair>{{"w1", 100}, {"w2", 50}};
+  }));
   EXPECT_TRUE(w.Close().ok());
   EXPECT_TRUE(WaitFor([&] { return LiveWorkers() == std::vector<std::string>{"w2"}; }));
   EXPECT_EQ(Tokens({1}), (std::vector<Pair>{{"w2", 50}}));
